@@ -1,0 +1,3 @@
+from minfer.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per CLI command: HELP, add_arguments(parser), main(args) -> int."""
