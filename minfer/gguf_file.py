@@ -3,10 +3,28 @@
 GGUFFile gives plain-Python metadata (str/int/float/bool/list) and a tensor table whose
 entries carry the raw blocks as a memory-mapped uint8 array. Shapes are in torch/numpy
 order: (rows, cols) = reversed ggml `ne` (ggml lists the fastest-varying dimension first).
+
+Why a validation walk before `gguf.GGUFReader`: the reader trusts the bytes. On a corrupt
+file it can loop for ever (an array of scalars whose count runs past the end of the file
+reads empty slices of zero bytes and never advances), or fail deep inside numpy with a
+message that names neither the file nor the field. So `_validate_layout` walks the header,
+the key/value section and the tensor-info table with `struct` on a read-only mmap,
+checking every length against the bytes that remain, and only then is the reader allowed
+to parse. Nothing here reads tensor data: the file stays memory-mapped and lazy.
+
+File layout (ggml/docs/gguf.md; ggml/src/gguf.cpp: gguf_init_from_file_impl), little-endian:
+    header      magic "GGUF" | version u32 | n_tensors u64 | n_kv u64          (24 bytes)
+    n_kv x      key: string | value type u32 | value
+                  string = len u64 | utf-8 bytes;  array = item type u32 | count u64 | items
+    n_tensors x name: string | n_dims u32 | ne[n_dims] u64 | ggml type u32 | offset u64
+    padding     to `general.alignment` (default 32)
+    tensor data each tensor at data_start + offset, offset a multiple of the alignment
 """
 
 from __future__ import annotations
 
+import mmap
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +32,27 @@ from typing import Any
 import numpy as np
 
 from minfer.errors import MinferError
+
+SUPPORTED_ARCHS = {"llama", "qwen2"}
+SUPPORTED_VERSIONS = (2, 3)  # v1 used 32-bit counts and is gone from llama.cpp
+GGML_MAX_DIMS = 4            # ggml.h
+DEFAULT_ALIGNMENT = 32       # GGUF_DEFAULT_ALIGNMENT
+
+_HEADER = struct.Struct("<4sIQQ")
+# The least bytes one entry can take; a count that needs more bytes than the file has is
+# corrupt, and is rejected before anything is allocated for it.
+#   KV: key length u64 + a 1-byte key + type u32 + the smallest value (u8/i8/bool: 1 byte)
+#   tensor info: name length u64 + n_dims u32 + type u32 + offset u64 (n_dims 0, empty name)
+MIN_KV_BYTES = 8 + 1 + 4 + 1
+MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+
+# GGUF metadata value types (gguf.GGUFValueType): id -> (name, fixed byte size or None)
+_VALUE_TYPES = {
+    0: ("uint8", 1), 1: ("int8", 1), 2: ("uint16", 2), 3: ("int16", 2), 4: ("uint32", 4),
+    5: ("int32", 4), 6: ("float32", 4), 7: ("bool", 1), 8: ("string", None), 9: ("array", None),
+    10: ("uint64", 8), 11: ("int64", 8), 12: ("float64", 8),
+}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
 
 
 @dataclass(frozen=True)
@@ -28,12 +67,190 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        import gguf
+        return ggml_type_name(self.qtype)
 
+
+def ggml_type_name(qtype: int) -> str:
+    """'Q4_K' for 12; 'type99' for an id the gguf package does not know."""
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(qtype).name
+    except ValueError:
+        return f"type{qtype}"
+
+
+def _quant_sizes() -> dict[int, tuple[int, int]]:
+    """ggml type id -> (block size in values, bytes per block), from the gguf package."""
+    import gguf
+
+    return {int(t): sizes for t, sizes in gguf.GGML_QUANT_SIZES.items()}
+
+
+class _Walker:
+    """Bounds-checked little-endian reads over a read-only buffer; errors name the file."""
+
+    def __init__(self, path: Path, buf: mmap.mmap | bytes, size: int):
+        self.path, self.buf, self.size, self.pos = path, buf, size, 0
+
+    def fail(self, what: str) -> MinferError:
+        return MinferError(f"{self.path}: {what}")
+
+    def need(self, n: int, what: str) -> None:
+        if n > self.size - self.pos:
+            raise self.fail(f"truncated {what}: needs {n} bytes at offset {self.pos}, "
+                            f"but the file has {self.size} bytes")
+
+    def unpack(self, fmt: str, what: str) -> tuple:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        vals = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return vals
+
+    def u32(self, what: str) -> int:
+        return self.unpack("<I", what)[0]
+
+    def u64(self, what: str) -> int:
+        return self.unpack("<Q", what)[0]
+
+    def skip_string(self, what: str) -> None:
+        n = self.u64(f"{what} (string length)")
+        self.need(n, f"{what} (string of {n} bytes)")
+        self.pos += n
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what} (string length)")
+        self.need(n, f"{what} (string of {n} bytes)")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
         try:
-            return gguf.GGMLQuantizationType(self.qtype).name
-        except ValueError:
-            return f"type{self.qtype}"
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise self.fail(f"{what} is not valid UTF-8 ({e})") from None
+
+
+@dataclass(frozen=True)
+class _Layout:
+    version: int
+    alignment: int
+    data_start: int
+    # name -> (qtype, ne (ggml order), relative offset, n_bytes)
+    tensors: dict[str, tuple[int, tuple[int, ...], int, int]]
+
+
+def _validate_layout(path: Path) -> _Layout:
+    """Walk header, metadata and tensor infos with bounds checks; raise MinferError on any fault."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if size < _HEADER.size:
+                head = f.read()
+                if len(head) >= 4 and head[:4] != b"GGUF":
+                    raise MinferError(f"{path}: not a GGUF file (magic {head[:4]!r}, expected b'GGUF')")
+                raise MinferError(f"{path}: truncated header: the file has {size} bytes, "
+                                  f"a GGUF header needs {_HEADER.size}")
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise MinferError(f"{path}: cannot read the file ({e.strerror or e})") from None
+    try:
+        return _walk(path, buf, size)
+    finally:
+        buf.close()
+
+
+def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
+    w = _Walker(path, buf, size)
+    magic, version, n_tensors, n_kv = w.unpack("<4sIQQ", "header")
+    if magic != b"GGUF":
+        raise w.fail(f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    if version & 0xFFFF == 0 and version != 0:
+        # the version reads as 0x00030000 when the writer was big-endian
+        raise w.fail("big-endian GGUF files are not supported")
+    if version not in SUPPORTED_VERSIONS:
+        raise w.fail(f"GGUF version {version} is not supported (supported: "
+                     f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+    least = _HEADER.size + n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES
+    if least > size:
+        raise w.fail(f"corrupt header: {n_tensors} tensors and {n_kv} metadata keys need at "
+                     f"least {least} bytes, but the file has {size} bytes")
+
+    alignment = DEFAULT_ALIGNMENT
+    keys: set[str] = set()
+    for i in range(n_kv):
+        key = w.string(f"metadata key #{i}")
+        if key in keys:
+            raise w.fail(f"metadata key '{key}' appears twice")
+        keys.add(key)
+        vtype = w.u32(f"type of metadata '{key}'")
+        if key == "general.alignment":
+            if vtype != _UINT32:
+                raise w.fail(f"metadata 'general.alignment' has type {vtype}, expected uint32")
+            alignment = w.u32("value of metadata 'general.alignment'")
+            if alignment == 0 or alignment & (alignment - 1):
+                raise w.fail(f"metadata 'general.alignment' = {alignment}, expected a power of two")
+            continue
+        _skip_value(w, vtype, f"metadata '{key}'")
+
+    sizes = _quant_sizes()
+    tensors: dict[str, tuple[int, tuple[int, ...], int, int]] = {}
+    for i in range(n_tensors):
+        name = w.string(f"name of tensor #{i}")
+        where = f"tensor '{name}'"
+        if name in tensors:
+            raise w.fail(f"{where} appears twice in the tensor table")
+        n_dims = w.u32(f"{where} (n_dims)")
+        if n_dims > GGML_MAX_DIMS:
+            raise w.fail(f"{where} has {n_dims} dimensions, at most {GGML_MAX_DIMS} are allowed")
+        ne = w.unpack(f"<{n_dims}Q", f"{where} (shape)") if n_dims else ()
+        qtype, rel_offset = w.unpack("<IQ", f"{where} (type and offset)")
+        if qtype not in sizes:
+            raise w.fail(f"{where} has unknown ggml type id {qtype}")
+        block, type_size = sizes[qtype]
+        if ne and ne[0] % block:
+            raise w.fail(f"{where} ({ggml_type_name(qtype)}) has rows of {ne[0]} values, which is "
+                         f"not a multiple of the type's block size {block}")
+        n_elements = int(np.prod(ne, dtype=object)) if ne else 1
+        tensors[name] = (qtype, tuple(ne), rel_offset, n_elements // block * type_size)
+
+    data_start = -(-w.pos // alignment) * alignment
+    for name, (qtype, ne, rel, n_bytes) in tensors.items():
+        if rel % alignment:
+            raise w.fail(f"tensor '{name}' has data offset {rel}, not a multiple of the "
+                         f"alignment {alignment}")
+        start = data_start + rel
+        if start + n_bytes > size:
+            raise w.fail(f"tensor '{name}' runs past the end of the file: its data is at offset "
+                         f"{start} with {n_bytes} bytes (ends at {start + n_bytes}), but the file "
+                         f"has {size} bytes (truncated tensor data?)")
+    return _Layout(version, alignment, data_start, tensors)
+
+
+def _skip_value(w: _Walker, vtype: int, what: str) -> None:
+    if vtype not in _VALUE_TYPES:
+        raise w.fail(f"{what} has unknown value type {vtype}")
+    fixed = _VALUE_TYPES[vtype][1]
+    if fixed is not None:
+        w.need(fixed, f"{what} ({_VALUE_TYPES[vtype][0]} value)")
+        w.pos += fixed
+    elif vtype == _STRING:
+        w.skip_string(what)
+    else:
+        itype = w.u32(f"{what} (array item type)")
+        count = w.u64(f"{what} (array length)")
+        if itype not in _VALUE_TYPES:
+            raise w.fail(f"{what} is an array of unknown value type {itype}")
+        if itype == _ARRAY:
+            raise w.fail(f"{what} is an array of arrays, which GGUF readers do not support")
+        fixed = _VALUE_TYPES[itype][1]
+        if fixed is not None:
+            w.need(count * fixed, f"{what} (array of {count} {_VALUE_TYPES[itype][0]})")
+            w.pos += count * fixed
+        else:
+            # each string takes at least its 8-byte length: reject absurd counts up front
+            w.need(count * 8, f"{what} (array of {count} strings)")
+            for j in range(count):
+                w.skip_string(f"{what}[{j}]")
 
 
 class GGUFFile:
@@ -43,23 +260,48 @@ class GGUFFile:
         self.path = Path(path)
         if not self.path.exists():
             raise MinferError(f"{self.path}: no such file")
+        if not self.path.is_file():
+            raise MinferError(f"{self.path}: not a regular file")
+        layout = _validate_layout(self.path)
+        self.version = layout.version
+        self.alignment = layout.alignment
+        self.data_offset = layout.data_start
+        self.file_size = self.path.stat().st_size
         import gguf
 
         try:
             reader = gguf.GGUFReader(str(self.path), "r")
-        except Exception as e:  # the gguf package raises ValueError/IndexError/... on bad bytes
-            raise MinferError(f"{self.path}: not a readable GGUF file: {e}") from e
+        except Exception as e:  # the layout walk passed, so this is a fault the walk misses
+            raise MinferError(f"{self.path}: the gguf reader rejected the file: "
+                              f"{type(e).__name__}: {e}") from e
         self.metadata: dict[str, Any] = {}
         for name, field in reader.fields.items():
             if name.startswith("GGUF."):
                 continue
-            self.metadata[name] = field.contents()
+            try:
+                self.metadata[name] = field.contents()
+            except Exception as e:  # e.g. a string value that is not UTF-8
+                raise MinferError(f"{self.path}: metadata '{name}' cannot be read: "
+                                  f"{type(e).__name__}: {e}") from e
         self.tensors: dict[str, TensorInfo] = {}
         for t in reader.tensors:
-            shape = tuple(int(x) for x in reversed(t.shape.tolist()))
-            data = np.asarray(t.data).reshape(-1).view(np.uint8)
-            self.tensors[t.name] = TensorInfo(t.name, int(t.tensor_type), shape, int(t.n_elements),
-                                              int(t.n_bytes), int(t.data_offset), data)
+            self.tensors[t.name] = self._check_tensor(t, layout)
+
+    def _check_tensor(self, t: Any, layout: _Layout) -> TensorInfo:
+        """Cross-check the reader's view of one tensor against the walk, and wrap it."""
+        qtype, ne, rel, n_bytes = layout.tensors[t.name]
+        where = f"{self.path}: tensor '{t.name}'"
+        if int(t.tensor_type) != qtype or int(t.n_bytes) != n_bytes:
+            raise MinferError(f"{where}: the gguf reader sees type {int(t.tensor_type)} with "
+                              f"{int(t.n_bytes)} bytes, the header says type {qtype} with {n_bytes}")
+        if int(t.data_offset) != layout.data_start + rel:
+            raise MinferError(f"{where}: data offset {int(t.data_offset)} does not match the "
+                              f"header's {layout.data_start + rel}")
+        data = np.asarray(t.data).reshape(-1).view(np.uint8)
+        if data.size != n_bytes:
+            raise MinferError(f"{where}: {data.size} bytes of data mapped, expected {n_bytes}")
+        shape = tuple(int(x) for x in reversed(ne))
+        return TensorInfo(t.name, qtype, shape, int(t.n_elements), n_bytes, int(t.data_offset), data)
 
     @property
     def architecture(self) -> str:
@@ -81,6 +323,43 @@ class GGUFFile:
         if name not in self.tensors:
             raise MinferError(f"{self.path}: tensor '{name}' is missing")
         return self.tensors[name]
+
+    def check_architecture(self) -> str:
+        """The architecture, if minfer can run it; else MinferError naming the file."""
+        arch = self.architecture
+        if arch not in SUPPORTED_ARCHS:
+            raise MinferError(f"architecture '{arch}' in {self.path} is not supported; "
+                              f"supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
+        return arch
+
+    def file_type_name(self) -> str | None:
+        """`general.file_type` as llama.cpp names it ('Q4_K_M'), None when the key is absent."""
+        ftype = self.get("general.file_type")
+        return None if ftype is None else file_type_name(int(ftype))
+
+    def n_params(self) -> int:
+        return sum(t.n_elements for t in self.tensors.values())
+
+    def tensor_bytes(self) -> int:
+        return sum(t.n_bytes for t in self.tensors.values())
+
+
+def file_type_name(ftype: int) -> str:
+    """llama.cpp's name for a `general.file_type` value: 15 -> 'Q4_K_M', 0 -> 'F32'.
+
+    The ids are llama.h's `enum llama_ftype` (LLAMA_FTYPE_MOSTLY_Q4_K_M = 15 ...), which the
+    gguf package mirrors as gguf.LlamaFileType; the printed name drops the 'MOSTLY_' prefix
+    the way llama_model_ftype_name() does.
+    """
+    import gguf
+
+    try:
+        name = gguf.LlamaFileType(ftype).name
+    except ValueError:
+        return f"unknown({ftype})"
+    if name == "ALL_F32":
+        return "F32"
+    return name.removeprefix("MOSTLY_")
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
