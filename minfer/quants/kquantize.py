@@ -1,0 +1,207 @@
+"""k-quant quantizers (float32 -> blocks): Q4_K, Q5_K, Q6_K.
+
+Port of llama.cpp's reference path used when no importance matrix is given (ggml-quants.c:
+quantize_row_q4_K_ref / quantize_row_q5_K_ref with make_qkx2_quants, quantize_row_q6_K_ref
+with make_qx_quants, nearest_int), vectorized over all sub-blocks at once: the scale search
+loops run over candidate scales, not over blocks.
+
+Known difference from the C code: sums over a sub-block use numpy's pairwise float32 sums
+instead of C's left-to-right loop, so a scale candidate that ties to the last bit may pick
+differently; the chosen blocks are equally good. There is no bit-exact C reference for these
+types in the gguf package to compare against; tests check the error bound instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import QK_K, f16_to_f32, f32_to_f16_bytes, nearest_int
+from .kquants import Q4_K, Q5_K, Q6_K, scale_min_k4
+
+GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
+
+
+def _sum(a: np.ndarray) -> np.ndarray:
+    return a.sum(axis=-1, dtype=np.float32)
+
+
+def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
+    """Asymmetric fit x ~ scale * L - the_min per row, L in 0..nmax, weighted least squares.
+
+    x, w: (M, n) float32. Returns scale (M,), the_min (M,) >= 0, L (M, n) uint8.
+    ggml-quants.c make_qkx2_quants with use_mad = false.
+    """
+    f32 = np.float32
+    lo = np.minimum(x.min(axis=1), f32(0))  # `if (min > 0) min = 0`
+    hi = x.max(axis=1)
+    sum_w = _sum(w)
+    sum_x = _sum(w * x)
+    flat = hi == lo
+    span = np.where(flat, f32(1), hi - lo)  # avoid 0-division on flat rows; they are reset below
+
+    iscale = f32(nmax) / span
+    scale = f32(1) / iscale
+    L = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
+    diff = scale[:, None] * L + lo[:, None] - x
+    best = _sum(w * diff * diff)
+    for step in range(nstep + 1):
+        # iscale uses the current (possibly refined) min, as the C loop does.
+        iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / (hi - lo)
+        Laux = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
+        wl = w * Laux
+        sum_l = _sum(wl)
+        sum_l2 = _sum(wl * Laux)
+        sum_xl = _sum(wl * x)
+        D = sum_w * sum_l2 - sum_l * sum_l
+        ok = D > 0
+        Ds = np.where(ok, D, f32(1))
+        this_scale = (sum_w * sum_xl - sum_x * sum_l) / Ds
+        this_min = (sum_l2 * sum_x - sum_l * sum_xl) / Ds
+        pos = this_min > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
+        this_min = np.where(pos, f32(0), this_min)
+        diff = this_scale[:, None] * Laux + this_min[:, None] - x
+        cur = _sum(w * diff * diff)
+        better = ok & (cur < best)
+        L = np.where(better[:, None], Laux, L)
+        best = np.where(better, cur, best)
+        scale = np.where(better, this_scale, scale)
+        lo = np.where(better, this_min, lo)
+    L = np.where(flat[:, None], 0, L).astype(np.uint8)
+    scale = np.where(flat, f32(0), scale).astype(np.float32)
+    return scale, -lo, L
+
+
+def _pack_scale_min_k4(ls: np.ndarray, lm: np.ndarray) -> np.ndarray:
+    """(B, 8) uint8 6-bit scales and mins -> (B, 12) bytes (inverse of scale_min_k4)."""
+    out = np.empty((ls.shape[0], 12), dtype=np.uint8)
+    out[:, 0:4] = ls[:, 0:4] | ((ls[:, 4:8] >> 4) << 6)
+    out[:, 4:8] = lm[:, 0:4] | ((lm[:, 4:8] >> 4) << 6)
+    out[:, 8:12] = (ls[:, 4:8] & 15) | ((lm[:, 4:8] & 15) << 4)
+    return out
+
+
+def _quantize_qkx(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int):
+    """Shared Q4_K / Q5_K body. x (B, 256) -> (d16 (B,2), dmin16 (B,2), scales (B,12), L (B,256))."""
+    f32 = np.float32
+    B = x.shape[0]
+    xs = x.reshape(B * 8, 32)
+    av_x = np.sqrt(_sum(xs * xs) / f32(32))
+    w = av_x[:, None] + np.abs(xs)
+    scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, rdelta, nstep)
+    scales, mins, L = scales.reshape(B, 8), mins.reshape(B, 8), L.reshape(B, 8, 32)
+    max_scale = np.maximum(scales.max(axis=1), f32(0))
+    max_min = np.maximum(mins.max(axis=1), f32(0))
+    with np.errstate(divide="ignore"):
+        inv_scale = np.where(max_scale > 0, f32(63) / max_scale, f32(0))
+        inv_min = np.where(max_min > 0, f32(63) / max_min, f32(0))
+    # `uint8_t ls = nearest_int(...)` wraps mod 256, then MIN(63, ls)
+    ls = np.minimum(nearest_int(inv_scale[:, None] * scales).astype(np.uint8), 63)
+    lm = np.minimum(nearest_int(inv_min[:, None] * mins).astype(np.uint8), 63)
+    d16 = f32_to_f16_bytes((max_scale / f32(63))[:, None])
+    dmin16 = f32_to_f16_bytes((max_min / f32(63))[:, None])
+    packed = _pack_scale_min_k4(ls, lm)
+    # Requantize against the stored (f16, 6-bit) scales; groups with d == 0 keep their L.
+    sc, mn = scale_min_k4(packed)
+    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]
+    dm = (f16_to_f32(dmin16) * mn.astype(f32))[:, :, None]
+    xg = x.reshape(B, 8, 32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Lr = np.clip(nearest_int(np.where(d != 0, (xg + dm) / np.where(d != 0, d, f32(1)), 0)), 0, nmax)
+    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 256)
+    return d16, dmin16, packed, L
+
+
+def _q4k_quantize_blocks(cls, x):
+    """ggml-quants.c quantize_row_q4_K_ref: make_qkx2_quants(32, 15, ..., -1, 0.1, 20)."""
+    B = x.shape[0]
+    d16, dmin16, packed, L = _quantize_qkx(x, 15, -1.0, 0.1, 20)
+    Lg = L.reshape(B, 4, 2, 32)
+    qs = (Lg[:, :, 0] | (Lg[:, :, 1] << 4)).reshape(B, 128)
+    return np.concatenate([d16, dmin16, packed, qs], axis=1)
+
+
+def _q5k_quantize_blocks(cls, x):
+    """ggml-quants.c quantize_row_q5_K_ref: make_qkx2_quants(32, 31, ..., -0.5, 0.1, 15)."""
+    B = x.shape[0]
+    d16, dmin16, packed, L = _quantize_qkx(x, 31, -0.5, 0.1, 15)
+    Lg = L.reshape(B, 8, 32)
+    qh = np.zeros((B, 32), dtype=np.uint8)
+    for g in range(8):  # group g's 5th bit goes to bit g of qh[l]
+        qh |= ((Lg[:, g] >> 4) & 1) << g
+    lo = (Lg & 15).reshape(B, 4, 2, 32)
+    qs = (lo[:, :, 0] | (lo[:, :, 1] << 4)).reshape(B, 128)
+    return np.concatenate([d16, dmin16, packed, qh, qs], axis=1)
+
+
+def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
+    """Symmetric fit x ~ scale * (L - nmax), weights x^2, 18 extra scale candidates.
+
+    x: (M, n) float32 -> scale (M,), L (M, n) uint8 in 0..2*nmax-1.
+    ggml-quants.c make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL).
+    """
+    f32 = np.float32
+    idx = np.abs(x).argmax(axis=1)[:, None]
+    mx = np.take_along_axis(x, idx, axis=1)[:, 0]  # signed value of the largest |x|
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    mxs = np.where(zero, f32(1), mx)
+    w = x * x
+
+    def fit(iscale):
+        l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1).astype(np.float32)
+        wl = w * l
+        return l, _sum(wl * x), _sum(wl * l)
+
+    l, sumlx, suml2 = fit(-f32(nmax) / mxs)
+    L = l
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(suml2 != 0, sumlx / suml2, f32(0))
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step == 0:
+            continue
+        l, sumlx, suml2 = fit(-(f32(nmax) + f32(0.1) * f32(step)) / mxs)
+        better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
+        L = np.where(better[:, None], l, L)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(better, sumlx / suml2, scale)
+        best = np.where(better, scale * sumlx, best)
+    L = np.where(zero[:, None], 0, L + f32(nmax)).astype(np.uint8)
+    scale = np.where(zero, f32(0), scale).astype(np.float32)
+    return scale, L
+
+
+def _q6k_quantize_blocks(cls, x):
+    """ggml-quants.c quantize_row_q6_K_ref."""
+    f32 = np.float32
+    B = x.shape[0]
+    scales, L = make_qx_quants_rmse1(x.reshape(B * 16, 16), 32)
+    scales, L = scales.reshape(B, 16), L.reshape(B, 16, 16)
+    idx = np.abs(scales).argmax(axis=1)[:, None]
+    max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
+    empty = np.abs(max_scale) < GROUP_MAX_EPS  # whole super-block stored as zeros
+    iscale = f32(-128) / np.where(empty, f32(1), max_scale)
+    d16 = f32_to_f16_bytes((f32(1) / iscale)[:, None])
+    sc = np.minimum(nearest_int(iscale[:, None] * scales), 127).astype(np.int8)
+    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]  # (B, 16, 1)
+    xg = x.reshape(B, 16, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Lr = np.clip(nearest_int(np.where(d != 0, xg / np.where(d != 0, d, f32(1)), 0)), -32, 31) + 32
+    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 2, 4, 32)  # [h, k, l]
+    ql = np.concatenate(
+        [(L[:, :, 0] & 15) | ((L[:, :, 2] & 15) << 4), (L[:, :, 1] & 15) | ((L[:, :, 3] & 15) << 4)], axis=2
+    ).reshape(B, 128)
+    hi = L >> 4
+    qh = (hi[:, :, 0] | (hi[:, :, 1] << 2) | (hi[:, :, 2] << 4) | (hi[:, :, 3] << 6)).reshape(B, 64)
+    out = np.concatenate([ql, qh, sc.view(np.uint8), d16], axis=1)
+    out[empty] = 0
+    return out
+
+
+# The k-quant classes live in kquants.py (dequantization); attach the quantizers here so each
+# file stays one concern. Chunks of 512 super-blocks keep the search's temporaries in cache.
+for _cls, _fn in ((Q4_K, _q4k_quantize_blocks), (Q5_K, _q5k_quantize_blocks), (Q6_K, _q6k_quantize_blocks)):
+    _cls.quantize_blocks = classmethod(_fn)
+    _cls.can_quantize = True
+    _cls.quantize_chunk = 512
