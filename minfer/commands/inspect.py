@@ -1,0 +1,175 @@
+"""`minfer inspect`: what is inside a GGUF file, without loading the weights."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+HELP = "show a GGUF file's architecture, hyper-parameters, tokenizer and tensor types"
+DESCRIPTION = """\
+Show what a GGUF model file holds: architecture, name, parameter count, file type
+(llama.cpp's quantization mix, e.g. Q4_K_M), file size, context length, every
+hyper-parameter of the architecture, the tokenizer, and a table of the tensors grouped
+by ggml type (count, bytes, share of all tensor bytes). Nothing is loaded into memory:
+the file is validated and memory-mapped.
+
+Works on any architecture, including ones minfer cannot run yet.
+
+examples:
+  minfer inspect qwen2.5-coder-0.5b-instruct
+  minfer inspect model.gguf --tensors
+  minfer inspect model.gguf --json | python -m json.tool
+"""
+
+# Lists longer than this are summarized by their length (a vocabulary has ~150k entries).
+MAX_LIST = 16
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="FILE_OR_NAME",
+                   help="path to a .gguf file, or a catalog name (`minfer list`; pulled if missing)")
+    p.add_argument("--tensors", action="store_true",
+                   help="also list every tensor: name, type, shape (numpy order), bytes")
+    p.add_argument("--json", action="store_true",
+                   help="print everything as one JSON object (long lists summarized by length)")
+
+
+def human_count(n: int) -> str:
+    """494032768 -> '494.0M' (the style of llama.cpp's model loader)."""
+    for div, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= div:
+            return f"{n / div:.{2 if unit in 'BT' else 1}f}{unit}"
+    return str(n)
+
+
+def human_bytes(n: int) -> str:
+    for div, unit in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"
+
+
+def _plain(value: Any) -> Any:
+    """A metadata value for display: long lists become {'length': n} summaries."""
+    if isinstance(value, list):
+        if len(value) > MAX_LIST:
+            return {"length": len(value)}
+        return [_plain(v) for v in value]
+    return value
+
+
+def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
+    """Everything `inspect` shows, as a JSON-ready dict. g: minfer.gguf_file.GGUFFile."""
+    arch = g.get("general.architecture")
+    prefix = f"{arch}."
+    n_params = g.n_params()
+    total = g.tensor_bytes()
+    by_type: dict[str, dict[str, Any]] = {}
+    for t in g.tensors.values():
+        row = by_type.setdefault(t.type_name, {"count": 0, "bytes": 0, "params": 0})
+        row["count"] += 1
+        row["bytes"] += t.n_bytes
+        row["params"] += t.n_elements
+    for row in by_type.values():
+        row["share"] = row["bytes"] / total if total else 0.0
+    tokens = g.get("tokenizer.ggml.tokens")
+    merges = g.get("tokenizer.ggml.merges")
+    tok_scalars = {k.removeprefix("tokenizer.ggml."): _plain(v) for k, v in g.metadata.items()
+                   if k.startswith("tokenizer.ggml.") and not isinstance(v, list)}
+    out: dict[str, Any] = {
+        "file": str(g.path),
+        "file_size": g.file_size,
+        "gguf_version": g.version,
+        "architecture": arch,
+        "name": g.get("general.name"),
+        "n_params": n_params,
+        "n_params_human": human_count(n_params),
+        "file_type": g.file_type_name(),
+        "context_length": g.get(f"{arch}.context_length"),
+        "n_layers": g.get(f"{arch}.block_count"),
+        "hparams": {k.removeprefix(prefix): _plain(v) for k, v in g.metadata.items()
+                    if k.startswith(prefix)},
+        "general": {k.removeprefix("general."): _plain(v) for k, v in g.metadata.items()
+                    if k.startswith("general.")},
+        "tokenizer": {
+            **tok_scalars,
+            "vocab_size": len(tokens) if isinstance(tokens, list) else None,
+            "n_merges": len(merges) if isinstance(merges, list) else None,
+            "chat_template": "tokenizer.chat_template" in g.metadata,
+        },
+        "tensor_bytes": total,
+        "n_tensors": len(g.tensors),
+        "tensor_types": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+    }
+    if with_tensors:
+        out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": list(t.shape),
+                           "bytes": t.n_bytes, "offset": t.offset} for t in g.tensors.values()]
+    return out
+
+
+def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+    """Aligned columns; the column indices in `right` are right-aligned (numbers)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, dict) and set(v) == {"length"}:
+        return f"[{v['length']} items]"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, str) and len(v) > 80:
+        return repr(v[:77] + "...")
+    return json.dumps(v) if isinstance(v, (list, str)) else str(v)
+
+
+def render_text(s: dict[str, Any]) -> str:
+    tok = s["tokenizer"]
+    lines = [
+        f"file:            {s['file']}",
+        f"file size:       {human_bytes(s['file_size'])} ({s['file_size']:,} bytes), GGUF v{s['gguf_version']}",
+        f"architecture:    {s['architecture']}",
+        f"name:            {s['name']}",
+        f"parameters:      {s['n_params_human']} ({s['n_params']:,})",
+        f"file type:       {s['file_type']}",
+        f"context length:  {s['context_length']}",
+        f"layers:          {s['n_layers']}",
+        "",
+        f"hyper-parameters ({s['architecture']}.*):",
+    ]
+    lines += [f"  {line}" for line in _table([[k, _fmt(v)] for k, v in s["hparams"].items()], set())] \
+        if s["hparams"] else ["  (none)"]
+    lines += ["", "tokenizer:"]
+    tok_rows = [[k, _fmt(v)] for k, v in tok.items() if v is not None]
+    lines += [f"  {line}" for line in _table(tok_rows, set())]
+    lines += ["", f"tensors: {s['n_tensors']}, {human_bytes(s['tensor_bytes'])} ({s['tensor_bytes']:,} bytes)"]
+    rows = [["type", "count", "params", "bytes", "share"]]
+    for name, r in s["tensor_types"].items():
+        rows.append([name, str(r["count"]), human_count(r["params"]), human_bytes(r["bytes"]),
+                     f"{100 * r['share']:.1f}%"])
+    lines += [f"  {line}" for line in _table(rows, {1, 2, 3, 4})]
+    if "tensors" in s:
+        lines += ["", "every tensor:"]
+        rows = [["name", "type", "shape", "bytes"]]
+        rows += [[t["name"], t["type"], "x".join(map(str, t["shape"])) or "scalar", f"{t['bytes']:,}"]
+                 for t in s["tensors"]]
+        lines += [f"  {line}" for line in _table(rows, {3})]
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    from minfer.catalog import resolve_model
+    from minfer.gguf_file import GGUFFile
+
+    g = GGUFFile(resolve_model(args.model))
+    s = summarize(g, with_tensors=args.tensors)
+    if args.json:
+        print(json.dumps(s, indent=2, ensure_ascii=False))
+    else:
+        print(render_text(s))
+    return 0
