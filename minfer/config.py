@@ -1,0 +1,149 @@
+"""ModelConfig: the hyper-parameters of a model, read once from GGUF metadata.
+
+All GGUF key names live here. Keys are `{arch}.<suffix>` (gguf-py constants.py, class Keys).
+
+RoPE conventions (llama.cpp src/llama-model.cpp, `llama_model_rope_type`):
+- `llama` -> LLAMA_ROPE_TYPE_NORM: rotate adjacent pairs (x[2i], x[2i+1]). HF Llama rotates
+  (x[i], x[i+d/2]) instead; convert_hf_to_gguf.py (LlamaModel.modify_tensors -> `permute`)
+  reorders the rows of attn_q / attn_k inside each head so that the adjacent-pair rotation
+  on the GGUF weights equals HF's half-split rotation on the original ones.
+- `qwen2` -> LLAMA_ROPE_TYPE_NEOX: rotate (x[i], x[i+n_rot/2]); its q/k are not permuted.
+
+Rope scaling: `{arch}.rope.scaling.type` none|linear (positions divided by
+`rope.scaling.factor`, llama.cpp: freq_scale = 1/factor); Llama-3.1-style scaling is stored
+by the converter as a per-frequency divisor tensor `rope_freqs.weight` (ggml_rope_ext's
+`freq_factors`), read here when present. yarn/longrope are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minfer.errors import MinferError
+
+SUPPORTED_ARCHS = ("llama", "qwen2")
+
+# llama.cpp llama_model_rope_type: LLM_ARCH_LLAMA -> NORM, LLM_ARCH_QWEN2 -> NEOX
+ROPE_STYLE = {"llama": "normal", "qwen2": "neox"}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """What ops.rope needs. Hashable, so the reference caches its inverse frequencies on it."""
+
+    theta: float                 # rope.freq_base
+    style: str                   # 'normal' (adjacent pairs) or 'neox' (halves)
+    n_rot: int                   # rotated dims per head (rope.dimension_count), <= head_dim
+    freq_scale: float = 1.0      # linear scaling: position * freq_scale
+    freq_factors: tuple[float, ...] | None = None  # (n_rot/2,) divisors of each frequency
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    rms_eps: float
+    rope: RopeConfig
+    context_length: int
+    tied_output: bool            # no output.weight: the logits reuse token_embd.weight
+    qkv_bias: bool               # qwen2 has q/k/v biases
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
+
+    @property
+    def rope_style(self) -> str:
+        return self.rope.style
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per KV head (grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    @classmethod
+    def from_gguf(cls, gf) -> "ModelConfig":
+        """Build from a minfer.gguf_file.GGUFFile. Missing keys raise MinferError naming them."""
+        arch = gf.architecture
+        if arch not in SUPPORTED_ARCHS:
+            raise MinferError(f"{gf.path}: architecture '{arch}' is not supported "
+                              f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+
+        def req(suffix):
+            key = f"{arch}.{suffix}"
+            if key not in gf.metadata:
+                raise MinferError(f"{gf.path}: metadata key '{key}' is missing "
+                                  f"(needed to build the {arch} model)")
+            return gf.metadata[key]
+
+        def opt(suffix, default):
+            return gf.metadata.get(f"{arch}.{suffix}", default)
+
+        n_layers = int(req("block_count"))
+        d_model = int(req("embedding_length"))
+        n_heads = int(req("attention.head_count"))
+        n_kv = int(opt("attention.head_count_kv", n_heads))
+        ffn = int(req("feed_forward_length"))
+        rms_eps = float(req("attention.layer_norm_rms_epsilon"))
+        ctx = int(req("context_length"))
+        if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
+            raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of "
+                              f"head_count_kv={n_kv}")
+        head_dim = int(opt("attention.key_length", d_model // n_heads))
+        if head_dim * n_heads != d_model and f"{arch}.attention.key_length" not in gf.metadata:
+            raise MinferError(f"{gf.path}: embedding_length {d_model} is not divisible by head_count {n_heads}")
+
+        emb = gf.tensor("token_embd.weight")
+        vocab = int(opt("vocab_size", emb.shape[0]))
+        if emb.shape != (vocab, d_model):
+            raise MinferError(f"{gf.path}: tensor 'token_embd.weight' has shape {emb.shape}, "
+                              f"expected ({vocab}, {d_model})")
+
+        n_rot = int(opt("rope.dimension_count", head_dim))
+        if n_rot != head_dim:
+            raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={n_rot} differs from the head size "
+                              f"{head_dim}; partial rotary embeddings are not supported")
+        rope = RopeConfig(theta=float(opt("rope.freq_base", 10000.0)), style=ROPE_STYLE[arch], n_rot=n_rot,
+                          freq_scale=_freq_scale(gf, arch), freq_factors=_freq_factors(gf, n_rot))
+        tied = "output.weight" not in gf.tensors
+        qkv_bias = "blk.0.attn_q.bias" in gf.tensors
+        return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
+                   head_dim=head_dim, ffn=ffn, vocab=vocab, rms_eps=rms_eps, rope=rope,
+                   context_length=ctx, tied_output=tied, qkv_bias=qkv_bias)
+
+
+def _freq_scale(gf, arch) -> float:
+    kind = gf.metadata.get(f"{arch}.rope.scaling.type", "none")
+    factor = gf.metadata.get(f"{arch}.rope.scaling.factor")
+    if kind in ("none", None):
+        # older files: rope.scale_linear (llama.cpp LLM_KV_ROPE_SCALE_LINEAR)
+        lin = gf.metadata.get(f"{arch}.rope.scale_linear")
+        return 1.0 / float(lin) if lin else 1.0
+    if kind == "linear":
+        if not factor:
+            raise MinferError(f"{gf.path}: {arch}.rope.scaling.type is linear but "
+                              f"'{arch}.rope.scaling.factor' is missing")
+        return 1.0 / float(factor)
+    raise MinferError(f"{gf.path}: {arch}.rope.scaling.type '{kind}' is not supported "
+                      "(supported: none, linear, and llama3-style rope_freqs.weight)")
+
+
+def _freq_factors(gf, n_rot):
+    if "rope_freqs.weight" not in gf.tensors:
+        return None
+    import numpy as np
+
+    from minfer.quants import dequantize
+
+    t = gf.tensors["rope_freqs.weight"]
+    if t.n_elements != n_rot // 2:
+        raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' has {t.n_elements} values, "
+                          f"expected n_rot/2 = {n_rot // 2}")
+    vals = np.asarray(dequantize(t.data, t.qtype, t.shape), dtype=np.float32).reshape(-1)
+    return tuple(float(v) for v in vals)

@@ -1,0 +1,101 @@
+"""The CPU reference of every op: plain torch, float32, written for clarity first.
+
+Every CUDA kernel is checked against these functions. Formulas follow ggml's CPU ops
+(ggml-cpu/ops.cpp: rms_norm, rope (NORM and NEOX modes), soft_max, swiglu).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+
+
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (T, K) @ dense (N, K)^T + bias -> (T, N). The CPU QWeight carries its dense matrix."""
+    dense = w.dense
+    if dense is None:  # a weight kept quantized (e.g. an untied embedding): decode it whole
+        dense = w.dequantize_rows(torch.arange(w.shape[0]))
+    if dense.dtype != x.dtype:
+        return F.linear(x.to(dense.dtype), dense, None if bias is None else bias.to(dense.dtype)).to(x.dtype)
+    return F.linear(x, dense, bias)
+
+
+def embedding(ids: torch.Tensor, w) -> torch.Tensor:
+    """ids (T,) -> (T, D) float32 rows of the embedding table."""
+    if w.dense is not None:
+        return w.dense[ids].float()
+    return w.dequantize_rows(ids)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """(T, D): x * rsqrt(mean(x^2) + eps) * weight (ggml_rms_norm followed by ggml_mul)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+@functools.lru_cache(maxsize=16)
+def _inv_freq(cfg) -> torch.Tensor:
+    """(n_rot/2,) float64: freq_scale * theta^(-2i/n_rot) / freq_factor_i (ggml rope, ext_factor 0)."""
+    i = torch.arange(cfg.n_rot // 2, dtype=torch.float64)
+    inv = cfg.freq_scale * cfg.theta ** (-2.0 * i / cfg.n_rot)
+    if cfg.freq_factors is not None:
+        inv = inv / torch.tensor(cfg.freq_factors, dtype=torch.float64)
+    return inv
+
+
+def rope_cos_sin(positions: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of the rotation angles, each (T, n_rot/2) float32."""
+    ang = positions.to(torch.float64)[:, None] * _inv_freq(cfg)[None, :]
+    return ang.cos().float(), ang.sin().float()
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
+    """Rotary embedding of x (T, H, Dh) at positions (T,) -> (T, H, Dh).
+
+    'normal' (ggml NORM, llama): pairs (x[2i], x[2i+1]) rotate by angle_i.
+    'neox'   (ggml NEOX, qwen2): pairs (x[i], x[i + n_rot/2]) rotate by angle_i.
+    """
+    cos, sin = rope_cos_sin(positions, cfg)
+    cos, sin = cos[:, None, :], sin[:, None, :]  # (T, 1, n_rot/2)
+    T, H, D = x.shape
+    xr = x[..., : cfg.n_rot].float()
+    if cfg.style == "normal":
+        pairs = xr.reshape(T, H, cfg.n_rot // 2, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        out = torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).reshape(T, H, cfg.n_rot)
+    elif cfg.style == "neox":
+        a, b = xr[..., : cfg.n_rot // 2], xr[..., cfg.n_rot // 2:]
+        out = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    else:
+        raise ValueError(f"unknown rope style {cfg.style!r}")
+    out = out.to(x.dtype)
+    if cfg.n_rot < D:
+        out = torch.cat((out, x[..., cfg.n_rot:]), dim=-1)
+    return out
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(T, F): silu(gate) * up."""
+    return F.silu(gate) * up
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int) -> torch.Tensor:
+    """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
+    keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
+
+    Grouped-query: query head h reads KV head h // (H / Hkv), as ggml's broadcast does.
+    Returns (T, H, Dh).
+    """
+    T, H, D = q.shape
+    S = start_pos + T
+    k = k_cache[:S].transpose(0, 1)  # (Hkv, S, Dh)
+    v = v_cache[:S].transpose(0, 1)
+    qh = q.transpose(0, 1)           # (H, T, Dh)
+    mask = None
+    if T > 1:
+        # query i (absolute position start_pos + i) sees keys j <= start_pos + i
+        mask = torch.arange(S)[None, :] <= (start_pos + torch.arange(T))[:, None]  # (T, S)
+    out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
+                                         scale=1.0 / D ** 0.5, enable_gqa=k.shape[0] != H)
+    return out.transpose(0, 1)  # (T, H, Dh)

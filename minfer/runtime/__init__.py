@@ -1,0 +1,1 @@
+"""Running a model: KV cache, sampling, the token generator, the Engine."""

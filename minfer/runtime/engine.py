@@ -1,0 +1,163 @@
+"""Engine: a loaded model, its tokenizer and KV cache; forward passes and generation.
+
+    eng = Engine.load("qwen2.5-coder-0.5b-instruct")            # device='cpu', ctx=None
+    ids = eng.tokenizer.encode("The capital of France is")
+    for ev in eng.generate(ids, SamplingParams(temperature=0), max_new_tokens=16):
+        print(ev.text, end="")
+
+The engine remembers which tokens its cache holds: generate() re-uses the longest common
+prefix with the new prompt (multi-turn chat only computes the new turn).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from minfer.errors import MinferError
+from minfer.runtime.generate import GenEvent, generate
+from minfer.runtime.kv_cache import KVCache
+from minfer.runtime.sampling import SamplingParams
+
+DEFAULT_CTX = 4096
+PREFILL_CHUNK = 512   # bounds the (T, S) attention scores of a long prompt
+
+
+class Engine:
+    def __init__(self, model, tokenizer=None, n_ctx: int | None = None, path: Path | None = None):
+        self.model = model
+        self.config = model.cfg
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.path = path
+        self.n_ctx = int(n_ctx or min(self.config.context_length, DEFAULT_CTX))
+        if self.n_ctx <= 0:
+            raise MinferError(f"--ctx must be positive, got {self.n_ctx}")
+        self.cache = KVCache.for_config(self.config, self.n_ctx, self.device)
+        self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
+        self.stats: dict = {}
+
+    @classmethod
+    def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
+             progress: bool = True) -> "Engine":
+        """model: a catalog name, a path to a .gguf, or an open GGUFFile."""
+        from minfer.gguf_file import GGUFFile
+        from minfer.models import load_model
+
+        threads = os.environ.get("MINFER_THREADS")
+        if threads:
+            torch.set_num_threads(int(threads))
+        if device == "cuda":
+            from minfer.weights import cuda_backend
+
+            cuda_backend()  # fail before spending time on the weights
+        if isinstance(model, GGUFFile):
+            gf = model
+        else:
+            from minfer.catalog import resolve_model
+
+            gf = GGUFFile(resolve_model(str(model)))
+        m = load_model(gf, device=device, dtype=dtype, progress=progress)
+        return cls(m, load_tokenizer(gf), ctx, gf.path)
+
+    def reset(self) -> None:
+        """Forget the cached tokens (the cache memory is kept and overwritten)."""
+        self.tokens = []
+
+    # ---- forward passes ----------------------------------------------------------------
+
+    def _check(self, tokens: Sequence[int], start_pos: int) -> None:
+        if start_pos < 0 or start_pos > len(self.tokens):
+            raise MinferError(f"start_pos {start_pos} is past the {len(self.tokens)} cached tokens")
+        if start_pos + len(tokens) > self.n_ctx:
+            raise MinferError(f"{start_pos + len(tokens)} tokens do not fit in the context of {self.n_ctx} "
+                              f"tokens; use a larger --ctx (the model was trained on up to "
+                              f"{self.config.context_length}) or a shorter input")
+        bad = [t for t in tokens if not 0 <= int(t) < self.config.vocab]
+        if bad:
+            raise MinferError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
+
+    @torch.inference_mode()
+    def _run(self, tokens: Sequence[int], start_pos: int, last_only: bool) -> torch.Tensor:
+        tokens = [int(t) for t in tokens]
+        self._check(tokens, start_pos)
+        self.tokens = self.tokens[:start_pos]
+        outs = []
+        for i in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[i:i + PREFILL_CHUNK]
+            ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
+            last = last_only and i + PREFILL_CHUNK >= len(tokens)
+            if last_only and not last:
+                self.model.forward(ids, start_pos + i, self.cache, last_only=True)
+            else:
+                outs.append(self.model.forward(ids, start_pos + i, self.cache, last_only=last_only))
+            self.tokens.extend(chunk)
+        return torch.cat(outs).float().cpu() if len(outs) > 1 else outs[0].float().cpu()
+
+    def forward(self, tokens, start_pos: int) -> torch.Tensor:
+        """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps
+        positions [0, start_pos) and gets these tokens appended."""
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.reshape(-1).tolist()
+        if len(tokens) == 0:
+            raise MinferError("forward() needs at least one token")
+        return self._run(tokens, start_pos, last_only=False)
+
+    def prefill(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        """Bring the cache to hold prompt_ids, re-using the longest cached prefix; logits (V,)
+        of the last prompt token."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise MinferError("the prompt is empty: at least one token is needed")
+        if len(prompt_ids) > self.n_ctx:
+            raise MinferError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
+                              f"{self.n_ctx}; use a larger --ctx (the model was trained on up to "
+                              f"{self.config.context_length}) or a shorter prompt")
+        n = 0
+        limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
+        while n < limit and self.tokens[n] == prompt_ids[n]:
+            n += 1
+        return self._run(prompt_ids[n:], n, last_only=True)[-1]
+
+    # ---- generation ----------------------------------------------------------------------
+
+    def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
+                 max_new_tokens: int | None = None, stop: Iterable[str] = (),
+                 top_logprobs: int = 0) -> Iterator[GenEvent]:
+        """Yield GenEvents for up to max_new_tokens new tokens (None: until the context is full).
+        Texts are '' when the engine has no tokenizer."""
+        params = params or SamplingParams()
+        prompt_ids = [int(t) for t in prompt_ids]
+        t0 = time.perf_counter()
+        logits = self.prefill(prompt_ids)
+        t1 = time.perf_counter()
+        self.stats = {"prompt_tokens": len(prompt_ids), "prompt_s": t1 - t0, "gen_tokens": 0, "gen_s": 0.0}
+        room = self.n_ctx - len(prompt_ids) + 1   # the last new token is never fed back
+        n_new = room if max_new_tokens is None else min(int(max_new_tokens), room)
+
+        def step(tok: int) -> torch.Tensor:
+            return self._run([tok], len(self.tokens), last_only=True)[-1]
+
+        tok = self.tokenizer
+        decoder = tok.stream_decoder() if tok is not None else None
+        eog = set(tok.eog_ids) if tok is not None else set()
+        if stop and decoder is None:
+            raise MinferError("stop strings need a tokenizer, and this engine has none")
+        for ev in generate(logits, step, params, n_new, history=prompt_ids, stop=stop, decoder=decoder,
+                           eog_ids=eog, top_logprobs=top_logprobs):
+            self.stats["gen_tokens"] += 1
+            self.stats["gen_s"] = time.perf_counter() - t1
+            yield ev
+
+
+def load_tokenizer(gf):
+    """The GGUF's tokenizer, or None while minfer.tokenizer is not importable."""
+    try:
+        from minfer.tokenizer import Tokenizer
+    except ImportError:
+        return None
+    return Tokenizer.from_gguf(gf)

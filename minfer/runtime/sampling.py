@@ -1,0 +1,139 @@
+"""Choosing the next token: pure functions on a logits vector (V,).
+
+The chain and its semantics follow llama.cpp (src/llama-sampling.cpp; default order in
+common/sampling.cpp): penalties -> top-k -> top-p -> min-p -> temperature -> draw.
+- penalties (llama_sampler_penalties_apply): over the last `penalty_last_n` tokens, a token
+  seen c > 0 times gets logit /= repeat (if logit > 0) or logit *= repeat (if <= 0), then
+  logit -= c * frequency + presence.
+- top-k: keep the k largest logits (k <= 0: off).
+- top-p (llama_sampler_top_p_apply): softmax of the current logits, sorted; keep the
+  shortest prefix whose cumulative probability reaches p (the crossing token included).
+- min-p (llama_sampler_min_p_apply): keep tokens with p_i >= min_p * p_max, i.e.
+  logit_i >= max_logit + log(min_p).
+- temperature: logits / T; T <= 0 means greedy (the argmax only).
+Filtering before temperature means top-p/min-p see the untempered distribution, as in llama.cpp.
+A removed token gets logit -inf. At least one token always survives.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    penalty_last_n: int = 64      # how many recent tokens the penalties look at (-1: all)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+    @classmethod
+    def greedy_params(cls) -> "SamplingParams":
+        return cls(temperature=0.0)
+
+
+def apply_penalties(logits: torch.Tensor, history: Sequence[int], repeat: float = 1.0,
+                    presence: float = 0.0, frequency: float = 0.0) -> torch.Tensor:
+    """(V,) -> (V,): llama.cpp's repetition/presence/frequency penalties over `history`."""
+    if not history or (repeat == 1.0 and presence == 0.0 and frequency == 0.0):
+        return logits
+    counts = Counter(int(t) for t in history)
+    ids = torch.tensor(list(counts.keys()), dtype=torch.long)
+    c = torch.tensor(list(counts.values()), dtype=logits.dtype)
+    out = logits.clone()
+    x = out[ids]
+    x = torch.where(x <= 0, x * repeat, x / repeat)
+    x = x - c * frequency - presence
+    out[ids] = x
+    return out
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k).values[-1]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if p >= 1.0:
+        return logits
+    probs = torch.softmax(logits.double(), -1)
+    sorted_p, order = torch.sort(probs, descending=True)
+    cum = torch.cumsum(sorted_p, -1)
+    # number kept = 1 + how many prefixes stay below p (the token that reaches p is kept)
+    n_keep = int((cum < p).sum().item()) + 1
+    n_keep = min(n_keep, logits.shape[-1])
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    keep[order[:n_keep]] = True
+    return logits.masked_fill(~keep, -math.inf)
+
+
+def min_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    if p <= 0.0:
+        return logits
+    threshold = logits.max() + math.log(p)
+    return logits.masked_fill(logits < threshold, -math.inf)
+
+
+def filtered_logits(logits: torch.Tensor, params: SamplingParams, history: Sequence[int] = ()) -> torch.Tensor:
+    """The logits after penalties, top-k, top-p, min-p and temperature (float32 (V,))."""
+    x = logits.float()
+    last_n = params.penalty_last_n
+    recent = list(history) if last_n < 0 else list(history)[-last_n:] if last_n > 0 else []
+    x = apply_penalties(x, recent, params.repeat_penalty, params.presence_penalty, params.frequency_penalty)
+    if params.greedy:
+        best = int(torch.argmax(x))
+        return torch.full_like(x, -math.inf).index_fill_(0, torch.tensor([best]), 0.0)
+    x = top_k_filter(x, params.top_k)
+    x = top_p_filter(x, params.top_p)
+    x = min_p_filter(x, params.min_p)
+    return x / params.temperature
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams, history: Sequence[int] = ()) -> torch.Tensor:
+    """The distribution the next token is drawn from, (V,) float64."""
+    return torch.softmax(filtered_logits(logits, params, history).double(), -1)
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    """A CPU generator: the same seed gives the same draws; None draws a seed from the OS."""
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int.from_bytes(os.urandom(8), "little") >> 1 if seed is None else int(seed))
+    return g
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
+           history: Sequence[int] = ()) -> int:
+    """The next token id from logits (V,)."""
+    x = filtered_logits(logits.cpu(), params, history)
+    if params.greedy:
+        return int(torch.argmax(x))
+    probs = torch.softmax(x.double(), -1)
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def logprobs(logits: torch.Tensor, token: int, top_n: int = 0):
+    """The model's log-probability of `token` (before any sampling filter), and the `top_n`
+    most likely tokens as [(id, logprob), ...]."""
+    lp = torch.log_softmax(logits.float().cpu(), -1)
+    top = []
+    if top_n > 0:
+        v, i = torch.topk(lp, min(top_n, lp.shape[-1]))
+        top = [(int(a), float(b)) for a, b in zip(i.tolist(), v.tolist())]
+    return float(lp[token]), top

@@ -1,0 +1,107 @@
+"""Model weights on a device.
+
+A 2-D weight is a QWeight: the raw ggml blocks as stored in the file (uint8, one row of
+blocks per output row) plus, on the CPU, the dequantized dense matrix the reference matmul
+uses. On CUDA the loader uploads the raw blocks and hands each QWeight to
+`minfer.ops.cuda.prepare_weight(w)`, which may add derived planes to `w.extra`.
+
+1-D tensors (norm weights, biases, rope factors) are plain float32 torch tensors.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from minfer.errors import MinferError
+
+
+@dataclass
+class QWeight:
+    name: str
+    qtype: int                       # ggml type id
+    shape: tuple[int, int]           # (N, K): N output rows, K inputs
+    raw: torch.Tensor                # uint8 (N, row_bytes), the file's blocks, on the device
+    dense: torch.Tensor | None = None  # (N, K) float, CPU reference (None: dequantize on demand)
+    extra: dict = field(default_factory=dict)  # derived planes (CUDA backend)
+
+    @property
+    def device(self) -> torch.device:
+        return self.raw.device
+
+    def nbytes(self) -> int:
+        """Bytes held on the device: raw blocks + dense + derived planes."""
+        n = self.raw.numel() * self.raw.element_size()
+        if self.dense is not None and self.dense.data_ptr() != 0:
+            n += self.dense.numel() * self.dense.element_size()
+        for v in self.extra.values():
+            if isinstance(v, torch.Tensor):
+                n += v.numel() * v.element_size()
+        return n
+
+    def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Float32 rows `ids` (T,) -> (T, K), decoded from the raw blocks (rows are independent)."""
+        from minfer.quants import dequantize
+
+        rows = self.raw[ids.to(self.raw.device)].cpu().numpy()
+        out = dequantize(rows.reshape(-1), self.qtype, (len(ids), self.shape[1]))
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+
+
+def _raw_tensor(info) -> torch.Tensor:
+    """The tensor's blocks as a (rows, row_bytes) uint8 CPU tensor viewing the memory map."""
+    rows = info.shape[0] if len(info.shape) == 2 else 1
+    arr = np.asarray(info.data).reshape(rows, -1)
+    with warnings.catch_warnings():
+        # the map is read-only and we never write through this view
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(arr)
+
+
+def load_dense(gf, name: str, dtype=torch.float32) -> torch.Tensor:
+    """A tensor dequantized to a float CPU tensor of its numpy-order shape."""
+    from minfer.quants import dequantize
+
+    info = gf.tensor(name)
+    out = dequantize(info.data, info.qtype, info.shape)
+    t = torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
+    return t if dtype == torch.float32 else t.to(dtype)
+
+
+def load_vector(gf, name: str, device, expect: int) -> torch.Tensor:
+    """A 1-D float32 tensor (norm weight, bias) checked against its expected length."""
+    info = gf.tensor(name)
+    if info.n_elements != expect:
+        raise MinferError(f"{gf.path}: tensor '{name}' has {info.n_elements} values, expected {expect}")
+    return load_dense(gf, name).reshape(expect).to(device)
+
+
+def load_qweight(gf, name: str, device, shape: tuple[int, int], dense: bool = True,
+                 dtype=torch.float32) -> QWeight:
+    """A 2-D weight of the expected (N, K) shape; on the CPU also its dense float matrix."""
+    info = gf.tensor(name)
+    if tuple(info.shape) != tuple(shape):
+        raise MinferError(f"{gf.path}: tensor '{name}' has shape {tuple(info.shape)}, expected {tuple(shape)}")
+    raw = _raw_tensor(info)
+    device = torch.device(device)
+    if device.type == "cpu":
+        d = load_dense(gf, name, dtype) if dense else None
+        return QWeight(name, info.qtype, tuple(shape), raw, d)
+    w = QWeight(name, info.qtype, tuple(shape), raw.to(device), None)
+    cuda_backend().prepare_weight(w)
+    return w
+
+
+def cuda_backend():
+    """minfer.ops.cuda, imported on first use; a clear error until the backend exists."""
+    try:
+        import minfer.ops.cuda as cuda_ops
+    except ImportError as e:
+        raise MinferError(f"the CUDA backend is not available yet ({e}); use --device cpu") from e
+    if not hasattr(cuda_ops, "prepare_weight"):
+        raise MinferError("the CUDA backend is not available yet (minfer.ops.cuda has no prepare_weight); "
+                          "use --device cpu")
+    return cuda_ops
