@@ -1,0 +1,227 @@
+"""Decoding of raw ggml blocks inside Triton kernels, and the dequantize-to-scratch kernel.
+
+Every kernel here sees a weight as its raw GGUF bytes: `raw` uint8 (N, row_bytes), one row
+of blocks per output row. A tile of a weight is decoded as [rows, S, 16]: S runs of 16
+consecutive values of one row. 16 is the finest granularity of any scale in the supported
+types (Q2_K/Q3_K/Q6_K scale 16 values), so one run shares one scale, which is loaded once
+per run ([rows, S, 1]) instead of once per value, and the quant bytes of a run are
+consecutive (loads the compiler can widen). Values come out in natural order, so the
+caller multiplies them with a contiguous slice of the activations.
+
+Block layouts (ggml-common.h block_* structs; value formulas from ggml-quants.c
+dequantize_row_*; gguf-py quants.py is the executable reference the tests compare with):
+  Q4_0 (32 values, 18 B):  d f16 | qs[16]: value j = low nibble of qs[j], j+16 = high nibble;
+                           w = d * (q - 8)
+  Q4_1 (32, 20 B):         d f16 | m f16 | qs[16];                        w = d * q + m
+  Q5_0 (32, 22 B):         d f16 | qh u32 (bit j = 5th bit of value j) | qs[16]; w = d * (q - 16)
+  Q5_1 (32, 24 B):         d f16 | m f16 | qh u32 | qs[16];              w = d * q + m
+  Q8_0 (32, 34 B):         d f16 | qs int8[32];                          w = d * q
+  Q2_K (256, 84 B):        scales[16] (lo nibble scale, hi nibble min) | qs[64] | d | dmin
+                           value 128h + 32j + l: 2 bits at shift 2j of qs[32h + l]
+  Q3_K (256, 110 B):       hmask[32] | qs[64] | scales[12] (16 x 6-bit, minus 32) | d
+                           high bit: bit (4h + j) of hmask[l], subtract 4 when it is clear
+  Q4_K (256, 144 B):       d | dmin | scales[12] (8 x 6-bit scale and min) | qs[128]
+                           value 64j + 32h + l: nibble h of qs[32j + l]; sub-block 2j + h
+                           w = d * sc * q - dmin * m       (get_scale_min_k4 for sc, m)
+  Q5_K (256, 176 B):       d | dmin | scales[12] | qh[32] | qs[128]; 5th bit: bit (2j + h) of qh[l]
+  Q6_K (256, 210 B):       ql[128] | qh[64] | scales int8[16] | d
+                           value 128h + 32g + l: low 4 bits from ql[64h + 32(g%2) + l] (nibble g//2),
+                           high 2 bits at shift 2g of qh[32h + l]; scale index 8h + 2g + l//16
+  F32/F16/BF16:            handled as 'blocks' of 16 values (64 / 32 / 32 bytes)
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# ggml type ids (ggml.h enum ggml_type; gguf.GGMLQuantizationType)
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+
+# qtype -> (name, values per block, bytes per block) as the kernels see them
+LAYOUT = {
+    F32: ("F32", 16, 64),
+    F16: ("F16", 16, 32),
+    BF16: ("BF16", 16, 32),
+    Q4_0: ("Q4_0", 32, 18),
+    Q4_1: ("Q4_1", 32, 20),
+    Q5_0: ("Q5_0", 32, 22),
+    Q5_1: ("Q5_1", 32, 24),
+    Q8_0: ("Q8_0", 32, 34),
+    Q2_K: ("Q2_K", 256, 84),
+    Q3_K: ("Q3_K", 256, 110),
+    Q4_K: ("Q4_K", 256, 144),
+    Q5_K: ("Q5_K", 256, 176),
+    Q6_K: ("Q6_K", 256, 210),
+}
+FLOAT_TYPES = (F32, F16, BF16)
+
+
+def type_name(qtype: int) -> str:
+    return LAYOUT[qtype][0] if qtype in LAYOUT else f"type {qtype}"
+
+
+@triton.jit
+def _ld(p, m):
+    """uint8 at p (masked) -> int32."""
+    return tl.load(p, mask=m, other=0).to(tl.int32)
+
+
+@triton.jit
+def _ldh(p, m):
+    """f16 at byte pointer p (2-aligned; every block size and f16 offset is even) -> f32."""
+    return tl.load(p.to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _kscale(bp, sub, m):
+    """Q4_K/Q5_K 6-bit scale and min of sub-block `sub` (ggml-quants.c get_scale_min_k4)."""
+    s = bp + 4
+    a = _ld(s + sub, m)                                # scales[sub]
+    b = _ld(s + sub + 4, m)                            # scales[sub + 4]
+    c = _ld(s + tl.maximum(sub - 4, 0), m)             # scales[sub - 4] (used when sub >= 4)
+    lo = sub < 4
+    sc = tl.where(lo, a & 63, (b & 15) | ((c >> 6) << 4))
+    mn = tl.where(lo, b & 63, (b >> 4) | ((a >> 6) << 4))
+    return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def decode(QT: tl.constexpr, bp, e0, i, m):
+    """Values of runs of 16 inside blocks.
+
+    bp: [R, S, 1] uint8 pointers to each run's block; e0: [R|1, S, 1] int32 index of the
+    run's first value inside its block (a multiple of 16); i: [1, 1, 16] arange(16);
+    m: [R, S, 1] mask (masked runs decode to 0). Returns [R, S, 16] float32.
+    """
+    if QT == 0:  # F32
+        v = tl.load((bp + 4 * i).to(tl.pointer_type(tl.float32)), mask=m, other=0.0)
+    elif QT == 1:  # F16
+        v = tl.load((bp + 2 * i).to(tl.pointer_type(tl.float16)), mask=m, other=0.0).to(tl.float32)
+    elif QT == 30:  # BF16
+        v = tl.load((bp + 2 * i).to(tl.pointer_type(tl.bfloat16)), mask=m, other=0.0).to(tl.float32)
+    elif QT == 2:  # Q4_0
+        d = _ldh(bp, m)
+        q = (_ld(bp + 2 + i, m) >> ((e0 // 16) * 4)) & 15
+        v = (q - 8).to(tl.float32) * d
+    elif QT == 3:  # Q4_1
+        d = _ldh(bp, m)
+        mn = _ldh(bp + 2, m)
+        q = (_ld(bp + 4 + i, m) >> ((e0 // 16) * 4)) & 15
+        v = q.to(tl.float32) * d + mn
+    elif QT == 6:  # Q5_0
+        d = _ldh(bp, m)
+        e = e0 + i
+        hb = (_ld(bp + 2 + e // 8, m) >> (e % 8)) & 1
+        q = ((_ld(bp + 6 + i, m) >> ((e0 // 16) * 4)) & 15) | (hb << 4)
+        v = (q - 16).to(tl.float32) * d
+    elif QT == 7:  # Q5_1
+        d = _ldh(bp, m)
+        mn = _ldh(bp + 2, m)
+        e = e0 + i
+        hb = (_ld(bp + 4 + e // 8, m) >> (e % 8)) & 1
+        q = ((_ld(bp + 8 + i, m) >> ((e0 // 16) * 4)) & 15) | (hb << 4)
+        v = q.to(tl.float32) * d + mn
+    elif QT == 8:  # Q8_0
+        d = _ldh(bp, m)
+        q = tl.load(bp + 2 + e0 + i, mask=m, other=0).to(tl.int8, bitcast=True)
+        v = q.to(tl.float32) * d
+    elif QT == 10:  # Q2_K
+        h = e0 // 128
+        j = (e0 % 128) // 32
+        l0 = e0 % 32
+        q = (_ld(bp + 16 + 32 * h + l0 + i, m) >> (2 * j)) & 3
+        sc = _ld(bp + e0 // 16, m)                     # scale index 8h + 2j + l//16 == e0 // 16
+        d = _ldh(bp + 80, m)
+        dmin = _ldh(bp + 82, m)
+        v = (d * (sc & 15).to(tl.float32)) * q.to(tl.float32) - dmin * (sc >> 4).to(tl.float32)
+    elif QT == 11:  # Q3_K
+        h = e0 // 128
+        j = (e0 % 128) // 32
+        l0 = e0 % 32
+        q = (_ld(bp + 32 + 32 * h + l0 + i, m) >> (2 * j)) & 3
+        hb = (_ld(bp + l0 + i, m) >> (4 * h + j)) & 1
+        q = q - 4 * (1 - hb)
+        s = e0 // 16                                   # scale index, 0..15
+        lo4 = (_ld(bp + 96 + s % 8, m) >> (4 * (s // 8))) & 15
+        hi2 = (_ld(bp + 104 + s % 4, m) >> (2 * (s // 4))) & 3
+        sc = (lo4 | (hi2 << 4)) - 32
+        d = _ldh(bp + 108, m)
+        v = (d * sc.to(tl.float32)) * q.to(tl.float32)
+    elif QT == 12:  # Q4_K
+        j = e0 // 64
+        hi = (e0 % 64) // 32
+        l0 = e0 % 32
+        q = (_ld(bp + 16 + 32 * j + l0 + i, m) >> (4 * hi)) & 15
+        sc, mn = _kscale(bp, e0 // 32, m)
+        d = _ldh(bp, m)
+        dmin = _ldh(bp + 2, m)
+        v = (d * sc) * q.to(tl.float32) - dmin * mn
+    elif QT == 13:  # Q5_K
+        j = e0 // 64
+        hi = (e0 % 64) // 32
+        l0 = e0 % 32
+        sub = e0 // 32
+        q = (_ld(bp + 48 + 32 * j + l0 + i, m) >> (4 * hi)) & 15
+        hb = (_ld(bp + 16 + l0 + i, m) >> sub) & 1
+        q = q + 16 * hb
+        sc, mn = _kscale(bp, sub, m)
+        d = _ldh(bp, m)
+        dmin = _ldh(bp + 2, m)
+        v = (d * sc) * q.to(tl.float32) - dmin * mn
+    else:  # 14: Q6_K
+        h = e0 // 128
+        g = (e0 % 128) // 32
+        l0 = e0 % 32
+        ql = (_ld(bp + 64 * h + 32 * (g % 2) + l0 + i, m) >> (4 * (g // 2))) & 15
+        qh = (_ld(bp + 128 + 32 * h + l0 + i, m) >> (2 * g)) & 3
+        q = (ql | (qh << 4)) - 32
+        sc = tl.load(bp + 192 + e0 // 16, mask=m, other=0).to(tl.int8, bitcast=True).to(tl.float32)
+        d = _ldh(bp + 208, m)
+        v = (d * sc) * q.to(tl.float32)
+    return v
+
+
+@triton.jit
+def _dequant_kernel(raw, out, idx, N, K, row_bytes, out_stride,
+                    QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
+                    BR: tl.constexpr, BK: tl.constexpr, HAS_IDX: tl.constexpr):
+    """out[r, :K] = decode(raw[idx[r] if HAS_IDX else r]) for BR rows x BK values per program."""
+    S: tl.constexpr = BK // 16
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    rmask = r < N
+    if HAS_IDX:
+        src = tl.load(idx + r, mask=rmask, other=0).to(tl.int64)
+    else:
+        src = r.to(tl.int64)
+    k0 = tl.program_id(1) * BK + tl.arange(0, S) * 16       # first value of each run
+    kmask = k0 < K
+    e0 = (k0 % QK)[None, :, None]
+    bp = raw + (src * row_bytes)[:, None, None] + ((k0 // QK) * TS)[None, :, None]
+    m = rmask[:, None, None] & kmask[None, :, None]
+    i = tl.arange(0, 16)[None, None, :]
+    v = decode(QT, bp, e0, i, m)
+    optr = out + (r.to(tl.int64) * out_stride)[:, None, None] + k0[None, :, None] + i
+    tl.store(optr, v.to(out.dtype.element_ty), mask=m)
+
+
+def dequant_config(qtype: int, interpret: bool):
+    """(rows, values) per program. One program writes BR*BK outputs; 4096 keeps 4 warps busy
+    with ~32 values each while the grid stays large enough to fill 132 SMs."""
+    if interpret:
+        return 4, 64
+    return 16, 256
+
+
+def dequantize_into(raw, qtype: int, n_rows: int, k: int, out, idx=None, interpret: bool = False):
+    """Decode rows of `raw` (uint8 (N, row_bytes), CUDA) into `out` (n_rows, >= k) float tensor.
+
+    idx: optional int64 (n_rows,) row indices into raw (the embedding gather); else rows 0..n_rows-1.
+    """
+    name, qk, ts = LAYOUT[qtype]
+    br, bk = dequant_config(qtype, interpret)
+    grid = (triton.cdiv(n_rows, br), triton.cdiv(k, bk))
+    _dequant_kernel[grid](raw, out, idx if idx is not None else raw, n_rows, k, raw.stride(0), out.stride(0),
+                          QT=qtype, QK=qk, TS=ts, BR=br, BK=bk, HAS_IDX=idx is not None, num_warps=4)
+    return out

@@ -1,0 +1,70 @@
+"""Random raw ggml blocks for the kernel tests (shared by the interpreter and GPU suites).
+
+Random bytes are valid blocks of every type once the float16 scale fields hold finite,
+moderate values: the quant bits and 6-bit scales may be anything. The offsets of the f16
+fields come from ggml-common.h's block structs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# qtype -> (values per block, bytes per block, byte offsets of f16 fields)
+BLOCKS = {
+    2: (32, 18, (0,)),          # Q4_0: d
+    3: (32, 20, (0, 2)),        # Q4_1: d, m
+    6: (32, 22, (0,)),          # Q5_0: d
+    7: (32, 24, (0, 2)),        # Q5_1: d, m
+    8: (32, 34, (0,)),          # Q8_0: d
+    10: (256, 84, (80, 82)),    # Q2_K: d, dmin
+    11: (256, 110, (108,)),     # Q3_K: d
+    12: (256, 144, (0, 2)),     # Q4_K: d, dmin
+    13: (256, 176, (0, 2)),     # Q5_K: d, dmin
+    14: (256, 210, (208,)),     # Q6_K: d
+}
+QUANT_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
+               12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 0: "F32", 1: "F16", 30: "BF16"}
+
+
+def random_weight(qtype: int, n: int, k: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
+    """uint8 (n, row_bytes) raw blocks of a random (n, k) weight of `qtype`."""
+    if qtype == 0:
+        return rng.standard_normal((n, k)).astype(np.float32).view(np.uint8).reshape(n, -1)
+    if qtype == 1:
+        return (rng.standard_normal((n, k)) * 0.5).astype(np.float16).view(np.uint8).reshape(n, -1)
+    if qtype == 30:
+        f = (rng.standard_normal((n, k)) * 0.5).astype(np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+    qk, ts, f16s = BLOCKS[qtype]
+    assert k % qk == 0
+    nb = n * (k // qk)
+    raw = rng.integers(0, 256, size=(nb, ts), dtype=np.uint8)
+    for off in f16s:
+        # scales of either sign and a spread of magnitudes, like real files (dmin may be negative)
+        v = (rng.standard_normal(nb) * scale).astype(np.float16)
+        raw[:, off:off + 2] = v.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(n, -1)
+
+
+def reference_dequant(raw: np.ndarray, qtype: int, n: int, k: int) -> np.ndarray:
+    """float32 (n, k) by the gguf package (the independent format reference)."""
+    import gguf.quants
+
+    if qtype == 30:
+        u = raw.reshape(n, k * 2).view(np.uint16).astype(np.uint32) << 16
+        return u.view(np.float32).reshape(n, k)
+    if qtype in (0, 1):
+        return raw.view(np.float32 if qtype == 0 else np.float16).reshape(n, k).astype(np.float32)
+    out = gguf.quants.dequantize(raw.reshape(n, -1), qtype)
+    return np.asarray(out, dtype=np.float32).reshape(n, k)
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| in float64; NaN anywhere gives inf."""
+    import torch
+
+    o = torch.as_tensor(out).double().cpu()
+    r = torch.as_tensor(ref).double().cpu()
+    if not torch.isfinite(o).all():
+        return float("inf")
+    return float((o - r).norm() / r.norm().clamp_min(1e-30))
