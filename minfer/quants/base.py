@@ -64,14 +64,17 @@ def f16_to_f32(raw: np.ndarray) -> np.ndarray:
 
 
 def f32_to_f16_bytes(x: np.ndarray) -> np.ndarray:
-    """float32 (..., 1) -> (..., 2) uint8, round to nearest even (GGML_FP32_TO_FP16)."""
-    return x.astype(np.float16).view(np.uint8)
+    """float32 (..., 1) -> (..., 2) uint8, round to nearest even (GGML_FP32_TO_FP16).
+    Values beyond 65504 become inf, as in ggml."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).view(np.uint8)
 
 
 def nearest_int(x: np.ndarray) -> np.ndarray:
     """ggml-quants.c nearest_int: adds 1.5*2^23 and reads the mantissa, i.e. round half to
     even for |x| <= 2^22, which is what np.rint does in float32."""
-    return np.rint(x).astype(np.int32)
+    with np.errstate(invalid="ignore"):  # callers mask out rows where x is not finite
+        return np.rint(x).astype(np.int32)
 
 
 def nibbles_lo_hi(qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

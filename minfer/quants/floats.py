@@ -55,7 +55,8 @@ class F16(QuantType):
     @classmethod
     def quantize_blocks(cls, x: np.ndarray) -> np.ndarray:
         # numpy's float32 -> float16 cast rounds to nearest even, like GGML_FP32_TO_FP16.
-        return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
+        with np.errstate(over="ignore"):  # |x| > 65504 -> inf, as in ggml
+            return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
 @register

@@ -46,7 +46,7 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
     best = _sum(w * diff * diff)
     for step in range(nstep + 1):
         # iscale uses the current (possibly refined) min, as the C loop does.
-        iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / (hi - lo)
+        iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / np.where(flat, f32(1), hi - lo)
         Laux = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
         wl = w * Laux
         sum_l = _sum(wl)
@@ -63,7 +63,7 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
         this_min = np.where(pos, f32(0), this_min)
         diff = this_scale[:, None] * Laux + this_min[:, None] - x
         cur = _sum(w * diff * diff)
-        better = ok & (cur < best)
+        better = ok & ~flat & (cur < best)
         L = np.where(better[:, None], Laux, L)
         best = np.where(better, cur, best)
         scale = np.where(better, this_scale, scale)
