@@ -1,0 +1,126 @@
+"""Token attributes, special tokens and end-of-generation ids, as llama.cpp derives them.
+
+Every rule here is a fact of llama.cpp's `src/llama-vocab.cpp` (llama_vocab::impl::load,
+commit 0c1e57098 vendored in llama-cpp-python 0.3.36); the line of reasoning is cited at
+each rule so that a later llama.cpp change can be followed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Token attribute bits (include/llama.h: enum llama_token_attr).
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+
+# tokenizer.ggml.token_type values (gguf-py constants: TokenType) -> attribute bits
+# (llama-vocab.cpp: the switch over toktypes[i] in load()).
+_TYPE_TO_ATTR = {0: ATTR_UNDEFINED, 1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CONTROL,
+                 4: ATTR_USER_DEFINED, 5: ATTR_UNUSED, 6: ATTR_BYTE}
+
+# Texts that llama.cpp recognizes as special ids when the metadata does not name them
+# (llama-vocab.cpp: "auto-detect special tokens by text"). Only the lists a byte-level BPE
+# model can meet are kept; each found token is also forced to CONTROL.
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+              "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
+              "<end_of_utterance>")
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
+                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
+                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
+                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+# End-of-generation texts (llama-vocab.cpp: "maintain a list of tokens that cause
+# end-of-generation ... determined based on the token text", ref llama.cpp issue 9606).
+_EOG_TEXTS = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+))
+
+# metadata key suffix (tokenizer.ggml.<suffix>) -> special id name
+_ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id",
+            "eom": "eom_token_id", "unk": "unknown_token_id", "pad": "padding_token_id",
+            "fim_pre": "fim_pre_token_id", "fim_suf": "fim_suf_token_id",
+            "fim_mid": "fim_mid_token_id", "fim_pad": "fim_pad_token_id",
+            "fim_rep": "fim_rep_token_id", "fim_sep": "fim_sep_token_id"}
+
+
+@dataclass
+class SpecialIds:
+    ids: dict[str, int | None]     # bos, eos, eot, eom, unk, pad, fim_* -> id or None
+    attrs: list[int]               # per token id, ATTR_* bits
+    eog: set[int]                  # end-of-generation ids
+    partition_order: list[int]     # ids matched in text before BPE, longest text first
+
+
+def token_texts(tokens: list[str]) -> list[str]:
+    """Vocab texts with llama.cpp's placeholder for empty entries (load(): "[EMPTY_<i>]")."""
+    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
+def derive_special(texts: list[str], token_types: list[int] | None, meta: dict) -> SpecialIds:
+    """Attributes, special ids and the EOG set of a vocab, following llama_vocab::impl::load.
+
+    `meta` maps a key suffix (e.g. 'eos_token_id') to its metadata value, where present.
+    """
+    n = len(texts)
+    attrs = [ATTR_NORMAL] * n if token_types is None else \
+        [_TYPE_TO_ATTR.get(int(t), ATTR_UNDEFINED) for t in token_types[:n]]
+    ids: dict[str, int | None] = {}
+    for name, key in _ID_KEYS.items():
+        v = meta.get(key)
+        # an out-of-range id in the metadata is ignored by llama.cpp ("bad special token")
+        ids[name] = int(v) if v is not None and 0 <= int(v) < n else None
+
+    # llama.cpp walks an unordered_map here, so when several texts of one list are present
+    # the one it picks is not defined; we take the lowest id. Every EOT/EOM candidate is also
+    # an EOG text, so the EOG set does not depend on that choice.
+    by_text: dict[str, int] = {}
+    for i, t in enumerate(texts):
+        by_text[t] = i  # a duplicated text maps to its last id, as token_to_id[word] = i does
+
+    def detect(name: str, candidates: tuple[str, ...]) -> None:
+        if ids[name] is not None:
+            return
+        found = sorted(by_text[t] for t in candidates if t in by_text)
+        if found:
+            ids[name] = found[0]
+            attrs[found[0]] |= ATTR_CONTROL
+
+    detect("eot", _EOT_TEXTS)
+    detect("eom", _EOM_TEXTS)
+    for name, cands in _FIM_TEXTS.items():
+        detect(name, cands)
+
+    # control tokens whose text says "unused" become UNUSED too (auto-detect unused tokens)
+    for t, i in by_text.items():
+        if attrs[i] & ATTR_CONTROL and "unused" in t:
+            attrs[i] |= ATTR_UNUSED
+
+    eog: set[int] = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
+    for t, i in by_text.items():
+        if t in _EOG_TEXTS:
+            eog.add(i)
+            attrs[i] |= ATTR_CONTROL
+    for k in ("eos", "eot", "eom"):  # "sanity checks": these are always end-of-generation
+        if ids[k] is not None:
+            eog.add(ids[k])
+
+    # special tokens cache: control, user-defined and unknown tokens, longest text first
+    # (llama-vocab.cpp: "build special tokens cache"; std::sort by text size, descending)
+    order = [i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+    order.sort(key=lambda i: -len(texts[i].encode("utf-8")))
+    return SpecialIds(ids, attrs, eog, order)

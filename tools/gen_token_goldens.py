@@ -1,0 +1,199 @@
+"""Write tests/tokenizer/goldens/<model>.json from llama.cpp's own tokenizer.
+
+The goldens are the independent reference for minfer's tokenizer tests: token ids from
+llama.cpp's `llama_tokenize`, text from `llama_detokenize` / `llama_token_to_piece`, the
+end-of-generation set from `llama_vocab_is_eog`, attributes from `llama_vocab_get_attr`, and
+ChatML renders from `llama_chat_apply_template` (llama.cpp's built-in, non-Jinja templates).
+Nothing here imports minfer's tokenizer.
+
+It needs llama.cpp's shared library with llama-cpp-python's ctypes bindings; build them as
+in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
+
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py            # both catalog models
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py PATH.gguf   # one file -> goldens/<stem>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import random
+import sys
+from pathlib import Path
+
+LLAMA_CPP_VERSION = "ggml-org/llama.cpp@0c1e57098 (llama-cpp-python 0.3.36 sdist)"
+MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "tokenizer" / "goldens"
+
+# Hand-written cases: each names a behaviour the pre-tokenizers or the special-token
+# partition must get right.
+CASES = [
+    "", " ", "  ", "   ", "\t", "\n", "\n\n", "\n\n\n", " \n", "\n ", "\r\n", "\r\n\r\n", "\t\t\n  \n",
+    "Hello", " Hello", "Hello ", "  Hello  ", "Hello world", "Hello, world!", "hello\tworld",
+    "The capital of France is", "The quick brown fox jumps over the lazy dog.",
+    "I'm", "you'll", "he's", "we've", "they're", "I'd", "don't", "DON'T", "I'M YOU'LL THEY'RE",
+    "'s 't 're 've 'm 'll 'd", "rock 'n' roll", "it ' s", "' hello '",
+    "1", "12", "123", "1234", "1234567", "12345678901234567890", "3.14159", "1,000,000",
+    "v1.2.3-rc4", "0x1F", "2024-01-01T12:34:56Z", "$100.00", "50%", "a1b2c3",
+    "def main():\n\tprint('hi')\n\treturn 0\n",
+    "if (x == 1) {\n    return y;\n}\n",
+    "    indented with four spaces", "        eight", "a    b", "a  \n  b", "x = [1, 2, 3]  # comment",
+    "for i in range(10):\n        pass\n\n\n",
+    "<html><body>Hi</body></html>", "https://example.com/path?q=1&r=2#frag", "user@example.com",
+    "snake_case_name CamelCaseName kebab-case-name", "!!!???...,,,", "(){}[]<>", "`code` **bold** _it_",
+    "你好，世界", "我爱自然语言处理。", "日本語のテキストです", "こんにちは", "한국어 텍스트", "中文 mixed with English",
+    "Привет, мир!", "Ελληνικά", "مرحبا بالعالم", "שלום עולם", "हिन्दी", "ภาษาไทย", "Tiếng Việt",
+    "😀", "👍🏽", "👨‍👩‍👧‍👦", "🇫🇷🇩🇪", "I ❤️ Paris", "emoji😀in😀text", "🤖🦙🚀",
+    "é", "e\u0301", "n\u0303o", "a\u0308\u0304", "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d",
+    "café naïve résumé", "ﬁ ligature", "\u00a0nbsp\u00a0", "zero\u200bwidth", "\u3000ideographic space",
+    "\u2028line sep\u2029", "tab\u000bvtab\u000cff", "\u0085nel",
+    "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user\nHi<|im_end|>\n",
+    "<|im_start|>assistant\n", "text<|im_end|>more", "<|im_start|><|im_end|>", " <|im_start|> ",
+    "<|im_start", "im_start|>", "<|fim_prefix|>def f():<|fim_suffix|>\n<|fim_middle|>",
+    "<tool_call>{\"name\": \"f\"}</tool_call>", "<repo_name>x<file_sep>y", "<s></s>", "<unk>",
+    "ÀÁÂÃÄÅ", "\u0000", "\x7f", "\u00ad", "\ufeffBOM", "\U0001F600\U0001F601\U0001F602",
+    "Mixed: English, 中文, русский, العربية, 😀, 123.",
+]
+
+# A deterministic fuzz set from a mixed alphabet: scripts, digits, spaces, punctuation,
+# control-token fragments.
+_ALPHABET = (list("abcXYZ019 \t\n'.,!?-_<|>") + list("éßøñ你好世界日本語한국어абвгд") +
+             ["😀", "👍🏽", "\u0301", "\u200b", "\u00a0", "<|im_end|>", "<|im_start|>", "  ", "\r\n"])
+
+
+def fuzz_cases(n: int, seed: int = 1234) -> list[str]:
+    rng = random.Random(seed)
+    return ["".join(rng.choice(_ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+
+
+CHAT_MESSAGES = [
+    [{"role": "system", "content": "You are a helpful assistant."},
+     {"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "Be brief."},
+     {"role": "user", "content": "What is 2+2?"},
+     {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "And 3+3?\nExplain."}],
+]
+
+
+class LlamaVocab:
+    """llama.cpp's vocab of one GGUF file (vocab_only load) through its C API."""
+
+    def __init__(self, path: Path):
+        import llama_cpp.llama_cpp as L
+
+        self.L = L
+        L.llama_backend_init()
+        params = L.llama_model_default_params()
+        params.vocab_only = True
+        self.model = L.llama_model_load_from_file(str(path).encode(), params)
+        if not self.model:
+            raise SystemExit(f"llama.cpp could not load {path}")
+        self.vocab = L.llama_model_get_vocab(self.model)
+        self.n = L.llama_vocab_n_tokens(self.vocab)
+
+    def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
+        b = text.encode("utf-8")
+        cap = len(b) + 8
+        buf = (self.L.llama_token * cap)()
+        n = self.L.llama_tokenize(self.vocab, b, len(b), buf, cap, add_special, parse_special)
+        if n < 0:
+            raise RuntimeError(f"llama_tokenize needs {-n} slots for {text!r}")
+        return list(buf[:n])
+
+    def detokenize(self, ids: list[int], unparse_special: bool) -> str:
+        arr = (self.L.llama_token * max(1, len(ids)))(*ids)
+        cap = 64 + 64 * len(ids)
+        buf = ctypes.create_string_buffer(cap)
+        n = self.L.llama_detokenize(self.vocab, arr, len(ids), buf, cap, False, unparse_special)
+        if n < 0:
+            raise RuntimeError("detokenize buffer too small")
+        return buf.raw[:n].decode("utf-8", errors="replace")
+
+    def piece(self, tid: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(256)
+        n = self.L.llama_token_to_piece(self.vocab, tid, buf, 256, 0, special)
+        if n < 0:
+            raise RuntimeError(f"piece of {tid} longer than 256 bytes")
+        return buf.raw[:n]
+
+    def chat(self, messages: list[dict], add_ass: bool) -> str | None:
+        tmpl = self.L.llama_model_chat_template(self.model, None)
+        if tmpl is None:
+            return None
+        arr = (self.L.llama_chat_message * len(messages))(
+            *[self.L.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages])
+        cap = 4096
+        buf = ctypes.create_string_buffer(cap)
+        n = self.L.llama_chat_apply_template(tmpl, arr, len(messages), add_ass, buf, cap)
+        if n < 0:  # the template is not one of llama.cpp's built-ins
+            return None
+        return buf.raw[:n].decode("utf-8")
+
+
+def golden_for(path: Path) -> dict:
+    v = LlamaVocab(path)
+    L = v.L
+    strings = CASES + fuzz_cases(60)
+    cases = []
+    used: set[int] = set()
+    for s in strings:
+        ids = v.tokenize(s, True, True)
+        plain = v.tokenize(s, False, False)
+        used.update(ids)
+        used.update(plain)
+        cases.append({"text": s, "ids": ids, "ids_no_special": plain,
+                      "decode": v.detokenize(ids, True), "decode_skip_special": v.detokenize(ids, False)})
+    attrs = {str(i): L.llama_vocab_get_attr(v.vocab, i) for i in range(v.n)}
+    normal = 1 << 2
+    special = {k: int(a) for k, a in attrs.items() if a != normal}
+    # pieces of every special / used token and a stride through the vocab
+    sample = sorted(used | {int(k) for k in special} | set(range(0, v.n, 97)))
+    pieces = {str(i): [v.piece(i, True).hex(), v.piece(i, False).hex()] for i in sample}
+
+    def opt(x: int) -> int | None:
+        return None if x < 0 else int(x)
+
+    chats = []
+    for msgs in CHAT_MESSAGES:
+        for add_ass in (True, False):
+            chats.append({"messages": msgs, "add_generation_prompt": add_ass,
+                          "text": v.chat(msgs, add_ass)})
+    return {
+        "llama_cpp": LLAMA_CPP_VERSION,
+        "file": path.name,
+        "n_vocab": v.n,
+        "bos": opt(L.llama_vocab_bos(v.vocab)), "eos": opt(L.llama_vocab_eos(v.vocab)),
+        "eot": opt(L.llama_vocab_eot(v.vocab)),
+        "add_bos": bool(L.llama_vocab_get_add_bos(v.vocab)),
+        "add_eos": bool(L.llama_vocab_get_add_eos(v.vocab)),
+        "eog": sorted(i for i in range(v.n) if L.llama_vocab_is_eog(v.vocab, i)),
+        "non_normal_attrs": special,
+        "pieces_hex": pieces,
+        "cases": cases,
+        "chat": chats,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="*", help="GGUF paths or catalog names (default: both catalog models)")
+    args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from minfer.catalog import resolve_model  # only to find (or pull) the files
+
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    for name in args.models or MODELS:
+        path = Path(resolve_model(name))
+        stem = name if name in MODELS else path.stem
+        g = golden_for(path)
+        out = OUT_DIR / f"{stem}.json"
+        out.write_text(json.dumps(g, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        print(f"{out}: {len(g['cases'])} strings, {len(g['eog'])} eog ids, "
+              f"{len(g['pieces_hex'])} pieces")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
