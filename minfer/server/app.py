@@ -1,0 +1,419 @@
+"""The OpenAI-compatible HTTP server: FastAPI app over one Engine and one generation thread.
+
+    client --HTTP--> middlewares (metrics, auth, body limit) --> route
+      route: validate (schemas.py) -> render/tokenize -> Job --FIFO--> worker thread (worker.py)
+      worker: engine.generate(...) --GenEvent--> Job's asyncio.Queue --> JSON or SSE chunks
+
+The model loads in a background thread started by the app's lifespan, so the socket answers
+at once: /health says 503 until the engine is ready. Every error leaves as OpenAI's error
+object {"error": {"message", "type", "param", "code"}} with a 4xx/5xx status; nothing a
+client sends can stop the server. Response formats follow OpenAI's API reference
+(chat.completion, chat.completion.chunk, text_completion objects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minfer.errors import MinferError
+from minfer.server.metrics import ServerMetrics
+from minfer.server.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware, error_payload
+from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
+from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
+
+log = logging.getLogger("minfer.server")
+
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
+SCHEDULING_NOTE = ("one request generates at a time; other requests wait in a first-in first-out "
+                   "queue and are served in arrival order")
+
+
+class APIError(Exception):
+    """An error answered to the client as an OpenAI error object."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_payload(self.message, self.type, self.code, self.param), status_code=self.status)
+
+
+class ServerState:
+    """What the routes share: the engine once loaded, its worker, the metrics."""
+
+    def __init__(self, engine_factory: Callable[[], Any], served_name: str, aliases: list[str],
+                 on_load_failed: Callable[[BaseException], None] | None, params_cls: Any) -> None:
+        self.engine_factory = engine_factory
+        self.params_cls = params_cls
+        self.served_name = served_name
+        self.names = {served_name, *aliases}
+        self.on_load_failed = on_load_failed
+        self.metrics = ServerMetrics()
+        self.engine: Any = None
+        self.worker: Worker | None = None
+        self.load_error: BaseException | None = None
+        self.created = int(time.time())
+        self._loader: threading.Thread | None = None
+
+    def start_loading(self) -> None:
+        self._loader = threading.Thread(target=self._load, name="minfer-load", daemon=True)
+        self._loader.start()
+
+    def _load(self) -> None:
+        try:
+            engine = self.engine_factory()
+            worker = Worker(engine, on_finished=self._record, on_dequeue=self.metrics.queued.dec).start()
+        except BaseException as e:  # report any failure through /health rather than dying silently
+            log.error("loading the model failed: %s", e)
+            self.load_error = e
+            if self.on_load_failed:
+                self.on_load_failed(e)
+            return
+        self.worker = worker
+        self.engine = engine  # set last: a non-None engine means ready
+        log.info("model ready: %s (context %s tokens)", self.served_name, getattr(engine, "n_ctx", "?"))
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+
+    def _record(self, fin: Finished) -> None:
+        m = self.metrics
+        m.prompt_tokens.inc(fin.n_prompt if not (fin.cancelled and fin.n_generated == 0) else 0)
+        m.generated_tokens.inc(fin.n_generated)
+        if fin.cancelled:
+            m.cancelled.inc()
+        if fin.prompt_seconds:
+            m.prompt_tps.observe(fin.n_prompt / fin.prompt_seconds)
+        if fin.decode_seconds:
+            m.generation_tps.observe((fin.n_generated - 1) / fin.decode_seconds)
+
+    def require_engine(self) -> Any:
+        if self.engine is not None:
+            return self.engine
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", "server_error", "model_load_failed")
+        raise APIError(503, "the model is still loading; retry when GET /health answers 200",
+                       "server_error", "model_loading")
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.names:
+            raise APIError(404, f"The model `{name}` does not exist: this server serves "
+                           f"`{self.served_name}` (see GET /v1/models)",
+                           "invalid_request_error", "model_not_found", "model")
+
+
+def _sampling_params(req: _Sampling, SamplingParams: Any) -> Any:
+    """SamplingParams from the request; fields the client did not send keep the engine's defaults."""
+    sent = req.model_fields_set
+    kw: dict[str, Any] = {}
+    for field, param in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                         ("min_p", "min_p"), ("presence_penalty", "presence_penalty"),
+                         ("frequency_penalty", "frequency_penalty"), ("repetition_penalty", "repeat_penalty"),
+                         ("seed", "seed")):
+        value = getattr(req, field)
+        if field in sent and value is not None:
+            kw[param] = max(value, 0) if field == "top_k" else value  # -1 (llama.cpp's 'off') -> 0
+    return SamplingParams(**kw)
+
+
+def _check_common(state: ServerState, req: _Sampling) -> Any:
+    engine = state.require_engine()
+    state.check_model(req.model)
+    if req.n != 1:
+        raise APIError(400, f"n={req.n} is not supported: this server returns exactly one choice "
+                       "per request (n=1); send several requests instead", code="unsupported_value", param="n")
+    return engine
+
+
+def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[int]) -> Job:
+    n_ctx = int(engine.n_ctx)
+    n_prompt = len(prompt_ids)
+    if n_prompt == 0:
+        raise APIError(400, "the prompt is empty (0 tokens)", code="empty_prompt", param="prompt")
+    if n_prompt > n_ctx:
+        raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the prompt has "
+                       f"{n_prompt} tokens. Shorten the prompt or start the server with a larger --ctx.",
+                       code="context_length_exceeded",
+                       param="messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+    # the engine stores prompt + answer but never feeds back the last new token (engine.py)
+    room = n_ctx - n_prompt + 1
+    asked = req.max_new()
+    # a max_tokens past the end of the context is clamped: the answer then ends with 'length'
+    max_new = room if asked is None else min(asked, room)
+    try:
+        params = _sampling_params(req, state.params_cls)
+    except (TypeError, ValueError, MinferError) as e:
+        raise APIError(400, f"invalid sampling parameters: {e}", code="invalid_value") from e
+    n_top = req.n_top_logprobs()
+    # the chosen token's own logprob comes with every event; alternatives only when asked for
+    return Job(GenRequest(prompt_ids, params, max_new, req.stop_list(), n_top or 0), asyncio.get_running_loop())
+
+
+def _submit(state: ServerState, job: Job) -> None:
+    state.metrics.queued.inc()
+    state.worker.submit(job)
+
+
+def _encode(tok: Any, text: str) -> list[int]:
+    ids = list(tok.encode(text))
+    # a template that writes the BOS token itself plus a tokenizer that adds one gives two;
+    # llama.cpp's server warns about it, we drop the duplicate
+    bos = getattr(tok, "bos_id", None)
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        ids = ids[1:]
+    return ids
+
+
+async def _collect(job: Job, request: Request) -> tuple[list[Any], Finished]:
+    """All events of a non-streaming job. A client that hangs up cancels the job."""
+    events: list[Any] = []
+    try:
+        while True:
+            try:
+                item = await asyncio.wait_for(job.get(), timeout=0.5)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    job.cancel()
+                    raise APIError(499, "client closed the request", code="client_closed_request")
+                continue
+            if isinstance(item, Finished):
+                return events, item
+            if isinstance(item, Failed):
+                raise APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}",
+                               "server_error", "internal_error") from item.error
+            events.append(item)
+    finally:
+        job.cancel()  # no-op when finished; stops the worker when this coroutine is cancelled
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _stream(job: Job, first: list[dict], make_chunk: Callable[..., dict], acc: Accumulator,
+                  include_usage: bool, usage_chunk: Callable[[dict], dict]) -> AsyncIterator[bytes]:
+    """SSE body: the opening chunks, one chunk per event with text or logprobs, the final chunk
+    with finish_reason, optionally a usage chunk, then `data: [DONE]`. Starlette cancels this
+    generator when the client disconnects; the finally clause then stops the generation."""
+    try:
+        for c in first:
+            yield _sse(c)
+        while True:
+            item = await job.get()
+            if isinstance(item, Finished):
+                yield _sse(make_chunk(None, finish_reason=item.finish_reason))
+                if include_usage:
+                    yield _sse(usage_chunk(acc.usage(item)))
+                break
+            if isinstance(item, Failed):
+                err = error_payload(f"generation failed: {type(item.error).__name__}: {item.error}",
+                                    "server_error", "internal_error")
+                yield _sse(err)
+                break
+            piece = acc.add(item)
+            if piece is not None:
+                yield _sse(make_chunk(piece))
+        yield b"data: [DONE]\n\n"
+    finally:
+        job.cancel()
+
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: list[str] = (),
+               api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
+               on_load_failed: Callable[[BaseException], None] | None = None,
+               sampling_params_cls: Any = None) -> FastAPI:
+    """The server app. `engine_factory()` returns a loaded Engine; it runs in a background thread
+    when the app starts (lifespan), so it may take long. `served_name` is the model id clients
+    send and GET /v1/models lists; `aliases` are other names accepted for it.
+    `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams."""
+    if sampling_params_cls is None:
+        from minfer.runtime.sampling import SamplingParams as sampling_params_cls
+    state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state.start_loading()
+        yield
+        state.shutdown()
+
+    app = FastAPI(title="minfer", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.minfer = state
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        msg = f"{request.method} {request.url.path}: {exc.detail}"
+        return APIError(exc.status_code, msg, "invalid_request_error", code).response()
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error",
+                        "internal_error").response()
+
+    @app.get("/health")
+    async def health() -> Any:
+        state.require_engine()
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type=state.metrics.content_type)
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models() -> Any:
+        engine = state.engine
+        meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": 1,
+                                "scheduling": SCHEDULING_NOTE}
+        if engine is not None:
+            meta["n_ctx"] = int(engine.n_ctx)
+            meta["device"] = str(getattr(engine, "device", "?"))
+            arch = getattr(getattr(engine, "config", None), "arch", None)
+            if arch:
+                meta["architecture"] = arch
+        return {"object": "list", "data": [{"id": state.served_name, "object": "model", "created": state.created,
+                                            "owned_by": "minfer", "meta": meta}]}
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions", include_in_schema=False)
+    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
+        engine = _check_common(state, req)
+        messages = []
+        for m in req.messages:
+            d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.name:
+                d["name"] = m.name
+            messages.append(d)
+        tok = engine.tokenizer
+        try:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True)
+            ids = _encode(tok, text)
+        except MinferError as e:
+            raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
+        job = _make_job(state, engine, req, ids)
+        acc = Accumulator(tok, req.n_top_logprobs(), chat=True)
+        rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
+        _submit(state, job)
+        if not req.stream:
+            events, fin = await _collect(job, request)
+            for ev in events:
+                acc.add(ev)
+            return chat_response(rid, created, model, acc, fin)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(piece: Any, finish_reason: str | None = None, role: bool = False) -> dict:
+            return chat_chunk(rid, created, model, piece, finish_reason, role, include_usage)
+
+        def usage_chunk(usage: dict) -> dict:
+            return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": usage}
+
+        body = _stream(job, [chunk(None, role=True)], chunk, acc, include_usage, usage_chunk)
+        return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    @app.post("/v1/completions")
+    @app.post("/completions", include_in_schema=False)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        engine = _check_common(state, req)
+        tok = engine.tokenizer
+        if req.echo and req.logprobs is not None:
+            raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)",
+                           code="unsupported_value", param="echo")
+        prompt = req.prompt
+        if isinstance(prompt, list) and isinstance(prompt[0], int):
+            n_vocab = int(getattr(tok, "n_vocab", 0) or 0)
+            bad = [t for t in prompt if t < 0 or (n_vocab and t >= n_vocab)]
+            if bad:
+                raise APIError(400, f"prompt: token id {bad[0]} is outside the vocabulary [0, {n_vocab})",
+                               code="invalid_value", param="prompt")
+            ids = list(prompt)
+            text = tok.decode(ids) if req.echo else ""
+        else:
+            text = prompt if isinstance(prompt, str) else prompt[0]
+            try:
+                ids = _encode(tok, text)
+            except MinferError as e:
+                raise APIError(400, f"prompt: {e}", code="invalid_value", param="prompt") from e
+        job = _make_job(state, engine, req, ids)
+        echo = text if req.echo else ""
+        acc = Accumulator(tok, req.n_top_logprobs(), chat=False, base_offset=len(echo))
+        rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
+        _submit(state, job)
+        if not req.stream:
+            events, fin = await _collect(job, request)
+            for ev in events:
+                acc.add(ev)
+            return completion_response(rid, created, model, acc, fin, echo)
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+        def chunk(piece: Any, finish_reason: str | None = None) -> dict:
+            return completion_chunk(rid, created, model, piece, finish_reason, include_usage)
+
+        def usage_chunk(usage: dict) -> dict:
+            return {"id": rid, "object": "text_completion", "created": created, "model": model,
+                    "choices": [], "usage": usage}
+
+        first = [completion_chunk(rid, created, model, echo, None, include_usage)] if echo else []
+        body = _stream(job, first, chunk, acc, include_usage, usage_chunk)
+        return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
+
+    # outermost last: metrics see every answer, auth runs before the body is buffered
+    app.add_middleware(BodyLimitMiddleware, max_body=max_body)
+    if api_key:
+        app.add_middleware(AuthMiddleware, api_key=api_key)
+    app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    return app
+
+
+def _validation_response(exc: RequestValidationError) -> APIError:
+    """FastAPI's 422 becomes OpenAI's 400 with one readable message naming the fields."""
+    errors = exc.errors()
+    parts, param, code = [], None, "invalid_value"
+    for e in errors[:5]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        where = ".".join(loc) or "body"
+        if e.get("type") == "json_invalid":
+            parts.append(f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})")
+            code = "invalid_json"
+            continue
+        if e.get("type") == "missing":
+            code = "missing_required_parameter"
+        parts.append(f"{where}: {e.get('msg')}")
+        param = param or (where if loc else None)
+    if len(errors) > 5:
+        parts.append(f"... and {len(errors) - 5} more")
+    return APIError(400, "invalid request: " + "; ".join(parts), "invalid_request_error", code, param)
+
+
+def _version() -> str:
+    from minfer import __version__
+
+    return __version__

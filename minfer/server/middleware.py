@@ -1,0 +1,149 @@
+"""Pure-ASGI middlewares of the server: metrics, bearer auth, request body limit.
+
+Pure ASGI rather than Starlette's BaseHTTPMiddleware: that one wraps streaming responses in
+its own task and hides client disconnects from the endpoint, which the server needs to see to
+stop a generation whose client went away.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Any
+
+from minfer.server.metrics import ServerMetrics
+
+# endpoint label of the request counter: the known routes, everything else lumped together so
+# that a scanner probing random paths cannot grow the metric without bound
+_ENDPOINTS = {
+    "/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
+    "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
+    "/v1/models": "/v1/models", "/models": "/v1/models",
+    "/health": "/health", "/metrics": "/metrics",
+}
+GENERATION_ENDPOINTS = {"/v1/chat/completions", "/v1/completions"}
+
+
+def error_payload(message: str, type_: str, code: str | None, param: str | None = None) -> dict:
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+async def send_json(send: Any, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(raw)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+def endpoint_label(path: str) -> str:
+    return _ENDPOINTS.get(path.rstrip("/") or "/", "other")
+
+
+class MetricsMiddleware:
+    """Counts every answered request by endpoint and status; tracks generation requests in flight."""
+
+    def __init__(self, app: Any, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = endpoint_label(scope["path"])
+        status = {"code": 500}  # if the app dies before answering, the client sees a 500
+
+        async def send_and_note(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        tracked = endpoint in GENERATION_ENDPOINTS
+        if tracked:
+            self.metrics.in_flight.inc()
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            if tracked:
+                self.metrics.in_flight.dec()
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"])).inc()
+
+
+class AuthMiddleware:
+    """`Authorization: Bearer KEY` on every path except /health (load balancers probe it bare)."""
+
+    def __init__(self, app: Any, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"].rstrip("/") == "/health":
+            return await self.app(scope, receive, send)
+        given = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = token.strip()
+                break
+        # constant-time comparison: the key must not leak through response timing
+        if given and hmac.compare_digest(given, self.key):
+            return await self.app(scope, receive, send)
+        msg = ("invalid API key in the Authorization header" if given else
+               "this server needs an API key: send the header `Authorization: Bearer KEY`")
+        await send_json(send, 401, error_payload(msg, "invalid_request_error", "invalid_api_key"),
+                        headers=[(b"www-authenticate", b"Bearer")])
+
+
+class BodyLimitMiddleware:
+    """Answers 413 to a request body over `max_body` bytes, before any of it is parsed.
+
+    The declared Content-Length is checked first; a chunked body (no length) is counted as it
+    arrives. The body is buffered (it is at most max_body bytes) and replayed to the app, so the
+    app never sees a partial body.
+    """
+
+    def __init__(self, app: Any, max_body: int) -> None:
+        self.app = app
+        self.max_body = max_body
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > self.max_body:
+                    return await self._too_large(send, declared)
+        chunks, total = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # http.disconnect: nobody to answer
+                return
+            body = message.get("body", b"")
+            total += len(body)
+            if total > self.max_body:
+                return await self._too_large(send, None)
+            chunks.append(body)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()  # later calls wait for http.disconnect, as the app expects
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Any, declared: int | None) -> None:
+        size = f"{declared} bytes" if declared is not None else "more than that"
+        await send_json(send, 413, error_payload(
+            f"request body too large: {size}; this server accepts at most {self.max_body} bytes "
+            "(minfer serve --max-body)", "invalid_request_error", "request_too_large"))

@@ -1,0 +1,198 @@
+"""The one generation thread of the server, and the jobs it serves in FIFO order.
+
+The engine has one KV cache, so one request generates at a time. Requests become Jobs in a
+queue.Queue (FIFO, so served in arrival order); one daemon thread takes them one by one and
+runs `engine.generate`, handing each GenEvent to the request's asyncio.Queue through
+`loop.call_soon_threadsafe` -- the event loop never blocks on the model, and the model never
+waits on a slow client. Between tokens the thread looks at the job's cancel flag (set when
+the client goes away) and closes the generator, which frees the slot for the next job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+log = logging.getLogger("minfer.server")
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    params: Any  # minfer.runtime.sampling.SamplingParams
+    max_new_tokens: int
+    stop: list[str]
+    top_logprobs: int = 0  # alternatives per token the engine should report (0: none)
+
+
+@dataclass
+class Finished:
+    """The last item of every job that did not fail."""
+
+    finish_reason: str  # 'stop' | 'length'
+    n_prompt: int
+    n_generated: int
+    prompt_seconds: float | None  # submit of the prompt -> first token (prefill + first sample)
+    decode_seconds: float | None  # first token -> last token
+    cancelled: bool = False
+
+
+@dataclass
+class Failed:
+    """The last item of a job whose generation raised."""
+
+    error: BaseException
+
+
+class Job:
+    """One request's generation: written by the worker thread, read by the request's coroutine."""
+
+    def __init__(self, req: GenRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.req = req
+        self._loop = loop
+        self._items: asyncio.Queue = asyncio.Queue()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        """Ask the worker to stop this job (or skip it if it has not started); idempotent."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def put(self, item: Any) -> None:
+        """Called from the worker thread."""
+        try:
+            self._loop.call_soon_threadsafe(self._items.put_nowait, item)
+        except RuntimeError:  # the event loop is closed: the server is shutting down
+            self._cancel.set()
+
+    async def get(self) -> Any:
+        """The next GenEvent, or a Finished / Failed as the last item."""
+        return await self._items.get()
+
+
+class Worker:
+    def __init__(self, engine: Any, on_finished: Callable[[Finished], None] | None = None,
+                 on_dequeue: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self._on_finished = on_finished
+        self._on_dequeue = on_dequeue
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="minfer-generate", daemon=True)
+        self._current: Job | None = None  # the job being generated, for stop()
+
+    def start(self) -> "Worker":
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel the waiting jobs, end the thread after the current one (which is cancelled too)."""
+        pending = []
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                pending.append(job)
+        for job in pending:
+            job.cancel()
+            job.put(Failed(RuntimeError("the server is shutting down")))
+        self._current_cancel()
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _current_cancel(self) -> None:
+        job = self._current
+        if job is not None:
+            job.cancel()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            if self._on_dequeue:
+                self._on_dequeue()
+            self._current = job
+            try:
+                self._serve(job)
+            except BaseException as e:  # never let one request kill the thread
+                log.exception("generation worker: unexpected error")
+                job.put(Failed(e))
+            finally:
+                self._current = None
+
+    def _serve(self, job: Job) -> None:
+        req = job.req
+        n_prompt = len(req.prompt_ids)
+        if job.cancelled:  # the client left while waiting in the queue
+            self._finish(job, Finished("stop", n_prompt, 0, None, None, cancelled=True))
+            return
+        t0 = time.perf_counter()
+        t_first = t_last = None
+        n_gen = 0
+        finish = None
+        cancelled = False
+        extra = {"top_logprobs": req.top_logprobs} if req.top_logprobs else {}
+        gen = self.engine.generate(req.prompt_ids, req.params, req.max_new_tokens, req.stop, **extra)
+        try:
+            for ev in gen:
+                now = time.perf_counter()
+                if getattr(ev, "token_id", None) is not None:
+                    n_gen += 1
+                    if t_first is None:
+                        t_first = now
+                    t_last = now
+                job.put(ev)
+                if getattr(ev, "finish_reason", None):
+                    finish = ev.finish_reason
+                    break
+                if job.cancelled:
+                    cancelled = True
+                    break
+        except Exception as e:
+            log.exception("generation failed")
+            self._reset_engine()
+            job.put(Failed(e))
+            return
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+        if finish is None:
+            # the engine's iterator ended without a reason: count-limited, or it stopped itself
+            finish = "length" if n_gen >= req.max_new_tokens else "stop"
+        self._finish(job, Finished(
+            finish, n_prompt, n_gen,
+            prompt_seconds=(t_first - t0) if t_first is not None else None,
+            decode_seconds=(t_last - t_first) if t_first is not None and n_gen > 1 else None,
+            cancelled=cancelled))
+
+    def _finish(self, job: Job, fin: Finished) -> None:
+        if self._on_finished:
+            try:
+                self._on_finished(fin)
+            except Exception:  # metrics must never break generation
+                log.exception("on_finished hook failed")
+        job.put(fin)
+
+    def _reset_engine(self) -> None:
+        # a generation that raised may leave the KV cache half-written; start the next clean
+        reset = getattr(self.engine, "reset", None)
+        if reset is not None:
+            try:
+                reset()
+            except Exception:
+                log.exception("engine.reset() after a failed generation also failed")
