@@ -93,8 +93,9 @@ class QuantType:
     quantize_chunk: int = 1 << 14  # blocks per quantize chunk (bounds temporaries)
 
     @classmethod
-    def dequantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
-        """(n, type_size) uint8 -> (n, block_size) float32."""
+    def dequantize_blocks(cls, blocks: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """(n, type_size) uint8 -> (n, block_size) float32, written into `out` when given
+        (saves one pass over the output; `out` must be C-contiguous)."""
         raise NotImplementedError
 
     @classmethod
@@ -111,7 +112,7 @@ class QuantType:
         # inf/NaN f16 scales in the raw bits give inf/NaN outputs, as in ggml; no warnings.
         with np.errstate(invalid="ignore", over="ignore"):
             for s in range(0, n, step):
-                out[s : s + step] = cls.dequantize_blocks(blocks[s : s + step])
+                cls.dequantize_blocks(blocks[s : s + step], out[s : s + step])
         return out.reshape(-1)
 
     @classmethod

@@ -20,7 +20,7 @@ class F32(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
+    def dequantize_blocks(cls, blocks: np.ndarray, out=None) -> np.ndarray:
         return blocks.reshape(-1).view(np.float32).reshape(-1, 1).copy()
 
     @classmethod
@@ -45,7 +45,7 @@ class F16(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
+    def dequantize_blocks(cls, blocks: np.ndarray, out=None) -> np.ndarray:
         return blocks.reshape(-1).view(np.float16).astype(np.float32).reshape(-1, 1)
 
     @classmethod
@@ -71,7 +71,7 @@ class BF16(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks: np.ndarray) -> np.ndarray:
+    def dequantize_blocks(cls, blocks: np.ndarray, out=None) -> np.ndarray:
         hi = blocks.reshape(-1).view(np.uint16).astype(np.uint32) << np.uint32(16)
         return hi.view(np.float32).reshape(-1, 1)
 

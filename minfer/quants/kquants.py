@@ -38,11 +38,16 @@ def _nibbles(q: np.ndarray) -> np.ndarray:
     return (q[:, :, None, :] >> _SH4) & np.uint8(15)
 
 
-def _affine(q: np.ndarray, dl: np.ndarray, ml: np.ndarray | None = None) -> np.ndarray:
-    """dl * q - ml in float32: q (n, G, S) small ints, dl/ml (n, G, 1) float32."""
-    out = np.multiply(q, dl, dtype=np.float32)
+def _affine(q: np.ndarray, dl: np.ndarray, ml: np.ndarray | None, out: np.ndarray | None) -> np.ndarray:
+    """dl * q - ml in float32 -> (n, 256): q (n, G, S) small ints, dl/ml (n, G, 1) float32.
+    Two roundings in the gguf/ggml order; written into `out` (n, 256) when given."""
+    n = q.shape[0]
+    if out is None:
+        out = np.empty((n, QK_K), dtype=np.float32)
+    o = out.reshape(q.shape)  # a view: out is a C-contiguous chunk
+    np.multiply(q, dl, out=o, dtype=np.float32)
     if ml is not None:
-        out -= ml
+        np.subtract(o, ml, out=o)
     return out
 
 
@@ -76,7 +81,7 @@ class Q2_K(QuantType):
     block_size, type_size = QK_K, 84
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
         sc = blocks[:, 0:16]
         d = f16_to_f32(blocks[:, 80:82])
@@ -84,7 +89,7 @@ class Q2_K(QuantType):
         dl = (d * (sc & np.uint8(15)).astype(np.float32)).reshape(n, 16, 1)
         ml = (dmin * (sc >> np.uint8(4)).astype(np.float32)).reshape(n, 16, 1)
         q = _crumbs(blocks[:, 16:80].reshape(n, 2, 32)).reshape(n, 16, 16)
-        return _affine(q, dl, ml).reshape(n, QK_K)
+        return _affine(q, dl, ml, out)
 
 
 @register
@@ -104,7 +109,7 @@ class Q3_K(QuantType):
     block_size, type_size = QK_K, 110
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
         hmask = blocks[:, 0:32]
         qs = blocks[:, 32:96].reshape(n, 2, 32)
@@ -116,7 +121,7 @@ class Q3_K(QuantType):
         dl = (d * sc.astype(np.float32)).reshape(n, 16, 1)
         q = (_crumbs(qs).reshape(n, 8, 32) | (_bits(hmask) << np.uint8(2))).view(np.int8)  # plane 4h+k
         q -= np.int8(4)  # low - (hbit ? 0 : 4)
-        return _affine(q.reshape(n, 16, 16), dl).reshape(n, QK_K)
+        return _affine(q.reshape(n, 16, 16), dl, None, out)
 
 
 @register
@@ -134,7 +139,7 @@ class Q4_K(QuantType):
     block_size, type_size = QK_K, 144
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
         d = f16_to_f32(blocks[:, 0:2])
         dmin = f16_to_f32(blocks[:, 2:4])
@@ -142,7 +147,7 @@ class Q4_K(QuantType):
         dl = (d * sc.astype(np.float32)).reshape(n, 8, 1)
         ml = (dmin * mn.astype(np.float32)).reshape(n, 8, 1)
         q = _nibbles(blocks[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
-        return _affine(q, dl, ml).reshape(n, QK_K)
+        return _affine(q, dl, ml, out)
 
 
 @register
@@ -159,7 +164,7 @@ class Q5_K(QuantType):
     block_size, type_size = QK_K, 176
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
         d = f16_to_f32(blocks[:, 0:2])
         dmin = f16_to_f32(blocks[:, 2:4])
@@ -168,7 +173,7 @@ class Q5_K(QuantType):
         ml = (dmin * mn.astype(np.float32)).reshape(n, 8, 1)
         low = _nibbles(blocks[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
         q = low | (_bits(blocks[:, 16:48]) << np.uint8(4))
-        return _affine(q, dl, ml).reshape(n, QK_K)
+        return _affine(q, dl, ml, out)
 
 
 @register
@@ -187,7 +192,7 @@ class Q6_K(QuantType):
     block_size, type_size = QK_K, 210
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
         sc = blocks[:, 192:208].view(np.int8).astype(np.float32)
         d = f16_to_f32(blocks[:, 208:210])
@@ -196,4 +201,4 @@ class Q6_K(QuantType):
         high = _crumbs(blocks[:, 128:192].reshape(n, 2, 32)).reshape(n, 2, 128)
         q = (low | (high << np.uint8(4))).view(np.int8)
         q -= np.int8(32)
-        return _affine(q.reshape(n, 16, 16), dl).reshape(n, QK_K)
+        return _affine(q.reshape(n, 16, 16), dl, None, out)

@@ -37,9 +37,9 @@ def _high_bits16(qh: np.ndarray) -> np.ndarray:
     return (((qh[:, :, None] >> _SHIFT8) & np.uint8(1)) << np.uint8(4)).reshape(qh.shape[0], 32)
 
 
-def _scaled(q: np.ndarray, d: np.ndarray) -> np.ndarray:
+def _scaled(q: np.ndarray, d: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     """(n, 32) small ints times (n, 1) float32 -> (n, 32) float32, one rounding per value."""
-    return np.multiply(q, d, dtype=np.float32)
+    return np.multiply(q, d, out=out, dtype=np.float32)
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
@@ -83,11 +83,11 @@ class Q4_0(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])  # (n, 1)
         q = _nibbles(blocks[:, 2:]).view(np.int8)
         q -= np.int8(8)
-        return _scaled(q, d)
+        return _scaled(q, d, out)
 
     @classmethod
     def quantize_blocks(cls, x):
@@ -111,10 +111,10 @@ class Q4_1(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])
         m = f16_to_f32(blocks[:, 2:4])
-        out = _scaled(_nibbles(blocks[:, 4:]), d)
+        out = _scaled(_nibbles(blocks[:, 4:]), d, out)
         out += m  # (d * q) + m, the gguf/ggml order
         return out
 
@@ -142,11 +142,11 @@ class Q5_0(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])
         q = (_nibbles(blocks[:, 6:]) | _high_bits16(blocks[:, 2:6])).view(np.int8)
         q -= np.int8(16)
-        return _scaled(q, d)
+        return _scaled(q, d, out)
 
     @classmethod
     def quantize_blocks(cls, x):
@@ -170,10 +170,10 @@ class Q5_1(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])
         m = f16_to_f32(blocks[:, 2:4])
-        out = _scaled(_nibbles(blocks[:, 8:]) | _high_bits16(blocks[:, 4:8]), d)
+        out = _scaled(_nibbles(blocks[:, 8:]) | _high_bits16(blocks[:, 4:8]), d, out)
         out += m
         return out
 
@@ -210,9 +210,9 @@ class Q8_0(QuantType):
     can_quantize = True
 
     @classmethod
-    def dequantize_blocks(cls, blocks):
+    def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])
-        return _scaled(blocks[:, 2:].view(np.int8), d)
+        return _scaled(blocks[:, 2:].view(np.int8), d, out)
 
     @classmethod
     def quantize_blocks(cls, x):
