@@ -253,3 +253,20 @@ def test_duplicate_tensor_name(tiny, tmp_path):
     at = lay["tensor_info"][u] + 8
     clash[at:at + len(u)] = q.encode()
     _expect_error(_write(tmp_path, bytes(clash)), f"'{q}'", "twice")
+
+
+def test_metadata_string_not_utf8(tiny, tmp_path, capsys):
+    data, lay = tiny
+    at = lay["kv"]["general.name"] + 8 + len("general.name") + 4 + 8  # first byte of the value
+    bad = bytearray(data)
+    bad[at] = 0xFF
+    p = _write(tmp_path, bytes(bad))
+    _expect_error(p, "metadata 'general.name'")
+    _expect_cli_error(p, capsys)
+
+
+def test_metadata_key_not_utf8(tiny, tmp_path):
+    data, lay = tiny
+    bad = bytearray(data)
+    bad[lay["kv"]["general.name"] + 8] = 0xC3  # a lead byte followed by ASCII: invalid
+    _expect_error(_write(tmp_path, bytes(bad)), "metadata key #1", "UTF-8")
