@@ -1,0 +1,139 @@
+"""Causal attention on CUDA over the KV cache (S, Hkv, Dh).
+
+- T > 1 (prefill): torch SDPA (its flash backend on bf16/fp16), GQA through enable_gqa.
+- T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
+  head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
+  keeps an online softmax, and writes (acc, max, sum) partials; torch combines the splits.
+  The number of keys may come from a device tensor (`n_keys`), so a CUDA graph captured at
+  one length replays at any other: the grid is sized from the cache, not the length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from minfer.ops import paths
+
+
+@triton.jit
+def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
+                        stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
+                        H, G, sm_scale, keys_per_split,
+                        D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
+                        IEEE: tl.constexpr):
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    L = tl.load(n_keys)
+    s0 = sp * keys_per_split
+    s1 = tl.minimum(s0 + keys_per_split, L)
+    g = tl.arange(0, GP)
+    gm = g < G
+    qh = kvh * G + g
+    d = tl.arange(0, BD)
+    dm = d < D
+    qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, BD], dtype=tl.float32)
+    for start in range(s0, s1, BS):
+        s = start + tl.arange(0, BS)
+        sm = s < s1
+        km = sm[:, None] & dm[None, :]
+        k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
+        if IEEE:
+            sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(qt, tl.trans(k))
+        sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        p = tl.exp(sc - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    om = gm[:, None] & dm[None, :]
+    tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
+    tl.store(part_m + sp * H + qh, m_i, mask=gm)
+    tl.store(part_l + sp * H + qh, l_i, mask=gm)
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
+                     n_split: int | None = None) -> torch.Tensor:
+    """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh).
+
+    n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
+    between replays; the grid covers the whole cache).
+    """
+    _, h, dh = q.shape
+    s_max, hkv, _ = k_cache.shape
+    g = h // hkv
+    bs = 16 if q.device.type == "cpu" else 64
+    if isinstance(n_keys, torch.Tensor):
+        span = s_max
+        nk = n_keys.reshape(1)
+    else:
+        span = int(n_keys)
+        nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
+    if n_split is None:
+        # enough programs to cover the SMs, but at least 2 tiles of keys per program
+        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(264, hkv)))
+    keys_per_split = triton.cdiv(triton.cdiv(span, n_split), bs) * bs
+    n_split = triton.cdiv(span, keys_per_split)
+    bd = triton.next_power_of_2(dh)
+    part_o = torch.empty((n_split, h, bd), dtype=torch.float32, device=q.device)
+    part_m = torch.empty((n_split, h), dtype=torch.float32, device=q.device)
+    part_l = torch.empty((n_split, h), dtype=torch.float32, device=q.device)
+    q2 = q.reshape(h, dh)
+    if q2.stride(-1) != 1:
+        q2 = q2.contiguous()
+    kc, vc = k_cache, v_cache
+    if kc.dtype != q2.dtype:
+        q2 = q2.to(kc.dtype)
+    _decode_attn_kernel[(hkv, n_split)](
+        q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
+        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)),
+        BS=bs, IEEE=kc.dtype == torch.float32, num_warps=4)
+    mx = part_m.max(0).values                                # (H,)
+    wgt = torch.exp(part_m - mx)                             # (NS, H); empty splits -> 0
+    o = (part_o * wgt[..., None]).sum(0) / (part_l * wgt).sum(0)[:, None]
+    return o[:, :dh].to(q.dtype).reshape(1, h, dh)
+
+
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos) -> torch.Tensor:
+    """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
+
+    start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
+    """
+    t, h, dh = q.shape
+    if t == 1 and paths.enabled("MINFER_DECODE_ATTN"):
+        paths.count("attention.decode.triton")
+        n_keys = start_pos + 1
+        return decode_attention(q, k_cache, v_cache, n_keys)
+    if t == 1:
+        paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
+    if isinstance(start_pos, torch.Tensor):
+        start_pos = int(start_pos.item())
+    paths.count("attention.prefill.sdpa")
+    s = start_pos + t
+    hkv = k_cache.shape[1]
+    k = k_cache[:s].transpose(0, 1)                          # (Hkv, S, Dh)
+    v = v_cache[:s].transpose(0, 1)
+    qh = q.transpose(0, 1)                                   # (H, T, Dh)
+    if k.dtype != qh.dtype:
+        k, v = k.to(qh.dtype), v.to(qh.dtype)
+    gqa = hkv != h
+    if start_pos == 0:
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=1.0 / dh ** 0.5, enable_gqa=gqa)
+    else:
+        mask = (torch.arange(s, device=q.device)[None, :]
+                <= (start_pos + torch.arange(t, device=q.device))[:, None])     # (T, S)
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=1.0 / dh ** 0.5, enable_gqa=gqa)
+    return out.transpose(0, 1)                               # (T, H, Dh)

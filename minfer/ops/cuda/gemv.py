@@ -1,0 +1,128 @@
+"""Decode-shaped matmul (few rows of activations) reading the raw ggml blocks directly.
+
+out (M, N) = x (M, K) @ W^T, W given as raw blocks (N, row_bytes). Memory-bound: the weight
+bytes are the traffic, so each weight is read once per call, decoded in registers
+(dequant.decode) and multiplied at once.
+- M == 1: a multiply-and-reduce on CUDA cores (no padding waste).
+- 1 < M <= 64: the decoded [BN, BK] tile goes through `tl.dot` against x^T [BK, MP]
+  (MP = 16/32/64; tensor cores want >= 16 columns), one program per (row tile, split, M tile).
+- Split-K: narrow shapes (qkv 4608 rows, down 3584 rows over K=18944) give too few row
+  tiles to keep 132 SMs' worth of loads in flight, so K is cut into SPLIT ranges whose fp32
+  partial sums land in a (SPLIT, M, N) buffer and are summed by torch afterwards
+  (deterministic, unlike atomics).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer.ops.cuda.dequant import LAYOUT, decode
+
+
+@triton.jit
+def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
+                 QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
+                 BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
+                 SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    S: tl.constexpr = BK // 16
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < N
+    rowp = raw + n.to(tl.int64) * row_bytes                      # [BN] row starts
+    i = tl.arange(0, 16)[None, None, :]
+    n_tiles = tl.cdiv(K, BK)
+    t0 = pid_s * tiles_per_split
+    t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
+    if USE_DOT:
+        mrow = pid_m * MP + tl.arange(0, MP)
+        mmask = mrow < M
+        acc = tl.zeros([BN, MP], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BN], dtype=tl.float32)
+    for t in range(t0, t1):
+        k0 = t * BK + tl.arange(0, S) * 16                      # [S] first value of each run
+        kmask = k0 < K
+        bp = rowp[:, None, None] + ((k0 // QK) * TS)[None, :, None]
+        m = nmask[:, None, None] & kmask[None, :, None]
+        w = decode(QT, bp, (k0 % QK)[None, :, None], i, m)       # [BN, S, 16] fp32
+        if USE_DOT:
+            kk = t * BK + tl.arange(0, BK)
+            xt = tl.load(x + mrow[None, :].to(tl.int64) * stride_xm + kk[:, None],
+                         mask=(kk < K)[:, None] & mmask[None, :], other=0.0)   # [BK, MP]
+            w2 = tl.reshape(w, (BN, BK)).to(xt.dtype)
+            if IEEE:
+                acc += tl.dot(w2, xt, input_precision="ieee")
+            else:
+                acc += tl.dot(w2, xt)
+        else:
+            kx = k0[None, :, None] + i                           # [1, S, 16]
+            xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + kx, mask=kmask[None, :, None], other=0.0)
+            acc += tl.sum(tl.sum(w * xv.to(tl.float32), axis=2), axis=1)
+    if USE_DOT:
+        if SPLIT == 1:
+            if HAS_BIAS:
+                acc += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)[:, None]
+            optr = out + mrow[None, :].to(tl.int64) * stride_om + n[:, None]
+            tl.store(optr, acc.to(out.dtype.element_ty), mask=nmask[:, None] & mmask[None, :])
+        else:
+            pptr = part + (pid_s * M + mrow[None, :]).to(tl.int64) * N + n[:, None]
+            tl.store(pptr, acc, mask=nmask[:, None] & mmask[None, :])
+    else:
+        if SPLIT == 1:
+            if HAS_BIAS:
+                acc += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
+            tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc.to(out.dtype.element_ty), mask=nmask)
+        else:
+            tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc, mask=nmask)
+
+
+# Programs wanted in flight: a few per SM (132 on the H200) so that each SM has several
+# programs' loads outstanding while others compute.
+_TARGET_PROGRAMS = 132 * 4
+
+
+def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool):
+    """(BN, BK, MP, USE_DOT, SPLIT) for this shape."""
+    if interpret:
+        bn, bk = 16, 64
+    else:
+        bn, bk = (32, 256) if m == 1 else (64, 128)
+    use_dot = m > 1
+    mp = 1 if not use_dot else (16 if m <= 16 else 32 if m <= 32 else 64)
+    grid_nm = triton.cdiv(n, bn) * (triton.cdiv(m, mp) if use_dot else m)
+    n_tiles = triton.cdiv(k, bk)
+    split = 1
+    if grid_nm < _TARGET_PROGRAMS:
+        split = min(n_tiles, triton.cdiv(_TARGET_PROGRAMS, grid_nm), 32)
+    return bn, bk, mp, use_dot, split
+
+
+def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
+         out_dtype=None, interpret: bool = False, split: int | None = None) -> torch.Tensor:
+    """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype."""
+    m = x.shape[0]
+    assert x.stride(1) == 1 and x.shape[1] == k
+    _, qk, ts = LAYOUT[qtype]
+    bn, bk, mp, use_dot, auto_split = gemv_config(qtype, m, n, k, interpret)
+    n_tiles = triton.cdiv(k, bk)
+    split = max(1, min(split or auto_split, n_tiles))
+    tiles_per_split = triton.cdiv(n_tiles, split)
+    split = triton.cdiv(n_tiles, tiles_per_split)          # no empty splits
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
+    grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)
+    _gemv_kernel[grid](raw, x, out, part, bias if bias is not None else out, m, n, k, raw.stride(0),
+                       x.stride(0), out.stride(0), tiles_per_split,
+                       QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
+                       HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
+                       num_warps=4)
+    if split > 1:
+        acc = part.sum(0)
+        if bias is not None:
+            acc += bias.float()
+        out.copy_(acc)
+    return out

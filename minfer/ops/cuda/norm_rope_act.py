@@ -1,0 +1,137 @@
+"""RMSNorm, rotary embedding and SwiGLU as Triton kernels (fp32 math, output in x's dtype).
+
+Formulas are the reference's (minfer/ops/reference.py, after ggml's CPU ops).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer.ops import paths
+
+
+@triton.jit
+def _rms_norm_kernel(x, w, out, D, stride_x, stride_o, eps, BD: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, BD)
+    dm = d < D
+    v = tl.load(x + row * stride_x + d, mask=dm, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / D + eps)
+    g = tl.load(w + d, mask=dm, other=0.0).to(tl.float32)
+    tl.store(out + row * stride_o + d, (v * r * g).to(out.dtype.element_ty), mask=dm)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x (T, D) -> x * rsqrt(mean(x^2) + eps) * weight, (T, D) in x's dtype."""
+    if not paths.enabled("MINFER_TRITON_NORM"):
+        paths.switched_off("rms_norm.triton", "MINFER_TRITON_NORM")
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    paths.count("rms_norm.triton")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    t, d = x.shape
+    out = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    bd = triton.next_power_of_2(d)
+    _rms_norm_kernel[(t,)](x, weight, out, d, x.stride(0), out.stride(0), float(eps), BD=bd,
+                           num_warps=4 if bd <= 2048 else 8)
+    return out
+
+
+@triton.jit
+def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stride_oh,
+                 HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr, BHALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    j = tl.arange(0, BHALF)
+    jm = j < HALF
+    # the angle counted in turns (inv_freq / 2pi) in float64, its fraction taken there, so long
+    # positions keep their precision (the reference computes angles in float64); cos/sin in fp32.
+    # (A Python float literal would be an fp32 constant in Triton: keep 2*pi out of the fp64 math.)
+    p = tl.load(pos + t).to(tl.float64)
+    turns = p * tl.load(inv_freq + j, mask=jm, other=0.0)
+    frac = (turns - tl.floor(turns)).to(tl.float32)
+    ang = frac * 6.283185307179586
+    c = tl.cos(ang)[None, :]
+    s = tl.sin(ang)[None, :]
+    if NEOX:
+        ia = j
+        ib = j + HALF
+    else:
+        ia = 2 * j
+        ib = 2 * j + 1
+    m = (h < H)[:, None] & jm[None, :]
+    xp = x + t * stride_xt + h[:, None] * stride_xh
+    a = tl.load(xp + ia[None, :], mask=m, other=0.0).to(tl.float32)
+    b = tl.load(xp + ib[None, :], mask=m, other=0.0).to(tl.float32)
+    op = out + t * stride_ot + h[:, None] * stride_oh
+    tl.store(op + ia[None, :], (a * c - b * s).to(out.dtype.element_ty), mask=m)
+    tl.store(op + ib[None, :], (a * s + b * c).to(out.dtype.element_ty), mask=m)
+
+
+@functools.lru_cache(maxsize=32)
+def _inv_freq(theta: float, n_rot: int, freq_scale: float, freq_factors, device: str) -> torch.Tensor:
+    """(n_rot/2,) float64 on the device: turns per position, freq_scale * theta^(-2i/n_rot) / factor_i / 2pi
+    (ggml rope's theta_scale powers, ext_factor 0)."""
+    i = torch.arange(n_rot // 2, dtype=torch.float64)
+    inv = freq_scale * theta ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        inv = inv / torch.tensor(freq_factors, dtype=torch.float64)
+    return (inv / (2 * math.pi)).to(device)
+
+
+def _cfg_fields(cfg, head_dim: int):
+    """(theta, neox, n_rot, freq_scale, freq_factors) from minfer.config.RopeConfig."""
+    style = getattr(cfg, "style", "normal")
+    if style not in ("normal", "neox"):
+        raise ValueError(f"unknown rope style {style!r}")
+    n_rot = int(getattr(cfg, "n_rot", head_dim) or head_dim)
+    ff = getattr(cfg, "freq_factors", None)
+    return (float(cfg.theta), style == "neox", n_rot, float(getattr(cfg, "freq_scale", 1.0)),
+            tuple(ff) if ff is not None else None)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
+    """x (T, H, Dh) at positions (T,) int64 -> (T, H, Dh), rotated by cfg's convention."""
+    t, h, dh = x.shape
+    theta, neox, n_rot, fscale, ff = _cfg_fields(cfg, dh)
+    paths.count("rope.triton")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    out = torch.empty((t, h, dh), dtype=x.dtype, device=x.device)
+    if n_rot < dh:
+        out[..., n_rot:] = x[..., n_rot:]
+    inv = _inv_freq(theta, n_rot, fscale, ff, str(x.device))
+    half = n_rot // 2
+    bh = min(triton.next_power_of_2(h), 16)
+    _rope_kernel[(t, triton.cdiv(h, bh))](x, positions, inv, out, h, x.stride(0), x.stride(1),
+                                          out.stride(0), out.stride(1), HALF=half, NEOX=neox, BH=bh,
+                                          BHALF=triton.next_power_of_2(half), num_warps=4)
+    return out
+
+
+@triton.jit
+def _swiglu_kernel(g, u, out, n, BLOCK: tl.constexpr):
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    a = tl.load(g + o, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(u + o, mask=m, other=0.0).to(tl.float32)
+    tl.store(out + o, (a / (1.0 + tl.exp(-a)) * b).to(out.dtype.element_ty), mask=m)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, (T, F) in gate's dtype."""
+    paths.count("swiglu.triton")
+    gate = gate.contiguous()
+    up = up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    block = 1024
+    _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4)
+    return out
+
