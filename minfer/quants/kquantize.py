@@ -1,4 +1,4 @@
-"""k-quant quantizers (float32 -> blocks): Q4_K, Q5_K, Q6_K.
+"""k-quant quantizers (float32 -> blocks): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Port of llama.cpp's reference path used when no importance matrix is given (ggml-quants.c:
 quantize_row_q4_K_ref / quantize_row_q5_K_ref with make_qkx2_quants, quantize_row_q6_K_ref
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import QK_K, f16_to_f32, f32_to_f16_bytes, nearest_int
-from .kquants import Q4_K, Q5_K, Q6_K, scale_min_k4
+from .kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, scale_min_k4
 
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
 
@@ -25,12 +25,17 @@ def _sum(a: np.ndarray) -> np.ndarray:
     return a.sum(axis=-1, dtype=np.float32)
 
 
-def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
-    """Asymmetric fit x ~ scale * L - the_min per row, L in 0..nmax, weighted least squares.
+def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool = False):
+    """Asymmetric fit x ~ scale * L - the_min per row, L in 0..nmax, weighted least squares
+    scored by squared error (use_mad: absolute error).
 
     x, w: (M, n) float32. Returns scale (M,), the_min (M,) >= 0, L (M, n) uint8.
-    ggml-quants.c make_qkx2_quants with use_mad = false.
+    ggml-quants.c make_qkx2_quants.
     """
+
+    def err(diff):
+        return _sum(w * (np.abs(diff) if use_mad else diff * diff))
+
     f32 = np.float32
     lo = np.minimum(x.min(axis=1), f32(0))  # `if (min > 0) min = 0`
     hi = x.max(axis=1)
@@ -42,8 +47,7 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
     iscale = f32(nmax) / span
     scale = f32(1) / iscale
     L = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-    diff = scale[:, None] * L + lo[:, None] - x
-    best = _sum(w * diff * diff)
+    best = err(scale[:, None] * L + lo[:, None] - x)
     for step in range(nstep + 1):
         # iscale uses the current (possibly refined) min, as the C loop does.
         iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / np.where(flat, f32(1), hi - lo)
@@ -61,8 +65,7 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int):
         with np.errstate(divide="ignore", invalid="ignore"):
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
         this_min = np.where(pos, f32(0), this_min)
-        diff = this_scale[:, None] * Laux + this_min[:, None] - x
-        cur = _sum(w * diff * diff)
+        cur = err(this_scale[:, None] * Laux + this_min[:, None] - x)
         better = ok & ~flat & (cur < best)
         L = np.where(better[:, None], Laux, L)
         best = np.where(better, cur, best)
@@ -199,9 +202,114 @@ def _q6k_quantize_blocks(cls, x):
     return out
 
 
+def _pack_crumbs(L: np.ndarray) -> np.ndarray:
+    """(B, 256) uint8 in 0..3 -> (B, 64): qs[32h + l] = sum_k L[128h + 32k + l] << 2k."""
+    g = L.reshape(L.shape[0], 2, 4, 32)
+    return (g[:, :, 0] | (g[:, :, 1] << 2) | (g[:, :, 2] << 4) | (g[:, :, 3] << 6)).reshape(-1, 64)
+
+
+def _q2k_quantize_blocks(cls, x):
+    """ggml-quants.c quantize_row_q2_K_ref: make_qkx2_quants(16, 3, w=|x|, -0.5, 0.1, 15, mad)."""
+    f32 = np.float32
+    B = x.shape[0]
+    xs = x.reshape(B * 16, 16)
+    scales, mins, L = make_qkx2_quants(xs, np.abs(xs), 3, -0.5, 0.1, 15, use_mad=True)
+    scales, mins, L = scales.reshape(B, 16), mins.reshape(B, 16), L.reshape(B, 16, 16)
+    max_scale = np.maximum(scales.max(axis=1), f32(0))
+    max_min = np.maximum(mins.max(axis=1), f32(0))
+    with np.errstate(divide="ignore"):
+        inv_s = np.where(max_scale > 0, f32(15) / max_scale, f32(0))
+        inv_m = np.where(max_min > 0, f32(15) / max_min, f32(0))
+    # `y.scales[j] = l` then `|= l << 4`: stored in a uint8, so both wrap mod 256
+    ls = nearest_int(inv_s[:, None] * scales).astype(np.uint8)
+    lm = nearest_int(inv_m[:, None] * mins).astype(np.uint8)
+    sc = ls | (lm << 4)
+    d16 = f32_to_f16_bytes((max_scale / f32(15))[:, None])  # 0 when max_scale == 0
+    dmin16 = f32_to_f16_bytes((max_min / f32(15))[:, None])
+    d = (f16_to_f32(d16) * (sc & 15).astype(f32))[:, :, None]
+    dm = (f16_to_f32(dmin16) * (sc >> 4).astype(f32))[:, :, None]
+    xg = x.reshape(B, 16, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Lr = np.clip(nearest_int(np.where(d != 0, (xg + dm) / np.where(d != 0, d, f32(1)), 0)), 0, 3)
+    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 256)
+    return np.concatenate([sc, _pack_crumbs(L), d16, dmin16], axis=1)
+
+
+def make_q3_quants_rmse(x: np.ndarray, nmax: int):
+    """Symmetric fit with a coordinate-descent refinement, weights x^2.
+
+    x: (M, n) float32 -> scale (M,), L (M, n) int8 in 0..2*nmax-1.
+    ggml-quants.c make_q3_quants(n, nmax, x, L, do_rmse=true). The inner loop visits the n
+    values in order (each update feeds the next), vectorized across the M groups. A group
+    whose pass changed nothing would change nothing on the next pass either, so running all
+    five passes equals the C loop's early `break`.
+    """
+    f32 = np.float32
+    M, n = x.shape
+    idx = np.abs(x).argmax(axis=1)[:, None]
+    mx = np.take_along_axis(x, idx, axis=1)[:, 0]
+    zero = np.abs(mx) < GROUP_MAX_EPS
+    iscale = -f32(nmax) / np.where(zero, f32(1), mx)
+    L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1).astype(f32)
+    w = x * x
+    wx = w * x
+    sumlx = _sum(wx * L)
+    suml2 = _sum(w * L * L)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for _ in range(5):
+            for i in range(n):
+                wi, wxi, xi, li = w[:, i], wx[:, i], x[:, i], L[:, i]
+                slx = sumlx - wxi * li
+                sl2 = suml2 - wi * li * li
+                new_l = np.clip(nearest_int(np.where(slx > 0, xi * sl2 / slx, 0)), -nmax, nmax - 1).astype(f32)
+                slx2 = slx + wxi * new_l
+                sl22 = sl2 + wi * new_l * new_l
+                take = (slx > 0) & (new_l != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
+                L[:, i] = np.where(take, new_l, li)
+                sumlx = np.where(take, slx2, sumlx)
+                suml2 = np.where(take, sl22, suml2)
+        scale = np.where(suml2 > 0, sumlx / suml2, f32(0)).astype(f32)
+    L = np.where(zero[:, None], 0, L + f32(nmax)).astype(np.int8)
+    return np.where(zero, f32(0), scale), L
+
+
+def _q3k_quantize_blocks(cls, x):
+    """ggml-quants.c quantize_row_q3_K_ref."""
+    f32 = np.float32
+    B = x.shape[0]
+    scales, L = make_q3_quants_rmse(x.reshape(B * 16, 16), 4)
+    scales, L = scales.reshape(B, 16), L.reshape(B, 16, 16)
+    idx = np.abs(scales).argmax(axis=1)[:, None]
+    max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
+    has = max_scale != 0
+    iscale = f32(-32) / np.where(has, max_scale, f32(1))
+    ls = np.where(has[:, None], np.clip(nearest_int(iscale[:, None] * scales), -32, 31) + 32, 0).astype(np.uint8)
+    packed = np.zeros((B, 12), dtype=np.uint8)
+    packed[:, 0:8] = (ls[:, 0:8] & 15) | ((ls[:, 8:16] & 15) << 4)
+    hi = (ls >> 4).reshape(B, 4, 4)  # [j // 4, j % 4]
+    packed[:, 8:12] = hi[:, 0] | (hi[:, 1] << 2) | (hi[:, 2] << 4) | (hi[:, 3] << 6)
+    d16 = f32_to_f16_bytes(np.where(has, f32(1) / iscale, f32(0))[:, None])
+    sc = ls.astype(np.int8) - np.int8(32)  # what the decoder reads back
+    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]
+    xg = x.reshape(B, 16, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Lr = np.clip(nearest_int(np.where(d != 0, xg / np.where(d != 0, d, f32(1)), 0)), -4, 3) + 4
+    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 256)
+    high = L > 3  # value j's 3rd bit goes to bit j // 32 of hmask[j % 32]
+    hmask = np.packbits(high.reshape(B, 8, 32).transpose(0, 2, 1), axis=-1, bitorder="little").reshape(B, 32)
+    low = np.where(high, L - 4, L).astype(np.uint8)
+    return np.concatenate([hmask, _pack_crumbs(low), packed, d16], axis=1)
+
+
 # The k-quant classes live in kquants.py (dequantization); attach the quantizers here so each
 # file stays one concern. Chunks of 512 super-blocks keep the search's temporaries in cache.
-for _cls, _fn in ((Q4_K, _q4k_quantize_blocks), (Q5_K, _q5k_quantize_blocks), (Q6_K, _q6k_quantize_blocks)):
+for _cls, _fn in (
+    (Q2_K, _q2k_quantize_blocks),
+    (Q3_K, _q3k_quantize_blocks),
+    (Q4_K, _q4k_quantize_blocks),
+    (Q5_K, _q5k_quantize_blocks),
+    (Q6_K, _q6k_quantize_blocks),
+):
     _cls.quantize_blocks = classmethod(_fn)
     _cls.can_quantize = True
     _cls.quantize_chunk = 512
