@@ -108,7 +108,7 @@ def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
     return out
 
 
-def _table(rows: list[list[str]], right: set[int]) -> list[str]:
+def format_table(rows: list[list[str]], right: set[int]) -> list[str]:
     """Aligned columns; the column indices in `right` are right-aligned (numbers)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
@@ -142,23 +142,23 @@ def render_text(s: dict[str, Any]) -> str:
         "",
         f"hyper-parameters ({s['architecture']}.*):",
     ]
-    lines += [f"  {line}" for line in _table([[k, _fmt(v)] for k, v in s["hparams"].items()], set())] \
-        if s["hparams"] else ["  (none)"]
+    hp_rows = [[k, _fmt(v)] for k, v in s["hparams"].items()]
+    lines += [f"  {line}" for line in format_table(hp_rows, set())] if hp_rows else ["  (none)"]
     lines += ["", "tokenizer:"]
     tok_rows = [[k, _fmt(v)] for k, v in tok.items() if v is not None]
-    lines += [f"  {line}" for line in _table(tok_rows, set())]
+    lines += [f"  {line}" for line in format_table(tok_rows, set())]
     lines += ["", f"tensors: {s['n_tensors']}, {human_bytes(s['tensor_bytes'])} ({s['tensor_bytes']:,} bytes)"]
     rows = [["type", "count", "params", "bytes", "share"]]
     for name, r in s["tensor_types"].items():
         rows.append([name, str(r["count"]), human_count(r["params"]), human_bytes(r["bytes"]),
                      f"{100 * r['share']:.1f}%"])
-    lines += [f"  {line}" for line in _table(rows, {1, 2, 3, 4})]
+    lines += [f"  {line}" for line in format_table(rows, {1, 2, 3, 4})]
     if "tensors" in s:
         lines += ["", "every tensor:"]
         rows = [["name", "type", "shape", "bytes"]]
         rows += [[t["name"], t["type"], "x".join(map(str, t["shape"])) or "scalar", f"{t['bytes']:,}"]
                  for t in s["tensors"]]
-        lines += [f"  {line}" for line in _table(rows, {3})]
+        lines += [f"  {line}" for line in format_table(rows, {3})]
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ def main(args: argparse.Namespace) -> int:
     import json
 
     from minfer.catalog import CATALOG, is_pulled, model_path
-    from minfer.commands.inspect import _table, human_bytes
+    from minfer.commands.inspect import format_table, human_bytes
 
     rows = []
     for m in CATALOG.values():
@@ -34,5 +34,5 @@ def main(args: argparse.Namespace) -> int:
     table = [["name", "arch", "quant", "size", "pulled", "path"]]
     table += [[r["name"], r["arch"], r["quant"], human_bytes(r["size"]),
                "yes" if r["pulled"] else "no", r["path"] if r["pulled"] else "-"] for r in rows]
-    print("\n".join(_table(table, {3})))
+    print("\n".join(format_table(table, {3})))
     return 0
