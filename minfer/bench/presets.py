@@ -1,0 +1,73 @@
+"""Model geometries for `minfer synth`: real models' shapes, random weights.
+
+Each preset is the hyper-parameter set of a published model (its config.json, as written
+into GGUF by llama.cpp's convert_hf_to_gguf.py). `tiny` is for tests: small enough to run on
+the CPU in a second, yet it keeps what the kernels care about -- grouped-query attention
+(4 query heads per kv head), rows that are multiples of 256 (k-quants apply) and one row
+length that is not (ffn 640 = 2.5 x 256, so ffn_down falls back like llama.cpp does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from minfer.errors import MinferError
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    arch: str            # 'qwen2' (q/k/v biases, NEOX rope) or 'llama'
+    hidden: int          # embedding_length
+    ffn: int             # feed_forward_length
+    n_layers: int        # block_count
+    n_head: int
+    n_kv_head: int
+    head_dim: int
+    vocab: int
+    rope_base: float
+    rms_eps: float
+    ctx: int             # context_length written to the file
+    tied: bool = False   # no output.weight: the output projection reuses token_embd
+
+    def with_overrides(self, arch: str | None = None, layers: int | None = None,
+                       vocab: int | None = None) -> "Preset":
+        p = self
+        if arch is not None:
+            p = replace(p, arch=arch)
+        if layers is not None:
+            if layers < 1:
+                raise MinferError(f"--layers {layers}: expected at least 1 layer")
+            p = replace(p, n_layers=layers)
+        if vocab is not None:
+            if vocab < 300:
+                raise MinferError(f"--vocab {vocab}: expected at least 300 (256 byte tokens, merges "
+                                  "and special tokens)")
+            p = replace(p, vocab=vocab)
+        return p
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_head * self.head_dim
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    # The benchmark geometry of ../shared/MODELS.md (Qwen2.5-7B).
+    Preset("qwen2.5-7b", "qwen2", 3584, 18944, 28, 28, 4, 128, 152064, 1e6, 1e-6, 32768),
+    Preset("qwen2.5-1.5b", "qwen2", 1536, 8960, 28, 12, 2, 128, 151936, 1e6, 1e-6, 32768),
+    # 896 is not a multiple of 256: most tensors fall back to Q5_0/Q8_0, like the real file.
+    Preset("qwen2.5-0.5b", "qwen2", 896, 4864, 24, 14, 2, 64, 151936, 1e6, 1e-6, 32768),
+    Preset("llama-3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 5e5, 1e-5, 8192),
+    Preset("smollm2-135m", "llama", 576, 1536, 30, 9, 3, 64, 49152, 1e5, 1e-5, 8192, tied=True),
+    Preset("tiny", "qwen2", 256, 640, 4, 4, 1, 64, 512, 1e6, 1e-6, 2048),
+]}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise MinferError(f"--preset {name!r}: unknown preset (expected one of {', '.join(PRESETS)})")
+    return PRESETS[name]

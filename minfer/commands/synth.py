@@ -1,0 +1,73 @@
+"""`minfer synth`: write a GGUF with random weights at a real model's geometry."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "write a GGUF with random weights at a real model's geometry (for benchmarks and tests)"
+
+DESCRIPTION = """\
+Write OUT.gguf: a model with a real model's geometry (tensor names, shapes, per-tensor
+quantization types, metadata, a tokenizer) and random weights (std 0.02, RMSNorm gains ~1),
+so minfer -- and llama.cpp, given --tokenizer-from -- can load it and time it without a
+download. The weights are genuine quantizations of random floats.
+
+Presets: qwen2.5-7b (the benchmark geometry), qwen2.5-1.5b, qwen2.5-0.5b, llama-3-8b,
+smollm2-135m, tiny (tests: 4 layers, GQA 4:1, one row length that is not a multiple of 256).
+
+Recipes: q4_k_m -- llama.cpp's Q4_K_M rule: Q4_K everywhere, Q6_K for output.weight and for
+attn_v/ffn_down in the layers i < n/8, i >= 7n/8, (i - n/8) % 3 == 2; a k-quant whose rows
+are not a multiple of 256 falls back to Q5_0 (from Q4_K) or Q8_0 (from Q6_K) as llama.cpp
+does. q4_0, q8_0, f16 -- every 2-D weight in that one type. 1-D norms and biases are F32.
+
+examples:
+  minfer synth /tmp/qwen7b.gguf --preset qwen2.5-7b
+  minfer synth /tmp/q7-4l.gguf --preset qwen2.5-7b --layers 4
+  minfer synth /tmp/q7.gguf --preset qwen2.5-7b --tokenizer-from qwen2.5-coder-0.5b-instruct
+  minfer synth /tmp/tiny.gguf --preset tiny --arch llama --recipe q8_0
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    from minfer.bench.presets import PRESETS
+    from minfer.bench.synth import RECIPES
+
+    p.add_argument("out", metavar="OUT.gguf", help="the file to write (overwritten if present)")
+    p.add_argument("--preset", required=True, choices=list(PRESETS), help="the geometry to copy")
+    p.add_argument("--arch", choices=["qwen2", "llama"], default=None,
+                   help="architecture to write (default: the preset's; qwen2 adds q/k/v biases)")
+    p.add_argument("--layers", type=int, default=None,
+                   help="number of layers (default: the preset's); fewer layers make a quick file "
+                   "with the same per-layer shapes")
+    p.add_argument("--recipe", choices=list(RECIPES), default="q4_k_m",
+                   help="quantization types of the 2-D weights (default: q4_k_m)")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same file")
+    p.add_argument("--vocab", type=int, default=None, help="vocabulary rows (default: the preset's)")
+    p.add_argument("--tokenizer-from", metavar="MODEL", default=None,
+                   help="copy the tokenizer (tokens padded to the vocab with '[PAD<i>]', merges, "
+                   "pre-tokenizer, special ids, chat template) from this GGUF file or catalog "
+                   "model, so that other engines accept the file; default: a minimal byte-level "
+                   "vocab that only minfer is expected to run")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def main(args: argparse.Namespace) -> int:
+    import time
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import copied_tokenizer, write_synth
+
+    preset = get_preset(args.preset).with_overrides(args.arch, args.layers, args.vocab)
+    tok = None
+    if args.tokenizer_from:
+        from minfer.catalog import resolve_model
+
+        tok = copied_tokenizer(resolve_model(args.tokenizer_from))
+    t0 = time.perf_counter()
+    res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
+    dt = time.perf_counter() - t0
+    types = ", ".join(f"{k} x{v}" for k, v in sorted(res.type_counts.items()))
+    print(f"wrote {res.path}: {preset.name} ({preset.arch}, {preset.n_layers} layers, recipe "
+          f"{args.recipe}), {res.n_tensors} tensors ({types}), "
+          f"{res.n_bytes / 2**30:.2f} GiB of tensor data in {dt:.1f} s")
+    return 0
