@@ -1,9 +1,11 @@
 """ggml tensor formats in numpy: dequantize raw GGUF tensor bytes, quantize float32 to blocks.
 
 Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
-Dequantization is bit-exact against `gguf.quants.dequantize` (tests/quants). Quantizers follow
-llama.cpp's reference rounding (ggml-quants.c quantize_row_*_ref) for F16, BF16, Q8_0, Q4_0,
-Q4_1, Q5_0, Q5_1 (bit-exact against gguf.quants.quantize), Q4_K, Q5_K, Q6_K.
+Dequantization is bit-exact against `gguf.quants.dequantize` (tests/quants). Every supported type
+has a quantizer following llama.cpp's reference rounding (ggml-quants.c quantize_row_*_ref, the
+no-imatrix path): F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact against
+gguf.quants.quantize; the k-quants (Q2_K..Q6_K, see kquantize.py) are tested by error bounds.
+Speeds on the dev box: bench/results/quants-cpu.md (python -m minfer.quants.bench_cpu).
 
     qtype: a ggml type id (int) or a gguf.GGMLQuantizationType
 """

@@ -1,8 +1,8 @@
 """k-quant quantizers (float32 -> blocks): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.
 
 Port of llama.cpp's reference path used when no importance matrix is given (ggml-quants.c:
-quantize_row_q4_K_ref / quantize_row_q5_K_ref with make_qkx2_quants, quantize_row_q6_K_ref
-with make_qx_quants, nearest_int), vectorized over all sub-blocks at once: the scale search
+quantize_row_q2_K_ref / q4_K / q5_K with make_qkx2_quants, quantize_row_q3_K_ref with
+make_q3_quants, quantize_row_q6_K_ref with make_qx_quants, nearest_int), vectorized over all sub-blocks at once: the scale search
 loops run over candidate scales, not over blocks.
 
 Known difference from the C code: sums over a sub-block use numpy's pairwise float32 sums
@@ -23,6 +23,13 @@ GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
 
 def _sum(a: np.ndarray) -> np.ndarray:
     return a.sum(axis=-1, dtype=np.float32)
+
+
+def _round_clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """MAX(lo, MIN(hi, nearest_int(v))) kept in float32 (same values: rint is exact for
+    |v| < 2^22; staying in float saves two int conversions in the hot search loops)."""
+    r = np.rint(v)
+    return np.clip(r, np.float32(lo), np.float32(hi), out=r)
 
 
 def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool = False):
@@ -51,7 +58,7 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, us
     for step in range(nstep + 1):
         # iscale uses the current (possibly refined) min, as the C loop does.
         iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / np.where(flat, f32(1), hi - lo)
-        Laux = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax).astype(np.float32)
+        Laux = _round_clip(iscale[:, None] * (x - lo[:, None]), 0, nmax)
         wl = w * Laux
         sum_l = _sum(wl)
         sum_l2 = _sum(wl * Laux)
@@ -152,7 +159,7 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     w = x * x
 
     def fit(iscale):
-        l = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1).astype(np.float32)
+        l = _round_clip(iscale[:, None] * x, -nmax, nmax - 1)
         wl = w * l
         return l, _sum(wl * x), _sum(wl * l)
 
