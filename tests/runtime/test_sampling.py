@@ -1,0 +1,111 @@
+"""Sampling on toy logits: exact probabilities worked out by hand (llama.cpp semantics)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from minfer.runtime.sampling import (SamplingParams, apply_penalties, make_generator, probabilities,
+                                     sample)
+
+P = [0.4, 0.3, 0.2, 0.1]
+LOGITS = torch.tensor([math.log(p) for p in P])
+
+
+def probs(**kw):
+    base = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    base.update(kw)
+    return probabilities(LOGITS, SamplingParams(**base)).tolist()
+
+
+def close(a, b):
+    assert a == pytest.approx(b, abs=1e-6)  # logits are float32
+
+
+def test_no_filter_is_softmax():
+    close(probs(), P)
+
+
+def test_top_k():
+    close(probs(top_k=2), [4 / 7, 3 / 7, 0, 0])
+    close(probs(top_k=1), [1, 0, 0, 0])
+    close(probs(top_k=4), P)
+
+
+def test_top_p_keeps_the_token_that_reaches_p():
+    close(probs(top_p=0.35), [1, 0, 0, 0])            # 0.4 >= 0.35
+    close(probs(top_p=0.6), [4 / 7, 3 / 7, 0, 0])     # 0.4 < 0.6 <= 0.7
+    close(probs(top_p=0.75), [4 / 9, 3 / 9, 2 / 9, 0])  # 0.7 < 0.75 <= 0.9
+    close(probs(top_p=0.95), P)
+
+
+def test_min_p_is_relative_to_the_top_token():
+    close(probs(min_p=0.3), [4 / 9, 3 / 9, 2 / 9, 0])  # threshold 0.12
+    close(probs(min_p=0.6), [4 / 7, 3 / 7, 0, 0])      # threshold 0.24
+    close(probs(min_p=1.0), [1, 0, 0, 0])
+
+
+def test_temperature():
+    # p_i^(1/T) / sum_j p_j^(1/T) with T = 2
+    r = [math.sqrt(p) for p in P]
+    close(probs(temperature=2.0), [x / sum(r) for x in r])
+    r = [p ** 2 for p in P]  # T = 0.5
+    close(probs(temperature=0.5), [x / sum(r) for x in r])
+
+
+def test_filters_see_untempered_probabilities():
+    # top-p 0.75 keeps 3 tokens of the T=1 distribution, then T=2 reshapes them
+    r = [math.sqrt(p) for p in P[:3]]
+    close(probs(temperature=2.0, top_p=0.75), [x / sum(r) for x in r] + [0])
+
+
+def test_top_p_after_top_k_renormalizes():
+    # after top-k 2: (4/7, 3/7); 4/7 = 0.571 >= 0.55 -> one token (on the raw 0.4 it would be two)
+    close(probs(top_k=2, top_p=0.55), [1, 0, 0, 0])
+
+
+def test_greedy():
+    assert sample(torch.tensor([0.1, 3.0, -1.0, 2.9]), SamplingParams(temperature=0)) == 1
+    close(probabilities(LOGITS, SamplingParams(temperature=0)).tolist(), [1, 0, 0, 0])
+
+
+def test_penalties_llama_cpp_semantics():
+    logits = torch.tensor([2.0, -1.0, 0.5, 0.0])
+    out = apply_penalties(logits, [0, 0, 1, 3], repeat=2.0, presence=0.25, frequency=0.5)
+    # tok0 (2 times, positive): 2/2 - 2*0.5 - 0.25; tok1 (negative): -1*2 - 0.5 - 0.25;
+    # tok2 unseen; tok3 (logit 0 counts as <= 0): 0*2 - 0.5 - 0.25
+    assert out.tolist() == pytest.approx([-0.25, -2.75, 0.5, -0.75])
+    assert logits.tolist() == [2.0, -1.0, 0.5, 0.0]  # pure: input untouched
+
+
+def test_penalty_window_and_greedy_after_penalty():
+    logits = torch.tensor([2.0, 1.9, 0.0])
+    p = SamplingParams(temperature=0, repeat_penalty=1.1, penalty_last_n=2)
+    assert sample(logits, p, history=[0]) == 1          # 2/1.1 < 1.9
+    assert sample(logits, p, history=[0, 2, 2]) == 0    # token 0 is outside the last 2
+    p_all = SamplingParams(temperature=0, repeat_penalty=1.1, penalty_last_n=-1)
+    assert sample(logits, p_all, history=[0, 2, 2]) == 1
+
+
+def test_draws_follow_the_distribution():
+    p = SamplingParams(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0)
+    g = make_generator(123)
+    n = 20000
+    counts = [0] * 4
+    for _ in range(n):
+        counts[sample(LOGITS, p, g)] += 1
+    assert counts[2] == counts[3] == 0
+    assert counts[0] / n == pytest.approx(4 / 7, abs=0.015)
+
+
+def test_same_seed_same_draws():
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)
+    a = [sample(LOGITS, p, g) for g in [make_generator(7)] for _ in range(50)]
+    g = make_generator(7)
+    b = [sample(LOGITS, p, g) for _ in range(50)]
+    g = make_generator(8)
+    c = [sample(LOGITS, p, g) for _ in range(50)]
+    assert a == b
+    assert a != c
