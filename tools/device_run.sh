@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The one script a device call runs (the H200 of the `device` tool), from the repo root:
+#   run(command="bash tools/device_run.sh [STEPS]", carry=[".whl"])
+# STEPS (default "tests bench"): tests = pytest -m gpu on tests/gpu; bench = kernel
+# microbenchmarks (python -m minfer.ops.cuda.bench_kernels); quick = bench at M=512 only.
+# Logs and JSON go to $OUT (what comes back); a short table is printed last.
+set -u
+OUT=${OUT:-/tmp/minfer-out}
+mkdir -p "$OUT"
+STEPS=${*:-tests bench}
+export PYTHONUNBUFFERED=1
+# the image lacks gguf: the wheel travels in .whl (see .library/device/README.md, Notes)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1 \
+  || echo "(pip install -e . failed, using PYTHONPATH; see pip-install.log)"
+{
+  date -u; git log -1 --format='commit %H %s' 2>/dev/null || true
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
+  python3 -c 'import torch, triton, numpy; print("torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
+} 2>&1 | tee "$OUT/env.txt"
+summary=""
+for step in $STEPS; do
+  case $step in
+    tests)
+      t0=$(date +%s)
+      timeout 420 python3 -m pytest -m gpu -q --maxfail=15 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+      summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log") ($(( $(date +%s) - t0 )) s)"
+      ;;
+    bench|quick)
+      q=""; [ "$step" = quick ] && q="--quick"
+      timeout 300 python3 -m minfer.ops.cuda.bench_kernels $q --json "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -5
+      summary="$summary\n$(sed -n '/==== kernel/,$p' "$OUT/bench.log")"
+      ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
+echo -e "\n==== summary ====$summary"
