@@ -27,12 +27,12 @@ for step in $STEPS; do
   case $step in
     tests)
       t0=$(date +%s)
-      timeout 420 python3 -m pytest -m gpu -q --maxfail=15 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+      timeout 330 python3 -m pytest -m gpu -q --maxfail=15 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
       summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log") ($(( $(date +%s) - t0 )) s)"
       ;;
     bench|quick)
       q=""; [ "$step" = quick ] && q="--quick"
-      timeout 300 python3 -m minfer.ops.cuda.bench_kernels $q --json "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -5
+      timeout 220 python3 -m minfer.ops.cuda.bench_kernels $q --json "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -5
       summary="$summary\n$(sed -n '/==== kernel/,$p' "$OUT/bench.log")"
       ;;
     *) echo "unknown step $step" ;;
