@@ -9,7 +9,7 @@ Nothing here imports minfer's tokenizer.
 It needs llama.cpp's shared library with llama-cpp-python's ctypes bindings; build them as
 in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
 
-    /tmp/llcpp/bin/python tools/gen_token_goldens.py            # both catalog models
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py            # both catalog models + variants
     /tmp/llcpp/bin/python tools/gen_token_goldens.py PATH.gguf   # one file -> goldens/<stem>.json
 """
 
@@ -20,6 +20,7 @@ import ctypes
 import json
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 LLAMA_CPP_VERSION = "ggml-org/llama.cpp@0c1e57098 (llama-cpp-python 0.3.36 sdist)"
@@ -54,6 +55,8 @@ CASES = [
     "<tool_call>{\"name\": \"f\"}</tool_call>", "<repo_name>x<file_sep>y", "<s></s>", "<unk>",
     "ÀÁÂÃÄÅ", "\u0000", "\x7f", "\u00ad", "\ufeffBOM", "\U0001F600\U0001F601\U0001F602",
     "Mixed: English, 中文, русский, العربية, 😀, 123.",
+    # bytes some vocabs lack (SmolLM2 has no token for 0x04, 0x06, 0x13 ... or lead bytes F1-F7)
+    "\x04\x06\x13\x14\x16\x1d", "a\U00040000b", "\U000E0001tag", "\U0010FFFF", "\U0001F9FF\U0002A6D6",
 ]
 
 # A deterministic fuzz set from a mixed alphabet: scripts, digits, spaces, punctuation,
@@ -184,9 +187,21 @@ def main() -> int:
     from minfer.catalog import resolve_model  # only to find (or pull) the files
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
+    jobs = []
     for name in args.models or MODELS:
         path = Path(resolve_model(name))
-        stem = name if name in MODELS else path.stem
+        jobs.append((name if name in MODELS else path.stem, path))
+    if not args.models:
+        # the llama3 and GPT-2 pre-tokenizers, on SmolLM2's vocab (tests/tokenizer/vocab_files.py)
+        sys.path.insert(0, str(OUT_DIR.parent))
+        from minfer.gguf_file import GGUFFile
+        from vocab_files import BASE_MODEL, VARIANT_PRES, write_vocab_variant
+
+        base = GGUFFile(resolve_model(BASE_MODEL)).metadata
+        tmp = Path(tempfile.mkdtemp())
+        for stem, pre in VARIANT_PRES.items():
+            jobs.append((stem, write_vocab_variant(base, pre, tmp / f"{stem}.gguf")))
+    for stem, path in jobs:
         g = golden_for(path)
         out = OUT_DIR / f"{stem}.json"
         out.write_text(json.dumps(g, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")

@@ -1,0 +1,58 @@
+"""Fixtures: tokenizers of the real catalog models and of the pre-type variants, loaded once.
+
+Goldens (goldens/<name>.json) come from llama.cpp itself (tools/gen_token_goldens.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vocab_files import BASE_MODEL, VARIANT_PRES, write_vocab_variant
+
+GOLDEN_DIR = Path(__file__).parent / "goldens"
+CATALOG_MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+ALL_VOCABS = CATALOG_MODELS + list(VARIANT_PRES)
+
+
+def load_golden(name: str) -> dict:
+    return json.loads((GOLDEN_DIR / f"{name}.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def gguf_files(tmp_path_factory):
+    """name -> GGUFFile, opened on first use (the Qwen vocab takes seconds to read)."""
+    from minfer.catalog import resolve_model
+    from minfer.gguf_file import GGUFFile
+
+    cache: dict = {}
+    tmp = tmp_path_factory.mktemp("vocab_variants")
+
+    def get(name: str):
+        if name not in cache:
+            if name in VARIANT_PRES:
+                base = get(BASE_MODEL)
+                path = write_vocab_variant(base.metadata, VARIANT_PRES[name], tmp / f"{name}.gguf")
+                cache[name] = GGUFFile(path)
+            else:
+                cache[name] = GGUFFile(resolve_model(name))
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tokenizers(gguf_files):
+    """name -> minfer Tokenizer, built on first use."""
+    from minfer.tokenizer import Tokenizer
+
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = Tokenizer.from_gguf(gguf_files(name))
+        return cache[name]
+
+    return get
