@@ -1,0 +1,142 @@
+"""The in-run yardstick of `minfer bench --peer torch-bf16`: the same GGUF, dequantized to
+bf16, run by a plain functional torch forward (F.linear -> cuBLAS, SDPA -> flash/cuDNN
+attention with GQA). It shares no code with minfer's engine (it reads the GGUF keys itself),
+so a bug or a slowdown in the engine cannot hide in both.
+
+Llama and Qwen2 as llama.cpp runs them (src/llama-model.cpp): RMSNorm, RoPE (llama: NORM =
+adjacent pairs, since convert_hf_to_gguf permutes q/k rows; qwen2: NEOX = halves), grouped-
+query causal attention, SwiGLU MLP, tied output when there is no output.weight.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from minfer.errors import MinferError
+
+PEERS = ("torch-bf16",)
+
+
+class TorchPeer:
+    """A whole model as plain tensors; forward(ids, start_pos) -> logits, like Engine.forward."""
+
+    def __init__(self, gf, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
+                 n_ctx: int = 4096, threads: int = 4):
+        arch = gf.architecture
+        if arch not in ("llama", "qwen2"):
+            raise MinferError(f"{gf.path}: the torch peer runs llama and qwen2, not '{arch}'")
+        g = gf.arch_get
+        self.arch, self.device, self.dtype, self.n_ctx = arch, torch.device(device), dtype, n_ctx
+        self.n_layers = int(g("block_count"))
+        self.d = int(g("embedding_length"))
+        self.n_head = int(g("attention.head_count"))
+        self.n_kv = int(g("attention.head_count_kv") or self.n_head)
+        self.hd = int(g("attention.key_length") or self.d // self.n_head)
+        self.eps = float(g("attention.layer_norm_rms_epsilon"))
+        n_rot = int(g("rope.dimension_count") or self.hd)
+        theta = float(g("rope.freq_base") or 10000.0)
+        self.neox = arch == "qwen2"   # llama.cpp llama_model_rope_type
+        # (n_rot/2,) float32 inverse frequencies theta^(-2i/n_rot)
+        self.inv_freq = (theta ** (-torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)).float().to(self.device)
+        self.n_rot = n_rot
+        self.w = self._load(gf, threads)
+        self.head = self.w.get("output.weight", self.w["token_embd.weight"])
+        self.vocab = self.head.shape[0]
+        kv_shape = (self.n_layers, n_ctx, self.n_kv, self.hd)
+        self.k_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
+        self.v_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
+
+    def _load(self, gf, threads: int) -> dict[str, torch.Tensor]:
+        """Dequantize every tensor on the CPU (minfer.quants, float32) and upload as `dtype`;
+        norms stay float32. Several tensors at once: numpy releases the GIL in the big ops."""
+        from minfer.quants import dequantize
+
+        def one(item):
+            name, t = item
+            x = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.qtype, t.shape)))
+            dt = torch.float32 if name.endswith("norm.weight") else self.dtype
+            return name, x.to(dtype=dt).to(self.device)
+
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
+            return dict(ex.map(one, gf.tensors.items()))
+
+    # ---------------------------------------------------------------- layers
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """(T, D) -> (T, D): float32 statistics, like ggml_rms_norm."""
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * w).to(self.dtype)
+
+    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """(T, H, hd) rotated by position (T,): the first n_rot dims of each head."""
+        ang = pos.float()[:, None] * self.inv_freq[None, :]          # (T, n_rot/2)
+        cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]        # (T, 1, n_rot/2)
+        xr, rest = x[..., : self.n_rot].float(), x[..., self.n_rot:]
+        if self.neox:   # pairs (i, i + n_rot/2)
+            a, b = xr[..., : self.n_rot // 2], xr[..., self.n_rot // 2:]
+            out = torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)
+        else:           # adjacent pairs (2i, 2i+1)
+            a, b = xr[..., 0::2], xr[..., 1::2]
+            out = torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
+        return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  start_pos: int) -> torch.Tensor:
+        """q (T, H, hd), k/v (T, Hkv, hd) appended to the cache -> (T, H * hd)."""
+        T = q.shape[0]
+        S = start_pos + T
+        self.k_cache[layer, start_pos:S] = k
+        self.v_cache[layer, start_pos:S] = v
+        qh = q.transpose(0, 1)[None]                                   # (1, H, T, hd)
+        kh = self.k_cache[layer, :S].transpose(0, 1)[None]             # (1, Hkv, S, hd)
+        vh = self.v_cache[layer, :S].transpose(0, 1)[None]
+        if T == 1:             # one new token sees every cached position
+            o = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
+        elif start_pos == 0:   # square causal: the flash kernels' fast case
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+        else:                  # query i at position start_pos + i sees keys 0..start_pos + i
+            qpos = torch.arange(start_pos, S, device=q.device)[:, None]
+            mask = torch.arange(S, device=q.device)[None, :] <= qpos   # (T, S)
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+        return o[0].transpose(0, 1).reshape(T, -1)
+
+    # ---------------------------------------------------------------- forward
+
+    @torch.inference_mode()
+    def forward(self, ids: torch.Tensor, start_pos: int, last_only: bool = False) -> torch.Tensor:
+        """ids (T,) int64 at positions start_pos.. -> logits (T or 1, vocab) float32."""
+        T = ids.shape[0]
+        if start_pos + T > self.n_ctx:
+            raise MinferError(f"torch peer: {start_pos + T} tokens exceed its context of {self.n_ctx}")
+        w = self.w
+        ids = ids.to(self.device)
+        pos = torch.arange(start_pos, start_pos + T, device=self.device)
+        x = F.embedding(ids, w["token_embd.weight"])                   # (T, D)
+        for i in range(self.n_layers):
+            b = f"blk.{i}."
+            h = self.rms_norm(x, w[b + "attn_norm.weight"])
+            q = F.linear(h, w[b + "attn_q.weight"], w.get(b + "attn_q.bias")).view(T, self.n_head, self.hd)
+            k = F.linear(h, w[b + "attn_k.weight"], w.get(b + "attn_k.bias")).view(T, self.n_kv, self.hd)
+            v = F.linear(h, w[b + "attn_v.weight"], w.get(b + "attn_v.bias")).view(T, self.n_kv, self.hd)
+            a = self.attention(i, self.rope(q, pos), self.rope(k, pos), v, start_pos)
+            x = x + F.linear(a, w[b + "attn_output.weight"])
+            h = self.rms_norm(x, w[b + "ffn_norm.weight"])
+            g = F.silu(F.linear(h, w[b + "ffn_gate.weight"])) * F.linear(h, w[b + "ffn_up.weight"])
+            x = x + F.linear(g, w[b + "ffn_down.weight"])
+        if last_only:
+            x = x[-1:]
+        x = self.rms_norm(x, w["output_norm.weight"])
+        return F.linear(x, self.head).float()
+
+
+def load_peer(name: str, gf, device: str, n_ctx: int) -> TorchPeer:
+    if name != "torch-bf16":
+        raise MinferError(f"--peer {name!r}: unknown peer (expected one of {', '.join(PEERS)})")
+    if device != "cuda":
+        raise MinferError("--peer torch-bf16 runs on CUDA only (bf16 matmuls on the CPU would "
+                          "measure nothing useful); use --device cuda")
+    return TorchPeer(gf, device="cuda", dtype=torch.bfloat16, n_ctx=n_ctx)

@@ -1,0 +1,119 @@
+"""`minfer bench`: llama-bench-style throughput of a model (pp / tg tokens per second)."""
+
+from __future__ import annotations
+
+import argparse
+
+from minfer.commands.common import add_device_arg, add_model_arg
+
+HELP = "measure prefill (pp) and generation (tg) speed, llama-bench style; A/B env switches"
+
+DESCRIPTION = """\
+Measure a model's speed the way llama.cpp's llama-bench does, and print its table.
+
+  pp<N>        prefill of N random token ids into a fresh cache (logits of the last token)
+  tg<N>        N tokens generated one at a time (random ids: EOS never ends a run)
+  ... @ d<D>   the same after a D-token context is in the cache (-d D)
+
+Each test runs one warm-up repetition (not counted), then -r repetitions; t/s is the mean
+± sample sd over the repetitions. Also printed: achieved TFLOP/s for pp (matrix + causal
+attention FLOPs), GB/s of weights read for tg, and peak GPU memory. The device is
+synchronized before every clock read.
+
+--ab 'X=1' 'X=0' measures two configurations of minfer's environment switches in one
+process, interleaved A B A B ... for --pairs pairs, and prints each pair and the ratio B/A
+(mean, sd, min, max). Only switches read at call time can be compared this way; a switch
+read at load time needs two runs.
+
+--peer torch-bf16 (CUDA) also runs the same weights dequantized to bf16 through a plain torch
+forward (cuBLAS + SDPA) with the same tests, and prints minfer/peer ratios.
+
+Recorded runs: --out bench/results/NAME.json writes the JSON record (machine, versions,
+commit, every sample) and NAME.md (the summary); --plot turns those into a PNG
+(see bench/results/README.md).
+
+examples:
+  minfer synth /tmp/q7.gguf --preset qwen2.5-7b
+  minfer bench -m /tmp/q7.gguf -p 512,3354 -n 128
+  minfer bench -m /tmp/q7.gguf -p 3354 -n 0 --peer torch-bf16
+  minfer bench -m /tmp/q7.gguf -p 3354 -n 128 --ab 'MINFER_GEMV=1' 'MINFER_GEMV=0' --pairs 6
+  minfer bench -m /tmp/q7.gguf --out bench/results/2026-11-30-h200.json
+  minfer bench --plot bench/results --plot-out bench/results/tps.png
+"""
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip() != ""]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected comma-separated integers, e.g. 512,3354")
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"{s!r}: token counts cannot be negative")
+    return vals
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    add_device_arg(p)
+    p.add_argument("-p", "--n-prompt", type=_ints, default=[512], metavar="N[,N..]",
+                   help="prompt lengths of the pp tests (default: 512; 0 = no pp test)")
+    p.add_argument("-n", "--n-gen", type=_ints, default=[128], metavar="N[,N..]",
+                   help="tokens generated in the tg tests (default: 128; 0 = no tg test)")
+    p.add_argument("-d", "--depth", type=_ints, default=[0], metavar="D[,D..]",
+                   help="tokens already in the cache before each test (default: 0)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test (default: 5)")
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                   help="print the markdown table (default) or the JSON record")
+    p.add_argument("--out", metavar="FILE.json", default=None,
+                   help="also write the JSON record to FILE.json and the markdown summary to FILE.md")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
+                   help="interleaved A/B of two environment configurations, e.g. 'MINFER_GEMV=1' "
+                   "'MINFER_GEMV=0' (several: 'X=1 Y=2'; a bare X unsets it)")
+    p.add_argument("--pairs", type=int, default=4, help="A/B pairs (at least 4; default 4)")
+    p.add_argument("--peer", choices=["torch-bf16"], default=None,
+                   help="also run a plain torch bf16 forward of the same weights (CUDA only)")
+    p.add_argument("--plot", nargs="+", metavar="DIR_OR_JSON", default=None,
+                   help="instead of benchmarking: plot recorded runs (tok/s by commit and test) "
+                   "to --plot-out (needs matplotlib: pip install 'minfer[plot]')")
+    p.add_argument("--plot-out", metavar="FILE.png", default="bench/results/tps.png",
+                   help="where --plot writes the PNG (default: bench/results/tps.png)")
+    p.add_argument("--no-progress", action="store_true", help="no loading bar or per-test log")
+
+
+def main(args: argparse.Namespace) -> int:
+    import json
+    import shlex
+    import sys
+    from pathlib import Path
+
+    if args.plot:
+        from minfer.bench.plot import plot_runs
+
+        n = plot_runs(args.plot, args.plot_out)
+        print(f"wrote {args.plot_out} ({n} recorded runs)")
+        return 0
+
+    from minfer.bench.bench import markdown_summary, run_bench
+    from minfer.commands.common import resolve_device
+
+    device = resolve_device(args.device)
+    command = "minfer " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "minfer bench"
+    record = run_bench(args.model, device, args.n_prompt, args.n_gen, args.depth, args.repetitions,
+                       seed=args.seed, peer=args.peer, ab=args.ab, pairs=args.pairs, command=command,
+                       progress=not args.no_progress)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        out.with_suffix(".md").write_text(markdown_summary(record, record["table"]))
+        print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(record, indent=1))
+    else:
+        from minfer.bench.machine import short_machine
+
+        print(short_machine(record["machine"]))
+        print()
+        print(record["table"])
+    return 0
