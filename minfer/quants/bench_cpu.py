@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 DEQUANT_TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
-QUANT_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+QUANT_TYPES = ["F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
 
 
 def _best(fn, repeat: int) -> float:
@@ -91,15 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mb", type=float, default=100.0, help="input megabytes per dequantized tensor (default 100)")
     p.add_argument("--repeat", type=int, default=3, help="runs per measurement, best one kept (default 3)")
     p.add_argument("--quant-mfloats", type=float, default=4.0, help="million floats per quantize run (default 4)")
+    p.add_argument("--no-dequant", action="store_true", help="skip the dequantize table")
+    p.add_argument("--no-quant", action="store_true", help="skip the quantize table")
     args = p.parse_args(argv)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     print(f"machine: {_cpu_name()}, {os.cpu_count()} cores, load average at start {load:.2f}")
     print(f"python {platform.python_version()}, numpy {np.__version__}\n")
-    print(f"## dequantize (random blocks, ~{args.mb:.0f} MB input per type, best of {args.repeat})\n")
-    print("\n".join(bench_dequantize(args.mb, args.repeat)))
-    print(f"\n## quantize ({args.quant_mfloats:.0f}M Gaussian floats, rows of 4096, best of {args.repeat})\n")
-    print("\n".join(bench_quantize(args.quant_mfloats, args.repeat)))
+    if not args.no_dequant:
+        print(f"## dequantize (random blocks, ~{args.mb:.0f} MB input per type, best of {args.repeat})\n")
+        print("\n".join(bench_dequantize(args.mb, args.repeat)), flush=True)
+    if not args.no_quant:
+        print(f"\n## quantize ({args.quant_mfloats:g}M Gaussian floats, rows of 4096, best of {args.repeat})\n")
+        print("\n".join(bench_quantize(args.quant_mfloats, args.repeat)), flush=True)
     return 0
 
 

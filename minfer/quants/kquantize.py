@@ -2,13 +2,14 @@
 
 Port of llama.cpp's reference path used when no importance matrix is given (ggml-quants.c:
 quantize_row_q2_K_ref / q4_K / q5_K with make_qkx2_quants, quantize_row_q3_K_ref with
-make_q3_quants, quantize_row_q6_K_ref with make_qx_quants, nearest_int), vectorized over all sub-blocks at once: the scale search
-loops run over candidate scales, not over blocks.
+make_q3_quants, quantize_row_q6_K_ref with make_qx_quants, nearest_int), vectorized over all
+sub-blocks at once: the scale-search loops run over candidate scales, not over blocks.
 
 Known difference from the C code: sums over a sub-block use numpy's pairwise float32 sums
-instead of C's left-to-right loop, so a scale candidate that ties to the last bit may pick
-differently; the chosen blocks are equally good. There is no bit-exact C reference for these
-types in the gguf package to compare against; tests check the error bound instead.
+instead of C's left-to-right loop, so when two candidate scales score equal to the last bit
+the pick may differ from llama.cpp's (same search, same candidates, rare near-ties). The gguf
+package has no quantizer for these types to compare bit for bit; tests/quants checks error
+bounds through gguf's independent dequantizer instead.
 """
 
 from __future__ import annotations

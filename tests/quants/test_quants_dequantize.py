@@ -178,3 +178,21 @@ def test_row_not_multiple_of_block():
         mq.dequantize(np.zeros(34 * 2, np.uint8), T.Q8_0, (2, 40), name="t")
     with pytest.raises(MinferError, match="multiple"):
         mq.row_bytes(T.Q4_K, 100)
+
+
+@pytest.mark.parametrize("qtype", BLOCK_TYPES, ids=lambda t: t.name)
+def test_block_class_without_out_buffer(qtype):
+    # The per-type classes are usable directly on (n, type_size) blocks, without `out`.
+    from minfer.quants.base import lookup
+
+    rng = np.random.default_rng(9)
+    raw = make_blocks(rng, qtype, 7)
+    got = lookup(qtype).dequantize_blocks(raw)
+    assert_bits_equal(np.ascontiguousarray(got).reshape(-1), reference(raw, qtype))
+
+
+def test_float_typed_input_arrays_are_viewed_as_bytes():
+    # GGUFReader hands F32/F16 tensors out as float arrays, not uint8.
+    vals = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    assert_bits_equal(mq.dequantize(vals, T.F32, (3, 8)), vals)
+    assert_bits_equal(mq.dequantize(vals.astype(np.float16), T.F16, (3, 8)), vals.astype(np.float16).astype(np.float32))
