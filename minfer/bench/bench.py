@@ -181,7 +181,7 @@ class Result:
     runner: str
     test: Test
     samples_s: list[float]
-    stats: ModelStats
+    stats: ModelStats | None   # None: no roofline columns
     peak_mem_bytes: int | None = None
     env: dict = field(default_factory=dict)
 
@@ -200,13 +200,13 @@ class Result:
 
     @property
     def tflops(self) -> float | None:
-        if self.test.kind != "pp":
+        if self.test.kind != "pp" or self.stats is None:
             return None
         return self.stats.pp_flops(self.test.n, self.test.depth) / float(np.mean(self.samples_s)) / 1e12
 
     @property
     def gbps(self) -> float | None:
-        if self.test.kind != "tg":
+        if self.test.kind != "tg" or self.stats is None:
             return None
         return self.stats.tg_bytes * self.avg_ts / 1e9
 
@@ -345,8 +345,11 @@ def table(results: list[Result], backend: str, peer_ratio: dict | None = None) -
 
 
 def ab_text(ab: dict) -> str:
-    lines = [f"A/B: A = {ab['a']}  B = {ab['b']}  ({ab['summary'][0]['n_pairs']} interleaved pairs)",
-             "| test | B/A mean | sd | min | max |", "| ---: | ---: | ---: | ---: | ---: |"]
+    lines = [f"A/B: A = {ab['a']}  B = {ab['b']}  ({ab['summary'][0]['n_pairs']} interleaved pairs)", "",
+             "| pair | test | A t/s | B t/s | B/A |", "| ---: | ---: | ---: | ---: | ---: |"]
+    for p in ab["pairs"]:
+        lines.append(f"| {p['pair']} | {p['test']} | {p['a_ts']:.2f} | {p['b_ts']:.2f} | {p['ratio']:.4f} |")
+    lines += ["", "| test | B/A mean | sd | min | max |", "| ---: | ---: | ---: | ---: | ---: |"]
     for s in ab["summary"]:
         lines.append(f"| {s['test']} | {s['ratio_mean']:.4f} | {s['ratio_sd']:.4f} | "
                      f"{s['ratio_min']:.4f} | {s['ratio_max']:.4f} |")

@@ -210,3 +210,23 @@ def test_tokenizer_too_large_for_vocab(tmp_path, capsys):
     assert cli(["synth", out, "--no-progress", "--preset", "tiny", "--tokenizer-from",
                 "smollm2-135m-instruct"]) == 1
     assert "49152 tokens" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_synth_file_runs_in_minfer(tmp_path, arch):
+    """The engine loads the file, gives finite logits, and the minimal vocab tokenizes by its
+    merges (ids worked out by hand: bytes 0..255, then Ġt He... in merge order 256..261)."""
+    import torch
+
+    from minfer.runtime.engine import Engine
+
+    eng = Engine.load(synth(tmp_path, "--preset", "tiny", "--arch", arch), device="cpu", ctx=64,
+                      progress=False)
+    logits = eng.forward(torch.arange(10), 0)
+    assert logits.shape == (10, 512) and torch.isfinite(logits).all() and logits.std() > 0
+    tok = eng.tokenizer
+    assert tok.encode(" the", add_bos=False) == [261]          # Ġ t -> Ġt; h e -> he; Ġt he -> Ġthe
+    assert tok.encode("the", add_bos=False) == [ord("t"), 258]  # 'he' (rank 2) before 'th' (rank 4)
+    text = "hello the world, héllo"
+    assert tok.decode(tok.encode(text, add_bos=False)) == text
+    assert tok.eos_id == 264 and tok.token_text(264) == "<|im_end|>"

@@ -1,0 +1,221 @@
+"""`minfer bench` on the CPU with a tiny synthetic model: the JSON record's fields, the
+roofline numbers recomputed here from the tensor table read by the independent gguf
+package, the A/B interleaving, warm-up exclusion, the torch peer against the engine, and
+the plot input. No test asserts a time."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from minfer.bench import bench as B
+from minfer.bench.presets import PRESETS
+from minfer.cli import main as cli
+from minfer.errors import MinferError
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "tiny.gguf"
+    assert cli(["synth", str(out), "--preset", "tiny", "--no-progress"]) == 0
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "tiny-llama.gguf"
+    assert cli(["synth", str(out), "--preset", "tiny", "--arch", "llama", "--recipe", "q8_0",
+                "--no-progress"]) == 0
+    return str(out)
+
+
+def test_make_tests_llama_bench_order():
+    names = [t.name for t in B.make_tests([16, 32], [4], [0, 8])]
+    assert names == ["pp16", "pp32", "tg4", "pp16 @ d8", "pp32 @ d8", "tg4 @ d8"]
+    assert [t.name for t in B.make_tests([0], [4], [0])] == ["tg4"]
+    with pytest.raises(MinferError):
+        B.make_tests([0], [0], [0])
+
+
+def test_bench_json_record(tiny, tmp_path, capsys):
+    out = tmp_path / "run.json"
+    assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "16", "-n", "3", "-d", "0,8", "-r", "2",
+                "-o", "json", "--out", str(out), "--no-progress"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec == json.loads(out.read_text())
+    assert rec["format"] == "minfer-bench/1"
+    m = rec["machine"]
+    for k in ("date", "python", "torch", "triton", "numpy", "cpu", "commit", "dirty", "minfer", "env"):
+        assert k in m, k
+    assert m["gpu"] is None
+    assert [r["test"] for r in rec["results"]] == ["pp16", "tg3", "pp16 @ d8", "tg3 @ d8"]
+
+    # geometry and bytes from the independent reader
+    r = gguf.GGUFReader(tiny)
+    tensors = {t.name: t for t in r.tensors}
+    assert rec["model"]["size_bytes"] == sum(int(t.n_bytes) for t in r.tensors)
+    assert rec["model"]["n_params"] == sum(int(t.n_elements) for t in r.tensors)
+    p = PRESETS["tiny"]
+    L, H, hd, D, F, V = p.n_layers, p.n_head, p.head_dim, p.hidden, p.ffn, p.vocab
+    layer_params = L * (H * hd * D * 2 + 2 * p.n_kv_head * hd * D + 3 * F * D)
+    emb = tensors["token_embd.weight"]
+    tg_bytes = (sum(int(t.n_bytes) for n, t in tensors.items() if n.startswith("blk."))
+                + int(tensors["output.weight"].n_bytes) + int(tensors["output_norm.weight"].n_bytes)
+                + int(emb.n_bytes) // V)
+    for res in rec["results"]:
+        n, d = res["n_prompt"] or res["n_gen"], res["depth"]
+        assert res["reps"] == 2 and len(res["samples_s"]) == 2 and all(s > 0 for s in res["samples_s"])
+        ts = [n / s for s in res["samples_s"]]
+        assert res["samples_ts"] == pytest.approx(ts)
+        assert res["avg_ts"] == pytest.approx(np.mean(ts))
+        assert res["stdev_ts"] == pytest.approx(np.std(ts, ddof=1))
+        assert res["peak_mem_bytes"] is None and res["runner"] == "minfer"
+        if res["kind"] == "pp":
+            flops = 2 * n * layer_params + 2 * V * D + 4 * L * H * hd * (n * d + n * (n + 1) / 2)
+            assert res["tflops"] == pytest.approx(flops / np.mean(res["samples_s"]) / 1e12)
+            assert res["gbps"] is None and res["n_gen"] == 0
+        else:
+            assert res["gbps"] == pytest.approx(tg_bytes * np.mean(ts) / 1e9)
+            assert res["tflops"] is None and res["n_prompt"] == 0
+
+    md = out.with_suffix(".md").read_text()
+    assert m["date"] in md and str(m["commit"]) in md and "| pp16 @ d8 |" in md.replace("  ", " ")
+    assert "tg3" in md and "t/s" in md
+
+
+def test_bench_table(tiny_llama, capsys):
+    assert cli(["bench", "-m", tiny_llama, "--device", "cpu", "-p", "8", "-n", "2", "-r", "1",
+                "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    header = [line for line in out.splitlines() if line.startswith("| model")][0]
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "model", "size", "params", "backend", "test", "t/s", "TFLOP/s", "GB/s", "peak mem"]
+    rows = [line for line in out.splitlines() if line.startswith("| llama")]
+    assert len(rows) == 2 and "Q8_0" in rows[0] and "pp8" in rows[0] and "tg2" in rows[1]
+    assert "±" in rows[0]
+
+
+class FakeRunner:
+    """Records which env value each call saw; no model."""
+    name = "fake"
+
+    def __init__(self):
+        self.calls: list[tuple[str, str | None]] = []
+
+    def reset(self):
+        pass
+
+    def prefill(self, ids, start_pos):
+        self.calls.append(("prefill", os.environ.get("MINFER_TEST_AB")))
+
+    def decode(self, tok, pos):
+        self.calls.append(("decode", os.environ.get("MINFER_TEST_AB")))
+
+
+def test_warmup_excluded():
+    r = FakeRunner()
+    res = B.measure(r, B.Test("pp", 4, 0), 3, np.random.default_rng(0), 100, B.Timer("cpu"))
+    assert len(r.calls) == 4 and len(res.samples_s) == 3
+
+
+def test_ab_interleaves_and_restores_env(monkeypatch):
+    monkeypatch.setenv("MINFER_TEST_AB", "outer")
+    r = FakeRunner()
+    t = B.Test("pp", 4, 0)
+    stats = None
+    ab = B.run_ab(r, [t], B.parse_env("MINFER_TEST_AB=a"), B.parse_env("MINFER_TEST_AB=b"), 4, 2,
+                  np.random.default_rng(0), 100, B.Timer("cpu"), stats, log=lambda m: None)
+    seen = [v for _, v in r.calls]
+    # a warm-up of each side, then A A B B (2 reps each) per pair
+    assert seen == ["a", "b"] + ["a", "a", "b", "b"] * 4
+    assert os.environ["MINFER_TEST_AB"] == "outer"
+    assert len(ab["pairs"]) == 4
+    for row in ab["pairs"]:
+        assert row["ratio"] == pytest.approx(row["b_ts"] / row["a_ts"])
+    ratios = [row["ratio"] for row in ab["pairs"]]
+    s = ab["summary"][0]
+    assert s["n_pairs"] == 4 and s["ratio_mean"] == pytest.approx(np.mean(ratios))
+    assert s["ratio_sd"] == pytest.approx(np.std(ratios, ddof=1))
+    assert (s["ratio_min"], s["ratio_max"]) == (min(ratios), max(ratios))
+    assert [x["env"]["ab_side"] for x in ab["results"]] == ["A", "B"] * 4
+    with pytest.raises(MinferError, match="at least 4"):
+        B.run_ab(r, [t], {"X": "1"}, {"X": "2"}, 3, 1, np.random.default_rng(0), 100, B.Timer("cpu"),
+                 stats, log=lambda m: None)
+
+
+def test_parse_env():
+    assert B.parse_env("A=1 B=x=y") == {"A": "1", "B": "x=y"}
+    assert B.parse_env("A=1,C") == {"A": "1", "C": None}
+    with pytest.raises(MinferError):
+        B.parse_env("1A=2")
+    with pytest.raises(MinferError):
+        B.parse_env("  ")
+
+
+def test_ab_cli_unsets_bare_name(tiny, capsys, monkeypatch):
+    monkeypatch.setenv("MINFER_TEST_AB", "kept")
+    assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1", "--no-progress",
+                "--ab", "MINFER_TEST_AB=1", "MINFER_TEST_AB", "--pairs", "4", "-o", "json"]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["ab"]["a"] == {"MINFER_TEST_AB": "1"} and rec["ab"]["b"] == {"MINFER_TEST_AB": None}
+    envs = [(x["env"]["ab_side"], x["env"].get("MINFER_TEST_AB")) for x in rec["ab"]["results"]]
+    assert envs == [("A", "1"), ("B", None)] * 4
+    assert os.environ["MINFER_TEST_AB"] == "kept"
+
+
+@pytest.mark.parametrize("which", ["tiny", "tiny_llama"])
+def test_torch_peer_matches_engine_cpu(which, request):
+    """The peer (independent code) in float32 on the CPU against minfer's engine: prefill,
+    prefill at depth, and single-token decode give the same logits."""
+    from minfer.bench.peers import TorchPeer
+    from minfer.gguf_file import GGUFFile
+    from minfer.runtime.engine import Engine
+
+    path = request.getfixturevalue(which)
+    peer = TorchPeer(GGUFFile(path), device="cpu", dtype=torch.float32, n_ctx=64)
+    eng = Engine.load(path, device="cpu", ctx=64, progress=False)
+    ids = torch.randint(0, PRESETS["tiny"].vocab, (21,), generator=torch.Generator().manual_seed(0))
+    for chunk, start in ((ids[:12], 0), (ids[12:20], 12), (ids[20:21], 20)):
+        a = eng.forward(chunk, start)
+        b = peer.forward(chunk, start)
+        assert a.shape == b.shape == (len(chunk), PRESETS["tiny"].vocab)
+        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4), (a - b).abs().max()
+    assert torch.allclose(peer.forward(ids[:5], 0, last_only=True), eng.forward(ids[:5], 0)[-1:], atol=1e-4)
+
+
+def test_peer_needs_cuda(tiny):
+    from minfer.bench.peers import load_peer
+    from minfer.gguf_file import GGUFFile
+
+    with pytest.raises(MinferError, match="CUDA"):
+        load_peer("torch-bf16", GGUFFile(tiny), "cpu", 64)
+
+
+def test_plot_inputs(tiny, tmp_path, capsys):
+    from minfer.bench.plot import load_runs, series
+
+    for i in range(2):
+        assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "2", "-r", "1", "--no-progress",
+                    "--out", str(tmp_path / f"r{i}.json")]) == 0
+    (tmp_path / "other.json").write_text('{"not": "a bench record"}')
+    runs = load_runs([str(tmp_path)])
+    assert len(runs) == 2
+    s = series(runs)
+    key = next(k for k in s if k[2] == "pp8")
+    assert key[1] == "minfer" and [p["x"] for p in s[key]] == [0, 1]
+    assert [p["avg_ts"] for p in s[key]] == [json.loads((tmp_path / f"r{i}.json").read_text())["results"][0]["avg_ts"]
+                                            for i in range(2)]
+    png = tmp_path / "p.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert cli(["bench", "--plot", str(tmp_path), "--plot-out", str(png)]) == 1
+        assert "minfer[plot]" in capsys.readouterr().err and not png.exists()
+    else:
+        assert cli(["bench", "--plot", str(tmp_path), "--plot-out", str(png)]) == 0
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
