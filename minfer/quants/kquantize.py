@@ -5,11 +5,12 @@ quantize_row_q2_K_ref / q4_K / q5_K with make_qkx2_quants, quantize_row_q3_K_ref
 make_q3_quants, quantize_row_q6_K_ref with make_qx_quants, nearest_int), vectorized over all
 sub-blocks at once: the scale-search loops run over candidate scales, not over blocks.
 
-Known difference from the C code: sums over a sub-block use numpy's pairwise float32 sums
-instead of C's left-to-right loop, so when two candidate scales score equal to the last bit
-the pick may differ from llama.cpp's (same search, same candidates, rare near-ties). The gguf
-package has no quantizer for these types to compare bit for bit; tests/quants checks error
-bounds through gguf's independent dequantizer instead.
+Groups are laid out one per column, (n, M), so every sum runs in the C loops' left-to-right
+order (see _sum) and products keep the C operand order. Bit-identical output to llama.cpp is
+still not guaranteed: a C build may contract `sum += w*l` into FMAs (-march=native), which
+changes the last bits and so, in rare near-ties, the chosen scale. The gguf package has no
+quantizer for these types to compare bit for bit; tests/quants checks error bounds through
+gguf's independent dequantizer instead.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
 
 
 def _sum(a: np.ndarray) -> np.ndarray:
-    return a.sum(axis=-1, dtype=np.float32)
+    """Sum over axis 0 of an (n, M) array: numpy adds row after row, i.e. the same
+    left-to-right order as the C loops (`sum += ...` for i = 0..n-1), for each of M groups."""
+    return np.add.reduce(a, axis=0, dtype=np.float32)
 
 
 def _round_clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
@@ -34,32 +37,31 @@ def _round_clip(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
 
 
 def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, use_mad: bool = False):
-    """Asymmetric fit x ~ scale * L - the_min per row, L in 0..nmax, weighted least squares
+    """Asymmetric fit x ~ scale * L - the_min per group, L in 0..nmax, weighted least squares
     scored by squared error (use_mad: absolute error).
 
-    x, w: (M, n) float32. Returns scale (M,), the_min (M,) >= 0, L (M, n) uint8.
-    ggml-quants.c make_qkx2_quants.
+    x, w: (n, M) float32, one group per COLUMN (so that sums run in C order, see _sum).
+    Returns scale (M,), the_min (M,) >= 0, L (n, M) uint8. ggml-quants.c make_qkx2_quants.
     """
 
-    def err(diff):
+    def err(diff):  # C: diff = use_mad ? fabsf(diff) : diff * diff; error += w * diff
         return _sum(w * (np.abs(diff) if use_mad else diff * diff))
 
     f32 = np.float32
-    lo = np.minimum(x.min(axis=1), f32(0))  # `if (min > 0) min = 0`
-    hi = x.max(axis=1)
+    lo = np.minimum(x.min(axis=0), f32(0))  # `if (min > 0) min = 0`
+    hi = x.max(axis=0)
     sum_w = _sum(w)
     sum_x = _sum(w * x)
-    flat = hi == lo
-    span = np.where(flat, f32(1), hi - lo)  # avoid 0-division on flat rows; they are reset below
+    flat = hi == lo  # C returns scale 0, L = 0 for these; masked below
 
-    iscale = f32(nmax) / span
+    iscale = f32(nmax) / np.where(flat, f32(1), hi - lo)
     scale = f32(1) / iscale
-    L = np.clip(nearest_int(iscale[:, None] * (x - lo[:, None])), 0, nmax)
-    best = err(scale[:, None] * L + lo[:, None] - x)
+    L = _round_clip(iscale * (x - lo), 0, nmax)
+    best = err(scale * L + lo - x)
     for step in range(nstep + 1):
         # iscale uses the current (possibly refined) min, as the C loop does.
         iscale = (f32(rmin) + f32(rdelta) * f32(step) + f32(nmax)) / np.where(flat, f32(1), hi - lo)
-        Laux = _round_clip(iscale[:, None] * (x - lo[:, None]), 0, nmax)
+        Laux = _round_clip(iscale * (x - lo), 0, nmax)
         wl = w * Laux
         sum_l = _sum(wl)
         sum_l2 = _sum(wl * Laux)
@@ -73,13 +75,13 @@ def make_qkx2_quants(x, w, nmax: int, rmin: float, rdelta: float, nstep: int, us
         with np.errstate(divide="ignore", invalid="ignore"):
             this_scale = np.where(pos, sum_xl / sum_l2, this_scale)
         this_min = np.where(pos, f32(0), this_min)
-        cur = err(this_scale[:, None] * Laux + this_min[:, None] - x)
+        cur = err(this_scale * Laux + this_min - x)
         better = ok & ~flat & (cur < best)
-        L = np.where(better[:, None], Laux, L)
+        L = np.where(better, Laux, L)
         best = np.where(better, cur, best)
         scale = np.where(better, this_scale, scale)
         lo = np.where(better, this_min, lo)
-    L = np.where(flat[:, None], 0, L).astype(np.uint8)
+    L = np.where(flat, 0, L).astype(np.uint8)
     scale = np.where(flat, f32(0), scale).astype(np.float32)
     return scale, -lo, L
 
@@ -97,11 +99,11 @@ def _quantize_qkx(x: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: i
     """Shared Q4_K / Q5_K body. x (B, 256) -> (d16 (B,2), dmin16 (B,2), scales (B,12), L (B,256))."""
     f32 = np.float32
     B = x.shape[0]
-    xs = x.reshape(B * 8, 32)
-    av_x = np.sqrt(_sum(xs * xs) / f32(32))
-    w = av_x[:, None] + np.abs(xs)
-    scales, mins, L = make_qkx2_quants(xs, w, nmax, rmin, rdelta, nstep)
-    scales, mins, L = scales.reshape(B, 8), mins.reshape(B, 8), L.reshape(B, 8, 32)
+    xt = np.ascontiguousarray(x.reshape(B * 8, 32).T)  # (32, B*8): one 32-value group per column
+    av_x = np.sqrt(_sum(xt * xt) / f32(32))
+    w = av_x + np.abs(xt)
+    scales, mins, L = make_qkx2_quants(xt, w, nmax, rmin, rdelta, nstep)
+    scales, mins, L = scales.reshape(B, 8), mins.reshape(B, 8), L.T.reshape(B, 8, 32)
     max_scale = np.maximum(scales.max(axis=1), f32(0))
     max_min = np.maximum(mins.max(axis=1), f32(0))
     with np.errstate(divide="ignore"):
@@ -146,23 +148,28 @@ def _q5k_quantize_blocks(cls, x):
     return np.concatenate([d16, dmin16, packed, qh, qs], axis=1)
 
 
+def _signed_absmax(x: np.ndarray) -> np.ndarray:
+    """(n, M) -> (M,): per column the value with the largest |x|, first on ties (C's `>`)."""
+    idx = np.abs(x).argmax(axis=0)[None, :]
+    return np.take_along_axis(x, idx, axis=0)[0]
+
+
 def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     """Symmetric fit x ~ scale * (L - nmax), weights x^2, 18 extra scale candidates.
 
-    x: (M, n) float32 -> scale (M,), L (M, n) uint8 in 0..2*nmax-1.
+    x: (n, M) float32, one group per column -> scale (M,), L (n, M) uint8 in 0..2*nmax-1.
     ggml-quants.c make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL).
     """
     f32 = np.float32
-    idx = np.abs(x).argmax(axis=1)[:, None]
-    mx = np.take_along_axis(x, idx, axis=1)[:, 0]  # signed value of the largest |x|
+    mx = _signed_absmax(x)
     zero = np.abs(mx) < GROUP_MAX_EPS
     mxs = np.where(zero, f32(1), mx)
     w = x * x
+    wx = w * x
 
-    def fit(iscale):
-        l = _round_clip(iscale[:, None] * x, -nmax, nmax - 1)
-        wl = w * l
-        return l, _sum(wl * x), _sum(wl * l)
+    def fit(iscale):  # C: sumlx += w*x[i]*l; suml2 += w*l*l
+        l = _round_clip(iscale * x, -nmax, nmax - 1)
+        return l, _sum(wx * l), _sum(w * l * l)
 
     l, sumlx, suml2 = fit(-f32(nmax) / mxs)
     L = l
@@ -174,11 +181,11 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
             continue
         l, sumlx, suml2 = fit(-(f32(nmax) + f32(0.1) * f32(step)) / mxs)
         better = (suml2 > 0) & (sumlx * sumlx > best * suml2)
-        L = np.where(better[:, None], l, L)
+        L = np.where(better, l, L)
         with np.errstate(divide="ignore", invalid="ignore"):
             scale = np.where(better, sumlx / suml2, scale)
         best = np.where(better, scale * sumlx, best)
-    L = np.where(zero[:, None], 0, L + f32(nmax)).astype(np.uint8)
+    L = np.where(zero, 0, L + f32(nmax)).astype(np.uint8)
     scale = np.where(zero, f32(0), scale).astype(np.float32)
     return scale, L
 
@@ -187,8 +194,8 @@ def _q6k_quantize_blocks(cls, x):
     """ggml-quants.c quantize_row_q6_K_ref."""
     f32 = np.float32
     B = x.shape[0]
-    scales, L = make_qx_quants_rmse1(x.reshape(B * 16, 16), 32)
-    scales, L = scales.reshape(B, 16), L.reshape(B, 16, 16)
+    scales, L = make_qx_quants_rmse1(np.ascontiguousarray(x.reshape(B * 16, 16).T), 32)
+    scales, L = scales.reshape(B, 16), L.T.reshape(B, 16, 16)
     idx = np.abs(scales).argmax(axis=1)[:, None]
     max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
     empty = np.abs(max_scale) < GROUP_MAX_EPS  # whole super-block stored as zeros
@@ -220,9 +227,9 @@ def _q2k_quantize_blocks(cls, x):
     """ggml-quants.c quantize_row_q2_K_ref: make_qkx2_quants(16, 3, w=|x|, -0.5, 0.1, 15, mad)."""
     f32 = np.float32
     B = x.shape[0]
-    xs = x.reshape(B * 16, 16)
-    scales, mins, L = make_qkx2_quants(xs, np.abs(xs), 3, -0.5, 0.1, 15, use_mad=True)
-    scales, mins, L = scales.reshape(B, 16), mins.reshape(B, 16), L.reshape(B, 16, 16)
+    xt = np.ascontiguousarray(x.reshape(B * 16, 16).T)  # (16, B*16): one group per column
+    scales, mins, L = make_qkx2_quants(xt, np.abs(xt), 3, -0.5, 0.1, 15, use_mad=True)
+    scales, mins, L = scales.reshape(B, 16), mins.reshape(B, 16), L.T.reshape(B, 16, 16)
     max_scale = np.maximum(scales.max(axis=1), f32(0))
     max_min = np.maximum(mins.max(axis=1), f32(0))
     with np.errstate(divide="ignore"):
@@ -246,19 +253,18 @@ def _q2k_quantize_blocks(cls, x):
 def make_q3_quants_rmse(x: np.ndarray, nmax: int):
     """Symmetric fit with a coordinate-descent refinement, weights x^2.
 
-    x: (M, n) float32 -> scale (M,), L (M, n) int8 in 0..2*nmax-1.
+    x: (n, M) float32, one group per column -> scale (M,), L (n, M) int8 in 0..2*nmax-1.
     ggml-quants.c make_q3_quants(n, nmax, x, L, do_rmse=true). The inner loop visits the n
     values in order (each update feeds the next), vectorized across the M groups. A group
     whose pass changed nothing would change nothing on the next pass either, so running all
     five passes equals the C loop's early `break`.
     """
     f32 = np.float32
-    M, n = x.shape
-    idx = np.abs(x).argmax(axis=1)[:, None]
-    mx = np.take_along_axis(x, idx, axis=1)[:, 0]
+    n = x.shape[0]
+    mx = _signed_absmax(x)
     zero = np.abs(mx) < GROUP_MAX_EPS
     iscale = -f32(nmax) / np.where(zero, f32(1), mx)
-    L = np.clip(nearest_int(iscale[:, None] * x), -nmax, nmax - 1).astype(f32)
+    L = _round_clip(iscale * x, -nmax, nmax - 1)
     w = x * x
     wx = w * x
     sumlx = _sum(wx * L)
@@ -266,18 +272,18 @@ def make_q3_quants_rmse(x: np.ndarray, nmax: int):
     with np.errstate(divide="ignore", invalid="ignore"):
         for _ in range(5):
             for i in range(n):
-                wi, wxi, xi, li = w[:, i], wx[:, i], x[:, i], L[:, i]
+                wi, wxi, xi, li = w[i], wx[i], x[i], L[i]
                 slx = sumlx - wxi * li
                 sl2 = suml2 - wi * li * li
-                new_l = np.clip(nearest_int(np.where(slx > 0, xi * sl2 / slx, 0)), -nmax, nmax - 1).astype(f32)
+                new_l = _round_clip(np.where(slx > 0, xi * sl2 / slx, 0), -nmax, nmax - 1)
                 slx2 = slx + wxi * new_l
                 sl22 = sl2 + wi * new_l * new_l
                 take = (slx > 0) & (new_l != li) & (sl22 > 0) & (slx2 * slx2 * suml2 > sumlx * sumlx * sl22)
-                L[:, i] = np.where(take, new_l, li)
+                L[i] = np.where(take, new_l, li)
                 sumlx = np.where(take, slx2, sumlx)
                 suml2 = np.where(take, sl22, suml2)
         scale = np.where(suml2 > 0, sumlx / suml2, f32(0)).astype(f32)
-    L = np.where(zero[:, None], 0, L + f32(nmax)).astype(np.int8)
+    L = np.where(zero, 0, L + f32(nmax)).astype(np.int8)
     return np.where(zero, f32(0), scale), L
 
 
@@ -285,8 +291,8 @@ def _q3k_quantize_blocks(cls, x):
     """ggml-quants.c quantize_row_q3_K_ref."""
     f32 = np.float32
     B = x.shape[0]
-    scales, L = make_q3_quants_rmse(x.reshape(B * 16, 16), 4)
-    scales, L = scales.reshape(B, 16), L.reshape(B, 16, 16)
+    scales, L = make_q3_quants_rmse(np.ascontiguousarray(x.reshape(B * 16, 16).T), 4)
+    scales, L = scales.reshape(B, 16), L.T.reshape(B, 16, 16)
     idx = np.abs(scales).argmax(axis=1)[:, None]
     max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
     has = max_scale != 0
@@ -310,7 +316,7 @@ def _q3k_quantize_blocks(cls, x):
 
 
 # The k-quant classes live in kquants.py (dequantization); attach the quantizers here so each
-# file stays one concern. Chunks of 512 super-blocks keep the search's temporaries in cache.
+# file stays one concern. Chunks of 256 super-blocks keep the search's temporaries in cache.
 for _cls, _fn in (
     (Q2_K, _q2k_quantize_blocks),
     (Q3_K, _q3k_quantize_blocks),
@@ -320,4 +326,4 @@ for _cls, _fn in (
 ):
     _cls.quantize_blocks = classmethod(_fn)
     _cls.can_quantize = True
-    _cls.quantize_chunk = 512
+    _cls.quantize_chunk = 256
