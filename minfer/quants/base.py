@@ -77,11 +77,6 @@ def nearest_int(x: np.ndarray) -> np.ndarray:
         return np.rint(x).astype(np.int32)
 
 
-def nibbles_lo_hi(qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """uint8 bytes -> (low nibbles, high nibbles), both uint8 of the same shape."""
-    return qs & np.uint8(0x0F), qs >> np.uint8(4)
-
-
 class QuantType:
     """One ggml tensor type. Subclasses set the class attributes and implement
     `dequantize_blocks` and, where a quantizer exists, `quantize_blocks`."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import QK_K, f16_to_f32, f32_to_f16_bytes, nearest_int
+from .base import f16_to_f32, f32_to_f16_bytes, nearest_int
 from .kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, scale_min_k4
 
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
