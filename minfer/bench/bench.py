@@ -392,6 +392,18 @@ def run_bench(model: str, device: str, n_prompt: list[int], n_gen: list[int], de
     if reps < 1:
         raise MinferError(f"-r {reps}: expected at least 1 repetition")
     tests = make_tests(n_prompt, n_gen, depths)
+    if ab and peer:
+        raise MinferError("--ab and --peer do not combine: an A/B compares two minfer "
+                          "configurations; run the peer comparison separately")
+    if ab and len(ab) != 2:
+        raise MinferError(f"--ab takes two configurations (A and B), got {len(ab)}")
+    ab_envs = (parse_env(ab[0]), parse_env(ab[1])) if ab else None
+    if ab and pairs < 4:
+        raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
+    if peer:   # fail before loading and measuring, not after
+        from minfer.bench.peers import check_peer
+
+        check_peer(peer, device)
     gf = GGUFFile(resolve_model(model))
     stats = ModelStats.from_gguf(gf)
     n_ctx = max(t.depth + t.n for t in tests) + 1
@@ -408,25 +420,32 @@ def run_bench(model: str, device: str, n_prompt: list[int], n_gen: list[int], de
                              "device": device, "seed": seed, "peer": peer, "ab": ab, "pairs": pairs},
                     "results": [], "peer_ratios": {}, "ab": None}
     results: list[Result] = []
-    if ab:
-        if len(ab) != 2:
-            raise MinferError(f"--ab takes two configurations (A and B), got {len(ab)}")
-        record["ab"] = run_ab(runner, tests, parse_env(ab[0]), parse_env(ab[1]), pairs, reps, rng,
+    if ab_envs:
+        record["ab"] = run_ab(runner, tests, ab_envs[0], ab_envs[1], pairs, reps, rng,
                               vocab, timer, stats, log)
         record["table"] = ab_text(record["ab"])
         return record
 
-    peer_runner = None
-    if peer:
-        from minfer.bench.peers import load_peer
-
-        log(f"loading the {peer} peer (weights dequantized to bf16)")
-        peer_runner = PeerRunner(load_peer(peer, gf, device, n_ctx))
     for t in tests:
         r = measure(runner, t, reps, rng, vocab, timer, stats=stats)
         results.append(r)
         log(f"minfer      {t.name:>14}: {r.avg_ts:10.2f} ± {r.stdev_ts:.2f} t/s")
-        if peer_runner is not None:
+    if peer:
+        # The engine is freed first so that each side's peak memory is its own; the peer then
+        # runs the same tests (fresh random ids from the same generator) in the same process.
+        import gc
+
+        import torch
+
+        from minfer.bench.peers import load_peer
+
+        del runner, eng
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        log(f"loading the {peer} peer (weights dequantized to bf16 on the GPU)")
+        peer_runner = PeerRunner(load_peer(peer, gf, device, n_ctx))
+        for t, r in zip(tests, list(results)):
             p = measure(peer_runner, t, reps, rng, vocab, timer, stats=stats)
             results.append(p)
             record["peer_ratios"][t.name] = r.avg_ts / p.avg_ts

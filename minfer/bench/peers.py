@@ -1,7 +1,8 @@
 """The in-run yardstick of `minfer bench --peer torch-bf16`: the same GGUF, dequantized to
 bf16, run by a plain functional torch forward (F.linear -> cuBLAS, SDPA -> flash/cuDNN
 attention with GQA). It shares no code with minfer's engine (it reads the GGUF keys itself),
-so a bug or a slowdown in the engine cannot hide in both.
+so a bug or a slowdown in the engine cannot hide in both. The weights are decoded by
+minfer/bench/peer_dequant.py (torch ops on the GPU), checked against the gguf package.
 
 Llama and Qwen2 as llama.cpp runs them (src/llama-model.cpp): RMSNorm, RoPE (llama: NORM =
 adjacent pairs, since convert_hf_to_gguf permutes q/k rows; qwen2: NEOX = halves), grouped-
@@ -10,9 +11,6 @@ query causal attention, SwiGLU MLP, tied output when there is no output.weight.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,7 +23,7 @@ class TorchPeer:
     """A whole model as plain tensors; forward(ids, start_pos) -> logits, like Engine.forward."""
 
     def __init__(self, gf, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
-                 n_ctx: int = 4096, threads: int = 4):
+                 n_ctx: int = 4096):
         arch = gf.architecture
         if arch not in ("llama", "qwen2"):
             raise MinferError(f"{gf.path}: the torch peer runs llama and qwen2, not '{arch}'")
@@ -43,26 +41,21 @@ class TorchPeer:
         # (n_rot/2,) float32 inverse frequencies theta^(-2i/n_rot)
         self.inv_freq = (theta ** (-torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)).float().to(self.device)
         self.n_rot = n_rot
-        self.w = self._load(gf, threads)
+        self.w = self._load(gf)
         self.head = self.w.get("output.weight", self.w["token_embd.weight"])
         self.vocab = self.head.shape[0]
         kv_shape = (self.n_layers, n_ctx, self.n_kv, self.hd)
         self.k_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
         self.v_cache = torch.zeros(kv_shape, dtype=dtype, device=self.device)
 
-    def _load(self, gf, threads: int) -> dict[str, torch.Tensor]:
-        """Dequantize every tensor on the CPU (minfer.quants, float32) and upload as `dtype`;
-        norms stay float32. Several tensors at once: numpy releases the GIL in the big ops."""
-        from minfer.quants import dequantize
+    def _load(self, gf) -> dict[str, torch.Tensor]:
+        """Every tensor as `dtype` on the device (norms float32): raw blocks uploaded and
+        decoded there by peer_dequant (seconds for the 7B on a GPU), one tensor at a time."""
+        from minfer.bench.peer_dequant import load_dequantized
 
-        def one(item):
-            name, t = item
-            x = torch.from_numpy(np.ascontiguousarray(dequantize(t.data, t.qtype, t.shape)))
-            dt = torch.float32 if name.endswith("norm.weight") else self.dtype
-            return name, x.to(dtype=dt).to(self.device)
-
-        with ThreadPoolExecutor(max_workers=max(1, threads)) as ex:
-            return dict(ex.map(one, gf.tensors.items()))
+        return {name: load_dequantized(t, self.device, torch.float32 if name.endswith("norm.weight")
+                                       else self.dtype)
+                for name, t in gf.tensors.items()}
 
     # ---------------------------------------------------------------- layers
 
@@ -92,16 +85,19 @@ class TorchPeer:
         self.k_cache[layer, start_pos:S] = k
         self.v_cache[layer, start_pos:S] = v
         qh = q.transpose(0, 1)[None]                                   # (1, H, T, hd)
-        kh = self.k_cache[layer, :S].transpose(0, 1)[None]             # (1, Hkv, S, hd)
-        vh = self.v_cache[layer, :S].transpose(0, 1)[None]
+        # GQA by repeating each kv head for its query heads (what gpt-fast does): every SDPA
+        # backend, flash included, takes equal head counts
+        rep = self.n_head // self.n_kv
+        kh = self.k_cache[layer, :S].repeat_interleave(rep, dim=1).transpose(0, 1)[None]  # (1, H, S, hd)
+        vh = self.v_cache[layer, :S].repeat_interleave(rep, dim=1).transpose(0, 1)[None]
         if T == 1:             # one new token sees every cached position
-            o = F.scaled_dot_product_attention(qh, kh, vh, enable_gqa=True)
-        elif start_pos == 0:   # square causal: the flash kernels' fast case
-            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qh, kh, vh)
+        elif start_pos == 0:   # square causal: the flash kernels' case
+            o = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
         else:                  # query i at position start_pos + i sees keys 0..start_pos + i
-            qpos = torch.arange(start_pos, S, device=q.device)[:, None]
-            mask = torch.arange(S, device=q.device)[None, :] <= qpos   # (T, S)
-            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, enable_gqa=True)
+            from torch.nn.attention.bias import causal_lower_right
+
+            o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=causal_lower_right(T, S))
         return o[0].transpose(0, 1).reshape(T, -1)
 
     # ---------------------------------------------------------------- forward
@@ -133,10 +129,14 @@ class TorchPeer:
         return F.linear(x, self.head).float()
 
 
-def load_peer(name: str, gf, device: str, n_ctx: int) -> TorchPeer:
-    if name != "torch-bf16":
+def check_peer(name: str, device: str) -> None:
+    if name not in PEERS:
         raise MinferError(f"--peer {name!r}: unknown peer (expected one of {', '.join(PEERS)})")
     if device != "cuda":
         raise MinferError("--peer torch-bf16 runs on CUDA only (bf16 matmuls on the CPU would "
                           "measure nothing useful); use --device cuda")
+
+
+def load_peer(name: str, gf, device: str, n_ctx: int) -> TorchPeer:
+    check_peer(name, device)
     return TorchPeer(gf, device="cuda", dtype=torch.bfloat16, n_ctx=n_ctx)

@@ -219,3 +219,43 @@ def test_plot_inputs(tiny, tmp_path, capsys):
     else:
         assert cli(["bench", "--plot", str(tmp_path), "--plot-out", str(png)]) == 0
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_rejects_bad_combinations(tiny, capsys):
+    for argv, msg in ((["--peer", "torch-bf16", "--device", "cpu"], "CUDA only"),
+                      (["--ab", "MINFER_X=1", "MINFER_X=0", "--pairs", "2", "--device", "cpu"], "at least 4"),
+                      (["--ab", "MINFER_X=1", "MINFER_X=0", "--peer", "torch-bf16", "--device", "cpu"],
+                       "do not combine"),
+                      (["-p", "0", "-n", "0", "--device", "cpu"], "no test")):
+        assert cli(["bench", "-m", tiny, "--no-progress", *argv]) == 1
+        assert msg in capsys.readouterr().err, argv
+
+
+def test_peer_runner_timed_like_engine(tiny):
+    """The peer goes through the same measure() path (CPU, float32 here; bf16 on CUDA)."""
+    from minfer.bench.peers import TorchPeer
+    from minfer.gguf_file import GGUFFile
+
+    gf = GGUFFile(tiny)
+    peer = B.PeerRunner(TorchPeer(gf, device="cpu", dtype=torch.float32, n_ctx=64))
+    stats = B.ModelStats.from_gguf(gf)
+    for t in (B.Test("pp", 8, 0), B.Test("tg", 3, 8), B.Test("pp", 4, 16)):
+        r = B.measure(peer, t, 2, np.random.default_rng(0), 512, B.Timer("cpu"), stats=stats)
+        assert r.runner == "torch-bf16" and len(r.samples_s) == 2 and r.avg_ts > 0
+
+
+def test_torch_peer_matches_engine_on_real_tied_model():
+    """SmolLM2 (llama, tied output, Q4_1 blocks decoded through minfer.quants' fallback)."""
+    from minfer.bench.peers import TorchPeer
+    from minfer.catalog import resolve_model
+    from minfer.gguf_file import GGUFFile
+    from minfer.runtime.engine import Engine
+
+    path = resolve_model("smollm2-135m-instruct")
+    peer = TorchPeer(GGUFFile(path), device="cpu", dtype=torch.float32, n_ctx=32)
+    assert "output.weight" not in peer.w
+    eng = Engine.load(path, device="cpu", ctx=32, progress=False)
+    ids = torch.tensor(eng.tokenizer.encode("The capital of France is", add_bos=False))
+    a, b = eng.forward(ids, 0), peer.forward(ids, 0)
+    assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), (a - b).abs().max()
+    assert int(a[-1].argmax()) == int(b[-1].argmax())
