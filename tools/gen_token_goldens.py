@@ -70,6 +70,20 @@ def fuzz_cases(n: int, seed: int = 1234) -> list[str]:
     return ["".join(rng.choice(_ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
+def sweep_cases() -> list[str]:
+    """Code points across all of Unicode, each in the contexts the pre-tokenizer regexes
+    tell apart (after a space, next to letters, digits, itself, a newline, a contraction):
+    16 code points from every 0x800 in the BMP and every 0x2000 above it, plus plane 4
+    (0x42000), where SmolLM2's missing lead byte F1 once made neighbours merge."""
+    starts = list(range(0, 0x10000, 0x800)) + list(range(0x10000, 0x110000, 0x2000)) + [0x42010]
+    out = []
+    for st in starts:
+        cps = [c for c in range(st, st + 16) if not 0xD800 <= c < 0xE000]
+        if cps:
+            out.append("".join(f" {chr(c)}a{chr(c)}1{chr(c)}{chr(c)}\n'{chr(c)}s" for c in cps))
+    return out
+
+
 CHAT_MESSAGES = [
     [{"role": "system", "content": "You are a helpful assistant."},
      {"role": "user", "content": "Hello!"}],
@@ -148,6 +162,7 @@ def golden_for(path: Path) -> dict:
         used.update(plain)
         cases.append({"text": s, "ids": ids, "ids_no_special": plain,
                       "decode": v.detokenize(ids, True), "decode_skip_special": v.detokenize(ids, False)})
+    sweep = [{"text": s, "ids": v.tokenize(s, False, False)} for s in sweep_cases()]
     attrs = {str(i): L.llama_vocab_get_attr(v.vocab, i) for i in range(v.n)}
     normal = 1 << 2
     special = {k: int(a) for k, a in attrs.items() if a != normal}
@@ -175,8 +190,24 @@ def golden_for(path: Path) -> dict:
         "non_normal_attrs": special,
         "pieces_hex": pieces,
         "cases": cases,
+        "sweep": sweep,
         "chat": chats,
     }
+
+
+def dump_golden(g: dict) -> str:
+    """JSON with one top-level key per line and one case per line (readable diffs, small)."""
+    def one(v):
+        return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+
+    lines = []
+    for k, v in g.items():
+        if isinstance(v, list) and v and isinstance(v[0], dict):
+            body = ",\n  ".join(one(x) for x in v)
+            lines.append(f"{one(k)}: [\n  {body}\n ]")
+        else:
+            lines.append(f"{one(k)}: {one(v)}")
+    return "{\n " + ",\n ".join(lines) + "\n}\n"
 
 
 def main() -> int:
@@ -204,7 +235,7 @@ def main() -> int:
     for stem, path in jobs:
         g = golden_for(path)
         out = OUT_DIR / f"{stem}.json"
-        out.write_text(json.dumps(g, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+        out.write_text(dump_golden(g), encoding="utf-8")
         print(f"{out}: {len(g['cases'])} strings, {len(g['eog'])} eog ids, "
               f"{len(g['pieces_hex'])} pieces")
     return 0

@@ -81,6 +81,10 @@ def _bytes_to_unicode() -> dict[int, str]:
     return out
 
 
+# placeholder vocab entry for characters the vocab lacks; it cannot arise from merges
+# because no byte-level token contains U+E000 (private use, outside the byte alphabet)
+_MISSING_TEXT = "\ue000minfer-missing\ue000"
+
 _BYTE_TO_CHAR = _bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
@@ -223,8 +227,15 @@ class Tokenizer:
                 raise MinferError(f"{path}: tokenizer.ggml.merges[{k}] is {m!r}; expected two "
                                   "symbols separated by one space")
             pairs.append((parts[0], parts[1]))
+        # A character the vocab lacks (SmolLM2 has no token for byte 0x04 or the UTF-8 lead
+        # byte F1, e.g.) stays a symbol of its own in llama.cpp's BPE, so the bytes around it
+        # never merge across it, and is then dropped (llm_tokenizer_bpe_session::tokenize:
+        # text_to_token fails for its bytes). HF's BPE would skip it and merge its neighbours;
+        # an out-of-vocab placeholder id, filtered from the output, keeps llama.cpp's result.
+        vocab[_MISSING_TEXT] = self._missing_id = len(self._texts)
         try:
-            bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=self._pre.ignore_merges)
+            bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=self._pre.ignore_merges,
+                             unk_token=_MISSING_TEXT, fuse_unk=False)
         except Exception as e:  # tokenizers raises its own exception type on bad merges
             raise MinferError(f"{path}: the GGUF vocab/merges do not form a BPE model: {e}") from e
         hf = HFTokenizer(bpe)
@@ -306,8 +317,12 @@ class Tokenizer:
                 raise MinferError(f"{self.path}: a BOS token was asked for, but the vocab has "
                                   "no tokenizer.ggml.bos_token_id")
             ids.append(self.bos_id)
+        missing = self._missing_id
         for f in frags:
-            ids.extend([f] if isinstance(f, int) else next(encoded).ids)
+            if isinstance(f, int):
+                ids.append(f)
+            else:
+                ids.extend(i for i in next(encoded).ids if i != missing)
         if add_bos is None and self.add_eos and self.eos_id is not None:
             ids.append(self.eos_id)
         return ids

@@ -85,3 +85,15 @@ def test_llama3_variant_adds_bos_and_keeps_whole_words(tokenizers):
     ids = tok.encode("Hello")
     assert ids[0] == tok.bos_id
     assert tok.encode("Hello", add_bos=False) == ids[1:]
+
+
+@pytest.mark.parametrize("name", ALL_VOCABS)
+def test_unicode_sweep_matches_llama_cpp(name, tokenizers):
+    """Code points from all of Unicode in the contexts the pre-tokenizer regexes tell apart:
+    minfer's regex engine (Oniguruma, in `tokenizers`) must classify letters, digits,
+    whitespace and the rest as llama.cpp's own Unicode tables do."""
+    tok, g = tokenizers(name), load_golden(name)
+    assert len(g["sweep"]) == 160
+    bad = [c["text"][:12] for c in g["sweep"]
+           if tok.encode(c["text"], add_bos=False, parse_special=False) != c["ids"]]
+    assert bad == []
