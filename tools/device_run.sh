@@ -2,7 +2,8 @@
 # The one script a device call runs (the H200 of the `device` tool), from the repo root:
 #   run(command="bash tools/device_run.sh [STEPS]", carry=[".whl"])
 # STEPS (default "tests bench"): tests = pytest -m gpu on tests/gpu; bench = kernel
-# microbenchmarks (python -m minfer.ops.cuda.bench_kernels); quick = bench at M=512 only.
+# microbenchmarks (python -m minfer.ops.cuda.bench_kernels); quick = bench at M=512 only;
+# BENCH_ARGS="--sweep --profile" adds tile sweeps and a per-op profile of the engine.
 # Logs and JSON go to $OUT (what comes back); a short table is printed last.
 set -u
 OUT=${OUT:-/tmp/minfer-out}
@@ -27,12 +28,12 @@ for step in $STEPS; do
   case $step in
     tests)
       t0=$(date +%s)
-      timeout 330 python3 -m pytest -m gpu -q --maxfail=15 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
+      timeout 240 python3 -m pytest -m gpu -q --maxfail=15 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -40
       summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log") ($(( $(date +%s) - t0 )) s)"
       ;;
     bench|quick)
       q=""; [ "$step" = quick ] && q="--quick"
-      timeout 220 python3 -m minfer.ops.cuda.bench_kernels $q --json "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -5
+      timeout ${BENCH_TIMEOUT:-220} python3 -m minfer.ops.cuda.bench_kernels $q ${BENCH_ARGS:-} --json "$OUT/kernels.json" 2>&1 | tee "$OUT/bench.log" | tail -5
       summary="$summary\n$(sed -n '/==== kernel/,$p' "$OUT/bench.log")"
       ;;
     *) echo "unknown step $step" ;;

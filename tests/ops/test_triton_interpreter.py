@@ -93,7 +93,7 @@ def test_gemv(K, qt, m, dtype, split):
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
 
 
-@pytest.mark.parametrize("m", [1, 4, 19])
+@pytest.mark.parametrize("m", [1, 4, 40])
 def test_linear_paths_and_switch(K, m, monkeypatch):
     from minfer.ops import paths
     from minfer.weights import QWeight
@@ -108,14 +108,14 @@ def test_linear_paths_and_switch(K, m, monkeypatch):
     out = K.qm.linear(x, w)
     assert rel_err(out, ref) < 1e-5
     snap = paths.snapshot()["counts"]
-    assert snap == ({"qmatmul.Q4_K.decode": 1} if m <= 16 else {"qmatmul.Q4_K.prefill": 1})
+    assert snap == ({"qmatmul.Q4_K.decode": 1} if m <= 32 else {"qmatmul.Q4_K.prefill": 1})
     monkeypatch.setenv("MINFER_GEMV", "0")
     paths.reset()
     out = K.qm.linear(x, w)
     assert rel_err(out, ref) < 1e-5
     snap = paths.snapshot()
     assert snap["counts"] == {"qmatmul.Q4_K.prefill": 1}
-    if m <= 16:
+    if m <= 32:
         assert snap["switched_off"] == {"qmatmul.Q4_K.decode (switched off by MINFER_GEMV=0)": 1}
 
 

@@ -5,7 +5,7 @@ device of the input tensor. Weights stay as their raw blocks on the GPU (QWeight
 uint8 (N, row_bytes)); nothing is pre-expanded, so weight memory is the file's tensor bytes.
 
 Paths and switches (all read at call time; MINFER_DEBUG_PATHS=1 prints the counts at exit):
-  qmatmul.<type>.decode     GEMV on the raw blocks, M <= MINFER_GEMV_MAX_M (16); MINFER_GEMV=0 off
+  qmatmul.<type>.decode     GEMV on the raw blocks, M <= MINFER_GEMV_MAX_M (32); MINFER_GEMV=0 off
   qmatmul.<type>.prefill    dequantize into a reused scratch + cuBLAS (MINFER_SCRATCH_MB caps it)
   qmatmul.<type>.cublas_direct  float weights already in the activation dtype
   embedding.<type>          decode of the requested rows only

@@ -57,6 +57,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="tile/warp sweeps of dequant and GEMV")
+    ap.add_argument("--profile", action="store_true", help="per-op profile of the engine on a 4-layer 7B synth")
     args = ap.parse_args(argv)
 
     from minfer.bench.presets import get_preset
@@ -162,12 +164,84 @@ def main(argv=None) -> int:
     table.append(f"decode linears (196 GEMVs, {bytes_w/1e9:.2f} GB): eager {ms:.2f} ms ({bytes_w/ms/1e6:.0f} GB/s), "
                  f"CUDA graph {msg:.2f} ms ({bytes_w/msg/1e6:.0f} GB/s)")
 
+    if args.sweep:
+        sweep(gen, res, table)
+    if args.profile:
+        profile(res, table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
     print("\n==== kernel microbenchmarks ({}) ====".format(res["device"]))
     print("\n".join(table))
     return 0
+
+
+def sweep(gen, res, table):
+    from minfer.ops.cuda import dequant, gemv
+
+    res["sweep"] = {}
+    n, k = 18944, 3584
+    out = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
+    for qt in (12, 14):
+        raw = random_raw(qt, n, k, gen)
+        best = None
+        for tile in ((8, 256), (16, 256), (32, 256), (16, 512), (64, 128)):
+            for nw in (4, 8):
+                ms = bench(lambda: dequant.dequantize_into(raw, qt, n, k, out, tile=tile, num_warps=nw))
+                tbps = (raw.numel() + out.numel() * 2) / ms / 1e9
+                res["sweep"][f"dequant.{qt}.{tile}.{nw}"] = tbps
+                best = max(best or (0,), (tbps, tile, nw))
+        table.append(f"sweep dequant {dequant.type_name(qt)}: best {best[0]:.2f} TB/s at tile {best[1]} warps {best[2]}")
+    del out
+    for name, n, k, qt in (("qkv", 4608, 3584, 12), ("gate_up", 37888, 3584, 12), ("down_q6", 3584, 18944, 14),
+                           ("lm_head_q6", 152064, 3584, 14)):
+        raw = random_raw(qt, n, k, gen)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        best = None
+        for tile in ((8, 256), (16, 256), (32, 256), (64, 256), (16, 512)):
+            for nw in (2, 4, 8):
+                ms = bench(lambda: gemv.gemv(x, raw, qt, n, k, tile=tile, num_warps=nw))
+                gbps = raw.numel() / ms / 1e6
+                res["sweep"][f"gemv.{name}.{tile}.{nw}"] = gbps
+                best = max(best or (0,), (gbps, tile, nw))
+        table.append(f"sweep gemv M=1 {name}: best {best[0]:.0f} GB/s at tile {best[1]} warps {best[2]}")
+
+
+def profile(res, table):
+    """torch.profiler over one prefill (512) and one decode step of a 4-layer 7B-geometry synth."""
+    import tempfile
+    import time
+
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    path = tempfile.mkdtemp() + "/q7b-4l.gguf"
+    t0 = time.time()
+    write_synth(path, get_preset("qwen2.5-7b").with_overrides(layers=4), "q4_k_m", seed=0, progress=False)
+    table.append(f"synth 4-layer 7B: {time.time() - t0:.1f} s")
+    t0 = time.time()
+    eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
+    torch.cuda.synchronize()
+    table.append(f"load: {time.time() - t0:.1f} s")
+    ids = torch.randint(0, 150000, (512,)).tolist()
+    for _ in range(2):
+        eng.forward(ids, 0)
+        eng.forward(ids[:1], 512)
+    paths.reset()
+    for name, toks, pos in (("prefill512", ids, 0), ("decode", ids[:1], 512)):
+        torch.cuda.synchronize()
+        with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            eng.forward(toks, pos)
+            torch.cuda.synchronize()
+        tab = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+        print(f"\n---- profile {name} (4 layers of the 7B, engine as committed) ----\n{tab}")
+        res[f"profile_{name}"] = tab
+    table.append("launch paths of one 4-layer prefill(512) + one decode step: " +
+                 ", ".join(f"{k}={v}" for k, v in sorted(paths.snapshot()["counts"].items())))
 
 
 if __name__ == "__main__":

@@ -91,9 +91,11 @@ def _kscale(bp, sub, m):
 def decode(QT: tl.constexpr, bp, e0, i, m):
     """Values of runs of 16 inside blocks.
 
-    bp: [R, S, 1] uint8 pointers to each run's block; e0: [R|1, S, 1] int32 index of the
-    run's first value inside its block (a multiple of 16); i: [1, 1, 16] arange(16);
-    m: [R, S, 1] mask (masked runs decode to 0). Returns [R, S, 16] float32.
+    bp: [R, 1] uint8 pointers to each run's block; e0: [R, 1] int32 index of the run's first
+    value inside its block (a multiple of 16); i: [1, 16] arange(16); m: [R, 1] mask (masked
+    runs decode to 0). Returns [R, 16] float32. (Any broadcastable shapes work; the kernels use
+    one run per tile row so that a thread holds a whole run: its 16 quant bytes are one load
+    and its scales need no layout conversion.)
     """
     if QT == 0:  # F32
         v = tl.load((bp + 4 * i).to(tl.pointer_type(tl.float32)), mask=m, other=0.0)
@@ -153,7 +155,9 @@ def decode(QT: tl.constexpr, bp, e0, i, m):
         j = e0 // 64
         hi = (e0 % 64) // 32
         l0 = e0 % 32
-        q = (_ld(bp + 16 + 32 * j + l0 + i, m) >> (4 * hi)) & 15
+        # the 16 quant bytes of a run start 16-aligned (144-byte blocks; rows of 16-aligned
+        # length are specialized by Triton): say so, so the compiler makes them one 16-byte load
+        q = (_ld(bp + tl.multiple_of(16 + 32 * j + l0, [16, 16]) + i, m) >> (4 * hi)) & 15
         sc, mn = _kscale(bp, e0 // 32, m)
         d = _ldh(bp, m)
         dmin = _ldh(bp + 2, m)
@@ -163,8 +167,8 @@ def decode(QT: tl.constexpr, bp, e0, i, m):
         hi = (e0 % 64) // 32
         l0 = e0 % 32
         sub = e0 // 32
-        q = (_ld(bp + 48 + 32 * j + l0 + i, m) >> (4 * hi)) & 15
-        hb = (_ld(bp + 16 + l0 + i, m) >> sub) & 1
+        q = (_ld(bp + tl.multiple_of(48 + 32 * j + l0, [16, 16]) + i, m) >> (4 * hi)) & 15   # 176-byte blocks
+        hb = (_ld(bp + tl.multiple_of(16 + l0, [16, 16]) + i, m) >> sub) & 1
         q = q + 16 * hb
         sc, mn = _kscale(bp, sub, m)
         d = _ldh(bp, m)
@@ -187,22 +191,24 @@ def decode(QT: tl.constexpr, bp, e0, i, m):
 def _dequant_kernel(raw, out, idx, N, K, row_bytes, out_stride,
                     QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                     BR: tl.constexpr, BK: tl.constexpr, HAS_IDX: tl.constexpr):
-    """out[r, :K] = decode(raw[idx[r] if HAS_IDX else r]) for BR rows x BK values per program."""
+    """out[r, :K] = decode(raw[idx[r] if HAS_IDX else r]) for BR rows x BK values per program.
+
+    The tile is [BR * BK/16 runs, 16]: run q covers row BR-local q // S, values s*16.. of the
+    program's K range (s = q % S)."""
     S: tl.constexpr = BK // 16
-    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    run = tl.arange(0, BR * S)
+    r = tl.program_id(0) * BR + run // S
     rmask = r < N
     if HAS_IDX:
         src = tl.load(idx + r, mask=rmask, other=0).to(tl.int64)
     else:
         src = r.to(tl.int64)
-    k0 = tl.program_id(1) * BK + tl.arange(0, S) * 16       # first value of each run
-    kmask = k0 < K
-    e0 = (k0 % QK)[None, :, None]
-    bp = raw + (src * row_bytes)[:, None, None] + ((k0 // QK) * TS)[None, :, None]
-    m = rmask[:, None, None] & kmask[None, :, None]
-    i = tl.arange(0, 16)[None, None, :]
-    v = decode(QT, bp, e0, i, m)
-    optr = out + (r.to(tl.int64) * out_stride)[:, None, None] + k0[None, :, None] + i
+    k0 = tl.program_id(1) * BK + (run % S) * 16               # first value of each run
+    m = (rmask & (k0 < K))[:, None]
+    bp = (raw + src * row_bytes + (k0 // QK) * TS)[:, None]
+    i = tl.arange(0, 16)[None, :]
+    v = decode(QT, bp, (k0 % QK)[:, None], i, m)
+    optr = out + (r.to(tl.int64) * out_stride + k0)[:, None] + i
     tl.store(optr, v.to(out.dtype.element_ty), mask=m)
 
 
@@ -214,14 +220,16 @@ def dequant_config(qtype: int, interpret: bool):
     return 16, 256
 
 
-def dequantize_into(raw, qtype: int, n_rows: int, k: int, out, idx=None, interpret: bool = False):
+def dequantize_into(raw, qtype: int, n_rows: int, k: int, out, idx=None, interpret: bool = False,
+                    tile: tuple[int, int] | None = None, num_warps: int = 4):
     """Decode rows of `raw` (uint8 (N, row_bytes), CUDA) into `out` (n_rows, >= k) float tensor.
 
     idx: optional int64 (n_rows,) row indices into raw (the embedding gather); else rows 0..n_rows-1.
+    tile=(rows, values) and num_warps override the config (benchmark sweeps).
     """
     name, qk, ts = LAYOUT[qtype]
-    br, bk = dequant_config(qtype, interpret)
+    br, bk = tile or dequant_config(qtype, interpret)
     grid = (triton.cdiv(n_rows, br), triton.cdiv(k, bk))
     _dequant_kernel[grid](raw, out, idx if idx is not None else raw, n_rows, k, raw.stride(0), out.stride(0),
-                          QT=qtype, QK=qk, TS=ts, BR=br, BK=bk, HAS_IDX=idx is not None, num_warps=4)
+                          QT=qtype, QK=qk, TS=ts, BR=br, BK=bk, HAS_IDX=idx is not None, num_warps=num_warps)
     return out

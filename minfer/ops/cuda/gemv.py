@@ -26,14 +26,18 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+    # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
+    # program's rows, values s*16.. (s = q % S) of the current K tile.
     S: tl.constexpr = BK // 16
+    R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
-    n = pid_n * BN + tl.arange(0, BN)
-    nmask = n < N
-    rowp = raw + n.to(tl.int64) * row_bytes                      # [BN] row starts
-    i = tl.arange(0, 16)[None, None, :]
+    run = tl.arange(0, R)
+    n_run = pid_n * BN + run // S                                # [R] row of each run
+    s16 = (run % S) * 16                                         # [R] offset of the run in the tile
+    rowp = raw + n_run.to(tl.int64) * row_bytes
+    i = tl.arange(0, 16)[None, :]
     n_tiles = tl.cdiv(K, BK)
     t0 = pid_s * tiles_per_split
     t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
@@ -42,13 +46,14 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
         mmask = mrow < M
         acc = tl.zeros([BN, MP], dtype=tl.float32)
     else:
-        acc = tl.zeros([BN], dtype=tl.float32)
+        # elementwise partial products, reduced once after the loop (a reduction per
+        # iteration costs warp shuffles every tile)
+        acc2 = tl.zeros([R, 16], dtype=tl.float32)
     for t in range(t0, t1):
-        k0 = t * BK + tl.arange(0, S) * 16                      # [S] first value of each run
-        kmask = k0 < K
-        bp = rowp[:, None, None] + ((k0 // QK) * TS)[None, :, None]
-        m = nmask[:, None, None] & kmask[None, :, None]
-        w = decode(QT, bp, (k0 % QK)[None, :, None], i, m)       # [BN, S, 16] fp32
+        k0 = t * BK + s16                                        # [R] first value of each run
+        m = ((n_run < N) & (k0 < K))[:, None]
+        bp = (rowp + (k0 // QK) * TS)[:, None]
+        w = decode(QT, bp, (k0 % QK)[:, None], i, m)             # [R, 16] fp32
         if USE_DOT:
             kk = t * BK + tl.arange(0, BK)
             xt = tl.load(x + mrow[None, :].to(tl.int64) * stride_xm + kk[:, None],
@@ -59,9 +64,10 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
             else:
                 acc += tl.dot(w2, xt)
         else:
-            kx = k0[None, :, None] + i                           # [1, S, 16]
-            xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + kx, mask=kmask[None, :, None], other=0.0)
-            acc += tl.sum(tl.sum(w * xv.to(tl.float32), axis=2), axis=1)
+            xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + k0[:, None] + i, mask=m, other=0.0)
+            acc2 += w * xv.to(tl.float32)
+    n = pid_n * BN + tl.arange(0, BN)
+    nmask = n < N
     if USE_DOT:
         if SPLIT == 1:
             if HAS_BIAS:
@@ -72,12 +78,13 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
             pptr = part + (pid_s * M + mrow[None, :]).to(tl.int64) * N + n[:, None]
             tl.store(pptr, acc, mask=nmask[:, None] & mmask[None, :])
     else:
+        acc1 = tl.sum(tl.reshape(tl.sum(acc2, axis=1), (BN, S)), axis=1)     # [BN]
         if SPLIT == 1:
             if HAS_BIAS:
-                acc += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
-            tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc.to(out.dtype.element_ty), mask=nmask)
+                acc1 += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
+            tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc1.to(out.dtype.element_ty), mask=nmask)
         else:
-            tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc, mask=nmask)
+            tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc1, mask=nmask)
 
 
 # Programs wanted in flight: a few per SM (132 on the H200) so that each SM has several
@@ -93,21 +100,31 @@ def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool):
         bn, bk = (32, 256) if m == 1 else (64, 128)
     use_dot = m > 1
     mp = 1 if not use_dot else (16 if m <= 16 else 32 if m <= 32 else 64)
+    return bn, bk, mp, use_dot, gemv_config_split(m, n, k, bn, bk, mp, use_dot)
+
+
+def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
+    """Split K until the grid has about _TARGET_PROGRAMS programs."""
     grid_nm = triton.cdiv(n, bn) * (triton.cdiv(m, mp) if use_dot else m)
     n_tiles = triton.cdiv(k, bk)
-    split = 1
-    if grid_nm < _TARGET_PROGRAMS:
-        split = min(n_tiles, triton.cdiv(_TARGET_PROGRAMS, grid_nm), 32)
-    return bn, bk, mp, use_dot, split
+    if grid_nm >= _TARGET_PROGRAMS:
+        return 1
+    return min(n_tiles, triton.cdiv(_TARGET_PROGRAMS, grid_nm), 32)
 
 
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
-         out_dtype=None, interpret: bool = False, split: int | None = None) -> torch.Tensor:
-    """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype."""
+         out_dtype=None, interpret: bool = False, split: int | None = None,
+         tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+    """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
+
+    split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
     _, qk, ts = LAYOUT[qtype]
     bn, bk, mp, use_dot, auto_split = gemv_config(qtype, m, n, k, interpret)
+    if tile is not None:
+        bn, bk = tile
+        auto_split = gemv_config_split(m, n, k, bn, bk, mp, use_dot)
     n_tiles = triton.cdiv(k, bk)
     split = max(1, min(split or auto_split, n_tiles))
     tiles_per_split = triton.cdiv(n_tiles, split)
@@ -119,7 +136,7 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
                        x.stride(0), out.stride(0), tiles_per_split,
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
-                       num_warps=4)
+                       num_warps=num_warps)
     if split > 1:
         acc = part.sum(0)
         if bias is not None:

@@ -1,6 +1,7 @@
 """linear() on CUDA: choose between the decode GEMV and dequantize-to-scratch + cuBLAS.
 
-- M <= MINFER_GEMV_MAX_M (default 16): gemv.gemv reads the raw blocks once (memory-bound).
+- M <= MINFER_GEMV_MAX_M (default 32: on the H200, run 1, the GEMV beat dequant+cuBLAS
+  up to M=32 on the qkv and gate shapes): gemv.gemv reads the raw blocks once (memory-bound).
 - larger M (prefill): the layer's blocks are decoded into a reused scratch of the
   activation dtype by dequant.dequantize_into (memory-bound, ~N*K*2 bytes written) and
   torch.matmul (cuBLAS) does the math; ANCHORS.md measured this at 49k tok/s of linear
@@ -119,7 +120,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         x = x.contiguous()
     tname = dequant.type_name(w.qtype)
     m = x.shape[0]
-    if m <= paths.env_int("MINFER_GEMV_MAX_M", 16):
+    if m <= paths.env_int("MINFER_GEMV_MAX_M", 32):
         path = f"qmatmul.{tname}.decode"
         if paths.enabled("MINFER_GEMV"):
             paths.count(path)
