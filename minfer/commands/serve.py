@@ -110,7 +110,12 @@ def main(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     print(f"minfer: serving {path.name} as `{name}` on http://{host}:{port}/v1 ({device}); "
           "the model loads in the background -- GET /health says when it is ready", flush=True)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        # uvicorn shuts down gracefully on Ctrl-C, then re-raises the signal: a normal stop
+        pass
     if failure:
         raise MinferError(f"loading {path} failed: {failure[0]}")
+    print("minfer: server stopped", flush=True)
     return 0

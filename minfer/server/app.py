@@ -31,7 +31,8 @@ from minfer.errors import MinferError
 from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware, error_payload
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
-from minfer.server.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions,
+                                   TextPart, _Sampling)
 from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
 
 log = logging.getLogger("minfer.server")
@@ -393,23 +394,55 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     return app
 
 
+# what a field accepts, for a value that matched none of the members of its union type
+_UNION_HINTS = {
+    "stop": f"expected a string or a list of at most {MAX_STOP} strings",
+    "prompt": "expected a string, a list holding one string, or a list of token ids (integers); "
+              "one prompt per request",
+    "content": 'expected a string or a list of text parts ({"type": "text", "text": "..."})',
+}
+
+
+def _field_names() -> set[str]:
+    names: set[str] = set()
+    for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions):
+        names.update(model.model_fields)
+    return names
+
+
+_FIELDS = _field_names()
+
+
 def _validation_response(exc: RequestValidationError) -> APIError:
-    """FastAPI's 422 becomes OpenAI's 400 with one readable message naming the fields."""
-    errors = exc.errors()
+    """FastAPI's 422 becomes OpenAI's 400 with one readable message naming the fields.
+
+    pydantic reports a union mismatch once per member, with the member's name in the location
+    ("stop.str", "stop.list[str]"); such locations are cut at the member name and merged."""
+    groups: dict[str, list[dict]] = {}
+    for e in exc.errors():
+        loc = []
+        for x in e.get("loc", ())[1:] if e.get("loc", ("",))[0] == "body" else e.get("loc", ()):
+            if isinstance(x, str) and x not in _FIELDS:
+                break  # a union member's tag: what follows describes one member only
+            loc.append(str(x))
+        groups.setdefault(".".join(loc), []).append(e)
     parts, param, code = [], None, "invalid_value"
-    for e in errors[:5]:
-        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
-        where = ".".join(loc) or "body"
-        if e.get("type") == "json_invalid":
+    for where, errs in list(groups.items())[:5]:
+        if any(e.get("type") == "json_invalid" for e in errs):
+            e = errs[0]
             parts.append(f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})")
             code = "invalid_json"
             continue
-        if e.get("type") == "missing":
+        if any(e.get("type") == "missing" for e in errs):
             code = "missing_required_parameter"
-        parts.append(f"{where}: {e.get('msg')}")
-        param = param or (where if loc else None)
-    if len(errors) > 5:
-        parts.append(f"... and {len(errors) - 5} more")
+        if len(errs) > 1:
+            hint = _UNION_HINTS.get(where.rsplit(".", 1)[-1]) or "; ".join(dict.fromkeys(e["msg"] for e in errs))
+        else:
+            hint = errs[0].get("msg", "invalid")
+        parts.append(f"{where or 'body'}: {hint}")
+        param = param or (where or None)
+    if len(groups) > 5:
+        parts.append(f"... and {len(groups) - 5} more")
     return APIError(400, "invalid request: " + "; ".join(parts), "invalid_request_error", code, param)
 
 

@@ -1,0 +1,145 @@
+"""Several clients at once, and clients that hang up: answers stay correct and complete, and
+a client that goes away stops its generation and frees the one generation slot."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+from server_helpers import metric_value
+
+MODEL = "smollm2-135m-instruct"
+COUNTING = "1, 2, 3, 4, 5, 6, 7, 8, 9,"  # greedy continues this far past any max_tokens used here
+LONG = 400  # tokens the hung-up requests ask for: far more than they get to generate
+
+
+def _wait_for(cond, what, limit_s=300):
+    """Poll until cond() is true; the limit only guards against a hang (no timing is asserted)."""
+    deadline = time.monotonic() + limit_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.05)
+
+
+def test_simultaneous_streams_get_the_answers_they_get_alone(client, server):
+    prompts = ["Name a color.", "What is 2 + 2?", "Say hello in French.", "Name a fruit."]
+    kw = dict(model=MODEL, temperature=0, max_tokens=10)
+    alone = [client.chat.completions.create(messages=[{"role": "user", "content": p}], **kw) for p in prompts]
+    results: list = [None] * len(prompts)
+    barrier = threading.Barrier(len(prompts))
+
+    def one(i: int) -> None:
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+        barrier.wait()
+        chunks = list(c.chat.completions.create(messages=[{"role": "user", "content": prompts[i]}], stream=True,
+                                                stream_options={"include_usage": True}, **kw))
+        results[i] = chunks
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    for ref, chunks in zip(alone, results):
+        assert chunks is not None, "a client got no answer"
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == ref.choices[0].message.content
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == ref.choices[0].finish_reason
+        assert chunks[-1].usage.model_dump() == ref.usage.model_dump()
+    assert len({id(r) for r in results}) == len(prompts)
+
+
+def test_simultaneous_mixed_requests(client, server):
+    """Streaming and non-streaming, chat and completions, all at once."""
+    ref_c = client.completions.create(model=MODEL, prompt=COUNTING, temperature=0, max_tokens=8)
+    ref_chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                              temperature=0, max_tokens=8)
+    out: dict = {}
+    barrier = threading.Barrier(4)
+
+    def run(key, fn):
+        barrier.wait()
+        out[key] = fn()
+
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=600)
+    jobs = {
+        "c": lambda: c.completions.create(model=MODEL, prompt=COUNTING, temperature=0, max_tokens=8).choices[0].text,
+        "cs": lambda: "".join(x.choices[0].text for x in c.completions.create(
+            model=MODEL, prompt=COUNTING, temperature=0, max_tokens=8, stream=True)),
+        "chat": lambda: c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                                                  temperature=0, max_tokens=8).choices[0].message.content,
+        "chats": lambda: "".join(x.choices[0].delta.content or "" for x in c.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], temperature=0, max_tokens=8, stream=True)),
+    }
+    threads = [threading.Thread(target=run, args=kv) for kv in jobs.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    assert out == {"c": ref_c.choices[0].text, "cs": ref_c.choices[0].text,
+                   "chat": ref_chat.choices[0].message.content, "chats": ref_chat.choices[0].message.content}
+
+
+def _data_lines(response, n):
+    got = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            got.append(line)
+            if len(got) == n:
+                return got
+    raise AssertionError(f"stream ended after {len(got)} events")
+
+
+def test_disconnect_stops_generation_and_frees_the_slot(engine, make_server):
+    srv = make_server(lambda: engine)  # own metrics registry: counts start at zero
+    srv.wait_ready()
+    metrics = lambda: httpx.get(srv.url + "/metrics", timeout=30).text  # noqa: E731
+    long_body = {"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0, "stream": True}
+
+    # A streams and hangs up after three tokens
+    with httpx.stream("POST", srv.url + "/v1/completions", json=long_body, timeout=300) as a:
+        assert a.status_code == 200
+        _data_lines(a, 3)
+        # B queues behind A (chat: the role chunk comes before generation) and hangs up while queued
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count to a thousand."}],
+                "max_tokens": LONG, "temperature": 0, "stream": True}
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=chat, timeout=300) as b:
+            assert b.status_code == 200
+            first = json.loads(_data_lines(b, 1)[0][6:])
+            assert first["choices"][0]["delta"]["role"] == "assistant"
+    _wait_for(lambda: metric_value(metrics(), "minfer_generations_cancelled_total") == 2, "both generations cancelled")
+    m = metrics()
+    # A stopped long before its max_tokens; B never generated
+    assert 3 <= metric_value(m, "minfer_generated_tokens_total") < LONG // 2
+    assert metric_value(m, "minfer_requests_in_flight") == 0
+    assert metric_value(m, "minfer_requests_queued") == 0
+
+    # the slot is free: the next request is served, and generated exactly what it asked for
+    before = metric_value(m, "minfer_generated_tokens_total")
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": COUNTING, "max_tokens": 3,
+                                                      "temperature": 0}, timeout=300)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    assert metric_value(metrics(), "minfer_generated_tokens_total") == before + 3
+
+
+def test_disconnect_of_a_non_streaming_request(engine, make_server):
+    srv = make_server(lambda: engine)
+    srv.wait_ready()
+    metrics = lambda: httpx.get(srv.url + "/metrics", timeout=30).text  # noqa: E731
+    body = json.dumps({"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0}).encode()
+    s = socket.create_connection(("127.0.0.1", srv.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    # the worker took it: in flight and no longer queued
+    _wait_for(lambda: (lambda m: metric_value(m, "minfer_requests_in_flight") == 1
+                       and metric_value(m, "minfer_requests_queued") == 0)(metrics()), "request being generated")
+    s.close()
+    _wait_for(lambda: metric_value(metrics(), "minfer_generations_cancelled_total") == 1, "generation cancelled")
+    assert metric_value(metrics(), "minfer_generated_tokens_total") < LONG // 2
+    r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=300)
+    assert r.status_code == 200

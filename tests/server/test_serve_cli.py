@@ -1,0 +1,88 @@
+"""`minfer serve` as a user runs it: a subprocess on a loopback port, stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(*args):
+    return subprocess.Popen([sys.executable, "-m", "minfer", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def test_serve_command_answers_an_openai_client_and_stops_on_ctrl_c():
+    port = _free_port()
+    proc = _serve("-m", "smollm2-135m-instruct", "--device", "cpu", "--port", str(port), "--ctx", "256",
+                  "--served-name", "tiny-chat", "--api-key", "k1")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 600  # hang guard
+        status = None
+        while status != 200:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "server never became ready"
+            try:
+                status = httpx.get(url + "/health", timeout=30).status_code
+            except httpx.TransportError:  # not listening yet
+                status = None
+            time.sleep(0.1)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="k1", max_retries=0, timeout=300)
+        assert [m.id for m in c.models.list().data] == ["tiny-chat"]
+        assert c.models.list().data[0].model_extra["meta"]["n_ctx"] == 256
+        r = c.chat.completions.create(model="tiny-chat", messages=[{"role": "user", "content": "Hi"}],
+                                      max_tokens=3, temperature=0)
+        assert r.usage.completion_tokens >= 1
+        assert httpx.get(url + "/v1/models", timeout=30).status_code == 401  # --api-key is on
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert f"http://127.0.0.1:{port}/v1" in out and "tiny-chat" in out
+
+
+def test_serve_missing_model_is_a_clear_error():
+    proc = _serve("-m", "/nonexistent/model.gguf", "--port", str(_free_port()))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "minfer: error:" in err and "/nonexistent/model.gguf" in err and "Traceback" not in err
+
+
+def test_serve_port_in_use_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _serve("-m", "smollm2-135m-instruct", "--port", str(port))
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err
+
+
+def test_serve_help_explains_the_endpoints():
+    out = subprocess.run([sys.executable, "-m", "minfer", "serve", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    for word in ("/v1/chat/completions", "/health", "--api-key", "--max-body", "--served-name", "127.0.0.1"):
+        assert word in out
+
+
+def test_serve_exits_with_the_reason_when_the_model_fails_to_load(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOTGGUF" + b"\0" * 64)
+    proc = _serve("-m", str(bad), "--port", str(_free_port()), "--device", "cpu")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert "minfer: error: loading" in err and "bad.gguf" in err
