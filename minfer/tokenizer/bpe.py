@@ -182,6 +182,8 @@ class Tokenizer:
         add_eos = meta.get("add_eos_token")
         self.add_bos = self._pre.add_bos if add_bos is None else bool(add_bos)
         self.add_eos = False if add_eos is None else bool(add_eos)
+        # read for every vocab type by llama.cpp; for BPE it only matters when decoding
+        self._strip_first_space = bool(meta.get("add_space_prefix", False))
         self.chat_template = chat_template
         self._hf = self._build_hf(path, merges)
         self._pieces: dict[tuple[int, bool], bytes] = {}
@@ -362,9 +364,14 @@ class Tokenizer:
     def decode(self, ids, skip_special: bool = False) -> str:
         """Text of token ids, as llama.cpp's llama_detokenize(remove_special=false,
         unparse_special=not skip_special), including its clean-up of spaces before
-        punctuation for the pre types that enable it (not qwen2 or smollm).
+        punctuation for the pre types that enable it (not qwen2 or smollm) and, when
+        tokenizer.ggml.add_space_prefix is set, one leading space dropped from the first
+        token. The stream decoder does neither (it is token_to_piece, token by token).
         Invalid UTF-8 becomes U+FFFD."""
-        b = b"".join(self.piece_bytes(int(i), skip_special) for i in ids)
+        pieces = [self.piece_bytes(int(i), skip_special) for i in ids]
+        if pieces and self._strip_first_space and pieces[0][:1] == b" ":
+            pieces[0] = pieces[0][1:]  # detokenize(): token_to_piece(lstrip=add_space_prefix)
+        b = b"".join(pieces)
         if self._pre.clean_spaces:
             b = _clean_spaces(b)
         return b.decode("utf-8", errors="replace")

@@ -12,6 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 VARIANT_PRES = {"smollm2-as-llama-bpe": "llama-bpe", "smollm2-as-gpt-2": "gpt-2"}
+# tokenizer.ggml.add_space_prefix = true on the gpt-2 variant: llama.cpp's BPE ignores it
+# when encoding but strips one leading space of the first token when decoding
+ADD_SPACE_PREFIX = {"gpt-2"}
 BASE_MODEL = "smollm2-135m-instruct"
 
 
@@ -34,6 +37,8 @@ def write_vocab_variant(base_metadata: dict, pre: str, out: Path) -> Path:
     w.add_token_merges(base_metadata["tokenizer.ggml.merges"])
     w.add_bos_token_id(int(base_metadata["tokenizer.ggml.bos_token_id"]))
     w.add_eos_token_id(int(base_metadata["tokenizer.ggml.eos_token_id"]))
+    if pre in ADD_SPACE_PREFIX:
+        w.add_add_space_prefix(True)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
