@@ -34,15 +34,28 @@ def git_commit() -> dict:
 
 
 def nvidia_smi() -> list[dict]:
-    """Per GPU: name, clocks (current and max SM/memory, MHz), power limit, driver."""
+    """Per GPU: name, clocks (current and max SM/memory, MHz), power limit, driver. A field
+    this driver does not know fails the whole query, so on failure each is asked alone."""
     if not shutil.which("nvidia-smi"):
         return []
     fields = ["name", "clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem",
               "power.limit", "driver_version", "temperature.gpu"]
-    out = _run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"])
-    if not out:
-        return []
-    return [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in out.splitlines()]
+
+    def query(names: list[str]) -> list[list[str]] | None:
+        out = _run(["nvidia-smi", f"--query-gpu={','.join(names)}", "--format=csv,noheader,nounits"])
+        return None if out is None else [[v.strip() for v in line.split(",")] for line in out.splitlines()]
+
+    rows = query(fields)
+    if rows is not None:
+        return [dict(zip(fields, r)) for r in rows]
+    gpus: list[dict] = []
+    for f in fields:
+        col = query([f])
+        for i, r in enumerate(col or []):
+            while len(gpus) <= i:
+                gpus.append({})
+            gpus[i][f] = r[0]
+    return gpus
 
 
 def cpu_name() -> str:

@@ -25,8 +25,9 @@ process, interleaved A B A B ... for --pairs pairs, and prints each pair and the
 (mean, sd, min, max). Only switches read at call time can be compared this way; a switch
 read at load time needs two runs.
 
---peer torch-bf16 (CUDA) also runs the same weights dequantized to bf16 through a plain torch
-forward (cuBLAS + SDPA) with the same tests, and prints minfer/peer ratios.
+--peer torch-bf16 (CUDA) then runs the same weights dequantized to bf16 through a plain torch
+forward (cuBLAS + SDPA) with the same tests in the same process (minfer's engine is freed
+first, so each side's peak memory is its own), and prints minfer/peer ratios.
 
 Recorded runs: --out bench/results/NAME.json writes the JSON record (machine, versions,
 commit, every sample) and NAME.md (the summary); --plot turns those into a PNG
@@ -83,6 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import json
+    import os
     import shlex
     import sys
     from pathlib import Path
@@ -98,7 +100,9 @@ def main(args: argparse.Namespace) -> int:
     from minfer.commands.common import resolve_device
 
     device = resolve_device(args.device)
-    command = "minfer " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "minfer bench"
+    # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
+    typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv
+    command = "minfer " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if typed else "minfer bench (via the library)"
     record = run_bench(args.model, device, args.n_prompt, args.n_gen, args.depth, args.repetitions,
                        seed=args.seed, peer=args.peer, ab=args.ab, pairs=args.pairs, command=command,
                        progress=not args.no_progress)
