@@ -39,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="never add the BOS token, whatever the model's metadata says")
     p.add_argument("--no-special", action="store_true",
                    help="treat control-token texts such as <|im_end|> as plain text "
-                   "(llama.cpp's parse_special=false)")
+                   "(llama.cpp's parse_special=false; user-defined tokens such as Qwen's "
+                   "<tool_call> are still matched, as in llama.cpp)")
 
 
 def _read_text(args) -> str:

@@ -54,12 +54,11 @@ _GPT2 = _Pre([_GPT2_RE], clean_spaces=True)
 # llama.cpp spells GPT-2's pre "gpt-2"; any other name is refused rather than guessed.
 PRE_TYPES: dict[str, _Pre] = {
     "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3,
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "megrez": _QWEN2,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "megrez": _Pre([_QWEN2_RE], clean_spaces=True),  # QWEN2 rules, clean_spaces left on
     "smollm": _SMOLLM,
     "gpt-2": _GPT2, "phi-2": _GPT2,
 }
-# megrez maps to QWEN2 without clean_spaces = false (llama-vocab.cpp)
-PRE_TYPES["megrez"] = _Pre([_QWEN2_RE], clean_spaces=True)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -19,12 +19,15 @@ def _single_byte_tokens(tok) -> dict[int, int]:
     return single
 
 
-def _representable(tok, cache={}) -> set[int]:
+_REPRESENTABLE: dict[int, set[int]] = {}
+
+
+def _representable(tok) -> set[int]:
     # a vocab without a token for some byte cannot encode text holding that byte: llama.cpp
     # drops it (SmolLM2 lacks 0x04, 0x06, ... and the UTF-8 lead bytes F1-F7, see goldens)
-    if id(tok) not in cache:
-        cache[id(tok)] = set(_single_byte_tokens(tok))
-    return cache[id(tok)]
+    if id(tok) not in _REPRESENTABLE:
+        _REPRESENTABLE[id(tok)] = set(_single_byte_tokens(tok))
+    return _REPRESENTABLE[id(tok)]
 
 
 def test_vocab_byte_coverage(tokenizers):
@@ -108,7 +111,7 @@ def test_stream_holds_back_emoji_split_across_tokens(name, tokenizers):
         split_cases += 1
         dec = tok.stream_decoder()
         out = ""
-        for i, tid in enumerate(c["ids"]):
+        for tid in c["ids"]:
             chunk = dec.push(tid)
             assert "\ufffd" not in chunk
             # what has come out is always a prefix of the text, cut at a character boundary
