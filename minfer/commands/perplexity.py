@@ -46,10 +46,11 @@ def score_chunk(eng, chunk: list[int]):
 
 
 def perplexity(eng, tokens: list[int], n_ctx: int, n_chunks: int, add_bos: bool, bos_id,
-               out=sys.stdout, progress: bool = True):
+               out=None, progress: bool = True):
     """(ppl, stderr, per-chunk running ppl list) over the first n_chunks chunks of n_ctx tokens."""
     from tqdm import tqdm
 
+    out = out or sys.stdout
     nll = nll2 = 0.0
     count = 0
     running = []

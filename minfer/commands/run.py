@@ -96,8 +96,9 @@ def format_timings(stats: dict, finish: str | None) -> str:
             f"{gs:.2f} s ({grate} tok/s) | finish: {finish}")
 
 
-def stream(eng, ids, params, max_tokens, stop, out=sys.stdout) -> tuple[str, str | None]:
+def stream(eng, ids, params, max_tokens, stop, out=None) -> tuple[str, str | None]:
     """Generate, printing text as it comes; return (text, finish_reason)."""
+    out = out or sys.stdout
     parts, finish = [], None
     for ev in eng.generate(ids, params, max_new_tokens=max_tokens, stop=stop):
         if ev.text:

@@ -153,6 +153,15 @@ class Engine:
             self.stats["gen_s"] = time.perf_counter() - t1
             yield ev
 
+    def complete(self, prompt: str, max_tokens: int = 256, stop: Iterable[str] = (), **sampling) -> str:
+        """The text generated after `prompt` (a convenience over generate(); sampling keywords are
+        SamplingParams fields, e.g. temperature=0)."""
+        if self.tokenizer is None:
+            raise MinferError("complete() needs a tokenizer, and this engine has none")
+        params = SamplingParams(**sampling)
+        ids = self.tokenizer.encode(prompt)
+        return "".join(ev.text for ev in self.generate(ids, params, max_tokens, stop=stop))
+
 
 def load_tokenizer(gf):
     """The GGUF's tokenizer, or None while minfer.tokenizer is not importable."""
