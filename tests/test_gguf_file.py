@@ -92,3 +92,25 @@ def test_check_architecture(tiny_path, tmp_path):
     with pytest.raises(MinferError) as e:
         g.check_architecture()
     assert str(e.value) == f"architecture 'gemma3' in {p} is not supported; supported: llama, qwen2"
+
+
+def _reader_metadata(path):
+    ref = gguf.GGUFReader(str(path))
+    return {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+
+
+def test_metadata_equals_gguf_reader_tiny(tiny_path):
+    # GGUFFile decodes metadata in its own bounds-checked walk (fast path); the reader is the reference
+    assert GGUFFile(tiny_path).metadata == _reader_metadata(tiny_path)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"])
+def test_metadata_equals_gguf_reader_real(name):
+    from minfer.catalog import resolve_model
+
+    path = resolve_model(name)
+    mine, ref = GGUFFile(path).metadata, _reader_metadata(path)
+    assert list(mine) == list(ref)
+    for k in ref:
+        assert mine[k] == ref[k], k
+        assert type(mine[k]) is type(ref[k]), k
