@@ -11,7 +11,7 @@ from minfer.catalog import resolve_model
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.gguf_file import GGUFFile
-from tests.models.tiny import TinySpec, write_tiny_model
+from models.tiny import TinySpec, write_tiny_model
 
 
 def test_qwen2_config():

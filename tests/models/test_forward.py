@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 from minfer.gguf_file import GGUFFile
 from minfer.models import load_model
 from minfer.runtime.engine import Engine
-from tests.models.tiny import TinySpec, hf_forward, hf_weights, write_tiny_model
+from models.tiny import TinySpec, hf_forward, hf_weights, write_tiny_model
 
 TOKENS = [3, 17, 42, 5, 9, 33, 1, 28, 11, 49, 0, 7]
 

@@ -13,7 +13,7 @@ from minfer.models import load_model
 from minfer.runtime.engine import Engine
 from minfer.runtime.generate import StopMatcher, generate
 from minfer.runtime.sampling import SamplingParams
-from tests.models.tiny import TinySpec, write_tiny_model
+from models.tiny import TinySpec, write_tiny_model
 
 PIECES = ["Hel", "lo", " w", "or", "ld", "!", "<eos>"]
 EOS = 6
