@@ -357,7 +357,8 @@ def ab_text(ab: dict) -> str:
 
 
 def markdown_summary(record: dict, table_text: str) -> str:
-    """The recorded run as markdown: date, machine, commit, command, then the table."""
+    """The recorded run as markdown: date, machine, commit, command, then the table (the
+    A/B pairs and ratios for an A/B run)."""
     m = record["machine"]
     gpu = m.get("gpu")
     smi = (gpu or {}).get("nvidia_smi") or [{}]
@@ -369,8 +370,6 @@ def markdown_summary(record: dict, table_text: str) -> str:
              f"- versions: python {m['python']}, torch {m['torch']}, triton {m['triton']}, minfer {m['minfer']}",
              f"- command: `{record['command']}`",
              f"- MINFER_* env: {m['env'] or 'none'}", "", table_text, ""]
-    if record.get("ab"):
-        lines += [ab_text(record["ab"]), ""]
     return "\n".join(lines)
 
 

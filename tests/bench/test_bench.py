@@ -157,11 +157,14 @@ def test_parse_env():
         B.parse_env("  ")
 
 
-def test_ab_cli_unsets_bare_name(tiny, capsys, monkeypatch):
+def test_ab_cli_unsets_bare_name(tiny, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MINFER_TEST_AB", "kept")
     assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1", "--no-progress",
-                "--ab", "MINFER_TEST_AB=1", "MINFER_TEST_AB", "--pairs", "4", "-o", "json"]) == 0
+                "--ab", "MINFER_TEST_AB=1", "MINFER_TEST_AB", "--pairs", "4", "-o", "json",
+                "--out", str(tmp_path / "ab.json")]) == 0
     rec = json.loads(capsys.readouterr().out)
+    md = (tmp_path / "ab.md").read_text()
+    assert md.count("| B/A mean |") == 1 and md.count("| 4 | pp8 |") == 1
     assert rec["ab"]["a"] == {"MINFER_TEST_AB": "1"} and rec["ab"]["b"] == {"MINFER_TEST_AB": None}
     envs = [(x["env"]["ab_side"], x["env"].get("MINFER_TEST_AB")) for x in rec["ab"]["results"]]
     assert envs == [("A", "1"), ("B", None)] * 4
