@@ -1,0 +1,91 @@
+"""One decode step of a llama-family model captured in a CUDA graph.
+
+Eager decode issues ~12 kernels per layer from Python (the 4-layer 7B profile in
+bench/results/gpu-2026-11-29-run2-bench.log: 7.1 ms of CPU time for 2.0 ms of GPU work), so
+a step is launch-bound. A graph replays the whole step's kernels with one call.
+
+What makes the step capturable: every value that changes between steps lives in a device
+tensor the graph reads -- the token id, the position (rope reads positions from memory,
+the KV write uses index_copy_ at that position, decode attention reads its key count from
+memory) -- and no kernel's grid or shapes depend on them (decode attention sizes its grid
+from the cache length). The math is the model's (models/layers.py: self_attention,
+feed_forward; models/llama.py: forward) through the same minfer.ops calls.
+
+    g = DecodeGraph(engine.model, engine.cache)    # captures on first use
+    logits = g.step(token_id, start_pos)           # (1, vocab) float32 on the GPU
+
+Wiring into Engine.generate belongs to the engine (runtime/engine.py): call `step` for
+each generated token once the prompt is prefilled; MINFER_CUDA_GRAPH=0 keeps the eager path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minfer import ops
+from minfer.ops import paths
+
+
+class DecodeGraph:
+    def __init__(self, model, cache):
+        self.model = model
+        self.cache = cache
+        dev = model.output_norm.device
+        self.tok = torch.zeros(1, dtype=torch.int64, device=dev)     # the step's token id
+        self.pos = torch.zeros(1, dtype=torch.int64, device=dev)     # its position
+        self.graph = None
+        self.logits = None
+
+    def _forward(self) -> torch.Tensor:
+        """The model's decode step with the token and position read from device memory."""
+        m, cfg = self.model, self.model.cfg
+        H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        x = ops.embedding(self.tok, m.token_embd)                            # (1, D)
+        n_keys = self.pos + 1
+        for i, blk in enumerate(m.blocks):
+            h = ops.rms_norm(x, blk.attn_norm, cfg.rms_eps)
+            q = ops.linear(h, blk.attn_q, blk.attn_q_bias).view(1, H, Dh)
+            k = ops.linear(h, blk.attn_k, blk.attn_k_bias).view(1, Hkv, Dh)
+            v = ops.linear(h, blk.attn_v, blk.attn_v_bias).view(1, Hkv, Dh)
+            q = ops.rope(q, self.pos, cfg.rope)
+            k = ops.rope(k, self.pos, cfg.rope)
+            kc, vc = self.cache.k[i], self.cache.v[i]                        # (n_ctx, Hkv, Dh)
+            kc.index_copy_(0, self.pos, k.to(kc.dtype))
+            vc.index_copy_(0, self.pos, v.to(vc.dtype))
+            from minfer.ops.cuda.attention import decode_attention
+            o = decode_attention(q, kc, vc, n_keys)                          # (1, H, Dh)
+            x = x + ops.linear(o.reshape(1, H * Dh), blk.attn_output)
+            h = ops.rms_norm(x, blk.ffn_norm, cfg.rms_eps)
+            x = x + ops.linear(ops.swiglu(ops.linear(h, blk.ffn_gate), ops.linear(h, blk.ffn_up)), blk.ffn_down)
+        x = ops.rms_norm(x, m.output_norm, cfg.rms_eps)
+        return ops.linear(x, m.output).float()                               # (1, V)
+
+    def capture(self) -> None:
+        # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
+        # tok/pos already hold the real first step, so the warm-up writes the right keys and
+        # values at that position (the replay writes the same again).
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                self._forward()
+        torch.cuda.current_stream().wait_stream(s)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.logits = self._forward()
+        paths.count("graph.decode.capture")
+
+    @torch.inference_mode()
+    def step(self, token_id: int, start_pos: int) -> torch.Tensor:
+        """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
+        graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep)."""
+        if start_pos >= self.cache.n_ctx:
+            from minfer.errors import MinferError
+            raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
+        self.tok.fill_(int(token_id))
+        self.pos.fill_(int(start_pos))
+        if self.graph is None:
+            self.capture()
+        self.graph.replay()
+        paths.count("graph.decode.replay")
+        return self.logits
