@@ -240,6 +240,16 @@ def profile(res, table):
         tab = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
         print(f"\n---- profile {name} (4 layers of the 7B, engine as committed) ----\n{tab}")
         res[f"profile_{name}"] = tab
+    from minfer.runtime.cuda_graphs import DecodeGraph
+
+    g = DecodeGraph(eng.model, eng.cache)
+    g.step(ids[0], 512)
+    tok = torch.tensor([ids[0]], device="cuda")
+    with torch.inference_mode():
+        ms_eager = bench(lambda: eng.model.forward(tok, 512, eng.cache))
+        ms_graph = bench(lambda: g.step(ids[0], 512))
+    res["decode_step_4layer_ms"] = {"eager": ms_eager, "graph": ms_graph}
+    table.append(f"decode step, 4-layer 7B + lm head: eager {ms_eager:.2f} ms, CUDA graph {ms_graph:.2f} ms")
     table.append("launch paths of one 4-layer prefill(512) + one decode step: " +
                  ", ".join(f"{k}={v}" for k, v in sorted(paths.snapshot()["counts"].items())))
 
