@@ -181,25 +181,33 @@ def _encode(tok: Any, text: str) -> list[int]:
     return ids
 
 
+async def _watch_disconnect(request: Request, job: Job) -> None:
+    """Cancels the job when the client hangs up. The body has been read, so the next ASGI
+    message can only be http.disconnect (Starlette's StreamingResponse listens the same way)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
 async def _collect(job: Job, request: Request) -> tuple[list[Any], Finished]:
     """All events of a non-streaming job. A client that hangs up cancels the job."""
     events: list[Any] = []
+    watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
         while True:
-            try:
-                item = await asyncio.wait_for(job.get(), timeout=0.5)
-            except asyncio.TimeoutError:
-                if await request.is_disconnected():
-                    job.cancel()
-                    raise APIError(499, "client closed the request", code="client_closed_request")
-                continue
+            item = await job.get()
             if isinstance(item, Finished):
+                if item.cancelled:  # nobody is listening; uvicorn drops the answer
+                    raise APIError(499, "client closed the request", code="client_closed_request")
                 return events, item
             if isinstance(item, Failed):
                 raise APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}",
                                "server_error", "internal_error") from item.error
             events.append(item)
     finally:
+        watcher.cancel()
         job.cancel()  # no-op when finished; stops the worker when this coroutine is cancelled
 
 
