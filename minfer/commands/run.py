@@ -116,7 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=256,
                    help="stop after this many new tokens; -1 = until the context is full (default 256)")
     p.add_argument("--stop", action="append", default=[], metavar="S",
-                   help="stop when the text contains S (not printed); repeatable")
+                   help="stop when the text contains S (S itself is not printed); repeatable; "
+                   "backslash escapes such as \\n are understood")
     p.add_argument("--chat", action="store_true",
                    help="treat PROMPT as a user message and apply the model's chat template")
     p.add_argument("--system", default=None, metavar="S", help="system message (with --chat)")
@@ -131,7 +132,9 @@ def main(args) -> int:
         prompt = sys.stdin.read()
     if args.system is not None and not args.chat:
         raise MinferError("--system needs --chat")
-    stop = [s.encode().decode("unicode_escape") if "\\" in s else s for s in args.stop]
+    # "\n" typed on a shell arrives as backslash + n; non-ASCII text must survive the unescape
+    stop = [s.encode("latin-1", "backslashreplace").decode("unicode_escape") if "\\" in s else s
+            for s in args.stop]
     eng = load_engine(args)
     tok = eng.tokenizer
     if args.chat:
