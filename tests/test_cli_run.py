@@ -84,3 +84,12 @@ def test_perplexity_protocol_output(capsys):
     g = json.loads((Path(__file__).parent / "models" / "goldens" / "smollm2-135m-instruct.json").read_text())
     assert float(m.group(1)) == pytest.approx(g["ppl"], rel=0.03)
     assert 0 < float(m.group(2)) < float(m.group(1))
+
+
+def test_chat_remembers_earlier_turns(capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("My name is Ada. Reply with one short sentence.\n"
+                                                  "What is my name? Answer with just the name.\n"))
+    rc = main(["chat", "--temp", "0", "-n", "30"])
+    replies = [r for r in capsys.readouterr().out.split("\n") if r.strip()]
+    assert rc == 0 and len(replies) == 2
+    assert "Ada" in replies[1]
