@@ -11,20 +11,9 @@ from __future__ import annotations
 def load(model: str = "qwen2.5-coder-0.5b-instruct", device: str | None = None, ctx: int | None = None,
          dtype=None, progress: bool = True):
     """An Engine for `model` (catalog name or .gguf path) on `device` ('cpu' or 'cuda';
-    None = cuda when present and its backend exists, else cpu)."""
+    None = cuda when torch sees a GPU, else cpu). A GPU whose backend cannot load is an
+    error, never a silent fall back to the CPU."""
+    from minfer.commands.common import resolve_device
     from minfer.runtime.engine import Engine
 
-    if device is None:
-        import torch
-
-        device = "cpu"
-        if torch.cuda.is_available():
-            from minfer.errors import MinferError
-            from minfer.weights import cuda_backend
-
-            try:
-                cuda_backend()
-                device = "cuda"
-            except MinferError:
-                pass
-    return Engine.load(model, device=device, ctx=ctx, dtype=dtype, progress=progress)
+    return Engine.load(model, device=resolve_device(device), ctx=ctx, dtype=dtype, progress=progress)
