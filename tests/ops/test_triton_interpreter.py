@@ -186,3 +186,16 @@ def test_decode_attention(K, h, hkv, start):
     # the key count from a tensor (graph replay): the same result
     out2 = K.attn.decode_attention(q, kc, vc, torch.tensor([start + 1], dtype=torch.int32))
     assert rel_err(out2, ref) < 5e-3
+
+
+def test_decode_attention_many_splits(K):
+    """More splits than the combine kernel's chunk (16), most of them empty."""
+    from minfer.ops import reference
+
+    g = torch.Generator().manual_seed(5)
+    kc = torch.randn(400, 2, 32, generator=g).half()
+    vc = torch.randn(400, 2, 32, generator=g).half()
+    q = torch.randn(1, 6, 32, generator=g).half()
+    ref = reference.attention(q.double(), kc.double(), vc.double(), 290)
+    out = K.attn.decode_attention(q, kc, vc, torch.tensor([291]), n_split=25)
+    assert rel_err(out, ref) < 5e-3

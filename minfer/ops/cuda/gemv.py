@@ -8,8 +8,8 @@ bytes are the traffic, so each weight is read once per call, decoded in register
   (MP = 16/32/64; tensor cores want >= 16 columns), one program per (row tile, split, M tile).
 - Split-K: narrow shapes (qkv 4608 rows, down 3584 rows over K=18944) give too few row
   tiles to keep 132 SMs' worth of loads in flight, so K is cut into SPLIT ranges whose fp32
-  partial sums land in a (SPLIT, M, N) buffer and are summed by torch afterwards
-  (deterministic, unlike atomics).
+  partial sums land in a (SPLIT, M, N) buffer and one small kernel sums them (with the bias)
+  afterwards (deterministic, unlike atomics).
 """
 
 from __future__ import annotations
@@ -87,6 +87,19 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
             tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc1, mask=nmask)
 
 
+@triton.jit
+def _splitk_reduce_kernel(part, bias, out, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    """out (M, N) = sum over splits of part (SPLIT, M, N) [+ bias], one launch (was three torch ops)."""
+    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = o < MN
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for sp in range(SPLIT):
+        acc += tl.load(part + sp * MN + o, mask=m, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(bias + o % N, mask=m, other=0.0).to(tl.float32)
+    tl.store(out + o, acc.to(out.dtype.element_ty), mask=m)
+
+
 # Programs wanted in flight: a few per SM (132 on the H200) so that each SM has several
 # programs' loads outstanding while others compute.
 _TARGET_PROGRAMS = 132 * 4
@@ -140,8 +153,8 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
                        num_warps=num_warps)
     if split > 1:
-        acc = part.sum(0)
-        if bias is not None:
-            acc += bias.float()
-        out.copy_(acc)
+        mn = m * n
+        blk = 1024 if not interpret else 64
+        _splitk_reduce_kernel[(triton.cdiv(mn, blk),)](part, bias if bias is not None else part, out, mn, n, split,
+                                                       HAS_BIAS=bias is not None, BLOCK=blk, num_warps=4)
     return out
