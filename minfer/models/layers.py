@@ -57,25 +57,28 @@ def load_block(gf, cfg, i: int, device, dtype, biases: bool) -> Block:
     return blk
 
 
-def self_attention(x: torch.Tensor, blk: Block, cfg, cache, layer: int, start_pos: int,
-                   positions: torch.Tensor) -> torch.Tensor:
-    """Pre-norm causal self-attention with its residual. x (T, D) -> (T, D).
+def self_attention(x: torch.Tensor, blk: Block, cfg, cache, layer: int, start_pos,
+                   positions: torch.Tensor, act: torch.dtype = torch.float32) -> torch.Tensor:
+    """Pre-norm causal self-attention with its residual. x (T, D) -> (T, D), x's dtype.
 
-    Writes this step's rotated keys and values into the cache at [start_pos, start_pos + T).
+    Writes this step's rotated keys and values into the cache at `positions`. start_pos is an
+    int, or (decode under a CUDA graph) a (1,) device tensor equal to positions. The matmuls
+    run in `act` (bf16 on CUDA); the residual stream x keeps its own dtype (float32).
     """
     T = x.shape[0]
-    h = ops.rms_norm(x, blk.attn_norm, cfg.rms_eps)
-    q = ops.linear(h, blk.attn_q, blk.attn_q_bias).view(T, cfg.n_heads, cfg.head_dim)
-    k = ops.linear(h, blk.attn_k, blk.attn_k_bias).view(T, cfg.n_kv_heads, cfg.head_dim)
-    v = ops.linear(h, blk.attn_v, blk.attn_v_bias).view(T, cfg.n_kv_heads, cfg.head_dim)
-    q = ops.rope(q, positions, cfg.rope)
-    k = ops.rope(k, positions, cfg.rope)
-    k_cache, v_cache = cache.update(layer, start_pos, k, v)      # (S, Hkv, Dh) each
+    H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    h = ops.rms_norm(x, blk.attn_norm, cfg.rms_eps).to(act)
+    q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
+                              (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias))
+    q = ops.rope(q.view(T, H, Dh), positions, cfg.rope)
+    k = ops.rope(k.view(T, Hkv, Dh), positions, cfg.rope)
+    k_cache, v_cache = cache.update(layer, start_pos, k, v.view(T, Hkv, Dh), positions)  # (S, Hkv, Dh)
     o = ops.attention(q, k_cache, v_cache, start_pos)             # (T, H, Dh)
-    return x + ops.linear(o.reshape(T, cfg.n_heads * cfg.head_dim), blk.attn_output)
+    return x + ops.linear(o.reshape(T, H * Dh), blk.attn_output)
 
 
-def feed_forward(x: torch.Tensor, blk: Block, cfg) -> torch.Tensor:
+def feed_forward(x: torch.Tensor, blk: Block, cfg, act: torch.dtype = torch.float32) -> torch.Tensor:
     """Pre-norm SwiGLU MLP with its residual: x + W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    h = ops.rms_norm(x, blk.ffn_norm, cfg.rms_eps)
-    return x + ops.linear(ops.swiglu(ops.linear(h, blk.ffn_gate), ops.linear(h, blk.ffn_up)), blk.ffn_down)
+    h = ops.rms_norm(x, blk.ffn_norm, cfg.rms_eps).to(act)
+    gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None))
+    return x + ops.linear(ops.swiglu(gate, up), blk.ffn_down)

@@ -25,8 +25,11 @@ class LlamaModel:
     has_qkv_bias = False  # qwen2 overrides
 
     def __init__(self, cfg: ModelConfig, token_embd: QWeight, blocks: list[Block],
-                 output_norm: torch.Tensor, output: QWeight):
+                 output_norm: torch.Tensor, output: QWeight, act_dtype: torch.dtype = torch.float32):
         self.cfg = cfg
+        # dtype of the matmul inputs and of the KV cache: float32 on the CPU (the reference),
+        # bf16 on CUDA (tensor cores, flash attention). The residual stream stays float32.
+        self.act_dtype = act_dtype
         self.token_embd = token_embd      # (V, D)
         self.blocks = blocks
         self.output_norm = output_norm    # (D,)
@@ -57,18 +60,53 @@ class LlamaModel:
         output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
         bar.update()
         bar.close()
-        return cls(cfg, token_embd, blocks, output_norm, output)
+        return cls(cfg, token_embd, blocks, output_norm, output, act_dtype=activation_dtype(device))
+
+    def qweights(self) -> list[QWeight]:
+        """Every matrix of the model once (the tied output is the embedding)."""
+        ws = [self.token_embd]
+        for b in self.blocks:
+            ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down]
+        if self.output is not self.token_embd:
+            ws.append(self.output)
+        return ws
 
     def forward(self, tokens: torch.Tensor, start_pos: int, cache, last_only: bool = False) -> torch.Tensor:
         """tokens (T,) int64 at positions start_pos.. -> logits (T, V) float32, or (1, V) with
         last_only. Appends the tokens' keys/values to `cache`."""
         T = tokens.shape[0]
         positions = torch.arange(start_pos, start_pos + T, device=tokens.device)
-        x = ops.embedding(tokens, self.token_embd)                 # (T, D)
+        return self._forward(tokens, start_pos, positions, cache, last_only)
+
+    def decode_step(self, token: torch.Tensor, pos: torch.Tensor, cache) -> torch.Tensor:
+        """One token (1,) at position pos, a (1,) int64 device tensor -> logits (1, V) float32.
+        Nothing here depends on host values, so a CUDA graph can capture it once and replay it
+        at every position (minfer/runtime/cuda_graphs.py)."""
+        return self._forward(token, pos, pos, cache, last_only=False)
+
+    def _forward(self, tokens, start_pos, positions, cache, last_only: bool) -> torch.Tensor:
+        act = self.act_dtype
+        x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
         for i, blk in enumerate(self.blocks):
-            x = self_attention(x, blk, self.cfg, cache, i, start_pos, positions)
-            x = feed_forward(x, blk, self.cfg)
+            x = self_attention(x, blk, self.cfg, cache, i, start_pos, positions, act)
+            x = feed_forward(x, blk, self.cfg, act)
         if last_only:
             x = x[-1:]
-        x = ops.rms_norm(x, self.output_norm, self.cfg.rms_eps)
+        x = ops.rms_norm(x, self.output_norm, self.cfg.rms_eps).to(act)
         return ops.linear(x, self.output).float()                  # (T, V)
+
+
+def activation_dtype(device) -> torch.dtype:
+    """float32 on the CPU; on CUDA bf16 unless MINFER_ACT_DTYPE=float32 (read at load)."""
+    import os
+
+    if torch.device(device).type != "cuda":
+        return torch.float32
+    name = os.environ.get("MINFER_ACT_DTYPE", "bfloat16")
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+             "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        from minfer.errors import MinferError
+
+        raise MinferError(f"MINFER_ACT_DTYPE={name!r}: expected one of {', '.join(table)}")
+    return table[name]

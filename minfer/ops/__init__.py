@@ -27,6 +27,22 @@ def linear(x, w, bias=None):
     return _backend(x).linear(x, w, bias)
 
 
+def linear_many(x, ws, biases):
+    """The same input through several weights (q/k/v, gate/up): x (T, K) -> [(T, N_i)].
+
+    A backend may fuse them (one scratch, one GEMM); without such a kernel each weight goes
+    through linear() and the path `qmatmul.group.unfused` is counted."""
+    be = _backend(x)
+    fused = getattr(be, "linear_many", None)
+    if fused is not None:
+        return fused(x, ws, biases)
+    if be is not reference:
+        from minfer.ops import paths
+
+        paths.count("qmatmul.group.unfused")
+    return [be.linear(x, w, b) for w, b in zip(ws, biases)]
+
+
 def embedding(ids, w):
     """ids (T,) int64 -> rows of w, (T, D)."""
     return _backend(ids).embedding(ids, w)

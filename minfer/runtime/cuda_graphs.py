@@ -9,7 +9,7 @@ tensor the graph reads -- the token id, the position (rope reads positions from 
 the KV write uses index_copy_ at that position, decode attention reads its key count from
 memory) -- and no kernel's grid or shapes depend on them (decode attention sizes its grid
 from the cache length). The math is the model's (models/layers.py: self_attention,
-feed_forward; models/llama.py: forward) through the same minfer.ops calls.
+feed_forward; models/llama.py: decode_step) through the same minfer.ops calls.
 
     g = DecodeGraph(engine.model, engine.cache)    # captures on first use
     logits = g.step(token_id, start_pos)           # (1, vocab) float32 on the GPU
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import torch
 
-from minfer import ops
 from minfer.ops import paths
 
 
@@ -38,27 +37,7 @@ class DecodeGraph:
 
     def _forward(self) -> torch.Tensor:
         """The model's decode step with the token and position read from device memory."""
-        m, cfg = self.model, self.model.cfg
-        H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        x = ops.embedding(self.tok, m.token_embd)                            # (1, D)
-        n_keys = self.pos + 1
-        for i, blk in enumerate(m.blocks):
-            h = ops.rms_norm(x, blk.attn_norm, cfg.rms_eps)
-            q = ops.linear(h, blk.attn_q, blk.attn_q_bias).view(1, H, Dh)
-            k = ops.linear(h, blk.attn_k, blk.attn_k_bias).view(1, Hkv, Dh)
-            v = ops.linear(h, blk.attn_v, blk.attn_v_bias).view(1, Hkv, Dh)
-            q = ops.rope(q, self.pos, cfg.rope)
-            k = ops.rope(k, self.pos, cfg.rope)
-            kc, vc = self.cache.k[i], self.cache.v[i]                        # (n_ctx, Hkv, Dh)
-            kc.index_copy_(0, self.pos, k.to(kc.dtype))
-            vc.index_copy_(0, self.pos, v.to(vc.dtype))
-            from minfer.ops.cuda.attention import decode_attention
-            o = decode_attention(q, kc, vc, n_keys)                          # (1, H, Dh)
-            x = x + ops.linear(o.reshape(1, H * Dh), blk.attn_output)
-            h = ops.rms_norm(x, blk.ffn_norm, cfg.rms_eps)
-            x = x + ops.linear(ops.swiglu(ops.linear(h, blk.ffn_gate), ops.linear(h, blk.ffn_up)), blk.ffn_down)
-        x = ops.rms_norm(x, m.output_norm, cfg.rms_eps)
-        return ops.linear(x, m.output).float()                               # (1, V)
+        return self.model.decode_step(self.tok, self.pos, self.cache)                # (1, V)
 
     def capture(self) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.

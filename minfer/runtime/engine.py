@@ -24,7 +24,18 @@ from minfer.runtime.kv_cache import KVCache
 from minfer.runtime.sampling import SamplingParams
 
 DEFAULT_CTX = 4096
-PREFILL_CHUNK = 512   # bounds the (T, S) attention scores of a long prompt
+# Prompt tokens per forward pass. On the CPU 512 bounds the (T, S) attention scores of a long
+# prompt. On CUDA attention is SDPA's flash kernel (no (T, S) matrix) and the GEMMs gain from
+# large M (ANCHORS.md: dequant + cuBLAS at M=3354 runs ~1.5x the rate at M=512), so a whole
+# prompt of up to 4096 tokens goes in one pass (MINFER_PREFILL_CHUNK overrides, read per call).
+PREFILL_CHUNK = {"cpu": 512, "cuda": 4096}
+
+
+def prefill_chunk(device) -> int:
+    env = os.environ.get("MINFER_PREFILL_CHUNK")
+    if env:
+        return max(1, int(env))
+    return PREFILL_CHUNK.get(torch.device(device).type, 512)
 
 
 class Engine:
@@ -37,9 +48,11 @@ class Engine:
         self.n_ctx = int(n_ctx or min(self.config.context_length, DEFAULT_CTX))
         if self.n_ctx <= 0:
             raise MinferError(f"--ctx must be positive, got {self.n_ctx}")
-        self.cache = KVCache.for_config(self.config, self.n_ctx, self.device)
+        self.cache = KVCache.for_config(self.config, self.n_ctx, self.device,
+                                        dtype=getattr(model, "act_dtype", torch.float32))
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
+        self._graph = None            # DecodeGraph (CUDA), captured at the first decode step
 
     @classmethod
     def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
@@ -61,8 +74,23 @@ class Engine:
             from minfer.catalog import resolve_model
 
             gf = GGUFFile(resolve_model(str(model)))
+        t0 = time.perf_counter()
         m = load_model(gf, device=device, dtype=dtype, progress=progress)
-        return cls(m, load_tokenizer(gf), ctx, gf.path)
+        eng = cls(m, load_tokenizer(gf), ctx, gf.path)
+        if device == "cuda":
+            from minfer.weights import cuda_backend
+
+            torch.cuda.synchronize()
+            eng.stats["load_s"] = time.perf_counter() - t0
+            eng.memory_report = (f"{cuda_backend().memory_report(m.qweights())}, KV cache "
+                                 f"{eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions, "
+                                 f"{str(m.act_dtype).removeprefix('torch.')})")
+            if progress:
+                import sys
+
+                print(f"minfer: loaded {gf.path.name} in {eng.stats['load_s']:.1f} s: "
+                      f"{eng.memory_report}", file=sys.stderr)
+        return eng
 
     def reset(self) -> None:
         """Forget the cached tokens (the cache memory is kept and overwritten)."""
@@ -86,17 +114,40 @@ class Engine:
         tokens = [int(t) for t in tokens]
         self._check(tokens, start_pos)
         self.tokens = self.tokens[:start_pos]
+        if len(tokens) == 1 and self._use_graph():
+            logits = self._graph_step(tokens[0], start_pos)           # (1, V) on the GPU
+            self.tokens.append(tokens[0])
+            return logits.float().cpu()
         outs = []
-        for i in range(0, len(tokens), PREFILL_CHUNK):
-            chunk = tokens[i:i + PREFILL_CHUNK]
+        chunk_len = prefill_chunk(self.device)
+        for i in range(0, len(tokens), chunk_len):
+            chunk = tokens[i:i + chunk_len]
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-            last = last_only and i + PREFILL_CHUNK >= len(tokens)
+            last = last_only and i + chunk_len >= len(tokens)
             if last_only and not last:
                 self.model.forward(ids, start_pos + i, self.cache, last_only=True)
             else:
                 outs.append(self.model.forward(ids, start_pos + i, self.cache, last_only=last_only))
             self.tokens.extend(chunk)
         return torch.cat(outs).float().cpu() if len(outs) > 1 else outs[0].float().cpu()
+
+    def _use_graph(self) -> bool:
+        """Decode steps on CUDA replay a captured graph unless MINFER_CUDA_GRAPH=0 (read per call)."""
+        if self.device.type != "cuda":
+            return False
+        from minfer.ops import paths
+
+        if not paths.enabled("MINFER_CUDA_GRAPH"):
+            paths.switched_off("graph.decode.replay", "MINFER_CUDA_GRAPH")
+            return False
+        return True
+
+    def _graph_step(self, token: int, pos: int) -> torch.Tensor:
+        if self._graph is None:
+            from minfer.runtime.cuda_graphs import DecodeGraph
+
+            self._graph = DecodeGraph(self.model, self.cache)
+        return self._graph.step(token, pos)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

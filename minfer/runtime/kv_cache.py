@@ -24,9 +24,18 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def update(self, layer: int, start_pos: int, k: torch.Tensor, v: torch.Tensor):
+    def update(self, layer: int, start_pos, k: torch.Tensor, v: torch.Tensor,
+               positions: torch.Tensor | None = None):
         """Store k, v (T, Hkv, Dh) at positions [start_pos, start_pos + T); return the layer's
-        whole caches (n_ctx, Hkv, Dh), of which [0, start_pos + T) are valid."""
+        whole caches (n_ctx, Hkv, Dh), of which [0, start_pos + T) are valid.
+
+        start_pos may be a (1,) device tensor (decode under a CUDA graph): then the write goes
+        through index_copy_ at `positions`, with no host value involved (the caller checked
+        the bound before the replay)."""
+        if isinstance(start_pos, torch.Tensor):
+            self.k[layer].index_copy_(0, positions, k.to(self.k.dtype))
+            self.v[layer].index_copy_(0, positions, v.to(self.v.dtype))
+            return self.k[layer], self.v[layer]
         T = k.shape[0]
         if start_pos + T > self.n_ctx:
             raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} tokens at "
