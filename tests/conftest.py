@@ -1,4 +1,17 @@
+import os
+
 import pytest
+
+# Without a GPU, Triton kernels run only in Triton's interpreter, and TRITON_INTERPRET is read
+# when a kernel module is imported: set it before any test module imports minfer.ops.cuda.
+if "TRITON_INTERPRET" not in os.environ:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ["TRITON_INTERPRET"] = "1"
+    except ImportError:
+        pass
 
 
 def pytest_collection_modifyitems(config, items):
