@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer.errors import MinferError
@@ -95,7 +96,8 @@ class ServerState:
 
     def _record(self, fin: Finished) -> None:
         m = self.metrics
-        m.prompt_tokens.inc(fin.n_prompt if not (fin.cancelled and fin.n_generated == 0) else 0)
+        if not fin.skipped:
+            m.prompt_tokens.inc(fin.n_prompt)
         m.generated_tokens.inc(fin.n_generated)
         if fin.cancelled:
             m.cancelled.inc()
@@ -323,8 +325,9 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
             messages.append(d)
         tok = engine.tokenizer
         try:
-            text = tok.apply_chat_template(messages, add_generation_prompt=True)
-            ids = _encode(tok, text)
+            # off the event loop: a long conversation takes a while to render and tokenize
+            ids = await run_in_threadpool(
+                lambda: _encode(tok, tok.apply_chat_template(messages, add_generation_prompt=True)))
         except MinferError as e:
             raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
         job = _make_job(state, engine, req, ids)
@@ -368,7 +371,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         else:
             text = prompt if isinstance(prompt, str) else prompt[0]
             try:
-                ids = _encode(tok, text)
+                ids = await run_in_threadpool(_encode, tok, text)
             except MinferError as e:
                 raise APIError(400, f"prompt: {e}", code="invalid_value", param="prompt") from e
         job = _make_job(state, engine, req, ids)

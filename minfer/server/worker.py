@@ -40,6 +40,7 @@ class Finished:
     prompt_seconds: float | None  # submit of the prompt -> first token (prefill + first sample)
     decode_seconds: float | None  # first token -> last token
     cancelled: bool = False
+    skipped: bool = False  # cancelled while still queued: the engine never saw it
 
 
 @dataclass
@@ -138,7 +139,7 @@ class Worker:
         req = job.req
         n_prompt = len(req.prompt_ids)
         if job.cancelled:  # the client left while waiting in the queue
-            self._finish(job, Finished("stop", n_prompt, 0, None, None, cancelled=True))
+            self._finish(job, Finished("stop", n_prompt, 0, None, None, cancelled=True, skipped=True))
             return
         t0 = time.perf_counter()
         t_first = t_last = None

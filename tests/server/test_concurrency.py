@@ -85,9 +85,10 @@ def test_simultaneous_mixed_requests(client, server):
                    "chat": ref_chat.choices[0].message.content, "chats": ref_chat.choices[0].message.content}
 
 
-def _data_lines(response, n):
+def _data_lines(lines, n):
+    """The next n `data:` lines of an SSE line iterator (response.iter_lines(), made once)."""
     got = []
-    for line in response.iter_lines():
+    for line in lines:
         if line.startswith("data: "):
             got.append(line)
             if len(got) == n:
@@ -104,13 +105,13 @@ def test_disconnect_stops_generation_and_frees_the_slot(engine, make_server):
     # A streams and hangs up after three tokens
     with httpx.stream("POST", srv.url + "/v1/completions", json=long_body, timeout=300) as a:
         assert a.status_code == 200
-        _data_lines(a, 3)
+        _data_lines(a.iter_lines(), 3)
         # B queues behind A (chat: the role chunk comes before generation) and hangs up while queued
         chat = {"model": MODEL, "messages": [{"role": "user", "content": "Count to a thousand."}],
                 "max_tokens": LONG, "temperature": 0, "stream": True}
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=chat, timeout=300) as b:
             assert b.status_code == 200
-            first = json.loads(_data_lines(b, 1)[0][6:])
+            first = json.loads(_data_lines(b.iter_lines(), 1)[0][6:])
             assert first["choices"][0]["delta"]["role"] == "assistant"
     _wait_for(lambda: metric_value(metrics(), "minfer_generations_cancelled_total") == 2, "both generations cancelled")
     m = metrics()
@@ -143,3 +144,59 @@ def test_disconnect_of_a_non_streaming_request(engine, make_server):
     assert metric_value(metrics(), "minfer_generated_tokens_total") < LONG // 2
     r = httpx.post(srv.url + "/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2}, timeout=300)
     assert r.status_code == 200
+
+
+class RecordingEngine:
+    """The real engine, noting the prompt of each generation in the order the worker runs them;
+    the generation of a prompt containing `hold_on` pauses after two tokens until `hold` is set,
+    so that the test can queue requests behind it however slow or fast the machine is."""
+
+    def __init__(self, inner, hold_on: str):
+        self.inner = inner
+        self.order: list[str] = []
+        self.hold_on = hold_on
+        self.hold = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, prompt_ids, *args, **kw):
+        text = self.inner.tokenizer.decode(prompt_ids)
+        self.order.append(text)
+        for i, ev in enumerate(self.inner.generate(prompt_ids, *args, **kw)):
+            if i == 2 and self.hold_on in text:
+                assert self.hold.wait(600)
+            yield ev
+
+
+def test_queued_requests_are_served_in_arrival_order(engine, make_server):
+    rec = RecordingEngine(engine, hold_on=COUNTING)
+    srv = make_server(lambda: rec)
+    srv.wait_ready()
+    queued = lambda: metric_value(httpx.get(srv.url + "/metrics", timeout=30).text,  # noqa: E731
+                                  "minfer_requests_queued")
+    tags = ["alpha", "bravo", "charlie", "delta"]
+    answers: dict = {}
+
+    def post(tag):
+        r = httpx.post(srv.url + "/v1/completions", timeout=600,
+                       json={"model": MODEL, "prompt": f"Request {tag}:", "max_tokens": 2, "temperature": 0})
+        answers[tag] = r.status_code
+
+    body = {"model": MODEL, "prompt": COUNTING, "max_tokens": 6, "temperature": 0, "stream": True}
+    threads = []
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=300) as a:
+        lines = a.iter_lines()
+        _data_lines(lines, 2)  # the worker is busy with this one, held after its second token
+        for i, tag in enumerate(tags):
+            t = threading.Thread(target=post, args=(tag,))
+            t.start()
+            threads.append(t)
+            _wait_for(lambda: queued() == i + 1, f"{tag} queued")  # arrival order is fixed
+        rec.hold.set()
+        assert _data_lines(lines, 6)[-1] == "data: [DONE]"  # 4 more tokens, the final chunk, [DONE]
+    for t in threads:
+        t.join(600)
+    assert answers == {t: 200 for t in tags}
+    assert rec.order[0] == engine.tokenizer.decode(engine.tokenizer.encode(COUNTING))
+    assert [next(t for t in tags if t in p) for p in rec.order[1:]] == tags

@@ -154,3 +154,12 @@ def test_completion_logprobs(client):
     assert all(len(t) <= 2 for t in lp.top_logprobs)
     assert all(v <= 0 for v in lp.token_logprobs)
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+
+
+def test_completion_echo(client):
+    kw = dict(model="smollm2-135m-instruct", prompt="The sky is", temperature=0, max_tokens=4)
+    plain = client.completions.create(**kw).choices[0].text
+    echoed = client.completions.create(echo=True, **kw).choices[0].text
+    assert echoed == "The sky is" + plain
+    streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
+    assert streamed == echoed
