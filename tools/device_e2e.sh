@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The whole-model device run (H200): install, GPU tests, the synthetic 7B, bench + peer,
+# launch paths and per-op profile, A/B of the prefill switches. From the repo root:
+#   run(command="bash tools/device_e2e.sh [STEPS]", carry=[".whl"])
+# STEPS (default: tests synth paths bench ab): any subset, in order.
+# Everything goes to $OUT; a summary is printed last.
+set -u
+OUT=${OUT:-/tmp/minfer-out}
+mkdir -p "$OUT"
+STEPS=${*:-tests synth paths bench ab}
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1 \
+  || echo "(pip install -e . failed, using PYTHONPATH)"
+M="python3 -m minfer"
+Q7=/tmp/q7.gguf
+{
+  date -u; git log -1 --format='commit %H %s' 2>/dev/null || true
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
+  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+summary=""
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    tests)
+      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
+      summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log")";;
+    synth)
+      [ -f $Q7 ] || $M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m 2>&1 | tail -2
+      $M inspect $Q7 | tail -8;;
+    paths)
+      MINFER_DEBUG_PATHS=1 timeout 200 python3 tools/profile_ops.py $Q7 --prompt 3354 --json "$OUT/profile-7b.json" 2>&1 | tee "$OUT/profile-7b.log" | grep -v "^ *$" | head -90;;
+    bench)
+      timeout 300 $M bench -m $Q7 -p 512,3354 -n 128 -r ${REPS:-3} --peer torch-bf16 --out "$OUT/bench-7b.json" --no-progress 2>&1 | tee "$OUT/bench-7b.log" | tail -20
+      summary="$summary\n$(tail -20 "$OUT/bench-7b.log")";;
+    ab)
+      for sw in ${AB_SWITCHES:-MINFER_PREFETCH MINFER_FUSE_GROUPS}; do
+        timeout 150 $M bench -m $Q7 -p 512,3354 -n 0 -r 2 --ab "$sw=1" "$sw=0" --pairs 4 --no-progress 2>&1 | tee "$OUT/ab-$sw.log" | tail -12
+        summary="$summary\nA/B $sw:\n$(tail -8 "$OUT/ab-$sw.log")"
+      done;;
+    *) echo "unknown step $step";;
+  esac
+  echo "[step $step: $(( $(date +%s) - t0 )) s]"
+done
+echo -e "\n==== summary ====$summary"
