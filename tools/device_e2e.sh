@@ -5,24 +5,10 @@
 # STEPS (default: tests synth paths bench ab): any subset, in order.
 # Everything goes to $OUT; a summary is printed last.
 set -u
-OUT=${OUT:-/tmp/minfer-out}
-mkdir -p "$OUT"
 STEPS=${*:-tests synth paths bench ab}
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1 \
-  || echo "(pip install -e . failed, using PYTHONPATH)"
+source tools/device_setup.sh
 M="python3 -m minfer"
 Q7=/tmp/q7.gguf
-{
-  date -u; git log -1 --format='commit %H %s' 2>/dev/null || true
-  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
-  python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env.txt"
 summary=""
 for step in $STEPS; do
   t0=$(date +%s)

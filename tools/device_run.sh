@@ -6,23 +6,8 @@
 # BENCH_ARGS="--sweep --profile" adds tile sweeps and a per-op profile of the engine.
 # Logs and JSON go to $OUT (what comes back); a short table is printed last.
 set -u
-OUT=${OUT:-/tmp/minfer-out}
-mkdir -p "$OUT"
 STEPS=${*:-tests bench}
-export PYTHONUNBUFFERED=1
-# the image lacks gguf: the wheel travels in .whl (see .library/device/README.md, Notes)
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || { echo "wheel install failed"; exit 1; }
-fi
-export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1 \
-  || echo "(pip install -e . failed, using PYTHONPATH; see pip-install.log)"
-{
-  date -u; git log -1 --format='commit %H %s' 2>/dev/null || true
-  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
-  python3 -c 'import torch, triton, numpy; print("torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
-} 2>&1 | tee "$OUT/env.txt"
+source tools/device_setup.sh
 summary=""
 for step in $STEPS; do
   case $step in

@@ -1,0 +1,17 @@
+# Sourced by the device scripts: $OUT, the gguf wheel (the image lacks gguf; it travels in
+# .whl, see the device tool's README Notes), minfer installed from the checkout, env.txt.
+OUT=${OUT:-/tmp/minfer-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip-install.log" 2>&1 \
+  || echo "(pip install -e . failed, using PYTHONPATH; see pip-install.log)"
+{
+  date -u; git log -1 --format='commit %H %s' 2>/dev/null || true
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
+  python3 -c 'import torch, triton, numpy; print("torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
+} 2>&1 | tee "$OUT/env.txt"
