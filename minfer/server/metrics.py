@@ -28,7 +28,8 @@ class ServerMetrics:
         self.cancelled = Counter("minfer_generations_cancelled",
                                  "generations stopped early because the client went away", registry=r)
         self.prompt_tps = Histogram("minfer_prompt_tokens_per_second",
-                                    "prefill speed per request: prompt tokens / time to the first token",
+                                    "prefill speed per request: prompt tokens / time to the first token "
+                                    "(a prompt prefix still in the KV cache is not recomputed, so counts as fast)",
                                     buckets=_TPS_BUCKETS, registry=r)
         self.generation_tps = Histogram("minfer_generation_tokens_per_second",
                                         "decode speed per request: tokens after the first / time after it",

@@ -163,3 +163,22 @@ def test_completion_echo(client):
     assert echoed == "The sky is" + plain
     streamed = "".join(c.choices[0].text for c in client.completions.create(echo=True, stream=True, **kw))
     assert streamed == echoed
+
+
+def test_sampling_fields_reach_the_engine(client, engine, params_cls):
+    kw = dict(model="smollm2-135m-instruct", prompt=COUNTING, max_tokens=12)
+    greedy = client.completions.create(temperature=0, **kw).choices[0].text
+    # cuts that leave only the most likely token make hot sampling greedy, whatever the seed
+    # (top_k and min_p are not in the openai client's signature: they go as extra_body)
+    for cut in ({"top_k": 1}, {"min_p": 1.0}, {"top_p": 1e-6}):
+        for seed in (1, 2):
+            r = client.completions.create(temperature=1.5, seed=seed, extra_body=cut, **kw)
+            assert r.choices[0].text == greedy, cut
+    # penalties change a repetitive greedy continuation, exactly as the engine run directly does
+    ids = list(engine.tokenizer.encode(COUNTING))
+    for field, param, value in (("frequency_penalty", "frequency_penalty", 2.0),
+                                ("presence_penalty", "presence_penalty", 2.0),
+                                ("repetition_penalty", "repeat_penalty", 3.0)):
+        r = client.completions.create(temperature=0, extra_body={field: value}, **kw)
+        ref, _, _ = run_direct(engine, params_cls, ids, 12, temperature=0.0, **{param: value})
+        assert r.choices[0].text == ref != greedy, field
