@@ -22,6 +22,11 @@ generates at a time; the others wait in a first-in first-out queue. A client tha
 mid-stream stops its generation. The socket opens at once and the model loads in the
 background, so poll /health before sending work.
 
+Requests take OpenAI's fields plus top_k, min_p and repetition_penalty. Sampling fields a
+request leaves out keep minfer's defaults (those of `minfer run`: temperature 0.8, top_k 40,
+top_p 0.95, min_p 0.05); send "temperature": 0 for greedy, repeatable answers. Without
+max_tokens an answer runs until the model ends its turn or the context is full.
+
 Example:
   minfer serve -m smollm2-135m-instruct --port 8080
   python -c "from openai import OpenAI; c = OpenAI(base_url='http://127.0.0.1:8080/v1', api_key='x'); \\
@@ -38,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "0.0.0.0 exposes the server to the network -- set --api-key then)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
     p.add_argument("-c", "--ctx", type=int, default=None,
-                   help="context size in tokens shared by prompt and answer (default: the model's)")
+                   help="context size in tokens, shared by prompt and answer (default: the model's "
+                   "training context, at most 4096); a longer prompt gets a 400 error")
     p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
                    help="require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(default: $MINFER_API_KEY; no auth when unset)")
