@@ -138,7 +138,8 @@ def test_metrics_count_requests_and_tokens(engine, make_server):
     before = text()
     assert metric_value(before, "minfer_requests_total", {"endpoint": "/v1/completions", "status": "200"}) == 0
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=300)
-    r1 = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=4, temperature=0)
+    r1 = client.completions.create(model="smollm2-135m-instruct", prompt="Once upon a time", max_tokens=4,
+                                   temperature=0)
     r2 = client.chat.completions.create(messages=[{"role": "user", "content": "Hello"}],
                                         model="smollm2-135m-instruct", max_tokens=3, temperature=0)
     httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "n": 3}, timeout=30)  # a 400

@@ -50,10 +50,11 @@ def test_completion_greedy_matches_the_engine(client, engine, params_cls):
 
 
 def test_prompt_as_a_list_of_one_string_and_as_token_ids(client, engine):
-    a = client.completions.create(model="smollm2-135m-instruct", prompt="Hello, my name is", temperature=0, max_tokens=6)
-    b = client.completions.create(model="smollm2-135m-instruct", prompt=["Hello, my name is"], temperature=0, max_tokens=6)
+    kw = dict(model="smollm2-135m-instruct", temperature=0, max_tokens=6)
+    a = client.completions.create(prompt="Hello, my name is", **kw)
+    b = client.completions.create(prompt=["Hello, my name is"], **kw)
     ids = list(engine.tokenizer.encode("Hello, my name is"))
-    c = client.completions.create(model="smollm2-135m-instruct", prompt=ids, temperature=0, max_tokens=6)
+    c = client.completions.create(prompt=ids, **kw)
     assert a.choices[0].text == b.choices[0].text == c.choices[0].text
     assert a.usage.prompt_tokens == c.usage.prompt_tokens == len(ids)
 
