@@ -8,6 +8,9 @@ Paths and switches (all read at call time; MINFER_DEBUG_PATHS=1 prints the count
   qmatmul.<type>.decode     GEMV on the raw blocks, M <= MINFER_GEMV_MAX_M (32); MINFER_GEMV=0 off
   qmatmul.<type>.prefill    dequantize into a reused scratch + cuBLAS (MINFER_SCRATCH_MB caps it)
   qmatmul.<type>.cublas_direct  float weights already in the activation dtype
+  qmatmul.group<n>.prefill  linear_many: n weights in one scratch, one GEMM; MINFER_FUSE_GROUPS=0 off
+                            (MINFER_GROUP_GEMM=one|split|auto: one GEMM + column views, or one per slice)
+  prefetch.hit / .miss      next group dequantized on a side stream during this GEMM; MINFER_PREFETCH=0 off
   embedding.<type>          decode of the requested rows only
   rms_norm.triton (MINFER_TRITON_NORM=0 -> torch), rope.triton, swiglu.triton
   attention.prefill.sdpa, attention.decode.triton (MINFER_DECODE_ATTN=0 -> SDPA)
@@ -18,9 +21,9 @@ from __future__ import annotations
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.norm_rope_act import rms_norm, rope, swiglu
-from minfer.ops.cuda.qmatmul import linear, planned_scratch_bytes, scratch_bytes
+from minfer.ops.cuda.qmatmul import linear, linear_many, planned_scratch_bytes, scratch_bytes
 
-__all__ = ["linear", "embedding", "rms_norm", "rope", "swiglu", "attention", "decode_attention",
+__all__ = ["linear", "linear_many", "embedding", "rms_norm", "rope", "swiglu", "attention", "decode_attention",
            "prepare_weight", "memory_report", "planned_scratch_bytes", "scratch_bytes"]
 
 
@@ -47,11 +50,12 @@ def prepare_weight(w) -> None:
     if w.raw.data_ptr() % 16:
         # the kernels read f16 scales through 2-byte pointers and want 16-byte row starts
         w.raw = w.raw.clone()
-    qmatmul.note_weight(n * k)
+    qmatmul.note_weight(n * k, w.name)
 
 
 def memory_report(weights) -> str:
     """One line for the load message: weight bytes on the GPU and the planned prefill scratch."""
     wb = sum(w.nbytes() for w in weights)
-    sb = planned_scratch_bytes()
-    return f"weights {wb / 2**30:.2f} GiB on the GPU (raw GGUF blocks), prefill scratch {sb / 2**20:.0f} MiB (bf16)"
+    from minfer.ops.cuda import qmatmul
+
+    return f"weights {wb / 2**30:.2f} GiB on the GPU (raw GGUF blocks), {qmatmul.scratch_plan()}"

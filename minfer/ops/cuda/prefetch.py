@@ -1,0 +1,253 @@
+"""Prefill weight groups: one double-buffered bf16 scratch, and dequantization of the NEXT group
+on a side CUDA stream while cuBLAS multiplies with this one (issue 7).
+
+A "group" is the tuple of weights of one ops.linear / ops.linear_many call (q,k,v | o |
+gate,up | down per layer, then the lm head). Its weights are dequantized, each by its own
+type's kernel, into consecutive rows of ONE scratch buffer ([sum N_i, K]), so the group can
+be multiplied by one GEMM.
+
+Prediction: the calls of a prefill forward repeat in the same order every forward. The
+Sequence records the groups (by identity of the QWeight objects, held by weakref so a freed
+model's ids cannot alias a new model's) until the first recorded group comes round again;
+from then on, after each call it predicts the next entry (cyclically: after the last layer's
+down comes the next forward's layer-0 q/k/v) and the runner dequantizes that group into the
+other buffer on a side stream. A call that is not the prediction is dequantized synchronously
+(`prefetch.miss`) and resynchronizes the position; a call of an unknown group restarts
+recording. Hits count `prefetch.hit`; calls while recording count nothing (first forward).
+
+Stream safety (two events per buffer):
+- ready[b] is recorded on the side stream after its dequant into b; the main stream waits
+  on it before a GEMM (or a synchronous dequant) touches b;
+- free[b] is recorded on the main stream after the last GEMM that reads b; the side stream
+  waits on it before overwriting b.
+The two buffers are allocated once on the main stream and never freed while in use (a
+larger need synchronizes the device first), so the caching allocator never hands their
+memory to another stream's tensor; GEMM outputs are allocated on the main stream.
+On the CPU (Triton's interpreter, the tests) the side-stream work runs inline, with the same
+bookkeeping, so hits and the content of prefetched buffers are testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+import weakref
+
+import torch
+
+from minfer.ops import paths
+
+_GROUP_NAMES = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+_planned: dict = {}        # weight name -> elements, from prepare_weight (the load-time plan)
+
+
+def note_weight(name: str, n_elems: int) -> None:
+    _planned[name] = n_elems
+
+
+def buffer_limit_elems(dtype) -> int:
+    """One buffer's cap: MINFER_GROUP_SCRATCH_MB (default 288 MiB: the 7B's gate+up group,
+    37888 x 3584 bf16 = 259 MiB, fits; the lm head does not and is chunked)."""
+    mb = paths.env_int("MINFER_GROUP_SCRATCH_MB", 288)
+    return max(1 << 20, mb * (1 << 20) // torch.empty((), dtype=dtype).element_size())
+
+
+def planned_group_elems(dtype=torch.bfloat16) -> int:
+    """The largest group of the prepared weights that fits one buffer (q/k/v and gate/up by
+    their GGUF names, every other weight alone)."""
+    limit = buffer_limit_elems(dtype)
+    sizes = []
+    groups: dict = {}
+    for name, n in _planned.items():
+        m = re.match(r"(.*\.)(attn_q|attn_k|attn_v|ffn_gate|ffn_up)\.weight$", name)
+        if m:
+            kind = 0 if m.group(2).startswith("attn") else 1
+            groups[(m.group(1), kind)] = groups.get((m.group(1), kind), 0) + n
+        else:
+            sizes.append(n)
+    sizes += list(groups.values())
+    fit = [s for s in sizes if s <= limit]
+    return max(fit) if fit else 0
+
+
+class Sequence:
+    """The recorded order of groups and the position in it. Entries are tuples of weakrefs."""
+
+    MAX_LEN = 4096
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.seq: list = []
+        self.index: dict = {}        # tuple of ids -> position (verified by identity)
+        self.recording = True
+        self.pos = -1
+
+    @staticmethod
+    def _alive_match(entry, ws) -> bool:
+        return len(entry) == len(ws) and all(r() is w for r, w in zip(entry, ws))
+
+    def predicted(self):
+        """The weights of the predicted next call, or None (recording, or a freed weight)."""
+        if self.recording or not self.seq:
+            return None
+        entry = self.seq[(self.pos + 1) % len(self.seq)]
+        ws = tuple(r() for r in entry)
+        return None if any(w is None for w in ws) else ws
+
+    def observe(self, ws) -> str:
+        """Advance with the actual call `ws`; returns 'hit-position' / 'miss' / 'cold'."""
+        ids = tuple(id(w) for w in ws)
+        if self.recording:
+            if self.seq and not all(r() is not None for r in self.seq[0]):
+                self.reset()                                 # a recorded model was freed
+            if self.seq and self._alive_match(self.seq[0], ws):
+                self.recording = False                       # the cycle closed: one forward
+                self.pos = 0
+                return "cold"
+            if ids in self.index or len(self.seq) >= self.MAX_LEN:
+                self.reset()                                 # not a simple cycle: start again
+            self.index[ids] = len(self.seq)
+            self.seq.append(tuple(weakref.ref(w) for w in ws))
+            self.pos = len(self.seq) - 1
+            return "cold"
+        nxt = (self.pos + 1) % len(self.seq)
+        if self._alive_match(self.seq[nxt], ws):
+            self.pos = nxt
+            return "expected"
+        j = self.index.get(ids)
+        if j is not None and self._alive_match(self.seq[j], ws):
+            self.pos = j                                     # resynchronize
+            return "miss"
+        self.reset()                                         # another model or order
+        return self.observe(ws)
+
+
+class Runner:
+    """The two scratch buffers of one (device, dtype), their events, and the side stream."""
+
+    def __init__(self, device, dtype):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.cuda = self.device.type == "cuda"
+        self.bufs: list = [None, None]
+        self.holds: list = [None, None]    # tuple of weights whose rows buffer b holds (valid content)
+        self.last = 1                       # the buffer the last call used
+        self.seq = Sequence()
+        if self.cuda:
+            self.side = torch.cuda.Stream(device=self.device)
+            self.ready = [torch.cuda.Event(), torch.cuda.Event()]
+            self.free = [torch.cuda.Event(), torch.cuda.Event()]
+
+    def capacity(self) -> int:
+        return 0 if self.bufs[0] is None else self.bufs[0].numel()
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.bufs if b is not None)
+
+    def ensure(self, n_elems: int) -> None:
+        if self.capacity() >= n_elems:
+            return
+        want = max(n_elems, min(planned_group_elems(self.dtype), buffer_limit_elems(self.dtype)))
+        if self.cuda and self.bufs[0] is not None:
+            torch.cuda.synchronize(self.device)   # no stream may still use the old buffers
+        self.bufs = [None, None]
+        self.bufs = [torch.empty(want, dtype=self.dtype, device=self.device) for _ in range(2)]
+        self.holds = [None, None]
+
+    def _holds(self, b: int, ws) -> bool:
+        h = self.holds[b]
+        return h is not None and Sequence._alive_match(h, ws)
+
+    # --- work on one buffer ---------------------------------------------------------------
+
+    def _fill(self, b: int, ws, dequantize) -> None:
+        """Rows of every weight of `ws` into buffer b (on the current stream)."""
+        k = ws[0].shape[1]
+        r0 = 0
+        for w in ws:
+            n = w.shape[0]
+            dequantize(w, self.bufs[b][r0 * k:(r0 + n) * k].view(n, k))
+            r0 += n
+        self.holds[b] = tuple(weakref.ref(w) for w in ws)     # weakrefs: never keep a model alive
+
+    def _prefetch(self, b: int, ws, dequantize) -> None:
+        if self._holds(b, ws):
+            return                                   # already there (weights never change)
+        if not self.cuda:
+            self._fill(b, ws, dequantize)
+            return
+        self.holds[b] = None
+        with torch.cuda.stream(self.side):
+            self.side.wait_event(self.free[b])       # the last GEMM reading b has finished
+            self._fill(b, ws, dequantize)
+            self.ready[b].record(self.side)
+
+    def acquire(self, ws, total_elems: int, dequantize, prefetch: bool) -> int:
+        """A buffer holding the rows of `ws`, ready for the main stream; returns its index."""
+        self.ensure(total_elems)
+        state = self.seq.observe(ws) if prefetch else "off"
+        b = next((i for i in (0, 1) if self._holds(i, ws)), None)
+        if state == "expected" and b is not None:
+            paths.count("prefetch.hit")
+        elif state in ("expected", "miss"):
+            paths.count("prefetch.miss")
+        if b is None:
+            b = 1 - self.last
+            if self.cuda:
+                torch.cuda.current_stream(self.device).wait_event(self.ready[b])
+            self._fill(b, ws, dequantize)
+        elif self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.ready[b])
+        self.last = b
+        return b
+
+    def release(self, b: int, dequantize, fits) -> None:
+        """After the GEMMs reading buffer b were enqueued: mark it, prefetch the next group."""
+        if self.cuda:
+            self.free[b].record(torch.cuda.current_stream(self.device))
+        nxt = self.seq.predicted()
+        if nxt is not None and fits(nxt):
+            self._prefetch(1 - b, nxt, dequantize)
+
+    def release_no_prefetch(self, b: int) -> None:
+        if self.cuda:
+            self.free[b].record(torch.cuda.current_stream(self.device))
+
+    def plain_scratch(self, ws, prefetch: bool):
+        """A whole buffer as a plain scratch for a weight too big for it (chunked, the lm head).
+
+        The sequence still advances (so the call after it is predicted); the buffer's content
+        is forgotten. Returns (index, 1-D buffer); call release(index, ...) after the GEMMs."""
+        self.ensure(1)
+        if prefetch:
+            self.seq.observe(ws)
+        b = 1 - self.last
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.ready[b])
+        self.holds[b] = None
+        self.last = b
+        return b, self.bufs[b]
+
+
+_runners: dict = {}
+
+
+def runner(device, dtype) -> Runner:
+    key = (str(device), dtype)
+    r = _runners.get(key)
+    if r is None:
+        r = _runners[key] = Runner(device, dtype)
+    return r
+
+
+def scratch_bytes() -> int:
+    return sum(r.nbytes() for r in _runners.values())
+
+
+def reset() -> None:
+    """Forget the recorded sequences and free the buffers (tests; a model reload)."""
+    for r in _runners.values():
+        if r.cuda and r.bufs[0] is not None:
+            torch.cuda.synchronize(r.device)
+    _runners.clear()
