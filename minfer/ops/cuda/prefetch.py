@@ -214,12 +214,12 @@ class Runner:
         if self.cuda:
             self.free[b].record(torch.cuda.current_stream(self.device))
 
-    def plain_scratch(self, ws, prefetch: bool):
+    def plain_scratch(self, ws, prefetch: bool, need: int):
         """A whole buffer as a plain scratch for a weight too big for it (chunked, the lm head).
 
         The sequence still advances (so the call after it is predicted); the buffer's content
         is forgotten. Returns (index, 1-D buffer); call release(index, ...) after the GEMMs."""
-        self.ensure(1)
+        self.ensure(need)
         if prefetch:
             self.seq.observe(ws)
         b = 1 - self.last

@@ -210,9 +210,9 @@ def run_group(x, ws, biases, path: str):
 
     paths.count(path)
     if total > limit:
-        b, buf = r.plain_scratch(ws, pf)
+        b, buf = r.plain_scratch(ws, pf, 1 << 20)    # whatever the buffers hold (>= 1 Mi values)
         outs = [_chunked(x, w, _group_bias((bi,), (w,), dtype, x.device), buf) for w, bi in zip(ws, biases)]
-        r.release(b, deq, fits) if pf else r.release_no_prefetch(b)
+        _release(r, b, deq, fits, pf)
         return outs
     b = r.acquire(ws, total, deq, pf)
     buf = r.bufs[b]
@@ -226,8 +226,15 @@ def run_group(x, ws, biases, path: str):
             n = w.shape[0]
             outs.append(F.linear(x, buf[r0 * k:(r0 + n) * k].view(n, k), _group_bias((bi,), (w,), dtype, x.device)))
             r0 += n
-    r.release(b, deq, fits) if pf else r.release_no_prefetch(b)
+    _release(r, b, deq, fits, pf)
     return outs
+
+
+def _release(r, b, deq, fits, pf):
+    if pf:
+        r.release(b, deq, fits)          # marks b free for the side stream, prefetches the next group
+    else:
+        r.release_no_prefetch(b)
 
 
 def _decode_path(m: int) -> bool:
