@@ -126,26 +126,28 @@ class _W:
     """A stand-in weight for the sequence logic (weakref-able, identity-compared)."""
 
 
-def test_sequence_records_predicts_resyncs(qm):
+def test_sequence_learns_successors(qm):
     S = qm["prefetch"].Sequence
     a, b, c, d = _W(), _W(), _W(), _W()
     s = S()
     assert [s.observe((a,)), s.observe((b, c)), s.observe((d,))] == ["cold"] * 3
-    assert s.predicted() is None                       # still recording: no prediction yet
-    assert s.observe((a,)) == "cold" and not s.recording   # the cycle closed
+    assert s.predicted() is None                       # d's successor is not known yet
+    assert s.observe((a,)) == "cold"                   # learns d -> a
     assert s.predicted() == (b, c)
     assert s.observe((b, c)) == "expected" and s.predicted() == (d,)
-    assert s.observe((a,)) == "miss"                   # d skipped: resynchronized at a
+    assert s.observe((a,)) == "miss"                   # d skipped
     assert s.predicted() == (b, c)
+    assert s.observe((b, c)) == "expected" and s.observe((a,)) == "expected"   # relearned b,c -> a
     e = _W()
-    assert s.observe((e,)) == "cold" and s.recording   # unknown group: recording again
-    del a
+    assert s.observe((e,)) == "miss" and s.predicted() is None
     s2 = S()
     x = _W()
     s2.observe((x,))
-    del x                                              # a freed first entry restarts the recording
-    y = _W()
-    assert s2.observe((y,)) == "cold" and len(s2.seq) == 1 and s2.seq[0][0]() is y
+    s2.observe((a,))                                   # x -> a
+    s2.observe((x,))
+    assert s2.predicted() == (a,)
+    del x                                              # a freed group predicts nothing
+    assert s2.predicted() is None
 
 
 def _forward(qm, layers, x_attn, x_ffn):

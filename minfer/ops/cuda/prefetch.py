@@ -7,13 +7,12 @@ type's kernel, into consecutive rows of ONE scratch buffer ([sum N_i, K]), so th
 be multiplied by one GEMM.
 
 Prediction: the calls of a prefill forward repeat in the same order every forward. The
-Sequence records the groups (by identity of the QWeight objects, held by weakref so a freed
-model's ids cannot alias a new model's) until the first recorded group comes round again;
-from then on, after each call it predicts the next entry (cyclically: after the last layer's
-down comes the next forward's layer-0 q/k/v) and the runner dequantizes that group into the
-other buffer on a side stream. A call that is not the prediction is dequantized synchronously
-(`prefetch.miss`) and resynchronizes the position; a call of an unknown group restarts
-recording. Hits count `prefetch.hit`; calls while recording count nothing (first forward).
+Sequence remembers, for each group (by identity of the QWeight objects, held by weakref so a
+freed model's ids cannot alias a new model's), the group called after it; after each call the
+runner dequantizes the predicted successor into the other buffer on a side stream (after the
+last layer's down: the next forward's layer-0 q/k/v). A call that is not the prediction is
+dequantized synchronously (`prefetch.miss`) and the successor is relearned. Hits count
+`prefetch.hit`; calls with no prediction (the first forward) count nothing.
 
 Stream safety (two events per buffer):
 - ready[b] is recorded on the side stream after its dequant into b; the main stream waits
@@ -70,57 +69,62 @@ def planned_group_elems(dtype=torch.bfloat16) -> int:
 
 
 class Sequence:
-    """The recorded order of groups and the position in it. Entries are tuples of weakrefs."""
+    """Which group follows which: successor[group] = the group called right after it last time.
 
-    MAX_LEN = 4096
+    A forward repeats the same order, so after one forward every group predicts its successor
+    (the last layer's down predicts the next forward's layer-0 q/k/v). Several call structures
+    (an A/B run switching MINFER_FUSE_GROUPS, two models) keep their own entries: a switch
+    costs one miss, not a new recording. Entries hold weakrefs and are verified by identity, so
+    a freed model's ids cannot alias a new one's."""
+
+    MAX_ENTRIES = 8192
 
     def __init__(self):
         self.reset()
 
     def reset(self) -> None:
-        self.seq: list = []
-        self.index: dict = {}        # tuple of ids -> position (verified by identity)
-        self.recording = True
-        self.pos = -1
+        self.succ: dict = {}         # ids of a group -> (weakrefs of it, weakrefs of its successor)
+        self.prev = None             # weakrefs of the last group called
 
     @staticmethod
     def _alive_match(entry, ws) -> bool:
         return len(entry) == len(ws) and all(r() is w for r, w in zip(entry, ws))
 
-    def predicted(self):
-        """The weights of the predicted next call, or None (recording, or a freed weight)."""
-        if self.recording or not self.seq:
+    def _lookup(self, ws):
+        """The weakrefs of the successor of group `ws`, or None."""
+        hit = self.succ.get(tuple(id(w) for w in ws))
+        if hit is None or not self._alive_match(hit[0], ws):
             return None
-        entry = self.seq[(self.pos + 1) % len(self.seq)]
-        ws = tuple(r() for r in entry)
+        return hit[1]
+
+    def predicted(self):
+        """The weights of the predicted next call, or None (unknown, or a freed weight)."""
+        if self.prev is None:
+            return None
+        cur = tuple(r() for r in self.prev)
+        if any(w is None for w in cur):
+            return None
+        nxt = self._lookup(cur)
+        if nxt is None:
+            return None
+        ws = tuple(r() for r in nxt)
         return None if any(w is None for w in ws) else ws
 
     def observe(self, ws) -> str:
-        """Advance with the actual call `ws`; returns 'hit-position' / 'miss' / 'cold'."""
-        ids = tuple(id(w) for w in ws)
-        if self.recording:
-            if self.seq and not all(r() is not None for r in self.seq[0]):
-                self.reset()                                 # a recorded model was freed
-            if self.seq and self._alive_match(self.seq[0], ws):
-                self.recording = False                       # the cycle closed: one forward
-                self.pos = 0
-                return "cold"
-            if ids in self.index or len(self.seq) >= self.MAX_LEN:
-                self.reset()                                 # not a simple cycle: start again
-            self.index[ids] = len(self.seq)
-            self.seq.append(tuple(weakref.ref(w) for w in ws))
-            self.pos = len(self.seq) - 1
-            return "cold"
-        nxt = (self.pos + 1) % len(self.seq)
-        if self._alive_match(self.seq[nxt], ws):
-            self.pos = nxt
-            return "expected"
-        j = self.index.get(ids)
-        if j is not None and self._alive_match(self.seq[j], ws):
-            self.pos = j                                     # resynchronize
-            return "miss"
-        self.reset()                                         # another model or order
-        return self.observe(ws)
+        """Advance with the actual call `ws`: 'expected' (it was the prediction), 'miss' (another
+        group was predicted) or 'cold' (nothing was predicted); learns the successor."""
+        pred = self.predicted()
+        state = "cold" if pred is None else ("expected" if len(pred) == len(ws) and
+                                             all(a is b for a, b in zip(pred, ws)) else "miss")
+        entry = tuple(weakref.ref(w) for w in ws)
+        if self.prev is not None:
+            prev = tuple(r() for r in self.prev)
+            if all(w is not None for w in prev):
+                if len(self.succ) >= self.MAX_ENTRIES:
+                    self.succ.clear()
+                self.succ[tuple(id(w) for w in prev)] = (self.prev, entry)
+        self.prev = entry
+        return state
 
 
 class Runner:
