@@ -2,10 +2,10 @@
 # The whole-model device run (H200): install, GPU tests, the synthetic 7B, bench + peer,
 # launch paths and per-op profile, A/B of the prefill switches. From the repo root:
 #   run(command="bash tools/device_e2e.sh [STEPS]", carry=[".whl"])
-# STEPS (default: tests synth paths bench ab): any subset, in order.
+# STEPS (default: tests synth bench paths ab): any subset, in order. AB_SPECS="A|B;A|B".
 # Everything goes to $OUT; a summary is printed last.
 set -u
-STEPS=${*:-tests synth paths bench ab}
+STEPS=${*:-tests synth bench paths ab}
 source tools/device_setup.sh
 M="python3 -m minfer"
 Q7=/tmp/q7.gguf
@@ -25,9 +25,13 @@ for step in $STEPS; do
       timeout 300 $M bench -m $Q7 -p 512,3354 -n 128 -r ${REPS:-3} --peer torch-bf16 --out "$OUT/bench-7b.json" --no-progress 2>&1 | tee "$OUT/bench-7b.log" | tail -20
       summary="$summary\n$(tail -20 "$OUT/bench-7b.log")";;
     ab)
-      for sw in ${AB_SWITCHES:-MINFER_PREFETCH MINFER_FUSE_GROUPS}; do
-        timeout 150 $M bench -m $Q7 -p 512,3354 -n 0 -r 2 --ab "$sw=1" "$sw=0" --pairs 4 --no-progress 2>&1 | tee "$OUT/ab-$sw.log" | tail -12
-        summary="$summary\nA/B $sw:\n$(tail -8 "$OUT/ab-$sw.log")"
+      # each entry: "A|B" (comma-separated ENV=VALUE lists); default: issue 7's switches
+      IFS=';' read -ra specs <<< "${AB_SPECS:-MINFER_PREFETCH=1|MINFER_PREFETCH=0;MINFER_FUSE_GROUPS=1,MINFER_PREFETCH=0|MINFER_FUSE_GROUPS=0,MINFER_PREFETCH=0;MINFER_FUSE_GROUPS=1,MINFER_PREFETCH=1|MINFER_FUSE_GROUPS=0,MINFER_PREFETCH=0}"
+      i=0
+      for spec in "${specs[@]}"; do
+        i=$((i+1)); a="${spec%%|*}"; b="${spec#*|}"
+        timeout 150 $M bench -m $Q7 -p 512,3354 -n 0 -r 2 --ab "$a" "$b" --pairs 4 --no-progress 2>&1 | tee "$OUT/ab-$i.log" | tail -12
+        summary="$summary\nA/B $a | $b:\n$(tail -6 "$OUT/ab-$i.log")"
       done;;
     *) echo "unknown step $step";;
   esac
