@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("arch,recipe", [("qwen2", "q4_k_m"), ("llama", "q8_0")])
-def test_graph_decode_matches_eager(tmp_path, arch, recipe):
+def test_graph_decode_matches_eager(tmp_path, monkeypatch, arch, recipe):
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
@@ -29,7 +29,9 @@ def test_graph_decode_matches_eager(tmp_path, arch, recipe):
     te, tg = int(le.argmax()), int(lg.argmax())
     for step in range(24):
         pos = len(prompt) + step
+        monkeypatch.setenv("MINFER_CUDA_GRAPH", "0")      # the engine's own decode: eager
         le = eager.forward([te], pos)[-1]
+        monkeypatch.delenv("MINFER_CUDA_GRAPH")
         lg = g.step(tg, pos)[-1].cpu()
         assert tg == te
         rel = float((lg.double() - le.double()).norm() / le.double().norm())
@@ -37,3 +39,33 @@ def test_graph_decode_matches_eager(tmp_path, arch, recipe):
         te, tg = int(le.argmax()), int(lg.argmax())
     counts = paths.snapshot()["counts"]
     assert counts["graph.decode.capture"] == 1 and counts["graph.decode.replay"] == 24
+
+
+def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
+    """Engine.forward of one token replays the captured graph by default; MINFER_CUDA_GRAPH=0
+    runs it eagerly; both give the same logits and greedy tokens."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    p = get_preset("tiny").with_overrides(arch="qwen2")
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=3, progress=False)
+    a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=96, progress=False)
+    prompt = torch.randint(0, p.vocab, (11,), generator=torch.Generator().manual_seed(2)).tolist()
+    ta = tb = int(a.prefill(prompt).argmax())
+    assert int(b.prefill(prompt).argmax()) == ta
+    paths.reset()
+    for step in range(16):
+        la = a.forward([ta], len(prompt) + step)[-1]
+        monkeypatch.setenv("MINFER_CUDA_GRAPH", "0")
+        lb = b.forward([tb], len(prompt) + step)[-1]
+        monkeypatch.delenv("MINFER_CUDA_GRAPH")
+        assert float((la - lb).norm() / lb.norm()) < 1e-4
+        ta, tb = int(la.argmax()), int(lb.argmax())
+        assert ta == tb
+    snap = paths.snapshot()
+    assert snap["counts"]["graph.decode.replay"] == 16
+    assert snap["counts"]["graph.decode.capture"] == 1

@@ -180,8 +180,14 @@ def test_attention(t, start, h, hkv, dh, dtype):
     out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), start)
     assert out.shape == (t, h, dh)
     assert rel_err(out, ref) < (1e-4 if dtype == torch.float32 else 1e-2)
-    want = "attention.decode.triton" if t == 1 else "attention.prefill.sdpa"
-    assert paths.snapshot()["counts"] == {want: 1}
+    if t == 1:
+        want = "attention.decode.triton"
+    elif start == 0 and dtype == torch.bfloat16:
+        want = "attention.prefill.flash"          # SDPA's flash kernel, GQA unexpanded
+    else:
+        want = "attention.prefill.masked"         # offset mask or fp32: memory-efficient kernel
+    snap = paths.snapshot()
+    assert snap["counts"] == {want: 1} and not snap["fallbacks"], snap
 
 
 def test_decode_attention_length_from_tensor():

@@ -1,6 +1,7 @@
 """Causal attention on CUDA over the KV cache (S, Hkv, Dh).
 
-- T > 1 (prefill): torch SDPA (its flash backend on bf16/fp16), GQA through enable_gqa.
+- T > 1 (prefill): torch SDPA's flash kernel (bf16/fp16, from position 0, GQA through
+  enable_gqa); after a cached prefix, its memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
   keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton
 import triton.language as tl
 
@@ -142,19 +144,40 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
         start_pos = int(start_pos.item())
-    paths.count("attention.prefill.sdpa")
     s = start_pos + t
     hkv = k_cache.shape[1]
-    k = k_cache[:s].transpose(0, 1)                          # (Hkv, S, Dh)
-    v = v_cache[:s].transpose(0, 1)
-    qh = q.transpose(0, 1)                                   # (H, T, Dh)
+    # SDPA's fused kernels take 4-D (B, H, T, Dh) inputs only: with 3-D inputs it silently
+    # used its math backend, which upcasts bf16 to float32 and materializes the (T, S)
+    # scores: 220 of 302 ms of a 7B prefill of 3354 tokens on the H200 (2026-11-29,
+    # bench/results). So: 4-D, the math backend excluded, and a refusal counted as a fallback.
+    k = k_cache[:s].transpose(0, 1).unsqueeze(0)            # (1, Hkv, S, Dh)
+    v = v_cache[:s].transpose(0, 1).unsqueeze(0)
+    qh = q.transpose(0, 1).unsqueeze(0)                      # (1, H, T, Dh)
     if k.dtype != qh.dtype:
         k, v = k.to(qh.dtype), v.to(qh.dtype)
-    gqa = hkv != h
-    if start_pos == 0:
-        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=1.0 / dh ** 0.5, enable_gqa=gqa)
-    else:
-        mask = (torch.arange(s, device=q.device)[None, :]
-                <= (start_pos + torch.arange(t, device=q.device))[:, None])     # (T, S)
-        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=1.0 / dh ** 0.5, enable_gqa=gqa)
-    return out.transpose(0, 1)                               # (T, H, Dh)
+    scale = 1.0 / dh ** 0.5
+    if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16):
+        # causal from position 0: flash attention, GQA without expanding k/v
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+                out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale,
+                                                     enable_gqa=hkv != h)
+            paths.count("attention.prefill.flash")
+            return out[0].transpose(0, 1)                    # (T, H, Dh)
+        except RuntimeError as e:
+            paths.fallback("attention.prefill.flash", f"SDPA refused flash: {str(e).splitlines()[0][:80]}")
+    # a cached prefix (start_pos > 0): the causal mask is offset, which flash cannot take;
+    # the memory-efficient kernel takes a mask but not GQA, so k/v are expanded to H heads.
+    if hkv != h:
+        k = k.repeat_interleave(h // hkv, dim=1)
+        v = v.repeat_interleave(h // hkv, dim=1)
+    mask = (torch.arange(s, device=q.device)[None, :]
+            <= (start_pos + torch.arange(t, device=q.device))[:, None])     # (T, S)
+    try:
+        with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+        paths.count("attention.prefill.masked")
+    except RuntimeError as e:
+        paths.fallback("attention.prefill.masked", f"SDPA refused fused kernels: {str(e).splitlines()[0][:80]}")
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+    return out[0].transpose(0, 1)                            # (T, H, Dh)
