@@ -14,7 +14,7 @@ for step in $STEPS; do
   t0=$(date +%s)
   case $step in
     tests)
-      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -x -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
+      timeout ${TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q --maxfail=8 -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/pytest-gpu.log" | tail -25
       summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log")";;
     synth)
       [ -f $Q7 ] || $M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m 2>&1 | tail -2
