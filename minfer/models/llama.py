@@ -84,13 +84,24 @@ class LlamaModel:
         at every position (minfer/runtime/cuda_graphs.py)."""
         return self._forward(token, pos, pos, cache, last_only=False)
 
-    def _forward(self, tokens, start_pos, positions, cache, last_only: bool) -> torch.Tensor:
+    def prefill_padded(self, tokens: torch.Tensor, positions: torch.Tensor, last: torch.Tensor, cache) -> torch.Tensor:
+        """tokens (Tb,) from position 0, of which the first last+1 are real and the rest padding;
+        last: a (1,) int64 device tensor -> logits (1, V) of the last real token. Causal attention
+        keeps padding out of the real rows; the cache gets padding keys past the real tokens,
+        which later tokens overwrite before anything attends to them. Host-value free: a CUDA
+        graph captured at one padded length replays for every prompt length that rounds to it
+        (minfer/runtime/prefill_graphs.py)."""
+        return self._forward(tokens, 0, positions, cache, last_only=False, last_index=last)
+
+    def _forward(self, tokens, start_pos, positions, cache, last_only: bool, last_index=None) -> torch.Tensor:
         act = self.act_dtype
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
         for i, blk in enumerate(self.blocks):
             x = self_attention(x, blk, self.cfg, cache, i, start_pos, positions, act)
             x = feed_forward(x, blk, self.cfg, act)
-        if last_only:
+        if last_index is not None:
+            x = x.index_select(0, last_index)                      # (1, D)
+        elif last_only:
             x = x[-1:]
         x = ops.rms_norm(x, self.output_norm, self.cfg.rms_eps).to(act)
         return ops.linear(x, self.output).float()                  # (T, V)

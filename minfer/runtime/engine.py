@@ -53,6 +53,7 @@ class Engine:
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
         self._graph = None            # DecodeGraph (CUDA), captured at the first decode step
+        self._prefill_graphs = None   # PrefillGraphs (CUDA), short prompts from position 0
 
     @classmethod
     def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
@@ -118,6 +119,16 @@ class Engine:
             logits = self._graph_step(tokens[0], start_pos)           # (1, V) on the GPU
             self.tokens.append(tokens[0])
             return logits.float().cpu()
+        if start_pos == 0 and last_only and self._use_prefill_graph(len(tokens)):
+            try:
+                logits = self._prefill_graphs.run(tokens)            # (1, V) on the GPU
+                self.tokens = list(tokens)
+                return logits.float().cpu()
+            except RuntimeError as e:   # a capture the driver refused: eager from now on, and said so
+                from minfer.ops import paths
+
+                paths.fallback("graph.prefill.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
+                self._prefill_graphs = False
         outs = []
         chunk_len = prefill_chunk(self.device)
         for i in range(0, len(tokens), chunk_len):
@@ -141,6 +152,24 @@ class Engine:
             paths.switched_off("graph.decode.replay", "MINFER_CUDA_GRAPH")
             return False
         return True
+
+    def _use_prefill_graph(self, n: int) -> bool:
+        """A short prompt's prefill from position 0 on CUDA replays a graph of its padded length
+        unless MINFER_PREFILL_GRAPH=0 (read per call); see runtime/prefill_graphs.py."""
+        if self.device.type != "cuda":
+            return False
+        from minfer.ops import paths
+
+        if not paths.enabled("MINFER_PREFILL_GRAPH"):
+            paths.switched_off("graph.prefill.replay", "MINFER_PREFILL_GRAPH")
+            return False
+        if self._prefill_graphs is False:      # a capture failed earlier (counted as a fallback)
+            return False
+        if self._prefill_graphs is None:
+            from minfer.runtime.prefill_graphs import PrefillGraphs
+
+            self._prefill_graphs = PrefillGraphs(self.model, self.cache)
+        return self._prefill_graphs.fits(n)
 
     def _graph_step(self, token: int, pos: int) -> torch.Tensor:
         if self._graph is None:

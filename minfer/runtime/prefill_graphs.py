@@ -1,0 +1,117 @@
+"""Short prompts' prefill captured in CUDA graphs, one per padded length.
+
+Why: below ~1k tokens a 7B prefill is bound by the host, not the GPU. On the H200
+(2026-11-29, bench/results/2026-11-29-h200-e2e.md) one eager prefill of 512 tokens took
+~52 ms of wall time for ~20 ms of GPU work: ~600 kernels issued from Python, ~1.5 ms of host
+time per layer (the eager decode step shows the same ratio). A graph replays all of them with
+one call. Above MINFER_PREFILL_GRAPH_MAX tokens (default 1024) the GPU work dominates and
+the eager path (with its prefetching and fused groups) runs.
+
+A prompt of T tokens is padded to Tb = T rounded up to a multiple of 128 (padding id 0 at
+positions T..Tb-1), so one graph serves all lengths of its bucket. The padding cannot change
+the real rows (causal attention) and the keys it leaves in the cache lie past the real tokens,
+where decode steps write before they read. The last real row is picked by a device index.
+At most MINFER_PREFILL_GRAPHS graphs (default 2) are kept, least recently used dropped, each
+with its memory pool (activations of Tb tokens: ~0.2 GB for the 7B at Tb=512).
+
+Capture-time rules: the weights are dequantized by the single-scratch path (prefetching and
+group buffers are switched off while capturing: their cross-stream events and 'buffer still
+holds these weights' shortcuts are host decisions a replay could not repeat), and the captured
+forward always starts at position 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from contextlib import contextmanager
+
+import torch
+
+from minfer.ops import paths
+
+BUCKET = 128
+
+
+def graph_max_tokens() -> int:
+    return paths.env_int("MINFER_PREFILL_GRAPH_MAX", 1024)
+
+
+@contextmanager
+def _env(**kv):
+    old = {k: os.environ.get(k) for k in kv}
+    os.environ.update(kv)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+class _Entry:
+    def __init__(self, tb: int, device):
+        self.tb = tb
+        self.tok = torch.zeros(tb, dtype=torch.int64, device=device)
+        self.pos = torch.arange(tb, dtype=torch.int64, device=device)
+        self.last = torch.zeros(1, dtype=torch.int64, device=device)
+        self.graph = None
+        self.logits = None
+
+
+class PrefillGraphs:
+    def __init__(self, model, cache):
+        self.model = model
+        self.cache = cache
+        self.device = model.output_norm.device
+        self.entries: OrderedDict[int, _Entry] = OrderedDict()
+
+    @staticmethod
+    def bucket(t: int) -> int:
+        return -(-t // BUCKET) * BUCKET
+
+    def fits(self, t: int) -> bool:
+        return 0 < t <= graph_max_tokens() and self.bucket(t) <= self.cache.n_ctx
+
+    def _forward(self, e: _Entry) -> torch.Tensor:
+        return self.model.prefill_padded(e.tok, e.pos, e.last, self.cache)
+
+    def _capture(self, tb: int) -> _Entry:
+        keep = max(1, paths.env_int("MINFER_PREFILL_GRAPHS", 2))
+        while len(self.entries) >= keep:
+            self.entries.popitem(last=False)          # frees that graph's memory pool
+        e = _Entry(tb, self.device)
+        with _env(MINFER_PREFETCH="0", MINFER_FUSE_GROUPS="0"):
+            s = torch.cuda.Stream(device=self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                for _ in range(2):                    # compile kernels, size the scratch
+                    self._forward(e)
+            torch.cuda.current_stream(self.device).wait_stream(s)
+            e.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(e.graph):
+                e.logits = self._forward(e)
+        paths.count("graph.prefill.capture")
+        self.entries[tb] = e
+        return e
+
+    @torch.inference_mode()
+    def run(self, tokens: list[int]) -> torch.Tensor:
+        """Prefill `tokens` from position 0; (1, V) float32 logits of the last one, on the GPU
+        (the graph's buffer: copy to keep)."""
+        t = len(tokens)
+        tb = self.bucket(t)
+        e = self.entries.get(tb)
+        if e is None:
+            e = self._capture(tb)                     # warm-up and capture write the cache; the replay rewrites it
+        else:
+            self.entries.move_to_end(tb)
+        padded = torch.zeros(tb, dtype=torch.int64)
+        padded[:t] = torch.tensor(tokens, dtype=torch.int64)
+        e.tok.copy_(padded)
+        e.last.fill_(t - 1)
+        e.graph.replay()
+        paths.count("graph.prefill.replay")
+        return e.logits
