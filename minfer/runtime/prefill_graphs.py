@@ -1,6 +1,6 @@
 """Short prompts' prefill captured in CUDA graphs, one per padded length.
 
-Why: below ~1k tokens a 7B prefill is bound by the host, not the GPU. On the H200
+Why: from ~32 to ~1k tokens a 7B prefill is bound by the host, not the GPU. On the H200
 (2026-11-29, bench/results/2026-11-29-h200-e2e.md) one eager prefill of 512 tokens took
 ~52 ms of wall time for ~20 ms of GPU work: ~600 kernels issued from Python, ~1.5 ms of host
 time per layer (the eager decode step shows the same ratio). A graph replays all of them with
@@ -73,7 +73,12 @@ class PrefillGraphs:
         return -(-t // BUCKET) * BUCKET
 
     def fits(self, t: int) -> bool:
-        return 0 < t <= graph_max_tokens() and self.bucket(t) <= self.cache.n_ctx
+        # Prompts of at most MINFER_GEMV_MAX_M tokens stay eager: their matmuls are the decode
+        # GEMVs (float32 sums over the raw blocks), and a graph of their padded length would
+        # run dequant-to-bf16 + cuBLAS instead -- other numerics than the eager path, which
+        # flipped near-tied greedy tokens of a synthetic model (H200, 2026-11-29).
+        return (paths.env_int("MINFER_GEMV_MAX_M", 32) < t <= graph_max_tokens()
+                and self.bucket(t) <= self.cache.n_ctx)
 
     def _forward(self, e: _Entry) -> torch.Tensor:
         return self.model.prefill_padded(e.tok, e.pos, e.last, self.cache)

@@ -71,7 +71,7 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
     assert snap["counts"]["graph.decode.capture"] == 1
 
 
-@pytest.mark.parametrize("t", [1, 7, 100, 128, 333])
+@pytest.mark.parametrize("t", [33, 100, 128, 333])
 def test_prefill_graph_matches_eager(tmp_path, monkeypatch, t):
     """A short prompt's prefill replays a graph of its padded length; it gives the eager
     prefill's logits and the same greedy continuation (decode after a padded prefill)."""
