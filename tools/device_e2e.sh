@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole-model device run (H200): install, GPU tests, the synthetic 7B, bench + peer,
 # launch paths and per-op profile, A/B of the prefill switches. From the repo root:
-#   run(command="bash tools/device_e2e.sh [STEPS]", carry=[".whl"])
+#   run(command="MINFER_COMMIT=<hash of HEAD here> bash tools/device_e2e.sh [STEPS]", carry=[".whl"])
+# (the device copy has no .git: MINFER_COMMIT puts the commit into the bench records)
 # STEPS (default: tests synth bench paths ab): any subset, in order. AB_SPECS="A|B;A|B".
 # Everything goes to $OUT; a summary is printed last.
 set -u

@@ -24,11 +24,15 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 
 
 def git_commit() -> dict:
-    """The minfer checkout's commit and whether it had uncommitted changes (None outside git)."""
+    """The minfer checkout's commit and whether it had uncommitted changes (None outside git).
+
+    A copy of the tree without .git (the GPU machine's) takes the commit from MINFER_COMMIT,
+    which the device scripts are given by the caller (`MINFER_COMMIT=$(git rev-parse HEAD)`)."""
     repo = str(Path(__file__).resolve().parents[2])
     head = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if head is None:
-        return {"commit": None, "dirty": None}
+        env = os.environ.get("MINFER_COMMIT") or None
+        return {"commit": env, "dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"commit": head, "dirty": bool(status)}
 
