@@ -24,7 +24,6 @@ import os
 import shlex
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -248,23 +247,11 @@ def parse_env(spec: str) -> dict[str, str | None]:
     return out
 
 
-@contextmanager
 def environment(changes: dict[str, str | None]):
     """Set (or unset) variables in os.environ for the block, then restore them."""
-    saved = {k: os.environ.get(k) for k in changes}
-    try:
-        for k, v in changes.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    from minfer.ops.paths import scoped_env
+
+    return scoped_env(changes)
 
 
 def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps: int, rng,

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 from collections import Counter
+from contextlib import contextmanager
 
 _lock = threading.Lock()
 _counts: Counter = Counter()
@@ -100,3 +101,23 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+@contextmanager
+def scoped_env(changes: dict):
+    """Set (value) or unset (None) environment switches for the block, then restore them.
+    Switches are read at call time, so this changes the paths taken inside the block."""
+    saved = {k: os.environ.get(k) for k in changes}
+    try:
+        for k, v in changes.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -22,9 +22,7 @@ forward always starts at position 0.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
-from contextlib import contextmanager
 
 import torch
 
@@ -35,20 +33,6 @@ BUCKET = 128
 
 def graph_max_tokens() -> int:
     return paths.env_int("MINFER_PREFILL_GRAPH_MAX", 1024)
-
-
-@contextmanager
-def _env(**kv):
-    old = {k: os.environ.get(k) for k in kv}
-    os.environ.update(kv)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 class _Entry:
@@ -88,7 +72,7 @@ class PrefillGraphs:
         while len(self.entries) >= keep:
             self.entries.popitem(last=False)          # frees that graph's memory pool
         e = _Entry(tb, self.device)
-        with _env(MINFER_PREFETCH="0", MINFER_FUSE_GROUPS="0"):
+        with paths.scoped_env({"MINFER_PREFETCH": "0", "MINFER_FUSE_GROUPS": "0"}):
             s = torch.cuda.Stream(device=self.device)
             s.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(s):

@@ -68,3 +68,26 @@ def rel_err(out, ref) -> float:
     if not torch.isfinite(o).all():
         return float("inf")
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
+
+
+def interpreted_modules(names: list[str]):
+    """Generator for a module-scoped fixture: the kernel modules `names` (re)loaded with
+    TRITON_INTERPRET=1, yielded as {short name: module}; afterwards the variable is restored
+    and the modules reloaded as they were."""
+    import importlib
+    import os
+    import sys
+
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    mods = {}
+    for name in names:
+        mods[name.rsplit(".", 1)[-1]] = importlib.reload(sys.modules[name]) if name in sys.modules \
+            else importlib.import_module(name)
+    yield mods
+    if old is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = old
+    for name in names:
+        importlib.reload(sys.modules[name])

@@ -9,7 +9,6 @@ recorded sequence, hits, misses and the content of prefetched buffers are checke
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -18,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -31,19 +30,7 @@ _ENVS = ("MINFER_PREFETCH", "MINFER_FUSE_GROUPS", "MINFER_GROUP_GEMM", "MINFER_G
 @pytest.fixture(scope="module")
 def qm():
     """qmatmul and prefetch (re)loaded with the interpreter on; restored afterwards."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    mods = {}
-    for name in _MODS:
-        mods[name.rsplit(".", 1)[-1]] = importlib.reload(sys.modules[name]) if name in sys.modules \
-            else importlib.import_module(name)
-    yield mods
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
-    for name in _MODS:
-        importlib.reload(sys.modules[name])
+    yield from interpreted_modules(_MODS)
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,6 @@ for the math, minfer.ops.reference for rope/norm/attention conventions.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
@@ -17,7 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import QUANT_NAMES, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import QUANT_NAMES, interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
 
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
@@ -32,20 +31,9 @@ QTYPES = [2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 0, 1, 30]
 @pytest.fixture(scope="module")
 def K():
     """The kernel modules, (re)loaded with the interpreter on; restored afterwards."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    mods = {}
-    for name in _MODS:
-        mods[name.rsplit(".", 1)[-1]] = importlib.reload(sys.modules[name]) if name in sys.modules \
-            else importlib.import_module(name)
-    yield type("K", (), {"dq": mods["dequant"], "gemv": mods["gemv"], "qm": mods["qmatmul"],
-                         "nra": mods["norm_rope_act"], "emb": mods["embedding"], "attn": mods["attention"]})
-    if old is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = old
-    for name in _MODS:
-        importlib.reload(sys.modules[name])
+    for mods in interpreted_modules(_MODS):
+        yield type("K", (), {"dq": mods["dequant"], "gemv": mods["gemv"], "qm": mods["qmatmul"],
+                             "nra": mods["norm_rope_act"], "emb": mods["embedding"], "attn": mods["attention"]})
 
 
 def _k_for(qt, blocks):
