@@ -124,6 +124,16 @@ class Q3_K(QuantType):
         return _affine(q.reshape(n, 16, 16), dl, None, out)
 
 
+def _k4_group_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K header (d f16 | dmin f16 | scales[12]) -> per-group (n, 8, 1) float32
+    d*sc and dmin*m, multiplied in that order as ggml does (bit-exactness depends on it)."""
+    n = blocks.shape[0]
+    d = f16_to_f32(blocks[:, 0:2])
+    dmin = f16_to_f32(blocks[:, 2:4])
+    sc, mn = scale_min_k4(blocks[:, 4:16])
+    return (d * sc.astype(np.float32)).reshape(n, 8, 1), (dmin * mn.astype(np.float32)).reshape(n, 8, 1)
+
+
 @register
 class Q4_K(QuantType):
     """4-bit k-quant: x = (d * sc) * q - (dmin * m), 8 groups of 32, 6-bit sc and m.
@@ -141,11 +151,7 @@ class Q4_K(QuantType):
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
-        d = f16_to_f32(blocks[:, 0:2])
-        dmin = f16_to_f32(blocks[:, 2:4])
-        sc, mn = scale_min_k4(blocks[:, 4:16])
-        dl = (d * sc.astype(np.float32)).reshape(n, 8, 1)
-        ml = (dmin * mn.astype(np.float32)).reshape(n, 8, 1)
+        dl, ml = _k4_group_scales(blocks)
         q = _nibbles(blocks[:, 16:144].reshape(n, 4, 32)).reshape(n, 8, 32)
         return _affine(q, dl, ml, out)
 
@@ -166,11 +172,7 @@ class Q5_K(QuantType):
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
         n = blocks.shape[0]
-        d = f16_to_f32(blocks[:, 0:2])
-        dmin = f16_to_f32(blocks[:, 2:4])
-        sc, mn = scale_min_k4(blocks[:, 4:16])
-        dl = (d * sc.astype(np.float32)).reshape(n, 8, 1)
-        ml = (dmin * mn.astype(np.float32)).reshape(n, 8, 1)
+        dl, ml = _k4_group_scales(blocks)
         low = _nibbles(blocks[:, 48:176].reshape(n, 4, 32)).reshape(n, 8, 32)
         q = low | (_bits(blocks[:, 16:48]) << np.uint8(4))
         return _affine(q, dl, ml, out)
