@@ -57,28 +57,25 @@ def load_block(gf, cfg, i: int, device, dtype, biases: bool) -> Block:
     return blk
 
 
-def self_attention(x: torch.Tensor, blk: Block, cfg, cache, layer: int, start_pos,
-                   positions: torch.Tensor, act: torch.dtype = torch.float32) -> torch.Tensor:
-    """Pre-norm causal self-attention with its residual. x (T, D) -> (T, D), x's dtype.
+def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, start_pos,
+                     positions: torch.Tensor) -> torch.Tensor:
+    """Causal self-attention of the normed input h (T, D) -> W_o attn(...) (T, D), h's dtype.
 
     Writes this step's rotated keys and values into the cache at `positions`. start_pos is an
-    int, or (decode under a CUDA graph) a (1,) device tensor equal to positions. The matmuls
-    run in `act` (bf16 on CUDA); the residual stream x keeps its own dtype (float32).
+    int, or (decode under a CUDA graph) a (1,) device tensor equal to positions.
     """
-    T = x.shape[0]
+    T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    h = ops.rms_norm(x, blk.attn_norm, cfg.rms_eps).to(act)
     q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
                               (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias))
     q = ops.rope(q.view(T, H, Dh), positions, cfg.rope)
     k = ops.rope(k.view(T, Hkv, Dh), positions, cfg.rope)
     k_cache, v_cache = cache.update(layer, start_pos, k, v.view(T, Hkv, Dh), positions)  # (S, Hkv, Dh)
     o = ops.attention(q, k_cache, v_cache, start_pos)             # (T, H, Dh)
-    return x + ops.linear(o.reshape(T, H * Dh), blk.attn_output)
+    return ops.linear(o.reshape(T, H * Dh), blk.attn_output)
 
 
-def feed_forward(x: torch.Tensor, blk: Block, cfg, act: torch.dtype = torch.float32) -> torch.Tensor:
-    """Pre-norm SwiGLU MLP with its residual: x + W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    h = ops.rms_norm(x, blk.ffn_norm, cfg.rms_eps).to(act)
+def ffn_branch(h: torch.Tensor, blk: Block) -> torch.Tensor:
+    """SwiGLU MLP of the normed input: W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
     gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None))
-    return x + ops.linear(ops.swiglu(gate, up), blk.ffn_down)
+    return ops.linear(ops.swiglu(gate, up), blk.ffn_down)

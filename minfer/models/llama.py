@@ -16,7 +16,7 @@ import torch
 
 from minfer import ops
 from minfer.config import ModelConfig
-from minfer.models.layers import Block, feed_forward, load_block, self_attention
+from minfer.models.layers import Block, attention_branch, ffn_branch, load_block
 from minfer.weights import QWeight, load_qweight, load_vector
 
 
@@ -94,17 +94,23 @@ class LlamaModel:
         return self._forward(tokens, 0, positions, cache, last_only=False, last_index=last)
 
     def _forward(self, tokens, start_pos, positions, cache, last_only: bool, last_index=None) -> torch.Tensor:
-        act = self.act_dtype
+        # x: the float32 residual stream; h: its RMSNorm, in the matmuls' dtype. Each residual
+        # add is done together with the norm that follows it (ops.add_rms_norm: one kernel
+        # on CUDA when MINFER_FUSED_ADD_NORM=1), so the loop is
+        #   x, h = x + attn(h), ffn_norm(x + attn(h));   x, h = x + ffn(h), next_norm(x + ffn(h))
+        act, eps, blocks = self.act_dtype, self.cfg.rms_eps, self.blocks
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
-        for i, blk in enumerate(self.blocks):
-            x = self_attention(x, blk, self.cfg, cache, i, start_pos, positions, act)
-            x = feed_forward(x, blk, self.cfg, act)
+        h = ops.rms_norm(x, blocks[0].attn_norm, eps).to(act)      # (T, D) act
+        for i, blk in enumerate(blocks):
+            x, h = ops.add_rms_norm(x, attention_branch(h, blk, self.cfg, cache, i, start_pos, positions),
+                                    blk.ffn_norm, eps, act)
+            nxt = blocks[i + 1].attn_norm if i + 1 < len(blocks) else self.output_norm
+            x, h = ops.add_rms_norm(x, ffn_branch(h, blk), nxt, eps, act)
         if last_index is not None:
-            x = x.index_select(0, last_index)                      # (1, D)
+            h = h.index_select(0, last_index)                      # (1, D)
         elif last_only:
-            x = x[-1:]
-        x = ops.rms_norm(x, self.output_norm, self.cfg.rms_eps).to(act)
-        return ops.linear(x, self.output).float()                  # (T, V)
+            h = h[-1:]
+        return ops.linear(h, self.output).float()                  # (T, V)
 
 
 def activation_dtype(device) -> torch.dtype:

@@ -53,6 +53,11 @@ def rms_norm(x, weight, eps):
     return _backend(x).rms_norm(x, weight, eps)
 
 
+def add_rms_norm(x, y, weight, eps, out_dtype):
+    """(s, h): s = x + y (T, D), the residual stream; h = rms_norm(s) * weight in out_dtype."""
+    return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype)
+
+
 def rope(x, positions, cfg):
     """x (T, H, Dh), positions (T,) int64, cfg: minfer.config.RopeConfig -> (T, H, Dh)."""
     return _backend(x).rope(x, positions, cfg)

@@ -34,6 +34,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype):
+    """Residual add, then the next RMSNorm: s = x + y (T, D) in the promoted dtype, and
+    rms_norm(s) * weight in out_dtype (the next matmul's input). Returns (s, h)."""
+    s = x + y
+    return s, rms_norm(s, weight, eps).to(out_dtype)
+
+
 @functools.lru_cache(maxsize=16)
 def _inv_freq(cfg) -> torch.Tensor:
     """(n_rot/2,) float64: freq_scale * theta^(-2i/n_rot) / freq_factor_i (ggml rope, ext_factor 0)."""

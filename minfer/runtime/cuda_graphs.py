@@ -8,8 +8,8 @@ What makes the step capturable: every value that changes between steps lives in 
 tensor the graph reads -- the token id, the position (rope reads positions from memory,
 the KV write uses index_copy_ at that position, decode attention reads its key count from
 memory) -- and no kernel's grid or shapes depend on them (decode attention sizes its grid
-from the cache length). The math is the model's (models/layers.py: self_attention,
-feed_forward; models/llama.py: decode_step) through the same minfer.ops calls.
+from the cache length). The math is the model's (models/layers.py: attention_branch,
+ffn_branch; models/llama.py: decode_step) through the same minfer.ops calls.
 
     g = DecodeGraph(engine.model, engine.cache)    # captures on first use
     logits = g.step(token_id, start_pos)           # (1, vocab) float32 on the GPU

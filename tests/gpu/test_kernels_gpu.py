@@ -202,3 +202,40 @@ def test_decode_attention_length_from_tensor():
     n = torch.tensor([1000], dtype=torch.int32, device=DEV)
     out = decode_attention(q.to(DEV), kc.to(DEV), vc.to(DEV), n)
     assert rel_err(out, reference.attention(q.double(), kc.double(), vc.double(), 999)) < 1e-2
+
+
+@pytest.mark.parametrize("t,d", [(1, 3584), (7, 896), (333, 3584), (64, 576)])
+def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import add_rms_norm
+
+    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "1")
+    g = torch.Generator().manual_seed(t + d)
+    x = torch.randn(t, d, generator=g) * 4
+    y = torch.randn(t, d, generator=g).to(torch.bfloat16)
+    wt = torch.randn(d, generator=g)
+    rs, rh = reference.add_rms_norm(x.double(), y.double(), wt.double(), 1e-6, torch.float64)
+    paths.reset()
+    s, h = add_rms_norm(x.to(DEV), y.to(DEV), wt.to(DEV), 1e-6, torch.bfloat16)
+    assert s.dtype == torch.float32 and h.dtype == torch.bfloat16
+    assert torch.isfinite(s).all() and torch.isfinite(h).all()
+    assert rel_err(s, rs) < 1e-7 and rel_err(h, rh) < 1e-2
+    assert paths.snapshot()["counts"] == {"add_rms_norm.triton": 1}
+
+
+@pytest.mark.parametrize("t,h,hkv,dh", [(333, 28, 4, 128), (64, 14, 2, 64), (2048, 28, 4, 128)])
+def test_attention_cudnn_prefill(monkeypatch, t, h, hkv, dh):
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import attention
+
+    monkeypatch.setenv("MINFER_PREFILL_ATTN", "cudnn")
+    g = torch.Generator().manual_seed(t + h)
+    kc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
+    vc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
+    q = torch.randn(t, h, dh, generator=g).to(torch.bfloat16)
+    ref = reference.attention(q.double(), kc.double(), vc.double(), 0)
+    paths.reset()
+    out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), 0)
+    assert rel_err(out, ref) < 1e-2
+    snap = paths.snapshot()
+    assert snap["counts"] == {"attention.prefill.cudnn": 1} and not snap["fallbacks"], snap

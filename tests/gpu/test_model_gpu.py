@@ -62,3 +62,35 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     tc = [e.token_id for e in cpu.generate(prompt[:10], params, max_new_tokens=32)]
     tg = [e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]
     assert tg == tc
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_prepared_paths_match_cpu(synth_dir, monkeypatch, arch):
+    """The prepared (default-off) fast paths -- the fused residual add + RMSNorm and cuDNN
+    prefill attention -- keep the CPU parity: logits within 1e-2, 32 greedy tokens equal,
+    and their paths ran (no fallback)."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+    from minfer.runtime.sampling import SamplingParams
+
+    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "1")
+    monkeypatch.setenv("MINFER_PREFILL_ATTN", "cudnn")
+    p = get_preset("tiny").with_overrides(arch=arch)
+    path = synth_dir / f"prepared-{arch}.gguf"
+    write_synth(path, p, "q4_k_m", seed=7, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False)
+    gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False)
+    prompt = torch.randint(0, p.vocab, (70,), generator=torch.Generator().manual_seed(3)).tolist()
+    paths.reset()
+    assert rel(gpu.forward(prompt, 0), cpu.forward(prompt, 0)) < 1e-2
+    snap = paths.snapshot()
+    assert snap["counts"].get("add_rms_norm.triton", 0) > 0
+    assert snap["counts"].get("attention.prefill.cudnn", 0) > 0 and not snap["fallbacks"], snap
+    cpu.reset()
+    gpu.reset()
+    params = SamplingParams(temperature=0)
+    tc = [e.token_id for e in cpu.generate(prompt[:50], params, max_new_tokens=32)]
+    tg = [e.token_id for e in gpu.generate(prompt[:50], params, max_new_tokens=32)]
+    assert tg == tc

@@ -133,6 +133,30 @@ def test_rms_norm_swiglu(K):
     assert rel_err(K.nra.swiglu(a, b), reference.swiglu(a.double(), b.double())) < 1e-6
 
 
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
+def test_add_rms_norm_fused(K, monkeypatch, out_dtype):
+    """The fused residual add + RMSNorm kernel (MINFER_FUSED_ADD_NORM=1) vs the reference."""
+    from minfer.ops import paths, reference
+
+    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "1")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 300, generator=g) * 3                  # float32 residual
+    y = (torch.randn(6, 300, generator=g) * 2).to(torch.float16)  # a branch in the matmul dtype
+    wt = torch.randn(300, generator=g)
+    paths.reset()
+    s, h = K.nra.add_rms_norm(x, y, wt, 1e-6, out_dtype)
+    rs, rh = reference.add_rms_norm(x.double(), y.double(), wt.double(), 1e-6, torch.float64)
+    assert s.dtype == torch.float32 and h.dtype == out_dtype and h.shape == (6, 300)
+    assert rel_err(s, rs) < 1e-7
+    assert rel_err(h, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
+    assert paths.snapshot()["counts"] == {"add_rms_norm.triton": 1}
+    monkeypatch.delenv("MINFER_FUSED_ADD_NORM")                # default: add, rms_norm, cast
+    paths.reset()
+    s2, h2 = K.nra.add_rms_norm(x, y, wt, 1e-6, out_dtype)
+    assert torch.equal(s2, s) and rel_err(h2, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
+    assert "add_rms_norm.triton" not in paths.snapshot()["counts"]
+
+
 @pytest.mark.parametrize("style", ["neox", "normal"])
 def test_rope(K, style):
     from minfer.config import RopeConfig

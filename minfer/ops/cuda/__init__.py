@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
-from minfer.ops.cuda.norm_rope_act import rms_norm, rope, swiglu
+from minfer.ops.cuda.norm_rope_act import add_rms_norm, rms_norm, rope, swiglu
 from minfer.ops.cuda.qmatmul import linear, linear_many, planned_scratch_bytes, scratch_bytes
 
-__all__ = ["linear", "linear_many", "embedding", "rms_norm", "rope", "swiglu", "attention", "decode_attention",
+__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "attention", "decode_attention",
            "prepare_weight", "memory_report", "planned_scratch_bytes", "scratch_bytes"]
 
 

@@ -2,6 +2,7 @@
 
 - T > 1 (prefill): torch SDPA's flash kernel (bf16/fp16, from position 0, GQA through
   enable_gqa); after a cached prefix, its memory-efficient kernel with an offset causal mask.
+  MINFER_PREFILL_ATTN=cudnn (read per call) takes cuDNN's kernel instead, k/v expanded.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
   keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
@@ -10,6 +11,8 @@
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -156,6 +159,21 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if k.dtype != qh.dtype:
         k, v = k.to(qh.dtype), v.to(qh.dtype)
     scale = 1.0 / dh ** 0.5
+    if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16) \
+            and os.environ.get("MINFER_PREFILL_ATTN", "flash") == "cudnn":
+        # cuDNN's fused attention (FA3-class on Hopper), k/v expanded (it takes no GQA).
+        # Prepared, not yet measured: flash (FA2) took 10.4 ms of a 3354-token 7B prefill
+        # (0.37 ms/layer); the A/B that decides between them is docs/perf-log.md's next step.
+        try:
+            g = h // hkv
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(qh, k.repeat_interleave(g, dim=1),
+                                                     v.repeat_interleave(g, dim=1),
+                                                     is_causal=True, scale=scale)
+            paths.count("attention.prefill.cudnn")
+            return out[0].transpose(0, 1)                    # (T, H, Dh)
+        except RuntimeError as e:
+            paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
     if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16):
         # causal from position 0: flash attention, GQA without expanding k/v
         try:
