@@ -97,6 +97,16 @@ class Q4_0(QuantType):
         return np.concatenate([f32_to_f16_bytes(d), _pack_nibbles(q)], axis=1)
 
 
+def _quantize_with_min(x: np.ndarray, levels: int):
+    """Q4_1/Q5_1 (ggml-quants.c quantize_row_q4_1_ref / q5_1_ref): per block d = (max - min) /
+    levels, q = trunc((x - min) / d + 0.5) capped at levels. Returns (d, min, q), each (n, .)."""
+    lo = x.min(axis=1, keepdims=True)
+    hi = x.max(axis=1, keepdims=True)
+    d = (hi - lo) / np.float32(levels)
+    q = _trunc_u8((x - lo) * _inverse(d) + np.float32(0.5), levels)
+    return d, lo, q
+
+
 @register
 class Q4_1(QuantType):
     """4-bit with minimum: x = d * q + m.
@@ -121,10 +131,7 @@ class Q4_1(QuantType):
     @classmethod
     def quantize_blocks(cls, x):
         # quantize_row_q4_1_ref: d = (max - min) / 15, q = MIN(15, (int8)((x - min)/d + 0.5))
-        lo = x.min(axis=1, keepdims=True)
-        hi = x.max(axis=1, keepdims=True)
-        d = (hi - lo) / np.float32(15)
-        q = _trunc_u8((x - lo) * _inverse(d) + np.float32(0.5), 15)
+        d, lo, q = _quantize_with_min(x, 15)
         return np.concatenate([f32_to_f16_bytes(d), f32_to_f16_bytes(lo), _pack_nibbles(q)], axis=1)
 
 
@@ -180,10 +187,7 @@ class Q5_1(QuantType):
     @classmethod
     def quantize_blocks(cls, x):
         # quantize_row_q5_1_ref: d = (max - min) / 31, q = (uint8)((x - min)/d + 0.5)
-        lo = x.min(axis=1, keepdims=True)
-        hi = x.max(axis=1, keepdims=True)
-        d = (hi - lo) / np.float32(31)
-        q = _trunc_u8((x - lo) * _inverse(d) + np.float32(0.5), 31)
+        d, lo, q = _quantize_with_min(x, 31)
         return np.concatenate(
             [f32_to_f16_bytes(d), f32_to_f16_bytes(lo), _pack_high_bits(q), _pack_nibbles(q)], axis=1
         )
