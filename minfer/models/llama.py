@@ -104,12 +104,14 @@ class LlamaModel:
         for i, blk in enumerate(blocks):
             x, h = ops.add_rms_norm(x, attention_branch(h, blk, self.cfg, cache, i, start_pos, positions),
                                     blk.ffn_norm, eps, act)
-            nxt = blocks[i + 1].attn_norm if i + 1 < len(blocks) else self.output_norm
-            x, h = ops.add_rms_norm(x, ffn_branch(h, blk), nxt, eps, act)
-        if last_index is not None:
-            h = h.index_select(0, last_index)                      # (1, D)
+            f = ffn_branch(h, blk)
+            if i + 1 < len(blocks):
+                x, h = ops.add_rms_norm(x, f, blocks[i + 1].attn_norm, eps, act)
+        if last_index is not None:                                 # only the rows whose logits are wanted
+            x, f = x.index_select(0, last_index), f.index_select(0, last_index)   # (1, D)
         elif last_only:
-            h = h[-1:]
+            x, f = x[-1:], f[-1:]
+        _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act)
         return ops.linear(h, self.output).float()                  # (T, V)
 
 
