@@ -96,7 +96,7 @@ class LlamaModel:
     def _forward(self, tokens, start_pos, positions, cache, last_only: bool, last_index=None) -> torch.Tensor:
         # x: the float32 residual stream; h: its RMSNorm, in the matmuls' dtype. Each residual
         # add is done together with the norm that follows it (ops.add_rms_norm: one kernel
-        # on CUDA when MINFER_FUSED_ADD_NORM=1), so the loop is
+        # on CUDA unless MINFER_FUSED_ADD_NORM=0), so the loop is
         #   x, h = x + attn(h), ffn_norm(x + attn(h));   x, h = x + ffn(h), next_norm(x + ffn(h))
         act, eps, blocks = self.act_dtype, self.cfg.rms_eps, self.blocks
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32

@@ -53,7 +53,8 @@ def count(path: str, n: int = 1) -> None:
 
 
 def switched_off(path: str, env: str) -> None:
-    """The fast path `path` was not taken because the user set `env`=0."""
+    """The fast path `path` was not taken because the user set `env`=0 (or, when `env`
+    holds '=', the setting it names: 'MINFER_PREFILL_ATTN=flash')."""
     with _lock:
         _off[(path, env)] += 1
 
@@ -69,7 +70,8 @@ def snapshot() -> dict:
     with _lock:
         return {
             "counts": dict(_counts),
-            "switched_off": {f"{p} (switched off by {e}=0)": n for (p, e), n in _off.items()},
+            "switched_off": {f"{p} (switched off by {e if '=' in e else e + '=0'})": n
+                             for (p, e), n in _off.items()},
             "fallbacks": {f"{p} (fell back because {r})": n for (p, r), n in _fallbacks.items()},
         }
 

@@ -183,7 +183,7 @@ def test_attention(t, start, h, hkv, dh, dtype):
     if t == 1:
         want = "attention.decode.triton"
     elif start == 0 and dtype == torch.bfloat16:
-        want = "attention.prefill.flash"          # SDPA's flash kernel, GQA unexpanded
+        want = "attention.prefill.cudnn.copy"     # SDPA's cuDNN kernel, k/v copied to H heads
     else:
         want = "attention.prefill.masked"         # offset mask or fp32: memory-efficient kernel
     snap = paths.snapshot()
@@ -209,7 +209,7 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
     from minfer.ops import paths, reference
     from minfer.ops.cuda import add_rms_norm
 
-    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "1")
+    monkeypatch.delenv("MINFER_FUSED_ADD_NORM", raising=False)   # the default: fused
     g = torch.Generator().manual_seed(t + d)
     x = torch.randn(t, d, generator=g) * 4
     y = torch.randn(t, d, generator=g).to(torch.bfloat16)
@@ -224,11 +224,16 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
 
 
 @pytest.mark.parametrize("t,h,hkv,dh", [(333, 28, 4, 128), (64, 14, 2, 64), (2048, 28, 4, 128)])
-def test_attention_cudnn_prefill(monkeypatch, t, h, hkv, dh):
+@pytest.mark.parametrize("mode", ["flash", "cudnn.copy", "cudnn.repeat"])
+def test_attention_prefill_modes(monkeypatch, t, h, hkv, dh, mode):
+    """Every prefill attention the switches can pick, against the CPU reference, each
+    counted under its own path (the default, cudnn.copy, is also in test_attention)."""
     from minfer.ops import paths, reference
     from minfer.ops.cuda import attention
 
-    monkeypatch.setenv("MINFER_PREFILL_ATTN", "cudnn")
+    monkeypatch.setenv("MINFER_PREFILL_ATTN", mode.split(".")[0])
+    if "." in mode:
+        monkeypatch.setenv("MINFER_CUDNN_GQA", mode.split(".")[1])
     g = torch.Generator().manual_seed(t + h)
     kc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
     vc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
@@ -238,4 +243,7 @@ def test_attention_cudnn_prefill(monkeypatch, t, h, hkv, dh):
     out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), 0)
     assert rel_err(out, ref) < 1e-2
     snap = paths.snapshot()
-    assert snap["counts"] == {"attention.prefill.cudnn": 1} and not snap["fallbacks"], snap
+    want = "attention.prefill.flash" if mode == "flash" else f"attention.prefill.{mode}"
+    assert snap["counts"] == {want: 1} and not snap["fallbacks"], snap
+    if mode == "flash":
+        assert snap["switched_off"] == {"attention.prefill.cudnn (switched off by MINFER_PREFILL_ATTN=flash)": 1}, snap

@@ -52,6 +52,21 @@ def test_dequant_bit_exact(K, qt):
     assert np.array_equal(out.numpy(), ref), f"max diff {np.abs(out.numpy() - ref).max()}"
 
 
+@pytest.mark.parametrize("n,blocks", [(7, 3), (1, 1), (5, 2)])
+def test_dequant_q4k_pair_bit_exact(K, monkeypatch, n, blocks):
+    """The Q4_K pair kernel (MINFER_DEQUANT_Q4K=pair: both nibbles of a byte per thread) vs the
+    gguf reference, with partial row and column tiles."""
+    monkeypatch.setenv("MINFER_DEQUANT_Q4K", "pair")
+    rng = np.random.default_rng(17 + n)
+    k = 256 * blocks
+    raw = random_weight(12, n, k, rng)
+    ref = reference_dequant(raw, 12, n, k)
+    out = torch.full((n, k + 3), float("nan"))          # a wider out: the row stride is honored
+    K.dq.dequantize_into(torch.from_numpy(raw), 12, n, k, out, interpret=True)
+    assert np.array_equal(out[:, :k].numpy(), ref), f"max diff {np.abs(out[:, :k].numpy() - ref).max()}"
+    assert torch.isnan(out[:, k:]).all()
+
+
 @pytest.mark.parametrize("qt", [12, 14, 8, 1], ids=lambda q: QUANT_NAMES[q])
 def test_dequant_fp16_out_and_row_gather(K, qt):
     rng = np.random.default_rng(7)
@@ -135,10 +150,11 @@ def test_rms_norm_swiglu(K):
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_add_rms_norm_fused(K, monkeypatch, out_dtype):
-    """The fused residual add + RMSNorm kernel (MINFER_FUSED_ADD_NORM=1) vs the reference."""
+    """The fused residual add + RMSNorm kernel (the default) vs the reference; with
+    MINFER_FUSED_ADD_NORM=0 the separate add, rms_norm and cast give the same result."""
     from minfer.ops import paths, reference
 
-    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "1")
+    monkeypatch.delenv("MINFER_FUSED_ADD_NORM", raising=False)   # default: fused
     g = torch.Generator().manual_seed(2)
     x = torch.randn(6, 300, generator=g) * 3                  # float32 residual
     y = (torch.randn(6, 300, generator=g) * 2).to(torch.float16)  # a branch in the matmul dtype
@@ -150,11 +166,13 @@ def test_add_rms_norm_fused(K, monkeypatch, out_dtype):
     assert rel_err(s, rs) < 1e-7
     assert rel_err(h, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
     assert paths.snapshot()["counts"] == {"add_rms_norm.triton": 1}
-    monkeypatch.delenv("MINFER_FUSED_ADD_NORM")                # default: add, rms_norm, cast
+    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "0")          # off: add, rms_norm, cast
     paths.reset()
     s2, h2 = K.nra.add_rms_norm(x, y, wt, 1e-6, out_dtype)
     assert torch.equal(s2, s) and rel_err(h2, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
-    assert "add_rms_norm.triton" not in paths.snapshot()["counts"]
+    snap = paths.snapshot()
+    assert "add_rms_norm.triton" not in snap["counts"]
+    assert snap["switched_off"] == {"add_rms_norm.triton (switched off by MINFER_FUSED_ADD_NORM=0)": 1}, snap
 
 
 @pytest.mark.parametrize("style", ["neox", "normal"])

@@ -13,7 +13,11 @@ Paths and switches (all read at call time; MINFER_DEBUG_PATHS=1 prints the count
   prefetch.hit / .miss      next group dequantized on a side stream during this GEMM; MINFER_PREFETCH=0 off
   embedding.<type>          decode of the requested rows only
   rms_norm.triton (MINFER_TRITON_NORM=0 -> torch), rope.triton, swiglu.triton
-  attention.prefill.sdpa, attention.decode.triton (MINFER_DECODE_ATTN=0 -> SDPA)
+  add_rms_norm.triton       residual add + RMSNorm + cast in one kernel; MINFER_FUSED_ADD_NORM=0 off
+  attention.prefill.cudnn.<gqa>  SDPA's cuDNN kernel from position 0 (MINFER_CUDNN_GQA=copy|native|repeat);
+                            MINFER_PREFILL_ATTN=flash -> attention.prefill.flash (FA2, GQA unexpanded)
+  attention.prefill.masked  after a cached prefix: the memory-efficient kernel, offset causal mask
+  attention.decode.triton   (MINFER_DECODE_ATTN=0 -> SDPA)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Causal attention on CUDA over the KV cache (S, Hkv, Dh).
 
-- T > 1 (prefill): torch SDPA's flash kernel (bf16/fp16, from position 0, GQA through
-  enable_gqa); after a cached prefix, its memory-efficient kernel with an offset causal mask.
-  MINFER_PREFILL_ATTN=cudnn (read per call) takes cuDNN's kernel instead, k/v expanded.
+- T > 1 (prefill): from position 0 (bf16/fp16), torch SDPA's cuDNN kernel (FA3-class on
+  Hopper); MINFER_PREFILL_ATTN=flash (read per call) takes its flash (FA2) kernel, GQA through
+  enable_gqa. After a cached prefix: the memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
   keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
@@ -21,6 +21,30 @@ import triton
 import triton.language as tl
 
 from minfer.ops import paths
+
+
+def _cudnn_causal(qh, k, v, k_rows, v_rows, h: int, hkv: int, scale: float):
+    """cuDNN SDPA, causal, (1, H, T, Dh) out. GQA (MINFER_CUDNN_GQA, read per call):
+    'native' hands the Hkv heads over with enable_gqa; 'copy' expands k/v to H heads with one
+    contiguous copy each ((S, Hkv, Dh) -> (S, Hkv, G, Dh) -> (S, H, Dh): query head i reads
+    key head i // G, as ggml's and torch's GQA do); 'repeat' is repeat_interleave on the
+    transposed view (an index kernel: ~2 ms of a 3354-token 7B prefill)."""
+    how = os.environ.get("MINFER_CUDNN_GQA", "copy") if hkv != h else "none"
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        if how == "native":
+            out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
+        else:
+            if how == "repeat":
+                k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
+            elif how != "none":
+                g = h // hkv
+                s_, _, dh = k_rows.shape
+                k = k_rows[:, :, None, :].expand(s_, hkv, g, dh).reshape(s_, h, dh).to(qh.dtype)
+                v = v_rows[:, :, None, :].expand(s_, hkv, g, dh).reshape(s_, h, dh).to(qh.dtype)
+                k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+            out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+    paths.count(f"attention.prefill.cudnn.{how}")
+    return out
 
 
 @triton.jit
@@ -159,21 +183,17 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if k.dtype != qh.dtype:
         k, v = k.to(qh.dtype), v.to(qh.dtype)
     scale = 1.0 / dh ** 0.5
-    if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16) \
-            and os.environ.get("MINFER_PREFILL_ATTN", "flash") == "cudnn":
-        # cuDNN's fused attention (FA3-class on Hopper), k/v expanded (it takes no GQA).
-        # Prepared, not yet measured: flash (FA2) took 10.4 ms of a 3354-token 7B prefill
-        # (0.37 ms/layer); the A/B that decides between them is docs/perf-log.md's next step.
+    mode = os.environ.get("MINFER_PREFILL_ATTN", "cudnn")
+    if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16) and mode == "cudnn":
+        # cuDNN's fused attention (FA3-class on Hopper): 5.0 ms against flash's (FA2) 10.4 ms
+        # in a 3354-token 7B prefill on the H200 (docs/perf-log.md, section 10).
         try:
-            g = h // hkv
-            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                out = F.scaled_dot_product_attention(qh, k.repeat_interleave(g, dim=1),
-                                                     v.repeat_interleave(g, dim=1),
-                                                     is_causal=True, scale=scale)
-            paths.count("attention.prefill.cudnn")
+            out = _cudnn_causal(qh, k, v, k_cache[:s], v_cache[:s], h, hkv, scale)
             return out[0].transpose(0, 1)                    # (T, H, Dh)
         except RuntimeError as e:
             paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
+    elif start_pos == 0 and mode != "cudnn":
+        paths.switched_off("attention.prefill.cudnn", f"MINFER_PREFILL_ATTN={mode}")
     if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16):
         # causal from position 0: flash attention, GQA without expanding k/v
         try:
