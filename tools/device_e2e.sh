@@ -3,7 +3,7 @@
 # launch paths and per-op profile, A/B of the prefill switches. From the repo root:
 #   run(command="MINFER_COMMIT=<hash of HEAD here> bash tools/device_e2e.sh [STEPS]", carry=[".whl"])
 # (the device copy has no .git: MINFER_COMMIT puts the commit into the bench records)
-# STEPS (default: tests synth bench paths ab): any subset, in order. AB_SPECS="A|B;A|B".
+# STEPS (default: tests synth bench paths ab): any subset, in order (also: exp). AB_SPECS="A|B;A|B".
 # Everything goes to $OUT; a summary is printed last.
 set -u
 STEPS=${*:-tests synth bench paths ab}
@@ -33,6 +33,12 @@ for step in $STEPS; do
         i=$((i+1)); a="${spec%%|*}"; b="${spec#*|}"
         timeout 150 $M bench -m $Q7 -p 512,3354 -n 0 -r 2 --ab "$a" "$b" --pairs 4 --no-progress 2>&1 | tee "$OUT/ab-$i.log" | tail -12
         summary="$summary\nA/B $a | $b:\n$(tail -6 "$OUT/ab-$i.log")"
+      done;;
+    exp)
+      # EXPS="exp_attn exp_dequant": device experiments (tools/<name>.py), each prints a table last
+      for e in ${EXPS:-exp_attn exp_dequant}; do
+        timeout 200 python3 tools/$e.py --json "$OUT/$e.json" 2>&1 | tee "$OUT/$e.log" | tail -30
+        summary="$summary\n$(sed -n '/^====/,$p' "$OUT/$e.log")"
       done;;
     *) echo "unknown step $step";;
   esac
