@@ -35,8 +35,8 @@ for step in $STEPS; do
         summary="$summary\nA/B $a | $b:\n$(tail -6 "$OUT/ab-$i.log")"
       done;;
     exp)
-      # EXPS="exp_attn exp_dequant": device experiments (tools/<name>.py), each prints a table last
-      for e in ${EXPS:-exp_attn exp_dequant}; do
+      # EXPS="exp_attn ...": device experiments (tools/<name>.py), each prints a table last
+      for e in ${EXPS:-exp_attn}; do
         timeout 200 python3 tools/$e.py --json "$OUT/$e.json" 2>&1 | tee "$OUT/$e.log" | tail -30
         summary="$summary\n$(sed -n '/^====/,$p' "$OUT/$e.log")"
       done;;

@@ -2,8 +2,8 @@
 
     python3 tools/exp_attn.py [--json OUT]
 
-Times each variant of minfer.ops.cuda.attention's prefill (flash; cuDNN with GQA native /
-copy-expanded / repeat_interleave-expanded) at T=512 and 3354 with triton.testing.do_bench,
+Times each variant of minfer.ops.cuda.attention's prefill (flash; cuDNN with the length
+rounded up to 128, or exact) at T=512 and 3354 with triton.testing.do_bench,
 checks each against an fp32 float reference on the GPU, and times the first call at new
 lengths (cuDNN builds an execution plan per shape). Prints a table last."""
 import argparse
@@ -23,13 +23,12 @@ args = ap.parse_args()
 H, HKV, DH = 28, 4, 128
 res, table = {}, []
 variants = {"flash": {"MINFER_PREFILL_ATTN": "flash"},
-            "cudnn.native": {"MINFER_PREFILL_ATTN": "cudnn", "MINFER_CUDNN_GQA": "native"},
-            "cudnn.copy": {"MINFER_PREFILL_ATTN": "cudnn", "MINFER_CUDNN_GQA": "copy"},
-            "cudnn.repeat": {"MINFER_PREFILL_ATTN": "cudnn", "MINFER_CUDNN_GQA": "repeat"}}
+            "cudnn.bucket128": {"MINFER_PREFILL_ATTN": "cudnn"},
+            "cudnn.exact": {"MINFER_PREFILL_ATTN": "cudnn", "MINFER_CUDNN_BUCKET": "0"}}
 
 
 def setenv(d):
-    for k in ("MINFER_PREFILL_ATTN", "MINFER_CUDNN_GQA"):
+    for k in ("MINFER_PREFILL_ATTN", "MINFER_CUDNN_BUCKET"):
         os.environ.pop(k, None)
     os.environ.update(d)
 
@@ -61,9 +60,9 @@ for T in (512, 3354):
             res[f"{name}.T{T}"] = {"error": str(e)[:200]}
             table.append(f"T={T:5d} {name:14s} ERROR {str(e).splitlines()[0][:100]}")
 # first call at new lengths: cuDNN builds a plan per shape
-for name in ("flash", "cudnn.copy"):
+for name in ("flash", "cudnn.exact", "cudnn.bucket128"):
     setenv(variants[name])
-    for T in (1000, 1001, 2047, 3001):
+    for T in (1000, 1001, 1020, 2047, 3001, 3002):
         q = torch.randn(T, H, DH, device="cuda", generator=g).to(torch.bfloat16)
         torch.cuda.synchronize()
         t0 = time.perf_counter(); attention(q, kc, vc, 0); torch.cuda.synchronize()

@@ -256,8 +256,10 @@ def environment(changes: dict[str, str | None]):
 
 def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps: int, rng,
            vocab: int, timer: Timer, stats: ModelStats, log=print) -> dict:
-    """A B A B ... for `pairs` pairs, each side `reps` repetitions of every test; the ratio
-    B/A per pair, and its mean, sd, min and max over the pairs."""
+    """`pairs` pairs, each side `reps` repetitions of every test, in the order A B, B A, A B ...
+    (odd pairs start with B: a bias toward whichever side runs second -- the H200 A/Bs of
+    2026-11-29 showed B ahead on pp512 in four unrelated comparisons -- cancels over an even
+    number of pairs); the ratio B/A per pair, and its mean, sd, min and max over the pairs."""
     if pairs < 4:
         raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
     for env in (env_a, env_b):          # a warm-up of each side, excluded
@@ -267,13 +269,15 @@ def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps
     rows, results = [], []
     for i in range(pairs):
         for t in tests:
-            pair = []
-            for side, env in (("A", env_a), ("B", env_b)):
+            pair = {}
+            order = (("A", env_a), ("B", env_b)) if i % 2 == 0 else (("B", env_b), ("A", env_a))
+            for side, env in order:
                 with environment(env):
                     r = measure(runner, t, reps, rng, vocab, timer, warmup=False, stats=stats)
                 r.env = {**r.env, "ab_side": side}
                 results.append(r)
-                pair.append(r)
+                pair[side] = r
+            pair = [pair["A"], pair["B"]]
             ratio = pair[1].avg_ts / pair[0].avg_ts
             rows.append({"pair": i + 1, "test": t.name, "a_ts": pair[0].avg_ts, "b_ts": pair[1].avg_ts,
                          "ratio": ratio})

@@ -21,8 +21,8 @@ attention FLOPs), GB/s of weights read for tg, and peak GPU memory. The device i
 synchronized before every clock read.
 
 --ab 'X=1' 'X=0' measures two configurations of minfer's environment switches in one
-process, interleaved A B A B ... for --pairs pairs, and prints each pair and the ratio B/A
-(mean, sd, min, max). Only switches read at call time can be compared this way; a switch
+process, interleaved for --pairs pairs in the order A B, B A, A B ... (so a bias toward the
+side that runs second cancels), and prints each pair and the ratio B/A (mean, sd, min, max). Only switches read at call time can be compared this way; a switch
 read at load time needs two runs.
 
 --peer torch-bf16 (CUDA) then runs the same weights dequantized to bf16 through a plain torch

@@ -131,8 +131,8 @@ def test_ab_interleaves_and_restores_env(monkeypatch):
     ab = B.run_ab(r, [t], B.parse_env("MINFER_TEST_AB=a"), B.parse_env("MINFER_TEST_AB=b"), 4, 2,
                   np.random.default_rng(0), 100, B.Timer("cpu"), stats, log=lambda m: None)
     seen = [v for _, v in r.calls]
-    # a warm-up of each side, then A A B B (2 reps each) per pair
-    assert seen == ["a", "b"] + ["a", "a", "b", "b"] * 4
+    # a warm-up of each side, then A A B B / B B A A (2 reps each), alternating per pair
+    assert seen == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a"] * 2
     assert os.environ["MINFER_TEST_AB"] == "outer"
     assert len(ab["pairs"]) == 4
     for row in ab["pairs"]:
@@ -142,7 +142,7 @@ def test_ab_interleaves_and_restores_env(monkeypatch):
     assert s["n_pairs"] == 4 and s["ratio_mean"] == pytest.approx(np.mean(ratios))
     assert s["ratio_sd"] == pytest.approx(np.std(ratios, ddof=1))
     assert (s["ratio_min"], s["ratio_max"]) == (min(ratios), max(ratios))
-    assert [x["env"]["ab_side"] for x in ab["results"]] == ["A", "B"] * 4
+    assert [x["env"]["ab_side"] for x in ab["results"]] == ["A", "B", "B", "A"] * 2
     with pytest.raises(MinferError, match="at least 4"):
         B.run_ab(r, [t], {"X": "1"}, {"X": "2"}, 3, 1, np.random.default_rng(0), 100, B.Timer("cpu"),
                  stats, log=lambda m: None)
@@ -167,7 +167,7 @@ def test_ab_cli_unsets_bare_name(tiny, tmp_path, capsys, monkeypatch):
     assert md.count("| B/A mean |") == 1 and md.count("| 4 | pp8 |") == 1
     assert rec["ab"]["a"] == {"MINFER_TEST_AB": "1"} and rec["ab"]["b"] == {"MINFER_TEST_AB": None}
     envs = [(x["env"]["ab_side"], x["env"].get("MINFER_TEST_AB")) for x in rec["ab"]["results"]]
-    assert envs == [("A", "1"), ("B", None)] * 4
+    assert envs == [("A", "1"), ("B", None), ("B", None), ("A", "1")] * 2
     assert os.environ["MINFER_TEST_AB"] == "kept"
 
 

@@ -181,13 +181,13 @@ def test_attention(t, start, h, hkv, dh, dtype):
     assert out.shape == (t, h, dh)
     assert rel_err(out, ref) < (1e-4 if dtype == torch.float32 else 1e-2)
     if t == 1:
-        want = "attention.decode.triton"
-    elif start == 0 and dtype == torch.bfloat16:
-        want = "attention.prefill.cudnn.copy"     # SDPA's cuDNN kernel, k/v copied to H heads
-    else:
-        want = "attention.prefill.masked"         # offset mask or fp32: memory-efficient kernel
+        want = {"attention.decode.triton": 1}
+    elif start == 0 and dtype == torch.bfloat16:   # SDPA's cuDNN kernel, length rounded to 128
+        want = {"attention.prefill.cudnn": 1, "attention.prefill.cudnn.padded": 1}
+    else:                                           # offset mask or fp32: memory-efficient kernel
+        want = {"attention.prefill.masked": 1}
     snap = paths.snapshot()
-    assert snap["counts"] == {want: 1} and not snap["fallbacks"], snap
+    assert snap["counts"] == want and not snap["fallbacks"], snap
 
 
 def test_decode_attention_length_from_tensor():
@@ -224,26 +224,35 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
 
 
 @pytest.mark.parametrize("t,h,hkv,dh", [(333, 28, 4, 128), (64, 14, 2, 64), (2048, 28, 4, 128)])
-@pytest.mark.parametrize("mode", ["flash", "cudnn.copy", "cudnn.repeat"])
+@pytest.mark.parametrize("mode", ["flash", "cudnn", "cudnn-exact", "cudnn-short-cache"])
 def test_attention_prefill_modes(monkeypatch, t, h, hkv, dh, mode):
-    """Every prefill attention the switches can pick, against the CPU reference, each
-    counted under its own path (the default, cudnn.copy, is also in test_attention)."""
+    """Every prefill attention the switches can pick, against the CPU reference, each counted
+    under its own path. The cache rows past the prompt hold large finite stale keys/values:
+    the rounded-up cuDNN length reads them, and the causal mask must keep them out."""
     from minfer.ops import paths, reference
     from minfer.ops.cuda import attention
 
-    monkeypatch.setenv("MINFER_PREFILL_ATTN", mode.split(".")[0])
-    if "." in mode:
-        monkeypatch.setenv("MINFER_CUDNN_GQA", mode.split(".")[1])
+    monkeypatch.setenv("MINFER_PREFILL_ATTN", "flash" if mode == "flash" else "cudnn")
+    if mode == "cudnn-exact":
+        monkeypatch.setenv("MINFER_CUDNN_BUCKET", "0")
     g = torch.Generator().manual_seed(t + h)
-    kc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
-    vc = torch.randn(4096, hkv, dh, generator=g).to(torch.bfloat16)
+    s_max = t + 5 if mode == "cudnn-short-cache" else 4096   # no room to round up: exact length
+    kc = torch.randn(s_max, hkv, dh, generator=g)
+    vc = torch.randn(s_max, hkv, dh, generator=g)
+    kc[t:], vc[t:] = 60.0, -300.0                              # stale rows after the prompt
+    kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
     q = torch.randn(t, h, dh, generator=g).to(torch.bfloat16)
-    ref = reference.attention(q.double(), kc.double(), vc.double(), 0)
+    ref = reference.attention(q.double(), kc[:t].double(), vc[:t].double(), 0)
     paths.reset()
     out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), 0)
+    assert out.shape == (t, h, dh) and torch.isfinite(out).all()
     assert rel_err(out, ref) < 1e-2
     snap = paths.snapshot()
-    want = "attention.prefill.flash" if mode == "flash" else f"attention.prefill.{mode}"
-    assert snap["counts"] == {want: 1} and not snap["fallbacks"], snap
     if mode == "flash":
+        want = {"attention.prefill.flash": 1}
         assert snap["switched_off"] == {"attention.prefill.cudnn (switched off by MINFER_PREFILL_ATTN=flash)": 1}, snap
+    elif mode == "cudnn" and t % 128:
+        want = {"attention.prefill.cudnn": 1, "attention.prefill.cudnn.padded": 1}
+    else:
+        want = {"attention.prefill.cudnn": 1}
+    assert snap["counts"] == want and not snap["fallbacks"], snap

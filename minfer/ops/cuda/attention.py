@@ -1,8 +1,9 @@
 """Causal attention on CUDA over the KV cache (S, Hkv, Dh).
 
 - T > 1 (prefill): from position 0 (bf16/fp16), torch SDPA's cuDNN kernel (FA3-class on
-  Hopper); MINFER_PREFILL_ATTN=flash (read per call) takes its flash (FA2) kernel, GQA through
-  enable_gqa. After a cached prefix: the memory-efficient kernel with an offset causal mask.
+  Hopper), GQA unexpanded, the length rounded up to a bucket (see _cudnn_causal);
+  MINFER_PREFILL_ATTN=flash (read per call) takes its flash (FA2) kernel instead. After a
+  cached prefix: the memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
   keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
@@ -23,28 +24,38 @@ import triton.language as tl
 from minfer.ops import paths
 
 
-def _cudnn_causal(qh, k, v, k_rows, v_rows, h: int, hkv: int, scale: float):
-    """cuDNN SDPA, causal, (1, H, T, Dh) out. GQA (MINFER_CUDNN_GQA, read per call):
-    'native' hands the Hkv heads over with enable_gqa; 'copy' expands k/v to H heads with one
-    contiguous copy each ((S, Hkv, Dh) -> (S, Hkv, G, Dh) -> (S, H, Dh): query head i reads
-    key head i // G, as ggml's and torch's GQA do); 'repeat' is repeat_interleave on the
-    transposed view (an index kernel: ~2 ms of a 3354-token 7B prefill)."""
-    how = os.environ.get("MINFER_CUDNN_GQA", "copy") if hkv != h else "none"
+def _cudnn_causal(q, k_cache, v_cache, scale: float):
+    """cuDNN SDPA, causal from position 0: q (T, H, Dh) over the caches' first rows -> (T, H, Dh).
+
+    GQA goes in unexpanded (enable_gqa): on the H200 at the 7B geometry and T=3354 it took
+    173 us per layer, against 234 us with k/v expanded to H heads first and 339 us for the flash
+    (FA2) kernel (tools/exp_attn.py, bench/results/2026-11-29-h200-7b.md).
+
+    cuDNN builds an execution plan per shape: 43-60 ms at each new length (same run), more than
+    half a 3354-token prefill. So the length is rounded up to a multiple of MINFER_CUDNN_BUCKET
+    (128; 0 = exact lengths): q gets zero rows after the real ones (one pad copy) and k/v are the
+    caches' first rows up to the rounded length (a view; rows past the real keys are zeros or
+    finite stale keys, and the causal mask keeps them from every real row). At most
+    n_ctx / 128 plans are ever built; a 3354-token prompt computes 102 extra query rows.
+    """
+    t, h, dh = q.shape
+    bucket = paths.env_int("MINFER_CUDNN_BUCKET", 128)
+    tb = -(-t // bucket) * bucket if bucket > 0 else t
+    if tb > k_cache.shape[0]:
+        tb = t                                      # no room in the cache: the exact length
+    if tb != t:
+        q = F.pad(q, (0, 0, 0, 0, 0, tb - t))       # (tb, H, Dh), zero rows after the real ones
+        paths.count("attention.prefill.cudnn.padded")
+    k = k_cache[:tb].transpose(0, 1).unsqueeze(0)  # (1, Hkv, tb, Dh)
+    v = v_cache[:tb].transpose(0, 1).unsqueeze(0)
+    qh = q.transpose(0, 1).unsqueeze(0)            # (1, H, tb, Dh)
+    if k.dtype != qh.dtype:
+        k, v = k.to(qh.dtype), v.to(qh.dtype)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-        if how == "native":
-            out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
-        else:
-            if how == "repeat":
-                k, v = k.repeat_interleave(h // hkv, dim=1), v.repeat_interleave(h // hkv, dim=1)
-            elif how != "none":
-                g = h // hkv
-                s_, _, dh = k_rows.shape
-                k = k_rows[:, :, None, :].expand(s_, hkv, g, dh).reshape(s_, h, dh).to(qh.dtype)
-                v = v_rows[:, :, None, :].expand(s_, hkv, g, dh).reshape(s_, h, dh).to(qh.dtype)
-                k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-            out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
-    paths.count(f"attention.prefill.cudnn.{how}")
-    return out
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale,
+                                             enable_gqa=k.shape[1] != h)
+    paths.count("attention.prefill.cudnn")
+    return out[0].transpose(0, 1)[:t]               # (T, H, Dh)
 
 
 @triton.jit
@@ -185,11 +196,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     scale = 1.0 / dh ** 0.5
     mode = os.environ.get("MINFER_PREFILL_ATTN", "cudnn")
     if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16) and mode == "cudnn":
-        # cuDNN's fused attention (FA3-class on Hopper): 5.0 ms against flash's (FA2) 10.4 ms
-        # in a 3354-token 7B prefill on the H200 (docs/perf-log.md, section 10).
+        # cuDNN's fused attention (FA3-class on Hopper): half the flash (FA2) kernel's time
         try:
-            out = _cudnn_causal(qh, k, v, k_cache[:s], v_cache[:s], h, hkv, scale)
-            return out[0].transpose(0, 1)                    # (T, H, Dh)
+            return _cudnn_causal(q, k_cache, v_cache, scale)
         except RuntimeError as e:
             paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
     elif start_pos == 0 and mode != "cudnn":

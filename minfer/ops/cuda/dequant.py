@@ -32,8 +32,6 @@ dequantize_row_*; gguf-py quants.py is the executable reference the tests compar
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -214,40 +212,6 @@ def _dequant_kernel(raw, out, idx, N, K, row_bytes, out_stride,
     tl.store(optr, v.to(out.dtype.element_ty), mask=m)
 
 
-@triton.jit
-def _dequant_q4k_pair_kernel(raw, out, N, K, row_bytes, out_stride, BR: tl.constexpr, BK: tl.constexpr):
-    """Q4_K only: one thread per 16 quant bytes, both nibbles -- two runs of 16 values.
-
-    In a Q4_K block, byte qs[32j + l] holds value 64j + l (low nibble, sub-block 2j) and value
-    64j + 32 + l (high nibble, sub-block 2j + 1) (ggml-quants.c dequantize_row_q4_K). A pair p
-    of a block is (j, l0) = (p // 2, 16 * (p % 2)): 8 pairs per block. The quant bytes, d and
-    dmin are loaded once for 32 values instead of once per 16 (_dequant_kernel)."""
-    P: tl.constexpr = BK // 32                                  # pairs per row in the program's range
-    pr = tl.arange(0, BR * P)
-    r = tl.program_id(0) * BR + pr // P
-    rmask = r < N
-    k0 = tl.program_id(1) * BK + (pr % P) * 32                  # 32 * pair index, inside the row
-    m = (rmask & (k0 < K))[:, None]
-    blk = k0 // 256
-    p = (k0 % 256) // 32
-    j = p // 2
-    l0 = (p % 2) * 16
-    bp = (raw + r.to(tl.int64) * row_bytes + blk * 144)[:, None]
-    i = tl.arange(0, 16)[None, :]
-    jj = j[:, None]
-    qb = _ld(bp + tl.multiple_of(16 + 32 * jj + l0[:, None], [16, 16]) + i, m)
-    d = _ldh(bp, m)
-    dmin = _ldh(bp + 2, m)
-    sc0, mn0 = _kscale(bp, 2 * jj, m)
-    sc1, mn1 = _kscale(bp, 2 * jj + 1, m)
-    v0 = (d * sc0) * (qb & 15).to(tl.float32) - dmin * mn0
-    v1 = (d * sc1) * (qb >> 4).to(tl.float32) - dmin * mn1
-    e = (blk * 256 + 64 * j + l0)[:, None] + i                  # value index of the low run
-    optr = out + r.to(tl.int64)[:, None] * out_stride + e
-    tl.store(optr, v0.to(out.dtype.element_ty), mask=m)
-    tl.store(optr + 32, v1.to(out.dtype.element_ty), mask=m)
-
-
 def dequant_config(qtype: int, interpret: bool):
     """(rows, values) per program: 8 x 256 = 128 runs of 16, one per thread of 4 warps
     (H200 sweep, run 2: Q4_K 3.23 TB/s, Q6_K 2.28 TB/s at (8, 256); (16, 256) gave 3.14 / 2.24)."""
@@ -264,12 +228,6 @@ def dequantize_into(raw, qtype: int, n_rows: int, k: int, out, idx=None, interpr
     tile=(rows, values) and num_warps override the config (benchmark sweeps).
     """
     name, qk, ts = LAYOUT[qtype]
-    if qtype == Q4_K and idx is None and os.environ.get("MINFER_DEQUANT_Q4K", "run") == "pair":
-        br, bk = tile or ((4, 64) if interpret else (16, 256))
-        grid = (triton.cdiv(n_rows, br), triton.cdiv(k, bk))
-        _dequant_q4k_pair_kernel[grid](raw, out, n_rows, k, raw.stride(0), out.stride(0), BR=br, BK=bk,
-                                       num_warps=num_warps)
-        return out
     br, bk = tile or dequant_config(qtype, interpret)
     grid = (triton.cdiv(n_rows, br), triton.cdiv(k, bk))
     _dequant_kernel[grid](raw, out, idx if idx is not None else raw, n_rows, k, raw.stride(0), out.stride(0),
