@@ -26,13 +26,16 @@ def _run(cmd: list[str], cwd: str | None = None) -> str | None:
 def git_commit() -> dict:
     """The minfer checkout's commit and whether it had uncommitted changes (None outside git).
 
-    A copy of the tree without .git (the GPU machine's) takes the commit from MINFER_COMMIT,
-    which the device scripts are given by the caller (`MINFER_COMMIT=$(git rev-parse HEAD)`)."""
+    MINFER_COMMIT, when set, wins: the device scripts are given it by the caller
+    (`MINFER_COMMIT=$(git rev-parse HEAD)`), because the GPU machine's copy of the tree has no
+    .git or, as seen on 2026-11-29, a stale one (it reported 32f0baa + dirty for 539d4e3)."""
+    env = os.environ.get("MINFER_COMMIT") or None
+    if env:
+        return {"commit": env, "dirty": None, "source": "MINFER_COMMIT"}
     repo = str(Path(__file__).resolve().parents[2])
     head = _run(["git", "rev-parse", "HEAD"], cwd=repo)
     if head is None:
-        env = os.environ.get("MINFER_COMMIT") or None
-        return {"commit": env, "dirty": None}
+        return {"commit": None, "dirty": None}
     status = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
     return {"commit": head, "dirty": bool(status)}
 

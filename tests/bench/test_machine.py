@@ -37,7 +37,8 @@ def test_nvidia_smi_unknown_field_asked_alone(tmp_path, monkeypatch):
     assert gpus[0]["name"] == "v-name" and gpus[0]["clocks.sm"] == "v-clocks.sm"
 
 
-def test_git_commit_matches_checkout():
+def test_git_commit_matches_checkout(monkeypatch):
+    monkeypatch.delenv("MINFER_COMMIT", raising=False)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(machine.__file__))))
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
     info = machine.git_commit()
@@ -45,6 +46,12 @@ def test_git_commit_matches_checkout():
         assert info["commit"] == head.stdout.strip() and isinstance(info["dirty"], bool)
     else:
         assert info == {"commit": None, "dirty": None}
+
+
+def test_git_commit_env_wins(monkeypatch):
+    """The device copy's .git may be stale: the commit the caller names is the one recorded."""
+    monkeypatch.setenv("MINFER_COMMIT", "539d4e3")
+    assert machine.git_commit() == {"commit": "539d4e3", "dirty": None, "source": "MINFER_COMMIT"}
 
 
 def test_machine_info_cpu(monkeypatch):

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.prefetch",
          "minfer.ops.cuda.qmatmul", "minfer.ops.cuda"]
 _ENVS = ("MINFER_PREFETCH", "MINFER_FUSE_GROUPS", "MINFER_GROUP_GEMM", "MINFER_GEMV", "MINFER_GEMV_MAX_M",
-         "MINFER_GROUP_SCRATCH_MB")
+         "MINFER_GROUP_SCRATCH_MB", "MINFER_GROUP_FFN")
 
 
 @pytest.fixture(scope="module")
@@ -203,4 +203,34 @@ def test_scratch_plan_counts_groups(qm):
                     ("output.weight", 10**12)]:
         p.note_weight(name, n)
     assert p.planned_group_elems(torch.bfloat16) == 600      # gate+up; the lm head does not fit
+    os.environ["MINFER_GROUP_FFN"] = "0"                     # (clean_env restores it)
+    assert p.planned_group_elems(torch.bfloat16) == 300      # gate, up, down alone
     p._planned.clear()
+
+
+def test_group_ffn_off_runs_gate_up_alone(qm, monkeypatch):
+    """MINFER_GROUP_FFN=0: gate and up (by their GGUF names) go through the scratch one by one,
+    with the same results; q/k/v stay one group."""
+    from minfer.ops import paths
+
+    g, gd = make(12, 64, 256, 1, "blk.0.ffn_gate.weight")
+    u, ud = make(14, 32, 256, 2, "blk.0.ffn_up.weight")
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(0))
+    paths.reset()
+    on = qm["qmatmul"].linear_many(x, (g, u), (None, None))
+    assert paths.snapshot()["counts"].get("qmatmul.group2.prefill") == 1
+    monkeypatch.setenv("MINFER_GROUP_FFN", "0")
+    paths.reset()
+    off = qm["qmatmul"].linear_many(x, (g, u), (None, None))
+    snap = paths.snapshot()
+    assert "qmatmul.group2.prefill" not in snap["counts"], snap
+    assert snap["counts"].get("qmatmul.Q4_K.prefill") == 1 and snap["counts"].get("qmatmul.Q6_K.prefill") == 1, snap
+    assert snap["switched_off"] == {"qmatmul.group2.prefill (switched off by MINFER_GROUP_FFN=0)": 1}, snap
+    for a, b, wd in zip(on, off, (gd, ud)):
+        ref = x.double() @ wd.double().T
+        assert rel_err(a, ref) < 1e-5 and rel_err(b, ref) < 1e-5
+    q, qd = make(12, 32, 256, 3, "blk.0.attn_q.weight")
+    k, kd = make(12, 32, 256, 4, "blk.0.attn_k.weight")
+    paths.reset()
+    qm["qmatmul"].linear_many(x, (q, k), (None, None))
+    assert paths.snapshot()["counts"].get("qmatmul.group2.prefill") == 1

@@ -50,14 +50,22 @@ def buffer_limit_elems(dtype) -> int:
     return max(1 << 20, mb * (1 << 20) // torch.empty((), dtype=dtype).element_size())
 
 
+def ffn_grouped() -> bool:
+    """gate and up as one group (MINFER_GROUP_FFN=1) or each alone (=0): one group is one
+    dequant launch fewer per layer; two halve the largest group, so both scratch buffers
+    (2 x 259 MiB for the 7B) shrink to the largest single weight (2 x 130 MiB)."""
+    return paths.enabled("MINFER_GROUP_FFN")
+
+
 def planned_group_elems(dtype=torch.bfloat16) -> int:
     """The largest group of the prepared weights that fits one buffer (q/k/v and gate/up by
     their GGUF names, every other weight alone)."""
     limit = buffer_limit_elems(dtype)
     sizes = []
     groups: dict = {}
+    names = "attn_q|attn_k|attn_v|ffn_gate|ffn_up" if ffn_grouped() else "attn_q|attn_k|attn_v"
     for name, n in _planned.items():
-        m = re.match(r"(.*\.)(attn_q|attn_k|attn_v|ffn_gate|ffn_up)\.weight$", name)
+        m = re.match(rf"(.*\.)({names})\.weight$", name)
         if m:
             kind = 0 if m.group(2).startswith("attn") else 1
             groups[(m.group(1), kind)] = groups.get((m.group(1), kind), 0) + n

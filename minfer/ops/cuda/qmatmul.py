@@ -74,9 +74,12 @@ def scratch_plan(dtype=torch.bfloat16) -> str:
     esize = torch.empty((), dtype=dtype).element_size()
     if _runner_on():
         g = prefetch.planned_group_elems(dtype) * esize
+        single = min(_largest_weight[0], scratch_limit_elems(dtype)) * esize
         return (f"prefill scratch 2 x {g / 2**20:.0f} MiB (bf16, largest weight group; "
                 f"prefetch {'on' if paths.enabled('MINFER_PREFETCH') else 'off'}, "
-                f"groups {'on' if paths.enabled('MINFER_FUSE_GROUPS') else 'off'})")
+                f"groups {'on' if paths.enabled('MINFER_FUSE_GROUPS') else 'off'}, "
+                f"gate/up {'together' if prefetch.ffn_grouped() else 'apart'}) "
+                f"+ {single / 2**20:.0f} MiB when a prompt of <= 1024 tokens is first graphed")
     return f"prefill scratch {planned_scratch_bytes(dtype) / 2**20:.0f} MiB (bf16)"
 
 
@@ -267,6 +270,11 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
     return _prefill(x, w, bias, tname)
 
 
+def _is_ffn_in(w) -> bool:
+    name = getattr(w, "name", "") or ""
+    return name.endswith(("ffn_gate.weight", "ffn_up.weight"))
+
+
 def linear_many(x: torch.Tensor, ws, biases) -> list:
     """The same x (T, K) through several weights of one K (q/k/v, gate/up) -> [(T, N_i)].
 
@@ -281,5 +289,8 @@ def linear_many(x: torch.Tensor, ws, biases) -> list:
     path = f"qmatmul.group{len(ws)}.prefill"
     if not paths.enabled("MINFER_FUSE_GROUPS"):
         paths.switched_off(path, "MINFER_FUSE_GROUPS")
+        return [linear(x, w, b) for w, b in zip(ws, biases)]
+    if not prefetch.ffn_grouped() and all(_is_ffn_in(w) for w in ws):
+        paths.switched_off(path, "MINFER_GROUP_FFN")
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     return run_group(x, ws, biases, path)
