@@ -111,11 +111,14 @@ def _forward(layers, x, xf):
     return [o.clone() for o in outs]
 
 
-@pytest.mark.parametrize("m", [512, 3354])
-def test_prefetch_identical_and_hits_at_7b_shapes(m, monkeypatch):
-    """3 layers of the 7B's shapes (d 3584, ffn 18944): prefetch on == off, bit for bit."""
+@pytest.mark.parametrize("m,ffn", [(512, "0"), (3354, "0"), (3354, "1")])
+def test_prefetch_identical_and_hits_at_7b_shapes(m, ffn, monkeypatch):
+    """3 layers of the 7B's shapes (d 3584, ffn 18944): prefetch on == off, bit for bit, with
+    gate/up apart (the default) or together (MINFER_GROUP_FFN=1)."""
     from minfer.ops import paths
 
+    monkeypatch.setenv("MINFER_GROUP_FFN", ffn)
+    per_layer = 4 if ffn == "1" else 5
     d, f = 3584, 18944
     layers = _layers(3, d, f, seed=1)
     g = torch.Generator().manual_seed(2)
@@ -132,7 +135,7 @@ def test_prefetch_identical_and_hits_at_7b_shapes(m, monkeypatch):
         for a, b in zip(want, got):
             assert torch.equal(a, b)
     counts = paths.snapshot()["counts"]
-    assert counts.get("prefetch.hit") == 12 - 1 + 12 and "prefetch.miss" not in counts, counts
+    assert counts.get("prefetch.hit") == 3 * per_layer - 1 + 3 * per_layer and "prefetch.miss" not in counts, counts
     # mispredicted: layer 2's down out of turn, then a forward: outputs still identical
     paths.reset()
     from minfer.ops.cuda import linear
@@ -167,12 +170,15 @@ def test_group_switches_same_values(monkeypatch):
         assert rel_err(u, v.double().cpu()) < 1e-2
 
 
-def test_memory_report_prints_the_plan():
+def test_memory_report_prints_the_plan(monkeypatch):
     from minfer.ops.cuda import memory_report, prefetch
 
     prefetch._planned.clear()
     ws = [make(12, n, 1024, n, name, ref=False)[0] for n, name in
           [(2048, "blk.0.ffn_gate.weight"), (2048, "blk.0.ffn_up.weight"), (1024, "blk.0.attn_q.weight")]]
     line = memory_report(ws)
-    assert "prefill scratch 2 x 8 MiB" in line, line        # gate+up: 4096 x 1024 bf16 = 8 MiB
+    assert "prefill scratch 2 x 4 MiB" in line and "gate/up apart" in line, line   # gate: 2048 x 1024 bf16
+    monkeypatch.setenv("MINFER_GROUP_FFN", "1")
+    line = memory_report(ws)
+    assert "prefill scratch 2 x 8 MiB" in line and "gate/up together" in line, line   # gate+up: 8 MiB
     prefetch._planned.clear()

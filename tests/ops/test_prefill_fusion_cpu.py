@@ -149,9 +149,12 @@ def _forward(qm, layers, x_attn, x_ffn):
     return outs
 
 
-def test_prefetch_hits_and_same_outputs(qm, monkeypatch):
+@pytest.mark.parametrize("ffn", ["0", "1"])
+def test_prefetch_hits_and_same_outputs(qm, monkeypatch, ffn):
     from minfer.ops import paths
 
+    monkeypatch.setenv("MINFER_GROUP_FFN", ffn)
+    per_layer = 4 if ffn == "1" else 5                       # q,k,v | o | gate,up | down, or gate | up
     qm["prefetch"].reset()
     k = 256
     layers = []
@@ -174,13 +177,13 @@ def test_prefetch_hits_and_same_outputs(qm, monkeypatch):
     cold = _forward(qm, layers, xa, xf)                       # records the sequence
     assert "prefetch.hit" not in paths.snapshot()["counts"]
     paths.reset()
-    warm = _forward(qm, layers, xa, xf)      # its first call closes the recorded cycle, then 7 hits
+    warm = _forward(qm, layers, xa, xf)      # its first call closes the recorded cycle, then hits
     counts = paths.snapshot()["counts"]
-    assert counts.get("prefetch.hit") == 7 and "prefetch.miss" not in counts, counts
+    assert counts.get("prefetch.hit") == 2 * per_layer - 1 and "prefetch.miss" not in counts, counts
     paths.reset()
     warm2 = _forward(qm, layers, xa, xf)                      # every group predicted
     counts = paths.snapshot()["counts"]
-    assert counts.get("prefetch.hit") == 8 and "prefetch.miss" not in counts, counts
+    assert counts.get("prefetch.hit") == 2 * per_layer and "prefetch.miss" not in counts, counts
     assert all(torch.equal(a, c) for a, c in zip(want, warm2))
     for a, b_, c in zip(want, cold, warm):
         assert torch.equal(a, b_) and torch.equal(a, c)
@@ -202,30 +205,31 @@ def test_scratch_plan_counts_groups(qm):
                     ("blk.0.ffn_gate.weight", 300), ("blk.0.ffn_up.weight", 300), ("blk.0.ffn_down.weight", 300),
                     ("output.weight", 10**12)]:
         p.note_weight(name, n)
+    assert p.planned_group_elems(torch.bfloat16) == 300      # default: gate, up, down alone
+    os.environ["MINFER_GROUP_FFN"] = "1"                     # (clean_env restores it)
     assert p.planned_group_elems(torch.bfloat16) == 600      # gate+up; the lm head does not fit
-    os.environ["MINFER_GROUP_FFN"] = "0"                     # (clean_env restores it)
-    assert p.planned_group_elems(torch.bfloat16) == 300      # gate, up, down alone
     p._planned.clear()
 
 
-def test_group_ffn_off_runs_gate_up_alone(qm, monkeypatch):
-    """MINFER_GROUP_FFN=0: gate and up (by their GGUF names) go through the scratch one by one,
-    with the same results; q/k/v stay one group."""
+def test_group_ffn_apart_by_default(qm, monkeypatch):
+    """By default gate and up (by their GGUF names) go through the scratch one by one;
+    MINFER_GROUP_FFN=1 makes them one group; same results; q/k/v stay one group."""
     from minfer.ops import paths
 
     g, gd = make(12, 64, 256, 1, "blk.0.ffn_gate.weight")
     u, ud = make(14, 32, 256, 2, "blk.0.ffn_up.weight")
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setenv("MINFER_GROUP_FFN", "1")
     paths.reset()
     on = qm["qmatmul"].linear_many(x, (g, u), (None, None))
     assert paths.snapshot()["counts"].get("qmatmul.group2.prefill") == 1
-    monkeypatch.setenv("MINFER_GROUP_FFN", "0")
+    monkeypatch.delenv("MINFER_GROUP_FFN")
     paths.reset()
     off = qm["qmatmul"].linear_many(x, (g, u), (None, None))
     snap = paths.snapshot()
     assert "qmatmul.group2.prefill" not in snap["counts"], snap
     assert snap["counts"].get("qmatmul.Q4_K.prefill") == 1 and snap["counts"].get("qmatmul.Q6_K.prefill") == 1, snap
-    assert snap["switched_off"] == {"qmatmul.group2.prefill (switched off by MINFER_GROUP_FFN=0)": 1}, snap
+    assert snap["counts"].get("qmatmul.ffn_apart") == 1 and not snap["switched_off"], snap
     for a, b, wd in zip(on, off, (gd, ud)):
         ref = x.double() @ wd.double().T
         assert rel_err(a, ref) < 1e-5 and rel_err(b, ref) < 1e-5

@@ -291,6 +291,6 @@ def linear_many(x: torch.Tensor, ws, biases) -> list:
         paths.switched_off(path, "MINFER_FUSE_GROUPS")
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     if not prefetch.ffn_grouped() and all(_is_ffn_in(w) for w in ws):
-        paths.switched_off(path, "MINFER_GROUP_FFN")
+        paths.count("qmatmul.ffn_apart")              # the default: gate and up each alone
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     return run_group(x, ws, biases, path)
