@@ -31,6 +31,19 @@ DEFAULT_CTX = 4096
 PREFILL_CHUNK = {"cpu": 512, "cuda": 4096}
 
 
+# On CUDA the KV cache gets rows up to the next multiple of 128 past the context: prefill
+# attention rounds its length up to a multiple of 128 (one cuDNN plan per bucket, see
+# minfer/ops/cuda/attention.py) and reads the cache's rows up to that length, and prompts of
+# up to 1024 tokens are graphed at lengths rounded to 128. The context (what fits) is n_ctx.
+CACHE_ROUND = 128
+
+
+def cache_rows(n_ctx: int, device) -> int:
+    if torch.device(device).type != "cuda":
+        return n_ctx
+    return -(-n_ctx // CACHE_ROUND) * CACHE_ROUND
+
+
 def prefill_chunk(device) -> int:
     env = os.environ.get("MINFER_PREFILL_CHUNK")
     if env:
@@ -48,7 +61,7 @@ class Engine:
         self.n_ctx = int(n_ctx or min(self.config.context_length, DEFAULT_CTX))
         if self.n_ctx <= 0:
             raise MinferError(f"--ctx must be positive, got {self.n_ctx}")
-        self.cache = KVCache.for_config(self.config, self.n_ctx, self.device,
+        self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
                                         dtype=getattr(model, "act_dtype", torch.float32))
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
@@ -84,7 +97,8 @@ class Engine:
             torch.cuda.synchronize()
             eng.stats["load_s"] = time.perf_counter() - t0
             eng.memory_report = (f"{cuda_backend().memory_report(m.qweights())}, KV cache "
-                                 f"{eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions, "
+                                 f"{eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions"
+                                 f"{'' if eng.cache.n_ctx == eng.n_ctx else f' in {eng.cache.n_ctx} rows'}, "
                                  f"{str(m.act_dtype).removeprefix('torch.')})")
             if progress:
                 import sys

@@ -94,3 +94,31 @@ def test_default_prefill_paths_match_cpu(synth_dir, monkeypatch, arch):
     tc = [e.token_id for e in cpu.generate(prompt[:50], params, max_new_tokens=32)]
     tg = [e.token_id for e in gpu.generate(prompt[:50], params, max_new_tokens=32)]
     assert tg == tc
+
+
+def test_cuda_cache_rows_and_bucketed_prefill(synth_dir, monkeypatch):
+    """ctx 200 on CUDA: 256 cache rows, the load line says so, the context stays 200; a
+    150-token eager prefill (graphs off) rounds its cuDNN length to 256 inside the cache and
+    matches the CPU."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.errors import MinferError
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    p = get_preset("tiny").with_overrides(arch="qwen2")
+    path = synth_dir / "rows.gguf"
+    write_synth(path, p, "q4_k_m", seed=11, progress=False)
+    gpu = Engine.load(str(path), device="cuda", ctx=200, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=200, progress=False)
+    assert gpu.n_ctx == 200 and gpu.cache.n_ctx == 256
+    assert "(200 positions in 256 rows" in gpu.memory_report, gpu.memory_report
+    prompt = torch.randint(0, p.vocab, (150,), generator=torch.Generator().manual_seed(5)).tolist()
+    monkeypatch.setenv("MINFER_PREFILL_GRAPH", "0")
+    paths.reset()
+    lg = gpu.prefill(prompt)
+    snap = paths.snapshot()
+    assert snap["counts"].get("attention.prefill.cudnn.padded", 0) == p.n_layers, snap
+    assert rel(lg, cpu.prefill(prompt)) < 1e-2
+    with pytest.raises(MinferError, match="context"):
+        gpu.prefill(prompt + prompt)                              # 300 > 200: refused

@@ -238,3 +238,25 @@ def test_group_ffn_apart_by_default(qm, monkeypatch):
     paths.reset()
     qm["qmatmul"].linear_many(x, (q, k), (None, None))
     assert paths.snapshot()["counts"].get("qmatmul.group2.prefill") == 1
+
+
+def test_single_scratch_sized_by_layer_weights(qm, monkeypatch):
+    """The single scratch (graphed prompts, or both switches off) is sized by the largest layer
+    weight: the lm head of a prefill is the last row's GEMV and the embedding a gather, so the
+    7B's 545M-value output matrix must not claim the 256 MiB cap."""
+    q = qm["qmatmul"]
+    saved = q._largest_weight[0]
+    try:
+        q._largest_weight[0] = 0
+        q.note_weight(18944 * 3584, "blk.0.ffn_down.weight")
+        q.note_weight(152064 * 3584, "output.weight")
+        q.note_weight(152064 * 3584, "token_embd.weight")
+        monkeypatch.setenv("MINFER_PREFETCH", "0")
+        monkeypatch.setenv("MINFER_FUSE_GROUPS", "0")
+        assert q.planned_scratch_bytes(torch.bfloat16) == 18944 * 3584 * 2       # 130 MiB, not 256
+        assert "+ 130 MiB" not in q.scratch_plan(torch.bfloat16)                  # runner off: one scratch
+        monkeypatch.delenv("MINFER_PREFETCH")
+        assert "+ 130 MiB when a prompt of <= 1024 tokens is first graphed" in q.scratch_plan(torch.bfloat16)
+    finally:
+        q._largest_weight[0] = saved
+        qm["prefetch"]._planned.clear()

@@ -166,3 +166,14 @@ def test_bad_token_and_overflow_errors(tiny):
         eng.forward([1, 999], 0)
     with pytest.raises(MinferError, match="context"):
         eng.forward(list(range(9)), 0)
+
+
+def test_cache_rows_round_up_on_cuda_only():
+    """The CUDA KV cache gets rows up to a multiple of 128 (room for the bucketed prefill
+    attention length); the context -- what fits -- is unchanged; the CPU cache is exact."""
+    from minfer.runtime.engine import cache_rows
+
+    assert cache_rows(3418, "cpu") == 3418
+    assert cache_rows(3418, "cuda") == 3456
+    assert cache_rows(4096, "cuda") == 4096
+    assert cache_rows(1, "cuda:0") == 128

@@ -41,7 +41,7 @@ from minfer.ops import paths
 from minfer.ops.cuda import dequant, gemv, prefetch
 
 _scratch: dict = {}            # (device, dtype) -> 1-D tensor, reused by every layer
-_largest_weight = [0]          # elements of the largest prepared weight (for the load report)
+_largest_weight = [0]          # elements of the largest prepared layer weight (scratch size, load report)
 
 
 def _interpret() -> bool:
@@ -54,8 +54,14 @@ def scratch_limit_elems(dtype) -> int:
 
 
 def note_weight(n_elems: int, name: str | None = None) -> None:
-    """prepare_weight records each weight's size so the scratch can be reported at load."""
-    _largest_weight[0] = max(_largest_weight[0], n_elems)
+    """prepare_weight records each weight's size so the scratch can be reported at load.
+
+    The output and token-embedding matrices do not size the single scratch: in a prefill the
+    lm head multiplies the last row only (the GEMV), and the embedding is a row gather. When
+    all logits are asked for (perplexity), the lm head grows the scratch on demand, up to
+    MINFER_SCRATCH_MB, and goes through it in row chunks."""
+    if name is None or not name.startswith(("output.", "token_embd.")):
+        _largest_weight[0] = max(_largest_weight[0], n_elems)
     if name is not None:
         prefetch.note_weight(name, n_elems)
 
