@@ -194,20 +194,6 @@ class BlockPool:
 
 # ---------------------------------------------------------------- tokenizer
 
-def gpt2_byte_chars() -> list[str]:
-    """GPT-2's bytes_to_unicode: byte b -> the printable character that stands for it in a
-    byte-level BPE vocab (printable Latin-1 maps to itself, the rest to U+0100 upwards)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
-
-
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content']"
           " + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
           "{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -216,7 +202,10 @@ CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\
 def minimal_tokenizer(arch: str, vocab: int) -> dict:
     """A small valid byte-level gpt2 vocab: 256 byte tokens, a few merges, ChatML special
     tokens, padded to `vocab` with unused '[PAD{i}]' tokens (convert_hf_to_gguf's padding)."""
-    byte = gpt2_byte_chars()
+    from minfer.tokenizer.bpe import bytes_to_unicode
+
+    to_char = bytes_to_unicode()                    # GPT-2's byte alphabet, as the tokenizer reads it
+    byte = [to_char[b] for b in range(256)]
     merges = [("Ġ", "t"), ("Ġ", "a"), ("h", "e"), ("i", "n"), ("t", "h"), ("Ġt", "he")]
     tokens = byte + [a + b for a, b in merges]
     types = [1] * len(tokens)                       # gguf.TokenType.NORMAL

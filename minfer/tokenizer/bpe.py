@@ -61,7 +61,7 @@ PRE_TYPES: dict[str, _Pre] = {
 }
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (the byte-level BPE alphabet).
 
     Printable Latin-1 bytes map to themselves; the other 68 bytes map, in order, to
@@ -84,7 +84,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 # because no byte-level token contains U+E000 (private use, outside the byte alphabet)
 _MISSING_TEXT = "\ue000minfer-missing\ue000"
 
-_BYTE_TO_CHAR = _bytes_to_unicode()
+_BYTE_TO_CHAR = bytes_to_unicode()
 _CHAR_TO_BYTE = {c: b for b, c in _BYTE_TO_CHAR.items()}
 
 
