@@ -35,7 +35,9 @@ import torch
 
 from minfer.ops import paths
 
-_GROUP_NAMES = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"))
+# the weights the model passes to linear_many together, by GGUF name (llama/qwen2 blocks)
+ATTN_GROUP = ("attn_q", "attn_k", "attn_v")
+FFN_GROUP = ("ffn_gate", "ffn_up")
 _planned: dict = {}        # weight name -> elements, from prepare_weight (the load-time plan)
 
 
@@ -48,6 +50,11 @@ def buffer_limit_elems(dtype) -> int:
     37888 x 3584 bf16 = 259 MiB, fits; the lm head does not and is chunked)."""
     mb = paths.env_int("MINFER_GROUP_SCRATCH_MB", 288)
     return max(1 << 20, mb * (1 << 20) // torch.empty((), dtype=dtype).element_size())
+
+
+def is_ffn_in(w) -> bool:
+    """w is a gate or up weight (by its GGUF name)."""
+    return (getattr(w, "name", "") or "").endswith(tuple(f"{n}.weight" for n in FFN_GROUP))
 
 
 def ffn_grouped() -> bool:
@@ -64,11 +71,11 @@ def planned_group_elems(dtype=torch.bfloat16) -> int:
     limit = buffer_limit_elems(dtype)
     sizes = []
     groups: dict = {}
-    names = "attn_q|attn_k|attn_v|ffn_gate|ffn_up" if ffn_grouped() else "attn_q|attn_k|attn_v"
+    names = "|".join(ATTN_GROUP + (FFN_GROUP if ffn_grouped() else ()))
     for name, n in _planned.items():
         m = re.match(rf"(.*\.)({names})\.weight$", name)
         if m:
-            kind = 0 if m.group(2).startswith("attn") else 1
+            kind = 0 if m.group(2) in ATTN_GROUP else 1
             groups[(m.group(1), kind)] = groups.get((m.group(1), kind), 0) + n
         else:
             sizes.append(n)

@@ -276,11 +276,6 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
     return _prefill(x, w, bias, tname)
 
 
-def _is_ffn_in(w) -> bool:
-    name = getattr(w, "name", "") or ""
-    return name.endswith(("ffn_gate.weight", "ffn_up.weight"))
-
-
 def linear_many(x: torch.Tensor, ws, biases) -> list:
     """The same x (T, K) through several weights of one K (q/k/v, gate/up) -> [(T, N_i)].
 
@@ -296,7 +291,7 @@ def linear_many(x: torch.Tensor, ws, biases) -> list:
     if not paths.enabled("MINFER_FUSE_GROUPS"):
         paths.switched_off(path, "MINFER_FUSE_GROUPS")
         return [linear(x, w, b) for w, b in zip(ws, biases)]
-    if not prefetch.ffn_grouped() and all(_is_ffn_in(w) for w in ws):
+    if not prefetch.ffn_grouped() and all(prefetch.is_ffn_in(w) for w in ws):
         paths.count("qmatmul.ffn_apart")              # the default: gate and up each alone
         return [linear(x, w, b) for w, b in zip(ws, biases)]
     return run_group(x, ws, biases, path)
