@@ -184,6 +184,16 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         start_pos = int(start_pos.item())
     s = start_pos + t
     hkv = k_cache.shape[1]
+    scale = 1.0 / dh ** 0.5
+    mode = os.environ.get("MINFER_PREFILL_ATTN", "cudnn")
+    if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and mode == "cudnn":
+        # cuDNN's fused attention (FA3-class on Hopper): half the flash (FA2) kernel's time
+        try:
+            return _cudnn_causal(q, k_cache, v_cache, scale)
+        except RuntimeError as e:
+            paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
+    elif start_pos == 0 and mode != "cudnn":
+        paths.switched_off("attention.prefill.cudnn", f"MINFER_PREFILL_ATTN={mode}")
     # SDPA's fused kernels take 4-D (B, H, T, Dh) inputs only: with 3-D inputs it silently
     # used its math backend, which upcasts bf16 to float32 and materializes the (T, S)
     # scores: 220 of 302 ms of a 7B prefill of 3354 tokens on the H200 (2026-11-29,
@@ -193,16 +203,6 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     qh = q.transpose(0, 1).unsqueeze(0)                      # (1, H, T, Dh)
     if k.dtype != qh.dtype:
         k, v = k.to(qh.dtype), v.to(qh.dtype)
-    scale = 1.0 / dh ** 0.5
-    mode = os.environ.get("MINFER_PREFILL_ATTN", "cudnn")
-    if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16) and mode == "cudnn":
-        # cuDNN's fused attention (FA3-class on Hopper): half the flash (FA2) kernel's time
-        try:
-            return _cudnn_causal(q, k_cache, v_cache, scale)
-        except RuntimeError as e:
-            paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
-    elif start_pos == 0 and mode != "cudnn":
-        paths.switched_off("attention.prefill.cudnn", f"MINFER_PREFILL_ATTN={mode}")
     if start_pos == 0 and qh.dtype in (torch.float16, torch.bfloat16):
         # causal from position 0: flash attention, GQA without expanding k/v
         try:
