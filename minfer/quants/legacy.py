@@ -92,9 +92,16 @@ class Q4_0(QuantType):
     @classmethod
     def quantize_blocks(cls, x):
         # ggml-quants.c quantize_row_q4_0_ref: d = max / -8, q = MIN(15, (int8)(x/d + 8.5))
-        d = _absmax_signed(x) / np.float32(-8)
-        q = _trunc_u8(x * _inverse(d) + np.float32(8.5), 15)
+        d, q = _quantize_signed(x, 8)
         return np.concatenate([f32_to_f16_bytes(d), _pack_nibbles(q)], axis=1)
+
+
+def _quantize_signed(x: np.ndarray, half: int):
+    """Q4_0/Q5_0 (quantize_row_q4_0_ref / q5_0_ref): d = (the signed value of largest
+    magnitude) / -half, q = trunc(x / d + half + 0.5) capped at 2 * half - 1. Returns (d, q)."""
+    d = _absmax_signed(x) / np.float32(-half)
+    q = _trunc_u8(x * _inverse(d) + np.float32(half + 0.5), 2 * half - 1)
+    return d, q
 
 
 def _quantize_with_min(x: np.ndarray, levels: int):
@@ -158,8 +165,7 @@ class Q5_0(QuantType):
     @classmethod
     def quantize_blocks(cls, x):
         # quantize_row_q5_0_ref: d = max / -16, q = MIN(31, (int8)(x/d + 16.5))
-        d = _absmax_signed(x) / np.float32(-16)
-        q = _trunc_u8(x * _inverse(d) + np.float32(16.5), 31)
+        d, q = _quantize_signed(x, 16)
         return np.concatenate([f32_to_f16_bytes(d), _pack_high_bits(q), _pack_nibbles(q)], axis=1)
 
 
