@@ -70,6 +70,13 @@ def f32_to_f16_bytes(x: np.ndarray) -> np.ndarray:
         return x.astype(np.float16).view(np.uint8)
 
 
+def signed_absmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The value with the largest |v| along `axis` (kept, length 1), the first one on ties:
+    ggml-quants.c's `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }`."""
+    idx = np.expand_dims(np.abs(x).argmax(axis=axis), axis)
+    return np.take_along_axis(x, idx, axis=axis)
+
+
 def nearest_int(x: np.ndarray) -> np.ndarray:
     """ggml-quants.c nearest_int: adds 1.5*2^23 and reads the mantissa, i.e. round half to
     even for |x| <= 2^22, which is what np.rint does in float32."""

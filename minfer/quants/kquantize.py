@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import f16_to_f32, f32_to_f16_bytes, nearest_int
+from .base import f16_to_f32, f32_to_f16_bytes, nearest_int, signed_absmax
 from .kquants import Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, scale_min_k4
 
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c GROUP_MAX_EPS
@@ -148,12 +148,6 @@ def _q5k_quantize_blocks(cls, x):
     return np.concatenate([d16, dmin16, packed, qh, qs], axis=1)
 
 
-def _signed_absmax(x: np.ndarray) -> np.ndarray:
-    """(n, M) -> (M,): per column the value with the largest |x|, first on ties (C's `>`)."""
-    idx = np.abs(x).argmax(axis=0)[None, :]
-    return np.take_along_axis(x, idx, axis=0)[0]
-
-
 def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     """Symmetric fit x ~ scale * (L - nmax), weights x^2, 18 extra scale candidates.
 
@@ -161,7 +155,7 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     ggml-quants.c make_qx_quants(n, nmax, x, L, rmse_type=1, qw=NULL).
     """
     f32 = np.float32
-    mx = _signed_absmax(x)
+    mx = signed_absmax(x, 0)[0]
     zero = np.abs(mx) < GROUP_MAX_EPS
     mxs = np.where(zero, f32(1), mx)
     w = x * x
@@ -190,23 +184,38 @@ def make_qx_quants_rmse1(x: np.ndarray, nmax: int):
     return scale, L
 
 
+def _groups16(x: np.ndarray, make, nmax: int):
+    """Q6_K/Q3_K: each super-block's 16 groups of 16 quantized by `make` (their own scale and
+    levels), and per super-block the group scale of largest magnitude, which sets the f16 d.
+    x (B, 256) -> scales (B, 16), L (B, 16, 16), max_scale (B,)."""
+    B = x.shape[0]
+    scales, L = make(np.ascontiguousarray(x.reshape(B * 16, 16).T), nmax)
+    scales, L = scales.reshape(B, 16), L.T.reshape(B, 16, 16)
+    return scales, L, signed_absmax(scales, 1)[:, 0]
+
+
+def _requantize16(x: np.ndarray, d16: np.ndarray, sc: np.ndarray, L: np.ndarray, nmax: int) -> np.ndarray:
+    """The levels again against the group scales as stored (f16 d times the integer sc), as
+    quantize_row_q6_K_ref / q3_K_ref do: clip(nearest(x / d), -nmax, nmax - 1) + nmax; a group
+    whose stored scale is 0 keeps L. -> uint8 (B, 16, 16)."""
+    f32 = np.float32
+    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]  # (B, 16, 1)
+    xg = x.reshape(x.shape[0], 16, 16)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        Lr = np.clip(nearest_int(np.where(d != 0, xg / np.where(d != 0, d, f32(1)), 0)), -nmax, nmax - 1) + nmax
+    return np.where(d != 0, Lr, L).astype(np.uint8)
+
+
 def _q6k_quantize_blocks(cls, x):
     """ggml-quants.c quantize_row_q6_K_ref."""
     f32 = np.float32
     B = x.shape[0]
-    scales, L = make_qx_quants_rmse1(np.ascontiguousarray(x.reshape(B * 16, 16).T), 32)
-    scales, L = scales.reshape(B, 16), L.T.reshape(B, 16, 16)
-    idx = np.abs(scales).argmax(axis=1)[:, None]
-    max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
+    scales, L, max_scale = _groups16(x, make_qx_quants_rmse1, 32)
     empty = np.abs(max_scale) < GROUP_MAX_EPS  # whole super-block stored as zeros
     iscale = f32(-128) / np.where(empty, f32(1), max_scale)
     d16 = f32_to_f16_bytes((f32(1) / iscale)[:, None])
     sc = np.minimum(nearest_int(iscale[:, None] * scales), 127).astype(np.int8)
-    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]  # (B, 16, 1)
-    xg = x.reshape(B, 16, 16)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        Lr = np.clip(nearest_int(np.where(d != 0, xg / np.where(d != 0, d, f32(1)), 0)), -32, 31) + 32
-    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 2, 4, 32)  # [h, k, l]
+    L = _requantize16(x, d16, sc, L, 32).reshape(B, 2, 4, 32)  # [h, k, l]
     ql = np.concatenate(
         [(L[:, :, 0] & 15) | ((L[:, :, 2] & 15) << 4), (L[:, :, 1] & 15) | ((L[:, :, 3] & 15) << 4)], axis=2
     ).reshape(B, 128)
@@ -261,7 +270,7 @@ def make_q3_quants_rmse(x: np.ndarray, nmax: int):
     """
     f32 = np.float32
     n = x.shape[0]
-    mx = _signed_absmax(x)
+    mx = signed_absmax(x, 0)[0]
     zero = np.abs(mx) < GROUP_MAX_EPS
     iscale = -f32(nmax) / np.where(zero, f32(1), mx)
     L = _round_clip(iscale * x, -nmax, nmax - 1)
@@ -291,10 +300,7 @@ def _q3k_quantize_blocks(cls, x):
     """ggml-quants.c quantize_row_q3_K_ref."""
     f32 = np.float32
     B = x.shape[0]
-    scales, L = make_q3_quants_rmse(np.ascontiguousarray(x.reshape(B * 16, 16).T), 4)
-    scales, L = scales.reshape(B, 16), L.T.reshape(B, 16, 16)
-    idx = np.abs(scales).argmax(axis=1)[:, None]
-    max_scale = np.take_along_axis(scales, idx, axis=1)[:, 0]
+    scales, L, max_scale = _groups16(x, make_q3_quants_rmse, 4)
     has = max_scale != 0
     iscale = f32(-32) / np.where(has, max_scale, f32(1))
     ls = np.where(has[:, None], np.clip(nearest_int(iscale[:, None] * scales), -32, 31) + 32, 0).astype(np.uint8)
@@ -304,11 +310,7 @@ def _q3k_quantize_blocks(cls, x):
     packed[:, 8:12] = hi[:, 0] | (hi[:, 1] << 2) | (hi[:, 2] << 4) | (hi[:, 3] << 6)
     d16 = f32_to_f16_bytes(np.where(has, f32(1) / iscale, f32(0))[:, None])
     sc = ls.astype(np.int8) - np.int8(32)  # what the decoder reads back
-    d = (f16_to_f32(d16) * sc.astype(f32))[:, :, None]
-    xg = x.reshape(B, 16, 16)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        Lr = np.clip(nearest_int(np.where(d != 0, xg / np.where(d != 0, d, f32(1)), 0)), -4, 3) + 4
-    L = np.where(d != 0, Lr, L).astype(np.uint8).reshape(B, 256)
+    L = _requantize16(x, d16, sc, L, 4).reshape(B, 256)
     high = L > 3  # value j's 3rd bit goes to bit j // 32 of hmask[j % 32]
     hmask = np.packbits(high.reshape(B, 8, 32).transpose(0, 2, 1), axis=-1, bitorder="little").reshape(B, 32)
     low = np.where(high, L - 4, L).astype(np.uint8)

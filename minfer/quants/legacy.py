@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from .base import QuantType, f16_to_f32, f32_to_f16_bytes, register
+from .base import QuantType, f16_to_f32, f32_to_f16_bytes, register, signed_absmax
 
 QK = 32
 
@@ -50,12 +50,6 @@ def _pack_nibbles(q: np.ndarray) -> np.ndarray:
 def _pack_high_bits(q: np.ndarray) -> np.ndarray:
     """(n, 32) uint8 in 0..31 -> (n, 4) bytes holding bit 4 of value j at bit j (u32 LE)."""
     return np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=-1, bitorder="little")
-
-
-def _absmax_signed(x: np.ndarray) -> np.ndarray:
-    """(n, k) -> (n, 1): the value with the largest |v|, first one on ties (`if (amax < fabsf(v))`)."""
-    i = np.abs(x).argmax(axis=-1)[:, None]
-    return np.take_along_axis(x, i, axis=-1)
 
 
 def _inverse(d: np.ndarray) -> np.ndarray:
@@ -99,7 +93,7 @@ class Q4_0(QuantType):
 def _quantize_signed(x: np.ndarray, half: int):
     """Q4_0/Q5_0 (quantize_row_q4_0_ref / q5_0_ref): d = (the signed value of largest
     magnitude) / -half, q = trunc(x / d + half + 0.5) capped at 2 * half - 1. Returns (d, q)."""
-    d = _absmax_signed(x) / np.float32(-half)
+    d = signed_absmax(x) / np.float32(-half)
     q = _trunc_u8(x * _inverse(d) + np.float32(half + 0.5), 2 * half - 1)
     return d, q
 
