@@ -269,20 +269,18 @@ def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps
     rows, results = [], []
     for i in range(pairs):
         for t in tests:
-            pair = {}
+            ts = {}                                            # side -> t/s
             order = (("A", env_a), ("B", env_b)) if i % 2 == 0 else (("B", env_b), ("A", env_a))
             for side, env in order:
                 with environment(env):
                     r = measure(runner, t, reps, rng, vocab, timer, warmup=False, stats=stats)
                 r.env = {**r.env, "ab_side": side}
                 results.append(r)
-                pair[side] = r
-            pair = [pair["A"], pair["B"]]
-            ratio = pair[1].avg_ts / pair[0].avg_ts
-            rows.append({"pair": i + 1, "test": t.name, "a_ts": pair[0].avg_ts, "b_ts": pair[1].avg_ts,
-                         "ratio": ratio})
-            log(f"pair {i + 1}/{pairs}  {t.name:>14}  A {pair[0].avg_ts:10.2f} t/s  "
-                f"B {pair[1].avg_ts:10.2f} t/s  B/A {ratio:.4f}")
+                ts[side] = r.avg_ts
+            ratio = ts["B"] / ts["A"]
+            rows.append({"pair": i + 1, "test": t.name, "a_ts": ts["A"], "b_ts": ts["B"], "ratio": ratio})
+            log(f"pair {i + 1}/{pairs}  {t.name:>14}  A {ts['A']:10.2f} t/s  "
+                f"B {ts['B']:10.2f} t/s  B/A {ratio:.4f}")
     summary = []
     for t in tests:
         r = np.array([row["ratio"] for row in rows if row["test"] == t.name])
