@@ -193,9 +193,8 @@ async def _watch_disconnect(request: Request, job: Job) -> None:
             return
 
 
-async def _collect(job: Job, request: Request) -> tuple[list[Any], Finished]:
-    """All events of a non-streaming job. A client that hangs up cancels the job."""
-    events: list[Any] = []
+async def _collect(job: Job, request: Request, acc: Accumulator) -> Finished:
+    """All events of a non-streaming job into `acc`. A client that hangs up cancels the job."""
     watcher = asyncio.create_task(_watch_disconnect(request, job))
     try:
         while True:
@@ -203,11 +202,11 @@ async def _collect(job: Job, request: Request) -> tuple[list[Any], Finished]:
             if isinstance(item, Finished):
                 if item.cancelled:  # nobody is listening; uvicorn drops the answer
                     raise APIError(499, "client closed the request", code="client_closed_request")
-                return events, item
+                return item
             if isinstance(item, Failed):
                 raise APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}",
                                "server_error", "internal_error") from item.error
-            events.append(item)
+            acc.add(item)
     finally:
         watcher.cancel()
         job.cancel()  # no-op when finished; stops the worker when this coroutine is cancelled
@@ -335,9 +334,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
         _submit(state, job)
         if not req.stream:
-            events, fin = await _collect(job, request)
-            for ev in events:
-                acc.add(ev)
+            fin = await _collect(job, request, acc)
             return chat_response(rid, created, model, acc, fin)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -380,9 +377,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
         _submit(state, job)
         if not req.stream:
-            events, fin = await _collect(job, request)
-            for ev in events:
-                acc.add(ev)
+            fin = await _collect(job, request, acc)
             return completion_response(rid, created, model, acc, fin, echo)
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
