@@ -1,0 +1,144 @@
+"""Paged decode attention: one query token per row, keys/values read through a block table.
+
+What: q (B, H, Dh) of B sequences, each attending its own first context_lens[b] keys, which live
+in fixed-size pages of one pool (n_blocks, page, Hkv, Dh) at the blocks its block-table row names
+(minfer/runtime/paged_kv.py). Why: the batched decode of many sequences with one launch and no
+per-sequence contiguous cache (vLLM's PagedAttention; the split over keys is flash-decoding).
+
+How: a program per (row, KV head, key split). It takes all G = H / Hkv query heads of its KV head
+at once (padded to 16 rows for tl.dot: GQA-grouped, so each key tile is loaded once for the G
+heads), walks its split's keys in tiles of BS (a tile may span pages: each key's page comes from
+the block table), keeps an online softmax and writes (acc, max, sum) partials; a second kernel
+merges the splits with their log-sum-exp weights. The grid comes from the block table's width,
+not from the lengths, so a CUDA graph captured once replays for any lengths; programs past a
+row's length write an empty partial (max -inf, weight 0 in the merge).
+
+Caveats: the Triton interpreter computes tl.dot on bf16 wrongly, so the interpreter tests run
+fp32/fp16 (tests/runtime/test_paged_kv.py); fp32 inputs use IEEE dots. The reference is
+minfer.runtime.paged_kv.paged_attention_ref.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, part_l,
+                         stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
+                         H, G, NS, sm_scale, keys_per_split,
+                         PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
+                         BS: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    sp = tl.program_id(2)
+    L = tl.load(context_lens + b)
+    s0 = sp * keys_per_split
+    s1 = tl.minimum(s0 + keys_per_split, L)
+    g = tl.arange(0, GP)
+    gm = g < G
+    qh = kvh * G + g
+    d = tl.arange(0, BD)
+    dm = d < D
+    qt = tl.load(q + b * stride_qb + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, BD], dtype=tl.float32)
+    for start in range(s0, s1, BS):
+        s = start + tl.arange(0, BS)
+        sm = s < s1
+        page = tl.load(block_tables + b * stride_bt + s // PAGE, mask=sm, other=0)
+        slot = page.to(tl.int64) * PAGE + (s % PAGE)
+        km = sm[:, None] & dm[None, :]
+        k = tl.load(kp + slot[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
+        if IEEE:
+            sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(qt, tl.trans(k))
+        sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        p = tl.exp(sc - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(vp + slot[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+        if IEEE:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    om = gm[:, None] & dm[None, :]
+    base = (b * NS + sp) * H
+    tl.store(part_o + (base + qh[:, None]) * BD + d[None, :], acc, mask=om)
+    tl.store(part_m + base + qh, m_i, mask=gm)
+    tl.store(part_l + base + qh, l_i, mask=gm)
+
+
+@triton.jit
+def _merge_kernel(part_o, part_m, part_l, out, stride_ob, stride_oh, H, NS,
+                  D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr):
+    """out[b, h] = sum_s w_s acc_s / sum_s w_s l_s, w_s = exp(m_s - max_s m_s): the splits'
+    softmax merged by log-sum-exp; an empty split (m = -inf) weighs 0."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    c = tl.arange(0, CH)
+    row = b * NS
+    mx = tl.full([CH], float("-inf"), dtype=tl.float32)
+    for s0 in range(0, NS, CH):
+        mx = tl.maximum(mx, tl.load(part_m + (row + s0 + c) * H + h, mask=s0 + c < NS, other=float("-inf")))
+    M = tl.max(mx, axis=0)
+    d = tl.arange(0, BD)
+    num = tl.zeros([BD], dtype=tl.float32)
+    den = tl.zeros([CH], dtype=tl.float32)
+    for s0 in range(0, NS, CH):
+        sm = s0 + c < NS
+        w = tl.exp(tl.load(part_m + (row + s0 + c) * H + h, mask=sm, other=float("-inf")) - M)
+        den += w * tl.load(part_l + (row + s0 + c) * H + h, mask=sm, other=0.0)
+        o = tl.load(part_o + ((row + s0 + c) * H + h)[:, None] * BD + d[None, :], mask=sm[:, None], other=0.0)
+        num += tl.sum(o * w[:, None], axis=0)
+    tl.store(out + b * stride_ob + h * stride_oh + d, (num / tl.sum(den, axis=0)).to(out.dtype.element_ty),
+             mask=d < D)
+
+
+def split_count(batch: int, n_kv_heads: int, span: int, bs: int, target_programs: int = 264) -> int:
+    """Enough programs to fill the GPU (~2 per SM of an H200's 132), at least 2 key tiles each."""
+    return max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(target_programs, batch * n_kv_heads)))
+
+
+def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                           block_tables: torch.Tensor, context_lens: torch.Tensor,
+                           n_split: int | None = None, block_keys: int | None = None) -> torch.Tensor:
+    """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
+    int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row."""
+    b, h, dh = q.shape
+    _, page, hkv, _ = k_pages.shape
+    g = h // hkv
+    bs = block_keys or (16 if q.device.type == "cpu" else 64)
+    span = block_tables.shape[1] * page
+    if n_split is None:
+        n_split = split_count(b, hkv, span, bs)
+    keys_per_split = triton.cdiv(triton.cdiv(span, n_split), bs) * bs
+    n_split = triton.cdiv(span, keys_per_split)
+    bd = triton.next_power_of_2(dh)
+    part_o = torch.empty((b, n_split, h, bd), dtype=torch.float32, device=q.device)
+    part_m = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
+    part_l = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
+    qq = q if q.dtype == k_pages.dtype else q.to(k_pages.dtype)
+    if qq.stride(-1) != 1:
+        qq = qq.contiguous()
+    kf = k_pages.view(-1, hkv, dh)   # (n_blocks * page, Hkv, Dh): slot-major
+    vf = v_pages.view(-1, hkv, dh)
+    bt = block_tables if block_tables.dtype == torch.int32 else block_tables.to(torch.int32)
+    cl = context_lens if context_lens.dtype == torch.int32 else context_lens.to(torch.int32)
+    _paged_decode_kernel[(b, hkv, n_split)](
+        qq, kf, vf, bt, cl, part_o, part_m, part_l,
+        qq.stride(0), qq.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), bt.stride(0),
+        h, g, n_split, 1.0 / dh ** 0.5, keys_per_split,
+        PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
+        IEEE=k_pages.dtype == torch.float32, num_warps=4)
+    out = torch.empty((b, h, dh), dtype=q.dtype, device=q.device)
+    _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
+                          D=dh, BD=bd, CH=16, num_warps=4)
+    return out

@@ -1,0 +1,165 @@
+"""The paged KV cache: one pool of fixed-size blocks per layer, read through block tables.
+
+    k, v: (n_layers, n_blocks * block_size, Hkv, Dh)   slot = block * block_size + offset
+
+A sequence's position p lives at slot `block_table[p // block_size] * block_size + p % block_size`
+(block_manager.py hands out the blocks). One engine step feeds a ragged batch -- decode rows
+(one token each) first, then prefill chunks -- described by a `PagedStep`: every token's
+position and slot, the decode rows' block tables and lengths, and each chunk's span. The model
+calls `cache.write(layer, k, v, step)` (the step's keys/values go to their slots), then
+`cache.attend(layer, q, step, ctx)` (the Cache protocol of docs/interfaces.md):
+- decode rows: paged attention straight through the block tables (CPU: `paged_attention_ref`;
+  CUDA: the Triton kernel in minfer/ops/cuda/paged_attention.py);
+- prefill chunks: the chunk's pages gathered into contiguous keys/values and the causal
+  attention of minfer.ops over them (on CUDA: cuDNN/flash SDPA from position 0, the masked
+  kernel after a cached prefix).
+Block 0 is the padding block: padded decode rows (CUDA graph buckets) write there and attend
+to its first slot only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minfer import ops
+from minfer.errors import MinferError
+
+
+@dataclass
+class PagedStep:
+    """One ragged batch. Decode rows are tokens [0, n_decode); chunk i is tokens
+    [chunks[i][0], chunks[i][0] + chunks[i][1]) at positions from chunks[i][2]."""
+
+    positions: torch.Tensor        # (T,) int64
+    slots: torch.Tensor            # (T,) int64, where each token's K/V is written
+    n_decode: int
+    block_tables: torch.Tensor     # (n_decode, max_blocks) int32; padded with block 0
+    context_lens: torch.Tensor     # (n_decode,) int32: keys each decode row attends (incl. itself)
+    chunks: list                   # [(q_start, n, start_pos, slots_of_all_keys (start_pos + n,) int64)]
+    logit_rows: torch.Tensor       # (R,) int64: rows whose logits are wanted, in item order
+
+    @classmethod
+    def build(cls, items, block_size: int, device, pad_decode_to: int | None = None,
+              max_blocks: int | None = None) -> "PagedStep":
+        """items: scheduler StepItems (decode rows first). pad_decode_to: a batch bucket (a
+        decode-only step under a CUDA graph): extra rows write to and read block 0."""
+        bs = block_size
+        positions, slots, logit_rows = [], [], []
+        tables, lens, chunks = [], [], []
+        n_decode = 0
+        t = 0
+        for it in items:
+            table = it.seq.block_table
+            pos = list(range(it.start, it.start + it.n))
+            positions += pos
+            slots += [table[p // bs] * bs + p % bs for p in pos]
+            if it.is_decode and not chunks:
+                n_decode += 1
+                tables.append(table)
+                lens.append(it.start + 1)
+            else:
+                n_keys = it.start + it.n
+                key_slots = [table[p // bs] * bs + p % bs for p in range(n_keys)]
+                chunks.append((t, it.n, it.start, key_slots))
+            t += it.n
+            if it.sample:
+                logit_rows.append(t - 1)
+        if pad_decode_to is not None:
+            if chunks or pad_decode_to < n_decode:
+                raise MinferError("a padded step holds decode rows only, at most the bucket size")
+            extra = pad_decode_to - n_decode
+            positions += [0] * extra
+            slots += [0] * extra
+            tables += [[0]] * extra
+            lens += [1] * extra
+            logit_rows += list(range(n_decode, pad_decode_to))
+            n_decode = pad_decode_to
+        width = max_blocks or max((len(tb) for tb in tables), default=1)
+        bt = torch.zeros((n_decode, width), dtype=torch.int32)
+        for i, tb in enumerate(tables):
+            bt[i, :len(tb)] = torch.tensor(tb, dtype=torch.int32)
+        lt = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+        return cls(positions=lt(positions), slots=lt(slots), n_decode=n_decode,
+                   block_tables=bt.to(device), context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
+                   chunks=[(q0, n, s0, lt(ks)) for q0, n, s0, ks in chunks], logit_rows=lt(logit_rows))
+
+
+class PagedKVCache:
+    def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
+                 device="cpu", dtype=torch.float32) -> None:
+        self.n_layers, self.n_blocks, self.block_size = n_layers, n_blocks, block_size
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.step: PagedStep | None = None   # set by the engine before each forward
+        self.decode_attention = None         # CUDA: the Triton kernel (set by the engine)
+
+    @classmethod
+    def for_config(cls, cfg, n_blocks: int, block_size: int, device="cpu", dtype=torch.float32) -> "PagedKVCache":
+        return cls(cfg.n_layers, n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, device, dtype)
+
+    @staticmethod
+    def bytes_per_block(cfg, block_size: int, dtype=torch.float32) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * elem
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's pools as (n_blocks, block_size, Hkv, Dh) views."""
+        shape = (self.n_blocks, self.block_size, self.n_kv_heads, self.head_dim)
+        return self.k[layer].view(shape), self.v[layer].view(shape)
+
+    # ---- what the model calls ------------------------------------------------------------------
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, step=None) -> None:
+        """Store the step's keys/values k, v (T, Hkv, Dh) at their slots (the Cache protocol,
+        docs/interfaces.md; the model's Step is not needed: the PagedStep has the slots)."""
+        st = self.step
+        kl, vl = self.k[layer], self.v[layer]
+        kl.index_copy_(0, st.slots, k.to(kl.dtype))
+        vl.index_copy_(0, st.slots, v.to(vl.dtype))
+
+    def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None) -> torch.Tensor:
+        """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write()."""
+        st = self.step
+        nd = st.n_decode
+        parts = []
+        if nd:
+            kp, vp = self.pages(layer)
+            fn = self.decode_attention or paged_attention_ref
+            parts.append(fn(q[:nd], kp, vp, st.block_tables, st.context_lens))
+        kl, vl = self.k[layer], self.v[layer]
+        for q0, n, s0, key_slots in st.chunks:
+            kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
+            qc = q[q0:q0 + n]
+            parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
+                        block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+    """The reference: each row's keys gathered through its block table, softmax(q k^T / sqrt(Dh)) v.
+
+    q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
+    (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
+    """
+    B, H, D = q.shape
+    bs, hkv = k_pages.shape[1], k_pages.shape[2]
+    g = H // hkv
+    out = torch.empty_like(q)
+    for b in range(B):
+        n = int(context_lens[b])
+        nb = -(-n // bs)
+        blocks = block_tables[b, :nb].long()
+        k = k_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()            # (n, Hkv, Dh)
+        v = v_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()
+        k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)
+        v = v.repeat_interleave(g, dim=1).transpose(0, 1)
+        s = (k @ q[b].float()[:, :, None]).squeeze(-1) / D ** 0.5           # (H, n)
+        out[b] = (torch.softmax(s, -1)[:, None, :] @ v).squeeze(1).to(q.dtype)
+    return out

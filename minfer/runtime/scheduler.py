@@ -1,0 +1,172 @@
+"""Which sequences run in the next engine step, and how many of their tokens.
+
+Each step (`schedule()`) builds one ragged batch under a token budget:
+1. decode: every running sequence that has a token to feed gets one row (oldest first). When
+   the pool has no block for a row, the newest running sequence not yet in this step is
+   preempted (its blocks freed, its tokens recomputed later: vLLM's recompute preemption,
+   nano-vllm's scheduler.py), or the sequence itself when it is the newest;
+2. prefill chunks of running sequences whose prompt is not yet in the cache (a long prompt is
+   split over several steps, so decoding never stalls behind it);
+3. admission: waiting sequences, first come first served, while slots (`max_seqs`), the
+   budget and free blocks allow. A sequence's cached prefix (block_manager.py) is attached
+   on admission and not recomputed.
+A step that would otherwise be empty while sequences run (all blocked on blocks) preempts the
+newest, so the engine always makes progress. Finished and cancelled sequences free their
+blocks at once (`finish`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from minfer.errors import MinferError
+from minfer.runtime.block_manager import BlockManager
+from minfer.runtime.sequence import Sequence, SeqStatus
+
+
+@dataclass
+class StepItem:
+    seq: Sequence
+    start: int      # position of the first token fed this step (== seq.n_computed)
+    n: int          # tokens fed this step
+    sample: bool    # this chunk reaches the sequence's last token: sample the next one
+
+    @property
+    def is_decode(self) -> bool:
+        return self.n == 1 and self.seq.n_generated > 0
+
+
+@dataclass
+class ScheduledStep:
+    items: list[StepItem]      # decode rows first, then prefill chunks
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(it.n for it in self.items)
+
+    @property
+    def n_decode(self) -> int:
+        return sum(1 for it in self.items if it.is_decode)
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_seqs: int, token_budget: int) -> None:
+        if token_budget < max_seqs:
+            raise MinferError(f"the token budget per step ({token_budget}) must be at least the number "
+                              f"of sequences ({max_seqs}): every running sequence decodes each step")
+        self.blocks = blocks
+        self.max_seqs = max_seqs
+        self.token_budget = token_budget
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []    # in admission order: the newest last
+        self.n_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- ending sequences ------------------------------------------------------------------
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """stop / length / cancel: free the blocks now."""
+        if seq.status is SeqStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SeqStatus.WAITING:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.blocks.free(seq)
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.n_computed = 0
+        seq.status = SeqStatus.WAITING
+        seq.n_preempted += 1
+        self.n_preemptions += 1
+        self.waiting.appendleft(seq)   # resumes before anything newer is admitted
+
+    # ---- one step ----------------------------------------------------------------------------
+
+    def schedule(self) -> ScheduledStep:
+        step = self._schedule()
+        while not step.items and self.running:
+            self.preempt(self.running[-1])   # everything blocked: free the newest and retry
+            step = self._schedule()
+        return step
+
+    def _schedule(self) -> ScheduledStep:
+        budget = self.token_budget
+        decode: list[StepItem] = []
+        prefill: list[StepItem] = []
+        scheduled: set[int] = set()
+        bm = self.blocks
+
+        # 1. decode rows (the oldest first: preemption takes the newest)
+        for seq in list(self.running):
+            if seq.status is not SeqStatus.RUNNING or seq.n_pending != 1 or seq.n_generated == 0:
+                continue
+            ok = True
+            while not bm.can_grow(seq, seq.n_computed + 1):
+                victim = next((s for s in reversed(self.running)
+                               if s.seq_id not in scheduled and s is not seq), None)
+                if victim is None or self.running.index(victim) < self.running.index(seq):
+                    self.preempt(seq)            # seq is the newest unscheduled one
+                    ok = False
+                    break
+                self.preempt(victim)
+            if not ok:
+                continue
+            bm.grow(seq, seq.n_computed + 1)
+            decode.append(StepItem(seq, seq.n_computed, 1, True))
+            scheduled.add(seq.seq_id)
+            budget -= 1
+
+        # 2. prefill chunks of running sequences
+        for seq in self.running:
+            if budget <= 0:
+                break
+            if seq.seq_id in scheduled:
+                continue
+            n = self._fit(seq, min(seq.n_pending, budget))
+            if n > 0:
+                bm.grow(seq, seq.n_computed + n)
+                prefill.append(StepItem(seq, seq.n_computed, n, n == seq.n_pending))
+                scheduled.add(seq.seq_id)
+                budget -= n
+
+        # 3. admission
+        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+            seq = self.waiting[0]
+            cached = bm.match_prefix(seq)
+            seq.n_computed = cached
+            n = self._fit(seq, min(seq.n_pending, budget))
+            if n == 0:
+                bm.free(seq)
+                seq.n_computed = 0
+                break
+            bm.lookups += seq.n_prompt if seq.n_preempted == 0 else 0
+            bm.hits += cached if seq.n_preempted == 0 else 0
+            seq.n_cached = cached
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            bm.grow(seq, seq.n_computed + n)
+            prefill.append(StepItem(seq, seq.n_computed, n, n == seq.n_pending))
+            scheduled.add(seq.seq_id)
+            budget -= n
+        return ScheduledStep(decode + prefill)
+
+    def _fit(self, seq: Sequence, want: int) -> int:
+        """How many of `want` tokens the blocks seq holds plus the free ones can take."""
+        bs = self.blocks.block_size
+        room = (len(seq.block_table) + self.blocks.n_free) * bs - seq.n_computed
+        return max(0, min(want, room))
