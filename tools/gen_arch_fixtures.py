@@ -1,0 +1,193 @@
+"""Make the architecture fixtures in tests/data/arch/: tiny random Hugging Face models, converted
+to GGUF by llama.cpp's own converter, with transformers' float32 logits and greedy continuations.
+
+    pip install transformers            # a tool dependency only: CI reads the committed fixtures
+    pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d /tmp/arch
+    python tools/gen_arch_fixtures.py --llamacpp /tmp/arch/llama_cpp_python-0.3.36/vendor/llama.cpp
+
+For each architecture (ARCHS below) this writes, under tests/data/arch/:
+  <name>.gguf        convert_hf_to_gguf.py --outtype f16 of the random model. The random 2-D
+                     weights are rounded to float16 before anything else, so the f16 file holds
+                     exactly the weights transformers ran (norms and rope factors stay f32).
+  <name>.npz         ids (T,) and logits (T, V) float32: transformers' forward of every position;
+                     prompt (P,) and greedy (N,): generate(do_sample=False) after the prompt;
+                     for phi3 also ids_long / logits_long (a sequence past the original context,
+                     where its long rope factors apply).
+  <name>.json        the HF config used (for the record) and the transformers version.
+
+The vocabulary is a tiny byte-level BPE (a few hundred tokens) trained here with `tokenizers`.
+llama.cpp's converter names the pre-tokenizer by hashing how a tokenizer splits a fixed text and
+refuses a hash it does not know; this tokenizer is new, so the converter is run with
+get_vocab_base_pre patched to answer 'gpt-2' (the architectures, not the tokenizer, are under test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "arch"
+VOCAB = 320
+SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
+PROMPT, NEW = 8, 16
+
+# Small but not degenerate: GQA everywhere, head_dim != hidden/heads where the family allows it.
+ARCHS = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True)),
+    "llama3": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=1024, tie_word_embeddings=True,
+        # Llama-3.1's rope_scaling with the original context shrunk so that every band
+        # (unscaled, smoothed, divided by `factor`) holds some of the 8 frequencies of head_dim 16
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=24, rms_norm_eps=1e-5, max_position_embeddings=512,
+        sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=32, query_pre_attn_scalar=32, rms_norm_eps=1e-6,
+        max_position_embeddings=512, sliding_window=8,   # layers 0-4 local, 5 global (pattern 6)
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}},
+        final_logit_softcapping=None, attn_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh",
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64,
+        original_max_position_embeddings=32, sliding_window=None, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                         "short_factor": [1.0 + 0.05 * i for i in range(8)],
+                         "long_factor": [1.0 + 0.9 * i for i in range(8)]})),
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+        max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=False)),
+}
+
+
+def make_tokenizer(path: Path) -> None:
+    """A byte-level BPE of VOCAB tokens (ids 0-2 special) saved as a transformers tokenizer."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    text = (Path(ROOT / "README.md").read_text(encoding="utf-8") + "\n") * 2
+    tok = ByteLevelBPETokenizer()
+    tok.train_from_iterator([text], vocab_size=VOCAB, min_frequency=2,
+                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, pad_token="<pad>",
+                                   bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)
+
+
+def randomize(model, seed: int) -> None:
+    """Weights large enough that the logits are far from uniform (greedy has clear winners),
+    norm weights away from their identity value (so a missed +1 or a skipped norm shows), and
+    every float rounded to float16 (so the f16 GGUF holds exactly what transformers runs)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:        # RMSNorm weights (gemma3 stores w with y = x * (1 + w))
+                base = 0.0 if "gemma" in type(model).__name__.lower() else 1.0
+                p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p.shape[-1]
+                p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
+            p.copy_(p.half().float())
+
+
+def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:
+    """llama.cpp's convert_hf_to_gguf.py with its own gguf-py, in a child process."""
+    code = (
+        "import sys\n"
+        f"sys.path[:0] = [{str(llamacpp)!r}, {str(llamacpp / 'gguf-py')!r}]\n"
+        "import conversion.base as base\n"
+        "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'\n"
+        "import convert_hf_to_gguf as c\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']\n"
+        "c.main()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=llamacpp)
+    if r.returncode:
+        raise SystemExit(f"conversion of {model_dir} failed:\n{r.stderr[-4000:]}")
+
+
+def reference(model, ids: list[int]) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def build(name: str, llamacpp: Path, seed: int) -> None:
+    import torch
+    import transformers
+
+    cfg_name, cls_name, kw = ARCHS[name]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, **kw)
+    model = getattr(transformers, cls_name)(cfg).float().eval()
+    randomize(model, seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / name
+        model.save_pretrained(d, safe_serialization=True)
+        make_tokenizer(d)
+        if name == "phi3":   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
+            tc = json.loads((d / "tokenizer_config.json").read_text())
+            tc["tokenizer_class"] = "GPT2Tokenizer"
+            (d / "tokenizer_config.json").write_text(json.dumps(tc))
+        convert(d, OUT / f"{name}.gguf", llamacpp)
+
+    rng = np.random.default_rng(seed)
+    seq_len = 24 if name == "phi3" else SEQ     # phi3: inside the original context (short factors)
+    ids = rng.integers(3, VOCAB, size=seq_len).tolist()
+    arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(model, ids)}
+    if name == "phi3":  # past original_max_position_embeddings: transformers switches to long factors
+        ids_long = rng.integers(3, VOCAB, size=48).tolist()
+        arrays["ids_long"] = np.array(ids_long, dtype=np.int64)
+        arrays["logits_long"] = reference(model, ids_long)
+    prompt = ids[:PROMPT]
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                             pad_token_id=0, eos_token_id=None)
+    arrays["prompt"] = np.array(prompt, dtype=np.int64)
+    arrays["greedy"] = out[0, PROMPT:].numpy().astype(np.int64)
+    np.savez_compressed(OUT / f"{name}.npz", **arrays)
+    (OUT / f"{name}.json").write_text(json.dumps({
+        "transformers": transformers.__version__, "class": cls_name, "seed": seed,
+        "config": json.loads(cfg.to_json_string())}, indent=1, sort_keys=True) + "\n")
+    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
+    print(f"{name}: {(OUT / f'{name}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
+          f"smallest top-1/top-2 logit gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--llamacpp", required=True, type=Path,
+                    help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
+    ap.add_argument("--only", nargs="*", choices=sorted(ARCHS), help="some architectures only")
+    ap.add_argument("--seed", type=int, default=1234)
+    a = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name in a.only or ARCHS:
+        build(name, a.llamacpp.resolve(), a.seed)
+
+
+if __name__ == "__main__":
+    main()
