@@ -308,7 +308,24 @@ class Tokenizer:
         add_eos_token; llama.cpp's add_special=true); True: always start with BOS;
         False: neither BOS nor EOS.
         """
-        frags = self._partition(text, parse_special)
+        return self._encode_frags(self._partition(text, parse_special), add_bos)
+
+    def encode_segments(self, segments: list[tuple[str, bool]], add_bos: bool | None = None) -> list[int]:
+        """encode() of the joined texts, where each (text, parse_special) segment decides alone
+        whether control-token texts in it become control tokens (the server: a client's
+        message content stays text, the chat template's own markers are tokens). Plain text
+        of neighbouring segments is joined before the BPE, so the ids equal encode(joined)
+        whenever no control-token text is in a parse_special=False segment."""
+        frags: list[str | int] = []
+        for text, special in segments:
+            for f in self._partition(text, special):
+                if isinstance(f, str) and frags and isinstance(frags[-1], str):
+                    frags[-1] += f
+                else:
+                    frags.append(f)
+        return self._encode_frags(frags, add_bos)
+
+    def _encode_frags(self, frags: list[str | int], add_bos: bool | None) -> list[int]:
         raw = [f for f in frags if isinstance(f, str)]
         encoded = iter(self._hf.encode_batch(raw, add_special_tokens=False)) if raw else iter(())
         ids: list[int] = []
