@@ -109,6 +109,7 @@ class Scheduler:
         prefill: list[StepItem] = []
         scheduled: set[int] = set()
         bm = self.blocks
+        n_pre0 = self.n_preemptions
 
         # 1. decode rows (the oldest first: preemption takes the newest)
         for seq in list(self.running):
@@ -143,8 +144,9 @@ class Scheduler:
                 scheduled.add(seq.seq_id)
                 budget -= n
 
-        # 3. admission
-        while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
+        # 3. admission (none in a step that preempted: the freed blocks go to the running first)
+        while (self.waiting and budget > 0 and len(self.running) < self.max_seqs
+               and self.n_preemptions == n_pre0):
             seq = self.waiting[0]
             cached = bm.match_prefix(seq)
             seq.n_computed = cached

@@ -1,0 +1,112 @@
+"""Choosing the next token of many sequences at once, on the logits' device.
+
+Same chain and semantics as minfer/runtime/sampling.py (llama.cpp's order: penalties -> top-k
+-> top-p -> min-p -> temperature -> draw), vectorized over rows with per-row parameters, so a
+batch of 128 sequences does not copy (128, vocab) logits to the host or loop over them.
+
+The draw is a Gumbel-max over the kept tokens (argmax of logit/T - log(-log u), which samples
+exactly softmax(logit/T)), with u from a counter-based hash of (the sequence's seed, the
+position of the token being drawn, the token id). A sequence's draws therefore depend only on
+its own seed and tokens: never on which other sequences share the batch, nor on preemption.
+The draws differ from the single-sequence sampler's (a torch.Generator per request), so a
+seeded request gives another (equally distributed) answer there.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence as Seq
+
+import torch
+
+_M31 = 0x7FFFFFFF
+
+
+def _mix(h: torch.Tensor) -> torch.Tensor:
+    """An integer hash on 31-bit values held in int64 (products stay below 2^62: no overflow)."""
+    h = h ^ (h >> 15)
+    h = (h * 0x2C1B3C6D) & _M31
+    h = h ^ (h >> 12)
+    h = (h * 0x297A2D39) & _M31
+    h = h ^ (h >> 15)
+    h = (h * 0x1B873593) & _M31
+    return h ^ (h >> 16)
+
+
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(R, V) float32 in (0, 1): a pure function of (seed, position, token id) per element."""
+    dev = seeds.device
+    s = seeds.to(torch.int64)
+    a = _mix((s & _M31) ^ _mix((s >> 31) & _M31))[:, None]                       # (R, 1)
+    b = _mix(a ^ (positions.to(torch.int64)[:, None] & _M31))                  # (R, 1)
+    ids = torch.arange(vocab, device=dev, dtype=torch.int64)[None, :]
+    h = _mix(_mix(ids ^ b) ^ a)                                                 # (R, V)
+    return (h.to(torch.float32) + 0.5) * (1.0 / 2**31)
+
+
+def apply_penalties_rows(logits: torch.Tensor, histories: Seq[Seq[int]], params: Seq) -> torch.Tensor:
+    """llama.cpp's repeat/presence/frequency penalties (sampling.apply_penalties) per row."""
+    out = logits
+    for r, (hist, p) in enumerate(zip(histories, params)):
+        if p.repeat_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0:
+            continue
+        n = p.penalty_last_n
+        recent = list(hist) if n < 0 else list(hist)[-n:] if n > 0 else []
+        if not recent:
+            continue
+        if out is logits:
+            out = logits.clone()
+        ids, counts = torch.tensor(recent, dtype=torch.long).unique(return_counts=True)
+        ids, c = ids.to(out.device), counts.to(out.device, out.dtype)
+        x = out[r, ids]
+        x = torch.where(x <= 0, x * p.repeat_penalty, x / p.repeat_penalty)
+        out[r, ids] = x - c * p.frequency_penalty - p.presence_penalty
+    return out
+
+
+def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], seeds: Seq[int],
+                positions: Seq[int]) -> torch.Tensor:
+    """logits (R, V) float32 -> token ids (R,) int64 on the logits' device."""
+    x = apply_penalties_rows(logits.float(), histories, params)
+    R, V = x.shape
+    dev = x.device
+    greedy = torch.tensor([p.temperature <= 0 for p in params], device=dev)
+    out = x.argmax(-1)
+    if bool(greedy.all()):
+        return out
+    rows = torch.nonzero(~greedy).flatten()
+    ps = [params[i] for i in rows.tolist()]
+    xs = x.index_select(0, rows)                                                # (r, V)
+    srt, order = xs.sort(-1, descending=True)
+    rank = torch.arange(V, device=dev)[None, :]
+    k = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps], device=dev)[:, None]
+    srt = srt.masked_fill(rank >= k, -math.inf)                                 # top-k
+    probs = torch.softmax(srt.double(), -1)
+    before = torch.cumsum(probs, -1) - probs                                    # mass above each rank
+    top_p = torch.tensor([p.top_p for p in ps], device=dev, dtype=torch.float64)[:, None]
+    srt = srt.masked_fill((before >= top_p) & (top_p < 1.0), -math.inf)        # top-p (crossing kept)
+    min_p = torch.tensor([max(p.min_p, 0.0) for p in ps], device=dev)[:, None]
+    floor = torch.where(min_p > 0, srt[:, :1] + torch.log(min_p.clamp_min(1e-30)), torch.full_like(min_p, -math.inf))
+    srt = srt.masked_fill(srt < floor, -math.inf)                               # min-p
+    temp = torch.tensor([p.temperature for p in ps], device=dev)[:, None]
+    sel_seeds = torch.tensor([seeds[i] for i in rows.tolist()], device=dev)
+    sel_pos = torch.tensor([positions[i] for i in rows.tolist()], device=dev)
+    u = uniforms(sel_seeds, sel_pos, V).gather(1, order)                        # noise of each sorted token
+    g = srt / temp - torch.log(-torch.log(u))
+    pick = order.gather(1, g.argmax(-1, keepdim=True)).squeeze(1)
+    return out.index_copy(0, rows, pick)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: Seq[int]):
+    """The model's log-probabilities (before any filter) of the chosen tokens, (R,) on the host,
+    and for rows with top_n > 0 their top_n alternatives [(id, logprob)] (else [])."""
+    lp_all = torch.log_softmax(logits.float(), -1)
+    lp = lp_all.gather(1, tokens[:, None]).squeeze(1).tolist()
+    tops = [[] for _ in top_n]
+    n_max = max(top_n, default=0)
+    if n_max > 0:
+        v, i = torch.topk(lp_all, min(n_max, lp_all.shape[-1]), -1)
+        v, i = v.tolist(), i.tolist()
+        for r, n in enumerate(top_n):
+            tops[r] = list(zip(i[r][:n], v[r][:n]))
+    return lp, tops
