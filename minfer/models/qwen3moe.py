@@ -1,0 +1,146 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B): the GGUF arch `qwen3moe`.
+
+Attention is Qwen3's (per-head q/k RMSNorm, NEOX rope, no biases: models/qwen3.py). The MLP of
+every layer is a mixture of experts (llama.cpp src/models/qwen3moe.cpp, build_moe_ffn;
+HF Qwen3MoeSparseMoeBlock):
+
+    p      = softmax(W_router h)                    ffn_gate_inp   (E, D), float32 in the file
+    top    = the K largest p (K = expert_used_count), weights w = p[top]
+    w      = w / sum(w)                             when expert_weights_norm (see below)
+    ffn(h) = sum_k w_k * W_down[e_k](silu(W_gate[e_k] h) * W_up[e_k] h)
+             ffn_{gate,up}_exps (E, F_e, D), ffn_down_exps (E, D, F_e); F_e = expert_feed_forward_length
+
+llama.cpp's qwen3moe graph always normalizes the top-K weights (build_moe_ffn(..., norm_w = true))
+and the converter writes no key for HF's `norm_topk_prob`; a file that carries
+`qwen3moe.expert_weights_norm` is obeyed. `qwen3moe.expert_gating_func`, when present, must be
+softmax (1): the only gating this architecture's graph has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minfer import ops
+from minfer.config import ModelConfig
+from minfer.errors import MinferError
+from minfer.models.base import Step
+from minfer.models.layers import Block, attention_branch
+from minfer.models.llama import LlamaModel
+from minfer.weights import QWeight, load_qweight, load_vector
+
+
+def load_experts(gf, name: str, device, shape: tuple[int, int, int], dtype=torch.float32) -> QWeight:
+    """A stacked expert tensor (E, N, K) as one QWeight of shape (E*N, K): expert e's rows are
+    [e*N, (e+1)*N) (ggml ne = {K, N, E}: rows of K values, N rows per expert)."""
+    E, N, K = shape
+    info = gf.tensor(name)
+    if tuple(info.shape) != (E, N, K):
+        raise MinferError(f"{gf.path}: tensor '{name}' has shape {tuple(info.shape)}, expected {(E, N, K)}")
+    w = load_qweight(_Flat2D(gf, info, E * N), name, device, (E * N, K), dtype=dtype)
+    w.n_experts = E
+    return w
+
+
+class _Flat2D:
+    """A GGUFFile stand-in that shows one 3-D tensor as 2-D (E*N, K), for load_qweight."""
+
+    def __init__(self, gf, info, rows: int):
+        from dataclasses import replace
+
+        self.path = gf.path
+        self._info = replace(info, shape=(rows, info.shape[-1]))
+
+    def tensor(self, name):
+        return self._info
+
+
+@dataclass
+class MoeBlock:
+    """One layer's MoE weights (the attention weights live in the shared Block)."""
+
+    gate_inp: torch.Tensor     # (E, D) float32: the router
+    gate_exps: QWeight         # (E*F_e, D)
+    up_exps: QWeight           # (E*F_e, D)
+    down_exps: QWeight         # (E*D, F_e)
+
+
+class Qwen3MoeModel(LlamaModel):
+    arch = "qwen3moe"
+    rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_QWEN3MOE -> NEOX
+    qk_norm = True
+
+    @classmethod
+    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
+                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Qwen3MoeModel":
+        from tqdm import tqdm
+
+        cfg = cfg or ModelConfig.from_gguf(gf)
+        V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
+        for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
+            if f"{cls.arch}.{key}" not in gf.metadata:
+                raise MinferError(f"{gf.path}: metadata key '{cls.arch}.{key}' is missing "
+                                  f"(needed to build the {cls.arch} model)")
+        if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0:
+            raise MinferError(f"{gf.path}: {cls.arch}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
+                              f"expert_feed_forward_length={Fe}: expected 0 < used <= count and a positive length")
+        q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
+        bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
+                   disable=not progress, leave=False)
+        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
+        blocks, moe = [], []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+
+            def w(name, shape):
+                return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
+
+            blocks.append(Block(
+                attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
+                attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
+                attn_output=w("attn_output", (D, q_out)),
+                ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+                ffn_gate=None, ffn_up=None, ffn_down=None,
+                attn_q_norm=load_vector(gf, p + "attn_q_norm.weight", device, Dh),
+                attn_k_norm=load_vector(gf, p + "attn_k_norm.weight", device, Dh)))
+            router = load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D)
+            moe.append(MoeBlock(
+                gate_inp=router,
+                gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
+                up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
+                down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype)))
+            bar.update()
+        output_norm = load_vector(gf, "output_norm.weight", device, D)
+        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
+        bar.update()
+        bar.close()
+        m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
+        m.moe = moe
+        return m
+
+    def qweights(self) -> list[QWeight]:
+        ws = [self.token_embd]
+        for b, e in zip(self.blocks, self.moe):
+            ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
+        if self.output is not self.token_embd:
+            ws.append(self.output)
+        return ws
+
+    def linear_groups(self) -> list[tuple]:
+        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks]
+
+    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
+        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
+        c, act, eps = self.cfg, self.act_dtype, self.cfg.rms_eps
+        x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
+        h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
+        for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
+            x, h = ops.add_rms_norm(x, attention_branch(h, blk, c, cache, i, step, ctx), blk.ffn_norm, eps, act, ctx)
+            f = ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, c.n_experts_used,
+                            c.expert_weights_norm, ctx)            # (T, D)
+            if i + 1 < len(self.blocks):
+                x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
+        x, f = step.rows(x), step.rows(f)                          # (R, D)
+        _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
+        return ops.linear(h, self.output, None, ctx).float()      # (R, V)
