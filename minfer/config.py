@@ -75,6 +75,10 @@ class ModelConfig:
             raise MinferError(f"{gf.path}: architecture '{arch}' is not supported "
                               f"(supported: {', '.join(SUPPORTED_ARCHS)})")
 
+        from minfer import metadata_check
+
+        metadata_check.check(gf)  # every key typed and range-checked before any is read (issue 15)
+
         def req(suffix):
             key = f"{arch}.{suffix}"
             if key not in gf.metadata:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from minfer.errors import MinferError
+from minfer.safe_text import quoted, safe
 
 SUPPORTED_ARCHS = {"llama", "qwen2"}
 SUPPORTED_VERSIONS = (2, 3)  # v1 used 32-bit counts and is gone from llama.cpp
@@ -52,6 +53,17 @@ _HEADER = struct.Struct("<4sIQQ")
 #   tensor info: name length u64 + n_dims u32 + type u32 + offset u64 (n_dims 0, empty name)
 MIN_KV_BYTES = 8 + 1 + 4 + 1
 MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
+# Parse cost must not grow faster than real files need (issue 15: a 94 MiB file of 2.5 M
+# zero-size tensors took a minute and 2.6 GB to open). Caps far above real models (the
+# largest known have ~2,000 tensors, ~50 keys and 262,144-entry vocab arrays) bound the walk
+# to about a second whatever the file says.
+MAX_TENSORS = 1 << 16
+MAX_KV = 1 << 16
+MAX_ARRAY = 1 << 21          # items in one metadata array
+MAX_ARRAY_ITEMS = 1 << 23    # items in all metadata arrays together
+MAX_KEY_BYTES = 1 << 10
+GGML_MAX_NAME = 64           # ggml.h; gguf.cpp refuses a tensor name of 64 bytes or more
+INT64_MAX = (1 << 63) - 1    # ggml counts elements in int64_t; gguf.cpp refuses ne < 0 or overflow
 
 # GGUF metadata value types (gguf.GGUFValueType): id -> (name, fixed byte size or None)
 _VALUE_TYPES = {
@@ -99,6 +111,7 @@ class _Walker:
 
     def __init__(self, path: Path, buf: mmap.mmap | bytes, size: int):
         self.path, self.buf, self.size, self.pos = path, buf, size, 0
+        self.array_items = 0  # items of all metadata arrays read so far (capped: MAX_ARRAY_ITEMS)
 
     def fail(self, what: str) -> MinferError:
         return MinferError(f"{self.path}: {what}")
@@ -126,8 +139,10 @@ class _Walker:
         self.need(n, f"{what} (string of {n} bytes)")
         self.pos += n
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, max_bytes: int | None = None) -> str:
         n = self.u64(f"{what} (string length)")
+        if max_bytes is not None and n > max_bytes:
+            raise self.fail(f"{what} is {n:,} bytes long, more than the {max_bytes:,} allowed")
         self.need(n, f"{what} (string of {n} bytes)")
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
@@ -178,6 +193,9 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
     if version not in SUPPORTED_VERSIONS:
         raise w.fail(f"GGUF version {version} is not supported (supported: "
                      f"{', '.join(map(str, SUPPORTED_VERSIONS))})")
+    if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
+        raise w.fail(f"corrupt header: {n_tensors:,} tensors and {n_kv:,} metadata keys; minfer "
+                     f"accepts at most {MAX_TENSORS:,} of each (real models have a few thousand)")
     least = _HEADER.size + n_kv * MIN_KV_BYTES + n_tensors * MIN_TENSOR_INFO_BYTES
     if least > size:
         raise w.fail(f"corrupt header: {n_tensors} tensors and {n_kv} metadata keys need at "
@@ -186,10 +204,10 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
     alignment = DEFAULT_ALIGNMENT
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
-        key = w.string(f"metadata key #{i}")
+        key = w.string(f"metadata key #{i}", MAX_KEY_BYTES)
         if key in metadata:
-            raise w.fail(f"metadata key '{key}' appears twice")
-        vtype = w.u32(f"type of metadata '{key}'")
+            raise w.fail(f"metadata key {quoted(key)} appears twice")
+        vtype = w.u32(f"type of metadata {quoted(key)}")
         if key == "general.alignment":
             if vtype != _UINT32:
                 raise w.fail(f"metadata 'general.alignment' has type {vtype}, expected uint32")
@@ -198,19 +216,21 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
                 raise w.fail(f"metadata 'general.alignment' = {alignment}, expected a power of two")
             metadata[key] = alignment
             continue
-        metadata[key] = _read_value(w, vtype, f"metadata '{key}'")
+        metadata[key] = _read_value(w, vtype, f"metadata {quoted(key)}")
 
     sizes = _quant_sizes()
     tensors: dict[str, tuple[int, tuple[int, ...], int, int]] = {}
     for i in range(n_tensors):
-        name = w.string(f"name of tensor #{i}")
-        where = f"tensor '{name}'"
+        name = w.string(f"name of tensor #{i}", GGML_MAX_NAME - 1)
+        where = f"tensor {quoted(name)}"
         if name in tensors:
             raise w.fail(f"{where} appears twice in the tensor table")
         n_dims = w.u32(f"{where} (n_dims)")
         if n_dims > GGML_MAX_DIMS:
             raise w.fail(f"{where} has {n_dims} dimensions, at most {GGML_MAX_DIMS} are allowed")
         ne = w.unpack(f"<{n_dims}Q", f"{where} (shape)") if n_dims else ()
+        if any(x > INT64_MAX for x in ne) or (ne and int(np.prod(ne, dtype=object)) > INT64_MAX):
+            raise w.fail(f"{where} has shape {list(ne)}: more than 2**63 - 1 elements")
         qtype, rel_offset = w.unpack("<IQ", f"{where} (type and offset)")
         if qtype not in sizes:
             raise w.fail(f"{where} has unknown ggml type id {qtype}")
@@ -224,14 +244,25 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
     data_start = -(-w.pos // alignment) * alignment
     for name, (qtype, ne, rel, n_bytes) in tensors.items():
         if rel % alignment:
-            raise w.fail(f"tensor '{name}' has data offset {rel}, not a multiple of the "
+            raise w.fail(f"tensor {quoted(name)} has data offset {rel}, not a multiple of the "
                          f"alignment {alignment}")
         start = data_start + rel
         if start + n_bytes > size:
-            raise w.fail(f"tensor '{name}' runs past the end of the file: its data is at offset "
+            raise w.fail(f"tensor {quoted(name)} runs past the end of the file: its data is at offset "
                          f"{start} with {n_bytes} bytes (ends at {start + n_bytes}), but the file "
                          f"has {size} bytes (truncated tensor data?)")
+    _check_overlap(w, tensors)
     return _Layout(version, alignment, data_start, tensors, metadata)
+
+
+def _check_overlap(w: _Walker, tensors: dict) -> None:
+    """Two tensors may not share bytes (llama.cpp's gguf.cpp goes further and requires each
+    tensor to start where the previous one's padded data ends)."""
+    spans = sorted((rel, rel + n_bytes, name) for name, (_, _, rel, n_bytes) in tensors.items() if n_bytes)
+    for (s0, e0, a), (s1, e1, b) in zip(spans, spans[1:]):
+        if s1 < e0:
+            raise w.fail(f"tensors {quoted(a)} (bytes {s0}..{e0}) and {quoted(b)} (bytes {s1}..{e1} "
+                         "of the data section) overlap")
 
 
 # little-endian numpy dtypes of the fixed-size value types, for whole-array reads
@@ -260,12 +291,22 @@ def _read_value(w: _Walker, vtype: int, what: str) -> Any:
     fixed = _VALUE_TYPES[itype][1]
     if fixed is not None:
         w.need(count * fixed, f"{what} (array of {count} {_VALUE_TYPES[itype][0]})")
+        _count_items(w, count, what)
         arr = np.frombuffer(w.buf, dtype=_NP_TYPES[itype], count=count, offset=w.pos)
         w.pos += count * fixed
         return [bool(x) for x in arr] if itype == 7 else arr.tolist()
     # each string takes at least its 8-byte length: reject absurd counts up front
     w.need(count * 8, f"{what} (array of {count} strings)")
+    _count_items(w, count, what)
     return [w.string(f"{what}[{j}]") for j in range(count)]
+
+
+def _count_items(w: _Walker, count: int, what: str) -> None:
+    w.array_items += count
+    if count > MAX_ARRAY or w.array_items > MAX_ARRAY_ITEMS:
+        raise w.fail(f"{what} is an array of {count:,} items; minfer accepts at most {MAX_ARRAY:,} "
+                     f"per array and {MAX_ARRAY_ITEMS:,} in all (the largest real vocabularies have "
+                     "about 262,000 tokens)")
 
 
 class GGUFFile:
@@ -298,14 +339,18 @@ class GGUFFile:
 
     @property
     def architecture(self) -> str:
-        return str(self.require("general.architecture"))
+        arch = self.require("general.architecture")
+        if not isinstance(arch, str):
+            raise MinferError(f"{self.path}: metadata 'general.architecture' = {safe(arch, 40)}: "
+                              "expected a string")
+        return arch
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
     def require(self, key: str) -> Any:
         if key not in self.metadata:
-            raise MinferError(f"{self.path}: metadata key '{key}' is missing")
+            raise MinferError(f"{self.path}: metadata key {quoted(key)} is missing")
         return self.metadata[key]
 
     def arch_get(self, suffix: str, default: Any = None) -> Any:
@@ -314,21 +359,25 @@ class GGUFFile:
 
     def tensor(self, name: str) -> TensorInfo:
         if name not in self.tensors:
-            raise MinferError(f"{self.path}: tensor '{name}' is missing")
+            raise MinferError(f"{self.path}: tensor {quoted(name)} is missing")
         return self.tensors[name]
 
     def check_architecture(self) -> str:
         """The architecture, if minfer can run it; else MinferError naming the file."""
         arch = self.architecture
         if arch not in SUPPORTED_ARCHS:
-            raise MinferError(f"architecture '{arch}' in {self.path} is not supported; "
+            raise MinferError(f"architecture {quoted(arch)} in {self.path} is not supported; "
                               f"supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
         return arch
 
     def file_type_name(self) -> str | None:
         """`general.file_type` as llama.cpp names it ('Q4_K_M'), None when the key is absent."""
         ftype = self.get("general.file_type")
-        return None if ftype is None else file_type_name(int(ftype))
+        if ftype is None:
+            return None
+        if not isinstance(ftype, int) or isinstance(ftype, bool):
+            return f"invalid ({safe(ftype, 30)})"
+        return file_type_name(ftype)
 
     def n_params(self) -> int:
         return sum(t.n_elements for t in self.tensors.values())

@@ -1,0 +1,202 @@
+"""Every GGUF metadata key minfer reads, typed and range-checked in one place.
+
+A GGUF file is untrusted input: a count of the wrong type, a zero, a NaN epsilon or a token
+type outside the enum used to surface as raw Python exceptions from int()/float() calls, or
+as NaN logits mid-generation (issue 15). `problems(gf)` checks each key against the table
+below and returns {key: what is wrong}; `check(gf)` raises the first as one MinferError
+naming the file, the key and the (escaped, truncated) value. ModelConfig.from_gguf calls
+check() before it reads anything, so the model and the tokenizer only see checked values;
+`minfer inspect` shows problems() next to the values.
+
+Sources of the rules: the key names and value types are gguf-py's constants.py (Keys,
+TokenType); the ranges are what the engine needs (a count of zero makes an empty tensor, a
+non-positive epsilon or rope base makes NaN/inf) and what llama.cpp checks in
+llama-model.cpp (n_layer equal to the blocks loaded, via the missing-tensor errors) and
+llama-vocab.cpp (token types 0..6).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+from minfer.errors import MinferError
+from minfer.safe_text import safe
+
+# llama.cpp's TokenType / llama_token_type: UNDEFINED 0 .. BYTE 6 (gguf-py constants.TokenType)
+TOKEN_TYPE_MAX = 6
+TOKEN_TYPE_BYTE = 6
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>\Z")
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def _count(lo: int, hi: int) -> Callable[[Any], str | None]:
+    def check(v):
+        if not isinstance(v, int) or isinstance(v, bool):
+            return f"expected an integer in {lo}..{hi:,}, got a {_kind(v)}"
+        if not lo <= v <= hi:
+            return f"expected an integer in {lo}..{hi:,}"
+        return None
+    return check
+
+
+def _positive_float(hi: float = math.inf) -> Callable[[Any], str | None]:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"expected a number, got a {_kind(v)}"
+        if not math.isfinite(v) or v <= 0 or v >= hi:
+            return "expected a finite number > 0" + (f" and < {hi:g}" if hi != math.inf else "")
+        return None
+    return check
+
+
+def _of(typ: type, name: str) -> Callable[[Any], str | None]:
+    def check(v):
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            return f"expected {name}, got a {_kind(v)}"
+        return None
+    return check
+
+
+def _list_of(typ: type, name: str) -> Callable[[Any], str | None]:
+    def check(v):
+        if not isinstance(v, list):
+            return f"expected an array of {name}, got a {_kind(v)}"
+        bad = next((i for i, x in enumerate(v) if not isinstance(x, typ)), None)
+        if bad is not None:
+            return f"expected an array of {name}; item {bad} is a {_kind(v[bad])}"
+        return None
+    return check
+
+
+def _kind(v: Any) -> str:
+    return {bool: "bool", int: "integer", float: "float", str: "string", list: "array"}.get(type(v), type(v).__name__)
+
+
+# {arch}.<suffix> -> check. Counts are capped far above any real model (Llama-3.1-405B:
+# 126 blocks, 16,384 wide, 53,248 ffn, 131,072 context) so that only nonsense is refused.
+ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
+    "block_count": _count(1, 4096),
+    "embedding_length": _count(1, 1 << 20),
+    "attention.head_count": _count(1, 1 << 14),
+    "attention.head_count_kv": _count(1, 1 << 14),
+    "attention.key_length": _count(1, 1 << 14),
+    "attention.value_length": _count(1, 1 << 14),
+    "feed_forward_length": _count(1, 1 << 22),
+    "context_length": _count(1, 1 << 30),
+    "vocab_size": _count(1, 1 << 24),
+    "rope.dimension_count": _count(1, 1 << 14),
+    "attention.layer_norm_rms_epsilon": _positive_float(1.0),
+    "rope.freq_base": _positive_float(),
+    "rope.scaling.factor": _positive_float(),
+    "rope.scale_linear": _positive_float(),
+    "rope.scaling.type": _of(str, "a string"),
+}
+REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",
+                      "feed_forward_length", "attention.layer_norm_rms_epsilon", "context_length")
+
+TOKENIZER_KEYS: dict[str, Callable[[Any], str | None]] = {
+    "tokenizer.ggml.model": _of(str, "a string"),
+    "tokenizer.ggml.pre": _of(str, "a string"),
+    "tokenizer.ggml.tokens": _list_of(str, "strings"),
+    "tokenizer.ggml.merges": _list_of(str, "strings"),
+    "tokenizer.ggml.token_type": _list_of(int, "integers"),
+    "tokenizer.ggml.add_bos_token": _of(bool, "a bool"),
+    "tokenizer.ggml.add_eos_token": _of(bool, "a bool"),
+    "tokenizer.ggml.add_space_prefix": _of(bool, "a bool"),
+    "tokenizer.chat_template": _of(str, "a string"),
+    **{f"tokenizer.ggml.{k}_token_id": _of(int, "an integer token id")
+       for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "separator", "mask",
+                 "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")},
+}
+GENERAL_KEYS: dict[str, Callable[[Any], str | None]] = {
+    "general.architecture": _of(str, "a string"),
+    "general.file_type": _of(int, "an integer"),
+    "general.name": _of(str, "a string"),
+}
+
+
+def blocks_present(gf) -> list[int]:
+    """The N of every `blk.N.` tensor name, sorted."""
+    return sorted({int(m.group(1)) for name in gf.tensors if (m := _BLOCK.match(name))})
+
+
+def problems(gf) -> dict[str, str]:
+    """{metadata key: what is wrong with its value}; empty when every key minfer reads is fine."""
+    meta = gf.metadata
+    out: dict[str, str] = {}
+    for key, check in GENERAL_KEYS.items():
+        if key in meta and (msg := check(meta[key])):
+            out[key] = msg
+    arch = meta.get("general.architecture")
+    if isinstance(arch, str):
+        for suffix, check in ARCH_KEYS.items():
+            key = f"{arch}.{suffix}"
+            if key in meta and (msg := check(meta[key])):
+                out[key] = msg
+        _check_blocks(gf, f"{arch}.block_count", out)
+        heads, kv = meta.get(f"{arch}.attention.head_count"), meta.get(f"{arch}.attention.head_count_kv")
+        if f"{arch}.attention.head_count" not in out and f"{arch}.attention.head_count_kv" not in out \
+                and isinstance(heads, int) and isinstance(kv, int) and heads % kv:
+            out[f"{arch}.attention.head_count_kv"] = f"expected a divisor of head_count ({heads})"
+    for key, check in TOKENIZER_KEYS.items():
+        if key in meta and (msg := check(meta[key])):
+            out[key] = msg
+    _check_token_types(meta, out)
+    return out
+
+
+def _check_blocks(gf, key: str, out: dict[str, str]) -> None:
+    n = gf.metadata.get(key)
+    if key in out or not isinstance(n, int):
+        return
+    present = blocks_present(gf)
+    if not present:
+        return  # a file without blk.* tensors (a vocab-only GGUF): nothing to compare
+    if present != list(range(len(present))):
+        missing = sorted(set(range(present[-1] + 1)) - set(present))
+        out[key] = (f"the tensors' blocks are not numbered 0..{present[-1]} without gaps "
+                    f"(no blk.{missing[0]}.*)")
+    elif n != len(present):
+        out[key] = f"expected {len(present)}: the file has tensors for blocks 0..{len(present) - 1}"
+
+
+def _check_token_types(meta: dict, out: dict[str, str]) -> None:
+    key = "tokenizer.ggml.token_type"
+    types, tokens = meta.get(key), meta.get("tokenizer.ggml.tokens")
+    if key in out or not isinstance(types, list):
+        return
+    bad = next((i for i, t in enumerate(types) if not 0 <= t <= TOKEN_TYPE_MAX), None)
+    if bad is not None:
+        out[key] = f"item {bad} is {safe(types[bad], 24)}; expected a token type in 0..{TOKEN_TYPE_MAX}"
+        return
+    if not isinstance(tokens, list) or "tokenizer.ggml.tokens" in out:
+        return
+    if len(types) < len(tokens):
+        out[key] = f"has {len(types):,} entries, expected {len(tokens):,} (one per token)"
+        return
+    # a BYTE token is rendered from its text <0xXX> (llama-vocab.cpp: token_to_byte)
+    for i, t in enumerate(types[:len(tokens)]):
+        if t == TOKEN_TYPE_BYTE and not _BYTE_TOKEN.match(tokens[i]):
+            out[key] = (f"token {i} {safe(tokens[i], 40)!s} has type BYTE ({TOKEN_TYPE_BYTE}), "
+                        "but its text is not of the form <0xXX>")
+            return
+
+
+def check(gf, required: tuple[str, ...] = REQUIRED_ARCH_KEYS) -> None:
+    """Raise one MinferError for the first problem (and say how many more there are)."""
+    arch = gf.metadata.get("general.architecture")
+    if isinstance(arch, str):
+        for suffix in required:
+            if f"{arch}.{suffix}" not in gf.metadata:
+                raise MinferError(f"{safe(gf.path, 200)}: metadata key '{arch}.{suffix}' is missing "
+                                  f"(needed to build the {safe(arch, 40)} model)")
+    found = problems(gf)
+    if not found:
+        return
+    key, msg = next(iter(found.items()))
+    value = gf.metadata.get(key)
+    shown = "" if key not in gf.metadata else f" = {safe(value, 60)}"
+    more = f" (and {len(found) - 1} more bad keys; `minfer inspect` lists them)" if len(found) > 1 else ""
+    raise MinferError(f"{safe(gf.path, 200)}: metadata '{safe(key, 80)}'{shown}: {msg}{more}")
