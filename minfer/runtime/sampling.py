@@ -25,6 +25,19 @@ from typing import Sequence
 
 import torch
 
+from minfer.errors import MinferError
+
+# seeds are 64-bit: torch.Generator.manual_seed takes -2**63 .. 2**64 - 1
+SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
+# the command-line flag of each field, so one message serves `minfer run` and the server
+_FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_p": "--min-p",
+          "repeat_penalty": "--repeat-penalty", "presence_penalty": "--presence-penalty",
+          "frequency_penalty": "--frequency-penalty", "seed": "--seed", "penalty_last_n": "--repeat-last-n"}
+
+
+class NonFiniteLogitsError(MinferError):
+    """The model produced NaN or +inf logits: its weights or metadata are broken."""
+
 
 @dataclass
 class SamplingParams:
@@ -37,6 +50,40 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     seed: int | None = None
     penalty_last_n: int = 64      # how many recent tokens the penalties look at (-1: all)
+
+    def __post_init__(self) -> None:
+        """Refuse values that would make NaN probabilities or crash the draw (issue 15: a
+        temperature of nan or inf, a repeat penalty of 0 or nan ended in a traceback)."""
+        def bad(field: str, expected: str) -> MinferError:
+            value = getattr(self, field)
+            shown = f"{value!r}" if not isinstance(value, int) or abs(value) < 1 << 70 else f"a {value.bit_length()}-bit integer"
+            return MinferError(f"sampling parameter {field} ({_FLAGS[field]}) = {shown[:40]}: expected {expected}")
+
+        def number(field: str) -> float:
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise bad(field, "a finite number")
+            return v
+
+        if number("temperature") < 0:
+            raise bad("temperature", "a number >= 0 (0 = greedy)")
+        if not 0 <= number("top_p") <= 1:
+            raise bad("top_p", "a number in 0..1 (1 = off)")
+        if not 0 <= number("min_p") <= 1:
+            raise bad("min_p", "a number in 0..1 (0 = off)")
+        if number("repeat_penalty") <= 0:
+            raise bad("repeat_penalty", "a number > 0 (1 = off)")
+        number("presence_penalty")
+        number("frequency_penalty")
+        for field in ("top_k", "penalty_last_n"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < -1:
+                raise bad(field, "an integer >= -1 (0 and -1 = off)" if field == "top_k"
+                          else "an integer >= -1 (-1 = all tokens)")
+        seed = self.seed
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)
+                                 or not SEED_MIN <= seed <= SEED_MAX):
+            raise bad("seed", f"an integer in {SEED_MIN}..{SEED_MAX} (64 bits)")
 
     @property
     def greedy(self) -> bool:
@@ -118,13 +165,32 @@ def make_generator(seed: int | None) -> torch.Generator:
     return g
 
 
+def check_finite(logits: torch.Tensor) -> None:
+    """Raise NonFiniteLogitsError when logits hold NaN or +inf (-inf is a masked token)."""
+    if bool(torch.isnan(logits).any()) or bool(torch.isposinf(logits).any()):
+        bad = "NaN" if bool(torch.isnan(logits).any()) else "infinite"
+        raise NonFiniteLogitsError(
+            f"the model produced {bad} logits, so no token can be sampled; the model file is "
+            "probably broken: a metadata value (attention.layer_norm_rms_epsilon, rope.freq_base) "
+            "the model cannot work with, or a tensor whose type does not match its data")
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
            history: Sequence[int] = ()) -> int:
-    """The next token id from logits (V,)."""
-    x = filtered_logits(logits.cpu(), params, history)
+    """The next token id from logits (V,); NonFiniteLogitsError on NaN/+inf logits."""
+    logits = logits.cpu()
+    if not bool(torch.isfinite(logits).all()):  # one cheap pass; the details only on failure
+        check_finite(logits)
+        if bool(torch.isneginf(logits).all()):
+            raise MinferError("every token has logit -inf: no token can be sampled")
+    x = filtered_logits(logits, params, history)
     if params.greedy:
         return int(torch.argmax(x))
     probs = torch.softmax(x.double(), -1)
+    if not bool(torch.isfinite(probs).all()):
+        raise MinferError("the sampling parameters turned the logits into NaN probabilities "
+                          f"(temperature {params.temperature:g}, repeat penalty {params.repeat_penalty:g}); "
+                          "use values closer to the defaults")
     return int(torch.multinomial(probs, 1, generator=generator).item())
 
 
