@@ -49,6 +49,7 @@ class Sequence:
     t_first_token: float | None = None
     t_last_token: float | None = None
     state: Any = None                # the engine's per-sequence streaming state (decoder, stop matcher)
+    error: BaseException | None = None  # why it ended, when a logits processor raised
 
     def __post_init__(self) -> None:
         self.prompt_ids = [int(t) for t in self.prompt_ids]

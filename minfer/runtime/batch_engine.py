@@ -1,0 +1,305 @@
+"""The many-sequence engine loop: schedule -> one ragged forward -> per-row sampling -> events.
+
+    be = BatchEngine.from_engine(Engine.load("qwen2.5-coder-0.5b-instruct"), max_seqs=8)
+    a = be.add(ids_a, SamplingParams(temperature=0), max_new_tokens=32)
+    b = be.add(ids_b, SamplingParams(seed=1), max_new_tokens=32)
+    while be.has_work:
+        for seq, ev in be.step():          # GenEvents as generate() yields them, per sequence
+            ...
+
+Each `step()`:
+1. applies the cancellations asked for since the last step (their blocks are freed at once);
+2. asks the Scheduler for a ragged batch (decode rows first, then prefill chunks, under a
+   token budget) and describes it for the paged cache (PagedStep: positions, slots, block
+   tables);
+3. runs the model's one forward over all of the batch's tokens (`model.forward(tokens, step,
+   cache, ctx)`, the paged cache behind the Cache protocol). On CUDA a decode-only batch
+   replays a CUDA graph captured for its size bucket (batch_graphs.py);
+4. samples every row that reached its last token (batch_sampling.py: per-row parameters and
+   seeds) and turns each token into a GenEvent (streamed text, stop strings, end of turn),
+   finishing sequences on stop or length.
+
+The single-user `Engine` (engine.py) keeps its own contiguous cache and graphs; a BatchEngine
+made from it shares its weights, tokenizer and ops context.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterable, Sequence as Seq
+
+import torch
+
+from minfer.errors import MinferError
+from minfer.runtime.batch_sampling import sample_rows, token_logprobs
+from minfer.runtime.block_manager import BlockManager
+from minfer.runtime.generate import GenEvent, StopMatcher
+from minfer.runtime.paged_kv import PagedKVCache, PagedStep
+from minfer.runtime.scheduler import Scheduler
+from minfer.runtime.sequence import Sequence, SeqStatus
+
+BLOCK_SIZE = 16                       # positions per KV block (vLLM's default page size)
+GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TOKEN_BUDGET = {"cpu": 512, "cuda": 4096}   # tokens per step (engine.PREFILL_CHUNK's reasoning)
+DEFAULT_SLOTS = {"cpu": 4, "cuda": 256}
+KV_MEMORY_FRACTION = 0.85             # of the GPU memory free after loading, when --kv-memory is not given
+
+
+@dataclass
+class _Stream:
+    """Per-sequence text state: the tokenizer's stream decoder and the stop-string matcher."""
+
+    decoder: object
+    matcher: StopMatcher
+    processors: list       # logits processors (runtime/generate.py LogitsProcessor), e.g. a grammar
+    ignore_eos: bool = False   # benchmarks: generate exactly max_new_tokens
+
+
+class BatchEngine:
+    def __init__(self, model, tokenizer=None, *, n_ctx: int, max_seqs: int, n_blocks: int,
+                 block_size: int = BLOCK_SIZE, token_budget: int | None = None, prefix_cache: bool = True,
+                 ctx=None, cuda_graphs: bool = True) -> None:
+        self.model = model
+        self.config = model.cfg
+        self.tokenizer = tokenizer
+        self.device = model.device
+        self.n_ctx = int(n_ctx)
+        self.ctx = ctx
+        dev = self.device.type
+        self.max_seqs = int(max_seqs)
+        budget = max(int(token_budget or TOKEN_BUDGET.get(dev, 512)), self.max_seqs)
+        self.cache = PagedKVCache.for_config(self.config, n_blocks, block_size, self.device,
+                                             dtype=getattr(model, "act_dtype", torch.float32))
+        self.blocks = BlockManager(n_blocks, block_size, prefix_cache)
+        self.scheduler = Scheduler(self.blocks, self.max_seqs, budget)
+        self.max_blocks = -(-self.n_ctx // block_size)   # block-table width of a full context
+        self._eog = set(tokenizer.eog_ids) if tokenizer is not None else set()
+        self._cancel: set[int] = set()
+        self._lock = threading.Lock()
+        self._seqs: dict[int, Sequence] = {}
+        self.graphs = None
+        if dev == "cuda":
+            from minfer.ops.cuda.paged_attention import paged_decode_attention
+
+            self.cache.decode_attention = paged_decode_attention
+            if cuda_graphs:
+                from minfer.runtime.batch_graphs import BatchDecodeGraphs
+
+                self.graphs = BatchDecodeGraphs(self, [b for b in GRAPH_BUCKETS if b <= _bucket(self.max_seqs)])
+        self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0}
+
+    @classmethod
+    def from_engine(cls, engine, max_seqs: int | None = None, kv_memory: int | None = None,
+                    **kw) -> "BatchEngine":
+        """A batch engine over a loaded Engine's model. kv_memory: bytes for the paged cache
+        (default: on CUDA KV_MEMORY_FRACTION of the free memory, at most what max_seqs full
+        contexts need; on the CPU max_seqs full contexts)."""
+        model = engine.model
+        dev = model.device.type
+        slots = int(max_seqs or DEFAULT_SLOTS.get(dev, 4))
+        if slots < 1:
+            raise MinferError(f"--parallel {slots}: expected at least 1 sequence")
+        bs = kw.pop("block_size", BLOCK_SIZE)
+        per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
+        want = (slots * -(-engine.n_ctx // bs) + 1) * per_block
+        if kv_memory is None:
+            kv_memory = want
+            if dev == "cuda":
+                free, _ = torch.cuda.mem_get_info(model.device)
+                kv_memory = min(want, int(free * KV_MEMORY_FRACTION))
+        n_blocks = int(kv_memory // per_block)
+        if n_blocks < 2 + -(-engine.n_ctx // bs) // 8:
+            raise MinferError(f"--kv-memory {kv_memory / 2**20:.0f} MiB holds {n_blocks} KV blocks of {bs} "
+                              f"positions ({per_block / 2**20:.2f} MiB each); give it more memory")
+        return cls(model, engine.tokenizer, n_ctx=engine.n_ctx, max_seqs=slots, n_blocks=n_blocks,
+                   block_size=bs, ctx=getattr(engine, "ctx", None), **kw)
+
+    # ---- requests ---------------------------------------------------------------------------
+
+    def add(self, prompt_ids: Seq[int], params, max_new_tokens: int | None = None, stop: Iterable[str] = (),
+            top_logprobs: int = 0, logits_processors: Seq = (), ignore_eos: bool = False) -> Sequence:
+        """Queue a request; returns its Sequence (its seq_id names it in events and cancel()).
+        logits_processors change that row's logits before its sampling (not its logprobs)."""
+        ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise MinferError("the prompt is empty: at least one token is needed")
+        bad = [t for t in ids if not 0 <= t < self.config.vocab]
+        if bad:
+            raise MinferError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
+        limit = min(self.n_ctx, self.blocks.capacity_tokens)
+        if len(ids) > limit:
+            raise MinferError(f"the prompt has {len(ids)} tokens but a sequence holds at most {limit} "
+                              f"(context {self.n_ctx}, KV cache {self.blocks.capacity_tokens} positions); "
+                              "use a larger --ctx/--kv-memory or a shorter prompt")
+        room = limit - len(ids) + 1       # the last new token is never fed back
+        n_new = room if max_new_tokens is None else max(0, min(int(max_new_tokens), room))
+        stop = [s for s in stop if s]
+        if stop and self.tokenizer is None:
+            raise MinferError("stop strings need a tokenizer, and this engine has none")
+        seq = Sequence(ids, params, n_new, stop, top_logprobs)
+        dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
+        seq.state = _Stream(dec, StopMatcher(stop), list(logits_processors), ignore_eos)
+        with self._lock:
+            self._seqs[seq.seq_id] = seq
+            self.scheduler.add(seq)
+        return seq
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a sequence (any thread); its blocks are freed at the start of the next step."""
+        with self._lock:
+            self._cancel.add(seq_id)
+
+    def abort_all(self) -> None:
+        """Finish every sequence now ('cancel'), freeing all blocks (after a step that raised)."""
+        with self._lock:
+            for seq in list(self._seqs.values()):
+                if not seq.finished:
+                    self.scheduler.finish(seq, "cancel")
+            self._seqs.clear()
+            self._cancel.clear()
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or bool(self._cancel)
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def step(self) -> list[tuple[Sequence, GenEvent | None]]:
+        """One engine step. Returns (sequence, event) pairs: a GenEvent per sampled token (its
+        finish_reason set on the last), and (sequence, None) for a sequence cancelled now."""
+        out: list[tuple[Sequence, GenEvent | None]] = []
+        with self._lock:
+            cancel, self._cancel = self._cancel, set()
+            for sid in cancel:
+                seq = self._seqs.pop(sid, None)
+                if seq is not None and not seq.finished:
+                    self.scheduler.finish(seq, "cancel")
+                    out.append((seq, None))
+            for seq in [s for s in self._seqs.values() if s.max_new_tokens == 0 and s.status is SeqStatus.WAITING]:
+                self.scheduler.finish(seq, "length")    # nothing to generate
+                self._seqs.pop(seq.seq_id, None)
+            sched = self.scheduler.schedule()
+        if not sched.items:
+            return out
+        items = sched.items
+        tokens = [t for it in items for t in it.seq.tokens[it.start:it.start + it.n]]
+        decode_only = sched.n_decode == len(items)
+        logits = None
+        if decode_only and self.graphs is not None:
+            logits = self.graphs.run(items, tokens)
+            if logits is not None:
+                self.stats["graph_steps"] += 1
+        if logits is None:
+            pstep = PagedStep.build(items, self.cache.block_size, self.device)
+            logits = self._forward(torch.tensor(tokens, dtype=torch.long, device=self.device), pstep)
+        self.stats["steps"] += 1
+        self.stats["decode_rows"] += sched.n_decode
+        self.stats["prefill_tokens"] += sched.n_tokens - sched.n_decode
+        for it in items:
+            it.seq.n_computed += it.n
+            self.blocks.commit(it.seq)
+        sampled = [it.seq for it in items if it.sample]
+        if sampled:
+            out += self._sample(sampled, logits[:len(sampled)])
+        return out
+
+    def _forward(self, tokens: torch.Tensor, pstep: PagedStep) -> torch.Tensor:
+        """tokens (T,) of a ragged batch -> logits (R, V) of its logit rows."""
+        from minfer.models.base import Step
+
+        self.cache.step = pstep
+        return self.model.forward(tokens, Step(pstep.positions, None, pstep.logit_rows), self.cache, self.ctx)
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple[Sequence, GenEvent | None]]:
+        out: list[tuple[Sequence, GenEvent | None]] = []
+        x = logits
+        for r, seq in enumerate(seqs):
+            if seq.state.processors:
+                try:
+                    row = logits[r]
+                    for proc in seq.state.processors:
+                        row = proc(seq.tokens[seq.n_prompt:], row)
+                except Exception as e:      # this request fails alone (e.g. a grammar refused)
+                    seq.error = e
+                    self._end(seq, "cancel")
+                    out.append((seq, None))
+                    continue
+                if x is logits:
+                    x = logits.clone()
+                x[r] = row.to(x.device, x.dtype)
+        keep = [r for r, s in enumerate(seqs) if not s.finished]
+        if len(keep) < len(seqs):
+            idx = torch.tensor(keep, dtype=torch.long, device=logits.device)
+            seqs, logits, x = [seqs[r] for r in keep], logits.index_select(0, idx), x.index_select(0, idx)
+        if not seqs:
+            return out
+        params = [s.params for s in seqs]
+        toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs],
+                           [len(s.tokens) for s in seqs])
+        lps, tops = token_logprobs(logits, toks, [s.top_logprobs for s in seqs])
+        now = time.perf_counter()
+        for seq, tok, lp, top in zip(seqs, toks.tolist(), lps, tops):
+            seq.tokens.append(tok)
+            if seq.t_first_token is None:
+                seq.t_first_token = now
+            seq.t_last_token = now
+            ev = self._event(seq, tok, lp, top)
+            if ev.finish_reason is not None:
+                self._end(seq, ev.finish_reason)
+            out.append((seq, ev))
+        return out
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        self.scheduler.finish(seq, reason)
+        with self._lock:
+            self._seqs.pop(seq.seq_id, None)
+
+    def _event(self, seq: Sequence, tok: int, lp: float, top: list) -> GenEvent:
+        """The GenEvent of seq's new token: the same text rules as generate.generate()."""
+        st = seq.state
+        dec, matcher = st.decoder, st.matcher
+        if tok in self._eog and not st.ignore_eos:
+            text, _ = matcher.push(dec.flush() if dec is not None else "")
+            return GenEvent(tok, text + matcher.flush(), lp, top, "stop")
+        text, stopped = matcher.push(dec.push(tok) if dec is not None else "")
+        if stopped:
+            return GenEvent(tok, text, lp, top, "stop")
+        if seq.n_generated >= seq.max_new_tokens:
+            tail, stopped = matcher.push(dec.flush() if dec is not None else "")
+            text += tail
+            if stopped:
+                return GenEvent(tok, text, lp, top, "stop")
+            return GenEvent(tok, text + matcher.flush(), lp, top, "length")
+        return GenEvent(tok, text, lp, top, None)
+
+    # ---- conveniences ----------------------------------------------------------------------------
+
+    def generate_many(self, prompts: Seq[Seq[int]], params, max_new_tokens: int | None = None,
+                      stop: Iterable[str] = ()) -> list[list[GenEvent]]:
+        """Run prompts together to the end; each prompt's GenEvents (params: one for all, or a list)."""
+        plist = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        seqs = [self.add(p, pp, max_new_tokens, stop) for p, pp in zip(prompts, plist)]
+        events: dict[int, list[GenEvent]] = {s.seq_id: [] for s in seqs}
+        while self.has_work:
+            for seq, ev in self.step():
+                if ev is not None and seq.seq_id in events:
+                    events[seq.seq_id].append(ev)
+        return [events[s.seq_id] for s in seqs]
+
+    def slots_info(self) -> dict:
+        bm = self.blocks
+        return {"slots": self.max_seqs, "running": len(self.scheduler.running),
+                "waiting": len(self.scheduler.waiting), "kv_blocks_total": bm.n_blocks - 1,
+                "kv_blocks_used": bm.n_used, "kv_blocks_free": bm.n_free, "kv_block_size": bm.block_size,
+                "prefix_hit_tokens": bm.hits, "prefix_lookup_tokens": bm.lookups,
+                "preemptions": self.scheduler.n_preemptions}
+
+
+def _bucket(n: int) -> int:
+    for b in GRAPH_BUCKETS:
+        if n <= b:
+            return b
+    return n

@@ -1,0 +1,112 @@
+"""Batched decode steps under CUDA graphs, one graph per batch-size bucket.
+
+A decode-only step of n sequences is padded to the next bucket (1, 2, 4, ..., 256): padding rows
+feed token 0 at position 0, write their keys/values into the reserved block 0 and attend to it
+alone (paged_kv.py), and their logits are ignored. Everything a step changes lives in the
+bucket's static device tensors (tokens, positions, slots, block tables, lengths), and no
+kernel's grid depends on them (the paged decode kernel's grid comes from the block-table width,
+a full context), so the graph captured at the first step of a bucket replays for every later
+one. The linear layers see M = bucket rows: the GEMV up to the ops' gemv_max_m, dequantize +
+cuBLAS above it, both captured inside the graph.
+
+Off-switch: BatchEngine(cuda_graphs=False) (the `--no-graphs` of bench --parallel) runs every
+step eagerly; a bucket whose capture fails runs eagerly from then on, counted as the fallback
+`graph.batch_decode.replay`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minfer.ops import paths
+from minfer.runtime.paged_kv import PagedStep
+
+
+class _Bucket:
+    def __init__(self, n: int, max_blocks: int, device) -> None:
+        self.n = n
+        self.tokens = torch.zeros(n, dtype=torch.long, device=device)
+        self.step = PagedStep(
+            positions=torch.zeros(n, dtype=torch.long, device=device),
+            slots=torch.zeros(n, dtype=torch.long, device=device),
+            n_decode=n,
+            block_tables=torch.zeros((n, max_blocks), dtype=torch.int32, device=device),
+            context_lens=torch.ones(n, dtype=torch.int32, device=device),
+            chunks=[],
+            logit_rows=torch.arange(n, dtype=torch.long, device=device))
+        self.graph = None
+        self.logits = None
+        self.failed = False
+
+    def load(self, items, tokens, block_size: int, max_blocks: int) -> None:
+        host = PagedStep.build(items, block_size, "cpu", pad_decode_to=self.n, max_blocks=max_blocks)
+        self.tokens.copy_(torch.tensor(tokens + [0] * (self.n - len(tokens)), dtype=torch.long),
+                          non_blocking=False)
+        s = self.step
+        s.positions.copy_(host.positions)
+        s.slots.copy_(host.slots)
+        s.block_tables.copy_(host.block_tables)
+        s.context_lens.copy_(host.context_lens)
+
+
+class BatchDecodeGraphs:
+    def __init__(self, engine, buckets: list[int]) -> None:
+        self.engine = engine
+        self.buckets = sorted(buckets)
+        self._by_size: dict[int, _Bucket] = {}
+        self.pool = None
+
+    def _bucket_for(self, n: int) -> int | None:
+        return next((b for b in self.buckets if b >= n), None)
+
+    def _forward(self, b: _Bucket) -> torch.Tensor:
+        from minfer.models.base import Step
+
+        eng = self.engine
+        eng.cache.step = b.step
+        ctx = eng.ctx
+        if ctx is not None and hasattr(ctx, "with_switches"):
+            try:
+                ctx = ctx.with_switches(prefetch=False)   # the side-stream prefetch is not captured
+            except TypeError:
+                pass
+        return eng.model.forward(b.tokens, Step(b.step.positions, None, b.step.logit_rows), eng.cache, ctx)
+
+    def _capture(self, b: _Bucket) -> None:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):      # compile kernels, settle the allocator (writes go to real slots)
+                self._forward(b)
+        torch.cuda.current_stream().wait_stream(s)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.pool):
+            b.logits = self._forward(b)
+        b.graph = g
+        paths.count("graph.batch_decode.capture")
+
+    def run(self, items, tokens: list[int]) -> torch.Tensor | None:
+        """Logits (bucket, V) of a decode-only step, or None when it must run eagerly."""
+        size = self._bucket_for(len(items))
+        if size is None:
+            return None
+        b = self._by_size.get(size)
+        if b is None:
+            b = self._by_size[size] = _Bucket(size, self.engine.max_blocks, self.engine.device)
+        if b.failed:
+            return None
+        eng = self.engine
+        b.load(items, tokens, eng.cache.block_size, eng.max_blocks)
+        if b.graph is None:
+            try:
+                self._capture(b)
+            except RuntimeError as e:
+                paths.fallback("graph.batch_decode.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
+                b.failed = True
+                return None
+        b.graph.replay()
+        paths.count("graph.batch_decode.replay")
+        eng.cache.step = None
+        return b.logits
