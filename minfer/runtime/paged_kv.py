@@ -124,29 +124,53 @@ class PagedKVCache:
         kl.index_copy_(0, st.slots, k.to(kl.dtype))
         vl.index_copy_(0, st.slots, v.to(vl.dtype))
 
-    def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None) -> torch.Tensor:
-        """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write()."""
+    def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0) -> torch.Tensor:
+        """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
+        window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; that
+        case runs the torch reference on every device."""
         st = self.step
         nd = st.n_decode
         parts = []
         if nd:
             kp, vp = self.pages(layer)
-            fn = self.decode_attention or paged_attention_ref
-            parts.append(fn(q[:nd], kp, vp, st.block_tables, st.context_lens))
+            if window:
+                parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window))
+            else:
+                fn = self.decode_attention or paged_attention_ref
+                parts.append(fn(q[:nd], kp, vp, st.block_tables, st.context_lens))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
             kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
             qc = q[q0:q0 + n]
-            parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
+            if window:
+                parts.append(windowed_attention(qc, kc, vc, s0, window))
+            else:
+                parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int) -> torch.Tensor:
+    """q (T, H, Dh) at positions start.. over keys k/v (start + T, Hkv, Dh): query at p sees
+    keys j with 0 <= p - j < window (llama.cpp's sliding-window mask). -> (T, H, Dh)"""
+    T, H, D = q.shape
+    S, hkv = k.shape[0], k.shape[1]
+    p = start + torch.arange(T, device=q.device)[:, None]
+    j = torch.arange(S, device=q.device)[None, :]
+    mask = (j <= p) & (p - j < window)                                       # (T, S)
+    kh = k.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)        # (H, S, Dh)
+    vh = v.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)
+    s = (q.float().transpose(0, 1) @ kh.transpose(1, 2)) / D ** 0.5          # (H, T, S)
+    s = s.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(s, -1) @ vh).transpose(0, 1).to(q.dtype)
+
+
 def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                        block_tables: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
+                        block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0) -> torch.Tensor:
     """The reference: each row's keys gathered through its block table, softmax(q k^T / sqrt(Dh)) v.
 
     q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
     (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
+    window > 0: only the last `window` keys.
     """
     B, H, D = q.shape
     bs, hkv = k_pages.shape[1], k_pages.shape[2]
@@ -158,6 +182,8 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         blocks = block_tables[b, :nb].long()
         k = k_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()            # (n, Hkv, Dh)
         v = v_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()
+        if window:
+            k, v = k[max(0, n - window):], v[max(0, n - window):]
         k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)
         v = v.repeat_interleave(g, dim=1).transpose(0, 1)
         s = (k @ q[b].float()[:, :, None]).squeeze(-1) / D ** 0.5           # (H, n)
