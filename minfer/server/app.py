@@ -39,6 +39,8 @@ from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
 log = logging.getLogger("minfer.server")
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+BATCH_NOTE = ("requests run together (continuous batching over a paged KV cache); requests beyond "
+              "the slots wait and are admitted first come, first served")
 SCHEDULING_NOTE = ("one request generates at a time; other requests wait in a first-in first-out "
                    "queue and are served in arrival order")
 
@@ -71,6 +73,9 @@ class ServerState:
         self.load_error: BaseException | None = None
         self.created = int(time.time())
         self._loader: threading.Thread | None = None
+        self.parallel: int | None = None     # > 1: a BatchWorker runs that many sequences at once
+        self.kv_memory: int | None = None    # bytes of paged KV cache (None: from free memory)
+        self.slots = 1
 
     def start_loading(self) -> None:
         self._loader = threading.Thread(target=self._load, name="minfer-load", daemon=True)
@@ -79,7 +84,7 @@ class ServerState:
     def _load(self) -> None:
         try:
             engine = self.engine_factory()
-            worker = Worker(engine, on_finished=self._record, on_dequeue=self.metrics.queued.dec).start()
+            worker = self._make_worker(engine).start()
         except BaseException as e:  # report any failure through /health rather than dying silently
             log.error("loading the model failed: %s", e)
             self.load_error = e
@@ -89,6 +94,22 @@ class ServerState:
         self.worker = worker
         self.engine = engine  # set last: a non-None engine means ready
         log.info("model ready: %s (context %s tokens)", self.served_name, getattr(engine, "n_ctx", "?"))
+
+    def _make_worker(self, engine: Any) -> Any:
+        """The FIFO Worker, or with parallel > 1 a BatchWorker over a BatchEngine (paged KV cache,
+        continuous batching; minfer/server/worker.py)."""
+        if not self.parallel or self.parallel <= 1:
+            return Worker(engine, on_finished=self._record, on_dequeue=self.metrics.queued.dec)
+        from minfer.runtime.batch_engine import BatchEngine
+        from minfer.server.worker import BatchWorker
+
+        batch = BatchEngine.from_engine(engine, max_seqs=self.parallel, kv_memory=self.kv_memory)
+        self.slots = batch.max_seqs
+        info = batch.slots_info()
+        log.info("batching: %d sequences at once, KV cache %d blocks of %d positions",
+                 self.slots, info["kv_blocks_total"], info["kv_block_size"])
+        self.metrics.bind_engine(batch.slots_info)
+        return BatchWorker(engine, batch, on_finished=self._record, on_dequeue=self.metrics.queued.dec)
 
     def shutdown(self) -> None:
         if self.worker is not None:
@@ -105,6 +126,8 @@ class ServerState:
             m.prompt_tps.observe(fin.n_prompt / fin.prompt_seconds)
         if fin.decode_seconds:
             m.generation_tps.observe((fin.n_generated - 1) / fin.decode_seconds)
+        if not fin.skipped:
+            m.observe_finished(fin.prompt_seconds, fin.inter_token_seconds)
 
     def require_engine(self) -> Any:
         if self.engine is not None:
@@ -250,14 +273,18 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: list[str] = (),
                api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
                on_load_failed: Callable[[BaseException], None] | None = None,
-               sampling_params_cls: Any = None) -> FastAPI:
+               sampling_params_cls: Any = None, parallel: int | None = None,
+               kv_memory: int | None = None) -> FastAPI:
     """The server app. `engine_factory()` returns a loaded Engine; it runs in a background thread
     when the app starts (lifespan), so it may take long. `served_name` is the model id clients
     send and GET /v1/models lists; `aliases` are other names accepted for it.
-    `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams."""
+    `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams. `parallel` > 1
+    serves that many requests at once (continuous batching over a paged KV cache of `kv_memory`
+    bytes, default from free memory); otherwise one at a time, first in first out."""
     if sampling_params_cls is None:
         from minfer.runtime.sampling import SamplingParams as sampling_params_cls
     state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
+    state.parallel, state.kv_memory = parallel, kv_memory
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -291,7 +318,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     @app.get("/health")
     async def health() -> Any:
         state.require_engine()
-        return {"status": "ok"}
+        return {"status": "ok", "slots": state.slots}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -301,8 +328,8 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     @app.get("/models", include_in_schema=False)
     async def models() -> Any:
         engine = state.engine
-        meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": 1,
-                                "scheduling": SCHEDULING_NOTE}
+        meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": state.slots,
+                                "scheduling": SCHEDULING_NOTE if state.slots == 1 else BATCH_NOTE}
         if engine is not None:
             meta["n_ctx"] = int(engine.n_ctx)
             meta["device"] = str(getattr(engine, "device", "?"))

@@ -1,6 +1,12 @@
-"""The one generation thread of the server, and the jobs it serves in FIFO order.
+"""The generation thread of the server, and the jobs it serves.
 
-The engine has one KV cache, so one request generates at a time. Requests become Jobs in a
+Two workers with one interface (start, submit, stop):
+- `Worker`: one request at a time over the single-user Engine (its one KV cache), FIFO;
+- `BatchWorker` (`--parallel N`, N > 1): N requests at once over a BatchEngine
+  (minfer/runtime/batch_engine.py): continuous batching over a paged KV cache, described below
+  the Worker.
+
+Worker: the engine has one KV cache, so one request generates at a time. Requests become Jobs in a
 queue.Queue (FIFO, so served in arrival order); one daemon thread takes them one by one and
 runs `engine.generate`, handing each GenEvent to the request's asyncio.Queue through
 `loop.call_soon_threadsafe` -- the event loop never blocks on the model, and the model never
@@ -41,6 +47,7 @@ class Finished:
     decode_seconds: float | None  # first token -> last token
     cancelled: bool = False
     skipped: bool = False  # cancelled while still queued: the engine never saw it
+    inter_token_seconds: list | None = None  # the gaps between consecutive tokens (BatchWorker)
 
 
 @dataclass
@@ -197,3 +204,142 @@ class Worker:
                 reset()
             except Exception:
                 log.exception("engine.reset() after a failed generation also failed")
+
+
+class BatchWorker:
+    """N requests at once: one thread drives a BatchEngine step by step.
+
+    Between steps the thread takes every newly submitted job into the engine (a Sequence per
+    job; the scheduler admits it when a slot and KV blocks allow) and passes on cancellations
+    (a client that went away: the sequence's blocks are freed at the next step). Each step's
+    GenEvents go to their jobs' queues; a sequence that finished ends its job with Finished.
+    A step that raises fails the jobs it was serving and cancels them (their blocks freed); the
+    thread keeps serving the others and new ones.
+    """
+
+    def __init__(self, engine: Any, batch_engine: Any, on_finished: Callable[[Finished], None] | None = None,
+                 on_dequeue: Callable[[], None] | None = None) -> None:
+        self.engine = engine
+        self.batch = batch_engine
+        self._on_finished = on_finished
+        self._on_dequeue = on_dequeue
+        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="minfer-batch", daemon=True)
+        self._active: dict[int, tuple[Job, Any, dict]] = {}   # seq_id -> (job, seq, timing)
+        self._stopping = False
+
+    def start(self) -> "BatchWorker":
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        self._jobs.put(job)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancel()
+                job.put(Failed(RuntimeError("the server is shutting down")))
+        for job, _, _ in list(self._active.values()):
+            job.cancel()
+            job.put(Failed(RuntimeError("the server is shutting down")))
+        self._active.clear()
+
+    def slots_info(self) -> dict:
+        return self.batch.slots_info()
+
+    # ---- the thread --------------------------------------------------------------------------
+
+    def _take(self, block: bool) -> bool:
+        """Move submitted jobs into the engine; False when asked to stop."""
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.5) if block else self._jobs.get_nowait()
+            except queue.Empty:
+                return not self._stopping
+            block = False
+            if job is None:
+                return False
+            if self._on_dequeue:
+                self._on_dequeue()
+            req = job.req
+            if job.cancelled:
+                self._finish(job, Finished("stop", len(req.prompt_ids), 0, None, None, cancelled=True, skipped=True))
+                continue
+            try:
+                seq = self.batch.add(req.prompt_ids, req.params, req.max_new_tokens, req.stop,
+                                     top_logprobs=req.top_logprobs,
+                                     logits_processors=getattr(req, "logits_processors", ()))
+            except Exception as e:
+                job.put(Failed(e))
+                continue
+            self._active[seq.seq_id] = (job, seq, {"t0": time.perf_counter(), "first": None, "last": None,
+                                                   "n": 0, "gaps": []})
+
+    def _run(self) -> None:
+        while True:
+            if not self._take(block=not self._active):
+                return
+            for sid, (job, seq, _) in list(self._active.items()):
+                if job.cancelled:
+                    self.batch.cancel(sid)
+            if not self.batch.has_work:
+                continue
+            try:
+                events = self.batch.step()
+            except BaseException as e:   # never let one step kill the thread
+                log.exception("batch step failed")
+                self._fail_all(e)
+                continue
+            now = time.perf_counter()
+            for seq, ev in events:
+                entry = self._active.get(seq.seq_id)
+                if entry is None:
+                    continue
+                job, _, t = entry
+                if ev is None:     # cancelled, or failed alone (a logits processor raised)
+                    del self._active[seq.seq_id]
+                    if seq.error is not None:
+                        job.put(Failed(seq.error))
+                    else:
+                        self._finish(job, self._finished(seq, t, "stop", cancelled=True))
+                    continue
+                t["n"] += 1
+                if t["first"] is None:
+                    t["first"] = now
+                else:
+                    t["gaps"].append(now - t["last"])
+                t["last"] = now
+                job.put(ev)
+                if ev.finish_reason is not None:
+                    del self._active[seq.seq_id]
+                    self._finish(job, self._finished(seq, t, ev.finish_reason))
+
+    def _finished(self, seq: Any, t: dict, reason: str, cancelled: bool = False) -> Finished:
+        first, last = t["first"], t["last"]
+        return Finished(reason, seq.n_prompt, t["n"],
+                        prompt_seconds=(first - t["t0"]) if first is not None else None,
+                        decode_seconds=(last - first) if first is not None and t["n"] > 1 else None,
+                        cancelled=cancelled, inter_token_seconds=list(t["gaps"]))
+
+    def _fail_all(self, e: BaseException) -> None:
+        for job, _, _ in list(self._active.values()):
+            job.put(Failed(e))
+        self._active.clear()
+        self.batch.abort_all()       # every sequence finished, every block freed
+
+    def _finish(self, job: Job, fin: Finished) -> None:
+        if self._on_finished:
+            try:
+                self._on_finished(fin)
+            except Exception:
+                log.exception("on_finished hook failed")
+        job.put(fin)

@@ -200,3 +200,84 @@ def test_queued_requests_are_served_in_arrival_order(engine, make_server):
     assert answers == {t: 200 for t in tags}
     assert rec.order[0] == engine.tokenizer.decode(engine.tokenizer.encode(COUNTING))
     assert [next(t for t in tags if t in p) for p in rec.order[1:]] == tags
+
+
+# ---- --parallel N: the batching worker (continuous batching over the paged KV cache) ---------
+
+PROMPTS = ["Name a color.", "What is 2 + 2?", "Say hello in French.", "Name a fruit.", "Name a planet.",
+           "What is the opposite of up?"]
+
+
+def _complete(url, prompt, n, stream=False):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+            "temperature": 0, "stream": stream}
+    if not stream:
+        r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+        assert r.status_code == 200, r.text
+        c = r.json()["choices"][0]
+        return c["message"]["content"], c["finish_reason"]
+    text, finish = "", None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                ch = json.loads(line[6:])["choices"]
+                if ch:
+                    text += ch[0]["delta"].get("content") or ""
+                    finish = ch[0].get("finish_reason") or finish
+    return text, finish
+
+
+def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(engine, make_server):
+    srv = make_server(lambda: engine, parallel=4)
+    srv.wait_ready()
+    metrics = lambda: httpx.get(srv.url + "/metrics", timeout=30).text  # noqa: E731
+    assert httpx.get(srv.url + "/health", timeout=30).json() == {"status": "ok", "slots": 4}
+    meta = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["meta"]
+    assert meta["max_concurrent_requests"] == 4
+    # each prompt alone through the same batching server: the reference
+    alone = {p: _complete(srv.url, p, 8) for p in PROMPTS}
+    total = metric_value(metrics(), "minfer_kv_blocks_free")
+    assert total > 0 and metric_value(metrics(), "minfer_kv_blocks_used") == 0
+
+    results: dict = {}
+    n_hangups = 3
+    barrier = threading.Barrier(len(PROMPTS) + n_hangups)
+
+    def client(i):
+        barrier.wait()
+        p = PROMPTS[i]
+        results[i] = _complete(srv.url, p, 8, stream=i % 2 == 0)
+
+    def hang_up(i):
+        body = {"model": MODEL, "prompt": COUNTING, "max_tokens": LONG, "temperature": 0, "stream": True}
+        barrier.wait()
+        with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=600) as r:
+            assert r.status_code == 200
+            _data_lines(r.iter_lines(), 2 + i)     # a few tokens, then the client goes away
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
+    threads += [threading.Thread(target=hang_up, args=(i,)) for i in range(n_hangups)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    # 6 answered clients: the answers they got alone (6 requests among 9, 4 slots: batched and queued)
+    assert {PROMPTS[i]: results.get(i) for i in range(len(PROMPTS))} == alone
+    _wait_for(lambda: metric_value(metrics(), "minfer_generations_cancelled_total") == n_hangups,
+              "the hung-up generations cancelled")
+    m = metrics()
+    assert metric_value(m, "minfer_generated_tokens_total") < len(PROMPTS) * 16 + n_hangups * LONG // 4
+    # no block leaks: every block is free again, no sequence running or waiting
+    _wait_for(lambda: metric_value(metrics(), "minfer_sequences_running") == 0, "no sequence running")
+    m = metrics()
+    assert metric_value(m, "minfer_kv_blocks_used") == 0
+    assert metric_value(m, "minfer_kv_blocks_free") == total
+    assert metric_value(m, "minfer_sequences_waiting") == 0
+    assert metric_value(m, "minfer_requests_in_flight") == 0
+    assert metric_value(m, "minfer_time_to_first_token_seconds_count") >= 2 * len(PROMPTS)
+    assert metric_value(m, "minfer_inter_token_seconds_count") > 0
+    # the chat template's system prefix is shared: later requests found it in the prefix cache
+    assert metric_value(m, "minfer_prefix_cache_hit_rate") > 0
+    batch = srv.app.state.minfer.worker.batch
+    batch.blocks.check()
