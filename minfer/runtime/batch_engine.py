@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Sequence as Seq
 
 import torch
 
 from minfer.errors import MinferError
+from minfer.ops import paths
 from minfer.runtime.batch_sampling import sample_rows, token_logprobs
 from minfer.runtime.block_manager import BlockManager
 from minfer.runtime.generate import GenEvent, StopMatcher
@@ -55,6 +56,7 @@ class _Stream:
     matcher: StopMatcher
     processors: list       # logits processors (runtime/generate.py LogitsProcessor), e.g. a grammar
     ignore_eos: bool = False   # benchmarks: generate exactly max_new_tokens
+    logits: list = field(default_factory=list)   # with BatchEngine.keep_logits (tests)
 
 
 class BatchEngine:
@@ -83,35 +85,50 @@ class BatchEngine:
         if dev == "cuda":
             from minfer.ops.cuda.paged_attention import paged_decode_attention
 
-            self.cache.decode_attention = paged_decode_attention
-            if cuda_graphs:
+            sw = getattr(ctx, "switches", None)
+            if sw is None or sw.decode_attention:
+                self.cache.decode_attention = paged_decode_attention
+            else:
+                paths.switched_off("attention.paged_decode.triton", "MINFER_DECODE_ATTN")
+            if cuda_graphs and sw is not None and not sw.cuda_graph:
+                paths.switched_off("graph.batch_decode.replay", "MINFER_CUDA_GRAPH")
+            elif cuda_graphs:
                 from minfer.runtime.batch_graphs import BatchDecodeGraphs
 
                 self.graphs = BatchDecodeGraphs(self, [b for b in GRAPH_BUCKETS if b <= _bucket(self.max_seqs)])
+        self.keep_logits = False    # tests: each sampled row's logits kept in seq.state.logits (host)
         self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0}
 
     @classmethod
     def from_engine(cls, engine, max_seqs: int | None = None, kv_memory: int | None = None,
                     **kw) -> "BatchEngine":
-        """A batch engine over a loaded Engine's model. kv_memory: bytes for the paged cache
-        (default: on CUDA KV_MEMORY_FRACTION of the free memory, at most what max_seqs full
-        contexts need; on the CPU max_seqs full contexts)."""
+        """A batch engine over a loaded Engine's model.
+
+        kv_memory: bytes for the paged cache; default on CUDA KV_MEMORY_FRACTION of the free
+        memory, at most what max_seqs full contexts need; on the CPU max_seqs full contexts.
+        max_seqs: default on CUDA as many sequences as the cache holds at a quarter of the
+        context each (at most 256: longer ones are preempted when memory runs out), on the CPU
+        DEFAULT_SLOTS."""
         model = engine.model
         dev = model.device.type
+        bs = kw.pop("block_size", BLOCK_SIZE)
+        per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
+        ctx_blocks = -(-engine.n_ctx // bs)
+        if dev == "cuda" and (kv_memory is None or max_seqs is None):
+            free, _ = torch.cuda.mem_get_info(model.device)
+            budget = kv_memory if kv_memory is not None else int(free * KV_MEMORY_FRACTION)
+            if max_seqs is None:
+                max_seqs = max(1, min(DEFAULT_SLOTS["cuda"], (budget // per_block - 1) * 4 // ctx_blocks))
+            if kv_memory is None:
+                kv_memory = min(budget, (max_seqs * ctx_blocks + 1) * per_block)
         slots = int(max_seqs or DEFAULT_SLOTS.get(dev, 4))
         if slots < 1:
             raise MinferError(f"--parallel {slots}: expected at least 1 sequence")
-        bs = kw.pop("block_size", BLOCK_SIZE)
-        per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
-        want = (slots * -(-engine.n_ctx // bs) + 1) * per_block
         if kv_memory is None:
-            kv_memory = want
-            if dev == "cuda":
-                free, _ = torch.cuda.mem_get_info(model.device)
-                kv_memory = min(want, int(free * KV_MEMORY_FRACTION))
+            kv_memory = (slots * ctx_blocks + 1) * per_block
         n_blocks = int(kv_memory // per_block)
-        if n_blocks < 2 + -(-engine.n_ctx // bs) // 8:
-            raise MinferError(f"--kv-memory {kv_memory / 2**20:.0f} MiB holds {n_blocks} KV blocks of {bs} "
+        if n_blocks < 2:
+            raise MinferError(f"--kv-memory {kv_memory / 2**20:.1f} MiB holds {n_blocks} KV blocks of {bs} "
                               f"positions ({per_block / 2**20:.2f} MiB each); give it more memory")
         return cls(model, engine.tokenizer, n_ctx=engine.n_ctx, max_seqs=slots, n_blocks=n_blocks,
                    block_size=bs, ctx=getattr(engine, "ctx", None), **kw)
@@ -236,6 +253,9 @@ class BatchEngine:
             seqs, logits, x = [seqs[r] for r in keep], logits.index_select(0, idx), x.index_select(0, idx)
         if not seqs:
             return out
+        if self.keep_logits:
+            for seq, row in zip(seqs, logits.float().cpu()):
+                seq.state.logits.append(row)
         params = [s.params for s in seqs]
         toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs],
                            [len(s.tokens) for s in seqs])

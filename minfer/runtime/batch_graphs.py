@@ -9,8 +9,8 @@ a full context), so the graph captured at the first step of a bucket replays for
 one. The linear layers see M = bucket rows: the GEMV up to the ops' gemv_max_m, dequantize +
 cuBLAS above it, both captured inside the graph.
 
-Off-switch: BatchEngine(cuda_graphs=False) (the `--no-graphs` of bench --parallel) runs every
-step eagerly; a bucket whose capture fails runs eagerly from then on, counted as the fallback
+Off-switches: MINFER_CUDA_GRAPH=0 (Switches.cuda_graph) or BatchEngine(cuda_graphs=False) run
+every step eagerly; a bucket whose capture fails runs eagerly from then on, counted as the fallback
 `graph.batch_decode.replay`.
 """
 
@@ -65,11 +65,9 @@ class BatchDecodeGraphs:
         eng = self.engine
         eng.cache.step = b.step
         ctx = eng.ctx
-        if ctx is not None and hasattr(ctx, "with_switches"):
-            try:
-                ctx = ctx.with_switches(prefetch=False)   # the side-stream prefetch is not captured
-            except TypeError:
-                pass
+        if ctx is not None:
+            # as the prefill graphs (runtime/prefill_graphs.py): no side-stream prefetch in a capture
+            ctx = ctx.with_switches(prefetch=False, fuse_groups=False)
         return eng.model.forward(b.tokens, Step(b.step.positions, None, b.step.logit_rows), eng.cache, ctx)
 
     def _capture(self, b: _Bucket) -> None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from minfer import ops
+from minfer.ops import paths
 from minfer.errors import MinferError
 
 
@@ -42,9 +43,15 @@ class PagedStep:
 
     @classmethod
     def build(cls, items, block_size: int, device, pad_decode_to: int | None = None,
-              max_blocks: int | None = None) -> "PagedStep":
+              max_blocks: int | None = None, key_round: int | None = None) -> "PagedStep":
         """items: scheduler StepItems (decode rows first). pad_decode_to: a batch bucket (a
-        decode-only step under a CUDA graph): extra rows write to and read block 0."""
+        decode-only step under a CUDA graph): extra rows write to and read block 0.
+        key_round (default 128 on CUDA, 1 on the CPU): a chunk's gathered keys are padded (with
+        slot 0) to a multiple of it, so the prefill attention sees few distinct lengths (cuDNN
+        builds a plan per length; minfer/ops/cuda/attention.py); causal masking keeps the
+        padding keys, which come after every real one, out of every real row."""
+        if key_round is None:
+            key_round = 128 if torch.device(device).type == "cuda" else 1
         bs = block_size
         positions, slots, logit_rows = [], [], []
         tables, lens, chunks = [], [], []
@@ -62,6 +69,7 @@ class PagedStep:
             else:
                 n_keys = it.start + it.n
                 key_slots = [table[p // bs] * bs + p % bs for p in range(n_keys)]
+                key_slots += [0] * (-n_keys % key_round)
                 chunks.append((t, it.n, it.start, key_slots))
             t += it.n
             if it.sample:
@@ -136,8 +144,11 @@ class PagedKVCache:
             if window:
                 parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window))
             else:
-                fn = self.decode_attention or paged_attention_ref
-                parts.append(fn(q[:nd], kp, vp, st.block_tables, st.context_lens))
+                if self.decode_attention is not None:
+                    paths.count("attention.paged_decode.triton")
+                    parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens))
+                else:
+                    parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
             kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)

@@ -1,0 +1,228 @@
+"""An HTTP serving benchmark of `minfer serve`, in the manner of vLLM's benchmark_serving.
+
+    python -m minfer.bench.serve_bench --url http://127.0.0.1:8080 --clients 1,8,32,128
+    python -m minfer.bench.serve_bench --launch -m /tmp/q7.gguf --device cuda --clients 1,8,32,128 --out r.json
+
+For each client count N: N clients each send streaming /v1/completions requests back to back
+(closed loop; or `--poisson RATE`: requests arrive at RATE per second with exponential gaps,
+whatever is in flight), with prompts of mixed lengths (`--prompt-lens`, random token ids, so
+no prefix is shared) and `--max-tokens` each. Reported per N:
+    requests/s, output tokens/s (the usage counts of the answers / wall time),
+    time to first token p50/p99 (request sent -> first streamed token),
+    inter-token latency p50/p99 (gaps between streamed chunks of one answer).
+`--prefix` also measures prefix reuse: a long shared prefix sent once cold, then again with a
+new suffix (warm): the first token's time for each.
+
+Clients use httpx's async client in one process; the timings are wall-clock as a client sees
+them (HTTP, JSON and SSE included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(p / 100 * (len(xs) - 1)))))]
+
+
+async def one_request(client, url: str, model: str, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = None
+    last = None
+    gaps: list[float] = []
+    n_out = 0
+    async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return {"ok": False, "status": r.status_code, "error": r.text[:200]}
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            now = time.perf_counter()
+            obj = json.loads(line[6:])
+            if obj.get("usage"):
+                n_out = obj["usage"]["completion_tokens"]
+            ch = obj.get("choices") or []
+            if ch and ch[0].get("text"):
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    end = time.perf_counter()
+    return {"ok": True, "ttft": (first - t0) if first else None, "gaps": gaps, "n_out": n_out,
+            "latency": end - t0, "n_in": len(prompt)}
+
+
+def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
+    return [rng.randrange(100, vocab) for _ in range(n)]
+
+
+async def run_level(url: str, model: str, clients: int, n_requests: int, prompt_lens: list[int], max_tokens: int,
+                    vocab: int, seed: int, poisson: float | None) -> dict:
+    import httpx
+
+    rng = random.Random(seed * 1000 + clients)
+    prompts = [_prompt(rng, rng.choice(prompt_lens), vocab) for _ in range(n_requests)]
+    results: list[dict] = []
+    limits = httpx.Limits(max_connections=max(clients, 1) + 8, max_keepalive_connections=max(clients, 1) + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+        t0 = time.perf_counter()
+        if poisson:
+            tasks = []
+            for p in prompts:
+                tasks.append(asyncio.create_task(one_request(client, url, model, p, max_tokens)))
+                await asyncio.sleep(rng.expovariate(poisson))
+            results = list(await asyncio.gather(*tasks))
+        else:
+            queue = list(prompts)
+
+            async def worker():
+                while queue:
+                    p = queue.pop()
+                    results.append(await one_request(client, url, model, p, max_tokens))
+
+            await asyncio.gather(*(worker() for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    ok = [r for r in results if r["ok"]]
+    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
+    gaps = [g for r in ok for g in r["gaps"]]
+    n_out = sum(r["n_out"] for r in ok)
+    return {"clients": clients, "mode": f"poisson {poisson}/s" if poisson else "closed loop",
+            "requests": len(results), "failed": len(results) - len(ok), "wall_s": wall,
+            "requests_per_s": len(ok) / wall, "output_tps": n_out / wall,
+            "input_tokens": sum(r["n_in"] for r in ok), "output_tokens": n_out,
+            "ttft_p50_ms": _ms(_pct(ttft, 50)), "ttft_p99_ms": _ms(_pct(ttft, 99)),
+            "itl_p50_ms": _ms(_pct(gaps, 50)), "itl_p99_ms": _ms(_pct(gaps, 99)),
+            "latency_mean_s": statistics.mean(r["latency"] for r in ok) if ok else None}
+
+
+def _ms(x):
+    return None if x is None else x * 1000
+
+
+async def prefix_reuse(url: str, model: str, prefix_len: int, vocab: int, seed: int, reps: int = 3) -> dict:
+    """TTFT of a long prompt whose prefix is new (cold) vs already cached (warm: same prefix,
+    new 16-token suffix), one request at a time."""
+    import httpx
+
+    rng = random.Random(seed + 7)
+    cold, warm = [], []
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as client:
+        for _ in range(reps):
+            prefix = _prompt(rng, prefix_len, vocab)
+            r = await one_request(client, url, model, prefix + _prompt(rng, 16, vocab), 4)
+            cold.append(r["ttft"])
+            r = await one_request(client, url, model, prefix + _prompt(rng, 16, vocab), 4)
+            warm.append(r["ttft"])
+    return {"prefix_tokens": prefix_len, "ttft_cold_ms": [c * 1000 for c in cold],
+            "ttft_warm_ms": [w * 1000 for w in warm],
+            "ttft_cold_median_ms": statistics.median(cold) * 1000, "ttft_warm_median_ms": statistics.median(warm) * 1000}
+
+
+def table(levels: list[dict]) -> str:
+    head = "| clients | mode | requests | req/s | output t/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |"
+    rows = [head, "|---|---|---|---|---|---|---|---|---|"]
+    f = lambda x, d=1: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in levels:
+        rows.append(f"| {r['clients']} | {r['mode']} | {r['requests'] - r['failed']}/{r['requests']} | "
+                    f"{f(r['requests_per_s'], 2)} | {f(r['output_tps'])} | {f(r['ttft_p50_ms'])} | "
+                    f"{f(r['ttft_p99_ms'])} | {f(r['itl_p50_ms'])} | {f(r['itl_p99_ms'])} |")
+    return "\n".join(rows)
+
+
+def _wait_ready(url: str, proc, limit_s: float = 900) -> None:
+    import httpx
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit("the server never became ready")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", default="http://127.0.0.1:8080")
+    ap.add_argument("--launch", action="store_true", help="start `minfer serve` (-m, --device, ...) first")
+    ap.add_argument("-m", "--model", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--parallel", type=int, default=None, help="the server's --parallel (with --launch)")
+    ap.add_argument("--ctx", type=int, default=4096, help="the server's --ctx (with --launch)")
+    ap.add_argument("--served-name", default="bench")
+    ap.add_argument("--clients", default="1,8,32,128")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 4 x clients, >= 8)")
+    ap.add_argument("--prompt-lens", default="128,512,1024", help="prompt lengths drawn uniformly")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--poisson", type=float, default=None, help="arrival rate (requests/s) instead of closed loop")
+    ap.add_argument("--vocab", type=int, default=30000, help="prompt ids are drawn from [100, VOCAB)")
+    ap.add_argument("--prefix", type=int, default=0, help="also measure prefix reuse with a prefix of this many tokens")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the JSON record here")
+    a = ap.parse_args(argv)
+    proc = None
+    if a.launch:
+        cmd = [sys.executable, "-m", "minfer", "serve", "-m", a.model, "--device", a.device, "--port",
+               a.url.rsplit(":", 1)[1], "--ctx", str(a.ctx), "--served-name", a.served_name, "--log-level", "warning"]
+        if a.parallel is not None:
+            cmd += ["--parallel", str(a.parallel)]
+        proc = subprocess.Popen(cmd)
+    try:
+        _wait_ready(a.url, proc)
+        lens = [int(x) for x in a.prompt_lens.split(",")]
+        levels = []
+        for c in [int(x) for x in a.clients.split(",")]:
+            n = a.requests or max(8, 4 * c)
+            r = asyncio.run(run_level(a.url, a.served_name, c, n, lens, a.max_tokens, a.vocab, a.seed, a.poisson))
+            levels.append(r)
+            print(f"  {c} clients: {r['requests_per_s']:.2f} req/s, {r['output_tps']:.0f} output t/s, "
+                  f"TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms", file=sys.stderr, flush=True)
+        record = {"url": a.url, "max_tokens": a.max_tokens, "prompt_lens": lens, "levels": levels}
+        if a.prefix:
+            record["prefix_reuse"] = asyncio.run(prefix_reuse(a.url, a.served_name, a.prefix, a.vocab, a.seed))
+        try:
+            import httpx
+
+            record["server_metrics"] = httpx.get(a.url + "/metrics", timeout=10).text
+            record["server_model"] = httpx.get(a.url + "/v1/models", timeout=10).json()
+        except Exception:
+            pass
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(record, f, indent=1)
+        print(table(levels))
+        if a.prefix:
+            p = record["prefix_reuse"]
+            print(f"prefix reuse ({p['prefix_tokens']} tokens): TTFT cold {p['ttft_cold_median_ms']:.1f} ms, "
+                  f"warm {p['ttft_warm_median_ms']:.1f} ms")
+    finally:
+        if proc is not None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
