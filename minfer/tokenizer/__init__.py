@@ -1,4 +1,5 @@
-"""Tokenizer from GGUF metadata: byte-level BPE matching llama.cpp, and chat templates.
+"""Tokenizer from GGUF metadata, matching llama.cpp: byte-level BPE, Gemma 4 BPE,
+SentencePiece and WordPiece vocabs; chat templates.
 
     from minfer.gguf_file import GGUFFile
     from minfer.tokenizer import Tokenizer
@@ -7,7 +8,8 @@
     text = tok.decode(ids)
 """
 
-from minfer.tokenizer.bpe import PRE_TYPES, StreamDecoder, Tokenizer
 from minfer.tokenizer.chat_template import CHATML_TEMPLATE, render_chat
+from minfer.tokenizer.pretok import PRE_TYPES
+from minfer.tokenizer.tokenizer import StreamDecoder, Tokenizer
 
 __all__ = ["Tokenizer", "StreamDecoder", "PRE_TYPES", "render_chat", "CHATML_TEMPLATE"]

@@ -17,6 +17,8 @@ ATTR_NORMAL = 1 << 2
 ATTR_CONTROL = 1 << 3
 ATTR_USER_DEFINED = 1 << 4
 ATTR_BYTE = 1 << 5
+ATTR_LSTRIP = 1 << 7   # whitespace before the token's text is dropped when partitioning
+ATTR_RSTRIP = 1 << 8   # whitespace after it is dropped
 
 # tokenizer.ggml.token_type values (gguf-py constants: TokenType) -> attribute bits
 # (llama-vocab.cpp: the switch over toktypes[i] in load()).
@@ -53,9 +55,20 @@ _EOG_TEXTS = frozenset((
 # metadata key suffix (tokenizer.ggml.<suffix>) -> special id name
 _ID_KEYS = {"bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id",
             "eom": "eom_token_id", "unk": "unknown_token_id", "pad": "padding_token_id",
+            "sep": "seperator_token_id", "mask": "mask_token_id",  # (sic: gguf's spelling)
             "fim_pre": "fim_pre_token_id", "fim_suf": "fim_suf_token_id",
             "fim_mid": "fim_mid_token_id", "fim_pad": "fim_pad_token_id",
             "fim_rep": "fim_rep_token_id", "fim_sep": "fim_sep_token_id"}
+
+
+# Default special ids per vocab type, used where the metadata names none (load(): the
+# "default special tokens" of each tokenizer_model branch; gemma4 has none).
+DEFAULT_IDS = {
+    "spm": {"bos": 1, "eos": 2, "unk": 0},
+    "wpm": {"bos": 101, "unk": 100, "sep": 102, "pad": 0, "mask": 103},
+    "bpe": {"bos": 11, "eos": 11},
+    "gemma4": {},
+}
 
 
 @dataclass
@@ -64,33 +77,44 @@ class SpecialIds:
     attrs: list[int]               # per token id, ATTR_* bits
     eog: set[int]                  # end-of-generation ids
     partition_order: list[int]     # ids matched in text before BPE, longest text first
+    by_text: dict[str, int]        # token text -> id (the last id of a duplicated text)
 
 
 def token_texts(tokens: list[str]) -> list[str]:
     """Vocab texts with llama.cpp's placeholder for empty entries (load(): "[EMPTY_<i>]")."""
+    if all(tokens):
+        return list(tokens)
     return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
 
 
-def derive_special(texts: list[str], token_types: list[int] | None, meta: dict) -> SpecialIds:
+def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
+                   kind: str = "bpe", model_name: str = "") -> SpecialIds:
     """Attributes, special ids and the EOG set of a vocab, following llama_vocab::impl::load.
 
-    `meta` maps a key suffix (e.g. 'eos_token_id') to its metadata value, where present.
+    `meta` maps a key suffix (e.g. 'eos_token_id') to its metadata value, where present;
+    `kind` is the vocab type ('spm', 'bpe', 'wpm', 'gemma4') whose default ids apply;
+    `model_name` is general.name (llama.cpp sets per-token attributes by it).
     """
     n = len(texts)
-    attrs = [ATTR_NORMAL] * n if token_types is None else \
-        [_TYPE_TO_ATTR.get(int(t), ATTR_UNDEFINED) for t in token_types[:n]]
+    if token_types is None:
+        attrs = [ATTR_NORMAL] * n
+    else:  # one table lookup per token (262,144 of them for Gemma 3: keep this loop lean)
+        table = [_TYPE_TO_ATTR.get(t, ATTR_UNDEFINED) for t in range(7)]
+        attrs = [table[t] if 0 <= t < 7 else ATTR_UNDEFINED for t in map(int, token_types[:n])]
     ids: dict[str, int | None] = {}
+    defaults = DEFAULT_IDS[kind]
     for name, key in _ID_KEYS.items():
+        d = defaults.get(name)
+        d = d if d is not None and d < n else None  # a default outside the vocab is disabled
         v = meta.get(key)
         # an out-of-range id in the metadata is ignored by llama.cpp ("bad special token")
-        ids[name] = int(v) if v is not None and 0 <= int(v) < n else None
+        ids[name] = int(v) if v is not None and 0 <= int(v) < n else d
 
     # llama.cpp walks an unordered_map here, so when several texts of one list are present
     # the one it picks is not defined; we take the lowest id. Every EOT/EOM candidate is also
     # an EOG text, so the EOG set does not depend on that choice.
-    by_text: dict[str, int] = {}
-    for i, t in enumerate(texts):
-        by_text[t] = i  # a duplicated text maps to its last id, as token_to_id[word] = i does
+    # a duplicated text maps to its last id, as token_to_id[word] = i does
+    by_text: dict[str, int] = dict(zip(texts, range(n)))
 
     def detect(name: str, candidates: tuple[str, ...]) -> None:
         if ids[name] is not None:
@@ -106,21 +130,49 @@ def derive_special(texts: list[str], token_types: list[int] | None, meta: dict) 
         detect(name, cands)
 
     # control tokens whose text says "unused" become UNUSED too (auto-detect unused tokens)
-    for t, i in by_text.items():
-        if attrs[i] & ATTR_CONTROL and "unused" in t:
+    for i in [i for i, a in enumerate(attrs) if a & ATTR_CONTROL]:
+        if "unused" in texts[i] and by_text[texts[i]] == i:
             attrs[i] |= ATTR_UNUSED
 
     eog: set[int] = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
-    for t, i in by_text.items():
-        if t in _EOG_TEXTS:
-            eog.add(i)
-            attrs[i] |= ATTR_CONTROL
+    for t in _EOG_TEXTS:
+        if t in by_text:
+            eog.add(by_text[t])
+            attrs[by_text[t]] |= ATTR_CONTROL
+    # gpt-oss: these always render ("quick hack for gpt-oss", set before the sanity checks)
+    for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
+        if t in by_text:
+            attrs[by_text[t]] = ATTR_USER_DEFINED
     for k in ("eos", "eot", "eom"):  # "sanity checks": these are always end-of-generation
         if ids[k] is not None:
             eog.add(ids[k])
+    eog_texts = {texts[i]: i for i in eog if 0 <= i < n}
+    # o200k_harmony / solar-open: <|end|> is not EOG when <|return|> and <|call|> (or <|calls|>
+    # and <|flush|>) are; it becomes a user-defined token
+    has = eog_texts.__contains__
+    if "<|end|>" in eog_texts and ((has("<|return|>") and (has("<|call|>") or has("<|calls|>")))
+                                   or ((has("<|call|>") or has("<|calls|>")) and has("<|flush|>"))):
+        eog.discard(eog_texts["<|end|>"])
+        attrs[eog_texts["<|end|>"]] = ATTR_USER_DEFINED
+    # gemma4 and plamo have a normal </s> token: it leaves the EOG set and is plain text
+    if "</s>" in eog_texts and (has("<|tool_response>") or has("<|plamo:eos|>")):
+        eog.discard(eog_texts["</s>"])
+        attrs[eog_texts["</s>"]] = ATTR_NORMAL
 
     # special tokens cache: control, user-defined and unknown tokens, longest text first
     # (llama-vocab.cpp: "build special tokens cache"; std::sort by text size, descending)
-    order = [i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+    special = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+    order = [i for i, a in enumerate(attrs) if a & special]
     order.sort(key=lambda i: -len(texts[i].encode("utf-8")))
-    return SpecialIds(ids, attrs, eog, order)
+
+    # per-token attributes set by model name, after the cache above ("Handle per token
+    # attributes"): Phi-3's special tokens swallow the whitespace after them
+    name = model_name.lower()
+    if "phi-3" in name or "phi3" in name:
+        for i in order:
+            attrs[i] |= ATTR_RSTRIP
+        for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+            if t in by_text:
+                attrs[by_text[t]] = attrs[by_text[t]] | ATTR_RSTRIP if on else \
+                    attrs[by_text[t]] & ~ATTR_RSTRIP
+    return SpecialIds(ids, attrs, eog, order, by_text)

@@ -94,8 +94,11 @@ def _tiny(tmp_path, **kv) -> GGUFFile:
 def test_missing_or_other_tokenizer_models(tmp_path):
     with pytest.raises(MinferError, match=r"tiny\.gguf.*tokenizer\.ggml\.model"):
         Tokenizer.from_gguf(_tiny(tmp_path))
-    with pytest.raises(MinferError, match=r"tiny\.gguf.*'llama'.*byte-level BPE"):
-        Tokenizer.from_gguf(_tiny(tmp_path, **{"tokenizer.ggml.model": "llama"}))
+    for model in ("t5", "rwkv", "plamo2"):  # vocab types minfer does not implement
+        with pytest.raises(MinferError, match=rf"tiny\.gguf: tokenizer\.ggml\.model is '{model}' "
+                                              r"\(tokenizer\.ggml\.pre 'default'\).*does not implement"):
+            Tokenizer.from_gguf(_tiny(tmp_path, **{"tokenizer.ggml.model": model,
+                                                   "tokenizer.ggml.pre": "default"}))
     with pytest.raises(MinferError, match=r"tiny\.gguf.*tokenizer\.ggml\.pre.*missing"):
         Tokenizer.from_gguf(_tiny(tmp_path, **{"tokenizer.ggml.model": "gpt2",
                                                "tokenizer.ggml.tokens": ["a", "b", "ab"],

@@ -1,0 +1,98 @@
+"""BPE pre-tokenizer rules per `tokenizer.ggml.pre`, as llama.cpp applies them.
+
+Facts from llama.cpp's src/llama-vocab.cpp (commit 0c1e57098, vendored in llama-cpp-python
+0.3.36): the regex list of each pre type (llm_tokenizer_bpe's constructor), and the flags
+the loader sets per pre name (llama_vocab::impl::load: clean_spaces, ignore_merges,
+add_bos, escape_whitespaces). The regexes are applied one after the other, each to every
+piece the previous ones left, and the text between matches stays a piece of its own
+(unicode.cpp: unicode_regex_split).
+
+llama.cpp runs the regexes that use \\p{..} classes on a "collapsed" copy of the text with
+std::regex (ECMAScript): ASCII stays as is, every other code point becomes one byte naming
+its category (non-ASCII whitespace becomes \\v). minfer runs them with Oniguruma (in
+`tokenizers`) on the real text; for the classes used here that matches the same code
+points: \\s is ASCII whitespace plus Unicode White_Space in both, and \\p{L}/\\p{N}/\\p{P}/
+\\p{M} are the Unicode general categories in both. ECMAScript's `$` (end of input) is
+written `\\z`, because Oniguruma's `$` also matches before a newline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# GPT-2's regex (llama.cpp runs its hand-written equivalent, unicode_regex_split_custom_gpt2)
+GPT2_RE = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+# llama.cpp's "adapted" forms: case-insensitive contractions spelled out
+LLAMA3_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+            r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN35_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+             r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+             r"|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM: latin/greek/cyrillic/... letters spelled as ranges
+# (\u escapes: several of these code points are canonical singletons that an editor's NFC
+# normalization would silently change, e.g. U+1F7D -> U+03CE)
+_DEEPSEEK_LETTERS = (
+    "A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1"
+    "\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5"
+    "\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a"
+    "\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d"
+    "\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3"
+    "\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115"
+    "\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+    "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf"
+    "\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f"
+    "\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2"
+    "\U000118a0-\U000118df\U0001e900-\U0001e943")
+_DEEPSEEK_PUNCT = "!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002"
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+# Gemma 4 (SPM-style BPE): only newline runs split the text (custom_newlines)
+NEWLINES_RE = r"[^\n]+|[\n]+"
+
+
+@dataclass(frozen=True)
+class PreRules:
+    regexes: tuple[str, ...]
+    # clean_up_tokenization_spaces in detokenize(): llama.cpp's default for BPE is on
+    clean_spaces: bool = True
+    # a whole pre-token found in the vocab is one token, merges skipped (llama3 and kin)
+    ignore_merges: bool = False
+    # default before tokenizer.ggml.add_bos_token overrides it
+    add_bos: bool = False
+    # GPT-2 byte-to-unicode mapping of the pieces; False: raw UTF-8 with <0xXX> byte tokens
+    byte_encode: bool = True
+    # spaces become U+2581 before the BPE (SPM-style BPE vocabularies)
+    escape_whitespace: bool = False
+
+
+_LLAMA3 = PreRules((LLAMA3_RE,), ignore_merges=True, add_bos=True)
+_QWEN2 = PreRules((QWEN2_RE,), clean_spaces=False)
+_GPT2 = PreRules((GPT2_RE,))
+_DIGIT_THEN_GPT2 = (r"\p{N}", GPT2_RE)  # STARCODER, REFACT, COMMAND_R, SMOLLM, ...
+
+# tokenizer.ggml.pre -> rules, for the names llama.cpp maps to the pre types below. Any
+# other name is refused rather than guessed.
+PRE_TYPES: dict[str, PreRules] = {
+    # LLAMA_VOCAB_PRE_TYPE_DEFAULT: what a BPE vocab with pre "default" gets
+    "default": PreRules((r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]")),
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3,
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    "megrez": PreRules((QWEN2_RE,)),  # QWEN2 rules, clean_spaces left on
+    "qwen35": PreRules((QWEN35_RE,), clean_spaces=False),
+    "smollm": PreRules(_DIGIT_THEN_GPT2, clean_spaces=False),
+    "starcoder": PreRules(_DIGIT_THEN_GPT2),
+    "refact": PreRules(_DIGIT_THEN_GPT2),
+    "command-r": PreRules(_DIGIT_THEN_GPT2, clean_spaces=False),
+    "gpt-2": _GPT2, "phi-2": _GPT2, "mpt": _GPT2,
+    "falcon": PreRules((r"[\p{P}\$\+<=>\^~\|`]+", GPT2_RE, r"[0-9][0-9][0-9]")),
+    "deepseek-llm": PreRules((r"[\r\n]", rf"\s?[{_DEEPSEEK_LETTERS}]+",
+                              rf"\s?[{_DEEPSEEK_PUNCT}]+", r"\s+\z", _CJK, r"\p{N}+"),
+                             clean_spaces=False),
+    "deepseek-coder": PreRules((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+                               clean_spaces=False),
+    # tokenizer.ggml.model 'gemma4' sets this pre itself (load(): tokenizer_pre = "gemma4")
+    "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True),
+}
