@@ -199,9 +199,9 @@ def _finish(v, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om,
 
 @triton.jit
 def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
-                 M, N, NB, eps, magic, stride_xm, stride_rm, stride_om, blocks_per_split,
+                 M, N, NB, eps, magic, stride_xm, stride_rm, stride_om, blocks_per_split, SPLIT,
                  QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr,
-                 SPLIT: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
+                 IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, INLINE_REDUCE: tl.constexpr,
                  IEEE: tl.constexpr, ASM: tl.constexpr, NORM_BLK: tl.constexpr):
     """out (M, N) = xin (M, K) @ W^T [+ bias] [+ resid]; program = (row tile, K split, M tile).
@@ -323,7 +323,7 @@ def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
         res = acc                                                     # [BN, MP]
     else:
         res = tl.sum(acc, axis=1)[:, None]                            # [BN, 1]
-    if SPLIT == 1:
+    if not IS_SPLIT:
         _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om, HAS_BIAS, HAS_RESID)
     else:
         poff = (pid_s * M + mcol[None, :]).to(tl.int64) * N + rows[:, None]
@@ -337,7 +337,7 @@ def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
             ticket = tl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
             if ticket == SPLIT - 1:
                 tot = tl.zeros(res.shape, dtype=tl.float32)
-                for sp in tl.static_range(SPLIT):
+                for sp in range(SPLIT):
                     o2 = (sp * M + mcol[None, :]).to(tl.int64) * N + rows[:, None]
                     tot += tl.load(part + o2, mask=pm, other=0.0, cache_modifier=".cg")
                 _finish(tot, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om, HAS_BIAS, HAS_RESID)
@@ -501,8 +501,8 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
                        norm_weight if norm_weight is not None else x,
                        resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
                        m, n, nb, eps, 0x3F800000, x.stride(0), resid.stride(0) if resid is not None else 0,
-                       out.stride(0), bps,
-                       QT=rw.qtype, BN=bn, BB=bb, MP=mp, SPLIT=split, USE_DOT=use_dot,
+                       out.stride(0), bps, split,
+                       QT=rw.qtype, BN=bn, BB=bb, MP=mp, IS_SPLIT=split > 1, USE_DOT=use_dot,
                        NORM=norm_weight is not None, SWIGLU=up is not None, HAS_BIAS=bias is not None,
                        HAS_RESID=resid is not None, INLINE_REDUCE=inline, IEEE=x.dtype == torch.float32,
                        ASM=(not interpret) if asm is None else asm,
