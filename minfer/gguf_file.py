@@ -31,6 +31,7 @@ File layout (ggml/docs/gguf.md; ggml/src/gguf.cpp: gguf_init_from_file_impl), li
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,6 @@ import numpy as np
 from minfer.errors import MinferError
 from minfer.safe_text import quoted, safe
 
-SUPPORTED_ARCHS = {"llama", "qwen2"}
 SUPPORTED_VERSIONS = (2, 3)  # v1 used 32-bit counts and is gone from llama.cpp
 GGML_MAX_DIMS = 4            # ggml.h
 DEFAULT_ALIGNMENT = 32       # GGUF_DEFAULT_ALIGNMENT
@@ -72,6 +72,7 @@ _VALUE_TYPES = {
     10: ("uint64", 8), 11: ("int64", 8), 12: ("float64", 8),
 }
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
+_ARCH_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # llama.cpp's names: llama, qwen2, gemma3, ...
 
 
 @dataclass(frozen=True)
@@ -340,9 +341,9 @@ class GGUFFile:
     @property
     def architecture(self) -> str:
         arch = self.require("general.architecture")
-        if not isinstance(arch, str):
+        if not isinstance(arch, str) or not _ARCH_NAME.fullmatch(arch):
             raise MinferError(f"{self.path}: metadata 'general.architecture' = {safe(arch, 40)}: "
-                              "expected a string")
+                              "expected a name of letters, digits, '_', '-' and '.' (e.g. 'llama')")
         return arch
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -361,14 +362,6 @@ class GGUFFile:
         if name not in self.tensors:
             raise MinferError(f"{self.path}: tensor {quoted(name)} is missing")
         return self.tensors[name]
-
-    def check_architecture(self) -> str:
-        """The architecture, if minfer can run it; else MinferError naming the file."""
-        arch = self.architecture
-        if arch not in SUPPORTED_ARCHS:
-            raise MinferError(f"architecture {quoted(arch)} in {self.path} is not supported; "
-                              f"supported: {', '.join(sorted(SUPPORTED_ARCHS))}")
-        return arch
 
     def file_type_name(self) -> str | None:
         """`general.file_type` as llama.cpp names it ('Q4_K_M'), None when the key is absent."""
@@ -402,7 +395,3 @@ def file_type_name(ftype: int) -> str:
     if name == "ALL_F32":
         return "F32"
     return name.removeprefix("MOSTLY_")
-
-
-def open_gguf(path: str | Path) -> GGUFFile:
-    return GGUFFile(path)

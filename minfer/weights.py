@@ -3,7 +3,10 @@
 A 2-D weight is a QWeight: the raw ggml blocks as stored in the file (uint8, one row of
 blocks per output row) plus, on the CPU, the dequantized dense matrix the reference matmul
 uses. On CUDA the loader uploads the raw blocks and hands each QWeight to
-`minfer.ops.cuda.prepare_weight(w)`, which may add derived planes to `w.extra`.
+`minfer.ops.cuda.prepare_weight(w)`, which checks its layout.
+
+A QWeight compares and hashes by identity (eq=False): the CUDA workspace keys its weight
+groups and prefetch sequence on the weight objects themselves.
 
 1-D tensors (norm weights, biases, rope factors) are plain float32 torch tensors.
 """
@@ -11,7 +14,7 @@ uses. On CUDA the loader uploads the raw blocks and hands each QWeight to
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,27 +22,23 @@ import torch
 from minfer.errors import MinferError
 
 
-@dataclass
+@dataclass(eq=False)
 class QWeight:
     name: str
     qtype: int                       # ggml type id
     shape: tuple[int, int]           # (N, K): N output rows, K inputs
     raw: torch.Tensor                # uint8 (N, row_bytes), the file's blocks, on the device
     dense: torch.Tensor | None = None  # (N, K) float, CPU reference (None: dequantize on demand)
-    extra: dict = field(default_factory=dict)  # derived planes (CUDA backend)
 
     @property
     def device(self) -> torch.device:
         return self.raw.device
 
     def nbytes(self) -> int:
-        """Bytes held on the device: raw blocks + dense + derived planes."""
+        """Bytes held on the device: raw blocks + dense."""
         n = self.raw.numel() * self.raw.element_size()
         if self.dense is not None and self.dense.data_ptr() != 0:
             n += self.dense.numel() * self.dense.element_size()
-        for v in self.extra.values():
-            if isinstance(v, torch.Tensor):
-                n += v.numel() * v.element_size()
         return n
 
     def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -90,18 +89,8 @@ def load_qweight(gf, name: str, device, shape: tuple[int, int], dense: bool = Tr
     if device.type == "cpu":
         d = load_dense(gf, name, dtype) if dense else None
         return QWeight(name, info.qtype, tuple(shape), raw, d)
+    from minfer.device import cuda_backend
+
     w = QWeight(name, info.qtype, tuple(shape), raw.to(device), None)
     cuda_backend().prepare_weight(w)
     return w
-
-
-def cuda_backend():
-    """minfer.ops.cuda, imported on first use; a clear error until the backend exists."""
-    try:
-        import minfer.ops.cuda as cuda_ops
-    except ImportError as e:
-        raise MinferError(f"the CUDA backend is not available yet ({e}); use --device cpu") from e
-    if not hasattr(cuda_ops, "prepare_weight"):
-        raise MinferError("the CUDA backend is not available yet (minfer.ops.cuda has no prepare_weight); "
-                          "use --device cpu")
-    return cuda_ops

@@ -1,5 +1,5 @@
 """`minfer bench`: llama-bench's tests and table for minfer, plus roofline numbers,
-interleaved A/B of environment switches, and an in-run torch peer.
+interleaved A/B of two switch settings (minfer.switches), and an in-run torch peer.
 
 Conventions (llama.cpp tools/llama-bench):
 - pp<N>: prefill of N random token ids into a fresh cache, logits of the last token only.
@@ -20,7 +20,6 @@ Roofline columns (what the work needs, not what the implementation happens to do
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import time
@@ -106,6 +105,14 @@ class EngineRunner:
 
     def __init__(self, engine):
         self.eng = engine
+        self.base = engine.switches
+
+    def configure(self, changes: dict) -> dict:
+        """Switch the engine to its load-time switches with `changes` (MINFER_X=value) applied;
+        returns the switches in effect as {env: value} for the record."""
+        sw = self.base.with_env(changes)
+        self.eng.set_switches(sw)
+        return {k: changes[k] for k in changes}
 
     def reset(self) -> None:
         self.eng.reset()
@@ -229,7 +236,9 @@ def measure(runner, test: Test, reps: int, rng, vocab: int, timer: Timer, warmup
 
 
 def minfer_env() -> dict:
-    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MINFER_")}
+    from minfer.switches import environ_snapshot
+
+    return environ_snapshot()
 
 
 # ---------------------------------------------------------------- A/B
@@ -247,34 +256,29 @@ def parse_env(spec: str) -> dict[str, str | None]:
     return out
 
 
-def environment(changes: dict[str, str | None]):
-    """Set (or unset) variables in os.environ for the block, then restore them."""
-    from minfer.ops.paths import scoped_env
-
-    return scoped_env(changes)
-
-
 def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps: int, rng,
            vocab: int, timer: Timer, stats: ModelStats, log=print) -> dict:
     """`pairs` pairs, each side `reps` repetitions of every test, in the order A B, B A, A B ...
+    Each side is a set of switch changes ({'MINFER_X': value}) that `runner.configure` applies
+    to the engine's own switches (a changed copy; the process environment is never touched).
     (odd pairs start with B: a bias toward whichever side runs second -- the H200 A/Bs of
     2026-11-29 showed B ahead on pp512 in four unrelated comparisons -- cancels over an even
     number of pairs); the ratio B/A per pair, and its mean, sd, min and max over the pairs."""
     if pairs < 4:
         raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
     for env in (env_a, env_b):          # a warm-up of each side, excluded
-        with environment(env):
-            for t in tests:
-                run_once(runner, t, rng, vocab, timer)
+        runner.configure(env)
+        for t in tests:
+            run_once(runner, t, rng, vocab, timer)
     rows, results = [], []
     for i in range(pairs):
         for t in tests:
             ts = {}                                            # side -> t/s
             order = (("A", env_a), ("B", env_b)) if i % 2 == 0 else (("B", env_b), ("A", env_a))
             for side, env in order:
-                with environment(env):
-                    r = measure(runner, t, reps, rng, vocab, timer, warmup=False, stats=stats)
-                r.env = {**r.env, "ab_side": side}
+                applied = runner.configure(env)
+                r = measure(runner, t, reps, rng, vocab, timer, warmup=False, stats=stats)
+                r.env = {**r.env, **{k: v for k, v in applied.items()}, "ab_side": side}
                 results.append(r)
                 ts[side] = r.avg_ts
             ratio = ts["B"] / ts["A"]
@@ -287,6 +291,7 @@ def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps
         summary.append({"test": t.name, "n_pairs": len(r), "ratio_mean": float(r.mean()),
                         "ratio_sd": float(r.std(ddof=1)), "ratio_min": float(r.min()),
                         "ratio_max": float(r.max())})
+    runner.configure({})                 # back to the engine's own switches
     return {"a": env_a, "b": env_b, "pairs": rows, "summary": summary,
             "results": [x.to_json() for x in results]}
 
@@ -388,6 +393,11 @@ def run_bench(model: str, device: str, n_prompt: list[int], n_gen: list[int], de
     ab_envs = (parse_env(ab[0]), parse_env(ab[1])) if ab else None
     if ab and pairs < 4:
         raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
+    if ab_envs:                          # unknown or malformed switches fail before the load
+        from minfer.switches import Switches
+
+        for env in ab_envs:
+            Switches().with_env(env)
     if peer:   # fail before loading and measuring, not after
         from minfer.bench.peers import check_peer
 

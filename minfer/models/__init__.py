@@ -1,29 +1,38 @@
-"""Model architectures by GGUF `general.architecture`."""
+"""Model architectures by GGUF `general.architecture`: the one list of supported architectures.
+
+config.py (rope style, the support check), gguf_file users, the benchmark's synthetic models
+and the torch peer all read ARCHITECTURES; adding an architecture is a new file here and one
+line below (README "Adding an architecture").
+"""
 
 from __future__ import annotations
 
 from minfer.errors import MinferError
+from minfer.models.base import Model, Step
 from minfer.models.llama import LlamaModel
 from minfer.models.qwen2 import Qwen2Model
+from minfer.models.qwen3 import Qwen3Model
 
-ARCHITECTURES = {
-    "llama": LlamaModel,
-    "qwen2": Qwen2Model,
-}
+ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (LlamaModel, Qwen2Model, Qwen3Model)}
+
+__all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 
 
-def model_class(arch: str):
+def model_class(arch: str) -> type[Model]:
     if arch not in ARCHITECTURES:
         raise MinferError(f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})")
     return ARCHITECTURES[arch]
 
 
-def load_model(gf, device="cpu", dtype=None, progress: bool = True):
-    """The model of a GGUFFile, its weights on `device`."""
+def load_model(gf, device="cpu", dtype=None, progress: bool = True, act_dtype=None) -> Model:
+    """The model of a GGUFFile, its weights on `device` (act_dtype: the matmul input and KV
+    cache dtype; default float32 on the CPU, bf16 on CUDA)."""
     import torch
 
     from minfer.config import ModelConfig
+    from minfer.models.llama import activation_dtype
 
     cfg = ModelConfig.from_gguf(gf)
     return model_class(cfg.arch).from_gguf(gf, cfg, device=device, dtype=dtype or torch.float32,
-                                           progress=progress)
+                                           progress=progress,
+                                           act_dtype=act_dtype or activation_dtype(device))

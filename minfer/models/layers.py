@@ -1,7 +1,8 @@
 """The pieces shared by the llama-family models: a block's weights, attention, feed-forward.
 
 Names follow the GGUF tensor names (`blk.N.attn_q.weight` -> Block.attn_q), so loading needs
-no rename table. All math goes through minfer.ops, which picks the CPU or CUDA version.
+no rename table. All math goes through minfer.ops, which picks the CPU or CUDA version; the
+KV cache is reached only through the cache protocol (write, attend: docs/interfaces.md).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from minfer.weights import QWeight, load_qweight, load_vector
 
 @dataclass
 class Block:
-    """One transformer layer's weights. Biases are None where the architecture has none."""
+    """One transformer layer's weights. Optional tensors are None where the architecture has none."""
 
     attn_norm: torch.Tensor          # (D,)
     attn_q: QWeight                  # (H*Dh, D)
@@ -27,14 +28,21 @@ class Block:
     ffn_gate: QWeight                # (F, D)
     ffn_up: QWeight                  # (F, D)
     ffn_down: QWeight                # (D, F)
-    attn_q_bias: torch.Tensor | None = None  # (H*Dh,)
+    attn_q_bias: torch.Tensor | None = None  # (H*Dh,)     qwen2
     attn_k_bias: torch.Tensor | None = None  # (Hkv*Dh,)
     attn_v_bias: torch.Tensor | None = None  # (Hkv*Dh,)
+    attn_q_norm: torch.Tensor | None = None  # (Dh,)       qwen3: RMSNorm of each q head
+    attn_k_norm: torch.Tensor | None = None  # (Dh,)       qwen3: RMSNorm of each k head
+
+    def matrices(self) -> list[QWeight]:
+        return [self.attn_q, self.attn_k, self.attn_v, self.attn_output, self.ffn_gate, self.ffn_up,
+                self.ffn_down]
 
 
-def load_block(gf, cfg, i: int, device, dtype, biases: bool) -> Block:
+def load_block(gf, cfg, i: int, device, dtype, qkv_bias: bool = False, qk_norm: bool = False) -> Block:
     p = f"blk.{i}."
-    D, F, q_out, kv_out = cfg.d_model, cfg.ffn, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    D, F, Dh = cfg.d_model, cfg.ffn, cfg.head_dim
+    q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
 
     def w(name, shape):
         return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
@@ -50,32 +58,43 @@ def load_block(gf, cfg, i: int, device, dtype, biases: bool) -> Block:
         ffn_up=w("ffn_up", (F, D)),
         ffn_down=w("ffn_down", (D, F)),
     )
-    if biases:
+    if qkv_bias:
         blk.attn_q_bias = load_vector(gf, p + "attn_q.bias", device, q_out)
         blk.attn_k_bias = load_vector(gf, p + "attn_k.bias", device, kv_out)
         blk.attn_v_bias = load_vector(gf, p + "attn_v.bias", device, kv_out)
+    if qk_norm:
+        blk.attn_q_norm = load_vector(gf, p + "attn_q_norm.weight", device, Dh)
+        blk.attn_k_norm = load_vector(gf, p + "attn_k_norm.weight", device, Dh)
     return blk
 
 
-def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, start_pos,
-                     positions: torch.Tensor) -> torch.Tensor:
+def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x (T, H, Dh), per head, in x's dtype."""
+    T, H, Dh = x.shape
+    return ops.rms_norm(x.reshape(T * H, Dh), weight, eps).view(T, H, Dh)
+
+
+def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, ctx) -> torch.Tensor:
     """Causal self-attention of the normed input h (T, D) -> W_o attn(...) (T, D), h's dtype.
 
-    Writes this step's rotated keys and values into the cache at `positions`. start_pos is an
-    int, or (decode under a CUDA graph) a (1,) device tensor equal to positions.
-    """
+    The rotated keys and values of this step go to the cache (cache.write); attention reads
+    what the cache gives for the step (cache.attend)."""
     T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
-                              (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias))
-    q = ops.rope(q.view(T, H, Dh), positions, cfg.rope)
-    k = ops.rope(k.view(T, Hkv, Dh), positions, cfg.rope)
-    k_cache, v_cache = cache.update(layer, start_pos, k, v.view(T, Hkv, Dh), positions)  # (S, Hkv, Dh)
-    o = ops.attention(q, k_cache, v_cache, start_pos)             # (T, H, Dh)
-    return ops.linear(o.reshape(T, H * Dh), blk.attn_output)
+                              (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
+    q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
+    if blk.attn_q_norm is not None:
+        q, k = head_norm(q, blk.attn_q_norm, cfg.rms_eps), head_norm(k, blk.attn_k_norm, cfg.rms_eps)
+    q = ops.rope(q, step.positions, cfg.rope)
+    k = ops.rope(k, step.positions, cfg.rope)
+    cache.write(layer, k, v.view(T, Hkv, Dh), step)
+    o = cache.attend(layer, q, step, ctx)                          # (T, H, Dh)
+    return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
 
 
-def ffn_branch(h: torch.Tensor, blk: Block) -> torch.Tensor:
+def ffn_branch(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:
     """SwiGLU MLP of the normed input: W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None))
-    return ops.linear(ops.swiglu(gate, up), blk.ffn_down)
+    gate = ops.linear(h, blk.ffn_gate, None, ctx)
+    up = ops.linear(h, blk.ffn_up, None, ctx)
+    return ops.linear(ops.swiglu(gate, up), blk.ffn_down, None, ctx)

@@ -2,49 +2,53 @@
 
 CPU -> minfer.ops.reference (torch float32, the reference every kernel is checked against);
 CUDA -> minfer.ops.cuda (Triton), imported on first use. Signatures: docs/interfaces.md.
+
+`ctx` (minfer.ops.context.Context: the engine's switches and workspace) is passed to the ops
+whose CUDA version has a fast path to switch or buffers to use; the reference ignores it.
+ops/ imports nothing from runtime/, models/, bench/ or commands/ (tests/test_imports.py).
 """
 
 from __future__ import annotations
 
 from minfer.ops import reference
+from minfer.ops.context import Context
 
-_cuda = None
+__all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
+           "rope", "swiglu", "attention"]
+
+# Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
+# bucket, docs/perf-log.md section 10), so the KV cache has rows up to the next multiple past
+# the context, and prefill CUDA graphs pad prompts to it. Defined here once.
+LENGTH_BUCKET = 128
 
 
 def _backend(x):
-    global _cuda
     if x.device.type != "cuda":
         return reference
-    if _cuda is None:
-        from minfer.weights import cuda_backend
+    from minfer.device import cuda_backend
 
-        _cuda = cuda_backend()
-    return _cuda
+    return cuda_backend()
 
 
-def linear(x, w, bias=None):
+def linear(x, w, bias=None, ctx: Context | None = None):
     """x (T, K) @ w (N, K)^T + bias (N,) -> (T, N)."""
-    return _backend(x).linear(x, w, bias)
+    if x.device.type != "cuda":
+        return reference.linear(x, w, bias)
+    return _backend(x).linear(x, w, bias, ctx)
 
 
-def linear_many(x, ws, biases):
-    """The same input through several weights (q/k/v, gate/up): x (T, K) -> [(T, N_i)].
+def linear_many(x, ws, biases, ctx: Context | None = None):
+    """The same input through several weights (q/k/v): x (T, K) -> [(T, N_i)].
 
-    A backend may fuse them (one scratch, one GEMM); without such a kernel each weight goes
-    through linear() and the path `qmatmul.group.unfused` is counted."""
-    be = _backend(x)
-    fused = getattr(be, "linear_many", None)
-    if fused is not None:
-        return fused(x, ws, biases)
-    if be is not reference:
-        from minfer.ops import paths
-
-        paths.count("qmatmul.group.unfused")
-    return [be.linear(x, w, b) for w, b in zip(ws, biases)]
+    On CUDA a group the model declared (Model.linear_groups) goes through one scratch and one
+    GEMM; the reference runs each weight through linear()."""
+    if x.device.type != "cuda":
+        return [reference.linear(x, w, b) for w, b in zip(ws, biases)]
+    return _backend(x).linear_many(x, ws, biases, ctx)
 
 
 def embedding(ids, w):
-    """ids (T,) int64 -> rows of w, (T, D)."""
+    """ids (T,) int64 -> rows of w, (T, D) float32."""
     return _backend(ids).embedding(ids, w)
 
 
@@ -53,9 +57,11 @@ def rms_norm(x, weight, eps):
     return _backend(x).rms_norm(x, weight, eps)
 
 
-def add_rms_norm(x, y, weight, eps, out_dtype):
+def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None):
     """(s, h): s = x + y (T, D), the residual stream; h = rms_norm(s) * weight in out_dtype."""
-    return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype)
+    if x.device.type != "cuda":
+        return reference.add_rms_norm(x, y, weight, eps, out_dtype)
+    return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype, ctx)
 
 
 def rope(x, positions, cfg):
@@ -68,6 +74,9 @@ def swiglu(gate, up):
     return _backend(gate).swiglu(gate, up)
 
 
-def attention(q, k_cache, v_cache, start_pos):
-    """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal."""
-    return _backend(q).attention(q, k_cache, v_cache, start_pos)
+def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None):
+    """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
+    start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph)."""
+    if q.device.type != "cuda":
+        return reference.attention(q, k_cache, v_cache, start_pos)
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx)

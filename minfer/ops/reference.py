@@ -42,8 +42,10 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 @functools.lru_cache(maxsize=16)
-def _inv_freq(cfg) -> torch.Tensor:
-    """(n_rot/2,) float64: freq_scale * theta^(-2i/n_rot) / freq_factor_i (ggml rope, ext_factor 0)."""
+def inv_freq(cfg) -> torch.Tensor:
+    """(n_rot/2,) float64: freq_scale * theta^(-2i/n_rot) / freq_factor_i (ggml rope's theta_scale
+    powers, ext_factor 0). The one definition of the rope frequencies: the CUDA kernel reads these
+    too. cfg: minfer.config.RopeConfig (hashable). A memo of a constant."""
     i = torch.arange(cfg.n_rot // 2, dtype=torch.float64)
     inv = cfg.freq_scale * cfg.theta ** (-2.0 * i / cfg.n_rot)
     if cfg.freq_factors is not None:
@@ -53,7 +55,7 @@ def _inv_freq(cfg) -> torch.Tensor:
 
 def rope_cos_sin(positions: torch.Tensor, cfg) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of the rotation angles, each (T, n_rot/2) float32."""
-    ang = positions.to(torch.float64)[:, None] * _inv_freq(cfg)[None, :]
+    ang = positions.to(torch.float64)[:, None] * inv_freq(cfg)[None, :]
     return ang.cos().float(), ang.sin().float()
 
 

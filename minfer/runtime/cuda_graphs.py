@@ -1,43 +1,45 @@
-"""One decode step of a llama-family model captured in a CUDA graph.
+"""One decode step captured in a CUDA graph.
 
-Eager decode issues ~12 kernels per layer from Python (the 4-layer 7B profile in
-bench/results/gpu-2026-11-29-run2-bench.log: 7.1 ms of CPU time for 2.0 ms of GPU work), so
-a step is launch-bound. A graph replays the whole step's kernels with one call.
+Eager decode issues ~12 kernels per layer from Python (docs/perf-log.md section 5: 7.1 ms of
+CPU time for 2.0 ms of GPU work on 4 layers of the 7B), so a step is launch-bound. A graph
+replays the whole step's kernels with one call.
 
 What makes the step capturable: every value that changes between steps lives in a device
-tensor the graph reads -- the token id, the position (rope reads positions from memory,
-the KV write uses index_copy_ at that position, decode attention reads its key count from
-memory) -- and no kernel's grid or shapes depend on them (decode attention sizes its grid
-from the cache length). The math is the model's (models/layers.py: attention_branch,
-ffn_branch; models/llama.py: decode_step) through the same minfer.ops calls.
+tensor the graph reads -- the token id and its position, given to the model's one forward as
+a Step without a host start (rope reads positions from memory, the cache writes with
+index_copy_ at that position, decode attention reads its key count from memory) -- and no
+kernel's grid or shapes depend on them (decode attention sizes its grid from the cache).
 
-    g = DecodeGraph(engine.model, engine.cache)    # captures on first use
-    logits = g.step(token_id, start_pos)           # (1, vocab) float32 on the GPU
+    g = DecodeGraph(model, cache, ctx)        # captures on first use
+    logits = g.step(token_id, start_pos)      # (1, vocab) float32 on the GPU
 
-Wiring into Engine.generate belongs to the engine (runtime/engine.py): call `step` for
-each generated token once the prompt is prefilled; MINFER_CUDA_GRAPH=0 keeps the eager path.
+The engine (runtime/engine.py) calls `step` for each generated token once the prompt is
+prefilled, unless Switches.cuda_graph is off.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minfer.errors import MinferError
+from minfer.models.base import Step
 from minfer.ops import paths
 
 
 class DecodeGraph:
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, ctx=None):
         self.model = model
         self.cache = cache
-        dev = model.output_norm.device
+        self.ctx = ctx
+        dev = model.device
         self.tok = torch.zeros(1, dtype=torch.int64, device=dev)     # the step's token id
         self.pos = torch.zeros(1, dtype=torch.int64, device=dev)     # its position
         self.graph = None
         self.logits = None
 
     def _forward(self) -> torch.Tensor:
-        """The model's decode step with the token and position read from device memory."""
-        return self.model.decode_step(self.tok, self.pos, self.cache)                # (1, V)
+        """The model's forward with the token and position read from device memory."""
+        return self.model.forward(self.tok, Step(self.pos, None, "all"), self.cache, self.ctx)   # (1, V)
 
     def capture(self) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
@@ -59,7 +61,6 @@ class DecodeGraph:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep)."""
         if start_pos >= self.cache.n_ctx:
-            from minfer.errors import MinferError
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         self.tok.fill_(int(token_id))
         self.pos.fill_(int(start_pos))

@@ -11,7 +11,7 @@ prefix with the new prompt (multi-turn chat only computes the new turn).
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -19,40 +19,30 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from minfer.errors import MinferError
+from minfer.models.base import Step
+from minfer.ops.context import Context
 from minfer.runtime.generate import GenEvent, generate
-from minfer.runtime.kv_cache import KVCache
+from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
+from minfer.switches import Switches
 
 DEFAULT_CTX = 4096
-# Prompt tokens per forward pass. On the CPU 512 bounds the (T, S) attention scores of a long
-# prompt. On CUDA attention is SDPA's flash kernel (no (T, S) matrix) and the GEMMs gain from
-# large M (ANCHORS.md: dequant + cuBLAS at M=3354 runs ~1.5x the rate at M=512), so a whole
-# prompt of up to 4096 tokens goes in one pass (MINFER_PREFILL_CHUNK overrides, read per call).
+# Prompt tokens per forward pass (Switches.prefill_chunk overrides). On the CPU 512 bounds the
+# (T, S) attention scores of a long prompt. On CUDA attention never builds a (T, S) matrix and the
+# GEMMs gain from large M (ANCHORS.md: dequant + cuBLAS at M=3354 runs ~1.5x the rate at M=512),
+# so a whole prompt of up to 4096 tokens goes in one pass.
 PREFILL_CHUNK = {"cpu": 512, "cuda": 4096}
 
 
-# On CUDA the KV cache gets rows up to the next multiple of 128 past the context: prefill
-# attention rounds its length up to a multiple of 128 (one cuDNN plan per bucket, see
-# minfer/ops/cuda/attention.py) and reads the cache's rows up to that length, and prompts of
-# up to 1024 tokens are graphed at lengths rounded to 128. The context (what fits) is n_ctx.
-CACHE_ROUND = 128
-
-
-def cache_rows(n_ctx: int, device) -> int:
-    if torch.device(device).type != "cuda":
-        return n_ctx
-    return -(-n_ctx // CACHE_ROUND) * CACHE_ROUND
-
-
-def prefill_chunk(device) -> int:
-    env = os.environ.get("MINFER_PREFILL_CHUNK")
-    if env:
-        return max(1, int(env))
-    return PREFILL_CHUNK.get(torch.device(device).type, 512)
-
-
 class Engine:
-    def __init__(self, model, tokenizer=None, n_ctx: int | None = None, path: Path | None = None):
+    """A model with its tokenizer, KV cache, switches and workspace.
+
+    The engine owns everything that changes what or how it computes: `switches` (frozen,
+    minfer.switches.Switches), `ctx` (the switches and the CUDA workspace the ops receive), the
+    cache and the captured graphs. Two engines in one process share nothing but the kernels."""
+
+    def __init__(self, model, tokenizer=None, n_ctx: int | None = None, path: Path | None = None,
+                 switches: Switches | None = None):
         self.model = model
         self.config = model.cfg
         self.tokenizer = tokenizer
@@ -61,8 +51,15 @@ class Engine:
         self.n_ctx = int(n_ctx or min(self.config.context_length, DEFAULT_CTX))
         if self.n_ctx <= 0:
             raise MinferError(f"--ctx must be positive, got {self.n_ctx}")
+        self.switches = switches or Switches()
+        workspace = None
+        if self.device.type == "cuda":
+            from minfer.device import cuda_backend
+
+            workspace = cuda_backend().Workspace.for_model(model)
+        self.ctx = Context(self.switches, workspace)
         self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
-                                        dtype=getattr(model, "act_dtype", torch.float32))
+                                        dtype=model.act_dtype)
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
         self._graph = None            # DecodeGraph (CUDA), captured at the first decode step
@@ -70,16 +67,18 @@ class Engine:
 
     @classmethod
     def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
-             progress: bool = True) -> "Engine":
-        """model: a catalog name, a path to a .gguf, or an open GGUFFile."""
+             progress: bool = True, switches: Switches | None = None) -> "Engine":
+        """model: a catalog name, a path to a .gguf, or an open GGUFFile. switches: default
+        Switches.from_env() (the one read of the MINFER_* behaviour variables)."""
         from minfer.gguf_file import GGUFFile
         from minfer.models import load_model
+        from minfer.models.llama import activation_dtype
 
-        threads = os.environ.get("MINFER_THREADS")
-        if threads:
-            torch.set_num_threads(int(threads))
+        sw = switches if switches is not None else Switches.from_env()
+        if sw.threads:
+            torch.set_num_threads(sw.threads)
         if device == "cuda":
-            from minfer.weights import cuda_backend
+            from minfer.device import cuda_backend
 
             cuda_backend()  # fail before spending time on the weights
         if isinstance(model, GGUFFile):
@@ -89,23 +88,43 @@ class Engine:
 
             gf = GGUFFile(resolve_model(str(model)))
         t0 = time.perf_counter()
-        m = load_model(gf, device=device, dtype=dtype, progress=progress)
-        eng = cls(m, load_tokenizer(gf), ctx, gf.path)
+        m = load_model(gf, device=device, dtype=dtype, progress=progress,
+                       act_dtype=activation_dtype(device, sw.act_dtype))
+        eng = cls(m, load_tokenizer(gf), ctx, gf.path, switches=sw)
         if device == "cuda":
-            from minfer.weights import cuda_backend
+            from minfer.device import cuda_backend
 
             torch.cuda.synchronize()
             eng.stats["load_s"] = time.perf_counter() - t0
-            eng.memory_report = (f"{cuda_backend().memory_report(m.qweights())}, KV cache "
-                                 f"{eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions"
+            eng.memory_report = (f"{cuda_backend().memory_report(m.qweights(), eng.ctx.workspace, sw, m.act_dtype)}, "
+                                 f"KV cache {eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions"
                                  f"{'' if eng.cache.n_ctx == eng.n_ctx else f' in {eng.cache.n_ctx} rows'}, "
                                  f"{str(m.act_dtype).removeprefix('torch.')})")
             if progress:
                 import sys
 
+                off = ", ".join(f"{e}=0" for e in sw.off().values())
                 print(f"minfer: loaded {gf.path.name} in {eng.stats['load_s']:.1f} s: "
-                      f"{eng.memory_report}", file=sys.stderr)
+                      f"{eng.memory_report}{f'; switched off: {off}' if off else ''}", file=sys.stderr)
         return eng
+
+    def set_switches(self, switches: Switches) -> None:
+        """Use other switches from now on (an A/B passes changed copies). Captured graphs are
+        dropped, since they replay what was captured under the old switches. Switches that act
+        at load (act_dtype, gemv_repack, threads) cannot change here: compare them in two runs."""
+        for f in dataclasses.fields(Switches):
+            if f.metadata["when"] == "load" and getattr(switches, f.name) != getattr(self.switches, f.name):
+                raise MinferError(f"{f.metadata['env']} acts at load; it cannot change on a loaded "
+                                  f"engine (compare it in two runs)")
+        if switches == self.switches:
+            return
+        self.switches = switches
+        self.ctx = Context(switches, self.ctx.workspace)
+        self._graph = None
+        self._prefill_graphs = None
+
+    def prefill_chunk(self) -> int:
+        return self.switches.prefill_chunk or PREFILL_CHUNK.get(self.device.type, 512)
 
     def reset(self) -> None:
         """Forget the cached tokens (the cache memory is kept and overwritten)."""
@@ -144,37 +163,37 @@ class Engine:
                 paths.fallback("graph.prefill.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
                 self._prefill_graphs = False
         outs = []
-        chunk_len = prefill_chunk(self.device)
+        chunk_len = self.prefill_chunk()
         for i in range(0, len(tokens), chunk_len):
             chunk = tokens[i:i + chunk_len]
             ids = torch.tensor(chunk, dtype=torch.long, device=self.device)
-            last = last_only and i + chunk_len >= len(tokens)
-            if last_only and not last:
-                self.model.forward(ids, start_pos + i, self.cache, last_only=True)
-            else:
-                outs.append(self.model.forward(ids, start_pos + i, self.cache, last_only=last_only))
+            last = i + chunk_len >= len(tokens)
+            step = Step.at(start_pos + i, len(chunk), self.device, "last" if last_only else "all")
+            out = self.model.forward(ids, step, self.cache, self.ctx)
+            if last or not last_only:
+                outs.append(out)
             self.tokens.extend(chunk)
         return torch.cat(outs).float().cpu() if len(outs) > 1 else outs[0].float().cpu()
 
     def _use_graph(self) -> bool:
-        """Decode steps on CUDA replay a captured graph unless MINFER_CUDA_GRAPH=0 (read per call)."""
+        """Decode steps on CUDA replay a captured graph unless Switches.cuda_graph is off."""
         if self.device.type != "cuda":
             return False
-        from minfer.ops import paths
+        if not self.switches.cuda_graph:
+            from minfer.ops import paths
 
-        if not paths.enabled("MINFER_CUDA_GRAPH"):
             paths.switched_off("graph.decode.replay", "MINFER_CUDA_GRAPH")
             return False
         return True
 
     def _use_prefill_graph(self, n: int) -> bool:
         """A short prompt's prefill from position 0 on CUDA replays a graph of its padded length
-        unless MINFER_PREFILL_GRAPH=0 (read per call); see runtime/prefill_graphs.py."""
+        unless Switches.prefill_graph is off; see runtime/prefill_graphs.py."""
         if self.device.type != "cuda":
             return False
-        from minfer.ops import paths
+        if not self.switches.prefill_graph:
+            from minfer.ops import paths
 
-        if not paths.enabled("MINFER_PREFILL_GRAPH"):
             paths.switched_off("graph.prefill.replay", "MINFER_PREFILL_GRAPH")
             return False
         if self._prefill_graphs is False:      # a capture failed earlier (counted as a fallback)
@@ -182,14 +201,14 @@ class Engine:
         if self._prefill_graphs is None:
             from minfer.runtime.prefill_graphs import PrefillGraphs
 
-            self._prefill_graphs = PrefillGraphs(self.model, self.cache)
+            self._prefill_graphs = PrefillGraphs(self.model, self.cache, self.ctx)
         return self._prefill_graphs.fits(n)
 
     def _graph_step(self, token: int, pos: int) -> torch.Tensor:
         if self._graph is None:
             from minfer.runtime.cuda_graphs import DecodeGraph
 
-            self._graph = DecodeGraph(self.model, self.cache)
+            self._graph = DecodeGraph(self.model, self.cache, self.ctx)
         return self._graph.step(token, pos)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
@@ -221,9 +240,10 @@ class Engine:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  max_new_tokens: int | None = None, stop: Iterable[str] = (),
-                 top_logprobs: int = 0) -> Iterator[GenEvent]:
+                 top_logprobs: int = 0, logits_processors: Sequence = ()) -> Iterator[GenEvent]:
         """Yield GenEvents for up to max_new_tokens new tokens (None: until the context is full).
-        Texts are '' when the engine has no tokenizer."""
+        Texts are '' when the engine has no tokenizer. logits_processors: see runtime/generate.py
+        (e.g. a grammar's token mask)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         t0 = time.perf_counter()
@@ -242,7 +262,7 @@ class Engine:
         if stop and decoder is None:
             raise MinferError("stop strings need a tokenizer, and this engine has none")
         for ev in generate(logits, step, params, n_new, history=prompt_ids, stop=stop, decoder=decoder,
-                           eog_ids=eog, top_logprobs=top_logprobs):
+                           eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors):
             self.stats["gen_tokens"] += 1
             self.stats["gen_s"] = time.perf_counter() - t1
             yield ev

@@ -1,13 +1,32 @@
-"""The key/value cache: preallocated for the whole context, written in place.
+"""The key/value cache of one sequence: preallocated for the whole context, written in place.
 
-k, v: (n_layers, n_ctx, n_kv_heads, head_dim). Position p of layer l lives at [l, p].
+k, v: (n_layers, n_rows, n_kv_heads, head_dim). Position p of layer l lives at [l, p].
+
+The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees of any cache:
+    cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
+    cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
+    cache.n_ctx                            # rows: the largest position + 1 it can hold
+A paged, many-sequence cache implements the same two calls over its block tables, with a
+Step that says which sequence each row belongs to.
 """
 
 from __future__ import annotations
 
 import torch
 
+from minfer import ops
 from minfer.errors import MinferError
+
+
+def cache_rows(n_ctx: int, device) -> int:
+    """Rows for a context of n_ctx positions. On CUDA, up to the next multiple of
+    ops.LENGTH_BUCKET: prefill attention rounds its length up to it and reads the cache's rows
+    up to that length, and prompts of up to Switches.prefill_graph_max tokens are graphed at
+    lengths rounded to it. The context (what fits) stays n_ctx."""
+    if torch.device(device).type != "cuda":
+        return n_ctx
+    b = ops.LENGTH_BUCKET
+    return -(-n_ctx // b) * b
 
 
 class KVCache:
@@ -24,22 +43,24 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
-    def update(self, layer: int, start_pos, k: torch.Tensor, v: torch.Tensor,
-               positions: torch.Tensor | None = None):
-        """Store k, v (T, Hkv, Dh) at positions [start_pos, start_pos + T); return the layer's
-        whole caches (n_ctx, Hkv, Dh), of which [0, start_pos + T) are valid.
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, step) -> None:
+        """Store k, v (T, Hkv, Dh) at the step's positions.
 
-        start_pos may be a (1,) device tensor (decode under a CUDA graph): then the write goes
-        through index_copy_ at `positions`, with no host value involved (the caller checked
-        the bound before the replay)."""
-        if isinstance(start_pos, torch.Tensor):
-            self.k[layer].index_copy_(0, positions, k.to(self.k.dtype))
-            self.v[layer].index_copy_(0, positions, v.to(self.v.dtype))
-            return self.k[layer], self.v[layer]
+        With a host start: rows [start, start + T), bounds checked. Without one (a CUDA-graph
+        decode step), index_copy_ at step.positions, with no host value involved (the caller
+        checked the bound before the replay)."""
+        if step.start is None:
+            self.k[layer].index_copy_(0, step.positions, k.to(self.k.dtype))
+            self.v[layer].index_copy_(0, step.positions, v.to(self.v.dtype))
+            return
         T = k.shape[0]
-        if start_pos + T > self.n_ctx:
+        if step.start + T > self.n_ctx:
             raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} tokens at "
-                              f"position {start_pos} would overflow it (raise --ctx)")
-        self.k[layer, start_pos:start_pos + T] = k
-        self.v[layer, start_pos:start_pos + T] = v
-        return self.k[layer], self.v[layer]
+                              f"position {step.start} would overflow it (raise --ctx)")
+        self.k[layer, step.start:step.start + T] = k
+        self.v[layer, step.start:step.start + T] = v
+
+    def attend(self, layer: int, q: torch.Tensor, step, ctx=None) -> torch.Tensor:
+        """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
+        positions [0, last + 1) -> (T, H, Dh)."""
+        return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx)

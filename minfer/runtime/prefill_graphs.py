@@ -1,23 +1,23 @@
 """Short prompts' prefill captured in CUDA graphs, one per padded length.
 
-Why: from ~32 to ~1k tokens a 7B prefill is bound by the host, not the GPU. On the H200
-(2026-11-29, bench/results/2026-11-29-h200-e2e.md) one eager prefill of 512 tokens took
-~52 ms of wall time for ~20 ms of GPU work: ~600 kernels issued from Python, ~1.5 ms of host
-time per layer (the eager decode step shows the same ratio). A graph replays all of them with
-one call. Above MINFER_PREFILL_GRAPH_MAX tokens (default 1024) the GPU work dominates and
-the eager path (with its prefetching and fused groups) runs.
+Why: from ~32 to ~1k tokens a 7B prefill is bound by the host, not the GPU (docs/perf-log.md
+section 8: one eager prefill of 512 tokens took ~52 ms of wall time for ~20 ms of GPU work,
+~600 kernels issued from Python). A graph replays all of them with one call. Above
+Switches.prefill_graph_max tokens (default 1024) the GPU work dominates and the eager path
+(with its prefetching and fused groups) runs.
 
-A prompt of T tokens is padded to Tb = T rounded up to a multiple of 128 (padding id 0 at
+A prompt of T tokens is padded to Tb = T rounded up to ops.LENGTH_BUCKET (padding id 0 at
 positions T..Tb-1), so one graph serves all lengths of its bucket. The padding cannot change
 the real rows (causal attention) and the keys it leaves in the cache lie past the real tokens,
-where decode steps write before they read. The last real row is picked by a device index.
-At most MINFER_PREFILL_GRAPHS graphs (default 2) are kept, least recently used dropped, each
-with its memory pool (activations of Tb tokens: ~0.2 GB for the 7B at Tb=512).
+where decode steps write before they read. The last real row is picked by a device index
+(the Step's logits rows). At most Switches.prefill_graphs graphs (default 2) are kept, least
+recently used dropped, each with its memory pool (activations of Tb tokens: ~0.2 GB for the 7B
+at Tb=512).
 
-Capture-time rules: the weights are dequantized by the single-scratch path (prefetching and
-group buffers are switched off while capturing: their cross-stream events and 'buffer still
-holds these weights' shortcuts are host decisions a replay could not repeat), and the captured
-forward always starts at position 0.
+Capture-time rules: the weights are dequantized by the single-scratch path (the capture's
+context is the engine's with prefetch and fuse_groups off: their cross-stream events and
+'buffer still holds these weights' shortcuts are host decisions a replay could not repeat),
+and the captured forward always starts at position 0.
 """
 
 from __future__ import annotations
@@ -26,13 +26,9 @@ from collections import OrderedDict
 
 import torch
 
-from minfer.ops import paths
-
-BUCKET = 128
-
-
-def graph_max_tokens() -> int:
-    return paths.env_int("MINFER_PREFILL_GRAPH_MAX", 1024)
+from minfer.models.base import Step
+from minfer.ops import LENGTH_BUCKET, paths
+from minfer.ops.context import DEFAULT
 
 
 class _Entry:
@@ -46,46 +42,46 @@ class _Entry:
 
 
 class PrefillGraphs:
-    def __init__(self, model, cache):
+    def __init__(self, model, cache, ctx=None):
         self.model = model
         self.cache = cache
-        self.device = model.output_norm.device
+        self.ctx = ctx or DEFAULT
+        self.device = model.device
         self.entries: OrderedDict[int, _Entry] = OrderedDict()
 
     @staticmethod
     def bucket(t: int) -> int:
-        return -(-t // BUCKET) * BUCKET
+        return -(-t // LENGTH_BUCKET) * LENGTH_BUCKET
 
     def fits(self, t: int) -> bool:
-        # Prompts of at most MINFER_GEMV_MAX_M tokens stay eager: their matmuls are the decode
-        # GEMVs (float32 sums over the raw blocks), and a graph of their padded length would
-        # run dequant-to-bf16 + cuBLAS instead -- other numerics than the eager path, which
-        # flipped near-tied greedy tokens of a synthetic model (H200, 2026-11-29).
-        return (paths.env_int("MINFER_GEMV_MAX_M", 32) < t <= graph_max_tokens()
-                and self.bucket(t) <= self.cache.n_ctx)
+        # Prompts of at most gemv_max_m tokens stay eager: their matmuls are the decode GEMVs
+        # (float32 sums over the raw blocks), and a graph of their padded length would run
+        # dequant-to-bf16 + cuBLAS instead -- other numerics than the eager path, which flipped
+        # near-tied greedy tokens of a synthetic model (docs/perf-log.md section 8).
+        sw = self.ctx.switches
+        return sw.gemv_max_m < t <= sw.prefill_graph_max and self.bucket(t) <= self.cache.n_ctx
 
-    def _forward(self, e: _Entry) -> torch.Tensor:
-        return self.model.prefill_padded(e.tok, e.pos, e.last, self.cache)
+    def _forward(self, e: _Entry, ctx) -> torch.Tensor:
+        return self.model.forward(e.tok, Step(e.pos, 0, e.last), self.cache, ctx)
 
     def _capture(self, tb: int) -> _Entry:
-        keep = max(1, paths.env_int("MINFER_PREFILL_GRAPHS", 2))
+        keep = max(1, self.ctx.switches.prefill_graphs)
         while len(self.entries) >= keep:
             self.entries.popitem(last=False)          # frees that graph's memory pool
         e = _Entry(tb, self.device)
-        with paths.scoped_env({"MINFER_PREFETCH": "0", "MINFER_FUSE_GROUPS": "0"}):
-            s = torch.cuda.Stream(device=self.device)
-            s.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(s):
-                for _ in range(2):                    # compile kernels, size the scratch
-                    self._forward(e)
-            torch.cuda.current_stream(self.device).wait_stream(s)
-            e.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(e.graph):
-                e.logits = self._forward(e)
+        ctx = self.ctx.with_switches(prefetch=False, fuse_groups=False)
+        s = torch.cuda.Stream(device=self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            for _ in range(2):                        # compile kernels, size the scratch
+                self._forward(e, ctx)
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        e.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(e.graph):
+            e.logits = self._forward(e, ctx)
         paths.count("graph.prefill.capture")
         self.entries[tb] = e
         return e
-
     @torch.inference_mode()
     def run(self, tokens: list[int]) -> torch.Tensor:
         """Prefill `tokens` from position 0; (1, V) float32 logits of the last one, on the GPU

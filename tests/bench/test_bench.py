@@ -101,20 +101,28 @@ def test_bench_table(tiny_llama, capsys):
 
 
 class FakeRunner:
-    """Records which env value each call saw; no model."""
+    """Records which switches each call saw; no model. Its engine is a stand-in that keeps a
+    Switches the way Engine.set_switches does."""
     name = "fake"
 
     def __init__(self):
-        self.calls: list[tuple[str, str | None]] = []
+        from minfer.switches import Switches
+
+        self.calls: list[tuple[str, bool]] = []
+        self.base = self.sw = Switches()
+
+    def configure(self, changes):
+        self.sw = self.base.with_env(changes)
+        return dict(changes)
 
     def reset(self):
         pass
 
     def prefill(self, ids, start_pos):
-        self.calls.append(("prefill", os.environ.get("MINFER_TEST_AB")))
+        self.calls.append(("prefill", self.sw.gemv))
 
     def decode(self, tok, pos):
-        self.calls.append(("decode", os.environ.get("MINFER_TEST_AB")))
+        self.calls.append(("decode", self.sw.gemv))
 
 
 def test_warmup_excluded():
@@ -123,17 +131,18 @@ def test_warmup_excluded():
     assert len(r.calls) == 4 and len(res.samples_s) == 3
 
 
-def test_ab_interleaves_and_restores_env(monkeypatch):
-    monkeypatch.setenv("MINFER_TEST_AB", "outer")
+def test_ab_interleaves_switches_not_env(monkeypatch):
+    monkeypatch.setenv("MINFER_GEMV", "1")
     r = FakeRunner()
     t = B.Test("pp", 4, 0)
     stats = None
-    ab = B.run_ab(r, [t], B.parse_env("MINFER_TEST_AB=a"), B.parse_env("MINFER_TEST_AB=b"), 4, 2,
+    ab = B.run_ab(r, [t], B.parse_env("MINFER_GEMV=1"), B.parse_env("MINFER_GEMV=0"), 4, 2,
                   np.random.default_rng(0), 100, B.Timer("cpu"), stats, log=lambda m: None)
-    seen = [v for _, v in r.calls]
+    seen = ["a" if v else "b" for _, v in r.calls]
     # a warm-up of each side, then A A B B / B B A A (2 reps each), alternating per pair
     assert seen == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a"] * 2
-    assert os.environ["MINFER_TEST_AB"] == "outer"
+    assert os.environ["MINFER_GEMV"] == "1"                   # the environment is never written
+    assert r.sw == r.base                                     # the runner's own switches restored
     assert len(ab["pairs"]) == 4
     for row in ab["pairs"]:
         assert row["ratio"] == pytest.approx(row["b_ts"] / row["a_ts"])
@@ -157,18 +166,38 @@ def test_parse_env():
         B.parse_env("  ")
 
 
-def test_ab_cli_unsets_bare_name(tiny, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("MINFER_TEST_AB", "kept")
+def test_ab_cli_bare_name_is_default(tiny, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MINFER_PREFILL_CHUNK", "3")
     assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1", "--no-progress",
-                "--ab", "MINFER_TEST_AB=1", "MINFER_TEST_AB", "--pairs", "4", "-o", "json",
+                "--ab", "MINFER_PREFILL_CHUNK=5", "MINFER_PREFILL_CHUNK", "--pairs", "4", "-o", "json",
                 "--out", str(tmp_path / "ab.json")]) == 0
     rec = json.loads(capsys.readouterr().out)
     md = (tmp_path / "ab.md").read_text()
     assert md.count("| B/A mean |") == 1 and md.count("| 4 | pp8 |") == 1
-    assert rec["ab"]["a"] == {"MINFER_TEST_AB": "1"} and rec["ab"]["b"] == {"MINFER_TEST_AB": None}
-    envs = [(x["env"]["ab_side"], x["env"].get("MINFER_TEST_AB")) for x in rec["ab"]["results"]]
-    assert envs == [("A", "1"), ("B", None), ("B", None), ("A", "1")] * 2
-    assert os.environ["MINFER_TEST_AB"] == "kept"
+    assert rec["ab"]["a"] == {"MINFER_PREFILL_CHUNK": "5"} and rec["ab"]["b"] == {"MINFER_PREFILL_CHUNK": None}
+    envs = [(x["env"]["ab_side"], x["env"].get("MINFER_PREFILL_CHUNK")) for x in rec["ab"]["results"]]
+    assert envs == [("A", "5"), ("B", None), ("B", None), ("A", "5")] * 2
+    assert os.environ["MINFER_PREFILL_CHUNK"] == "3"
+
+
+def test_ab_unknown_switch_fails_before_load(tiny, capsys):
+    assert cli(["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "0", "--no-progress",
+                "--ab", "MINFER_NOPE=1", "MINFER_NOPE=0"]) == 1
+    assert "MINFER_NOPE is not a minfer switch" in capsys.readouterr().err
+
+
+def test_engine_runner_configures_engine_switches(tiny):
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    eng = Engine.load(tiny, device="cpu", ctx=32, progress=False, switches=Switches(prefill_chunk=7))
+    r = B.EngineRunner(eng)
+    r.configure({"MINFER_PREFILL_CHUNK": "3"})
+    assert eng.switches.prefill_chunk == 3 and eng.ctx.switches is eng.switches
+    r.configure({})
+    assert eng.switches == Switches(prefill_chunk=7)
+    with pytest.raises(MinferError, match="MINFER_ACT_DTYPE acts at load"):
+        r.configure({"MINFER_ACT_DTYPE": "float32"})
 
 
 @pytest.mark.parametrize("which", ["tiny", "tiny_llama"])
@@ -226,8 +255,8 @@ def test_plot_inputs(tiny, tmp_path, capsys):
 
 def test_cli_rejects_bad_combinations(tiny, capsys):
     for argv, msg in ((["--peer", "torch-bf16", "--device", "cpu"], "CUDA only"),
-                      (["--ab", "MINFER_X=1", "MINFER_X=0", "--pairs", "2", "--device", "cpu"], "at least 4"),
-                      (["--ab", "MINFER_X=1", "MINFER_X=0", "--peer", "torch-bf16", "--device", "cpu"],
+                      (["--ab", "MINFER_GEMV=1", "MINFER_GEMV=0", "--pairs", "2", "--device", "cpu"], "at least 4"),
+                      (["--ab", "MINFER_GEMV=1", "MINFER_GEMV=0", "--peer", "torch-bf16", "--device", "cpu"],
                        "do not combine"),
                       (["-p", "0", "-n", "0", "--device", "cpu"], "no test")):
         assert cli(["bench", "-m", tiny, "--no-progress", *argv]) == 1

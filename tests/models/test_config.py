@@ -18,7 +18,7 @@ def test_qwen2_config():
     c = ModelConfig.from_gguf(GGUFFile(resolve_model("qwen2.5-coder-0.5b-instruct")))
     assert (c.arch, c.n_layers, c.d_model, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab) == \
         ("qwen2", 24, 896, 4864, 14, 2, 64, 151936)
-    assert c.rope.style == "neox" and c.rope.theta == 1e6 and c.qkv_bias and not c.tied_output
+    assert c.rope.style == "neox" and c.rope.theta == 1e6 and not c.tied_output
     assert c.rms_eps == pytest.approx(1e-6) and c.context_length == 32768
 
 
@@ -26,7 +26,7 @@ def test_llama_config():
     c = ModelConfig.from_gguf(GGUFFile(resolve_model("smollm2-135m-instruct")))
     assert (c.arch, c.n_layers, c.d_model, c.ffn, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab) == \
         ("llama", 30, 576, 1536, 9, 3, 64, 49152)
-    assert c.rope.style == "normal" and c.tied_output and not c.qkv_bias
+    assert c.rope.style == "normal" and c.tied_output
 
 
 def _rewrite(src, dst, drop=(), set_=None, arch=None):

@@ -10,6 +10,7 @@ import torch
 def test_padded_prefill_equals_plain(tmp_path):
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
+    from minfer.models import Step
     from minfer.runtime.engine import Engine
 
     p = get_preset("tiny").with_overrides(arch="qwen2")
@@ -24,7 +25,8 @@ def test_padded_prefill_equals_plain(tmp_path):
         tb = 128
         padded = torch.zeros(tb, dtype=torch.long)
         padded[:t] = ids
-        got = b.model.prefill_padded(padded, torch.arange(tb), torch.tensor([t - 1]), b.cache)[0]
+        step = Step(torch.arange(tb), 0, torch.tensor([t - 1]))      # the prefill graph's step
+        got = b.model.forward(padded, step, b.cache, b.ctx)[0]
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4)
         assert torch.allclose(b.cache.k[:, :t], a.cache.k[:, :t], rtol=1e-4, atol=1e-5)
         assert torch.allclose(b.cache.v[:, :t], a.cache.v[:, :t], rtol=1e-4, atol=1e-5)

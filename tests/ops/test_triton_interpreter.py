@@ -18,6 +18,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import QUANT_NAMES, interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
 
+from minfer.ops.context import Context  # noqa: E402
+from minfer.switches import Switches  # noqa: E402
+
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
          "minfer.ops.cuda"]
@@ -97,9 +100,8 @@ def test_linear_paths_and_switch(K, m, monkeypatch):
     assert rel_err(out, ref) < 1e-5
     snap = paths.snapshot()["counts"]
     assert snap == ({"qmatmul.Q4_K.decode": 1} if m <= 32 else {"qmatmul.Q4_K.prefill": 1})
-    monkeypatch.setenv("MINFER_GEMV", "0")
     paths.reset()
-    out = K.qm.linear(x, w)
+    out = K.qm.linear(x, w, None, Context(Switches(gemv=False)))
     assert rel_err(out, ref) < 1e-5
     snap = paths.snapshot()
     assert snap["counts"] == {"qmatmul.Q4_K.prefill": 1}
@@ -111,14 +113,15 @@ def test_linear_chunked_prefill(K, monkeypatch):
     """A weight larger than the scratch is decoded and multiplied in row chunks."""
     from minfer.weights import QWeight
 
-    monkeypatch.setenv("MINFER_SCRATCH_MB", "1")   # 1 MiB = 262144 fp32 values: 200 x 2048 -> 2 chunks
     qt, n, k = 14, 200, 2048
     raw = random_weight(qt, n, k, np.random.default_rng(3))
     w = QWeight("output.weight", qt, (n, k), torch.from_numpy(raw))
     x = torch.randn(17, k, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(n)
     ref = x.double() @ torch.from_numpy(reference_dequant(raw, qt, n, k)).double().T + bias.double()
-    out = K.qm.linear(x, w, bias)
+    # 1 MiB = 262144 fp32 values: 200 x 2048 -> 2 chunks (the single scratch: groups/prefetch off)
+    ctx = Context(Switches(scratch_mb=1, prefetch=False, fuse_groups=False))
+    out = K.qm.linear(x, w, bias, ctx)
     assert rel_err(out, ref) < 1e-5
 
 
@@ -136,10 +139,9 @@ def test_rms_norm_swiglu(K):
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])
 def test_add_rms_norm_fused(K, monkeypatch, out_dtype):
     """The fused residual add + RMSNorm kernel (the default) vs the reference; with
-    MINFER_FUSED_ADD_NORM=0 the separate add, rms_norm and cast give the same result."""
+    fused_add_norm off the separate add, rms_norm and cast give the same result."""
     from minfer.ops import paths, reference
 
-    monkeypatch.delenv("MINFER_FUSED_ADD_NORM", raising=False)   # default: fused
     g = torch.Generator().manual_seed(2)
     x = torch.randn(6, 300, generator=g) * 3                  # float32 residual
     y = (torch.randn(6, 300, generator=g) * 2).to(torch.float16)  # a branch in the matmul dtype
@@ -151,9 +153,8 @@ def test_add_rms_norm_fused(K, monkeypatch, out_dtype):
     assert rel_err(s, rs) < 1e-7
     assert rel_err(h, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
     assert paths.snapshot()["counts"] == {"add_rms_norm.triton": 1}
-    monkeypatch.setenv("MINFER_FUSED_ADD_NORM", "0")          # off: add, rms_norm, cast
-    paths.reset()
-    s2, h2 = K.nra.add_rms_norm(x, y, wt, 1e-6, out_dtype)
+    paths.reset()                                             # off: add, rms_norm, cast
+    s2, h2 = K.nra.add_rms_norm(x, y, wt, 1e-6, out_dtype, Context(Switches(fused_add_norm=False)))
     assert torch.equal(s2, s) and rel_err(h2, rh) < (1e-6 if out_dtype == torch.float32 else 1e-3)
     snap = paths.snapshot()
     assert "add_rms_norm.triton" not in snap["counts"]

@@ -171,7 +171,7 @@ def test_bad_token_and_overflow_errors(tiny):
 def test_cache_rows_round_up_on_cuda_only():
     """The CUDA KV cache gets rows up to a multiple of 128 (room for the bucketed prefill
     attention length); the context -- what fits -- is unchanged; the CPU cache is exact."""
-    from minfer.runtime.engine import cache_rows
+    from minfer.runtime.kv_cache import cache_rows
 
     assert cache_rows(3418, "cpu") == 3418
     assert cache_rows(3418, "cuda") == 3456

@@ -3,21 +3,23 @@
 Same functions as the CPU reference (docs/interfaces.md), chosen by minfer.ops on the
 device of the input tensor. Weights stay as their raw blocks on the GPU (QWeight.raw,
 uint8 (N, row_bytes)); nothing is pre-expanded, so weight memory is the file's tensor bytes.
+Fast paths read their off-switches from the ops context (minfer.ops.context.Context: the
+engine's Switches) and their buffers from the engine's Workspace (workspace.py); the table of
+switches is `minfer switches` (generated from minfer/switches.py).
 
-Paths and switches (all read at call time; MINFER_DEBUG_PATHS=1 prints the counts at exit):
-  qmatmul.<type>.decode     GEMV on the raw blocks, M <= MINFER_GEMV_MAX_M (32); MINFER_GEMV=0 off
-  qmatmul.<type>.prefill    dequantize into a reused scratch + cuBLAS (MINFER_SCRATCH_MB caps it)
-  qmatmul.<type>.cublas_direct  float weights already in the activation dtype
-  qmatmul.group<n>.prefill  linear_many: n weights in one scratch, one GEMM; MINFER_FUSE_GROUPS=0 off
-                            (MINFER_GROUP_GEMM=one|split|auto: one GEMM + column views, or one per slice)
-  prefetch.hit / .miss      next group dequantized on a side stream during this GEMM; MINFER_PREFETCH=0 off
-  embedding.<type>          decode of the requested rows only
-  rms_norm.triton (MINFER_TRITON_NORM=0 -> torch), rope.triton, swiglu.triton
-  add_rms_norm.triton       residual add + RMSNorm + cast in one kernel; MINFER_FUSED_ADD_NORM=0 off
-  attention.prefill.cudnn.<gqa>  SDPA's cuDNN kernel from position 0 (MINFER_CUDNN_GQA=copy|native|repeat);
-                            MINFER_PREFILL_ATTN=flash -> attention.prefill.flash (FA2, GQA unexpanded)
-  attention.prefill.masked  after a cached prefix: the memory-efficient kernel, offset causal mask
-  attention.decode.triton   (MINFER_DECODE_ATTN=0 -> SDPA)
+Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
+  qmatmul.<type>.decode          GEMV on the raw blocks, M <= gemv_max_m        (gemv)
+  qmatmul.<type>.prefill         dequantize into a scratch + cuBLAS
+  qmatmul.<type>.cublas_direct   float weights already in the activation dtype
+  qmatmul.group<n>.prefill       a declared group (q/k/v): one scratch, one GEMM (fuse_groups)
+  prefetch.hit / .miss           next group dequantized on the side stream      (prefetch)
+  embedding.<type>               decode of the requested rows only
+  rms_norm.triton, rope.triton, swiglu.triton
+  add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
+  attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
+  attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
+  attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask
+  attention.decode.triton        split-K decode attention                        (decode_attention)
 """
 
 from __future__ import annotations
@@ -25,18 +27,19 @@ from __future__ import annotations
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, rms_norm, rope, swiglu
-from minfer.ops.cuda.qmatmul import linear, linear_many, planned_scratch_bytes, scratch_bytes
+from minfer.ops.cuda.qmatmul import linear, linear_many
+from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "attention", "decode_attention",
-           "prepare_weight", "memory_report", "planned_scratch_bytes", "scratch_bytes"]
+__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "attention",
+           "decode_attention", "prepare_weight", "memory_report", "Workspace"]
 
 
 def prepare_weight(w) -> None:
     """Called once per QWeight after its raw blocks reached the GPU.
 
     Checks that the type has kernels (a clear MinferError naming the tensor otherwise) and
-    that the raw bytes have the expected (N, row_bytes) layout; adds no planes (w.extra stays
-    empty, so the weight costs exactly its file bytes). Records the size for the scratch plan.
+    that the raw bytes have the expected (N, row_bytes) layout; adds nothing, so the weight
+    costs exactly its file bytes.
     """
     from minfer.errors import MinferError
     from minfer.ops.cuda import dequant, qmatmul
@@ -54,12 +57,9 @@ def prepare_weight(w) -> None:
     if w.raw.data_ptr() % 16:
         # the kernels read f16 scales through 2-byte pointers and want 16-byte row starts
         w.raw = w.raw.clone()
-    qmatmul.note_weight(n * k, w.name)
 
 
-def memory_report(weights) -> str:
+def memory_report(weights, workspace: Workspace, switches, dtype) -> str:
     """One line for the load message: weight bytes on the GPU and the planned prefill scratch."""
     wb = sum(w.nbytes() for w in weights)
-    from minfer.ops.cuda import qmatmul
-
-    return f"weights {wb / 2**30:.2f} GiB on the GPU (raw GGUF blocks), {qmatmul.scratch_plan()}"
+    return f"weights {wb / 2**30:.2f} GiB on the GPU (raw GGUF blocks), {workspace.plan_text(dtype, switches)}"

@@ -1,8 +1,8 @@
 """Causal attention on CUDA over the KV cache (S, Hkv, Dh).
 
 - T > 1 (prefill): from position 0 (bf16/fp16), torch SDPA's cuDNN kernel (FA3-class on
-  Hopper), GQA unexpanded, the length rounded up to a bucket (see _cudnn_causal);
-  MINFER_PREFILL_ATTN=flash (read per call) takes its flash (FA2) kernel instead. After a
+  Hopper), GQA unexpanded, the length rounded up to ops.LENGTH_BUCKET (see _cudnn_causal);
+  Switches.cudnn_attention=False (MINFER_CUDNN_ATTENTION=0) takes its flash (FA2) kernel instead. After a
   cached prefix: the memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
@@ -13,15 +13,14 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton
 import triton.language as tl
 
-from minfer.ops import paths
+from minfer.ops import LENGTH_BUCKET, paths
+from minfer.ops.context import DEFAULT, Context
 
 
 def _cudnn_causal(q, k_cache, v_cache, scale: float):
@@ -32,15 +31,14 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
     (FA2) kernel (tools/exp_attn.py, bench/results/2026-11-29-h200-7b.md).
 
     cuDNN builds an execution plan per shape: 43-60 ms at each new length (same run), more than
-    half a 3354-token prefill. So the length is rounded up to a multiple of MINFER_CUDNN_BUCKET
-    (128; 0 = exact lengths): q gets zero rows after the real ones (one pad copy) and k/v are the
+    half a 3354-token prefill. So the length is rounded up to a multiple of LENGTH_BUCKET
+    (128, docs/perf-log.md section 10): q gets zero rows after the real ones (one pad copy) and k/v are the
     caches' first rows up to the rounded length (a view; rows past the real keys are zeros or
     finite stale keys, and the causal mask keeps them from every real row). At most
     n_ctx / 128 plans are ever built; a 3354-token prompt computes 102 extra query rows.
     """
     t, h, dh = q.shape
-    bucket = paths.env_int("MINFER_CUDNN_BUCKET", 128)
-    tb = -(-t // bucket) * bucket if bucket > 0 else t
+    tb = -(-t // LENGTH_BUCKET) * LENGTH_BUCKET
     if tb > k_cache.shape[0]:
         tb = t                                      # no room in the cache: the exact length
     if tb != t:
@@ -108,7 +106,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
 @triton.jit
 def _combine_kernel(part_o, part_m, part_l, out, H, NS, D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr):
     """out[h] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits' softmax
-    merged, one program per head (was ~7 torch ops). Empty splits (m = -inf) weigh 0."""
+    merged, one program per head. Empty splits (m = -inf) weigh 0."""
     h = tl.program_id(0)
     c = tl.arange(0, CH)
     mx = tl.full([CH], float("-inf"), dtype=tl.float32)
@@ -168,13 +166,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos) -> torch.Tensor:
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
+              ctx: Context | None = None) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
     """
+    sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
-    if t == 1 and paths.enabled("MINFER_DECODE_ATTN"):
+    if t == 1 and sw.decode_attention:
         paths.count("attention.decode.triton")
         n_keys = start_pos + 1
         return decode_attention(q, k_cache, v_cache, n_keys)
@@ -185,19 +185,18 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     s = start_pos + t
     hkv = k_cache.shape[1]
     scale = 1.0 / dh ** 0.5
-    mode = os.environ.get("MINFER_PREFILL_ATTN", "cudnn")
-    if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and mode == "cudnn":
+    if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
         # cuDNN's fused attention (FA3-class on Hopper): half the flash (FA2) kernel's time
         try:
             return _cudnn_causal(q, k_cache, v_cache, scale)
         except RuntimeError as e:
             paths.fallback("attention.prefill.cudnn", f"SDPA refused cuDNN: {str(e).splitlines()[0][:80]}")
-    elif start_pos == 0 and mode != "cudnn":
-        paths.switched_off("attention.prefill.cudnn", f"MINFER_PREFILL_ATTN={mode}")
-    # SDPA's fused kernels take 4-D (B, H, T, Dh) inputs only: with 3-D inputs it silently
-    # used its math backend, which upcasts bf16 to float32 and materializes the (T, S)
-    # scores: 220 of 302 ms of a 7B prefill of 3354 tokens on the H200 (2026-11-29,
-    # bench/results). So: 4-D, the math backend excluded, and a refusal counted as a fallback.
+    elif start_pos == 0 and not sw.cudnn_attention:
+        paths.switched_off("attention.prefill.cudnn", "MINFER_CUDNN_ATTENTION")
+    # SDPA's fused kernels take 4-D (B, H, T, Dh) inputs only: with 3-D inputs it silently uses
+    # its math backend, which upcasts bf16 to float32 and materializes the (T, S) scores
+    # (docs/perf-log.md section 8). So: 4-D, the math backend excluded, and a refusal counted as
+    # a fallback.
     k = k_cache[:s].transpose(0, 1).unsqueeze(0)            # (1, Hkv, S, Dh)
     v = v_cache[:s].transpose(0, 1).unsqueeze(0)
     qh = q.transpose(0, 1).unsqueeze(0)                      # (1, H, T, Dh)

@@ -32,8 +32,16 @@ dequantize_row_*; gguf-py quants.py is the executable reference the tests compar
 
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+
+def interpret() -> bool:
+    """Triton's own process-level switch TRITON_INTERPRET=1 (kernels run on the CPU, the tests):
+    the kernels then take small fixed tiles. Read at call time, the one place minfer reads it."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # ggml type ids (ggml.h enum ggml_type; gguf.GGMLQuantizationType)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8

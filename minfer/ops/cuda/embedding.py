@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from minfer.ops import paths
 from minfer.ops.cuda import dequant
+from minfer.ops.cuda.dequant import interpret
 
 
 def embedding(ids: torch.Tensor, w, dtype=torch.float32) -> torch.Tensor:
@@ -24,6 +23,5 @@ def embedding(ids: torch.Tensor, w, dtype=torch.float32) -> torch.Tensor:
     d = w.shape[1]
     out = torch.empty((n, d), dtype=dtype, device=ids.device)
     ids = ids.to(device=w.raw.device, dtype=torch.int64).contiguous()
-    dequant.dequantize_into(w.raw, w.qtype, n, d, out, idx=ids,
-                            interpret=os.environ.get("TRITON_INTERPRET", "0") == "1")
+    dequant.dequantize_into(w.raw, w.qtype, n, d, out, idx=ids, interpret=interpret())
     return out

@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minfer.ops import paths
+from minfer.ops import paths, reference
+from minfer.ops.context import DEFAULT, Context
 
 
 @triton.jit
@@ -40,15 +41,13 @@ def _add_rms_norm_kernel(x, y, w, s_out, h_out, D, stride_x, stride_y, stride_s,
     tl.store(h_out + row * stride_h + d, (v * r * g).to(h_out.dtype.element_ty), mask=dm)
 
 
-def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype):
+def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
+                 ctx: Context | None = None):
     """(s, h): s = x + y in x's dtype (the float32 residual), h = rms_norm(s) * weight in
-    out_dtype, in one pass over the rows (one kernel instead of add + norm + cast: the
-    7B prefill profile at 3354 tokens spent 2.7 ms in the adds and 1.0 ms in the casts).
-
-    On by default since the H200 A/B of 2026-11-29 (docs/perf-log.md, section 10: the adds,
-    norms and casts of a 3354-token 7B prefill went from 5.2 ms to 2.0 ms). MINFER_FUSED_ADD_NORM=0
-    runs the add, rms_norm and cast kernels it replaced, and is counted as switched off."""
-    if not paths.enabled("MINFER_FUSED_ADD_NORM"):
+    out_dtype, in one pass over the rows (one kernel instead of add + norm + cast; H200 A/B in
+    docs/perf-log.md section 10). Switches.fused_add_norm=False runs the add, rms_norm and
+    cast kernels it replaced, counted as switched off."""
+    if not (ctx or DEFAULT).switches.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
         s = x + y
         return s, rms_norm(s, weight, eps).to(out_dtype)
@@ -68,10 +67,6 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x (T, D) -> x * rsqrt(mean(x^2) + eps) * weight, (T, D) in x's dtype."""
-    if not paths.enabled("MINFER_TRITON_NORM"):
-        paths.switched_off("rms_norm.triton", "MINFER_TRITON_NORM")
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
     paths.count("rms_norm.triton")
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -115,38 +110,25 @@ def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stri
 
 
 @functools.lru_cache(maxsize=32)
-def _inv_freq(theta: float, n_rot: int, freq_scale: float, freq_factors, device: str) -> torch.Tensor:
-    """(n_rot/2,) float64 on the device: turns per position, freq_scale * theta^(-2i/n_rot) / factor_i / 2pi
-    (ggml rope's theta_scale powers, ext_factor 0)."""
-    i = torch.arange(n_rot // 2, dtype=torch.float64)
-    inv = freq_scale * theta ** (-2.0 * i / n_rot)
-    if freq_factors is not None:
-        inv = inv / torch.tensor(freq_factors, dtype=torch.float64)
-    return (inv / (2 * math.pi)).to(device)
-
-
-def _cfg_fields(cfg, head_dim: int):
-    """(theta, neox, n_rot, freq_scale, freq_factors) from minfer.config.RopeConfig."""
-    style = getattr(cfg, "style", "normal")
-    if style not in ("normal", "neox"):
-        raise ValueError(f"unknown rope style {style!r}")
-    n_rot = int(getattr(cfg, "n_rot", head_dim) or head_dim)
-    ff = getattr(cfg, "freq_factors", None)
-    return (float(cfg.theta), style == "neox", n_rot, float(getattr(cfg, "freq_scale", 1.0)),
-            tuple(ff) if ff is not None else None)
+def _turns(cfg, device: str) -> torch.Tensor:
+    """(n_rot/2,) float64 on the device: turns per position, the reference's inverse frequencies
+    (minfer.ops.reference.inv_freq, the one definition) over 2 pi. A memo of a constant."""
+    return (reference.inv_freq(cfg) / (2 * math.pi)).to(device)
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
     """x (T, H, Dh) at positions (T,) int64 -> (T, H, Dh), rotated by cfg's convention."""
     t, h, dh = x.shape
-    theta, neox, n_rot, fscale, ff = _cfg_fields(cfg, dh)
+    if cfg.style not in ("normal", "neox"):
+        raise ValueError(f"unknown rope style {cfg.style!r}")
+    neox, n_rot = cfg.style == "neox", cfg.n_rot
     paths.count("rope.triton")
     if x.stride(-1) != 1:
         x = x.contiguous()
     out = torch.empty((t, h, dh), dtype=x.dtype, device=x.device)
     if n_rot < dh:
         out[..., n_rot:] = x[..., n_rot:]
-    inv = _inv_freq(theta, n_rot, fscale, ff, str(x.device))
+    inv = _turns(cfg, str(x.device))
     half = n_rot // 2
     bh = min(triton.next_power_of_2(h), 16)
     _rope_kernel[(t, triton.cdiv(h, bh))](x, positions, inv, out, h, x.stride(0), x.stride(1),

@@ -1,0 +1,116 @@
+"""What every architecture declares, and the step description one forward serves.
+
+    logits = model.forward(tokens, step, cache, ctx)
+
+- `Step` says where the tokens sit and which rows' logits are wanted. It replaces the old
+  start_pos / positions / last_only / last_index arguments: the eager run, the decode CUDA
+  graph and the padded prefill graph all call the same forward with a different Step.
+- `cache` owns writing a step's keys/values and producing what attention reads (the cache
+  protocol, docs/interfaces.md "Cache protocol"): the model calls `cache.write(layer, k, v,
+  step)` then `cache.attend(layer, q, step, ctx)`, and never indexes the cache itself.
+- `ctx` (minfer.ops.Context) carries the engine's switches and workspace to the ops.
+
+A new architecture is one file in minfer/models/ with a subclass of `Model` (usually of
+LlamaModel) registered in minfer/models/__init__.py; see README "Adding an architecture".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Step:
+    """The positions of one forward's tokens and the rows whose logits are wanted.
+
+    positions: (T,) int64 on the model's device, the position of each token.
+    start:     the host-side position of the first token when the positions are
+               start..start+T-1 (eager runs, padded prefill from 0); None when only the device
+               tensor holds them (a CUDA-graph decode step: nothing may depend on host values).
+    logits:    "all" (T rows), "last" (the last row), or a (R,) int64 device tensor of row
+               indices (the padded prefill's last real token, chosen at replay time).
+    """
+
+    positions: torch.Tensor
+    start: int | None
+    logits: str | torch.Tensor = "all"
+
+    @classmethod
+    def at(cls, start: int, n: int, device, logits: str | torch.Tensor = "all") -> "Step":
+        """n tokens at positions start.. (host-side start)."""
+        return cls(torch.arange(start, start + n, device=device), int(start), logits)
+
+    @property
+    def n(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def attn_start(self):
+        """What attention takes as the first position: the host int, or (start None) the (1,)
+        device tensor of a one-token step."""
+        return self.start if self.start is not None else self.positions[:1]
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The rows of x (T, ...) whose logits are wanted."""
+        if isinstance(self.logits, torch.Tensor):
+            return x.index_select(0, self.logits)
+        if self.logits == "last":
+            return x[-1:]
+        if self.logits == "all":
+            return x
+        raise ValueError(f"Step.logits: expected 'all', 'last' or a tensor of rows, got {self.logits!r}")
+
+
+class Model:
+    """The base of every architecture. Subclasses set the class attributes and implement
+    `from_gguf` and `forward`; the runtime uses nothing else.
+
+    Declarations (class attributes):
+      arch        GGUF `general.architecture`
+      rope_style  'normal' (ggml NORM: adjacent pairs) or 'neox' (halves), llama.cpp
+                  llama_model_rope_type for this architecture
+      qkv_bias    blk.N.attn_{q,k,v}.bias present
+      qk_norm     blk.N.attn_{q,k}_norm.weight: RMSNorm of each head of q and k before rope
+    Instance attributes: cfg (minfer.config.ModelConfig), act_dtype (matmul inputs and KV
+    cache dtype), device.
+    """
+
+    arch: str = ""
+    rope_style: str = "normal"
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    cfg = None
+    act_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def from_gguf(cls, gf, cfg, device="cpu", dtype=torch.float32, progress: bool = True,
+                  act_dtype: torch.dtype = torch.float32) -> "Model":
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        raise NotImplementedError
+
+    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
+        """tokens (T,) int64 at step.positions -> logits (R, V) float32 of the rows step.logits
+        names. Writes the tokens' keys/values through `cache`. Host-value free when step.start
+        is None or step.logits is a tensor (CUDA graphs capture it once and replay it)."""
+        raise NotImplementedError
+
+    def qweights(self) -> list:
+        """Every matrix (QWeight) of the model once (a tied lm head is the embedding)."""
+        raise NotImplementedError
+
+    def linear_groups(self) -> list[tuple]:
+        """Tuples of QWeights the forward passes to ops.linear_many together, which the CUDA
+        workspace fuses (one scratch, one GEMM): q/k/v per layer. gate/up are not a group:
+        dequantized apart they need half the scratch at the same speed (docs/perf-log.md 10)."""
+        return []
+
+    def head_weights(self) -> list:
+        """Matrices that do not size the prefill scratch: the embedding (a row gather) and the
+        lm head (a prefill multiplies only the last row, by the GEMV)."""
+        return []

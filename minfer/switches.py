@@ -1,0 +1,194 @@
+"""Switches: every fast-path off-switch and tuning value of the engine, in one frozen object.
+
+The Engine takes a Switches at load and owns it; the ops receive it through the context the
+engine passes (minfer.ops.Context). `Switches.from_env()` is the only place in minfer that reads
+MINFER_* behaviour variables; an A/B (`minfer bench --ab`) or a CUDA-graph capture passes a
+changed copy (`dataclasses.replace`) and never touches the process environment.
+
+Each field's metadata holds its environment name and one line of documentation; the README's
+switch table (`minfer switches --markdown`, checked by tests/test_switches.py) and the launch-path
+report are generated from them.
+
+Fast paths are switched OFF by MINFER_X=0 (or false/off/no). Retired switches (their A/B was
+decided, docs/perf-log.md section 11) are not read any more; setting one prints a warning
+through `retired_in_env()` (minfer bench and the engine's load line mention it).
+
+Process-level settings that are not engine behaviour are read elsewhere, each once and
+documented there: MINFER_HOME (catalog.minfer_home), TRITON_INTERPRET (Triton's own switch,
+minfer.ops.cuda.dequant.interpret), plus the server's MINFER_API_KEY default and the catalog's
+MINFER_PIP_ARGS. `environ_snapshot()` gives the MINFER_* variables for a benchmark record.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import MISSING, dataclass, field, fields, replace
+from typing import Mapping
+
+from minfer.errors import MinferError
+
+
+def _sw(default, env: str, doc: str, kind: str = "switch", when: str = "call"):
+    """A field: `kind` is 'switch' (a fast path, on by default, MINFER_X=0 turns it off) or
+    'tuning' (a value); `when` says whether it acts on each call or only at load."""
+    return field(default=default, metadata={"env": env, "doc": doc, "kind": kind, "when": when})
+
+
+@dataclass(frozen=True)
+class Switches:
+    # ---- fast paths (MINFER_X=0 turns one off; the launch-path report says "switched off by") ----
+    gemv: bool = _sw(True, "MINFER_GEMV",
+                     "decode GEMV over the raw blocks for M <= gemv_max_m rows (off: dequantize + cuBLAS)")
+    gemv_repack: bool = _sw(True, "MINFER_GEMV_REPACK",
+                            "decode GEMV over load-time repacked planes (ops/cuda/gemv_repack.py)",
+                            when="load")
+    fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
+                            "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
+                            "(off: one weight at a time)")
+    prefetch: bool = _sw(True, "MINFER_PREFETCH",
+                         "prefill: the next weight group dequantized on a side stream during this GEMM")
+    fused_add_norm: bool = _sw(True, "MINFER_FUSED_ADD_NORM",
+                               "residual add + RMSNorm + cast in one kernel (off: three kernels)")
+    cudnn_attention: bool = _sw(True, "MINFER_CUDNN_ATTENTION",
+                                "prefill attention from position 0 by SDPA's cuDNN kernel, length "
+                                "bucketed (off: SDPA's flash kernel)")
+    decode_attention: bool = _sw(True, "MINFER_DECODE_ATTN",
+                                 "decode attention by the Triton split-K kernel (off: SDPA)")
+    cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
+    prefill_graph: bool = _sw(True, "MINFER_PREFILL_GRAPH",
+                              "prompts of gemv_max_m+1 .. prefill_graph_max tokens from position 0 "
+                              "replay a CUDA graph of their padded length")
+    # ---- tuning values ----
+    gemv_max_m: int = _sw(32, "MINFER_GEMV_MAX_M", "largest M (rows) that takes the decode GEMV",
+                          kind="tuning")
+    scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
+                          "cap of the single dequant scratch (MiB); larger weights go in row chunks",
+                          kind="tuning")
+    group_scratch_mb: int = _sw(288, "MINFER_GROUP_SCRATCH_MB",
+                                "cap of each of the two prefetch/group buffers (MiB)", kind="tuning")
+    prefill_graph_max: int = _sw(1024, "MINFER_PREFILL_GRAPH_MAX",
+                                 "longest prompt (tokens) prefilled through a CUDA graph", kind="tuning")
+    prefill_graphs: int = _sw(2, "MINFER_PREFILL_GRAPHS",
+                              "prefill graphs kept (least recently used dropped)", kind="tuning")
+    prefill_chunk: int = _sw(0, "MINFER_PREFILL_CHUNK",
+                             "prompt tokens per forward pass (0: 512 on the CPU, 4096 on CUDA)",
+                             kind="tuning")
+    act_dtype: str = _sw("bfloat16", "MINFER_ACT_DTYPE",
+                         "CUDA matmul inputs and KV cache: bfloat16, float16 or float32",
+                         kind="tuning", when="load")
+    threads: int = _sw(0, "MINFER_THREADS", "torch CPU threads (0: torch's default)",
+                       kind="tuning", when="load")
+    debug_paths: bool = _sw(False, "MINFER_DEBUG_PATHS",
+                            "print the launch-path counts at exit (stderr)", kind="tuning",
+                            when="process")
+
+    # ------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Switches":
+        """The switches as set in `env` (default: os.environ); unset or empty -> the default.
+        A value that does not parse is a MinferError naming the variable."""
+        env = os.environ if env is None else env
+        kw = {}
+        for f in fields(cls):
+            raw = env.get(f.metadata["env"])
+            if raw is None or raw.strip() == "":
+                continue
+            kw[f.name] = _parse(f, raw.strip())
+        return cls(**kw)
+
+    def with_env(self, changes: Mapping[str, str | None]) -> "Switches":
+        """A copy with MINFER_X=value settings applied (a value of None restores the default):
+        what `minfer bench --ab 'MINFER_GEMV=0' ...` passes to the engine."""
+        by_env = {f.metadata["env"]: f for f in fields(self)}
+        kw = {}
+        for name, raw in changes.items():
+            f = by_env.get(name)
+            if f is None:
+                raise MinferError(f"{name} is not a minfer switch (known: {', '.join(sorted(by_env))})")
+            kw[f.name] = f.default if raw is None or raw.strip() == "" else _parse(f, raw.strip())
+        return replace(self, **kw)
+
+    def off(self) -> dict:
+        """{field: env} of the fast paths switched off here (for the load line)."""
+        return {f.name: f.metadata["env"] for f in fields(self)
+                if f.metadata["kind"] == "switch" and getattr(self, f.name) is False}
+
+    @staticmethod
+    def env_name(name: str) -> str:
+        """The MINFER_* variable of field `name`."""
+        return {f.name: f.metadata["env"] for f in fields(Switches)}[name]
+
+
+def _parse(f, raw: str):
+    env = f.metadata["env"]
+    if f.type in ("bool", bool):
+        low = raw.lower()
+        if low in ("0", "false", "off", "no"):
+            return False
+        if low in ("1", "true", "on", "yes"):
+            return True
+        raise MinferError(f"{env}={raw!r}: expected 0 or 1")
+    if f.type in ("int", int):
+        try:
+            v = int(raw)
+        except ValueError:
+            raise MinferError(f"{env}={raw!r}: expected an integer") from None
+        if v < 0:
+            raise MinferError(f"{env}={raw!r}: expected a non-negative integer")
+        return v
+    if f.name == "act_dtype":
+        names = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
+        if raw not in names:
+            raise MinferError(f"{env}={raw!r}: expected one of {', '.join(names)}")
+    return raw
+
+
+# Switches whose A/B is decided and recorded in docs/perf-log.md (section 11): no longer read.
+RETIRED = {
+    "MINFER_GROUP_GEMM": "q/k/v: one GEMM over the group; other groups one GEMM per slice (section 7)",
+    "MINFER_GROUP_FFN": "gate and up are dequantized apart (section 10, run J)",
+    "MINFER_TRITON_NORM": "RMSNorm is always the Triton kernel on CUDA (sections 6-10)",
+    "MINFER_CUDNN_BUCKET": "the cuDNN length is always rounded up to 128 (section 10, run K)",
+    "MINFER_PREFILL_ATTN": "cuDNN is the default; MINFER_CUDNN_ATTENTION=0 selects flash (section 10)",
+    "MINFER_CUDNN_GQA": "GQA goes to cuDNN unexpanded (section 10, runs H-I)",
+}
+
+
+def retired_in_env(env: Mapping[str, str] | None = None) -> list[str]:
+    """'MINFER_X (retired: why)' for each retired switch set in the environment."""
+    env = os.environ if env is None else env
+    return [f"{k} (retired: {why})" for k, why in RETIRED.items() if env.get(k)]
+
+
+def environ_snapshot(env: Mapping[str, str] | None = None) -> dict:
+    """The MINFER_* variables as set (a benchmark record keeps them, behaviour or not)."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in sorted(env.items()) if k.startswith("MINFER_")}
+
+
+def process_setting(name: str, default: str | None = None) -> str | None:
+    """A process-level MINFER_* setting that is not engine behaviour (MINFER_COMMIT for the
+    benchmark record); behaviour goes through Switches."""
+    if name in {f.metadata["env"] for f in fields(Switches)}:
+        raise MinferError(f"{name} is an engine switch: read it through Switches.from_env()")
+    return os.environ.get(name, default)
+
+
+def markdown_table() -> str:
+    """The README's switch table, generated from the field docs."""
+    rows = ["| variable | field | default | acts | what it does |", "|---|---|---|---|---|"]
+    for f in fields(Switches):
+        d = f.default if f.default is not MISSING else ""
+        if f.metadata["kind"] == "switch":
+            d = "on" if d else "off"
+        when = {"call": "per call", "load": "at load", "process": "at exit"}[f.metadata["when"]]
+        rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {d} | {when} | {f.metadata['doc']} |")
+    return "\n".join(rows)
+
+
+def describe(sw: Switches) -> str:
+    """One line per field that differs from its default (for the launch-path report)."""
+    diffs = [f"{f.metadata['env']}={getattr(sw, f.name)!s}" for f in fields(sw)
+             if getattr(sw, f.name) != f.default]
+    return ", ".join(diffs) if diffs else "all defaults"
