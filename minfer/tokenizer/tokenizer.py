@@ -389,12 +389,28 @@ class Tokenizer:
         return StreamDecoder(self, skip_special)
 
     # ---- chat ----
+    @property
+    def chat_format(self) -> str:
+        """'gguf' when the file has a template, else the fallback's name (templates.py)."""
+        return "gguf" if self.chat_template else self._fallback()[0]
+
+    def _fallback(self) -> tuple[str, str]:
+        if not hasattr(self, "_fallback_tmpl"):
+            from minfer.tokenizer.templates import fallback_template
+
+            self._fallback_tmpl = fallback_template({t for _, t in self._partition_order})
+        return self._fallback_tmpl
+
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             **extra) -> str:
-        """Render messages with the GGUF's template (ChatML when the file has none)."""
-        from minfer.tokenizer.chat_template import CHATML_TEMPLATE, render_chat
+        """Render messages with the GGUF's template; a file without one gets its family's
+        llama.cpp format, chosen by the turn markers of its vocab (templates.py), or ChatML."""
+        from minfer.tokenizer.chat_template import render_chat
 
-        return render_chat(self.chat_template or CHATML_TEMPLATE, messages,
-                           add_generation_prompt=add_generation_prompt,
-                           bos_token=self.bos_text, eos_token=self.eos_text,
-                           source=f"{self.path}: tokenizer.chat_template", **extra)
+        if self.chat_template:
+            tmpl, source = self.chat_template, f"{self.path}: tokenizer.chat_template"
+        else:
+            name, tmpl = self._fallback()
+            source = f"minfer's {name} chat format (the GGUF {self.path} has no tokenizer.chat_template)"
+        return render_chat(tmpl, messages, add_generation_prompt=add_generation_prompt,
+                           bos_token=self.bos_text, eos_token=self.eos_text, source=source, **extra)
