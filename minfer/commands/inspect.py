@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
+
+from minfer.safe_text import safe
 
 HELP = "show a GGUF file's architecture, hyper-parameters, tokenizer and tensor types"
 DESCRIPTION = """\
@@ -14,7 +17,9 @@ hyper-parameter of the architecture, the tokenizer, and a table of the tensors g
 by ggml type (count, bytes, share of all tensor bytes). Nothing is loaded into memory:
 the file is validated and memory-mapped.
 
-Works on any architecture, including ones minfer cannot run yet.
+Works on any architecture, including ones minfer cannot run yet. Names and values come
+from the file, so they are shown escaped (control characters as \x1b ...) and cut; metadata
+keys minfer would refuse are marked, with what is wrong.
 
 examples:
   minfer inspect qwen2.5-coder-0.5b-instruct
@@ -27,8 +32,10 @@ MAX_LIST = 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="FILE_OR_NAME",
+    p.add_argument("model", metavar="FILE_OR_NAME", nargs="?", default=None,
                    help="path to a .gguf file, or a catalog name (`minfer list`; pulled if missing)")
+    p.add_argument("-m", "--model", dest="model_opt", default=None, metavar="FILE_OR_NAME",
+                   help="the same, as the other commands take it")
     p.add_argument("--tensors", action="store_true",
                    help="also list every tensor: name, type, shape (numpy order), bytes")
     p.add_argument("--json", action="store_true",
@@ -101,11 +108,19 @@ def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
         "tensor_bytes": total,
         "n_tensors": len(g.tensors),
         "tensor_types": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+        "problems": _problems(g),
     }
     if with_tensors:
         out["tensors"] = [{"name": t.name, "type": t.type_name, "shape": list(t.shape),
                            "bytes": t.n_bytes, "offset": t.offset} for t in g.tensors.values()]
     return out
+
+
+def _problems(g: Any) -> dict[str, str]:
+    """{metadata key: what is wrong} for the keys minfer reads (minfer.metadata_check)."""
+    from minfer import metadata_check
+
+    return metadata_check.problems(g)
 
 
 def format_table(rows: list[list[str]], right: set[int]) -> list[str]:
@@ -119,33 +134,43 @@ def format_table(rows: list[list[str]], right: set[int]) -> list[str]:
 
 
 def _fmt(v: Any) -> str:
+    """A value for the text view: one escaped line of at most ~80 characters."""
     if isinstance(v, dict) and set(v) == {"length"}:
         return f"[{v['length']} items]"
     if isinstance(v, float):
         return f"{v:g}"
-    if isinstance(v, str) and len(v) > 80:
-        return repr(v[:77] + "...")
-    return json.dumps(v) if isinstance(v, (list, str)) else str(v)
+    if isinstance(v, str):
+        return f'"{safe(v, 78)}"'
+    if isinstance(v, list):
+        return safe(json.dumps(v, ensure_ascii=False), 80)
+    return safe(v, 80)
+
+
+def _marked(key: str, value: str, problems: dict[str, str]) -> str:
+    return f"{value}  <-- invalid: {problems[key]}" if key in problems else value
 
 
 def render_text(s: dict[str, Any]) -> str:
     tok = s["tokenizer"]
+    bad = s.get("problems", {})
+    arch = s["architecture"]
     lines = [
-        f"file:            {s['file']}",
+        f"file:            {safe(s['file'], 300)}",
         f"file size:       {human_bytes(s['file_size'])} ({s['file_size']:,} bytes), GGUF v{s['gguf_version']}",
-        f"architecture:    {s['architecture']}",
-        f"name:            {s['name']}",
+        f"architecture:    {_fmt(arch) if not isinstance(arch, str) else safe(arch, 60)}",
+        f"name:            {safe(s['name'], 80)}",
         f"parameters:      {s['n_params_human']} ({s['n_params']:,})",
         f"file type:       {s['file_type']}",
-        f"context length:  {s['context_length']}",
-        f"layers:          {s['n_layers']}",
+        f"context length:  {safe(s['context_length'], 40)}",
+        f"layers:          {safe(s['n_layers'], 40)}",
         "",
-        f"hyper-parameters ({s['architecture']}.*):",
+        f"hyper-parameters ({safe(arch, 60)}.*):",
     ]
-    hp_rows = [[k, _fmt(v)] for k, v in s["hparams"].items()]
+    hp_rows = [[safe(k, 60), _marked(f"{arch}.{k}", _fmt(v), bad)] for k, v in s["hparams"].items()]
     lines += [f"  {line}" for line in format_table(hp_rows, set())] if hp_rows else ["  (none)"]
     lines += ["", "tokenizer:"]
-    tok_rows = [[k, _fmt(v)] for k, v in tok.items() if v is not None]
+    tok_rows = [[safe(k, 60), _marked(f"tokenizer.ggml.{k}", _fmt(v), bad)] for k, v in tok.items()
+                if v is not None]
     lines += [f"  {line}" for line in format_table(tok_rows, set())]
     lines += ["", f"tensors: {s['n_tensors']}, {human_bytes(s['tensor_bytes'])} ({s['tensor_bytes']:,} bytes)"]
     rows = [["type", "count", "params", "bytes", "share"]]
@@ -156,20 +181,37 @@ def render_text(s: dict[str, Any]) -> str:
     if "tensors" in s:
         lines += ["", "every tensor:"]
         rows = [["name", "type", "shape", "bytes"]]
-        rows += [[t["name"], t["type"], "x".join(map(str, t["shape"])) or "scalar", f"{t['bytes']:,}"]
+        rows += [[safe(t["name"], 64), t["type"], "x".join(map(str, t["shape"])) or "scalar", f"{t['bytes']:,}"]
                  for t in s["tensors"]]
         lines += [f"  {line}" for line in format_table(rows, {3})]
+    if bad:
+        lines += ["", f"problems: {len(bad)} metadata keys minfer would refuse to load:"]
+        lines += [f"  {safe(k, 80)}: {v}" for k, v in bad.items()]
     return "\n".join(lines)
+
+
+# Characters JSON leaves raw that a terminal would act on or that reorder the display (DEL,
+# C1 controls, line separators, bidi controls); written as \u escapes the JSON is unchanged.
+_JSON_UNSAFE = re.compile("[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\u200e\u200f]")
+
+
+def safe_json(obj: Any) -> str:
+    text = json.dumps(obj, indent=2, ensure_ascii=False)
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def main(args: argparse.Namespace) -> int:
     from minfer.catalog import resolve_model
     from minfer.gguf_file import GGUFFile
 
-    g = GGUFFile(resolve_model(args.model))
+    if (args.model is None) == (args.model_opt is None):
+        from minfer.errors import MinferError
+
+        raise MinferError("give the model once: as FILE_OR_NAME or with -m/--model")
+    g = GGUFFile(resolve_model(args.model if args.model is not None else args.model_opt))
     s = summarize(g, with_tensors=args.tensors)
     if args.json:
-        print(json.dumps(s, indent=2, ensure_ascii=False))
+        print(safe_json(s))
     else:
         print(render_text(s))
     return 0
