@@ -11,6 +11,12 @@ in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
 
     /tmp/llcpp/bin/python tools/gen_token_goldens.py            # both catalog models + variants
     /tmp/llcpp/bin/python tools/gen_token_goldens.py PATH.gguf   # one file -> goldens/<stem>.json
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py gemma-3-270m  # a catalog model
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py --chat-builtin  # goldens/chat_builtin.json
+
+--chat-builtin renders conversations with llama.cpp's built-in chat formats by name
+(llama_chat_apply_template("gemma", ...)), the formats minfer/tokenizer/templates.py gives
+files without a template.
 """
 
 from __future__ import annotations
@@ -92,6 +98,34 @@ CHAT_MESSAGES = [
      {"role": "assistant", "content": "4"},
      {"role": "user", "content": "And 3+3?\nExplain."}],
 ]
+
+
+# conversations for the built-in formats: whitespace around contents (some formats trim),
+# a system turn (Gemma merges it into the next user turn), several turns
+BUILTIN_MESSAGES = CHAT_MESSAGES + [
+    [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi\n"},
+     {"role": "assistant", "content": " Hello!"}, {"role": "user", "content": "Bye"}],
+    [{"role": "user", "content": "  only user  "}],
+]
+BUILTIN_FORMATS = ("gemma", "llama3", "command-r", "phi3")
+
+
+def builtin_chat_golden() -> dict:
+    import llama_cpp.llama_cpp as L
+
+    cases = []
+    for fmt in BUILTIN_FORMATS:
+        for msgs in BUILTIN_MESSAGES:
+            for add_ass in (True, False):
+                arr = (L.llama_chat_message * len(msgs))(
+                    *[L.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in msgs])
+                buf = ctypes.create_string_buffer(8192)
+                n = L.llama_chat_apply_template(fmt.encode(), arr, len(msgs), add_ass, buf, 8192)
+                if n < 0:
+                    raise SystemExit(f"llama.cpp has no built-in chat format {fmt!r}")
+                cases.append({"format": fmt, "messages": msgs, "add_generation_prompt": add_ass,
+                              "text": buf.raw[:n].decode("utf-8")})
+    return {"llama_cpp": LLAMA_CPP_VERSION, "cases": cases}
 
 
 class LlamaVocab:
@@ -213,7 +247,15 @@ def dump_golden(g: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help="GGUF paths or catalog names (default: both catalog models)")
+    ap.add_argument("--chat-builtin", action="store_true",
+                    help="write goldens/chat_builtin.json (llama.cpp's built-in chat formats) only")
     args = ap.parse_args()
+    if args.chat_builtin:
+        out = OUT_DIR / "chat_builtin.json"
+        g = builtin_chat_golden()
+        out.write_text(dump_golden(g), encoding="utf-8")
+        print(f"{out}: {len(g['cases'])} renders")
+        return 0
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from minfer.catalog import resolve_model  # only to find (or pull) the files
 
