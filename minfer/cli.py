@@ -1,7 +1,16 @@
 """`minfer` command line: a thin dispatcher over minfer/commands/<name>.py.
 
 Each command module defines HELP (one line), add_arguments(parser) and main(args) -> int,
-and keeps heavy imports (torch, triton) inside main() so that `minfer --help` is instant.
+and keeps heavy imports (torch, triton) inside main() so that `minfer --help` is instant. A
+module may also define parents() -> [argparse parsers]: the flags shared by every command that
+runs a model (minfer/commands/common.py), defined once so the commands cannot drift apart.
+
+Process-level setting made here, before torch is imported: OMP_WAIT_POLICY=PASSIVE (unless the
+environment already sets it). torch's OpenMP threads otherwise spin at the end of each parallel
+region waiting for the next one; on a machine shared with other work that spinning steals the
+cores the other threads need, and a 2-thread decode step ran 5-7x slower than a 1-thread one
+(issue 14). Passive threads sleep instead; on an idle machine the cost is a few microseconds of
+wake-up per region. The CLI is the process's owner, so it may set this; the library does not.
 """
 
 from __future__ import annotations
@@ -46,16 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
             if e.name != f"minfer.commands.{modname}":
                 raise
             continue
+        parents = mod.parents() if hasattr(mod, "parents") else []
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents)
         mod.add_arguments(p)
-        p.set_defaults(_main=mod.main)
+        p.set_defaults(_main=mod.main, _parser=p)
     return parser
 
 
+def set_process_env() -> None:
+    """OMP_WAIT_POLICY=PASSIVE before torch (and its OpenMP runtime) is loaded; see the module
+    docstring. Too late once torch is imported (OpenMP reads it at start-up), so left alone then."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None) -> int:
+    set_process_env()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_args would report an unknown flag with the top-level usage; the subcommand's usage
+    # (and its flags) is what helps, so unknown arguments are reported by the subcommand's parser
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2

@@ -18,7 +18,7 @@ TEXT = Path(__file__).parent / "models" / "data" / "textwrap_py3117.txt"
 def test_run_greedy_golden(capsys):
     """The issue's golden: greedy Qwen2.5-Coder-0.5B says Paris (the exact text is llama.cpp's
     greedy output, tests/models/goldens/qwen2.5-coder-0.5b-instruct.json)."""
-    rc = main(["run", "-m", "qwen2.5-coder-0.5b-instruct", "--temp", "0", "-n", "16",
+    rc = main(["run", "-m", "qwen2.5-coder-0.5b-instruct", "--raw", "--temp", "0", "-n", "16",
                "The capital of France is"])
     out, err = capsys.readouterr()
     assert rc == 0
@@ -27,7 +27,7 @@ def test_run_greedy_golden(capsys):
 
 
 def test_run_default_model_is_qwen(capsys):
-    rc = main(["run", "--temp", "0", "-n", "2", "The capital of France is"])
+    rc = main(["run", "--raw", "--temp", "0", "-n", "2", "The capital of France is"])
     assert rc == 0 and capsys.readouterr().out.startswith(" Paris.")
 
 
@@ -40,19 +40,19 @@ def test_run_smollm_chat_answers_sensibly(capsys):
 
 
 def test_run_stop_string_and_seed(capsys):
-    args = ["run", "-m", "smollm2-135m-instruct", "--seed", "5", "-n", "24", "Once upon a time"]
+    args = ["run", "-m", "smollm2-135m-instruct", "--raw", "--seed", "5", "-n", "24", "Once upon a time"]
     assert main(args) == 0
     a = capsys.readouterr().out
     assert main(args) == 0
     assert capsys.readouterr().out == a          # same seed, same text
-    assert main(["run", "-m", "smollm2-135m-instruct", "--temp", "0", "-n", "16", "--stop", "France",
+    assert main(["run", "-m", "smollm2-135m-instruct", "--raw", "--temp", "0", "-n", "16", "--stop", "France",
                  "The capital of France is Paris. The capital of"]) == 0
     out, err = capsys.readouterr()
     assert "France" not in out and "finish: stop" in err
 
 
 def test_run_errors(capsys):
-    assert main(["run", "-m", "smollm2-135m-instruct", "--ctx", "4", "one two three four five six"]) == 1
+    assert main(["run", "-m", "smollm2-135m-instruct", "--raw", "--ctx", "4", "one two three four five six"]) == 1
     err = capsys.readouterr().err
     assert "the prompt has" in err and "context holds 4" in err and "--ctx" in err
     assert "Traceback" not in err

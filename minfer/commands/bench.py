@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from minfer.commands.common import add_device_arg, add_model_arg
-
 HELP = "measure prefill (pp) and generation (tg) speed, llama-bench style; A/B env switches"
 
 DESCRIPTION = """\
@@ -53,9 +51,14 @@ def _ints(s: str) -> list[int]:
     return vals
 
 
+def parents() -> list[argparse.ArgumentParser]:
+    from minfer.commands.common import engine_parent
+
+    # -m, --device, -t/--threads, -ngl as every command; no -c: each test sizes its own context
+    return [engine_parent(ctx=False)]
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p)
-    add_device_arg(p)
     p.add_argument("-p", "--n-prompt", type=_ints, default=[512], metavar="N[,N..]",
                    help="prompt lengths of the pp tests (default: 512; 0 = no pp test)")
     p.add_argument("-n", "--n-gen", type=_ints, default=[128], metavar="N[,N..]",
@@ -80,6 +83,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot-out", metavar="FILE.png", default="bench/results/tps.png",
                    help="where --plot writes the PNG (default: bench/results/tps.png)")
     p.add_argument("--no-progress", action="store_true", help="no loading bar or per-test log")
+    p.add_argument("--parallel", type=_ints, default=None, metavar="B[,B..]",
+                   help="instead: B sequences at once through the batch engine (continuous batching, "
+                   "paged KV cache), llama-batched-bench's table for each B, with -p and -n (first "
+                   "values) as the prompt and generated lengths, e.g. --parallel 1,8,32,128")
+    p.add_argument("--kv-memory", default=None, metavar="SIZE",
+                   help="with --parallel: paged KV cache size, e.g. 16G (default: every sequence's "
+                   "whole context, twice)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -96,10 +106,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot_out} ({n} recorded runs)")
         return 0
 
-    from minfer.bench.bench import markdown_summary, run_bench
-    from minfer.commands.common import resolve_device
+    if args.parallel:
+        return _parallel(args)
 
-    device = resolve_device(args.device)
+    from minfer.bench.bench import markdown_summary, run_bench
+    from minfer.commands.common import apply_threads, device_from_args, resolve_device
+
+    device = resolve_device(device_from_args(args))
+    apply_threads(args)
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv
     command = "minfer " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if typed else "minfer bench (via the library)"
@@ -120,4 +134,41 @@ def main(args: argparse.Namespace) -> int:
         print(short_machine(record["machine"]))
         print()
         print(record["table"])
+    return 0
+
+
+def _parallel(args: argparse.Namespace) -> int:
+    """--parallel: the batched table (minfer/bench/parallel.py)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from minfer.bench.parallel import run_parallel, table
+    from minfer.commands.common import apply_threads, device_from_args, resolve_device
+    from minfer.commands.serve import parse_size
+    from minfer.errors import MinferError
+    from minfer.runtime.engine import Engine
+
+    device = resolve_device(device_from_args(args))
+    apply_threads(args)
+    pp, tg = args.n_prompt[0], args.n_gen[0]
+    if pp < 1 or tg < 1 or min(args.parallel) < 1:
+        raise MinferError("--parallel needs -p >= 1, -n >= 1 and batch sizes >= 1")
+    eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
+    rows = run_parallel(eng, args.parallel, pp, tg, parse_size(args.kv_memory) if args.kv_memory else None,
+                        seed=args.seed, progress=not args.no_progress)
+    record = {"model": str(args.model), "device": str(device), "pp": pp, "tg": tg, "rows": rows}
+    if device == "cuda":
+        import torch
+
+        record["gpu"] = torch.cuda.get_device_name()
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {out}", file=sys.stderr)
+    if args.output == "json":
+        print(json.dumps(record, indent=1))
+    else:
+        print(table(rows))
     return 0

@@ -1,33 +1,160 @@
-"""Arguments shared by the commands that run a model."""
+"""Arguments shared by the commands that run a model, and the checks made before loading one.
+
+The flags that mean the same thing as llama.cpp's (`-c/--ctx-size`, `-n/--n-predict`,
+`-t/--threads`, `-s/--seed`, `-ngl/--n-gpu-layers`) are defined once here, in parent parsers
+that every command running a model is built from (minfer/cli.py passes a command module's
+`parents()` to argparse), so that the commands cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
+MODEL_HELP = "path to a .gguf file or a catalog name (`minfer list`)"
 
 
 def add_model_arg(p: argparse.ArgumentParser, required: bool = False) -> None:
     p.add_argument("-m", "--model", default=None if required else DEFAULT_MODEL, required=required,
-                   help="path to a .gguf file or a catalog name (`minfer list`); a catalog model "
-                   f"is pulled on first use (default: {DEFAULT_MODEL})" if not required else
-                   "path to a .gguf file or a catalog name (`minfer list`)")
+                   help=MODEL_HELP + ("" if required else
+                                      f"; a catalog model is pulled on first use (default: {DEFAULT_MODEL})"))
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["cuda", "cpu"], default=None,
-                   help="where to run: cuda (the default when a GPU is present) or cpu")
+                   help="where to run: cuda (the default when a GPU is present) or cpu; a device "
+                   "that cannot run is an error, never a silent fall back to the CPU")
+
+
+def _engine_parent(ctx: bool) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    g = parent.add_argument_group("model and device (llama.cpp's flags where they mean the same)")
+    add_model_arg(g)
+    add_device_arg(g)
+    if ctx:
+        g.add_argument("-c", "--ctx-size", "--ctx", dest="ctx", type=int, default=None, metavar="N",
+                       help="context size in tokens: prompt + generated text (default: the model's "
+                       "trained length, at most 4096); checked against the memory the KV cache needs")
+    g.add_argument("-t", "--threads", type=int, default=None, metavar="N",
+                   help="CPU threads for torch (default: $MINFER_THREADS, else the physical cores: "
+                   f"{physical_cores()} here)")
+    g.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", dest="n_gpu_layers", type=int, default=None,
+                   metavar="N", help="accepted for llama.cpp compatibility. minfer does not split a model: "
+                   "all layers go on the device chosen by --device; -ngl 0 without --device means "
+                   "--device cpu, any other N changes nothing")
+    return parent
+
+
+# A fresh parent per command, never a shared one: argparse copies a parent's Action objects by
+# reference, so one command's set_defaults (chat's -n 512, perplexity's -c 512) would otherwise
+# change every other command's default too.
+
+
+def engine_parent(ctx: bool = True) -> argparse.ArgumentParser:
+    """-m, --device, -c/--ctx-size/--ctx (when ctx), -t/--threads, -ngl/--n-gpu-layers."""
+    return _engine_parent(ctx)
+
+
+def generation_parent() -> argparse.ArgumentParser:
+    """-n/--n-predict, -s/--seed and the sampling chain (run and chat)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("-n", "--n-predict", "--max-tokens", dest="max_tokens", type=int, default=256,
+                        metavar="N", help="stop after N new tokens; -1 = until the context is full "
+                        "(default 256)")
+    g = parent.add_argument_group("sampling (llama.cpp's chain and defaults)")
+    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
+                   help="temperature; 0 = greedy (default 0.8)")
+    g.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens; 0 = off (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95,
+                   help="keep the most likely tokens up to this total probability; 1 = off (default 0.95)")
+    g.add_argument("--min-p", type=float, default=0.05,
+                   help="drop tokens less likely than MIN_P times the top token; 0 = off (default 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0,
+                   help="divide the logits of recently seen tokens by this; 1 = off (default 1.0)")
+    g.add_argument("--repeat-last-n", type=int, default=64,
+                   help="how many recent tokens the penalties look at; -1 = all (default 64)")
+    g.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract this from the logit of every recently seen token (default 0)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times the token's recent count from its logit (default 0)")
+    g.add_argument("-s", "--seed", type=int, default=None,
+                   help="random seed: the same seed gives the same text (default: a fresh one)")
+    return parent
+
+
+@functools.lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Physical cores this process may run on: distinct (package, core) pairs of the CPUs in its
+    affinity mask (Linux sysfs topology); hyper-threads of one core count once. Falls back to
+    the number of usable CPUs."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+    cores = set()
+    for c in cpus:
+        base = f"/sys/devices/system/cpu/cpu{c}/topology/"
+        try:
+            with open(base + "physical_package_id") as f1, open(base + "core_id") as f2:
+                cores.add((f1.read().strip(), f2.read().strip()))
+        except OSError:
+            return len(cpus) or 1
+    return len(cores) or len(cpus) or 1
+
+
+def resolve_threads(args) -> int:
+    """-t, else $MINFER_THREADS, else the physical cores."""
+    from minfer.errors import MinferError
+
+    t = getattr(args, "threads", None)
+    if t is None:
+        env = os.environ.get("MINFER_THREADS")
+        if env:
+            try:
+                t = int(env)
+            except ValueError:
+                raise MinferError(f"MINFER_THREADS={env!r}: expected a whole number of threads") from None
+        else:
+            t = physical_cores()
+    if t < 1:
+        raise MinferError(f"-t/--threads {t}: expected at least 1 thread")
+    return t
+
+
+def apply_threads(args) -> int:
+    import torch
+
+    t = resolve_threads(args)
+    if torch.get_num_threads() != t:
+        torch.set_num_threads(t)
+    return t
+
+
+def device_from_args(args) -> str | None:
+    """--device, with llama.cpp's -ngl 0 (no layer on the GPU) meaning the CPU when --device is absent."""
+    if args.device is None and getattr(args, "n_gpu_layers", None) == 0:
+        return "cpu"
+    return args.device
 
 
 def resolve_device(name: str | None) -> str:
-    """The device to run on: the one asked for, else cuda when present, else cpu."""
-    import torch
+    """The device to run on (minfer.device's rule: the one asked for, else cuda when a GPU is
+    present, else cpu; a chosen device that cannot run is an error, never a silent fall back)."""
+    try:
+        from minfer.device import resolve_device as rule
+    except ImportError:   # before minfer/device.py exists (it is being added beside this change)
+        import torch
 
-    from minfer.errors import MinferError
+        from minfer.errors import MinferError
 
-    if name is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise MinferError("--device cuda was asked for, but torch sees no CUDA GPU on this machine "
-                          f"(torch {torch.__version__}); use --device cpu")
-    return name
+        if name == "cuda" and not torch.cuda.is_available():
+            raise MinferError("--device cuda was asked for, but torch sees no CUDA GPU on this "
+                              f"machine (torch {torch.__version__}); use --device cpu") from None
+        return name or ("cuda" if torch.cuda.is_available() else "cpu")
+    return rule(name)
+
+
+def warn(msg: str) -> None:
+    print(f"minfer: warning: {msg}", file=sys.stderr)

@@ -22,13 +22,15 @@ example:
 """
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    from minfer.commands.common import add_device_arg, add_model_arg
+def parents() -> list[argparse.ArgumentParser]:
+    from minfer.commands.common import engine_parent
 
-    add_model_arg(p)
-    add_device_arg(p)
+    return [engine_parent()]   # -m, --device, -c/--ctx-size (here: the chunk size), -t, -ngl
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file to score (UTF-8)")
-    p.add_argument("-c", "--ctx", type=int, default=512, help="chunk (context) size in tokens (default 512)")
+    p.set_defaults(ctx=512)   # llama-perplexity's chunk size; -c sets it
     p.add_argument("--chunks", type=int, default=-1, help="score at most this many chunks; -1 = all (default)")
 
 

@@ -5,39 +5,34 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minfer.commands.common import add_device_arg, add_model_arg
+HELP = "answer one prompt (chat template applied when the model has one), streamed"
+DESCRIPTION = """Answer PROMPT, streamed as it is generated; a line of timings goes to stderr at the end.
 
-HELP = "generate text from one prompt, streamed as it is produced"
-DESCRIPTION = """Generate a continuation of PROMPT (or, with --chat, the assistant's reply to it).
+When the model file has a chat template (instruction-tuned models do), PROMPT is sent as a
+user message through that template, as `llama-cli`, `ollama run` and `mlx_lm.generate` do, and
+the answer ends at the model's end of turn. --raw (llama.cpp: -no-cnv, --no-conversation)
+continues PROMPT as plain text instead; a model without a chat template always does that.
 
-Text is printed as it is generated; a line of timings goes to stderr at the end.
 Sampling follows llama.cpp's chain and defaults: repetition penalties -> top-k -> top-p ->
 min-p -> temperature. --temp 0 is greedy (always the most likely token).
+Device: cuda when torch sees a GPU, else cpu (--device picks one); a device that cannot
+run is an error, never a silent fall back to the CPU.
+
+The timing line ends with `finish: REASON`: stop (end of turn or a --stop string), length
+(-n tokens were generated) or context (the context was full; -c allows more).
 
 examples:
-  minfer run --temp 0 -n 16 "The capital of France is"
-  minfer run -m smollm2-135m-instruct --chat "Write a haiku about the sea"
-  minfer run --seed 42 --stop "\\n\\n" "def fibonacci(n):"
+  minfer run "Write a haiku about GPUs"
+  minfer run -m smollm2-135m-instruct -sys "Answer in French" "What is the capital of Italy?"
+  minfer run --raw --temp 0 -n 16 "The capital of France is"
+  minfer run -s 42 --stop "\\n\\n" -p "def fibonacci(n):" --raw
 """
 
 
-def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling")
-    g.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens; 0 = off (default 40)")
-    g.add_argument("--top-p", type=float, default=0.95,
-                   help="keep the most likely tokens up to this total probability; 1 = off (default 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05,
-                   help="drop tokens less likely than MIN_P times the top token; 0 = off (default 0.05)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0,
-                   help="divide the logits of recently seen tokens by this; 1 = off (default 1.0)")
-    g.add_argument("--repeat-last-n", type=int, default=64,
-                   help="how many recent tokens the penalties look at; -1 = all (default 64)")
-    g.add_argument("--presence-penalty", type=float, default=0.0,
-                   help="subtract this from the logit of every recently seen token (default 0)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0,
-                   help="subtract this times the token's recent count from its logit (default 0)")
-    g.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same text")
+def parents() -> list[argparse.ArgumentParser]:
+    from minfer.commands.common import engine_parent, generation_parent
+
+    return [engine_parent(), generation_parent()]
 
 
 def sampling_from_args(args):
@@ -49,30 +44,24 @@ def sampling_from_args(args):
                           penalty_last_n=args.repeat_last_n)
 
 
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p)
-    add_device_arg(p)
-    p.add_argument("--ctx", type=int, default=None,
-                   help="context size in tokens: prompt + generated text (default: the model's, at most 4096)")
-
-
 def load_engine(args):
-    """Engine.load with the device from --device (no GPU backend yet: cuda asked -> error,
-    cuda by default -> the CPU)."""
-    from minfer.commands.common import resolve_device
+    """Engine.load after the cheap checks: the catalog model's architecture (before a download),
+    the device (minfer.device's rule: never a silent CPU fall back), the context against the
+    memory its KV cache needs and the trained length; then torch's threads (-t)."""
+    from minfer.catalog import resolve_model
+    from minfer.commands.common import apply_threads, device_from_args, resolve_device, warn
+    from minfer.commands.preflight import check_ctx, check_runnable
     from minfer.errors import MinferError
+    from minfer.gguf_file import GGUFFile
     from minfer.runtime.engine import Engine
 
-    device = resolve_device(args.device)
-    if device == "cuda" and args.device is None:
-        from minfer.weights import cuda_backend
-
-        try:
-            cuda_backend()
-        except MinferError:
-            print("minfer: the CUDA backend is not available yet; running on the CPU", file=sys.stderr)
-            device = "cpu"
-    eng = Engine.load(args.model, device=device, ctx=args.ctx, progress=sys.stderr.isatty())
+    device = resolve_device(device_from_args(args))
+    check_runnable(args.model)
+    gf = GGUFFile(resolve_model(args.model))
+    check_ctx(gf, args.ctx, device, warn)
+    apply_threads(args)
+    eng = Engine.load(gf, device=device, ctx=args.ctx, progress=sys.stderr.isatty())
+    apply_threads(args)   # -t wins over the engine's own MINFER_THREADS setting
     if eng.tokenizer is None:
         raise MinferError(f"{eng.path}: no tokenizer could be built for this model")
     return eng
@@ -87,6 +76,19 @@ def encode_chat(tok, messages) -> list[int]:
     return ids
 
 
+def finish_reason(finish: str | None, stats: dict, n_ctx: int, max_tokens: int | None) -> str:
+    """The engine's reason, with a stop forced by a full context told apart from -n's limit.
+
+    The engine can generate n_ctx - prompt + 1 tokens (the last one is never fed back); when that
+    room, not -n, ended the text, the reason is 'context'. -n 0 generates nothing: 'length'."""
+    room = n_ctx - stats.get("prompt_tokens", 0) + 1
+    if finish == "length" and stats.get("gen_tokens", 0) >= room and (max_tokens is None or max_tokens > room):
+        return "context"
+    if finish is None and max_tokens == 0:
+        return "length"
+    return finish or "length"
+
+
 def format_timings(stats: dict, finish: str | None) -> str:
     pt, ps = stats.get("prompt_tokens", 0), stats.get("prompt_s", 0.0)
     gt, gs = stats.get("gen_tokens", 0), stats.get("gen_s", 0.0)
@@ -96,11 +98,12 @@ def format_timings(stats: dict, finish: str | None) -> str:
             f"{gs:.2f} s ({grate} tok/s) | finish: {finish}")
 
 
-def stream(eng, ids, params, max_tokens, stop, out=None) -> tuple[str, str | None]:
-    """Generate, printing text as it comes; return (text, finish_reason)."""
+def stream(eng, ids, params, max_tokens, stop, out=None, **gen_kw) -> tuple[str, str | None]:
+    """Generate, printing text as it comes; return (text, finish_reason). A KeyboardInterrupt
+    raised meanwhile propagates (the chat catches it to stop only the reply)."""
     out = out or sys.stdout
     parts, finish = [], None
-    for ev in eng.generate(ids, params, max_new_tokens=max_tokens, stop=stop):
+    for ev in eng.generate(ids, params, max_new_tokens=max_tokens, stop=stop, **gen_kw):
         if ev.text:
             out.write(ev.text)
             out.flush()
@@ -110,42 +113,72 @@ def stream(eng, ids, params, max_tokens, stop, out=None) -> tuple[str, str | Non
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_engine_args(p)
     p.add_argument("prompt", nargs="?", default=None, metavar="PROMPT",
-                   help="the prompt; '-' or nothing reads it from stdin")
-    p.add_argument("-n", "--max-tokens", type=int, default=256,
-                   help="stop after this many new tokens; -1 = until the context is full (default 256)")
+                   help="the prompt; '-' or nothing (and no -p/-f) reads it from stdin")
+    p.add_argument("-p", "--prompt", dest="prompt_opt", default=None, metavar="PROMPT",
+                   help="the prompt, as llama.cpp's -p (instead of the positional PROMPT)")
+    p.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE (UTF-8)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--raw", "-no-cnv", "--no-conversation", dest="raw", action="store_true",
+                      help="continue PROMPT as plain text; no chat template")
+    mode.add_argument("--chat", "-cnv", "--conversation", dest="chat", action="store_true",
+                      help="apply the chat template (the default when the model has one; a model "
+                      "without one gets ChatML)")
+    p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="S",
+                   help="a system message before PROMPT (chat mode)")
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop when the text contains S (S itself is not printed); repeatable; "
                    "backslash escapes such as \\n are understood")
-    p.add_argument("--chat", action="store_true",
-                   help="treat PROMPT as a user message and apply the model's chat template")
-    p.add_argument("--system", default=None, metavar="S", help="system message (with --chat)")
-    add_sampling_args(p)
+
+
+def read_prompt(args) -> str:
+    from minfer.errors import MinferError
+
+    given = [x for x in (args.prompt, args.prompt_opt, args.file) if x is not None]
+    if len(given) > 1:
+        raise MinferError("give the prompt once: as PROMPT, with -p/--prompt, or with -f/--file")
+    if args.file is not None:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as e:
+            raise MinferError(f"{args.file}: cannot read the prompt file: {e.strerror}") from e
+        except UnicodeDecodeError as e:
+            raise MinferError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    prompt = args.prompt if args.prompt is not None else args.prompt_opt
+    if prompt is None or prompt == "-":
+        from minfer.limits import read_stdin
+
+        prompt = read_stdin("the prompt")
+    return prompt
 
 
 def main(args) -> int:
     from minfer.errors import MinferError
 
-    prompt = args.prompt
-    if prompt is None or prompt == "-":
-        prompt = sys.stdin.read()
-    if args.system is not None and not args.chat:
-        raise MinferError("--system needs --chat")
+    from minfer.limits import check_text, unescape_flag
+
+    prompt = check_text(read_prompt(args), "the prompt")
+    if args.system is not None and args.raw:
+        raise MinferError("-sys/--system-prompt needs chat mode; drop --raw")
+    if args.max_tokens < -1:
+        raise MinferError(f"-n/--n-predict {args.max_tokens}: expected a number of tokens >= 0, or -1")
+    params = sampling_from_args(args)
     # "\n" typed on a shell arrives as backslash + n; non-ASCII text must survive the unescape
-    stop = [s.encode("latin-1", "backslashreplace").decode("unicode_escape") if "\\" in s else s
-            for s in args.stop]
+    stop = [unescape_flag(s, "--stop") for s in args.stop]
     eng = load_engine(args)
     tok = eng.tokenizer
-    if args.chat:
+    chat = args.chat or args.system is not None or (not args.raw and tok.chat_template is not None)
+    if chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         ids = encode_chat(tok, messages + [{"role": "user", "content": prompt}])
     else:
         ids = tok.encode(prompt)
     max_tokens = None if args.max_tokens < 0 else args.max_tokens
-    text, finish = stream(eng, ids, sampling_from_args(args), max_tokens, stop)
+    text, finish = stream(eng, ids, params, max_tokens, stop)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()
-    print(format_timings(eng.stats, finish), file=sys.stderr)
+    print(format_timings(eng.stats, finish_reason(finish, eng.stats, eng.n_ctx, max_tokens)),
+          file=sys.stderr)
     return 0

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 
-from minfer.commands.common import add_device_arg, add_model_arg
-
 HELP = "serve a model over an OpenAI-compatible HTTP API (chat, completions, streaming)"
 DESCRIPTION = """\
 Serve one model over HTTP with OpenAI's API, so OpenAI clients and tools can use it:
@@ -35,16 +33,17 @@ messages=[{'role': 'user', 'content': 'Hi!'}]).choices[0].message.content)"
 """
 
 
+def parents() -> list[argparse.ArgumentParser]:
+    from minfer.commands.common import engine_parent
+
+    return [engine_parent()]   # -m, --device, -c/--ctx-size, -t/--threads, -ngl
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arg(p)
-    add_device_arg(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1: this machine only; "
                    "0.0.0.0 exposes the server to the network -- set --api-key then)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
-    p.add_argument("-c", "--ctx", type=int, default=None,
-                   help="context size in tokens, shared by prompt and answer (default: the model's "
-                   "training context, at most 4096); a longer prompt gets a 400 error")
     p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
                    help="require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(default: $MINFER_API_KEY; no auth when unset)")
@@ -53,8 +52,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-name", default=None, metavar="NAME",
                    help="the model id in /v1/models and in the `model` field of requests "
                    "(default: the catalog name, or the file name without .gguf)")
+    p.add_argument("--alias", action="append", default=[], metavar="NAME",
+                   help="another model name requests may send for this model (repeatable), for "
+                   "clients with a hard-coded model name")
+    p.add_argument("--cors", action="append", default=[], metavar="ORIGIN",
+                   help="allow browser pages from ORIGIN (e.g. http://localhost:3000, or * for any) to "
+                   "call the API (repeatable; default: no cross-origin access)")
+    p.add_argument("--special-in-content", action="store_true",
+                   help="let control-token text in message content (e.g. <|im_end|>) become control "
+                   "tokens, as llama.cpp's CLI does; by default a client's content is plain text, so a "
+                   "user cannot forge a turn of another role")
+    p.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
+                   help="serve up to N requests at once (continuous batching over a paged KV cache); "
+                   "default: on CUDA as many as the KV memory holds at a quarter context each (at most "
+                   "256), on the CPU 1 (one at a time, first in first out)")
+    p.add_argument("--kv-memory", type=parse_size, default=None, metavar="SIZE",
+                   help="memory for the paged KV cache with --parallel, e.g. 8G or 512M (default: on CUDA "
+                   "85%% of the free memory, at most N full contexts; on the CPU N full contexts)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log verbosity (default info)")
+
+
+def parse_size(s: str) -> int:
+    """'8G', '512M', '1.5GiB' or a number of bytes -> bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", s)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a size such as 8G, 512M or 1073741824")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
 
 
 def served_name_for(model_arg: str, path) -> str:
@@ -75,20 +101,30 @@ def main(args: argparse.Namespace) -> int:
     from minfer.errors import MinferError
     from minfer.server import DEFAULT_MAX_BODY, create_app
 
-    if args.ctx is not None and args.ctx < 1:
-        raise MinferError(f"--ctx {args.ctx}: expected a positive number of tokens")
     if args.max_body is not None and args.max_body < 1024:
         raise MinferError(f"--max-body {args.max_body}: expected at least 1024 bytes")
     if not 0 <= args.port <= 65535:
         raise MinferError(f"--port {args.port}: expected 0..65535")
+    if args.api_key is not None and not args.api_key.strip():
+        raise MinferError("--api-key is empty (or $MINFER_API_KEY is set but empty): give a key, or "
+                          "leave both unset to serve without authentication")
+    from minfer.commands.common import apply_threads, device_from_args, warn
+    from minfer.commands.preflight import check_ctx, check_runnable
+    from minfer.gguf_file import GGUFFile
+
+    device = resolve_device(device_from_args(args))
+    check_runnable(args.model)        # before a download: the catalog knows the architecture
     path = resolve_model(args.model)  # pulls a catalog model first; fails fast on a bad path
-    device = resolve_device(args.device)
+    check_ctx(GGUFFile(path), args.ctx, device, warn)   # a context that cannot fit: one line, now
+    apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
 
     def load():
         from minfer.runtime.engine import Engine
 
-        return Engine.load(str(path), device=device, ctx=args.ctx)
+        eng = Engine.load(str(path), device=device, ctx=args.ctx)
+        apply_threads(args)   # -t wins over the engine's MINFER_THREADS
+        return eng
 
     # bind before starting uvicorn, so a port in use is a clear error rather than a log line
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -109,11 +145,21 @@ def main(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(load, served_name=name, api_key=args.api_key,
-                     max_body=args.max_body or DEFAULT_MAX_BODY, on_load_failed=on_load_failed)
+    app = create_app(load, served_name=name, aliases=args.alias, cors_origins=args.cors, api_key=args.api_key,
+                     max_body=args.max_body or DEFAULT_MAX_BODY, on_load_failed=on_load_failed,
+                     special_in_content=args.special_in_content,
+                     parallel=args.parallel if args.parallel is not None else (0 if device == "cuda" else 1),
+                     kv_memory=args.kv_memory)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
+    import ipaddress
+    import sys
+
+    if not args.api_key and not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+        print(f"minfer: warning: listening on {host} (reachable from the network) without --api-key: "
+              "anyone who can reach this port can use the model; set --api-key or $MINFER_API_KEY",
+              file=sys.stderr, flush=True)
     print(f"minfer: serving {path.name} as `{name}` on http://{host}:{port}/v1 ({device}); "
           "the model loads in the background -- GET /health says when it is ready", flush=True)
     try:

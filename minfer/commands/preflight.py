@@ -1,0 +1,92 @@
+"""Checks made before any slow work: a download, a load, a KV cache allocation.
+
+- A catalog model whose architecture minfer cannot run is refused before it is downloaded
+  (the catalog knows the architecture; minfer.models.ARCHITECTURES knows what runs).
+- A context whose KV cache cannot fit in the memory available is a one-line error, and one
+  past the model's trained length is a warning.
+"""
+
+from __future__ import annotations
+
+import os
+
+from minfer.errors import MinferError
+
+DEFAULT_CTX_CAP = 4096   # the engine's default context: the model's trained length, at most this
+
+
+def check_runnable(model_arg: str) -> None:
+    """Refuse a catalog model whose architecture has no implementation, before any download."""
+    from pathlib import Path
+
+    from minfer.catalog import CATALOG, runnable_archs
+
+    if Path(model_arg).expanduser().exists() or model_arg not in CATALOG:
+        return   # a file is checked when its header is read (cheap); an unknown name fails later
+    m = CATALOG[model_arg]
+    archs = runnable_archs()
+    if m.arch not in archs:
+        raise MinferError(f"{model_arg}: architecture '{m.arch}' cannot run in minfer yet (runnable: "
+                          f"{', '.join(sorted(archs))}); nothing was downloaded -- `minfer pull "
+                          f"{model_arg}` and `minfer inspect -m {model_arg}` still work")
+
+
+def available_bytes(device: str) -> int | None:
+    """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU."""
+    if device == "cuda":
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info()[0])
+        except Exception:  # noqa: BLE001 -- no figure is better than a crash here
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def kv_bytes_per_token(cfg, device: str) -> int:
+    """Keys + values of one position over all layers: float32 on the CPU (the reference), 2 bytes
+    on CUDA (bf16 activations, unless MINFER_ACT_DTYPE=float32)."""
+    elem = 4 if device != "cuda" or os.environ.get("MINFER_ACT_DTYPE", "") in ("float32", "fp32") else 2
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n < 2**40 else f"{n / 2**40:.1f} TiB"
+
+
+def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
+    """The context the engine will get (ctx, or the default) for the open GGUFFile gf; a one-line
+    MinferError when it is not positive or its KV cache cannot fit; warn(msg) when it is past
+    the trained length."""
+    from minfer.config import ModelConfig
+
+    if ctx is not None and ctx < 1:
+        raise MinferError(f"-c/--ctx {ctx}: expected a positive number of tokens")
+    from minfer.models import model_class
+
+    try:
+        model_class(gf.architecture)   # the models registry decides what runs
+    except MinferError as e:
+        raise MinferError(f"{gf.path}: {e}") from None
+    cfg = ModelConfig.from_gguf(gf)
+    n = ctx if ctx is not None else min(cfg.context_length, DEFAULT_CTX_CAP)
+    need = n * kv_bytes_per_token(cfg, device)
+    free = available_bytes(device)
+    if free is not None and need > free:
+        fits = free // kv_bytes_per_token(cfg, device)
+        raise MinferError(f"-c/--ctx {n}: the KV cache would need {_gib(need)} of {device} memory but "
+                          f"{_gib(free)} is available; use -c {min(fits, cfg.context_length)} or less")
+    if ctx is not None and ctx > cfg.context_length:
+        warn(f"-c/--ctx {ctx} is past the {cfg.context_length} tokens {gf.path.name} was trained on; "
+             "text beyond that length may degrade")
+    return n
