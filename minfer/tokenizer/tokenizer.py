@@ -174,6 +174,12 @@ class Tokenizer:
                               f"expected {len(tokens)} (one per token)")
         meta = {k[len("tokenizer.ggml."):]: v for k, v in g.metadata.items()
                 if k.startswith("tokenizer.ggml.") and not isinstance(v, list)}
+        for k, v in meta.items():  # the scalar keys read below, typed as llama.cpp reads them
+            want = int if k.endswith("_token_id") else bool if k.startswith(("add_", "normalizer.")) \
+                else None
+            if want is not None and (type(v) is not want):
+                raise MinferError(f"{g.path}: tokenizer.ggml.{k} is {v!r}; expected "
+                                  f"{'an integer token id' if want is int else 'a bool'}")
         tmpl = g.get("tokenizer.chat_template")
         kw: dict = {"model_name": str(g.get("general.name") or "")}
         if model == "gpt2":
@@ -198,6 +204,9 @@ class Tokenizer:
             if scores is not None and len(scores) < len(tokens):
                 raise MinferError(f"{g.path}: tokenizer.ggml.scores has {len(scores)} entries, "
                                   f"expected {len(tokens)} (one per token)")
+            if scores is not None and not all(isinstance(x, (int, float)) for x in scores):
+                raise MinferError(f"{g.path}: tokenizer.ggml.scores holds a non-number; expected "
+                                  "one float per token")
             kw.update(scores=[float(s) for s in scores] if scores is not None else None)
         else:
             kind = "wpm"

@@ -170,3 +170,30 @@ def test_unsupported_vocab_is_refused(tmp_path, model, pre):
     key = "tokenizer.ggml.model" if model != "gpt2" else "tokenizer.ggml.pre"
     with pytest.raises(MinferError, match=rf"v\.gguf: {key.replace('.', '[.]')} is "):
         Tokenizer.from_gguf(GGUFFile(path))
+
+
+@pytest.mark.parametrize("key, value, want", [
+    ("tokenizer.ggml.add_bos_token", "yes", "expected a bool"),
+    ("tokenizer.ggml.bos_token_id", "1", "expected an integer token id"),
+    ("tokenizer.ggml.scores", ["x", "y", "z"], "holds a non-number"),
+])
+def test_mistyped_tokenizer_keys_are_named(tmp_path, key, value, want):
+    import gguf
+
+    from minfer.gguf_file import GGUFFile
+    from minfer.tokenizer import Tokenizer
+
+    path = tmp_path / "v.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"])
+    if isinstance(value, list):
+        w.add_array(key, value)
+    else:
+        w.add_string(key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(MinferError, match=rf"v\.gguf: {key.replace('.', '[.]')}.*{want}"):
+        Tokenizer.from_gguf(GGUFFile(path))
