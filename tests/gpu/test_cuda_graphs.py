@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from minfer.switches import Switches
+
 import pytest
 import torch
 
@@ -19,19 +21,18 @@ def test_graph_decode_matches_eager(tmp_path, monkeypatch, arch, recipe):
     p = get_preset("tiny").with_overrides(arch=arch)
     path = tmp_path / "m.gguf"
     write_synth(path, p, recipe, seed=2, progress=False)
-    eager = Engine.load(str(path), device="cuda", ctx=128, progress=False)
+    eager = Engine.load(str(path), device="cuda", ctx=128, progress=False,
+                        switches=Switches(cuda_graph=False))     # the engine's own decode: eager
     graphed = Engine.load(str(path), device="cuda", ctx=128, progress=False)
     prompt = torch.randint(0, p.vocab, (9,), generator=torch.Generator().manual_seed(1)).tolist()
     le = eager.forward(prompt, 0)[-1]
     lg = graphed.forward(prompt, 0)[-1]
-    g = DecodeGraph(graphed.model, graphed.cache)
+    g = DecodeGraph(graphed.model, graphed.cache, graphed.ctx)
     paths.reset()
     te, tg = int(le.argmax()), int(lg.argmax())
     for step in range(24):
         pos = len(prompt) + step
-        monkeypatch.setenv("MINFER_CUDA_GRAPH", "0")      # the engine's own decode: eager
         le = eager.forward([te], pos)[-1]
-        monkeypatch.delenv("MINFER_CUDA_GRAPH")
         lg = g.step(tg, pos)[-1].cpu()
         assert tg == te
         rel = float((lg.double() - le.double()).norm() / le.double().norm())
@@ -53,16 +54,14 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=3, progress=False)
     a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=96, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=Switches(cuda_graph=False))
     prompt = torch.randint(0, p.vocab, (11,), generator=torch.Generator().manual_seed(2)).tolist()
     ta = tb = int(a.prefill(prompt).argmax())
     assert int(b.prefill(prompt).argmax()) == ta
     paths.reset()
     for step in range(16):
         la = a.forward([ta], len(prompt) + step)[-1]
-        monkeypatch.setenv("MINFER_CUDA_GRAPH", "0")
         lb = b.forward([tb], len(prompt) + step)[-1]
-        monkeypatch.delenv("MINFER_CUDA_GRAPH")
         assert float((la - lb).norm() / lb.norm()) < 1e-4
         ta, tb = int(la.argmax()), int(lb.argmax())
         assert ta == tb
@@ -84,15 +83,13 @@ def test_prefill_graph_matches_eager(tmp_path, monkeypatch, t):
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=6, progress=False)
     a = Engine.load(str(path), device="cuda", ctx=512, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=512, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=512, progress=False, switches=Switches(prefill_graph=False))
     g = torch.Generator().manual_seed(t)
     paths.reset()
     for rep in range(2):                                   # capture, then replay
         ids = torch.randint(0, p.vocab, (t,), generator=g).tolist()
         la = a.prefill(ids)
-        monkeypatch.setenv("MINFER_PREFILL_GRAPH", "0")
         lb = b.prefill(ids)
-        monkeypatch.delenv("MINFER_PREFILL_GRAPH")
         assert float((la - lb).norm() / lb.norm()) < 1e-2
         ta, tb = int(la.argmax()), int(lb.argmax())
         assert ta == tb

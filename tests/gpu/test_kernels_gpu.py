@@ -18,6 +18,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 from kernel_data import QUANT_NAMES, random_weight, reference_dequant, rel_err  # noqa: E402
 
+from minfer.ops.context import Context  # noqa: E402
+from minfer.switches import Switches  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
 QTYPES = [12, 14, 6, 8, 2, 3, 13, 7, 10, 11, 1, 30, 0]
@@ -87,7 +90,7 @@ def test_linear(qt, m, dtype):
 
 @pytest.mark.parametrize("qt", [12, 14], ids=lambda q: QUANT_NAMES[q])
 def test_gemv_switch_gives_same_result(qt, monkeypatch):
-    """MINFER_GEMV=0 routes decode through dequant+cuBLAS: same function, different path."""
+    """Switches(gemv=False) routes decode through dequant+cuBLAS: same function, different path."""
     from minfer.ops import paths
     from minfer.ops.cuda import linear
 
@@ -96,8 +99,7 @@ def test_gemv_switch_gives_same_result(qt, monkeypatch):
     ref = x.double().cpu() @ wref.double().T
     paths.reset()
     a = linear(x, w)
-    monkeypatch.setenv("MINFER_GEMV", "0")
-    b = linear(x, w)
+    b = linear(x, w, None, Context(Switches(gemv=False)))
     name = QUANT_NAMES[qt]
     snap = paths.snapshot()
     assert snap["counts"] == {f"qmatmul.{name}.decode": 1, f"qmatmul.{name}.prefill": 1}
@@ -109,11 +111,10 @@ def test_linear_chunked_lm_head(monkeypatch):
     """A weight over the scratch cap (the lm head) is done in row chunks."""
     from minfer.ops.cuda import linear
 
-    monkeypatch.setenv("MINFER_SCRATCH_MB", "16")
     w, wref = make_weight(14, 20000 + 37, 1024, seed=3, name="output.weight")
     x = torch.randn(70, 1024, dtype=torch.bfloat16)
     poison()
-    out = linear(x.to(DEV), w)
+    out = linear(x.to(DEV), w, None, Context(Switches(scratch_mb=16, group_scratch_mb=16)))
     assert rel_err(out, x.double() @ wref.double().T) < 1e-2
 
 
@@ -209,7 +210,6 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
     from minfer.ops import paths, reference
     from minfer.ops.cuda import add_rms_norm
 
-    monkeypatch.delenv("MINFER_FUSED_ADD_NORM", raising=False)   # the default: fused
     g = torch.Generator().manual_seed(t + d)
     x = torch.randn(t, d, generator=g) * 4
     y = torch.randn(t, d, generator=g).to(torch.bfloat16)
@@ -224,7 +224,7 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
 
 
 @pytest.mark.parametrize("t,h,hkv,dh", [(333, 28, 4, 128), (64, 14, 2, 64), (2048, 28, 4, 128)])
-@pytest.mark.parametrize("mode", ["flash", "cudnn", "cudnn-exact", "cudnn-short-cache"])
+@pytest.mark.parametrize("mode", ["flash", "cudnn", "cudnn-short-cache"])
 def test_attention_prefill_modes(monkeypatch, t, h, hkv, dh, mode):
     """Every prefill attention the switches can pick, against the CPU reference, each counted
     under its own path. The cache rows past the prompt hold large finite stale keys/values:
@@ -232,9 +232,7 @@ def test_attention_prefill_modes(monkeypatch, t, h, hkv, dh, mode):
     from minfer.ops import paths, reference
     from minfer.ops.cuda import attention
 
-    monkeypatch.setenv("MINFER_PREFILL_ATTN", "flash" if mode == "flash" else "cudnn")
-    if mode == "cudnn-exact":
-        monkeypatch.setenv("MINFER_CUDNN_BUCKET", "0")
+    ctx = Context(Switches(cudnn_attention=mode != "flash"))
     g = torch.Generator().manual_seed(t + h)
     s_max = t + 5 if mode == "cudnn-short-cache" else 4096   # no room to round up: exact length
     kc = torch.randn(s_max, hkv, dh, generator=g)
@@ -244,13 +242,13 @@ def test_attention_prefill_modes(monkeypatch, t, h, hkv, dh, mode):
     q = torch.randn(t, h, dh, generator=g).to(torch.bfloat16)
     ref = reference.attention(q.double(), kc[:t].double(), vc[:t].double(), 0)
     paths.reset()
-    out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), 0)
+    out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), 0, ctx)
     assert out.shape == (t, h, dh) and torch.isfinite(out).all()
     assert rel_err(out, ref) < 1e-2
     snap = paths.snapshot()
     if mode == "flash":
         want = {"attention.prefill.flash": 1}
-        assert snap["switched_off"] == {"attention.prefill.cudnn (switched off by MINFER_PREFILL_ATTN=flash)": 1}, snap
+        assert snap["switched_off"] == {"attention.prefill.cudnn (switched off by MINFER_CUDNN_ATTENTION=0)": 1}, snap
     elif mode == "cudnn" and t % 128:
         want = {"attention.prefill.cudnn": 1, "attention.prefill.cudnn.padded": 1}
     else:

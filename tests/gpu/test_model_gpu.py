@@ -75,8 +75,6 @@ def test_default_prefill_paths_match_cpu(synth_dir, monkeypatch, arch):
     from minfer.runtime.engine import Engine
     from minfer.runtime.sampling import SamplingParams
 
-    monkeypatch.delenv("MINFER_FUSED_ADD_NORM", raising=False)
-    monkeypatch.delenv("MINFER_PREFILL_ATTN", raising=False)
     p = get_preset("tiny").with_overrides(arch=arch)
     path = synth_dir / f"prepared-{arch}.gguf"
     write_synth(path, p, "q4_k_m", seed=7, progress=False)
@@ -109,12 +107,13 @@ def test_cuda_cache_rows_and_bucketed_prefill(synth_dir, monkeypatch):
     p = get_preset("tiny").with_overrides(arch="qwen2")
     path = synth_dir / "rows.gguf"
     write_synth(path, p, "q4_k_m", seed=11, progress=False)
-    gpu = Engine.load(str(path), device="cuda", ctx=200, progress=False)
+    from minfer.switches import Switches
+
+    gpu = Engine.load(str(path), device="cuda", ctx=200, progress=False, switches=Switches(prefill_graph=False))
     cpu = Engine.load(str(path), device="cpu", ctx=200, progress=False)
     assert gpu.n_ctx == 200 and gpu.cache.n_ctx == 256
     assert "(200 positions in 256 rows" in gpu.memory_report, gpu.memory_report
     prompt = torch.randint(0, p.vocab, (150,), generator=torch.Generator().manual_seed(5)).tolist()
-    monkeypatch.setenv("MINFER_PREFILL_GRAPH", "0")
     paths.reset()
     lg = gpu.prefill(prompt)
     snap = paths.snapshot()

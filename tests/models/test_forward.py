@@ -25,6 +25,8 @@ SPECS = [
     TinySpec(arch="llama", n_kv_heads=1, rope_theta=500000.0, seed=2),
     TinySpec(arch="qwen2", seed=3),
     TinySpec(arch="qwen2", tied=True, n_heads=8, n_kv_heads=2, seed=4),
+    TinySpec(arch="qwen3", seed=5),
+    TinySpec(arch="qwen3", tied=True, n_heads=8, n_kv_heads=2, seed=6),
 ]
 
 
@@ -61,7 +63,7 @@ def test_wrong_rope_convention_would_be_caught(tmp_path):
     assert (bad - hf_forward(w, spec, TOKENS)).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("qtype", [T.F32, T.Q8_0])
 def test_prefill_equals_token_by_token(tmp_path, arch, qtype):
     spec = TinySpec(arch=arch, qtype=qtype, seed=7)

@@ -1,8 +1,9 @@
-"""Tiny random llama/qwen2 models for tests, written as GGUF by the `gguf` package's writer.
+"""Tiny random llama/qwen2/qwen3 models for tests, written as GGUF by the `gguf` package's writer.
 
 `hf_weights()` draws weights in Hugging Face layout (q_proj, k_proj, ... rotate_half RoPE);
 `write_tiny_model()` converts them the way llama.cpp's convert_hf_to_gguf.py does
-(LlamaModel.permute on q/k for arch llama; qwen2 left unpermuted, with q/k/v biases) and
+(LlamaModel.permute on q/k for arch llama; qwen2 left unpermuted, with q/k/v biases; qwen3
+unpermuted, with per-head q/k RMSNorm weights attn_q_norm / attn_k_norm) and
 writes a GGUF. `hf_forward()` is an independent float64 forward pass in HF's formulation,
 used as the reference for minfer's forward on the GGUF.
 """
@@ -65,6 +66,9 @@ def hf_weights(s: TinySpec) -> dict[str, np.ndarray]:
             w[p + "q_bias"] = (0.5 * g.standard_normal(s.n_heads * Dh)).astype(np.float32)
             w[p + "k_bias"] = (0.5 * g.standard_normal(s.n_kv_heads * Dh)).astype(np.float32)
             w[p + "v_bias"] = (0.5 * g.standard_normal(s.n_kv_heads * Dh)).astype(np.float32)
+        if s.arch == "qwen3":
+            w[p + "q_norm"] = (1 + 0.3 * g.standard_normal(Dh)).astype(np.float32)
+            w[p + "k_norm"] = (1 + 0.3 * g.standard_normal(Dh)).astype(np.float32)
     return w
 
 
@@ -116,6 +120,9 @@ def write_tiny_model(path, s: TinySpec, w: dict | None = None) -> Path:
         if s.arch == "qwen2":
             for n in ("q", "k", "v"):
                 _add(wr, b + f"attn_{n}.bias", w[p + f"{n}_bias"], s.qtype)
+        if s.arch == "qwen3":   # convert_hf_to_gguf: q_norm -> attn_q_norm, k_norm -> attn_k_norm
+            _add(wr, b + "attn_q_norm.weight", w[p + "q_norm"], s.qtype)
+            _add(wr, b + "attn_k_norm.weight", w[p + "k_norm"], s.qtype)
     _add(wr, "output_norm.weight", w["norm"], s.qtype)
     if not s.tied:
         _add(wr, "output.weight", w["lm_head"], s.qtype)
@@ -127,8 +134,9 @@ def write_tiny_model(path, s: TinySpec, w: dict | None = None) -> Path:
 
 
 def hf_forward(w: dict, s: TinySpec, tokens: list[int]) -> torch.Tensor:
-    """Logits (T, V) in float64, HF-Llama/Qwen2 style: rotate_half RoPE on unpermuted q/k,
-    repeat_kv for GQA, explicit masked softmax."""
+    """Logits (T, V) in float64, HF-Llama/Qwen2/Qwen3 style: rotate_half RoPE on unpermuted q/k
+    (Qwen3: q_norm/k_norm RMSNorm over each head first), repeat_kv for GQA, explicit masked
+    softmax."""
     t = {k: torch.from_numpy(v).double() for k, v in w.items()}
     T_, D, H, Hkv, Dh = len(tokens), s.d_model, s.n_heads, s.n_kv_heads, s.head_dim
 
@@ -152,6 +160,8 @@ def hf_forward(w: dict, s: TinySpec, tokens: list[int]) -> torch.Tensor:
         if s.arch == "qwen2":
             q, k, v = q + t[p + "q_bias"], k + t[p + "k_bias"], v + t[p + "v_bias"]
         q, k, v = q.view(T_, H, Dh), k.view(T_, Hkv, Dh), v.view(T_, Hkv, Dh)
+        if s.arch == "qwen3":   # HF Qwen3Attention: q_norm / k_norm on the head_dim view, before rope
+            q, k = norm(q, t[p + "q_norm"]), norm(k, t[p + "k_norm"])
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         k = k.repeat_interleave(H // Hkv, dim=1)
