@@ -9,6 +9,7 @@ that every command running a model is built from (minfer/cli.py passes a command
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
