@@ -98,12 +98,12 @@ class ServerState:
     def _make_worker(self, engine: Any) -> Any:
         """The FIFO Worker, or with parallel > 1 a BatchWorker over a BatchEngine (paged KV cache,
         continuous batching; minfer/server/worker.py)."""
-        if not self.parallel or self.parallel <= 1:
+        if self.parallel is None or self.parallel == 1:
             return Worker(engine, on_finished=self._record, on_dequeue=self.metrics.queued.dec)
         from minfer.runtime.batch_engine import BatchEngine
         from minfer.server.worker import BatchWorker
 
-        batch = BatchEngine.from_engine(engine, max_seqs=self.parallel, kv_memory=self.kv_memory)
+        batch = BatchEngine.from_engine(engine, max_seqs=self.parallel or None, kv_memory=self.kv_memory)
         self.slots = batch.max_seqs
         info = batch.slots_info()
         log.info("batching: %d sequences at once, KV cache %d blocks of %d positions",
@@ -280,7 +280,8 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     send and GET /v1/models lists; `aliases` are other names accepted for it.
     `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams. `parallel` > 1
     serves that many requests at once (continuous batching over a paged KV cache of `kv_memory`
-    bytes, default from free memory); otherwise one at a time, first in first out."""
+    bytes, default from free memory), 0 as many as memory allows; None or 1: one at a time,
+    first in first out."""
     if sampling_params_cls is None:
         from minfer.runtime.sampling import SamplingParams as sampling_params_cls
     state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
