@@ -5,6 +5,7 @@ Goldens (goldens/<name>.json) come from llama.cpp itself (tools/gen_token_golden
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -14,7 +15,15 @@ from vocab_files import BASE_MODEL, VARIANT_PRES, write_vocab_variant
 
 GOLDEN_DIR = Path(__file__).parent / "goldens"
 CATALOG_MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
-ALL_VOCABS = CATALOG_MODELS + list(VARIANT_PRES)
+# vocabs of llama.cpp's suite (tools/fetch_llama_cpp.py) with goldens of their own: one of
+# each family that no catalog model covers
+SUITE_GOLDENS: list[str] = []
+ALL_VOCABS = CATALOG_MODELS + list(VARIANT_PRES) + SUITE_GOLDENS
+
+_TOOL = Path(__file__).resolve().parents[2] / "tools" / "fetch_llama_cpp.py"
+_spec = importlib.util.spec_from_file_location("fetch_llama_cpp", _TOOL)
+fetch = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fetch)
 
 
 def load_golden(name: str) -> dict:
@@ -23,7 +32,8 @@ def load_golden(name: str) -> dict:
 
 @pytest.fixture(scope="session")
 def gguf_files(tmp_path_factory):
-    """name -> GGUFFile, opened on first use (the Qwen vocab takes seconds to read)."""
+    """name (catalog model, pre variant or llama.cpp suite vocab) -> GGUFFile, opened on first
+    use (the Qwen vocab takes seconds to read)."""
     from minfer.catalog import resolve_model
     from minfer.gguf_file import GGUFFile
 
@@ -32,7 +42,9 @@ def gguf_files(tmp_path_factory):
 
     def get(name: str):
         if name not in cache:
-            if name in VARIANT_PRES:
+            if name in fetch.SUITE:  # one of llama.cpp's ggml-vocab-<name>.gguf
+                cache[name] = GGUFFile(fetch.suite_dir() / f"ggml-vocab-{name}.gguf")
+            elif name in VARIANT_PRES:
                 base = get(BASE_MODEL)
                 path = write_vocab_variant(base.metadata, VARIANT_PRES[name], tmp / f"{name}.gguf")
                 cache[name] = GGUFFile(path)

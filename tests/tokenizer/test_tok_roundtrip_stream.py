@@ -10,11 +10,12 @@ from conftest import CATALOG_MODELS, load_golden
 
 
 def _single_byte_tokens(tok) -> dict[int, int]:
-    """byte -> id of a normal token that is exactly that byte."""
+    """byte -> id of a normal token that is exactly that byte, or else its <0xXX> byte token
+    (SentencePiece's byte fallback)."""
     single: dict[int, int] = {}
-    for i in range(tok.n_vocab):
+    for i in sorted(range(tok.n_vocab), key=lambda i: tok.token_attr(i) != 4):
         b = tok.piece_bytes(i)
-        if len(b) == 1 and tok.token_attr(i) == 4:
+        if len(b) == 1 and tok.token_attr(i) in (4, 32):  # NORMAL, BYTE
             single.setdefault(b[0], i)
     return single
 

@@ -8,18 +8,13 @@ parse_special=false)); minfer must give the same ids for every text of every voc
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from conftest import fetch
 from minfer.errors import MinferError
 from minfer.tokenizer import vocab as V
-
-_TOOL = Path(__file__).resolve().parents[2] / "tools" / "fetch_llama_cpp.py"
-_spec = importlib.util.spec_from_file_location("fetch_llama_cpp", _TOOL)
-fetch = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fetch)
 
 # vocab -> its tokenizer.ggml.model, as the files say (checked below): one of each family
 FAMILY = {"bert-bge": "bert", "gemma-4": "gemma4", "llama-spm": "llama", "phi-3": "llama",
@@ -33,20 +28,9 @@ def suite_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def suite_tok(suite_dir):
-    """name -> (GGUFFile, minfer Tokenizer), loaded on first use."""
-    from minfer.gguf_file import GGUFFile
-    from minfer.tokenizer import Tokenizer
-
-    cache: dict = {}
-
-    def get(name: str):
-        if name not in cache:
-            g = GGUFFile(suite_dir / f"ggml-vocab-{name}.gguf")
-            cache[name] = (g, Tokenizer.from_gguf(g))
-        return cache[name]
-
-    return get
+def suite_tok(gguf_files, tokenizers):
+    """name -> (GGUFFile, minfer Tokenizer), loaded once per session (conftest's caches)."""
+    return lambda name: (gguf_files(name), tokenizers(name))
 
 
 def test_suite_is_the_fifteen_vocabularies():
