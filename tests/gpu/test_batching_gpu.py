@@ -89,8 +89,8 @@ def test_greedy_alone_equals_among_31_others(model_path):
     prompts = _prompts(32, eng.config.vocab)
     n = 24
     alone = []
-    for p in prompts:
-        be1 = BatchEngine.from_engine(eng, max_seqs=1, kv_memory=64 << 20)
+    be1 = BatchEngine.from_engine(eng, max_seqs=1, kv_memory=64 << 20)
+    for p in prompts:                    # one at a time through a batch engine of one slot
         alone += _run(be1, [p], n)
     paths.reset()
     crowd = _run(BatchEngine.from_engine(eng, max_seqs=32, kv_memory=256 << 20), prompts, n)

@@ -67,3 +67,112 @@ def test_token_logprobs():
     ref = torch.log_softmax(logits, -1)
     assert math.isclose(lp[0], float(ref[0, 2]), rel_tol=1e-6) and math.isclose(lp[1], float(ref[1, 1]), rel_tol=1e-6)
     assert [i for i, _ in top[0]] == [2, 1] and top[1] == []
+
+
+# ---- whole generations on a tiny random model -------------------------------------------------
+
+from minfer.gguf_file import GGUFFile  # noqa: E402
+from minfer.models import load_model  # noqa: E402
+from minfer.runtime.batch_engine import BatchEngine  # noqa: E402
+from minfer.runtime.engine import Engine  # noqa: E402
+from models.tiny import TinySpec, write_tiny_model  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("m") / "t.gguf",
+                            TinySpec(arch="qwen2", seed=5, ctx=256, vocab=64))
+    # one thread: these ops are tiny, and a second thread on a shared 2-core machine only waits
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_model(GGUFFile(path), progress=False)
+    torch.set_num_threads(n)
+
+
+def _alone(model, prompt, n):
+    """The single-user Engine's greedy tokens (contiguous cache, one sequence)."""
+    return [e.token_id for e in Engine(model, None, 128).generate(prompt, GREEDY, n)]
+
+
+def _prompts(k, lo=1, hi=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 64, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(k)]
+
+
+def test_batched_greedy_equals_each_alone(tiny):
+    prompts = _prompts(6)
+    be = BatchEngine(tiny, n_ctx=128, max_seqs=8, n_blocks=64, block_size=4, token_budget=24)
+    got = be.generate_many(prompts, GREEDY, 12)
+    for p, evs in zip(prompts, got):
+        assert [e.token_id for e in evs] == _alone(tiny, p, 12)
+        assert evs[-1].finish_reason == "length" and all(e.finish_reason is None for e in evs[:-1])
+    assert be.blocks.n_used == 0
+    assert be.stats["prefill_tokens"] == sum(len(p) for p in prompts)
+
+
+def test_preemption_and_resume_give_the_same_tokens(tiny):
+    prompts = _prompts(5, 10, 30, seed=1)
+    n = 16
+    be = BatchEngine(tiny, n_ctx=128, max_seqs=5, n_blocks=1 + 24, block_size=4, token_budget=32,
+                     prefix_cache=False)           # 96 positions for 5 x (10..30 + 16): preemption certain
+    got = be.generate_many(prompts, GREEDY, n)
+    assert be.scheduler.n_preemptions > 0
+    for p, evs in zip(prompts, got):
+        assert [e.token_id for e in evs] == _alone(tiny, p, n)
+    assert be.blocks.n_used == 0
+
+
+def test_seeded_sampling_is_independent_of_batching_and_preemption(tiny):
+    p = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=77)
+    prompts = _prompts(4, 10, 30, seed=2)
+    alone = BatchEngine(tiny, n_ctx=128, max_seqs=1, n_blocks=64, block_size=4).generate_many(prompts[:1], p, 10)
+    crowd = BatchEngine(tiny, n_ctx=128, max_seqs=4, n_blocks=1 + 20, block_size=4, token_budget=16,
+                        prefix_cache=False).generate_many(prompts, p, 10)
+    assert [e.token_id for e in alone[0]] == [e.token_id for e in crowd[0]]
+
+
+def test_prefix_hit_skips_prefill_and_keeps_the_answer(tiny):
+    shared = _prompts(1, 30, 31, seed=3)[0]
+    be = BatchEngine(tiny, n_ctx=128, max_seqs=4, n_blocks=64, block_size=4)
+    first = be.generate_many([shared + [1, 2]], GREEDY, 6)[0]
+    before = be.stats["prefill_tokens"]
+    second = be.generate_many([shared + [3, 4, 5]], GREEDY, 6)[0]
+    assert be.stats["prefill_tokens"] - before == 3 + 2   # 28 of 33 tokens cached (7 blocks of 4)
+    assert be.blocks.hits == 28
+    assert [e.token_id for e in first] == _alone(tiny, shared + [1, 2], 6)
+    assert [e.token_id for e in second] == _alone(tiny, shared + [3, 4, 5], 6)
+
+
+def test_cancel_frees_blocks_and_others_finish(tiny):
+    prompts = _prompts(3, 10, 20, seed=4)
+    be = BatchEngine(tiny, n_ctx=128, max_seqs=4, n_blocks=64, block_size=4)
+    seqs = [be.add(p, GREEDY, 20) for p in prompts]
+    be.step()
+    be.step()
+    assert be.blocks.n_used > 0
+    be.cancel(seqs[1].seq_id)
+    out = be.step()
+    assert (seqs[1], None) in out and seqs[1].finish_reason == "cancel" and seqs[1].block_table == []
+    evs = {s.seq_id: [] for s in seqs}
+    while be.has_work:
+        for s, ev in be.step():
+            evs[s.seq_id].append(ev)
+    assert seqs[0].finish_reason == "length" and seqs[2].finish_reason == "length"
+    assert be.blocks.n_used == 0
+    be.blocks.check()
+
+
+def test_request_checks(tiny):
+    be = BatchEngine(tiny, n_ctx=32, max_seqs=2, n_blocks=64, block_size=4)
+    from minfer.errors import MinferError
+    with pytest.raises(MinferError, match="empty"):
+        be.add([], GREEDY, 4)
+    with pytest.raises(MinferError, match="vocabulary"):
+        be.add([99], GREEDY, 4)
+    with pytest.raises(MinferError, match="at most 32"):
+        be.add(list(range(33)), GREEDY, 4)
+    s = be.add(list(range(30)), GREEDY, 100)
+    assert s.max_new_tokens == 3                        # clamped to the context, as Engine does
