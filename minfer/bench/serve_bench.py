@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ctx", type=int, default=4096, help="the server's --ctx (with --launch)")
     ap.add_argument("--served-name", default="bench")
     ap.add_argument("--clients", default="1,8,32,128")
-    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 4 x clients, >= 8)")
+    ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 2 x clients, >= 8)")
     ap.add_argument("--prompt-lens", default="128,512,1024", help="prompt lengths drawn uniformly")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--poisson", type=float, default=None, help="arrival rate (requests/s) instead of closed loop")
@@ -191,7 +191,7 @@ def main(argv=None) -> int:
         lens = [int(x) for x in a.prompt_lens.split(",")]
         levels = []
         for c in [int(x) for x in a.clients.split(",")]:
-            n = a.requests or max(8, 4 * c)
+            n = a.requests or max(8, 2 * c)
             r = asyncio.run(run_level(a.url, a.served_name, c, n, lens, a.max_tokens, a.vocab, a.seed, a.poisson))
             levels.append(r)
             print(f"  {c} clients: {r['requests_per_s']:.2f} req/s, {r['output_tps']:.0f} output t/s, "
