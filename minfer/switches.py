@@ -22,7 +22,7 @@ MINFER_PIP_ARGS. `environ_snapshot()` gives the MINFER_* variables for a benchma
 from __future__ import annotations
 
 import os
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Mapping
 
 from minfer.errors import MinferError
@@ -176,13 +176,15 @@ def process_setting(name: str, default: str | None = None) -> str | None:
 
 
 def markdown_table() -> str:
-    """The README's switch table, generated from the field docs."""
-    rows = ["| variable | field | default | acts | what it does |", "|---|---|---|---|---|"]
+    """The README's switch table, generated from the field docs. 'each call': the engine's copy
+    can change between calls (Engine.set_switches, `minfer bench --ab`); 'at load': needs a new
+    engine; 'at exit': process-wide."""
+    rows = ["| variable | field | default | takes effect | what it does |", "|---|---|---|---|---|"]
     for f in fields(Switches):
-        d = f.default if f.default is not MISSING else ""
-        if f.metadata["kind"] == "switch":
+        d = f.default
+        if isinstance(d, bool):
             d = "on" if d else "off"
-        when = {"call": "per call", "load": "at load", "process": "at exit"}[f.metadata["when"]]
+        when = {"call": "each call", "load": "at load", "process": "at exit"}[f.metadata["when"]]
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {d} | {when} | {f.metadata['doc']} |")
     return "\n".join(rows)
 
@@ -192,3 +194,9 @@ def describe(sw: Switches) -> str:
     diffs = [f"{f.metadata['env']}={getattr(sw, f.name)!s}" for f in fields(sw)
              if getattr(sw, f.name) != f.default]
     return ", ".join(diffs) if diffs else "all defaults"
+
+
+if __name__ == "__main__":
+    # `python -m minfer.switches`: the README's switch table (tests/test_switches.py checks that the
+    # README holds exactly this between its switch-table markers)
+    print(markdown_table())

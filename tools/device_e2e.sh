@@ -21,7 +21,7 @@ for step in $STEPS; do
       [ -f $Q7 ] || $M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m 2>&1 | tail -2
       $M inspect $Q7 | tail -8;;
     paths)
-      MINFER_DEBUG_PATHS=1 timeout 200 python3 tools/profile_ops.py $Q7 --prompt 3354 --json "$OUT/profile-7b.json" 2>&1 | tee "$OUT/profile-7b.log" | grep -v "^ *$" | head -90;;
+      MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer.bench.kernels --profile $Q7 --prompt 3354 --json "$OUT/profile-7b.json" 2>&1 | tee "$OUT/profile-7b.log" | grep -v "^ *$" | head -90;;
     bench)
       timeout 300 $M bench -m $Q7 -p 512,3354 -n 128 -r ${REPS:-3} --peer torch-bf16 --out "$OUT/bench-7b.json" --no-progress 2>&1 | tee "$OUT/bench-7b.log" | tail -20
       summary="$summary\n$(tail -20 "$OUT/bench-7b.log")";;

@@ -29,7 +29,9 @@ def git_commit() -> dict:
     MINFER_COMMIT, when set, wins: the device scripts are given it by the caller
     (`MINFER_COMMIT=$(git rev-parse HEAD)`), because the GPU machine's copy of the tree has no
     .git or, as seen on 2026-11-29, a stale one (it reported 32f0baa + dirty for 539d4e3)."""
-    env = os.environ.get("MINFER_COMMIT") or None
+    from minfer.switches import process_setting
+
+    env = process_setting("MINFER_COMMIT") or None
     if env:
         return {"commit": env, "dirty": None, "source": "MINFER_COMMIT"}
     repo = str(Path(__file__).resolve().parents[2])
@@ -99,8 +101,10 @@ def machine_info(device: str) -> dict:
 
     info["minfer"] = __version__
     info.update(git_commit())
-    # environment switches of minfer in effect (MINFER_*), for the record
-    info["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("MINFER_")}
+    # the MINFER_* variables set (switches and process settings), for the record
+    from minfer.switches import environ_snapshot
+
+    info["env"] = environ_snapshot()
     if device == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         info["gpu"] = {

@@ -2,8 +2,8 @@
 
 Used by the torch peer to turn the 7B's 4.4 GB of blocks into bf16 on the GPU in seconds
 (numpy on the CPU takes minutes). Written from the block layouts (ggml-common.h, and
-ggml-quants.c dequantize_row_*), independently of minfer.quants and of the engine's kernels;
-tests/bench compares it with the gguf package's decoder. Types not listed here fall back to
+ggml-quants.c dequantize_row_*) independently of the engine's kernels; block sizes come from
+minfer.quants (the one table of them); tests/bench compares it with the gguf package's decoder. Types not listed here fall back to
 minfer.quants on the CPU.
 """
 
@@ -13,7 +13,6 @@ import warnings
 
 import numpy as np
 import torch
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
 
@@ -92,7 +91,9 @@ def dequantize_torch(raw: torch.Tensor, qtype: int, shape: tuple[int, ...],
         return raw.view(torch.float16).float().reshape(shape)
     if t == T.BF16:
         return raw.view(torch.bfloat16).float().reshape(shape)
-    block, size = GGML_QUANT_SIZES[t]
+    from minfer.quants import block_size, type_size
+
+    block, size = block_size(t), type_size(t)
     blocks = raw.reshape(-1, size)
     out = torch.empty((blocks.shape[0], block), dtype=torch.float32, device=raw.device)
     for s in range(0, blocks.shape[0], chunk_blocks):

@@ -24,6 +24,7 @@ __all__ = [
     "quantize",
     "block_size",
     "type_size",
+    "f16_offsets",
     "row_bytes",
     "type_name",
     "is_supported",
@@ -47,6 +48,12 @@ def block_size(qtype) -> int:
 def type_size(qtype) -> int:
     """Bytes per block."""
     return lookup(qtype).type_size
+
+
+def f16_offsets(qtype) -> tuple[int, ...]:
+    """Byte offsets of the f16 scales inside one block (d, and dmin or m where the type has one);
+    () for the float types. Benchmarks write finite scales there into random blocks."""
+    return lookup(qtype).f16_offsets
 
 
 def row_bytes(qtype, n_cols: int, name: str | None = None) -> int:

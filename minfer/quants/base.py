@@ -91,6 +91,7 @@ class QuantType:
     qtype: GGMLQuantizationType
     block_size: int  # values per block
     type_size: int  # bytes per block
+    f16_offsets: tuple[int, ...] = ()  # byte offsets of the block's f16 scales (d, dmin or m) in the drawn layout
     can_quantize: bool = False
     quantize_chunk: int = 1 << 14  # blocks per quantize chunk (bounds temporaries)
 

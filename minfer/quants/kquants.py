@@ -79,6 +79,7 @@ class Q2_K(QuantType):
 
     qtype = GGMLQuantizationType.Q2_K
     block_size, type_size = QK_K, 84
+    f16_offsets = (80, 82)        # d, dmin
 
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
@@ -107,6 +108,7 @@ class Q3_K(QuantType):
 
     qtype = GGMLQuantizationType.Q3_K
     block_size, type_size = QK_K, 110
+    f16_offsets = (108,)          # d
 
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
@@ -147,6 +149,7 @@ class Q4_K(QuantType):
 
     qtype = GGMLQuantizationType.Q4_K
     block_size, type_size = QK_K, 144
+    f16_offsets = (0, 2)          # d, dmin
 
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
@@ -168,6 +171,7 @@ class Q5_K(QuantType):
 
     qtype = GGMLQuantizationType.Q5_K
     block_size, type_size = QK_K, 176
+    f16_offsets = (0, 2)          # d, dmin
 
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
@@ -192,6 +196,7 @@ class Q6_K(QuantType):
 
     qtype = GGMLQuantizationType.Q6_K
     block_size, type_size = QK_K, 210
+    f16_offsets = (208,)          # d
 
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):

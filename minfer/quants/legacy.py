@@ -74,6 +74,7 @@ class Q4_0(QuantType):
 
     qtype = GGMLQuantizationType.Q4_0
     block_size, type_size = QK, 18
+    f16_offsets = (0,)            # d
     can_quantize = True
 
     @classmethod
@@ -119,6 +120,7 @@ class Q4_1(QuantType):
 
     qtype = GGMLQuantizationType.Q4_1
     block_size, type_size = QK, 20
+    f16_offsets = (0, 2)          # d, m
     can_quantize = True
 
     @classmethod
@@ -147,6 +149,7 @@ class Q5_0(QuantType):
 
     qtype = GGMLQuantizationType.Q5_0
     block_size, type_size = QK, 22
+    f16_offsets = (0,)            # d
     can_quantize = True
 
     @classmethod
@@ -174,6 +177,7 @@ class Q5_1(QuantType):
 
     qtype = GGMLQuantizationType.Q5_1
     block_size, type_size = QK, 24
+    f16_offsets = (0, 2)          # d, m
     can_quantize = True
 
     @classmethod
@@ -211,6 +215,7 @@ class Q8_0(QuantType):
 
     qtype = GGMLQuantizationType.Q8_0
     block_size, type_size = QK, 34
+    f16_offsets = (0,)            # d
     can_quantize = True
 
     @classmethod

@@ -43,26 +43,26 @@ def interpret() -> bool:
     the kernels then take small fixed tiles. Read at call time, the one place minfer reads it."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+
 # ggml type ids (ggml.h enum ggml_type; gguf.GGMLQuantizationType)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
 
-# qtype -> (name, values per block, bytes per block) as the kernels see them
-LAYOUT = {
-    F32: ("F32", 16, 64),
-    F16: ("F16", 16, 32),
-    BF16: ("BF16", 16, 32),
-    Q4_0: ("Q4_0", 32, 18),
-    Q4_1: ("Q4_1", 32, 20),
-    Q5_0: ("Q5_0", 32, 22),
-    Q5_1: ("Q5_1", 32, 24),
-    Q8_0: ("Q8_0", 32, 34),
-    Q2_K: ("Q2_K", 256, 84),
-    Q3_K: ("Q3_K", 256, 110),
-    Q4_K: ("Q4_K", 256, 144),
-    Q5_K: ("Q5_K", 256, 176),
-    Q6_K: ("Q6_K", 256, 210),
-}
+
+
+def _layout() -> dict:
+    """qtype -> (name, values per block, bytes per block) as the kernels see them, from the one
+    table of block sizes (minfer.quants). The float types are read as 'blocks' of 16 values."""
+    from minfer.quants import block_size, type_name, type_size
+
+    out = {}
+    for q in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K):
+        bs, ts = block_size(q), type_size(q)
+        out[q] = (type_name(q), 16, 16 * ts) if bs == 1 else (type_name(q), bs, ts)
+    return out
+
+
+LAYOUT = _layout()
 FLOAT_TYPES = (F32, F16, BF16)
 
 

@@ -1,12 +1,17 @@
-"""Microbenchmarks of the CUDA kernels at the Qwen2.5-7B Q4_K_M shapes (run on the device).
+"""Kernel benchmarks and the per-op profile of the engine on CUDA (run on the device).
 
-    python -m minfer.ops.cuda.bench_kernels [--json OUT.json] [--quick]
+    python -m minfer.bench.kernels [--json OUT.json] [--quick] [--sweep]
+    python -m minfer.bench.kernels --profile [MODEL.gguf] [--prompt 3354] [--json OUT.json]
 
-Weights are random valid blocks made on the GPU (random bytes, finite f16 scales), with the
-types synth's Q4_K_M rule gives each tensor of the 7B. Times are medians of
-triton.testing.do_bench (CUDA events). Rates: dequant counts bytes read + written; GEMV
-counts the weight bytes (the activations are negligible); GEMMs count 2*M*N*K.
-Prints a short table last.
+Without --profile: microbenchmarks at the Qwen2.5-7B Q4_K_M shapes. Weights are random valid
+blocks made on the GPU (random bytes, finite f16 scales), with the types synth's Q4_K_M rule
+gives each tensor of the 7B. Times are medians of triton.testing.do_bench (CUDA events). Rates:
+dequant counts bytes read + written; GEMV counts the weight bytes (the activations are
+negligible); GEMMs count 2*M*N*K. Prints a short table last.
+
+--profile: torch.profiler over one prefill and one (eager) decode step of MODEL.gguf (default:
+a 4-layer synthetic 7B), grouped by kernel, the launch-path counts of exactly one prefill, and
+the decode step timed as a CUDA-graph replay.
 """
 
 from __future__ import annotations
@@ -17,10 +22,7 @@ import sys
 
 import torch
 
-
-def _f16_offsets():
-    return {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 10: (80, 82), 11: (108,), 12: (0, 2),
-            13: (0, 2), 14: (208,)}
+from minfer.quants import f16_offsets
 
 
 def random_raw(qt: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -33,7 +35,7 @@ def random_raw(qt: int, n: int, k: int, gen: torch.Generator) -> torch.Tensor:
         return (torch.randn(n, k, device="cuda", generator=gen) * 0.5).to(dt).view(torch.uint8)
     nb = k // qk
     raw = torch.randint(0, 256, (n, nb, ts), dtype=torch.uint8, device="cuda", generator=gen)
-    for off in _f16_offsets()[qt]:
+    for off in f16_offsets(qt):
         raw[:, :, off:off + 2] = (torch.randn(n, nb, 1, device="cuda", generator=gen) * 0.01).half().view(torch.uint8)
     return raw.view(n, nb * ts)
 
@@ -58,13 +60,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="tile/warp sweeps of dequant and GEMV")
-    ap.add_argument("--profile", action="store_true", help="per-op profile of the engine on a 4-layer 7B synth")
+    ap.add_argument("--profile", nargs="?", const="", default=None, metavar="MODEL.gguf",
+                    help="per-op profile of the engine (default model: a 4-layer 7B synth)")
+    ap.add_argument("--prompt", type=int, default=3354, help="prompt tokens of the profiled prefill")
     args = ap.parse_args(argv)
+    if args.profile is not None:
+        return profile(args.profile or None, args.prompt, args.json)
 
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import plan_tensors
     from minfer.ops import paths
+    from minfer.ops.context import Context
     from minfer.ops.cuda import dequant, gemv, linear
+    from minfer.switches import Switches
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -106,15 +114,13 @@ def main(argv=None) -> int:
         table.append(f"gemv M=1 {name:10s} {dequant.type_name(qt)} {n}x{k}: {ms*1e3:7.1f} us  {gbps:6.0f} GB/s  cfg {cfg}")
     # crossover: GEMV vs dequant+cuBLAS by M on two shapes
     res["crossover"] = {}
+    no_gemv = Context(Switches(gemv=False))
     for name, n, k in (("qkv", 4608, 3584), ("gate", 18944, 3584)):
         w = qweight("blk.0.x.weight", 12, n, k, gen)
         for m in (1, 2, 4, 8, 16, 32, 64):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             t_g = bench(lambda: gemv.gemv(x, w.raw, 12, n, k))
-            import os
-            os.environ["MINFER_GEMV"] = "0"
-            t_d = bench(lambda: linear(x, w))
-            os.environ.pop("MINFER_GEMV")
+            t_d = bench(lambda: linear(x, w, None, no_gemv))
             res["crossover"][f"{name}.M{m}"] = {"gemv_ms": t_g, "dequant_cublas_ms": t_d}
             table.append(f"M={m:3d} {name:5s}: gemv {t_g*1e3:7.1f} us   dequant+cuBLAS {t_d*1e3:7.1f} us")
 
@@ -166,8 +172,6 @@ def main(argv=None) -> int:
 
     if args.sweep:
         sweep(gen, res, table)
-    if args.profile:
-        profile(res, table)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=1, default=str)
@@ -207,51 +211,98 @@ def sweep(gen, res, table):
         table.append(f"sweep gemv M=1 {name}: best {best[0]:.0f} GB/s at tile {best[1]} warps {best[2]}")
 
 
-def profile(res, table):
-    """torch.profiler over one prefill (512) and one decode step of a 4-layer 7B-geometry synth."""
+def top_kernels(prof, n=18):
+    from collections import defaultdict
+
+    agg = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            name = e.name if len(e.name) < 90 else e.name[:87] + "..."
+            agg[name][0] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            agg[name][1] += 1
+    total = sum(v[0] for v in agg.values())
+    rows = sorted(agg.items(), key=lambda kv: -kv[1][0])[:n]
+    return total / 1e3, [(k, v[0] / 1e3, v[1], v[0] / total if total else 0) for k, v in rows]
+
+
+def _show(title, total_ms, rows):
+    print(f"\n== {title}: {total_ms:.2f} ms of GPU kernel time ==")
+    print(f"{'ms':>8} {'share':>6} {'calls':>6}  kernel")
+    for name, ms, calls, share in rows:
+        print(f"{ms:8.3f} {share*100:5.1f}% {calls:6d}  {name}")
+
+
+def profile(model: str | None, prompt: int, json_out: str | None) -> int:
+    """Per-op breakdown of one prefill and one decode step, plus the launch-path counts."""
+    import dataclasses
     import tempfile
     import time
 
     from torch.profiler import ProfilerActivity, profile as tprofile
 
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
     from minfer.ops import paths
     from minfer.runtime.engine import Engine
 
-    path = tempfile.mkdtemp() + "/q7b-4l.gguf"
-    t0 = time.time()
-    write_synth(path, get_preset("qwen2.5-7b").with_overrides(layers=4), "q4_k_m", seed=0, progress=False)
-    table.append(f"synth 4-layer 7B: {time.time() - t0:.1f} s")
-    t0 = time.time()
-    eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
-    torch.cuda.synchronize()
-    table.append(f"load: {time.time() - t0:.1f} s")
-    ids = torch.randint(0, 150000, (512,)).tolist()
-    for _ in range(2):
-        eng.forward(ids, 0)
-        eng.forward(ids[:1], 512)
-    paths.reset()
-    for name, toks, pos in (("prefill512", ids, 0), ("decode", ids[:1], 512)):
-        torch.cuda.synchronize()
-        with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            eng.forward(toks, pos)
-            torch.cuda.synchronize()
-        tab = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
-        print(f"\n---- profile {name} (4 layers of the 7B, engine as committed) ----\n{tab}")
-        res[f"profile_{name}"] = tab
-    from minfer.runtime.cuda_graphs import DecodeGraph
+    if model is None:
+        from minfer.bench.presets import get_preset
+        from minfer.bench.synth import write_synth
 
-    g = DecodeGraph(eng.model, eng.cache)
-    g.step(ids[0], 512)
-    tok = torch.tensor([ids[0]], device="cuda")
-    with torch.inference_mode():
-        ms_eager = bench(lambda: eng.model.forward(tok, 512, eng.cache))
-        ms_graph = bench(lambda: g.step(ids[0], 512))
-    res["decode_step_4layer_ms"] = {"eager": ms_eager, "graph": ms_graph}
-    table.append(f"decode step, 4-layer 7B + lm head: eager {ms_eager:.2f} ms, CUDA graph {ms_graph:.2f} ms")
-    table.append("launch paths of one 4-layer prefill(512) + one decode step: " +
-                 ", ".join(f"{k}={v}" for k, v in sorted(paths.snapshot()["counts"].items())))
+        model = tempfile.mkdtemp() + "/q7b-4l.gguf"
+        write_synth(model, get_preset("qwen2.5-7b").with_overrides(layers=4), "q4_k_m", seed=0, progress=False)
+    eng = Engine.load(model, device="cuda", ctx=prompt + 64)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, eng.config.vocab, (prompt,), generator=g).tolist()
+    eng.reset()
+    eng.prefill(ids)                                    # warm-up: compile, allocate
+    torch.cuda.synchronize()
+    paths.reset()
+    eng.reset()
+    t0 = time.perf_counter()
+    eng.prefill(ids)
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    counts = paths.snapshot()
+    print(f"one prefill of {prompt} tokens: {wall*1e3:.1f} ms wall ({prompt/wall:,.0f} tok/s)")
+    print("launch paths of that one prefill:")
+    for k, v in sorted(counts["counts"].items()):
+        print(f"  {k}: {v}")
+    for k, v in counts.get("switched_off", {}).items():
+        print(f"  switched off: {k}: {v}")
+    for k, v in counts.get("fallbacks", {}).items():
+        print(f"  FELL BACK: {k}: {v}")
+    eng.reset()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.prefill(ids)
+        torch.cuda.synchronize()
+    pf_total, pf_rows = top_kernels(prof)
+    _show(f"prefill {prompt}", pf_total, pf_rows)
+    graphed = eng.switches
+    eng.set_switches(dataclasses.replace(graphed, cuda_graph=False))   # eager: each kernel shows
+    pos = len(eng.tokens)
+    eng.forward([1], pos)                                # warm the eager decode kernels
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        eng.forward([2], pos + 1)
+        torch.cuda.synchronize()
+    dc_total, dc_rows = top_kernels(prof)
+    _show("decode step (eager)", dc_total, dc_rows)
+    eng.set_switches(graphed)
+    eng.forward([3], pos + 2)                            # capture
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i in range(20):
+        eng.forward([4], pos + 3 + i)
+    torch.cuda.synchronize()
+    step_ms = (time.perf_counter() - t0) / 20 * 1e3
+    print(f"\ndecode step as a CUDA graph replay (incl. logits to host): {step_ms:.2f} ms")
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump({"prefill_tokens": prompt, "prefill_wall_ms": wall * 1e3, "paths": counts,
+                       "prefill_kernels_ms": pf_total, "prefill_top": pf_rows,
+                       "decode_eager_kernels_ms": dc_total, "decode_top": dc_rows,
+                       "decode_graph_step_ms": step_ms, "memory_report": getattr(eng, "memory_report", None)},
+                      f, indent=1)
+    return 0
 
 
 if __name__ == "__main__":
