@@ -253,7 +253,10 @@ class Tokenizer:
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         """Cut text at special-token texts (llama-vocab.cpp: tokenizer_st_partition)."""
         frags: list[str | int] = [text] if text else []
-        for tid, ttext in self._partition_order:
+        # every fragment is a piece of `text`: a token whose text `text` lacks is skipped in
+        # one C-level search (Gemma 3 has 6,414 special tokens)
+        present = [(tid, t) for tid, t in self._partition_order if t in text]
+        for tid, ttext in present:
             attr = self._attrs[tid]
             if not parse_special and attr & (V.ATTR_CONTROL | V.ATTR_UNKNOWN):
                 continue

@@ -14,7 +14,8 @@ import pytest
 from vocab_files import BASE_MODEL, VARIANT_PRES, write_vocab_variant
 
 GOLDEN_DIR = Path(__file__).parent / "goldens"
-CATALOG_MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
+CHATML_MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]  # ChatML templates
+CATALOG_MODELS = CHATML_MODELS
 # vocabs of llama.cpp's suite (tools/fetch_llama_cpp.py) with goldens of their own: one of
 # each family that no catalog model covers
 SUITE_GOLDENS: list[str] = []

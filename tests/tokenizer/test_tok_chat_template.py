@@ -9,12 +9,12 @@ from datetime import datetime
 
 import pytest
 
-from conftest import CATALOG_MODELS, load_golden
+from conftest import CHATML_MODELS, load_golden
 from minfer.errors import MinferError
 from minfer.tokenizer import CHATML_TEMPLATE, render_chat
 
 
-@pytest.mark.parametrize("name", CATALOG_MODELS)
+@pytest.mark.parametrize("name", CHATML_MODELS)
 def test_template_matches_llama_cpp_chatml(name, tokenizers):
     """With a system message given, both models' templates are plain ChatML, which
     llama.cpp's llama_chat_apply_template detects and renders without Jinja."""
@@ -27,7 +27,7 @@ def test_template_matches_llama_cpp_chatml(name, tokenizers):
         assert got == c["text"]
 
 
-@pytest.mark.parametrize("name", CATALOG_MODELS)
+@pytest.mark.parametrize("name", CHATML_MODELS)
 def test_chatml_fallback_without_template(name, tokenizers):
     tok = copy.copy(tokenizers(name))
     tok.chat_template = None
