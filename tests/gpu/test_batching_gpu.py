@@ -7,7 +7,9 @@
   chunks, CUDA graph buckets with padding rows). Batched kernels round differently (GEMV at
   small M, dequantize + cuBLAS at large M), so a near-tie between the two best tokens may
   flip: the logits are compared with a tolerance at every step up to the first difference,
-  and at most 2 of the 32 answers may differ at all.
+  and a difference is allowed only where the two best logits are within 5% of the logits' sd.
+  (H200, 2026-11-30: 12 of 32 answers of this random-weight model flipped at such a near-tie
+  within 24 tokens; a random model's next-token distribution is nearly flat.)
 - The graphed batch decode against the eager one, and the launch paths counted.
 """
 
@@ -70,6 +72,22 @@ def _prompts(n, vocab, seed=0):
     return out
 
 
+def _check_same_or_near_tie(a_runs, b_runs, tol):
+    """Per answer: logits within tol (relative) up to the first differing token, and that token
+    a near-tie of the first run. Returns how many answers differ."""
+    differ = 0
+    for (ta, la), (tb, lb) in zip(a_runs, b_runs):
+        first = next((i for i, (a, b) in enumerate(zip(ta, tb)) if a != b), None)
+        upto = len(ta) if first is None else first + 1
+        for i in range(upto):
+            assert rel(lb[i], la[i]) < tol, f"step {i}: logits differ by {rel(lb[i], la[i]):.3g}"
+        if first is not None:
+            differ += 1
+            top2 = la[first].topk(2).values
+            assert float(top2[0] - top2[1]) < 0.05 * float(la[first].std()), "a flip that is not a near-tie"
+    return differ
+
+
 def _run(be, prompts, n):
     from minfer.runtime.sampling import SamplingParams
 
@@ -96,24 +114,18 @@ def test_greedy_alone_equals_among_31_others(model_path):
     crowd = _run(BatchEngine.from_engine(eng, max_seqs=32, kv_memory=256 << 20), prompts, n)
     counts = paths.snapshot()["counts"]
     assert counts.get("graph.batch_decode.replay", 0) > 0, counts
-    differ = 0
-    for (ta, la), (tc, lc) in zip(alone, crowd):
-        first = next((i for i, (a, c) in enumerate(zip(ta, tc)) if a != c), None)
-        upto = len(ta) if first is None else first + 1
-        for i in range(upto):
-            assert rel(lc[i], la[i]) < 2e-2, f"step {i}: logits differ by {rel(lc[i], la[i]):.3g}"
-        if first is not None:
-            differ += 1
-            top2 = la[first].topk(2).values
-            assert float(top2[0] - top2[1]) < 0.05 * float(la[first].std()), "a flip that is not a near-tie"
-    assert differ <= 2
+    differ = _check_same_or_near_tie(alone, crowd, 2e-2)
+    print(f"alone vs among 31 others: {differ} of 32 answers flipped at a near-tie")
     # and the single-user Engine (contiguous cache, its own graphs) gives the alone answers
     from minfer.runtime.sampling import SamplingParams
 
-    for p, (ta, _) in list(zip(prompts, alone))[:4]:
+    for p, (ta, la) in list(zip(prompts, alone))[:4]:
         eng.reset()
         te = [e.token_id for e in eng.generate(p, SamplingParams(temperature=0), n)]
-        assert te == ta[:len(te)] or sum(a != b for a, b in zip(te, ta)) <= 2
+        first = next((i for i, (a, b) in enumerate(zip(te, ta)) if a != b), None)
+        if first is not None:   # only at a near-tie of the batch engine's logits
+            top2 = la[first].topk(2).values
+            assert float(top2[0] - top2[1]) < 0.05 * float(la[first].std())
 
 
 def test_graphed_batch_decode_equals_eager(model_path):
@@ -124,10 +136,5 @@ def test_graphed_batch_decode_equals_eager(model_path):
     prompts = _prompts(20, eng.config.vocab, seed=1)
     g = _run(BatchEngine.from_engine(eng, max_seqs=20, kv_memory=256 << 20), prompts, 12)
     e = _run(BatchEngine.from_engine(eng, max_seqs=20, kv_memory=256 << 20, cuda_graphs=False), prompts, 12)
-    same = 0
-    for (tg, lg), (te, le) in zip(g, e):
-        first = next((i for i, (a, b) in enumerate(zip(tg, te)) if a != b), len(tg) - 1)
-        for a, b in zip(lg[:first + 1], le[:first + 1]):
-            assert rel(a, b) < 2e-2
-        same += tg == te
-    assert same >= len(prompts) - 2
+    differ = _check_same_or_near_tie(e, g, 2e-2)
+    print(f"graphed vs eager: {differ} of {len(prompts)} answers flipped at a near-tie")
