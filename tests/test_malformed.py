@@ -270,3 +270,201 @@ def test_metadata_key_not_utf8(tiny, tmp_path):
     bad = bytearray(data)
     bad[lay["kv"]["general.name"] + 8] = 0xC3  # a lead byte followed by ASCII: invalid
     _expect_error(_write(tmp_path, bytes(bad)), "metadata key #1", "UTF-8")
+
+
+# ---- issue 15: parse cost bounded by caps, layout checks, escaped names ---------------------
+
+from gguf import GGUFValueType as VT  # noqa: E402
+
+from test_fuzz_gguf import serialize, take_apart  # noqa: E402
+
+
+def _sparse(tmp_path: Path, head: bytes, size: int, name: str = "crafted.gguf") -> Path:
+    """A file of `size` bytes that starts with `head`; the rest is a hole (no disk, no time)."""
+    p = tmp_path / name
+    with open(p, "wb") as f:
+        f.write(head)
+        f.truncate(size)
+    return p
+
+
+@pytest.mark.parametrize("n_tensors,n_kv", [(2_500_000, 0), (0, 4_900_000), (70_000, 0), (0, 70_000)])
+def test_crafted_counts_are_refused_by_the_caps(tmp_path, capsys, n_tensors, n_kv):
+    # the issue's 94 MiB files: millions of zero-size tensors or keys the size check allows
+    p = _sparse(tmp_path, struct.pack("<4sIQQ", b"GGUF", 3, n_tensors, n_kv), 94 << 20)
+    _expect_error(p, "corrupt header", "at most 65,536")
+    _expect_cli_error(p, capsys)
+
+
+def test_crafted_huge_bool_array_is_refused(tmp_path):
+    # 98 M bools in a 94 MiB file: refused by the per-array cap before a list is built
+    head = struct.pack("<4sIQQ", b"GGUF", 3, 0, 1) + struct.pack("<Q", 3) + b"big" + \
+        struct.pack("<IIQ", VT.ARRAY, VT.BOOL, 98_000_000)
+    _expect_error(_sparse(tmp_path, head, 100 << 20), "metadata 'big'", "98,000,000 items")
+
+
+def test_many_arrays_together_are_capped(tmp_path):
+    # each array under the per-array cap, all of them past the total
+    kvs = [(f"a{i}", VT.ARRAY, (VT.UINT8, [0] * (1 << 21))) for i in range(5)]
+    p = tmp_path / "arrays.gguf"
+    p.write_bytes(serialize(kvs, [], b""))
+    _expect_error(p, "metadata 'a4'", "in all")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """The synthetic tiny qwen2 model taken apart: (kvs, tensors, data), see test_fuzz_gguf."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+
+    path = write_synth(tmp_path_factory.mktemp("tm") / "tiny.gguf", get_preset("tiny"), "q8_0", progress=False).path
+    return take_apart(path)
+
+
+def _rebuilt(tmp_path, parts, kv=None, tensor=None, name="m.gguf") -> Path:
+    kvs, tensors, data = parts
+    kvs = [list(k) for k in kvs]
+    tensors = [[n, list(ne), t, o] for n, ne, t, o in tensors]
+    if kv:
+        kv(kvs)
+    if tensor:
+        tensor(tensors)
+    p = tmp_path / name
+    p.write_bytes(serialize(kvs, tensors, data))
+    return p
+
+
+def _set(key, vtype, value):
+    def f(kvs):
+        for k in kvs:
+            if k[0] == key:
+                k[1], k[2] = vtype, value
+                return
+        kvs.append([key, vtype, value])
+    return f
+
+
+def test_overlapping_tensor_data_is_refused(tmp_path, tiny_model):
+    def overlap(tensors):
+        tensors[3][3] = tensors[2][3]  # the 4th tensor's data at the 3rd's offset
+    p = _rebuilt(tmp_path, tiny_model, tensor=overlap)
+    names = [t[0] for t in tiny_model[1][2:4]]
+    msg = _expect_error(p, "overlap")
+    assert all(f"'{n}'" in msg for n in names), msg
+
+
+def _load(p):
+    from minfer.config import ModelConfig
+
+    return ModelConfig.from_gguf(GGUFFile(p))
+
+
+@pytest.mark.parametrize("count", [3, 5, 0])
+def test_block_count_must_match_the_blocks(tmp_path, tiny_model, count):
+    p = _rebuilt(tmp_path, tiny_model, kv=_set("qwen2.block_count", VT.UINT32, count))
+    with pytest.raises(MinferError) as e:
+        _load(p)
+    msg = str(e.value)
+    assert "'qwen2.block_count'" in msg and f"= {count}" in msg, msg
+    assert ("expected 4" in msg) if count else ("1..4,096" in msg)
+
+
+@pytest.mark.parametrize("key,vtype,value,expect", [
+    ("qwen2.context_length", VT.UINT32, 0, "expected an integer in 1.."),
+    ("qwen2.attention.layer_norm_rms_epsilon", VT.FLOAT32, float("nan"), "finite number > 0"),
+    ("qwen2.attention.layer_norm_rms_epsilon", VT.FLOAT32, -1e-6, "finite number > 0"),
+    ("qwen2.rope.freq_base", VT.FLOAT32, 0.0, "finite number > 0"),
+    ("qwen2.rope.freq_base", VT.FLOAT32, float("nan"), "finite number > 0"),
+    ("qwen2.embedding_length", VT.STRING, "256", "got a string"),
+    ("qwen2.feed_forward_length", VT.INT32, -640, "expected an integer in 1.."),
+    ("qwen2.attention.head_count_kv", VT.UINT32, 3, "divisor of head_count"),
+    ("tokenizer.ggml.bos_token_id", VT.FLOAT32, 1.5, "integer token id"),
+    ("tokenizer.ggml.add_bos_token", VT.UINT32, 1, "a bool"),
+])
+def test_metadata_values_are_checked(tmp_path, tiny_model, key, vtype, value, expect):
+    p = _rebuilt(tmp_path, tiny_model, kv=_set(key, vtype, value))
+    with pytest.raises(MinferError) as e:
+        _load(p)
+    msg = str(e.value)
+    assert f"'{key}'" in msg and expect in msg and str(p) in msg, msg
+    assert "\n" not in msg
+
+
+def test_byte_token_type_on_a_normal_token(tmp_path, tiny_model):
+    def byte_type(kvs):
+        for k in kvs:
+            if k[0] == "tokenizer.ggml.token_type":
+                itype, items = k[2]
+                items = list(items)
+                items[300] = 6  # BYTE, on a merged token whose text is not <0xXX>
+                k[2] = (itype, items)
+    with pytest.raises(MinferError, match=r"token 300 .* has type BYTE"):
+        _load(_rebuilt(tmp_path, tiny_model, kv=byte_type))
+
+
+def test_inspect_marks_bad_keys_and_escapes_names(tmp_path, tiny_model, capsys):
+    def evil(kvs):
+        _set("qwen2.rope.freq_base", VT.FLOAT32, 0.0)(kvs)
+        _set("general.name", VT.STRING, "evil\x1b]0;owned\x07\nline")(kvs)
+    p = _rebuilt(tmp_path, tiny_model, kv=evil)
+    assert cli.main(["inspect", str(p)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "evil\\x1b]0;owned\\x07\\nline" in out
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("rope.freq_base"))
+    assert "invalid" in line and "finite number > 0" in line
+
+
+def test_control_characters_in_a_tensor_name_are_escaped(tmp_path, tiny_model, capsys):
+    def evil(tensors):
+        tensors[0][0] = "a\x1b[2J\nb"
+        tensors[1][0] = "a\x1b[2J\nb"  # a duplicate: the error names it
+    p = _rebuilt(tmp_path, tiny_model, tensor=evil)
+    msg = _expect_error(p, "appears twice")
+    assert "a\\x1b[2J\\nb" in msg and "\x1b" not in msg
+    _expect_cli_error(p, capsys)
+
+
+def test_long_tensor_name_is_refused_shortly(tmp_path, tiny_model):
+    def long(tensors):
+        tensors[0][0] = "x" * (1 << 20)
+    msg = _expect_error(_rebuilt(tmp_path, tiny_model, tensor=long), "1,048,576 bytes long")
+    assert len(msg) < 400
+
+
+# ---- issue 15: command-line inputs ----------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_model_path(tmp_path_factory, tiny_model):
+    p = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    p.write_bytes(serialize(*tiny_model))
+    return p
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["--seed", str(2**70)], "64 bits"),
+    (["--stop", "\\x"], "--stop"),
+    (["--temp", "nan"], "temperature"),
+    (["--temp", "inf"], "temperature"),
+    (["--repeat-penalty", "0"], "repeat_penalty"),
+    (["--repeat-penalty", "nan"], "repeat_penalty"),
+    (["--top-p", "2"], "top_p"),
+    (["--top-k", "-5"], "top_k"),
+    (["--ctx", str(10**12)], "--ctx"),
+    (["\udcffbad utf-8"], "not valid UTF-8"),
+])
+def test_cli_inputs_are_one_line_errors(tiny_model_path, capsys, argv, expect):
+    prompt = [] if not argv[0].startswith("-") else ["hi"]  # the UTF-8 case is the prompt itself
+    rc = cli.main(["run", "-m", str(tiny_model_path), "--device", "cpu", "-n", "1", *argv, *prompt])
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("minfer: error: ") and expect in lines[0], err
+
+
+def test_cli_invalid_utf8_on_stdin(tiny_model_path):
+    r = subprocess.run([sys.executable, "-m", "minfer", "run", "-m", str(tiny_model_path), "--device", "cpu",
+                        "-n", "1", "-"], input=b"Hi \xff there", capture_output=True, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.strip().count("\n") == 0, err
+    assert "not UTF-8" in err and "byte 3" in err, err
