@@ -4,12 +4,17 @@ The CLI, the server and the benchmarks only consume the GenEvents yielded here.
 Stop strings: text that could still become a stop string is held back until it either
 completes one (then generation ends and the stop string is never emitted) or diverges
 (then it is released). EOS/end-of-turn tokens end generation and are not rendered.
+
+Logits processors (e.g. a grammar's token mask, minfer.server.structured) are called on each
+step's logits before sampling: `proc(generated, logits) -> logits`, where `generated` is the
+list of tokens this generation has produced so far (not the prompt). A processor keeps its own
+state (how many of `generated` it has seen), so a batched caller can call it per row the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
@@ -23,6 +28,20 @@ class GenEvent:
     logprob: float                 # the model's log-probability of token_id
     top_logprobs: list = field(default_factory=list)  # [(id, logprob)] when asked for
     finish_reason: str | None = None  # None while running; 'stop' or 'length' on the last event
+
+
+class LogitsProcessor(Protocol):
+    def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
+        """(V,) logits -> (V,) logits to sample from; `generated`: this generation's tokens so far."""
+        ...
+
+
+def process_logits(processors: Sequence[LogitsProcessor], generated: Sequence[int],
+                   logits: torch.Tensor) -> torch.Tensor:
+    """Apply each processor in turn (a no-op without processors)."""
+    for proc in processors:
+        logits = proc(generated, logits)
+    return logits
 
 
 class StopMatcher:
@@ -59,22 +78,28 @@ class StopMatcher:
 
 def generate(first_logits: torch.Tensor, step: Callable[[int], torch.Tensor], params: SamplingParams,
              max_new_tokens: int, *, history: Sequence[int] = (), stop: Iterable[str] = (),
-             decoder=None, eog_ids: Iterable[int] = (), top_logprobs: int = 0) -> Iterator[GenEvent]:
+             decoder=None, eog_ids: Iterable[int] = (), top_logprobs: int = 0,
+             logits_processors: Sequence[LogitsProcessor] = ()) -> Iterator[GenEvent]:
     """Yield up to max_new_tokens GenEvents.
 
     first_logits (V,): the model's logits after the prompt; step(token) feeds one token and
     returns the next logits (V,). history: the prompt ids (for the penalties). decoder: a
     tokenizer stream decoder (push(id) -> str, flush() -> str) or None (texts are '').
+    logits_processors: applied to each step's logits before sampling (see LogitsProcessor); the
+    reported logprob stays the model's own, taken before them.
     """
     gen = make_generator(params.seed)
     hist = list(history)
     eog = set(eog_ids)
     matcher = StopMatcher(stop)
     logits = first_logits
+    procs = list(logits_processors)
+    new: list[int] = []
     for i in range(max_new_tokens):
-        tok = sample(logits, params, gen, hist)
+        tok = sample(process_logits(procs, new, logits) if procs else logits, params, gen, hist)
         lp, top = logprobs(logits, tok, top_logprobs)
         hist.append(tok)
+        new.append(tok)
         if tok in eog:
             tail = decoder.flush() if decoder is not None else ""
             text, _ = matcher.push(tail)

@@ -29,12 +29,16 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer.errors import MinferError
+from minfer.limits import request_problem, request_texts
 from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware, error_payload
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
-from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions,
-                                   TextPart, _Sampling)
+from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
+                                   JSONSchemaFormat, NamedToolChoice, ResponseFormat, StreamOptions, TextPart, Tool,
+                                   ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
+from minfer.server.tools import ToolError, ToolStreamParser, logit_bias, parse_tool_calls, plan_chat
 from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
+from minfer.tokenizer.chat_template import chat_token_ids
 
 log = logging.getLogger("minfer.server")
 
@@ -161,13 +165,20 @@ def _sampling_params(req: _Sampling, SamplingParams: Any) -> Any:
 def _check_common(state: ServerState, req: _Sampling) -> Any:
     engine = state.require_engine()
     state.check_model(req.model)
+    # sizes and valid Unicode before any rendering or tokenization (minfer/limits.py)
+    problem = request_problem(request_texts(req), len(getattr(req, "messages", None) or ()))
+    if problem is not None:
+        raise APIError(400, problem[1], code="invalid_value", param=problem[0])
     if req.n != 1:
         raise APIError(400, f"n={req.n} is not supported: this server returns exactly one choice "
                        "per request (n=1); send several requests instead", code="unsupported_value", param="n")
+    for name, why in unsupported_fields(req):
+        raise APIError(400, f"{name}: {why}", code="unsupported_value", param=name)
     return engine
 
 
-def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[int]) -> Job:
+def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[int],
+              processors: list | None = None) -> Job:
     n_ctx = int(engine.n_ctx)
     n_prompt = len(prompt_ids)
     if n_prompt == 0:
@@ -188,7 +199,8 @@ def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[
         raise APIError(400, f"invalid sampling parameters: {e}", code="invalid_value") from e
     n_top = req.n_top_logprobs()
     # the chosen token's own logprob comes with every event; alternatives only when asked for
-    return Job(GenRequest(prompt_ids, params, max_new, req.stop_list(), n_top or 0), asyncio.get_running_loop())
+    return Job(GenRequest(prompt_ids, params, max_new, req.stop_list(), n_top or 0, list(processors or [])),
+               asyncio.get_running_loop())
 
 
 def _submit(state: ServerState, job: Job) -> None:
@@ -250,7 +262,8 @@ async def _stream(job: Job, first: list[dict], make_chunk: Callable[..., dict], 
         while True:
             item = await job.get()
             if isinstance(item, Finished):
-                yield _sse(make_chunk(None, finish_reason=item.finish_reason))
+                for c in _chunks(make_chunk(None, finish_reason=item.finish_reason)):
+                    yield _sse(c)
                 if include_usage:
                     yield _sse(usage_chunk(acc.usage(item)))
                 break
@@ -261,10 +274,15 @@ async def _stream(job: Job, first: list[dict], make_chunk: Callable[..., dict], 
                 break
             piece = acc.add(item)
             if piece is not None:
-                yield _sse(make_chunk(piece))
+                for c in _chunks(make_chunk(piece)):
+                    yield _sse(c)
         yield b"data: [DONE]\n\n"
     finally:
         job.cancel()
+
+
+def _chunks(c: dict | list[dict]) -> list[dict]:
+    return c if isinstance(c, list) else [c]
 
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -273,11 +291,13 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: list[str] = (),
                api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
                on_load_failed: Callable[[BaseException], None] | None = None,
-               sampling_params_cls: Any = None, parallel: int | None = None,
-               kv_memory: int | None = None) -> FastAPI:
+               sampling_params_cls: Any = None, cors_origins: list[str] = (),
+               parallel: int | None = None, kv_memory: int | None = None,
+               special_in_content: bool = False) -> FastAPI:
     """The server app. `engine_factory()` returns a loaded Engine; it runs in a background thread
     when the app starts (lifespan), so it may take long. `served_name` is the model id clients
-    send and GET /v1/models lists; `aliases` are other names accepted for it.
+    send and GET /v1/models lists; `aliases` are other names accepted for it. `cors_origins`:
+    browser origins allowed to call the API ("*" for any); none by default.
     `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams. `parallel` > 1
     serves that many requests at once (continuous batching over a paged KV cache of `kv_memory`
     bytes, default from free memory), 0 as many as memory allows; None or 1: one at a time,
@@ -286,6 +306,11 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         from minfer.runtime.sampling import SamplingParams as sampling_params_cls
     state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
     state.parallel, state.kv_memory = parallel, kv_memory
+    # False: control-token text in a client's message content stays text (issue 15)
+    state.special_in_content = special_in_content
+    if api_key is not None and not api_key.strip():
+        raise MinferError("--api-key is empty: give a key, or leave the flag (and $MINFER_API_KEY) "
+                          "unset to serve without authentication")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -325,9 +350,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
-    async def models() -> Any:
+    def model_card() -> dict:
         engine = state.engine
         meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": state.slots,
                                 "scheduling": SCHEDULING_NOTE if state.slots == 1 else BATCH_NOTE}
@@ -337,43 +360,59 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
             arch = getattr(getattr(engine, "config", None), "arch", None)
             if arch:
                 meta["architecture"] = arch
-        return {"object": "list", "data": [{"id": state.served_name, "object": "model", "created": state.created,
-                                            "owned_by": "minfer", "meta": meta}]}
+        if len(state.names) > 1:
+            meta["aliases"] = sorted(state.names - {state.served_name})
+        return {"id": state.served_name, "object": "model", "created": state.created, "owned_by": "minfer",
+                "meta": meta}
+
+    @app.get("/v1/models")
+    @app.get("/models", include_in_schema=False)
+    async def models() -> Any:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    @app.get("/models/{model_id:path}", include_in_schema=False)
+    async def model(model_id: str) -> Any:
+        # OpenAI's retrieve; an alias answers with the served model's card
+        state.check_model(model_id)
+        return model_card()
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions", include_in_schema=False)
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         engine = _check_common(state, req)
-        messages = []
-        for m in req.messages:
-            d = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            if m.name:
-                d["name"] = m.name
-            messages.append(d)
         tok = engine.tokenizer
         try:
-            # off the event loop: a long conversation takes a while to render and tokenize
-            ids = await run_in_threadpool(
-                lambda: _encode(tok, tok.apply_chat_template(messages, add_generation_prompt=True)))
+            # off the event loop: a long conversation takes a while to render and tokenize, and
+            # a grammar takes milliseconds to compile (the vocab's adapter ~0.5 s, once)
+            plan = await run_in_threadpool(plan_chat, tok, req, lambda messages, extra: chat_token_ids(
+                tok, messages, special_in_content=state.special_in_content, **extra))
+        except ToolError as e:
+            raise APIError(400, str(e), code=e.code, param=e.param) from e
         except MinferError as e:
             raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
-        job = _make_job(state, engine, req, ids)
+        job = _make_job(state, engine, req, plan.prompt_ids, plan.processors)
         acc = Accumulator(tok, req.n_top_logprobs(), chat=True)
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
         _submit(state, job)
         if not req.stream:
             fin = await _collect(job, request, acc)
-            return chat_response(rid, created, model, acc, fin)
+            resp = chat_response(rid, created, model, acc, fin)
+            if plan.parse_tools:
+                _tool_message(resp, acc.text)
+            return resp
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
-        def chunk(piece: Any, finish_reason: str | None = None, role: bool = False) -> dict:
+        def plain_chunk(piece: Any, finish_reason: str | None = None, role: bool = False) -> dict:
             return chat_chunk(rid, created, model, piece, finish_reason, role, include_usage)
+
+        chunk = _tool_chunker(plain_chunk) if plan.parse_tools else plain_chunk
 
         def usage_chunk(usage: dict) -> dict:
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                     "choices": [], "usage": usage}
 
-        body = _stream(job, [chunk(None, role=True)], chunk, acc, include_usage, usage_chunk)
+        body = _stream(job, [plain_chunk(None, role=True)], chunk, acc, include_usage, usage_chunk)
         return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
     @app.post("/v1/completions")
@@ -399,7 +438,11 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                 ids = await run_in_threadpool(_encode, tok, text)
             except MinferError as e:
                 raise APIError(400, f"prompt: {e}", code="invalid_value", param="prompt") from e
-        job = _make_job(state, engine, req, ids)
+        try:
+            processors = [logit_bias(tok, req.logit_bias)] if req.logit_bias else []
+        except ToolError as e:
+            raise APIError(400, str(e), code=e.code, param=e.param) from e
+        job = _make_job(state, engine, req, ids, processors)
         echo = text if req.echo else ""
         acc = Accumulator(tok, req.n_top_logprobs(), chat=False, base_offset=len(echo))
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
@@ -425,7 +468,29 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(_JSONBodyMiddleware)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # outermost: a browser's preflight OPTIONS carries no API key and must not reach auth
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
+                           allow_headers=["*"], allow_credentials=False)
     return app
+
+
+class _JSONBodyMiddleware:
+    """POST bodies are JSON whatever their Content-Type says (llama-server reads them so, and
+    curl -d sends application/x-www-form-urlencoded): the header is rewritten to
+    application/json before FastAPI parses the body."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)
 
 
 # what a field accepts, for a value that matched none of the members of its union type
@@ -439,7 +504,8 @@ _UNION_HINTS = {
 
 def _field_names() -> set[str]:
     names: set[str] = set()
-    for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions):
+    for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions, ResponseFormat,
+                  JSONSchemaFormat, Tool, FunctionDef, NamedToolChoice, ToolCall, ToolCallFunction):
         names.update(model.model_fields)
     return names
 
@@ -478,6 +544,49 @@ def _validation_response(exc: RequestValidationError) -> APIError:
     if len(groups) > 5:
         parts.append(f"... and {len(groups) - 5} more")
     return APIError(400, "invalid request: " + "; ".join(parts), "invalid_request_error", code, param)
+
+
+def _tool_message(resp: dict, text: str) -> None:
+    """A non-streamed chat answer's <tool_call> blocks become message.tool_calls."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return
+    choice = resp["choices"][0]
+    choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+    if choice["finish_reason"] == "stop":
+        choice["finish_reason"] = "tool_calls"
+
+
+def _tool_chunker(plain_chunk: Callable[..., dict]) -> Callable[..., list[dict]]:
+    """Wraps a chat chunk builder so that streamed <tool_call> blocks leave as delta.tool_calls
+    (each call whole, in one chunk: id, type, function name and arguments), the text around
+    them as delta.content, and the finish reason is "tool_calls" when a call was made."""
+    parser = ToolStreamParser()
+
+    def tool_chunks(calls: list[dict]) -> list[dict]:
+        out = []
+        for call in calls:
+            c = plain_chunk(None)
+            c["choices"][0]["delta"] = {"tool_calls": [{"index": parser.n_calls - len(calls) + len(out), **call}]}
+            out.append(c)
+        return out
+
+    def chunk(piece: Any, finish_reason: str | None = None) -> list[dict]:
+        out = []
+        if finish_reason is not None:
+            rest = parser.flush()
+            if rest and (rest.strip() or not parser.n_calls):
+                out.append(plain_chunk((rest, [])))
+            if parser.n_calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
+            out.append(plain_chunk(None, finish_reason=finish_reason))
+            return out
+        text, calls = parser.push(piece[0])
+        if text or piece[1]:
+            out.append(plain_chunk((text, piece[1])))
+        return out + tool_chunks(calls)
+
+    return chunk
 
 
 def _version() -> str:

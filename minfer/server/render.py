@@ -59,6 +59,15 @@ class Accumulator:
     def token_str(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
+    def completion_token(self, token_id: int) -> str:
+        """Legacy completions' token string: a token that is not whole UTF-8 (a piece of a
+        multi-byte character) is written "bytes:\\xe2\\x80", as OpenAI's completions API does."""
+        b = self.token_bytes(token_id)
+        try:
+            return b.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
+
     def add(self, ev: Any) -> tuple[str, list[dict]] | None:
         """Fold one GenEvent in; returns (new text, new logprob entries) or None if nothing new."""
         text = getattr(ev, "text", "") or ""
@@ -83,8 +92,8 @@ class Accumulator:
             return {"token": s, "logprob": lp, "bytes": list(self.token_bytes(tid)),
                     "top_logprobs": [{"token": self.token_str(i), "logprob": v,
                                       "bytes": list(self.token_bytes(i))} for i, v in alts]}
-        return {"token": self.token_str(tid), "logprob": lp, "offset": self.base_offset + self.n_chars,
-                "top": {self.token_str(i): v for i, v in alts}}
+        return {"token": self.completion_token(tid), "logprob": lp, "offset": self.base_offset + self.n_chars,
+                "top": {self.completion_token(i): v for i, v in alts}}
 
     @property
     def text(self) -> str:

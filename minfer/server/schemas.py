@@ -6,15 +6,21 @@ Responses are plain dicts built in app.py (they are ours, so validating them buy
 
 Field names and ranges follow OpenAI's API reference (platform.openai.com/docs/api-reference:
 chat/create, completions/create); the non-OpenAI sampling fields (top_k, min_p,
-repetition_penalty) use the names llama.cpp's server and vLLM accept. Unknown fields are
-ignored, as OpenAI-compatible servers commonly do, so that clients sending e.g. `user` work.
+repetition_penalty) use the names llama.cpp's server and vLLM accept.
+
+Unknown fields are kept (extra="allow") and then sorted by `unsupported_fields`: an OpenAI field
+that would change the answer and that minfer does not implement (audio, prediction, ...) is a 400
+`unsupported_value` naming it; bookkeeping fields that do not change the answer (user, store,
+metadata, ...) and other servers' extensions are ignored, as OpenAI-compatible servers commonly do.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from minfer.limits import MAX_MESSAGES  # more messages get a 400 before any rendering
 
 # OpenAI allows up to 4 stop sequences; llama.cpp's server takes any number. A bound keeps a
 # hostile request from making the engine test thousands of strings after every token.
@@ -30,7 +36,7 @@ class StreamOptions(BaseModel):
 class _Sampling(BaseModel):
     """Fields shared by /v1/chat/completions and /v1/completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -47,6 +53,8 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
+    # token id (as a string key, OpenAI's form) -> bias added to its logit, -100..100
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -61,6 +69,21 @@ class TextPart(BaseModel):
     text: str
 
 
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str = "{}"  # a JSON object, as a string (OpenAI's form)
+
+
+class ToolCall(BaseModel):
+    """An assistant message's earlier tool call, sent back by the client."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     # 'developer' is OpenAI's newer name for 'system'
@@ -68,6 +91,8 @@ class ChatMessage(BaseModel):
     # a list of parts is OpenAI's multimodal form; only text parts are understood here
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: which call this answers
 
     def text(self) -> str:
         if self.content is None:
@@ -77,12 +102,63 @@ class ChatMessage(BaseModel):
         return "".join(p.text for p in self.content)
 
 
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    # OpenAI: a-z, A-Z, 0-9, underscores and dashes, at most 64 characters
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ToolChoiceFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: ToolChoiceFunction
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    # 'schema' would shadow a BaseModel attribute, hence the alias
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('type "json_schema" needs json_schema.schema (a JSON schema object)')
+        return self
+
+
 class ChatCompletionRequest(_Sampling):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     # OpenAI's newer name for max_tokens; it wins when both are given
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
@@ -111,3 +187,33 @@ class CompletionRequest(_Sampling):
 
     def n_top_logprobs(self) -> int | None:
         return self.logprobs
+
+
+# OpenAI request fields that change the answer and that minfer does not implement, with what a
+# client can do instead. A field sent with its "off" value (null, false, [], ["text"]) is fine.
+_UNSUPPORTED = {
+    "audio": "audio output is not supported (text models only)",
+    "modalities": 'only ["text"] output is supported',
+    "prediction": "predicted outputs are not supported",
+    "functions": "the deprecated `functions` field is not supported; send `tools` instead",
+    "function_call": "the deprecated `function_call` field is not supported; send `tool_choice` instead",
+    "web_search_options": "web search is not supported",
+    "reasoning_effort": "reasoning effort is not supported by this server",
+    "verbosity": "verbosity is not supported by this server",
+    "best_of": "best_of is not supported: this server returns exactly one completion (best_of=1)",
+    "suffix": "suffix (fill-in-the-middle through the completions API) is not supported",
+}
+_OFF_VALUES = (None, False, [], ["text"], 1)
+
+
+def unsupported_fields(req: BaseModel) -> list[tuple[str, str]]:
+    """[(field, why)] of the sent fields minfer would otherwise have to ignore silently."""
+    out = []
+    for name, value in (req.model_extra or {}).items():
+        why = _UNSUPPORTED.get(name)
+        if why is None or any(value == off and type(value) is type(off) for off in _OFF_VALUES):
+            continue
+        if name == "best_of" and value == 1:
+            continue
+        out.append((name, why))
+    return out

@@ -21,7 +21,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 log = logging.getLogger("minfer.server")
@@ -34,6 +34,7 @@ class GenRequest:
     max_new_tokens: int
     stop: list[str]
     top_logprobs: int = 0  # alternatives per token the engine should report (0: none)
+    logits_processors: list = field(default_factory=list)  # e.g. a grammar mask (server/structured.py)
 
 
 @dataclass
@@ -154,6 +155,8 @@ class Worker:
         finish = None
         cancelled = False
         extra = {"top_logprobs": req.top_logprobs} if req.top_logprobs else {}
+        if req.logits_processors:
+            extra["logits_processors"] = req.logits_processors
         gen = self.engine.generate(req.prompt_ids, req.params, req.max_new_tokens, req.stop, **extra)
         try:
             for ev in gen:
