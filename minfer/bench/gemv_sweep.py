@@ -106,13 +106,13 @@ def candidates(qt: int, m: int, quick: bool):
     """(BN, BB, target programs or fixed SPLIT, warps, asm) to try; SPLIT from the target."""
     if m == 1:
         if qt == Q4_K:
-            c = [(64, 2, 4, False), (64, 2, 4, True), (32, 2, 4, False), (128, 2, 8, False),
-                 (64, 1, 4, False), (32, 1, 4, False)]
+            c = [(128, 1, 4, False), (64, 1, 4, False), (128, 1, 8, False), (64, 1, 4, True), (64, 2, 4, False),
+                 (32, 2, 4, False)]
         else:
-            c = [(64, 2, 4, True), (32, 2, 4, True), (64, 1, 4, True), (128, 2, 8, True), (64, 2, 4, False)]
+            c = [(64, 1, 4, True), (32, 1, 4, True), (128, 1, 8, True), (64, 1, 8, True), (64, 1, 4, False)]
         targets = [264, 528, 1056]
     else:
-        c = [(64, 1, 4, True), (32, 1, 4, True), (64, 2, 4, True)]
+        c = [(64, 1, 4, True), (32, 1, 4, True), (128, 1, 8, True)]
         targets = [264, 528]
     if quick:
         c, targets = c[:2], targets[1:2]
@@ -202,6 +202,11 @@ def main(argv=None) -> int:
                     continue
                 if best is None or r["us"] < best["us"]:
                     best = r
+            if best is not None and m == 1 and time.time() - t_start < args.budget_s:
+                cfg, asm = tuple(best["config"][:4]), best["config"][4] == "asm"
+                xf = x.float()
+                t = graph_time([lambda i=i: gr.gemv(xf, rws[i % copies], config=cfg, ws=ws, asm=asm) for i in range(calls)])
+                row("repacked", list(cfg) + [best["config"][4], "x fp32"], t, err(gr.gemv(xf, rws[0], config=cfg, ws=ws, asm=asm)))
             if best is not None:
                 key = f"{NAME[qt]} {n}x{k} m{1 if m == 1 else 16 if m <= 16 else 32 if m <= 32 else 64}"
                 res["best"][key] = {"config": best["config"], "us": best["us"], "gbps": best["gbps_repacked"],
@@ -214,7 +219,7 @@ def main(argv=None) -> int:
                 # dequant to bf16 (the prefill path): bytes read + written, new planes vs raw blocks
                 raws, rws, dense, copies, raw_bytes, rp_bytes = data[(label, qt)]
                 out = torch.empty(n, k, device="cuda", dtype=torch.bfloat16)
-                for tile in [(8, 1), (16, 1), (8, 2)]:
+                for tile in [(8, 1), (16, 1), (8, 2), (32, 1)]:
                     t = graph_time([lambda i=i: gr.dequantize_into(rws[i % copies], out, tile=tile) for i in range(copies)])
                     tb = (rp_bytes + 2 * n * k) / t / 1e12
                     res["dequant"].append({"shape": label, "type": NAME[qt], "kernel": "repacked", "tile": tile, "tbps": tb})

@@ -147,25 +147,45 @@ def _decode8(wq, hq, magic, QT: tl.constexpr, ASM: tl.constexpr):
 
 
 @triton.jit
-def _chunk_scales(p1, p2, p3, row2, kc, kmask, NB, QT: tl.constexpr, ASM: tl.constexpr):
+def _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN: tl.constexpr, C: tl.constexpr,
+                QT: tl.constexpr):
+    """The raw words of one iteration's tile (blocks blk.. of BN rows; nothing past b_hi):
+    quants [BN, C, 4] (and Q6_K's high bits), and the scale words [BN, C] (Q4_K: sc|m<<8 and
+    d|dmin<<16; Q6_K: the scale pair and d). Streamed once: evict-first."""
+    kc = blk * 8 + ci
+    kmask = (kc < b_hi * 8)[None, :]
+    qoff = row2 * (NB * 32) + blk * 32 + w4[None, :]                  # [BN, 4C]: 16-byte chunks
+    km4 = (blk * 32 + w4 < b_hi * 32)[None, :]
+    wq = tl.reshape(tl.load(p0 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BN, C, 4))
+    if QT == 12:
+        hq = wq
+        sa = tl.load(p1 + row2 * (NB * 8) + kc[None, :], mask=kmask, other=0, eviction_policy="evict_first")
+        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0,
+                     eviction_policy="evict_first")
+    else:
+        hq = tl.reshape(tl.load(p1 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BN, C, 4))
+        # the int8 scales 2c, 2c+1 of chunk c as one little-endian int16
+        sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=kmask, other=0,
+                     eviction_policy="evict_first")
+        sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0.0, eviction_policy="evict_first")
+    return wq, hq, sa, sb
+
+
+@triton.jit
+def _chunk_scales(sa, sb, QT: tl.constexpr, ASM: tl.constexpr):
     """Per (row, chunk) [BN, C]: (a0, m0, a1, m1), the chunk's values being w = a * (f - OFF) - m
     (Q6_K: values 0..15 use a0, 16..31 a1, m = 0; f and OFF as in _decode8)."""
-    blk = kc // 8
     if QT == 12:
-        scm = tl.load(p1 + row2 * (NB * 8) + kc, mask=kmask, other=0, eviction_policy="evict_first").to(tl.int32)
-        dm = tl.load(p2.to(tl.pointer_type(tl.int32)) + row2 * NB + blk, mask=kmask, other=0,
-                     eviction_policy="evict_first")
-        d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = (dm >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        scm = sa.to(tl.int32)
+        d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         ml = dmin * ((scm >> 8) & 255).to(tl.float32)
         # dl q - ml with q = (f - 1024) / 64 (ASM) or 16 (f - 1)
         a = d * (scm & 255).to(tl.float32) * (0.015625 if ASM else 16.0)
         return a, ml, a, ml
     else:
-        # the int8 scales 2c, 2c+1 of chunk c as one little-endian int16
-        s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc, mask=kmask, other=0,
-                     eviction_policy="evict_first").to(tl.int32)
-        d = tl.load(p3 + row2 * NB + blk, mask=kmask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        s2 = sa.to(tl.int32)
+        d = sb.to(tl.float32)
         # dl (q - 32) with q - 32 = (f - 1536) / 16 (ASM) or 64 (f - 1.5)
         st = 0.0625 if ASM else 64.0
         a0 = d * ((s2 << 24) >> 24).to(tl.float32) * st
@@ -250,17 +270,16 @@ def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
                 v = _load_x(x, up, nw, xrow, kn, kn < K, 1.0, False, SWIGLU)
                 ss += v * v
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+    # register double buffer: the next tile's loads are in flight while this one is computed
+    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
     for blk in range(b_lo, b_hi, BB):
+        wq, hq, sa, sb = nxt
+        nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
+        if QT == 14:
+            hq = hq.to(tl.int32)
         kc = blk * 8 + ci                                             # [C] chunk index in the row
         kmask = kc < b_hi * 8
-        qoff = row2 * (NB * 32) + blk * 32 + w4[None, :]              # [BN, 4C]
-        km4 = (blk * 32 + w4 < b_hi * 32)[None, :]
-        wq = tl.reshape(tl.load(p0 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BN, C, 4))
-        hq = wq
-        if QT == 14:
-            hq = tl.reshape(tl.load(p1 + qoff, mask=km4, other=0, eviction_policy="evict_first"),
-                            (BN, C, 4)).to(tl.int32)
-        a0, c0, a1, c1 = _chunk_scales(p1, p2, p3, row2, kc[None, :], kmask[None, :], NB, QT, ASM)
+        a0, c0, a1, c1 = _chunk_scales(sa, sb, QT, ASM)
         kx = (kc * 32)[:, None] + wi[None, :]                         # [C, 4]: value 4p + w at kx + 4p
         if USE_DOT:
             fs = _decode8(wq, hq, magic, QT, ASM)
@@ -386,22 +405,23 @@ def _dequant_kernel(p0, p1, p2, p3, out, N, NB, stride_o, QT: tl.constexpr, BR: 
         d = tl.load(p3 + row2 * NB + blk, mask=km2, other=0.0).to(tl.float32)
         dl0 = (d * ((s2 << 24) >> 24).to(tl.float32))[:, :, None]
         dl1 = (d * (s2 >> 8).to(tl.float32))[:, :, None]
-    obase = out + row2[:, :, None] * stride_o + (kc * 32)[None, :, None] + wi[None, None, :]
-    om = rmask[:, None, None] & kmask[None, :, None]
-    for p in tl.static_range(8):
-        if QT == 12:
-            q = (wq >> (4 * p)) & 15
-            # exact int -> float: q under the exponent of 2^23, minus 2^23; dl*q is exact, so
-            # an fma(dl, q, -ml) rounds once like ggml's multiply-then-subtract
-            v = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * dl - ml
-        else:
-            q = ((wq >> (4 * p)) & 15) | (((hq >> (2 * p)) & 3) << 4)
-            qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0   # 2^23 + 32: q - 32, exact
-            if p < 4:
-                v = qf * dl0
-            else:
-                v = qf * dl1
-        tl.store(obase + 4 * p, v.to(out.dtype.element_ty), mask=om)
+    # [BR, C, 8, 4]: nibble p of word w is value 4p + w, so the broadcast over p followed by
+    # a reshape gives each thread its chunk's 32 values in order (16-byte stores)
+    sh = (tl.arange(0, 8) * 4)[None, None, :, None]
+    if QT == 12:
+        q = (wq[:, :, None, :] >> sh) & 15
+        # exact int -> float: q under the exponent of 2^23, minus 2^23; dl*q is exact, so
+        # an fma(dl, q, -ml) rounds once like ggml's multiply-then-subtract
+        v = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * dl[:, :, :, None] - ml[:, :, :, None]
+    else:
+        q = ((wq[:, :, None, :] >> sh) & 15) | (((hq[:, :, None, :] >> (sh // 2)) & 3) << 4)
+        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0   # 2^23 + 32: q - 32, exact
+        half = (tl.arange(0, 8) < 4)[None, None, :, None]
+        v = qf * tl.where(half, dl0[:, :, :, None], dl1[:, :, :, None])
+    v2 = tl.reshape(v, (BR, C * 32))
+    k2 = tl.program_id(1) * (C * 32) + tl.arange(0, C * 32)
+    tl.store(out + row2 * stride_o + k2[None, :], v2.to(out.dtype.element_ty),
+             mask=rmask[:, None] & (k2 < NB * 256)[None, :])
 
 
 # ---------------------------------------------------------------- configs and wrappers
@@ -506,7 +526,8 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
                        NORM=norm_weight is not None, SWIGLU=up is not None, HAS_BIAS=bias is not None,
                        HAS_RESID=resid is not None, INLINE_REDUCE=inline, IEEE=x.dtype == torch.float32,
                        ASM=(not interpret) if asm is None else asm,
-                       NORM_BLK=64 if interpret else (256 if use_dot else 1024), num_warps=nwarps)
+                       NORM_BLK=64 if interpret else (256 if use_dot else 1024), num_warps=nwarps,
+                       num_stages=1 if use_dot and x.dtype == torch.float32 else 3)
     if split > 1 and not inline:
         blk = 64 if interpret else 1024
         _reduce_kernel[(triton.cdiv(n, blk), m)](part, bias if bias is not None else part,
