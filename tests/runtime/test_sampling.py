@@ -109,3 +109,56 @@ def test_same_seed_same_draws():
     c = [sample(LOGITS, p, g) for _ in range(50)]
     assert a == b
     assert a != c
+
+
+# ---- issue 15: parameters that would make NaN, and NaN logits -----------------------------
+
+from minfer.errors import MinferError  # noqa: E402
+from minfer.runtime.sampling import NonFiniteLogitsError  # noqa: E402
+
+
+@pytest.mark.parametrize("field,value,expect", [
+    ("temperature", float("nan"), "finite"), ("temperature", float("inf"), "finite"),
+    ("temperature", -0.5, ">= 0"), ("repeat_penalty", 0.0, "> 0"), ("repeat_penalty", float("nan"), "finite"),
+    ("repeat_penalty", -1.0, "> 0"), ("top_p", 2.0, "0..1"), ("top_p", float("nan"), "finite"),
+    ("min_p", -0.1, "0..1"), ("top_k", -5, ">= -1"), ("top_k", 2.5, "integer"),
+    ("presence_penalty", float("inf"), "finite"), ("frequency_penalty", float("nan"), "finite"),
+    ("penalty_last_n", -2, ">= -1"), ("seed", 2**70, "64 bits"), ("seed", -(2**63) - 1, "64 bits"),
+    ("seed", 1.5, "64 bits"), ("temperature", "hot", "finite"),
+])
+def test_invalid_parameters_are_one_line_errors(field, value, expect):
+    with pytest.raises(MinferError) as e:
+        SamplingParams(**{field: value})
+    msg = str(e.value)
+    assert field in msg and expect in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("kw", [dict(seed=2**64 - 1), dict(seed=-(2**63)), dict(top_k=-1), dict(top_p=0.0),
+                                dict(temperature=0.0), dict(penalty_last_n=-1), dict(repeat_penalty=1e-3)])
+def test_edge_values_are_accepted(kw):
+    p = SamplingParams(**kw)
+    assert sample(LOGITS, p, make_generator(p.seed)) in range(4)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("greedy", [True, False])
+def test_non_finite_logits_raise_a_clear_error(bad, greedy):
+    x = LOGITS.clone()
+    x[2] = bad
+    params = SamplingParams(temperature=0.0 if greedy else 1.0)
+    with pytest.raises(NonFiniteLogitsError, match="NaN|infinite") as e:
+        sample(x, params, make_generator(0))
+    assert "model file is probably broken" in str(e.value)
+
+
+def test_minus_inf_logits_are_masked_tokens_not_errors():
+    x = torch.tensor([0.0, -math.inf, 1.0, -math.inf])
+    assert sample(x, SamplingParams(temperature=0.0)) == 2
+    assert sample(x, SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0), make_generator(1)) in (0, 2)
+    with pytest.raises(MinferError, match="every token"):
+        sample(torch.full((4,), -math.inf), SamplingParams(temperature=1.0))
+
+
+def test_tiny_temperature_that_overflows_is_an_error_not_a_crash():
+    with pytest.raises(MinferError, match="NaN probabilities"):
+        sample(LOGITS * 1e30, SamplingParams(temperature=1e-30, top_k=0, top_p=1.0, min_p=0.0), make_generator(0))
