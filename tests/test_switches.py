@@ -62,3 +62,18 @@ def test_readme_table_is_the_generated_one():
     assert out.stdout.strip() == markdown_table()
     for f in dataclasses.fields(Switches):
         assert f"`{f.metadata['env']}`" in m.group(1)
+
+
+def test_debug_paths_prints_the_report_at_exit():
+    import os
+
+    code = ("from minfer.ops import paths; paths.count('qmatmul.Q4_K.decode'); "
+            "paths.switched_off('qmatmul.Q4_K.prefill', 'MINFER_FUSE_GROUPS')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINFER_")}
+    on = subprocess.run([sys.executable, "-c", code], env={**env, "MINFER_DEBUG_PATHS": "1"},
+                        capture_output=True, text=True, check=True)
+    assert "minfer launch paths (MINFER_DEBUG_PATHS=1):\n  qmatmul.Q4_K.decode: 1" in on.stderr
+    assert "(switched off by MINFER_FUSE_GROUPS=0): 1" in on.stderr
+    assert "MINFER_FUSE_GROUPS (fuse_groups: prefill: a declared weight group" in on.stderr
+    off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "launch paths" not in off.stderr

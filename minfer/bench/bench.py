@@ -259,11 +259,11 @@ def parse_env(spec: str) -> dict[str, str | None]:
 def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps: int, rng,
            vocab: int, timer: Timer, stats: ModelStats, log=print) -> dict:
     """`pairs` pairs, each side `reps` repetitions of every test, in the order A B, B A, A B ...
-    Each side is a set of switch changes ({'MINFER_X': value}) that `runner.configure` applies
-    to the engine's own switches (a changed copy; the process environment is never touched).
-    (odd pairs start with B: a bias toward whichever side runs second -- the H200 A/Bs of
-    2026-11-29 showed B ahead on pp512 in four unrelated comparisons -- cancels over an even
-    number of pairs); the ratio B/A per pair, and its mean, sd, min and max over the pairs."""
+    (odd pairs start with B: a bias toward whichever side runs second -- docs/perf-log.md
+    section 10, "The A/B order": B ahead on pp512 in four unrelated comparisons -- cancels over
+    an even number of pairs); the ratio B/A per pair, and its mean, sd, min and max over the
+    pairs. Each side is a set of switch changes ({'MINFER_X': value}) that `runner.configure`
+    applies to the engine's own switches (a changed copy; the environment is never touched)."""
     if pairs < 4:
         raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
     for env in (env_a, env_b):          # a warm-up of each side, excluded

@@ -19,14 +19,21 @@ from minfer.errors import MinferError
 PEERS = ("torch-bf16",)
 
 
+# The architectures this peer's own forward implements (a subset of minfer.models.ARCHITECTURES,
+# whose declarations give the rope style): the llama block, with qwen2's q/k/v biases.
+PEER_ARCHS = ("llama", "qwen2")
+
+
 class TorchPeer:
     """A whole model as plain tensors; forward(ids, start_pos) -> logits, like Engine.forward."""
 
     def __init__(self, gf, device: str = "cuda", dtype: torch.dtype = torch.bfloat16,
                  n_ctx: int = 4096):
+        from minfer.models import ARCHITECTURES
+
         arch = gf.architecture
-        if arch not in ("llama", "qwen2"):
-            raise MinferError(f"{gf.path}: the torch peer runs llama and qwen2, not '{arch}'")
+        if arch not in PEER_ARCHS:
+            raise MinferError(f"{gf.path}: the torch peer runs {', '.join(PEER_ARCHS)}, not '{arch}'")
         g = gf.arch_get
         self.arch, self.device, self.dtype, self.n_ctx = arch, torch.device(device), dtype, n_ctx
         self.n_layers = int(g("block_count"))
@@ -37,7 +44,7 @@ class TorchPeer:
         self.eps = float(g("attention.layer_norm_rms_epsilon"))
         n_rot = int(g("rope.dimension_count") or self.hd)
         theta = float(g("rope.freq_base") or 10000.0)
-        self.neox = arch == "qwen2"   # llama.cpp llama_model_rope_type
+        self.neox = ARCHITECTURES[arch].rope_style == "neox"   # the model class's declaration
         # (n_rot/2,) float32 inverse frequencies theta^(-2i/n_rot)
         self.inv_freq = (theta ** (-torch.arange(0, n_rot, 2, dtype=torch.float64) / n_rot)).float().to(self.device)
         self.n_rot = n_rot

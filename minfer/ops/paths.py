@@ -75,6 +75,16 @@ def report() -> str:
         lines.append(f"  {p}: {n}")
     if len(lines) == 1:
         lines.append("  (no CUDA kernel paths ran)")
+    with _lock:
+        envs = sorted({e.split("=")[0] for (_, e) in _off})
+    if envs:                          # what each switch that turned a path off does (its field doc)
+        from dataclasses import fields
+
+        from minfer.switches import Switches
+
+        docs = {f.metadata["env"]: f"{f.name}: {f.metadata['doc']}" for f in fields(Switches)}
+        lines.append("switches that turned paths off:")
+        lines += [f"  {e} ({docs.get(e, 'not a minfer switch')})" for e in envs]
     return "\n".join(lines)
 
 

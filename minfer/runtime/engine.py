@@ -278,9 +278,7 @@ class Engine:
 
 
 def load_tokenizer(gf):
-    """The GGUF's tokenizer, or None while minfer.tokenizer is not importable."""
-    try:
-        from minfer.tokenizer import Tokenizer
-    except ImportError:
-        return None
+    """The GGUF's tokenizer."""
+    from minfer.tokenizer import Tokenizer
+
     return Tokenizer.from_gguf(gf)

@@ -89,10 +89,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature <= 0
 
-    @classmethod
-    def greedy_params(cls) -> "SamplingParams":
-        return cls(temperature=0.0)
-
 
 def apply_penalties(logits: torch.Tensor, history: Sequence[int], repeat: float = 1.0,
                     presence: float = 0.0, frequency: float = 0.0) -> torch.Tensor:

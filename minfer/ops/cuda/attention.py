@@ -28,7 +28,7 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 
     GQA goes in unexpanded (enable_gqa): on the H200 at the 7B geometry and T=3354 it took
     173 us per layer, against 234 us with k/v expanded to H heads first and 339 us for the flash
-    (FA2) kernel (tools/exp_attn.py, bench/results/2026-11-29-h200-7b.md).
+    (FA2) kernel (docs/perf-log.md section 10; tools/exp_attn.py).
 
     cuDNN builds an execution plan per shape: 43-60 ms at each new length (same run), more than
     half a 3354-token prefill. So the length is rounded up to a multiple of LENGTH_BUCKET

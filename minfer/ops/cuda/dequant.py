@@ -222,7 +222,7 @@ def _dequant_kernel(raw, out, idx, N, K, row_bytes, out_stride,
 
 def dequant_config(qtype: int, interpret: bool):
     """(rows, values) per program: 8 x 256 = 128 runs of 16, one per thread of 4 warps
-    (H200 sweep, run 2: Q4_K 3.23 TB/s, Q6_K 2.28 TB/s at (8, 256); (16, 256) gave 3.14 / 2.24)."""
+    (H200 tile sweep, docs/perf-log.md section 3: Q4_K 3.23 TB/s, Q6_K 2.28 TB/s at (8, 256); (16, 256) gave 3.14 / 2.24)."""
     if interpret:
         return 4, 64
     return 8, 256

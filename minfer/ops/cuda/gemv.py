@@ -89,7 +89,7 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
 
 @triton.jit
 def _splitk_reduce_kernel(part, bias, out, MN, N, SPLIT, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
-    """out (M, N) = sum over splits of part (SPLIT, M, N) [+ bias], one launch (was three torch ops)."""
+    """out (M, N) = sum over splits of part (SPLIT, M, N) [+ bias], one launch."""
     o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = o < MN
     acc = tl.zeros([BLOCK], dtype=tl.float32)
@@ -110,7 +110,7 @@ def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool):
     if interpret:
         bn, bk = 16, 64
     else:
-        # M=1: 8 rows x 256 values (128 runs, one per thread): the H200 sweep (run 2) put
+        # M=1: 8 rows x 256 values (128 runs, one per thread): the H200 tile sweep (docs/perf-log.md section 3) put
         # (8, 256) first on qkv, down and the lm head, and within 4% of the best on gate_up
         bn, bk = (8, 256) if m == 1 else (64, 128)
     use_dot = m > 1
