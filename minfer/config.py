@@ -8,6 +8,8 @@ RoPE conventions (llama.cpp src/llama-model.cpp, `llama_model_rope_type`):
   reorders the rows of attn_q / attn_k inside each head so that the adjacent-pair rotation
   on the GGUF weights equals HF's half-split rotation on the original ones.
 - `qwen2` -> LLAMA_ROPE_TYPE_NEOX: rotate (x[i], x[i+n_rot/2]); its q/k are not permuted.
+Each model class declares its style (minfer/models/: `rope_style`); the registry there is the
+one list of supported architectures.
 
 Rope scaling: `{arch}.rope.scaling.type` none|linear (positions divided by
 `rope.scaling.factor`, llama.cpp: freq_scale = 1/factor); Llama-3.1-style scaling is stored
@@ -20,11 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minfer.errors import MinferError
-
-SUPPORTED_ARCHS = ("llama", "qwen2")
-
-# llama.cpp llama_model_rope_type: LLM_ARCH_LLAMA -> NORM, LLM_ARCH_QWEN2 -> NEOX
-ROPE_STYLE = {"llama": "normal", "qwen2": "neox"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,19 @@ class ModelConfig:
     rope: RopeConfig
     context_length: int
     tied_output: bool            # no output.weight: the logits reuse token_embd.weight
-    qkv_bias: bool               # qwen2 has q/k/v biases
+    # Architecture-specific values (read by _arch_extras; defaults = absent). Each model class
+    # decides which it uses (e.g. llama.cpp ignores phi3's sliding_window, uses gemma3's).
+    sliding_window: int = 0                    # attention.sliding_window (0: none)
+    swa_pattern: int | tuple | None = None     # attention.sliding_window_pattern (int, or per layer)
+    rope_swa: RopeConfig | None = None         # the sliding-window layers' rope (rope.freq_base_swa)
+    rope_long: RopeConfig | None = None        # phi3 LongRoPE: rope_factors_long (rope: the short ones)
+    rope_orig_ctx: int = 0                     # rope.scaling.original_context_length
+    rope_attn_factor: float = 1.0              # rope.scaling.attn_factor (cos/sin multiplier)
+    final_logit_softcap: float = 0.0           # final_logit_softcapping (0: none)
+    n_experts: int = 0                         # expert_count (MoE)
+    n_experts_used: int = 0                    # expert_used_count
+    expert_ffn: int = 0                        # expert_feed_forward_length
+    expert_weights_norm: bool = True           # expert_weights_norm (llama.cpp qwen3moe: always)
 
     @property
     def rope_theta(self) -> float:
@@ -62,18 +71,15 @@ class ModelConfig:
     def rope_style(self) -> str:
         return self.rope.style
 
-    @property
-    def n_rep(self) -> int:
-        """Query heads per KV head (grouped-query attention)."""
-        return self.n_heads // self.n_kv_heads
-
     @classmethod
     def from_gguf(cls, gf) -> "ModelConfig":
         """Build from a minfer.gguf_file.GGUFFile. Missing keys raise MinferError naming them."""
+        from minfer.models import ARCHITECTURES   # the one list of architectures (and their rope styles)
+
         arch = gf.architecture
-        if arch not in SUPPORTED_ARCHS:
+        if arch not in ARCHITECTURES:
             raise MinferError(f"{gf.path}: architecture '{arch}' is not supported "
-                              f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+                              f"(supported: {', '.join(ARCHITECTURES)})")
 
         from minfer import metadata_check
 
@@ -113,13 +119,14 @@ class ModelConfig:
         if n_rot != head_dim:
             raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={n_rot} differs from the head size "
                               f"{head_dim}; partial rotary embeddings are not supported")
-        rope = RopeConfig(theta=float(opt("rope.freq_base", 10000.0)), style=ROPE_STYLE[arch], n_rot=n_rot,
+        rope = RopeConfig(theta=float(opt("rope.freq_base", 10000.0)), style=ARCHITECTURES[arch].rope_style, n_rot=n_rot,
                           freq_scale=_freq_scale(gf, arch), freq_factors=_freq_factors(gf, n_rot))
         tied = "output.weight" not in gf.tensors
-        qkv_bias = "blk.0.attn_q.bias" in gf.tensors
+        extras = _arch_extras(gf, arch, rope)
+        rope = extras.pop("rope_short", rope)
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
                    head_dim=head_dim, ffn=ffn, vocab=vocab, rms_eps=rms_eps, rope=rope,
-                   context_length=ctx, tied_output=tied, qkv_bias=qkv_bias)
+                   context_length=ctx, tied_output=tied, **extras)
 
 
 def _freq_scale(gf, arch) -> float:
@@ -136,6 +143,58 @@ def _freq_scale(gf, arch) -> float:
         return 1.0 / float(factor)
     raise MinferError(f"{gf.path}: {arch}.rope.scaling.type '{kind}' is not supported "
                       "(supported: none, linear, and llama3-style rope_freqs.weight)")
+
+
+def _arch_extras(gf, arch, rope: RopeConfig) -> dict:
+    """The optional keys of newer architectures (gemma3, phi3, qwen3moe): ModelConfig fields.
+    Key names: llama.cpp src/llama-arch.cpp LLM_KV_NAMES; defaults: llama-hparams.h."""
+    from dataclasses import replace
+
+    md = gf.metadata
+
+    def opt(suffix, default):
+        return md.get(f"{arch}.{suffix}", default)
+
+    out = dict(
+        sliding_window=int(opt("attention.sliding_window", 0) or 0),
+        # the local layers' rope: its own base, never the global layers' linear scaling
+        # (llama_model::get_rope_freq_scale -> rope_freq_scale_train_swa = 1)
+        rope_swa=RopeConfig(theta=float(opt("rope.freq_base_swa", 10000.0)), style=rope.style, n_rot=rope.n_rot),
+        rope_orig_ctx=int(opt("rope.scaling.original_context_length", 0) or 0),
+        rope_attn_factor=float(opt("rope.scaling.attn_factor", 1.0) or 1.0),
+        final_logit_softcap=float(opt("final_logit_softcapping", 0.0) or 0.0),
+        n_experts=int(opt("expert_count", 0) or 0),
+        n_experts_used=int(opt("expert_used_count", 0) or 0),
+        expert_ffn=int(opt("expert_feed_forward_length", 0) or 0),
+        expert_weights_norm=bool(opt("expert_weights_norm", True)),
+    )
+    pattern = opt("attention.sliding_window_pattern", None)
+    out["swa_pattern"] = tuple(pattern) if isinstance(pattern, list) else pattern
+    gating = opt("expert_gating_func", None)
+    if gating is not None and int(gating) != 1:   # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1
+        raise MinferError(f"{gf.path}: {arch}.expert_gating_func={gating} is not supported (only 1, softmax)")
+    # phi3 LongRoPE: per-frequency divisors, short within the original context, long past it
+    if "rope_factors_short.weight" in gf.tensors or "rope_factors_long.weight" in gf.tensors:
+        short = _factor_tensor(gf, "rope_factors_short.weight", rope.n_rot)
+        long_ = _factor_tensor(gf, "rope_factors_long.weight", rope.n_rot)
+        out["rope_long"] = replace(rope, freq_factors=long_)
+        out["rope_short"] = replace(rope, freq_factors=short)
+    return out
+
+
+def _factor_tensor(gf, name, n_rot):
+    if name not in gf.tensors:
+        raise MinferError(f"{gf.path}: tensor '{name}' is missing (LongRoPE files carry both "
+                          "rope_factors_short.weight and rope_factors_long.weight)")
+    import numpy as np
+
+    from minfer.quants import dequantize
+
+    t = gf.tensors[name]
+    if t.n_elements != n_rot // 2:
+        raise MinferError(f"{gf.path}: tensor '{name}' has {t.n_elements} values, expected n_rot/2 = {n_rot // 2}")
+    vals = np.asarray(dequantize(t.data, t.qtype, t.shape), dtype=np.float32).reshape(-1)
+    return tuple(float(v) for v in vals)
 
 
 def _freq_factors(gf, n_rot):

@@ -130,6 +130,11 @@ class Qwen3MoeModel(LlamaModel):
     def linear_groups(self) -> list[tuple]:
         return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks]
 
+    def head_weights(self) -> list:
+        # the stacked experts never go through ops.linear's scratch (ops.moe_ffn decodes the
+        # rows it needs itself), so they do not size it either
+        return [self.token_embd, self.output] + [w for e in self.moe for w in (e.gate_exps, e.up_exps, e.down_exps)]
+
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
         c, act, eps = self.cfg, self.act_dtype, self.cfg.rms_eps

@@ -14,7 +14,7 @@ from minfer.ops import reference
 from minfer.ops.context import Context
 
 __all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
-           "rope", "swiglu", "attention"]
+           "rope", "swiglu", "geglu", "attention", "moe_ffn"]
 
 # Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
 # bucket, docs/perf-log.md section 10), so the KV cache has rows up to the next multiple past
@@ -74,9 +74,24 @@ def swiglu(gate, up):
     return _backend(gate).swiglu(gate, up)
 
 
-def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None):
+def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0):
     """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
-    start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph)."""
+    start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
+    window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p."""
     if q.device.type != "cuda":
-        return reference.attention(q, k_cache, v_cache, start_pos)
-    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx)
+        return reference.attention(q, k_cache, v_cache, start_pos, window)
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window)
+
+
+def geglu(gate, up):
+    """gelu(gate) * up with GELU's tanh approximation (gemma3's FFN), (T, F)."""
+    return _backend(gate).geglu(gate, up)
+
+
+def moe_ffn(h, router, gate_exps, up_exps, down_exps, k: int, norm_weights: bool, ctx: Context | None = None):
+    """Mixture of SwiGLU experts (qwen3moe): h (T, D) -> (T, D); router (E, D), stacked expert
+    QWeights (E*F, D), (E*F, D), (E*D, F); softmax over E, top-k, weights renormalized when
+    norm_weights (minfer/ops/reference.py moe_ffn)."""
+    if h.device.type != "cuda":
+        return reference.moe_ffn(h, router, gate_exps, up_exps, down_exps, k, norm_weights)
+    return _backend(h).moe_ffn(h, router, gate_exps, up_exps, down_exps, k, norm_weights, ctx)

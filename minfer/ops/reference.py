@@ -89,9 +89,11 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int) -> torch.Tensor:
+def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
+              window: int = 0) -> torch.Tensor:
     """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
     keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
+    window > 0 (sliding-window layers, gemma3): a query at p sees keys p - window < j <= p.
 
     Grouped-query: query head h reads KV head h // (H / Hkv), as ggml's broadcast does.
     Returns (T, H, Dh).
@@ -102,9 +104,53 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     v = v_cache[:S].transpose(0, 1)
     qh = q.transpose(0, 1)           # (H, T, Dh)
     mask = None
-    if T > 1:
-        # query i (absolute position start_pos + i) sees keys j <= start_pos + i
-        mask = torch.arange(S)[None, :] <= (start_pos + torch.arange(T))[:, None]  # (T, S)
+    if T > 1 or window > 0:
+        # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window)
+        mask = window_mask(start_pos + torch.arange(T), S, window)   # (T, S)
     out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
                                          scale=1.0 / D ** 0.5, enable_gqa=k.shape[0] != H)
     return out.transpose(0, 1)  # (T, H, Dh)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """(T, F): gelu(gate) * up, GELU's tanh approximation (HF gelu_pytorch_tanh, ggml_gelu)."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def window_mask(q_pos: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
+    """(T, n_keys) bool: key j visible to the query at position p when j <= p and, with a
+    window W > 0, p - j < W (llama.cpp llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
+    j = torch.arange(n_keys, device=q_pos.device)[None, :]
+    p = q_pos[:, None]
+    mask = j <= p
+    if window > 0:
+        mask = mask & (p - j < window)
+    return mask
+
+
+def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
+            norm_weights: bool) -> torch.Tensor:
+    """Mixture of SwiGLU experts of the normed input h (T, D) -> (T, D) (llama.cpp build_moe_ffn
+    with softmax gating; HF Qwen3MoeSparseMoeBlock).
+
+    router (E, D) float32; gate_exps/up_exps: QWeights (E*Fe, D), down_exps (E*D, Fe), expert e's
+    rows at [e*N, (e+1)*N). p = softmax(router h) over all E experts, the k largest kept, their
+    weights divided by their sum when norm_weights; out = sum_k w_k down_e(silu(gate_e h) * up_e h).
+    The reference goes expert by expert over the tokens routed to it."""
+    T, D = h.shape
+    E = router.shape[0]
+    probs = torch.softmax(h.float() @ router.float().t(), dim=-1)       # (T, E)
+    w, idx = torch.topk(probs, k, dim=-1)                               # (T, k)
+    if norm_weights:
+        w = w / w.sum(-1, keepdim=True)
+    Fe = gate_exps.shape[0] // E
+    g_all = gate_exps.dense.view(E, Fe, D)
+    u_all = up_exps.dense.view(E, Fe, D)
+    d_all = down_exps.dense.view(E, D, Fe)
+    out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
+    for e in idx.unique().tolist():
+        tok, slot = (idx == e).nonzero(as_tuple=True)                     # tokens routed to e
+        x = h[tok].to(g_all.dtype)
+        y = F.linear(F.silu(F.linear(x, g_all[e])) * F.linear(x, u_all[e]), d_all[e])   # (n, D)
+        out.index_add_(0, tok, y.float() * w[tok, slot, None])
+    return out.to(h.dtype)

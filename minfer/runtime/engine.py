@@ -220,6 +220,12 @@ class Engine:
             raise MinferError("forward() needs at least one token")
         return self._run(tokens, start_pos, last_only=False)
 
+    def logits(self, ids: Sequence[int]) -> torch.Tensor:
+        """Every position's logits of the sequence `ids` from an empty context: (T, vocab)
+        float32 on the CPU; row i scores the token after ids[i] (scoring, evaluation). The cache
+        holds ids afterwards."""
+        return self.forward(ids, 0)
+
     def prefill(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Bring the cache to hold prompt_ids, re-using the longest cached prefix; logits (V,)
         of the last prompt token."""

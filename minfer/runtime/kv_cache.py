@@ -60,7 +60,7 @@ class KVCache:
         self.k[layer, step.start:step.start + T] = k
         self.v[layer, step.start:step.start + T] = v
 
-    def attend(self, layer: int, q: torch.Tensor, step, ctx=None) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
-        positions [0, last + 1) -> (T, H, Dh)."""
-        return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx)
+        positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p."""
+        return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window)

@@ -20,17 +20,23 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask
   attention.decode.triton        split-K decode attention                        (decode_attention)
+  attention.window.decode        the same kernel over the last `window` keys (gemma3 local layers)
+  attention.window.masked        T > 1 on a sliding-window layer: the masked kernel, window in the mask
+  geglu.triton                   gelu_tanh(gate) * up (gemma3)
+  moe.gather / moe.grouped       MoE experts: row-gather decode / grouped GEMM (ops/cuda/moe.py)
 """
 
 from __future__ import annotations
 
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
-from minfer.ops.cuda.norm_rope_act import add_rms_norm, rms_norm, rope, swiglu
+from minfer.ops.cuda.moe import moe_ffn
+from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rope, swiglu
 from minfer.ops.cuda.qmatmul import linear, linear_many
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "attention",
+__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "geglu", "moe_ffn",
+           "attention",
            "decode_attention", "prepare_weight", "memory_report", "Workspace"]
 
 

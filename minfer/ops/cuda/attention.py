@@ -59,14 +59,14 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 @triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                        H, G, sm_scale, keys_per_split,
+                        H, G, sm_scale, keys_per_split, window,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr):
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     L = tl.load(n_keys)
-    s0 = sp * keys_per_split
-    s1 = tl.minimum(s0 + keys_per_split, L)
+    s1 = tl.minimum(sp * keys_per_split + keys_per_split, L)
+    s0 = tl.maximum(sp * keys_per_split, L - window)     # sliding window: the last `window` keys
     g = tl.arange(0, GP)
     gm = g < G
     qh = kvh * G + g
@@ -126,8 +126,9 @@ def _combine_kernel(part_o, part_m, part_l, out, H, NS, D: tl.constexpr, BD: tl.
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
-                     n_split: int | None = None) -> torch.Tensor:
-    """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh).
+                     n_split: int | None = None, window: int = 0) -> torch.Tensor:
+    """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
+    window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
 
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
     between replays; the grid covers the whole cache).
@@ -159,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q2 = q2.to(kc.dtype)
     _decode_attn_kernel[(hkv, n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
-        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)),
+        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, window if window > 0 else 1 << 30, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)),
         BS=bs, IEEE=kc.dtype == torch.float32, num_warps=4)
     out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)
     _combine_kernel[(h,)](part_o, part_m, part_l, out, h, n_split, D=dh, BD=bd, CH=16, num_warps=4)
@@ -167,17 +168,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
-              ctx: Context | None = None) -> torch.Tensor:
+              ctx: Context | None = None, window: int = 0) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
+    window > 0 (sliding-window layers): decode reads only the last `window` keys
+    (attention.window.decode); T > 1 takes the masked kernel with the window in its mask
+    (attention.window.masked), since the cuDNN and flash paths are causal-only.
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
     if t == 1 and sw.decode_attention:
-        paths.count("attention.decode.triton")
+        paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         n_keys = start_pos + 1
-        return decode_attention(q, k_cache, v_cache, n_keys)
+        return decode_attention(q, k_cache, v_cache, n_keys, window=window)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
@@ -185,6 +189,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     s = start_pos + t
     hkv = k_cache.shape[1]
     scale = 1.0 / dh ** 0.5
+    if window > 0:
+        return _masked(q, k_cache, v_cache, start_pos, scale, window, "attention.window.masked")
     if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
         # cuDNN's fused attention (FA3-class on Hopper): half the flash (FA2) kernel's time
         try:
@@ -212,18 +218,34 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
             return out[0].transpose(0, 1)                    # (T, H, Dh)
         except RuntimeError as e:
             paths.fallback("attention.prefill.flash", f"SDPA refused flash: {str(e).splitlines()[0][:80]}")
-    # a cached prefix (start_pos > 0): the causal mask is offset, which flash cannot take;
-    # the memory-efficient kernel takes a mask but not GQA, so k/v are expanded to H heads.
+    # a cached prefix (start_pos > 0): the causal mask is offset, which flash cannot take
+    return _masked(q, k_cache, v_cache, start_pos, scale, 0, "attention.prefill.masked")
+
+
+def _masked(q, k_cache, v_cache, start_pos: int, scale: float, window: int, path: str):
+    """q (T, H, Dh) at start_pos.. over the caches' first start_pos + T rows with an explicit
+    (T, S) mask (causal, and the sliding window when window > 0): the memory-efficient kernel,
+    which takes a mask but not GQA, so k/v are expanded to H heads."""
+    t, h, _ = q.shape
+    s, hkv = start_pos + t, k_cache.shape[1]
+    k = k_cache[:s].transpose(0, 1).unsqueeze(0)            # (1, Hkv, S, Dh)
+    v = v_cache[:s].transpose(0, 1).unsqueeze(0)
+    qh = q.transpose(0, 1).unsqueeze(0)                      # (1, H, T, Dh)
+    if k.dtype != qh.dtype:
+        k, v = k.to(qh.dtype), v.to(qh.dtype)
     if hkv != h:
         k = k.repeat_interleave(h // hkv, dim=1)
         v = v.repeat_interleave(h // hkv, dim=1)
-    mask = (torch.arange(s, device=q.device)[None, :]
-            <= (start_pos + torch.arange(t, device=q.device))[:, None])     # (T, S)
+    j = torch.arange(s, device=q.device)[None, :]
+    p = (start_pos + torch.arange(t, device=q.device))[:, None]
+    mask = j <= p                                            # (T, S)
+    if window > 0:
+        mask = mask & (p - j < window)                       # llama.cpp is_masked_swa (STANDARD)
     try:
         with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
             out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-        paths.count("attention.prefill.masked")
+        paths.count(path)
     except RuntimeError as e:
-        paths.fallback("attention.prefill.masked", f"SDPA refused fused kernels: {str(e).splitlines()[0][:80]}")
+        paths.fallback(path, f"SDPA refused fused kernels: {str(e).splitlines()[0][:80]}")
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1)                            # (T, H, Dh)

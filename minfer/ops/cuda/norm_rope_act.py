@@ -146,6 +146,29 @@ def _swiglu_kernel(g, u, out, n, BLOCK: tl.constexpr):
     tl.store(out + o, (a / (1.0 + tl.exp(-a)) * b).to(out.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _geglu_kernel(g, u, out, n, BLOCK: tl.constexpr):
+    # gelu_tanh(a) = 0.5 a (1 + tanh(c)) = a * sigmoid(2c), c = sqrt(2/pi) (a + 0.044715 a^3)
+    o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = o < n
+    a = tl.load(g + o, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(u + o, mask=m, other=0.0).to(tl.float32)
+    c = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+    tl.store(out + o, (a / (1.0 + tl.exp(-2.0 * c)) * b).to(out.dtype.element_ty), mask=m)
+
+
+def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up, (T, F) in gate's dtype (reference.geglu)."""
+    paths.count("geglu.triton")
+    gate = gate.contiguous()
+    up = up.contiguous()
+    out = torch.empty_like(gate)
+    n = gate.numel()
+    block = 1024
+    _geglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4)
+    return out
+
+
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype."""
     paths.count("swiglu.triton")

@@ -1,0 +1,115 @@
+"""Mixture-of-experts FFN on CUDA (qwen3moe): router, top-k, and the experts' SwiGLU, with no
+Python loop over experts and no host value (a decode step stays CUDA-graph capturable).
+
+Expert weights are one QWeight per stacked tensor: raw blocks (E*N, row_bytes), expert e's rows
+at [e*N, (e+1)*N) (minfer/models/qwen3moe.py load_experts). The reference is
+minfer.ops.reference.moe_ffn (expert by expert, float32).
+
+- Few rows (decode, T*k <= gather_max): expert gather. The T*k selected experts' rows are
+  decoded from their raw blocks by the dequant kernel's row-index gather (the indices stay on
+  the device), into (T*k, N, K) in the activation dtype, then one batched matmul per weight.
+  Only the active experts' blocks are read; the decoded copy costs about 2 bytes a weight
+  written and read again (3.6x the Q4_K bytes). A fused gather-GEMV on the raw blocks would
+  read only the blocks: not written yet.                                   path moe.gather
+- Many rows (prefill): grouped. The (token, slot) pairs are sorted by expert; every expert of
+  the layer is decoded once into a scratch (E, N, K) and torch._grouped_mm multiplies each
+  expert's contiguous run of rows by its matrix (cuBLAS grouped GEMM, bf16, sm90+; offsets
+  on the device).                                                          path moe.grouped
+  Where torch._grouped_mm is missing or refuses (older torch, fp32 activations, other GPUs),
+  a padded batched matmul over the experts takes its place (each expert's rows padded to the
+  largest count, on the device: no host sync either).              fallback moe.grouped (bmm)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from minfer.ops import paths
+from minfer.ops.cuda import dequant
+
+GATHER_MAX = 16     # T*k rows at most for the expert gather (a decode step: T=1, k<=8 -> 8)
+
+
+def _decode_rows(w, rows: torch.Tensor, k: int, dtype) -> torch.Tensor:
+    """Rows `rows` (R,) int64 device of the stacked expert QWeight w -> (R, K) in dtype."""
+    out = torch.empty((rows.shape[0], k), dtype=dtype, device=rows.device)
+    return dequant.dequantize_into(w.raw, w.qtype, rows.shape[0], k, out, idx=rows, interpret=dequant.interpret())
+
+
+def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
+    """experts (S,) int64 -> the (S*n,) raw row indices of their matrices, expert by expert."""
+    return (experts[:, None] * n + torch.arange(n, device=experts.device)[None, :]).reshape(-1)
+
+
+def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool):
+    """softmax(router h) over the E experts, the k largest: weights (T, k) float32, ids (T, k)."""
+    probs = torch.softmax(h.float() @ router.float().t(), dim=-1)     # (T, E)
+    w, idx = torch.topk(probs, k, dim=-1)
+    if norm_weights:
+        w = w / w.sum(-1, keepdim=True)
+    return w, idx
+
+
+def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
+            norm_weights: bool, ctx=None) -> torch.Tensor:
+    """h (T, D) normed activations -> (T, D) in h's dtype; see minfer.ops.reference.moe_ffn."""
+    T, D = h.shape
+    E = router.shape[0]
+    Fe = gate_exps.shape[0] // E
+    w, idx = route(h, router, k, norm_weights)
+    act = h.dtype
+    if T * k <= GATHER_MAX:
+        paths.count("moe.gather")
+        sel = idx.reshape(-1)                                              # (T*k,)
+        g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, act).view(T * k, Fe, D)
+        u = _decode_rows(up_exps, _expert_rows(sel, Fe), D, act).view(T * k, Fe, D)
+        d = _decode_rows(down_exps, _expert_rows(sel, D), Fe, act).view(T * k, D, Fe)
+        x = h.repeat_interleave(k, dim=0).unsqueeze(-1)                   # (T*k, D, 1)
+        a = F.silu(torch.bmm(g, x)) * torch.bmm(u, x)                      # (T*k, Fe, 1)
+        y = torch.bmm(d, a).squeeze(-1).float()                            # (T*k, D)
+        return (y.view(T, k, D) * w[..., None]).sum(1).to(act)
+    # grouped: (token, slot) pairs sorted by expert
+    flat = idx.reshape(-1)                                                 # (T*k,)
+    order = torch.argsort(flat, stable=True)
+    tok = order // k                                                       # token of each sorted pair
+    # per-expert row counts by scatter_add (bincount reads its length back to the host, which a
+    # CUDA-graph capture of the prefill cannot take)
+    counts = torch.zeros(E, dtype=torch.int64, device=h.device).scatter_add_(0, flat, torch.ones_like(flat))
+    xs = h.index_select(0, tok)                                            # (T*k, D)
+    all_e = torch.arange(E, device=h.device)
+    g = _decode_rows(gate_exps, _expert_rows(all_e, Fe), D, act).view(E, Fe, D)
+    u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, act).view(E, Fe, D)
+    d = _decode_rows(down_exps, _expert_rows(all_e, D), Fe, act).view(E, D, Fe)
+    a = _grouped(xs, g, counts, flat[order])
+    a = F.silu(a) * _grouped(xs, u, counts, flat[order])                   # (T*k, Fe)
+    y = _grouped(a, d, counts, flat[order]).float()                        # (T*k, D)
+    y = y * w.reshape(-1)[order, None]
+    out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
+    out.index_add_(0, tok, y)
+    return out.to(act)
+
+
+def _grouped(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, expert_of_row: torch.Tensor) -> torch.Tensor:
+    """Rows x (M, K) sorted by expert (counts (E,) rows each) times w[e]^T (E, N, K) -> (M, N)."""
+    gm = getattr(torch, "_grouped_mm", None)
+    if gm is not None and x.is_cuda and x.dtype == torch.bfloat16:
+        try:
+            offs = torch.cumsum(counts, 0).to(torch.int32)
+            out = gm(x, w.transpose(1, 2), offs=offs)
+            paths.count("moe.grouped")
+            return out
+        except (RuntimeError, TypeError) as e:
+            paths.fallback("moe.grouped", f"torch._grouped_mm refused: {str(e).splitlines()[0][:80]}")
+    else:
+        paths.fallback("moe.grouped", "torch._grouped_mm needs bf16 activations on CUDA")
+    # padded batched matmul: row r of expert e goes to slot (e, r - start_e); all on the device
+    E, N, K = w.shape
+    M = x.shape[0]
+    starts = torch.cumsum(counts, 0) - counts                               # (E,)
+    slot = torch.arange(M, device=x.device) - starts[expert_of_row]        # (M,)
+    cap = M                                                                # a bound, no host read
+    pad = x.new_zeros((E, cap, K))
+    pad[expert_of_row, slot] = x
+    y = torch.bmm(pad, w.transpose(1, 2))                                  # (E, cap, N)
+    return y[expert_of_row, slot]
