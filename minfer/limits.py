@@ -85,3 +85,16 @@ def request_problem(messages: Iterable[tuple[str, str]], n_messages: int,
             return where, (f"{where} has a lone surrogate \\u{ord(text[at]):04x} at character {at}, "
                            "which is not valid Unicode")
     return None
+
+
+def request_texts(req) -> Iterable[tuple[str, str]]:
+    """(field path, text) of every string in a pydantic request, in order (messages[0].content ...)."""
+    stack: list[tuple[str, object]] = [("", req.model_dump() if hasattr(req, "model_dump") else req)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, str):
+            yield where, v
+        elif isinstance(v, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
