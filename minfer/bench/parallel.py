@@ -53,7 +53,7 @@ def run_once(be, batch: int, pp: int, tg: int, rng: torch.Generator) -> dict:
 
 
 def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | None = None, seed: int = 0,
-                 graphs: bool = True, progress: bool = True) -> list[dict]:
+                 graphs: bool = True, progress: bool = True, dense_planes: bool | None = None) -> list[dict]:
     """The table's rows, one per batch size, on a loaded Engine's model."""
     from minfer.runtime.batch_engine import BLOCK_SIZE, BatchEngine
     from minfer.runtime.paged_kv import PagedKVCache
@@ -65,7 +65,11 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
                                                                                       torch.float32))
         kv_memory = (n_max * (-(-(pp + tg + 1) // BLOCK_SIZE)) + 2) * per_block * 2
     be = BatchEngine.from_engine(engine, max_seqs=n_max, kv_memory=kv_memory, cuda_graphs=graphs,
-                                 prefix_cache=False)
+                                 prefix_cache=False, dense_planes=dense_planes)
+    if progress and be.dense_plane_bytes:
+        import sys
+
+        print(f"  dense planes: {be.dense_plane_bytes / 2**30:.2f} GiB", file=sys.stderr)
     rng = torch.Generator().manual_seed(seed)
     rows = []
     for b in batches:
@@ -75,6 +79,7 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
         row = run_once(be, b, pp, tg, rng)
         row["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
         row["graph_steps"] = be.stats["graph_steps"]
+        row["dense_plane_gib"] = be.dense_plane_bytes / 2**30
         rows.append(row)
         if progress:
             import sys

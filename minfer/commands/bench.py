@@ -90,6 +90,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-memory", default=None, metavar="SIZE",
                    help="with --parallel: paged KV cache size, e.g. 16G (default: every sequence's "
                    "whole context, twice)")
+    p.add_argument("--dense-planes", choices=["auto", "on", "off"], default="auto",
+                   help="with --parallel on CUDA: a resident bf16 copy of every matrix for cuBLAS "
+                   "(auto: when it takes at most half the free memory; off: dequantize per step)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,7 +159,8 @@ def _parallel(args: argparse.Namespace) -> int:
         raise MinferError("--parallel needs -p >= 1, -n >= 1 and batch sizes >= 1")
     eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
     rows = run_parallel(eng, args.parallel, pp, tg, parse_size(args.kv_memory) if args.kv_memory else None,
-                        seed=args.seed, progress=not args.no_progress)
+                        seed=args.seed, progress=not args.no_progress,
+                        dense_planes={"auto": None, "on": True, "off": False}[args.dense_planes])
     record = {"model": str(args.model), "device": str(device), "pp": pp, "tg": tg, "rows": rows}
     if device == "cuda":
         import torch

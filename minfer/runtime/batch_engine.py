@@ -46,6 +46,7 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUDGET = {"cpu": 512, "cuda": 4096}   # tokens per step (engine.PREFILL_CHUNK's reasoning)
 DEFAULT_SLOTS = {"cpu": 4, "cuda": 256}
 KV_MEMORY_FRACTION = 0.85             # of the GPU memory free after loading, when --kv-memory is not given
+DENSE_PLANE_FRACTION = 0.5            # dense planes are made by default when they take at most this of free memory
 
 
 @dataclass
@@ -62,7 +63,7 @@ class _Stream:
 class BatchEngine:
     def __init__(self, model, tokenizer=None, *, n_ctx: int, max_seqs: int, n_blocks: int,
                  block_size: int = BLOCK_SIZE, token_budget: int | None = None, prefix_cache: bool = True,
-                 ctx=None, cuda_graphs: bool = True) -> None:
+                 ctx=None, cuda_graphs: bool = True, dense_planes: bool | None = None) -> None:
         self.model = model
         self.config = model.cfg
         self.tokenizer = tokenizer
@@ -97,6 +98,12 @@ class BatchEngine:
 
                 self.graphs = BatchDecodeGraphs(self, [b for b in GRAPH_BUCKETS if b <= _bucket(self.max_seqs)])
         self.keep_logits = False    # tests: each sampled row's logits kept in seq.state.logits (host)
+        self.dense_plane_bytes = 0
+        if dev == "cuda" and dense_planes is not False:
+            self.dense_plane_bytes = attach_dense_planes(model, force=bool(dense_planes))
+        elif dev == "cuda":
+            detach_dense_planes(model)
+            paths.switched_off("qmatmul.dense_plane", "dense_planes=False")
         self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0}
 
     @classmethod
@@ -112,6 +119,8 @@ class BatchEngine:
         model = engine.model
         dev = model.device.type
         bs = kw.pop("block_size", BLOCK_SIZE)
+        if dev == "cuda" and kw.get("dense_planes") is not False:
+            attach_dense_planes(model, force=bool(kw.get("dense_planes")))   # before the free memory is read
         per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
         ctx_blocks = -(-engine.n_ctx // bs)
         if dev == "cuda" and (kv_memory is None or max_seqs is None):
@@ -316,6 +325,50 @@ class BatchEngine:
                 "kv_blocks_used": bm.n_used, "kv_blocks_free": bm.n_free, "kv_block_size": bm.block_size,
                 "prefix_hit_tokens": bm.hits, "prefix_lookup_tokens": bm.lookups,
                 "preemptions": self.scheduler.n_preemptions}
+
+
+def detach_dense_planes(model) -> None:
+    for w in model.qweights():
+        if getattr(w, "batch_dense", None) is not None:
+            w.batch_dense = None
+
+
+def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None) -> int:
+    """Give every matrix the linear layers multiply a resident copy in the activations' dtype
+    (`QWeight.batch_dense`, read by minfer/ops/cuda/qmatmul.py), decoded once from the raw blocks.
+
+    Why: a batch of M rows through dequantize + cuBLAS decodes the whole model every step (the
+    7B: 4.4 GB read, 15 GB written and read again per step), and the raw-block GEMV at M <= 32
+    ran at ~0.6 TB/s on the H200 (tg 126 t/s, 2026-11-30); a bf16 plane is one cuBLAS read of
+    2 bytes per weight (15.2 GB for the 7B: ~4 ms per step at ~4 TB/s, for any M up to a few
+    hundred). Costs 2 bytes per weight of GPU memory; made only when that is at most
+    DENSE_PLANE_FRACTION of the free memory (or `force`). The planes belong to the model: any
+    engine over it (the single-user Engine too) then multiplies through them. Returns the bytes.
+    The token embedding is only gathered (not multiplied) unless it is the tied lm head."""
+    from minfer.ops.cuda import dequant
+    from minfer.ops.cuda.qmatmul import _float_view
+
+    act = getattr(model, "act_dtype", torch.bfloat16)
+    embd = getattr(model, "token_embd", None)
+    ws = [w for w in model.qweights() if not (w is embd and getattr(model, "output", None) is not embd)]
+    todo = [w for w in ws if getattr(w, "batch_dense", None) is None]
+    need = sum(w.shape[0] * w.shape[1] for w in todo) * torch.empty((), dtype=act).element_size()
+    free = torch.cuda.mem_get_info(model.device)[0] if free_bytes is None else free_bytes
+    if not force and todo and need > DENSE_PLANE_FRACTION * free:
+        paths.fallback("qmatmul.dense_plane", f"{need / 2**30:.1f} GiB of planes > {DENSE_PLANE_FRACTION:.0%} "
+                       f"of the {free / 2**30:.1f} GiB free")
+        return 0
+    for w in todo:
+        n, k = w.shape
+        if w.qtype in dequant.FLOAT_TYPES:
+            w.batch_dense = _float_view(w).to(act).contiguous()
+        else:
+            out = torch.empty((n, k), dtype=act, device=model.device)
+            dequant.dequantize_into(w.raw, w.qtype, n, k, out, interpret=dequant.interpret())
+            w.batch_dense = out
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+    return sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws)
 
 
 def _bucket(n: int) -> int:

@@ -138,3 +138,22 @@ def test_graphed_batch_decode_equals_eager(model_path):
     e = _run(BatchEngine.from_engine(eng, max_seqs=20, kv_memory=256 << 20, cuda_graphs=False), prompts, 12)
     differ = _check_same_or_near_tie(e, g, 2e-2)
     print(f"graphed vs eager: {differ} of {len(prompts)} answers flipped at a near-tie")
+
+
+def test_dense_planes_equal_dequantize_per_step(model_path):
+    """The bf16 planes (cuBLAS on a resident copy) against decoding the raw blocks every step
+    (GEMV at small M, dequantize + cuBLAS above): same logits within bf16 rounding."""
+    from minfer.ops import paths
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.engine import Engine
+
+    eng = Engine.load(str(model_path), device="cuda", ctx=512, progress=False)
+    prompts = _prompts(12, eng.config.vocab, seed=2)
+    raw = _run(BatchEngine.from_engine(eng, max_seqs=12, kv_memory=128 << 20, dense_planes=False), prompts, 8)
+    paths.reset()
+    be = BatchEngine.from_engine(eng, max_seqs=12, kv_memory=128 << 20, dense_planes=True)
+    assert be.dense_plane_bytes > 0
+    dense = _run(be, prompts, 8)
+    assert paths.snapshot()["counts"].get("qmatmul.Q4_K.dense_plane", 0) > 0
+    differ = _check_same_or_near_tie(raw, dense, 2e-2)
+    print(f"dense planes vs raw blocks: {differ} of {len(prompts)} answers flipped at a near-tie")

@@ -176,3 +176,45 @@ def test_request_checks(tiny):
         be.add(list(range(33)), GREEDY, 4)
     s = be.add(list(range(30)), GREEDY, 100)
     assert s.max_new_tokens == 3                        # clamped to the context, as Engine does
+
+
+# ---- dense planes (CUDA batch path), run by Triton's interpreter on the CPU ----------------------
+
+@pytest.fixture(scope="module")
+def interp_mods():
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+    from kernel_data import interpreted_modules
+    for mods in interpreted_modules(["minfer.ops.cuda.dequant", "minfer.ops.cuda.qmatmul"]):
+        yield mods
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+def test_dense_planes_equal_the_dequantized_weights_and_feed_linear(tmp_path, interp_mods):
+    """attach_dense_planes decodes each matrix once (Q8_0 blocks, the dequant kernel) into a plane
+    equal to the reference dequantization; linear() then multiplies through the plane (counted)."""
+    from gguf import GGMLQuantizationType as T
+
+    from minfer.ops import paths
+    from minfer.runtime.batch_engine import attach_dense_planes, detach_dense_planes
+
+    qm = interp_mods["qmatmul"]
+    path = write_tiny_model(tmp_path / "q8.gguf", TinySpec(arch="llama", qtype=T.Q8_0, seed=2, vocab=64))
+    model = load_model(GGUFFile(path), progress=False)
+    n = attach_dense_planes(model, free_bytes=1 << 40)
+    ws = [w for w in model.qweights() if w is not model.token_embd]
+    assert n == sum(w.shape[0] * w.shape[1] * 4 for w in ws)
+    assert getattr(model.token_embd, "batch_dense", None) is None        # gathered, never multiplied
+    for w in ws:
+        ref = w.dense if w.dense is not None else w.dequantize_rows(torch.arange(w.shape[0]))
+        assert torch.equal(w.batch_dense, ref.float()), w.name
+    w = model.blocks[0].attn_q
+    x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(0))
+    paths.reset()
+    out = qm.linear(x, w)
+    assert paths.snapshot()["counts"].get("qmatmul.Q8_0.dense_plane") == 1
+    torch.testing.assert_close(out, x @ w.batch_dense.T)
+    detach_dense_planes(model)
+    assert all(getattr(w, "batch_dense", None) is None for w in ws)
+    assert attach_dense_planes(model, free_bytes=1000) == 0              # too big for the memory: none

@@ -165,6 +165,12 @@ def _linear(x, w, bias, sw, ws):
         x = x.contiguous()
     tname = dequant.type_name(w.qtype)
     m = x.shape[0]
+    plane = getattr(w, "batch_dense", None)
+    if plane is not None and plane.dtype == x.dtype:
+        # a resident copy in the activations' dtype, made by the batch engine (runtime/batch_engine.py
+        # attach_dense_planes): cuBLAS reads 2 bytes per weight and decodes nothing
+        paths.count(f"qmatmul.{tname}.dense_plane")
+        return F.linear(x, plane, None if bias is None else bias.to(x.dtype))
     if m <= sw.gemv_max_m:
         path = f"qmatmul.{tname}.decode"
         if sw.gemv:
@@ -188,7 +194,8 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     sw, ws = _ctx(ctx, x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
-    if len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups:
+    if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
+            or getattr(wts[0], "batch_dense", None) is not None):
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
     path = f"qmatmul.group{len(wts)}.prefill"
     if not sw.fuse_groups:
