@@ -5,10 +5,12 @@
 #   run(command="MINFER_COMMIT=<hash of HEAD> bash tools/device_serve.sh [STEPS]", carry=[".whl"])
 # .whl must hold the gguf wheel and the server's wheels the image lacks (fastapi, starlette,
 # pydantic, pydantic-core, annotated-types, typing-inspection, uvicorn; see tools/README or the
-# device notes). STEPS (default: tests synth parallel serve), any subset in order.
+# device notes). STEPS (default: tests synth parallel serve parallel_raw), any subset in order;
+# parallel_raw is the batched table without the dense bf16 planes (--dense-planes off: raw-block
+# GEMV up to M=32, dequantize + cuBLAS above), the A/B of that choice.
 # Writes JSON under $OUT (at most 8 files come back) and prints a short table last. ~6-8 minutes.
 set -u
-STEPS=${*:-tests synth parallel serve}
+STEPS=${*:-tests synth parallel serve parallel_raw}
 source tools/device_setup.sh
 M="python3 -m minfer"
 Q7=/tmp/q7.gguf
@@ -27,6 +29,10 @@ for step in $STEPS; do
       MINFER_DEBUG_PATHS=1 timeout ${PARALLEL_TIMEOUT:-200} $M bench -m $Q7 --device cuda --parallel ${BATCHES:-1,8,32,128} \
         -p 512 -n 128 --out "$OUT/parallel-7b.json" 2>&1 | tee /tmp/parallel.log | tail -40
       summary="$summary\nminfer bench --parallel (7B Q4_K_M synth, pp512 tg128):\n$(grep '^|' /tmp/parallel.log)";;
+    parallel_raw)
+      timeout ${PARALLEL_TIMEOUT:-200} $M bench -m $Q7 --device cuda --parallel ${BATCHES:-1,8,32,128} \
+        -p 512 -n 128 --dense-planes off --out "$OUT/parallel-7b-raw.json" 2>&1 | tee /tmp/parallel-raw.log | tail -12
+      summary="$summary\nthe same without dense planes (--dense-planes off):\n$(grep '^|' /tmp/parallel-raw.log)";;
     serve)
       timeout ${SERVE_TIMEOUT:-240} python3 -m minfer.bench.serve_bench --launch -m $Q7 --device cuda --ctx 4096 \
         --url http://127.0.0.1:8093 --clients ${CLIENTS:-1,8,32,128} --prompt-lens 128,512,1024 --max-tokens 128 \
