@@ -85,9 +85,9 @@ class PagedStep:
             logit_rows += list(range(n_decode, pad_decode_to))
             n_decode = pad_decode_to
         width = max_blocks or max((len(tb) for tb in tables), default=1)
-        bt = torch.zeros((n_decode, width), dtype=torch.int32)
-        for i, tb in enumerate(tables):
-            bt[i, :len(tb)] = torch.tensor(tb, dtype=torch.int32)
+        # one tensor from padded rows (a torch.tensor per row cost ~1 ms per 100 rows)
+        bt = torch.tensor([tb + [0] * (width - len(tb)) for tb in tables] if tables else [[0] * width],
+                          dtype=torch.int32)[:n_decode]
         lt = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return cls(positions=lt(positions), slots=lt(slots), n_decode=n_decode,
                    block_tables=bt.to(device), context_lens=torch.tensor(lens, dtype=torch.int32, device=device),

@@ -31,23 +31,17 @@ class StepItem:
     start: int      # position of the first token fed this step (== seq.n_computed)
     n: int          # tokens fed this step
     sample: bool    # this chunk reaches the sequence's last token: sample the next one
-
-    @property
-    def is_decode(self) -> bool:
-        return self.n == 1 and self.seq.n_generated > 0
+    is_decode: bool = False   # one token of a sequence that has generated (a decode row)
 
 
 @dataclass
 class ScheduledStep:
     items: list[StepItem]      # decode rows first, then prefill chunks
+    n_decode: int = 0          # how many of them are decode rows
 
     @property
     def n_tokens(self) -> int:
         return sum(it.n for it in self.items)
-
-    @property
-    def n_decode(self) -> int:
-        return sum(1 for it in self.items if it.is_decode)
 
 
 class Scheduler:
@@ -112,10 +106,18 @@ class Scheduler:
         n_pre0 = self.n_preemptions
 
         # 1. decode rows (the oldest first: preemption takes the newest)
+        bs = bm.block_size
         for seq in list(self.running):
-            if seq.status is not SeqStatus.RUNNING or seq.n_pending != 1 or seq.n_generated == 0:
+            n_tok = len(seq.tokens)
+            if (seq.status is not SeqStatus.RUNNING or n_tok - seq.n_computed != 1
+                    or n_tok == len(seq.prompt_ids)):
                 continue
             ok = True
+            if seq.n_computed < len(seq.block_table) * bs:      # room in its last block: the common case
+                decode.append(StepItem(seq, seq.n_computed, 1, True, True))
+                scheduled.add(seq.seq_id)
+                budget -= 1
+                continue
             while not bm.can_grow(seq, seq.n_computed + 1):
                 victim = next((s for s in reversed(self.running)
                                if s.seq_id not in scheduled and s is not seq), None)
@@ -127,7 +129,7 @@ class Scheduler:
             if not ok:
                 continue
             bm.grow(seq, seq.n_computed + 1)
-            decode.append(StepItem(seq, seq.n_computed, 1, True))
+            decode.append(StepItem(seq, seq.n_computed, 1, True, True))
             scheduled.add(seq.seq_id)
             budget -= 1
 
@@ -165,7 +167,7 @@ class Scheduler:
             prefill.append(StepItem(seq, seq.n_computed, n, n == seq.n_pending))
             scheduled.add(seq.seq_id)
             budget -= n
-        return ScheduledStep(decode + prefill)
+        return ScheduledStep(decode + prefill, len(decode))
 
     def _fit(self, seq: Sequence, want: int) -> int:
         """How many of `want` tokens the blocks seq holds plus the free ones can take."""

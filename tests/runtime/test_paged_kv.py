@@ -85,7 +85,7 @@ def test_cache_attend_mixes_decode_rows_and_prefill_chunks():
             slot = s.block_table[p // bs] * bs + p % bs
             cache.k[0, slot], cache.v[0, slot] = k[p], v[p]
         seqs.append(s)
-        items.append(StepItem(s, n_before, n, True))
+        items.append(StepItem(s, n_before, n, True, n == 1))
         full.append((k, v))
     step = PagedStep.build(items, bs, "cpu")
     assert step.n_decode == 2 and len(step.chunks) == 2
@@ -109,7 +109,7 @@ def test_padded_decode_rows_use_block_zero():
     s = Sequence([1, 2, 3], SamplingParams(temperature=0), 4)
     s.tokens.append(4)
     s.block_table = [5]
-    step = PagedStep.build([StepItem(s, 3, 1, True)], bs, "cpu", pad_decode_to=4, max_blocks=8)
+    step = PagedStep.build([StepItem(s, 3, 1, True, True)], bs, "cpu", pad_decode_to=4, max_blocks=8)
     assert step.n_decode == 4 and step.block_tables.shape == (4, 8)
     assert step.slots.tolist() == [5 * bs + 3, 0, 0, 0]
     assert step.context_lens.tolist() == [4, 1, 1, 1]
