@@ -17,7 +17,7 @@ from minfer.errors import MinferError
 @dataclass(frozen=True)
 class Preset:
     name: str
-    arch: str            # 'qwen2' (q/k/v biases, NEOX rope) or 'llama'
+    arch: str            # 'qwen2', 'llama', 'qwen3', 'gemma3' or 'qwen3moe'
     hidden: int          # embedding_length
     ffn: int             # feed_forward_length
     n_layers: int        # block_count
@@ -29,6 +29,13 @@ class Preset:
     rms_eps: float
     ctx: int             # context_length written to the file
     tied: bool = False   # no output.weight: the output projection reuses token_embd
+    # newer families (defaults: absent)
+    n_expert: int = 0            # expert_count (qwen3moe); 0: a dense FFN
+    n_expert_used: int = 0       # expert_used_count
+    expert_ffn: int = 0          # expert_feed_forward_length
+    sliding_window: int = 0      # gemma3: the local layers' window (llama.cpp pattern: 5 local, 1 global)
+    rope_swa_base: float = 0.0   # gemma3: the local layers' rope base (rope.freq_base_swa)
+    rope_scaling: tuple = ()     # ("linear", factor) or ("llama3", factor, low_freq, high_freq, original ctx)
 
     def with_overrides(self, arch: str | None = None, layers: int | None = None,
                        vocab: int | None = None) -> "Preset":
@@ -64,6 +71,17 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("llama-3-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 5e5, 1e-5, 8192),
     Preset("smollm2-135m", "llama", 576, 1536, 30, 9, 3, 64, 49152, 1e5, 1e-5, 8192, tied=True),
     Preset("tiny", "qwen2", 256, 640, 4, 4, 1, 64, 512, 1e6, 1e-6, 2048),
+    # Issue 16's families (config.json of each, as convert_hf_to_gguf.py writes it)
+    Preset("qwen3-8b", "qwen3", 4096, 12288, 36, 32, 8, 128, 151936, 1e6, 1e-6, 40960),
+    Preset("llama3.1-8b", "llama", 4096, 14336, 32, 32, 8, 128, 128256, 5e5, 1e-5, 131072,
+           rope_scaling=("llama3", 8.0, 1.0, 4.0, 8192)),
+    # vocab: the converter keeps the tokenizer's 262144 of the config's 262208 rows
+    Preset("gemma3-4b", "gemma3", 2560, 10240, 34, 8, 4, 256, 262144, 1e6, 1e-6, 131072, tied=True,
+           sliding_window=1024, rope_swa_base=1e4, rope_scaling=("linear", 8.0)),
+    Preset("qwen3-30b-a3b", "qwen3moe", 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, 40960,
+           n_expert=128, n_expert_used=8, expert_ffn=768),
+    Preset("tiny-moe", "qwen3moe", 256, 640, 2, 4, 1, 64, 512, 1e6, 1e-6, 2048,
+           n_expert=8, n_expert_used=2, expert_ffn=256),
 ]}
 
 

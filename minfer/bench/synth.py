@@ -39,7 +39,8 @@ class TensorPlan:
     name: str
     shape: tuple[int, ...]   # numpy order: (rows, row_len) for 2-D weights
     qtype: T
-    kind: str                # 'weight' (2-D), 'norm' (1-D, ~1) or 'bias' (1-D)
+    kind: str                # 'weight' (2-D), 'norm' (1-D, ~1), 'bias' (random), 'rope_freqs'
+    experts: int = 0         # > 0: a stacked expert tensor, written 3-D (experts, rows/experts, row_len)
 
 
 # ---------------------------------------------------------------- the type rule
@@ -73,7 +74,7 @@ def weight_type(recipe: str, name: str, layer: int | None, n_layers: int, row_le
         # gets Q6_K; everything else starts from the ftype's default Q4_K.
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             t = T.Q6_K
-        elif layer is not None and name.split(".")[2] in ("attn_v", "ffn_down") \
+        elif layer is not None and name.split(".")[2] in ("attn_v", "ffn_down", "ffn_down_exps") \
                 and use_more_bits(layer, n_layers):
             t = T.Q6_K
         else:
@@ -91,15 +92,22 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
     """Every tensor of the file, in llama.cpp's order, with its shape and type."""
     if recipe not in RECIPES:
         raise MinferError(f"--recipe {recipe!r}: unknown recipe (expected one of {', '.join(RECIPES)})")
-    if p.arch not in ("qwen2", "llama"):
-        raise MinferError(f"--arch {p.arch!r}: expected qwen2 or llama")
+    if p.arch not in SYNTH_ARCHS:
+        raise MinferError(f"--arch {p.arch!r}: expected one of {', '.join(SYNTH_ARCHS)}")
+    if (p.arch == "qwen3moe") != (p.n_expert > 0):
+        raise MinferError(f"--arch {p.arch!r}: experts go with qwen3moe only (preset {p.name} has {p.n_expert})")
     plans: list[TensorPlan] = []
 
-    def w(name: str, rows: int, cols: int, layer: int | None = None) -> None:
+    def w(name: str, rows: int, cols: int, layer: int | None = None, experts: int = 0) -> None:
         plans.append(TensorPlan(name, (rows, cols),
-                                weight_type(recipe, name, layer, p.n_layers, cols, p.tied), "weight"))
+                                weight_type(recipe, name, layer, p.n_layers, cols, p.tied), "weight", experts))
+
+    def norm(name: str, n: int) -> None:
+        plans.append(TensorPlan(name, (n,), T.F32, "norm"))
 
     w("token_embd.weight", p.vocab, p.hidden)
+    if p.rope_scaling and p.rope_scaling[0] == "llama3":   # converter: generate_extra_tensors
+        plans.append(TensorPlan("rope_freqs.weight", (p.head_dim // 2,), T.F32, "rope_freqs"))
     for i in range(p.n_layers):
         b = f"blk.{i}."
         plans.append(TensorPlan(b + "attn_norm.weight", (p.hidden,), T.F32, "norm"))
@@ -110,15 +118,52 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
             plans.append(TensorPlan(b + "attn_q.bias", (p.q_dim,), T.F32, "bias"))
             plans.append(TensorPlan(b + "attn_k.bias", (p.kv_dim,), T.F32, "bias"))
             plans.append(TensorPlan(b + "attn_v.bias", (p.kv_dim,), T.F32, "bias"))
+        if p.arch in ("qwen3", "qwen3moe", "gemma3"):      # per-head q/k RMSNorm
+            norm(b + "attn_q_norm.weight", p.head_dim)
+            norm(b + "attn_k_norm.weight", p.head_dim)
         w(b + "attn_output.weight", p.hidden, p.q_dim, i)
+        if p.arch == "gemma3":
+            norm(b + "post_attention_norm.weight", p.hidden)
         plans.append(TensorPlan(b + "ffn_norm.weight", (p.hidden,), T.F32, "norm"))
-        w(b + "ffn_gate.weight", p.ffn, p.hidden, i)
-        w(b + "ffn_up.weight", p.ffn, p.hidden, i)
-        w(b + "ffn_down.weight", p.hidden, p.ffn, i)
+        if p.n_expert:
+            E, F = p.n_expert, p.expert_ffn
+            plans.append(TensorPlan(b + "ffn_gate_inp.weight", (E, p.hidden), T.F32, "bias"))
+            w(b + "ffn_gate_exps.weight", E * F, p.hidden, i, experts=E)
+            w(b + "ffn_up_exps.weight", E * F, p.hidden, i, experts=E)
+            w(b + "ffn_down_exps.weight", E * p.hidden, F, i, experts=E)
+        else:
+            w(b + "ffn_gate.weight", p.ffn, p.hidden, i)
+            w(b + "ffn_up.weight", p.ffn, p.hidden, i)
+            w(b + "ffn_down.weight", p.hidden, p.ffn, i)
+        if p.arch == "gemma3":
+            norm(b + "post_ffw_norm.weight", p.hidden)
     plans.append(TensorPlan("output_norm.weight", (p.hidden,), T.F32, "norm"))
     if not p.tied:
         w("output.weight", p.vocab, p.hidden)
     return plans
+
+
+SYNTH_ARCHS = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe")
+
+
+def llama3_rope_factors(p: Preset) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors computes it
+    from rope_scaling (factor, low_freq_factor, high_freq_factor, original_max_position_embeddings)."""
+    import math
+
+    _, factor, low, high, old_ctx = p.rope_scaling
+    freqs = 1.0 / (p.rope_base ** (np.arange(0, p.head_dim, 2, dtype=np.float32) / p.head_dim))
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(out, dtype=np.float32)
 
 
 def tensor_nbytes(t: TensorPlan) -> int:
@@ -218,7 +263,7 @@ def minimal_tokenizer(arch: str, vocab: int) -> dict:
     return {
         "tokenizer.ggml.model": "gpt2",
         # a pre-tokenizer of the catalog models (so minfer's tokenizer knows it)
-        "tokenizer.ggml.pre": "qwen2" if arch == "qwen2" else "smollm",
+        "tokenizer.ggml.pre": "qwen2" if arch in ("qwen2", "qwen3", "qwen3moe") else "smollm",
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.token_type": types,
         "tokenizer.ggml.merges": [f"{a} {b}" for a, b in merges],
@@ -282,6 +327,17 @@ def arch_metadata(p: Preset) -> dict:
         f"{a}.rope.freq_base": ("f32", p.rope_base),
         f"{a}.attention.layer_norm_rms_epsilon": ("f32", p.rms_eps),
     }
+    if p.n_expert:
+        md[f"{a}.expert_count"] = ("u32", p.n_expert)
+        md[f"{a}.expert_used_count"] = ("u32", p.n_expert_used)
+        md[f"{a}.expert_feed_forward_length"] = ("u32", p.expert_ffn)
+    if p.sliding_window:
+        md[f"{a}.attention.sliding_window"] = ("u32", p.sliding_window)
+    if p.rope_swa_base:
+        md[f"{a}.rope.freq_base_swa"] = ("f32", p.rope_swa_base)
+    if p.rope_scaling and p.rope_scaling[0] == "linear":
+        md[f"{a}.rope.scaling.type"] = "linear"
+        md[f"{a}.rope.scaling.factor"] = ("f32", p.rope_scaling[1])
     if a == "llama":  # the llama converter also writes these two
         md[f"{a}.vocab_size"] = ("u32", p.vocab)
         md[f"{a}.rope.dimension_count"] = ("u32", p.head_dim)
@@ -345,11 +401,13 @@ def write_synth(out: Path, p: Preset, recipe: str, seed: int = 0, tokenizer: dic
         n = tensor_nbytes(t)
         total += n
         counts[t.qtype.name] = counts.get(t.qtype.name, 0) + 1
+        lead = (t.experts, t.shape[0] // t.experts) if t.experts else (t.shape[0],)
         if t.qtype in (T.F32, T.F16):
-            writer.add_tensor_info(t.name, t.shape, np.dtype(np.float32 if t.qtype == T.F32 else np.float16), n)
+            shape = (*lead, *t.shape[1:]) if len(t.shape) > 1 else t.shape
+            writer.add_tensor_info(t.name, shape, np.dtype(np.float32 if t.qtype == T.F32 else np.float16), n)
         else:
             row_bytes = n // t.shape[0]
-            writer.add_tensor_info(t.name, (t.shape[0], row_bytes), np.dtype(np.uint8), n, raw_dtype=t.qtype)
+            writer.add_tensor_info(t.name, (*lead, row_bytes), np.dtype(np.uint8), n, raw_dtype=t.qtype)
 
     rng = np.random.default_rng(seed)
     pool = BlockPool(rng, std)
@@ -360,7 +418,7 @@ def write_synth(out: Path, p: Preset, recipe: str, seed: int = 0, tokenizer: dic
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"synth {out.name}",
                   disable=not progress) as bar:
             for t in plans:
-                data = pool.fill(t)
+                data = llama3_rope_factors(p) if t.kind == "rope_freqs" else pool.fill(t)
                 if data.nbytes != tensor_nbytes(t):
                     raise MinferError(f"tensor {t.name}: produced {data.nbytes} bytes, expected "
                                       f"{tensor_nbytes(t)}")

@@ -144,13 +144,19 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     if norm_weights:
         w = w / w.sum(-1, keepdim=True)
     Fe = gate_exps.shape[0] // E
-    g_all = gate_exps.dense.view(E, Fe, D)
-    u_all = up_exps.dense.view(E, Fe, D)
-    d_all = down_exps.dense.view(E, D, Fe)
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
     for e in idx.unique().tolist():
         tok, slot = (idx == e).nonzero(as_tuple=True)                     # tokens routed to e
-        x = h[tok].to(g_all.dtype)
-        y = F.linear(F.silu(F.linear(x, g_all[e])) * F.linear(x, u_all[e]), d_all[e])   # (n, D)
+        g, u, d = _expert(gate_exps, e, Fe), _expert(up_exps, e, Fe), _expert(down_exps, e, D)
+        x = h[tok].to(g.dtype)
+        y = F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)          # (n, D)
         out.index_add_(0, tok, y.float() * w[tok, slot, None])
     return out.to(h.dtype)
+
+
+def _expert(w, e: int, n: int) -> torch.Tensor:
+    """Expert e's (n, K) float rows of a stacked expert QWeight: from its dense matrix, or decoded
+    from the raw blocks when the loader kept none."""
+    if w.dense is not None:
+        return w.dense[e * n:(e + 1) * n]
+    return w.dequantize_rows(torch.arange(e * n, (e + 1) * n))

@@ -33,7 +33,9 @@ def engine(name, device, act_dtype=None, ctx=None):
     from minfer.runtime.engine import Engine
     from minfer.switches import Switches
 
-    sw = Switches.from_env()
+    import os
+
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})   # the CPU side: float32 reference
     if act_dtype:
         sw = replace(sw, act_dtype=act_dtype)
     return Engine.load(DATA / f"{name}.gguf", device=device, ctx=ctx or CTX.get(name, 64), progress=False,

@@ -31,10 +31,20 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float((np.abs(got - ref).max(-1) / np.abs(ref).max(-1)).max())
 
 
+def reference_switches():
+    """The float32 reference path on the CPU: any CPU fast path that changes numerics off."""
+    import os
+
+    from minfer.switches import Switches
+
+    return Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
+
+
 def engine(name: str, ctx: int | None = None):
     from minfer.runtime.engine import Engine
 
-    return Engine.load(DATA / f"{name}.gguf", ctx=ctx or CTX.get(name, 64), progress=False)
+    return Engine.load(DATA / f"{name}.gguf", ctx=ctx or CTX.get(name, 64), progress=False,
+                       switches=reference_switches())
 
 
 def ref(name: str):
