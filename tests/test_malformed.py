@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minfer import cli
@@ -468,3 +469,21 @@ def test_cli_invalid_utf8_on_stdin(tiny_model_path):
     err = r.stderr.decode()
     assert r.returncode == 1 and err.strip().count("\n") == 0, err
     assert "not UTF-8" in err and "byte 3" in err, err
+
+
+def test_a_model_with_nan_logits_is_refused_at_load(tmp_path, tiny_model):
+    from minfer.runtime.engine import Engine
+    from minfer.runtime.sampling import NonFiniteLogitsError
+
+    kvs, tensors, data = tiny_model
+    name, ne, qtype, off = next(t for t in tensors if t[0] == "output_norm.weight")
+    assert qtype == 0  # F32: all-ones bytes are NaNs
+    n = 4 * int(np.prod(ne))
+    bad = data[:off] + b"\xff" * n + data[off + n:]
+    p = tmp_path / "nan.gguf"
+    p.write_bytes(serialize(kvs, tensors, bad))
+    with pytest.raises(NonFiniteLogitsError, match="refused at load.*NaN logits"):
+        Engine.load(str(p), device="cpu", ctx=32, progress=False)
+    # the control: the same file with its real bytes loads
+    p.write_bytes(serialize(kvs, tensors, data))
+    Engine.load(str(p), device="cpu", ctx=32, progress=False)

@@ -171,6 +171,23 @@ def check_finite(logits: torch.Tensor) -> None:
             "the model cannot work with, or a tensor whose type does not match its data")
 
 
+def check_model_logits(engine) -> None:
+    """Refuse, at load, a model whose logits for a first pair of tokens are NaN or infinite (a
+    tensor whose type does not match its bytes loads "fine" and then fails every request).
+    Two tokens: the plain prefill path on every device, no graph capture. Costs one forward
+    of two tokens; the engine's cache is left empty."""
+    bos = getattr(engine.tokenizer, "bos_id", None)
+    first = bos if bos is not None else 0
+    try:
+        logits = engine.forward([first, first], 0)
+    finally:
+        engine.reset()
+    try:
+        check_finite(logits)
+    except NonFiniteLogitsError as e:
+        raise NonFiniteLogitsError(f"{engine.path}: refused at load: {e}") from None
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None,
            history: Sequence[int] = ()) -> int:
     """The next token id from logits (V,); NonFiniteLogitsError on NaN/+inf logits."""
