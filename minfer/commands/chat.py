@@ -212,6 +212,9 @@ def main(args) -> int:
             continue
         if not cmd:
             continue
+        from minfer.limits import check_text
+
+        check_text(line, "the message")  # invalid UTF-8 typed or piped in: one line, no traceback
         finish = chat.turn(line)
         if interactive and finish is not None and finish != "interrupted":
             print(format_timings(eng.stats, finish), file=sys.stderr)
