@@ -61,7 +61,8 @@ class ModelConfig:
     n_experts: int = 0                         # expert_count (MoE)
     n_experts_used: int = 0                    # expert_used_count
     expert_ffn: int = 0                        # expert_feed_forward_length
-    expert_weights_norm: bool = True           # expert_weights_norm (llama.cpp qwen3moe: always)
+    expert_weights_norm: bool | None = None    # expert_weights_norm (None: absent, the model's default)
+    expert_shared_ffn: int = 0                 # expert_shared_feed_forward_length (qwen2moe)
 
     @property
     def rope_theta(self) -> float:
@@ -166,7 +167,8 @@ def _arch_extras(gf, arch, rope: RopeConfig) -> dict:
         n_experts=int(opt("expert_count", 0) or 0),
         n_experts_used=int(opt("expert_used_count", 0) or 0),
         expert_ffn=int(opt("expert_feed_forward_length", 0) or 0),
-        expert_weights_norm=bool(opt("expert_weights_norm", True)),
+        expert_weights_norm=None if opt("expert_weights_norm", None) is None else bool(opt("expert_weights_norm", None)),
+        expert_shared_ffn=int(opt("expert_shared_feed_forward_length", 0) or 0),
     )
     pattern = opt("attention.sliding_window_pattern", None)
     out["swa_pattern"] = tuple(pattern) if isinstance(pattern, list) else pattern

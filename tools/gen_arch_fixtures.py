@@ -78,6 +78,12 @@ ARCHS = {
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
         max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         tie_word_embeddings=False)),
+    "qwen2moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
+        rms_norm_eps=1e-6, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False)),
 }
 
 

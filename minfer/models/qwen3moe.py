@@ -12,7 +12,7 @@ HF Qwen3MoeSparseMoeBlock):
 
 llama.cpp's qwen3moe graph always normalizes the top-K weights (build_moe_ffn(..., norm_w = true))
 and the converter writes no key for HF's `norm_topk_prob`; a file that carries
-`qwen3moe.expert_weights_norm` is obeyed. `qwen3moe.expert_gating_func`, when present, must be
+`qwen3moe.expert_weights_norm` is obeyed (`weights_norm` below: the architecture's default). `qwen3moe.expert_gating_func`, when present, must be
 softmax (1): the only gating this architecture's graph has.
 """
 
@@ -64,12 +64,17 @@ class MoeBlock:
     gate_exps: QWeight         # (E*F_e, D)
     up_exps: QWeight           # (E*F_e, D)
     down_exps: QWeight         # (E*D, F_e)
+    gate_inp_shexp: torch.Tensor | None = None   # (D,)        qwen2moe: the shared expert's gate
+    gate_shexp: QWeight | None = None            # (F_s, D)
+    up_shexp: QWeight | None = None              # (F_s, D)
+    down_shexp: QWeight | None = None            # (D, F_s)
 
 
 class Qwen3MoeModel(LlamaModel):
     arch = "qwen3moe"
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_QWEN3MOE -> NEOX
     qk_norm = True
+    weights_norm = True       # src/models/qwen3moe.cpp: build_moe_ffn(..., norm_w = true, ...)
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -96,20 +101,27 @@ class Qwen3MoeModel(LlamaModel):
             def w(name, shape):
                 return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
 
-            blocks.append(Block(
+            blk = Block(
                 attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
                 attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
                 attn_output=w("attn_output", (D, q_out)),
                 ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
-                ffn_gate=None, ffn_up=None, ffn_down=None,
-                attn_q_norm=load_vector(gf, p + "attn_q_norm.weight", device, Dh),
-                attn_k_norm=load_vector(gf, p + "attn_k_norm.weight", device, Dh)))
+                ffn_gate=None, ffn_up=None, ffn_down=None)
+            if cls.qk_norm:
+                blk.attn_q_norm = load_vector(gf, p + "attn_q_norm.weight", device, Dh)
+                blk.attn_k_norm = load_vector(gf, p + "attn_k_norm.weight", device, Dh)
+            if cls.qkv_bias:
+                blk.attn_q_bias = load_vector(gf, p + "attn_q.bias", device, q_out)
+                blk.attn_k_bias = load_vector(gf, p + "attn_k.bias", device, kv_out)
+                blk.attn_v_bias = load_vector(gf, p + "attn_v.bias", device, kv_out)
+            blocks.append(blk)
             router = load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D)
             moe.append(MoeBlock(
                 gate_inp=router,
                 gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
                 up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
                 down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype)))
+            cls.load_shared(gf, cfg, moe[-1], i, device, dtype)
             bar.update()
         output_norm = load_vector(gf, "output_norm.weight", device, D)
         output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
@@ -117,12 +129,23 @@ class Qwen3MoeModel(LlamaModel):
         bar.close()
         m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
         m.moe = moe
+        m.weights_norm = cls.weights_norm if cfg.expert_weights_norm is None else cfg.expert_weights_norm
         return m
+
+    @classmethod
+    def load_shared(cls, gf, cfg, e: "MoeBlock", i: int, device, dtype) -> None:
+        """Extra per-layer FFN weights (qwen2moe's shared expert); none here."""
+
+    def ffn(self, h: torch.Tensor, e: "MoeBlock", ctx) -> torch.Tensor:
+        """The layer's MoE FFN of the normed input h (T, D) -> (T, D)."""
+        return ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, self.cfg.n_experts_used,
+                           self.weights_norm, ctx)
 
     def qweights(self) -> list[QWeight]:
         ws = [self.token_embd]
         for b, e in zip(self.blocks, self.moe):
             ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
+            ws += [w for w in (e.gate_shexp, e.up_shexp, e.down_shexp) if w is not None]
         if self.output is not self.token_embd:
             ws.append(self.output)
         return ws
@@ -142,8 +165,7 @@ class Qwen3MoeModel(LlamaModel):
         h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
         for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
             x, h = ops.add_rms_norm(x, attention_branch(h, blk, c, cache, i, step, ctx), blk.ffn_norm, eps, act, ctx)
-            f = ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, c.n_experts_used,
-                            c.expert_weights_norm, ctx)            # (T, D)
+            f = self.ffn(h, e, ctx)                                    # (T, D)
             if i + 1 < len(self.blocks):
                 x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                          # (R, D)

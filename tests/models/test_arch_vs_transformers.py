@@ -17,9 +17,9 @@ import pytest
 from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "qwen3moe"]
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "qwen3moe", "qwen2moe"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3",
-               "qwen3moe": "qwen3moe"}
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32}
@@ -74,7 +74,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "phi3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
