@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-HELP = "measure prefill (pp) and generation (tg) speed, llama-bench style; A/B env switches"
+HELP = "measure prefill (pp) and generation (tg) speed, llama-bench style; A/B of switches"
 
 DESCRIPTION = """\
 Measure a model's speed the way llama.cpp's llama-bench does, and print its table.
@@ -18,10 +18,12 @@ Each test runs one warm-up repetition (not counted), then -r repetitions; t/s is
 attention FLOPs), GB/s of weights read for tg, and peak GPU memory. The device is
 synchronized before every clock read.
 
---ab 'X=1' 'X=0' measures two configurations of minfer's environment switches in one
-process, interleaved for --pairs pairs in the order A B, B A, A B ... (so a bias toward the
-side that runs second cancels), and prints each pair and the ratio B/A (mean, sd, min, max). Only switches read at call time can be compared this way; a switch
-read at load time needs two runs.
+--ab 'X=1' 'X=0' measures two settings of minfer's switches (`python -m minfer.switches`
+lists them) in one process, interleaved for --pairs pairs in the order A B, B A, A B ... (so a
+bias toward the side that runs second cancels), and prints each pair and the ratio B/A (mean,
+sd, min, max). Each side is a changed copy of the engine's switches (the environment is not
+touched; captured CUDA graphs are dropped when the switches change). A switch that acts at
+load (MINFER_ACT_DTYPE, MINFER_GEMV_REPACK, MINFER_THREADS) needs two runs.
 
 --peer torch-bf16 (CUDA) then runs the same weights dequantized to bf16 through a plain torch
 forward (cuBLAS + SDPA) with the same tests in the same process (minfer's engine is freed
@@ -72,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write the JSON record to FILE.json and the markdown summary to FILE.md")
     p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
     p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
-                   help="interleaved A/B of two environment configurations, e.g. 'MINFER_GEMV=1' "
+                   help="interleaved A/B of two switch settings, e.g. 'MINFER_GEMV=1' "
                    "'MINFER_GEMV=0' (several: 'X=1 Y=2'; a bare X unsets it)")
     p.add_argument("--pairs", type=int, default=4, help="A/B pairs (at least 4; default 4)")
     p.add_argument("--peer", choices=["torch-bf16"], default=None,
