@@ -12,7 +12,9 @@ in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
     /tmp/llcpp/bin/python tools/gen_token_goldens.py            # both catalog models + variants
     /tmp/llcpp/bin/python tools/gen_token_goldens.py PATH.gguf   # one file -> goldens/<stem>.json
     /tmp/llcpp/bin/python tools/gen_token_goldens.py gemma-3-270m  # a catalog model
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py llama-spm phi-3 gemma-4 bert-bge  # suite vocabs
     /tmp/llcpp/bin/python tools/gen_token_goldens.py --chat-builtin  # goldens/chat_builtin.json
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py --ids-only deepseek-llm ...  # <name>-ids.json
 
 --chat-builtin renders conversations with llama.cpp's built-in chat formats by name
 (llama_chat_apply_template("gemma", ...)), the formats minfer/tokenizer/templates.py gives
@@ -229,6 +231,16 @@ def golden_for(path: Path) -> dict:
     }
 
 
+def lite_golden_for(path: Path) -> dict:
+    """Ids only (with and without special tokens) of the same strings and the Unicode sweep:
+    for the pre-tokenizer rules of llama.cpp's suite vocabs (goldens/<name>-ids.json)."""
+    v = LlamaVocab(path)
+    cases = [{"text": s, "ids": v.tokenize(s, True, True), "ids_no_special": v.tokenize(s, False, False)}
+             for s in CASES + fuzz_cases(60)]
+    sweep = [{"text": s, "ids": v.tokenize(s, False, False)} for s in sweep_cases()]
+    return {"llama_cpp": LLAMA_CPP_VERSION, "file": path.name, "cases": cases, "sweep": sweep}
+
+
 def dump_golden(g: dict) -> str:
     """JSON with one top-level key per line and one case per line (readable diffs, small)."""
     def one(v):
@@ -247,6 +259,8 @@ def dump_golden(g: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help="GGUF paths or catalog names (default: both catalog models)")
+    ap.add_argument("--ids-only", action="store_true",
+                    help="write goldens/<name>-ids.json (ids of the strings and the sweep only)")
     ap.add_argument("--chat-builtin", action="store_true",
                     help="write goldens/chat_builtin.json (llama.cpp's built-in chat formats) only")
     args = ap.parse_args()
@@ -261,7 +275,13 @@ def main() -> int:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     jobs = []
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fetch_llama_cpp  # llama.cpp's suite vocabs: goldens/<name>.json for e.g. 'llama-spm'
+
     for name in args.models or MODELS:
+        if name in fetch_llama_cpp.SUITE:
+            jobs.append((name, fetch_llama_cpp.suite_dir() / f"ggml-vocab-{name}.gguf"))
+            continue
         path = Path(resolve_model(name))
         jobs.append((name if name in MODELS else path.stem, path))
     if not args.models:
@@ -275,6 +295,12 @@ def main() -> int:
         for stem, pre in VARIANT_PRES.items():
             jobs.append((stem, write_vocab_variant(base, pre, tmp / f"{stem}.gguf")))
     for stem, path in jobs:
+        if args.ids_only:
+            g = lite_golden_for(path)
+            out = OUT_DIR / f"{stem}-ids.json"
+            out.write_text(dump_golden(g), encoding="utf-8")
+            print(f"{out}: {len(g['cases'])} strings, {len(g['sweep'])} sweep texts")
+            continue
         g = golden_for(path)
         out = OUT_DIR / f"{stem}.json"
         out.write_text(dump_golden(g), encoding="utf-8")
