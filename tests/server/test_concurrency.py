@@ -10,6 +10,7 @@ import time
 
 import httpx
 import openai
+import pytest
 from server_helpers import metric_value
 
 MODEL = "smollm2-135m-instruct"
@@ -204,8 +205,7 @@ def test_queued_requests_are_served_in_arrival_order(engine, make_server):
 
 # ---- --parallel N: the batching worker (continuous batching over the paged KV cache) ---------
 
-PROMPTS = ["Name a color.", "What is 2 + 2?", "Say hello in French.", "Name a fruit.", "Name a planet.",
-           "What is the opposite of up?"]
+PROMPTS = ["Name a color.", "What is 2 + 2?", "Say hello in French.", "Name a fruit.", "Name a planet."]
 
 
 def _complete(url, prompt, n, stream=False):
@@ -228,7 +228,23 @@ def _complete(url, prompt, n, stream=False):
     return text, finish
 
 
-def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(engine, make_server):
+@pytest.fixture(scope="module")
+def reference_engine():
+    """The model on the float32 reference path. The CPU int8 fast path (MINFER_CPU_QUANT) picks
+    its kernel by the number of rows (the int8 kernel up to 16, a bf16 GEMM above), so a row's
+    logits there depend on what else is in the batch and greedy near-ties can flip; the float32
+    reference computes each row the same way in any batch."""
+    from conftest import MODEL as M, N_CTX
+    from minfer.catalog import resolve_model
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    return Engine.load(str(resolve_model(M)), device="cpu", ctx=N_CTX, progress=False,
+                       switches=Switches.from_env({"MINFER_CPU_QUANT": "0"}))
+
+
+def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(reference_engine, make_server):
+    engine = reference_engine
     srv = make_server(lambda: engine, parallel=4)
     srv.wait_ready()
     metrics = lambda: httpx.get(srv.url + "/metrics", timeout=30).text  # noqa: E731
@@ -241,7 +257,7 @@ def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(engine, make_s
     assert total > 0 and metric_value(metrics(), "minfer_kv_blocks_used") == 0
 
     results: dict = {}
-    n_hangups = 3
+    n_hangups = 2
     barrier = threading.Barrier(len(PROMPTS) + n_hangups)
 
     def client(i):
@@ -262,7 +278,7 @@ def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(engine, make_s
         t.start()
     for t in threads:
         t.join(900)
-    # 6 answered clients: the answers they got alone (6 requests among 9, 4 slots: batched and queued)
+    # 5 answered clients: the answers they got alone (among 7 requests on 4 slots: batched and queued)
     assert {PROMPTS[i]: results.get(i) for i in range(len(PROMPTS))} == alone
     _wait_for(lambda: metric_value(metrics(), "minfer_generations_cancelled_total") == n_hangups,
               "the hung-up generations cancelled")
