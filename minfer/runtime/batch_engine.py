@@ -345,7 +345,7 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
     DENSE_PLANE_FRACTION of the free memory (or `force`). The planes belong to the model: any
     engine over it (the single-user Engine too) then multiplies through them. Returns the bytes.
     The token embedding is only gathered (not multiplied) unless it is the tied lm head."""
-    from minfer.ops.cuda import dequant
+    from minfer.ops.cuda import dequant, qmatmul
     from minfer.ops.cuda.qmatmul import _float_view
 
     act = getattr(model, "act_dtype", torch.bfloat16)
@@ -364,7 +364,7 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
             w.batch_dense = _float_view(w).to(act).contiguous()
         else:
             out = torch.empty((n, k), dtype=act, device=model.device)
-            dequant.dequantize_into(w.raw, w.qtype, n, k, out, interpret=dequant.interpret())
+            qmatmul.dequantize_weight(w, out, interp=dequant.interpret())   # raw blocks or repacked planes
             w.batch_dense = out
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
