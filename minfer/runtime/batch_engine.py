@@ -364,7 +364,11 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
             w.batch_dense = _float_view(w).to(act).contiguous()
         else:
             out = torch.empty((n, k), dtype=act, device=model.device)
-            qmatmul.dequantize_weight(w, out, interp=dequant.interpret())   # raw blocks or repacked planes
+            decode = getattr(qmatmul, "dequantize_weight", None)   # raw blocks or repacked planes
+            if decode is not None:
+                decode(w, out, interp=dequant.interpret())
+            else:
+                dequant.dequantize_into(w.raw, w.qtype, n, k, out, interpret=dequant.interpret())
             w.batch_dense = out
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
