@@ -93,6 +93,8 @@ PRE_TYPES: dict[str, PreRules] = {
                              clean_spaces=False),
     "deepseek-coder": PreRules((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
                                clean_spaces=False),
-    # tokenizer.ggml.model 'gemma4' sets this pre itself (load(): tokenizer_pre = "gemma4")
+    # tokenizer.ggml.model 'gemma4' sets this pre itself (load(): tokenizer_pre = "gemma4");
+    # a 'gpt2' vocab may name it too
     "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True),
 }
+PRE_TYPES["granite-embed-multi-311m"] = PRE_TYPES["gemma4"]

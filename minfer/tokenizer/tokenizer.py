@@ -122,7 +122,7 @@ class Tokenizer:
                        "gemma4": False}[kind]
         add_bos, add_eos = meta.get("add_bos_token"), meta.get("add_eos_token")
         self.add_bos = default_bos if add_bos is None else bool(add_bos)
-        if kind == "gemma4":
+        if rules is PRE_TYPES["gemma4"]:
             self.add_bos = True  # "workaround for Gemma 4" (llama.cpp PR 21500)
         self.add_eos = False if add_eos is None else bool(add_eos)
         prefix = meta.get("add_space_prefix")
@@ -186,11 +186,11 @@ class Tokenizer:
             if pre is None:
                 raise MinferError(f"{g.path}: metadata key 'tokenizer.ggml.pre' is missing; "
                                   "minfer needs it to choose the pre-tokenizer rules")
-            if pre not in PRE_TYPES or pre == "gemma4":
+            if pre not in PRE_TYPES:
                 raise MinferError(
                     f"{g.path}: tokenizer.ggml.pre is {quoted(pre)} (tokenizer.ggml.model 'gpt2'), a "
                     f"pre-tokenizer minfer does not implement (known: "
-                    f"{', '.join(sorted(p for p in PRE_TYPES if p != 'gemma4'))}); refusing to "
+                    f"{', '.join(sorted(PRE_TYPES))}); refusing to "
                     "guess its splitting rules")
             kind = "bpe"
             kw.update(merges=list(g.require("tokenizer.ggml.merges")), pre_name=str(pre))

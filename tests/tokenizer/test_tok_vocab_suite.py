@@ -135,7 +135,7 @@ def test_wordpiece_decode(suite_tok):
 
 
 @pytest.mark.parametrize("model, pre", [("t5", "default"), ("rwkv", None), ("gpt2", "kimi-k2"),
-                                        ("gpt2", "gemma4")])
+                                        ("gpt2", "tekken")])
 def test_unsupported_vocab_is_refused(tmp_path, model, pre):
     import gguf
 
