@@ -25,7 +25,8 @@ or crashed minfer before (issue 15). So every render here runs under a budget
 Every failure, a limit or any exception the template raises, is one TemplateError (a
 MinferError) naming the file and "chat template".
 
-A file without a template gets ChatML, the fallback llama.cpp uses too
+A file without a template gets its family's llama.cpp format, chosen by the turn markers of
+its vocab (minfer/tokenizer/templates.py), else ChatML, the fallback llama.cpp uses
 (common/chat.cpp: CHATML_TEMPLATE_SRC).
 """
 
