@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -52,9 +53,11 @@ def suite_dir() -> Path:
         if all((out / f"ggml-vocab-{n}.gguf.out").is_file() for n in SUITE):
             return out
         with tempfile.TemporaryDirectory(dir=root) as tmp:
+            # MINFER_PIP_ARGS: extra pip options, as for `minfer pull` (e.g. a local mirror)
+            extra = shlex.split(os.environ.get("MINFER_PIP_ARGS", ""))
             res = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
                                   "--no-binary", ":all:", "--disable-pip-version-check",
-                                  "-d", tmp, SPEC], capture_output=True, text=True)
+                                  "-d", tmp, *extra, SPEC], capture_output=True, text=True)
             archive = Path(tmp) / ARCHIVE
             if res.returncode != 0 or not archive.is_file():
                 tail = " | ".join((res.stdout + res.stderr).strip().splitlines()[-3:])
