@@ -196,7 +196,13 @@ def main(argv=None) -> int:
             levels.append(r)
             print(f"  {c} clients: {r['requests_per_s']:.2f} req/s, {r['output_tps']:.0f} output t/s, "
                   f"TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms", file=sys.stderr, flush=True)
-        record = {"url": a.url, "max_tokens": a.max_tokens, "prompt_lens": lens, "levels": levels}
+        from datetime import datetime, timezone
+
+        from minfer.bench.machine import git_commit, machine_info
+
+        record = {"kind": "serve", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "commit": git_commit(), "machine": machine_info(a.device), "model": a.model,
+                  "url": a.url, "max_tokens": a.max_tokens, "prompt_lens": lens, "levels": levels}
         if a.prefix:
             record["prefix_reuse"] = asyncio.run(prefix_reuse(a.url, a.served_name, a.prefix, a.vocab, a.seed))
         try:

@@ -163,11 +163,13 @@ def _parallel(args: argparse.Namespace) -> int:
     rows = run_parallel(eng, args.parallel, pp, tg, parse_size(args.kv_memory) if args.kv_memory else None,
                         seed=args.seed, progress=not args.no_progress,
                         dense_planes={"auto": None, "on": True, "off": False}[args.dense_planes])
-    record = {"model": str(args.model), "device": str(device), "pp": pp, "tg": tg, "rows": rows}
-    if device == "cuda":
-        import torch
+    from datetime import datetime, timezone
 
-        record["gpu"] = torch.cuda.get_device_name()
+    from minfer.bench.machine import git_commit, machine_info
+
+    record = {"kind": "parallel", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "model": str(args.model), "device": str(device), "pp": pp, "tg": tg, "rows": rows,
+              "commit": git_commit(), "machine": machine_info(device)}
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
