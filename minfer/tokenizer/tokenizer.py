@@ -178,7 +178,8 @@ class Tokenizer:
             want = int if k.endswith("_token_id") else bool if k.startswith(("add_", "normalizer.")) \
                 else None
             if want is not None and (type(v) is not want):
-                raise MinferError(f"{g.path}: tokenizer.ggml.{k} is {v!r}; expected "
+                shown = quoted(v) if isinstance(v, str) else repr(v)
+                raise MinferError(f"{g.path}: tokenizer.ggml.{k} is {shown}; expected "
                                   f"{'an integer token id' if want is int else 'a bool'}")
         tmpl = g.get("tokenizer.chat_template")
         kw: dict = {"model_name": str(g.get("general.name") or "")}
