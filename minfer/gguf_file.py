@@ -30,6 +30,7 @@ File layout (ggml/docs/gguf.md; ggml/src/gguf.cpp: gguf_init_from_file_impl), li
 
 from __future__ import annotations
 
+import math
 import mmap
 import re
 import struct
@@ -58,9 +59,10 @@ MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8
 # largest known have ~2,000 tensors, ~50 keys and 262,144-entry vocab arrays) bound the walk
 # to about a second whatever the file says.
 MAX_TENSORS = 1 << 16
-MAX_KV = 1 << 16
+MAX_KV = 1 << 14
 MAX_ARRAY = 1 << 21          # items in one metadata array
-MAX_ARRAY_ITEMS = 1 << 23    # items in all metadata arrays together
+MAX_ARRAY_ITEMS = 1 << 22    # items in all metadata arrays together
+MAX_STRING_ITEMS = 1 << 21   # strings in all metadata arrays together (each is a Python object)
 MAX_KEY_BYTES = 1 << 10
 GGML_MAX_NAME = 64           # ggml.h; gguf.cpp refuses a tensor name of 64 bytes or more
 INT64_MAX = (1 << 63) - 1    # ggml counts elements in int64_t; gguf.cpp refuses ne < 0 or overflow
@@ -112,7 +114,8 @@ class _Walker:
 
     def __init__(self, path: Path, buf: mmap.mmap | bytes, size: int):
         self.path, self.buf, self.size, self.pos = path, buf, size, 0
-        self.array_items = 0  # items of all metadata arrays read so far (capped: MAX_ARRAY_ITEMS)
+        self.array_items = 0   # items of all metadata arrays read so far (capped: MAX_ARRAY_ITEMS)
+        self.string_items = 0  # of which strings (capped: MAX_STRING_ITEMS)
 
     def fail(self, what: str) -> MinferError:
         return MinferError(f"{self.path}: {what}")
@@ -230,7 +233,8 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
         if n_dims > GGML_MAX_DIMS:
             raise w.fail(f"{where} has {n_dims} dimensions, at most {GGML_MAX_DIMS} are allowed")
         ne = w.unpack(f"<{n_dims}Q", f"{where} (shape)") if n_dims else ()
-        if any(x > INT64_MAX for x in ne) or (ne and int(np.prod(ne, dtype=object)) > INT64_MAX):
+        n_elements = math.prod(ne)  # exact (Python ints); 1 for a scalar
+        if any(x > INT64_MAX for x in ne) or n_elements > INT64_MAX:
             raise w.fail(f"{where} has shape {list(ne)}: more than 2**63 - 1 elements")
         qtype, rel_offset = w.unpack("<IQ", f"{where} (type and offset)")
         if qtype not in sizes:
@@ -239,7 +243,6 @@ def _walk(path: Path, buf: mmap.mmap, size: int) -> _Layout:
         if ne and ne[0] % block:
             raise w.fail(f"{where} ({ggml_type_name(qtype)}) has rows of {ne[0]} values, which is "
                          f"not a multiple of the type's block size {block}")
-        n_elements = int(np.prod(ne, dtype=object)) if ne else 1
         tensors[name] = (qtype, tuple(ne), rel_offset, n_elements // block * type_size)
 
     data_start = -(-w.pos // alignment) * alignment
@@ -299,7 +302,39 @@ def _read_value(w: _Walker, vtype: int, what: str) -> Any:
     # each string takes at least its 8-byte length: reject absurd counts up front
     w.need(count * 8, f"{what} (array of {count} strings)")
     _count_items(w, count, what)
-    return [w.string(f"{what}[{j}]") for j in range(count)]
+    w.string_items += count
+    if w.string_items > MAX_STRING_ITEMS:
+        raise w.fail(f"{what}: the file's string arrays hold more than {MAX_STRING_ITEMS:,} strings "
+                     "in all, more than minfer accepts")
+    return _strings(w, count, what)
+
+
+_U64 = struct.Struct("<Q")
+
+
+def _strings(w: _Walker, count: int, what: str) -> list[str]:
+    """`count` strings (u64 length + UTF-8 bytes each): the walker's checks in one tight loop,
+    since a vocabulary has ~10^5 of them (about 0.3 us each on the dev box)."""
+    buf, pos, size, unpack = w.buf, w.pos, w.size, _U64.unpack_from
+    out = []
+    for j in range(count):
+        if size - pos < 8:
+            w.pos = pos
+            w.need(8, f"{what}[{j}] (string length)")
+        (n,) = unpack(buf, pos)
+        pos += 8
+        if n > size - pos:
+            w.pos = pos
+            w.need(n, f"{what}[{j}] (string of {n} bytes)")
+        raw = buf[pos:pos + n]
+        pos += n
+        try:
+            out.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            w.pos = pos
+            raise w.fail(f"{what}[{j}] is not valid UTF-8 ({e})") from None
+    w.pos = pos
+    return out
 
 
 def _count_items(w: _Walker, count: int, what: str) -> None:
@@ -330,13 +365,15 @@ class GGUFFile:
             mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as e:
             raise MinferError(f"{self.path}: cannot memory-map the file ({e})") from None
+        # slices of a plain-ndarray view of the map: still mapped (the memmap is their base),
+        # without np.memmap's per-slice bookkeeping (65,536 tensors took a second)
+        view = mm.view(np.ndarray)
         self.tensors: dict[str, TensorInfo] = {}
         for name, (qtype, ne, rel, n_bytes) in layout.tensors.items():
             start = layout.data_start + rel
             shape = tuple(int(x) for x in reversed(ne))
-            n_elements = int(np.prod(ne, dtype=object)) if ne else 1
-            self.tensors[name] = TensorInfo(name, qtype, shape, n_elements, n_bytes, start,
-                                            mm[start:start + n_bytes])
+            self.tensors[name] = TensorInfo(name, qtype, shape, math.prod(ne), n_bytes, start,
+                                            view[start:start + n_bytes])
 
     @property
     def architecture(self) -> str:

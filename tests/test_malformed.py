@@ -306,10 +306,17 @@ def test_crafted_huge_bool_array_is_refused(tmp_path):
 
 def test_many_arrays_together_are_capped(tmp_path):
     # each array under the per-array cap, all of them past the total
-    kvs = [(f"a{i}", VT.ARRAY, (VT.UINT8, [0] * (1 << 21))) for i in range(5)]
+    from minfer.gguf_file import MAX_ARRAY, MAX_ARRAY_ITEMS, MAX_STRING_ITEMS
+
+    n = MAX_ARRAY_ITEMS // MAX_ARRAY + 1
+    kvs = [(f"a{i}", VT.ARRAY, (VT.UINT8, [0] * MAX_ARRAY)) for i in range(n)]
     p = tmp_path / "arrays.gguf"
     p.write_bytes(serialize(kvs, [], b""))
-    _expect_error(p, "metadata 'a4'", "in all")
+    _expect_error(p, f"metadata 'a{n - 1}'", "in all")
+    # strings (a Python object each) have a lower total
+    kvs = [(f"s{i}", VT.ARRAY, (VT.STRING, [""] * (MAX_STRING_ITEMS // 2 + 1))) for i in range(2)]
+    p.write_bytes(serialize(kvs, [], b""))
+    _expect_error(p, "metadata 's1'", f"more than {MAX_STRING_ITEMS:,} strings")
 
 
 @pytest.fixture(scope="module")
