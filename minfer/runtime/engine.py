@@ -91,6 +91,10 @@ class Engine:
         m = load_model(gf, device=device, dtype=dtype, progress=progress,
                        act_dtype=activation_dtype(device, sw.act_dtype))
         eng = cls(m, load_tokenizer(gf), ctx, gf.path, switches=sw)
+        if device == "cpu":  # a model whose first logits are NaN/inf is refused here (issue 15)
+            from minfer.runtime.sampling import check_model_logits
+
+            check_model_logits(eng)
         if device == "cuda":
             from minfer.device import cuda_backend
 
