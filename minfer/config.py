@@ -117,9 +117,11 @@ class ModelConfig:
                               f"expected ({vocab}, {d_model})")
 
         n_rot = int(opt("rope.dimension_count", head_dim))
-        if n_rot != head_dim:
-            raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={n_rot} differs from the head size "
-                              f"{head_dim}; partial rotary embeddings are not supported")
+        # partial rotary (Phi-4-mini: 96 of 128): the first n_rot dims rotate, the rest pass
+        # through (ggml_rope_ext with n_dims < head size)
+        if not 0 < n_rot <= head_dim or n_rot % 2:
+            raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={n_rot}: expected an even number "
+                              f"of rotated dims, at most the head size {head_dim}")
         rope = RopeConfig(theta=float(opt("rope.freq_base", 10000.0)), style=ARCHITECTURES[arch].rope_style, n_rot=n_rot,
                           freq_scale=_freq_scale(gf, arch), freq_factors=_freq_factors(gf, n_rot))
         tied = "output.weight" not in gf.tensors

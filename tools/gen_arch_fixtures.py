@@ -72,6 +72,16 @@ ARCHS = {
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
                          "short_factor": [1.0 + 0.05 * i for i in range(8)],
                          "long_factor": [1.0 + 0.9 * i for i in range(8)]})),
+    # Phi-4-mini's shape of phi3: partial rotary (3/4 of each head), tied embeddings, LongRoPE
+    "phi3partial": ("Phi3Config", "Phi3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, rms_norm_eps=1e-5, max_position_embeddings=64,
+        original_max_position_embeddings=32, sliding_window=None, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                         "partial_rotary_factor": 0.75,
+                         "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                         "long_factor": [1.0 + 1.3 * i for i in range(6)]})),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
@@ -154,17 +164,17 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
         d = Path(tmp) / name
         model.save_pretrained(d, safe_serialization=True)
         make_tokenizer(d)
-        if name == "phi3":   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
+        if name.startswith("phi3"):   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
             tc = json.loads((d / "tokenizer_config.json").read_text())
             tc["tokenizer_class"] = "GPT2Tokenizer"
             (d / "tokenizer_config.json").write_text(json.dumps(tc))
         convert(d, OUT / f"{name}.gguf", llamacpp)
 
     rng = np.random.default_rng(seed)
-    seq_len = 24 if name == "phi3" else SEQ     # phi3: inside the original context (short factors)
+    seq_len = 24 if name.startswith("phi3") else SEQ   # phi3: inside the original context (short factors)
     ids = rng.integers(3, VOCAB, size=seq_len).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(model, ids)}
-    if name == "phi3":  # past original_max_position_embeddings: transformers switches to long factors
+    if name.startswith("phi3"):  # past original_max_position_embeddings: transformers switches to long factors
         ids_long = rng.integers(3, VOCAB, size=48).tolist()
         arrays["ids_long"] = np.array(ids_long, dtype=np.int64)
         arrays["logits_long"] = reference(model, ids_long)

@@ -12,9 +12,10 @@ The llama computation (minfer/models/llama.py) with fused weights and its own ro
   ones when the context (here: the KV cache's rows) exceeds
   `phi3.rope.scaling.original_context_length`, else the short ones
   (llama_model::get_rope_factors), and multiplies cos and sin by
-  `phi3.rope.scaling.attn_factor` (ggml_rope_ext attn_factor, from llama-context.cpp). Since
-  the same factor a scales both q and k, the scores scale by a^2: this model multiplies q by
-  a^2 after rope instead, which leaves the cached keys as plain rotations.
+  `phi3.rope.scaling.attn_factor` (ggml_rope_ext attn_factor, from llama-context.cpp): the
+  rotated dims of q and k come out multiplied by it, the dims past n_rot (partial rotary,
+  Phi-4-mini rotates 96 of 128) unscaled -- as HF's longrope cos/sin scaling does. Here the
+  rotated dims are scaled after ops.rope (`rope_scale`, (Dh,)).
 - phi3.attention.sliding_window is ignored, as llama.cpp does (phi3.cpp: "Phi SWA is currently
   disabled").
 """
@@ -71,7 +72,11 @@ class Phi3Model(LlamaModel):
         bar.update()
         bar.close()
         m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
-        m.q_scale = cfg.rope_attn_factor ** 2
+        m.rope_scale = None
+        if cfg.rope_attn_factor != 1.0:
+            s = torch.ones(Dh)
+            s[:cfg.rope.n_rot] = cfg.rope_attn_factor
+            m.rope_scale = s.to(device)                            # (Dh,)
         return m
 
     def qweights(self) -> list[QWeight]:
@@ -107,8 +112,8 @@ class Phi3Model(LlamaModel):
                 q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
             q = ops.rope(q.reshape(T, H, Dh), step.positions, rope)
             k = ops.rope(k.reshape(T, Hkv, Dh), step.positions, rope)
-            if self.q_scale != 1.0:
-                q = q * self.q_scale
+            if self.rope_scale is not None:
+                q, k = q * self.rope_scale.to(q.dtype), k * self.rope_scale.to(k.dtype)
             cache.write(i, k, v.reshape(T, Hkv, Dh), step)
             o = cache.attend(i, q, step, ctx)                                  # (T, H, Dh)
             x, h = ops.add_rms_norm(x, ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx),

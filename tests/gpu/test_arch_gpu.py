@@ -19,8 +19,8 @@ import torch
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "qwen3moe", "qwen2moe"]
-CTX = {"phi3": 32}
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe"]
+CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"]}
 

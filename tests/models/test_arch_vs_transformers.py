@@ -17,12 +17,12 @@ import pytest
 from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "qwen3moe", "qwen2moe"]
-EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3",
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe"]
+EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
-CTX = {"phi3": 32}
+CTX = {"phi3": 32, "phi3partial": 32}
 TOL = 1e-3
 
 
@@ -86,17 +86,19 @@ def test_arch_incremental_equals_whole(name):
     assert rel_err(got, r["logits"]) < TOL
 
 
-def test_phi3_long_rope_factors_past_original_context():
+@pytest.mark.parametrize("name", ["phi3", "phi3partial"])
+def test_phi3_long_rope_factors_past_original_context(name):
     """A context past phi3.rope.scaling.original_context_length takes rope_factors_long (as
-    llama.cpp does); transformers took them for its 48-token sequence."""
-    r = ref("phi3")
-    eng = engine("phi3", ctx=64)
+    llama.cpp does); transformers took them for its 48-token sequence. phi3partial rotates 12
+    of 16 dims per head (Phi-4-mini's partial_rotary_factor 0.75)."""
+    r = ref(name)
+    eng = engine(name, ctx=64)
     got = eng.logits(r["ids_long"].tolist()).numpy()
     assert rel_err(got, r["logits_long"]) < TOL
-    short = engine("phi3", ctx=32).logits(r["ids"].tolist()).numpy()
+    short = engine(name, ctx=32).logits(r["ids"].tolist()).numpy()
     assert rel_err(short, r["logits"]) < TOL
     # and the two factor sets differ enough that picking the wrong one would fail
-    wrong = engine("phi3", ctx=64).logits(r["ids"].tolist()).numpy()
+    wrong = engine(name, ctx=64).logits(r["ids"].tolist()).numpy()
     assert rel_err(wrong, r["logits"]) > 10 * TOL
 
 
