@@ -31,11 +31,11 @@ class Workspace:
         scratch (embedding, lm head)."""
         self.device = torch.device(device)
         self.groups = {tuple(g) for g in groups}
-        head_ids = {id(w) for w in head}          # membership test at build time only
-        layer = [w for w in weights if id(w) not in head_ids]
+        head = set(head)                          # weights hash by identity (QWeight eq=False)
+        layer = [w for w in weights if w not in head]
         self.largest_layer = max((w.shape[0] * w.shape[1] for w in layer), default=0)
-        grouped = {id(w) for g in self.groups for w in g}
-        self.planned_sizes = ([w.shape[0] * w.shape[1] for w in weights if id(w) not in grouped]
+        grouped = {w for g in self.groups for w in g}
+        self.planned_sizes = ([w.shape[0] * w.shape[1] for w in weights if w not in grouped]
                               + [sum(w.shape[0] * w.shape[1] for w in g) for g in self.groups])
         self._scratch: dict = {}     # dtype -> 1-D tensor, reused by every layer
         self._runners: dict = {}     # dtype -> Runner (two buffers, side stream, sequence)
