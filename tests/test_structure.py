@@ -103,3 +103,19 @@ ALLOWED_ENV = {
 def test_environment_is_read_in_the_documented_places_only():
     readers = {str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py") if ENV_READ.search(p.read_text())}
     assert readers <= ALLOWED_ENV, sorted(readers - ALLOWED_ENV)
+
+
+def test_architecture_lists_come_from_the_registry():
+    """minfer.models.ARCHITECTURES is the one list: config accepts exactly it, and the tools that
+    support a subset (synthetic files, the torch peer) name only registered architectures."""
+    from minfer.bench.peers import PEER_ARCHS
+    from minfer.bench.synth import SYNTH_ARCHS
+    from minfer.models import ARCHITECTURES, Model
+
+    assert set(PEER_ARCHS) <= set(ARCHITECTURES) and set(SYNTH_ARCHS) <= set(ARCHITECTURES)
+    for arch, cls in ARCHITECTURES.items():
+        assert issubclass(cls, Model) and cls.arch == arch and cls.rope_style in ("normal", "neox")
+    import minfer.config
+    import minfer.gguf_file
+
+    assert not hasattr(minfer.config, "SUPPORTED_ARCHS") and not hasattr(minfer.gguf_file, "SUPPORTED_ARCHS")
