@@ -147,3 +147,131 @@ def test_gemv_rejects_bad_inputs(G):
         G.gemv(torch.zeros(1, 512), rw, interpret=True)
     with pytest.raises(MinferError, match="up"):
         G.gemv(torch.zeros(1, 256), rw, up=torch.zeros(2, 256), interpret=True)
+
+
+@pytest.fixture(scope="module")
+def QM():
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.qmatmul"]
+    for mods in interpreted_modules(names):
+        yield mods
+
+
+class _Model:
+    """What repack_model reads of a model: its matrices, and the embedding to leave raw."""
+
+    def __init__(self, ws, embd):
+        self.ws, self.token_embd = ws, embd
+
+    def qweights(self):
+        return self.ws
+
+
+def test_qmatmul_wiring(QM):
+    """repack_model replaces the raw blocks of the multiplied Q4_K/Q6_K matrices (not the
+    embedding, not other types); qmatmul then counts qmatmul.<type>.decode.repacked, decodes
+    the planes for prefill M (whole and in row chunks), and the raw path is told apart."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+    from minfer.weights import QWeight
+
+    qm, gr = QM["qmatmul"], QM["gemv_repack"]
+    rng = np.random.default_rng(7)
+    mk = {}
+    for name, qt, n, k in [("blk.0.ffn_down.weight", 14, 40, 512), ("blk.0.attn_q.weight", 12, 33, 256),
+                           ("token_embd.weight", 12, 50, 256), ("blk.0.attn_k.weight", 8, 20, 256)]:
+        raw = random_weight(qt, n, k, rng)
+        mk[name] = (QWeight(name, qt, (n, k), torch.from_numpy(raw)), torch.from_numpy(reference_dequant(raw, qt, n, k)))
+    ws = [w for w, _ in mk.values()]
+    assert gr.repack_model(_Model(ws, mk["token_embd.weight"][0])) == 2
+    down, wd = mk["blk.0.ffn_down.weight"]
+    assert down.raw.numel() == 0 and gr.planes_of(down).nbytes() == 40 * 2 * 210   # planes replaced the blocks
+    assert mk["token_embd.weight"][0].raw.numel() > 0 and mk["token_embd.weight"][0].repack_skip
+    assert gr.planes_of(mk["blk.0.attn_k.weight"][0]) is None               # Q8_0: raw GEMV
+    g = torch.Generator().manual_seed(1)
+    for m in (1, 3, 40):                                                   # GEMV, dot GEMV, prefill
+        x = torch.randn(m, 512, generator=g)
+        paths.reset()
+        out = qm.linear(x, down)
+        assert rel_err(out, x.double() @ wd.double().T) < 1e-5
+        want = "qmatmul.Q6_K.decode.repacked" if m <= 32 else "qmatmul.Q6_K.prefill"
+        assert paths.snapshot()["counts"] == {want: 1}
+    x = torch.randn(40, 512, generator=g)                                  # the scratch in row chunks
+    out = qm.linear(x, down, None, Context(Switches(scratch_mb=0, prefetch=False, fuse_groups=False)))
+    assert rel_err(out, x.double() @ wd.double().T) < 1e-5
+    emb, we = mk["token_embd.weight"]                                      # tied-lm-head case: raw, no fallback
+    paths.reset()
+    x = torch.randn(1, 256, generator=g)
+    assert rel_err(qm.linear(x, emb), x.double() @ we.double().T) < 1e-5
+    snap = paths.snapshot()
+    assert snap["counts"] == {"qmatmul.Q4_K.decode": 1} and not snap["fallbacks"] and not snap["switched_off"]
+    raw_q = QWeight("blk.1.attn_q.weight", 12, (8, 256), torch.from_numpy(random_weight(12, 8, 256, rng)))
+    paths.reset()                                                          # never repacked: a fallback
+    qm.linear(x, raw_q)
+    qm.linear(x, raw_q, None, Context(Switches(gemv_repack=False)))        # switched off: told apart
+    snap = paths.snapshot()
+    assert snap["counts"] == {"qmatmul.Q4_K.decode": 2}
+    assert list(snap["fallbacks"]) == ["qmatmul.Q4_K.decode.repacked (fell back because the weight was not "
+                                       "repacked at load (not built by an Engine))"]
+    assert len(snap["switched_off"]) == 1 and "MINFER_GEMV_REPACK" in next(iter(snap["switched_off"]))
+
+
+@pytest.mark.slow
+def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
+    """A tiny Q4_K/Q6_K llama through the CUDA backend's code (interpreter) after repack_model:
+    a 6-token prefill (the tl.dot GEMV) and a decode step run the repacked GEMV on every matrix
+    but the embedding, and both match the reference forward."""
+    from gguf import GGMLQuantizationType as T
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from models.tiny import TinySpec, write_tiny_model
+
+    import minfer.ops as O
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import Step, load_model
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.quants import dequantize, quantize
+    from minfer.runtime.kv_cache import KVCache
+    from minfer.switches import Switches
+
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.qmatmul",
+             "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention", "minfer.ops.cuda"]
+    gen = interpreted_modules(names)
+    mods = next(gen)
+    try:
+        C = mods["cuda"]
+        path = write_tiny_model(tmp_path / "m.gguf", TinySpec(n_layers=1, d_model=256, ffn=256, n_heads=4,
+                                                              n_kv_heads=2, qtype=T.F32, seed=5))
+        m = load_model(GGUFFile(path), progress=False)
+        for w in m.qweights():        # the matrices as Q4_K (ffn_down, lm head: Q6_K), like a Q4_K_M file
+            if w is m.token_embd:
+                continue
+            qt = 14 if "ffn_down" in w.name or w.name.startswith("output") else 12
+            raw = quantize(w.dense.numpy(), qt)
+            w.qtype, w.raw = qt, torch.from_numpy(raw)
+            w.dense = torch.from_numpy(np.ascontiguousarray(dequantize(raw, qt, w.shape)))
+        toks = torch.tensor([3, 17, 42, 5, 9, 33])                        # M = 6: the tl.dot GEMV
+        ref_cache = KVCache.for_config(m.cfg, 64)
+        ref = m.forward(toks, Step.at(0, 6, "cpu"), ref_cache)
+        ref_dec = m.forward(torch.tensor([7]), Step.at(6, 1, "cpu"), ref_cache)
+        assert mods["gemv_repack"].repack_model(m) == 7 + 1                   # 7 matrices + the lm head
+        monkeypatch.setattr(O, "_backend", lambda x: C)
+        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None: C.linear(x, w, bias, ctx))
+        monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
+        monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None: C.add_rms_norm(x, y, w, e, d, ctx))
+        monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx))
+        ctx = Context(Switches(), C.Workspace.for_model(m))
+        cache = KVCache.for_config(m.cfg, 64)
+        paths.reset()
+        out = m.forward(toks, Step.at(0, 6, "cpu"), cache, ctx)
+        dec = m.forward(torch.tensor([7]), Step(torch.tensor([6]), None, "all"), cache, ctx)
+        assert rel_err(out, ref) < 1e-5 and rel_err(dec, ref_dec) < 1e-5
+        snap = paths.snapshot()
+        rp = {k: v for k, v in snap["counts"].items() if k.endswith(".decode.repacked")}
+        # two forwards x (q, k, v, o, gate, up in Q4_K; down and the lm head in Q6_K)
+        assert rp == {"qmatmul.Q4_K.decode.repacked": 2 * 6, "qmatmul.Q6_K.decode.repacked": 2 * 2}, snap
+        assert not any(k.startswith("qmatmul") for k in snap["fallbacks"]), snap
+        assert not any(k.endswith("K.decode") for k in snap["counts"]), snap
+    finally:
+        next(gen, None)

@@ -9,6 +9,7 @@ switches is `minfer switches` (generated from minfer/switches.py).
 
 Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   qmatmul.<type>.decode          GEMV on the raw blocks, M <= gemv_max_m        (gemv)
+  qmatmul.<type>.decode.repacked GEMV on the Q4_K/Q6_K planes made at load     (gemv_repack; gemv_repack.py)
   qmatmul.<type>.prefill         dequantize into a scratch + cuBLAS
   qmatmul.<type>.cublas_direct   float weights already in the activation dtype
   qmatmul.group<n>.prefill       a declared group (q/k/v): one scratch, one GEMM (fuse_groups)
@@ -67,5 +68,9 @@ def prepare_weight(w) -> None:
 
 def memory_report(weights, workspace: Workspace, switches, dtype) -> str:
     """One line for the load message: weight bytes on the GPU and the planned prefill scratch."""
-    wb = sum(w.nbytes() for w in weights)
-    return f"weights {wb / 2**30:.2f} GiB on the GPU (raw GGUF blocks), {workspace.plan_text(dtype, switches)}"
+    from minfer.ops.cuda.gemv_repack import planes_of
+
+    rp = sum(planes_of(w).nbytes() for w in weights if planes_of(w) is not None)
+    wb = sum(w.nbytes() for w in weights) + rp            # QWeight.nbytes sees the raw blocks only
+    how = f"Q4_K/Q6_K repacked for the decode GEMV: {rp / 2**30:.2f} GiB of planes" if rp else "raw GGUF blocks"
+    return f"weights {wb / 2**30:.2f} GiB on the GPU ({how}), {workspace.plan_text(dtype, switches)}"

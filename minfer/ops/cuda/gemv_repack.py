@@ -37,8 +37,8 @@ import triton.language as tl
 
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack_layout import (  # noqa: F401  (the layout's API, re-exported)
-    Q4_K, Q6_K, REPACKED_BLOCK_BYTES, REPACKED_TYPES, Repacked, check_repacked, dequantize_planes,
-    is_repacked_type, reference_gemv, repack)
+    PLANE_NAMES, Q4_K, Q6_K, REPACKED_BLOCK_BYTES, REPACKED_TYPES, Repacked, check_repacked, dequantize_planes,
+    is_repacked_type, planes_of, reference_gemv, repack, repack_model, repack_weight)
 
 # ---------------------------------------------------------------- value decode
 
@@ -563,3 +563,4 @@ def dequantize_into(rw: Repacked, out: torch.Tensor, interpret: bool = False, ti
     grid = (triton.cdiv(rw.n, br), triton.cdiv(nb, bb))
     _dequant_kernel[grid](p0, p1, p2, p3, out, rw.n, nb, out.stride(0), QT=rw.qtype, BR=br, BB=bb, num_warps=num_warps)
     return out
+

@@ -58,6 +58,10 @@ class Repacked:
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.planes)
 
+    def rows(self, r0: int, r1: int) -> "Repacked":
+        """Rows r0..r1 (views: every plane is row-major), e.g. the lm head in scratch-sized chunks."""
+        return Repacked(self.qtype, r1 - r0, self.k, tuple(p[r0:r1] for p in self.planes))
+
 
 # ---------------------------------------------------------------- repack (torch, any device)
 
@@ -194,3 +198,42 @@ def reference_gemv(x, w, bias=None, resid=None, norm_weight=None, eps: float = 1
     if resid is not None:
         out = out + resid.double()
     return out
+
+
+# ---------------------------------------------------------------- the engine's weights
+
+def planes_of(w) -> Repacked | None:
+    """The Repacked planes of a QWeight (None: it still holds its raw blocks)."""
+    return getattr(w, "repacked", None)
+
+
+def repack_weight(w, validate: bool = False) -> None:
+    """Replace a Q4_K/Q6_K QWeight's raw blocks by its planes: `w.repacked` (a Repacked; like
+    the batch engine's `w.batch_dense`, an attribute QWeight.nbytes does not see, so the load
+    report adds it: ops/cuda memory_report) and w.raw becomes an (N, 0) tensor.
+    validate: check_repacked against the raw blocks first (on the CPU: slow)."""
+    n, k = w.shape
+    rw = repack(w.raw, w.qtype, n, k, rows_per_step=1024)
+    if validate:
+        check_repacked(w.raw, rw, w.qtype, name=w.name)
+    w.repacked = rw
+    w.raw = w.raw.new_empty((n, 0))
+
+
+def repack_model(model, validate: bool = False) -> int:
+    """Repack every Q4_K/Q6_K matrix that only ops.linear multiplies (Switches.gemv_repack, at
+    load): not the token embedding (a row gather over the raw blocks, also a tied lm head)
+    nor stacked MoE experts (ops.moe_ffn gathers their raw rows). Returns the weights repacked."""
+    embd = getattr(model, "token_embd", None)
+    done = 0
+    for w in model.qweights():
+        if not is_repacked_type(w.qtype) or planes_of(w) is not None:
+            continue
+        if w is embd or w.name.startswith("token_embd"):
+            w.repack_skip = "the token embedding (row gathers read its raw blocks)"
+        elif "_exps" in w.name:
+            w.repack_skip = "stacked MoE experts (ops.moe_ffn gathers their raw rows)"
+        else:
+            repack_weight(w, validate)
+            done += 1
+    return done

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda import dequant, gemv
+from minfer.ops.cuda import dequant, gemv, gemv_repack
 from minfer.ops.cuda.dequant import interpret
 from minfer.ops.cuda.workspace import Workspace
 
@@ -57,9 +57,20 @@ def check_supported(w) -> None:
                           f"use --device cpu")
 
 
+def dequantize_weight(w, out, r0: int = 0, r1: int | None = None, interp: bool = False) -> None:
+    """Rows r0..r1 of w decoded into out (r1 - r0, >= K): from the repacked planes when the
+    weight has them (gemv_repack.py; they replaced its raw blocks), else from the raw blocks."""
+    r1 = w.shape[0] if r1 is None else r1
+    rw = gemv_repack.planes_of(w)
+    if rw is not None:
+        gemv_repack.dequantize_into(rw if (r0, r1) == (0, w.shape[0]) else rw.rows(r0, r1), out, interpret=interp)
+    else:
+        dequant.dequantize_into(w.raw[r0:r1], w.qtype, r1 - r0, w.shape[1], out, interpret=interp)
+
+
 def _dequant_fn(interp):
     def f(w, out):                       # out: (n, k) rows of a scratch buffer
-        dequant.dequantize_into(w.raw, w.qtype, w.shape[0], w.shape[1], out, interpret=interp)
+        dequantize_weight(w, out, interp=interp)
     return f
 
 
@@ -74,13 +85,13 @@ def _chunked(x, w, bias, scratch_1d):
         rows = max(64, rows // 64 * 64) if n >= 64 else n
     if rows >= n:
         wd = scratch_1d[: n * k].view(n, k)
-        dequant.dequantize_into(w.raw, w.qtype, n, k, wd, interpret=interp)
+        dequantize_weight(w, wd, interp=interp)
         return F.linear(x, wd, bias)
     out = torch.empty((x.shape[0], n), dtype=dtype, device=x.device)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         wd = scratch_1d[: (r1 - r0) * k].view(r1 - r0, k)
-        dequant.dequantize_into(w.raw[r0:r1], w.qtype, r1 - r0, k, wd, interpret=interp)
+        dequantize_weight(w, wd, r0, r1, interp=interp)
         torch.matmul(x, wd.t(), out=out[:, r0:r1])
     if bias is not None:
         out += bias
@@ -177,6 +188,16 @@ def _linear(x, w, bias, sw, ws):
     if m <= sw.gemv_max_m:
         path = f"qmatmul.{tname}.decode"
         if sw.gemv:
+            rw = gemv_repack.planes_of(w)
+            if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
+                paths.count(path + ".repacked")
+                return gemv_repack.gemv(x, rw, bias=bias, ws=ws.gemv_counters(), interpret=interpret())
+            if gemv_repack.is_repacked_type(w.qtype) and getattr(w, "repack_skip", None) is None:
+                # (a weight kept raw on purpose at load -- the tied embedding -- is the raw path only)
+                if not sw.gemv_repack:
+                    paths.switched_off(path + ".repacked", "MINFER_GEMV_REPACK")
+                else:
+                    paths.fallback(path + ".repacked", "the weight was not repacked at load (not built by an Engine)")
             paths.count(path)
             return gemv.gemv(x, w.raw, w.qtype, n, k, bias=bias, interpret=interpret())
         paths.switched_off(path, "MINFER_GEMV")

@@ -40,6 +40,7 @@ class Workspace:
         self._scratch: dict = {}     # dtype -> 1-D tensor, reused by every layer
         self._runners: dict = {}     # dtype -> Runner (two buffers, side stream, sequence)
         self._bias: dict = {}        # (weights, dtype) -> (the source biases, converted/concatenated)
+        self._gemv = None            # gemv_repack.GemvWorkspace: split-K ticket counters, made once
 
     @classmethod
     def for_model(cls, model) -> "Workspace":
@@ -104,6 +105,15 @@ class Workspace:
             self._scratch.pop(dtype, None)
             buf = self._scratch[dtype] = torch.empty(want, dtype=dtype, device=self.device)
         return buf
+
+    def gemv_counters(self):
+        """The repacked decode GEMV's split-K ticket counters (self-resetting, so CUDA-graph
+        replays reuse them; ops/cuda/gemv_repack.py)."""
+        if self._gemv is None:
+            from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+            self._gemv = GemvWorkspace(self.device)
+        return self._gemv
 
     def runner(self, dtype, sw) -> Runner:
         r = self._runners.get(dtype)
