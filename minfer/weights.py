@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,16 +30,19 @@ class QWeight:
     shape: tuple[int, int]           # (N, K): N output rows, K inputs
     raw: torch.Tensor                # uint8 (N, row_bytes), the file's blocks, on the device
     dense: torch.Tensor | None = None  # (N, K) float, CPU reference (None: dequantize on demand)
+    packed: Any = None               # CPU fast-path form (minfer.ops.cpu_quant.Int8Weight) or None
 
     @property
     def device(self) -> torch.device:
         return self.raw.device
 
     def nbytes(self) -> int:
-        """Bytes held on the device: raw blocks + dense."""
+        """Bytes held on the device: raw blocks + dense + the CPU fast-path form."""
         n = self.raw.numel() * self.raw.element_size()
         if self.dense is not None and self.dense.data_ptr() != 0:
             n += self.dense.numel() * self.dense.element_size()
+        if self.packed is not None:
+            n += self.packed.nbytes()
         return n
 
     def dequantize_rows(self, ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,12 @@ if "TRITON_INTERPRET" not in os.environ:
         pass
 
 
+# The suite checks the CPU's float32 reference against llama.cpp's and transformers' numbers;
+# the int8 CPU fast path (on by default for users, MINFER_CPU_QUANT) requantizes the weights and
+# is tested on its own (tests/ops/test_cpu_quant.py passes Switches(cpu_quant=True)).
+os.environ.setdefault("MINFER_CPU_QUANT", "0")
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip `gpu` tests on machines without CUDA (CI); run them with `pytest -m gpu` on the device."""
     try:

@@ -33,8 +33,22 @@ def _backend(x):
 def linear(x, w, bias=None, ctx: Context | None = None):
     """x (T, K) @ w (N, K)^T + bias (N,) -> (T, N)."""
     if x.device.type != "cuda":
-        return reference.linear(x, w, bias)
+        return _cpu_linear(x, w, bias, ctx)
     return _backend(x).linear(x, w, bias, ctx)
+
+
+def _cpu_linear(x, w, bias, ctx):
+    """The int8 fast path for a weight Engine.load packed (minfer/ops/cpu_quant.py), else the
+    float32 reference; a reference matmul under switches that wanted the fast path is counted."""
+    if w.packed is not None:
+        from minfer.ops import cpu_quant
+
+        return cpu_quant.linear(x, w.packed, bias)
+    if ctx is not None and ctx.switches.cpu_quant is False:
+        from minfer.ops import paths
+
+        paths.switched_off("cpu.int8", "MINFER_CPU_QUANT")
+    return reference.linear(x, w, bias)
 
 
 def linear_many(x, ws, biases, ctx: Context | None = None):
@@ -43,7 +57,7 @@ def linear_many(x, ws, biases, ctx: Context | None = None):
     On CUDA a group the model declared (Model.linear_groups) goes through one scratch and one
     GEMM; the reference runs each weight through linear()."""
     if x.device.type != "cuda":
-        return [reference.linear(x, w, b) for w, b in zip(ws, biases)]
+        return [_cpu_linear(x, w, b, ctx) for w, b in zip(ws, biases)]
     return _backend(x).linear_many(x, ws, biases, ctx)
 
 

@@ -57,6 +57,10 @@ class Engine:
             from minfer.device import cuda_backend
 
             workspace = cuda_backend().Workspace.for_model(model)
+            if self.switches.gemv_repack:   # Q4_K/Q6_K planes replace the raw blocks (ops/cuda/gemv_repack.py)
+                from minfer.ops.cuda.gemv_repack import repack_model
+
+                repack_model(model)
         self.ctx = Context(self.switches, workspace)
         self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
                                         dtype=model.act_dtype)
