@@ -42,10 +42,11 @@ def gguf_files(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vocab_variants")
 
     def get(name: str):
+        if name in fetch.SUITE:  # one of llama.cpp's ggml-vocab-<name>.gguf: not kept (the
+            # tokenizers fixture keeps the Tokenizer; 15 files' metadata would hold ~400 MB)
+            return GGUFFile(fetch.suite_dir() / f"ggml-vocab-{name}.gguf")
         if name not in cache:
-            if name in fetch.SUITE:  # one of llama.cpp's ggml-vocab-<name>.gguf
-                cache[name] = GGUFFile(fetch.suite_dir() / f"ggml-vocab-{name}.gguf")
-            elif name in VARIANT_PRES:
+            if name in VARIANT_PRES:
                 base = get(BASE_MODEL)
                 path = write_vocab_variant(base.metadata, VARIANT_PRES[name], tmp / f"{name}.gguf")
                 cache[name] = GGUFFile(path)
