@@ -195,7 +195,9 @@ class BatchEngine:
     @torch.inference_mode()
     def step(self) -> list[tuple[Sequence, GenEvent | None]]:
         """One engine step. Returns (sequence, event) pairs: a GenEvent per sampled token (its
-        finish_reason set on the last), and (sequence, None) for a sequence cancelled now."""
+        finish_reason set on the last), and (sequence, None) for a sequence that ended without
+        a token now: cancelled (finish_reason 'cancel'), failed (seq.error), or asked for none
+        ('length')."""
         out: list[tuple[Sequence, GenEvent | None]] = []
         with self._lock:
             cancel, self._cancel = self._cancel, set()
@@ -207,6 +209,7 @@ class BatchEngine:
             for seq in [s for s in self._seqs.values() if s.max_new_tokens == 0 and s.status is SeqStatus.WAITING]:
                 self.scheduler.finish(seq, "length")    # nothing to generate
                 self._seqs.pop(seq.seq_id, None)
+                out.append((seq, None))
             sched = self.scheduler.schedule()
         if not sched.items:
             return out

@@ -308,12 +308,14 @@ class BatchWorker:
                 if entry is None:
                     continue
                 job, _, t = entry
-                if ev is None:     # cancelled, or failed alone (a logits processor raised)
+                if ev is None:     # cancelled, failed alone (a logits processor raised), or no tokens asked
                     del self._active[seq.seq_id]
                     if seq.error is not None:
                         job.put(Failed(seq.error))
-                    else:
+                    elif seq.finish_reason == "cancel":
                         self._finish(job, self._finished(seq, t, "stop", cancelled=True))
+                    else:
+                        self._finish(job, self._finished(seq, t, seq.finish_reason or "length"))
                     continue
                 t["n"] += 1
                 if t["first"] is None:

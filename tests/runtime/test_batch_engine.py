@@ -218,3 +218,9 @@ def test_dense_planes_equal_the_dequantized_weights_and_feed_linear(tmp_path, in
     detach_dense_planes(model)
     assert all(getattr(w, "batch_dense", None) is None for w in ws)
     assert attach_dense_planes(model, free_bytes=1000) == 0              # too big for the memory: none
+
+
+def test_zero_new_tokens_ends_at_once(tiny):
+    be = BatchEngine(tiny, n_ctx=64, max_seqs=2, n_blocks=16, block_size=4)
+    s = be.add([1, 2, 3], GREEDY, 0)
+    assert be.step() == [(s, None)] and s.finish_reason == "length" and not be.has_work
