@@ -132,9 +132,8 @@ _active = threading.local()
 
 def _budget() -> _Budget:
     b = getattr(_active, "budget", None)
-    if b is None:  # used outside render_chat (e.g. a test compiling directly): default limits
-        b = _active.budget = _Budget(DEFAULT_LIMITS, 0, "chat template")
-    return b
+    # outside render_chat (a test compiling directly): a fresh default budget for this check
+    return b if b is not None else _Budget(DEFAULT_LIMITS, 0, "chat template")
 
 
 def weight(x: Any, cap: int) -> int:
