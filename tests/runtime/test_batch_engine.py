@@ -224,3 +224,48 @@ def test_zero_new_tokens_ends_at_once(tiny):
     be = BatchEngine(tiny, n_ctx=64, max_seqs=2, n_blocks=16, block_size=4)
     s = be.add([1, 2, 3], GREEDY, 0)
     assert be.step() == [(s, None)] and s.finish_reason == "length" and not be.has_work
+
+
+class _Tok:
+    """A stand-in tokenizer: token i reads PIECES[i]; token 6 ends the turn."""
+    PIECES = ["Hel", "lo", " w", "or", "ld", "!", "<eos>"]
+    eog_ids = {6}
+
+    def stream_decoder(self):
+        class D:
+            def push(self, i):
+                return _Tok.PIECES[i]
+
+            def flush(self):
+                return ""
+        return D()
+
+
+@pytest.mark.parametrize("seq_ids,stop,n", [([0, 1, 2, 3, 4, 5], ["or"], 6), ([0, 1, 6, 2], [], 4),
+                                            ([0, 1, 2, 3], ["zz"], 3), ([0, 1, 2, 3, 4], ["ld!"], 5)])
+def test_event_text_rules_equal_generate(tiny, seq_ids, stop, n):
+    """Stop strings (held back, never emitted), end of turn, length: the batch engine's events are
+    generate.generate()'s for the same tokens."""
+    from minfer.runtime.generate import generate
+
+    def logits_for(i):
+        x = torch.full((7,), -5.0)
+        x[seq_ids[i]] = 5.0
+        return x
+    state = {"i": 0}
+
+    def step(tok):
+        state["i"] += 1
+        return logits_for(state["i"])
+    ref = [(e.token_id, e.text, e.finish_reason)
+           for e in generate(logits_for(0), step, GREEDY, n, stop=stop, decoder=_Tok().stream_decoder(), eog_ids={6})]
+    be = BatchEngine(tiny, _Tok(), n_ctx=64, max_seqs=1, n_blocks=16, block_size=4)
+    s = be.add([1, 2], GREEDY, n, stop=stop)
+    got = []
+    for tok in seq_ids:
+        s.tokens.append(tok)
+        ev = be._event(s, tok, 0.0, [])
+        got.append((ev.token_id, ev.text, ev.finish_reason))
+        if ev.finish_reason:
+            break
+    assert got == ref
