@@ -49,12 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"minfer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, modname in COMMANDS:
-        try:
-            mod = importlib.import_module(f"minfer.commands.{modname}")
-        except ModuleNotFoundError as e:  # a command not built yet must not break the others
-            if e.name != f"minfer.commands.{modname}":
-                raise
-            continue
+        mod = importlib.import_module(f"minfer.commands.{modname}")
         parents = mod.parents() if hasattr(mod, "parents") else []
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter, parents=parents)
