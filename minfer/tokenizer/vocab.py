@@ -26,8 +26,8 @@ _TYPE_TO_ATTR = {0: ATTR_UNDEFINED, 1: ATTR_NORMAL, 2: ATTR_UNKNOWN, 3: ATTR_CON
                  4: ATTR_USER_DEFINED, 5: ATTR_UNUSED, 6: ATTR_BYTE}
 
 # Texts that llama.cpp recognizes as special ids when the metadata does not name them
-# (llama-vocab.cpp: "auto-detect special tokens by text"). Only the lists a byte-level BPE
-# model can meet are kept; each found token is also forced to CONTROL.
+# (llama-vocab.cpp: "auto-detect special tokens by text"): EOT, EOM and the FIM tokens;
+# each found token is also forced to CONTROL.
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
               "<|end_of_text|>", "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>",
               "<end_of_utterance>")
