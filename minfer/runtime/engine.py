@@ -79,6 +79,13 @@ class Engine:
         from minfer.models.llama import activation_dtype
 
         sw = switches if switches is not None else Switches.from_env()
+        if switches is None:
+            import sys
+
+            from minfer.switches import retired_in_env
+
+            for r in retired_in_env():          # decided A/Bs: set, but no longer read
+                print(f"minfer: warning: {r}; it is not read any more", file=sys.stderr)
         if sw.threads:
             torch.set_num_threads(sw.threads)
         if device == "cuda":

@@ -37,3 +37,16 @@ def test_two_engines_interleaved_match_alone(tmp_path):
         got_a.append(ea.token_id)
         got_b.append(eb.token_id)
     assert got_a == alone_a and got_b == alone_b
+
+
+def test_retired_switch_is_named_at_load(tmp_path, monkeypatch, capsys):
+    from minfer.gguf_file import GGUFFile as G
+
+    p = write_tiny_model(tmp_path / "a.gguf", TinySpec(arch="llama", seed=11))
+    monkeypatch.setenv("MINFER_GROUP_FFN", "1")
+    import minfer.runtime.engine as E
+
+    monkeypatch.setattr(E, "load_tokenizer", lambda gf: None)     # the tiny file has no vocabulary
+    eng = E.Engine.load(G(p), ctx=32, progress=False)
+    assert "MINFER_GROUP_FFN (retired: gate and up are dequantized apart" in capsys.readouterr().err
+    assert eng.switches == Switches.from_env()                   # the retired name changes nothing
