@@ -466,8 +466,8 @@ def default_config(qtype, m, n, k):
 
 def config_for(qtype: int, m: int, n: int, k: int, interpret: bool = False) -> tuple:
     """(BN, BB, SPLIT, num_warps, asm, prefetch) for this shape: the H200 table, else the default rule."""
-    if interpret:
-        return (16, 1, 1, 4, False, True)
+    if interpret:   # few, large programs: the interpreter's cost is per operation, not per value
+        return (64, 2, 1, 4, False, True)
     hit = H200_CONFIGS.get(f"{REPACKED_TYPES[qtype]} {n}x{k} m{m_bucket(m)}")
     return tuple(hit) if hit else default_config(qtype, m, n, k)
 
