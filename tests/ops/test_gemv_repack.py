@@ -157,13 +157,55 @@ def QM():
 
 
 class _Model:
-    """What repack_model reads of a model: its matrices, and the embedding to leave raw."""
+    """What repack_model reads of a model: its matrices, the embedding to leave raw, its groups."""
 
-    def __init__(self, ws, embd):
-        self.ws, self.token_embd = ws, embd
+    def __init__(self, ws, embd, groups=()):
+        self.ws, self.token_embd, self.groups = ws, embd, groups
 
     def qweights(self):
         return self.ws
+
+    def linear_groups(self):
+        return self.groups
+
+
+def test_fused_group_decode(QM):
+    """A declared q/k/v group of one type gets one plane set (views per weight, same bytes) and
+    one GEMV at decode with its biases; a group with a Q6_K member stays apart."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.ops.cuda.workspace import Workspace
+    from minfer.switches import Switches
+    from minfer.weights import QWeight
+
+    qm, gr = QM["qmatmul"], QM["gemv_repack"]
+    rng = np.random.default_rng(8)
+    ws, dense, groups = [], {}, []
+    for layer, vt in ((0, 12), (1, 14)):
+        g = []
+        for name, qt, n in (("attn_q", 12, 64), ("attn_k", 12, 16), ("attn_v", vt, 16)):
+            raw = random_weight(qt, n, 256, rng)
+            w = QWeight(f"blk.{layer}.{name}.weight", qt, (n, 256), torch.from_numpy(raw))
+            dense[w.name] = torch.from_numpy(reference_dequant(raw, qt, n, 256))
+            ws.append(w)
+            g.append(w)
+        groups.append(tuple(g))
+    gr.repack_model(_Model(ws, None, groups))
+    assert groups[0][0].repacked_group[0] == groups[0] and not hasattr(groups[1][0], "repacked_group")
+    assert sum(gr.planes_of(w).nbytes() for w in groups[0]) == 96 * 148
+    ctx = Context(Switches(), Workspace("cpu", ws, groups))
+    g = torch.Generator().manual_seed(3)
+    biases = (torch.randn(64, generator=g), None, torch.randn(16, generator=g))
+    for m in (1, 5):
+        x = torch.randn(m, 256, generator=g)
+        paths.reset()
+        for grp in groups:
+            outs = qm.linear_many(x, grp, biases, ctx)
+            for w, o, b in zip(grp, outs, biases):
+                ref = x.double() @ dense[w.name].double().T + (0 if b is None else b.double())
+                assert o.shape == (m, w.shape[0]) and rel_err(o, ref) < 1e-5
+        assert paths.snapshot()["counts"] == {"qmatmul.group3.decode.repacked": 1,
+                                              "qmatmul.Q4_K.decode.repacked": 2, "qmatmul.Q6_K.decode.repacked": 1}
 
 
 def test_qmatmul_wiring(QM):
@@ -269,8 +311,10 @@ def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
         assert rel_err(out, ref) < 1e-5 and rel_err(dec, ref_dec) < 1e-5
         snap = paths.snapshot()
         rp = {k: v for k, v in snap["counts"].items() if k.endswith(".decode.repacked")}
-        # two forwards x (q, k, v, o, gate, up in Q4_K; down and the lm head in Q6_K)
-        assert rp == {"qmatmul.Q4_K.decode.repacked": 2 * 6, "qmatmul.Q6_K.decode.repacked": 2 * 2}, snap
+        # two forwards x (q/k/v as one GEMV over the fused planes; o, gate, up in Q4_K; down and
+        # the lm head in Q6_K)
+        assert rp == {"qmatmul.group3.decode.repacked": 2, "qmatmul.Q4_K.decode.repacked": 2 * 3,
+                      "qmatmul.Q6_K.decode.repacked": 2 * 2}, snap
         assert not any(k.startswith("qmatmul") for k in snap["fallbacks"]), snap
         assert not any(k.endswith("K.decode") for k in snap["counts"]), snap
     finally:

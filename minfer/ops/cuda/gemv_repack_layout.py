@@ -236,4 +236,24 @@ def repack_model(model, validate: bool = False) -> int:
         else:
             repack_weight(w, validate)
             done += 1
+    for g in getattr(model, "linear_groups", lambda: [])():
+        fuse_group(tuple(g))
     return done
+
+
+def fuse_group(ws: tuple) -> bool:
+    """One plane set for a declared group (q/k/v) of repacked weights of one type and K, so the
+    decode multiplies them in one GEMV (qmatmul.linear_many); each weight keeps a row view of
+    it (`w.repacked`), so the memory is the same. The group's first weight holds
+    `repacked_group = (ws, Repacked)`. Mixed types (a Q6_K attn_v) stay apart."""
+    rws = [planes_of(w) for w in ws]
+    if len(ws) < 2 or any(r is None for r in rws) or len({(r.qtype, r.k) for r in rws}) != 1:
+        return False
+    cat = Repacked(rws[0].qtype, sum(r.n for r in rws), rws[0].k,
+                   tuple(torch.cat([r.planes[i] for r in rws]) for i in range(len(rws[0].planes))))
+    r0 = 0
+    for w, r in zip(ws, rws):
+        w.repacked = cat.rows(r0, r0 + r.n)
+        r0 += r.n
+    ws[0].repacked_group = (ws, cat)
+    return True

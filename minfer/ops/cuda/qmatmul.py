@@ -218,6 +218,14 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     sw, ws = _ctx(ctx, x.device)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    grp = getattr(wts[0], "repacked_group", None)
+    if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
+            and getattr(wts[0], "batch_dense", None) is None):
+        # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
+        paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
+        out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                               ws=ws.gemv_counters(), interpret=interpret())
+        return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
