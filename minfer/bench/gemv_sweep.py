@@ -33,7 +33,9 @@ NAME = {Q4_K: "Q4_K", Q6_K: "Q6_K"}
 
 # (label, type, N, K)
 SHAPES = [
-    ("qkv", Q4_K, 4608, 3584),
+    ("qkv", Q4_K, 4608, 3584),                   # q/k/v fused (one plane set) where all are Q4_K
+    ("kv", Q4_K, 512, 3584),                     # k or v alone (layers whose attn_v is Q6_K)
+    ("v", Q6_K, 512, 3584),
     ("o", Q4_K, 3584, 3584),
     ("gate", Q4_K, 18944, 3584),
     ("gate_up", Q4_K, 37888, 3584),
