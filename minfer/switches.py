@@ -118,11 +118,6 @@ class Switches:
         return {f.name: f.metadata["env"] for f in fields(self)
                 if f.metadata["kind"] == "switch" and getattr(self, f.name) is False}
 
-    @staticmethod
-    def env_name(name: str) -> str:
-        """The MINFER_* variable of field `name`."""
-        return {f.name: f.metadata["env"] for f in fields(Switches)}[name]
-
 
 def _parse(f, raw: str):
     env = f.metadata["env"]
@@ -191,13 +186,6 @@ def markdown_table() -> str:
         when = {"call": "each call", "load": "at load", "process": "at exit"}[f.metadata["when"]]
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {d} | {when} | {f.metadata['doc']} |")
     return "\n".join(rows)
-
-
-def describe(sw: Switches) -> str:
-    """One line per field that differs from its default (for the launch-path report)."""
-    diffs = [f"{f.metadata['env']}={getattr(sw, f.name)!s}" for f in fields(sw)
-             if getattr(sw, f.name) != f.default]
-    return ", ".join(diffs) if diffs else "all defaults"
 
 
 if __name__ == "__main__":
