@@ -22,6 +22,7 @@ import json
 import uuid
 from typing import Any
 
+from minfer.server.schemas import NamedToolChoice
 from minfer.server.structured import lark_json, special_or_literal
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -50,6 +51,8 @@ def template_tools(tools: list[Any]) -> list[dict]:
         if f.description is not None:
             fn["description"] = f.description
         fn["parameters"] = f.parameters if f.parameters is not None else {"type": "object", "properties": {}}
+        if f.strict is not None:
+            fn["strict"] = f.strict
         out.append({"type": "function", "function": fn})
     return out
 
@@ -276,7 +279,9 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     plan.prompt_ids = encode(messages, extra)
 
     schema = _response_schema(req.response_format)
-    parallel = req.parallel_tool_calls is not False
+    # a named function is one call of it (as vLLM does); "required" may make several unless the
+    # client sent parallel_tool_calls=false
+    parallel = req.parallel_tool_calls is not False and not isinstance(choice, NamedToolChoice)
     grammar, param = None, "response_format.json_schema.schema"
     try:
         if plan.parse_tools and (must_call or schema is not None):
