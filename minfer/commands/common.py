@@ -111,14 +111,9 @@ def resolve_threads(args) -> int:
 
     t = getattr(args, "threads", None)
     if t is None:
-        env = os.environ.get("MINFER_THREADS")
-        if env:
-            try:
-                t = int(env)
-            except ValueError:
-                raise MinferError(f"MINFER_THREADS={env!r}: expected a whole number of threads") from None
-        else:
-            t = physical_cores()
+        from minfer.switches import Switches
+
+        t = Switches.from_env().threads or physical_cores()   # MinferError names a bad MINFER_THREADS
     if t < 1:
         raise MinferError(f"-t/--threads {t}: expected at least 1 thread")
     return t
