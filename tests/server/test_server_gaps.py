@@ -1,0 +1,161 @@
+"""What OpenAI clients and browser UIs expect around the completions themselves:
+GET /v1/models/{id}, served-name aliases, CORS (off by default), a JSON body read whatever its
+Content-Type, completions logprobs of partial UTF-8 tokens as "bytes:\\x..", and a 400
+`unsupported_value` naming each OpenAI field this server does not implement."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+MODEL = "smollm2-135m-instruct"
+ORIGIN = "http://chat-ui.example:3000"
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def alias_server(engine, make_server):
+    srv = make_server(lambda: engine, aliases=["gpt-4o-mini", "org/tiny"], cors_origins=[ORIGIN], api_key="k1")
+    srv.wait_ready(headers={"Authorization": "Bearer k1"})
+    return srv
+
+
+def test_models_retrieve(client):
+    m = client.models.retrieve(MODEL)
+    assert m.id == MODEL and m.object == "model" and m.owned_by == "minfer"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found"
+
+
+def test_aliases_are_accepted_names(alias_server):
+    c = openai.OpenAI(base_url=alias_server.url + "/v1", api_key="k1", max_retries=0, timeout=120)
+    for name in ("gpt-4o-mini", "org/tiny"):  # a name with a slash, as some clients hard-code
+        assert c.models.retrieve(name).id == MODEL
+        r = c.chat.completions.create(model=name, messages=MSG, max_tokens=1, temperature=0)
+        assert r.model == MODEL and r.usage.completion_tokens == 1
+    assert c.models.list().data[0].model_extra["meta"]["aliases"] == ["gpt-4o-mini", "org/tiny"]
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1)
+
+
+def test_cors_preflight_and_headers(alias_server, server):
+    pre = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+           "Access-Control-Request-Headers": "authorization, content-type"}
+    # the preflight carries no API key and must still pass
+    r = httpx.options(alias_server.url + "/v1/chat/completions", headers=pre, timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    assert "POST" in r.headers["access-control-allow-methods"]
+    r = httpx.get(alias_server.url + "/v1/models", headers={"Origin": ORIGIN, "Authorization": "Bearer k1"},
+                  timeout=30)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == ORIGIN
+    # another origin, and the server started without --cors: no CORS headers
+    r = httpx.options(alias_server.url + "/v1/chat/completions", headers={**pre, "Origin": "http://evil.example"},
+                      timeout=30)
+    assert "access-control-allow-origin" not in r.headers
+    r = httpx.options(server.url + "/v1/chat/completions", headers=pre, timeout=30)
+    assert "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_json_body_is_read_whatever_the_content_type(server, content_type):
+    body = json.dumps({"model": MODEL, "messages": MSG, "max_tokens": 1, "temperature": 0}).encode()
+    headers = {"content-type": content_type} if content_type else {}
+    # httpx adds no Content-Type for raw bytes unless told to
+    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 1
+
+
+def _partial_utf8_token(tok) -> int:
+    """A token whose bytes are the start of a multi-byte character and not valid UTF-8 alone."""
+    for i in range(tok.n_vocab):
+        b = tok.piece_bytes(i)
+        if len(b) == 1 and b[0] >= 0xC2:
+            return i
+    raise AssertionError("no single-byte partial token in the vocab")
+
+
+def test_completion_logprobs_of_a_partial_character_use_bytes(client, engine):
+    tid = _partial_utf8_token(engine.tokenizer)
+    raw = engine.tokenizer.piece_bytes(tid)
+    r = client.completions.create(model=MODEL, prompt="Caf", max_tokens=1, temperature=0, logprobs=2,
+                                  logit_bias={str(tid): 100})
+    lp = r.choices[0].logprobs
+    assert lp.tokens == ["bytes:" + "".join(f"\\x{b:02x}" for b in raw)]
+    assert "\ufffd" not in "".join(lp.tokens) and all("\ufffd" not in k for k in lp.top_logprobs[0])
+    chat = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=1, temperature=0, logprobs=True,
+                                          logit_bias={str(tid): 100})
+    assert chat.choices[0].logprobs.content[0].bytes == list(raw)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("audio", {"voice": "alloy", "format": "wav"}), ("modalities", ["text", "audio"]),
+    ("prediction", {"type": "content", "content": "x"}), ("functions", [{"name": "f", "parameters": {}}]),
+    ("function_call", "auto"), ("web_search_options", {}), ("reasoning_effort", "high"), ("verbosity", "low"),
+])
+def test_unsupported_chat_fields_are_400s_naming_the_field(server, field, value):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": MSG, "max_tokens": 1, field: value})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_value" and err["param"] == field and field in err["message"]
+
+
+@pytest.mark.parametrize("field, value", [("best_of", 3), ("suffix", "}")])
+def test_unsupported_completion_fields_are_400s(server, field, value):
+    r = httpx.post(server.url + "/v1/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 1, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_bookkeeping_fields_and_off_values_are_accepted(client):
+    r = client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=1, user="u1", store=False,
+                                       metadata={"k": "v"}, modalities=["text"], service_tier="auto",
+                                       extra_body={"audio": None, "best_of": 1})
+    assert r.usage.completion_tokens == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_serve_alias_and_cors_flags():
+    """`minfer serve --alias ... --cors ...` as a user starts it."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minfer", "serve", "-m", MODEL, "--device", "cpu", "--port",
+                             str(port), "--ctx", "128", "--alias", "gpt-3.5-turbo", "--alias", "local",
+                             "--cors", ORIGIN], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600  # hang guard
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "server never became ready"
+            try:
+                if httpx.get(url + "/health", timeout=30).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+        assert c.models.retrieve("gpt-3.5-turbo").id == MODEL
+        assert c.models.retrieve("local").id == MODEL
+        r = httpx.options(url + "/v1/chat/completions", timeout=30,
+                          headers={"Origin": ORIGIN, "Access-Control-Request-Method": "POST"})
+        assert r.headers["access-control-allow-origin"] == ORIGIN
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
