@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 HELP = "answer one prompt (chat template applied when the model has one), streamed"
@@ -129,6 +130,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop", action="append", default=[], metavar="S",
                    help="stop when the text contains S (S itself is not printed); repeatable; "
                    "backslash escapes such as \\n are understood")
+    p.add_argument("-j", "--json-schema", default=None, metavar="FILE|JSON",
+                   help="constrain the answer to JSON valid for this JSON schema (a file, or the schema "
+                   "itself as llama.cpp's -j takes it); '{}' means any JSON value")
 
 
 def read_prompt(args) -> str:
@@ -153,6 +157,28 @@ def read_prompt(args) -> str:
     return prompt
 
 
+def read_json_schema(arg: str) -> dict:
+    """--json-schema: inline JSON (starting with '{') or a file holding it."""
+    from minfer.errors import MinferError
+
+    where = "--json-schema"
+    text = arg
+    if not arg.lstrip().startswith("{"):
+        where = arg
+        try:
+            with open(arg, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise MinferError(f"{arg}: cannot read the JSON schema file: {e.strerror}") from e
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MinferError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    if not isinstance(schema, dict):
+        raise MinferError(f"{where}: a JSON schema is an object, got {type(schema).__name__}")
+    return schema
+
+
 def main(args) -> int:
     from minfer.errors import MinferError
 
@@ -166,8 +192,17 @@ def main(args) -> int:
     params = sampling_from_args(args)
     # "\n" typed on a shell arrives as backslash + n; non-ASCII text must survive the unescape
     stop = [unescape_flag(s, "--stop") for s in args.stop]
+    schema = read_json_schema(args.json_schema) if args.json_schema is not None else None
     eng = load_engine(args)
     tok = eng.tokenizer
+    gen_kw = {}
+    if schema is not None:
+        from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar
+
+        try:
+            gen_kw["logits_processors"] = [GrammarConstraint(tok, json_schema_grammar(schema))]
+        except GrammarError as e:
+            raise MinferError(f"--json-schema {args.json_schema}: {e}") from e
     chat = args.chat or args.system is not None or (not args.raw and tok.chat_template is not None)
     if chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
@@ -175,7 +210,7 @@ def main(args) -> int:
     else:
         ids = tok.encode(prompt)
     max_tokens = None if args.max_tokens < 0 else args.max_tokens
-    text, finish = stream(eng, ids, params, max_tokens, stop)
+    text, finish = stream(eng, ids, params, max_tokens, stop, **gen_kw)
     if not text.endswith("\n"):
         sys.stdout.write("\n")
     sys.stdout.flush()

@@ -156,3 +156,21 @@ def test_logit_bias_bans_and_forces(client, engine):
     forced = client.chat.completions.create(model=MODEL, messages=msgs, temperature=0, max_tokens=1,
                                             logit_bias={str(forced_id): 100})
     assert forced.choices[0].message.content == engine.tokenizer.decode([forced_id])
+
+
+def test_cli_run_json_schema(tmp_path):
+    """`minfer run --json-schema FILE` as a user runs it: stdout is JSON valid for the schema."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "city.json"
+    path.write_text(json.dumps(CITY))
+    proc = subprocess.run([sys.executable, "-m", "minfer", "run", "-m", MODEL, "--device", "cpu", "--temp", "0",
+                           "-n", "80", "--json-schema", str(path), ASK[0]["content"]],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    jsonschema.validate(json.loads(proc.stdout), CITY)
+    assert "finish: stop" in proc.stderr
+    bad = subprocess.run([sys.executable, "-m", "minfer", "run", "-m", MODEL, "--json-schema", '{"type": 3', "x"],
+                         capture_output=True, text=True, timeout=600)
+    assert bad.returncode != 0 and "--json-schema" in bad.stderr and "Traceback" not in bad.stderr
