@@ -1,6 +1,11 @@
 import os
 
-import pytest
+# Before anything imports torch (its OpenMP runtime reads this once): threads that wait passively
+# instead of spinning, as `minfer` itself sets (minfer/cli.py). On a machine shared with other
+# work, spinning threads made an in-process chat test ~20x slower (800 s against 43 s).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
 
 # Without a GPU, Triton kernels run only in Triton's interpreter, and TRITON_INTERPRET is read
 # when a kernel module is imported: set it before any test module imports minfer.ops.cuda.
