@@ -34,8 +34,8 @@ from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware, error_payload
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
-                                   JSONSchemaFormat, NamedToolChoice, ResponseFormat, StreamOptions, TextPart, Tool,
-                                   ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
+                                   JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
+                                   TextPart, Tool, ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
 from minfer.server.tools import ToolError, ToolStreamParser, logit_bias, parse_tool_calls, plan_chat
 from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
 from minfer.tokenizer.chat_template import chat_token_ids
@@ -504,8 +504,8 @@ _UNION_HINTS = {
 
 def _field_names() -> set[str]:
     names: set[str] = set()
-    for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, StreamOptions, ResponseFormat,
-                  JSONSchemaFormat, Tool, FunctionDef, NamedToolChoice, ToolCall, ToolCallFunction):
+    for model in (ChatCompletionRequest, CompletionRequest, ChatMessage, TextPart, OtherPart, StreamOptions,
+                  ResponseFormat, JSONSchemaFormat, Tool, FunctionDef, NamedToolChoice, ToolCall, ToolCallFunction):
         names.update(model.model_fields)
     return names
 

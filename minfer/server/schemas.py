@@ -69,6 +69,20 @@ class TextPart(BaseModel):
     text: str
 
 
+class OtherPart(BaseModel):
+    """A content part of another type (image_url, input_audio, file, ...): accepted by the schema
+    so that the answer can be a 400 `unsupported_value` naming it (tools.template_messages)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+    @model_validator(mode="after")
+    def _not_text(self) -> "OtherPart":
+        if self.type == "text":  # a text part that failed TextPart (no `text`) stays an error
+            raise ValueError('a "text" part needs a string `text`')
+        return self
+
+
 class ToolCallFunction(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: str
@@ -89,7 +103,7 @@ class ChatMessage(BaseModel):
     # 'developer' is OpenAI's newer name for 'system'
     role: Literal["system", "developer", "user", "assistant", "tool"]
     # a list of parts is OpenAI's multimodal form; only text parts are understood here
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | OtherPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages: which call this answers
@@ -99,7 +113,7 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
 
 
 class FunctionDef(BaseModel):

@@ -62,6 +62,12 @@ def template_messages(messages: list[Any]) -> list[dict]:
     arguments decoded to objects (see the module docstring)."""
     out = []
     for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type != "text":
+                raise ToolError(f"messages[{i}].content[{j}].type",
+                                f"messages[{i}].content[{j}]: content parts of type {part.type!r} are not "
+                                'supported (text models only: send {"type": "text", "text": ...})',
+                                "unsupported_value")
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.name:
             d["name"] = m.name

@@ -159,3 +159,15 @@ def test_serve_alias_and_cors_flags():
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+def test_a_non_text_content_part_is_unsupported_and_named(server):
+    parts = [{"type": "text", "text": "What is in this image?"}, {"type": "image_url", "image_url": {"url": "x"}}]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"model": MODEL, "messages": [{"role": "user", "content": parts}], "max_tokens": 1})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "unsupported_value" and err["param"] == "messages[0].content[1].type"
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,  # a text part without text stays invalid
+                   json={"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 1})
+    assert r.status_code == 400 and r.json()["error"]["code"] != "unsupported_value"
