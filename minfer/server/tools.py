@@ -219,8 +219,8 @@ class ToolStreamParser:
             self.buf = self.buf[len(self.buf) - keep:]
             break
         out = "".join(content)
-        if self._after_call or calls:
-            out = out.strip() if not out.strip() else out
+        if (self._after_call or calls) and out.isspace():
+            out = ""  # the newlines between and after calls are not an answer
         self.n_calls += len(calls)
         return out, calls
 

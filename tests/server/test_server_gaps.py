@@ -169,5 +169,6 @@ def test_a_non_text_content_part_is_unsupported_and_named(server):
     err = r.json()["error"]
     assert err["code"] == "unsupported_value" and err["param"] == "messages[0].content[1].type"
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30,  # a text part without text stays invalid
-                   json={"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}], "max_tokens": 1})
+                   json={"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}],
+                         "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] != "unsupported_value"

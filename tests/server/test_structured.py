@@ -42,7 +42,8 @@ def test_json_schema_greedy_is_valid_and_matches_the_engine(client, engine, para
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_json_schema_sampled_is_valid_every_time(client, seed):
     r = client.chat.completions.create(model=MODEL, messages=ASK, temperature=1.0, top_p=1.0, seed=seed,
-                                       extra_body={"top_k": 0, "min_p": 0.0}, max_tokens=80, response_format=_schema_format(CITY))
+                                       extra_body={"top_k": 0, "min_p": 0.0}, max_tokens=80,
+                                       response_format=_schema_format(CITY))
     assert r.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
 
@@ -96,7 +97,8 @@ def test_langchain_with_structured_output(server):
 
 @pytest.mark.parametrize("fmt, param", [
     ({"type": "json_schema", "json_schema": {"name": "x"}}, "response_format"),
-    (_schema_format({"type": "object", "properties": {"a": {"type": "no-such-type"}}}), "response_format.json_schema.schema"),
+    (_schema_format({"type": "object", "properties": {"a": {"type": "no-such-type"}}}),
+     "response_format.json_schema.schema"),
     ({"type": "yaml"}, "response_format.type"),
 ])
 def test_bad_response_formats_are_400s(server, fmt, param):

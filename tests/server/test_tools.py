@@ -28,7 +28,8 @@ ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 RESULT = '{"temperature": 23, "sky": "sunny"}'
 WEATHER_ANSWER = {"type": "json_schema", "json_schema": {"name": "answer", "strict": False, "schema": {
-    "type": "object", "properties": {"temperature": {"type": "integer"}, "summary": {"type": "string", "maxLength": 60}},
+    "type": "object",
+    "properties": {"temperature": {"type": "integer"}, "summary": {"type": "string", "maxLength": 60}},
     "required": ["temperature", "summary"], "additionalProperties": False}}}
 
 
