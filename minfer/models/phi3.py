@@ -9,7 +9,7 @@ The llama computation (minfer/models/llama.py) with fused weights and its own ro
   F rows) (ggml_swiglu on the fused output; HF Phi3MLP.gate_up_proj chunks gate then up).
 - RoPE is NEOX. LongRoPE ('su'/'longrope' models, e.g. Phi-3-mini-128k): per-frequency
   divisors `rope_factors_short.weight` / `rope_factors_long.weight`; llama.cpp takes the long
-  ones when the context (here: the KV cache's rows) exceeds
+  ones when the context (here: the KV cache's `context`, the engine's --ctx) exceeds
   `phi3.rope.scaling.original_context_length`, else the short ones
   (llama_model::get_rope_factors), and multiplies cos and sin by
   `phi3.rope.scaling.attn_factor` (ggml_rope_ext attn_factor, from llama-context.cpp): the
@@ -26,6 +26,7 @@ import torch
 
 from minfer import ops
 from minfer.config import ModelConfig
+from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import Block
 from minfer.models.llama import LlamaModel
@@ -92,11 +93,20 @@ class Phi3Model(LlamaModel):
         return [] if self.blocks[0].attn_qkv is not None else super().linear_groups()
 
     def rope_for(self, cache):
-        """Short factors while the context fits the original one, long factors past it."""
+        """Short factors while the context fits the original one, long factors past it.
+
+        The context is `cache.context` (the engine's --ctx), not `cache.n_ctx`: on CUDA the
+        cache has its rows rounded up to ops.LENGTH_BUCKET (128), so a 32-position context
+        with original_context_length 32 has 128 rows, and reading the rows took the long
+        factors on the GPU and the short ones on the CPU (every position past 0 wrong)."""
         c = self.cfg
-        if c.rope_long is not None and cache.n_ctx > c.rope_orig_ctx:
-            return c.rope_long
-        return c.rope
+        if c.rope_long is None:
+            return c.rope
+        context = getattr(cache, "context", None)
+        if context is None:
+            raise MinferError(f"{type(cache).__name__} has no `context` (the positions a sequence may "
+                              f"use): phi3's LongRoPE picks its factors from it")
+        return c.rope_long if context > c.rope_orig_ctx else c.rope
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""

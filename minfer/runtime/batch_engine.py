@@ -75,6 +75,7 @@ class BatchEngine:
         budget = max(int(token_budget or TOKEN_BUDGET.get(dev, 512)), self.max_seqs)
         self.cache = PagedKVCache.for_config(self.config, n_blocks, block_size, self.device,
                                              dtype=getattr(model, "act_dtype", torch.float32))
+        self.cache.context = self.n_ctx   # the cache protocol's context (phi3 picks its rope factors by it)
         self.blocks = BlockManager(n_blocks, block_size, prefix_cache)
         self.scheduler = Scheduler(self.blocks, self.max_seqs, budget)
         self.max_blocks = -(-self.n_ctx // block_size)   # block-table width of a full context

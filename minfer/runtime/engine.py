@@ -63,7 +63,7 @@ class Engine:
                 repack_model(model)
         self.ctx = Context(self.switches, workspace)
         self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
-                                        dtype=model.act_dtype)
+                                        dtype=model.act_dtype, context=self.n_ctx)
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
         self._graph = None            # DecodeGraph (CUDA), captured at the first decode step

@@ -6,6 +6,10 @@ The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees o
     cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
     cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
     cache.n_ctx                            # rows: the largest position + 1 it can hold
+    cache.context                          # positions a sequence may use (the engine's --ctx);
+                                           # n_ctx may exceed it (CUDA rows rounded to 128).
+                                           # What depends on the context (phi3's LongRoPE
+                                           # factors) reads this, never the row count.
 A paged, many-sequence cache implements the same two calls over its block tables, with a
 Step that says which sequence each row belongs to.
 """
@@ -31,14 +35,17 @@ def cache_rows(n_ctx: int, device) -> int:
 
 class KVCache:
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32):
+                 device="cpu", dtype=torch.float32, context: int | None = None):
         self.n_ctx = n_ctx
+        self.context = context or n_ctx
         self.k = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
         self.v = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
 
     @classmethod
-    def for_config(cls, cfg, n_ctx: int, device="cpu", dtype=torch.float32) -> "KVCache":
-        return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype)
+    def for_config(cls, cfg, n_ctx: int, device="cpu", dtype=torch.float32,
+                   context: int | None = None) -> "KVCache":
+        """n_ctx rows (cache_rows); context: the positions a sequence may use, default n_ctx."""
+        return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context)
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
