@@ -176,3 +176,33 @@ def test_cli_run_json_schema(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "minfer", "run", "-m", MODEL, "--json-schema", '{"type": 3', "x"],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode != 0 and "--json-schema" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_json_schema_under_continuous_batching(engine, make_server):
+    """Each row of a batch keeps its own grammar (BatchWorker: --parallel 2, three requests at once)."""
+    import threading
+
+    import openai
+
+    srv = make_server(lambda: engine, parallel=2)
+    srv.wait_ready()
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+    schemas = [CITY, {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                      "additionalProperties": False}, {"type": "array", "items": {"type": "integer", "maximum": 99},
+                                                       "minItems": 2, "maxItems": 3}]
+    out: dict[int, tuple[str, str]] = {}
+
+    def ask(i: int) -> None:
+        r = c.chat.completions.create(model=MODEL, messages=ASK, temperature=0, max_tokens=80,
+                                      response_format=_schema_format(schemas[i], f"s{i}"))
+        out[i] = (r.choices[0].message.content, r.choices[0].finish_reason)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    assert sorted(out) == [0, 1, 2]
+    for i, (text, finish) in out.items():
+        assert finish == "stop", (i, text)
+        jsonschema.validate(json.loads(text), schemas[i])
