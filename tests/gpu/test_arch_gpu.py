@@ -3,8 +3,10 @@ transformers, on the committed fixtures of tests/data/arch/ (tools/gen_arch_fixt
 random HF models converted by llama.cpp's convert_hf_to_gguf.py, F16 weights).
 
 - act_dtype float32: every position's logits within 1e-3 of transformers, greedy identical.
-- the default bf16: logits within 2e-2 of the CPU engine (prefill and decode steps), and the
-  launch paths say the architecture's own kernels ran (window attention, GELU, MoE).
+- the default bf16 against the CPU engine's float32 reference (MINFER_CPU_QUANT=0), prefill and
+  decode steps, by tests/gpu/test_model_gpu.py's criterion ||gpu - cpu|| / ||cpu|| < 1e-2 (see
+  BF16_TOL for when a fixture's own bf16 rounding floor raises it), and the launch paths say the
+  architecture's own kernels ran (window attention, GELU, MoE).
 """
 
 from __future__ import annotations
@@ -26,7 +28,65 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """float32 against transformers: the largest, over positions, of max |got - ref| / max |ref|
+    (tests/models/test_arch_vs_transformers.py's metric, so the GPU meets the CPU's bar)."""
     return float((np.abs(got - ref).max(-1) / np.abs(ref).max(-1)).max())
+
+
+def rel(got, ref) -> float:
+    """bf16 against the CPU: tests/gpu/test_model_gpu.py's rel, ||got - ref|| / ||ref|| over all
+    the logits (float64)."""
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+# Why test_model_gpu's norm criterion and not a per-position max-abs one: bf16 keeps 8
+# significant bits (unit roundoff 2**-8 = 0.0039), and each activation the GPU rounds (h, q, k,
+# v, the attention output, every matmul output, the bf16 KV cache) adds noise of that order
+# spread over every logit. A max over 320 logits and then over 30 positions picks the extreme
+# tail of that noise (on these fixtures 1.7-2.3x the norm error), so the old per-row max-abs
+# 2e-2 bar measured the tail of the format's noise, not the kernels; the norm over all the
+# logits measures the noise's size, as the synthetic-model GPU test already does (1e-2).
+#
+# The tiny random fixtures (hidden 64, 2-4 layers, F16 weights, no trained structure that damps
+# noise) are worse conditioned for bf16 than the synthetic models: the float32 reference itself,
+# run with bf16 activations and a bf16 cache (the model classes allow it on the CPU; only the
+# engine pins float32 there), lands 0.7-1.6% from its float32 run on the dense ones and 3-5% on
+# the MoE ones (a bf16 router flips an expert choice now and then) -- measured on the CPU when
+# this test was written. That floor is what the format costs this model whatever the kernels do,
+# so the bar is test_model_gpu's 1e-2, raised to twice the fixture's measured floor (its largest
+# over the prefill and decode steps) where the floor is above half of it. The GPU rounds at other
+# points than the reference (fused kernels, cuDNN's bf16 probabilities), so its error is of the
+# floor's order, not below it: on the H200 run that failed the old bar, qwen3/llama3/mistral's
+# per-position max errors were 1.4-1.5x the bf16 reference's. A literal 1e-2 would fail the
+# reference's own bf16 run on most of these fixtures. A wrong kernel is 10-100x the floor: the
+# LongRoPE factor bug this file caught (phi3, cache rows read as the context) was 1.2-1.5.
+BF16_TOL = 1e-2
+
+
+def bf16_floor(name: str, prefill: list[int], decode: list[int]) -> list[float]:
+    """rel(reference with bf16 activations, reference in float32) for the prefill and each
+    following one-token decode step: the fixture's bf16 rounding floor."""
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import Step, load_model
+    from minfer.runtime.kv_cache import KVCache
+
+    gf = GGUFFile(DATA / f"{name}.gguf")
+    n_ctx = CTX.get(name, 64)
+    runs = []
+    for dt in (torch.float32, torch.bfloat16):
+        m = load_model(gf, device="cpu", progress=False, act_dtype=dt)
+        cache = KVCache.for_config(m.cfg, n_ctx, dtype=dt, context=n_ctx)
+        n = len(prefill)
+        outs = [m.forward(torch.tensor(prefill), Step.at(0, n, "cpu"), cache).float().numpy()]
+        for i, tok in enumerate(decode):
+            outs.append(m.forward(torch.tensor([tok]), Step.at(n + i, 1, "cpu"), cache).float().numpy())
+        runs.append(outs)
+    return [rel(b, a) for a, b in zip(*runs)]
+
+
+def bf16_tol(floor: float) -> float:
+    return max(BF16_TOL, 2 * floor)
 
 
 def engine(name, device, act_dtype=None, ctx=None):
@@ -35,7 +95,8 @@ def engine(name, device, act_dtype=None, ctx=None):
 
     import os
 
-    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})   # the CPU side: float32 reference
+    # the CPU side is the float32 reference: the int8 CPU fast path (Switches.cpu_quant) off
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
     if act_dtype:
         sw = replace(sw, act_dtype=act_dtype)
     return Engine.load(DATA / f"{name}.gguf", device=device, ctx=ctx or CTX.get(name, 64), progress=False,
@@ -61,17 +122,21 @@ def test_arch_gpu_bf16_matches_cpu(name):
 
     r = np.load(DATA / f"{name}.npz")
     ids = r["ids"].tolist()
+    # one floor per fixture, the largest over the steps: a single step's floor is itself one
+    # draw of the rounding noise (0.007-0.015 over qwen3's five), too noisy to scale alone
+    tol = bf16_tol(max(bf16_floor(name, ids[:30], ids[30:34])))
     cpu = engine(name, "cpu")
+    assert cpu.switches.cpu_quant is False
     gpu = engine(name, "cuda")
     paths.reset()
     lc = cpu.forward(ids[:30], 0).numpy()
     lg = gpu.forward(ids[:30], 0).numpy()
     assert np.isfinite(lg).all()
-    assert rel_err(lg, lc) < 2e-2
+    assert rel(lg, lc) < tol, (rel(lg, lc), tol)
     for i, tok in enumerate(ids[30:34]):           # decode steps (CUDA graphs) through the cache
         dc = cpu.forward([tok], 30 + i).numpy()
         dg = gpu.forward([tok], 30 + i).numpy()
-        assert rel_err(dg, dc) < 2e-2
+        assert rel(dg, dc) < tol, (i, rel(dg, dc), tol)
     counts = paths.snapshot()["counts"]
     for p in MUST_RUN.get(name, []):
         assert any(k.startswith(p) for k in counts), (p, counts)

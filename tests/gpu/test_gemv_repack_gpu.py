@@ -161,11 +161,13 @@ def test_engine_decodes_through_repacked_planes(tmp_path):
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
     from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
 
     p = get_preset("tiny").with_overrides(arch="qwen2")
     path = tmp_path / "tiny-q4km.gguf"
     write_synth(path, p, "q4_k_m", seed=2, progress=False)
-    cpu = Engine.load(str(path), device="cpu", ctx=128, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=128, progress=False,
+                      switches=Switches(cpu_quant=False))   # the float32 reference
     gpu = Engine.load(str(path), device="cuda", ctx=128, progress=False)
     from minfer.ops.cuda.gemv_repack import planes_of
     mats = gpu.model.qweights()

@@ -9,11 +9,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minfer.switches import Switches
+
 pytestmark = pytest.mark.gpu
 
 CASES = [("tiny", "qwen2", "q4_k_m"), ("tiny", "llama", "q4_k_m"), ("tiny", "qwen2", "q4_0"),
          ("tiny", "llama", "q8_0"), ("tiny", "qwen2", "f16"),
          ("qwen2.5-0.5b", "qwen2", "q4_k_m")]     # 896 columns: Q5_0/Q8_0 fallbacks, like the real file
+
+
+# the CPU side is the float32 reference whatever the environment says: the int8 CPU fast path
+# (Switches.cpu_quant, on by default) would put its own quantization error into the comparison
+CPU_REFERENCE = Switches(cpu_quant=False)
 
 
 def rel(a, b):
@@ -38,7 +45,7 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
                                           vocab=2000 if preset != "tiny" else None)
     path = synth_dir / f"{preset}-{arch}-{recipe}.gguf"
     write_synth(path, p, recipe, seed=1, progress=False)
-    cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False, switches=CPU_REFERENCE)
     gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False)
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, p.vocab, (40,), generator=g).tolist()
@@ -78,7 +85,7 @@ def test_default_prefill_paths_match_cpu(synth_dir, monkeypatch, arch):
     p = get_preset("tiny").with_overrides(arch=arch)
     path = synth_dir / f"prepared-{arch}.gguf"
     write_synth(path, p, "q4_k_m", seed=7, progress=False)
-    cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False, switches=CPU_REFERENCE)
     gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False)
     prompt = torch.randint(0, p.vocab, (70,), generator=torch.Generator().manual_seed(3)).tolist()
     paths.reset()
@@ -110,7 +117,7 @@ def test_cuda_cache_rows_and_bucketed_prefill(synth_dir, monkeypatch):
     from minfer.switches import Switches
 
     gpu = Engine.load(str(path), device="cuda", ctx=200, progress=False, switches=Switches(prefill_graph=False))
-    cpu = Engine.load(str(path), device="cpu", ctx=200, progress=False)
+    cpu = Engine.load(str(path), device="cpu", ctx=200, progress=False, switches=CPU_REFERENCE)
     assert gpu.n_ctx == 200 and gpu.cache.n_ctx == 256
     assert "(200 positions in 256 rows" in gpu.memory_report, gpu.memory_report
     prompt = torch.randint(0, p.vocab, (150,), generator=torch.Generator().manual_seed(5)).tolist()
