@@ -36,7 +36,8 @@ from minfer.server.render import Accumulator, chat_chunk, chat_response, complet
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                    JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
                                    TextPart, Tool, ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
-from minfer.server.tools import ToolError, ToolStreamParser, logit_bias, parse_tool_calls, plan_chat
+from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar
+from minfer.server.tools import ToolError, ToolStreamParser, logit_bias, parse_tool_calls, plan_chat, response_schema
 from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
 from minfer.tokenizer.chat_template import chat_token_ids
 
@@ -440,8 +441,14 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                 raise APIError(400, f"prompt: {e}", code="invalid_value", param="prompt") from e
         try:
             processors = [logit_bias(tok, req.logit_bias)] if req.logit_bias else []
+            schema = response_schema(req.response_format)
+            if schema is not None:
+                processors.append(await run_in_threadpool(GrammarConstraint, tok, json_schema_grammar(schema)))
         except ToolError as e:
             raise APIError(400, str(e), code=e.code, param=e.param) from e
+        except GrammarError as e:
+            raise APIError(400, f"response_format.json_schema.schema: {e}", code="invalid_value",
+                           param="response_format.json_schema.schema") from e
         job = _make_job(state, engine, req, ids, processors)
         echo = text if req.echo else ""
         acc = Accumulator(tok, req.n_top_logprobs(), chat=False, base_offset=len(echo))

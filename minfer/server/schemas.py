@@ -195,6 +195,8 @@ class CompletionRequest(_Sampling):
     # completions' logprobs is the number of alternatives (OpenAI caps it at 5)
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
+    # not in OpenAI's completions API; vLLM and llama.cpp's server take a JSON constraint here too
+    response_format: "ResponseFormat | None" = None
 
     def max_new(self) -> int | None:
         return self.max_tokens
@@ -216,6 +218,8 @@ _UNSUPPORTED = {
     "verbosity": "verbosity is not supported by this server",
     "best_of": "best_of is not supported: this server returns exactly one completion (best_of=1)",
     "suffix": "suffix (fill-in-the-middle through the completions API) is not supported",
+    "tools": "tools need a chat template: send them to /v1/chat/completions",
+    "tool_choice": "tool_choice needs tools: send them to /v1/chat/completions",
 }
 _OFF_VALUES = (None, False, [], ["text"], 1)
 
@@ -231,3 +235,6 @@ def unsupported_fields(req: BaseModel) -> list[tuple[str, str]]:
             continue
         out.append((name, why))
     return out
+
+
+CompletionRequest.model_rebuild()  # its response_format refers to ResponseFormat, defined after it

@@ -242,7 +242,8 @@ class ChatPlan:
         self.parse_tools = False  # the answer may hold <tool_call> blocks to return as tool_calls
 
 
-def _response_schema(rf: Any) -> dict | None:
+def response_schema(rf: Any) -> dict | None:
+    """The JSON schema a response_format asks for (None: free text)."""
     if rf is None or rf.type == "text":
         return None
     if rf.type == "json_object":
@@ -284,7 +285,7 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     # keeps control-token text in message content as text)
     plan.prompt_ids = encode(messages, extra)
 
-    schema = _response_schema(req.response_format)
+    schema = response_schema(req.response_format)
     # a named function is one call of it (as vLLM does); "required" may make several unless the
     # client sent parallel_tool_calls=false
     parallel = req.parallel_tool_calls is not False and not isinstance(choice, NamedToolChoice)

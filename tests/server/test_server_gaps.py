@@ -172,3 +172,18 @@ def test_a_non_text_content_part_is_unsupported_and_named(server):
                    json={"model": MODEL, "messages": [{"role": "user", "content": [{"type": "text"}]}],
                          "max_tokens": 1})
     assert r.status_code == 400 and r.json()["error"]["code"] != "unsupported_value"
+
+
+def test_completions_take_a_response_format_and_refuse_tools(client, server):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}}, "required": ["name"],
+              "additionalProperties": False}
+    r = client.completions.create(model=MODEL, prompt="A JSON object with a person's name:", max_tokens=40,
+                                  temperature=0, extra_body={"response_format": {
+                                      "type": "json_schema", "json_schema": {"name": "p", "schema": schema}}})
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].text), schema)
+    r = httpx.post(server.url + "/v1/completions", timeout=30,
+                   json={"model": MODEL, "prompt": "x", "max_tokens": 1, "tools": [{"type": "function"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
