@@ -101,6 +101,10 @@ class Engine:
         t0 = time.perf_counter()
         m = load_model(gf, device=device, dtype=dtype, progress=progress,
                        act_dtype=activation_dtype(device, sw.act_dtype))
+        if device == "cpu" and sw.cpu_quant:   # int8 matrices for the CPU (ops/cpu_quant.py)
+            from minfer.ops import cpu_quant
+
+            cpu_quant.prepare_model(m)
         eng = cls(m, load_tokenizer(gf), ctx, gf.path, switches=sw)
         if device == "cpu":  # a model whose first logits are NaN/inf is refused here (issue 15)
             from minfer.runtime.sampling import check_model_logits
