@@ -65,6 +65,10 @@ class Switches:
     # ---- tuning values ----
     gemv_max_m: int = _sw(32, "MINFER_GEMV_MAX_M", "largest M (rows) that takes the decode GEMV",
                           kind="tuning")
+    dense_gemv_max_m: int = _sw(8, "MINFER_DENSE_GEMV_MAX_M",
+                                "with the batch engine's dense bf16 planes: largest M that stays on the "
+                                "repacked GEMV (above: cuBLAS over the plane; perf-log, lead runs of 2026-11-30)",
+                                kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

@@ -56,7 +56,9 @@ async def one_request(client, url: str, model: str, prompt: list[int], max_token
             if obj.get("usage"):
                 n_out = obj["usage"]["completion_tokens"]
             ch = obj.get("choices") or []
-            if ch and ch[0].get("text"):
+            # a chunk with a choice is a token's arrival, even when its text is '' (a byte token
+            # whose character is not complete yet): the first one is the time to first token
+            if ch and (ch[0].get("text") is not None or ch[0].get("finish_reason")):
                 if first is None:
                     first = now
                 else:
@@ -120,17 +122,23 @@ async def prefix_reuse(url: str, model: str, prefix_len: int, vocab: int, seed: 
     import httpx
 
     rng = random.Random(seed + 7)
-    cold, warm = [], []
+    cold, warm, errors = [], [], []
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0)) as client:
         for _ in range(reps):
             prefix = _prompt(rng, prefix_len, vocab)
-            r = await one_request(client, url, model, prefix + _prompt(rng, 16, vocab), 4)
-            cold.append(r["ttft"])
-            r = await one_request(client, url, model, prefix + _prompt(rng, 16, vocab), 4)
-            warm.append(r["ttft"])
+            for out in (cold, warm):
+                r = await one_request(client, url, model, prefix + _prompt(rng, 16, vocab), 4)
+                if r.get("ttft") is None:       # refused or no token streamed: say so, do not guess
+                    errors.append({k: r.get(k) for k in ("status", "error", "n_out")})
+                else:
+                    out.append(r["ttft"])
+
+    def med(xs):
+        return statistics.median(xs) * 1000 if xs else None
+
     return {"prefix_tokens": prefix_len, "ttft_cold_ms": [c * 1000 for c in cold],
-            "ttft_warm_ms": [w * 1000 for w in warm],
-            "ttft_cold_median_ms": statistics.median(cold) * 1000, "ttft_warm_median_ms": statistics.median(warm) * 1000}
+            "ttft_warm_ms": [w * 1000 for w in warm], "ttft_cold_median_ms": med(cold),
+            "ttft_warm_median_ms": med(warm), "errors": errors}
 
 
 def table(levels: list[dict]) -> str:
@@ -218,8 +226,9 @@ def main(argv=None) -> int:
         print(table(levels))
         if a.prefix:
             p = record["prefix_reuse"]
-            print(f"prefix reuse ({p['prefix_tokens']} tokens): TTFT cold {p['ttft_cold_median_ms']:.1f} ms, "
-                  f"warm {p['ttft_warm_median_ms']:.1f} ms")
+            fmt = lambda v: "n/a" if v is None else f"{v:.1f} ms"   # noqa: E731
+            print(f"prefix reuse ({p['prefix_tokens']} tokens): TTFT cold {fmt(p['ttft_cold_median_ms'])}, "
+                  f"warm {fmt(p['ttft_warm_median_ms'])}" + (f"; errors {p['errors']}" if p["errors"] else ""))
     finally:
         if proc is not None:
             proc.terminate()

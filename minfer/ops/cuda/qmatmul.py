@@ -178,11 +178,12 @@ def _linear(x, w, bias, sw, ws):
     m = x.shape[0]
     plane = getattr(w, "batch_dense", None)
     if plane is not None and plane.dtype == x.dtype and not (
-            m <= sw.gemv_max_m and sw.gemv and getattr(w, "repacked", None) is not None):
+            m <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv and getattr(w, "repacked", None) is not None):
         # a resident copy in the activations' dtype, made by the batch engine (runtime/batch_engine.py
         # attach_dense_planes): cuBLAS reads 2 bytes per weight and decodes nothing. Small M on a
         # weight with repacked GEMV planes (gemv_repack.py) stays on that GEMV, which reads 4.5-6.5
-        # bits per weight (the crossover between the two is not measured yet)
+        # bits per weight, up to dense_gemv_max_m rows (H200: the GEMV's tl.dot path lost to cuBLAS
+        # from 16 rows on; docs/perf-log.md, lead runs of 2026-11-30)
         paths.count(f"qmatmul.{tname}.dense_plane")
         return F.linear(x, plane, None if bias is None else bias.to(x.dtype))
     if m <= sw.gemv_max_m:
