@@ -98,7 +98,22 @@ def test_default_prefill_paths_match_cpu(synth_dir, monkeypatch, arch):
     params = SamplingParams(temperature=0)
     tc = [e.token_id for e in cpu.generate(prompt[:50], params, max_new_tokens=32)]
     tg = [e.token_id for e in gpu.generate(prompt[:50], params, max_new_tokens=32)]
-    assert tg == tc
+    assert_greedy_equal_or_bf16_tie(cpu, prompt[:50], tc, tg)
+
+
+def assert_greedy_equal_or_bf16_tie(cpu, prompt, tc, tg):
+    """Greedy identity, except at a first divergence where the CPU reference's top two logits
+    are closer than one bf16 step of their magnitude (2^-7 relative): a tie that bf16 activations
+    cannot resolve, and where any summation order decides. The H200 run of 2026-11-30 showed one:
+    the repacked decode GEMV (another order of the same sums) chose the second of 0.91062 and
+    0.90956 at token 27 of the tiny llama model, the raw GEMV the first (bench/results, lead runs)."""
+    i = next((j for j in range(min(len(tc), len(tg))) if tc[j] != tg[j]), None)
+    if i is None:
+        assert len(tg) == len(tc)
+        return
+    cpu.reset()
+    top = cpu.forward(list(prompt) + tc[:i], 0)[-1].topk(2).values.tolist()
+    assert top[0] - top[1] < abs(top[0]) * 2 ** -7, (i, tc, tg, top)
 
 
 def test_cuda_cache_rows_and_bucketed_prefill(synth_dir, monkeypatch):

@@ -234,7 +234,15 @@ def reference_engine():
     its kernel by the number of rows (the int8 kernel up to 16, a bf16 GEMM above), so a row's
     logits there depend on what else is in the batch and greedy near-ties can flip; the float32
     reference computes each row the same way in any batch."""
-    from conftest import MODEL as M, N_CTX
+    import importlib.util
+    from pathlib import Path
+
+    # this folder's conftest by path: in a whole-suite run the bare name `conftest` can be
+    # another folder's (tests/tokenizer/conftest.py)
+    spec = importlib.util.spec_from_file_location("server_conftest", Path(__file__).with_name("conftest.py"))
+    sc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sc)
+    M, N_CTX = sc.MODEL, sc.N_CTX
     from minfer.catalog import resolve_model
     from minfer.runtime.engine import Engine
     from minfer.switches import Switches

@@ -38,7 +38,7 @@ def test_health_is_503_while_loading_then_200(engine, make_server):
     gate.set()
     srv.wait_ready()
     r = httpx.get(srv.url + "/health", timeout=30)
-    assert r.status_code == 200 and r.json() == {"status": "ok"}
+    assert r.status_code == 200 and r.json()["status"] == "ok" and r.json()["slots"] >= 1
     assert httpx.post(srv.url + "/v1/chat/completions", json=GOOD_CHAT, timeout=300).status_code == 200
 
 
@@ -77,7 +77,7 @@ def test_auth_rejects_without_the_key(auth_server, headers):
 
 
 def test_auth_accepts_the_key_and_health_stays_open(auth_server):
-    assert httpx.get(auth_server.url + "/health", timeout=30).json() == {"status": "ok"}
+    assert httpx.get(auth_server.url + "/health", timeout=30).json()["status"] == "ok"
     good = openai.OpenAI(base_url=auth_server.url + "/v1", api_key="s3cret-key", max_retries=0, timeout=300)
     r = good.chat.completions.create(**GOOD_CHAT)
     assert r.choices[0].finish_reason in ("stop", "length")

@@ -85,4 +85,5 @@ def test_serve_exits_with_the_reason_when_the_model_fails_to_load(tmp_path):
     proc = _serve("-m", str(bad), "--port", str(_free_port()), "--device", "cpu")
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1
-    assert "minfer: error: loading" in err and "bad.gguf" in err
+    # the file is checked before the server starts: one line naming it and what is wrong
+    assert "minfer: error:" in err and "bad.gguf" in err and "not a GGUF file" in err
