@@ -164,6 +164,16 @@ def _setup_readline():
     return readline
 
 
+def _own_ctrl_c() -> None:
+    """Ctrl-C must reach the REPL as KeyboardInterrupt (it stops a reply): a SIGINT that the parent
+    left ignored or blocked (both survive exec: a background job of a script, some supervisors, a
+    test runner) would otherwise make Ctrl-C do nothing while a reply streams."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(args) -> int:
     from minfer.commands.run import format_timings, load_engine, sampling_from_args
 
@@ -177,6 +187,7 @@ def main(args) -> int:
     chat = Chat(eng, params, None if args.max_tokens < 0 else args.max_tokens, args.system)
     if interactive:
         _setup_readline()
+        _own_ctrl_c()
         print(f"minfer chat: {eng.path.name} on {eng.device} (context {eng.n_ctx} tokens). "
               f"{COMMANDS_HELP}.", file=sys.stderr)
     pending = [args.first] if args.first else []

@@ -93,7 +93,8 @@ def test_help_explains_the_llama_cpp_flags():
 
 
 def test_inspect_takes_m(capsys, tmp_path):
-    from tests.models.tiny import TinySpec, write_tiny_model
+    # tests/commands is a package, so pytest puts tests/ on sys.path (as for tests/runtime)
+    from models.tiny import TinySpec, write_tiny_model
 
     gguf = write_tiny_model(tmp_path / "tiny.gguf", TinySpec())
     assert cli.main(["inspect", "-m", str(gguf)]) == 0
