@@ -68,6 +68,14 @@ def load_block(gf, cfg, i: int, device, dtype, qkv_bias: bool = False, qk_norm: 
     return blk
 
 
+def load_head(gf, cfg, token_embd: QWeight, device, dtype) -> tuple[torch.Tensor, QWeight]:
+    """The final norm (D,) and the lm head (V, D): `output.weight`, or the embedding when tied."""
+    V, D = cfg.vocab, cfg.d_model
+    output_norm = load_vector(gf, "output_norm.weight", device, D)
+    output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
+    return output_norm, output
+
+
 def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x (T, H, Dh), per head, in x's dtype."""
     T, H, Dh = x.shape

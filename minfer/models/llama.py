@@ -17,8 +17,8 @@ import torch
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.models.base import Model, Step
-from minfer.models.layers import Block, attention_branch, ffn_branch, load_block
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.models.layers import Block, attention_branch, ffn_branch, load_block, load_head
+from minfer.weights import QWeight, load_qweight
 
 
 class LlamaModel(Model):
@@ -57,8 +57,7 @@ class LlamaModel(Model):
         for i in range(cfg.n_layers):
             blocks.append(load_block(gf, cfg, i, device, dtype, qkv_bias=cls.qkv_bias, qk_norm=cls.qk_norm))
             bar.update()
-        output_norm = load_vector(gf, "output_norm.weight", device, D)
-        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
+        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()
         bar.close()
         return cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)

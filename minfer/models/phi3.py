@@ -28,7 +28,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block
+from minfer.models.layers import Block, load_head
 from minfer.models.llama import LlamaModel
 from minfer.weights import QWeight, load_qweight, load_vector
 
@@ -68,8 +68,7 @@ class Phi3Model(LlamaModel):
             blk.attn_qkv = qkv
             blocks.append(blk)
             bar.update()
-        output_norm = load_vector(gf, "output_norm.weight", device, D)
-        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
+        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()
         bar.close()
         m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)

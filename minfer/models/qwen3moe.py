@@ -26,7 +26,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, attention_branch
+from minfer.models.layers import Block, attention_branch, load_head
 from minfer.models.llama import LlamaModel
 from minfer.weights import QWeight, load_qweight, load_vector
 
@@ -123,8 +123,7 @@ class Qwen3MoeModel(LlamaModel):
                 down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype)))
             cls.load_shared(gf, cfg, moe[-1], i, device, dtype)
             bar.update()
-        output_norm = load_vector(gf, "output_norm.weight", device, D)
-        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
+        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()
         bar.close()
         m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
