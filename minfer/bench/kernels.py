@@ -2,6 +2,7 @@
 
     python -m minfer.bench.kernels [--json OUT.json] [--quick] [--sweep]
     python -m minfer.bench.kernels --profile [MODEL.gguf] [--prompt 3354] [--json OUT.json]
+    python -m minfer.bench.kernels --profile [MODEL.gguf] --batch 32 [--prompt 512]
 
 Without --profile: microbenchmarks at the Qwen2.5-7B Q4_K_M shapes. Weights are random valid
 blocks made on the GPU (random bytes, finite f16 scales), with the types synth's Q4_K_M rule
@@ -12,6 +13,9 @@ negligible); GEMMs count 2*M*N*K. Prints a short table last.
 --profile: torch.profiler over one prefill and one (eager) decode step of MODEL.gguf (default:
 a 4-layer synthetic 7B), grouped by kernel, the launch-path counts of exactly one prefill, and
 the decode step timed as a CUDA-graph replay.
+
+--profile --batch B: the same for one decode step of B sequences (prompt tokens each) in the
+BatchEngine: the eager step's kernels, then the step time with CUDA graphs (host work included).
 """
 
 from __future__ import annotations
@@ -63,7 +67,10 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", nargs="?", const="", default=None, metavar="MODEL.gguf",
                     help="per-op profile of the engine (default model: a 4-layer 7B synth)")
     ap.add_argument("--prompt", type=int, default=3354, help="prompt tokens of the profiled prefill")
+    ap.add_argument("--batch", type=int, default=0, help="with --profile: a batched decode step of B sequences")
     args = ap.parse_args(argv)
+    if args.profile is not None and args.batch:
+        return profile_batch(args.profile or None, args.batch, args.prompt, args.json)
     if args.profile is not None:
         return profile(args.profile or None, args.prompt, args.json)
 
@@ -232,6 +239,70 @@ def _show(title, total_ms, rows):
         print(f"{ms:8.3f} {share*100:5.1f}% {calls:6d}  {name}")
 
 
+def _default_model(model: str | None) -> str:
+    if model is None:
+        import tempfile
+
+        from minfer.bench.presets import get_preset
+        from minfer.bench.synth import write_synth
+
+        model = tempfile.mkdtemp() + "/q7b-4l.gguf"
+        write_synth(model, get_preset("qwen2.5-7b").with_overrides(layers=4), "q4_k_m", seed=0, progress=False)
+    return model
+
+
+def profile_batch(model: str | None, batch: int, prompt: int, json_out: str | None) -> int:
+    """Kernels of one eager decode step of `batch` sequences, and the graphed step time."""
+    import time
+
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    from minfer.ops import paths
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.engine import Engine
+    from minfer.runtime.sampling import SamplingParams
+
+    model = _default_model(model)
+    eng = Engine.load(model, device="cuda", ctx=prompt + 256)
+    g = torch.Generator().manual_seed(0)
+    res = {"batch": batch, "prompt": prompt}
+    for graphs in (False, True):
+        be = BatchEngine.from_engine(eng, max_seqs=batch, cuda_graphs=graphs, prefix_cache=False,
+                                     kv_memory=None)
+        seqs = [be.add(torch.randint(0, eng.config.vocab, (prompt,), generator=g).tolist(),
+                       SamplingParams(temperature=0), 200, ignore_eos=True) for _ in range(batch)]
+        while not all(s.n_generated >= 1 for s in seqs):
+            be.step()
+        for _ in range(3):                                  # warm: compile, capture
+            be.step()
+        torch.cuda.synchronize()
+        if not graphs:
+            paths.reset()
+            with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                be.step()
+                torch.cuda.synchronize()
+            total, rows = top_kernels(prof, 24)
+            _show(f"batched decode step B={batch} (eager)", total, rows)
+            res["eager_kernels_ms"], res["top"] = total, rows
+            res["paths"] = paths.snapshot()
+            print("launch paths of that step:", {k: v for k, v in sorted(res["paths"]["counts"].items())})
+        t0 = time.perf_counter()
+        for _ in range(20):
+            be.step()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) / 20 * 1e3
+        res["graph_step_ms" if graphs else "eager_step_ms"] = ms
+        print(f"B={batch} decode step, {'CUDA graphs' if graphs else 'eager'}: {ms:.2f} ms "
+              f"({batch / ms * 1e3:,.0f} t/s)")
+        be.abort_all()
+        del be
+        torch.cuda.empty_cache()
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
+    return 0
+
+
 def profile(model: str | None, prompt: int, json_out: str | None) -> int:
     """Per-op breakdown of one prefill and one decode step, plus the launch-path counts."""
     import dataclasses
@@ -243,12 +314,7 @@ def profile(model: str | None, prompt: int, json_out: str | None) -> int:
     from minfer.ops import paths
     from minfer.runtime.engine import Engine
 
-    if model is None:
-        from minfer.bench.presets import get_preset
-        from minfer.bench.synth import write_synth
-
-        model = tempfile.mkdtemp() + "/q7b-4l.gguf"
-        write_synth(model, get_preset("qwen2.5-7b").with_overrides(layers=4), "q4_k_m", seed=0, progress=False)
+    model = _default_model(model)
     eng = Engine.load(model, device="cuda", ctx=prompt + 64)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, eng.config.vocab, (prompt,), generator=g).tolist()
