@@ -106,9 +106,12 @@ TOKENIZER_KEYS: dict[str, Callable[[Any], str | None]] = {
     "tokenizer.ggml.add_eos_token": _of(bool, "a bool"),
     "tokenizer.ggml.add_space_prefix": _of(bool, "a bool"),
     "tokenizer.chat_template": _of(str, "a string"),
+    # "seperator" (sic) is gguf-py's spelling (constants.py Keys.Tokenizer.SEP_ID), the key
+    # converters write and minfer/tokenizer/vocab.py reads; "separator" is checked as well
+    # in case a hand-made file spells it correctly
     **{f"tokenizer.ggml.{k}_token_id": _of(int, "an integer token id")
-       for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "separator", "mask",
-                 "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")},
+       for k in ("bos", "eos", "eot", "eom", "unknown", "padding", "seperator", "separator",
+                 "mask", "fim_pre", "fim_suf", "fim_mid", "fim_pad", "fim_rep", "fim_sep")},
 }
 GENERAL_KEYS: dict[str, Callable[[Any], str | None]] = {
     "general.architecture": _of(str, "a string"),
