@@ -1,0 +1,108 @@
+"""The int8-activation decode GEMV (ops/cuda/gemv_q8.py) beside the bf16 one (gemv_repack.py), per shape.
+
+    python3 -m minfer.bench.gemv_q8_sweep --json OUT.json [--budget-s 120]
+
+Shapes: the Qwen2.5-7B Q4_K_M linears at M = 1 (gemv_sweep.SHAPES). Weights: random valid
+blocks repacked on the GPU, rotating copies (>= 192 MB) so no call finds its weight in L2.
+Timing: gemv_sweep.graph_time (a CUDA graph of R calls, median replay / R). For each shape the
+bf16 GEMV with its table config is timed first (A), then the q8 GEMV per config (B), then the
+quantize kernel of the row; rates are weight bytes of the planes per second. The best q8
+config per shape is printed as JSON for gemv_q8.CONFIGS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from minfer.bench.gemv_sweep import COPY_BW, NAME, SHAPES, graph_time, random_raw
+from minfer.ops.cuda import gemv_q8 as Q
+from minfer.ops.cuda import gemv_repack as G
+
+# (BN, BB, warps, prefetch) x split targets (programs)
+CANDIDATES = [(64, 1, 4, True), (64, 1, 4, False), (128, 1, 4, True), (128, 1, 8, True), (32, 1, 2, True),
+              (64, 2, 4, True), (32, 2, 4, True)]
+TARGETS = [528, 1056]
+
+
+def _split(n, k, bn, target):
+    tiles = -(-n // bn)
+    return 1 if tiles >= target else max(1, min(k // 256, -(-target // tiles), 32))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--budget-s", type=float, default=150.0)
+    ap.add_argument("--calls", type=int, default=48)
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ws = G.GemvWorkspace("cuda")
+    res = {"gpu": torch.cuda.get_device_name(), "rows": [], "best": {}}
+    for label, qt, n, k in SHAPES:
+        rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
+        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
+        rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
+        dense = torch.empty(n, k, device="cuda", dtype=torch.float32)
+        G.dequantize_into(rws[0], dense)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        q8 = Q.quantize(x)
+        ref = x.float() @ dense.T
+        calls = max(copies, args.calls)
+
+        def err(y):
+            return float((y.float() - ref).norm() / ref.norm())
+
+        def row(kind, cfg, t, e):
+            r = {"shape": label, "type": NAME[qt], "n": n, "k": k, "kernel": kind, "config": cfg, "us": t * 1e6,
+                 "gbps": rp_bytes / t / 1e9, "pct_copy_bw": 100 * rp_bytes / t / COPY_BW, "rel_err": e}
+            res["rows"].append(r)
+            print(f"{label:8s} {NAME[qt]} {n:6d}x{k:<6d} {kind:5s} {str(cfg):28s} {t*1e6:8.1f} us {r['gbps']:6.0f} GB/s "
+                  f"({r['pct_copy_bw']:.0f}%) err {e:.1e}", flush=True)
+            return r
+
+        t = graph_time([lambda i=i: G.gemv(x, rws[i % copies], ws=ws) for i in range(calls)])
+        a = row("bf16", "table", t, err(G.gemv(x, rws[0], ws=ws)))
+        best = None
+        for bn, bb, w, pf in CANDIDATES:
+            for target in TARGETS:
+                if time.time() - t0 > args.budget_s:
+                    break
+                cfg = (bn, bb, _split(n, k, bn, target), w, pf)
+                try:
+                    t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws) for i in range(calls)])
+                    r = row("q8", list(cfg), t, err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws)))
+                except Exception as e:  # noqa: BLE001 -- record and go on
+                    print(f"config {cfg} failed: {e!r}"[:300], flush=True)
+                    continue
+                if r["rel_err"] > 3e-2:
+                    print("WRONG RESULT", flush=True)
+                    continue
+                if best is None or r["us"] < best["us"]:
+                    best = r
+        tq = graph_time([lambda: Q.quantize(x) for _ in range(calls)])
+        print(f"   quantize row of {k}: {tq*1e6:.1f} us", flush=True)
+        if best:
+            res["best"][f"{NAME[qt]} {n}x{k}"] = {"config": best["config"], "us": best["us"], "gbps": best["gbps"],
+                                                 "bf16_us": a["us"], "bf16_gbps": a["gbps"], "quant_us": tq * 1e6,
+                                                 "rel_err": best["rel_err"]}
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        del rws, dense
+    print(json.dumps({"configs": {k: v["config"] for k, v in res["best"].items()}}))
+    print("\n| shape | type | bf16 GEMV GB/s | q8 GEMV GB/s | % of 4.1 TB/s | quantize us | rel err vs bf16 x | config |")
+    print("|---|---|---|---|---|---|---|---|")
+    for key, b in res["best"].items():
+        print(f"| {key} | | {b['bf16_gbps']:.0f} | {b['gbps']:.0f} | {100 * b['gbps'] * 1e9 / COPY_BW:.0f} | "
+              f"{b['quant_us']:.1f} | {b['rel_err']:.1e} | {b['config']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

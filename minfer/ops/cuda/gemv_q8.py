@@ -1,0 +1,288 @@
+"""Decode GEMV with int8 activations over the repacked Q4_K / Q6_K planes (issue 12).
+
+The bf16 GEMV (gemv_repack.py) turns every weight value into a float and does an FMA: ~4
+instructions per value, so it is issue-bound at ~1-2.5 TB/s on the H200 (docs/perf-log.md,
+"Decode GEMV"). Here, as in llama.cpp's mmvq (activations to a block-of-32 int8 form, Q8_1,
+once per step), the activation row is quantized once when it is produced, and the weight's
+4-bit (6-bit) values meet it in 4-way byte dot products (PTX dp4a): about one instruction per
+value.
+
+Activation form ("q8", made by the kernels below for one row of K values):
+  xq int32 (K/32 * 8,): chunk c of 32 values is 8 words, matched to the planes' word layout
+     (nibble p of word w is value 4p + w, gemv_repack_layout.py): word w (0..3) holds values
+     w, w+8, w+16, w+24 as signed bytes (the low nibbles of weight word w), word 4 + w holds
+     w+4, w+12, w+20, w+28 (its high nibbles).
+  xf float32 (K/32 * 4,): per chunk (d, s0, s1, 0): values x = d * q, q in -127..127
+     (d = max|x| / 127, rounded half away from zero, llama.cpp's quantize_row_q8_1 rule),
+     s0 / s1 = d * (sum of q over values 0..15 / 16..31) for the weights' min and -32 terms.
+The GEMV computes W_deq . x_hat exactly up to float32 summation order, x_hat = d * q.
+
+Producers (one launch each, replacing the kernel that made the bf16 row): `add_rms_norm_q8`
+(residual add + RMSNorm + quantize; every program recomputes the row's rstd, the row is tiny),
+`swiglu_q8` (the down projection's input), `quantize` (any row). Each also writes the bf16
+row, so a consumer without this path still has its input.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer.errors import MinferError
+from minfer.ops.cuda.gemv_repack import Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads
+
+# ---------------------------------------------------------------- activations -> q8
+
+
+@triton.jit
+def _q8_chunks(v, c, cmask, xq, xf):
+    """Quantize a [CB, 32] fp32 tile (chunks c) and store its words and (d, s0, s1, 0)."""
+    CB: tl.constexpr = v.shape[0]
+    amax = tl.max(tl.abs(v), axis=1)                                   # [CB]
+    d = amax / 127.0
+    inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+    t = v * inv[:, None]
+    q = (t + tl.where(t >= 0, 0.5, -0.5)).to(tl.int32)                 # half away from zero
+    i = tl.arange(0, 32)
+    s0 = tl.sum(tl.where((i < 16)[None, :], q, 0), axis=1).to(tl.float32) * d
+    s1 = tl.sum(tl.where((i >= 16)[None, :], q, 0), axis=1).to(tl.float32) * d
+    # value i = 8b + 4h + w -> byte b of word 4h + w (disjoint bit fields: the sum is an OR)
+    q4 = tl.reshape(q & 255, (CB, 4, 8))                               # [c, b, 4h + w]
+    sh = (tl.arange(0, 4) * 8)[None, :, None]
+    words = tl.sum(q4 << sh, axis=1)                                   # [CB, 8]
+    j = tl.arange(0, 8)
+    tl.store(xq + c[:, None] * 8 + j[None, :], words, mask=cmask[:, None])
+    f = tl.arange(0, 4)[None, :]
+    vals = tl.where(f == 0, d[:, None], tl.where(f == 1, s0[:, None], tl.where(f == 2, s1[:, None], 0.0)))
+    tl.store(xf + c[:, None] * 4 + f, vals, mask=cmask[:, None])
+
+
+@triton.jit
+def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
+               ADD: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, CB: tl.constexpr,
+               BK: tl.constexpr):
+    """One row: v = x (+ y) [silu(x) * up]; [rms_norm(v) * nw]; chunks CB*pid.. quantized."""
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    cmask = c < K // 32
+    k = c[:, None] * 32 + tl.arange(0, 32)[None, :]
+    km = cmask[:, None]
+    v = tl.load(x + k, mask=km, other=0.0).to(tl.float32)
+    if ADD:
+        v += tl.load(y + k, mask=km, other=0.0).to(tl.float32)
+        tl.store(s_out + k, v, mask=km)
+    if SWIGLU:
+        u = tl.load(up + k, mask=km, other=0.0).to(tl.float32)
+        v = v / (1.0 + tl.exp(-v)) * u
+    if NORM:
+        ss = tl.zeros([BK], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            kk = k0 + tl.arange(0, BK)
+            a = tl.load(x + kk, mask=kk < K, other=0.0).to(tl.float32)
+            if ADD:
+                a += tl.load(y + kk, mask=kk < K, other=0.0).to(tl.float32)
+            ss += a * a
+        r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
+        v = v * r * tl.load(nw + k, mask=km, other=0.0).to(tl.float32)
+    tl.store(h_out + k, v.to(h_out.dtype.element_ty), mask=km)
+    _q8_chunks(v, c, cmask, xq, xf)
+
+
+def _q8_launch(x, y, up, nw, eps, out_dtype, interpret):
+    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] % 256 or x.stride(1) != 1:
+        raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
+                          f"{tuple(x.shape)} strides {x.stride()}")
+    k = x.shape[1]
+    dev = x.device
+    xq = torch.empty(k // 4, dtype=torch.int32, device=dev)
+    xf = torch.empty(k // 8, dtype=torch.float32, device=dev)
+    h = torch.empty((1, k), dtype=out_dtype, device=dev)
+    s = torch.empty((1, k), dtype=torch.float32, device=dev) if y is not None else h
+    cb = 4 if interpret else 16
+    _q8_kernel[(triton.cdiv(k // 32, cb),)](
+        x, y if y is not None else x, up if up is not None else x, nw if nw is not None else x, s, h, xq, xf,
+        k, float(eps), ADD=y is not None, NORM=nw is not None, SWIGLU=up is not None, CB=cb,
+        BK=256 if interpret else 1024, num_warps=4)
+    return s, h, (xq, xf)
+
+
+def quantize(x: torch.Tensor, interpret: bool = False) -> tuple:
+    """x (1, K) -> (xq, xf), the q8 form (module doc)."""
+    return _q8_launch(x, None, None, None, 0.0, x.dtype, interpret)[2]
+
+
+def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False):
+    """(s, h, q8): s = x + y (float32), h = rms_norm(s) * weight in out_dtype, q8 = h's q8 form
+    quantized from the float32 value (not from h's rounding)."""
+    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret)
+
+
+def swiglu_q8(gate, up, interpret: bool = False):
+    """(h, q8): h = silu(gate) * up in gate's dtype, and its q8 form (from the float32 value)."""
+    if up.shape != gate.shape or up.stride() != gate.stride():
+        raise MinferError(f"gemv_q8: up {tuple(up.shape)} does not match gate {tuple(gate.shape)}")
+    _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret)
+    return h, q8
+
+
+def dequantize_q8(q8, k: int) -> torch.Tensor:
+    """The x_hat (1, K) float32 a q8 form stands for (tests, and the reference of the GEMV)."""
+    xq, xf = q8
+    b = xq.view(-1, 8).view(torch.int8).view(-1, 8, 4).to(torch.float32)    # [c, 4h + w, byte b]
+    vals = b.permute(0, 2, 1).reshape(-1, 32)                               # [c, 8b + 4h + w]
+    return (vals * xf.view(-1, 4)[:, :1]).reshape(1, k)
+
+
+# ---------------------------------------------------------------- the GEMV
+
+
+@triton.jit
+def _dp4a(a, b, c, ASM: tl.constexpr):
+    """c + sum over the 4 bytes of a (unsigned) times those of b (signed), per int32 lane."""
+    if ASM:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        s = c
+        for i in tl.static_range(4):
+            s += ((a >> (8 * i)) & 255) * ((b << (24 - 8 * i)) >> 24)
+        return s
+
+
+@triton.jit
+def _gemv_q8_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt,
+                    N, NB, stride_rm, blocks_per_split, SPLIT,
+                    QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, IS_SPLIT: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, INLINE_REDUCE: tl.constexpr,
+                    ASM: tl.constexpr, PREFETCH: tl.constexpr):
+    """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split)."""
+    C: tl.constexpr = BB * 8
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    rows = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < N
+    row2 = tl.minimum(rows, N - 1).to(tl.int64)[:, None]
+    ci = tl.arange(0, C)
+    wi = tl.arange(0, 4)
+    w4 = tl.arange(0, 4 * C)
+    b_lo = pid_s * blocks_per_split
+    b_hi = tl.minimum(b_lo + blocks_per_split, NB)
+    acc = tl.zeros([BN, C], dtype=tl.float32)
+    zero = tl.zeros([BN, C, 4], dtype=tl.int32)
+    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
+    for blk in range(b_lo, b_hi, BB):
+        if PREFETCH:
+            wq, hq, sa, sb = nxt
+            nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
+        else:
+            wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT)
+        kc = blk * 8 + ci                                             # [C] chunk index in the row
+        kmask = kc < b_hi * 8
+        xo = (kc * 8)[:, None] + wi[None, :]                          # [C, 4]
+        xlo = tl.load(xq + xo, mask=kmask[:, None], other=0)[None, :, :]
+        xhi = tl.load(xq + xo + 4, mask=kmask[:, None], other=0)[None, :, :]
+        xd = tl.load(xf + kc * 4, mask=kmask, other=0.0)[None, :]
+        xs0 = tl.load(xf + kc * 4 + 1, mask=kmask, other=0.0)[None, :]
+        xs1 = tl.load(xf + kc * 4 + 2, mask=kmask, other=0.0)[None, :]
+        lo = wq & 0x0F0F0F0F                                          # nibbles 0,2,4,6: values w, w+8, ...
+        hi = (wq >> 4) & 0x0F0F0F0F                                   # nibbles 1,3,5,7: w+4, w+12, ...
+        if QT == 12:
+            s = _dp4a(hi, xhi, _dp4a(lo, xlo, zero, ASM), ASM)
+            isum = tl.sum(s, axis=2).to(tl.float32)                   # [BN, C]
+            scm = sa.to(tl.int32)
+            d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            a = d * (scm & 255).to(tl.float32)
+            ml = dmin * ((scm >> 8) & 255).to(tl.float32)
+            acc += a * (xd * isum) - ml * (xs0 + xs1)
+        else:
+            # the 2 high bits (crumb p of hq is value 4p + w's) next to their nibbles, at bits 4..5
+            # of each byte: bytes of h spread to [h0, h0, h1, h1], then crumbs 0,2,4,6 (1,3,5,7)
+            h = hq.to(tl.int32) & 0xFFFF
+            x2 = (h & 255) * 257 + ((h >> 8) & 255) * 0x1010000
+            lo = lo | ((x2 << 4) & 0x00300030) | (x2 & 0x30003000)
+            hi = hi | ((x2 << 2) & 0x00300030) | ((x2 >> 2) & 0x30003000)
+            # bytes 0-1 of each word are values < 16 (first scale), bytes 2-3 the second
+            s0 = _dp4a(hi, xhi & 0xFFFF, _dp4a(lo, xlo & 0xFFFF, zero, ASM), ASM)
+            s1 = _dp4a(hi, xhi & -65536, _dp4a(lo, xlo & -65536, zero, ASM), ASM)
+            i0 = tl.sum(s0, axis=2).to(tl.float32)
+            i1 = tl.sum(s1, axis=2).to(tl.float32)
+            s2 = sa.to(tl.int32)
+            d = sb.to(tl.float32)
+            a0 = d * ((s2 << 24) >> 24).to(tl.float32)
+            a1 = d * (s2 >> 8).to(tl.float32)
+            # value = a (q6 - 32): sum = a (d_x sum q6 q_x - 32 s)
+            acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
+    res = tl.sum(acc, axis=1)[:, None]                                # [BN, 1]
+    mcol = tl.arange(0, 1)
+    mmask = mcol < 1
+    if not IS_SPLIT:
+        _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
+    else:
+        poff = (pid_s * N + rows[:, None]).to(tl.int64) + mcol[None, :]
+        pm = rmask[:, None] & mmask[None, :]
+        tl.store(part + poff, res, mask=pm)
+        # the last split of this tile to finish sums the partials in split order (gemv_repack.py)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tot = tl.zeros(res.shape, dtype=tl.float32)
+            for sp in range(SPLIT):
+                tot += tl.load(part + (sp * N + rows[:, None]).to(tl.int64) + mcol[None, :], mask=pm, other=0.0,
+                               cache_modifier=".cg")
+            _finish(tot, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
+            tl.atomic_xchg(cnt + pid_n, 0)
+
+
+_TARGET_PROGRAMS = 132 * 4
+
+
+def default_config(qtype: int, n: int, k: int) -> tuple:
+    """(BN, BB, SPLIT, num_warps, prefetch): 64-row tiles of one block, split K to ~4 programs per SM."""
+    bn, bb = 64, 1
+    nb = k // 256
+    tiles = triton.cdiv(n, bn)
+    split = 1 if tiles >= _TARGET_PROGRAMS else min(nb, triton.cdiv(_TARGET_PROGRAMS, tiles), 32)
+    return bn, bb, split, 4, True
+
+
+CONFIGS: dict = {}     # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps, prefetch), from the device sweep
+
+
+def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
+    if interpret:
+        return (32, 2, 2, 4, True)
+    hit = CONFIGS.get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
+    return tuple(hit) if hit else default_config(qtype, n, k)
+
+
+def gemv_q8(q8, rw: Repacked, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
+            ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False) -> torch.Tensor:
+    """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module doc)."""
+    xq, xf = q8
+    n, k = rw.n, rw.k
+    if rw.qtype not in (Q4_K, Q6_K):
+        raise MinferError(f"gemv_q8: type {rw.qtype} has no int8 path (Q4_K and Q6_K only)")
+    if xq.numel() * 4 != k:
+        raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
+    if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
+        raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
+    bn, bb, split, nwarps, prefetch = tuple(config or config_for(rw.qtype, n, k, interpret))
+    nb = k // 256
+    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
+    split = triton.cdiv(nb, bps)
+    out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
+    part = torch.empty((split, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    grid = (triton.cdiv(n, bn), split)
+    cnt = out
+    if split > 1:
+        cnt = ws.counters(grid[0]) if ws is not None else torch.zeros(grid[0], dtype=torch.int32, device=xq.device)
+    p0, p1, p2, p3 = _planes4(rw)
+    _gemv_q8_kernel[grid](p0, p1, p2, p3, xq, xf, resid if resid is not None else out,
+                          bias if bias is not None else out, out, part, cnt, n, nb,
+                          resid.stride(0) if resid is not None else 0, bps, split,
+                          QT=rw.qtype, BN=bn, BB=bb, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
+                          HAS_RESID=resid is not None, INLINE_REDUCE=True,
+                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, num_warps=nwarps,
+                          num_stages=1)
+    return out

@@ -1,0 +1,106 @@
+"""The int8-activation decode GEMV (minfer.ops.cuda.gemv_q8) in Triton's interpreter.
+
+References independent of the code under test: gguf's dequantize of the raw blocks
+(kernel_data.reference_dequant) and a few torch lines here that quantize x per 32 values the
+way llama.cpp's quantize_row_q8_1 does (d = max|x| / 127, round half away from zero). The
+interpreter runs the portable byte dot product; the PTX dp4a runs in tests/gpu.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+
+from minfer.errors import MinferError  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:divide by zero encountered:RuntimeWarning")
+NAMES = {12: "Q4_K", 14: "Q6_K"}
+
+
+@pytest.fixture(scope="module")
+def Q():
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8"]):
+        yield mods["gemv_q8"], mods["gemv_repack"]
+
+
+def x_hat(v: torch.Tensor) -> torch.Tensor:
+    """float64 values of v (1, K) after int8 quantization per 32 values."""
+    b = v.double().view(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    t = torch.where(d > 0, b / d, torch.zeros_like(b))
+    q = torch.sign(t) * torch.floor(t.abs() + 0.5)
+    return (q * d).view(1, -1)
+
+
+def _weight(G, qt, n, k, seed):
+    raw = random_weight(qt, n, k, np.random.default_rng(seed))
+    rw = G.repack(torch.from_numpy(raw), qt, n, k)
+    return rw, torch.from_numpy(reference_dequant(raw, qt, n, k)).double()
+
+
+def test_quantize_matches_q8_1_rule(Q):
+    q8m, _ = Q
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 512, generator=g) * 4
+    x[0, 32:64] = 0.0                                                  # an all-zero chunk: d = 0
+    xq, xf = q8m.quantize(x, interpret=True)
+    assert torch.allclose(q8m.dequantize_q8((xq, xf), 512).double(), x_hat(x), rtol=0, atol=1e-6)
+    # the stored sums are d * sum(q) over each half chunk
+    xh = x_hat(x).view(-1, 2, 16).sum(-1)
+    assert torch.allclose(xf.view(-1, 4)[:, 1:3].double(), xh, atol=1e-5)
+
+
+@pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
+@pytest.mark.parametrize("cfg", [(32, 1, 1, 4, False), (16, 2, 3, 4, True), (64, 1, 5, 2, True)])
+def test_gemv_q8_exact_against_quantized_x(Q, qt, cfg):
+    q8m, G = Q
+    n, k = 45, 1280                                                    # partial row tile, 5 blocks
+    rw, w = _weight(G, qt, n, k, seed=50 + qt)
+    g = torch.Generator().manual_seed(qt)
+    x = torch.randn(1, k, generator=g)
+    q8 = q8m.quantize(x, interpret=True)
+    bias = torch.randn(n, generator=g)
+    resid = torch.randn(1, n, generator=g)
+    out = q8m.gemv_q8(q8, rw, bias=bias, resid=resid, out_dtype=torch.float32, config=cfg, interpret=True)
+    ref = x_hat(x) @ w.T + bias.double() + resid.double()
+    assert out.shape == (1, n)
+    assert rel_err(out, ref) < 1e-5
+    # and it is an approximation of the unquantized product of the size int8 rounding allows
+    assert 1e-4 < rel_err(out, x.double() @ w.T + bias.double() + resid.double()) < 2e-2
+
+
+@pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
+def test_add_rms_norm_q8_and_swiglu_q8(Q, qt):
+    q8m, G = Q
+    n, k = 19, 768
+    rw, w = _weight(G, qt, n, k, seed=7)
+    g = torch.Generator().manual_seed(5)
+    x, y, nw = torch.randn(1, k, generator=g), torch.randn(1, k, generator=g), torch.randn(k, generator=g)
+    s, h, q8 = q8m.add_rms_norm_q8(x, y, nw, 1e-6, torch.float32, interpret=True)
+    sv = (x + y).double()
+    hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+    assert torch.equal(s, x + y) and rel_err(h, hv) < 1e-6
+    assert rel_err(q8m.gemv_q8(q8, rw, out_dtype=torch.float32, interpret=True), x_hat(hv) @ w.T) < 1e-5
+    hs, q8s = q8m.swiglu_q8(x, y, interpret=True)
+    sw = torch.nn.functional.silu(x.double()) * y.double()
+    assert rel_err(hs, sw) < 1e-6
+    assert rel_err(q8m.gemv_q8(q8s, rw, out_dtype=torch.float32, interpret=True), x_hat(sw) @ w.T) < 1e-5
+
+
+def test_gemv_q8_rejects_bad_inputs(Q):
+    q8m, G = Q
+    rw, _ = _weight(G, 12, 8, 512, seed=1)
+    q8 = q8m.quantize(torch.randn(1, 256), interpret=True)
+    with pytest.raises(MinferError, match="expects 512"):
+        q8m.gemv_q8(q8, rw, interpret=True)
+    with pytest.raises(MinferError, match="one contiguous row"):
+        q8m.quantize(torch.randn(2, 256), interpret=True)
