@@ -1,0 +1,87 @@
+"""The int8-activation decode GEMV (minfer.ops.cuda.gemv_q8) on the GPU: the PTX dp4a path at
+the 7B shapes, split K, CUDA-graph replays, the fused producers. References: the gguf package's
+dequant of the raw blocks (kernel_data) and float64 torch math on x quantized per 32 values
+here (llama.cpp's quantize_row_q8_1 rule), so the kernel must be exact up to fp32 summation."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+NAMES = {12: "Q4_K", 14: "Q6_K"}
+
+
+def x_hat(v):
+    b = v.double().view(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    t = torch.where(d > 0, b / d, torch.zeros_like(b))
+    return (torch.sign(t) * torch.floor(t.abs() + 0.5) * d).view(1, -1)
+
+
+def _weight(qt, n, k, seed):
+    from minfer.ops.cuda import gemv_repack as G
+
+    raw = random_weight(qt, n, k, np.random.default_rng(seed))
+    rw = G.repack(torch.from_numpy(raw).cuda(), qt, n, k)
+    return rw, torch.from_numpy(reference_dequant(raw, qt, n, k)).double().cuda()
+
+
+@pytest.mark.parametrize("qt,n,k", [(12, 4608, 3584), (12, 3584, 18944), (14, 3584, 18944), (14, 1000, 3584),
+                                    (12, 517, 768)])
+def test_gemv_q8_shapes(qt, n, k):
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, w = _weight(qt, n, k, seed=n + qt)
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q8 = Q.quantize(x)
+    ref = x_hat(x.float()) @ w.T
+    ws = GemvWorkspace("cuda")
+    for cfg in (None, (64, 1, 1, 4, True), (32, 2, 7, 2, False), (128, 1, 4, 8, True)):
+        out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws)
+        assert rel_err(out, ref) < 1e-5, cfg
+    # the unquantized product differs only by the int8 rounding of x
+    assert rel_err(out, x.double() @ w.T) < 2e-2
+
+
+def test_gemv_q8_graph_replays_and_producers():
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    k, n = 3584, 4608
+    rw, w = _weight(12, n, k, seed=3)
+    ws = GemvWorkspace("cuda")
+    x = torch.randn(1, k, device="cuda")
+    y = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    nw = torch.randn(k, device="cuda")
+    bias = torch.randn(n, device="cuda")
+
+    def step():
+        s, h, q8 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16)
+        return s, h, Q.gemv_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=(64, 1, 6, 4, True), ws=ws)
+
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        s, h, out = step()
+    for i in range(3):
+        x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        sv = x.double() + y.double()
+        hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+        assert torch.equal(s, x + y.float())
+        assert rel_err(h.float(), hv) < 1e-2
+        assert rel_err(out, x_hat(hv) @ w.T + bias.double()) < 1e-5, i
+    hs, q8s = Q.swiglu_q8(y[:, :3584].contiguous(), y.flip(1).contiguous())
+    sw = torch.nn.functional.silu(y.double()) * y.flip(1).double()
+    assert rel_err(Q.gemv_q8(q8s, rw, out_dtype=torch.float32, ws=ws), x_hat(sw) @ w.T) < 1e-5
