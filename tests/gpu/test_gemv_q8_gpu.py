@@ -1,7 +1,9 @@
 """The int8-activation decode GEMV (minfer.ops.cuda.gemv_q8) on the GPU: the PTX dp4a path at
 the 7B shapes, split K, CUDA-graph replays, the fused producers. References: the gguf package's
-dequant of the raw blocks (kernel_data) and float64 torch math on x quantized per 32 values
-here (llama.cpp's quantize_row_q8_1 rule), so the kernel must be exact up to fp32 summation."""
+dequant of the raw blocks (kernel_data) and float64 torch math. The GEMV is checked exactly
+(up to fp32 summation) against the x_hat its q8 row stands for; that row is checked against x
+quantized here by llama.cpp's quantize_row_q8_1 rule, where only exact ties (t = j + 1/2, common
+with bf16 inputs: v = amax/2 gives 63.5) may round the other way after fp32 rounding."""
 
 from __future__ import annotations
 
@@ -26,6 +28,21 @@ def x_hat(v):
     return (torch.sign(t) * torch.floor(t.abs() + 0.5) * d).view(1, -1)
 
 
+def check_q8(q8, v):
+    """The q8 row equals x_hat(v) except at near-ties, where it is one step off."""
+    from minfer.ops.cuda import gemv_q8 as Q
+
+    got = Q.dequantize_q8(q8, v.shape[1]).double()
+    b = v.double().view(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    t = torch.where(d > 0, b / d, torch.zeros_like(b)).view(1, -1)
+    tie = ((t.abs() - t.abs().floor()) - 0.5).abs() < 1e-4
+    diff = (got - x_hat(v)).abs()
+    step = d.expand(-1, 32).reshape(1, -1)
+    assert bool(((diff <= 1e-4 * step + 1e-12) | (tie & (diff < step * 1.0001))).all())
+    return got
+
+
 def _weight(qt, n, k, seed):
     from minfer.ops.cuda import gemv_repack as G
 
@@ -43,7 +60,7 @@ def test_gemv_q8_shapes(qt, n, k):
     rw, w = _weight(qt, n, k, seed=n + qt)
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     q8 = Q.quantize(x)
-    ref = x_hat(x.float()) @ w.T
+    ref = check_q8(q8, x.float()) @ w.T
     ws = GemvWorkspace("cuda")
     for cfg in (None, (64, 1, 1, 4, True), (32, 2, 7, 2, False), (128, 1, 4, 8, True)):
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws)
@@ -64,8 +81,11 @@ def test_gemv_q8_graph_replays_and_producers():
     nw = torch.randn(k, device="cuda")
     bias = torch.randn(n, device="cuda")
 
+    qs = []
+
     def step():
         s, h, q8 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16)
+        qs.append(q8)
         return s, h, Q.gemv_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=(64, 1, 6, 4, True), ws=ws)
 
     step()
@@ -81,7 +101,7 @@ def test_gemv_q8_graph_replays_and_producers():
         hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
         assert torch.equal(s, x + y.float())
         assert rel_err(h.float(), hv) < 1e-2
-        assert rel_err(out, x_hat(hv) @ w.T + bias.double()) < 1e-5, i
+        assert rel_err(out, check_q8(qs[-1], hv) @ w.T + bias.double()) < 1e-5, i
     hs, q8s = Q.swiglu_q8(y[:, :3584].contiguous(), y.flip(1).contiguous())
     sw = torch.nn.functional.silu(y.double()) * y.flip(1).double()
-    assert rel_err(Q.gemv_q8(q8s, rw, out_dtype=torch.float32, ws=ws), x_hat(sw) @ w.T) < 1e-5
+    assert rel_err(Q.gemv_q8(q8s, rw, out_dtype=torch.float32, ws=ws), check_q8(q8s, sw) @ w.T) < 1e-5
