@@ -42,6 +42,10 @@ class Switches:
     gemv_repack: bool = _sw(True, "MINFER_GEMV_REPACK",
                             "decode GEMV over load-time repacked planes (ops/cuda/gemv_repack.py)",
                             when="load")
+    gemv_q8: bool = _sw(True, "MINFER_GEMV_Q8",
+                        "one-row decode: the activation row quantized to int8 per 32 values when it is "
+                        "made (norm, SwiGLU) and the repacked GEMV by dp4a (ops/cuda/gemv_q8.py; off: "
+                        "bf16 activations)")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")

@@ -110,6 +110,17 @@ class Model:
         dequantized apart they need half the scratch at the same speed (docs/perf-log.md 10)."""
         return []
 
+    def decode_groups(self) -> list[tuple]:
+        """Weights the one-row decode multiplies as ONE GEMV when their repacked planes agree
+        in type and K (gemv_repack_layout.fuse_group; the memory stays the same): by default the
+        linear groups, plus each block's (ffn_gate, ffn_up) where the model has them (ffn_branch
+        passes them to ops.linear_many). Prefill still runs them apart."""
+        out = list(self.linear_groups())
+        for b in getattr(self, "blocks", ()):
+            if getattr(b, "ffn_gate", None) is not None and getattr(b, "ffn_up", None) is not None:
+                out.append((b.ffn_gate, b.ffn_up))
+        return out
+
     def head_weights(self) -> list:
         """Matrices that do not size the prefill scratch: the embedding (a row gather) and the
         lm head (a prefill multiplies only the last row, by the GEMV)."""

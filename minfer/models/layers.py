@@ -103,6 +103,6 @@ def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, 
 
 def ffn_branch(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:
     """SwiGLU MLP of the normed input: W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    gate = ops.linear(h, blk.ffn_gate, None, ctx)
-    up = ops.linear(h, blk.ffn_up, None, ctx)
-    return ops.linear(ops.swiglu(gate, up), blk.ffn_down, None, ctx)
+    # one GEMV in decode when the two share repacked planes (Model.decode_groups); apart in prefill
+    gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
+    return ops.linear(ops.swiglu(gate, up, ctx), blk.ffn_down, None, ctx)

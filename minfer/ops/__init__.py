@@ -83,9 +83,11 @@ def rope(x, positions, cfg):
     return _backend(x).rope(x, positions, cfg)
 
 
-def swiglu(gate, up):
+def swiglu(gate, up, ctx: Context | None = None):
     """silu(gate) * up, (T, F)."""
-    return _backend(gate).swiglu(gate, up)
+    if gate.device.type != "cuda":
+        return _backend(gate).swiglu(gate, up)
+    return _backend(gate).swiglu(gate, up, ctx)
 
 
 def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0):

@@ -10,6 +10,8 @@ switches is `minfer switches` (generated from minfer/switches.py).
 Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   qmatmul.<type>.decode          GEMV on the raw blocks, M <= gemv_max_m        (gemv)
   qmatmul.<type>.decode.repacked GEMV on the Q4_K/Q6_K planes made at load     (gemv_repack; gemv_repack.py)
+  qmatmul.<type>.decode.q8       one row with its int8 form: dp4a GEMV on the planes (gemv_q8; gemv_q8.py)
+  qmatmul.group<n>.decode.q8 / .repacked  a decode group (q/k/v, gate/up) as one GEMV over shared planes
   qmatmul.<type>.prefill         dequantize into a scratch + cuBLAS
   qmatmul.<type>.cublas_direct   float weights already in the activation dtype
   qmatmul.group<n>.prefill       a declared group (q/k/v): one scratch, one GEMM (fuse_groups)
@@ -17,6 +19,7 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   embedding.<type>               decode of the requested rows only
   rms_norm.triton, rope.triton, swiglu.triton
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
+  add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask

@@ -236,7 +236,8 @@ def repack_model(model, validate: bool = False) -> int:
         else:
             repack_weight(w, validate)
             done += 1
-    for g in getattr(model, "linear_groups", lambda: [])():
+    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
+    for g in groups():
         fuse_group(tuple(g))
     return done
 

@@ -47,22 +47,46 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     out_dtype, in one pass over the rows (one kernel instead of add + norm + cast; H200 A/B in
     docs/perf-log.md section 10). Switches.fused_add_norm=False runs the add, rms_norm and
     cast kernels it replaced, counted as switched off."""
-    if not (ctx or DEFAULT).switches.fused_add_norm:
+    sw = (ctx or DEFAULT).switches
+    if not sw.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
         s = x + y
         return s, rms_norm(s, weight, eps).to(out_dtype)
-    paths.count("add_rms_norm.triton")
     if x.stride(-1) != 1:
         x = x.contiguous()
     if y.stride(-1) != 1:
         y = y.contiguous()
     t, d = x.shape
+    if t == 1 and q8_row_ok(d, out_dtype, sw):
+        # one decode row: also its int8 form for the q8 GEMV (gemv_q8.py), in the same launch
+        from minfer.ops.cuda import gemv_q8
+
+        paths.count("add_rms_norm.q8")
+        s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp())
+        h.q8 = q8
+        return s, h
+    paths.count("add_rms_norm.triton")
     s = torch.empty((t, d), dtype=torch.promote_types(x.dtype, y.dtype), device=x.device)
     h = torch.empty((t, d), dtype=out_dtype, device=x.device)
     bd = triton.next_power_of_2(d)
     _add_rms_norm_kernel[(t,)](x, y, weight, s, h, d, x.stride(0), y.stride(0), s.stride(0), h.stride(0),
                                float(eps), BD=bd, num_warps=4 if bd <= 2048 else 8)
     return s, h
+
+
+def _interp() -> bool:
+    from minfer.ops.cuda.dequant import interpret
+
+    return interpret()
+
+
+def q8_row_ok(d: int, dtype, sw) -> bool:
+    """Whether a one-row activation of d values is also made in int8 form (Switches.gemv_q8):
+    the repacked GEMV's K is a multiple of 256; float32 activations keep the exact path."""
+    if not sw.gemv_q8:
+        paths.switched_off("q8 activations", "MINFER_GEMV_Q8")
+        return False
+    return d % 256 == 0 and dtype != torch.float32
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -169,11 +193,19 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, (T, F) in gate's dtype."""
-    paths.count("swiglu.triton")
+def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
+    """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
+    (`.q8`, for the down projection's q8 GEMV) from the same launch."""
     gate = gate.contiguous()
     up = up.contiguous()
+    if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
+        from minfer.ops.cuda import gemv_q8
+
+        paths.count("swiglu.q8")
+        h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp())
+        h.q8 = q8
+        return h
+    paths.count("swiglu.triton")
     out = torch.empty_like(gate)
     n = gate.numel()
     block = 1024

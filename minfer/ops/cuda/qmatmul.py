@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda import dequant, gemv, gemv_repack
+from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack
 from minfer.ops.cuda.dequant import interpret
 from minfer.ops.cuda.workspace import Workspace
 
@@ -185,11 +185,17 @@ def _linear(x, w, bias, sw, ws):
         # bits per weight, up to dense_gemv_max_m rows (H200: the GEMV's tl.dot path lost to cuBLAS
         # from 16 rows on; docs/perf-log.md, lead runs of 2026-11-30)
         paths.count(f"qmatmul.{tname}.dense_plane")
-        return F.linear(x, plane, None if bias is None else bias.to(x.dtype))
+        return F.linear(x, plane, ws.group_bias((w,), (bias,), x.dtype))   # cached cast (not one per call)
     if m <= sw.gemv_max_m:
         path = f"qmatmul.{tname}.decode"
         if sw.gemv:
             rw = gemv_repack.planes_of(w)
+            q8 = getattr(x, "q8", None)
+            if rw is not None and q8 is not None and m == 1:
+                # the row's int8 form made with it (add_rms_norm / swiglu, Switches.gemv_q8): dp4a GEMV
+                paths.count(path + ".q8")
+                return gemv_q8.gemv_q8(q8, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
+                                       else None, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret())
             if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
                 paths.count(path + ".repacked")
                 return gemv_repack.gemv(x, rw, bias=bias, ws=ws.gemv_counters(), interpret=interpret())
@@ -223,6 +229,12 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
             and getattr(wts[0], "batch_dense", None) is None):
         # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
+        q8 = getattr(x, "q8", None)
+        if q8 is not None and x.shape[0] == 1:
+            paths.count(f"qmatmul.group{len(wts)}.decode.q8")
+            out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                                  ws=ws.gemv_counters(), interpret=interpret())
+            return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                ws=ws.gemv_counters(), interpret=interpret())
