@@ -6,9 +6,9 @@ the same values in 4.6 / 6.6 bits (~4.4 GB for the 7B). The GEMV's tl.dot path (
 multiplies K=32 slices and ran at 0.4-0.94 TB/s at M=32 (docs/perf-log.md, decode GEMV).
 
 Shape of the kernel (swap-AB): the MMA's M dimension is the weight's rows (BN = 64/128: one
-wgmma row tile per warpgroup), its N dimension the batch rows (BM = 16..128), K one or two
-super-blocks (BB * 256 values) per iteration. Per iteration a program
-  - loads the tile's quant words ([BN, 8*BB chunks, 4 words]: one 16-byte load per chunk, as
+wgmma row tile per warpgroup), its N dimension the batch rows (BM = 16..128), K BK = 128, 256
+or 512 values (half, one or two super-blocks) per iteration. Per iteration a program
+  - loads the tile's quant words ([BN, BK/32 chunks, 4 words]: one 16-byte load per chunk, as
     the GEMV; evict-first when no other M tile will read them) and its scales;
   - decodes them in registers to the EXACT values in fp32 (the bit tricks of gemv_repack's
     _dequant_kernel: q under the exponent of 2^23, an exact subtract, dl*q exact, one rounding
@@ -21,7 +21,7 @@ program of a tile (an atomic ticket, as the GEMV) sums them in split order -- de
 and runs the epilogue (+ bias, + resid), so one launch per GEMM; inline_reduce=False sums in a
 second kernel. Grid axis 0 is the M tile, so the programs that read the same weight tile run
 side by side and the second finds it in L2.
-Configs: [BN, BM, BB, SPLIT, num_warps, num_stages] per "<type> <N>x<K> m<bucket>" in
+Configs: [BN, BM, BK, SPLIT, num_warps, num_stages] per "<type> <N>x<K> m<bucket>" in
 qgemm_repack_h200.json (minfer/bench/qgemm_sweep.py writes them), else default_config.
 """
 
@@ -43,33 +43,95 @@ MAX_M = 256                           # largest M the kernel is made for (bigger
 # ---------------------------------------------------------------- the kernel
 
 @triton.jit
-def _decode(wq, hq, sa, sb, QT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
+def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[..., 2, 2, 2] with v_p at [..., p // 4, p // 2 % 2, p % 2]: each join adds a minor
+    axis, so pairing 0-4, 2-6, then 0-2 puts p's low bit fastest in the registers."""
+    return tl.join(tl.join(tl.join(v0, v4), tl.join(v2, v6)), tl.join(tl.join(v1, v5), tl.join(v3, v7)))
+
+
+@triton.jit
+def _words(t):
+    """[..., 4] -> its four [...] slices w = 0, 1, 2, 3 (register renames)."""
+    a, b = tl.split(tl.reshape(t, t.shape[:-1] + (2, 2)))      # w even / odd: [..., 2] over w // 2
+    w0, w2 = tl.split(a)
+    w1, w3 = tl.split(b)
+    return w0, w1, w2, w3
+
+
+@triton.jit
+def _by_w(v0, v1, v2, v3):
+    """Four [..., 2, 2, 2] tensors (one per word w) -> [..., 2, 2, 2, 2, 2] with w's low bit
+    fastest: the registers then hold a chunk's 32 values in K order (4p + w), so the fp32 ->
+    bf16 pair conversion packs neighbours in K and no permute is needed before the MMA.
+    (A broadcast over a new axis of 8, as _dequant_kernel does, let Triton spread the values
+    over lanes and recompute the chunk's scales for every value: ~13 sm_90 instructions per
+    value, against ~5 here.)"""
+    return tl.join(tl.join(v0, v2), tl.join(v1, v3))
+
+
+@triton.jit
+def _f4(w, P: tl.constexpr, magic):
+    """Nibble P of the int32 words w as the fp32 1 + q/16: q moved to bits 19..22 and or-ed
+    under 1.0's exponent (one shift and one and-or; the magic is a runtime argument so that
+    the and-or stays one LOP3, as in gemv_repack)."""
+    if P <= 4:
+        t = w << (19 - 4 * P)
+    else:
+        t = w >> (4 * P - 19)
+    return ((t & 0x780000) | magic).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _q6(w, h, P: tl.constexpr):
+    """Q6_K value P of each word: nibble P of w | crumb P of h << 4 (0..63)."""
+    return ((w >> (4 * P)) & 15) | (((h >> (2 * P)) & 3) << 4)
+
+
+@triton.jit
+def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
     """[BN, C*32] fp32 exact values of C chunks: wq [BN, C, 4] int32 words (hq: Q6_K's high-bit
     halfwords as int32), sa/sb [BN, C] the chunk's scale words (Q4_K: sc | m << 8 and
-    d | dmin << 16; Q6_K: the int8 scale pair as int16 and d). Same operations as
-    gemv_repack._dequant_kernel, which is bit-exact against minfer.quants."""
-    # nibble p of word w is value 4p + w of the chunk: broadcasting over p puts a chunk's 32
-    # values in order in one thread, so the reshape keeps K in natural order
-    sh = (tl.arange(0, 8) * 4)[None, None, :, None]
+    d | dmin << 16; Q6_K: the int8 scale pair as int16 and d). Exact as ggml's dequant
+    (minfer.quants; the values of gemv_repack._dequant_kernel):
+      Q4_K: f = 1 + q/16, f * 16dl = dl * (16 + q) is exact (17 + 5 bits), minus 16dl leaves
+            dl*q exactly (representable), so fused or not the only rounding is the final - ml,
+            as ggml's d1 * q - m1;
+      Q6_K: q under 2^23's exponent minus 2^23 + 32 is q - 32 exactly, times dl (18 + 6 bits)."""
     if QT == 12:
         scm = sa.to(tl.int32)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dl = (d * (scm & 255).to(tl.float32))[:, :, None, None]              # exact: 11 x 6 bits
-        ml = (dmin * ((scm >> 8) & 255).to(tl.float32))[:, :, None, None]
-        q = (wq[:, :, None, :] >> sh) & 15
-        # exact int -> float: q under 2^23's exponent, minus 2^23 (no I2F); dl*q is exact,
-        # so mul-then-sub (or an fma) rounds once, as ggml's d1 * q - m1
-        v = ((q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * dl - ml
+        a = (d * (scm & 255).to(tl.float32) * 16.0)[:, :, None, None, None, None, None]   # 16 dl, exact
+        ml = (dmin * ((scm >> 8) & 255).to(tl.float32))[:, :, None, None, None, None, None]
+        ws = _words(wq)
+        f = _by_w(_join8(_f4(ws[0], 0, magic), _f4(ws[0], 1, magic), _f4(ws[0], 2, magic), _f4(ws[0], 3, magic),
+                         _f4(ws[0], 4, magic), _f4(ws[0], 5, magic), _f4(ws[0], 6, magic), _f4(ws[0], 7, magic)),
+                  _join8(_f4(ws[1], 0, magic), _f4(ws[1], 1, magic), _f4(ws[1], 2, magic), _f4(ws[1], 3, magic),
+                         _f4(ws[1], 4, magic), _f4(ws[1], 5, magic), _f4(ws[1], 6, magic), _f4(ws[1], 7, magic)),
+                  _join8(_f4(ws[2], 0, magic), _f4(ws[2], 1, magic), _f4(ws[2], 2, magic), _f4(ws[2], 3, magic),
+                         _f4(ws[2], 4, magic), _f4(ws[2], 5, magic), _f4(ws[2], 6, magic), _f4(ws[2], 7, magic)),
+                  _join8(_f4(ws[3], 0, magic), _f4(ws[3], 1, magic), _f4(ws[3], 2, magic), _f4(ws[3], 3, magic),
+                         _f4(ws[3], 4, magic), _f4(ws[3], 5, magic), _f4(ws[3], 6, magic), _f4(ws[3], 7, magic)))
+        v = (f * a - a) - ml                                                  # [BN, C, p//4, p//2%2, p%2, w//2, w%2]
     else:
         s2 = sa.to(tl.int32)
         d = sb.to(tl.float32)
-        dl0 = (d * ((s2 << 24) >> 24).to(tl.float32))[:, :, None, None]      # scale 2c: values 0..15
-        dl1 = (d * (s2 >> 8).to(tl.float32))[:, :, None, None]               # scale 2c+1: 16..31
-        q = ((wq[:, :, None, :] >> sh) & 15) | (((hq[:, :, None, :] >> (sh // 2)) & 3) << 4)
+        dl0 = (d * ((s2 << 24) >> 24).to(tl.float32))[:, :, None, None, None, None, None]   # scale 2c: p < 4
+        dl1 = (d * (s2 >> 8).to(tl.float32))[:, :, None, None, None, None, None]            # 2c+1: p >= 4
+        ws = _words(wq)
+        hs = _words(hq)
+        q = _by_w(_join8(_q6(ws[0], hs[0], 0), _q6(ws[0], hs[0], 1), _q6(ws[0], hs[0], 2), _q6(ws[0], hs[0], 3),
+                         _q6(ws[0], hs[0], 4), _q6(ws[0], hs[0], 5), _q6(ws[0], hs[0], 6), _q6(ws[0], hs[0], 7)),
+                  _join8(_q6(ws[1], hs[1], 0), _q6(ws[1], hs[1], 1), _q6(ws[1], hs[1], 2), _q6(ws[1], hs[1], 3),
+                         _q6(ws[1], hs[1], 4), _q6(ws[1], hs[1], 5), _q6(ws[1], hs[1], 6), _q6(ws[1], hs[1], 7)),
+                  _join8(_q6(ws[2], hs[2], 0), _q6(ws[2], hs[2], 1), _q6(ws[2], hs[2], 2), _q6(ws[2], hs[2], 3),
+                         _q6(ws[2], hs[2], 4), _q6(ws[2], hs[2], 5), _q6(ws[2], hs[2], 6), _q6(ws[2], hs[2], 7)),
+                  _join8(_q6(ws[3], hs[3], 0), _q6(ws[3], hs[3], 1), _q6(ws[3], hs[3], 2), _q6(ws[3], hs[3], 3),
+                         _q6(ws[3], hs[3], 4), _q6(ws[3], hs[3], 5), _q6(ws[3], hs[3], 6), _q6(ws[3], hs[3], 7)))
         qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0      # 2^23 + 32: q - 32, exact
-        half = (tl.arange(0, 8) < 4)[None, None, :, None]
+        half = (tl.arange(0, 2) == 0)[None, None, :, None, None, None, None]    # p // 4 == 0
         v = qf * tl.where(half, dl0, dl1)
+    # nibble p of word w is value 4p + w of its chunk: the axes are already in K's order
     return tl.reshape(v, (BN, C * 32))
 
 
@@ -88,14 +150,13 @@ def _epilogue(v, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_o
 
 @triton.jit
 def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
-                  M, N, NB, stride_xm, stride_rm, stride_om, blocks_per_split, SPLIT,
-                  QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BB: tl.constexpr,
+                  M, N, NB, stride_xm, stride_rm, stride_om, chunks_per_split, SPLIT, magic,
+                  QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                   EVEN_K: tl.constexpr, IS_SPLIT: tl.constexpr, INLINE_REDUCE: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, EVICT: tl.constexpr,
                   DOT_F32: tl.constexpr, IEEE: tl.constexpr):
     """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T."""
-    C: tl.constexpr = BB * 8                                           # chunks of 32 values per row and step
-    BK: tl.constexpr = BB * 256
+    C: tl.constexpr = BK // 32                                         # chunks of 32 values per row and K step
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -110,13 +171,13 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
     ci = tl.arange(0, C)
     w4 = tl.arange(0, 4 * C)
     kv = tl.arange(0, BK)
-    b_lo = pid_s * blocks_per_split
-    b_hi = tl.minimum(b_lo + blocks_per_split, NB)
+    c_lo = pid_s * chunks_per_split
+    c_hi = tl.minimum(c_lo + chunks_per_split, NB * 8)
     acc = tl.zeros([BN, BM], dtype=tl.float32)
-    for blk in range(b_lo, b_hi, BB):
-        kc = blk * 8 + ci                                              # [C] chunk index in the row
-        qoff = row2 * (NB * 32) + blk * 32 + w4[None, :]               # [BN, 4C] words: 16-byte chunks
-        xoff = xrow + (blk * 256 + kv)[None, :]                        # [BM, BK]
+    for c0 in range(c_lo, c_hi, C):
+        kc = c0 + ci                                                   # [C] chunk index in the row
+        qoff = row2 * (NB * 32) + c0 * 4 + w4[None, :]                 # [BN, 4C] words: 16-byte chunks
+        xoff = xrow + (c0 * 32 + kv)[None, :]                          # [BM, BK]
         if EVEN_K:
             wq = tl.load(p0 + qoff, eviction_policy=EVICT)
             if QT == 12:
@@ -132,10 +193,10 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], eviction_policy=EVICT)
             xb = tl.load(x + xoff)
         else:
-            # a K range that is not a whole number of BB blocks: the blocks past b_hi read as
+            # a K range that is not a whole number of K steps: the chunks past c_hi read as
             # zero words and zero scales (value 0) and zero x
-            km4 = (blk * 32 + w4 < b_hi * 32)[None, :]
-            kmask = (kc < b_hi * 8)[None, :]
+            km4 = (c0 * 4 + w4 < c_hi * 4)[None, :]
+            kmask = (kc < c_hi)[None, :]
             wq = tl.load(p0 + qoff, mask=km4, other=0, eviction_policy=EVICT)
             if QT == 12:
                 hq = wq
@@ -147,8 +208,9 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=kmask,
                              other=0, eviction_policy=EVICT)
                 sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0.0, eviction_policy=EVICT)
-            xb = tl.load(x + xoff, mask=(blk * 256 + kv < b_hi * 256)[None, :], other=0.0)
-        wt = _decode(tl.reshape(wq, (BN, C, 4)), tl.reshape(hq, (BN, C, 4)).to(tl.int32), sa, sb, QT, BN, C)
+            xb = tl.load(x + xoff, mask=(c0 * 32 + kv < c_hi * 32)[None, :], other=0.0)
+        wt = _decode(tl.reshape(wq, (BN, C, 4)), tl.reshape(hq, (BN, C, 4)).to(tl.int32), sa, sb, magic, QT, BN,
+                     C)
         if DOT_F32:
             # bf16 x in Triton's interpreter, whose bf16 dot is wrong and whose fp32 -> bf16 cast
             # truncates: the tile is rounded to bf16 by integer ops (round to nearest even, what
@@ -198,7 +260,7 @@ def _reduce_kernel(part, bias, resid, out, M, N, SPLIT, stride_rm, stride_om,
 
 # ---------------------------------------------------------------- configs
 
-# "<type> <N>x<K> m<bucket>" -> [BN, BM, BB, SPLIT, num_warps, num_stages], measured on the H200
+# "<type> <N>x<K> m<bucket>" -> [BN, BM, BK, SPLIT, num_warps, num_stages], measured on the H200
 # by minfer/bench/qgemm_sweep.py; shapes not listed take default_config.
 _CONFIG_FILE = os.path.join(os.path.dirname(__file__), "qgemm_repack_h200.json")
 _TARGET_PROGRAMS = 132 * 2            # two programs per H200 SM before K is split
@@ -223,29 +285,29 @@ def m_bucket(m: int) -> int:
     return 256
 
 
-def split_for(qtype: int, m: int, n: int, k: int, bn: int, bm: int, bb: int,
+def split_for(qtype: int, m: int, n: int, k: int, bn: int, bm: int, bk: int,
               target: int = _TARGET_PROGRAMS) -> int:
     """K splits so that row tiles x M tiles x splits reaches ~target programs (at most 16, at
-    least one K step of BB blocks each)."""
+    least two K steps of BK values each)."""
     tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
     if tiles >= target:
         return 1
-    return max(1, min(triton.cdiv(k // 256, bb), triton.cdiv(target, tiles), 16))
+    return max(1, min(k // (2 * bk), triton.cdiv(target, tiles), 16))
 
 
 def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
-    """[BN, BM, BB, SPLIT, num_warps, num_stages] for a shape the table lacks: one warpgroup on
+    """[BN, BM, BK, SPLIT, num_warps, num_stages] for a shape the table lacks: one warpgroup on
     64 weight rows, the batch rows in one M tile up to 128 (two at 256), one super-block per
     step; stages so that the x tiles (BM x 256 bf16 each) stay well inside shared memory."""
     bm = min(m_bucket(m), 128)
-    bn, bb, warps = 64, 1, 4
+    bn, bk, warps = 64, 256, 8
     stages = 4 if bm <= 32 else 3 if bm <= 64 else 2
-    return bn, bm, bb, split_for(qtype, m, n, k, bn, bm, bb), warps, stages
+    return bn, bm, bk, split_for(qtype, m, n, k, bn, bm, bk), warps, stages
 
 
 def config_for(qtype: int, m: int, n: int, k: int, interpret: bool = False) -> tuple:
     if interpret:   # few, large programs: the interpreter's cost is per operation, not per value
-        return (32, min(m_bucket(m), 64), 2, 1, 4, 1)
+        return (32, min(m_bucket(m), 64), 512, 1, 4, 1)
     hit = H200_CONFIGS.get(f"{REPACKED_TYPES[qtype]} {n}x{k} m{m_bucket(m)}")
     return tuple(hit) if hit else default_config(qtype, m, n, k)
 
@@ -262,7 +324,7 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
     """out (M, N) = x @ W^T [+ bias] [+ resid] for W a repacked Q4_K/Q6_K weight (gemv_repack_layout).
 
     x (M, K) bf16/fp16 (fp32: exact fp32 weights, IEEE dot; for tests), rows contiguous; bias (N,),
-    resid (M, N) added in fp32. config = (BN, BM, BB, SPLIT, num_warps, num_stages) overrides the
+    resid (M, N) added in fp32. config = (BN, BM, BK, SPLIT, num_warps, num_stages) overrides the
     table (sweeps). A split K takes its ticket counters from `ws` (anything with .counters(n) ->
     a zeroed int32 tensor, e.g. gemv_repack.GemvWorkspace: the counters reset themselves, so
     the GEMV and this kernel can share them) or a fresh zeroed buffer."""
@@ -278,10 +340,13 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
                           f"with contiguous rows")
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_repack: bias has shape {tuple(bias.shape)}, expected ({n},)")
-    bn, bm, bb, split, nwarps, stages = tuple(config or config_for(rw.qtype, m, n, k, interpret))
+    bn, bm, bk, split, nwarps, stages = tuple(config or config_for(rw.qtype, m, n, k, interpret))
+    if bk not in (128, 256, 512):
+        raise MinferError(f"qgemm_repack: config K step {bk}, expected 128, 256 or 512")
     nb = k // 256
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb          # whole K steps per split
-    split = triton.cdiv(nb, bps)                                        # no empty splits
+    nc, cs = nb * 8, bk // 32                                           # chunks per row, per K step
+    cps = triton.cdiv(triton.cdiv(nc, max(1, split)), cs) * cs          # whole K steps per split
+    split = triton.cdiv(nc, cps)                                        # no empty splits
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     mt = triton.cdiv(m, bm)
     grid = (mt, triton.cdiv(n, bn), split)
@@ -295,8 +360,8 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
     f32 = x.dtype == torch.float32
     _qgemm_kernel[grid](p0, p1, p2, p3, x, out, part, cnt, bias if bias is not None else out,
                         resid if resid is not None else out,
-                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), bps, split,
-                        QT=rw.qtype, BN=bn, BM=bm, BB=bb, EVEN_K=nb % bb == 0, IS_SPLIT=split > 1,
+                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), cps, split, 0x3F800000,
+                        QT=rw.qtype, BN=bn, BM=bm, BK=bk, EVEN_K=nc % cs == 0, IS_SPLIT=split > 1,
                         INLINE_REDUCE=inline, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                         EVICT="evict_first" if mt == 1 else "",
                         DOT_F32=interpret and x.dtype == torch.bfloat16, IEEE=f32,
