@@ -298,10 +298,13 @@ def split_for(qtype: int, m: int, n: int, k: int, bn: int, bm: int, bk: int,
 def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
     """[BN, BM, BK, SPLIT, num_warps, num_stages] for a shape the table lacks: one warpgroup on
     64 weight rows, the batch rows in one M tile up to 128 (two at 256), one super-block per
-    step; stages so that the x tiles (BM x 256 bf16 each) stay well inside shared memory."""
+    step (half of one at BM = 128), 3-4 stages. From compiling for sm_90 on the CPU (no GPU
+    run yet): these hold 140-190 registers without spills and 72-127 KB of shared memory
+    (the x tiles, BM x BK bf16 per stage, are most of it); ~7.5 SASS instructions per Q4_K
+    value, ~10.5 per Q6_K."""
     bm = min(m_bucket(m), 128)
-    bn, bk, warps = 64, 256, 8
-    stages = 4 if bm <= 32 else 3 if bm <= 64 else 2
+    bn, bk, warps = 64, 256 if bm <= 64 else 128, 4
+    stages = 4 if bm <= 32 else 3
     return bn, bm, bk, split_for(qtype, m, n, k, bn, bm, bk), warps, stages
 
 
