@@ -48,13 +48,13 @@ def _weight(qt, n, k, seed):
     return rw, torch.from_numpy(reference_dequant(raw, qt, n, k)).double()
 
 
-# (N, K, M, config [BN, BM, BB, SPLIT, warps, stages], inline reduce)
+# (N, K, M, config [BN, BM, BK, SPLIT, warps, stages], inline reduce)
 CASES = [
-    (64, 512, 9, (32, 16, 1, 1, 4, 1), True),            # one M tile, two row tiles, no split
-    (192, 512, 40, (64, 16, 2, 1, 4, 1), True),          # three M tiles (rows past M), BK = 512
-    (100, 768, 17, (32, 32, 2, 2, 4, 1), True),          # rows past N; NB=3 with BB=2: a half K step
-    (96, 768, 33, (32, 64, 1, 3, 4, 1), True),           # split 3, reduced by the last program
-    (80, 512, 12, (16, 16, 1, 2, 4, 1), False),          # split 2, reduced by the second kernel
+    (64, 512, 9, (32, 16, 256, 1, 4, 1), True),          # one M tile, two row tiles, no split
+    (192, 512, 40, (64, 16, 512, 1, 4, 1), True),        # three M tiles (rows past M), BK = 512
+    (100, 768, 17, (32, 32, 512, 2, 4, 1), True),        # rows past N; K = 768 with BK = 512: a half K step
+    (96, 768, 33, (32, 64, 128, 3, 4, 1), True),         # split 3, reduced by the last program; BK = 128
+    (80, 512, 12, (16, 16, 256, 2, 4, 1), False),        # split 2, reduced by the second kernel
 ]
 
 
@@ -82,7 +82,7 @@ def test_qgemm_fp16_fp32(Q, qt, dtype):
     rw, w = _weight(qt, n, k, seed=5 + qt)
     g = torch.Generator().manual_seed(qt)
     x = torch.randn(m, k, generator=g).to(dtype)
-    out = Q.qgemm(x, rw, out_dtype=torch.float32, config=(32, 32, 1, 2, 4, 1), interpret=True)
+    out = Q.qgemm(x, rw, out_dtype=torch.float32, config=(32, 32, 256, 2, 4, 1), interpret=True)
     ref = x.double() @ (w.to(dtype).double() if dtype == torch.float16 else w).T
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, x.double() @ w.T) < (1e-3 if dtype == torch.float16 else 1e-5)
@@ -98,7 +98,7 @@ def test_qgemm_bias_resid(Q, qt, split):
     scale = float((x.double() @ w.T).std())                             # bias/resid as large as x @ W^T
     bias = torch.randn(n, generator=g) * scale
     resid = torch.randn(m, n, generator=g) * scale
-    out = Q.qgemm(x, rw, bias=bias, resid=resid, config=(32, 16, 1, split, 4, 1), interpret=True)
+    out = Q.qgemm(x, rw, bias=bias, resid=resid, config=(32, 16, 256, split, 4, 1), interpret=True)
     ref = x.double() @ w.T + bias.double() + resid.double()
     assert rel_err(out, ref) < 1e-5
     assert rel_err(out, x.double() @ w.T) > 1e-2                         # the epilogue really added them
@@ -119,9 +119,9 @@ def test_qgemm_counters_reset_between_launches(Q):
     rw, w = _weight(12, 64, 768, seed=11)
     x = torch.randn(24, 768, generator=torch.Generator().manual_seed(2))
     ws = WS()
-    a = Q.qgemm(x, rw, config=(32, 16, 1, 3, 4, 1), ws=ws, interpret=True)
+    a = Q.qgemm(x, rw, config=(32, 16, 128, 3, 4, 1), ws=ws, interpret=True)
     assert int(ws.cnt.abs().sum()) == 0
-    b = Q.qgemm(x, rw, config=(32, 16, 1, 3, 4, 1), ws=ws, interpret=True)
+    b = Q.qgemm(x, rw, config=(32, 16, 128, 3, 4, 1), ws=ws, interpret=True)
     assert torch.equal(a, b) and rel_err(a, x.double() @ w.T) < 1e-5
 
 
@@ -140,7 +140,7 @@ def test_default_configs_cover_the_7b_shapes(Q):
     kernel run: launch sizes only) and splits K only when the row tiles are too few."""
     for n, k in [(4608, 3584), (3584, 3584), (37888, 3584), (18944, 3584), (3584, 18944), (152064, 3584)]:
         for m in (9, 16, 32, 64, 128, 200, 256):
-            bn, bm, bb, split, warps, stages = Q.default_config(12, m, n, k)
-            assert bm >= min(m, 128) and bm in (16, 32, 64, 128) and (k // 256) % bb == 0
+            bn, bm, bk, split, warps, stages = Q.default_config(12, m, n, k)
+            assert bm >= min(m, 128) and bm in (16, 32, 64, 128) and bk in (128, 256, 512)
             tiles = -(-n // bn) * -(-m // bm)
             assert (split == 1) == (tiles >= 264) and 1 <= split <= 16
