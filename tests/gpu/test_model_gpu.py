@@ -47,6 +47,8 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     write_synth(path, p, recipe, seed=1, progress=False)
     cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False, switches=CPU_REFERENCE)
     gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False)
+    # the bf16-activation decode (Switches.gemv_q8 off): greedy identical to the CPU reference
+    gpu16 = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(gemv_q8=False))
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, p.vocab, (40,), generator=g).tolist()
     paths.reset()
@@ -54,21 +56,36 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     lg = gpu.forward(prompt, 0)
     assert torch.isfinite(lg).all()
     assert rel(lg, lc) < 1e-2
-    # decode steps through the cache
+    gpu16.forward(prompt, 0)
+    # decode steps through the cache. The default one-row decode quantizes each matmul input to
+    # int8 per 32 values (gemv_q8, llama.cpp's mmvq precision): ~0.4% of a block's largest value
+    # per input, which on these 2-3 layer models moved decode logits by up to 1.15e-2 (H200,
+    # 2026-11-30) where bf16 inputs stay under 1e-2.
     for i, tok in enumerate(prompt[:4]):
         dc = cpu.forward([tok], 40 + i)
         dg = gpu.forward([tok], 40 + i)
-        assert rel(dg, dc) < 1e-2
+        assert rel(dg, dc) < 2e-2
+        assert rel(gpu16.forward([tok], 40 + i), dc) < 1e-2
     counts = paths.snapshot()["counts"]
     assert any(k.endswith(".prefill") or k.endswith(".cublas_direct") for k in counts), counts
-    assert any(k.endswith(".decode") for k in counts), counts
+    assert any(k.endswith(".decode") or ".decode." in k for k in counts), counts
     assert paths.snapshot()["fallbacks"] == {}
     params = SamplingParams(temperature=0)
     cpu.reset()
     gpu.reset()
+    gpu16.reset()
     tc = [e.token_id for e in cpu.generate(prompt[:10], params, max_new_tokens=32)]
+    assert [e.token_id for e in gpu16.generate(prompt[:10], params, max_new_tokens=32)] == tc
     tg = [e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]
-    assert tg == tc
+    first = next((i for i, (a, b) in enumerate(zip(tc, tg)) if a != b), None)
+    if first is not None:
+        # int8 activations may flip a near-tie of the reference, nothing else: the CPU's two best
+        # logits at the first differing token are within 5% of the logits' spread
+        cpu.reset()
+        lc = cpu.forward(prompt[:10] + tc[:first], 0)[-1]
+        top2 = lc.topk(2).values
+        assert float(top2[0] - top2[1]) < 0.05 * float(lc.std()), (first, tc, tg)
+        print(f"q8 decode: first flip at token {first} of 32, a near-tie (top-2 gap {float(top2[0] - top2[1]):.4f})")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
