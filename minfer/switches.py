@@ -53,6 +53,9 @@ class Switches:
                          "prefill: the next weight group dequantized on a side stream during this GEMM")
     fused_add_norm: bool = _sw(True, "MINFER_FUSED_ADD_NORM",
                                "residual add + RMSNorm + cast in one kernel (off: three kernels)")
+    fused_rope_kv: bool = _sw(True, "MINFER_FUSED_ROPE_KV",
+                              "rope of q and k plus the KV cache append in one kernel (contiguous cache; "
+                              "off: two rope kernels and two cache writes)")
     cudnn_attention: bool = _sw(True, "MINFER_CUDNN_ATTENTION",
                                 "prefill attention from position 0 by SDPA's cuDNN kernel, length "
                                 "bucketed (off: SDPA's flash kernel)")
@@ -73,6 +76,13 @@ class Switches:
                                 "with the batch engine's dense bf16 planes: largest M that stays on the "
                                 "repacked GEMV (above: cuBLAS over the plane; perf-log, lead runs of 2026-11-30)",
                                 kind="tuning")
+    qgemm_repack: bool = _sw(False, "MINFER_QGEMM_REPACK",
+                             "batched decode rows dense_gemv_max_m < M <= qgemm_max_m: GEMM over the repacked "
+                             "Q4_K/Q6_K planes (ops/cuda/qgemm_repack.py), and the batch engine builds no dense "
+                             "bf16 planes for those weights (off until measured on the GPU: dense planes + cuBLAS)",
+                             kind="tuning", when="load")
+    qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
+                           "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

@@ -53,7 +53,7 @@ CANDIDATES = {
     256: [(64, 128, 128, 4, 3), (64, 256, 128, 8, 2), (64, 128, 256, 4, 2), (128, 128, 128, 8, 2)],
 }
 TARGETS = (264, 528, 132)                    # programs wanted before K is split
-DEV = "cuda"                                 # --smoke: "cpu" (Triton's interpreter), tiny shapes, for checking the script
+DEV = "cuda"                                 # --smoke: "cpu" (Triton's interpreter) and tiny shapes
 
 
 def _load(modname: str, relpath: str):
@@ -174,7 +174,8 @@ def main(argv=None) -> int:
     print(f"{len(runs)} runs, {len({(r[1], r[3], r[4], r[5]) for r in runs})} kernel variants, "
           f"precompiled in {tc:.1f} s", flush=True)
     gen = torch.Generator(device=DEV).manual_seed(0)
-    res = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter)", "torch": torch.__version__, "rows": [], "best": {}, "configs": {}}
+    res = {"gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu (interpreter)", "torch": torch.__version__,
+           "rows": [], "best": {}, "configs": {}}
     by_shape: dict = {}
     for r in runs:
         by_shape.setdefault(r[:4], []).append(r)
@@ -216,7 +217,8 @@ def main(argv=None) -> int:
             res["best"][key] = best
             res["configs"][key] = best["config"]
             print(f"{label:8s} {NAME[qt]} {n:6d}x{k:<5d} M={m:3d}  cuBLAS bf16 {t_cub * 1e6:8.1f} us "
-                  f"{2 * n * k / t_cub / 1e12:5.2f} TB/s {flop / t_cub / 1e12:6.1f} TF | qgemm {best['s'] * 1e6:8.1f} us "
+                  f"{2 * n * k / t_cub / 1e12:5.2f} TB/s {flop / t_cub / 1e12:6.1f} TF | "
+                  f"qgemm {best['s'] * 1e6:8.1f} us "
                   f"{best['tb_s']:5.2f} TB/s {best['tflop_s']:6.1f} TF  x{t_cub / best['s']:4.2f}  "
                   f"err {best['rel_err_vs_cublas']:.1e}  {best['config']}", flush=True)
             if args.json:

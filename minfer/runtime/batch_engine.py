@@ -101,7 +101,8 @@ class BatchEngine:
         self.keep_logits = False    # tests: each sampled row's logits kept in seq.state.logits (host)
         self.dense_plane_bytes = 0
         if dev == "cuda" and dense_planes is not False:
-            self.dense_plane_bytes = attach_dense_planes(model, force=bool(dense_planes))
+            self.dense_plane_bytes = attach_dense_planes(model, force=bool(dense_planes),
+                                                         switches=getattr(ctx, "switches", None))
         elif dev == "cuda":
             detach_dense_planes(model)
             paths.switched_off("qmatmul.dense_plane", "dense_planes=False")
@@ -121,7 +122,8 @@ class BatchEngine:
         dev = model.device.type
         bs = kw.pop("block_size", BLOCK_SIZE)
         if dev == "cuda" and kw.get("dense_planes") is not False:
-            attach_dense_planes(model, force=bool(kw.get("dense_planes")))   # before the free memory is read
+            attach_dense_planes(model, force=bool(kw.get("dense_planes")),   # before the free memory is read
+                                switches=getattr(getattr(engine, "ctx", None), "switches", None))
         per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
         ctx_blocks = -(-engine.n_ctx // bs)
         if dev == "cuda" and (kv_memory is None or max_seqs is None):
@@ -337,7 +339,7 @@ def detach_dense_planes(model) -> None:
             w.batch_dense = None
 
 
-def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None) -> int:
+def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None, switches=None) -> int:
     """Give every matrix the linear layers multiply a resident copy in the activations' dtype
     (`QWeight.batch_dense`, read by minfer/ops/cuda/qmatmul.py), decoded once from the raw blocks.
 
@@ -348,13 +350,23 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
     hundred). Costs 2 bytes per weight of GPU memory; made only when that is at most
     DENSE_PLANE_FRACTION of the free memory (or `force`). The planes belong to the model: any
     engine over it (the single-user Engine too) then multiplies through them. Returns the bytes.
-    The token embedding is only gathered (not multiplied) unless it is the tied lm head."""
+    The token embedding is only gathered (not multiplied) unless it is the tied lm head.
+    With switches.qgemm_repack, weights that have repacked planes get none (and lose one made
+    before): their batched rows go through ops/cuda/qgemm_repack.py, which reads the planes."""
     from minfer.ops.cuda import dequant, qmatmul
     from minfer.ops.cuda.qmatmul import _float_view
 
     act = getattr(model, "act_dtype", torch.bfloat16)
     embd = getattr(model, "token_embd", None)
     ws = [w for w in model.qweights() if not (w is embd and getattr(model, "output", None) is not embd)]
+    if switches is not None and getattr(switches, "qgemm_repack", False):
+        dropped = [w for w in ws if getattr(w, "repacked", None) is not None
+                   and getattr(w, "batch_dense", None) is not None]
+        for w in dropped:
+            w.batch_dense = None
+        if dropped and model.device.type == "cuda":
+            torch.cuda.empty_cache()            # so that the KV cache sizing sees the memory free
+        ws = [w for w in ws if getattr(w, "repacked", None) is None]
     todo = [w for w in ws if getattr(w, "batch_dense", None) is None]
     need = sum(w.shape[0] * w.shape[1] for w in todo) * torch.empty((), dtype=act).element_size()
     free = torch.cuda.mem_get_info(model.device)[0] if free_bytes is None else free_bytes
@@ -376,7 +388,8 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
             w.batch_dense = out
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws)
+    return sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws
+               if getattr(w, "batch_dense", None) is not None)
 
 
 def _bucket(n: int) -> int:

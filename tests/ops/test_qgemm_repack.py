@@ -144,3 +144,104 @@ def test_default_configs_cover_the_7b_shapes(Q):
             assert bm >= min(m, 128) and bm in (16, 32, 64, 128) and bk in (128, 256, 512)
             tiles = -(-n // bn) * -(-m // bm)
             assert (split == 1) == (tiles >= 264) and 1 <= split <= 16
+
+
+# ---------------------------------------------------------------- wiring (ops/cuda/qmatmul.py, batch_engine)
+
+@pytest.fixture(scope="module")
+def QM():
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.gemv_repack",
+             "minfer.ops.cuda.qgemm_repack", "minfer.ops.cuda.qmatmul"]
+    for mods in interpreted_modules(names):
+        yield mods
+
+
+class _Model:
+    """What repack_model / attach_dense_planes read of a model."""
+
+    def __init__(self, ws, groups=()):
+        self.ws, self.groups, self.token_embd, self.output = ws, groups, None, None
+        self.act_dtype, self.device = torch.float32, torch.device("cpu")
+
+    def qweights(self):
+        return self.ws
+
+    def linear_groups(self):
+        return self.groups
+
+
+def _qweights(specs, seed):
+    from minfer.weights import QWeight
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, qt, n, k in specs:
+        raw = random_weight(qt, n, k, rng)
+        out.append((QWeight(name, qt, (n, k), torch.from_numpy(raw)),
+                    torch.from_numpy(reference_dequant(raw, qt, n, k)).double()))
+    return out
+
+
+def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
+    """Switches.qgemm_repack on: dense_gemv_max_m < M <= qgemm_max_m goes through the GEMM over
+    the planes (counted qmatmul.<type>.qgemm), also for a declared q/k/v group (one launch);
+    M <= dense_gemv_max_m stays on the GEMV. Off (the default): the path is reported as
+    switched off, not as a fallback, and the GEMV takes M <= 32 as before."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.ops.cuda.workspace import Workspace
+    from minfer.switches import Switches
+
+    qm, gr = QM["qmatmul"], QM["gemv_repack"]
+    mk = _qweights([("blk.0.attn_q.weight", 12, 64, 512), ("blk.0.attn_k.weight", 12, 16, 512),
+                    ("blk.0.attn_v.weight", 12, 16, 512), ("blk.0.ffn_down.weight", 14, 48, 512)], seed=3)
+    ws = [w for w, _ in mk]
+    grp = tuple(ws[:3])
+    gr.repack_model(_Model(ws, [grp]))
+    down, wd = mk[3]
+    on = Context(Switches(qgemm_repack=True), Workspace("cpu", ws, [grp]))
+    g = torch.Generator().manual_seed(4)
+    for m, want in ((12, "qmatmul.Q6_K.qgemm"), (4, "qmatmul.Q6_K.decode.repacked")):
+        x = torch.randn(m, 512, generator=g)
+        paths.reset()
+        out = qm.linear(x, down, None, on)
+        assert rel_err(out, x.double() @ wd.T) < 1e-5
+        assert paths.snapshot()["counts"] == {want: 1}
+    x = torch.randn(20, 512, generator=g)
+    bias = (torch.randn(64, generator=g), None, torch.randn(16, generator=g))
+    paths.reset()
+    outs = qm.linear_many(x, grp, bias, on)
+    assert paths.snapshot()["counts"] == {"qmatmul.group3.qgemm": 1}
+    for (w, wref), o, b in zip(mk[:3], outs, bias):
+        assert o.shape == (20, w.shape[0])
+        assert rel_err(o, x.double() @ wref.T + (0 if b is None else b.double())) < 1e-5
+    paths.reset()
+    out = qm.linear(x, down, None, Context(Switches(), Workspace("cpu", ws, [grp])))
+    snap = paths.snapshot()
+    assert rel_err(out, x.double() @ wd.T) < 1e-5
+    assert snap["counts"] == {"qmatmul.Q6_K.decode.repacked": 1} and not snap["fallbacks"]
+    assert list(snap["switched_off"]) == ["qmatmul.Q6_K.qgemm (switched off by MINFER_QGEMM_REPACK=0)"]
+    paths.reset()
+    qm.linear(torch.randn(40, 512, generator=g), down, None,
+              Context(Switches(qgemm_repack=True, qgemm_max_m=32), Workspace("cpu", ws, [grp])))
+    assert "qmatmul.Q6_K.qgemm" not in paths.snapshot()["counts"]             # above qgemm_max_m: prefill
+
+
+def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
+    """With qgemm_repack the batch engine makes dense planes only for weights without repacked
+    planes (here a Q8_0 one), and drops those made before; without it, every weight gets one."""
+    from minfer.runtime.batch_engine import attach_dense_planes
+    from minfer.switches import Switches
+
+    gr = QM["gemv_repack"]
+    mk = _qweights([("blk.0.attn_q.weight", 12, 32, 256), ("blk.0.ffn_down.weight", 14, 16, 256),
+                    ("blk.0.attn_k.weight", 8, 16, 256)], seed=5)
+    ws = [w for w, _ in mk]
+    model = _Model(ws)
+    gr.repack_model(model)
+    full = attach_dense_planes(model, force=True, free_bytes=1 << 30)
+    assert full == (32 + 16 + 16) * 256 * 4 and all(w.batch_dense is not None for w in ws)
+    assert torch.equal(ws[0].batch_dense.double(), mk[0][1])
+    got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_repack=True))
+    assert got == 16 * 256 * 4
+    assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from minfer.errors import MinferError
-from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, REPACKED_TYPES, Repacked
+from minfer.ops.cuda.gemv_repack_layout import REPACKED_TYPES, Repacked
 
 MAX_M = 256                           # largest M the kernel is made for (bigger: prefill's dequant + cuBLAS)
 
@@ -363,7 +363,8 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
     f32 = x.dtype == torch.float32
     _qgemm_kernel[grid](p0, p1, p2, p3, x, out, part, cnt, bias if bias is not None else out,
                         resid if resid is not None else out,
-                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), cps, split, 0x3F800000,
+                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), cps, split,
+                        0x3F800000,
                         QT=rw.qtype, BN=bn, BM=bm, BK=bk, EVEN_K=nc % cs == 0, IS_SPLIT=split > 1,
                         INLINE_REDUCE=inline, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                         EVICT="evict_first" if mt == 1 else "",

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack
+from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack, qgemm_repack
 from minfer.ops.cuda.dequant import interpret
 from minfer.ops.cuda.workspace import Workspace
 
@@ -176,6 +176,10 @@ def _linear(x, w, bias, sw, ws):
         x = x.contiguous()
     tname = dequant.type_name(w.qtype)
     m = x.shape[0]
+    if sw.dense_gemv_max_m < m <= sw.qgemm_max_m:
+        out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
+        if out is not None:
+            return out
     plane = getattr(w, "batch_dense", None)
     if plane is not None and plane.dtype == x.dtype and not (
             m <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv and getattr(w, "repacked", None) is not None):
@@ -214,6 +218,27 @@ def _linear(x, w, bias, sw, ws):
     return _prefill(x, w, bias, tname, sw, ws)
 
 
+def _qgemm(x, wts, biases, path, sw, ws):
+    """Batched decode rows (dense_gemv_max_m < M <= qgemm_max_m) through the GEMM over the
+    weights' repacked planes (qgemm_repack.py; Switches.qgemm_repack, default off until measured
+    on the GPU) instead of the dense bf16 planes; None when it does not apply (the caller goes on)."""
+    w0 = wts[0]
+    grp = getattr(w0, "repacked_group", None) if len(wts) > 1 else None
+    rw = grp[1] if grp is not None and grp[0] == wts else gemv_repack.planes_of(w0) if len(wts) == 1 else None
+    if rw is None:
+        if (len(wts) == 1 and sw.qgemm_repack and gemv_repack.is_repacked_type(w0.qtype)
+                and getattr(w0, "repack_skip", None) is None):
+            paths.fallback(path, "the weight was not repacked at load (not built by an Engine)")
+        return None
+    if not sw.qgemm_repack:
+        paths.switched_off(path, "MINFER_QGEMM_REPACK")
+        return None
+    paths.count(path)
+    out = qgemm_repack.qgemm(x, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                             ws=ws.gemv_counters(), interpret=interpret())
+    return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
 def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> list:
     """The same x (T, K) through several weights of one K -> [(T, N_i)].
 
@@ -226,6 +251,10 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     if x.stride(-1) != 1:
         x = x.contiguous()
     grp = getattr(wts[0], "repacked_group", None)
+    if grp is not None and grp[0] == wts and sw.dense_gemv_max_m < x.shape[0] <= sw.qgemm_max_m:
+        outs = _qgemm(x, wts, biases, f"qmatmul.group{len(wts)}.qgemm", sw, ws)
+        if outs is not None:
+            return outs
     if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
             and getattr(wts[0], "batch_dense", None) is None):
         # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
