@@ -94,11 +94,30 @@ def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, 
     q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
     if blk.attn_q_norm is not None:
         q, k = head_norm(q, blk.attn_q_norm, cfg.rms_eps), head_norm(k, blk.attn_k_norm, cfg.rms_eps)
-    q = ops.rope(q, step.positions, cfg.rope)
-    k = ops.rope(k, step.positions, cfg.rope)
-    cache.write(layer, k, v.view(T, Hkv, Dh), step)
+    q = rope_and_write(cache, layer, q, k, v.view(T, Hkv, Dh), step, cfg.rope, ctx)
     o = cache.attend(layer, q, step, ctx)                          # (T, H, Dh)
-    return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
+    return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+
+
+def rope_and_write(cache, layer: int, q, k, v, step, rope, ctx):
+    """Rotate q and k, store k and v in the cache; the rotated q. A cache with the optional
+    `write_rotated` (runtime/kv_cache.py: one kernel on CUDA) does it all; else rope, rope, write."""
+    fused = getattr(cache, "write_rotated", None)
+    if fused is not None:
+        return fused(layer, q, k, v, step, rope, ctx)
+    q = ops.rope(q, step.positions, rope)
+    cache.write(layer, ops.rope(k, step.positions, rope), v, step)
+    return q
+
+
+def merge_heads(o: torch.Tensor) -> torch.Tensor:
+    """(T, H, Dh) -> (T, H*Dh), keeping the int8 form the CUDA decode attention attaches to its
+    one-row output (`.q8`, for the o projection's q8 GEMV: ops/cuda/gemv_q8.py)."""
+    out = o.reshape(o.shape[0], -1)
+    q8 = getattr(o, "q8", None)
+    if q8 is not None:
+        out.q8 = q8
+    return out
 
 
 def ffn_branch(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:

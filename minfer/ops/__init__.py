@@ -10,11 +10,11 @@ ops/ imports nothing from runtime/, models/, bench/ or commands/ (tests/test_imp
 
 from __future__ import annotations
 
-from minfer.ops import reference
-from minfer.ops.context import Context
+from minfer.ops import paths, reference
+from minfer.ops.context import DEFAULT, Context
 
 __all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
-           "rope", "swiglu", "geglu", "attention", "moe_ffn"]
+           "rope", "rope_kv_write", "swiglu", "geglu", "attention", "moe_ffn"]
 
 # Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
 # bucket, docs/perf-log.md section 10), so the KV cache has rows up to the next multiple past
@@ -81,6 +81,21 @@ def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None):
 def rope(x, positions, cfg):
     """x (T, H, Dh), positions (T,) int64, cfg: minfer.config.RopeConfig -> (T, H, Dh)."""
     return _backend(x).rope(x, positions, cfg)
+
+
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None = None):
+    """CUDA: rope(q) returned, rope(k) and v written to rows `positions` of the caches, in one
+    kernel; None when the fused kernel does not apply (partial rotary dims, mixed dtypes, or
+    Switches.fused_rope_kv off) -- the caller then runs rope, rope and its own write."""
+    if q.device.type != "cuda":
+        return None
+    sw = (ctx or DEFAULT).switches
+    if not sw.fused_rope_kv:
+        paths.switched_off("rope_kv.triton", "MINFER_FUSED_ROPE_KV")
+        return None
+    if cfg.n_rot != q.shape[-1] or not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
+        return None
+    return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache)
 
 
 def swiglu(gate, up, ctx: Context | None = None):

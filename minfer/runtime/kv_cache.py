@@ -67,6 +67,24 @@ class KVCache:
         self.k[layer, step.start:step.start + T] = k
         self.v[layer, step.start:step.start + T] = v
 
+    def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
+                      ctx=None) -> torch.Tensor:
+        """rope(q) returned; rope(k) and v stored at the step's positions (the optional cache
+        protocol method attention_branch prefers to rope + rope + write). On CUDA one kernel
+        (ops.rope_kv_write, Switches.fused_rope_kv) when every head dim rotates and the dtypes
+        agree; otherwise, and on the CPU, the three calls."""
+        T = q.shape[0]
+        if step.start is not None and step.start + T > self.n_ctx:
+            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} tokens at "
+                              f"position {step.start} would overflow it (raise --ctx)")
+        if self.k.device.type == "cuda":
+            out = ops.rope_kv_write(q, k, v, step.positions, rope, self.k[layer], self.v[layer], ctx)
+            if out is not None:
+                return out
+        q = ops.rope(q, step.positions, rope)
+        self.write(layer, ops.rope(k, step.positions, rope), v, step)
+        return q
+
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
         positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p."""

@@ -105,3 +105,24 @@ def test_gemv_q8_graph_replays_and_producers():
     hs, q8s = Q.swiglu_q8(y[:, :3584].contiguous(), y.flip(1).contiguous())
     sw = torch.nn.functional.silu(y.double()) * y.flip(1).double()
     assert rel_err(Q.gemv_q8(q8s, rw, out_dtype=torch.float32, ws=ws), check_q8(q8s, sw) @ w.T) < 1e-5
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+def test_rope_kv_write_gpu(style):
+    """The fused rope + KV append at the 7B's head shapes (28 q, 4 kv heads of 128), bf16."""
+    from minfer.config import RopeConfig
+    from minfer.ops import reference
+    from minfer.ops.cuda import rope_kv_write
+
+    cfg = RopeConfig(theta=1e6, style=style, n_rot=128)
+    H, Hkv, Dh, S = 28, 4, 128, 4096
+    qkv = torch.randn(1, (H + 2 * Hkv) * Dh, device="cuda", dtype=torch.bfloat16)
+    q, k, v = torch.split(qkv, [H * Dh, Hkv * Dh, Hkv * Dh], dim=1)
+    q, k, v = q.view(1, H, Dh), k.view(1, Hkv, Dh), v.view(1, Hkv, Dh)
+    pos = torch.tensor([3353], device="cuda")
+    kc = torch.zeros(S, Hkv, Dh, device="cuda", dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
+    qr = rope_kv_write(q, k, v, pos, cfg, kc, vc)
+    assert rel_err(qr.float(), reference.rope(q.float().cpu(), pos.cpu(), cfg).cuda()) < 1e-2
+    assert rel_err(kc[3353].float(), reference.rope(k.float().cpu(), pos.cpu(), cfg)[0].cuda()) < 1e-2
+    assert torch.equal(vc[3353], v[0]) and int((kc != 0).any(-1).any(-1).sum()) == 1

@@ -18,6 +18,7 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   prefetch.hit / .miss           next group dequantized on the side stream      (prefetch)
   embedding.<type>               decode of the requested rows only
   rms_norm.triton, rope.triton, swiglu.triton
+  rope_kv.triton                 rope(q), rope(k) and the KV cache append in one kernel (fused_rope_kv)
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
   add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
@@ -35,11 +36,11 @@ from __future__ import annotations
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
-from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rope, swiglu
+from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rope, rope_kv_write, swiglu
 from minfer.ops.cuda.qmatmul import linear, linear_many
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "swiglu", "geglu", "moe_ffn",
+__all__ = ["linear", "linear_many", "embedding", "rms_norm", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
            "decode_attention", "prepare_weight", "memory_report", "Workspace"]
 

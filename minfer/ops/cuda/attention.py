@@ -21,6 +21,7 @@ import triton.language as tl
 
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
+from minfer.ops.cuda.gemv_q8 import _q8_chunks
 
 
 def _cudnn_causal(q, k_cache, v_cache, scale: float):
@@ -104,7 +105,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
 
 
 @triton.jit
-def _combine_kernel(part_o, part_m, part_l, out, H, NS, D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr):
+def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr,
+                    Q8: tl.constexpr):
     """out[h] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits' softmax
     merged, one program per head. Empty splits (m = -inf) weigh 0."""
     h = tl.program_id(0)
@@ -122,11 +124,16 @@ def _combine_kernel(part_o, part_m, part_l, out, H, NS, D: tl.constexpr, BD: tl.
         den += w * tl.load(part_l + (s0 + c) * H + h, mask=sm, other=0.0)
         o = tl.load(part_o + ((s0 + c) * H + h)[:, None] * BD + d[None, :], mask=sm[:, None], other=0.0)
         num += tl.sum(o * w[:, None], axis=0)
-    tl.store(out + h * D + d, (num / tl.sum(den, axis=0)).to(out.dtype.element_ty), mask=d < D)
+    res = num / tl.sum(den, axis=0)
+    tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
+    if Q8:
+        # the o projection's int8 input (gemv_q8's form): this head's D/32 chunks (D == BD here)
+        c = h * (D // 32) + tl.arange(0, D // 32)
+        _q8_chunks(tl.reshape(res, (D // 32, 32)), c, c < H * (D // 32), xq, xf)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
-                     n_split: int | None = None, window: int = 0) -> torch.Tensor:
+                     n_split: int | None = None, window: int = 0, q8: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
 
@@ -163,7 +170,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, window if window > 0 else 1 << 30, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)),
         BS=bs, IEEE=kc.dtype == torch.float32, num_warps=4)
     out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)
-    _combine_kernel[(h,)](part_o, part_m, part_l, out, h, n_split, D=dh, BD=bd, CH=16, num_warps=4)
+    # q8: also the output row's int8 form (gemv_q8.py), attached as out.q8 (layers.merge_heads keeps it)
+    q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
+    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=q.device) if q8 else part_m
+    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=q.device) if q8 else part_m
+    _combine_kernel[(h,)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, CH=16, Q8=q8, num_warps=4)
+    if q8:
+        out.q8 = (xq, xf)
     return out
 
 
@@ -181,7 +194,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if t == 1 and sw.decode_attention:
         paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         n_keys = start_pos + 1
-        return decode_attention(q, k_cache, v_cache, n_keys, window=window)
+        q8 = q.dtype != torch.float32 and sw.gemv_q8
+        return decode_attention(q, k_cache, v_cache, n_keys, window=window, q8=q8)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):

@@ -1,0 +1,69 @@
+"""Decode fusions of issue 12 in Triton's interpreter, against the torch reference:
+rope(q) + rope(k) + the KV cache append as one kernel (norm_rope_act.rope_kv_write), and the
+decode attention's combine kernel also writing its output's int8 form for the o projection."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import interpreted_modules, rel_err  # noqa: E402
+
+from minfer.config import RopeConfig  # noqa: E402
+from minfer.ops import reference  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def M():
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8",
+                                     "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.attention"]):
+        yield mods
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+@pytest.mark.parametrize("t", [1, 3])
+def test_rope_kv_write_matches_rope_and_writes(M, style, t):
+    cfg = RopeConfig(theta=1e6, style=style, n_rot=64)
+    g = torch.Generator().manual_seed(t)
+    H, Hkv, Dh, S = 6, 2, 64, 40
+    qkv = torch.randn(t, (H + 2 * Hkv) * Dh, generator=g)
+    q, k, v = torch.split(qkv, [H * Dh, Hkv * Dh, Hkv * Dh], dim=1)     # column views, as the GEMV gives
+    q, k, v = q.view(t, H, Dh), k.view(t, Hkv, Dh), v.view(t, Hkv, Dh)
+    pos = torch.tensor([7, 30, 12][:t], dtype=torch.int64)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    kc0, vc0 = kc.clone(), vc.clone()
+    qr = M["norm_rope_act"].rope_kv_write(q, k, v, pos, cfg, kc, vc)
+    assert rel_err(qr, reference.rope(q, pos, cfg)) < 1e-6
+    kr = reference.rope(k, pos, cfg)
+    for i, p in enumerate(pos.tolist()):
+        assert rel_err(kc[p], kr[i]) < 1e-6 and torch.equal(vc[p], v[i])
+    rest = torch.ones(S, dtype=torch.bool)
+    rest[pos] = False
+    assert torch.equal(kc[rest], kc0[rest]) and torch.equal(vc[rest], vc0[rest])   # nothing else written
+
+
+def test_decode_attention_q8_output(M):
+    A, Q = M["attention"], M["gemv_q8"]
+    g = torch.Generator().manual_seed(0)
+    H, Hkv, Dh, S = 8, 2, 64, 50
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    out = A.decode_attention(q, kc, vc, 37, q8=True)
+    ref = reference.attention(q, kc, vc, 36)
+    assert rel_err(out, ref) < 1e-5
+    x = out.reshape(1, -1)
+    # the attached int8 form is the output quantized per 32 values (d = max|x| / 127)
+    b = x.double().view(-1, 32)
+    d = b.abs().amax(1, keepdim=True) / 127
+    want = (torch.round(b / d) * d).view(1, -1)
+    got = Q.dequantize_q8(out.q8, H * Dh).double()
+    assert (got - want).abs().max() <= float(d.max()) * 1.0001
+    assert rel_err(got, want) < 1e-3
+    assert getattr(A.decode_attention(q, kc, vc, 37), "q8", None) is None
