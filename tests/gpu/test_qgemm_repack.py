@@ -81,6 +81,25 @@ def test_against_gguf_dequant(S, qt):
     assert rel_err(out, x.double() @ w.T) < 4e-3                 # bf16 rounding of the weights only
 
 
+@pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decoded_weights_are_bit_exact(S, qt, dtype):
+    """One-hot rows of x read single weights out (one nonzero product): fp32 x must give the
+    decode's exact fp32 values bit for bit (Q6_K's fma, Q4_K's f*16dl - 16dl - ml), bf16 x their
+    round-to-nearest-even bf16 values."""
+    qg, _ = S.kernels()
+    lay = S._load("minfer.ops.cuda.gemv_repack_layout", "minfer/ops/cuda/gemv_repack_layout.py")
+    n, k = 4608, 3584
+    raw = random_weight(qt, n, k, np.random.default_rng(5 + qt))
+    rw = lay.repack(torch.from_numpy(raw).to(DEV), qt, n, k)
+    w = torch.from_numpy(reference_dequant(raw, qt, n, k)).to(DEV)
+    cols = torch.cat([torch.arange(64), torch.randperm(k - 64, generator=torch.Generator().manual_seed(qt))[:64] + 64])
+    x = torch.zeros(len(cols), k, dtype=dtype, device=DEV)
+    x[torch.arange(len(cols)), cols.to(DEV)] = 1.0
+    out = qg.qgemm(x, rw, out_dtype=torch.float32)
+    assert torch.equal(out, w.to(dtype).float()[:, cols.to(DEV)].T)
+
+
 @pytest.mark.parametrize("qt,n,k", [(12, 3584, 3584), (14, 3584, 18944)], ids=["Q4_K-o", "Q6_K-down"])
 def test_every_sweep_config_agrees_and_split_is_deterministic(S, qt, n, k):
     qg, _ = S.kernels()

@@ -76,6 +76,24 @@ def test_qgemm_bf16(Q, qt, n, k, m, cfg, inline):
 
 
 @pytest.mark.parametrize("qt", TYPES, ids=NAMES.get)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_decoded_weights_are_bit_exact(Q, qt, dtype):
+    """One-hot rows of x read single weights out: out[m, n] = W[n, j_m] in x's dtype exactly (one
+    nonzero product, fp32 accumulation): fp32 x checks the decode's fp32 values bit for bit, bf16
+    x their rounding. The columns cover every nibble p and word w of a chunk, both Q6_K scale
+    halves, and chunks in the second block and the second K step."""
+    n, k = 40, 768
+    rw, w = _weight(qt, n, k, seed=21 + qt)
+    cols = list(range(32)) + [32 * c + r for c, r in ((1, 5), (7, 31), (8, 0), (9, 17), (15, 30), (16, 3),
+                                                       (23, 31), (12, 16), (13, 15))]
+    x = torch.zeros(len(cols), k, dtype=dtype)
+    x[torch.arange(len(cols)), torch.tensor(cols)] = 1.0
+    out = Q.qgemm(x, rw, out_dtype=torch.float32, config=(16, 64, 256, 2, 4, 1), interpret=True)
+    want = w.to(dtype).float()[:, cols].T
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=NAMES.get)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_qgemm_fp16_fp32(Q, qt, dtype):
     n, k, m = 72, 768, 20

@@ -82,13 +82,20 @@ def _f4(w, P: tl.constexpr, magic):
 
 
 @triton.jit
-def _q6(w, h, P: tl.constexpr):
-    """Q6_K value P of each word: nibble P of w | crumb P of h << 4 (0..63)."""
-    return ((w >> (4 * P)) & 15) | (((h >> (2 * P)) & 3) << 4)
+def _f6(w, h, P: tl.constexpr, magic):
+    """Q6_K value P (nibble P of w, crumb P of h) as the fp32 1 + q/64: the nibble moved to bits
+    17..20, the crumb to 21..22, under 1.0's exponent (two shifts, two and-ors; as gemv_repack)."""
+    if P <= 4:
+        t = w << (17 - 4 * P)
+    else:
+        t = w >> (4 * P - 17)
+    u = h << (21 - 2 * P)
+    return ((t & 0x1E0000) | ((u & 0x600000) | magic)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr):
+def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.constexpr,
+            INTERP: tl.constexpr):
     """[BN, C*32] fp32 exact values of C chunks: wq [BN, C, 4] int32 words (hq: Q6_K's high-bit
     halfwords as int32), sa/sb [BN, C] the chunk's scale words (Q4_K: sc | m << 8 and
     d | dmin << 16; Q6_K: the int8 scale pair as int16 and d). Exact as ggml's dequant
@@ -96,7 +103,7 @@ def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.con
       Q4_K: f = 1 + q/16, f * 16dl = dl * (16 + q) is exact (17 + 5 bits), minus 16dl leaves
             dl*q exactly (representable), so fused or not the only rounding is the final - ml,
             as ggml's d1 * q - m1;
-      Q6_K: q under 2^23's exponent minus 2^23 + 32 is q - 32 exactly, times dl (18 + 6 bits)."""
+      Q6_K: f = 1 + q/64, fma(f, 64 dl, -96 dl) = (q - 32) dl exactly (18 + 6 bits)."""
     if QT == 12:
         scm = sa.to(tl.int32)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -116,21 +123,33 @@ def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.con
     else:
         s2 = sa.to(tl.int32)
         d = sb.to(tl.float32)
-        dl0 = (d * ((s2 << 24) >> 24).to(tl.float32))[:, :, None, None, None, None, None]   # scale 2c: p < 4
-        dl1 = (d * (s2 >> 8).to(tl.float32))[:, :, None, None, None, None, None]            # 2c+1: p >= 4
+        dl0 = d * ((s2 << 24) >> 24).to(tl.float32)                         # scale 2c: p < 4
+        dl1 = d * (s2 >> 8).to(tl.float32)                                  # scale 2c+1: p >= 4
         ws = _words(wq)
         hs = _words(hq)
-        q = _by_w(_join8(_q6(ws[0], hs[0], 0), _q6(ws[0], hs[0], 1), _q6(ws[0], hs[0], 2), _q6(ws[0], hs[0], 3),
-                         _q6(ws[0], hs[0], 4), _q6(ws[0], hs[0], 5), _q6(ws[0], hs[0], 6), _q6(ws[0], hs[0], 7)),
-                  _join8(_q6(ws[1], hs[1], 0), _q6(ws[1], hs[1], 1), _q6(ws[1], hs[1], 2), _q6(ws[1], hs[1], 3),
-                         _q6(ws[1], hs[1], 4), _q6(ws[1], hs[1], 5), _q6(ws[1], hs[1], 6), _q6(ws[1], hs[1], 7)),
-                  _join8(_q6(ws[2], hs[2], 0), _q6(ws[2], hs[2], 1), _q6(ws[2], hs[2], 2), _q6(ws[2], hs[2], 3),
-                         _q6(ws[2], hs[2], 4), _q6(ws[2], hs[2], 5), _q6(ws[2], hs[2], 6), _q6(ws[2], hs[2], 7)),
-                  _join8(_q6(ws[3], hs[3], 0), _q6(ws[3], hs[3], 1), _q6(ws[3], hs[3], 2), _q6(ws[3], hs[3], 3),
-                         _q6(ws[3], hs[3], 4), _q6(ws[3], hs[3], 5), _q6(ws[3], hs[3], 6), _q6(ws[3], hs[3], 7)))
-        qf = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388640.0      # 2^23 + 32: q - 32, exact
+        f = _by_w(_join8(_f6(ws[0], hs[0], 0, magic), _f6(ws[0], hs[0], 1, magic), _f6(ws[0], hs[0], 2, magic),
+                         _f6(ws[0], hs[0], 3, magic), _f6(ws[0], hs[0], 4, magic), _f6(ws[0], hs[0], 5, magic),
+                         _f6(ws[0], hs[0], 6, magic), _f6(ws[0], hs[0], 7, magic)),
+                  _join8(_f6(ws[1], hs[1], 0, magic), _f6(ws[1], hs[1], 1, magic), _f6(ws[1], hs[1], 2, magic),
+                         _f6(ws[1], hs[1], 3, magic), _f6(ws[1], hs[1], 4, magic), _f6(ws[1], hs[1], 5, magic),
+                         _f6(ws[1], hs[1], 6, magic), _f6(ws[1], hs[1], 7, magic)),
+                  _join8(_f6(ws[2], hs[2], 0, magic), _f6(ws[2], hs[2], 1, magic), _f6(ws[2], hs[2], 2, magic),
+                         _f6(ws[2], hs[2], 3, magic), _f6(ws[2], hs[2], 4, magic), _f6(ws[2], hs[2], 5, magic),
+                         _f6(ws[2], hs[2], 6, magic), _f6(ws[2], hs[2], 7, magic)),
+                  _join8(_f6(ws[3], hs[3], 0, magic), _f6(ws[3], hs[3], 1, magic), _f6(ws[3], hs[3], 2, magic),
+                         _f6(ws[3], hs[3], 3, magic), _f6(ws[3], hs[3], 4, magic), _f6(ws[3], hs[3], 5, magic),
+                         _f6(ws[3], hs[3], 6, magic), _f6(ws[3], hs[3], 7, magic)))
         half = (tl.arange(0, 2) == 0)[None, None, :, None, None, None, None]    # p // 4 == 0
-        v = qf * tl.where(half, dl0, dl1)
+        a = tl.where(half, (dl0 * 64.0)[:, :, None, None, None, None, None],
+                     (dl1 * 64.0)[:, :, None, None, None, None, None])
+        c = tl.where(half, (dl0 * -96.0)[:, :, None, None, None, None, None],
+                     (dl1 * -96.0)[:, :, None, None, None, None, None])
+        # (1 + q/64) * 64 dl - 96 dl = (q - 32) dl: 6 x 18 bits, exact in one fma (the product
+        # (64 + q) dl alone may need 26 bits, so it must not be rounded on its own)
+        if INTERP:   # the interpreter's fma rounds the product: float64 is exact here
+            v = (f.to(tl.float64) * a.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
+        else:
+            v = tl.fma(f, a, c)
     # nibble p of word w is value 4p + w of its chunk: the axes are already in K's order
     return tl.reshape(v, (BN, C * 32))
 
@@ -154,7 +173,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                   QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                   EVEN_K: tl.constexpr, IS_SPLIT: tl.constexpr, INLINE_REDUCE: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, EVICT: tl.constexpr,
-                  DOT_F32: tl.constexpr, IEEE: tl.constexpr):
+                  DOT_F32: tl.constexpr, IEEE: tl.constexpr, INTERP: tl.constexpr):
     """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T."""
     C: tl.constexpr = BK // 32                                         # chunks of 32 values per row and K step
     pid_m = tl.program_id(0)
@@ -210,7 +229,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0.0, eviction_policy=EVICT)
             xb = tl.load(x + xoff, mask=(c0 * 32 + kv < c_hi * 32)[None, :], other=0.0)
         wt = _decode(tl.reshape(wq, (BN, C, 4)), tl.reshape(hq, (BN, C, 4)).to(tl.int32), sa, sb, magic, QT, BN,
-                     C)
+                     C, INTERP)
         if DOT_F32:
             # bf16 x in Triton's interpreter, whose bf16 dot is wrong and whose fp32 -> bf16 cast
             # truncates: the tile is rounded to bf16 by integer ops (round to nearest even, what
@@ -368,7 +387,7 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
                         QT=rw.qtype, BN=bn, BM=bm, BK=bk, EVEN_K=nc % cs == 0, IS_SPLIT=split > 1,
                         INLINE_REDUCE=inline, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                         EVICT="evict_first" if mt == 1 else "",
-                        DOT_F32=interpret and x.dtype == torch.bfloat16, IEEE=f32,
+                        DOT_F32=interpret and x.dtype == torch.bfloat16, IEEE=f32, INTERP=interpret,
                         num_warps=nwarps, num_stages=stages)
     if split > 1 and not inline:
         blk = 64 if interpret else 1024
