@@ -126,3 +126,18 @@ def test_rope_kv_write_gpu(style):
     assert rel_err(qr.float(), reference.rope(q.float().cpu(), pos.cpu(), cfg).cuda()) < 1e-2
     assert rel_err(kc[3353].float(), reference.rope(k.float().cpu(), pos.cpu(), cfg)[0].cuda()) < 1e-2
     assert torch.equal(vc[3353], v[0]) and int((kc != 0).any(-1).any(-1).sum()) == 1
+
+
+def test_gemv_q8_mixed_segments_gpu():
+    """q+k (Q4_K, 4096 rows) and v (Q6_K, 512 rows) of the 7B in one launch, with the qkv bias."""
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    ra, wa = _weight(12, 4096, 3584, seed=11)
+    rb, wb = _weight(14, 512, 3584, seed=12)
+    x = torch.randn(1, 3584, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(4608, device="cuda")
+    q8 = Q.quantize(x)
+    ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
+    out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"))
+    assert rel_err(out, ref) < 1e-5

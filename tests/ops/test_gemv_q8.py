@@ -104,3 +104,19 @@ def test_gemv_q8_rejects_bad_inputs(Q):
         q8m.gemv_q8(q8, rw, interpret=True)
     with pytest.raises(MinferError, match="one contiguous row"):
         q8m.quantize(torch.randn(2, 256), interpret=True)
+
+
+def test_gemv_q8_two_segments_one_launch(Q):
+    """q/k in Q4_K and v in Q6_K as one launch: rows stacked, each program on one weight."""
+    q8m, G = Q
+    k = 512
+    ra, wa = _weight(G, 12, 45, k, seed=61)
+    rb, wb = _weight(G, 14, 21, k, seed=62)
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(1, k, generator=g)
+    bias = torch.randn(66, generator=g)
+    q8 = q8m.quantize(x, interpret=True)
+    ref = x_hat(x) @ torch.cat([wa, wb]).T + bias.double()
+    for cfg in [(16, 1, 1, 4, True), (32, 1, 2, 4, False)]:
+        out = q8m.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, config=cfg, interpret=True)
+        assert out.shape == (1, 66) and rel_err(out, ref) < 1e-5, cfg

@@ -150,15 +150,14 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 
 @triton.jit
-def _gemv_q8_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt,
-                    N, NB, stride_rm, blocks_per_split, SPLIT,
-                    QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, IS_SPLIT: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, INLINE_REDUCE: tl.constexpr,
-                    ASM: tl.constexpr, PREFETCH: tl.constexpr):
-    """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split)."""
+def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
+             blocks_per_split, SPLIT, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
+             IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, ASM: tl.constexpr,
+             PREFETCH: tl.constexpr):
+    """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
+    [+ resid]. out, bias, resid, part and cnt point at this weight's first row / tile; part's
+    split stride is NSTRIDE (all the segments' rows)."""
     C: tl.constexpr = BB * 8
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
     rows = pid_n * BN + tl.arange(0, BN)
     rmask = rows < N
     row2 = tl.minimum(rows, N - 1).to(tl.int64)[:, None]
@@ -219,7 +218,7 @@ def _gemv_q8_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt,
     if not IS_SPLIT:
         _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
     else:
-        poff = (pid_s * N + rows[:, None]).to(tl.int64) + mcol[None, :]
+        poff = (pid_s * NSTRIDE + rows[:, None]).to(tl.int64) + mcol[None, :]
         pm = rmask[:, None] & mmask[None, :]
         tl.store(part + poff, res, mask=pm)
         # the last split of this tile to finish sums the partials in split order (gemv_repack.py)
@@ -228,10 +227,34 @@ def _gemv_q8_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt,
         if ticket == SPLIT - 1:
             tot = tl.zeros(res.shape, dtype=tl.float32)
             for sp in range(SPLIT):
-                tot += tl.load(part + (sp * N + rows[:, None]).to(tl.int64) + mcol[None, :], mask=pm, other=0.0,
-                               cache_modifier=".cg")
+                tot += tl.load(part + (sp * NSTRIDE + rows[:, None]).to(tl.int64) + mcol[None, :], mask=pm,
+                               other=0.0, cache_modifier=".cg")
             _finish(tot, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
             tl.atomic_xchg(cnt + pid_n, 0)
+
+
+@triton.jit
+def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
+                    N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
+                    QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
+                    IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
+                    ASM: tl.constexpr, PREFETCH: tl.constexpr):
+    """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
+    [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
+    Q4_K and a Q6_K v in one launch."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    if MIXED:
+        if pid_n < TA:
+            _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
+                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH)
+        else:
+            _q8_tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA,
+                     pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, IS_SPLIT, HAS_BIAS,
+                     HAS_RESID, ASM, PREFETCH)
+    else:
+        _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
+                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH)
 
 
 _TARGET_PROGRAMS = 132 * 4
@@ -268,33 +291,43 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
     return tuple(hit) if hit else default_config(qtype, n, k)
 
 
-def gemv_q8(q8, rw: Repacked, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
+def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False) -> torch.Tensor:
-    """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module doc)."""
+    """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
+    doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
+    the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v)."""
     xq, xf = q8
-    n, k = rw.n, rw.k
-    if rw.qtype not in (Q4_K, Q6_K):
-        raise MinferError(f"gemv_q8: type {rw.qtype} has no int8 path (Q4_K and Q6_K only)")
+    segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
+    if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
+        raise MinferError(f"gemv_q8: expected one weight or two of one K, got {len(segs)}")
+    n, k = sum(r.n for r in segs), segs[0].k
+    for r in segs:
+        if r.qtype not in (Q4_K, Q6_K):
+            raise MinferError(f"gemv_q8: type {r.qtype} has no int8 path (Q4_K and Q6_K only)")
     if xq.numel() * 4 != k:
         raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
     if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
         raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
-    bn, bb, split, nwarps, prefetch = tuple(config or config_for(rw.qtype, n, k, interpret))
+    bn, bb, split, nwarps, prefetch = tuple(config or config_for(segs[0].qtype, n, k, interpret))
     nb = k // 256
     bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
     split = triton.cdiv(nb, bps)
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
     part = torch.empty((split, n), dtype=torch.float32, device=xq.device) if split > 1 else out
-    grid = (triton.cdiv(n, bn), split)
+    na = segs[0].n
+    ta = triton.cdiv(na, bn)
+    tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
+    grid = (tiles, split)
     cnt = out
     if split > 1:
-        cnt = ws.counters(grid[0]) if ws is not None else torch.zeros(grid[0], dtype=torch.int32, device=xq.device)
-    p0, p1, p2, p3 = _planes4(rw)
-    _gemv_q8_kernel[grid](p0, p1, p2, p3, xq, xf, resid if resid is not None else out,
-                          bias if bias is not None else out, out, part, cnt, n, nb,
+        cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
+    p0, p1, p2, p3 = _planes4(segs[0])
+    r0, r1, r2, r3 = _planes4(segs[-1])
+    _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
+                          bias if bias is not None else out, out, part, cnt, n, na, ta, nb,
                           resid.stride(0) if resid is not None else 0, bps, split,
-                          QT=rw.qtype, BN=bn, BB=bb, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                          HAS_RESID=resid is not None, INLINE_REDUCE=True,
+                          QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
+                          IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, num_warps=nwarps,
                           num_stages=1)
     return out

@@ -248,8 +248,23 @@ def fuse_group(ws: tuple) -> bool:
     it (`w.repacked`), so the memory is the same. The group's first weight holds
     `repacked_group = (ws, Repacked)`. Mixed types (a Q6_K attn_v) stay apart."""
     rws = [planes_of(w) for w in ws]
-    if len(ws) < 2 or any(r is None for r in rws) or len({(r.qtype, r.k) for r in rws}) != 1:
+    if len(ws) < 2 or any(r is None for r in rws) or len({r.k for r in rws}) != 1:
         return False
+    if len({r.qtype for r in rws}) != 1:
+        # mixed types (q/k in Q4_K, v in Q6_K): a leading run of one type fused, the rest one
+        # weight; the int8 decode GEMV multiplies the two segments in one launch
+        # (`repacked_segments`, gemv_q8.gemv_q8 with a pair); other paths go weight by weight
+        n_lead = next(i for i, r in enumerate(rws) if r.qtype != rws[0].qtype)
+        if n_lead + 1 != len(ws):
+            return False
+        if n_lead > 1:
+            fuse_group(ws[:n_lead])
+            lead = ws[0].repacked_group[1]
+            del ws[0].repacked_group
+        else:
+            lead = rws[0]
+        ws[0].repacked_segments = (ws, (lead, rws[-1]))
+        return True
     cat = Repacked(rws[0].qtype, sum(r.n for r in rws), rws[0].k,
                    tuple(torch.cat([r.planes[i] for r in rws]) for i in range(len(rws[0].planes))))
     r0 = 0

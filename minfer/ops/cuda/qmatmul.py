@@ -268,6 +268,14 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                ws=ws.gemv_counters(), interpret=interpret())
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+    segs = getattr(wts[0], "repacked_segments", None)
+    if (segs is not None and segs[0] == wts and x.shape[0] == 1 and sw.gemv and getattr(x, "q8", None) is not None
+            and getattr(wts[0], "batch_dense", None) is None):
+        # q/k fused + a v of another type (gemv_repack_layout.fuse_group): one int8 GEMV launch
+        paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
+        out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                              ws=ws.gemv_counters(), interpret=interpret())
+        return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
