@@ -27,6 +27,10 @@ from minfer.ops.cuda import gemv_repack as G
 CANDIDATES = [(64, 1, 4, True), (64, 1, 4, False), (128, 1, 4, True), (128, 1, 8, True), (32, 1, 2, True),
               (64, 2, 4, True), (32, 2, 4, True)]
 TARGETS = [528, 1056]
+# --wide: more tile shapes and split targets (the small and the K=18944 shapes)
+WIDE = [(32, 2, 4, True), (16, 2, 2, True), (16, 4, 2, True), (32, 4, 4, True), (32, 1, 2, True), (64, 2, 8, True),
+        (32, 2, 2, True), (16, 2, 4, True)]
+WIDE_TARGETS = [264, 528, 1056, 2112]
 
 
 def _split(n, k, bn, target):
@@ -39,12 +43,18 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--calls", type=int, default=48)
+    ap.add_argument("--shapes", default="", help="comma list of shape labels (default: all)")
+    ap.add_argument("--wide", action="store_true", help="the wider candidate set")
     args = ap.parse_args(argv)
+    cands, targets = (WIDE, WIDE_TARGETS) if args.wide else (CANDIDATES, TARGETS)
+    want = set(args.shapes.split(",")) if args.shapes else None
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
     ws = G.GemvWorkspace("cuda")
     res = {"gpu": torch.cuda.get_device_name(), "rows": [], "best": {}}
     for label, qt, n, k in SHAPES:
+        if want and label not in want:
+            continue
         rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
         copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
         rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
@@ -69,8 +79,8 @@ def main(argv=None) -> int:
         t = graph_time([lambda i=i: G.gemv(x, rws[i % copies], ws=ws) for i in range(calls)])
         a = row("bf16", "table", t, err(G.gemv(x, rws[0], ws=ws)))
         best = None
-        for bn, bb, w, pf in CANDIDATES:
-            for target in TARGETS:
+        for bn, bb, w, pf in cands:
+            for target in targets:
                 if time.time() - t0 > args.budget_s:
                     break
                 cfg = (bn, bb, _split(n, k, bn, target), w, pf)
