@@ -93,10 +93,10 @@ def test_decoded_weights_are_bit_exact(S, qt, dtype):
     raw = random_weight(qt, n, k, np.random.default_rng(5 + qt))
     rw = lay.repack(torch.from_numpy(raw).to(DEV), qt, n, k)
     w = torch.from_numpy(reference_dequant(raw, qt, n, k)).to(DEV)
-    cols = torch.cat([torch.arange(64), torch.randperm(k - 64, generator=torch.Generator().manual_seed(qt))[:64] + 64])
+    cols = torch.cat([torch.arange(32), torch.randperm(k - 32, generator=torch.Generator().manual_seed(qt))[:32] + 32])
     x = torch.zeros(len(cols), k, dtype=dtype, device=DEV)
     x[torch.arange(len(cols)), cols.to(DEV)] = 1.0
-    out = qg.qgemm(x, rw, out_dtype=torch.float32)
+    out = qg.qgemm(x, rw, out_dtype=torch.float32, config=(64, 64, 128, 2, 4, 2))
     assert torch.equal(out, w.to(dtype).float()[:, cols.to(DEV)].T)
 
 

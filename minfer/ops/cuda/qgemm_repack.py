@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from minfer.errors import MinferError
-from minfer.ops.cuda.gemv_repack_layout import REPACKED_TYPES, Repacked
+from minfer.ops.cuda.gemv_repack_layout import Q6_K, REPACKED_TYPES, Repacked
 
 MAX_M = 256                           # largest M the kernel is made for (bigger: prefill's dequant + cuBLAS)
 
@@ -155,6 +155,17 @@ def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.con
 
 
 @triton.jit
+def _d6(p3, idx, mask, EVICT: tl.constexpr):
+    """Q6_K's f16 d at element idx of its plane, read as the aligned 4-byte word holding it (a
+    2-byte load cannot be copied asynchronously, so the pipeliner left it in the loop)."""
+    if mask is None:
+        word = tl.load(p3.to(tl.pointer_type(tl.int32)) + idx // 2, eviction_policy=EVICT)
+    else:
+        word = tl.load(p3.to(tl.pointer_type(tl.int32)) + idx // 2, mask=mask, other=0, eviction_policy=EVICT)
+    return ((word >> ((idx & 1) * 16).to(tl.int32)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+
+
+@triton.jit
 def _epilogue(v, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om,
               HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr):
     """v [BN, BM] fp32 (+ bias[n] + resid[m, n]) -> out[m, n] (stores coalesced along n)."""
@@ -169,7 +180,7 @@ def _epilogue(v, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_o
 
 @triton.jit
 def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
-                  M, N, NB, stride_xm, stride_rm, stride_om, chunks_per_split, SPLIT, magic,
+                  M, N, NB, stride_xm, stride_rm, stride_om, steps_per_split, SPLIT, magic,
                   QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                   EVEN_K: tl.constexpr, IS_SPLIT: tl.constexpr, INLINE_REDUCE: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, EVICT: tl.constexpr,
@@ -190,8 +201,11 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
     ci = tl.arange(0, C)
     w4 = tl.arange(0, 4 * C)
     kv = tl.arange(0, BK)
-    c_lo = pid_s * chunks_per_split
-    c_hi = tl.minimum(c_lo + chunks_per_split, NB * 8)
+    # K ranges in whole steps, so that c0 is a known multiple of C: the scale loads are then
+    # vectors (an unknown alignment made them 2-byte loads, which the pipeliner cannot copy
+    # asynchronously: every step waited for them)
+    c_lo = pid_s * steps_per_split * C
+    c_hi = tl.minimum(c_lo + steps_per_split * C, NB * 8)
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     for c0 in range(c_lo, c_hi, C):
         kc = c0 + ci                                                   # [C] chunk index in the row
@@ -209,7 +223,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 # the int8 scales 2c, 2c+1 of chunk c as one little-endian int16
                 sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :],
                              eviction_policy=EVICT)
-                sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], eviction_policy=EVICT)
+                sb = _d6(p3, row2 * NB + (kc // 8)[None, :], None, EVICT)
             xb = tl.load(x + xoff)
         else:
             # a K range that is not a whole number of K steps: the chunks past c_hi read as
@@ -226,7 +240,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 hq = tl.load(p1 + qoff, mask=km4, other=0, eviction_policy=EVICT)
                 sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=kmask,
                              other=0, eviction_policy=EVICT)
-                sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0.0, eviction_policy=EVICT)
+                sb = _d6(p3, row2 * NB + (kc // 8)[None, :], kmask, EVICT)
             xb = tl.load(x + xoff, mask=(c0 * 32 + kv < c_hi * 32)[None, :], other=0.0)
         wt = _decode(tl.reshape(wq, (BN, C, 4)), tl.reshape(hq, (BN, C, 4)).to(tl.int32), sa, sb, magic, QT, BN,
                      C, INTERP)
@@ -367,8 +381,8 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
         raise MinferError(f"qgemm_repack: config K step {bk}, expected 128, 256 or 512")
     nb = k // 256
     nc, cs = nb * 8, bk // 32                                           # chunks per row, per K step
-    cps = triton.cdiv(triton.cdiv(nc, max(1, split)), cs) * cs          # whole K steps per split
-    split = triton.cdiv(nc, cps)                                        # no empty splits
+    sps = triton.cdiv(triton.cdiv(nc, max(1, split)), cs)               # whole K steps per split
+    split = triton.cdiv(nc, sps * cs)                                   # no empty splits
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     mt = triton.cdiv(m, bm)
     grid = (mt, triton.cdiv(n, bn), split)
@@ -379,10 +393,14 @@ def qgemm(x: torch.Tensor, rw: Repacked, bias=None, resid=None, out_dtype=None, 
         need = grid[0] * grid[1]
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
     p0, p1, p2, p3 = _planes4(rw)
+    if rw.qtype == Q6_K and p3.data_ptr() % 4:
+        p3 = p3.clone()     # d is read as aligned 4-byte words (_d6)
     f32 = x.dtype == torch.float32
+    if f32:
+        stages = 1          # (tests) fp32 x tiles are twice the size: no multi-stage copies of them
     _qgemm_kernel[grid](p0, p1, p2, p3, x, out, part, cnt, bias if bias is not None else out,
                         resid if resid is not None else out,
-                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), cps, split,
+                        m, n, nb, x.stride(0), resid.stride(0) if resid is not None else 0, out.stride(0), sps, split,
                         0x3F800000,
                         QT=rw.qtype, BN=bn, BM=bm, BK=bk, EVEN_K=nc % cs == 0, IS_SPLIT=split > 1,
                         INLINE_REDUCE=inline, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
