@@ -1,7 +1,7 @@
 """Config sweep of the batched-decode GEMM over repacked planes (ops/cuda/qgemm_repack.py) against
 cuBLAS on the dense bf16 weight, in the same run.
 
-    python3 minfer/bench/qgemm_sweep.py --json OUT.json [--quick] [--write-configs]
+    python3 minfer/bench/qgemm_sweep.py --json OUT.json [--quick] [--write-configs | --configs-out PATH]
     (the script form imports no minfer package code besides the kernel files it loads by path,
     as gemv_sweep.py does, so a half-done edit elsewhere cannot break it)
 
@@ -151,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
     ap.add_argument("--rep", type=int, default=8, help="do_bench rep (ms)")
     ap.add_argument("--write-configs", action="store_true", help="write ops/cuda/qgemm_repack_h200.json")
+    ap.add_argument("--configs-out", default=None, help="write the config table here (e.g. under $OUT)")
     ap.add_argument("--smoke", action="store_true", help="CPU check of this script: interpreter, tiny shapes")
     args = ap.parse_args(argv)
     global DEV, SHAPES, MS
@@ -243,9 +244,11 @@ def main(argv=None) -> int:
                           for k, v in res["best"].items()},
              "configs": res["configs"]}
     print(json.dumps(table, indent=1))
-    if args.write_configs and not args.smoke:
-        with open(os.path.join(ROOT, "minfer", "ops", "cuda", "qgemm_repack_h200.json"), "w") as f:
+    for path in ([os.path.join(ROOT, "minfer", "ops", "cuda", "qgemm_repack_h200.json")]
+                 if args.write_configs and not args.smoke else []) + ([args.configs_out] if args.configs_out else []):
+        with open(path, "w") as f:
             json.dump(table, f, indent=1)
+            f.write("\n")
     return 0
 
 

@@ -263,3 +263,23 @@ def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
     got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_repack=True))
     assert got == 16 * 256 * 4
     assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None
+
+
+def test_sweep_script_smoke(tmp_path):
+    """minfer/bench/qgemm_sweep.py end to end on the CPU (--smoke: the interpreter, tiny shapes):
+    it checks each config against the dense matmul and writes a table load_configs reads."""
+    import json
+    import subprocess
+
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    cfg = tmp_path / "cfg.json"
+    res = subprocess.run([sys.executable, os.path.join(root, "minfer", "bench", "qgemm_sweep.py"), "--smoke", "--quick",
+                          "--json", str(tmp_path / "rows.json"), "--configs-out", str(cfg)],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "WRONG" not in res.stdout
+    rows = json.loads((tmp_path / "rows.json").read_text())["rows"]
+    assert len(rows) == 4 and all(r["rel_err_vs_cublas"] < 2e-2 for r in rows)
+    from minfer.ops.cuda.qgemm_repack import load_configs
+
+    assert set(load_configs(str(cfg))) == {"Q4_K 128x512 m16", "Q6_K 64x512 m16"}
