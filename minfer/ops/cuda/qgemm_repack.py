@@ -70,15 +70,33 @@ def _by_w(v0, v1, v2, v3):
 
 
 @triton.jit
-def _f4(w, P: tl.constexpr, magic):
-    """Nibble P of the int32 words w as the fp32 1 + q/16: q moved to bits 19..22 and or-ed
-    under 1.0's exponent (one shift and one and-or; the magic is a runtime argument so that
-    the and-or stays one LOP3, as in gemv_repack)."""
-    if P <= 4:
-        t = w << (19 - 4 * P)
+def _fma(f, a, c, INTERP: tl.constexpr):
+    """f * a + c with the product unrounded (the interpreter's fma rounds it: float64 there,
+    where these products need at most 26 bits)."""
+    if INTERP:
+        return (f.to(tl.float64) * a.to(tl.float64) + c.to(tl.float64)).to(tl.float32)
     else:
-        t = w >> (4 * P - 19)
-    return ((t & 0x780000) | magic).to(tl.float32, bitcast=True)
+        return tl.fma(f, a, c)
+
+
+@triton.jit
+def _q4_word(w, magic):
+    """The 8 nibbles of the int32 words w as floats, joined as _join8 wants. One shift serves two
+    nibbles (as gemv_repack's portable GEMV): nibble 2j+1 lands at bits 19..22 under 1.0's
+    exponent (f = 1 + q/16), nibble 2j at 15..18 (f = 1 + q/256). The magic 1.0 is a runtime
+    argument so that each and-or stays one LOP3."""
+    t0 = w << 15
+    t1 = w << 7
+    t2 = w >> 1
+    t3 = w >> 9
+    return _join8(((t0 & 0x78000) | magic).to(tl.float32, bitcast=True),
+                  ((t0 & 0x780000) | magic).to(tl.float32, bitcast=True),
+                  ((t1 & 0x78000) | magic).to(tl.float32, bitcast=True),
+                  ((t1 & 0x780000) | magic).to(tl.float32, bitcast=True),
+                  ((t2 & 0x78000) | magic).to(tl.float32, bitcast=True),
+                  ((t2 & 0x780000) | magic).to(tl.float32, bitcast=True),
+                  ((t3 & 0x78000) | magic).to(tl.float32, bitcast=True),
+                  ((t3 & 0x780000) | magic).to(tl.float32, bitcast=True))
 
 
 @triton.jit
@@ -100,26 +118,23 @@ def _decode(wq, hq, sa, sb, magic, QT: tl.constexpr, BN: tl.constexpr, C: tl.con
     halfwords as int32), sa/sb [BN, C] the chunk's scale words (Q4_K: sc | m << 8 and
     d | dmin << 16; Q6_K: the int8 scale pair as int16 and d). Exact as ggml's dequant
     (minfer.quants; the values of gemv_repack._dequant_kernel):
-      Q4_K: f = 1 + q/16, f * 16dl = dl * (16 + q) is exact (17 + 5 bits), minus 16dl leaves
-            dl*q exactly (representable), so fused or not the only rounding is the final - ml,
-            as ggml's d1 * q - m1;
+      Q4_K: see _q4_word (q dl exact, one rounding for - ml, as ggml's d1 * q - m1);
       Q6_K: f = 1 + q/64, fma(f, 64 dl, -96 dl) = (q - 32) dl exactly (18 + 6 bits)."""
     if QT == 12:
         scm = sa.to(tl.int32)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        a = (d * (scm & 255).to(tl.float32) * 16.0)[:, :, None, None, None, None, None]   # 16 dl, exact
+        dl = d * (scm & 255).to(tl.float32)                                   # exact: 11 x 6 bits
         ml = (dmin * ((scm >> 8) & 255).to(tl.float32))[:, :, None, None, None, None, None]
+        # even nibbles came as 1 + q/256, odd ones as 1 + q/16: fma(f, S dl, -S dl) = q dl exactly
+        # (the product needs up to 26 bits, unrounded in an fma; q dl itself fits in 21), and
+        # - ml rounds once, as ggml's d1 * q - m1
+        odd = (tl.arange(0, 2) == 1)[None, None, None, None, :, None, None]     # p % 2
+        dl7 = dl[:, :, None, None, None, None, None]
+        s_ = tl.where(odd, dl7 * 16.0, dl7 * 256.0)
         ws = _words(wq)
-        f = _by_w(_join8(_f4(ws[0], 0, magic), _f4(ws[0], 1, magic), _f4(ws[0], 2, magic), _f4(ws[0], 3, magic),
-                         _f4(ws[0], 4, magic), _f4(ws[0], 5, magic), _f4(ws[0], 6, magic), _f4(ws[0], 7, magic)),
-                  _join8(_f4(ws[1], 0, magic), _f4(ws[1], 1, magic), _f4(ws[1], 2, magic), _f4(ws[1], 3, magic),
-                         _f4(ws[1], 4, magic), _f4(ws[1], 5, magic), _f4(ws[1], 6, magic), _f4(ws[1], 7, magic)),
-                  _join8(_f4(ws[2], 0, magic), _f4(ws[2], 1, magic), _f4(ws[2], 2, magic), _f4(ws[2], 3, magic),
-                         _f4(ws[2], 4, magic), _f4(ws[2], 5, magic), _f4(ws[2], 6, magic), _f4(ws[2], 7, magic)),
-                  _join8(_f4(ws[3], 0, magic), _f4(ws[3], 1, magic), _f4(ws[3], 2, magic), _f4(ws[3], 3, magic),
-                         _f4(ws[3], 4, magic), _f4(ws[3], 5, magic), _f4(ws[3], 6, magic), _f4(ws[3], 7, magic)))
-        v = (f * a - a) - ml                                                  # [BN, C, p//4, p//2%2, p%2, w//2, w%2]
+        f = _by_w(_q4_word(ws[0], magic), _q4_word(ws[1], magic), _q4_word(ws[2], magic), _q4_word(ws[3], magic))
+        v = _fma(f, s_, -s_, INTERP) - ml                                      # [BN, C, p//4, p//2%2, p%2, w//2, w%2]
     else:
         s2 = sa.to(tl.int32)
         d = sb.to(tl.float32)
@@ -332,9 +347,9 @@ def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
     """[BN, BM, BK, SPLIT, num_warps, num_stages] for a shape the table lacks: one warpgroup on
     64 weight rows, the batch rows in one M tile up to 128 (two at 256), one super-block per
     step (half of one at BM = 128), 3-4 stages. From compiling for sm_90 on the CPU (no GPU
-    run yet): these hold 140-190 registers without spills and 72-127 KB of shared memory
-    (the x tiles, BM x BK bf16 per stage, are most of it); ~7.5 SASS instructions per Q4_K
-    value, ~10.5 per Q6_K."""
+    run yet): these hold 150-190 registers without spills and 72-127 KB of shared memory
+    (the x tiles, BM x BK bf16 per stage, are most of it); 6.8-7.6 SASS instructions per
+    Q4_K value in the loop, 10-11 per Q6_K."""
     bm = min(m_bucket(m), 128)
     bn, bk, warps = 64, 256 if bm <= 64 else 128, 4
     stages = 4 if bm <= 32 else 3
