@@ -70,12 +70,14 @@ def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], see
     x = apply_penalties_rows(logits.float(), histories, params)
     R, V = x.shape
     dev = x.device
-    greedy = torch.tensor([p.temperature <= 0 for p in params], device=dev)
+    # which rows are greedy is known on the host: no device tensor, no sync for it
+    greedy = [p.temperature <= 0 for p in params]
     out = x.argmax(-1)
-    if bool(greedy.all()):
+    if all(greedy):
         return out
-    rows = torch.nonzero(~greedy).flatten()
-    ps = [params[i] for i in rows.tolist()]
+    sampled = [i for i, g in enumerate(greedy) if not g]
+    rows = torch.tensor(sampled, dtype=torch.long, device=dev)
+    ps = [params[i] for i in sampled]
     xs = x.index_select(0, rows)                                                # (r, V)
     srt, order = xs.sort(-1, descending=True)
     rank = torch.arange(V, device=dev)[None, :]
@@ -89,8 +91,8 @@ def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], see
     floor = torch.where(min_p > 0, srt[:, :1] + torch.log(min_p.clamp_min(1e-30)), torch.full_like(min_p, -math.inf))
     srt = srt.masked_fill(srt < floor, -math.inf)                               # min-p
     temp = torch.tensor([p.temperature for p in ps], device=dev)[:, None]
-    sel_seeds = torch.tensor([seeds[i] for i in rows.tolist()], device=dev)
-    sel_pos = torch.tensor([positions[i] for i in rows.tolist()], device=dev)
+    sel_seeds = torch.tensor([seeds[i] for i in sampled], device=dev)
+    sel_pos = torch.tensor([positions[i] for i in sampled], device=dev)
     u = uniforms(sel_seeds, sel_pos, V).gather(1, order)                        # noise of each sorted token
     g = srt / temp - torch.log(-torch.log(u))
     pick = order.gather(1, g.argmax(-1, keepdim=True)).squeeze(1)
@@ -100,10 +102,14 @@ def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], see
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: Seq[int]):
     """The model's log-probabilities (before any filter) of the chosen tokens, (R,) on the host,
     and for rows with top_n > 0 their top_n alternatives [(id, logprob)] (else [])."""
+    n_max = max(top_n, default=0)
+    tops = [[] for _ in top_n]
+    if n_max <= 0:
+        # the chosen tokens' log-probabilities only: one reduction, no (R, V) log-softmax written
+        x = logits.float()
+        return (x.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(x, -1)).tolist(), tops
     lp_all = torch.log_softmax(logits.float(), -1)
     lp = lp_all.gather(1, tokens[:, None]).squeeze(1).tolist()
-    tops = [[] for _ in top_n]
-    n_max = max(top_n, default=0)
     if n_max > 0:
         v, i = torch.topk(lp_all, min(n_max, lp_all.shape[-1]), -1)
         v, i = v.tolist(), i.tolist()
