@@ -5,15 +5,16 @@ engine's dense planes: +13.17 GiB on the 7B, ~14 GB read per step); the repacked
 the same values in 4.6 / 6.6 bits (~4.4 GB for the 7B). The GEMV's tl.dot path (gemv_repack.py)
 multiplies K=32 slices and ran at 0.4-0.94 TB/s at M=32 (docs/perf-log.md, decode GEMV).
 
-Shape of the kernel (swap-AB): the MMA's M dimension is the weight's rows (BN = 64/128: one
-wgmma row tile per warpgroup), its N dimension the batch rows (BM = 16..128), K BK = 128, 256
-or 512 values (half, one or two super-blocks) per iteration. Per iteration a program
+Shape of the kernel (swap-AB): the MMA's M dimension is the weight's rows (BN = 64..256, 64
+per wgmma), its N dimension the batch rows (BM = 16..256), K BK = 128, 256 or 512 values (half,
+one or two super-blocks) per iteration. Per iteration a program
   - loads the tile's quant words ([BN, BK/32 chunks, 4 words]: one 16-byte load per chunk, as
     the GEMV; evict-first when no other M tile will read them) and its scales;
-  - decodes them in registers to the EXACT values in fp32 (the bit tricks of gemv_repack's
-    _dequant_kernel: q under the exponent of 2^23, an exact subtract, dl*q exact, one rounding
-    for - ml, as ggml), rounded once to x's dtype -- the values cuBLAS multiplies on a dense
-    plane made by dequantize_into, so both paths see the same bf16 weights;
+  - decodes them in registers to the EXACT values in fp32 (the values of gemv_repack's
+    _dequant_kernel and of ggml: q dl exact, one rounding for - ml; see _decode), rounded once
+    to x's dtype -- the bf16 weights cuBLAS multiplies on a dense plane made by dequantize_into.
+    The decode is built from joins so that each thread holds whole chunks in K order (scales
+    computed once per chunk, fp32 -> bf16 pairs packed from K neighbours);
   - multiplies the [BN, BK] tile by x^T [BK, BM] in ONE tl.dot (fp32 accumulate).
 Triton's pipeliner keeps num_stages tiles of words, scales and x in flight (cp.async).
 Split K (SPLIT > 1: too few row tiles to fill the GPU): fp32 partials (SPLIT, M, N); the last
@@ -344,15 +345,16 @@ def split_for(qtype: int, m: int, n: int, k: int, bn: int, bm: int, bk: int,
 
 
 def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
-    """[BN, BM, BK, SPLIT, num_warps, num_stages] for a shape the table lacks: one warpgroup on
-    64 weight rows, the batch rows in one M tile up to 128 (two at 256), one super-block per
-    step (half of one at BM = 128), 3-4 stages. From compiling for sm_90 on the CPU (no GPU
-    run yet): these hold 150-190 registers without spills and 72-127 KB of shared memory
-    (the x tiles, BM x BK bf16 per stage, are most of it); 6.8-7.6 SASS instructions per
-    Q4_K value in the loop, 10-11 per Q6_K."""
-    bm = min(m_bucket(m), 128)
-    bn, bk, warps = 64, 256 if bm <= 64 else 128, 4
-    stages = 4 if bm <= 32 else 3
+    """[BN, BM, BK, SPLIT, num_warps, num_stages] for a shape the table lacks: all batch rows in
+    one M tile (each M tile decodes the weights again), 128 weight rows per program (every
+    program reads all of x from L2: x bytes per weight byte = 2M / (0.5625 BN) for Q4_K, so a
+    wider row tile keeps that traffic below the HBM stream's at M <= 64), 8 warps from M = 32.
+    From compiling for sm_90 on the CPU (no GPU run yet): 128-250 registers without spills,
+    54-150 KB of shared memory (the x tiles, BM x BK bf16 per stage, are most of it); 6.5-7.6
+    SASS instructions per Q4_K value in the loop, ~10.5 per Q6_K."""
+    bm = m_bucket(m)
+    bn, bk, warps, stages = {16: (128, 128, 4, 4), 32: (128, 256, 8, 3), 64: (128, 128, 8, 4),
+                             128: (128, 128, 8, 3), 256: (128, 128, 8, 2)}[bm]
     return bn, bm, bk, split_for(qtype, m, n, k, bn, bm, bk), warps, stages
 
 
