@@ -35,6 +35,9 @@ import torch.nn.functional as F
 
 DECODE_MAX_M = 16   # rows up to which the int8 kernel beats dequantize + bf16 GEMM (measured crossover ~32)
 REFINE_TOP = 64     # logits per row recomputed in float32 after the bf16 vocabulary projection
+INT4_MATRICES = ("ffn_", "output")   # prepare_model's default: the int4 matrices (docstring above)
+INT4_ROWS = 16      # _convert_weight_to_int4pack_for_cpu packs rows in blocks of 16
+INT4_GROUP = 32     # inputs per int4 scale/offset: the blocks of Q4_0..Q8_0 and Q4_K's sub-blocks
 
 
 @dataclass(eq=False)
@@ -57,33 +60,101 @@ def pack(w, refine_top: int = 0) -> Int8Weight:
 
     The scale is rounded to bf16 first and q is computed against that rounded scale, so that
     q * scale (what the kernel computes with) is the closest int8 grid to the weights."""
-    dense = w.dense if w.dense is not None else w.dequantize_rows(torch.arange(w.shape[0]))
-    dense = dense.float()
+    dense = _dense(w)
     amax = dense.abs().amax(dim=1)
     scale = (amax / 127.0).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
     q = torch.round(dense / scale.float()[:, None]).clamp_(-128, 127).to(torch.int8)
     return Int8Weight(q.contiguous(), scale.contiguous(), refine_top)
 
 
-def linear(x: torch.Tensor, p: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (T, K) float32 @ (q * scale)^T + bias -> (T, N) float32."""
-    T = x.shape[0]
-    if T > DECODE_MAX_M:
-        from minfer.ops import paths
+@dataclass(eq=False)
+class Int4Weight:
+    """Groupwise asymmetric int4 weights for torch's CPU int4 kernel: within group j of row n
+    (inputs j*group .. (j+1)*group - 1), w[n, k] ~= (q[n, k] - 8) * s[j, n] + z[j, n], q in 0..15
+    (the formula of `aten._weight_int4pack_mm_for_cpu`, checked against float64 in
+    tests/ops/test_cpu_quant.py)."""
 
+    packed: torch.Tensor       # (N, K/2) uint8, the kernel's own layout (_convert_weight_to_int4pack_for_cpu)
+    sz: torch.Tensor           # (K/group, N, 2) bfloat16: s, z
+    nib: torch.Tensor          # (N, K/2) uint8, plain order: byte j = q[2j] | q[2j+1] << 4 (for dequantize)
+    group: int
+    refine: Int8Weight | None = None   # the vocabulary projection: its int8 rows (module docstring)
+
+    @property
+    def refine_top(self) -> int:
+        return self.refine.refine_top if self.refine is not None else 0
+
+    def nbytes(self) -> int:
+        n = self.packed.numel() + self.nib.numel() + 2 * self.sz.numel()
+        return n + (self.refine.nbytes() if self.refine is not None else 0)
+
+    def codes(self) -> torch.Tensor:
+        """(N, K) uint8 q."""
+        return torch.stack((self.nib & 15, self.nib >> 4), dim=-1).reshape(self.nib.shape[0], -1)
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        q = self.codes()
+        N, K = q.shape
+        s = self.sz[..., 0].float().t()[:, :, None]          # (N, K/group, 1)
+        z = self.sz[..., 1].float().t()[:, :, None]
+        return ((q.reshape(N, K // self.group, self.group).float() - 8) * s + z).reshape(N, K).to(dtype)
+
+
+def pack4(w, group: int = INT4_GROUP, refine_top: int = 0) -> Int4Weight:
+    """The int4 form of QWeight w: per group, the grid spans the group's [min, max] in 16 steps.
+    s and z are rounded to bf16 (what the kernel reads) before q is chosen, so q is the nearest
+    point of the grid the kernel computes with (clamped to 0..15 at the ends)."""
+    dense = _dense(w)
+    N, K = dense.shape
+    if not int4_fits(w.shape, group):
+        raise ValueError(f"{w.name}: int4 needs inputs in whole groups of {group} and rows in multiples "
+                         f"of {INT4_ROWS}, not {N} x {K}")
+    g = dense.reshape(N, K // group, group)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s = ((hi - lo) / 15).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+    z = (lo + 8 * s.float()).to(torch.bfloat16)
+    q = torch.round((g - z.float()[..., None]) / s.float()[..., None] + 8).clamp_(0, 15).to(torch.uint8)
+    q = q.reshape(N, K)
+    nib = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+    sz = torch.stack((s.t(), z.t()), dim=-1).contiguous()
+    refine = pack(w, refine_top) if refine_top else None
+    return Int4Weight(packed, sz, nib, group, refine)
+
+
+def int4_fits(shape, group: int = INT4_GROUP) -> bool:
+    """Whether an (N, K) matrix has the int4 kernel's shape (its packing takes N in 16s)."""
+    return shape[1] % group == 0 and shape[0] % INT4_ROWS == 0
+
+
+def _dense(w) -> torch.Tensor:
+    dense = w.dense if w.dense is not None else w.dequantize_rows(torch.arange(w.shape[0]))
+    return dense.float()
+
+
+def linear(x: torch.Tensor, p, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (T, K) float32 @ W^T + bias -> (T, N) float32, W the int8 or int4 form p."""
+    from minfer.ops import paths
+
+    T = x.shape[0]
+    kind = "int4" if isinstance(p, Int4Weight) else "int8"
+    if T > DECODE_MAX_M:
         if p.refine_top:      # all-row logits (perplexity): float32, as exact as the int8 rows allow
-            paths.count("cpu.int8.logits_f32")
-            y = F.linear(x.float(), p.dequantize(torch.float32))
+            paths.count(f"cpu.{kind}.logits_f32")
+            rows = p.refine if kind == "int4" else p
+            y = F.linear(x.float(), rows.dequantize(torch.float32))
         else:
-            paths.count("cpu.int8.prefill_bf16")
+            paths.count(f"cpu.{kind}.prefill_bf16")
             y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
     else:
-        from minfer.ops import paths
-
-        paths.count("cpu.int8.decode")
-        y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16).contiguous(), p.q, p.scale).float()
+        paths.count(f"cpu.{kind}.decode")
+        xb = x.to(torch.bfloat16).contiguous()
+        if kind == "int4":
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, p.group, p.sz).float()
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(xb, p.q, p.scale).float()
         if p.refine_top:
-            y = _refine(x.float(), p, y)
+            y = _refine(x.float(), p.refine if kind == "int4" else p, y)
     if bias is not None:
         y = y + bias.float()
     return y
@@ -98,19 +169,27 @@ def _refine(x: torch.Tensor, p: Int8Weight, y: torch.Tensor) -> torch.Tensor:
     return y.scatter(1, idx, exact)
 
 
-def prepare_model(model) -> int:
+def prepare_model(model, int4=INT4_MATRICES) -> int:
     """Pack every matrix of a CPU model that a matmul reads and drop its dense float32 copy (an
     embedding's rows are then decoded from the file's blocks, exactly, as an untied embedding's
-    always are). An untied embedding table, only gathered from, is left alone. Returns the bytes
-    held by the int8 forms. The vocabulary projection gets the float32 refinement of its top
-    logits."""
+    always are). An untied embedding table, only gathered from, is left alone. int4: the prefixes
+    of the kinds of matrix that take the int4 form (the kind: the GGUF name's part before
+    ".weight", e.g. "ffn_" for ffn_gate/up/down; "output" is the vocabulary projection, tied or
+    not; "" every matrix; () int8 everywhere); the others, and matrices of other shapes, take int8.
+    Returns the bytes held by the packed forms. The vocabulary projection gets the float32
+    refinement of its top logits."""
     output = getattr(model, "output", None)
     embd = getattr(model, "token_embd", None)
     total = 0
     for w in model.qweights():
         if w is embd and w is not output:
             continue
-        w.packed = pack(w, REFINE_TOP if w is output else 0)
+        top = REFINE_TOP if w is output else 0
+        kind = "output" if w is output else w.name.split(".")[-2]      # blk.3.ffn_up.weight -> ffn_up
+        if any(kind.startswith(f) for f in int4) and int4_fits(w.shape):
+            w.packed = pack4(w, INT4_GROUP, top)
+        else:
+            w.packed = pack(w, top)
         w.dense = None
         total += w.packed.nbytes()
     return total
