@@ -240,7 +240,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :],
                              eviction_policy=EVICT)
                 sb = _d6(p3, row2 * NB + (kc // 8)[None, :], None, EVICT)
-            xb = tl.load(x + xoff)
+            xb = tl.load(x + xoff, eviction_policy="evict_last")   # re-read by every row tile
         else:
             # a K range that is not a whole number of K steps: the chunks past c_hi read as
             # zero words and zero scales (value 0) and zero x
@@ -257,7 +257,8 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=kmask,
                              other=0, eviction_policy=EVICT)
                 sb = _d6(p3, row2 * NB + (kc // 8)[None, :], kmask, EVICT)
-            xb = tl.load(x + xoff, mask=(c0 * 32 + kv < c_hi * 32)[None, :], other=0.0)
+            xb = tl.load(x + xoff, mask=(c0 * 32 + kv < c_hi * 32)[None, :], other=0.0,
+                         eviction_policy="evict_last")
         wt = _decode(tl.reshape(wq, (BN, C, 4)), tl.reshape(hq, (BN, C, 4)).to(tl.int32), sa, sb, magic, QT, BN,
                      C, INTERP)
         if DOT_F32:
