@@ -106,20 +106,24 @@ def plan(quick: bool) -> list:
     return runs
 
 
-def _compile_worker(jobs) -> list:
-    """Runs each (qt, k, m, config) once on a 256-row weight: compiles it into Triton's cache."""
+def _compile_worker(arg) -> list:
+    """(device, [(qt, k, m, config)]): runs each config once on a 256-row weight, which compiles
+    it into Triton's cache (a spawned process: the device comes along, --smoke runs on the CPU)."""
+    global DEV
+    DEV, jobs = arg
     qg, _ = kernels()
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=DEV).manual_seed(1)
     errs, cache = [], {}
     for qt, k, m, cfg in jobs:
         try:
             if (qt, k) not in cache:
-                cache[(qt, k)] = qg.Repacked(qt, 256, k, _repack(qt, 256, k, gen).planes)
-            x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-            qg.qgemm(x, cache[(qt, k)], config=cfg)
+                cache[(qt, k)] = _repack(qt, 256, k, gen)
+            x = torch.randn(m, k, device=DEV, generator=gen).to(torch.bfloat16)
+            qg.qgemm(x, cache[(qt, k)], config=cfg, interpret=DEV == "cpu")
         except Exception as e:                  # reported by the main process when it runs the config
             errs.append(f"{NAME[qt]} k{k} m{m} {cfg}: {type(e).__name__}")
-    torch.cuda.synchronize()
+    if DEV == "cuda":
+        torch.cuda.synchronize()
     return errs
 
 
@@ -136,7 +140,7 @@ def precompile(runs, jobs: int) -> float:
     chunks = [todo[i::jobs] for i in range(jobs)]
     try:
         with mp.get_context("spawn").Pool(jobs) as pool:
-            for errs in pool.map(_compile_worker, chunks):
+            for errs in pool.map(_compile_worker, [(DEV, c) for c in chunks]):
                 for e in errs:
                     print(f"  precompile: {e}", flush=True)
     except Exception as e:                      # the main process compiles what is missing
@@ -148,7 +152,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="two tiles per M bucket, one split target, no 'gate'")
-    ap.add_argument("--jobs", type=int, default=min(12, os.cpu_count() or 1), help="compile processes")
+    ap.add_argument("--jobs", type=int, default=None, help="compile processes (default min(12, CPUs); --smoke 1)")
     ap.add_argument("--rep", type=int, default=8, help="do_bench rep (ms)")
     ap.add_argument("--write-configs", action="store_true", help="write ops/cuda/qgemm_repack_h200.json")
     ap.add_argument("--configs-out", default=None, help="write the config table here (e.g. under $OUT)")
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
     global DEV, SHAPES, MS
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-        DEV, MS, args.jobs = "cpu", (16,), 1
+        DEV, MS = "cpu", (16,)
         SHAPES = [("small", Q4_K, 128, 512), ("small", Q6_K, 64, 512)]
     import triton.testing
 
@@ -171,7 +175,8 @@ def main(argv=None) -> int:
     t0 = time.time()
     qg, gr = kernels()
     runs = plan(args.quick)
-    tc = precompile(runs, args.jobs)
+    jobs = args.jobs if args.jobs is not None else 1 if args.smoke else min(12, os.cpu_count() or 1)
+    tc = precompile(runs, jobs)
     print(f"{len(runs)} runs, {len({(r[1], r[3], r[4], r[5]) for r in runs})} kernel variants, "
           f"precompiled in {tc:.1f} s", flush=True)
     gen = torch.Generator(device=DEV).manual_seed(0)
