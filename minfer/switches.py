@@ -66,8 +66,9 @@ class Switches:
                               "prompts of gemv_max_m+1 .. prefill_graph_max tokens from position 0 "
                               "replay a CUDA graph of their padded length")
     cpu_quant: bool = _sw(True, "MINFER_CPU_QUANT",
-                          "CPU: matrices requantized to per-row int8 at load, read by torch's "
-                          "weight-only int8 kernel (ops/cpu_quant.py; off: the float32 reference)",
+                          "CPU: matrices requantized at load, the feed-forward and vocabulary ones to "
+                          "int4 in groups of 32, the others to per-row int8, read by torch's "
+                          "weight-only kernels (ops/cpu_quant.py; off: the float32 reference)",
                           when="load")
     # ---- tuning values ----
     gemv_max_m: int = _sw(32, "MINFER_GEMV_MAX_M", "largest M (rows) that takes the decode GEMV",

@@ -30,7 +30,7 @@ class QWeight:
     shape: tuple[int, int]           # (N, K): N output rows, K inputs
     raw: torch.Tensor                # uint8 (N, row_bytes), the file's blocks, on the device
     dense: torch.Tensor | None = None  # (N, K) float, CPU reference (None: dequantize on demand)
-    packed: Any = None               # CPU fast-path form (minfer.ops.cpu_quant.Int8Weight) or None
+    packed: Any = None               # CPU fast-path form (minfer.ops.cpu_quant.Int4Weight/Int8Weight) or None
 
     @property
     def device(self) -> torch.device:
