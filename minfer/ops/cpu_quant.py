@@ -1,29 +1,31 @@
-"""The CPU fast path for matmuls: weights requantized at load to per-channel int8, so a decode
-step reads 8 bits per weight instead of the reference's 32.
+"""The CPU fast path for matmuls: weights requantized at load, the feed-forward and vocabulary
+matrices to int4 in groups of 32 and the attention matrices to per-row int8, so a decode step
+reads 5 (int4 + a bf16 scale and offset per 32) or 8 bits per weight instead of the reference's 32.
 
-Why this format (measured on the 2-core CI machine's kind, Qwen2.5-0.5B shapes, docs/perf-log.md
-"CPU decode"): a decode step is a chain of matrix-vector products, bound by the bytes of weight
-read. torch's weight-only int8 kernel (`aten._weight_int8pack_mm`: bf16 activations, int8 weights,
-one bf16 scale per output row; AVX-512 on x86) read the 0.5B's matrices in about half the time of
-float32 or bf16 dense `F.linear`; its int4 sibling (`_weight_int4pack_mm_for_cpu`) was as fast or
-faster but cannot hold Q5_0/Q8_0/Q6_K blocks (55% + 30% + 9% of the 0.5B's bytes) without a
-second, coarser rounding, where per-channel int8 is finer than those blocks' own steps in
-most rows. Both kernels take float32 inputs only through a scalar loop, hence bf16 activations.
+Why these formats (measured on the 2-core CI machine's kind with the 0.5B's shapes and file,
+docs/perf-log.md "the CPU path"): a decode step is a chain of matrix-vector products. One
+token's matmuls took int8 (`aten._weight_int8pack_mm`: bf16 activations, one bf16 scale per
+row) 86 ms, int4 (`aten._weight_int4pack_mm_for_cpu`, group 32) 43 ms, fbgemm's dynamic int8
+linear 58 ms (and deprecated), bf16 dense 136 ms. Both weight-only kernels take float32 inputs
+only through a scalar loop, hence bf16 activations. int4 is a second, coarser rounding of the
+file's Q5_0/Q6_K/Q4_K/Q8_0 blocks: with every matrix in int4 the 0.5B's perplexity rose 4.1%
+over float32 (the attention matrices cost most of it), with this split 1.2%, int8 everywhere 0.1%.
 
-    w.packed = pack(w)              # at load (Engine.load, switch MINFER_CPU_QUANT, on by default)
-    y = linear(x, w, bias)          # (T, K) float32 -> (T, N) float32
+    prepare_model(model)            # at load (Engine.load, switch MINFER_CPU_QUANT, on by default)
+    y = linear(x, w.packed, bias)   # (T, K) float32 -> (T, N) float32
 
-- T <= DECODE_MAX_M rows (decode, short prompts): the int8 kernel.
-- more rows (prefill): the int8 rows dequantized to bf16 and one bf16 GEMM (oneDNN; AMX where
-  the CPU has it), faster than the int8 kernel past ~32 rows and than float32 MKL at 512.
+- T <= DECODE_MAX_M rows (decode, short prompts): the int4 or int8 kernel.
+- more rows (prefill): the weights dequantized to bf16 and one bf16 GEMM (oneDNN), faster than
+  the int8 kernel past ~32 rows and than float32 MKL at 512.
 - the output (vocabulary) projection: its result comes back in bf16, too coarse for logits
   (a step of 0.125 at 16-32), so the REFINE_TOP largest logits of each row are recomputed in
-  float32 from the same int8 rows; greedy choices and the probability mass that matters are
-  then those of the int8 weights in float32 arithmetic. Prefill's all-row logits (perplexity)
-  use a float32 GEMM of the dequantized int8 rows.
+  float32 from per-row int8 copies of its rows (an int4 vocabulary matrix keeps one, read only
+  for those rows); greedy choices and the probability mass that matters are then those of int8
+  weights in float32 arithmetic. Prefill's all-row logits (perplexity) use a float32 GEMM of the
+  dequantized int8 rows.
 
-Requantizing changes numerics slightly (Q5_0's per-32 steps vs one step per row); the float32
-reference (MINFER_CPU_QUANT=0) stays the path every kernel and golden is checked against.
+The float32 reference (MINFER_CPU_QUANT=0) stays the path every kernel and golden is checked
+against.
 """
 
 from __future__ import annotations
