@@ -97,6 +97,7 @@ ALLOWED_ENV = {
     "ops/cuda/dequant.py",         # TRITON_INTERPRET (Triton's own switch)
     "commands/serve.py",           # MINFER_API_KEY, the server's default key
     "cli.py",                      # writes OMP_WAIT_POLICY (torch's OpenMP), reads no MINFER_* variable
+    "bench/qgemm_sweep.py",        # --smoke sets TRITON_INTERPRET (Triton's own switch) for a CPU check
 }
 
 

@@ -120,3 +120,41 @@ def test_gemv_q8_two_segments_one_launch(Q):
     for cfg in [(16, 1, 1, 4, True), (32, 1, 2, 4, False)]:
         out = q8m.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, config=cfg, interpret=True)
         assert out.shape == (1, 66) and rel_err(out, ref) < 1e-5, cfg
+
+
+def test_moe_decode_q8_reads_selected_experts(Q):
+    """ops.moe_ffn at T=1 with repacked stacked experts: the int8 expert-gather path, against
+    float64 math on the same quantized activations (h, then silu(gate) * up per expert)."""
+    import types
+
+    import minfer.ops.cuda.moe as moe_mod
+    from minfer.ops import paths
+
+    q8m, G = Q
+    E, Fe, D, k = 4, 256, 512, 2
+
+    def stacked(qt, n, kk, seed):
+        rw, w = _weight(G, qt, n, kk, seed)
+        return types.SimpleNamespace(repacked=rw, shape=(n, kk), name=f"blk.0.x{seed}_exps.weight", qtype=qt), w
+
+    (gw, wg), (uw, wu), (dw, wd) = stacked(12, E * Fe, D, 71), stacked(12, E * Fe, D, 72), stacked(14, E * D, Fe, 73)
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(1, D, generator=g)
+    router = torch.randn(E, D, generator=g)
+    h.q8 = q8m.quantize(h, interpret=True)
+    paths.reset()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(moe_mod, "gemv_q8", q8m)
+        mp.setattr(moe_mod.dequant, "interpret", lambda: True)
+        out = moe_mod.moe_ffn(h, router, gw, uw, dw, k, True)
+    assert paths.snapshot()["counts"].get("moe.gather.q8") == 1
+    probs = torch.softmax(h.double() @ router.double().T, -1)[0]
+    wts, idx = probs.topk(k)
+    wts = wts / wts.sum()
+    ref = torch.zeros(1, D, dtype=torch.float64)
+    for we, e in zip(wts.tolist(), idx.tolist()):
+        gg = x_hat(h) @ wg[e * Fe:(e + 1) * Fe].T
+        uu = x_hat(h) @ wu[e * Fe:(e + 1) * Fe].T
+        a = torch.nn.functional.silu(gg) * uu
+        ref += we * (x_hat(a) @ wd[e * D:(e + 1) * D].T)
+    assert rel_err(out, ref) < 1e-3

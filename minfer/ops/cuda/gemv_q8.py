@@ -62,7 +62,16 @@ def _q8_chunks(v, c, cmask, xq, xf):
 def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
                ADD: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, CB: tl.constexpr,
                BK: tl.constexpr):
-    """One row: v = x (+ y) [silu(x) * up]; [rms_norm(v) * nw]; chunks CB*pid.. quantized."""
+    """Row program_id(1) (rows contiguous, K apart): v = x (+ y) [silu(x) * up]; [rms_norm(v) *
+    nw]; chunks CB*pid.. quantized."""
+    row = tl.program_id(1).to(tl.int64)
+    x += row * K
+    y += row * K
+    up += row * K
+    s_out += row * K
+    h_out += row * K
+    xq += row * (K // 4)
+    xf += row * (K // 8)
     c = tl.program_id(0) * CB + tl.arange(0, CB)
     cmask = c < K // 32
     k = c[:, None] * 32 + tl.arange(0, 32)[None, :]
@@ -88,18 +97,21 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
     _q8_chunks(v, c, cmask, xq, xf)
 
 
-def _q8_launch(x, y, up, nw, eps, out_dtype, interpret):
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] % 256 or x.stride(1) != 1:
+def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False):
+    if (x.dim() != 2 or (x.shape[0] != 1 and not rows_ok) or x.shape[1] % 256 or not x.is_contiguous()
+            or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
                           f"{tuple(x.shape)} strides {x.stride()}")
-    k = x.shape[1]
+    r, k = x.shape
     dev = x.device
-    xq = torch.empty(k // 4, dtype=torch.int32, device=dev)
-    xf = torch.empty(k // 8, dtype=torch.float32, device=dev)
-    h = torch.empty((1, k), dtype=out_dtype, device=dev)
-    s = torch.empty((1, k), dtype=torch.float32, device=dev) if y is not None else h
+    xq = torch.empty((r, k // 4), dtype=torch.int32, device=dev)
+    xf = torch.empty((r, k // 8), dtype=torch.float32, device=dev)
+    h = torch.empty((r, k), dtype=out_dtype, device=dev)
+    s = torch.empty((r, k), dtype=torch.float32, device=dev) if y is not None else h
     cb = 4 if interpret else 16
-    _q8_kernel[(triton.cdiv(k // 32, cb),)](
+    if r == 1:
+        xq, xf = xq.view(-1), xf.view(-1)
+    _q8_kernel[(triton.cdiv(k // 32, cb), r)](
         x, y if y is not None else x, up if up is not None else x, nw if nw is not None else x, s, h, xq, xf,
         k, float(eps), ADD=y is not None, NORM=nw is not None, SWIGLU=up is not None, CB=cb,
         BK=256 if interpret else 1024, num_warps=4)
@@ -122,6 +134,13 @@ def swiglu_q8(gate, up, interpret: bool = False):
     if up.shape != gate.shape or up.stride() != gate.stride():
         raise MinferError(f"gemv_q8: up {tuple(up.shape)} does not match gate {tuple(gate.shape)}")
     _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret)
+    return h, q8
+
+
+def swiglu_q8_rows(gate, up, interpret: bool = False):
+    """(h, q8) for R rows: h = silu(gate) * up (R, F), q8 = (xq (R, F/4), xf (R, F/8)), row r's
+    int8 form in row r (the MoE down projection's per-expert inputs)."""
+    _, h, q8 = _q8_launch(gate.contiguous(), None, up.contiguous(), None, 0.0, gate.dtype, interpret, rows_ok=True)
     return h, q8
 
 
@@ -330,4 +349,57 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, num_warps=nwarps,
                           num_stages=1)
+    return out
+
+
+# ---------------------------------------------------------------- MoE: the selected experts' rows
+
+
+@triton.jit
+def _moe_q8_kernel(p0, p1, p2, p3, rs0, rs1, rs2, rs3, xq, xf, xs_q, xs_f, eidx, out, part, cnt,
+                   N, NB, TILES, blocks_per_split, SPLIT,
+                   QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, IS_SPLIT: tl.constexpr,
+                   ASM: tl.constexpr, PREFETCH: tl.constexpr):
+    """Slot s = program_id(2): out[s] (N,) = W_e . x_hat_s with e = eidx[s], W_e rows [e*N,
+    (e+1)*N) of the stacked planes (row strides rs*), x row s (xs_q / xs_f apart; 0: shared)."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    slot = tl.program_id(2)
+    e = tl.load(eidx + slot).to(tl.int64) * N
+    _q8_tile(p0 + e * rs0, p1 + e * rs1, p2 + e * rs2, p3 + e * rs3, xq + slot * xs_q, xf + slot * xs_f,
+             out, out, out + slot * N, part + slot * N, cnt + slot * TILES, pid_n, pid_s, N, N * tl.num_programs(2),
+             NB, 0, blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, False, False, ASM, PREFETCH)
+
+
+def gemv_q8_experts(q8, rw: Repacked, experts: torch.Tensor, n: int, per_slot_x: bool = False,
+                    out_dtype=torch.bfloat16, ws: GemvWorkspace | None = None, asm: bool | None = None,
+                    interpret: bool = False, config=None) -> torch.Tensor:
+    """out (S, n): row s = expert experts[s]'s matrix (rows [e*n, (e+1)*n) of the stacked
+    repacked weight) times x_hat, in one launch; x_hat the one q8 row, or row s of a (S, K/4)
+    q8 pair when per_slot_x. experts (S,) int64 on the device (no host read: graph-safe)."""
+    xq, xf = q8
+    k = rw.k
+    s_n = experts.shape[0]
+    if rw.n % n or rw.qtype not in (Q4_K, Q6_K):
+        raise MinferError(f"gemv_q8_experts: {rw.n} stacked rows are not experts of {n} rows (or type {rw.qtype})")
+    if xq.numel() * 4 != k * (s_n if per_slot_x else 1):
+        raise MinferError(f"gemv_q8_experts: activations have {xq.numel() * 4} values for K = {k}")
+    bn, bb, split, nwarps, prefetch = tuple(config or config_for(rw.qtype, n * s_n, k, interpret))
+    nb = k // 256
+    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
+    split = triton.cdiv(nb, bps)
+    out = torch.empty((s_n, n), dtype=out_dtype, device=xq.device)
+    part = torch.empty((split, s_n * n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    tiles = triton.cdiv(n, bn)
+    cnt = out
+    if split > 1:
+        cnt = ws.counters(tiles * s_n) if ws is not None else torch.zeros(tiles * s_n, dtype=torch.int32,
+                                                                          device=xq.device)
+    p = _planes4(rw)
+    st = [t.stride(0) for t in p]
+    _moe_q8_kernel[(tiles, split, s_n)](p[0], p[1], p[2], p[3], st[0], st[1], st[2], st[3], xq, xf,
+                                        k // 4 if per_slot_x else 0, k // 8 if per_slot_x else 0, experts, out,
+                                        part, cnt, n, nb, tiles, bps, split, QT=rw.qtype, BN=bn, BB=bb,
+                                        IS_SPLIT=split > 1, ASM=(not interpret) if asm is None else asm,
+                                        PREFETCH=prefetch, num_warps=nwarps, num_stages=1)
     return out

@@ -221,9 +221,10 @@ def repack_weight(w, validate: bool = False) -> None:
 
 
 def repack_model(model, validate: bool = False) -> int:
-    """Repack every Q4_K/Q6_K matrix that only ops.linear multiplies (Switches.gemv_repack, at
-    load): not the token embedding (a row gather over the raw blocks, also a tied lm head)
-    nor stacked MoE experts (ops.moe_ffn gathers their raw rows). Returns the weights repacked."""
+    """Repack every Q4_K/Q6_K matrix (Switches.gemv_repack, at load) but the token embedding
+    (a row gather over the raw blocks, also a tied lm head). Stacked MoE experts are repacked
+    too: ops.moe_ffn multiplies the selected experts' rows in place by the int8 GEMV and
+    decodes the planes whole for prefill. Returns the weights repacked."""
     embd = getattr(model, "token_embd", None)
     done = 0
     for w in model.qweights():
@@ -231,8 +232,6 @@ def repack_model(model, validate: bool = False) -> int:
             continue
         if w is embd or w.name.startswith("token_embd"):
             w.repack_skip = "the token embedding (row gathers read its raw blocks)"
-        elif "_exps" in w.name:
-            w.repack_skip = "stacked MoE experts (ops.moe_ffn gathers their raw rows)"
         else:
             repack_weight(w, validate)
             done += 1

@@ -5,7 +5,12 @@ Expert weights are one QWeight per stacked tensor: raw blocks (E*N, row_bytes), 
 at [e*N, (e+1)*N) (minfer/models/qwen3moe.py load_experts). The reference is
 minfer.ops.reference.moe_ffn (expert by expert, float32).
 
-- Few rows (decode, T*k <= gather_max): expert gather. The T*k selected experts' rows are
+- One row with its int8 form (decode, Switches.gemv_q8; the stacked experts were repacked at
+  load, gemv_repack_layout.repack_model): the selected experts' rows multiplied where they lie
+  by the int8 GEMV (gemv_q8.gemv_q8_experts: one launch per stacked weight, the expert ids read
+  on the device), SwiGLU + per-row int8 in one launch, the down projection per slot, then the
+  weighted sum: only the active experts' bytes are read.                    path moe.gather.q8
+- Few rows (T*k <= gather_max) over raw blocks: expert gather. The T*k selected experts' rows are
   decoded from their raw blocks by the dequant kernel's row-index gather (the indices stay on
   the device), into (T*k, N, K) in the activation dtype, then one batched matmul per weight.
   Only the active experts' blocks are read; the decoded copy costs about 2 bytes a weight
@@ -25,16 +30,39 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minfer.errors import MinferError
 from minfer.ops import paths
-from minfer.ops.cuda import dequant
+from minfer.ops.cuda import dequant, gemv_q8, gemv_repack
+from minfer.ops.cuda.gemv_repack_layout import planes_of
 
 GATHER_MAX = 16     # T*k rows at most for the expert gather (a decode step: T=1, k<=8 -> 8)
 
 
 def _decode_rows(w, rows: torch.Tensor, k: int, dtype) -> torch.Tensor:
-    """Rows `rows` (R,) int64 device of the stacked expert QWeight w -> (R, K) in dtype."""
+    """Rows `rows` (R,) int64 device of the stacked expert QWeight w -> (R, K) in dtype. A
+    repacked weight (planes) is decoded whole: callers pass every row then (the grouped path)."""
     out = torch.empty((rows.shape[0], k), dtype=dtype, device=rows.device)
+    rw = planes_of(w)
+    if rw is not None:
+        if rows.shape[0] != rw.n:
+            raise MinferError(f"tensor '{w.name}': a repacked expert tensor is decoded whole, not {rows.shape[0]} "
+                              f"of its {rw.n} rows")
+        return gemv_repack.dequantize_into(rw, out, interpret=dequant.interpret())
     return dequant.dequantize_into(w.raw, w.qtype, rows.shape[0], k, out, idx=rows, interpret=dequant.interpret())
+
+
+def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx):
+    """T = 1: the k selected experts by the int8 GEMV over their repacked rows -> (1, D)."""
+    ws = ctx.workspace.gemv_counters() if ctx is not None and ctx.workspace is not None else None
+    interp = dequant.interpret()
+    sel = idx.reshape(-1)
+    D = h.shape[1]
+    g = gemv_q8.gemv_q8_experts(h.q8, planes_of(gate_exps), sel, Fe, out_dtype=h.dtype, ws=ws, interpret=interp)
+    u = gemv_q8.gemv_q8_experts(h.q8, planes_of(up_exps), sel, Fe, out_dtype=h.dtype, ws=ws, interpret=interp)
+    _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
+    y = gemv_q8.gemv_q8_experts(qa, planes_of(down_exps), sel, D, per_slot_x=True, out_dtype=torch.float32, ws=ws,
+                                interpret=interp)
+    return (y * w.reshape(-1, 1)).sum(0, keepdim=True).to(h.dtype)
 
 
 def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
@@ -59,7 +87,11 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     Fe = gate_exps.shape[0] // E
     w, idx = route(h, router, k, norm_weights)
     act = h.dtype
-    if T * k <= GATHER_MAX:
+    planes = all(planes_of(t) is not None for t in (gate_exps, up_exps, down_exps))
+    if planes and T == 1 and getattr(h, "q8", None) is not None and Fe % 256 == 0 and D % 256 == 0:
+        paths.count("moe.gather.q8")
+        return _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx)
+    if T * k <= GATHER_MAX and not planes:
         paths.count("moe.gather")
         sel = idx.reshape(-1)                                              # (T*k,)
         g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, act).view(T * k, Fe, D)
