@@ -15,7 +15,8 @@ pytestmark = pytest.mark.gpu
 
 CASES = [("tiny", "qwen2", "q4_k_m"), ("tiny", "llama", "q4_k_m"), ("tiny", "qwen2", "q4_0"),
          ("tiny", "llama", "q8_0"), ("tiny", "qwen2", "f16"),
-         ("qwen2.5-0.5b", "qwen2", "q4_k_m")]     # 896 columns: Q5_0/Q8_0 fallbacks, like the real file
+         ("qwen2.5-0.5b", "qwen2", "q4_k_m"),     # 896 columns: Q5_0/Q8_0 fallbacks, like the real file
+         ("qwen3-30b-a3b", "qwen3moe", "q4_k_m")]  # 2 layers of 128 experts: the int8 expert gather
 
 
 # the CPU side is the float32 reference whatever the environment says: the int8 CPU fast path
@@ -70,6 +71,8 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     assert any(k.endswith(".prefill") or k.endswith(".cublas_direct") for k in counts), counts
     assert any(k.endswith(".decode") or ".decode." in k for k in counts), counts
     assert paths.snapshot()["fallbacks"] == {}
+    if arch == "qwen3moe":
+        assert counts.get("moe.gather.q8", 0) >= 4, counts        # the decode steps' experts
     params = SamplingParams(temperature=0)
     cpu.reset()
     gpu.reset()
