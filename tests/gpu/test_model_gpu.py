@@ -56,7 +56,11 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     lc = cpu.forward(prompt, 0)
     lg = gpu.forward(prompt, 0)
     assert torch.isfinite(lg).all()
-    assert rel(lg, lc) < 1e-2
+    # MoE: bf16 activations flip near-tied router choices now and then, a floor of 3-5% of the
+    # logits' norm measured on the CPU (tests/gpu/test_arch_gpu.py); H200 2026-11-30: 1.48e-2
+    moe = arch == "qwen3moe"
+    tol = 5e-2 if moe else 1e-2
+    assert rel(lg, lc) < tol
     gpu16.forward(prompt, 0)
     # decode steps through the cache. The default one-row decode quantizes each matmul input to
     # int8 per 32 values (gemv_q8, llama.cpp's mmvq precision): ~0.4% of a block's largest value
@@ -65,8 +69,8 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     for i, tok in enumerate(prompt[:4]):
         dc = cpu.forward([tok], 40 + i)
         dg = gpu.forward([tok], 40 + i)
-        assert rel(dg, dc) < 2e-2
-        assert rel(gpu16.forward([tok], 40 + i), dc) < 1e-2
+        assert rel(dg, dc) < 2 * tol
+        assert rel(gpu16.forward([tok], 40 + i), dc) < tol
     counts = paths.snapshot()["counts"]
     assert any(k.endswith(".prefill") or k.endswith(".cublas_direct") for k in counts), counts
     assert any(k.endswith(".decode") or ".decode." in k for k in counts), counts
@@ -78,17 +82,20 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     gpu.reset()
     gpu16.reset()
     tc = [e.token_id for e in cpu.generate(prompt[:10], params, max_new_tokens=32)]
-    assert [e.token_id for e in gpu16.generate(prompt[:10], params, max_new_tokens=32)] == tc
-    tg = [e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]
-    first = next((i for i, (a, b) in enumerate(zip(tc, tg)) if a != b), None)
-    if first is not None:
-        # int8 activations may flip a near-tie of the reference, nothing else: the CPU's two best
-        # logits at the first differing token are within 5% of the logits' spread
-        cpu.reset()
-        lc = cpu.forward(prompt[:10] + tc[:first], 0)[-1]
-        top2 = lc.topk(2).values
-        assert float(top2[0] - top2[1]) < 0.05 * float(lc.std()), (first, tc, tg)
-        print(f"q8 decode: first flip at token {first} of 32, a near-tie (top-2 gap {float(top2[0] - top2[1]):.4f})")
+    t16 = [e.token_id for e in gpu16.generate(prompt[:10], params, max_new_tokens=32)]
+    if not moe:
+        assert t16 == tc
+    for tg in ([t16] if moe else []) + [[e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]]:
+        first = next((i for i, (a, b) in enumerate(zip(tc, tg)) if a != b), None)
+        if first is not None:
+            # int8 activations (and, on the MoE, bf16 router choices) may flip a near-tie of the
+            # reference, nothing else: the CPU's two best logits at the first differing token are
+            # within 5% of the logits' spread
+            cpu.reset()
+            lc = cpu.forward(prompt[:10] + tc[:first], 0)[-1]
+            top2 = lc.topk(2).values
+            assert float(top2[0] - top2[1]) < 0.05 * float(lc.std()), (first, tc, tg)
+            print(f"first flip at token {first} of 32, a near-tie (top-2 gap {float(top2[0] - top2[1]):.4f})")
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
