@@ -112,7 +112,9 @@ def test_every_sweep_config_agrees_and_split_is_deterministic(S, qt, n, k):
             for split in (1, 4):
                 cfg = (bn, bm, bk, split, w, st)
                 a = qg.qgemm(x, rw, out_dtype=torch.float32, config=cfg)
-                assert rel_err(a, ref) < 1e-5, (m, cfg)
+                # fp32 accumulation over K values: ~sqrt(K) * 2^-24 relative, a few times over;
+                # K = 18944 in one split measured 2.1e-5 on the H200 (2026-11-30)
+                assert rel_err(a, ref) < (5e-5 if k > 8192 else 1e-5), (m, cfg)
                 if split > 1:
                     assert torch.equal(a, qg.qgemm(x, rw, out_dtype=torch.float32, config=cfg))
                     b = qg.qgemm(x, rw, out_dtype=torch.float32, config=cfg, inline_reduce=False)
