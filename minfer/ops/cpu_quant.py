@@ -37,6 +37,13 @@ import torch.nn.functional as F
 
 DECODE_MAX_M = 16   # rows up to which the int8 kernel beats dequantize + bf16 GEMM (measured crossover ~32)
 REFINE_TOP = 64     # logits per row recomputed in float32 after the bf16 vocabulary projection
+# Decode matmuls of at most this many weights run on one thread: with passive OpenMP waiting,
+# waking the second thread cost ~100 us a call, more than a small matrix takes (one token,
+# 2 threads vs 1, from memory: k/v 128x896 int8 130 vs 25 us, q/o 896x896 160 vs 95 us; the
+# feed-forward's 4864x896 int4 350 vs 440 us, so those keep both threads). The kernels split
+# the rows between threads, so the result is the same either way. set_num_threads is
+# process-wide: an op another Python thread starts meanwhile also runs on one thread (speed only).
+ONE_THREAD_MAX_WEIGHTS = 2_000_000
 INT4_MATRICES = ("ffn_", "output")   # prepare_model's default: the int4 matrices (docstring above)
 INT4_ROWS = 16      # _convert_weight_to_int4pack_for_cpu packs rows in blocks of 16
 INT4_GROUP = 32     # inputs per int4 scale/offset: the blocks of Q4_0..Q8_0 and Q4_K's sub-blocks
@@ -52,6 +59,9 @@ class Int8Weight:
 
     def nbytes(self) -> int:
         return self.q.numel() + 2 * self.scale.numel()
+
+    def numel(self) -> int:
+        return self.q.numel()
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
         return self.q.to(dtype) * self.scale.to(dtype)[:, None]
@@ -85,6 +95,9 @@ class Int4Weight:
     @property
     def refine_top(self) -> int:
         return self.refine.refine_top if self.refine is not None else 0
+
+    def numel(self) -> int:
+        return 2 * self.nib.numel()
 
     def nbytes(self) -> int:
         n = self.packed.numel() + self.nib.numel() + 2 * self.sz.numel()
@@ -156,11 +169,19 @@ def linear(x: torch.Tensor, p, bias: torch.Tensor | None = None) -> torch.Tensor
             y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
     else:
         paths.count(f"cpu.{kind}.decode")
-        xb = x.to(torch.bfloat16).contiguous()
-        if kind == "int4":
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, p.group, p.sz).float()
-        else:
-            y = torch.ops.aten._weight_int8pack_mm(xb, p.q, p.scale).float()
+        n = torch.get_num_threads()
+        one = n > 1 and p.numel() <= ONE_THREAD_MAX_WEIGHTS
+        if one:
+            torch.set_num_threads(1)
+        try:
+            xb = x.to(torch.bfloat16).contiguous()
+            if kind == "int4":
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, p.packed, p.group, p.sz).float()
+            else:
+                y = torch.ops.aten._weight_int8pack_mm(xb, p.q, p.scale).float()
+        finally:
+            if one:
+                torch.set_num_threads(n)
         if p.refine_top:
             y = _refine(x.float(), p.refine if kind == "int4" else p, y)
     if bias is not None:

@@ -133,6 +133,25 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (issue 14; Qwen2.5-0.5B shapes, S=600). Query head h reads KV head h // (H / Hkv)."""
     _, H, D = q.shape
     lo = max(0, S - window) if window > 0 else 0
+    n = torch.get_num_threads()
+    if n > 1 and S - lo <= ONE_THREAD_MAX_KEYS and q.device.type == "cpu":
+        # a second thread costs more to wake than it saves here (passive OpenMP waiting: the
+        # bmm pair took ~300 us with 2 threads, 40-85 us with 1 at S = 40-600; 1 thread was
+        # still faster at 4096 keys, slower at 16384). set_num_threads is process-wide: an op of
+        # another Python thread that starts meanwhile also runs on one thread (speed only).
+        torch.set_num_threads(1)
+        try:
+            return _decode_attention(q, k_cache, v_cache, S, lo)
+        finally:
+            torch.set_num_threads(n)
+    return _decode_attention(q, k_cache, v_cache, S, lo)
+
+
+ONE_THREAD_MAX_KEYS = 8192   # decode attention over at most this many keys runs on one thread
+
+
+def _decode_attention(q, k_cache, v_cache, S: int, lo: int) -> torch.Tensor:
+    _, H, D = q.shape
     k = k_cache[lo:S].transpose(0, 1).to(q.dtype)        # (Hkv, L, Dh)
     v = v_cache[lo:S].transpose(0, 1).to(q.dtype)
     Hkv = k.shape[0]

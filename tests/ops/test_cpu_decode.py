@@ -20,3 +20,23 @@ def test_one_position_rope_angles_are_the_general_paths_bits(style):
         c, s = reference.rope_cos_sin(torch.tensor([p]), cfg)   # the memoized one-position path
         assert torch.equal(c, c_all[i:i + 1]) and torch.equal(s, s_all[i:i + 1])
         assert torch.equal(reference.rope(x[i:i + 1], torch.tensor([p]), cfg), whole[i:i + 1])
+
+
+@pytest.mark.parametrize("S", [1, 40, 600, reference.ONE_THREAD_MAX_KEYS + 1])
+def test_decode_attention_on_one_thread_is_the_same_and_restores_the_threads(S):
+    g = torch.Generator().manual_seed(1)
+    kc, vc = torch.randn(S + 3, 2, 64, generator=g), torch.randn(S + 3, 2, 64, generator=g)
+    q = torch.randn(1, 14, 64, generator=g)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        got = reference.decode_attention(q, kc, vc, S)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        assert torch.equal(got, reference.decode_attention(q, kc, vc, S))
+    finally:
+        torch.set_num_threads(before)
+    # against the general path (SDPA over the same keys, a one-row causal mask)
+    k, v = kc[:S].transpose(0, 1), vc[:S].transpose(0, 1)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k, v, enable_gqa=True)
+    torch.testing.assert_close(got, ref.transpose(0, 1), rtol=1e-5, atol=1e-6)

@@ -243,3 +243,24 @@ def test_qwen_half_b_int4_split_stays_close_to_the_float32_reference_and_llama_c
     ppl, _, _ = perplexity(eng, tok.encode(text), g["ppl_ctx"], g["ppl_chunks"], tok.add_bos, tok.bos_id,
                            out=open("/dev/null", "w"), progress=False)
     assert ppl == pytest.approx(g["ppl"], rel=0.02)
+
+
+@pytest.mark.parametrize("pack", [cpu_quant.pack, cpu_quant.pack4])
+def test_small_decode_matmuls_run_on_one_thread_with_the_same_result(pack, monkeypatch):
+    """Matrices up to ONE_THREAD_MAX_WEIGHTS weights run on one thread in decode; the kernels
+    split rows between threads, so the values are the same; the thread count comes back."""
+    p = pack(weight(128, 640, seed=10))
+    x = torch.randn(2, 640, generator=torch.Generator().manual_seed(11))
+    seen = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (seen.append(n), real(n)))
+    before = torch.get_num_threads()
+    real(2)
+    try:
+        small = cpu_quant.linear(x, p)
+        assert seen == [1, 2] and torch.get_num_threads() == 2
+        monkeypatch.setattr(cpu_quant, "ONE_THREAD_MAX_WEIGHTS", 0)       # both threads
+        seen.clear()
+        assert torch.equal(cpu_quant.linear(x, p), small) and seen == []
+    finally:
+        real(before)
