@@ -137,6 +137,12 @@ def swiglu_q8(gate, up, interpret: bool = False):
     return h, q8
 
 
+def quantize_rows(x: torch.Tensor, interpret: bool = False) -> tuple:
+    """x (R, K) -> (xq (R, K/4), xf (R, K/8)): each row's q8 form (module doc)."""
+    q = _q8_launch(x.contiguous(), None, None, None, 0.0, x.dtype, interpret, rows_ok=True)[2]
+    return (q[0].view(x.shape[0], -1), q[1].view(x.shape[0], -1))
+
+
 def swiglu_q8_rows(gate, up, interpret: bool = False):
     """(h, q8) for R rows: h = silu(gate) * up (R, F), q8 = (xq (R, F/4), xf (R, F/8)), row r's
     int8 form in row r (the MoE down projection's per-expert inputs)."""

@@ -5,8 +5,9 @@ Expert weights are one QWeight per stacked tensor: raw blocks (E*N, row_bytes), 
 at [e*N, (e+1)*N) (minfer/models/qwen3moe.py load_experts). The reference is
 minfer.ops.reference.moe_ffn (expert by expert, float32).
 
-- One row with its int8 form (decode, Switches.gemv_q8; the stacked experts were repacked at
-  load, gemv_repack_layout.repack_model): the selected experts' rows multiplied where they lie
+- Few rows (T*k <= gather_max) over experts repacked at load (gemv_repack_layout.repack_model),
+  Switches.gemv_q8: the rows in int8 (one row: the form its producer attached; more: quantized
+  here), the selected experts' rows multiplied where they lie
   by the int8 GEMV (gemv_q8.gemv_q8_experts: one launch per stacked weight, the expert ids read
   on the device), SwiGLU + per-row int8 in one launch, the down projection per slot, then the
   weighted sum: only the active experts' bytes are read.                    path moe.gather.q8
@@ -52,17 +53,28 @@ def _decode_rows(w, rows: torch.Tensor, k: int, dtype) -> torch.Tensor:
 
 
 def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx):
-    """T = 1: the k selected experts by the int8 GEMV over their repacked rows -> (1, D)."""
+    """Few rows: the T*k selected experts by the int8 GEMV over their repacked rows -> (T, D).
+    One row uses the int8 form its producer attached (h.q8); more rows are quantized here and
+    each (token, slot) pair gets its token's row."""
     ws = ctx.workspace.gemv_counters() if ctx is not None and ctx.workspace is not None else None
     interp = dequant.interpret()
-    sel = idx.reshape(-1)
-    D = h.shape[1]
-    g = gemv_q8.gemv_q8_experts(h.q8, planes_of(gate_exps), sel, Fe, out_dtype=h.dtype, ws=ws, interpret=interp)
-    u = gemv_q8.gemv_q8_experts(h.q8, planes_of(up_exps), sel, Fe, out_dtype=h.dtype, ws=ws, interpret=interp)
+    T, D = h.shape
+    k = idx.shape[1]
+    sel = idx.reshape(-1)                                              # (T*k,) expert of each slot
+    q8 = getattr(h, "q8", None) if T == 1 else None
+    per_slot = q8 is None
+    if per_slot:
+        xq, xf = gemv_q8.quantize_rows(h, interpret=interp)
+        tok = torch.arange(T, device=h.device).repeat_interleave(k)    # slot -> its token's row
+        q8 = (xq.index_select(0, tok).contiguous(), xf.index_select(0, tok).contiguous())
+    g = gemv_q8.gemv_q8_experts(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
+                                interpret=interp)
+    u = gemv_q8.gemv_q8_experts(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
+                                interpret=interp)
     _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
     y = gemv_q8.gemv_q8_experts(qa, planes_of(down_exps), sel, D, per_slot_x=True, out_dtype=torch.float32, ws=ws,
                                 interpret=interp)
-    return (y * w.reshape(-1, 1)).sum(0, keepdim=True).to(h.dtype)
+    return (y.view(T, k, D) * w[..., None]).sum(1).to(h.dtype)
 
 
 def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
@@ -88,9 +100,13 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     w, idx = route(h, router, k, norm_weights)
     act = h.dtype
     planes = all(planes_of(t) is not None for t in (gate_exps, up_exps, down_exps))
-    if planes and T == 1 and getattr(h, "q8", None) is not None and Fe % 256 == 0 and D % 256 == 0:
-        paths.count("moe.gather.q8")
-        return _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx)
+    # (float32 activations keep the exact grouped path, as the dense layers keep their bf16-free GEMV)
+    if planes and T * k <= GATHER_MAX and Fe % 256 == 0 and D % 256 == 0 and h.dtype != torch.float32:
+        if ctx is not None and not ctx.switches.gemv_q8:
+            paths.switched_off("moe.gather.q8", "MINFER_GEMV_Q8")      # the grouped path below
+        else:
+            paths.count("moe.gather.q8")
+            return _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx)
     if T * k <= GATHER_MAX and not planes:
         paths.count("moe.gather")
         sel = idx.reshape(-1)                                              # (T*k,)
