@@ -11,7 +11,7 @@ exact W the bf16 rounding of the weights adds at most 2^-9 relative per weight; 
 signs the norm-relative error is ~2^-9/sqrt(3) ~ 1.1e-3, so 4e-3 bounds it (fp16: 2^-11, 1e-3).
 The interpreter's bf16 tl.dot is wrong (tests/ops/test_gemv_repack.py), so with bf16 x the
 interpreted kernel upcasts the already bf16-rounded tile and x to fp32 for the dot (DOT_F32);
-the bf16 MMA itself is checked by tests/gpu/test_qgemm_repack.py.
+the bf16 MMA itself is checked by tests/gpu/test_qgemm_repack_gpu.py.
 """
 
 from __future__ import annotations
