@@ -102,6 +102,8 @@ def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False):
             or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
                           f"{tuple(x.shape)} strides {x.stride()}")
+    if up is not None and nw is not None:
+        raise MinferError("gemv_q8: SwiGLU and RMSNorm in one launch are not supported (the norm's sum reads x)")
     r, k = x.shape
     dev = x.device
     xq = torch.empty((r, k // 4), dtype=torch.int32, device=dev)
