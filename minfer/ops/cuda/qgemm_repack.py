@@ -36,6 +36,8 @@ import triton
 import triton.language as tl
 
 from minfer.errors import MinferError
+from minfer.ops.cuda.gemv_repack import _finish as _epilogue  # the same epilogue and split reduce as the GEMV
+from minfer.ops.cuda.gemv_repack import _reduce_kernel
 from minfer.ops.cuda.gemv_repack_layout import Q6_K, REPACKED_TYPES, Repacked
 
 MAX_M = 256                           # largest M the kernel is made for (bigger: prefill's dequant + cuBLAS)
@@ -182,19 +184,6 @@ def _d6(p3, idx, mask, EVICT: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(v, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om,
-              HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr):
-    """v [BN, BM] fp32 (+ bias[n] + resid[m, n]) -> out[m, n] (stores coalesced along n)."""
-    if HAS_BIAS:
-        v += tl.load(bias + rows, mask=rmask, other=0.0).to(tl.float32)[:, None]
-    m2 = rmask[:, None] & mmask[None, :]
-    if HAS_RESID:
-        v += tl.load(resid + mcol[None, :].to(tl.int64) * stride_rm + rows[:, None], mask=m2,
-                     other=0.0).to(tl.float32)
-    tl.store(out + mcol[None, :].to(tl.int64) * stride_om + rows[:, None], v.to(out.dtype.element_ty), mask=m2)
-
-
-@triton.jit
 def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                   M, N, NB, stride_xm, stride_rm, stride_om, steps_per_split, SPLIT, magic,
                   QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
@@ -292,20 +281,6 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
                 _epilogue(tot, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, stride_om,
                           HAS_BIAS, HAS_RESID)
                 tl.atomic_xchg(cnt + tile, 0)                          # ready for the next launch (graph replays)
-
-
-@triton.jit
-def _reduce_kernel(part, bias, resid, out, M, N, SPLIT, stride_rm, stride_om,
-                   HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, BLOCK: tl.constexpr):
-    """out[m, n] = sum over splits of part (SPLIT, M, N) in split order [+ bias] [+ resid]."""
-    m = tl.program_id(1)
-    n = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    nm = n < N
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for sp in range(SPLIT):
-        acc += tl.load(part + (sp * M + m).to(tl.int64) * N + n, mask=nm, other=0.0)
-    mc = m + tl.arange(0, 1)
-    _epilogue(acc[:, None], n, nm, mc, mc < M, bias, resid, out, stride_rm, stride_om, HAS_BIAS, HAS_RESID)
 
 
 # ---------------------------------------------------------------- configs
