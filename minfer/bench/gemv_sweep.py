@@ -67,13 +67,13 @@ def kernels():
     return gr, gv, dq
 
 
-def random_raw(qt: int, n: int, k: int, gen) -> torch.Tensor:
-    """uint8 (n, row bytes) random Q4_K / Q6_K blocks on the GPU with finite f16 scales."""
+def random_raw(qt: int, n: int, k: int, gen, device: str = "cuda") -> torch.Tensor:
+    """uint8 (n, row bytes) random Q4_K / Q6_K blocks on `device` with finite f16 scales."""
     ts = {Q4_K: 144, Q6_K: 210}[qt]
     nb = k // 256
-    raw = torch.randint(0, 256, (n, nb, ts), dtype=torch.uint8, device="cuda", generator=gen)
+    raw = torch.randint(0, 256, (n, nb, ts), dtype=torch.uint8, device=device, generator=gen)
     for off in {Q4_K: (0, 2), Q6_K: (208,)}[qt]:
-        raw[:, :, off:off + 2] = (torch.randn(n, nb, 1, device="cuda", generator=gen) * 0.01).half().view(torch.uint8)
+        raw[:, :, off:off + 2] = (torch.randn(n, nb, 1, device=device, generator=gen) * 0.01).half().view(torch.uint8)
     return raw.view(n, nb * ts)
 
 

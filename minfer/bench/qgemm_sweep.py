@@ -56,14 +56,18 @@ TARGETS = (264, 528, 132)                    # programs wanted before K is split
 DEV = "cuda"                                 # --smoke: "cpu" (Triton's interpreter) and tiny shapes
 
 
+def _gemv_sweep():
+    """The sibling script gemv_sweep.py, loaded by path: its module loader and random blocks."""
+    name = "minfer_bench_gemv_sweep"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "minfer", "bench", "gemv_sweep.py"))
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
 def _load(modname: str, relpath: str):
-    if modname in sys.modules:
-        return sys.modules[modname]
-    spec = importlib.util.spec_from_file_location(modname, os.path.join(ROOT, relpath))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return _gemv_sweep()._load(modname, relpath)
 
 
 def kernels():
@@ -76,13 +80,8 @@ def kernels():
 
 
 def random_raw(qt: int, n: int, k: int, gen) -> torch.Tensor:
-    """uint8 (n, row bytes) random Q4_K / Q6_K blocks on the GPU with finite f16 scales."""
-    ts = {Q4_K: 144, Q6_K: 210}[qt]
-    nb = k // 256
-    raw = torch.randint(0, 256, (n, nb, ts), dtype=torch.uint8, device=DEV, generator=gen)
-    for off in {Q4_K: (0, 2), Q6_K: (208,)}[qt]:
-        raw[:, :, off:off + 2] = (torch.randn(n, nb, 1, device=DEV, generator=gen) * 0.01).half().view(torch.uint8)
-    return raw.view(n, nb * ts)
+    """uint8 (n, row bytes) random Q4_K / Q6_K blocks on DEV (gemv_sweep.random_raw)."""
+    return _gemv_sweep().random_raw(qt, n, k, gen, DEV)
 
 
 def plan(quick: bool) -> list:
