@@ -1,0 +1,238 @@
+"""Batched-decode GEMM with int8 activations on the tensor cores, over the repacked Q4_K / Q6_K planes.
+
+out (M, N) = W_deq . x_hat for M = 9..256 rows of q8 activations (gemv_q8.py's form: int8 per
+32 values with (d, s0, s1, 0) per chunk), in the manner of llama.cpp's mmq: the weight's 4-bit
+(Q6_K: 6-bit) values become int8 in registers, the activations are int8 already, and each
+32-value chunk (one scale) is ONE int8 x int8 -> int32 tl.dot on the tensor cores; the exact
+int32 result is then scaled into an fp32 accumulator on the CUDA cores:
+  Q4_K: acc += (d sc)[n] * (xd[m] * isum) - (dmin m)[n] * (s0 + s1)[m]
+  Q6_K: acc += a0[n] * (xd[m] * i0 - 32 s0[m]) + a1[n] * (xd[m] * i1 - 32 s1[m])
+(the values are q - 32 with q = 0..63: the -32 is folded into the activations' sums, as the
+GEMV's _q8_tile). Exact up to fp32 rounding of those few products and the summation order:
+|isum| <= 32 * 63 * 127 < 2^24, so its conversion to fp32 is exact.
+Why not dequantize to bf16 and multiply (qgemm_repack.py, 0.17-1.06x cuBLAS on the H200,
+docs/perf-log.md): there the decode cost ~6-10 instructions per weight value; here the
+unpack is ~2 per value and the rescale BM/32 * ~4 per value.
+
+K order inside a chunk (any permutation works when both sides agree). The q8 row keeps chunk c
+as 8 int32 words: word 4h + w, byte b = value 8b + 4h + w (gemv_q8.py). Read as 32 int8 bytes,
+position j = 16h + 4w + b holds value 8b + 4h + w. The weight's qs plane (gemv_repack_layout:
+nibble p of word w is value 4p + w) read through an int8 pointer gives byte 4w + b of the chunk =
+nibbles 2b (low) and 2b + 1 (high) of word w = values 8b + w and 8b + 4 + w. So the weight tile
+for position 16h + 4w + b is (byte (4w + b) >> 4h) & 15: the same 16 bytes, loaded as [2, 16]
+(the second read hits L1), shifted by 0 or 4: no permute, and the activations load straight
+from the q8 row. Q6_K's high 2 bits of value 4p + w are bits 2p..2p+1 of halfword w of its qh
+chunk; p = 2b + h, so the shift is 4b + 2h. Q6_K's two scales: values 0..15 of the chunk
+(scale 2c) are the positions with b < 2; two dots, each on activations with the other
+half's bytes zeroed.
+
+Shape (swap-AB): the MMA's M is the weight rows (BN), its N the batch rows (BM); the K loop
+runs CB chunks per iteration (unrolled, so the pipeliner's num_stages covers all of them).
+Split K (too few tiles for 132 SMs): fp32 partials (SPLIT, M, N), the last program of a tile
+(an atomic ticket, as the GEMV) sums them in split order and runs the epilogue: one launch.
+Configs: [BN, BM, CB, SPLIT, num_warps, num_stages] per "<type> <N>x<K> m<bucket>" in
+qgemm_q8_h200.json (minfer/bench/qgemm_q8_sweep.py writes it), else default_config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from minfer.errors import MinferError
+from minfer.ops.cuda.gemv_repack import _finish as _epilogue
+from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, REPACKED_TYPES, Repacked
+
+MAX_M = 256
+
+
+@triton.jit
+def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, BN: tl.constexpr,
+           BM: tl.constexpr, NB, EVICT: tl.constexpr):
+    """acc [BN, BM] += the chunk c (32 values) of the tile's rows times the batch rows."""
+    h = tl.arange(0, 2)[None, :, None]                                 # [1, 2, 1]
+    j = tl.arange(0, 16)[None, None, :]                                # [1, 1, 16]: byte 4w + b of the chunk
+    kk = tl.arange(0, 32)
+    # weights: bytes of the chunk's 16-byte plane slice, twice (h = 0: low nibbles, 1: high)
+    wb = tl.load(p0.to(tl.pointer_type(tl.int8)) + row1[:, None, None] * (NB * 128) + c * 16 + j + h * 0,
+                 eviction_policy=EVICT).to(tl.int32)                   # [BN, 2, 16]
+    q = (wb >> (4 * h)) & 15
+    # activations: the q8 row's 32 bytes of chunk c, position 16h + 4w + b (module doc)
+    xb = tl.load(x8 + xrow + c * 32 + kk[None, :])                     # [BM, 32] int8
+    xd = tl.load(xf + xfrow + c * 4)                                   # [BM]
+    xs0 = tl.load(xf + xfrow + c * 4 + 1)
+    xs1 = tl.load(xf + xfrow + c * 4 + 2)
+    if QT == 12:
+        wt = tl.reshape(q, (BN, 32)).to(tl.int8)
+        isum = tl.dot(wt, tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
+        scm = tl.load(p1 + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
+        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c // 8, eviction_policy=EVICT)
+        d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        a = d * (scm & 255).to(tl.float32)                             # exact: 11 x 6 bits
+        ml = dmin * ((scm >> 8) & 255).to(tl.float32)
+        acc += a[:, None] * (xd[None, :] * isum) - ml[:, None] * (xs0 + xs1)[None, :]
+    else:
+        # high 2 bits of value 4p + w (p = 2b + h): bits 4b + 2h of halfword w of the qh chunk
+        w = j // 4
+        b = j % 4
+        hb = tl.load(p1 + row1[:, None, None] * (NB * 32) + c * 4 + w + h * 0, eviction_policy=EVICT).to(tl.int32)
+        q = q | (((hb >> (4 * b + 2 * h)) & 3) << 4)                   # 0..63
+        wt = tl.reshape(q, (BN, 32)).to(tl.int8)
+        first = ((kk % 4) < 2)[None, :]                                # b < 2: values 0..15, scale 2c
+        zero = tl.zeros_like(xb)
+        i0 = tl.dot(wt, tl.trans(tl.where(first, xb, zero)), out_dtype=tl.int32).to(tl.float32)
+        i1 = tl.dot(wt, tl.trans(tl.where(first, zero, xb)), out_dtype=tl.int32).to(tl.float32)
+        # the int8 scales 2c, 2c+1 as one little-endian int16
+        s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
+        d = tl.load(p3 + row1 * NB + c // 8, eviction_policy=EVICT).to(tl.float32)
+        a0 = d * ((s2 << 24) >> 24).to(tl.float32)
+        a1 = d * (s2 >> 8).to(tl.float32)
+        acc += a0[:, None] * (xd[None, :] * i0 - 32.0 * xs0[None, :]) \
+            + a1[:, None] * (xd[None, :] * i1 - 32.0 * xs1[None, :])
+    return acc
+
+
+@triton.jit
+def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
+                     M, N, NB, stride_om, steps_per_split, SPLIT,
+                     QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, CB: tl.constexpr,
+                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr):
+    """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, chunks] . x_hat[mcols, chunks]."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    rows = pid_n * BN + tl.arange(0, BN)
+    rmask = rows < N
+    # rows past N (batch rows past M) read the last valid one: no masks on the hot loads; never stored
+    row1 = tl.minimum(rows, N - 1).to(tl.int64)                       # [BN]
+    mcol = pid_m * BM + tl.arange(0, BM)
+    mmask = mcol < M
+    mrow = tl.minimum(mcol, M - 1).to(tl.int64)
+    xrow = mrow[:, None] * (NB * 256)                                  # int8 bytes per q8 row = K
+    xfrow = mrow * (NB * 32)                                           # xf floats per row = K / 8
+    # whole steps of CB chunks per split; NB * 8 is a multiple of CB (CB divides 8): no K masks
+    c_lo = pid_s * steps_per_split * CB
+    c_hi = tl.minimum(c_lo + steps_per_split * CB, NB * 8)
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for c0 in range(c_lo, c_hi, CB):
+        for i in tl.static_range(CB):
+            acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT)
+    if not IS_SPLIT:
+        _epilogue(acc, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
+    else:
+        pm = rmask[:, None] & mmask[None, :]
+        tl.store(part + (pid_s * M + mcol[None, :]).to(tl.int64) * N + rows[:, None], acc, mask=pm)
+        # the last split of a tile to finish sums the partials in split order (deterministic; the
+        # GEMV's scheme): a CTA barrier, then one acq_rel ticket per program
+        tl.debug_barrier()
+        tile = pid_n * tl.num_programs(0) + pid_m
+        ticket = tl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tot = tl.zeros([BN, BM], dtype=tl.float32)
+            for sp in range(SPLIT):
+                tot += tl.load(part + (sp * M + mcol[None, :]).to(tl.int64) * N + rows[:, None], mask=pm,
+                               other=0.0, cache_modifier=".cg")
+            _epilogue(tot, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
+            tl.atomic_xchg(cnt + tile, 0)                              # ready for the next launch (graphs)
+
+
+# ---------------------------------------------------------------- configs
+
+_CONFIG_FILE = os.path.join(os.path.dirname(__file__), "qgemm_q8_h200.json")
+_TARGET_PROGRAMS = 132 * 2            # two programs per H200 SM before K is split
+
+
+def load_configs(path: str = _CONFIG_FILE) -> dict:
+    try:
+        with open(path) as f:
+            return {k: tuple(v) for k, v in json.load(f).get("configs", {}).items()}
+    except FileNotFoundError:
+        return {}
+
+
+H200_CONFIGS = load_configs()
+
+
+def m_bucket(m: int) -> int:
+    """The config table's M key: the next of 16, 32, 64, 128, 256."""
+    for b in (16, 32, 64, 128):
+        if m <= b:
+            return b
+    return 256
+
+
+def split_for(m: int, n: int, k: int, bn: int, bm: int, cb: int, target: int = _TARGET_PROGRAMS) -> int:
+    """K splits so that tiles x splits reaches ~target programs (at most 16, >= 2 steps each)."""
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    if tiles >= target:
+        return 1
+    return max(1, min(k // (64 * cb), triton.cdiv(target, tiles), 16))
+
+
+def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
+    """[BN, BM, CB, SPLIT, num_warps, num_stages] for a shape the table lacks: all batch rows in
+    one M tile up to 128 (each M tile reads the weights again), 128 weight rows per program
+    (64 at M >= 128: the [BN, BM] fp32 accumulator and its per-chunk rescale grow with BM),
+    4 chunks (128 values) per iteration, 3 stages. Not measured yet (no GPU in the session
+    that wrote it): the sweep's table replaces it."""
+    bm = min(m_bucket(m), 128)
+    bn = 128 if bm <= 64 else 64
+    warps = 4 if bm <= 32 else 8
+    return bn, bm, 4, split_for(m, n, k, bn, bm, 4), warps, 3
+
+
+def config_for(qtype: int, m: int, n: int, k: int, interpret: bool = False) -> tuple:
+    if interpret:   # few, large programs: the interpreter's cost is per operation
+        return (32, min(m_bucket(m), 64), 8, 1, 4, 1)
+    hit = H200_CONFIGS.get(f"{REPACKED_TYPES[qtype]} {n}x{k} m{m_bucket(m)}")
+    return tuple(hit) if hit else default_config(qtype, m, n, k)
+
+
+# ---------------------------------------------------------------- wrapper
+
+def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=None, ws=None,
+             interpret: bool = False) -> torch.Tensor:
+    """out (M, N) = x_hat @ W^T [+ bias] for the repacked Q4_K/Q6_K weight W and M q8 rows
+    (xq int32 (M, K/4), xf float32 (M, K/8): gemv_q8.quantize_rows). bias (N,) added in fp32.
+    config = (BN, BM, CB, SPLIT, num_warps, num_stages) overrides the table (sweeps). A split K
+    takes its ticket counters from `ws` (anything with .counters(n) -> zeroed int32, e.g.
+    gemv_repack.GemvWorkspace; the counters reset themselves) or a fresh zeroed buffer."""
+    xq, xf = q8rows
+    if rw.qtype not in (Q4_K, Q6_K):
+        raise MinferError(f"qgemm_q8: ggml type {rw.qtype} has no int8 path (Q4_K, Q6_K only)")
+    k, n = rw.k, rw.n
+    if xq.dim() == 1:
+        xq, xf = xq.view(1, -1), xf.view(1, -1)
+    m = xq.shape[0]
+    if (xq.dtype != torch.int32 or tuple(xq.shape) != (m, k // 4) or tuple(xf.shape) != (m, k // 8)
+            or not xq.is_contiguous() or not xf.is_contiguous()):
+        raise MinferError(f"qgemm_q8: q8 rows xq {tuple(xq.shape)} {xq.dtype} / xf {tuple(xf.shape)}, expected "
+                          f"contiguous int32 ({m}, {k // 4}) / float32 ({m}, {k // 8}) for K = {k}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise MinferError(f"qgemm_q8: bias has shape {tuple(bias.shape)}, expected ({n},)")
+    bn, bm, cb, split, nwarps, stages = tuple(config or config_for(rw.qtype, m, n, k, interpret))
+    if cb not in (1, 2, 4, 8):
+        raise MinferError(f"qgemm_q8: config chunks per step {cb}, expected 1, 2, 4 or 8")
+    nc = k // 32
+    sps = triton.cdiv(triton.cdiv(nc, max(1, split)), cb)               # whole steps per split
+    split = triton.cdiv(nc, sps * cb)                                   # no empty splits
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    mt = triton.cdiv(m, bm)
+    grid = (mt, triton.cdiv(n, bn), split)
+    part = torch.empty((split, m, n), dtype=torch.float32, device=xq.device) if split > 1 else out
+    cnt = out
+    if split > 1:
+        need = grid[0] * grid[1]
+        cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=xq.device)
+    p = rw.planes
+    p0, p1, p2, p3 = p if len(p) == 4 else (p[0], p[1], p[2], p[0])
+    _qgemm_q8_kernel[grid](p0, p1, p2, p3, xq.view(torch.int8), xf, out, part, cnt,
+                           bias if bias is not None else out, m, n, k // 256, out.stride(0), sps, split,
+                           QT=rw.qtype, BN=bn, BM=bm, CB=cb, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
+                           EVICT="evict_first" if mt == 1 else "", num_warps=nwarps, num_stages=stages)
+    return out
