@@ -46,6 +46,10 @@ class Switches:
                         "one-row decode: the activation row quantized to int8 per 32 values when it is "
                         "made (norm, SwiGLU) and the repacked GEMV by dp4a (ops/cuda/gemv_q8.py; off: "
                         "bf16 activations)")
+    pdl: bool = _sw(True, "MINFER_PDL",
+                    "one-row decode kernels launched with programmatic dependent launch (sm90+): each "
+                    "starts while the previous one finishes, the GEMV's first weight loads before its "
+                    "wait (ops/cuda/pdl.py; off: plain stream order)")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")

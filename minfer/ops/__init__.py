@@ -95,7 +95,10 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None
         return None
     if cfg.n_rot != q.shape[-1] or not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype):
         return None
-    return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache)
+    from minfer.ops.cuda.pdl import enabled
+
+    return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache,
+                                     pdl=enabled(sw, q.device, "rope_kv"))
 
 
 def swiglu(gate, up, ctx: Context | None = None):

@@ -18,10 +18,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.gemv_q8 import _q8_chunks
+from minfer.ops.cuda.pdl import enabled as pdl_enabled
+from minfer.ops.cuda.pdl import launch_kw
 
 
 def _cudnn_causal(q, k_cache, v_cache, scale: float):
@@ -60,12 +63,15 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 @triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                        H, G, sm_scale, keys_per_split, window,
+                        H, G, sm_scale, keys_per_split, window, n_keys_add,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
-                        IEEE: tl.constexpr):
+                        IEEE: tl.constexpr, PDL: tl.constexpr):
+    if PDL:   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
+        gdc_wait()
+        gdc_launch_dependents()
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
-    L = tl.load(n_keys)
+    L = tl.load(n_keys) + n_keys_add
     s1 = tl.minimum(sp * keys_per_split + keys_per_split, L)
     s0 = tl.maximum(sp * keys_per_split, L - window)     # sliding window: the last `window` keys
     g = tl.arange(0, GP)
@@ -106,9 +112,12 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
 
 @triton.jit
 def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr,
-                    Q8: tl.constexpr):
+                    Q8: tl.constexpr, PDL: tl.constexpr):
     """out[h] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits' softmax
     merged, one program per head. Empty splits (m = -inf) weigh 0."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     h = tl.program_id(0)
     c = tl.arange(0, CH)
     mx = tl.full([CH], float("-inf"), dtype=tl.float32)
@@ -133,12 +142,14 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
-                     n_split: int | None = None, window: int = 0, q8: bool = False) -> torch.Tensor:
+                     n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
+                     pdl: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
 
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
-    between replays; the grid covers the whole cache).
+    between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
+    graph passes its position tensor and 1, not a torch add kernel per layer). pdl: pdl.py.
     """
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
@@ -148,7 +159,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         span = s_max
         nk = n_keys.reshape(1)
     else:
-        span = int(n_keys)
+        span = int(n_keys) + n_keys_add
+        n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
     if n_split is None:
         # enough programs to cover the SMs, but at least 2 tiles of keys per program
@@ -167,14 +179,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q2 = q2.to(kc.dtype)
     _decode_attn_kernel[(hkv, n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
-        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, window if window > 0 else 1 << 30, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)),
-        BS=bs, IEEE=kc.dtype == torch.float32, num_warps=4)
+        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, window if window > 0 else 1 << 30, n_keys_add,
+        D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
+        num_warps=4, **launch_kw(pdl))
     out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)
     # q8: also the output row's int8 form (gemv_q8.py), attached as out.q8 (layers.merge_heads keeps it)
     q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
     xq = torch.empty(h * dh // 4, dtype=torch.int32, device=q.device) if q8 else part_m
     xf = torch.empty(h * dh // 8, dtype=torch.float32, device=q.device) if q8 else part_m
-    _combine_kernel[(h,)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, CH=16, Q8=q8, num_warps=4)
+    _combine_kernel[(h,)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, CH=16, Q8=q8, PDL=pdl,
+                          num_warps=4, **launch_kw(pdl))
     if q8:
         out.q8 = (xq, xf)
     return out
@@ -193,9 +207,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     t, h, dh = q.shape
     if t == 1 and sw.decode_attention:
         paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
-        n_keys = start_pos + 1
         q8 = q.dtype != torch.float32 and sw.gemv_q8
-        return decode_attention(q, k_cache, v_cache, n_keys, window=window, q8=q8)
+        return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
+                                pdl=pdl_enabled(sw, q.device, "decode_attention"))
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):

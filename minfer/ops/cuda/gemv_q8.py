@@ -28,9 +28,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack import Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads
+from minfer.ops.cuda.pdl import launch_kw
 
 # ---------------------------------------------------------------- activations -> q8
 
@@ -61,9 +63,12 @@ def _q8_chunks(v, c, cmask, xq, xf):
 @triton.jit
 def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
                ADD: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, CB: tl.constexpr,
-               BK: tl.constexpr):
+               BK: tl.constexpr, PDL: tl.constexpr):
     """Row program_id(1) (rows contiguous, K apart): v = x (+ y) [silu(x) * up]; [rms_norm(v) *
-    nw]; chunks CB*pid.. quantized."""
+    nw]; chunks CB*pid.. quantized. PDL: launched early, waits for the previous kernel (pdl.py)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     row = tl.program_id(1).to(tl.int64)
     x += row * K
     y += row * K
@@ -97,7 +102,7 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
     _q8_chunks(v, c, cmask, xq, xf)
 
 
-def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False):
+def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, pdl: bool = False):
     if (x.dim() != 2 or (x.shape[0] != 1 and not rows_ok) or x.shape[1] % 256 or not x.is_contiguous()
             or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
@@ -116,7 +121,7 @@ def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False):
     _q8_kernel[(triton.cdiv(k // 32, cb), r)](
         x, y if y is not None else x, up if up is not None else x, nw if nw is not None else x, s, h, xq, xf,
         k, float(eps), ADD=y is not None, NORM=nw is not None, SWIGLU=up is not None, CB=cb,
-        BK=256 if interpret else 1024, num_warps=4)
+        BK=256 if interpret else 1024, PDL=pdl, num_warps=4, **launch_kw(pdl))
     return s, h, (xq, xf)
 
 
@@ -125,17 +130,17 @@ def quantize(x: torch.Tensor, interpret: bool = False) -> tuple:
     return _q8_launch(x, None, None, None, 0.0, x.dtype, interpret)[2]
 
 
-def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False):
+def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False, pdl: bool = False):
     """(s, h, q8): s = x + y (float32), h = rms_norm(s) * weight in out_dtype, q8 = h's q8 form
-    quantized from the float32 value (not from h's rounding)."""
-    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret)
+    quantized from the float32 value (not from h's rounding). pdl: programmatic launch (pdl.py)."""
+    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl)
 
 
-def swiglu_q8(gate, up, interpret: bool = False):
+def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False):
     """(h, q8): h = silu(gate) * up in gate's dtype, and its q8 form (from the float32 value)."""
     if up.shape != gate.shape or up.stride() != gate.stride():
         raise MinferError(f"gemv_q8: up {tuple(up.shape)} does not match gate {tuple(gate.shape)}")
-    _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret)
+    _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret, pdl=pdl)
     return h, q8
 
 
@@ -180,10 +185,11 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
              blocks_per_split, SPLIT, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
              IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, ASM: tl.constexpr,
-             PREFETCH: tl.constexpr):
+             PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
     """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
     [+ resid]. out, bias, resid, part and cnt point at this weight's first row / tile; part's
-    split stride is NSTRIDE (all the segments' rows)."""
+    split stride is NSTRIDE (all the segments' rows). PDL: the first weight tile is loaded
+    before waiting for the previous kernel (pdl.py: weights are never written by the step)."""
     C: tl.constexpr = BB * 8
     rows = pid_n * BN + tl.arange(0, BN)
     rmask = rows < N
@@ -196,6 +202,9 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     acc = tl.zeros([BN, C], dtype=tl.float32)
     zero = tl.zeros([BN, C, 4], dtype=tl.int32)
     nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     for blk in range(b_lo, b_hi, BB):
         if PREFETCH:
             wq, hq, sa, sb = nxt
@@ -265,7 +274,7 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
                     N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
-                    ASM: tl.constexpr, PREFETCH: tl.constexpr):
+                    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
     Q4_K and a Q6_K v in one launch."""
@@ -274,14 +283,14 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
     if MIXED:
         if pid_n < TA:
             _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
-                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH)
+                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL)
         else:
             _q8_tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA,
                      pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, IS_SPLIT, HAS_BIAS,
-                     HAS_RESID, ASM, PREFETCH)
+                     HAS_RESID, ASM, PREFETCH, PDL)
     else:
         _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
-                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH)
+                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL)
 
 
 _TARGET_PROGRAMS = 132 * 4
@@ -319,10 +328,12 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
-            ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False) -> torch.Tensor:
+            ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
+            pdl: bool = False) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
-    the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v)."""
+    the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
+    pdl: programmatic launch (pdl.py), the first weight tile read before the wait."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -355,8 +366,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           resid.stride(0) if resid is not None else 0, bps, split,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, num_warps=nwarps,
-                          num_stages=1)
+                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=pdl, num_warps=nwarps,
+                          num_stages=1, **launch_kw(pdl))
     return out
 
 

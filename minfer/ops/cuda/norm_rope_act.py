@@ -11,9 +11,12 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.ops import paths, reference
 from minfer.ops.context import DEFAULT, Context
+from minfer.ops.cuda.pdl import enabled as pdl_enabled
+from minfer.ops.cuda.pdl import launch_kw
 
 
 @triton.jit
@@ -62,7 +65,8 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
         from minfer.ops.cuda import gemv_q8
 
         paths.count("add_rms_norm.q8")
-        s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp())
+        s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
+                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm"))
         h.q8 = q8
         return s, h
     paths.count("add_rms_norm.triton")
@@ -164,10 +168,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
 @triton.jit
 def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt, skh, svt, svh, sot, soh,
                     skp, skh2, svp, svh2, HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr,
-                    BHALF: tl.constexpr):
+                    BHALF: tl.constexpr, PDL: tl.constexpr):
     """Heads [0, H) of q rotated to q_out; heads [H, H + HKV) of k rotated into the key cache at
     row pos[t]; heads past that (v) copied into the value cache there. One launch for what
-    rope(q), rope(k) and the two cache writes did in four."""
+    rope(q), rope(k) and the two cache writes did in four. PDL: see pdl.py."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
     j = tl.arange(0, BHALF)
@@ -197,7 +204,7 @@ def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt
     tl.store(dst[:, None] + ib[None, :], (a * s + b * c).to(q_out.dtype.element_ty), mask=m)
 
 
-def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache):
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: bool = False):
     """q rotated (returned, (T, H, Dh)); k rotated and v stored at rows `positions` of the
     caches (S, Hkv, Dh), in one launch. Caller's conditions: every head dim rotated (n_rot ==
     Dh), one dtype for q/k/v/caches, positions in range (no host check here: graph replays)."""
@@ -212,7 +219,7 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache):
         q, k, v, positions, inv, out, k_cache, v_cache, h, hkv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), HALF=half, NEOX=cfg.style == "neox", BH=bh,
-        BHALF=triton.next_power_of_2(half), num_warps=4)
+        BHALF=triton.next_power_of_2(half), PDL=pdl, num_warps=4, **launch_kw(pdl))
     return out
 
 
@@ -257,7 +264,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> 
         from minfer.ops.cuda import gemv_q8
 
         paths.count("swiglu.q8")
-        h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp())
+        h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp(),
+                                  pdl=pdl_enabled((ctx or DEFAULT).switches, gate.device, "swiglu"))
         h.q8 = q8
         return h
     paths.count("swiglu.triton")

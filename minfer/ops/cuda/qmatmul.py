@@ -33,6 +33,7 @@ from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack, qgemm_repack
 from minfer.ops.cuda.dequant import interpret
+from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
 
@@ -199,7 +200,8 @@ def _linear(x, w, bias, sw, ws):
                 # the row's int8 form made with it (add_rms_norm / swiglu, Switches.gemv_q8): dp4a GEMV
                 paths.count(path + ".q8")
                 return gemv_q8.gemv_q8(q8, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
-                                       else None, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret())
+                                       else None, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
+                                       pdl=pdl_enabled(sw, x.device, "gemv_q8"))
             if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
                 paths.count(path + ".repacked")
                 return gemv_repack.gemv(x, rw, bias=bias, ws=ws.gemv_counters(), interpret=interpret())
@@ -262,7 +264,8 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         if q8 is not None and x.shape[0] == 1:
             paths.count(f"qmatmul.group{len(wts)}.decode.q8")
             out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
-                                  ws=ws.gemv_counters(), interpret=interpret())
+                                  ws=ws.gemv_counters(), interpret=interpret(),
+                                  pdl=pdl_enabled(sw, x.device, "gemv_q8"))
             return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
@@ -274,7 +277,8 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         # q/k fused + a v of another type (gemv_repack_layout.fuse_group): one int8 GEMV launch
         paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
         out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
-                              ws=ws.gemv_counters(), interpret=interpret())
+                              ws=ws.gemv_counters(), interpret=interpret(),
+                              pdl=pdl_enabled(sw, x.device, "gemv_q8"))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
