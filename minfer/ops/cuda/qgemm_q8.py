@@ -51,39 +51,54 @@ MAX_M = 256
 
 
 @triton.jit
+def _nibbles(wb, hi, ASM: tl.constexpr):
+    """int8 [BN, 32] plane bytes -> their low nibbles where not hi, high nibbles where hi (int8).
+    ASM: four bytes per 32-bit op (PTX on the packed register of 4 consecutive bytes; the
+    interpreter cannot run PTX: it takes the same values byte by byte)."""
+    if ASM:
+        # the shift as a packed operand too: byte 0 of a 4-byte group holds 4 (hi) or 0, the
+        # others 0, so the group's 32-bit register is the shift count (loop-invariant)
+        kk = tl.arange(0, 32)[None, :]
+        sh = tl.where(hi & (kk % 4 == 0), 4, 0).to(tl.int8)
+        return tl.inline_asm_elementwise("{ .reg .b32 t; shr.u32 t, $1, $2; and.b32 $0, t, 0x0F0F0F0F; }",
+                                         "=r,r,r", [wb, sh], dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        return ((wb.to(tl.int32) >> tl.where(hi, 4, 0)) & 15).to(tl.int8)
+
+
+@triton.jit
 def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, BN: tl.constexpr,
-           BM: tl.constexpr, NB, EVICT: tl.constexpr):
+           BM: tl.constexpr, NB, EVICT: tl.constexpr, ASM: tl.constexpr):
     """acc [BN, BM] += the chunk c (32 values) of the tile's rows times the batch rows."""
-    h = tl.arange(0, 2)[None, :, None]                                 # [1, 2, 1]
-    j = tl.arange(0, 16)[None, None, :]                                # [1, 1, 16]: byte 4w + b of the chunk
     kk = tl.arange(0, 32)
-    # weights: bytes of the chunk's 16-byte plane slice, twice (h = 0: low nibbles, 1: high)
-    wb = tl.load(p0.to(tl.pointer_type(tl.int8)) + row1[:, None, None] * (NB * 128) + c * 16 + j + h * 0,
-                 eviction_policy=EVICT).to(tl.int32)                   # [BN, 2, 16]
-    q = (wb >> (4 * h)) & 15
-    # activations: the q8 row's 32 bytes of chunk c, position 16h + 4w + b (module doc)
-    xb = tl.load(x8 + xrow + c * 32 + kk[None, :])                     # [BM, 32] int8
+    k2 = kk[None, :]                                                   # position 16h + 4w + b
+    # weights: byte (4w + b) of the chunk's 16-byte plane slice for both h (the second read hits
+    # L1), its low (h = 0) or high (h = 1) nibble; elementwise on [BN, 32], no reshape, so the
+    # compiler may keep the tile in the MMA operand layout from the load on
+    wb = tl.load(p0.to(tl.pointer_type(tl.int8)) + row1[:, None] * (NB * 128) + c * 16 + (k2 % 16),
+                 eviction_policy=EVICT)
+    q = _nibbles(wb, k2 >= 16, ASM)
+    # activations: the q8 row's 32 bytes of chunk c (module doc), and its (d, s0, s1, 0)
+    xb = tl.load(x8 + xrow + c * 32 + k2)                              # [BM, 32] int8
     xd = tl.load(xf + xfrow + c * 4)                                   # [BM]
     xs0 = tl.load(xf + xfrow + c * 4 + 1)
     xs1 = tl.load(xf + xfrow + c * 4 + 2)
     if QT == 12:
-        wt = tl.reshape(q, (BN, 32)).to(tl.int8)
-        isum = tl.dot(wt, tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
+        isum = tl.dot(q, tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
         scm = tl.load(p1 + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
         sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c // 8, eviction_policy=EVICT)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         a = d * (scm & 255).to(tl.float32)                             # exact: 11 x 6 bits
         ml = dmin * ((scm >> 8) & 255).to(tl.float32)
-        acc += a[:, None] * (xd[None, :] * isum) - ml[:, None] * (xs0 + xs1)[None, :]
+        # three ops per element past the conversion: a multiply and two fmas
+        acc += a[:, None] * (isum * xd[None, :])
+        acc -= ml[:, None] * (xs0 + xs1)[None, :]
     else:
         # high 2 bits of value 4p + w (p = 2b + h): bits 4b + 2h of halfword w of the qh chunk
-        w = j // 4
-        b = j % 4
-        hb = tl.load(p1 + row1[:, None, None] * (NB * 32) + c * 4 + w + h * 0, eviction_policy=EVICT).to(tl.int32)
-        q = q | (((hb >> (4 * b + 2 * h)) & 3) << 4)                   # 0..63
-        wt = tl.reshape(q, (BN, 32)).to(tl.int8)
-        first = ((kk % 4) < 2)[None, :]                                # b < 2: values 0..15, scale 2c
+        hb = tl.load(p1 + row1[:, None] * (NB * 32) + c * 4 + (k2 % 16) // 4, eviction_policy=EVICT).to(tl.int32)
+        wt = (q.to(tl.int32) | (((hb >> (4 * (k2 % 4) + 2 * (k2 // 16))) & 3) << 4)).to(tl.int8)   # 0..63
+        first = (k2 % 4) < 2                                           # b < 2: values 0..15, scale 2c
         zero = tl.zeros_like(xb)
         i0 = tl.dot(wt, tl.trans(tl.where(first, xb, zero)), out_dtype=tl.int32).to(tl.float32)
         i1 = tl.dot(wt, tl.trans(tl.where(first, zero, xb)), out_dtype=tl.int32).to(tl.float32)
@@ -92,8 +107,10 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
         d = tl.load(p3 + row1 * NB + c // 8, eviction_policy=EVICT).to(tl.float32)
         a0 = d * ((s2 << 24) >> 24).to(tl.float32)
         a1 = d * (s2 >> 8).to(tl.float32)
-        acc += a0[:, None] * (xd[None, :] * i0 - 32.0 * xs0[None, :]) \
-            + a1[:, None] * (xd[None, :] * i1 - 32.0 * xs1[None, :])
+        acc += a0[:, None] * (i0 * xd[None, :])
+        acc += a1[:, None] * (i1 * xd[None, :])
+        acc -= (a0 * 32.0)[:, None] * xs0[None, :]
+        acc -= (a1 * 32.0)[:, None] * xs1[None, :]
     return acc
 
 
@@ -101,7 +118,7 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
 def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
                      M, N, NB, stride_om, steps_per_split, SPLIT,
                      QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, CB: tl.constexpr,
-                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr):
+                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr, ASM: tl.constexpr):
     """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, chunks] . x_hat[mcols, chunks]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -121,7 +138,7 @@ def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     for c0 in range(c_lo, c_hi, CB):
         for i in tl.static_range(CB):
-            acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT)
+            acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT, ASM)
     if not IS_SPLIT:
         _epilogue(acc, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
     else:
@@ -234,5 +251,5 @@ def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=N
     _qgemm_q8_kernel[grid](p0, p1, p2, p3, xq.view(torch.int8), xf, out, part, cnt,
                            bias if bias is not None else out, m, n, k // 256, out.stride(0), sps, split,
                            QT=rw.qtype, BN=bn, BM=bm, CB=cb, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                           EVICT="evict_first" if mt == 1 else "", num_warps=nwarps, num_stages=stages)
+                           EVICT="evict_first" if mt == 1 else "", ASM=not interpret, num_warps=nwarps, num_stages=stages)
     return out
