@@ -86,6 +86,12 @@ class Switches:
                              "Q4_K/Q6_K planes (ops/cuda/qgemm_repack.py), and the batch engine builds no dense "
                              "bf16 planes for those weights (off until measured on the GPU: dense planes + cuBLAS)",
                              kind="tuning", when="load")
+    qgemm_q8: bool = _sw(False, "MINFER_QGEMM_Q8",
+                         "batched decode rows dense_gemv_max_m < M <= qgemm_max_m: the rows quantized to int8 per "
+                         "32 values and an int8 tensor-core GEMM over the repacked Q4_K/Q6_K planes "
+                         "(ops/cuda/qgemm_q8.py; takes precedence over qgemm_repack), and the batch engine builds "
+                         "no dense bf16 planes for those weights (off until measured on the GPU)",
+                         kind="tuning", when="load")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",

@@ -351,15 +351,16 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
     DENSE_PLANE_FRACTION of the free memory (or `force`). The planes belong to the model: any
     engine over it (the single-user Engine too) then multiplies through them. Returns the bytes.
     The token embedding is only gathered (not multiplied) unless it is the tied lm head.
-    With switches.qgemm_repack, weights that have repacked planes get none (and lose one made
-    before): their batched rows go through ops/cuda/qgemm_repack.py, which reads the planes."""
+    With switches.qgemm_repack or qgemm_q8, weights that have repacked planes get none (and lose
+    one made before): their batched rows go through ops/cuda/qgemm_repack.py or qgemm_q8.py,
+    which read the planes."""
     from minfer.ops.cuda import dequant, qmatmul
     from minfer.ops.cuda.qmatmul import _float_view
 
     act = getattr(model, "act_dtype", torch.bfloat16)
     embd = getattr(model, "token_embd", None)
     ws = [w for w in model.qweights() if not (w is embd and getattr(model, "output", None) is not embd)]
-    if switches is not None and getattr(switches, "qgemm_repack", False):
+    if switches is not None and (getattr(switches, "qgemm_repack", False) or getattr(switches, "qgemm_q8", False)):
         dropped = [w for w in ws if getattr(w, "repacked", None) is not None
                    and getattr(w, "batch_dense", None) is not None]
         for w in dropped:

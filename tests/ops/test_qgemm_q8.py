@@ -112,3 +112,112 @@ def test_qgemm_q8_refuses_bad_inputs(Q):
         Q8G.qgemm_q8(q8, rw, bias=torch.zeros(44), interpret=True)
     with pytest.raises(MinferError, match="chunks per step"):
         Q8G.qgemm_q8(q8, rw, config=(32, 16, 3, 1, 4, 1), interpret=True)
+
+
+# ---------------------------------------------------------------- wiring (ops/cuda/qmatmul.py, batch_engine)
+
+@pytest.fixture(scope="module")
+def QM():
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_repack",
+             "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.qgemm_repack", "minfer.ops.cuda.qgemm_q8",
+             "minfer.ops.cuda.qmatmul"]
+    for mods in interpreted_modules(names):
+        yield mods
+
+
+class _Model:
+    """What repack_model / attach_dense_planes read of a model."""
+
+    def __init__(self, ws, groups=()):
+        self.ws, self.groups, self.token_embd, self.output = ws, groups, None, None
+        self.act_dtype, self.device = torch.float32, torch.device("cpu")
+
+    def qweights(self):
+        return self.ws
+
+    def linear_groups(self):
+        return self.groups
+
+
+def _qweights(specs, seed):
+    from minfer.weights import QWeight
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, qt, n, k in specs:
+        raw = random_weight(qt, n, k, rng)
+        out.append((QWeight(name, qt, (n, k), torch.from_numpy(raw)),
+                    torch.from_numpy(reference_dequant(raw, qt, n, k)).double()))
+    return out
+
+
+def test_linear_takes_qgemm_q8_between_the_gemv_and_qgemm_max_m(QM):
+    """Switches.qgemm_q8 on: dense_gemv_max_m < M <= qgemm_max_m goes through the int8 GEMM
+    (counted qmatmul.<type>.qgemm_q8), a declared group in one launch, a mixed-type group (q/k
+    Q4_K + v Q6_K) weight by weight; x.q8 is used when it matches. Off (the default): reported
+    as switched off, not as a fallback."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.ops.cuda.workspace import Workspace
+    from minfer.switches import Switches
+
+    qm, gr, q8m = QM["qmatmul"], QM["gemv_repack"], QM["gemv_q8"]
+    mk = _qweights([("blk.0.attn_q.weight", 12, 64, 512), ("blk.0.attn_k.weight", 12, 16, 512),
+                    ("blk.0.attn_v.weight", 12, 16, 512), ("blk.0.ffn_down.weight", 14, 48, 512),
+                    ("blk.1.attn_q.weight", 12, 32, 512), ("blk.1.attn_k.weight", 12, 16, 512),
+                    ("blk.1.attn_v.weight", 14, 16, 512)], seed=3)
+    ws = [w for w, _ in mk]
+    grp, mixed = tuple(ws[:3]), tuple(ws[4:])
+    gr.repack_model(_Model(ws, [grp, mixed]))
+    assert getattr(ws[4], "repacked_segments", None) is not None
+    on = Context(Switches(qgemm_q8=True), Workspace("cpu", ws, [grp, mixed]))
+    g = torch.Generator().manual_seed(4)
+
+    def xh(x):
+        return q8m.dequantize_q8(q8m.quantize_rows(x, interpret=True), x.numel()).view(x.shape).double()
+
+    down, wd = mk[3]
+    x = torch.randn(12, 512, generator=g)
+    paths.reset()
+    out = qm.linear(x, down, None, on)
+    assert rel_err(out, xh(x) @ wd.T) < 1e-5
+    assert paths.snapshot()["counts"] == {"qmatmul.Q6_K.qgemm_q8": 1}
+    x = torch.randn(20, 512, generator=g)
+    bias = (torch.randn(64, generator=g), None, torch.randn(16, generator=g))
+    paths.reset()
+    outs = qm.linear_many(x, grp, bias, on)
+    assert paths.snapshot()["counts"] == {"qmatmul.group3.qgemm_q8": 1}
+    for (w, wref), o, b in zip(mk[:3], outs, bias):
+        assert o.shape == (20, w.shape[0])
+        assert rel_err(o, xh(x) @ wref.T + (0 if b is None else b.double())) < 1e-5
+    paths.reset()
+    outs = qm.linear_many(x, mixed, (None, None, None), on)
+    assert paths.snapshot()["counts"] == {"qmatmul.Q4_K.qgemm_q8": 2, "qmatmul.Q6_K.qgemm_q8": 1}
+    for (w, wref), o in zip(mk[4:], outs):
+        assert rel_err(o, xh(x) @ wref.T) < 1e-5
+    # the rows' int8 form carried by the tensor is used as is: a marked q8 (x's rows doubled)
+    # shows in the output
+    x2 = x.clone()
+    x2.q8 = q8m.quantize_rows(2 * x, interpret=True)
+    assert rel_err(qm.linear(x2, down, None, on), 2 * xh(x) @ wd.T) < 1e-5
+    paths.reset()
+    out = qm.linear(x, down, None, Context(Switches(), Workspace("cpu", ws, [grp, mixed])))
+    snap = paths.snapshot()
+    assert rel_err(out, x.double() @ wd.T) < 1e-5 and not snap["fallbacks"]
+    assert "qmatmul.Q6_K.qgemm_q8 (switched off by MINFER_QGEMM_Q8=0)" in snap["switched_off"]
+
+
+def test_attach_dense_planes_skips_repacked_weights_with_qgemm_q8(QM):
+    from minfer.runtime.batch_engine import attach_dense_planes
+    from minfer.switches import Switches
+
+    gr = QM["gemv_repack"]
+    mk = _qweights([("blk.0.attn_q.weight", 12, 32, 256), ("blk.0.ffn_down.weight", 14, 16, 256),
+                    ("blk.0.attn_k.weight", 8, 16, 256)], seed=5)
+    ws = [w for w, _ in mk]
+    model = _Model(ws)
+    gr.repack_model(model)
+    assert attach_dense_planes(model, force=True, free_bytes=1 << 30) == (32 + 16 + 16) * 256 * 4
+    got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_q8=True))
+    assert got == 16 * 256 * 4
+    assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None

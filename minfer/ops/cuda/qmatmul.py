@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack, qgemm_repack
+from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack, qgemm_q8, qgemm_repack
 from minfer.ops.cuda.dequant import interpret
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
@@ -178,7 +178,9 @@ def _linear(x, w, bias, sw, ws):
     tname = dequant.type_name(w.qtype)
     m = x.shape[0]
     if sw.dense_gemv_max_m < m <= sw.qgemm_max_m:
-        out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
+        out = _qgemm_q8(x, (w,), (bias,), f"qmatmul.{tname}.qgemm_q8", sw, ws)
+        if out is None:
+            out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
         if out is not None:
             return out
     plane = getattr(w, "batch_dense", None)
@@ -241,6 +243,29 @@ def _qgemm(x, wts, biases, path, sw, ws):
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
 
 
+def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
+    """Batched decode rows (dense_gemv_max_m < M <= qgemm_max_m) through the int8 tensor-core GEMM
+    over the repacked planes (qgemm_q8.py; Switches.qgemm_q8, default off until measured on the
+    GPU): x's int8 rows (x.q8 when its producer made them, else quantized here, once per call),
+    then one launch; None when it does not apply (the caller goes on)."""
+    grp = getattr(wts[0], "repacked_group", None) if len(wts) > 1 else None
+    rw = grp[1] if grp is not None and grp[0] == wts else gemv_repack.planes_of(wts[0]) if len(wts) == 1 else None
+    if rw is None:
+        return None
+    if not sw.qgemm_q8:
+        paths.switched_off(path, "MINFER_QGEMM_Q8")
+        return None
+    m, k = x.shape
+    if q8 is None:
+        q8 = getattr(x, "q8", None)
+    if q8 is None or tuple(q8[0].shape) != (m, k // 4):
+        q8 = gemv_q8.quantize_rows(x, interpret=interpret())
+    paths.count(path)
+    out = qgemm_q8.qgemm_q8(q8, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                            ws=ws.gemv_counters(), interpret=interpret())
+    return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
 def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> list:
     """The same x (T, K) through several weights of one K -> [(T, N_i)].
 
@@ -254,8 +279,22 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         x = x.contiguous()
     grp = getattr(wts[0], "repacked_group", None)
     if grp is not None and grp[0] == wts and sw.dense_gemv_max_m < x.shape[0] <= sw.qgemm_max_m:
-        outs = _qgemm(x, wts, biases, f"qmatmul.group{len(wts)}.qgemm", sw, ws)
+        outs = _qgemm_q8(x, wts, biases, f"qmatmul.group{len(wts)}.qgemm_q8", sw, ws)
+        if outs is None:
+            outs = _qgemm(x, wts, biases, f"qmatmul.group{len(wts)}.qgemm", sw, ws)
         if outs is not None:
+            return outs
+    segs8 = getattr(wts[0], "repacked_segments", None)
+    if (segs8 is not None and segs8[0] == wts and sw.qgemm_q8
+            and sw.dense_gemv_max_m < x.shape[0] <= sw.qgemm_max_m):
+        # q/k + a v of another type (gemv_repack_layout.fuse_group): weight by weight on the int8
+        # GEMM, the rows quantized once
+        q8 = getattr(x, "q8", None)
+        if q8 is None or tuple(q8[0].shape) != (x.shape[0], x.shape[1] // 4):
+            q8 = gemv_q8.quantize_rows(x, interpret=interpret())
+        outs = [_qgemm_q8(x, (w,), (b,), f"qmatmul.{dequant.type_name(w.qtype)}.qgemm_q8", sw, ws, q8=q8)
+                for w, b in zip(wts, biases)]
+        if all(o is not None for o in outs):
             return outs
     if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
             and getattr(wts[0], "batch_dense", None) is None):
