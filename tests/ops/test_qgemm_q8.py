@@ -221,3 +221,15 @@ def test_attach_dense_planes_skips_repacked_weights_with_qgemm_q8(QM):
     got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_q8=True))
     assert got == 16 * 256 * 4
     assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None
+
+
+def test_sweep_tiny_runs_in_the_interpreter(QM, tmp_path, capsys):
+    """minfer/bench/qgemm_q8_sweep.py's code path (--tiny: the interpreter, tiny shapes): it checks
+    each config against the float32 reference and writes a table load_configs reads."""
+    from minfer.bench import qgemm_q8_sweep
+
+    out = tmp_path / "cfg.json"
+    assert qgemm_q8_sweep.main(["--tiny", "--out", str(out), "--json", str(tmp_path / "rows.json")]) == 0
+    text = capsys.readouterr().out
+    assert "WRONG" not in text and "Error" not in text
+    assert set(QM["qgemm_q8"].load_configs(str(out))) == {"Q4_K 96x512 m16", "Q6_K 64x512 m16"}
