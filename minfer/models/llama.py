@@ -88,7 +88,7 @@ class LlamaModel(Model):
         #   x, h = x + attn(h), ffn_norm(x + attn(h));   x, h = x + ffn(h), next_norm(x + ffn(h))
         act, eps, blocks = self.act_dtype, self.cfg.rms_eps, self.blocks
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
-        h = ops.rms_norm(x, blocks[0].attn_norm, eps).to(act)      # (T, D) act
+        h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)   # (T, D) act
         for i, blk in enumerate(blocks):
             x, h = ops.add_rms_norm(x, attention_branch(h, blk, self.cfg, cache, i, step, ctx),
                                     blk.ffn_norm, eps, act, ctx)

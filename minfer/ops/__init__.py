@@ -71,6 +71,14 @@ def rms_norm(x, weight, eps):
     return _backend(x).rms_norm(x, weight, eps)
 
 
+def rms_norm_cast(x, weight, eps, out_dtype, ctx: Context | None = None):
+    """rms_norm(x, weight) in out_dtype (the first layer's input). On CUDA one decode row also
+    gets its int8 form (`.q8`, for the q8 GEMV) from the same launch."""
+    if x.device.type != "cuda":
+        return reference.rms_norm(x, weight, eps).to(out_dtype)
+    return _backend(x).rms_norm_cast(x, weight, eps, out_dtype, ctx)
+
+
 def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None):
     """(s, h): s = x + y (T, D), the residual stream; h = rms_norm(s) * weight in out_dtype."""
     if x.device.type != "cuda":

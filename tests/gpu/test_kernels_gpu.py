@@ -188,7 +188,8 @@ def test_attention(t, start, h, hkv, dh, dtype):
     else:                                           # offset mask or fp32: memory-efficient kernel
         want = {"attention.prefill.masked": 1}
     snap = paths.snapshot()
-    assert snap["counts"] == want and not snap["fallbacks"], snap
+    counts = {k: v for k, v in snap["counts"].items() if not k.startswith("pdl.")}   # launch mode, not path
+    assert counts == want and not snap["fallbacks"], snap
 
 
 def test_decode_attention_length_from_tensor():
@@ -222,7 +223,8 @@ def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
     assert rel_err(s, rs) < 1e-7 and rel_err(h, rh) < 1e-2
     # one row of a multiple of 256 values also gets its int8 form (gemv_q8) from the same launch
     q8 = t == 1 and d % 256 == 0
-    assert paths.snapshot()["counts"] == {"add_rms_norm.q8" if q8 else "add_rms_norm.triton": 1}
+    counts = {k: v for k, v in paths.snapshot()["counts"].items() if not k.startswith("pdl.")}
+    assert counts == {"add_rms_norm.q8" if q8 else "add_rms_norm.triton": 1}
     assert (getattr(h, "q8", None) is not None) == q8
 
 

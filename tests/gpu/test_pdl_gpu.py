@@ -32,7 +32,7 @@ def _chain(pdl: bool, seed: int):
     d, f = 1024, 2048
     up = G.repack(torch.from_numpy(random_weight(12, 2 * f, d, rng)).cuda(), 12, 2 * f, d)
     down = G.repack(torch.from_numpy(random_weight(14, d, f, rng)).cuda(), 14, d, f)
-    nw = torch.randn(d, device="cuda")
+    nw = torch.randn(d, generator=torch.Generator().manual_seed(seed)).cuda()   # the same in both chains
     x = torch.zeros(1, d, device="cuda")
     y = torch.zeros(1, d, device="cuda", dtype=torch.bfloat16)
     ws = GemvWorkspace("cuda")

@@ -63,7 +63,7 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 @triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                        H, G, sm_scale, keys_per_split, window, n_keys_add,
+                        H, G, sm_scale, window, n_keys_add,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr):
     if PDL:   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
@@ -72,8 +72,12 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     L = tl.load(n_keys) + n_keys_add
-    s1 = tl.minimum(sp * keys_per_split + keys_per_split, L)
-    s0 = tl.maximum(sp * keys_per_split, L - window)     # sliding window: the last `window` keys
+    # the keys split evenly over the grid's programs at THIS length (a graph's grid is sized for
+    # the whole cache; a split fixed at capture would leave most programs empty at short
+    # lengths and few, long ones at depth), whole BS tiles per program
+    kps = tl.cdiv(tl.cdiv(L, tl.num_programs(1)), BS) * BS
+    s1 = tl.minimum(sp * kps + kps, L)
+    s0 = tl.maximum(sp * kps, L - window)                # sliding window: the last `window` keys
     g = tl.arange(0, GP)
     gm = g < G
     qh = kvh * G + g
@@ -129,7 +133,9 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
     den = tl.zeros([CH], dtype=tl.float32)
     for s0 in range(0, NS, CH):
         sm = s0 + c < NS
-        w = tl.exp(tl.load(part_m + (s0 + c) * H + h, mask=sm, other=float("-inf")) - M)
+        ms = tl.load(part_m + (s0 + c) * H + h, mask=sm, other=float("-inf"))
+        w = tl.exp(ms - M)
+        sm = sm & (ms > float("-inf"))                   # empty splits: their partials are not read
         den += w * tl.load(part_l + (s0 + c) * H + h, mask=sm, other=0.0)
         o = tl.load(part_o + ((s0 + c) * H + h)[:, None] * BD + d[None, :], mask=sm[:, None], other=0.0)
         num += tl.sum(o * w[:, None], axis=0)
@@ -163,10 +169,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
     if n_split is None:
-        # enough programs to cover the SMs, but at least 2 tiles of keys per program
+        # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
+        # length; the kernel divides the keys of each call's actual length over them
         n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(264, hkv)))
-    keys_per_split = triton.cdiv(triton.cdiv(span, n_split), bs) * bs
-    n_split = triton.cdiv(span, keys_per_split)
+    n_split = max(1, min(n_split, triton.cdiv(span, bs)))
     bd = triton.next_power_of_2(dh)
     part_o = torch.empty((n_split, h, bd), dtype=torch.float32, device=q.device)
     part_m = torch.empty((n_split, h), dtype=torch.float32, device=q.device)
@@ -179,7 +185,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q2 = q2.to(kc.dtype)
     _decode_attn_kernel[(hkv, n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
-        vc.stride(1), h, g, 1.0 / dh ** 0.5, keys_per_split, window if window > 0 else 1 << 30, n_keys_add,
+        vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         num_warps=4, **launch_kw(pdl))
     out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)

@@ -78,6 +78,21 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     return s, h
 
 
+def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, ctx: Context | None = None):
+    """rms_norm(x) * weight in out_dtype; one row also gets its q8 form (gemv_q8.py) in the same
+    launch, else rms_norm + cast."""
+    sw = (ctx or DEFAULT).switches
+    if x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and q8_row_ok(x.shape[1], out_dtype, sw):
+        from minfer.ops.cuda import gemv_q8
+
+        paths.count("rms_norm.q8")
+        _, h, q8 = gemv_q8._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
+                                      pdl=pdl_enabled(sw, x.device, "rms_norm"))
+        h.q8 = q8
+        return h
+    return rms_norm(x, weight, eps).to(out_dtype)
+
+
 def _interp() -> bool:
     from minfer.ops.cuda.dequant import interpret
 
