@@ -58,12 +58,53 @@ def _nibbles(wb, hi, ASM: tl.constexpr):
     if ASM:
         # the shift as a packed operand too: byte 0 of a 4-byte group holds 4 (hi) or 0, the
         # others 0, so the group's 32-bit register is the shift count (loop-invariant)
-        kk = tl.arange(0, 32)[None, :]
-        sh = tl.where(hi & (kk % 4 == 0), 4, 0).to(tl.int8)
         return tl.inline_asm_elementwise("{ .reg .b32 t; shr.u32 t, $1, $2; and.b32 $0, t, 0x0F0F0F0F; }",
-                                         "=r,r,r", [wb, sh], dtype=tl.int8, is_pure=True, pack=4)
+                                         "=r,r,r", [wb, _packed_shift(hi, 4, 0)], dtype=tl.int8, is_pure=True,
+                                         pack=4)
     else:
         return ((wb.to(tl.int32) >> tl.where(hi, 4, 0)) & 15).to(tl.int8)
+
+
+@triton.jit
+def _packed_shift(hi, v_hi, v_lo):
+    """int8 [1, 32]: in each group of 4 positions (one 32-bit register when packed) byte 0 holds
+    v_hi where hi, else v_lo, the other bytes 0: the packed register IS the shift count."""
+    kk = tl.arange(0, 32)[None, :]
+    return tl.where(kk % 4 == 0, tl.where(hi, v_hi, v_lo), 0).to(tl.int8)
+
+
+@triton.jit
+def _prmt_sel(k2):
+    """int8 [1, 32], packed per 4 positions: the PTX prmt selector that spreads halfword w % 2 of
+    a 32-bit qh word to bytes [lo, lo, hi, hi] (0x1100 for even w, 0x3322 for odd)."""
+    odd = ((k2 // 4) % 2) == 1
+    j = k2 % 4
+    return tl.where(j == 0, tl.where(odd, 0x22, 0x00), tl.where(j == 1, tl.where(odd, 0x33, 0x11), 0)).to(tl.int8)
+
+
+@triton.jit
+def _q6(wb, hb, k2, ASM: tl.constexpr):
+    """Q6_K's 6-bit values 0..63 (int8 [BN, 32]) at positions k2 = 16h + 4w + b (value 4p + w,
+    p = 2b + h): the low nibble (wb: byte 4w + b of the ql chunk) | the 2 high bits << 4.
+    ASM: hb holds bytes 4 (w // 2) + b of the qh chunk, so a packed group of 4 is the 32-bit
+    word of halfwords w & ~1 and w | 1 (a plain 4-byte load, which the pipeliner copies
+    asynchronously); prmt spreads halfword w to bytes [lo, lo, hi, hi] and the crumbs go to
+    bits 4..5 of each byte as the GEMV's _q8_tile places them (checked bit for bit against
+    this formula in numpy). Else: hb
+    holds halfword w (int32) and the crumb is bits 4b + 2h."""
+    hi = k2 >= 16
+    if ASM:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t, v, w, x; prmt.b32 x, $2, 0, $6; shr.u32 t, $1, $3; and.b32 t, t, 0x0F0F0F0F; "
+            "shl.b32 v, x, $5; "
+            "and.b32 v, v, 0x00300030; shr.u32 w, x, $4; and.b32 w, w, 0x30003000; or.b32 t, t, v; "
+            "or.b32 $0, t, w; }",
+            "=r,r,r,r,r,r,r",
+            [wb, hb, _packed_shift(hi, 4, 0), _packed_shift(hi, 2, 0), _packed_shift(hi, 2, 4), _prmt_sel(k2)],
+            dtype=tl.int8, is_pure=True, pack=4)
+    else:
+        q = (wb.to(tl.int32) >> tl.where(hi, 4, 0)) & 15
+        return (q | (((hb >> (4 * (k2 % 4) + 2 * (k2 // 16))) & 3) << 4)).to(tl.int8)
 
 
 @triton.jit
@@ -77,14 +118,13 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
     # compiler may keep the tile in the MMA operand layout from the load on
     wb = tl.load(p0.to(tl.pointer_type(tl.int8)) + row1[:, None] * (NB * 128) + c * 16 + (k2 % 16),
                  eviction_policy=EVICT)
-    q = _nibbles(wb, k2 >= 16, ASM)
     # activations: the q8 row's 32 bytes of chunk c (module doc), and its (d, s0, s1, 0)
     xb = tl.load(x8 + xrow + c * 32 + k2)                              # [BM, 32] int8
     xd = tl.load(xf + xfrow + c * 4)                                   # [BM]
     xs0 = tl.load(xf + xfrow + c * 4 + 1)
     xs1 = tl.load(xf + xfrow + c * 4 + 2)
     if QT == 12:
-        isum = tl.dot(q, tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
+        isum = tl.dot(_nibbles(wb, k2 >= 16, ASM), tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
         scm = tl.load(p1 + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
         sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c // 8, eviction_policy=EVICT)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
@@ -96,12 +136,17 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
         acc -= ml[:, None] * (xs0 + xs1)[None, :]
     else:
         # high 2 bits of value 4p + w (p = 2b + h): bits 4b + 2h of halfword w of the qh chunk
-        hb = tl.load(p1 + row1[:, None] * (NB * 32) + c * 4 + (k2 % 16) // 4, eviction_policy=EVICT).to(tl.int32)
-        wt = (q.to(tl.int32) | (((hb >> (4 * (k2 % 4) + 2 * (k2 // 16))) & 3) << 4)).to(tl.int8)   # 0..63
-        first = (k2 % 4) < 2                                           # b < 2: values 0..15, scale 2c
-        zero = tl.zeros_like(xb)
-        i0 = tl.dot(wt, tl.trans(tl.where(first, xb, zero)), out_dtype=tl.int32).to(tl.float32)
-        i1 = tl.dot(wt, tl.trans(tl.where(first, zero, xb)), out_dtype=tl.int32).to(tl.float32)
+        if ASM:
+            hb = tl.load(p1.to(tl.pointer_type(tl.int8)) + row1[:, None] * (NB * 64) + c * 8
+                         + ((k2 % 16) // 8) * 4 + k2 % 4, eviction_policy=EVICT)
+        else:
+            hb = tl.load(p1 + row1[:, None] * (NB * 32) + c * 4 + (k2 % 16) // 4, eviction_policy=EVICT).to(tl.int32)
+        # b < 2: values 0..15 of the chunk, scale 2c; b >= 2: scale 2c + 1: two dots, each with
+        # the other half's activation bytes zeroed
+        wt = _q6(wb, hb, k2, ASM)
+        first = (k2 % 4) < 2
+        i0 = tl.dot(wt, tl.trans(tl.where(first, xb, 0).to(tl.int8)), out_dtype=tl.int32).to(tl.float32)
+        i1 = tl.dot(wt, tl.trans(tl.where(first, 0, xb).to(tl.int8)), out_dtype=tl.int32).to(tl.float32)
         # the int8 scales 2c, 2c+1 as one little-endian int16
         s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
         d = tl.load(p3 + row1 * NB + c // 8, eviction_policy=EVICT).to(tl.float32)
