@@ -121,19 +121,14 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
     # activations: the q8 row's 32 bytes of chunk c (module doc), and its (d, s0, s1, 0)
     xb = tl.load(x8 + xrow + c * 32 + k2)                              # [BM, 32] int8
     xd = tl.load(xf + xfrow + c * 4)                                   # [BM]
-    xs0 = tl.load(xf + xfrow + c * 4 + 1)
-    xs1 = tl.load(xf + xfrow + c * 4 + 2)
     if QT == 12:
         isum = tl.dot(_nibbles(wb, k2 >= 16, ASM), tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
         scm = tl.load(p1 + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
         sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c // 8, eviction_policy=EVICT)
         d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         a = d * (scm & 255).to(tl.float32)                             # exact: 11 x 6 bits
-        ml = dmin * ((scm >> 8) & 255).to(tl.float32)
-        # three ops per element past the conversion: a multiply and two fmas
+        # two ops per element past the conversion: a multiply and an fma (the min term: _min_term)
         acc += a[:, None] * (isum * xd[None, :])
-        acc -= ml[:, None] * (xs0 + xs1)[None, :]
     else:
         # high 2 bits of value 4p + w (p = 2b + h): bits 4b + 2h of halfword w of the qh chunk
         if ASM:
@@ -154,9 +149,57 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
         a1 = d * (s2 >> 8).to(tl.float32)
         acc += a0[:, None] * (i0 * xd[None, :])
         acc += a1[:, None] * (i1 * xd[None, :])
-        acc -= (a0 * 32.0)[:, None] * xs0[None, :]
-        acc -= (a1 * 32.0)[:, None] * xs1[None, :]
     return acc
+
+
+@triton.jit
+def _dot3(w, s, INTERP: tl.constexpr):
+    """w [BN, 16] fp32 small integers (exact in bf16) @ s [16, BM] fp32 on the tensor cores, the
+    products exact: s = hi + mid + lo, three bf16 parts (each keeps 8 bits of what is left:
+    24 bits in all, so the split is exact, rounding or truncating), three bf16 MMAs into one
+    fp32 accumulator. The interpreter (whose bf16 dot is not one) multiplies the same parts in
+    fp32."""
+    hi = s.to(tl.bfloat16)
+    r = s - hi.to(tl.float32)
+    mid = r.to(tl.bfloat16)
+    lo = (r - mid.to(tl.float32)).to(tl.bfloat16)
+    if INTERP:
+        t = tl.dot(w, hi.to(tl.float32), input_precision="ieee")
+        t = tl.dot(w, mid.to(tl.float32), t, input_precision="ieee")
+        return tl.dot(w, lo.to(tl.float32), t, input_precision="ieee")
+    else:
+        wb = w.to(tl.bfloat16)
+        t = tl.dot(wb, hi)
+        t = tl.dot(wb, mid, t)
+        return tl.dot(wb, lo, t)
+
+
+@triton.jit
+def _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT: tl.constexpr, CB: tl.constexpr, NB,
+              EVICT: tl.constexpr, INTERP: tl.constexpr):
+    """acc -= the K step's (chunks c0 .. c0 + CB - 1, one super-block) min / -32 term, as one
+    small matrix product per step instead of an fma per element and chunk:
+      Q4_K: dmin[n] * sum_c m[n, c] (s0 + s1)[m, c]        (K index j = chunk c0 + j, j < CB)
+      Q6_K: d[n] * sum_j sc[n, 2 c0 + j] * 32 s_{j % 2}[m, c0 + j // 2]   (j < 2 CB)
+    (the 6-bit m and the int8 sc are exact in bf16: _dot3)."""
+    j = tl.arange(0, 16)
+    if QT == 12:
+        jm = j < CB
+        scm = tl.load(p1 + row1[:, None] * (NB * 8) + c0 + j[None, :], mask=jm[None, :], other=0,
+                      eviction_policy=EVICT).to(tl.int32)
+        wm = ((scm >> 8) & 255).to(tl.float32)                        # [BN, 16]
+        xo = xfrow[None, :] + (c0 + j)[:, None] * 4                    # [16, BM]
+        s = tl.load(xf + xo + 1, mask=jm[:, None], other=0.0) + tl.load(xf + xo + 2, mask=jm[:, None], other=0.0)
+        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c0 // 8, eviction_policy=EVICT)
+        scale = (sb >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)   # dmin
+    else:
+        jm = j < 2 * CB
+        wm = tl.load(p2 + row1[:, None] * (NB * 16) + 2 * c0 + j[None, :], mask=jm[None, :], other=0,
+                     eviction_policy=EVICT).to(tl.float32)             # the int8 scales
+        xo = xfrow[None, :] + (c0 + j // 2)[:, None] * 4 + 1 + (j % 2)[:, None]
+        s = tl.load(xf + xo, mask=jm[:, None], other=0.0) * 32.0
+        scale = tl.load(p3 + row1 * NB + c0 // 8, eviction_policy=EVICT).to(tl.float32)   # d
+    return acc - scale[:, None] * _dot3(wm, s, INTERP)
 
 
 @triton.jit
@@ -184,6 +227,7 @@ def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
     for c0 in range(c_lo, c_hi, CB):
         for i in tl.static_range(CB):
             acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT, ASM)
+        acc = _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT, CB, NB, EVICT, not ASM)
     if not IS_SPLIT:
         _epilogue(acc, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
     else:
