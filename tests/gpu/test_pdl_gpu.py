@@ -57,6 +57,9 @@ def _chain(pdl: bool, seed: int):
         g.replay()
         torch.cuda.synchronize()
         return [t.clone() for t in outs]
+    # the graph reads the workspace's split-K counters and the weights by address: they must
+    # outlive the chain (a freed counter buffer reused by the next allocation breaks the tickets)
+    run.keep = (g, ws, up, down, nw, x, y)
     return run
 
 
