@@ -281,15 +281,14 @@ def split_for(m: int, n: int, k: int, bn: int, bm: int, cb: int, target: int = _
 
 
 def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
-    """[BN, BM, CB, SPLIT, num_warps, num_stages] for a shape the table lacks: all batch rows in
-    one M tile up to 128 (each M tile reads the weights again), 128 weight rows per program
-    (64 at M >= 128: the [BN, BM] fp32 accumulator and its per-chunk rescale grow with BM),
-    4 chunks (128 values) per iteration, 3 stages. Not measured yet (no GPU in the session
-    that wrote it): the sweep's table replaces it."""
-    bm = min(m_bucket(m), 128)
-    bn = 128 if bm <= 64 else 64
-    warps = 4 if bm <= 32 else 8
-    return bn, bm, 4, split_for(m, n, k, bn, bm, 4), warps, 3
+    """[BN, BM, CB, SPLIT, num_warps, num_stages] for a shape the table lacks: 128 weight rows and
+    8 chunks (one super-block) per step; all rows in one M tile up to 64, M tiles of 64 above
+    (BM = 128 spills). Chosen from sm_90 builds compiled on the CPU (SASS instructions per Q4_K
+    value in the loop: 5.2 at M=16, 7.3 at 32, 13.7 at 64; qgemm_q8_sweep.CANDIDATES), not yet
+    from a GPU run: the sweep's table replaces it."""
+    bm = min(m_bucket(m), 64)
+    warps, stages = {16: (4, 4), 32: (4, 3), 64: (8, 3)}[bm]
+    return 128, bm, 8, split_for(m, n, k, 128, bm, 8), warps, stages
 
 
 def config_for(qtype: int, m: int, n: int, k: int, interpret: bool = False) -> tuple:
