@@ -146,7 +146,7 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
     for (label, qt, n, k), rs in by_shape.items():
         rw0 = G.repack(GS.random_raw(qt, n, k, gen, dev), qt, n, k)
         pbytes = rw0.nbytes()
-        copies = 1 if tiny else max(2, min(24, -(-192_000_000 // pbytes)))
+        copies = 1 if tiny else max(2, min(128, -(-192_000_000 // pbytes)))
         rws = [rw0] + [G.repack(GS.random_raw(qt, n, k, gen, dev), qt, n, k) for _ in range(copies - 1)]
         dense32 = torch.empty((n, k), dtype=torch.float32, device=dev)
         G.dequantize_into(rw0, dense32, interpret=interp)
