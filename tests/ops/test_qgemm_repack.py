@@ -238,7 +238,9 @@ def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
     snap = paths.snapshot()
     assert rel_err(out, x.double() @ wd.T) < 1e-5
     assert snap["counts"] == {"qmatmul.Q6_K.decode.repacked": 1} and not snap["fallbacks"]
-    assert list(snap["switched_off"]) == ["qmatmul.Q6_K.qgemm (switched off by MINFER_QGEMM_REPACK=0)"]
+    # (with the int8 GEMM's, qgemm_q8.py: both batched paths are off by default)
+    assert set(snap["switched_off"]) == {"qmatmul.Q6_K.qgemm (switched off by MINFER_QGEMM_REPACK=0)",
+                                         "qmatmul.Q6_K.qgemm_q8 (switched off by MINFER_QGEMM_Q8=0)"}
     paths.reset()
     qm.linear(torch.randn(40, 512, generator=g), down, None,
               Context(Switches(qgemm_repack=True, qgemm_max_m=32), Workspace("cpu", ws, [grp])))
