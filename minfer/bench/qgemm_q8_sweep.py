@@ -77,12 +77,15 @@ def plan(shapes, ms, tiny: bool) -> list:
         for m in ms:
             cands = [(32, 16, 8, 4, 1)] if tiny else CANDIDATES[Q.m_bucket(m)]
             seen = set()
-            for bn, bm, cb, w, st in cands:
+            for i, (bn, bm, cb, w, st) in enumerate(cands):
                 for t in (TARGETS[:1] if tiny else TARGETS):
                     cfg = (bn, bm, cb, Q.split_for(m, n, k, bn, bm, cb, target=t), w, st)
-                    if cfg not in seen:
-                        seen.add(cfg)
-                        runs.append((label, qt, n, k, m, cfg))
+                    # the first candidate also with the weight bytes built one by one (asm 0): a
+                    # working baseline should the PTX byte packing misbehave on a device
+                    for c in ((cfg, cfg + (0,)) if i == 0 and t == TARGETS[0] and not tiny else (cfg,)):
+                        if c not in seen:
+                            seen.add(c)
+                            runs.append((label, qt, n, k, m, c))
     return runs
 
 
@@ -202,7 +205,8 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
 
 def table(res: dict) -> dict:
     return {"about": "H200 configs of minfer.ops.cuda.qgemm_q8: '<type> <N>x<K> m<bucket>' -> "
-                     "[BN, BM, CB, SPLIT, num_warps, num_stages], from python -m minfer.bench.qgemm_q8_sweep "
+                     "[BN, BM, CB, SPLIT, num_warps, num_stages(, 0: no PTX byte packing)], from python -m "
+                     "minfer.bench.qgemm_q8_sweep "
                      f"({res['gpu']}, {time.strftime('%Y-%m-%d')})",
             "measured": {k: f"{v['gb_s']:.0f} GB/s, {v['us']:.1f} us, x{v['x_cublas']:.2f} cuBLAS bf16 "
                             f"({v['cublas_us']:.1f} us)" for k, v in res["best"].items()},

@@ -52,11 +52,12 @@ def test_against_gguf_every_candidate(qt):
     for m in (9, 16, 33, 64, 128, 200):
         q8, xh = _rows(m, k, seed=m)
         ref = xh @ w.T + bias.double()
-        for bn, bm, cb, warps, stages in CANDIDATES[Q.m_bucket(m)]:
+        for i, (bn, bm, cb, warps, stages) in enumerate(CANDIDATES[Q.m_bucket(m)]):
             for split in (1, 3):
-                cfg = (bn, bm, cb, split, warps, stages)
-                out = Q.qgemm_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=cfg)
-                assert rel_err(out, ref) < 1e-5, (m, cfg)
+                for asm in ((1, 0) if i == 0 else (1,)):                # 0: the bytes one by one
+                    cfg = (bn, bm, cb, split, warps, stages, asm)
+                    out = Q.qgemm_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=cfg)
+                    assert rel_err(out, ref) < 1e-5, (m, cfg)
 
 
 @pytest.mark.parametrize("qt,n,k", [(12, 4608, 3584), (12, 3584, 18944), (14, 3584, 18944), (14, 512, 3584)],

@@ -206,7 +206,8 @@ def _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT: tl.constexpr, CB: tl.con
 def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
                      M, N, NB, stride_om, steps_per_split, SPLIT,
                      QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, CB: tl.constexpr,
-                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr, ASM: tl.constexpr):
+                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, EVICT: tl.constexpr, ASM: tl.constexpr,
+                     INTERP: tl.constexpr):
     """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, chunks] . x_hat[mcols, chunks]."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -227,7 +228,7 @@ def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
     for c0 in range(c_lo, c_hi, CB):
         for i in tl.static_range(CB):
             acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT, ASM)
-        acc = _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT, CB, NB, EVICT, not ASM)
+        acc = _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT, CB, NB, EVICT, INTERP)
     if not IS_SPLIT:
         _epilogue(acc, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
     else:
@@ -304,7 +305,8 @@ def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=N
              interpret: bool = False) -> torch.Tensor:
     """out (M, N) = x_hat @ W^T [+ bias] for the repacked Q4_K/Q6_K weight W and M q8 rows
     (xq int32 (M, K/4), xf float32 (M, K/8): gemv_q8.quantize_rows). bias (N,) added in fp32.
-    config = (BN, BM, CB, SPLIT, num_warps, num_stages) overrides the table (sweeps). A split K
+    config = (BN, BM, CB, SPLIT, num_warps, num_stages[, asm]) overrides the table (sweeps); asm 0
+    builds the weight bytes one by one (the interpreter's form) instead of 4 per PTX op. A split K
     takes its ticket counters from `ws` (anything with .counters(n) -> zeroed int32, e.g.
     gemv_repack.GemvWorkspace; the counters reset themselves) or a fresh zeroed buffer."""
     xq, xf = q8rows
@@ -320,7 +322,9 @@ def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=N
                           f"contiguous int32 ({m}, {k // 4}) / float32 ({m}, {k // 8}) for K = {k}")
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_q8: bias has shape {tuple(bias.shape)}, expected ({n},)")
-    bn, bm, cb, split, nwarps, stages = tuple(config or config_for(rw.qtype, m, n, k, interpret))
+    cfg = tuple(config or config_for(rw.qtype, m, n, k, interpret))
+    bn, bm, cb, split, nwarps, stages = cfg[:6]
+    asm = bool(cfg[6]) if len(cfg) > 6 else True
     if cb not in (1, 2, 4, 8):
         raise MinferError(f"qgemm_q8: config chunks per step {cb}, expected 1, 2, 4 or 8")
     nc = k // 32
@@ -339,5 +343,6 @@ def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=N
     _qgemm_q8_kernel[grid](p0, p1, p2, p3, xq.view(torch.int8), xf, out, part, cnt,
                            bias if bias is not None else out, m, n, k // 256, out.stride(0), sps, split,
                            QT=rw.qtype, BN=bn, BM=bm, CB=cb, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                           EVICT="evict_first" if mt == 1 else "", ASM=not interpret, num_warps=nwarps, num_stages=stages)
+                           EVICT="evict_first" if mt == 1 else "", ASM=asm and not interpret, INTERP=interpret,
+                           num_warps=nwarps, num_stages=stages)
     return out
