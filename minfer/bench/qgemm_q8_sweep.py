@@ -187,12 +187,15 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
                     best = row
             if best is None:
                 continue
+            port = [r["us"] for r in res["rows"] if r["shape"] == label and r["type"] == NAME[qt] and r["m"] == m
+                    and len(r["config"]) == 7]
             key = f"{NAME[qt]} {n}x{k} m{Q.m_bucket(m)}"
             res["best"][key] = best
             res["configs"][key] = best["config"]
             print(f"{label:8s} {NAME[qt]} {n:6d}x{k:<5d} M={m:3d} | cuBLAS bf16 {t_cub * 1e6:7.1f} us "
                   f"{2 * n * k / t_cub / 1e9:5.0f} GB/s | q8 {best['us']:7.1f} us {best['gb_s']:5.0f} GB/s "
-                  f"x{best['x_cublas']:4.2f} | quantize {t_q * 1e6:5.1f} us | err {best['max_rel_err']:.1e} "
+                  f"x{best['x_cublas']:4.2f} | no-PTX-packing {port[0] if port else float('nan'):7.1f} us | "
+                  f"quantize {t_q * 1e6:5.1f} us | err {best['max_rel_err']:.1e} "
                   f"{best['config']}", flush=True)
             if rows_out:
                 with open(rows_out, "w") as f:
