@@ -4,33 +4,42 @@ out (M, N) = W_deq . x_hat for M = 9..256 rows of q8 activations (gemv_q8.py's f
 32 values with (d, s0, s1, 0) per chunk), in the manner of llama.cpp's mmq: the weight's 4-bit
 (Q6_K: 6-bit) values become int8 in registers, the activations are int8 already, and each
 32-value chunk (one scale) is ONE int8 x int8 -> int32 tl.dot on the tensor cores; the exact
-int32 result is then scaled into an fp32 accumulator on the CUDA cores:
-  Q4_K: acc += (d sc)[n] * (xd[m] * isum) - (dmin m)[n] * (s0 + s1)[m]
-  Q6_K: acc += a0[n] * (xd[m] * i0 - 32 s0[m]) + a1[n] * (xd[m] * i1 - 32 s1[m])
-(the values are q - 32 with q = 0..63: the -32 is folded into the activations' sums, as the
-GEMV's _q8_tile). Exact up to fp32 rounding of those few products and the summation order:
-|isum| <= 32 * 63 * 127 < 2^24, so its conversion to fp32 is exact.
+int32 result is then scaled into an fp32 accumulator on the CUDA cores (a conversion, a multiply
+and an fma per element and chunk):
+  Q4_K: acc += (d sc)[n] * (xd[m] * isum)
+  Q6_K: acc += a0[n] * (xd[m] * i0) + a1[n] * (xd[m] * i1)      (a = d * the chunk's two scales)
+and once per super-block (8 chunks) the min / -32 term is one small matrix product (_min_term):
+  Q4_K: acc -= dmin[n] * sum_c m[n, c] (s0 + s1)[m, c];  Q6_K: acc -= d[n] * sum 32 sc s
+(Q6_K's values are q - 32 with q = 0..63: the -32 goes into the activations' sums, as in the
+GEMV's _q8_tile). Exact up to fp32 rounding and summation order: |isum| <= 32 * 63 * 127 <
+2^24 converts exactly; the min term's products are exact (bf16x3 split, _dot3).
 Why not dequantize to bf16 and multiply (qgemm_repack.py, 0.17-1.06x cuBLAS on the H200,
-docs/perf-log.md): there the decode cost ~6-10 instructions per weight value; here the
-unpack is ~2 per value and the rescale BM/32 * ~4 per value.
+docs/perf-log.md): there the decode took ~6-10 instructions per weight value. Here, from sm_90
+builds compiled on the CPU (no GPU run yet), the loop is ~5.2 / 7.3 / 13.7 SASS instructions
+per Q4_K value at M = 16 / 32 / 64 (the per-chunk rescale grows with M: BM/32 * ~3.3 per
+value), Q6_K ~13 / 17 / 31 (its weight tile goes through shared memory: see _q6).
 
 K order inside a chunk (any permutation works when both sides agree). The q8 row keeps chunk c
 as 8 int32 words: word 4h + w, byte b = value 8b + 4h + w (gemv_q8.py). Read as 32 int8 bytes,
 position j = 16h + 4w + b holds value 8b + 4h + w. The weight's qs plane (gemv_repack_layout:
 nibble p of word w is value 4p + w) read through an int8 pointer gives byte 4w + b of the chunk =
 nibbles 2b (low) and 2b + 1 (high) of word w = values 8b + w and 8b + 4 + w. So the weight tile
-for position 16h + 4w + b is (byte (4w + b) >> 4h) & 15: the same 16 bytes, loaded as [2, 16]
-(the second read hits L1), shifted by 0 or 4: no permute, and the activations load straight
-from the q8 row. Q6_K's high 2 bits of value 4p + w are bits 2p..2p+1 of halfword w of its qh
-chunk; p = 2b + h, so the shift is 4b + 2h. Q6_K's two scales: values 0..15 of the chunk
-(scale 2c) are the positions with b < 2; two dots, each on activations with the other
-half's bytes zeroed.
+at position 16h + 4w + b is (byte (4w + b) >> 4h) & 15: the chunk's 16 bytes read twice (the
+second read hits L1), elementwise on [BN, 32] (no reshape, so Triton keeps the tile in the
+MMA operand layout from the load on), and the activations load straight from the q8 row.
+Q6_K's high 2 bits of value 4p + w are bits 2p..2p+1 of halfword w of its qh chunk; p = 2b + h,
+so the shift is 4b + 2h. Q6_K's two scales: values 0..15 of the chunk (scale 2c) are the
+positions with b < 2; two dots, each on activations with the other half's bytes zeroed.
+On the GPU the bytes are built 4 per PTX op (inline asm with pack=4: one 32-bit register holds
+4 consecutive positions k..k+3, k % 4 == 0, which the tile's layouts give: 16 contiguous bytes
+per thread at the load, kWidth 4 in the MMA operand); config entry asm 0 (and the interpreter)
+builds them one by one. tests/gpu/test_qgemm_q8_gpu.py and the sweep check both.
 
 Shape (swap-AB): the MMA's M is the weight rows (BN), its N the batch rows (BM); the K loop
 runs CB chunks per iteration (unrolled, so the pipeliner's num_stages covers all of them).
 Split K (too few tiles for 132 SMs): fp32 partials (SPLIT, M, N), the last program of a tile
 (an atomic ticket, as the GEMV) sums them in split order and runs the epilogue: one launch.
-Configs: [BN, BM, CB, SPLIT, num_warps, num_stages] per "<type> <N>x<K> m<bucket>" in
+Configs: [BN, BM, CB, SPLIT, num_warps, num_stages(, asm)] per "<type> <N>x<K> m<bucket>" in
 qgemm_q8_h200.json (minfer/bench/qgemm_q8_sweep.py writes it), else default_config.
 """
 
@@ -87,11 +96,13 @@ def _q6(wb, hb, k2, ASM: tl.constexpr):
     """Q6_K's 6-bit values 0..63 (int8 [BN, 32]) at positions k2 = 16h + 4w + b (value 4p + w,
     p = 2b + h): the low nibble (wb: byte 4w + b of the ql chunk) | the 2 high bits << 4.
     ASM: hb holds bytes 4 (w // 2) + b of the qh chunk, so a packed group of 4 is the 32-bit
-    word of halfwords w & ~1 and w | 1 (a plain 4-byte load, which the pipeliner copies
-    asynchronously); prmt spreads halfword w to bytes [lo, lo, hi, hi] and the crumbs go to
-    bits 4..5 of each byte as the GEMV's _q8_tile places them (checked bit for bit against
-    this formula in numpy). Else: hb
-    holds halfword w (int32) and the crumb is bits 4b + 2h."""
+    word of halfwords w & ~1 and w | 1; prmt spreads halfword w to bytes [lo, lo, hi, hi] and
+    the crumbs go to bits 4..5 of each byte as the GEMV's _q8_tile places them (checked bit for
+    bit against this formula in numpy). Else: hb holds halfword w (int32), the crumb is bits
+    4b + 2h. Cost: runs of 4 bytes are not copied asynchronously by Triton's pipeliner (8 are:
+    tried), so hb is a plain load and the Q6_K tile reaches the MMA through shared memory; no
+    8-byte-contiguous read gives group w its halfword w (an int64 broadcast read was tried:
+    it pipelined into 300 KB of shared memory)."""
     hi = k2 >= 16
     if ASM:
         return tl.inline_asm_elementwise(
