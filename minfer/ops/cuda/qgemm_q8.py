@@ -119,9 +119,10 @@ def _q6(wb, hb, k2, ASM: tl.constexpr):
 
 
 @triton.jit
-def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, BN: tl.constexpr,
+def _chunk(p0, p1, p2, d, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, BN: tl.constexpr,
            BM: tl.constexpr, NB, EVICT: tl.constexpr, ASM: tl.constexpr):
-    """acc [BN, BM] += the chunk c (32 values) of the tile's rows times the batch rows."""
+    """acc [BN, BM] += the chunk c (32 values) of the tile's rows times the batch rows; d [BN] the
+    rows' super-block d (fp32), loaded once per K step (_super_d)."""
     kk = tl.arange(0, 32)
     k2 = kk[None, :]                                                   # position 16h + 4w + b
     # weights: byte (4w + b) of the chunk's 16-byte plane slice for both h (the second read hits
@@ -135,8 +136,6 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
     if QT == 12:
         isum = tl.dot(_nibbles(wb, k2 >= 16, ASM), tl.trans(xb), out_dtype=tl.int32).to(tl.float32)   # [BN, BM], exact
         scm = tl.load(p1 + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
-        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + c // 8, eviction_policy=EVICT)
-        d = (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         a = d * (scm & 255).to(tl.float32)                             # exact: 11 x 6 bits
         # two ops per element past the conversion: a multiply and an fma (the min term: _min_term)
         acc += a[:, None] * (isum * xd[None, :])
@@ -155,7 +154,6 @@ def _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, 
         i1 = tl.dot(wt, tl.trans(tl.where(first, 0, xb).to(tl.int8)), out_dtype=tl.int32).to(tl.float32)
         # the int8 scales 2c, 2c+1 as one little-endian int16
         s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
-        d = tl.load(p3 + row1 * NB + c // 8, eviction_policy=EVICT).to(tl.float32)
         a0 = d * ((s2 << 24) >> 24).to(tl.float32)
         a1 = d * (s2 >> 8).to(tl.float32)
         acc += a0[:, None] * (i0 * xd[None, :])
@@ -214,6 +212,16 @@ def _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT: tl.constexpr, CB: tl.con
 
 
 @triton.jit
+def _super_d(p2, p3, row1, blk, NB, QT: tl.constexpr, EVICT: tl.constexpr):
+    """[BN] fp32 d of super-block blk of the rows (Q4_K: the low half of the d | dmin word)."""
+    if QT == 12:
+        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row1 * NB + blk, eviction_policy=EVICT)
+        return (sb & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    else:
+        return tl.load(p3 + row1 * NB + blk, eviction_policy=EVICT).to(tl.float32)
+
+
+@triton.jit
 def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
                      M, N, NB, stride_om, steps_per_split, SPLIT,
                      QT: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, CB: tl.constexpr,
@@ -237,8 +245,9 @@ def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
     c_hi = tl.minimum(c_lo + steps_per_split * CB, NB * 8)
     acc = tl.zeros([BN, BM], dtype=tl.float32)
     for c0 in range(c_lo, c_hi, CB):
+        d = _super_d(p2, p3, row1, c0 // 8, NB, QT, EVICT)           # one super-block per step
         for i in tl.static_range(CB):
-            acc = _chunk(p0, p1, p2, p3, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT, ASM)
+            acc = _chunk(p0, p1, p2, d, x8, xf, row1, xrow, xfrow, c0 + i, acc, QT, BN, BM, NB, EVICT, ASM)
         acc = _min_term(p1, p2, p3, xf, row1, xfrow, c0, acc, QT, CB, NB, EVICT, INTERP)
     if not IS_SPLIT:
         _epilogue(acc, rows, rmask, mcol, mmask, bias, out, out, 0, stride_om, HAS_BIAS, False)
