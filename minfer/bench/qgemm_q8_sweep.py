@@ -164,8 +164,9 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
             q8 = Q8.quantize_rows(x, interpret=interp)
             xh = Q8.dequantize_q8(q8, m * k).view(m, k)
             ref = xh @ dense32.t()
-            t_cub = timed([lambda i=i: F.linear(x, denses[i % dcopies]) for i in range(ncall)])
-            t_q = timed([lambda: Q8.quantize_rows(x, interpret=interp)] * (1 if tiny else calls))
+            # (each lambda is called before the next iteration: defaults bind the values anyway)
+            t_cub = timed([lambda x=x, d=denses[i % dcopies]: F.linear(x, d) for i in range(ncall)])
+            t_q = timed([lambda x=x: Q8.quantize_rows(x, interpret=interp)] * (1 if tiny else calls))
             best = None
             for *_, cfg in mrs:
                 try:
@@ -174,7 +175,8 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
                     if not err <= MAX_REL:
                         print(f"  WRONG {label} {NAME[qt]} m{m} {cfg}: max rel err {err:.3g}", flush=True)
                         continue
-                    t = timed([lambda i=i: Q.qgemm_q8(q8, rws[i % copies], config=cfg, ws=ws, interpret=interp)
+                    t = timed([lambda q8=q8, rw=rws[i % copies], cfg=cfg: Q.qgemm_q8(q8, rw, config=cfg, ws=ws,
+                                                                                    interpret=interp)
                                for i in range(ncall)])
                 except Exception as e:
                     print(f"  {label} {NAME[qt]} m{m} {cfg}: {type(e).__name__}: {str(e)[:160]}", flush=True)
@@ -200,7 +202,7 @@ def sweep(shapes, ms, dev: str, calls: int = 24, jobs: int = 1, rows_out=None) -
             if rows_out:
                 with open(rows_out, "w") as f:
                     json.dump(res, f, indent=1)
-        del rws, denses, dense32
+        rws = denses = dense32 = rw0 = None         # freed before the next shape's copies
         if dev == "cuda":
             torch.cuda.empty_cache()
     return res

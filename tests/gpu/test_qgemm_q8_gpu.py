@@ -32,7 +32,7 @@ def _mods():
 
 
 def _rows(m, k, seed):
-    Q, Q8, G = _mods()
+    _, Q8, _ = _mods()
     g = torch.Generator(device=DEV).manual_seed(seed)
     x = (torch.randn(m, k, device=DEV, generator=g) * 2).to(torch.bfloat16)
     q8 = Q8.quantize_rows(x)
@@ -43,7 +43,7 @@ def _rows(m, k, seed):
 def test_against_gguf_every_candidate(qt):
     from minfer.bench.qgemm_q8_sweep import CANDIDATES
 
-    Q, Q8, G = _mods()
+    Q, _, G = _mods()
     n, k = 200, 1024
     raw = random_weight(qt, n, k, np.random.default_rng(qt))
     rw = G.repack(torch.from_numpy(raw).to(DEV), qt, n, k)
@@ -65,7 +65,7 @@ def test_against_gguf_every_candidate(qt):
 def test_7b_shapes_default_config(qt, n, k):
     from minfer.bench.gemv_sweep import random_raw
 
-    Q, Q8, G = _mods()
+    Q, _, G = _mods()
     gen = torch.Generator(device=DEV).manual_seed(n + qt)
     rw = G.repack(random_raw(qt, n, k, gen, DEV), qt, n, k)
     dense = torch.empty((n, k), dtype=torch.float32, device=DEV)
@@ -77,12 +77,12 @@ def test_7b_shapes_default_config(qt, n, k):
 
 
 def test_split_tickets_survive_graph_replays():
-    Q, Q8, G = _mods()
+    Q, _, G = _mods()
     n, k = 256, 3584
     raw = random_weight(12, n, k, np.random.default_rng(3))
     rw = G.repack(torch.from_numpy(raw).to(DEV), 12, n, k)
     ws = G.GemvWorkspace(DEV)
-    q8, xh = _rows(32, k, seed=2)
+    q8, _ = _rows(32, k, seed=2)
     cfg = (64, 32, 4, 7, 4, 3)
     first = Q.qgemm_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws)
     torch.cuda.synchronize()

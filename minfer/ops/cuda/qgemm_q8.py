@@ -15,7 +15,7 @@ GEMV's _q8_tile). Exact up to fp32 rounding and summation order: |isum| <= 32 * 
 2^24 converts exactly; the min term's products are exact (bf16x3 split, _dot3).
 Why not dequantize to bf16 and multiply (qgemm_repack.py, 0.17-1.06x cuBLAS on the H200,
 docs/perf-log.md): there the decode took ~6-10 instructions per weight value. Here, from sm_90
-builds compiled on the CPU (no GPU run yet), the loop is ~5.2 / 7.3 / 13.7 SASS instructions
+builds compiled on the CPU (no GPU run yet), the loop is ~5.2 / 7.0 / 13.3 SASS instructions
 per Q4_K value at M = 16 / 32 / 64 (the per-chunk rescale grows with M: BM/32 * ~3.3 per
 value), Q6_K ~13 / 17 / 31 (its weight tile goes through shared memory: see _q6).
 
