@@ -19,10 +19,11 @@ for step in $STEPS; do
       grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest-gpu.log" | head -20; tail -1 "$OUT/pytest-gpu.log";;
     ab)
       while [ ! -f $Q7 ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done
-      for sw in ${AB:-MINFER_PDL}; do
-        timeout ${AB_TIMEOUT:-120} $M bench -m $Q7 -p 0 -n 128 -r ${REPS:-3} --ab "$sw=1" "$sw=0" --no-progress \
+      for item in ${AB:-MINFER_PDL}; do      # VAR (A: VAR=1, B: VAR=0) or VAR:a:b
+        IFS=: read -r sw a b <<<"$item"; a=${a:-1}; b=${b:-0}
+        timeout ${AB_TIMEOUT:-120} $M bench -m $Q7 -p 0 -n 128 -r ${REPS:-3} --ab "$sw=$a" "$sw=$b" --no-progress \
           >"$OUT/ab-$sw.log" 2>&1
-        echo "== A: $sw=1   B: $sw=0"; grep "^|" "$OUT/ab-$sw.log" | tail -6; grep -i "error\|Traceback" "$OUT/ab-$sw.log" | head -5
+        echo "== A: $sw=$a   B: $sw=$b"; grep "^|" "$OUT/ab-$sw.log" | tail -6; grep -i "error\|Traceback" "$OUT/ab-$sw.log" | head -5
       done;;
     bench)
       while [ ! -f $Q7 ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done

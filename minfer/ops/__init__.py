@@ -106,7 +106,7 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None
     from minfer.ops.cuda.pdl import enabled
 
     return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache,
-                                     pdl=enabled(sw, q.device, "rope_kv"))
+                                     pdl=enabled(sw, q.device, "rope_kv", early_ok=True))
 
 
 def swiglu(gate, up, ctx: Context | None = None):

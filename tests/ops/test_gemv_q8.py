@@ -60,8 +60,10 @@ def test_quantize_matches_q8_1_rule(Q):
 
 
 @pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
-@pytest.mark.parametrize("cfg", [(32, 1, 1, 4, False), (16, 2, 3, 4, True), (64, 1, 5, 2, True)])
-def test_gemv_q8_exact_against_quantized_x(Q, qt, cfg):
+@pytest.mark.parametrize("cfg,pre", [((32, 1, 1, 4, False), 1), ((16, 2, 3, 4, True), 1), ((64, 1, 5, 2, True), 1),
+                                     ((16, 2, 1, 4, True), 2), ((32, 1, 2, 4, True), 2)])
+def test_gemv_q8_exact_against_quantized_x(Q, qt, cfg, pre):
+    """pre=2: two weight tiles in flight (the PDL prefetch depth, Switches.pdl_prefetch)."""
     q8m, G = Q
     n, k = 45, 1280                                                    # partial row tile, 5 blocks
     rw, w = _weight(G, qt, n, k, seed=50 + qt)
@@ -70,7 +72,8 @@ def test_gemv_q8_exact_against_quantized_x(Q, qt, cfg):
     q8 = q8m.quantize(x, interpret=True)
     bias = torch.randn(n, generator=g)
     resid = torch.randn(1, n, generator=g)
-    out = q8m.gemv_q8(q8, rw, bias=bias, resid=resid, out_dtype=torch.float32, config=cfg, interpret=True)
+    out = q8m.gemv_q8(q8, rw, bias=bias, resid=resid, out_dtype=torch.float32, config=cfg, interpret=True,
+                      pdl_prefetch=pre)
     ref = x_hat(x) @ w.T + bias.double() + resid.double()
     assert out.shape == (1, n)
     assert rel_err(out, ref) < 1e-5

@@ -18,12 +18,12 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.gemv_q8 import _q8_chunks
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
+from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 
 
@@ -66,9 +66,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         H, G, sm_scale, window, n_keys_add,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr):
-    if PDL:   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     L = tl.load(n_keys) + n_keys_add
@@ -119,9 +117,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
                     Q8: tl.constexpr, PDL: tl.constexpr):
     """out[h] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits' softmax
     merged, one program per head. Empty splits (m = -inf) weigh 0."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(PDL)
     h = tl.program_id(0)
     c = tl.arange(0, CH)
     mx = tl.full([CH], float("-inf"), dtype=tl.float32)
@@ -149,7 +145,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
-                     pdl: bool = False) -> torch.Tensor:
+                     pdl: int = 0) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
 
@@ -169,9 +165,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
     if n_split is None:
-        # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
-        # length; the kernel divides the keys of each call's actual length over them
-        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(264, hkv)))
+        # enough programs to cover the SMs twice (one tile of keys each at the longest length);
+        # the kernel divides the keys of each call's actual length over them
+        n_split = max(1, min(triton.cdiv(span, bs), triton.cdiv(264, hkv)))
     n_split = max(1, min(n_split, triton.cdiv(span, bs)))
     bd = triton.next_power_of_2(dh)
     part_o = torch.empty((n_split, h, bd), dtype=torch.float32, device=q.device)
@@ -215,7 +211,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
-                                pdl=pdl_enabled(sw, q.device, "decode_attention"))
+                                pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True))
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):

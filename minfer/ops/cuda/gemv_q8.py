@@ -32,6 +32,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack import Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads
+from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 
 # ---------------------------------------------------------------- activations -> q8
@@ -66,9 +67,7 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
                BK: tl.constexpr, PDL: tl.constexpr):
     """Row program_id(1) (rows contiguous, K apart): v = x (+ y) [silu(x) * up]; [rms_norm(v) *
     nw]; chunks CB*pid.. quantized. PDL: launched early, waits for the previous kernel (pdl.py)."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(PDL)
     row = tl.program_id(1).to(tl.int64)
     x += row * K
     y += row * K
@@ -185,11 +184,12 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
              blocks_per_split, SPLIT, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
              IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, ASM: tl.constexpr,
-             PREFETCH: tl.constexpr, PDL: tl.constexpr = False):
+             PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, PRE2: tl.constexpr = False):
     """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
     [+ resid]. out, bias, resid, part and cnt point at this weight's first row / tile; part's
     split stride is NSTRIDE (all the segments' rows). PDL: the first weight tile is loaded
-    before waiting for the previous kernel (pdl.py: weights are never written by the step)."""
+    before waiting for the previous kernel (pdl.py: weights are never written by the step);
+    PRE2 (with PREFETCH): two tiles are in flight, both loaded before the wait."""
     C: tl.constexpr = BB * 8
     rows = pid_n * BN + tl.arange(0, BN)
     rmask = rows < N
@@ -202,13 +202,21 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     acc = tl.zeros([BN, C], dtype=tl.float32)
     zero = tl.zeros([BN, C, 4], dtype=tl.int32)
     nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
+    if PRE2:
+        nxt2 = _tile_loads(p0, p1, p2, p3, row2, b_lo + BB, b_hi, NB, w4, ci, BN, C, QT)
+    else:
+        nxt2 = nxt
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     for blk in range(b_lo, b_hi, BB):
         if PREFETCH:
             wq, hq, sa, sb = nxt
-            nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
+            if PRE2:
+                nxt = nxt2
+                nxt2 = _tile_loads(p0, p1, p2, p3, row2, blk + 2 * BB, b_hi, NB, w4, ci, BN, C, QT)
+            else:
+                nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
         else:
             wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT)
         kc = blk * 8 + ci                                             # [C] chunk index in the row
@@ -274,7 +282,7 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
                     N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
-                    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr):
+                    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
     Q4_K and a Q6_K v in one launch."""
@@ -283,14 +291,14 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
     if MIXED:
         if pid_n < TA:
             _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
-                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL)
+                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
         else:
             _q8_tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA,
                      pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, IS_SPLIT, HAS_BIAS,
-                     HAS_RESID, ASM, PREFETCH, PDL)
+                     HAS_RESID, ASM, PREFETCH, PDL, PRE2)
     else:
         _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
-                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL)
+                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
 
 
 _TARGET_PROGRAMS = 132 * 4
@@ -329,11 +337,13 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
-            pdl: bool = False) -> torch.Tensor:
+            pdl: int = 0, pdl_prefetch: int = 1) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
-    pdl: programmatic launch (pdl.py), the first weight tile read before the wait."""
+    pdl: programmatic launch mode (pdl.py; a GEMV always signals after its wait); pdl_prefetch
+    (1 or 2): weight tiles per program in flight, all read before the wait (2 only for tiles of
+    <= 64 rows x blocks; the callers ask for 2 only with PDL on)."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -366,7 +376,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           resid.stride(0) if resid is not None else 0, bps, split,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=pdl, num_warps=nwarps,
+                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
+                          PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                           num_stages=1, **launch_kw(pdl))
     return out
 

@@ -11,11 +11,11 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.ops import paths, reference
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
+from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 
 
@@ -66,7 +66,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
-                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm"))
+                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True))
         h.q8 = q8
         return s, h
     paths.count("add_rms_norm.triton")
@@ -87,7 +87,7 @@ def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, 
 
         paths.count("rms_norm.q8")
         _, h, q8 = gemv_q8._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
-                                      pdl=pdl_enabled(sw, x.device, "rms_norm"))
+                                      pdl=pdl_enabled(sw, x.device, "rms_norm", early_ok=True))
         h.q8 = q8
         return h
     return rms_norm(x, weight, eps).to(out_dtype)
@@ -187,9 +187,7 @@ def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt
     """Heads [0, H) of q rotated to q_out; heads [H, H + HKV) of k rotated into the key cache at
     row pos[t]; heads past that (v) copied into the value cache there. One launch for what
     rope(q), rope(k) and the two cache writes did in four. PDL: see pdl.py."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
+    pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
     j = tl.arange(0, BHALF)
@@ -219,7 +217,7 @@ def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt
     tl.store(dst[:, None] + ib[None, :], (a * s + b * c).to(q_out.dtype.element_ty), mask=m)
 
 
-def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: bool = False):
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0):
     """q rotated (returned, (T, H, Dh)); k rotated and v stored at rows `positions` of the
     caches (S, Hkv, Dh), in one launch. Caller's conditions: every head dim rotated (n_rot ==
     Dh), one dtype for q/k/v/caches, positions in range (no host check here: graph replays)."""
@@ -280,7 +278,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> 
 
         paths.count("swiglu.q8")
         h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp(),
-                                  pdl=pdl_enabled((ctx or DEFAULT).switches, gate.device, "swiglu"))
+                                  pdl=pdl_enabled((ctx or DEFAULT).switches, gate.device, "swiglu", early_ok=True))
         h.q8 = q8
         return h
     paths.count("swiglu.triton")

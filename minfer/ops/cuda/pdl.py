@@ -12,8 +12,12 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   rope tables) and writes nothing, so running early cannot race with the previous kernel;
 - every program executes gdc_wait before it exits, so "previous kernel complete" is
   transitive down the chain (kernel N+2 waits for N+1, which could not finish before N);
-- it signals `launch_dependents` only after its own wait, so at most two grids of the chain
-  are resident at once.
+- a GEMV signals `launch_dependents` after its own wait; the small kernels between GEMVs
+  (norms, rope + KV, attention) signal it before their wait (mode 2, Switches.pdl_early), so
+  the next GEMV is launched one kernel earlier and its first weight tiles (Switches.pdl_prefetch
+  of them, gemv_q8._q8_tile) are in flight while the kernels before it finish. The previous
+  kernels' CTAs are all resident before the signal fires, so no grid waits for space taken by
+  a later one.
 Kernels outside this module's callers (torch ops, prefill) launch normally; a normal launch
 after a PDL one still waits for it to complete, as stream order says.
 """
@@ -21,34 +25,50 @@ after a PDL one still waits for it to complete, as stream order says.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.ops import paths
 
 _capability: dict = {}
 
 
-def enabled(sw, device, site: str) -> bool:
-    """Whether the launch at `site` uses PDL: Switches.pdl on, a CUDA device of compute
-    capability >= 9.0, and not Triton's interpreter. Counted per launch (`pdl.<site>`)."""
+@triton.jit
+def enter(PDL: tl.constexpr):
+    """A PDL kernel's first step: mode 1 waits, then lets the next kernel launch; mode 2 lets it
+    launch first (it still cannot pass its own wait before this kernel completes)."""
+    if PDL == 2:
+        gdc_launch_dependents()
+        gdc_wait()
+    elif PDL == 1:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def enabled(sw, device, site: str, early_ok: bool = False) -> int:
+    """The PDL mode of the launch at `site`: 0 off, 1 on, 2 on and signalling the next kernel
+    before the wait (early_ok sites, Switches.pdl_early). On: Switches.pdl, a CUDA device of
+    compute capability >= 9.0, not Triton's interpreter. Counted per launch (`pdl.<site>`)."""
     from minfer.ops.cuda.dequant import interpret
 
     if not getattr(sw, "pdl", False):
         paths.switched_off(f"pdl.{site}", "MINFER_PDL")
-        return False
+        return 0
     dev = torch.device(device)
     if dev.type != "cuda" or interpret():
-        return False
+        return 0
     idx = dev.index if dev.index is not None else torch.cuda.current_device()
     cap = _capability.get(idx)
     if cap is None:
         cap = _capability[idx] = torch.cuda.get_device_capability(idx)
     if cap[0] < 9:
         paths.fallback(f"pdl.{site}", f"compute capability {cap[0]}.{cap[1]} < 9.0 has no programmatic launch")
-        return False
+        return 0
     paths.count(f"pdl.{site}")
-    return True
+    return 2 if early_ok and getattr(sw, "pdl_early", False) else 1
 
 
-def launch_kw(on: bool) -> dict:
+def launch_kw(on: int) -> dict:
     """Extra launch keywords: launch_pdl only when on (the interpreter knows no such option)."""
     return {"launch_pdl": True} if on else {}

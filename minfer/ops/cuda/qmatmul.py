@@ -37,6 +37,12 @@ from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
 
+def _pdl_kw(sw, x) -> dict:
+    """The q8 GEMV's launch mode (ops/cuda/pdl.py) and, with PDL on, its weight tiles read before the wait."""
+    mode = pdl_enabled(sw, x.device, "gemv_q8")
+    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1}
+
+
 def _ctx(ctx: Context | None, device) -> tuple:
     """(switches, workspace) of the call: a workspace of its own when the context has none."""
     ctx = ctx or DEFAULT
@@ -203,7 +209,7 @@ def _linear(x, w, bias, sw, ws):
                 paths.count(path + ".q8")
                 return gemv_q8.gemv_q8(q8, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
                                        else None, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                       pdl=pdl_enabled(sw, x.device, "gemv_q8"))
+                                       **_pdl_kw(sw, x))
             if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
                 paths.count(path + ".repacked")
                 return gemv_repack.gemv(x, rw, bias=bias, ws=ws.gemv_counters(), interpret=interpret())
@@ -304,7 +310,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
             paths.count(f"qmatmul.group{len(wts)}.decode.q8")
             out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                   ws=ws.gemv_counters(), interpret=interpret(),
-                                  pdl=pdl_enabled(sw, x.device, "gemv_q8"))
+                                  **_pdl_kw(sw, x))
             return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
@@ -317,7 +323,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
         out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                               ws=ws.gemv_counters(), interpret=interpret(),
-                              pdl=pdl_enabled(sw, x.device, "gemv_q8"))
+                              **_pdl_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
