@@ -17,7 +17,7 @@ Why not dequantize to bf16 and multiply (qgemm_repack.py, 0.17-1.06x cuBLAS on t
 docs/perf-log.md): there the decode took ~6-10 instructions per weight value. Here, from sm_90
 builds compiled on the CPU (no GPU run yet), the loop is ~5.2 / 7.0 / 13.3 SASS instructions
 per Q4_K value at M = 16 / 32 / 64 (the per-chunk rescale grows with M: BM/32 * ~3.3 per
-value), Q6_K ~13 / 17 / 31 (its weight tile goes through shared memory: see _q6).
+value), Q6_K ~10 / 13 / 22 (two dots per chunk, two rescales).
 
 K order inside a chunk (any permutation works when both sides agree). The q8 row keeps chunk c
 as 8 int32 words: word 4h + w, byte b = value 8b + 4h + w (gemv_q8.py). Read as 32 int8 bytes,
@@ -29,9 +29,9 @@ second read hits L1), elementwise on [BN, 32] (no reshape, so Triton keeps the t
 MMA operand layout from the load on), and the activations load straight from the q8 row.
 Q6_K's high 2 bits of value 4p + w are bits 2p..2p+1 of halfword w of its qh chunk; p = 2b + h,
 so the shift is 4b + 2h. Q6_K's two scales: values 0..15 of the chunk (scale 2c) are the
-positions with b < 2; two dots, each on activations with the other half's bytes zeroed.
-On the GPU the bytes are built 4 per PTX op (inline asm with pack=4: one 32-bit register holds
-4 consecutive positions k..k+3, k % 4 == 0, which the tile's layouts give: 16 contiguous bytes
+positions with b < 2; two dots, each on the weights with the other half zeroed.
+On the GPU the bytes are built 4 per PTX op (inline asm with pack=4, Q6_K 8: a 32-bit register holds
+4 consecutive positions k..k+3, k % 4 == 0 (8: k % 8), which the tile layouts give: 16 contiguous bytes
 per thread at the load, kWidth 4 in the MMA operand); config entry asm 0 (and the interpreter)
 builds them one by one. tests/gpu/test_qgemm_q8_gpu.py and the sweep check both.
 
@@ -84,38 +84,45 @@ def _packed_shift(hi, v_hi, v_lo):
 
 @triton.jit
 def _prmt_sel(k2):
-    """int8 [1, 32], packed per 4 positions: the PTX prmt selector that spreads halfword w % 2 of
-    a 32-bit qh word to bytes [lo, lo, hi, hi] (0x1100 for even w, 0x3322 for odd)."""
-    odd = ((k2 // 4) % 2) == 1
+    """int8 [1, 32], packed per 4 positions (group w): the PTX prmt selector that spreads halfword
+    w of the qh chunk's 8 bytes (two 32-bit registers) to bytes [lo, lo, hi, hi]: 2w, 2w, 2w+1, 2w+1."""
+    w = (k2 // 4) % 4
     j = k2 % 4
-    return tl.where(j == 0, tl.where(odd, 0x22, 0x00), tl.where(j == 1, tl.where(odd, 0x33, 0x11), 0)).to(tl.int8)
+    return tl.where(j == 0, 34 * w, tl.where(j == 1, 34 * w + 17, 0)).to(tl.int8)
+
+
+def _q6_group(g: int, mask: str) -> str:
+    """PTX for group g (0, 1) of an 8-position pack: operands $2+g ql word, $4/$5 the qh chunk,
+    $6+g / $8+g / $10+g the shifts 4h / 2h / 4-2h, $12+g the prmt selector; result $g."""
+    return (f"prmt.b32 x, $4, $5, ${12 + g}; shr.u32 t, ${2 + g}, ${6 + g}; and.b32 t, t, 0x0F0F0F0F; "
+            f"shl.b32 v, x, ${10 + g}; and.b32 v, v, 0x00300030; shr.u32 w, x, ${8 + g}; "
+            f"and.b32 w, w, 0x30003000; or.b32 t, t, v; or.b32 t, t, w; and.b32 ${g}, t, {mask}; ")
+
+
+_Q6_ASM0 = tl.constexpr("{ .reg .b32 t, v, w, x; " + _q6_group(0, "0x0000FFFF") + _q6_group(1, "0x0000FFFF") + "}")
+_Q6_ASM1 = tl.constexpr("{ .reg .b32 t, v, w, x; " + _q6_group(0, "0xFFFF0000") + _q6_group(1, "0xFFFF0000") + "}")
 
 
 @triton.jit
-def _q6(wb, hb, k2, ASM: tl.constexpr):
+def _q6(wb, hb, k2, HALF: tl.constexpr, ASM: tl.constexpr):
     """Q6_K's 6-bit values 0..63 (int8 [BN, 32]) at positions k2 = 16h + 4w + b (value 4p + w,
-    p = 2b + h): the low nibble (wb: byte 4w + b of the ql chunk) | the 2 high bits << 4.
-    ASM: hb holds bytes 4 (w // 2) + b of the qh chunk, so a packed group of 4 is the 32-bit
-    word of halfwords w & ~1 and w | 1; prmt spreads halfword w to bytes [lo, lo, hi, hi] and
-    the crumbs go to bits 4..5 of each byte as the GEMV's _q8_tile places them (checked bit for
-    bit against this formula in numpy). Else: hb holds halfword w (int32), the crumb is bits
-    4b + 2h. Cost: runs of 4 bytes are not copied asynchronously by Triton's pipeliner (8 are:
-    tried), so hb is a plain load and the Q6_K tile reaches the MMA through shared memory; no
-    8-byte-contiguous read gives group w its halfword w (an int64 broadcast read was tried:
-    it pipelined into 300 KB of shared memory)."""
+    p = 2b + h): the low nibble (wb: byte 4w + b of the ql chunk) | the 2 high bits << 4, only
+    where b < 2 (HALF 0: the chunk's values 0..15, scale 2c) or b >= 2 (HALF 1), else 0.
+    ASM: hb holds byte k % 8 of the 8-byte qh chunk (an 8-byte run: Triton's pipeliner copies it
+    asynchronously, a 4-byte one it did not), so a pack of 8 positions holds the whole chunk
+    in two registers; prmt spreads halfword w to bytes [lo, lo, hi, hi] and the crumbs go to
+    bits 4..5 of each byte as the GEMV's _q8_tile places them (checked bit for bit against the
+    per-value formula in numpy). Else: hb holds halfword w (int32), the crumb is bits 4b + 2h."""
     hi = k2 >= 16
     if ASM:
         return tl.inline_asm_elementwise(
-            "{ .reg .b32 t, v, w, x; prmt.b32 x, $2, 0, $6; shr.u32 t, $1, $3; and.b32 t, t, 0x0F0F0F0F; "
-            "shl.b32 v, x, $5; "
-            "and.b32 v, v, 0x00300030; shr.u32 w, x, $4; and.b32 w, w, 0x30003000; or.b32 t, t, v; "
-            "or.b32 $0, t, w; }",
-            "=r,r,r,r,r,r,r",
+            _Q6_ASM0 if HALF == 0 else _Q6_ASM1, "=r,=r,r,r,r,r,r,r,r,r,r,r,r,r",
             [wb, hb, _packed_shift(hi, 4, 0), _packed_shift(hi, 2, 0), _packed_shift(hi, 2, 4), _prmt_sel(k2)],
-            dtype=tl.int8, is_pure=True, pack=4)
+            dtype=tl.int8, is_pure=True, pack=8)
     else:
         q = (wb.to(tl.int32) >> tl.where(hi, 4, 0)) & 15
-        return (q | (((hb >> (4 * (k2 % 4) + 2 * (k2 // 16))) & 3) << 4)).to(tl.int8)
+        q = q | (((hb >> (4 * (k2 % 4) + 2 * (k2 // 16))) & 3) << 4)
+        return tl.where(((k2 % 4) < 2) == (HALF == 0), q, 0).to(tl.int8)
 
 
 @triton.jit
@@ -142,16 +149,15 @@ def _chunk(p0, p1, p2, d, x8, xf, row1, xrow, xfrow, c, acc, QT: tl.constexpr, B
     else:
         # high 2 bits of value 4p + w (p = 2b + h): bits 4b + 2h of halfword w of the qh chunk
         if ASM:
-            hb = tl.load(p1.to(tl.pointer_type(tl.int8)) + row1[:, None] * (NB * 64) + c * 8
-                         + ((k2 % 16) // 8) * 4 + k2 % 4, eviction_policy=EVICT)
+            hb = tl.load(p1.to(tl.pointer_type(tl.int8)) + row1[:, None] * (NB * 64) + c * 8 + k2 % 8,
+                         eviction_policy=EVICT)
         else:
             hb = tl.load(p1 + row1[:, None] * (NB * 32) + c * 4 + (k2 % 16) // 4, eviction_policy=EVICT).to(tl.int32)
-        # b < 2: values 0..15 of the chunk, scale 2c; b >= 2: scale 2c + 1: two dots, each with
-        # the other half's activation bytes zeroed
-        wt = _q6(wb, hb, k2, ASM)
-        first = (k2 % 4) < 2
-        i0 = tl.dot(wt, tl.trans(tl.where(first, xb, 0).to(tl.int8)), out_dtype=tl.int32).to(tl.float32)
-        i1 = tl.dot(wt, tl.trans(tl.where(first, 0, xb).to(tl.int8)), out_dtype=tl.int32).to(tl.float32)
+        # b < 2: values 0..15 of the chunk, scale 2c; b >= 2: scale 2c + 1: two dots on the two
+        # halves of the weights (each built from the loads on its own: one use each, so the MMA
+        # operand layout reaches the loads; the activations go straight from shared memory)
+        i0 = tl.dot(_q6(wb, hb, k2, 0, ASM), tl.trans(xb), out_dtype=tl.int32).to(tl.float32)
+        i1 = tl.dot(_q6(wb, hb, k2, 1, ASM), tl.trans(xb), out_dtype=tl.int32).to(tl.float32)
         # the int8 scales 2c, 2c+1 as one little-endian int16
         s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row1 * (NB * 8) + c, eviction_policy=EVICT).to(tl.int32)
         a0 = d * ((s2 << 24) >> 24).to(tl.float32)
