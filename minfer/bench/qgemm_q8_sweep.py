@@ -46,10 +46,10 @@ SHAPES = [                                    # (label, type, N, K)
 ]
 TINY = [("tiny", Q4_K, 96, 512), ("tiny", Q6_K, 64, 512)]
 # per M bucket: (BN, BM, CB, num_warps, num_stages), best guesses first; SPLIT from a program
-# target. From sm_90 builds on the CPU (ptxas, no GPU run): SASS instructions per Q4_K value in
-# the loop, per thread -- M=16: 5.2 / 6.1 / 6.3 / 6.5; M=32: 7.3 / 8.2 / 8.4 / 9.2; M=64 13.7
-# (BM=64) or 2 x 7.3 (two M tiles of 32); M=128 ~27-29 (the per-chunk rescale grows with M);
-# no spills but the BM=128 tiles (40-56 bytes)
+# target. From sm_90 builds on the CPU (ptxas, no GPU run): SASS instructions per value in the
+# loop, per thread, in this order -- Q4_K M=16: 4.8 / 5.7 / 5.9 / 6.0; M=32: 7.0 / 7.7 / 8.0 /
+# 8.5; M=64: 13.3 (BM=64) or 2 x 7.0 (two M tiles of 32); BM=128: 27 and spills. Q6_K ~2x
+# (two dots and two rescales per chunk): 9.6 at M=16, 13.2 at 32, 22.5 at 64.
 CANDIDATES = {
     16: [(128, 16, 8, 4, 4), (256, 16, 4, 8, 3), (128, 16, 4, 4, 3), (64, 16, 8, 4, 3)],
     32: [(128, 32, 8, 4, 3), (256, 32, 4, 8, 3), (128, 32, 4, 4, 3), (128, 32, 8, 8, 3)],

@@ -15,7 +15,7 @@ GEMV's _q8_tile). Exact up to fp32 rounding and summation order: |isum| <= 32 * 
 2^24 converts exactly; the min term's products are exact (bf16x3 split, _dot3).
 Why not dequantize to bf16 and multiply (qgemm_repack.py, 0.17-1.06x cuBLAS on the H200,
 docs/perf-log.md): there the decode took ~6-10 instructions per weight value. Here, from sm_90
-builds compiled on the CPU (no GPU run yet), the loop is ~5.2 / 7.0 / 13.3 SASS instructions
+builds compiled on the CPU (no GPU run yet), the loop is ~4.8 / 7.0 / 13.3 SASS instructions
 per Q4_K value at M = 16 / 32 / 64 (the per-chunk rescale grows with M: BM/32 * ~3.3 per
 value), Q6_K ~10 / 13 / 22 (two dots per chunk, two rescales).
 
@@ -311,7 +311,7 @@ def default_config(qtype: int, m: int, n: int, k: int) -> tuple:
     """[BN, BM, CB, SPLIT, num_warps, num_stages] for a shape the table lacks: 128 weight rows and
     8 chunks (one super-block) per step; all rows in one M tile up to 64, M tiles of 64 above
     (BM = 128 spills). Chosen from sm_90 builds compiled on the CPU (SASS instructions per Q4_K
-    value in the loop: 5.2 at M=16, 7.3 at 32, 13.7 at 64; qgemm_q8_sweep.CANDIDATES), not yet
+    value in the loop: 4.8 at M=16, 7.0 at 32, 13.3 at 64; qgemm_q8_sweep.CANDIDATES), not yet
     from a GPU run: the sweep's table replaces it."""
     bm = min(m_bucket(m), 64)
     warps, stages = {16: (4, 4), 32: (4, 3), 64: (8, 3)}[bm]
