@@ -50,10 +50,10 @@ class Switches:
                     "one-row decode kernels launched with programmatic dependent launch (sm90+): each "
                     "starts while the previous one finishes, the GEMV's first weight loads before its "
                     "wait (ops/cuda/pdl.py; off: plain stream order)")
-    pdl_early: bool = _sw(True, "MINFER_PDL_EARLY",
+    pdl_early: bool = _sw(False, "MINFER_PDL_EARLY",
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
-                          "before their own wait, so the next GEMV's weight loads start one kernel earlier "
-                          "(off: every kernel signals after its wait)")
+                          "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
+                          "every kernel signals after its wait)", kind="tuning")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")
@@ -98,9 +98,10 @@ class Switches:
                          kind="tuning", when="load")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
-    pdl_prefetch: int = _sw(2, "MINFER_PDL_PREFETCH",
+    pdl_prefetch: int = _sw(1, "MINFER_PDL_PREFETCH",
                             "with PDL, weight tiles each decode GEMV program loads before waiting for the "
-                            "previous kernel (1 or 2; 2 only for tiles of <= 64 rows x blocks)", kind="tuning")
+                            "previous kernel (1 or 2; 2 only for tiles of <= 64 rows x blocks; 2 measured "
+                            "0.90x on the H200, perf-log)", kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

@@ -12,12 +12,12 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   rope tables) and writes nothing, so running early cannot race with the previous kernel;
 - every program executes gdc_wait before it exits, so "previous kernel complete" is
   transitive down the chain (kernel N+2 waits for N+1, which could not finish before N);
-- a GEMV signals `launch_dependents` after its own wait; the small kernels between GEMVs
-  (norms, rope + KV, attention) signal it before their wait (mode 2, Switches.pdl_early), so
-  the next GEMV is launched one kernel earlier and its first weight tiles (Switches.pdl_prefetch
-  of them, gemv_q8._q8_tile) are in flight while the kernels before it finish. The previous
-  kernels' CTAs are all resident before the signal fires, so no grid waits for space taken by
-  a later one.
+- it signals `launch_dependents` after its own wait (mode 1), so at most two grids of the
+  chain are resident at once, and the next GEMV's first weight tile (gemv_q8._q8_tile) is in
+  flight while this kernel runs. Mode 2 (Switches.pdl_early, off) lets the small kernels
+  signal before their wait, one kernel earlier; with two tiles before the wait
+  (Switches.pdl_prefetch=2, default 1) both measured slower on the H200 (docs/perf-log.md):
+  early grids likely take SM slots and issue slots from the running GEMV (not profiled).
 Kernels outside this module's callers (torch ops, prefill) launch normally; a normal launch
 after a PDL one still waits for it to complete, as stream order says.
 """
