@@ -122,6 +122,10 @@ def merge_heads(o: torch.Tensor) -> torch.Tensor:
 
 def ffn_branch(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:
     """SwiGLU MLP of the normed input: W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    # one GEMV in decode when the two share repacked planes (Model.decode_groups); apart in prefill
-    gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
-    return ops.linear(ops.swiglu(gate, up, ctx), blk.ffn_down, None, ctx)
+    # one GEMV in decode when the two share repacked planes (Model.decode_groups), SwiGLU in its
+    # epilogue (ops.linear_swiglu); apart in prefill
+    a = ops.linear_swiglu(h, blk.ffn_gate, blk.ffn_up, ctx)
+    if a is None:
+        gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
+        a = ops.swiglu(gate, up, ctx)
+    return ops.linear(a, blk.ffn_down, None, ctx)

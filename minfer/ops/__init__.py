@@ -61,6 +61,15 @@ def linear_many(x, ws, biases, ctx: Context | None = None):
     return _backend(x).linear_many(x, ws, biases, ctx)
 
 
+def linear_swiglu(x, gate, up, ctx: Context | None = None):
+    """silu(x @ gate^T) * (x @ up^T) in ONE launch when the CUDA decode row can (the pair's fused
+    repacked planes and the row's int8 form; qmatmul.linear_swiglu), with its own int8 form
+    attached; None otherwise (the caller runs linear_many + swiglu, the reference everywhere)."""
+    if x.device.type != "cuda":
+        return None
+    return _backend(x).linear_swiglu(x, (gate, up), ctx)
+
+
 def embedding(ids, w):
     """ids (T,) int64 -> rows of w, (T, D) float32."""
     return _backend(ids).embedding(ids, w)

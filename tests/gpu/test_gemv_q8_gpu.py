@@ -141,3 +141,21 @@ def test_gemv_q8_mixed_segments_gpu():
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
     out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"))
     assert rel_err(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("qt", [12, 14])
+def test_gemv_q8_swiglu_7b_shape_bitwise(qt):
+    """The gate+up GEMV with SwiGLU in its epilogue at the 7B shape == the GEMV then swiglu_q8."""
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    f, k = 18944, 3584
+    rw, w = _weight(qt, 2 * f, k, seed=11 + qt)
+    ws = GemvWorkspace("cuda")
+    for i in range(3):
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        q8 = Q.quantize(x)
+        gu = Q.gemv_q8(q8, rw, out_dtype=torch.bfloat16, ws=ws, config=(32, 2, 1, 4, True))
+        h0, (q0, f0) = Q.swiglu_q8(gu[:, :f].contiguous(), gu[:, f:].contiguous())
+        h1, (q1, f1) = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, ws=ws, config=(32, 2, 1, 4, True))
+        assert torch.equal(h0, h1) and torch.equal(q0, q1) and torch.equal(f0, f1), i

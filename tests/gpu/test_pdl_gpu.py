@@ -73,8 +73,10 @@ def test_pdl_chain_bitwise_equal_to_stream_order():
             assert torch.equal(a, b), i
 
 
-def test_pdl_graphed_decode_bitwise_equal(tmp_path):
-    """A whole model's graphed greedy decode, PDL on (the default) and off: identical logits."""
+@pytest.mark.parametrize("off", ["pdl", "gemv_swiglu"])
+def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
+    """A whole model's graphed greedy decode with the defaults and with PDL (or the gate+up GEMV's
+    SwiGLU epilogue) off: identical logits."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
@@ -85,7 +87,7 @@ def test_pdl_graphed_decode_bitwise_equal(tmp_path):
     write_synth(path, p, "q4_k_m", seed=4, progress=False)
     paths.reset()
     a = Engine.load(str(path), device="cuda", ctx=160, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(pdl=False))
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(**{off: False}))
     prompt = torch.randint(0, p.vocab, (13,), generator=torch.Generator().manual_seed(3)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)
     assert torch.equal(la, lb)
@@ -98,6 +100,10 @@ def test_pdl_graphed_decode_bitwise_equal(tmp_path):
     snap = paths.snapshot()
     counts = snap["counts"]
     assert counts.get("graph.decode.replay", 0) >= 80, counts      # both engines replayed their graphs
-    for site in ("gemv_q8", "add_rms_norm", "swiglu", "rope_kv", "decode_attention"):
+    for site in ("gemv_q8", "add_rms_norm", "rope_kv", "decode_attention", "rms_norm"):
         assert counts.get(f"pdl.{site}", 0) > 0, site
-    assert any(k.startswith("pdl.") and "MINFER_PDL" in k for k in snap["switched_off"]), snap["switched_off"]
+    env = {"pdl": "MINFER_PDL", "gemv_swiglu": "MINFER_GEMV_SWIGLU"}[off]
+    assert any(env + "=0" in k for k in snap["switched_off"]), snap["switched_off"]
+    assert counts.get("qmatmul.group2.decode.q8swiglu", 0) > 0        # the default engine fused it
+    if off == "gemv_swiglu":
+        assert counts.get("swiglu.q8", 0) > 0                         # the other ran the two launches

@@ -167,3 +167,25 @@ def test_moe_decode_q8_reads_selected_experts(Q, T):
             a = torch.nn.functional.silu(gg) * uu
             ref[t] += we * (x_hat(a) @ wd[e * D:(e + 1) * D].T)[0]
     assert out.shape == (T, D) and rel_err(out, ref) < 2e-3
+
+
+@pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
+def test_gemv_q8_swiglu_is_the_two_launches_bit_for_bit(Q, qt):
+    """gate+up GEMV with SwiGLU in its epilogue (pair tickets) == gemv_q8 then swiglu_q8, every
+    bit of h and of its q8 form; and h is silu(gate) * up of the exact products."""
+    q8m, G = Q
+    f, k = 512, 512
+    rw, w = _weight(G, qt, 2 * f, k, seed=90 + qt)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(qt))
+    q8 = q8m.quantize(x.bfloat16(), interpret=True)
+    for cfg in [(32, 2, 1, 4, True), (64, 1, 1, 4, False)]:
+        gu = q8m.gemv_q8(q8, rw, out_dtype=torch.bfloat16, config=cfg, interpret=True)
+        h0, (q0, f0) = q8m.swiglu_q8(gu[:, :f].contiguous(), gu[:, f:].contiguous(), interpret=True)
+        h1, (q1, f1) = q8m.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, config=cfg, interpret=True)
+        assert torch.equal(h0, h1) and torch.equal(q0, q1) and torch.equal(f0, f1), cfg
+    ref = x_hat(x.bfloat16().float()) @ w.T
+    want = torch.nn.functional.silu(ref[:, :f]) * ref[:, f:]
+    assert rel_err(h1.float(), want) < 1e-2
+    with pytest.raises(MinferError, match="gate; up"):
+        q8m.gemv_q8_swiglu(q8, G.repack(torch.from_numpy(random_weight(qt, 2 * 288, k, np.random.default_rng(1))),
+                                        qt, 2 * 288, k), config=(32, 2, 1, 4, True), interpret=True)

@@ -39,10 +39,10 @@ from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
-from minfer.ops.cuda.qmatmul import linear, linear_many
+from minfer.ops.cuda.qmatmul import linear, linear_many, linear_swiglu
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
+__all__ = ["linear", "linear_many", "linear_swiglu", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
            "decode_attention", "prepare_weight", "memory_report", "Workspace"]
 

@@ -182,7 +182,7 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 @triton.jit
 def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
-             blocks_per_split, SPLIT, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
+             blocks_per_split, SPLIT, gq, gf, TF, GLU: tl.constexpr, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
              IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, ASM: tl.constexpr,
              PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, PRE2: tl.constexpr = False):
     """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
@@ -259,7 +259,9 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     res = tl.sum(acc, axis=1)[:, None]                                # [BN, 1]
     mcol = tl.arange(0, 1)
     mmask = mcol < 1
-    if not IS_SPLIT:
+    if GLU:
+        _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN)
+    elif not IS_SPLIT:
         _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
     else:
         poff = (pid_s * NSTRIDE + rows[:, None]).to(tl.int64) + mcol[None, :]
@@ -278,8 +280,34 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
 
 
 @triton.jit
-def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                    N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
+def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: tl.constexpr):
+    """SwiGLU in the epilogue of the stacked [gate; up] GEMV (2 * TF row tiles of BN rows, no K
+    split): gate tile j and up tile TF + j each park their fp32 rows in `part`; the second of
+    the two to finish (an atomic ticket, as the split-K reduce) computes h = silu(g) * u for
+    those BN values and stores h and its q8 chunks. g and u are rounded to h's dtype first, as
+    the GEMV's output was before swiglu_q8 read it: the same bits as the two launches."""
+    tl.store(part + rows[:, None], res)
+    tl.debug_barrier()
+    j = pid_n % TF
+    ticket = tl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
+    if ticket == 1:
+        F = TF * BN
+        is_gate = pid_n < TF
+        other = tl.where(is_gate, rows + F, rows - F)
+        o = tl.load(part + other[:, None], cache_modifier=".cg")
+        g = tl.where(is_gate, res, o).to(h_out.dtype.element_ty).to(tl.float32)
+        u = tl.where(is_gate, o, res).to(h_out.dtype.element_ty).to(tl.float32)
+        v = g / (1.0 + tl.exp(-g)) * u                                 # [BN, 1], swiglu_q8's formula
+        idx = j * BN + tl.arange(0, BN)
+        tl.store(h_out + idx[:, None], v.to(h_out.dtype.element_ty))
+        c = j * (BN // 32) + tl.arange(0, BN // 32)
+        _q8_chunks(tl.reshape(v, (BN // 32, 32)), c, c < TF * (BN // 32), gq, gf)
+        tl.atomic_xchg(cnt + j, 0)
+
+
+@triton.jit
+def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt, gq, gf, TF,
+                    N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT, GLU: tl.constexpr,
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
                     ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr):
@@ -291,14 +319,16 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
     if MIXED:
         if pid_n < TA:
             _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
-                     blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
+                     blocks_per_split, SPLIT, gq, gf, TF, False, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
+                     PREFETCH, PDL, PRE2)
         else:
             _q8_tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA,
-                     pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, IS_SPLIT, HAS_BIAS,
-                     HAS_RESID, ASM, PREFETCH, PDL, PRE2)
+                     pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, gq, gf, TF, False, QTB, BN, BB,
+                     IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
     else:
         _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
-                 blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
+                 blocks_per_split, SPLIT, gq, gf, TF, GLU, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
+                 PREFETCH, PDL, PRE2)
 
 
 _TARGET_PROGRAMS = 132 * 4
@@ -372,14 +402,46 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
-                          bias if bias is not None else out, out, part, cnt, n, na, ta, nb,
-                          resid.stride(0) if resid is not None else 0, bps, split,
+                          bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
+                          resid.stride(0) if resid is not None else 0, bps, split, GLU=False,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
                           PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                           num_stages=1, **launch_kw(pdl))
     return out
+
+
+def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
+                   asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1):
+    """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
+    planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
+    after it, bit for bit). No K split (each row tile pairs with one other); F a multiple of 256
+    and of the row tile."""
+    xq, xf = q8
+    n, k = rw.n, rw.k
+    f = n // 2
+    bn, bb, _, nwarps, prefetch = tuple(config or config_for(rw.qtype, n, k, interpret))
+    if n % 2 or f % 256 or f % bn or bn % 32 or rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k:
+        raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "
+                          f"pair of a multiple of 256 rows each")
+    nb = k // 256
+    bps = triton.cdiv(nb, bb) * bb
+    tiles = n // bn
+    dev = xq.device
+    h = torch.empty((1, f), dtype=out_dtype, device=dev)
+    gq = torch.empty(f // 4, dtype=torch.int32, device=dev)
+    gf = torch.empty(f // 8, dtype=torch.float32, device=dev)
+    part = torch.empty(n, dtype=torch.float32, device=dev)
+    cnt = ws.counters(tiles // 2) if ws is not None else torch.zeros(tiles // 2, dtype=torch.int32, device=dev)
+    p0, p1, p2, p3 = _planes4(rw)
+    _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
+                                n, n, tiles, nb, 0, bps, 1, GLU=True, QT=rw.qtype, QTB=rw.qtype, MIXED=False, BN=bn,
+                                BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
+                                ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
+                                PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
+                                num_stages=1, **launch_kw(pdl))
+    return h, (gq, gf)
 
 
 # ---------------------------------------------------------------- MoE: the selected experts' rows
@@ -398,7 +460,7 @@ def _moe_q8_kernel(p0, p1, p2, p3, rs0, rs1, rs2, rs3, xq, xf, xs_q, xs_f, eidx,
     e = tl.load(eidx + slot).to(tl.int64) * N
     _q8_tile(p0 + e * rs0, p1 + e * rs1, p2 + e * rs2, p3 + e * rs3, xq + slot * xs_q, xf + slot * xs_f,
              out, out, out + slot * N, part + slot * N, cnt + slot * TILES, pid_n, pid_s, N, N * tl.num_programs(2),
-             NB, 0, blocks_per_split, SPLIT, QT, BN, BB, IS_SPLIT, False, False, ASM, PREFETCH)
+             NB, 0, blocks_per_split, SPLIT, xq, xf, 1, False, QT, BN, BB, IS_SPLIT, False, False, ASM, PREFETCH)
 
 
 def gemv_q8_experts(q8, rw: Repacked, experts: torch.Tensor, n: int, per_slot_x: bool = False,

@@ -272,6 +272,34 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
 
 
+def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
+    """One decode row through a (gate, up) pair with fused repacked planes (Model.decode_groups)
+    and SwiGLU, in one launch (gemv_q8.gemv_q8_swiglu, Switches.gemv_swiglu): h (1, F) with its
+    int8 form `.q8` for the down projection; None when this path does not apply."""
+    sw, ws = _ctx(ctx, x.device)
+    grp = getattr(wts[0], "repacked_group", None)
+    q8 = getattr(x, "q8", None)
+    if (grp is None or grp[0] != tuple(wts) or x.shape[0] != 1 or q8 is None or not sw.gemv
+            or getattr(wts[0], "batch_dense", None) is not None):
+        return None
+    path = "qmatmul.group2.decode.q8swiglu"
+    if not sw.gemv_swiglu:
+        paths.switched_off(path, "MINFER_GEMV_SWIGLU")
+        return None
+    rw = grp[1]
+    bn = gemv_q8.config_for(rw.qtype, rw.n, rw.k, interpret())[0]
+    f = rw.n // 2
+    if wts[0].shape[0] != wts[1].shape[0] or f % 256 or f % bn or bn % 32:
+        paths.fallback(path, f"gate/up of {wts[0].shape[0]}/{wts[1].shape[0]} rows do not pair in {bn}-row tiles "
+                             "of a multiple of 256")
+        return None
+    paths.count(path)
+    h, hq = gemv_q8.gemv_q8_swiglu(q8, rw, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
+                                   **_pdl_kw(sw, x))
+    h.q8 = hq
+    return h
+
+
 def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> list:
     """The same x (T, K) through several weights of one K -> [(T, N_i)].
 
