@@ -67,3 +67,35 @@ def test_decode_attention_q8_output(M):
     assert (got - want).abs().max() <= float(d.max()) * 1.0001
     assert rel_err(got, want) < 1e-3
     assert getattr(A.decode_attention(q, kc, vc, 37), "q8", None) is None
+
+
+def test_batched_rows_q8_producers_for_the_int8_gemm(M):
+    """With Switches.qgemm_q8, batched rows (dense_gemv_max_m < T <= qgemm_max_m) leave add+norm
+    and SwiGLU with their int8 form, equal to quantize_rows of the same float32 values."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    N, Q = M["norm_rope_act"], M["gemv_q8"]
+    ctx = Context(Switches(qgemm_q8=True), None)
+    g = torch.Generator().manual_seed(4)
+    t, d = 12, 512
+    x, y, w = torch.randn(t, d, generator=g), torch.randn(t, d, generator=g).to(torch.float16), torch.randn(d, generator=g)
+    paths.reset()
+    s, h = N.add_rms_norm(x, y, w, 1e-6, torch.float16, ctx)
+    sv = x + y.float()
+    hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    assert torch.equal(s, sv) and rel_err(h.float(), hv) < 1e-3
+    xq, xf = h.q8
+    assert xq.shape == (t, d // 4) and xf.shape == (t, d // 8)
+    for r in range(t):
+        ref = Q.quantize_rows(hv[r:r + 1].contiguous(), interpret=True)
+        assert torch.equal(xq[r], ref[0][0]) and torch.allclose(xf[r], ref[1][0], rtol=1e-6), r
+    gate, up = torch.randn(t, d, generator=g).half(), torch.randn(t, d, generator=g).half()
+    a = N.swiglu(gate, up, ctx)
+    assert a.q8[0].shape == (t, d // 4)
+    counts = paths.snapshot()["counts"]
+    assert counts.get("add_rms_norm.q8rows") == 1 and counts.get("swiglu.q8rows") == 1
+    # off (the default): no int8 rows
+    b = N.swiglu(gate, up, Context(Switches(), None))
+    assert getattr(b, "q8", None) is None and torch.equal(a, b)

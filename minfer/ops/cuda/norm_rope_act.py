@@ -69,6 +69,14 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
                                            pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True))
         h.q8 = q8
         return s, h
+    if _q8_rows_ok(t, d, out_dtype, sw) and x.is_contiguous() and y.is_contiguous() and x.dtype == torch.float32:
+        # batched decode rows for the int8 GEMM (qgemm_q8.py): their int8 form from the same launch
+        from minfer.ops.cuda import gemv_q8
+
+        paths.count("add_rms_norm.q8rows")
+        s, h, q8 = gemv_q8._q8_launch(x, y, None, weight, eps, out_dtype, _interp(), rows_ok=True)
+        h.q8 = q8
+        return s, h
     paths.count("add_rms_norm.triton")
     s = torch.empty((t, d), dtype=torch.promote_types(x.dtype, y.dtype), device=x.device)
     h = torch.empty((t, d), dtype=out_dtype, device=x.device)
@@ -97,6 +105,13 @@ def _interp() -> bool:
     from minfer.ops.cuda.dequant import interpret
 
     return interpret()
+
+
+def _q8_rows_ok(t: int, d: int, dtype, sw) -> bool:
+    """Whether t > 1 rows are made with their int8 form too: the batched rows the int8 GEMM takes
+    (Switches.qgemm_q8, dense_gemv_max_m < t <= qgemm_max_m; qmatmul._qgemm_q8 reads x.q8)."""
+    return (getattr(sw, "qgemm_q8", False) and sw.dense_gemv_max_m < t <= sw.qgemm_max_m and d % 256 == 0
+            and dtype != torch.float32)
 
 
 def q8_row_ok(d: int, dtype, sw) -> bool:
@@ -279,6 +294,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> 
         paths.count("swiglu.q8")
         h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp(),
                                   pdl=pdl_enabled((ctx or DEFAULT).switches, gate.device, "swiglu", early_ok=True))
+        h.q8 = q8
+        return h
+    if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
+        from minfer.ops.cuda import gemv_q8
+
+        paths.count("swiglu.q8rows")
+        h, q8 = gemv_q8.swiglu_q8_rows(gate, up, interpret=_interp())
         h.q8 = q8
         return h
     paths.count("swiglu.triton")

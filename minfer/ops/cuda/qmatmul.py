@@ -272,6 +272,13 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
 
 
+def _gemv_rows(x, w, sw) -> bool:
+    """Whether x's rows stay on the repacked GEMV when w also has the batch engine's dense bf16
+    plane: up to dense_gemv_max_m rows (the single weight's rule in _linear), so a batch of a few
+    sequences keeps the fused group GEMVs of the one-user decode."""
+    return getattr(w, "batch_dense", None) is None or x.shape[0] <= min(sw.dense_gemv_max_m, sw.gemv_max_m)
+
+
 def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     """One decode row through a (gate, up) pair with fused repacked planes (Model.decode_groups)
     and SwiGLU, in one launch (gemv_q8.gemv_q8_swiglu, Switches.gemv_swiglu): h (1, F) with its
@@ -280,7 +287,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     grp = getattr(wts[0], "repacked_group", None)
     q8 = getattr(x, "q8", None)
     if (grp is None or grp[0] != tuple(wts) or x.shape[0] != 1 or q8 is None or not sw.gemv
-            or getattr(wts[0], "batch_dense", None) is not None):
+            or not _gemv_rows(x, wts[0], sw)):
         return None
     path = "qmatmul.group2.decode.q8swiglu"
     if not sw.gemv_swiglu:
@@ -331,7 +338,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         if all(o is not None for o in outs):
             return outs
     if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
-            and getattr(wts[0], "batch_dense", None) is None):
+            and _gemv_rows(x, wts[0], sw)):
         # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
         q8 = getattr(x, "q8", None)
         if q8 is not None and x.shape[0] == 1:
@@ -346,7 +353,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     segs = getattr(wts[0], "repacked_segments", None)
     if (segs is not None and segs[0] == wts and x.shape[0] == 1 and sw.gemv and getattr(x, "q8", None) is not None
-            and getattr(wts[0], "batch_dense", None) is None):
+            and _gemv_rows(x, wts[0], sw)):
         # q/k fused + a v of another type (gemv_repack_layout.fuse_group): one int8 GEMV launch
         paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
         out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
