@@ -54,10 +54,11 @@ class Switches:
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
                           "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
                           "every kernel signals after its wait)", kind="tuning")
-    gemv_swiglu: bool = _sw(True, "MINFER_GEMV_SWIGLU",
+    gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
-                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu; off: "
-                            "the GEMV, then swiglu_q8)")
+                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu; off by "
+                            "default: no gain shown on the H200, B/A 1.03 +- 0.10, perf-log; off: the GEMV, "
+                            "then swiglu_q8)", kind="tuning")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")

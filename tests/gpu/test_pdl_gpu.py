@@ -75,8 +75,8 @@ def test_pdl_chain_bitwise_equal_to_stream_order():
 
 @pytest.mark.parametrize("off", ["pdl", "gemv_swiglu"])
 def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
-    """A whole model's graphed greedy decode with the defaults and with PDL (or the gate+up GEMV's
-    SwiGLU epilogue) off: identical logits."""
+    """A whole model's graphed greedy decode with PDL and the gate+up GEMV's SwiGLU epilogue on,
+    and with one of them off (the switch the case names): identical logits."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
@@ -86,8 +86,10 @@ def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=4, progress=False)
     paths.reset()
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(**{off: False}))
+    # a: the fast path on (PDL is by default; the SwiGLU epilogue is asked for), b: it off
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(gemv_swiglu=True))
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False,
+                    switches=Switches(**{off: False}) if off == "pdl" else Switches())
     prompt = torch.randint(0, p.vocab, (13,), generator=torch.Generator().manual_seed(3)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)
     assert torch.equal(la, lb)
@@ -103,7 +105,7 @@ def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
     for site in ("gemv_q8", "add_rms_norm", "rope_kv", "decode_attention", "rms_norm"):
         assert counts.get(f"pdl.{site}", 0) > 0, site
     env = {"pdl": "MINFER_PDL", "gemv_swiglu": "MINFER_GEMV_SWIGLU"}[off]
-    assert any(env + "=0" in k for k in snap["switched_off"]), snap["switched_off"]
-    assert counts.get("qmatmul.group2.decode.q8swiglu", 0) > 0        # the default engine fused it
+    assert any(env + "=0" in k for k in snap["switched_off"]), snap["switched_off"]       # engine b
+    assert counts.get("qmatmul.group2.decode.q8swiglu", 0) > 0        # engine a fused it
     if off == "gemv_swiglu":
         assert counts.get("swiglu.q8", 0) > 0                         # the other ran the two launches

@@ -296,7 +296,9 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     rw = grp[1]
     bn = gemv_q8.config_for(rw.qtype, rw.n, rw.k, interpret())[0]
     f = rw.n // 2
-    if wts[0].shape[0] != wts[1].shape[0] or f % 256 or f % bn or bn % 32:
+    if wts[0].shape[0] != wts[1].shape[0] or f % 256:
+        return None        # no int8 row for the down projection either (norm_rope_act.q8_row_ok): not this path
+    if f % bn or bn % 32:
         paths.fallback(path, f"gate/up of {wts[0].shape[0]}/{wts[1].shape[0]} rows do not pair in {bn}-row tiles "
                              "of a multiple of 256")
         return None
