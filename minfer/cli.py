@@ -65,12 +65,45 @@ def set_process_env() -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def _names_a_model(s: str) -> bool:
+    """A catalog name, or a path to an existing .gguf file."""
+    from minfer.catalog import CATALOG
+
+    return s in CATALOG or (s.endswith(".gguf") and os.path.isfile(s))
+
+
+def _model_first(args, extra: list, argv: list) -> list:
+    """The `ollama run MODEL [PROMPT]` order, for run and chat: `minfer run MODEL PROMPT` and
+    `minfer chat MODEL` name the model by position when -m is not given and that word is a catalog
+    name or a .gguf file (else argparse's error stands). Returns the arguments still unknown."""
+    if getattr(args, "model", None) is None or any(a in ("-m", "--model") or a.startswith("--model=")
+                                                    for a in argv):
+        return extra
+    pos = [e for e in extra if not e.startswith("-")]
+    if len(pos) != 1 or len(extra) != 1:
+        return extra
+    main = getattr(args, "_main", None)
+    cmd = getattr(main, "__module__", "")
+    if cmd.endswith(".run") and getattr(args, "prompt", None) is not None and _names_a_model(args.prompt):
+        args.model, args.prompt = args.prompt, pos[0]
+        return []
+    if cmd.endswith(".chat") and _names_a_model(pos[0]):
+        args.model = pos[0]
+        return []
+    if cmd.endswith((".run", ".chat")):
+        word = args.prompt if cmd.endswith(".run") else pos[0]
+        return [f"{pos[0]} (to name the model first, as `{'minfer run MODEL PROMPT' if cmd.endswith('.run') else 'minfer chat MODEL'}`, "
+                f"MODEL must be a catalog name from `minfer list` or an existing .gguf file; {word!r} is neither)"]
+    return extra
+
+
 def main(argv: list[str] | None = None) -> int:
     set_process_env()
     parser = build_parser()
     # parse_args would report an unknown flag with the top-level usage; the subcommand's usage
     # (and its flags) is what helps, so unknown arguments are reported by the subcommand's parser
     args, extra = parser.parse_known_args(argv)
+    extra = _model_first(args, extra, sys.argv[1:] if argv is None else argv)
     if extra:
         (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "_main", None):

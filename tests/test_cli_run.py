@@ -93,3 +93,28 @@ def test_chat_remembers_earlier_turns(capsys, monkeypatch):
     replies = [r for r in capsys.readouterr().out.split("\n") if r.strip()]
     assert rc == 0 and len(replies) == 2
     assert "Ada" in replies[1]
+
+
+def test_model_named_first_like_ollama(capsys, monkeypatch, tmp_path):
+    """`minfer run MODEL PROMPT` and `minfer chat MODEL` (ollama's order) when MODEL is a catalog
+    name or a .gguf file; any other first word keeps argparse's error, which says what MODEL may be."""
+    rc = main(["run", "smollm2-135m-instruct", "--raw", "--temp", "0", "-n", "16",
+               "The capital of France is Paris. The capital of"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    ref = main(["run", "-m", "smollm2-135m-instruct", "--raw", "--temp", "0", "-n", "16",
+                "The capital of France is Paris. The capital of"])
+    assert ref == 0 and capsys.readouterr().out == out and out.strip()
+    with pytest.raises(SystemExit):
+        main(["run", "notamodel", "hi"])
+    err = capsys.readouterr().err
+    assert "unrecognized arguments: hi" in err and "'notamodel' is neither" in err and "minfer list" in err
+    with pytest.raises(SystemExit):                    # -m given: a second positional stays an error
+        main(["run", "-m", "smollm2-135m-instruct", "smollm2-135m-instruct", "hi"])
+    assert "is neither" not in capsys.readouterr().err
+    fake = tmp_path / "x.gguf"
+    fake.write_bytes(b"not a gguf")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    assert main(["chat", str(fake)]) == 1               # taken as the model: the file's own error
+    err = capsys.readouterr().err
+    assert "x.gguf" in err and "unrecognized" not in err and "Traceback" not in err

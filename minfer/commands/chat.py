@@ -27,6 +27,8 @@ Works with piped input too:
 
   printf 'Hi!\\nWhat did I just say?\\n' | minfer chat -m smollm2-135m-instruct --temp 0
 
+The model may also be named first, as with `ollama run`: `minfer chat smollm2-135m-instruct`.
+
 Only the new part of the conversation is computed each turn: the KV cache keeps the rest.
 """
 

@@ -22,8 +22,12 @@ run is an error, never a silent fall back to the CPU.
 The timing line ends with `finish: REASON`: stop (end of turn or a --stop string), length
 (-n tokens were generated) or context (the context was full; -c allows more).
 
+The model may also come first, as with `ollama run`: `minfer run MODEL PROMPT`, MODEL a catalog
+name (`minfer list`) or a .gguf file.
+
 examples:
   minfer run "Write a haiku about GPUs"
+  minfer run smollm2-135m-instruct "Why is the sky blue?"
   minfer run -m smollm2-135m-instruct -sys "Answer in French" "What is the capital of Italy?"
   minfer run --raw --temp 0 -n 16 "The capital of France is"
   minfer run -s 42 --stop "\\n\\n" -p "def fibonacci(n):" --raw
