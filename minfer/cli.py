@@ -73,9 +73,10 @@ def _names_a_model(s: str) -> bool:
 
 
 def _model_first(args, extra: list, argv: list) -> list:
-    """The `ollama run MODEL [PROMPT]` order, for run and chat: `minfer run MODEL PROMPT` and
-    `minfer chat MODEL` name the model by position when -m is not given and that word is a catalog
-    name or a .gguf file (else argparse's error stands). Returns the arguments still unknown."""
+    """The `ollama run MODEL [PROMPT]` order, for run, tokenize and chat: `minfer run MODEL PROMPT`,
+    `minfer tokenize MODEL TEXT` and `minfer chat MODEL` name the model by position when -m is not
+    given and that word is a catalog name or a .gguf file (else argparse's error stands, with a
+    hint). Returns the arguments still unknown."""
     if getattr(args, "model", None) is None or any(a in ("-m", "--model") or a.startswith("--model=")
                                                     for a in argv):
         return extra
@@ -84,16 +85,20 @@ def _model_first(args, extra: list, argv: list) -> list:
         return extra
     main = getattr(args, "_main", None)
     cmd = getattr(main, "__module__", "")
-    if cmd.endswith(".run") and getattr(args, "prompt", None) is not None and _names_a_model(args.prompt):
-        args.model, args.prompt = args.prompt, pos[0]
+    field = "prompt" if cmd.endswith(".run") else "text" if cmd.endswith(".tokenize") else None
+    if field and getattr(args, field, None) is not None and _names_a_model(getattr(args, field)):
+        args.model = getattr(args, field)
+        setattr(args, field, pos[0])
         return []
     if cmd.endswith(".chat") and _names_a_model(pos[0]):
         args.model = pos[0]
         return []
-    if cmd.endswith((".run", ".chat")):
-        word = args.prompt if cmd.endswith(".run") else pos[0]
-        return [f"{pos[0]} (to name the model first, as `{'minfer run MODEL PROMPT' if cmd.endswith('.run') else 'minfer chat MODEL'}`, "
-                f"MODEL must be a catalog name from `minfer list` or an existing .gguf file; {word!r} is neither)"]
+    if cmd.endswith((".run", ".chat", ".tokenize")):
+        word = getattr(args, field) if field else pos[0]
+        form = {"run": "minfer run MODEL PROMPT", "chat": "minfer chat MODEL",
+                "tokenize": "minfer tokenize MODEL TEXT"}[cmd.rsplit(".", 1)[1]]
+        return [f"{pos[0]} (to name the model first, as `{form}`, MODEL must be a catalog name from "
+                f"`minfer list` or an existing .gguf file; {word!r} is neither)"]
     return extra
 
 

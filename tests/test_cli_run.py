@@ -112,6 +112,8 @@ def test_model_named_first_like_ollama(capsys, monkeypatch, tmp_path):
     with pytest.raises(SystemExit):                    # -m given: a second positional stays an error
         main(["run", "-m", "smollm2-135m-instruct", "smollm2-135m-instruct", "hi"])
     assert "is neither" not in capsys.readouterr().err
+    assert main(["tokenize", "smollm2-135m-instruct", "hello"]) == 0
+    assert capsys.readouterr().out.strip() == '28120 "hello"'     # as -m smollm2-135m-instruct hello
     fake = tmp_path / "x.gguf"
     fake.write_bytes(b"not a gguf")
     monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
