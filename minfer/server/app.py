@@ -31,13 +31,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer.errors import MinferError
 from minfer.limits import request_problem, request_texts
 from minfer.server.metrics import ServerMetrics
-from minfer.server.middleware import AuthMiddleware, BodyLimitMiddleware, MetricsMiddleware, error_payload
+from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, JSONBodyMiddleware, MetricsMiddleware,
+                                      error_payload)
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                    JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
                                    TextPart, Tool, ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
 from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar
-from minfer.server.tools import ToolError, ToolStreamParser, logit_bias, parse_tool_calls, plan_chat, response_schema
+from minfer.server.tools import ToolError, logit_bias, plan_chat, response_schema, tool_chunker, tool_message
 from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
 from minfer.tokenizer.chat_template import chat_token_ids
 
@@ -400,14 +401,14 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
             fin = await _collect(job, request, acc)
             resp = chat_response(rid, created, model, acc, fin)
             if plan.parse_tools:
-                _tool_message(resp, acc.text)
+                tool_message(resp, acc.text)
             return resp
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
         def plain_chunk(piece: Any, finish_reason: str | None = None, role: bool = False) -> dict:
             return chat_chunk(rid, created, model, piece, finish_reason, role, include_usage)
 
-        chunk = _tool_chunker(plain_chunk) if plan.parse_tools else plain_chunk
+        chunk = tool_chunker(plain_chunk) if plan.parse_tools else plain_chunk
 
         def usage_chunk(usage: dict) -> dict:
             return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
@@ -475,7 +476,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     if api_key:
         app.add_middleware(AuthMiddleware, api_key=api_key)
     app.add_middleware(MetricsMiddleware, metrics=state.metrics)
-    app.add_middleware(_JSONBodyMiddleware)
+    app.add_middleware(JSONBodyMiddleware)
     if cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -483,21 +484,6 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["*"],
                            allow_headers=["*"], allow_credentials=False)
     return app
-
-
-class _JSONBodyMiddleware:
-    """POST bodies are JSON whatever their Content-Type says (llama-server reads them so, and
-    curl -d sends application/x-www-form-urlencoded): the header is rewritten to
-    application/json before FastAPI parses the body."""
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
-            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
-        await self.app(scope, receive, send)
 
 
 # what a field accepts, for a value that matched none of the members of its union type
@@ -551,49 +537,6 @@ def _validation_response(exc: RequestValidationError) -> APIError:
     if len(groups) > 5:
         parts.append(f"... and {len(groups) - 5} more")
     return APIError(400, "invalid request: " + "; ".join(parts), "invalid_request_error", code, param)
-
-
-def _tool_message(resp: dict, text: str) -> None:
-    """A non-streamed chat answer's <tool_call> blocks become message.tool_calls."""
-    content, calls = parse_tool_calls(text)
-    if not calls:
-        return
-    choice = resp["choices"][0]
-    choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
-    if choice["finish_reason"] == "stop":
-        choice["finish_reason"] = "tool_calls"
-
-
-def _tool_chunker(plain_chunk: Callable[..., dict]) -> Callable[..., list[dict]]:
-    """Wraps a chat chunk builder so that streamed <tool_call> blocks leave as delta.tool_calls
-    (each call whole, in one chunk: id, type, function name and arguments), the text around
-    them as delta.content, and the finish reason is "tool_calls" when a call was made."""
-    parser = ToolStreamParser()
-
-    def tool_chunks(calls: list[dict]) -> list[dict]:
-        out = []
-        for call in calls:
-            c = plain_chunk(None)
-            c["choices"][0]["delta"] = {"tool_calls": [{"index": parser.n_calls - len(calls) + len(out), **call}]}
-            out.append(c)
-        return out
-
-    def chunk(piece: Any, finish_reason: str | None = None) -> list[dict]:
-        out = []
-        if finish_reason is not None:
-            rest = parser.flush()
-            if rest and (rest.strip() or not parser.n_calls):
-                out.append(plain_chunk((rest, [])))
-            if parser.n_calls and finish_reason == "stop":
-                finish_reason = "tool_calls"
-            out.append(plain_chunk(None, finish_reason=finish_reason))
-            return out
-        text, calls = parser.push(piece[0])
-        if text or piece[1]:
-            out.append(plain_chunk((text, piece[1])))
-        return out + tool_chunks(calls)
-
-    return chunk
 
 
 def _version() -> str:

@@ -147,3 +147,18 @@ class BodyLimitMiddleware:
         await send_json(send, 413, error_payload(
             f"request body too large: {size}; this server accepts at most {self.max_body} bytes "
             "(minfer serve --max-body)", "invalid_request_error", "request_too_large"))
+
+
+class JSONBodyMiddleware:
+    """POST bodies are JSON whatever their Content-Type says (llama-server reads them so, and
+    curl -d sends application/x-www-form-urlencoded): the header is rewritten to
+    application/json before FastAPI parses the body."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
+            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+        await self.app(scope, receive, send)

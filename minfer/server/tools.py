@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 from minfer.server.schemas import NamedToolChoice
 from minfer.server.structured import lark_json, special_or_literal
@@ -321,3 +321,46 @@ def logit_bias(tok: Any, bias: dict[str, float]) -> Any:
             raise ToolError("logit_bias", f"logit_bias: token id {t} is outside the vocabulary [0, {tok.n_vocab})")
         ids[t] = float(v)
     return LogitBias(ids)
+
+
+def tool_message(resp: dict, text: str) -> None:
+    """A non-streamed chat answer's <tool_call> blocks become message.tool_calls."""
+    content, calls = parse_tool_calls(text)
+    if not calls:
+        return
+    choice = resp["choices"][0]
+    choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
+    if choice["finish_reason"] == "stop":
+        choice["finish_reason"] = "tool_calls"
+
+
+def tool_chunker(plain_chunk: Callable[..., dict]) -> Callable[..., list[dict]]:
+    """Wraps a chat chunk builder so that streamed <tool_call> blocks leave as delta.tool_calls
+    (each call whole, in one chunk: id, type, function name and arguments), the text around
+    them as delta.content, and the finish reason is "tool_calls" when a call was made."""
+    parser = ToolStreamParser()
+
+    def tool_chunks(calls: list[dict]) -> list[dict]:
+        out = []
+        for call in calls:
+            c = plain_chunk(None)
+            c["choices"][0]["delta"] = {"tool_calls": [{"index": parser.n_calls - len(calls) + len(out), **call}]}
+            out.append(c)
+        return out
+
+    def chunk(piece: Any, finish_reason: str | None = None) -> list[dict]:
+        out = []
+        if finish_reason is not None:
+            rest = parser.flush()
+            if rest and (rest.strip() or not parser.n_calls):
+                out.append(plain_chunk((rest, [])))
+            if parser.n_calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
+            out.append(plain_chunk(None, finish_reason=finish_reason))
+            return out
+        text, calls = parser.push(piece[0])
+        if text or piece[1]:
+            out.append(plain_chunk((text, piece[1])))
+        return out + tool_chunks(calls)
+
+    return chunk
