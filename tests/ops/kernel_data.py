@@ -70,6 +70,38 @@ def rel_err(out, ref) -> float:
     return float((o - r).norm() / r.norm().clamp_min(1e-30))
 
 
+class ModelStub:
+    """What repack_model / attach_dense_planes read of a model: its matrices, its declared groups,
+    the embedding (left raw) and the float32 CPU activations."""
+
+    def __init__(self, ws, groups=(), token_embd=None):
+        self.ws, self.groups, self.token_embd, self.output = ws, groups, token_embd, None
+        import torch
+
+        self.act_dtype, self.device = torch.float32, torch.device("cpu")
+
+    def qweights(self):
+        return self.ws
+
+    def linear_groups(self):
+        return self.groups
+
+
+def qweights_with_reference(specs, seed: int) -> list:
+    """[(QWeight of random blocks, its gguf-dequantized float64 values)] for (name, qtype, n, k) specs."""
+    import torch
+
+    from minfer.weights import QWeight
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, qt, n, k in specs:
+        raw = random_weight(qt, n, k, rng)
+        out.append((QWeight(name, qt, (n, k), torch.from_numpy(raw)),
+                    torch.from_numpy(reference_dequant(raw, qt, n, k)).double()))
+    return out
+
+
 def interpreted_modules(names: list[str]):
     """Generator for a module-scoped fixture: the kernel modules `names` (re)loaded with
     TRITON_INTERPRET=1, yielded as {short name: module}; afterwards the variable is restored

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import ModelStub, interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
 
 from minfer.errors import MinferError  # noqa: E402
 
@@ -156,19 +156,6 @@ def QM():
         yield mods
 
 
-class _Model:
-    """What repack_model reads of a model: its matrices, the embedding to leave raw, its groups."""
-
-    def __init__(self, ws, embd, groups=()):
-        self.ws, self.token_embd, self.groups = ws, embd, groups
-
-    def qweights(self):
-        return self.ws
-
-    def linear_groups(self):
-        return self.groups
-
-
 def test_fused_group_decode(QM):
     """A declared q/k/v group of one type gets one plane set (views per weight, same bytes) and
     one GEMV at decode with its biases; a group with a Q6_K member stays apart."""
@@ -190,7 +177,7 @@ def test_fused_group_decode(QM):
             ws.append(w)
             g.append(w)
         groups.append(tuple(g))
-    gr.repack_model(_Model(ws, None, groups))
+    gr.repack_model(ModelStub(ws, groups))
     assert groups[0][0].repacked_group[0] == groups[0] and not hasattr(groups[1][0], "repacked_group")
     assert sum(gr.planes_of(w).nbytes() for w in groups[0]) == 96 * 148
     ctx = Context(Switches(), Workspace("cpu", ws, groups))
@@ -225,7 +212,7 @@ def test_qmatmul_wiring(QM):
         raw = random_weight(qt, n, k, rng)
         mk[name] = (QWeight(name, qt, (n, k), torch.from_numpy(raw)), torch.from_numpy(reference_dequant(raw, qt, n, k)))
     ws = [w for w, _ in mk.values()]
-    assert gr.repack_model(_Model(ws, mk["token_embd.weight"][0])) == 2
+    assert gr.repack_model(ModelStub(ws, token_embd=mk["token_embd.weight"][0])) == 2
     down, wd = mk["blk.0.ffn_down.weight"]
     assert down.raw.numel() == 0 and gr.planes_of(down).nbytes() == 40 * 2 * 210   # planes replaced the blocks
     assert mk["token_embd.weight"][0].raw.numel() > 0 and mk["token_embd.weight"][0].repack_skip

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import (ModelStub, interpreted_modules, qweights_with_reference, random_weight,  # noqa: E402
+                         reference_dequant, rel_err)
 
 from minfer.errors import MinferError  # noqa: E402
 
@@ -174,32 +175,6 @@ def QM():
         yield mods
 
 
-class _Model:
-    """What repack_model / attach_dense_planes read of a model."""
-
-    def __init__(self, ws, groups=()):
-        self.ws, self.groups, self.token_embd, self.output = ws, groups, None, None
-        self.act_dtype, self.device = torch.float32, torch.device("cpu")
-
-    def qweights(self):
-        return self.ws
-
-    def linear_groups(self):
-        return self.groups
-
-
-def _qweights(specs, seed):
-    from minfer.weights import QWeight
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for name, qt, n, k in specs:
-        raw = random_weight(qt, n, k, rng)
-        out.append((QWeight(name, qt, (n, k), torch.from_numpy(raw)),
-                    torch.from_numpy(reference_dequant(raw, qt, n, k)).double()))
-    return out
-
-
 def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
     """Switches.qgemm_repack on: dense_gemv_max_m < M <= qgemm_max_m goes through the GEMM over
     the planes (counted qmatmul.<type>.qgemm), also for a declared q/k/v group (one launch);
@@ -211,11 +186,11 @@ def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
     from minfer.switches import Switches
 
     qm, gr = QM["qmatmul"], QM["gemv_repack"]
-    mk = _qweights([("blk.0.attn_q.weight", 12, 64, 512), ("blk.0.attn_k.weight", 12, 16, 512),
+    mk = qweights_with_reference([("blk.0.attn_q.weight", 12, 64, 512), ("blk.0.attn_k.weight", 12, 16, 512),
                     ("blk.0.attn_v.weight", 12, 16, 512), ("blk.0.ffn_down.weight", 14, 48, 512)], seed=3)
     ws = [w for w, _ in mk]
     grp = tuple(ws[:3])
-    gr.repack_model(_Model(ws, [grp]))
+    gr.repack_model(ModelStub(ws, [grp]))
     down, wd = mk[3]
     on = Context(Switches(qgemm_repack=True), Workspace("cpu", ws, [grp]))
     g = torch.Generator().manual_seed(4)
@@ -254,10 +229,10 @@ def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
     from minfer.switches import Switches
 
     gr = QM["gemv_repack"]
-    mk = _qweights([("blk.0.attn_q.weight", 12, 32, 256), ("blk.0.ffn_down.weight", 14, 16, 256),
+    mk = qweights_with_reference([("blk.0.attn_q.weight", 12, 32, 256), ("blk.0.ffn_down.weight", 14, 16, 256),
                     ("blk.0.attn_k.weight", 8, 16, 256)], seed=5)
     ws = [w for w, _ in mk]
-    model = _Model(ws)
+    model = ModelStub(ws)
     gr.repack_model(model)
     full = attach_dense_planes(model, force=True, free_bytes=1 << 30)
     assert full == (32 + 16 + 16) * 256 * 4 and all(w.batch_dense is not None for w in ws)

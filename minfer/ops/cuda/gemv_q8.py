@@ -25,13 +25,16 @@ row, so a consumer without this path still has its input.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.errors import MinferError
-from minfer.ops.cuda.gemv_repack import Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads
+from minfer.ops.cuda.gemv_repack import (Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads,
+                                         load_configs)
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 
@@ -182,8 +185,9 @@ def _dp4a(a, b, c, ASM: tl.constexpr):
 
 @triton.jit
 def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
-             blocks_per_split, SPLIT, gq, gf, TF, GLU: tl.constexpr, QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
-             IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, ASM: tl.constexpr,
+             blocks_per_split, SPLIT, gq, gf, TF, GLU: tl.constexpr, QT: tl.constexpr, BN: tl.constexpr,
+             BB: tl.constexpr, IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
+             ASM: tl.constexpr,
              PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, PRE2: tl.constexpr = False):
     """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
     [+ resid]. out, bias, resid, part and cnt point at this weight's first row / tile; part's
@@ -344,18 +348,8 @@ def default_config(qtype: int, n: int, k: int) -> tuple:
     return bn, bb, split, 4, True
 
 
-def _load_configs() -> dict:
-    import json
-    import os
-
-    try:
-        with open(os.path.join(os.path.dirname(__file__), "gemv_q8_h200.json")) as f:
-            return {k: tuple(v) for k, v in json.load(f)["configs"].items()}
-    except FileNotFoundError:
-        return {}
-
-
-CONFIGS = _load_configs()   # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps, prefetch), from the device sweep
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps, prefetch), from the device sweep
+CONFIGS = load_configs(os.path.join(os.path.dirname(__file__), "gemv_q8_h200.json"))
 
 
 def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:

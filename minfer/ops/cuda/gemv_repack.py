@@ -390,7 +390,6 @@ def _dequant_kernel(p0, p1, p2, p3, out, N, NB, stride_o, QT: tl.constexpr, BR: 
     row2 = tl.minimum(rows, N - 1).to(tl.int64)[:, None]
     kc = tl.program_id(1) * C + tl.arange(0, C)
     kmask = kc < NB * 8
-    wi = tl.arange(0, 4)
     w4 = tl.arange(0, 4 * C)
     qoff = row2 * (NB * 32) + tl.program_id(1) * (C * 4) + w4[None, :]
     km4 = (tl.program_id(1) * (C * 4) + w4 < NB * 32)[None, :]

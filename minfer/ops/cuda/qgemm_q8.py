@@ -45,7 +45,6 @@ qgemm_q8_h200.json (minfer/bench/qgemm_q8_sweep.py writes it), else default_conf
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -54,6 +53,8 @@ import triton.language as tl
 
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack import _finish as _epilogue
+from minfer.ops.cuda.gemv_repack import load_configs  # noqa: F401  (the one table reader; tests call it here)
+from minfer.ops.cuda.qgemm_repack import _TARGET_PROGRAMS, m_bucket  # the batched GEMMs' M buckets
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, REPACKED_TYPES, Repacked
 
 MAX_M = 256
@@ -277,26 +278,7 @@ def _qgemm_q8_kernel(p0, p1, p2, p3, x8, xf, out, part, cnt, bias,
 # ---------------------------------------------------------------- configs
 
 _CONFIG_FILE = os.path.join(os.path.dirname(__file__), "qgemm_q8_h200.json")
-_TARGET_PROGRAMS = 132 * 2            # two programs per H200 SM before K is split
-
-
-def load_configs(path: str = _CONFIG_FILE) -> dict:
-    try:
-        with open(path) as f:
-            return {k: tuple(v) for k, v in json.load(f).get("configs", {}).items()}
-    except FileNotFoundError:
-        return {}
-
-
-H200_CONFIGS = load_configs()
-
-
-def m_bucket(m: int) -> int:
-    """The config table's M key: the next of 16, 32, 64, 128, 256."""
-    for b in (16, 32, 64, 128):
-        if m <= b:
-            return b
-    return 256
+H200_CONFIGS = load_configs(_CONFIG_FILE)
 
 
 def split_for(m: int, n: int, k: int, bn: int, bm: int, cb: int, target: int = _TARGET_PROGRAMS) -> int:

@@ -28,7 +28,6 @@ qgemm_repack_h200.json (minfer/bench/qgemm_sweep.py writes them), else default_c
 
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -38,6 +37,7 @@ import triton.language as tl
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack import _finish as _epilogue  # the same epilogue and split reduce as the GEMV
 from minfer.ops.cuda.gemv_repack import _reduce_kernel
+from minfer.ops.cuda.gemv_repack import load_configs  # noqa: F401  (the one table reader; tests call it here)
 from minfer.ops.cuda.gemv_repack_layout import Q6_K, REPACKED_TYPES, Repacked
 
 MAX_M = 256                           # largest M the kernel is made for (bigger: prefill's dequant + cuBLAS)
@@ -289,17 +289,7 @@ def _qgemm_kernel(p0, p1, p2, p3, x, out, part, cnt, bias, resid,
 # by minfer/bench/qgemm_sweep.py; shapes not listed take default_config.
 _CONFIG_FILE = os.path.join(os.path.dirname(__file__), "qgemm_repack_h200.json")
 _TARGET_PROGRAMS = 132 * 2            # two programs per H200 SM before K is split
-
-
-def load_configs(path: str = _CONFIG_FILE) -> dict:
-    try:
-        with open(path) as f:
-            return {k: tuple(v) for k, v in json.load(f).get("configs", {}).items()}
-    except FileNotFoundError:
-        return {}
-
-
-H200_CONFIGS = load_configs()
+H200_CONFIGS = load_configs(_CONFIG_FILE)
 
 
 def m_bucket(m: int) -> int:
