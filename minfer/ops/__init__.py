@@ -100,9 +100,9 @@ def rope(x, positions, cfg):
     return _backend(x).rope(x, positions, cfg)
 
 
-def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None = None):
-    """CUDA: rope(q) returned, rope(k) and v written to rows `positions` of the caches, in one
-    kernel; None when the fused kernel does not apply (partial rotary dims, mixed dtypes, or
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None = None, rows=None):
+    """CUDA: rope(q) returned, rope(k) and v written to rows `positions` (or `rows`: a paged
+    cache's slots) of the caches, in one kernel; None when the fused kernel does not apply (partial rotary dims, mixed dtypes, or
     Switches.fused_rope_kv off) -- the caller then runs rope, rope and its own write."""
     if q.device.type != "cuda":
         return None
@@ -115,7 +115,7 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None
     from minfer.ops.cuda.pdl import enabled
 
     return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache,
-                                     pdl=enabled(sw, q.device, "rope_kv", early_ok=True))
+                                     pdl=enabled(sw, q.device, "rope_kv", early_ok=True), rows=rows)
 
 
 def swiglu(gate, up, ctx: Context | None = None):

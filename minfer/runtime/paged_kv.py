@@ -132,6 +132,20 @@ class PagedKVCache:
         kl.index_copy_(0, st.slots, k.to(kl.dtype))
         vl.index_copy_(0, st.slots, v.to(vl.dtype))
 
+    def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
+                      ctx=None) -> torch.Tensor:
+        """rope(q) returned; rope(k) and v stored at the step's slots (the optional Cache protocol
+        method, as kv_cache.KVCache's): on CUDA one kernel (ops.rope_kv_write with rows = slots)
+        where it applies, else rope, rope and write()."""
+        st = self.step
+        if self.k.device.type == "cuda":
+            out = ops.rope_kv_write(q, k, v, st.positions, rope, self.k[layer], self.v[layer], ctx, rows=st.slots)
+            if out is not None:
+                return out
+        q = ops.rope(q, st.positions, rope)
+        self.write(layer, ops.rope(k, st.positions, rope), v, step)
+        return q
+
     def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0) -> torch.Tensor:
         """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
         window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; that

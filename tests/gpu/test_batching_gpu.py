@@ -27,7 +27,8 @@ def rel(a, b):
 
 
 @pytest.mark.parametrize("B,H,hkv,dh,page,max_len", [(1, 28, 4, 128, 16, 3000), (37, 28, 4, 128, 16, 700),
-                                                     (128, 14, 2, 64, 16, 300), (5, 8, 8, 128, 32, 1000)])
+                                                     (128, 14, 2, 64, 16, 300), (5, 8, 8, 128, 32, 1000),
+                                                     (160, 28, 4, 128, 16, 900)])   # one split: no merge
 def test_paged_decode_kernel_matches_reference(B, H, hkv, dh, page, max_len):
     from minfer.ops.cuda.paged_attention import paged_decode_attention
     from minfer.runtime.paged_kv import paged_attention_ref
@@ -114,6 +115,7 @@ def test_greedy_alone_equals_among_31_others(model_path):
     crowd = _run(BatchEngine.from_engine(eng, max_seqs=32, kv_memory=256 << 20), prompts, n)
     counts = paths.snapshot()["counts"]
     assert counts.get("graph.batch_decode.replay", 0) > 0, counts
+    assert counts.get("rope_kv.triton", 0) > 0, counts      # the paged cache's fused rope + KV write
     differ = _check_same_or_near_tie(alone, crowd, 2e-2)
     print(f"alone vs among 31 others: {differ} of 32 answers flipped at a near-tie")
     # and the single-user Engine (contiguous cache, its own graphs) gives the alone answers

@@ -29,7 +29,9 @@ def M():
 
 @pytest.mark.parametrize("style", ["normal", "neox"])
 @pytest.mark.parametrize("t", [1, 3])
-def test_rope_kv_write_matches_rope_and_writes(M, style, t):
+@pytest.mark.parametrize("paged", [False, True])
+def test_rope_kv_write_matches_rope_and_writes(M, style, t, paged):
+    """paged: the keys/values go to `rows` (a paged cache's slots), rotated by `pos`."""
     cfg = RopeConfig(theta=1e6, style=style, n_rot=64)
     g = torch.Generator().manual_seed(t)
     H, Hkv, Dh, S = 6, 2, 64, 40
@@ -39,13 +41,15 @@ def test_rope_kv_write_matches_rope_and_writes(M, style, t):
     pos = torch.tensor([7, 30, 12][:t], dtype=torch.int64)
     kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
     kc0, vc0 = kc.clone(), vc.clone()
-    qr = M["norm_rope_act"].rope_kv_write(q, k, v, pos, cfg, kc, vc)
+    rows = torch.tensor([33, 2, 19][:t], dtype=torch.int64) if paged else None
+    qr = M["norm_rope_act"].rope_kv_write(q, k, v, pos, cfg, kc, vc, rows=rows)
     assert rel_err(qr, reference.rope(q, pos, cfg)) < 1e-6
     kr = reference.rope(k, pos, cfg)
-    for i, p in enumerate(pos.tolist()):
+    dest = pos if rows is None else rows
+    for i, p in enumerate(dest.tolist()):
         assert rel_err(kc[p], kr[i]) < 1e-6 and torch.equal(vc[p], v[i])
     rest = torch.ones(S, dtype=torch.bool)
-    rest[pos] = False
+    rest[dest] = False
     assert torch.equal(kc[rest], kc0[rest]) and torch.equal(vc[rest], vc0[rest])   # nothing else written
 
 

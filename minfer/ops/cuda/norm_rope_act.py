@@ -196,12 +196,13 @@ def rope(x: torch.Tensor, positions: torch.Tensor, cfg) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt, skh, svt, svh, sot, soh,
+def _rope_kv_kernel(q, k, v, pos, rows, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt, skh, svt, svh, sot, soh,
                     skp, skh2, svp, svh2, HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr,
-                    BHALF: tl.constexpr, PDL: tl.constexpr):
+                    BHALF: tl.constexpr, PDL: tl.constexpr, ROWS: tl.constexpr):
     """Heads [0, H) of q rotated to q_out; heads [H, H + HKV) of k rotated into the key cache at
-    row pos[t]; heads past that (v) copied into the value cache there. One launch for what
-    rope(q), rope(k) and the two cache writes did in four. PDL: see pdl.py."""
+    row pos[t] (ROWS: rows[t], a paged cache's slot); heads past that (v) copied into the value
+    cache there. One launch for what rope(q), rope(k) and the two cache writes did in four.
+    PDL: see pdl.py."""
     pdl_enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     hh = tl.program_id(1) * BH + tl.arange(0, BH)
@@ -209,6 +210,10 @@ def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt
     jm = j < HALF
     p = tl.load(pos + t)
     turns = p.to(tl.float64) * tl.load(inv_freq + j, mask=jm, other=0.0)    # as _rope_kernel
+    if ROWS:
+        r = tl.load(rows + t)
+    else:
+        r = p
     ang = (turns - tl.floor(turns)).to(tl.float32) * 6.283185307179586
     is_q = hh < H
     is_k = (hh >= H) & (hh < H + HKV)
@@ -225,17 +230,18 @@ def _rope_kv_kernel(q, k, v, pos, inv_freq, q_out, kc, vc, H, HKV, sqt, sqh, skt
         ib = 2 * j + 1
     m = (hh < H + 2 * HKV)[:, None] & jm[None, :]
     src = tl.where(is_q, q + t * sqt + hh * sqh, tl.where(is_k, k + t * skt + hk * skh, v + t * svt + hv * svh))
-    dst = tl.where(is_q, q_out + t * sot + hh * soh, tl.where(is_k, kc + p * skp + hk * skh2, vc + p * svp + hv * svh2))
+    dst = tl.where(is_q, q_out + t * sot + hh * soh, tl.where(is_k, kc + r * skp + hk * skh2, vc + r * svp + hv * svh2))
     a = tl.load(src[:, None] + ia[None, :], mask=m, other=0.0).to(tl.float32)
     b = tl.load(src[:, None] + ib[None, :], mask=m, other=0.0).to(tl.float32)
     tl.store(dst[:, None] + ia[None, :], (a * c - b * s).to(q_out.dtype.element_ty), mask=m)
     tl.store(dst[:, None] + ib[None, :], (a * s + b * c).to(q_out.dtype.element_ty), mask=m)
 
 
-def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0):
-    """q rotated (returned, (T, H, Dh)); k rotated and v stored at rows `positions` of the
-    caches (S, Hkv, Dh), in one launch. Caller's conditions: every head dim rotated (n_rot ==
-    Dh), one dtype for q/k/v/caches, positions in range (no host check here: graph replays)."""
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0, rows=None):
+    """q rotated (returned, (T, H, Dh)); k rotated and v stored at rows `positions` (or `rows`,
+    (T,) int64: a paged cache's slots) of the caches (S, Hkv, Dh), in one launch. Caller's
+    conditions: every head dim rotated (n_rot == Dh), one dtype for q/k/v/caches, rows in range
+    (no host check here: graph replays)."""
     t, h, dh = q.shape
     hkv = k.shape[1]
     paths.count("rope_kv.triton")
@@ -244,10 +250,11 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0):
     half = cfg.n_rot // 2
     bh = 8
     _rope_kv_kernel[(t, triton.cdiv(h + 2 * hkv, bh))](
-        q, k, v, positions, inv, out, k_cache, v_cache, h, hkv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        q, k, v, positions, positions if rows is None else rows, inv, out, k_cache, v_cache, h, hkv, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         v.stride(0), v.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), HALF=half, NEOX=cfg.style == "neox", BH=bh,
-        BHALF=triton.next_power_of_2(half), PDL=pdl, num_warps=4, **launch_kw(pdl))
+        BHALF=triton.next_power_of_2(half), PDL=pdl, ROWS=rows is not None, num_warps=4,
+        **launch_kw(pdl))
     return out
 
 

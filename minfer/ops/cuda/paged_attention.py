@@ -24,17 +24,23 @@ import torch
 import triton
 import triton.language as tl
 
+from minfer.ops import paths
+
 
 @triton.jit
 def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, part_l,
                          stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
-                         H, G, NS, sm_scale, keys_per_split,
+                         out, stride_ob, stride_oh,
+                         H, G, NS, sm_scale,
                          PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
-                         BS: tl.constexpr, IEEE: tl.constexpr):
+                         BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     L = tl.load(context_lens + b)
+    # the row's own length divided over the NS programs (whole key tiles each): the grid is fixed
+    # (a CUDA graph's), the work of each program follows the length of this step
+    keys_per_split = tl.cdiv(tl.cdiv(L, NS), BS) * BS
     s0 = sp * keys_per_split
     s1 = tl.minimum(s0 + keys_per_split, L)
     g = tl.arange(0, GP)
@@ -70,6 +76,10 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     om = gm[:, None] & dm[None, :]
+    if DIRECT:      # one split: the normalized output, no partials and no merge launch
+        tl.store(out + b * stride_ob + qh[:, None] * stride_oh + d[None, :],
+                 (acc / l_i[:, None]).to(out.dtype.element_ty), mask=om)
+        return
     base = (b * NS + sp) * H
     tl.store(part_o + (base + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + base + qh, m_i, mask=gm)
@@ -103,7 +113,8 @@ def _merge_kernel(part_o, part_m, part_l, out, stride_ob, stride_oh, H, NS,
 
 
 def split_count(batch: int, n_kv_heads: int, span: int, bs: int, target_programs: int = 264) -> int:
-    """Enough programs to fill the GPU (~2 per SM of an H200's 132), at least 2 key tiles each."""
+    """Enough programs to fill the GPU (~2 per SM of an H200's 132), at least 2 key tiles each
+    (of the span; the kernel divides each row's actual length over the splits)."""
     return max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(target_programs, batch * n_kv_heads)))
 
 
@@ -119,12 +130,17 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     span = block_tables.shape[1] * page
     if n_split is None:
         n_split = split_count(b, hkv, span, bs)
-    keys_per_split = triton.cdiv(triton.cdiv(span, n_split), bs) * bs
-    n_split = triton.cdiv(span, keys_per_split)
+    n_split = max(1, min(int(n_split), triton.cdiv(span, bs)))
     bd = triton.next_power_of_2(dh)
-    part_o = torch.empty((b, n_split, h, bd), dtype=torch.float32, device=q.device)
-    part_m = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
-    part_l = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
+    direct = n_split == 1
+    out = torch.empty((b, h, dh), dtype=q.dtype, device=q.device)
+    if direct:
+        paths.count("attention.paged_decode.one_split")
+        part_o = part_m = part_l = out          # unused by the one-split kernel
+    else:
+        part_o = torch.empty((b, n_split, h, bd), dtype=torch.float32, device=q.device)
+        part_m = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
+        part_l = torch.empty((b, n_split, h), dtype=torch.float32, device=q.device)
     qq = q if q.dtype == k_pages.dtype else q.to(k_pages.dtype)
     if qq.stride(-1) != 1:
         qq = qq.contiguous()
@@ -135,10 +151,11 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     _paged_decode_kernel[(b, hkv, n_split)](
         qq, kf, vf, bt, cl, part_o, part_m, part_l,
         qq.stride(0), qq.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), bt.stride(0),
-        h, g, n_split, 1.0 / dh ** 0.5, keys_per_split,
+        out, out.stride(0), out.stride(1),
+        h, g, n_split, 1.0 / dh ** 0.5,
         PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
-        IEEE=k_pages.dtype == torch.float32, num_warps=4)
-    out = torch.empty((b, h, dh), dtype=q.dtype, device=q.device)
-    _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
-                          D=dh, BD=bd, CH=16, num_warps=4)
+        IEEE=k_pages.dtype == torch.float32, DIRECT=direct, num_warps=4)
+    if not direct:
+        _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
+                              D=dh, BD=bd, CH=16, num_warps=4)
     return out
