@@ -75,6 +75,10 @@ class Switches:
     decode_attention: bool = _sw(True, "MINFER_DECODE_ATTN",
                                  "decode attention by the Triton split-K kernel (off: SDPA)")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
+    batch_async: bool = _sw(True, "MINFER_BATCH_ASYNC",
+                            "CUDA batch engine: a decode step whose rows all continue is launched from the "
+                            "previous step's tokens on the device before that step's results are read, so "
+                            "the host's per-step work (events, text, scheduling) overlaps the GPU's")
     prefill_graph: bool = _sw(True, "MINFER_PREFILL_GRAPH",
                               "prompts of gemv_max_m+1 .. prefill_graph_max tokens from position 0 "
                               "replay a CUDA graph of their padded length")

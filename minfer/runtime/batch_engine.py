@@ -19,6 +19,16 @@ Each `step()`:
    seeds) and turns each token into a GenEvent (streamed text, stop strings, end of turn),
    finishing sequences on stop or length.
 
+Asynchronous steps (CUDA, Switches.batch_async): a decode-only step whose rows need nothing
+from the host to sample (no logits processor, no penalty, no top log-probabilities) samples on
+the device and is held in flight; the next step() launches the step after it from those tokens
+on the device (same sequences, positions + 1, blocks grown ahead) *before* it reads the held
+step's tokens and makes their events, so the host's per-step work overlaps the GPU's. Events
+come one step() later. A sequence that ends on a stop while its next row already ran loses
+that row (its keys/values went to a block it held; the blocks are freed after, in stream
+order). Any step that needs the host (an admission, a cancel, a prefill chunk, a row that
+needs a block the pool lacks) runs after the held step is read, as before.
+
 The single-user `Engine` (engine.py) keeps its own contiguous cache and graphs; a BatchEngine
 made from it shares its weights, tokenizer and ops context.
 """
@@ -34,11 +44,11 @@ import torch
 
 from minfer.errors import MinferError
 from minfer.ops import paths
-from minfer.runtime.batch_sampling import sample_rows, token_logprobs
+from minfer.runtime.batch_sampling import chosen_logprobs, sample_rows, token_logprobs
 from minfer.runtime.block_manager import BlockManager
 from minfer.runtime.generate import GenEvent, StopMatcher
 from minfer.runtime.paged_kv import PagedKVCache, PagedStep
-from minfer.runtime.scheduler import Scheduler
+from minfer.runtime.scheduler import Scheduler, StepItem
 from minfer.runtime.sequence import Sequence, SeqStatus
 
 BLOCK_SIZE = 16                       # positions per KV block (vLLM's default page size)
@@ -60,10 +70,24 @@ class _Stream:
     logits: list = field(default_factory=list)   # with BatchEngine.keep_logits (tests)
 
 
+@dataclass
+class _Launched:
+    """A step whose forward is enqueued. Held (toks set): its rows were sampled on the device
+    and are read by the next step(); else `logits` are sampled on the host side at once."""
+
+    seqs: list                  # the sampled rows' sequences, in logits row order
+    logits: torch.Tensor        # (R, V) of those rows (a graph's buffer: valid until the next replay)
+    draw_pos: list              # index of the token each row draws (its seed's counter)
+    toks: torch.Tensor | None = None    # held: (R,) sampled on the device
+    lps: torch.Tensor | None = None     # held: (R,) their log-probabilities
+    kept: torch.Tensor | None = None    # held with keep_logits: (R, V) float32 copy
+
+
 class BatchEngine:
     def __init__(self, model, tokenizer=None, *, n_ctx: int, max_seqs: int, n_blocks: int,
                  block_size: int = BLOCK_SIZE, token_budget: int | None = None, prefix_cache: bool = True,
-                 ctx=None, cuda_graphs: bool = True, dense_planes: bool | None = None) -> None:
+                 ctx=None, cuda_graphs: bool = True, dense_planes: bool | None = None,
+                 async_steps: bool | None = None) -> None:
         self.model = model
         self.config = model.cfg
         self.tokenizer = tokenizer
@@ -99,6 +123,13 @@ class BatchEngine:
 
                 self.graphs = BatchDecodeGraphs(self, [b for b in GRAPH_BUCKETS if b <= _bucket(self.max_seqs)])
         self.keep_logits = False    # tests: each sampled row's logits kept in seq.state.logits (host)
+        sw = getattr(ctx, "switches", None)
+        # held decode steps (module docstring); default: on CUDA unless MINFER_BATCH_ASYNC=0. The
+        # CPU gains nothing (its forward is synchronous) but tests run the same logic there.
+        self.async_steps = (dev == "cuda" and (sw is None or sw.batch_async)) if async_steps is None else async_steps
+        if dev == "cuda" and not self.async_steps and async_steps is None:
+            paths.switched_off("batch.async_step", "MINFER_BATCH_ASYNC")
+        self._inflight: _Launched | None = None
         self.dense_plane_bytes = 0
         if dev == "cuda" and dense_planes is not False:
             self.dense_plane_bytes = attach_dense_planes(model, force=bool(dense_planes),
@@ -188,10 +219,11 @@ class BatchEngine:
                     self.scheduler.finish(seq, "cancel")
             self._seqs.clear()
             self._cancel.clear()
+            self._inflight = None
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or bool(self._cancel)
+        return self.scheduler.has_work or bool(self._cancel) or self._inflight is not None
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -200,7 +232,7 @@ class BatchEngine:
         """One engine step. Returns (sequence, event) pairs: a GenEvent per sampled token (its
         finish_reason set on the last), and (sequence, None) for a sequence that ended without
         a token now: cancelled (finish_reason 'cancel'), failed (seq.error), or asked for none
-        ('length')."""
+        ('length'). With held steps (module docstring) a step's events come one call later."""
         out: list[tuple[Sequence, GenEvent | None]] = []
         with self._lock:
             cancel, self._cancel = self._cancel, set()
@@ -213,12 +245,27 @@ class BatchEngine:
                 self.scheduler.finish(seq, "length")    # nothing to generate
                 self._seqs.pop(seq.seq_id, None)
                 out.append((seq, None))
-            sched = self.scheduler.schedule()
-        if not sched.items:
-            return out
-        items = sched.items
-        tokens = [t for it in items for t in it.seq.tokens[it.start:it.start + it.n]]
-        decode_only = sched.n_decode == len(items)
+        held, self._inflight = self._inflight, None
+        nxt = self._chain(held) if held is not None and not cancel else None
+        if held is not None:
+            out += self._finish(held)          # waits for the held step; the chained one runs meanwhile
+        if nxt is None:
+            with self._lock:
+                sched = self.scheduler.schedule()
+            if sched.items:
+                items = sched.items
+                tokens = [t for it in items for t in it.seq.tokens[it.start:it.start + it.n]]
+                ran = self._launch(items, tokens, sched.n_decode == len(items))
+                if ran is not None and ran.toks is None:
+                    out += self._finish(ran)
+                else:
+                    nxt = ran
+        self._inflight = nxt
+        return out
+
+    def _launch(self, items: list[StepItem], tokens, decode_only: bool, chained: bool = False) -> _Launched | None:
+        """Enqueue one step's forward (tokens: a host list, or a device tensor of a chained
+        step) and, when every sampled row allows it, its sampling on the device (held)."""
         logits = None
         if decode_only and self.graphs is not None:
             logits = self.graphs.run(items, tokens)
@@ -226,16 +273,79 @@ class BatchEngine:
                 self.stats["graph_steps"] += 1
         if logits is None:
             pstep = PagedStep.build(items, self.cache.block_size, self.device)
-            logits = self._forward(torch.tensor(tokens, dtype=torch.long, device=self.device), pstep)
+            tt = tokens if torch.is_tensor(tokens) else torch.tensor(tokens, dtype=torch.long, device=self.device)
+            logits = self._forward(tt, pstep)
         self.stats["steps"] += 1
-        self.stats["decode_rows"] += sched.n_decode
-        self.stats["prefill_tokens"] += sched.n_tokens - sched.n_decode
+        n_decode = sum(1 for it in items if it.is_decode)
+        self.stats["decode_rows"] += n_decode
+        self.stats["prefill_tokens"] += sum(it.n for it in items) - n_decode
         for it in items:
             it.seq.n_computed += it.n
-            self.blocks.commit(it.seq)
-        sampled = [it.seq for it in items if it.sample]
-        if sampled:
-            out += self._sample(sampled, logits[:len(sampled)])
+            if not chained:          # a chained row's fed token is appended when the held step is read
+                self.blocks.commit(it.seq)
+        sampled = [it for it in items if it.sample]
+        if not sampled:
+            return None
+        run = _Launched([it.seq for it in sampled], logits[:len(sampled)], [it.start + it.n for it in sampled])
+        if decode_only and self.async_steps and all(self._device_only(s) for s in run.seqs):
+            seqs = run.seqs
+            run.toks = sample_rows(run.logits, [s.params for s in seqs], [s.tokens for s in seqs],
+                                   [s.seed for s in seqs], run.draw_pos)
+            run.lps = chosen_logprobs(run.logits, run.toks)
+            if self.keep_logits:
+                run.kept = run.logits.float().clone()
+            paths.count("batch.async_step")
+        return run
+
+    @staticmethod
+    def _device_only(seq: Sequence) -> bool:
+        """Its next token needs nothing from the host: no logits processor, penalty or top log-probs."""
+        p = seq.params
+        return (not seq.state.processors and not seq.top_logprobs and p.repeat_penalty == 1.0
+                and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
+
+    def _chain(self, held: _Launched) -> _Launched | None:
+        """Launch the decode step after the held one from its device tokens, when nothing needs
+        the host first: no waiting sequence that could be admitted, every running sequence a row
+        of the held step, and a block for each row that crosses into a new one."""
+        if held.toks is None:
+            return None
+        with self._lock:
+            sch = self.scheduler
+            seqs = held.seqs
+            if ((sch.waiting and len(sch.running) < self.max_seqs) or len(sch.running) != len(seqs)
+                    or any(s.status is not SeqStatus.RUNNING for s in seqs)):
+                return None
+            # rows whose held token is not their last (a length finish is known now; a stop is not)
+            rows = [r for r, s in enumerate(seqs) if s.n_generated + 1 < s.max_new_tokens]
+            if not rows:
+                return None
+            bs = self.cache.block_size
+            grow = [seqs[r] for r in rows if seqs[r].n_computed >= len(seqs[r].block_table) * bs]
+            if len(grow) > self.blocks.n_free:
+                return None                     # the synchronous step preempts
+            for s in grow:
+                self.blocks.grow(s, s.n_computed + 1)
+            items = [StepItem(seqs[r], seqs[r].n_computed, 1, True, True) for r in rows]
+        toks = held.toks
+        if len(rows) < len(seqs):
+            toks = toks.index_select(0, torch.tensor(rows, dtype=torch.long).to(toks.device, non_blocking=True))
+        paths.count("batch.async_chain")
+        return self._launch(items, toks, True, chained=True)
+
+    def _finish(self, run: _Launched) -> list[tuple[Sequence, GenEvent | None]]:
+        if run.toks is None:
+            return self._sample(run.seqs, run.logits, run.draw_pos)
+        toks, lps = run.toks.tolist(), run.lps.tolist()        # waits for the step
+        kept = run.kept.cpu() if run.kept is not None else None
+        out: list[tuple[Sequence, GenEvent | None]] = []
+        now = time.perf_counter()
+        for r, seq in enumerate(run.seqs):
+            if seq.finished:        # cancelled, or ended on a stop while this row ran: dropped
+                continue
+            if kept is not None:
+                seq.state.logits.append(kept[r])
+            out.append(self._emit(seq, toks[r], lps[r], [], now))
         return out
 
     def _forward(self, tokens: torch.Tensor, pstep: PagedStep) -> torch.Tensor:
@@ -245,7 +355,7 @@ class BatchEngine:
         self.cache.step = pstep
         return self.model.forward(tokens, Step(pstep.positions, None, pstep.logit_rows), self.cache, self.ctx)
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[tuple[Sequence, GenEvent | None]]:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, draw_pos: list[int]) -> list[tuple[Sequence, GenEvent | None]]:
         out: list[tuple[Sequence, GenEvent | None]] = []
         x = logits
         for r, seq in enumerate(seqs):
@@ -266,26 +376,31 @@ class BatchEngine:
         if len(keep) < len(seqs):
             idx = torch.tensor(keep, dtype=torch.long, device=logits.device)
             seqs, logits, x = [seqs[r] for r in keep], logits.index_select(0, idx), x.index_select(0, idx)
+            draw_pos = [draw_pos[r] for r in keep]
         if not seqs:
             return out
         if self.keep_logits:
             for seq, row in zip(seqs, logits.float().cpu()):
                 seq.state.logits.append(row)
         params = [s.params for s in seqs]
-        toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs],
-                           [len(s.tokens) for s in seqs])
+        toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs], draw_pos)
         lps, tops = token_logprobs(logits, toks, [s.top_logprobs for s in seqs])
         now = time.perf_counter()
         for seq, tok, lp, top in zip(seqs, toks.tolist(), lps, tops):
-            seq.tokens.append(tok)
-            if seq.t_first_token is None:
-                seq.t_first_token = now
-            seq.t_last_token = now
-            ev = self._event(seq, tok, lp, top)
-            if ev.finish_reason is not None:
-                self._end(seq, ev.finish_reason)
-            out.append((seq, ev))
+            out.append(self._emit(seq, tok, lp, top, now))
         return out
+
+    def _emit(self, seq: Sequence, tok: int, lp: float, top: list, now: float) -> tuple[Sequence, GenEvent]:
+        """seq's new token: appended (its block hashes committed), its event made, its end applied."""
+        seq.tokens.append(tok)
+        self.blocks.commit(seq)     # a chained row's block may have become full with this token
+        if seq.t_first_token is None:
+            seq.t_first_token = now
+        seq.t_last_token = now
+        ev = self._event(seq, tok, lp, top)
+        if ev.finish_reason is not None:
+            self._end(seq, ev.finish_reason)
+        return seq, ev
 
     def _end(self, seq: Sequence, reason: str) -> None:
         self.scheduler.finish(seq, reason)

@@ -39,14 +39,25 @@ class _Bucket:
         self.failed = False
 
     def load(self, items, tokens, block_size: int, max_blocks: int) -> None:
+        """The step's inputs into the static tensors, stream-ordered without a host wait (pinned
+        copies): a held step may still be running (batch_engine.py). tokens: a host list, or a
+        device tensor (a chained step's tokens, sampled by the step before)."""
         host = PagedStep.build(items, block_size, "cpu", pad_decode_to=self.n, max_blocks=max_blocks)
-        self.tokens.copy_(torch.tensor(tokens + [0] * (self.n - len(tokens)), dtype=torch.long),
-                          non_blocking=False)
+        if torch.is_tensor(tokens):
+            if len(items) < self.n:
+                self.tokens.zero_()
+            self.tokens[:len(items)].copy_(tokens)
+        else:
+            _h2d(self.tokens, torch.tensor(tokens + [0] * (self.n - len(tokens)), dtype=torch.long))
         s = self.step
-        s.positions.copy_(host.positions)
-        s.slots.copy_(host.slots)
-        s.block_tables.copy_(host.block_tables)
-        s.context_lens.copy_(host.context_lens)
+        _h2d(s.positions, host.positions)
+        _h2d(s.slots, host.slots)
+        _h2d(s.block_tables, host.block_tables)
+        _h2d(s.context_lens, host.context_lens)
+
+
+def _h2d(dst: torch.Tensor, src: torch.Tensor) -> None:
+    dst.copy_(src.pin_memory() if dst.device.type == "cuda" else src, non_blocking=True)
 
 
 class BatchDecodeGraphs:

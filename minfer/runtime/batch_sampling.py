@@ -64,9 +64,19 @@ def apply_penalties_rows(logits: torch.Tensor, histories: Seq[Seq[int]], params:
     return out
 
 
+def _to(values, device, dtype=None) -> torch.Tensor:
+    """A host list on `device` without waiting for the device (pinned memory, non-blocking copy):
+    a held batch step (batch_engine.py) samples while the GPU still runs the step before it."""
+    t = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t
+
+
 def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], seeds: Seq[int],
                 positions: Seq[int]) -> torch.Tensor:
-    """logits (R, V) float32 -> token ids (R,) int64 on the logits' device."""
+    """logits (R, V) float32 -> token ids (R,) int64 on the logits' device, without a device
+    sync. positions: the index in its sequence of the token each row draws (the draw's counter)."""
     x = apply_penalties_rows(logits.float(), histories, params)
     R, V = x.shape
     dev = x.device
@@ -76,27 +86,33 @@ def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], see
     if all(greedy):
         return out
     sampled = [i for i, g in enumerate(greedy) if not g]
-    rows = torch.tensor(sampled, dtype=torch.long, device=dev)
+    rows = _to(sampled, dev, torch.long)
     ps = [params[i] for i in sampled]
     xs = x.index_select(0, rows)                                                # (r, V)
     srt, order = xs.sort(-1, descending=True)
     rank = torch.arange(V, device=dev)[None, :]
-    k = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps], device=dev)[:, None]
+    k = _to([p.top_k if 0 < p.top_k < V else V for p in ps], dev)[:, None]
     srt = srt.masked_fill(rank >= k, -math.inf)                                 # top-k
     probs = torch.softmax(srt.double(), -1)
     before = torch.cumsum(probs, -1) - probs                                    # mass above each rank
-    top_p = torch.tensor([p.top_p for p in ps], device=dev, dtype=torch.float64)[:, None]
+    top_p = _to([p.top_p for p in ps], dev, torch.float64)[:, None]
     srt = srt.masked_fill((before >= top_p) & (top_p < 1.0), -math.inf)        # top-p (crossing kept)
-    min_p = torch.tensor([max(p.min_p, 0.0) for p in ps], device=dev)[:, None]
+    min_p = _to([max(p.min_p, 0.0) for p in ps], dev)[:, None]
     floor = torch.where(min_p > 0, srt[:, :1] + torch.log(min_p.clamp_min(1e-30)), torch.full_like(min_p, -math.inf))
     srt = srt.masked_fill(srt < floor, -math.inf)                               # min-p
-    temp = torch.tensor([p.temperature for p in ps], device=dev)[:, None]
-    sel_seeds = torch.tensor([seeds[i] for i in sampled], device=dev)
-    sel_pos = torch.tensor([positions[i] for i in sampled], device=dev)
+    temp = _to([p.temperature for p in ps], dev)[:, None]
+    sel_seeds = _to([seeds[i] for i in sampled], dev)
+    sel_pos = _to([positions[i] for i in sampled], dev)
     u = uniforms(sel_seeds, sel_pos, V).gather(1, order)                        # noise of each sorted token
     g = srt / temp - torch.log(-torch.log(u))
     pick = order.gather(1, g.argmax(-1, keepdim=True)).squeeze(1)
     return out.index_copy(0, rows, pick)
+
+
+def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The model's log-probabilities of the chosen tokens (R,), on the logits' device (no sync)."""
+    x = logits.float()
+    return x.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(x, -1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: Seq[int]):
@@ -106,8 +122,7 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: Seq[int]):
     tops = [[] for _ in top_n]
     if n_max <= 0:
         # the chosen tokens' log-probabilities only: one reduction, no (R, V) log-softmax written
-        x = logits.float()
-        return (x.gather(1, tokens[:, None]).squeeze(1) - torch.logsumexp(x, -1)).tolist(), tops
+        return chosen_logprobs(logits, tokens).tolist(), tops
     lp_all = torch.log_softmax(logits.float(), -1)
     lp = lp_all.gather(1, tokens[:, None]).squeeze(1).tolist()
     if n_max > 0:
