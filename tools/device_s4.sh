@@ -19,6 +19,7 @@ for step in $STEPS; do
       timeout ${TESTS_TIMEOUT:-220} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${TESTS:-tests/gpu} \
         >"$OUT/pytest-gpu.log" 2>&1
       grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | head -20
+      grep -E "^E |^>|Error" "$OUT/pytest-gpu.log" | head -${FAIL_LINES:-30}
       summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log")";;
     bench)
       waitq7
