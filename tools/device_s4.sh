@@ -43,9 +43,12 @@ for step in $STEPS; do
       waitq7
       for setting in ${PAB:-MINFER_BATCH_ASYNC=1 MINFER_BATCH_ASYNC=0}; do
         env $setting timeout ${PARALLEL_TIMEOUT:-150} $M bench -m $Q7 --device cuda --parallel ${BATCHES:-32,128} \
-          -p 512 -n 128 >"$OUT/pab-$setting.log" 2>&1
-        summary="$summary\n$setting:\n$(grep '^|' "$OUT/pab-$setting.log" | tail -4)"
+          -p 512 -n 128 >"$OUT/pab-${setting//=/_}.log" 2>&1
+        summary="$summary\n$setting:\n$(grep '^|' "$OUT/pab-${setting//=/_}.log" | tail -4)"
       done;;
+    diag)
+      waitq7
+      timeout ${DIAG_TIMEOUT:-240} python3 tools/diag_async.py $Q7 >"$OUT/diag.log" 2>&1; tail -80 "$OUT/diag.log";;
     *) echo "unknown step $step";;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"
