@@ -23,6 +23,22 @@ for a in (True, False):
     while not all(s.n_generated >= 2 for s in seqs):
         be.step()
     torch.cuda.synchronize()
+    if a:     # which host calls wait for the device in held steps (torch's sync debug mode)
+        import traceback, warnings
+        seen = {}
+        def show(msg, cat, fn, ln, file=None, line=None):
+            st = "".join(traceback.format_stack(limit=9)[:-2])
+            seen[st] = seen.get(st, 0) + 1
+        old = warnings.showwarning
+        warnings.showwarning = show
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        for _ in range(4):
+            be.step()
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = old
+        for st, n in seen.items():
+            print(f"--- sync x{n} at:\n{st}")
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         t0 = time.perf_counter()
         for _ in range(8):
