@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
 
 from minfer.limits import MAX_MESSAGES  # more messages get a 400 before any rendering
 
@@ -28,9 +28,25 @@ MAX_STOP = 16
 MAX_TOP_LOGPROBS = 20
 
 
+def _json_number(v: Any) -> Any:
+    """Numbers must be JSON numbers, as in OpenAI's API: pydantic's lax mode would turn "5" into 5
+    and true into 1, so a client's bug ("max_tokens": true) would silently become another request.
+    An integral float (5.0) still passes for an integer field, as pydantic's lax mode allows."""
+    if isinstance(v, bool):
+        raise ValueError("expected a number, got a boolean")
+    if isinstance(v, str):
+        raise ValueError("expected a number, got a string")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_json_number)]
+Float = Annotated[float, BeforeValidator(_json_number)]
+Bool = Annotated[bool, Strict()]   # true or false only, not "yes", 1 or "true"
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    include_usage: Bool = False
 
 
 class _Sampling(BaseModel):
@@ -39,22 +55,22 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    max_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    max_tokens: Annotated[Int, Field(ge=1)] | None = None
+    temperature: Annotated[Float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = None
     # 0 (and -1, llama.cpp's spelling) mean "no top-k cut"
-    top_k: Annotated[int, Field(ge=-1)] | None = None
-    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[float, Field(gt=0.0)] | None = None
-    seed: int | None = None
+    top_k: Annotated[Int, Field(ge=-1)] | None = None
+    min_p: Annotated[Float, Field(ge=0.0, le=1.0)] | None = None
+    presence_penalty: Annotated[Float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[Float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[Float, Field(gt=0.0)] | None = None
+    seed: Int | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
-    stream: bool = False
+    stream: Bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Int = 1
     # token id (as a string key, OpenAI's form) -> bias added to its logit, -100..100
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: dict[str, Annotated[Float, Field(ge=-100.0, le=100.0)]] | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -166,13 +182,13 @@ class ResponseFormat(BaseModel):
 class ChatCompletionRequest(_Sampling):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     # OpenAI's newer name for max_tokens; it wins when both are given
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    logprobs: bool = False
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    max_completion_tokens: Annotated[Int, Field(ge=1)] | None = None
+    logprobs: Bool = False
+    top_logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: Bool | None = None
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
@@ -191,10 +207,10 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     # a string, a list holding one string, or a list of token ids
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[list[int], Field(min_length=1)]
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] | Annotated[list[Int], Field(min_length=1)]
     # completions' logprobs is the number of alternatives (OpenAI caps it at 5)
-    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    echo: bool = False
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    echo: Bool = False
     # not in OpenAI's completions API; vLLM and llama.cpp's server take a JSON constraint here too
     response_format: "ResponseFormat | None" = None
 

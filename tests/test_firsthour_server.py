@@ -1,0 +1,79 @@
+"""A new user's first requests to `minfer serve`, with mistakes: numbers and booleans sent as the
+wrong JSON type are 400s naming the field (pydantic's lax mode used to turn "5" into 5 and true
+into 1, so the request silently became another one). The tiny synthetic model serves them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+CHAT = "/v1/chat/completions"
+COMPL = "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.runtime.engine import Engine
+    from minfer.server import create_app
+
+    path = write_synth(tmp_path_factory.mktemp("fh") / "tiny.gguf", get_preset("tiny"), "q8_0",
+                       progress=False).path
+    app = create_app(lambda: Engine.load(str(path), device="cpu", ctx=64), served_name="tiny")
+    with TestClient(app) as c:
+        deadline = time.monotonic() + 300   # hang guard, not a timing assertion
+        while c.get("/health").status_code != 200:
+            assert time.monotonic() < deadline, "the tiny model never loaded"
+            time.sleep(0.05)
+        yield c
+
+
+def chat(**kw):
+    return {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0, **kw}
+
+
+def compl(**kw):
+    return {"prompt": "hi", "max_tokens": 2, "temperature": 0, **kw}
+
+
+def bad(client, path, body, field, what):
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["type"] == "invalid_request_error", err
+    assert field in err["message"] and what in err["message"], err
+
+
+@pytest.mark.parametrize("field,value,what", [
+    ("max_tokens", "5", "string"), ("max_tokens", True, "boolean"),
+    ("max_completion_tokens", "3", "string"), ("temperature", "0.5", "string"),
+    ("temperature", False, "boolean"), ("top_p", "1", "string"), ("top_k", True, "boolean"),
+    ("seed", "42", "string"), ("n", "1", "string"), ("presence_penalty", "0", "string"),
+    ("stream", "yes", "boolean"), ("stream", 1, "boolean"), ("logprobs", "true", "boolean"),
+])
+def test_chat_fields_of_the_wrong_json_type_are_400s(client, field, value, what):
+    bad(client, CHAT, chat(**{field: value}), field, what)
+
+
+@pytest.mark.parametrize("field,value,what", [
+    ("max_tokens", "2", "string"), ("echo", "false", "boolean"), ("logprobs", True, "boolean"),
+    ("stream", "true", "boolean"),
+])
+def test_completion_fields_of_the_wrong_json_type_are_400s(client, field, value, what):
+    bad(client, COMPL, compl(**{field: value}), field, what)
+
+
+def test_token_id_prompts_take_integers_only(client):
+    r = client.post(COMPL, json=compl(prompt=[1, True, 3]))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert client.post(COMPL, json=compl(prompt=[1, 2, 3])).status_code == 200
+
+
+def test_right_types_still_work(client):
+    # an integer for a float field and an integral float for an integer field stay accepted
+    r = client.post(CHAT, json=chat(temperature=0, top_p=1, max_tokens=2.0, seed=7, stream=False))
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 2
