@@ -31,7 +31,8 @@ def parents() -> list[argparse.ArgumentParser]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file to score (UTF-8)")
     p.set_defaults(ctx=512)   # llama-perplexity's chunk size; -c sets it
-    p.add_argument("--chunks", type=int, default=-1, help="score at most this many chunks; -1 = all (default)")
+    p.add_argument("--chunks", type=int, default=-1,
+                   help="score at most this many chunks (at least 1); -1 = all (default)")
 
 
 def score_chunk(eng, chunk: list[int]):
@@ -81,14 +82,21 @@ def main(args) -> int:
     from minfer.errors import MinferError
 
     path = Path(args.file)
-    if not path.is_file():
-        raise MinferError(f"{path}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise MinferError(f"{path}: not UTF-8 text ({e})") from e
+    # every check that needs no model comes before the load (seconds to minutes)
     if args.ctx < 4:
         raise MinferError(f"-c must be at least 4, got {args.ctx}")
+    if args.chunks == 0:   # a negative count means all, as llama-perplexity's --chunks
+        raise MinferError("--chunks 0: expected a number of chunks >= 1, or -1 for all")
+    if path.is_dir():
+        raise MinferError(f"{path}: a directory, not a text file (-f/--file takes a file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise MinferError(f"{path}: no such file") from e
+    except OSError as e:
+        raise MinferError(f"{path}: cannot read the text file: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise MinferError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     eng = load_engine(args)
     tok = eng.tokenizer
     tokens = tok.encode(text)   # with BOS when the model adds one, as llama.cpp's common_tokenize(.., true)
