@@ -44,3 +44,39 @@ def test_a_mistyped_model_name_suggests_the_catalog_name(capsys, typed, meant):
 def test_no_suggestion_when_nothing_is_close(capsys, typed):
     line = one_error_line(capsys, ["run", "-m", typed, "hi"])
     assert "no such file" in line and "Did you mean" not in line, line
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The synthetic tiny model (4 layers, a byte-level vocab), written once for this module."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+
+    return str(write_synth(tmp_path_factory.mktemp("fh") / "tiny.gguf", get_preset("tiny"), "q8_0",
+                           progress=False).path)
+
+
+def test_perplexity_bad_inputs_are_one_line_before_the_load(capsys, tmp_path, tiny):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world " * 200)
+    # --chunks 0 used to reach a division by zero after scoring nothing; it is checked before the
+    # model is even looked for (the model named here does not exist)
+    line = one_error_line(capsys, ["perplexity", "-m", "/no/model.gguf", "-f", str(text), "--chunks", "0"])
+    assert "--chunks 0" in line, line
+    line = one_error_line(capsys, ["perplexity", "-m", tiny, "-f", str(tmp_path)])
+    assert "a directory" in line and str(tmp_path) in line, line
+    line = one_error_line(capsys, ["perplexity", "-m", tiny, "-f", str(tmp_path / "none.txt")])
+    assert "no such file" in line, line
+    (tmp_path / "latin1.txt").write_bytes(b"caf\xe9 " * 100)
+    line = one_error_line(capsys, ["perplexity", "-m", tiny, "-f", str(tmp_path / "latin1.txt")])
+    assert "not UTF-8" in line and "byte 3" in line, line
+
+
+def test_perplexity_negative_chunks_mean_all_as_llama_perplexity(capsys, tmp_path, tiny):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert cli.main(["perplexity", "-m", tiny, "--device", "cpu", "-f", str(text), "-c", "64",
+                     "--chunks", "-5"]) == 0
+    out, err = capsys.readouterr()
+    n = int(err.split(" tokens, ")[1].split(" chunks")[0])
+    assert n >= 2 and f"[{n}]" in out and "Final estimate: PPL = " in out, (out, err)
