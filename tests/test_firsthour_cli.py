@@ -80,3 +80,11 @@ def test_perplexity_negative_chunks_mean_all_as_llama_perplexity(capsys, tmp_pat
     out, err = capsys.readouterr()
     n = int(err.split(" tokens, ")[1].split(" chunks")[0])
     assert n >= 2 and f"[{n}]" in out and "Final estimate: PPL = " in out, (out, err)
+
+
+def test_synth_into_a_directory_or_under_a_file_is_one_line(capsys, tmp_path):
+    line = one_error_line(capsys, ["synth", str(tmp_path), "--preset", "tiny", "--no-progress"])
+    assert "a directory" in line and str(tmp_path / "model.gguf") in line, line
+    (tmp_path / "f").write_text("")
+    line = one_error_line(capsys, ["synth", str(tmp_path / "f" / "x.gguf"), "--preset", "tiny", "--no-progress"])
+    assert line.startswith("minfer: error: ") and "cannot write" in line, line

@@ -57,6 +57,13 @@ def main(args: argparse.Namespace) -> int:
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import copied_tokenizer, write_synth
 
+    from pathlib import Path
+
+    from minfer.errors import MinferError
+
+    if Path(args.out).is_dir():
+        raise MinferError(f"{args.out}: a directory; OUT.gguf is the file to write, "
+                          f"e.g. {Path(args.out) / 'model.gguf'}")
     preset = get_preset(args.preset).with_overrides(args.arch, args.layers, args.vocab)
     tok = None
     if args.tokenizer_from:
@@ -64,7 +71,11 @@ def main(args: argparse.Namespace) -> int:
 
         tok = copied_tokenizer(resolve_model(args.tokenizer_from))
     t0 = time.perf_counter()
-    res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
+    try:
+        res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
+    except OSError as e:   # a parent that is a file, no permission, a full disk
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(args.out) else ""
+        raise MinferError(f"{args.out}: cannot write the model file: {e.strerror or e}{where}") from e
     dt = time.perf_counter() - t0
     types = ", ".join(f"{k} x{v}" for k, v in sorted(res.type_counts.items()))
     print(f"wrote {res.path}: {preset.name} ({preset.arch}, {preset.n_layers} layers, recipe "
