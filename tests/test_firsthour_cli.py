@@ -88,3 +88,16 @@ def test_synth_into_a_directory_or_under_a_file_is_one_line(capsys, tmp_path):
     (tmp_path / "f").write_text("")
     line = one_error_line(capsys, ["synth", str(tmp_path / "f" / "x.gguf"), "--preset", "tiny", "--no-progress"])
     assert line.startswith("minfer: error: ") and "cannot write" in line, line
+
+
+@pytest.mark.parametrize("name", [name for name, _ in cli.COMMANDS])
+def test_every_help_explains_with_examples_and_prints_clean_text(capsys, name):
+    with pytest.raises(SystemExit) as e:
+        cli.main([name, "--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    assert "example" in out.lower(), out[:300]
+    assert f"minfer {name} " in out.split("options:")[0].split("\n", 1)[1], "no example of the command itself"
+    # a description is printed as is: an escape such as \x1b written unescaped in its source
+    # would reach the terminal as a control character (inspect's did)
+    assert not [hex(ord(c)) for c in out if ord(c) < 32 and c != "\n"]

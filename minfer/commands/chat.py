@@ -23,13 +23,14 @@ the prompt comes back; Ctrl-C at the prompt clears the line. When the conversati
 fits in the context (-c), the oldest turns are dropped, and the chat says so; a single
 message too long for the context is refused and the prompt comes back.
 
-Works with piped input too:
-
-  printf 'Hi!\\nWhat did I just say?\\n' | minfer chat -m smollm2-135m-instruct --temp 0
-
 The model may also be named first, as with `ollama run`: `minfer chat smollm2-135m-instruct`.
 
 Only the new part of the conversation is computed each turn: the KV cache keeps the rest.
+
+examples:
+  minfer chat smollm2-135m-instruct
+  minfer chat -m qwen2.5-coder-0.5b-instruct -sys "Answer in one sentence" --temp 0
+  printf 'Hi!\\nWhat did I just say?\\n' | minfer chat -m smollm2-135m-instruct --temp 0   # piped input
 """
 
 COMMANDS_HELP = "/reset starts over, /exit quits (Ctrl-D too), Ctrl-C stops a reply"

@@ -18,7 +18,7 @@ by ggml type (count, bytes, share of all tensor bytes). Nothing is loaded into m
 the file is validated and memory-mapped.
 
 Works on any architecture, including ones minfer cannot run yet. Names and values come
-from the file, so they are shown escaped (control characters as \x1b ...) and cut; metadata
+from the file, so they are shown escaped (control characters as \\x1b ...) and cut; metadata
 keys minfer would refuse are marked, with what is wrong.
 
 examples:

@@ -10,6 +10,10 @@ List the models that `minfer pull NAME` can fetch (and that any -m option accept
 name), with architecture, quantization, size, and whether the file is already in
 $MINFER_HOME/models (default ~/.cache/minfer). A name not yet pulled is pulled the
 first time a command asks for it.
+
+examples:
+  minfer list
+  minfer list --json | python -c "import json, sys; print([m['name'] for m in json.load(sys.stdin)])"
 """
 
 

@@ -81,6 +81,7 @@ class _Launched:
     toks: torch.Tensor | None = None    # held: (R,) sampled on the device
     lps: torch.Tensor | None = None     # held: (R,) their log-probabilities
     kept: torch.Tensor | None = None    # held with keep_logits: (R, V) float32 copy
+    host: tuple | None = None           # CUDA: (tokens, log-probs) pinned host copies, and the event after them
 
 
 class BatchEngine:
@@ -294,6 +295,20 @@ class BatchEngine:
             run.lps = chosen_logprobs(run.logits, run.toks)
             if self.keep_logits:
                 run.kept = run.logits.float().clone()
+            if run.toks.is_cuda:
+                # read back through pinned copies and an event recorded now: a plain .tolist() at
+                # _finish would also wait for the step chained after this one (stream order)
+                th = torch.empty(run.toks.shape, dtype=run.toks.dtype, pin_memory=True)
+                lh = torch.empty(run.lps.shape, dtype=run.lps.dtype, pin_memory=True)
+                th.copy_(run.toks, non_blocking=True)
+                lh.copy_(run.lps, non_blocking=True)
+                kh = None
+                if run.kept is not None:
+                    kh = torch.empty(run.kept.shape, dtype=run.kept.dtype, pin_memory=True)
+                    kh.copy_(run.kept, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+                run.host = (th, lh, kh, ev)
             paths.count("batch.async_step")
         return run
 
@@ -336,8 +351,13 @@ class BatchEngine:
     def _finish(self, run: _Launched) -> list[tuple[Sequence, GenEvent | None]]:
         if run.toks is None:
             return self._sample(run.seqs, run.logits, run.draw_pos)
-        toks, lps = run.toks.tolist(), run.lps.tolist()        # waits for the step
-        kept = run.kept.cpu() if run.kept is not None else None
+        if run.host is not None:
+            th, lh, kept, ev = run.host
+            ev.synchronize()                    # this step only, not the chained one behind it
+            toks, lps = th.tolist(), lh.tolist()
+        else:
+            toks, lps = run.toks.tolist(), run.lps.tolist()
+            kept = run.kept.cpu() if run.kept is not None else None
         out: list[tuple[Sequence, GenEvent | None]] = []
         now = time.perf_counter()
         for r, seq in enumerate(run.seqs):
