@@ -101,3 +101,46 @@ def test_every_help_explains_with_examples_and_prints_clean_text(capsys, name):
     # a description is printed as is: an escape such as \x1b written unescaped in its source
     # would reach the terminal as a control character (inspect's did)
     assert not [hex(ord(c)) for c in out if ord(c) < 32 and c != "\n"]
+
+
+@pytest.mark.parametrize("flags,expect", [
+    (["--kv-memory", "8G"], "--kv-memory applies to the batched table only"),   # was ignored
+    (["--dense-planes", "off"], "--dense-planes applies to the batched table only"),
+])
+def test_bench_flags_without_parallel_are_refused_before_the_load(capsys, flags, expect):
+    line = one_error_line(capsys, ["bench", "-m", "/no/model.gguf", "-p", "8", "-n", "0", *flags])
+    assert expect in line, line
+
+
+def test_bench_sizes_and_out_are_checked_before_measuring(capsys, tmp_path):
+    # a size that is not one: argparse's usage error at once (was read only with --parallel)
+    line = one_error_line(capsys, ["bench", "--parallel", "1", "--kv-memory", "lots"], rc=2)
+    assert "--kv-memory" in line and "lots" in line, line
+    line = one_error_line(capsys, ["bench", "--parallel", "1", "--kv-memory", "0"], rc=2)
+    assert "above 0" in line, line
+    # --out a directory: refused before the model is looked for, not after the whole run
+    line = one_error_line(capsys, ["bench", "-m", "/no/model.gguf", "-p", "8", "--out", str(tmp_path)])
+    assert "a directory" in line and str(tmp_path / "run.json") in line, line
+
+
+@pytest.mark.parametrize("flags,expect", [
+    (["-np", "-2"], "-np/--parallel -2"),      # was refused only by the background load, after start
+    (["--served-name", ""], "--served-name is empty"),
+    (["--alias", "gpt-4", "--alias", " "], "--alias is empty"),
+])
+def test_serve_flags_are_checked_before_the_model(capsys, flags, expect):
+    line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", *flags])
+    assert expect in line, line
+
+
+def test_serve_kv_memory_without_parallel_warns(capsys, tiny):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli.main(["serve", "-m", tiny, "--device", "cpu", "--port", str(port), "--kv-memory", "1G"]) == 1
+    err = capsys.readouterr().err
+    assert "warning: --kv-memory" in err and "changes nothing" in err, err
+    assert err.strip().splitlines()[-1].startswith("minfer: error: cannot listen"), err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 HELP = "measure prefill (pp) and generation (tg) speed, llama-bench style; A/B of switches"
 
@@ -61,6 +62,7 @@ def parents() -> list[argparse.ArgumentParser]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from minfer.commands.serve import parse_size
     p.add_argument("-p", "--n-prompt", type=_ints, default=[512], metavar="N[,N..]",
                    help="prompt lengths of the pp tests (default: 512; 0 = no pp test)")
     p.add_argument("-n", "--n-gen", type=_ints, default=[128], metavar="N[,N..]",
@@ -89,12 +91,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="instead: B sequences at once through the batch engine (continuous batching, "
                    "paged KV cache), llama-batched-bench's table for each B, with -p and -n (first "
                    "values) as the prompt and generated lengths, e.g. --parallel 1,8,32,128")
-    p.add_argument("--kv-memory", default=None, metavar="SIZE",
+    p.add_argument("--kv-memory", type=parse_size, default=None, metavar="SIZE",
                    help="with --parallel: paged KV cache size, e.g. 16G (default: every sequence's "
                    "whole context, twice)")
     p.add_argument("--dense-planes", choices=["auto", "on", "off"], default="auto",
                    help="with --parallel on CUDA: a resident bf16 copy of every matrix for cuBLAS "
                    "(auto: when it takes at most half the free memory; off: dequantize per step)")
+
+
+def check_out(out: str | None) -> None:
+    """--out, checked before minutes of measuring: a directory or an unwritable place is an error
+    now, not a traceback once the run is done."""
+    from pathlib import Path
+
+    from minfer.errors import MinferError
+
+    if out is None:
+        return
+    p = Path(out)
+    if p.is_dir():
+        raise MinferError(f"--out {out}: a directory; --out names the JSON file to write, e.g. "
+                          f"{p / 'run.json'}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise MinferError(f"--out {out}: cannot create its folder: {e.strerror or e}") from e
+    if not os.access(p.parent, os.W_OK):
+        raise MinferError(f"--out {out}: its folder {p.parent} is not writable")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -104,6 +127,12 @@ def main(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    from minfer.errors import MinferError
+
+    if not args.parallel and (args.kv_memory is not None or args.dense_planes != "auto"):
+        flag = "--kv-memory" if args.kv_memory is not None else "--dense-planes"
+        raise MinferError(f"{flag} applies to the batched table only: give --parallel B[,B..] too")
+    check_out(args.out)
     if args.plot:
         from minfer.bench.plot import plot_runs
 
@@ -150,7 +179,6 @@ def _parallel(args: argparse.Namespace) -> int:
 
     from minfer.bench.parallel import run_parallel, table
     from minfer.commands.common import apply_threads, device_from_args, resolve_device
-    from minfer.commands.serve import parse_size
     from minfer.errors import MinferError
     from minfer.runtime.engine import Engine
 
@@ -160,7 +188,7 @@ def _parallel(args: argparse.Namespace) -> int:
     if pp < 1 or tg < 1 or min(args.parallel) < 1:
         raise MinferError("--parallel needs -p >= 1, -n >= 1 and batch sizes >= 1")
     eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
-    rows = run_parallel(eng, args.parallel, pp, tg, parse_size(args.kv_memory) if args.kv_memory else None,
+    rows = run_parallel(eng, args.parallel, pp, tg, args.kv_memory,
                         seed=args.seed, progress=not args.no_progress,
                         dense_planes={"auto": None, "on": True, "off": False}[args.dense_planes])
     from datetime import datetime, timezone

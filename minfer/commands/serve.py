@@ -65,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="serve up to N requests at once (continuous batching over a paged KV cache); "
                    "default: on CUDA as many as the KV memory holds at a quarter context each (at most "
-                   "256), on the CPU 1 (one at a time, first in first out)")
+                   "256), on the CPU 1 (one at a time, first in first out); 0: as many as the KV memory "
+                   "holds")
     p.add_argument("--kv-memory", type=parse_size, default=None, metavar="SIZE",
                    help="memory for the paged KV cache with --parallel, e.g. 8G or 512M (default: on CUDA "
                    "85%% of the free memory, at most N full contexts; on the CPU N full contexts)")
@@ -80,7 +81,10 @@ def parse_size(s: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", s)
     if not m:
         raise argparse.ArgumentTypeError(f"{s!r}: expected a size such as 8G, 512M or 1073741824")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+    n = int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected a size above 0, such as 8G or 512M")
+    return n
 
 
 def served_name_for(model_arg: str, path) -> str:
@@ -105,6 +109,12 @@ def main(args: argparse.Namespace) -> int:
         raise MinferError(f"--max-body {args.max_body}: expected at least 1024 bytes")
     if not 0 <= args.port <= 65535:
         raise MinferError(f"--port {args.port}: expected 0..65535")
+    if args.parallel is not None and args.parallel < 0:
+        raise MinferError(f"-np/--parallel {args.parallel}: expected a number of requests served at "
+                          "once >= 1 (0: as many as the KV memory holds)")
+    for flag, value in [("--served-name", args.served_name)] + [("--alias", a) for a in args.alias]:
+        if value is not None and not value.strip():
+            raise MinferError(f"{flag} is empty: clients send this name as `model`; give a name")
     if args.api_key is not None and not args.api_key.strip():
         raise MinferError("--api-key is empty (or $MINFER_API_KEY is set but empty): give a key, or "
                           "leave both unset to serve without authentication")
@@ -118,6 +128,10 @@ def main(args: argparse.Namespace) -> int:
     check_ctx(GGUFFile(path), args.ctx, device, warn)   # a context that cannot fit: one line, now
     apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
+    parallel = args.parallel if args.parallel is not None else (0 if device == "cuda" else 1)
+    if args.kv_memory is not None and parallel == 1:
+        warn(f"--kv-memory sizes the paged KV cache of -np N > 1; with one request at a time "
+             f"({'-np 1' if args.parallel == 1 else 'the default on ' + device}) it changes nothing")
 
     def load():
         from minfer.runtime.engine import Engine
@@ -148,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
     app = create_app(load, served_name=name, aliases=args.alias, cors_origins=args.cors, api_key=args.api_key,
                      max_body=args.max_body or DEFAULT_MAX_BODY, on_load_failed=on_load_failed,
                      special_in_content=args.special_in_content,
-                     parallel=args.parallel if args.parallel is not None else (0 if device == "cuda" else 1),
+                     parallel=parallel,
                      kv_memory=args.kv_memory)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
