@@ -144,3 +144,20 @@ def test_serve_kv_memory_without_parallel_warns(capsys, tiny):
     err = capsys.readouterr().err
     assert "warning: --kv-memory" in err and "changes nothing" in err, err
     assert err.strip().splitlines()[-1].startswith("minfer: error: cannot listen"), err
+
+
+def test_more_threads_than_cpus_are_cut_with_a_warning(capsys, tiny):
+    import torch
+
+    from minfer.commands.common import usable_cpus
+
+    before = torch.get_num_threads()
+    try:
+        # -t 1000 on 2 CPUs used to load for minutes (torch woke 1000 threads per parallel region)
+        assert cli.main(["run", "-m", tiny, "--device", "cpu", "-t", "4099", "--raw", "-n", "1",
+                         "--temp", "0", "hi"]) == 0
+        err = capsys.readouterr().err
+        assert torch.get_num_threads() == usable_cpus()
+        assert err.count("warning: -t/--threads 4099") == 1 and f"using {usable_cpus()}" in err, err
+    finally:
+        torch.set_num_threads(before)
