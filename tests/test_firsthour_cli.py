@@ -161,3 +161,46 @@ def test_more_threads_than_cpus_are_cut_with_a_warning(capsys, tiny):
         assert err.count("warning: -t/--threads 4099") == 1 and f"using {usable_cpus()}" in err, err
     finally:
         torch.set_num_threads(before)
+
+
+class _Stdin:
+    """Standard input holding `data`, a terminal or a pipe."""
+
+    def __init__(self, data: bytes, tty: bool):
+        import io
+
+        self.buffer, self._tty = io.BytesIO(data), tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.mark.parametrize("argv,stdin,src", [
+    (["", "--chat"], b"", "PROMPT gave no text"),
+    (["-p", ""], b"", "-p gave no text"),
+    (["--chat"], b"", "standard input gave no text"),      # `minfer run < /dev/null`
+    (["-"], b" \n\t\n", "standard input gave only white space"),
+    (["--raw"], b"", "standard input gave no text"),
+])
+def test_an_empty_prompt_is_an_error_not_an_answer_to_nothing(capsys, monkeypatch, tiny, argv, stdin, src):
+    # the tiny model has no chat template; --chat gives it ChatML, as a chat model would get its own.
+    # Before, an empty chat message was answered (the model made something up).
+    monkeypatch.setattr("sys.stdin", _Stdin(stdin, tty=False))
+    line = one_error_line(capsys, ["run", "-m", tiny, "--device", "cpu", "-n", "1", *argv])
+    assert "the prompt is empty" in line and src in line, line
+
+
+def test_raw_white_space_is_a_prompt(capsys, tiny):
+    assert cli.main(["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "1", "--temp", "0", " "]) == 0
+    assert "prompt: 1 tokens" in capsys.readouterr().err
+
+
+def test_reading_the_prompt_from_a_terminal_says_so(capsys, monkeypatch, tiny):
+    # `minfer run -m MODEL` typed alone used to wait for stdin in silence
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hello", tty=True))
+    assert cli.main(["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "1", "--temp", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("minfer: reading the prompt from standard input; end it with Ctrl-D"), err
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hello", tty=False))   # piped: nothing to say
+    assert cli.main(["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "1", "--temp", "0"]) == 0
+    assert "reading the prompt" not in capsys.readouterr().err

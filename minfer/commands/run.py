@@ -157,6 +157,10 @@ def read_prompt(args) -> str:
     if prompt is None or prompt == "-":
         from minfer.limits import read_stdin
 
+        if sys.stdin is not None and sys.stdin.isatty():
+            # `minfer run -m MODEL` with no prompt would otherwise wait in silence
+            print("minfer: reading the prompt from standard input; end it with Ctrl-D "
+                  "(or give it as PROMPT, -p or -f)", file=sys.stderr, flush=True)
         prompt = read_stdin("the prompt")
     return prompt
 
@@ -193,6 +197,13 @@ def main(args) -> int:
         raise MinferError("-sys/--system-prompt needs chat mode; drop --raw")
     if args.max_tokens < -1:
         raise MinferError(f"-n/--n-predict {args.max_tokens}: expected a number of tokens >= 0, or -1")
+    if not prompt.strip() and (prompt == "" or not args.raw):
+        # an empty chat message gets a made-up answer to nothing; an empty raw prompt has no token
+        src = ("-f " + args.file if args.file is not None else "-p" if args.prompt_opt is not None
+               else "PROMPT" if args.prompt not in (None, "-") else "standard input")
+        got = "no text" if not prompt else "only white space"
+        raise MinferError(f"the prompt is empty ({src} gave {got}): give the text to answer as PROMPT, "
+                          "with -p, -f FILE or on stdin")
     params = sampling_from_args(args)
     # "\n" typed on a shell arrives as backslash + n; non-ASCII text must survive the unescape
     stop = [unescape_flag(s, "--stop") for s in args.stop]
