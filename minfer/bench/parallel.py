@@ -9,9 +9,13 @@ into one BatchEngine (runtime/batch_engine.py) together, then each generates `tg
 
 as llama.cpp's llama-batched-bench (examples/batched-bench) reports PP, TG, B, N_KV, T_PP, S_PP,
 T_TG, S_TG, T, S. End-of-sequence tokens are ignored so every sequence generates exactly tg.
-Each B runs once untimed first (the same shapes: compiles kernels, captures the decode graph
-of its bucket, builds attention plans), then timed. Peak memory is torch's peak allocation
-during the timed run (CUDA).
+As there, the phases do not overlap: the scheduler holds decode rows until every prompt is
+prefilled (Scheduler.prefill_first), then the B sequences decode in the same tg steps. (A
+server interleaves them: decode rows first, prompts in chunks beside them; serve_bench.py
+measures that.) The decode graphs of all batch buckets are captured before the first timed run
+(BatchEngine.warm_graphs), and each B runs once untimed first (the same shapes: compiles
+kernels, builds attention plans), then timed. Peak memory is torch's peak allocation during
+the timed run (CUDA).
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
         kv_memory = (n_max * (-(-(pp + tg + 1) // BLOCK_SIZE)) + 2) * per_block * 2
     be = BatchEngine.from_engine(engine, max_seqs=n_max, kv_memory=kv_memory, cuda_graphs=graphs,
                                  prefix_cache=False, dense_planes=dense_planes)
+    be.scheduler.prefill_first = True
+    be.warm_graphs()
     if progress and be.dense_plane_bytes:
         import sys
 

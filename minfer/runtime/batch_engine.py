@@ -459,6 +459,11 @@ class BatchEngine:
                     events[seq.seq_id].append(ev)
         return [events[s.seq_id] for s in seqs]
 
+    def warm_graphs(self) -> int:
+        """CUDA: capture the decode graph of every batch bucket up front (batch_graphs.warm);
+        0 without graphs."""
+        return self.graphs.warm() if self.graphs is not None else 0
+
     def slots_info(self) -> dict:
         bm = self.blocks
         return {"slots": self.max_seqs, "running": len(self.scheduler.running),
@@ -472,6 +477,8 @@ def detach_dense_planes(model) -> None:
     for w in model.qweights():
         if getattr(w, "batch_dense", None) is not None:
             w.batch_dense = None
+        if getattr(w, "batch_dense_group", None) is not None:
+            w.batch_dense_group = None
 
 
 def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None, switches=None) -> int:
@@ -500,6 +507,7 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
                    and getattr(w, "batch_dense", None) is not None]
         for w in dropped:
             w.batch_dense = None
+            w.batch_dense_group = None
         if dropped and model.device.type == "cuda":
             torch.cuda.empty_cache()            # so that the KV cache sizing sees the memory free
         ws = [w for w in ws if getattr(w, "repacked", None) is None]
@@ -510,18 +518,42 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
         paths.fallback("qmatmul.dense_plane", f"{need / 2**30:.1f} GiB of planes > {DENSE_PLANE_FRACTION:.0%} "
                        f"of the {free / 2**30:.1f} GiB free")
         return 0
+    # a group the model multiplies by one input (q/k/v, gate/up: Model.decode_groups) gets ONE
+    # plane, each member a row-slice view of it: the same bytes, and qmatmul.linear_many runs the
+    # group as one cuBLAS GEMM (B=32 on the H200: 7 GEMMs per layer with 5 split-K reductions)
+    todo_ids = {id(w) for w in todo}
+    groups = [tuple(g) for g in (model.decode_groups() if hasattr(model, "decode_groups") else ())]
+    groups = [g for g in groups if len(g) > 1 and all(id(w) in todo_ids for w in g)
+              and len({w.shape[1] for w in g}) == 1]
+    in_group = {id(w) for g in groups for w in g}
+
+    def decode_into(w, out):
+        if w.qtype in dequant.FLOAT_TYPES:
+            out.copy_(_float_view(w).to(act))
+            return
+        decode = getattr(qmatmul, "dequantize_weight", None)   # raw blocks or repacked planes
+        if decode is not None:
+            decode(w, out, interp=dequant.interpret())
+        else:
+            dequant.dequantize_into(w.raw, w.qtype, w.shape[0], w.shape[1], out, interpret=dequant.interpret())
+
+    for g in groups:
+        plane = torch.empty((sum(w.shape[0] for w in g), g[0].shape[1]), dtype=act, device=model.device)
+        r = 0
+        for w in g:
+            w.batch_dense = plane[r:r + w.shape[0]]
+            decode_into(w, w.batch_dense)
+            r += w.shape[0]
+        g[0].batch_dense_group = (g, plane)
     for w in todo:
+        if id(w) in in_group:
+            continue
         n, k = w.shape
         if w.qtype in dequant.FLOAT_TYPES:
             w.batch_dense = _float_view(w).to(act).contiguous()
         else:
-            out = torch.empty((n, k), dtype=act, device=model.device)
-            decode = getattr(qmatmul, "dequantize_weight", None)   # raw blocks or repacked planes
-            if decode is not None:
-                decode(w, out, interp=dequant.interpret())
-            else:
-                dequant.dequantize_into(w.raw, w.qtype, n, k, out, interpret=dequant.interpret())
-            w.batch_dense = out
+            w.batch_dense = torch.empty((n, k), dtype=act, device=model.device)
+            decode_into(w, w.batch_dense)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
     return sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws

@@ -96,6 +96,29 @@ class BatchDecodeGraphs:
         b.graph = g
         paths.count("graph.batch_decode.capture")
 
+    def warm(self) -> int:
+        """Capture every bucket's graph now, on padding rows only (they write the reserved block
+        0): the first step of each batch size then replays instead of compiling kernels and
+        capturing in the middle of serving or of a timed run. Returns the graphs captured."""
+        eng = self.engine
+        n = 0
+        for size in self.buckets:
+            b = self._by_size.get(size)
+            if b is None:
+                b = self._by_size[size] = _Bucket(size, eng.max_blocks, eng.device)
+            if b.graph is not None or b.failed:
+                continue
+            b.load([], [], eng.cache.block_size, eng.max_blocks)
+            try:
+                self._capture(b)
+                n += 1
+            except RuntimeError as e:
+                paths.fallback("graph.batch_decode.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
+                b.failed = True
+        eng.cache.step = None
+        torch.cuda.synchronize(eng.device)
+        return n
+
     def run(self, items, tokens: list[int]) -> torch.Tensor | None:
         """Logits (bucket, V) of a decode-only step, or None when it must run eagerly."""
         size = self._bucket_for(len(items))

@@ -55,6 +55,10 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []    # in admission order: the newest last
         self.n_preemptions = 0
+        # benchmarks (bench/parallel.py, llama-batched-bench's phases): no decode row while a
+        # sequence waits or has not had its first token, so all prompts are prefilled first and
+        # then every sequence decodes in the same steps. Serving keeps decode rows first.
+        self.prefill_first = False
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -107,7 +111,8 @@ class Scheduler:
 
         # 1. decode rows (the oldest first: preemption takes the newest)
         bs = bm.block_size
-        for seq in list(self.running):
+        hold = self.prefill_first and (bool(self.waiting) or any(s.n_generated == 0 for s in self.running))
+        for seq in ([] if hold else list(self.running)):
             n_tok = len(seq.tokens)
             if (seq.status is not SeqStatus.RUNNING or n_tok - seq.n_computed != 1
                     or n_tok == len(seq.prompt_ids)):
@@ -137,7 +142,7 @@ class Scheduler:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.seq_id in scheduled:
+            if seq.seq_id in scheduled or (hold and seq.n_generated > 0):
                 continue
             n = self._fit(seq, min(seq.n_pending, budget))
             if n > 0:

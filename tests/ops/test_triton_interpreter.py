@@ -134,6 +134,11 @@ def test_rms_norm_swiglu(K):
     assert rel_err(K.nra.rms_norm(x, wt, 1e-6), reference.rms_norm(x.double(), wt.double(), 1e-6)) < 1e-6
     a, b = torch.randn(3, 333, generator=g) * 4, torch.randn(3, 333, generator=g)
     assert rel_err(K.nra.swiglu(a, b), reference.swiglu(a.double(), b.double())) < 1e-6
+    # column views of one (T, 2F) group output, as a gate/up dense-plane GEMM gives them
+    gu = torch.randn(3, 2 * 333, generator=g) * 3
+    ga, ub = torch.split(gu, [333, 333], dim=1)
+    assert not ga.is_contiguous()
+    assert rel_err(K.nra.swiglu(ga, ub), reference.swiglu(ga.double(), ub.double())) < 1e-6
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16])

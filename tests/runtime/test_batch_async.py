@@ -169,3 +169,24 @@ def test_rows_needing_the_host_run_synchronously_among_held_ones(tiny):
     b, _ = _run(eng, reqs)
     assert a == b
     assert paths.snapshot()["counts"].get("batch.async_chain", 0) > 0   # after the penalty row ended
+
+
+def test_prefill_first_decodes_all_sequences_in_the_same_steps(tiny):
+    """The benchmark's phases (Scheduler.prefill_first): no decode row until every prompt has its
+    first token, then each step decodes every sequence; the tokens are the default schedule's."""
+    prompts = _prompts(6, 20, 40, seed=8)
+    kw = dict(n_ctx=128, max_seqs=8, n_blocks=64, block_size=4, token_budget=24, async_steps=True)
+    want = BatchEngine(tiny, **kw).generate_many(prompts, GREEDY, 8)
+    be = BatchEngine(tiny, **kw)
+    be.scheduler.prefill_first = True
+    seqs = [be.add(p, GREEDY, 8) for p in prompts]
+    rows_per_step = []
+    while be.has_work:
+        before = be.stats["decode_rows"]
+        be.step()
+        if be.stats["decode_rows"] > before:
+            assert all(s.n_generated >= 1 for s in seqs)       # decoding starts after every prefill
+            rows_per_step.append(be.stats["decode_rows"] - before)
+    assert rows_per_step == [6] * 7                             # 7 steps of all 6 sequences
+    assert [s.tokens[s.n_prompt:] for s in seqs] == [[e.token_id for e in evs] for evs in want]
+    assert be.warm_graphs() == 0                                # the CPU has no graphs

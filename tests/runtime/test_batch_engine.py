@@ -215,8 +215,21 @@ def test_dense_planes_equal_the_dequantized_weights_and_feed_linear(tmp_path, in
     out = qm.linear(x, w)
     assert paths.snapshot()["counts"].get("qmatmul.Q8_0.dense_plane") == 1
     torch.testing.assert_close(out, x @ w.batch_dense.T)
+    # a declared group (q/k/v) holds one plane, its members row views of it: one GEMM for the group
+    b0 = model.blocks[0]
+    grp = (b0.attn_q, b0.attn_k, b0.attn_v)
+    assert b0.attn_q.batch_dense_group[0] == grp
+    plane = b0.attn_q.batch_dense_group[1]
+    assert all(m.batch_dense.untyped_storage().data_ptr() == plane.untyped_storage().data_ptr() for m in grp)
+    paths.reset()
+    outs = qm.linear_many(x, grp, (b0.attn_q_bias, b0.attn_k_bias, b0.attn_v_bias))
+    assert paths.snapshot()["counts"].get("qmatmul.group3.dense_plane") == 1
+    for o, m, bias in zip(outs, grp, (b0.attn_q_bias, b0.attn_k_bias, b0.attn_v_bias)):
+        want = x @ m.batch_dense.T + (0 if bias is None else bias.float())
+        torch.testing.assert_close(o, want)
     detach_dense_planes(model)
     assert all(getattr(w, "batch_dense", None) is None for w in ws)
+    assert all(getattr(w, "batch_dense_group", None) is None for w in ws)
     assert attach_dense_planes(model, free_bytes=1000) == 0              # too big for the memory: none
 
 

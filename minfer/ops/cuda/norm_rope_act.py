@@ -259,11 +259,15 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0, rows=
 
 
 @triton.jit
-def _swiglu_kernel(g, u, out, n, BLOCK: tl.constexpr):
+def _swiglu_kernel(g, u, out, n, F, sg, su, BLOCK: tl.constexpr):
+    """out (T, F) contiguous; g, u rows of F values at row strides sg, su (column views of one
+    group GEMM's output, qmatmul.linear_many)."""
     o = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = o < n
-    a = tl.load(g + o, mask=m, other=0.0).to(tl.float32)
-    b = tl.load(u + o, mask=m, other=0.0).to(tl.float32)
+    r = o // F
+    c = o - r * F
+    a = tl.load(g + r * sg + c, mask=m, other=0.0).to(tl.float32)
+    b = tl.load(u + r * su + c, mask=m, other=0.0).to(tl.float32)
     tl.store(out + o, (a / (1.0 + tl.exp(-a)) * b).to(out.dtype.element_ty), mask=m)
 
 
@@ -293,8 +297,9 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
     (`.q8`, for the down projection's q8 GEMV) from the same launch."""
-    gate = gate.contiguous()
-    up = up.contiguous()
+    if gate.shape[0] == 1 or _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
+        gate = gate.contiguous()     # the int8-row kernels read dense rows
+        up = up.contiguous()
     if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
         from minfer.ops.cuda import gemv_q8
 
@@ -311,9 +316,13 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> 
         h.q8 = q8
         return h
     paths.count("swiglu.triton")
-    out = torch.empty_like(gate)
-    n = gate.numel()
+    if gate.stride(-1) != 1 or up.stride(-1) != 1:
+        gate, up = gate.contiguous(), up.contiguous()
+    t, f = gate.shape
+    out = torch.empty((t, f), dtype=gate.dtype, device=gate.device)
+    n = t * f
     block = 1024
-    _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, BLOCK=block, num_warps=4)
+    _swiglu_kernel[(triton.cdiv(n, block),)](gate, up, out, n, f, gate.stride(0), up.stride(0), BLOCK=block,
+                                            num_warps=4)
     return out
 

@@ -362,6 +362,15 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
                               ws=ws.gemv_counters(), interpret=interpret(),
                               **_pdl_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+    dg = getattr(wts[0], "batch_dense_group", None)
+    if (dg is not None and dg[0] == wts and dg[1].dtype == x.dtype
+            and not (x.shape[0] <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv
+                     and getattr(wts[0], "repacked", None) is not None)):
+        # the group's one dense plane (runtime/batch_engine.attach_dense_planes): one cuBLAS GEMM,
+        # column views out (as the group GEMV gives); small M on repacked weights keeps the GEMV
+        paths.count(f"qmatmul.group{len(wts)}.dense_plane")
+        out = F.linear(x, dg[1], ws.group_bias(wts, biases, x.dtype))
+        return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
