@@ -204,3 +204,18 @@ def test_reading_the_prompt_from_a_terminal_says_so(capsys, monkeypatch, tiny):
     monkeypatch.setattr("sys.stdin", _Stdin(b"hello", tty=False))   # piped: nothing to say
     assert cli.main(["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "1", "--temp", "0"]) == 0
     assert "reading the prompt" not in capsys.readouterr().err
+
+
+def test_seed_minus_one_is_a_fresh_seed_as_in_llama_cpp(capsys, tiny):
+    from minfer.commands.run import sampling_from_args
+
+    args = cli.build_parser().parse_args(["run", "-s", "-1", "x"])
+    assert sampling_from_args(args).seed is None
+    argv = ["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "12", "--temp", "1.5", "--top-k", "0",
+            "--top-p", "1", "--min-p", "0", "hi"]
+    outs = []
+    for seed in ("5", "5", "-1", "-1", "-1"):
+        assert cli.main(argv + ["-s", seed]) == 0
+        outs.append(capsys.readouterr().out.encode("utf-8", "surrogateescape"))
+    assert outs[0] == outs[1]
+    assert len(set(outs[2:])) > 1, outs   # was the same text each run (the literal seed -1)

@@ -77,3 +77,18 @@ def test_right_types_still_work(client):
     r = client.post(CHAT, json=chat(temperature=0, top_p=1, max_tokens=2.0, seed=7, stream=False))
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] <= 2
+
+
+def _tokens(client, seed):
+    body = compl(prompt="hi", max_tokens=12, temperature=1.5, top_k=0, top_p=1, min_p=0, seed=seed, logprobs=0)
+    r = client.post(COMPL, json=body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["logprobs"]["tokens"]
+
+
+def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp_server(client):
+    assert _tokens(client, 7) == _tokens(client, 7)          # a seed repeats
+    # -1 was the literal seed -1, so every "random" request gave the same text; 12 tokens drawn
+    # at temperature 1.5 from the tiny model's ~400-token vocab: equal by chance ~never
+    runs = [_tokens(client, -1) for _ in range(3)]
+    assert len({tuple(t) for t in runs}) > 1, runs

@@ -81,7 +81,8 @@ def generation_parent() -> argparse.ArgumentParser:
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="subtract this times the token's recent count from its logit (default 0)")
     g.add_argument("-s", "--seed", type=int, default=None,
-                   help="random seed: the same seed gives the same text (default: a fresh one)")
+                   help="random seed: the same seed gives the same text (default, and -1 as in llama.cpp: "
+                   "a fresh one each run)")
     return parent
 
 

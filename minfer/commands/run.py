@@ -45,7 +45,10 @@ def sampling_from_args(args):
 
     return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
-                          frequency_penalty=args.frequency_penalty, seed=args.seed,
+                          frequency_penalty=args.frequency_penalty,
+                          # -1 is llama.cpp's "a random seed" (common/arg.cpp, --seed); as a literal
+                          # seed it gave a llama.cpp user the same text on every run
+                          seed=None if args.seed == -1 else args.seed,
                           penalty_last_n=args.repeat_last_n)
 
 

@@ -159,6 +159,8 @@ def _sampling_params(req: _Sampling, SamplingParams: Any) -> Any:
                          ("frequency_penalty", "frequency_penalty"), ("repetition_penalty", "repeat_penalty"),
                          ("seed", "seed")):
         value = getattr(req, field)
+        if field == "seed" and value == -1:
+            continue  # llama.cpp's server: seed -1 means a random seed, not the seed -1
         if field in sent and value is not None:
             kw[param] = max(value, 0) if field == "top_k" else value  # -1 (llama.cpp's 'off') -> 0
     return SamplingParams(**kw)
