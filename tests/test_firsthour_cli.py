@@ -219,3 +219,15 @@ def test_seed_minus_one_is_a_fresh_seed_as_in_llama_cpp(capsys, tiny):
         outs.append(capsys.readouterr().out.encode("utf-8", "surrogateescape"))
     assert outs[0] == outs[1]
     assert len(set(outs[2:])) > 1, outs   # was the same text each run (the literal seed -1)
+
+
+@pytest.mark.parametrize("schema,expect", [
+    ("[1]", "--json-schema: a JSON schema is an object, got list"),   # was "[1]: cannot read the file"
+    ('"x"', "--json-schema: a JSON schema is an object, got str"),
+    ("no-such-schema.json", "no-such-schema.json: cannot read the JSON schema file"),
+    ("{bad", "--json-schema: not valid JSON"),
+])
+def test_json_schema_mistakes_name_what_is_wrong(capsys, schema, expect):
+    # checked before the model is looked for (the model named here does not exist)
+    line = one_error_line(capsys, ["run", "-m", "/no/model.gguf", "-j", schema, "hi"])
+    assert expect in line, line

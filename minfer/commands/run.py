@@ -175,12 +175,14 @@ def read_json_schema(arg: str) -> dict:
     where = "--json-schema"
     text = arg
     if not arg.lstrip().startswith("{"):
-        where = arg
         try:
             with open(arg, encoding="utf-8") as f:
-                text = f.read()
+                text, where = f.read(), arg
         except OSError as e:
-            raise MinferError(f"{arg}: cannot read the JSON schema file: {e.strerror}") from e
+            try:   # not a file: inline JSON that is not an object ('[1]', '"x"') gets that error below
+                json.loads(arg)
+            except ValueError:
+                raise MinferError(f"{arg}: cannot read the JSON schema file: {e.strerror}") from e
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as e:
