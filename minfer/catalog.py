@@ -236,7 +236,14 @@ def pull(name: str, force: bool = False, quiet: bool = False) -> Path:
     final = model_path(name)
     if final.is_file() and not force:
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        problem = None if os.access(final.parent, os.W_OK) else "is not writable"
+    except OSError as e:
+        problem = f"cannot be created ({e.strerror})"
+    if problem:
+        raise MinferError(f"{final.parent}: the models folder {problem}; models go to "
+                          f"$MINFER_HOME/models (MINFER_HOME={minfer_home()}): set it to a writable folder")
     with _lock(final.with_suffix(".lock")):
         if final.is_file() and not force:  # another process pulled it while we waited
             return final

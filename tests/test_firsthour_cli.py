@@ -231,3 +231,12 @@ def test_json_schema_mistakes_name_what_is_wrong(capsys, schema, expect):
     # checked before the model is looked for (the model named here does not exist)
     line = one_error_line(capsys, ["run", "-m", "/no/model.gguf", "-j", schema, "hi"])
     assert expect in line, line
+
+
+def test_an_unusable_minfer_home_is_one_line_before_any_download(capsys, monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    home.write_text("a file, not a folder")
+    monkeypatch.setenv("MINFER_HOME", str(home))
+    # pull refuses before it runs pip (was a NotADirectoryError traceback from mkdir)
+    line = one_error_line(capsys, ["pull", "smollm2-135m-instruct"])
+    assert "the models folder cannot be created" in line and f"MINFER_HOME={home}" in line, line
