@@ -114,6 +114,10 @@ class ServerState:
         info = batch.slots_info()
         log.info("batching: %d sequences at once, KV cache %d blocks of %d positions",
                  self.slots, info["kv_blocks_total"], info["kv_block_size"])
+        t0 = time.perf_counter()
+        n = batch.warm_graphs()       # before "ready": no capture or kernel compile under the first requests
+        if n:
+            log.info("captured %d batch decode graphs in %.1f s", n, time.perf_counter() - t0)
         self.metrics.bind_engine(batch.slots_info)
         return BatchWorker(engine, batch, on_finished=self._record, on_dequeue=self.metrics.queued.dec)
 
@@ -534,7 +538,8 @@ def _validation_response(exc: RequestValidationError) -> APIError:
             hint = _UNION_HINTS.get(where.rsplit(".", 1)[-1]) or "; ".join(dict.fromkeys(e["msg"] for e in errs))
         else:
             hint = errs[0].get("msg", "invalid")
-        parts.append(f"{where or 'body'}: {hint}")
+        # pydantic prefixes a validator's own message with "Value error, ": noise to a client
+        parts.append(f"{where or 'body'}: {hint.replace('Value error, ', '')}")
         param = param or (where or None)
     if len(groups) > 5:
         parts.append(f"... and {len(groups) - 5} more")
