@@ -46,6 +46,13 @@ for step in $STEPS; do
           -p 512 -n 128 >"$OUT/pab-${setting//=/_}.log" 2>&1
         summary="$summary\n$setting:\n$(grep '^|' "$OUT/pab-${setting//=/_}.log" | tail -4)"
       done;;
+    serve)
+      waitq7
+      timeout ${SERVE_TIMEOUT:-300} python3 -m minfer.bench.serve_bench --launch -m $Q7 --device cuda --ctx 4096 \
+        --url http://127.0.0.1:8093 --clients ${CLIENTS:-1,8,32,128} --prompt-lens 128,512,1024 --max-tokens 128 \
+        --vocab 150000 --prefix 2048 --out "$OUT/serve-7b.json" >"$OUT/serve.log" 2>&1
+      tail -30 "$OUT/serve.log"
+      summary="$summary\nHTTP serving:\n$(grep -E '^\||^prefix' "$OUT/serve.log")";;
     diag)
       waitq7
       timeout ${DIAG_TIMEOUT:-240} python3 tools/diag_async.py $Q7 >"$OUT/diag.log" 2>&1; tail -80 "$OUT/diag.log";;
