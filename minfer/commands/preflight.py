@@ -31,6 +31,25 @@ def check_runnable(model_arg: str) -> None:
                           f"{model_arg}` and `minfer inspect -m {model_arg}` still work")
 
 
+def check_model(model_arg: str):
+    """The open GGUFFile of a model minfer can run (catalog name or path), or a one-line
+    MinferError: for commands that hand the model to code reading its hyper-parameters before
+    Engine.load would check them (bench's ModelStats)."""
+    from minfer.catalog import resolve_model
+    from minfer.config import ModelConfig
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import model_class
+
+    check_runnable(model_arg)
+    gf = GGUFFile(resolve_model(model_arg))
+    try:
+        model_class(gf.architecture)
+    except MinferError as e:
+        raise MinferError(f"{gf.path}: {e}") from None
+    ModelConfig.from_gguf(gf)   # a missing or wrong hyper-parameter: one line naming the key
+    return gf
+
+
 def available_bytes(device: str) -> int | None:
     """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU."""
     if device == "cuda":
