@@ -266,3 +266,34 @@ def test_bench_on_a_model_it_cannot_run_is_one_line(capsys, tmp_path, arch, expe
     path = _gguf(tmp_path / f"{arch}.gguf", arch)
     line = one_error_line(capsys, ["bench", "-m", path, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1"])
     assert line.startswith(f"minfer: error: {path}: ") and expect in line, line
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["tokenize", "-m", "{tiny}", "\udcffx"], "TEXT has byte 0xff"),
+    (["run", "-m", "{tiny}", "--device", "cpu", "-sys", "a\udcff", "hi"], "-sys/--system-prompt has byte 0xff"),
+    (["chat", "-m", "{tiny}", "--device", "cpu", "-sys", "\udcff"], "-sys/--system-prompt has byte 0xff"),
+])
+def test_invalid_utf8_arguments_are_one_line(capsys, monkeypatch, tiny, argv, expect):
+    # bytes of argv that are not UTF-8 reach Python as lone surrogates; the tokenizer raised a
+    # TypeError on them ("TextEncodeInput must be Union[...]")
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    line = one_error_line(capsys, [a.replace("{tiny}", tiny) for a in argv])
+    assert expect in line, line
+
+
+def test_tokenize_stdin_is_checked_utf8_and_taken_as_is(capsys, monkeypatch, tiny):
+    monkeypatch.setattr("sys.stdin", _Stdin(b"caf\xe9", tty=False))
+    line = one_error_line(capsys, ["tokenize", "-m", tiny, "-f", "-"])
+    assert "not UTF-8" in line and "byte 3" in line, line
+    monkeypatch.setattr("sys.stdin", _Stdin(b"a\r\nb", tty=False))
+    assert cli.main(["tokenize", "-m", tiny, "-f", "-", "--no-bos"]) == 0
+    out = capsys.readouterr().out
+    # "taken as is", as for a file: the \r survives (text-mode stdin turned \r\n into \n)
+    assert "\\r" in out, out
+
+
+def test_chat_n0_is_refused_as_its_message_says(capsys, tiny):
+    line = one_error_line(capsys, ["chat", "-m", tiny, "--device", "cpu", "-n", "0"])
+    assert "-n/--n-predict 0: expected a number of tokens >= 1, or -1" in line, line

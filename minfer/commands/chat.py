@@ -180,10 +180,13 @@ def _own_ctrl_c() -> None:
 def main(args) -> int:
     from minfer.commands.run import format_timings, load_engine, sampling_from_args
 
-    if args.max_tokens < -1:
-        from minfer.errors import MinferError
+    from minfer.errors import MinferError
+    from minfer.limits import check_text
 
+    if args.max_tokens < -1 or args.max_tokens == 0:   # -n 0 would answer every message with nothing
         raise MinferError(f"-n/--n-predict {args.max_tokens}: expected a number of tokens >= 1, or -1")
+    if args.system is not None:   # invalid UTF-8 from argv: one line now, not a tokenizer TypeError
+        check_text(args.system, "-sys/--system-prompt")
     params = sampling_from_args(args)
     eng = load_engine(args)
     interactive = sys.stdin.isatty()

@@ -198,6 +198,8 @@ def main(args) -> int:
     from minfer.limits import check_text, unescape_flag
 
     prompt = check_text(read_prompt(args), "the prompt")
+    if args.system is not None:   # invalid UTF-8 from argv: one line now, not a tokenizer TypeError
+        check_text(args.system, "-sys/--system-prompt")
     if args.system is not None and args.raw:
         raise MinferError("-sys/--system-prompt needs chat mode; drop --raw")
     if args.max_tokens < -1:

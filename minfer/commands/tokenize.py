@@ -45,15 +45,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _read_text(args) -> str:
     from minfer.errors import MinferError
+    from minfer.limits import check_text, read_stdin
 
     if args.file is not None and args.text is not None:
         raise MinferError("give the text either as TEXT or with --file, not both")
     if args.file is None:
         if args.text is None:
             raise MinferError("no text: give TEXT or --file F")
-        return args.text
+        # bytes of argv that are not UTF-8 arrive as lone surrogates, which the tokenizer rejects
+        # with a TypeError: one line naming the place instead
+        return check_text(args.text, "TEXT")
     if args.file == "-":
-        return sys.stdin.read()
+        return read_stdin("the text")   # bytes as they are (no newline translation), UTF-8 checked
     try:
         with open(args.file, encoding="utf-8", newline="") as f:
             return f.read()
