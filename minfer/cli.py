@@ -104,9 +104,28 @@ def _model_first(args, extra: list, argv: list) -> list:
     return extra
 
 
+def _unknown_command(word: str) -> str | None:
+    """argparse's "invalid choice" for COMMAND, with what was likely meant: a close command name
+    ("serv"), or `minfer run` when the word names a model (`minfer smollm2-135m-instruct`)."""
+    import difflib
+
+    names = [name for name, _ in COMMANDS]
+    if word in names or word.startswith("-"):
+        return None
+    close = difflib.get_close_matches(word, names, n=1, cutoff=0.6)
+    if close:
+        return f"unknown command {word!r}. Did you mean `minfer {close[0]}`? (commands: {', '.join(names)})"
+    if _names_a_model(word):
+        return f"unknown command {word!r}: to run a model, `minfer run {word} PROMPT` or `minfer chat {word}`"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     set_process_env()
     parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    if words and (hint := _unknown_command(words[0])):
+        parser.error(hint)
     # parse_args would report an unknown flag with the top-level usage; the subcommand's usage
     # (and its flags) is what helps, so unknown arguments are reported by the subcommand's parser
     args, extra = parser.parse_known_args(argv)

@@ -105,6 +105,10 @@ class Switches:
                          "(ops/cuda/qgemm_q8.py; takes precedence over qgemm_repack), and the batch engine builds "
                          "no dense bf16 planes for those weights (off: end to end 0.39x the dense planes at B=32 on the H200, perf-log L4)",
                          kind="tuning", when="load")
+    paged_attn_programs: int = _sw(264, "MINFER_PAGED_ATTN_PROGRAMS",
+                                   "batched decode attention: the key splits per row are chosen so that "
+                                   "rows x KV heads x splits reach about this many programs (264: 2 per SM "
+                                   "of an H200; ops/cuda/paged_attention.split_count)", kind="tuning")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     pdl_prefetch: int = _sw(1, "MINFER_PDL_PREFETCH",

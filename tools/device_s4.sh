@@ -23,10 +23,11 @@ for step in $STEPS; do
       summary="$summary\npytest -m gpu: $(tail -1 "$OUT/pytest-gpu.log")";;
     bench)
       waitq7
-      for i in 1 2; do
+      for i in ${BENCH_RUNS:-1 2}; do
         MINFER_DEBUG_PATHS=1 timeout ${BENCH_TIMEOUT:-120} $M bench -m $Q7 -p 0 -n 128 -d 0,3354 -r ${REPS:-3} \
           --out "$OUT/bench-7b-$i.json" --no-progress >"$OUT/bench-7b-$i.log" 2>&1
         grep -i "fell back\|error\|Traceback" "$OUT/bench-7b-$i.log" | head -5
+        mv "$OUT"/bench-7b-$i.md /tmp/ 2>/dev/null
         summary="$summary\nbench run $i:\n$(grep '^|' "$OUT/bench-7b-$i.log" | tail -2)"
       done;;
     prof)

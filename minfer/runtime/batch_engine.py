@@ -35,6 +35,7 @@ made from it shares its weights, tokenizer and ops context.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -115,6 +116,9 @@ class BatchEngine:
             sw = getattr(ctx, "switches", None)
             if sw is None or sw.decode_attention:
                 self.cache.decode_attention = paged_decode_attention
+                if sw is not None:
+                    self.cache.decode_attention = functools.partial(paged_decode_attention,
+                                                                    target_programs=sw.paged_attn_programs)
             else:
                 paths.switched_off("attention.paged_decode.triton", "MINFER_DECODE_ATTN")
             if cuda_graphs and sw is not None and not sw.cuda_graph:

@@ -120,7 +120,8 @@ def split_count(batch: int, n_kv_heads: int, span: int, bs: int, target_programs
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
-                           n_split: int | None = None, block_keys: int | None = None) -> torch.Tensor:
+                           n_split: int | None = None, block_keys: int | None = None,
+                           target_programs: int = 264) -> torch.Tensor:
     """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
     int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row."""
     b, h, dh = q.shape
@@ -129,7 +130,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     bs = block_keys or (16 if q.device.type == "cpu" else 64)
     span = block_tables.shape[1] * page
     if n_split is None:
-        n_split = split_count(b, hkv, span, bs)
+        n_split = split_count(b, hkv, span, bs, target_programs)
     n_split = max(1, min(int(n_split), triton.cdiv(span, bs)))
     bd = triton.next_power_of_2(dh)
     direct = n_split == 1
