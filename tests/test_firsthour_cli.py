@@ -297,3 +297,14 @@ def test_tokenize_stdin_is_checked_utf8_and_taken_as_is(capsys, monkeypatch, tin
 def test_chat_n0_is_refused_as_its_message_says(capsys, tiny):
     line = one_error_line(capsys, ["chat", "-m", tiny, "--device", "cpu", "-n", "0"])
     assert "-n/--n-predict 0: expected a number of tokens >= 1, or -1" in line, line
+
+
+@pytest.mark.parametrize("word,expect", [
+    ("serv", "Did you mean `minfer serve`?"),
+    ("inpsect", "Did you mean `minfer inspect`?"),
+    ("smollm2-135m-instruct", "`minfer run smollm2-135m-instruct PROMPT` or `minfer chat smollm2-135m-instruct`"),
+    ("xyz", "invalid choice: 'xyz'"),      # nothing close: argparse's own list of commands
+])
+def test_an_unknown_command_says_what_was_meant(capsys, word, expect):
+    line = one_error_line(capsys, [word, "hi"], rc=2)
+    assert line.startswith("minfer: error: ") and expect in line, line
