@@ -43,9 +43,9 @@ for step in $STEPS; do
     pab)      # PAB="VAR=a VAR=b": the --parallel table under each setting, in turn, same call
       waitq7
       for setting in ${PAB:-MINFER_BATCH_ASYNC=1 MINFER_BATCH_ASYNC=0}; do
-        env $setting timeout ${PARALLEL_TIMEOUT:-150} $M bench -m $Q7 --device cuda --parallel ${BATCHES:-32,128} \
-          -p 512 -n 128 >"$OUT/pab-${setting//=/_}.log" 2>&1
-        summary="$summary\n$setting:\n$(grep '^|' "$OUT/pab-${setting//=/_}.log" | tail -4)"
+        env $setting timeout ${PARALLEL_TIMEOUT:-150} $M bench -m $Q7 --device cuda --parallel ${PAB_BATCHES:-32,128} \
+          -p 512 -n 128 >"${PAB_DIR:-$OUT}/pab-${setting//=/_}.log" 2>&1
+        summary="$summary\n$setting:\n$(grep '^|' "${PAB_DIR:-$OUT}/pab-${setting//=/_}.log" | tail -4)"
       done;;
     serve)
       waitq7
