@@ -308,3 +308,15 @@ def test_chat_n0_is_refused_as_its_message_says(capsys, tiny):
 def test_an_unknown_command_says_what_was_meant(capsys, word, expect):
     line = one_error_line(capsys, [word, "hi"], rc=2)
     assert line.startswith("minfer: error: ") and expect in line, line
+
+
+def test_bench_refuses_a_test_whose_kv_cache_cannot_fit_before_the_load(capsys, monkeypatch, tiny):
+    from minfer.commands import preflight
+
+    # 1 MiB "available": the tiny model's KV cache (4 layers) holds a few hundred positions in it
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 1 << 20)
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "100000", "-n", "0", "-r", "1"])
+    assert "-p/-n/-d: the longest test needs a context of 100001 tokens" in line and "fit" in line, line
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "4",
+                                   "-d", "0,50000", "-r", "1"])
+    assert "a context of 50009 tokens" in line, line

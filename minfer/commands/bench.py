@@ -145,10 +145,14 @@ def main(args: argparse.Namespace) -> int:
 
     from minfer.bench.bench import markdown_summary, run_bench
     from minfer.commands.common import apply_threads, device_from_args, resolve_device
-    from minfer.commands.preflight import check_model
+    from minfer.commands.preflight import check_kv_fits, check_model
 
     device = resolve_device(device_from_args(args))
-    check_model(args.model)   # an unrunnable file: one line, not a traceback from the bench's stats
+    gf = check_model(args.model)   # an unrunnable file: one line, not a traceback from the bench's stats
+    # the longest test's context (run_bench: max depth + n over the tests, + 1), checked against
+    # the memory its KV cache needs before the load, not by an allocation failure or the OOM killer
+    longest = max(args.depth) + max(args.n_prompt + args.n_gen) + 1
+    check_kv_fits(gf, longest, device, "-p/-n/-d: the longest test needs a context of")
     apply_threads(args)
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv

@@ -50,6 +50,20 @@ def check_model(model_arg: str):
     return gf
 
 
+def check_kv_fits(gf, n_ctx: int, device: str, what: str) -> None:
+    """A one-line MinferError when a KV cache of n_ctx positions cannot fit in the memory
+    available. `what` starts the message: the flags that set n_ctx ("-p/-n/-d: the longest test
+    needs a context of")."""
+    from minfer.config import ModelConfig
+
+    per = kv_bytes_per_token(ModelConfig.from_gguf(gf), device)
+    free = available_bytes(device)
+    if free is not None and n_ctx * per > free:
+        raise MinferError(f"{what} {n_ctx} tokens, whose KV cache would need "
+                          f"{_gib(n_ctx * per)} of {device} memory but {_gib(free)} is available; "
+                          f"at most {free // per} tokens fit")
+
+
 def available_bytes(device: str) -> int | None:
     """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU."""
     if device == "cuda":
