@@ -147,7 +147,13 @@ def _catalog_entry(name: str) -> CatalogModel:
 
 def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """A path to a .gguf file: the path itself, or the catalog model's file (pulled if needed)."""
+    if not str(name_or_path).strip():   # Path("") is "." -- "not a regular file" would puzzle
+        raise MinferError("the model name is empty: give a .gguf file or a catalog name (`minfer list`)")
     p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        inside = sorted(x.name for x in p.glob("*.gguf"))[:5]
+        raise MinferError(f"{p}: a directory; a model is one .gguf file" + (
+            f" (in it: {', '.join(inside)})" if inside else " (it holds no .gguf file)"))
     if p.exists():
         return p
     name = str(name_or_path)

@@ -320,3 +320,15 @@ def test_bench_refuses_a_test_whose_kv_cache_cannot_fit_before_the_load(capsys, 
     line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "4",
                                    "-d", "0,50000", "-r", "1"])
     assert "a context of 50009 tokens" in line, line
+
+
+def test_an_empty_model_name_or_a_directory_is_named_as_such(capsys, tmp_path, tiny):
+    import shutil
+
+    line = one_error_line(capsys, ["run", "-m", "", "hi"])   # was ".: not a regular file"
+    assert "the model name is empty" in line, line
+    line = one_error_line(capsys, ["inspect", str(tmp_path)])
+    assert f"{tmp_path}: a directory" in line and "holds no .gguf file" in line, line
+    shutil.copy(tiny, tmp_path / "mine.gguf")
+    line = one_error_line(capsys, ["run", "-m", str(tmp_path), "hi"])   # the models folder, say
+    assert "a directory; a model is one .gguf file (in it: mine.gguf)" in line, line
