@@ -80,11 +80,21 @@ def _model_first(args, extra: list, argv: list) -> list:
     if getattr(args, "model", None) is None or any(a in ("-m", "--model") or a.startswith("--model=")
                                                     for a in argv):
         return extra
+    main = getattr(args, "_main", None)
+    cmd = getattr(main, "__module__", "")
+    if not extra and cmd.endswith((".run", ".tokenize")):
+        # `minfer run MODEL` alone (`ollama run MODEL`): the word is the model, not a prompt for
+        # the default model; the prompt then comes from stdin (run) or is missing (tokenize)
+        field = "prompt" if cmd.endswith(".run") else "text"
+        word = getattr(args, field, None)
+        if (word is not None and _names_a_model(word) and getattr(args, "prompt_opt", None) is None
+                and getattr(args, "file", None) is None):
+            args.model = word
+            setattr(args, field, None)
+        return extra
     pos = [e for e in extra if not e.startswith("-")]
     if len(pos) != 1 or len(extra) != 1:
         return extra
-    main = getattr(args, "_main", None)
-    cmd = getattr(main, "__module__", "")
     field = "prompt" if cmd.endswith(".run") else "text" if cmd.endswith(".tokenize") else None
     if field and getattr(args, field, None) is not None and _names_a_model(getattr(args, field)):
         args.model = getattr(args, field)

@@ -105,6 +105,10 @@ class Switches:
                          "(ops/cuda/qgemm_q8.py; takes precedence over qgemm_repack), and the batch engine builds "
                          "no dense bf16 planes for those weights (off: end to end 0.39x the dense planes at B=32 on the H200, perf-log L4)",
                          kind="tuning", when="load")
+    dense_plane_groups: bool = _sw(True, "MINFER_DENSE_PLANE_GROUPS",
+                                   "the batch engine's dense bf16 planes: one plane per weight group (q/k/v, "
+                                   "gate/up; members are row views) multiplied as one cuBLAS GEMM",
+                                   when="load")
     paged_attn_programs: int = _sw(264, "MINFER_PAGED_ATTN_PROGRAMS",
                                    "batched decode attention: the key splits per row are chosen so that "
                                    "rows x KV heads x splits reach about this many programs (264: 2 per SM "

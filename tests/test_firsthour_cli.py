@@ -332,3 +332,21 @@ def test_an_empty_model_name_or_a_directory_is_named_as_such(capsys, tmp_path, t
     shutil.copy(tiny, tmp_path / "mine.gguf")
     line = one_error_line(capsys, ["run", "-m", str(tmp_path), "hi"])   # the models folder, say
     assert "a directory; a model is one .gguf file (in it: mine.gguf)" in line, line
+
+
+def test_run_model_alone_is_the_model_not_a_prompt_for_the_default(capsys, monkeypatch, tiny):
+    # `minfer run MODEL` (ollama's habit) sent the model's name as a prompt to the default model
+    flags = ["--device", "cpu", "--raw", "-n", "1", "--temp", "0"]
+    assert cli.main(["run", "-m", tiny, *flags, "hello"]) == 0
+    out, err = capsys.readouterr()
+    expected = err.strip().splitlines()[-1].split(" in ")[0]   # "prompt: N tokens" of -m tiny hello
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hello", tty=True))
+    assert cli.main(["run", tiny, *flags]) == 0
+    out2, err = capsys.readouterr()
+    assert "reading the prompt from standard input" in err and expected in err and out2 == out, err
+    args = cli.build_parser().parse_args(["tokenize", tiny])
+    assert cli._model_first(args, [], ["tokenize", tiny]) == [] and (args.model, args.text) == (tiny, None)
+    # an ordinary one-word prompt stays a prompt
+    args = cli.build_parser().parse_args(["run", "hello"])
+    cli._model_first(args, [], ["run", "hello"])
+    assert args.prompt == "hello" and args.model != "hello"

@@ -23,7 +23,7 @@ The timing line ends with `finish: REASON`: stop (end of turn or a --stop string
 (-n tokens were generated) or context (the context was full; -c allows more).
 
 The model may also come first, as with `ollama run`: `minfer run MODEL PROMPT`, MODEL a catalog
-name (`minfer list`) or a .gguf file.
+name (`minfer list`) or a .gguf file; `minfer run MODEL` alone reads the prompt from stdin.
 
 examples:
   minfer run "Write a haiku about GPUs"
@@ -163,7 +163,8 @@ def read_prompt(args) -> str:
         if sys.stdin is not None and sys.stdin.isatty():
             # `minfer run -m MODEL` with no prompt would otherwise wait in silence
             print("minfer: reading the prompt from standard input; end it with Ctrl-D "
-                  "(or give it as PROMPT, -p or -f)", file=sys.stderr, flush=True)
+                  "(or give it as PROMPT, -p or -f; `minfer chat` holds a conversation)",
+                  file=sys.stderr, flush=True)
         prompt = read_stdin("the prompt")
     return prompt
 

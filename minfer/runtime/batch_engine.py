@@ -527,6 +527,9 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
     # group as one cuBLAS GEMM (B=32 on the H200: 7 GEMMs per layer with 5 split-K reductions)
     todo_ids = {id(w) for w in todo}
     groups = [tuple(g) for g in (model.decode_groups() if hasattr(model, "decode_groups") else ())]
+    if switches is not None and not getattr(switches, "dense_plane_groups", True):
+        paths.switched_off("qmatmul.group.dense_plane", "MINFER_DENSE_PLANE_GROUPS")
+        groups = []
     groups = [g for g in groups if len(g) > 1 and all(id(w) in todo_ids for w in g)
               and len({w.shape[1] for w in g}) == 1]
     in_group = {id(w) for g in groups for w in g}

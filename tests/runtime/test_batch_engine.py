@@ -230,6 +230,11 @@ def test_dense_planes_equal_the_dequantized_weights_and_feed_linear(tmp_path, in
     detach_dense_planes(model)
     assert all(getattr(w, "batch_dense", None) is None for w in ws)
     assert all(getattr(w, "batch_dense_group", None) is None for w in ws)
+    from minfer.switches import Switches
+
+    assert attach_dense_planes(model, free_bytes=1 << 40, switches=Switches(dense_plane_groups=False)) == n
+    assert all(getattr(w, "batch_dense_group", None) is None for w in ws)     # a plane per weight
+    detach_dense_planes(model)
     assert attach_dense_planes(model, free_bytes=1000) == 0              # too big for the memory: none
 
 
