@@ -127,6 +127,9 @@ def test_bench_sizes_and_out_are_checked_before_measuring(capsys, tmp_path):
     (["-np", "-2"], "-np/--parallel -2"),      # was refused only by the background load, after start
     (["--served-name", ""], "--served-name is empty"),
     (["--alias", "gpt-4", "--alias", " "], "--alias is empty"),
+    # browsers send Origin as scheme://host[:port]: these never matched, and nothing said so
+    (["--cors", "localhost:3000"], "--cors 'localhost:3000': expected an origin"),
+    (["--cors", "http://example.com/"], "--cors 'http://example.com/': expected an origin"),
 ])
 def test_serve_flags_are_checked_before_the_model(capsys, flags, expect):
     line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", *flags])

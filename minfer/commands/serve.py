@@ -96,6 +96,7 @@ def served_name_for(model_arg: str, path) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
+    import re
     import socket
 
     import uvicorn
@@ -112,6 +113,12 @@ def main(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 0:
         raise MinferError(f"-np/--parallel {args.parallel}: expected a number of requests served at "
                           "once >= 1 (0: as many as the KV memory holds)")
+    for origin in args.cors:
+        # a browser sends Origin as scheme://host[:port] (RFC 6454), never with a path or a slash
+        # at the end: "localhost:3000" or "http://a.com/" would never match, and say nothing
+        if origin != "*" and not re.fullmatch(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^/\s]+", origin):
+            raise MinferError(f"--cors {origin!r}: expected an origin as a browser sends it, "
+                              "scheme://host[:port] with no path (e.g. http://localhost:3000), or *")
     for flag, value in [("--served-name", args.served_name)] + [("--alias", a) for a in args.alias]:
         if value is not None and not value.strip():
             raise MinferError(f"{flag} is empty: clients send this name as `model`; give a name")
