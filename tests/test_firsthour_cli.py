@@ -353,3 +353,19 @@ def test_run_model_alone_is_the_model_not_a_prompt_for_the_default(capsys, monke
     args = cli.build_parser().parse_args(["run", "hello"])
     cli._model_first(args, [], ["run", "hello"])
     assert args.prompt == "hello" and args.model != "hello"
+
+
+def test_chat_piped_invalid_utf8_with_a_strict_stdin_is_one_line(tiny):
+    import os
+    import subprocess
+    import sys
+
+    # a UTF-8 locale other than C.UTF-8 gives Python a strict stdin: readline() raised
+    # UnicodeDecodeError, a traceback; PYTHONIOENCODING makes this machine's stdin strict too
+    env = dict(os.environ, PYTHONIOENCODING="utf-8:strict")
+    r = subprocess.run([sys.executable, "-m", "minfer", "chat", "-m", tiny, "--device", "cpu", "-n", "1"],
+                       input=b"caf\xe9\n", capture_output=True, env=env, timeout=300)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "minfer: error: the message has byte 0xe9 that is not valid UTF-8 at character 3"
+

@@ -212,11 +212,17 @@ def main(args) -> int:
             except EOFError:
                 print(file=sys.stderr)
                 break
+            except UnicodeDecodeError as e:   # a terminal whose stdin decodes strictly
+                chat.say(f"that line is not valid UTF-8 ({e.reason} at byte {e.start}); type it again")
+                continue
         else:
-            line = sys.stdin.readline()
-            if not line:
+            # bytes, decoded here: a strict text stdin (a UTF-8 locale other than C.UTF-8) raised
+            # UnicodeDecodeError on invalid UTF-8, a traceback; check_text below names the byte
+            raw = sys.stdin.buffer.readline() if hasattr(sys.stdin, "buffer") else sys.stdin.readline()
+            if not raw:
                 break
-            line = line.rstrip("\n")
+            line = raw.decode("utf-8", "surrogateescape") if isinstance(raw, bytes) else raw
+            line = line.rstrip("\n").removesuffix("\r")   # \r\n: what text-mode stdin turned into \n
         cmd = line.strip()
         if cmd in ("/exit", "/quit", "/bye"):
             break
@@ -229,9 +235,13 @@ def main(args) -> int:
             continue
         if not cmd:
             continue
-        from minfer.limits import check_text
-
-        check_text(line, "the message")  # invalid UTF-8 typed or piped in: one line, no traceback
+        try:
+            check_text(line, "the message")  # invalid UTF-8 typed or piped in: one line, no traceback
+        except MinferError as e:
+            if not interactive:
+                raise
+            chat.say(f"{e}; type it again")   # a typed slip does not end the conversation
+            continue
         finish = chat.turn(line)
         if interactive and finish is not None and finish != "interrupted":
             print(format_timings(eng.stats, finish), file=sys.stderr)
