@@ -369,3 +369,22 @@ def test_chat_piped_invalid_utf8_with_a_strict_stdin_is_one_line(tiny):
     assert r.returncode == 1 and "Traceback" not in err, err
     assert err.strip().splitlines()[-1] == "minfer: error: the message has byte 0xe9 that is not valid UTF-8 at character 3"
 
+
+
+def test_dash_file_reads_stdin_in_run_and_perplexity(capsys, monkeypatch, tmp_path, tiny):
+    # `-f -` was opened as a file named '-' ("-: no such file"); tokenize already took it
+    text = "the quick brown fox jumps over the lazy dog. " * 40
+    (tmp_path / "t.txt").write_text(text)
+    ppl = ["perplexity", "-m", tiny, "--device", "cpu", "-c", "64", "--chunks", "2", "-f"]
+    assert cli.main(ppl + [str(tmp_path / "t.txt")]) == 0
+    from_file = capsys.readouterr().out
+    monkeypatch.setattr("sys.stdin", _Stdin(text.encode(), tty=False))
+    assert cli.main(ppl + ["-"]) == 0
+    assert capsys.readouterr().out == from_file and "Final estimate" in from_file
+    run = ["run", "-m", tiny, "--device", "cpu", "--raw", "-n", "2", "--temp", "0"]
+    assert cli.main(run + ["hello there"]) == 0
+    direct = capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hello there", tty=False))
+    assert cli.main(run + ["-f", "-"]) == 0
+    piped = capsys.readouterr()
+    assert piped.out == direct.out and piped.err.split(" in ")[0] == direct.err.split(" in ")[0]

@@ -29,7 +29,7 @@ def parents() -> list[argparse.ArgumentParser]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file to score (UTF-8)")
+    p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file to score (UTF-8); '-' reads standard input")
     p.set_defaults(ctx=512)   # llama-perplexity's chunk size; -c sets it
     p.add_argument("--chunks", type=int, default=-1,
                    help="score at most this many chunks (at least 1); -1 = all (default)")
@@ -75,6 +75,19 @@ def perplexity(eng, tokens: list[int], n_ctx: int, n_chunks: int, add_bos: bool,
     return ppl, err, running
 
 
+def _read_file(path) -> str:
+    from minfer.errors import MinferError
+
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError as e:
+        raise MinferError(f"{path}: no such file") from e
+    except OSError as e:
+        raise MinferError(f"{path}: cannot read the text file: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise MinferError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+
+
 def main(args) -> int:
     from pathlib import Path
 
@@ -87,26 +100,25 @@ def main(args) -> int:
         raise MinferError(f"-c must be at least 4, got {args.ctx}")
     if args.chunks == 0:   # a negative count means all, as llama-perplexity's --chunks
         raise MinferError("--chunks 0: expected a number of chunks >= 1, or -1 for all")
-    if path.is_dir():
+    if args.file == "-":
+        from minfer.limits import read_stdin
+
+        text = read_stdin("the text")
+    elif path.is_dir():
         raise MinferError(f"{path}: a directory, not a text file (-f/--file takes a file)")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise MinferError(f"{path}: no such file") from e
-    except OSError as e:
-        raise MinferError(f"{path}: cannot read the text file: {e.strerror}") from e
-    except UnicodeDecodeError as e:
-        raise MinferError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    else:
+        text = _read_file(path)
     eng = load_engine(args)
+    where, name = ("standard input", "stdin") if args.file == "-" else (str(path), path.name)
     tok = eng.tokenizer
     tokens = tok.encode(text)   # with BOS when the model adds one, as llama.cpp's common_tokenize(.., true)
     n_ctx = args.ctx
     if len(tokens) < 2 * n_ctx:
-        raise MinferError(f"{path}: {len(tokens)} tokens; perplexity with -c {n_ctx} needs at least "
+        raise MinferError(f"{where}: {len(tokens)} tokens; perplexity with -c {n_ctx} needs at least "
                           f"{2 * n_ctx} (as llama-perplexity); use a longer text or a smaller -c")
     n_max = len(tokens) // n_ctx
     n_chunks = n_max if args.chunks < 0 else min(args.chunks, n_max)
-    print(f"perplexity: {path.name}: {len(tokens)} tokens, {n_chunks} chunks of {n_ctx} "
+    print(f"perplexity: {name}: {len(tokens)} tokens, {n_chunks} chunks of {n_ctx} "
           f"(scoring the last {n_ctx - n_ctx // 2 - 1} tokens of each)", file=sys.stderr)
     ppl, err, _ = perplexity(eng, tokens, n_ctx, n_chunks, tok.add_bos, tok.bos_id,
                              progress=sys.stderr.isatty())

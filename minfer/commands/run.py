@@ -125,7 +125,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the prompt; '-' or nothing (and no -p/-f) reads it from stdin")
     p.add_argument("-p", "--prompt", dest="prompt_opt", default=None, metavar="PROMPT",
                    help="the prompt, as llama.cpp's -p (instead of the positional PROMPT)")
-    p.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE (UTF-8)")
+    p.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE (UTF-8); '-' reads standard input")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--raw", "-no-cnv", "--no-conversation", dest="raw", action="store_true",
                       help="continue PROMPT as plain text; no chat template")
@@ -148,6 +148,10 @@ def read_prompt(args) -> str:
     given = [x for x in (args.prompt, args.prompt_opt, args.file) if x is not None]
     if len(given) > 1:
         raise MinferError("give the prompt once: as PROMPT, with -p/--prompt, or with -f/--file")
+    if args.file == "-":   # as tokenize's --file -: standard input
+        from minfer.limits import read_stdin
+
+        return read_stdin("the prompt")
     if args.file is not None:
         try:
             with open(args.file, encoding="utf-8") as f:
