@@ -54,6 +54,14 @@ for step in $STEPS; do
         --vocab 150000 --prefix 2048 --out "$OUT/serve-7b.json" >"$OUT/serve.log" 2>&1
       tail -30 "$OUT/serve.log"
       summary="$summary\nHTTP serving:\n$(grep -E '^\||^prefix' "$OUT/serve.log")";;
+    sab)      # SAB="VAR=a VAR=b": the HTTP serving benchmark under each setting, in turn
+      waitq7
+      for setting in ${SAB:-MINFER_GIL_SWITCH_US=500 MINFER_GIL_SWITCH_US=0}; do
+        env $setting timeout ${SERVE_TIMEOUT:-200} python3 -m minfer.bench.serve_bench --launch -m $Q7 --device cuda \
+          --ctx 4096 --url http://127.0.0.1:8093 --clients ${CLIENTS:-1,8,32,128} --prompt-lens 128,512,1024 \
+          --max-tokens 128 --vocab 150000 --out "/tmp/sab-${setting//=/_}.json" >"/tmp/sab-${setting//=/_}.log" 2>&1
+        summary="$summary\n$setting:\n$(grep -E '^\|' "/tmp/sab-${setting//=/_}.log")"
+      done;;
     diag)
       waitq7
       timeout ${DIAG_TIMEOUT:-240} python3 tools/diag_async.py $Q7 >"$OUT/diag.log" 2>&1; tail -80 "$OUT/diag.log";;
