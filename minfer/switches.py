@@ -109,11 +109,6 @@ class Switches:
                                    "the batch engine's dense bf16 planes: one plane per weight group (q/k/v, "
                                    "gate/up; members are row views) multiplied as one cuBLAS GEMM",
                                    when="load")
-    gil_switch_us: int = _sw(0, "MINFER_GIL_SWITCH_US",
-                             "server with --parallel: Python's thread switch interval in microseconds "
-                             "(sys.setswitchinterval) while the batch worker runs, so the engine thread "
-                             "gets the interpreter back soon after the GPU finishes a step while the event "
-                             "loop streams tokens (0: Python's default, 5000)", kind="tuning", when="load")
     paged_attn_programs: int = _sw(264, "MINFER_PAGED_ATTN_PROGRAMS",
                                    "batched decode attention: the key splits per row are chosen so that "
                                    "rows x KV heads x splits reach about this many programs (264: 2 per SM "

@@ -232,11 +232,6 @@ class BatchWorker:
         self._stopping = False
 
     def start(self) -> "BatchWorker":
-        us = getattr(getattr(self.engine, "switches", None), "gil_switch_us", 0)
-        if us > 0:
-            import sys
-
-            sys.setswitchinterval(us / 1e6)     # process-wide: the server is this process
         self._thread.start()
         return self
 
