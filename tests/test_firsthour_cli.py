@@ -85,6 +85,8 @@ def test_perplexity_negative_chunks_mean_all_as_llama_perplexity(capsys, tmp_pat
 def test_synth_into_a_directory_or_under_a_file_is_one_line(capsys, tmp_path):
     line = one_error_line(capsys, ["synth", str(tmp_path), "--preset", "tiny", "--no-progress"])
     assert "a directory" in line and str(tmp_path / "model.gguf") in line, line
+    line = one_error_line(capsys, ["synth", str(tmp_path / "x.gguf"), "--preset", "tiny", "--seed", "-1"])
+    assert "--seed -1: expected an integer in 0..2**63-1" in line, line   # was numpy's ValueError
     (tmp_path / "f").write_text("")
     line = one_error_line(capsys, ["synth", str(tmp_path / "f" / "x.gguf"), "--preset", "tiny", "--no-progress"])
     assert line.startswith("minfer: error: ") and "cannot write" in line, line

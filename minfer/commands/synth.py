@@ -61,6 +61,8 @@ def main(args: argparse.Namespace) -> int:
 
     from minfer.errors import MinferError
 
+    if not 0 <= args.seed < 2**63:   # numpy's generator takes a non-negative seed
+        raise MinferError(f"--seed {args.seed}: expected an integer in 0..2**63-1")
     if Path(args.out).is_dir():
         raise MinferError(f"{args.out}: a directory; OUT.gguf is the file to write, "
                           f"e.g. {Path(args.out) / 'model.gguf'}")
