@@ -390,3 +390,12 @@ def test_dash_file_reads_stdin_in_run_and_perplexity(capsys, monkeypatch, tmp_pa
     assert cli.main(run + ["-f", "-"]) == 0
     piped = capsys.readouterr()
     assert piped.out == direct.out and piped.err.split(" in ")[0] == direct.err.split(" in ")[0]
+
+
+def test_synth_help_names_every_preset(capsys):
+    from minfer.bench.presets import PRESETS
+
+    with pytest.raises(SystemExit):
+        cli.main(["synth", "--help"])
+    described = capsys.readouterr().out.split("Presets:")[1].split("Recipes:")[0]
+    assert [p for p in PRESETS if p not in described] == []
