@@ -86,6 +86,10 @@ class _Launched:
 
 
 class BatchEngine:
+    # held steps when the constructor is not told: None = on CUDA (unless MINFER_BATCH_ASYNC=0), off
+    # on the CPU; tests set True to run the server's CUDA logic on the CPU
+    async_default: bool | None = None
+
     def __init__(self, model, tokenizer=None, *, n_ctx: int, max_seqs: int, n_blocks: int,
                  block_size: int = BLOCK_SIZE, token_budget: int | None = None, prefix_cache: bool = True,
                  ctx=None, cuda_graphs: bool = True, dense_planes: bool | None = None,
@@ -131,6 +135,8 @@ class BatchEngine:
         sw = getattr(ctx, "switches", None)
         # held decode steps (module docstring); default: on CUDA unless MINFER_BATCH_ASYNC=0. The
         # CPU gains nothing (its forward is synchronous) but tests run the same logic there.
+        if async_steps is None:
+            async_steps = self.async_default
         self.async_steps = (dev == "cuda" and (sw is None or sw.batch_async)) if async_steps is None else async_steps
         if dev == "cuda" and not self.async_steps and async_steps is None:
             paths.switched_off("batch.async_step", "MINFER_BATCH_ASYNC")

@@ -251,7 +251,15 @@ def reference_engine():
                        switches=Switches.from_env({"MINFER_CPU_QUANT": "0"}))
 
 
-def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(reference_engine, make_server):
+@pytest.mark.parametrize("held", [False, True])
+def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(reference_engine, make_server, monkeypatch, held):
+    # held: with held decode steps (runtime/batch_engine.py), as the server runs on CUDA: events
+    # one step late, cancellations while the next step is in flight
+    from minfer.ops import paths
+    from minfer.runtime.batch_engine import BatchEngine
+
+    monkeypatch.setattr(BatchEngine, "async_default", held)
+    paths.reset()
     engine = reference_engine
     srv = make_server(lambda: engine, parallel=4)
     srv.wait_ready()
@@ -298,6 +306,7 @@ def test_parallel_server_many_clients_some_hang_up_no_blocks_leak(reference_engi
     assert metric_value(m, "minfer_kv_blocks_used") == 0
     assert metric_value(m, "minfer_kv_blocks_free") == total
     assert metric_value(m, "minfer_sequences_waiting") == 0
+    assert (paths.snapshot()["counts"].get("batch.async_chain", 0) > 0) == held   # the held steps ran, or none
     assert metric_value(m, "minfer_requests_in_flight") == 0
     assert metric_value(m, "minfer_time_to_first_token_seconds_count") >= 2 * len(PROMPTS)
     assert metric_value(m, "minfer_inter_token_seconds_count") > 0
