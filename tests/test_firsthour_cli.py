@@ -5,6 +5,8 @@ synthetic model stands in for a real one."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from minfer import cli
@@ -399,3 +401,22 @@ def test_synth_help_names_every_preset(capsys):
         cli.main(["synth", "--help"])
     described = capsys.readouterr().out.split("Presets:")[1].split("Recipes:")[0]
     assert [p for p in PRESETS if p not in described] == []
+
+
+def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, tmp_path, tiny):
+    # a model without a chat template, like the catalog's gemma-3-270m: a question to it is
+    # continued as text, which looked like a broken answer with nothing said
+    from test_fuzz_gguf import serialize, take_apart
+
+    kvs, tensors, data = take_apart(Path(tiny))
+    base = tmp_path / "base.gguf"
+    base.write_bytes(serialize([kv for kv in kvs if kv[0] != "tokenizer.chat_template"], tensors, data))
+    flags = ["--device", "cpu", "-n", "1", "--temp", "0", "What is 2+2?"]
+    assert cli.main(["run", "-m", str(base), *flags]) == 0
+    err = capsys.readouterr().err
+    assert err.count("minfer: note: base.gguf has no chat template") == 1, err
+    for mode in ("--raw", "--chat"):
+        assert cli.main(["run", "-m", str(base), mode, *flags]) == 0
+        assert "note:" not in capsys.readouterr().err
+    assert cli.main(["run", "-m", tiny, *flags]) == 0   # the tiny model itself has a template
+    assert "note:" not in capsys.readouterr().err

@@ -231,6 +231,11 @@ def main(args) -> int:
         except GrammarError as e:
             raise MinferError(f"--json-schema {args.json_schema}: {e}") from e
     chat = args.chat or args.system is not None or (not args.raw and tok.chat_template is not None)
+    if not chat and not args.raw:
+        # a question put to a base model is continued, not answered: say why, once, on stderr
+        print(f"minfer: note: {eng.path.name} has no chat template (a base model), so PROMPT is "
+              "continued as plain text; --chat applies ChatML, --raw silences this note",
+              file=sys.stderr, flush=True)
     if chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         ids = encode_chat(tok, messages + [{"role": "user", "content": prompt}])
