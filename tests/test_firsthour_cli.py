@@ -403,7 +403,7 @@ def test_synth_help_names_every_preset(capsys):
     assert [p for p in PRESETS if p not in described] == []
 
 
-def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, tmp_path, tiny):
+def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, monkeypatch, tmp_path, tiny):
     # a model without a chat template, like the catalog's gemma-3-270m: a question to it is
     # continued as text, which looked like a broken answer with nothing said
     from test_fuzz_gguf import serialize, take_apart
@@ -420,3 +420,9 @@ def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, tmp_path
         assert "note:" not in capsys.readouterr().err
     assert cli.main(["run", "-m", tiny, *flags]) == 0   # the tiny model itself has a template
     assert "note:" not in capsys.readouterr().err
+    import io
+
+    for model, notes in ((str(base), 1), (tiny, 0)):   # chat says it once, at the start
+        monkeypatch.setattr("sys.stdin", io.StringIO("hi\nhello\n"))
+        assert cli.main(["chat", "-m", model, "--device", "cpu", "-n", "1"]) == 0
+        assert capsys.readouterr().err.count("has no chat template (a base model)") == notes
