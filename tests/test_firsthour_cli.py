@@ -403,14 +403,20 @@ def test_synth_help_names_every_preset(capsys):
     assert [p for p in PRESETS if p not in described] == []
 
 
-def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, monkeypatch, tmp_path, tiny):
-    # a model without a chat template, like the catalog's gemma-3-270m: a question to it is
-    # continued as text, which looked like a broken answer with nothing said
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, tiny) -> Path:
+    """The tiny model without its chat template: a base model, like the catalog's gemma-3-270m."""
     from test_fuzz_gguf import serialize, take_apart
 
     kvs, tensors, data = take_apart(Path(tiny))
-    base = tmp_path / "base.gguf"
-    base.write_bytes(serialize([kv for kv in kvs if kv[0] != "tokenizer.chat_template"], tensors, data))
+    path = tmp_path_factory.mktemp("base") / "base.gguf"
+    path.write_bytes(serialize([kv for kv in kvs if kv[0] != "tokenizer.chat_template"], tensors, data))
+    return path
+
+
+def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, monkeypatch, base, tiny):
+    # a question to a base model is continued as text, which looked like a broken answer with
+    # nothing said
     flags = ["--device", "cpu", "-n", "1", "--temp", "0", "What is 2+2?"]
     assert cli.main(["run", "-m", str(base), *flags]) == 0
     err = capsys.readouterr().err
@@ -426,3 +432,16 @@ def test_a_base_model_says_the_prompt_is_continued_not_answered(capsys, monkeypa
         monkeypatch.setattr("sys.stdin", io.StringIO("hi\nhello\n"))
         assert cli.main(["chat", "-m", model, "--device", "cpu", "-n", "1"]) == 0
         assert capsys.readouterr().err.count("has no chat template (a base model)") == notes
+
+
+def test_serve_warns_that_a_base_model_has_no_chat_template(capsys, base, tiny):
+    import socket
+
+    for model, warned in ((str(base), True), (tiny, False)):
+        with socket.socket() as busy:   # a port in use: serve stops right after its checks
+            busy.bind(("127.0.0.1", 0))
+            busy.listen()
+            rc = cli.main(["serve", "-m", model, "--device", "cpu", "--port", str(busy.getsockname()[1])])
+        err = capsys.readouterr().err
+        assert rc == 1 and "cannot listen" in err
+        assert ("has no chat template (a base model)" in err) == warned, err

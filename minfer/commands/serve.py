@@ -132,7 +132,11 @@ def main(args: argparse.Namespace) -> int:
     device = resolve_device(device_from_args(args))
     check_runnable(args.model)        # before a download: the catalog knows the architecture
     path = resolve_model(args.model)  # pulls a catalog model first; fails fast on a bad path
-    check_ctx(GGUFFile(path), args.ctx, device, warn)   # a context that cannot fit: one line, now
+    gf = GGUFFile(path)
+    check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
+    if gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
+        warn(f"{path.name} has no chat template (a base model): /v1/chat/completions will write "
+             "conversations in ChatML, which it was not trained on; /v1/completions continues a text")
     apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
     parallel = args.parallel if args.parallel is not None else (0 if device == "cuda" else 1)
