@@ -93,3 +93,15 @@ def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp_server(client):
     # at temperature 1.5 from the tiny model's ~400-token vocab: equal by chance ~never
     runs = [_tokens(client, -1) for _ in range(3)]
     assert len({tuple(t) for t in runs}) > 1, runs
+
+
+@pytest.mark.parametrize("method,path,status", [
+    ("GET", "/", 404), ("POST", "/v1/embeddings", 404), ("POST", "/v1/responses", 404),
+    ("GET", "/v1/chat/completions", 405),
+])
+def test_a_wrong_endpoint_lists_the_right_ones(client, method, path, status):
+    # a browser at the root, or a client asking for an API this server lacks, only got "Not Found"
+    r = client.request(method, path, json={})
+    assert r.status_code == status, r.text
+    msg = r.json()["error"]["message"]
+    assert msg.startswith(f"{method} {path}: ") and "POST /v1/chat/completions, POST /v1/completions" in msg, msg

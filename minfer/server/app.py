@@ -341,6 +341,8 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         msg = f"{request.method} {request.url.path}: {exc.detail}"
+        if exc.status_code in (404, 405):   # a client (or a browser) at the wrong door: the right ones
+            msg += f"; this server answers {ENDPOINTS}"
         return APIError(exc.status_code, msg, "invalid_request_error", code).response()
 
     @app.exception_handler(Exception)
@@ -499,6 +501,10 @@ _UNION_HINTS = {
               "one prompt per request",
     "content": 'expected a string or a list of text parts ({"type": "text", "text": "..."})',
 }
+
+
+ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, "
+             "GET /metrics")
 
 
 def _field_names() -> set[str]:
