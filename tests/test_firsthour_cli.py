@@ -445,3 +445,11 @@ def test_serve_warns_that_a_base_model_has_no_chat_template(capsys, base, tiny):
         err = capsys.readouterr().err
         assert rc == 1 and "cannot listen" in err
         assert ("has no chat template (a base model)" in err) == warned, err
+
+
+def test_an_unsplittable_minfer_pip_args_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MINFER_PIP_ARGS", "--find-links '/my wheels")
+    line = one_error_line(capsys, ["pull", "smollm2-135m-instruct"])   # was shlex's ValueError
+    assert line.startswith("minfer: error: MINFER_PIP_ARGS=") and "No closing quotation" in line, line
+    assert not (tmp_path / "home").exists()   # refused before anything was made
