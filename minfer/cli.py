@@ -83,12 +83,11 @@ def _model_first(args, extra: list, argv: list) -> list:
     main = getattr(args, "_main", None)
     cmd = getattr(main, "__module__", "")
     if not extra and cmd.endswith((".run", ".tokenize")):
-        # `minfer run MODEL` alone (`ollama run MODEL`): the word is the model, not a prompt for
-        # the default model; the prompt then comes from stdin (run) or is missing (tokenize)
+        # `minfer run MODEL` alone (`ollama run MODEL`), or with -p/-f: the word is the model, not
+        # a prompt for the default model; the prompt then comes from -p, -f or stdin
         field = "prompt" if cmd.endswith(".run") else "text"
         word = getattr(args, field, None)
-        if (word is not None and _names_a_model(word) and getattr(args, "prompt_opt", None) is None
-                and getattr(args, "file", None) is None):
+        if word is not None and _names_a_model(word):
             args.model = word
             setattr(args, field, None)
         return extra

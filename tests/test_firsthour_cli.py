@@ -353,6 +353,8 @@ def test_run_model_alone_is_the_model_not_a_prompt_for_the_default(capsys, monke
     assert "reading the prompt from standard input" in err and expected in err and out2 == out, err
     args = cli.build_parser().parse_args(["tokenize", tiny])
     assert cli._model_first(args, [], ["tokenize", tiny]) == [] and (args.model, args.text) == (tiny, None)
+    args = cli.build_parser().parse_args(["run", "-p", "hi", tiny])   # -p with the model by position
+    assert cli._model_first(args, [], ["run", "-p", "hi", tiny]) == [] and (args.model, args.prompt) == (tiny, None)
     # an ordinary one-word prompt stays a prompt
     args = cli.build_parser().parse_args(["run", "hello"])
     cli._model_first(args, [], ["run", "hello"])
