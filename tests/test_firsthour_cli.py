@@ -455,3 +455,34 @@ def test_an_unsplittable_minfer_pip_args_is_one_line(capsys, monkeypatch, tmp_pa
     line = one_error_line(capsys, ["pull", "smollm2-135m-instruct"])   # was shlex's ValueError
     assert line.startswith("minfer: error: MINFER_PIP_ARGS=") and "No closing quotation" in line, line
     assert not (tmp_path / "home").exists()   # refused before anything was made
+
+
+def test_serve_says_when_the_model_is_ready(tiny):
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "-m", "minfer", "serve", "-m", tiny, "--device", "cpu",
+                          "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read():
+        for line in p.stderr:
+            lines.append(line)
+            if "model ready" in line:
+                ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        # the startup message says to wait for the load; the "model ready" line used to be dropped
+        # (the server's logger had no handler at INFO)
+        assert ready.wait(300), "".join(lines)   # hang guard, not a timing assertion
+        assert any(line.startswith("minfer: model ready: tiny (context ") for line in lines), lines
+    finally:
+        p.terminate()
+        p.wait(30)

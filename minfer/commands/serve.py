@@ -176,6 +176,17 @@ def main(args: argparse.Namespace) -> int:
                      parallel=parallel,
                      kv_memory=args.kv_memory)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+    # uvicorn configures its own loggers only: without a handler, the server's "model ready" line
+    # (the moment the startup message tells users to wait for) was dropped at INFO
+    import logging
+
+    server_log = logging.getLogger("minfer.server")
+    if not server_log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("minfer: %(message)s"))
+        server_log.addHandler(handler)
+        server_log.propagate = False
+    server_log.setLevel(args.log_level.upper())
     server = uvicorn.Server(config)
     host, port = sock.getsockname()[:2]
     import ipaddress
