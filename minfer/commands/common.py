@@ -134,7 +134,8 @@ def _capped_threads(t: int, cpus: int) -> int:
     if t <= cpus:
         return t
     # measured on 2 CPUs, smollm2-135m: `minfer run` took 4.2 s at -t 2 and 8, 9.9 s at -t 32 and
-    # 32 s at -t 128 (torch's parallel regions at load wake every thread); -t 1000 ran for minutes
+    # 32 s at -t 128, almost all of it before the first token (not profiled further); -t 1000 ran
+    # past a 120 s limit
     warn(f"-t/--threads {t}: this process may run on {cpus} CPUs, and more threads than CPUs "
          f"only slow every step; using {cpus}")
     return cpus
