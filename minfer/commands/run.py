@@ -125,7 +125,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the prompt; '-' or nothing (and no -p/-f) reads it from stdin")
     p.add_argument("-p", "--prompt", dest="prompt_opt", default=None, metavar="PROMPT",
                    help="the prompt, as llama.cpp's -p (instead of the positional PROMPT)")
-    p.add_argument("-f", "--file", default=None, metavar="FILE", help="read the prompt from FILE (UTF-8); '-' reads standard input")
+    p.add_argument("-f", "--file", default=None, metavar="FILE",
+                   help="read the prompt from FILE (UTF-8); '-' reads standard input")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--raw", "-no-cnv", "--no-conversation", dest="raw", action="store_true",
                       help="continue PROMPT as plain text; no chat template")
