@@ -225,7 +225,7 @@ def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
 def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
     """With qgemm_repack the batch engine makes dense planes only for weights without repacked
     planes (here a Q8_0 one), and drops those made before; without it, every weight gets one."""
-    from minfer.runtime.batch_engine import attach_dense_planes
+    from minfer.runtime.dense_planes import attach_dense_planes
     from minfer.switches import Switches
 
     gr = QM["gemv_repack"]

@@ -197,7 +197,7 @@ def test_dense_planes_equal_the_dequantized_weights_and_feed_linear(tmp_path, in
     from gguf import GGMLQuantizationType as T
 
     from minfer.ops import paths
-    from minfer.runtime.batch_engine import attach_dense_planes, detach_dense_planes
+    from minfer.runtime.dense_planes import attach_dense_planes, detach_dense_planes
 
     qm = interp_mods["qmatmul"]
     path = write_tiny_model(tmp_path / "q8.gguf", TinySpec(arch="llama", qtype=T.Q8_0, seed=2, vocab=64))

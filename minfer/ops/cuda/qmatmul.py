@@ -192,7 +192,7 @@ def _linear(x, w, bias, sw, ws):
     plane = getattr(w, "batch_dense", None)
     if plane is not None and plane.dtype == x.dtype and not (
             m <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv and getattr(w, "repacked", None) is not None):
-        # a resident copy in the activations' dtype, made by the batch engine (runtime/batch_engine.py
+        # a resident copy in the activations' dtype, made for the batch engine (runtime/dense_planes.py
         # attach_dense_planes): cuBLAS reads 2 bytes per weight and decodes nothing. Small M on a
         # weight with repacked GEMV planes (gemv_repack.py) stays on that GEMV, which reads 4.5-6.5
         # bits per weight, up to dense_gemv_max_m rows (H200: the GEMV's tl.dot path lost to cuBLAS
@@ -366,7 +366,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     if (dg is not None and dg[0] == wts and dg[1].dtype == x.dtype
             and not (x.shape[0] <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv
                      and getattr(wts[0], "repacked", None) is not None)):
-        # the group's one dense plane (runtime/batch_engine.attach_dense_planes): one cuBLAS GEMM,
+        # the group's one dense plane (runtime/dense_planes.attach_dense_planes): one cuBLAS GEMM,
         # column views out (as the group GEMV gives); small M on repacked weights keeps the GEMV
         paths.count(f"qmatmul.group{len(wts)}.dense_plane")
         out = F.linear(x, dg[1], ws.group_bias(wts, biases, x.dtype))
