@@ -193,9 +193,9 @@ def main(args) -> int:
     chat = Chat(eng, params, None if args.max_tokens < 0 else args.max_tokens, args.system)
     if eng.tokenizer.chat_template is None:   # e.g. the catalog's gemma-3-270m, a base model
         print(f"minfer: note: {eng.path.name} has no chat template (a base model): the conversation "
-              "is written in ChatML, which it was not trained on; expect replies that continue the "
-              "text rather than answer it (`minfer run --raw` continues a text on purpose)",
-              file=sys.stderr, flush=True)
+              f"is written in the {eng.tokenizer.chat_format} turn format its vocabulary suggests, "
+              "which a base model was not tuned to answer; expect replies that continue the text "
+              "(`minfer run --raw` continues a text on purpose)", file=sys.stderr, flush=True)
     if interactive:
         _setup_readline()
         _own_ctrl_c()

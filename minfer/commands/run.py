@@ -132,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="continue PROMPT as plain text; no chat template")
     mode.add_argument("--chat", "-cnv", "--conversation", dest="chat", action="store_true",
                       help="apply the chat template (the default when the model has one; a model "
-                      "without one gets ChatML)")
+                      "without one gets its family's turn format, found from its vocabulary, or ChatML)")
     p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="S",
                    help="a system message before PROMPT (chat mode)")
     p.add_argument("--stop", action="append", default=[], metavar="S",
@@ -235,8 +235,8 @@ def main(args) -> int:
     if not chat and not args.raw:
         # a question put to a base model is continued, not answered: say why, once, on stderr
         print(f"minfer: note: {eng.path.name} has no chat template (a base model), so PROMPT is "
-              "continued as plain text; --chat applies ChatML, --raw silences this note",
-              file=sys.stderr, flush=True)
+              f"continued as plain text; --chat writes it as a user turn ({tok.chat_format} format, "
+              "from the vocabulary), --raw silences this note", file=sys.stderr, flush=True)
     if chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         ids = encode_chat(tok, messages + [{"role": "user", "content": prompt}])

@@ -111,8 +111,8 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise MinferError(f"--port {args.port}: expected 0..65535")
     if args.parallel is not None and args.parallel < 0:
-        raise MinferError(f"-np/--parallel {args.parallel}: expected a number of requests served at "
-                          "once >= 1 (0: as many as the KV memory holds)")
+        raise MinferError(f"-np/--parallel {args.parallel}: expected the number of requests served "
+                          "at once, 1 or more (0: as many as the KV memory holds)")
     for origin in args.cors:
         # a browser sends Origin as scheme://host[:port] (RFC 6454), never with a path or a slash
         # at the end: "localhost:3000" or "http://a.com/" would never match, and say nothing
@@ -135,8 +135,9 @@ def main(args: argparse.Namespace) -> int:
     gf = GGUFFile(path)
     check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
     if gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
-        warn(f"{path.name} has no chat template (a base model): /v1/chat/completions will write "
-             "conversations in ChatML, which it was not trained on; /v1/completions continues a text")
+        warn(f"{path.name} has no chat template (a base model): /v1/chat/completions writes "
+             "conversations in the turn format its vocabulary suggests (or ChatML), which a base model "
+             "was not tuned to answer; /v1/completions continues a text")
     apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
     parallel = args.parallel if args.parallel is not None else (0 if device == "cuda" else 1)
