@@ -159,3 +159,22 @@ def test_dense_planes_equal_dequantize_per_step(model_path):
     assert paths.snapshot()["counts"].get("qmatmul.Q4_K.dense_plane", 0) > 0
     differ = _check_same_or_near_tie(raw, dense, 2e-2)
     print(f"dense planes vs raw blocks: {differ} of {len(prompts)} answers flipped at a near-tie")
+
+
+def test_held_steps_equal_synchronous_steps_bitwise(model_path):
+    """Held decode steps (MINFER_BATCH_ASYNC, runtime/batch_engine.py) change when the host reads a
+    step, not what the GPU computes: the same tokens and the same logits, bit for bit, as the
+    engine that reads every step first; the held one counts its chained launches."""
+    from minfer.ops import paths
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.engine import Engine
+
+    eng = Engine.load(str(model_path), device="cuda", ctx=512, progress=False)
+    prompts = _prompts(24, eng.config.vocab, seed=4)
+    sync = _run(BatchEngine.from_engine(eng, max_seqs=24, kv_memory=256 << 20, async_steps=False), prompts, 16)
+    paths.reset()
+    held = _run(BatchEngine.from_engine(eng, max_seqs=24, kv_memory=256 << 20, async_steps=True), prompts, 16)
+    assert paths.snapshot()["counts"].get("batch.async_chain", 0) > 0
+    for (ta, la), (tb, lb) in zip(sync, held):
+        assert ta == tb
+        assert len(la) == len(lb) and all(torch.equal(a, b) for a, b in zip(la, lb))
