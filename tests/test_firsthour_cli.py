@@ -110,6 +110,7 @@ def test_every_help_explains_with_examples_and_prints_clean_text(capsys, name):
 @pytest.mark.parametrize("flags,expect", [
     (["--kv-memory", "8G"], "--kv-memory applies to the batched table only"),   # was ignored
     (["--dense-planes", "off"], "--dense-planes applies to the batched table only"),
+    (["--ab", "MINFER_GEMV='1", "MINFER_GEMV=0"], "not shell words (No closing quotation)"),   # was shlex's ValueError
 ])
 def test_bench_flags_without_parallel_are_refused_before_the_load(capsys, flags, expect):
     line = one_error_line(capsys, ["bench", "-m", "/no/model.gguf", "-p", "8", "-n", "0", *flags])

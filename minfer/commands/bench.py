@@ -133,6 +133,11 @@ def main(args: argparse.Namespace) -> int:
         flag = "--kv-memory" if args.kv_memory is not None else "--dense-planes"
         raise MinferError(f"{flag} applies to the batched table only: give --parallel B[,B..] too")
     check_out(args.out)
+    for spec in args.ab or []:   # bench.parse_env splits them as shell words; shlex's ValueError
+        try:                     # (an unclosed quote) would otherwise be a traceback
+            shlex.split(spec)
+        except ValueError as e:
+            raise MinferError(f"--ab {spec!r}: not shell words ({e})") from None
     if args.plot:
         from minfer.bench.plot import plot_runs
 
