@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     set_process_env()
     parser = build_parser()
     words = sys.argv[1:] if argv is None else argv
+    if words and words[0] == "help":   # `minfer help [COMMAND]`, as git and pip take it
+        words = [*words[1:2], "--help"]
+        argv = words
     if words and (hint := _unknown_command(words[0])):
         parser.error(hint)
     # parse_args would report an unknown flag with the top-level usage; the subcommand's usage

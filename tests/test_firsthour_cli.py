@@ -487,3 +487,11 @@ def test_serve_says_when_the_model_is_ready(tiny):
     finally:
         p.terminate()
         p.wait(30)
+
+
+def test_help_as_a_command(capsys):
+    # `minfer help` and `minfer help run` (git's and pip's habit) were "invalid choice: 'help'"
+    for argv, usage in ((["help"], "usage: minfer [-h]"), (["help", "run"], "usage: minfer run ")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 0 and capsys.readouterr().out.startswith(usage)
