@@ -17,6 +17,16 @@ RULE = ("device: cuda when torch sees a GPU, else cpu; a chosen device that cann
         "error, never a silent fall back to the CPU")
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask; hyper-threads count)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def resolve_device(name: str | None) -> str:
     """'cuda' or 'cpu': the one asked for, else cuda when present, else cpu. Asking for cuda
     without a GPU, or choosing cuda while its backend cannot load, is a MinferError."""

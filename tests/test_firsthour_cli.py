@@ -495,3 +495,22 @@ def test_help_as_a_command(capsys):
         with pytest.raises(SystemExit) as e:
             cli.main(argv)
         assert e.value.code == 0 and capsys.readouterr().out.startswith(usage)
+
+
+def test_minfer_threads_above_the_cpus_is_cut_for_library_loads(capsys, tiny):
+    """Engine.load (the library, not the CLI) cuts MINFER_THREADS to the CPUs it may run on, with
+    one warning, as -t is cut (MINFER_THREADS=64 on 2 CPUs took 15.4 s against 3.7 s)."""
+    import torch
+
+    from minfer.device import usable_cpus
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    n = torch.get_num_threads()
+    try:
+        Engine.load(str(tiny), device="cpu", ctx=64, progress=False, switches=Switches(threads=4099))
+        assert torch.get_num_threads() == usable_cpus()
+        err = capsys.readouterr().err
+        assert f"MINFER_THREADS=4099: this process may run on {usable_cpus()} CPUs" in err, err
+    finally:
+        torch.set_num_threads(n)

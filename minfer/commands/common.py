@@ -13,6 +13,8 @@ import functools
 import os
 import sys
 
+from minfer.device import usable_cpus  # noqa: F401  (commands and tests take it from here)
+
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 MODEL_HELP = "path to a .gguf file or a catalog name (`minfer list`)"
 
@@ -120,12 +122,6 @@ def resolve_threads(args) -> int:
     return t
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask; hyper-threads count)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 @functools.lru_cache(maxsize=None)
