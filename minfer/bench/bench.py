@@ -80,6 +80,12 @@ class ModelStats:
     def from_gguf(cls, gf) -> "ModelStats":
         t = gf.tensors
         g = gf.arch_get
+        for key in ("attention.head_count", "embedding_length"):
+            if g(key) is None:
+                raise MinferError(f"{gf.path}: metadata '{gf.architecture}.{key}' is missing; the bench "
+                                  "needs it for the model's FLOPs and bytes per token")
+        if "token_embd.weight" not in t:
+            raise MinferError(f"{gf.path}: tensor 'token_embd.weight' is missing")
         n_head = int(g("attention.head_count"))
         hidden = int(g("embedding_length"))
         head_dim = int(g("attention.key_length") or hidden // n_head)
@@ -246,7 +252,11 @@ def minfer_env() -> dict:
 def parse_env(spec: str) -> dict[str, str | None]:
     """'A=1 B=0' -> {'A': '1', 'B': '0'}; a bare 'A' means: unset A."""
     out: dict[str, str | None] = {}
-    for item in shlex.split(spec.replace(",", " ")):
+    try:
+        items = shlex.split(spec.replace(",", " "))
+    except ValueError as e:      # an unclosed quote
+        raise MinferError(f"--ab {spec!r}: {e}") from None
+    for item in items:
         key, eq, value = item.partition("=")
         if not key.isidentifier():
             raise MinferError(f"--ab {spec!r}: {item!r} is not ENV=VALUE (or a bare ENV to unset it)")

@@ -19,6 +19,7 @@ another format (or not at all) is refused with a 400, never answered with prose.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any, Callable
 
@@ -301,7 +302,20 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
             plan.processors.append(GrammarConstraint(tok, grammar))
     except GrammarError as e:
         code = "unsupported_value" if "nimplemented" in str(e) or "not supported" in str(e) else "invalid_value"
-        raise ToolError(param, f"{param}: {e}", code) from e
+        # llguidance's message goes on with the whole generated grammar ("   1 | start: ..."): keep
+        # what comes before it, on one line (the caret lines only point into that listing)
+        kept = []
+        for line in str(e).splitlines():
+            if re.match(r"\s*\d+ \|", line):
+                break
+            if line.strip() and line.strip() != "^":
+                kept.append(line.strip())
+        msg = " ".join(kept)
+        msg = msg[:400] + (" (...)" if len(msg) > 400 else "")
+        if param == "tools":
+            names = ", ".join(repr(getattr(getattr(t, "function", None), "name", "?")) for t in callable_tools)
+            msg += f" (tools {names})"
+        raise ToolError(param, f"{param}: {msg}", code) from e
     if req.logit_bias:
         plan.processors.insert(0, logit_bias(tok, req.logit_bias))
     return plan

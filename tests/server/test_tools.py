@@ -208,3 +208,18 @@ def test_a_named_tool_that_is_not_offered_is_a_400(qclient):
         qclient.chat.completions.create(model=QWEN, messages=ASK, tools=TOOLS, max_tokens=4,
                                         tool_choice={"type": "function", "function": {"name": "nope"}})
     assert e.value.body["param"] == "tool_choice" and "nope" in e.value.body["message"]
+
+
+def test_a_tool_whose_schema_cannot_be_compiled_is_a_short_400_naming_the_tool(qclient):
+    """llguidance's error for a bad tool schema carried the whole generated grammar (tens of
+    lines); the 400 says what failed in one line, and which tools were offered."""
+    import openai
+
+    bad = [{"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "properties": {"q": {"type": "string", "pattern": "(unclosed"}}, "required": ["q"]}}}]
+    with pytest.raises(openai.BadRequestError) as e:
+        qclient.chat.completions.create(model=QWEN, messages=ASK, tools=bad, tool_choice="required", max_tokens=4)
+    body = e.value.body
+    assert body["param"] == "tools", body
+    assert "\n" not in body["message"] and len(body["message"]) < 600, body["message"]
+    assert "'lookup'" in body["message"] and "unclosed group" in body["message"], body["message"]
