@@ -338,11 +338,13 @@ class BatchEngine:
         with self._lock:
             sch = self.scheduler
             seqs = held.seqs
-            if ((sch.waiting and len(sch.running) < self.max_seqs) or len(sch.running) != len(seqs)
-                    or any(s.status is not SeqStatus.RUNNING for s in seqs)):
-                return None
             # rows whose held token is not their last (a length finish is known now; a stop is not)
             rows = [r for r, s in enumerate(seqs) if s.n_generated + 1 < s.max_new_tokens]
+            # a slot that a length finish frees now goes to a waiting request in this step, as
+            # the synchronous engine gives it (len(rows): the running left once they end)
+            if ((sch.waiting and len(rows) < self.max_seqs) or len(sch.running) != len(seqs)
+                    or any(s.status is not SeqStatus.RUNNING for s in seqs)):
+                return None
             if not rows:
                 return None
             bs = self.cache.block_size
