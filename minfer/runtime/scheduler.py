@@ -96,12 +96,16 @@ class Scheduler:
 
     def schedule(self) -> ScheduledStep:
         step = self._schedule()
+        if not step.items and self.running and self.prefill_first:
+            # the held decode rows are all that can run (a prompt waits for blocks they hold):
+            # run them; preempting the prompt instead re-admitted it into the same wait forever
+            step = self._schedule(hold=False)
         while not step.items and self.running:
             self.preempt(self.running[-1])   # everything blocked: free the newest and retry
             step = self._schedule()
         return step
 
-    def _schedule(self) -> ScheduledStep:
+    def _schedule(self, hold: bool = True) -> ScheduledStep:
         budget = self.token_budget
         decode: list[StepItem] = []
         prefill: list[StepItem] = []
@@ -111,7 +115,7 @@ class Scheduler:
 
         # 1. decode rows (the oldest first: preemption takes the newest)
         bs = bm.block_size
-        hold = self.prefill_first and (bool(self.waiting) or any(s.n_generated == 0 for s in self.running))
+        hold = hold and self.prefill_first and (bool(self.waiting) or any(s.n_generated == 0 for s in self.running))
         for seq in ([] if hold else list(self.running)):
             n_tok = len(seq.tokens)
             if (seq.status is not SeqStatus.RUNNING or n_tok - seq.n_computed != 1
