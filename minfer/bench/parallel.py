@@ -71,7 +71,13 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
     be = BatchEngine.from_engine(engine, max_seqs=n_max, kv_memory=kv_memory, cuda_graphs=graphs,
                                  prefix_cache=False, dense_planes=dense_planes)
     be.scheduler.prefill_first = True
-    be.warm_graphs()
+    t0 = time.perf_counter()
+    n_graphs = be.warm_graphs()
+    if progress and n_graphs:
+        import sys
+
+        print(f"  captured the decode graphs of {n_graphs} batch sizes in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr)
     if progress and be.dense_plane_bytes:
         import sys
 
