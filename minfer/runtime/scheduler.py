@@ -57,7 +57,8 @@ class Scheduler:
         self.n_preemptions = 0
         # benchmarks (bench/parallel.py, llama-batched-bench's phases): no decode row while a
         # sequence waits or has not had its first token, so all prompts are prefilled first and
-        # then every sequence decodes in the same steps. Serving keeps decode rows first.
+        # then every sequence decodes in the same steps (unless nothing else can run: a prompt
+        # may wait for the blocks they hold). Serving keeps decode rows first.
         self.prefill_first = False
 
     def add(self, seq: Sequence) -> None:
@@ -146,7 +147,9 @@ class Scheduler:
         for seq in self.running:
             if budget <= 0:
                 break
-            if seq.seq_id in scheduled or (hold and seq.n_generated > 0):
+            # held: a decoding sequence's one token; a preempted one's recompute still runs (it
+            # holds blocks a prompt may be waiting for)
+            if seq.seq_id in scheduled or (hold and seq.n_generated > 0 and seq.n_pending == 1):
                 continue
             n = self._fit(seq, min(seq.n_pending, budget))
             if n > 0:

@@ -110,6 +110,8 @@ class _Logged(BatchEngine):
         super().__init__(*a, **kw)
         self.layouts: list[tuple] = []
         self.chained_rows = 0
+        self.chained_ids: set[int] = set()     # sequences that had a row in a chained step
+        self.held_ids: set[int] = set()        # sequences that had a row in a held step
         self.cancel_held = 0            # cancels of a sequence that had a row in the held step
 
     def _launch(self, items, tokens, decode_only, chained=False):
@@ -122,8 +124,12 @@ class _Logged(BatchEngine):
                 assert s.n_generated + 1 < s.max_new_tokens, s
                 assert it.is_decode and it.n == 1 and it.start == s.n_computed
             self.chained_rows += len(items)
+            self.chained_ids.update(it.seq.seq_id for it in items)
         self.layouts.append(tuple((it.seq.seq_id, it.start, it.n, it.sample) for it in items))
-        return super()._launch(items, tokens, decode_only, chained)
+        run = super()._launch(items, tokens, decode_only, chained)
+        if run is not None and run.toks is not None:
+            self.held_ids.update(s.seq_id for s in run.seqs)
+        return run
 
 
 def _params(g: random.Random, i: int):
@@ -365,5 +371,57 @@ def test_prefill_first_with_a_tight_pool_finishes(tiny, async_steps):
         calls += 1
         assert calls < 50, be.scheduler.running
     assert [s.tokens[s.n_prompt:] for s in seqs] == [[e.token_id for e in evs] for evs in want]
+    assert be.blocks.n_used == 0
+    be.blocks.check()
+
+
+def test_chained_rows_never_for_short_finished_or_last_token_sequences(tiny, common_tokens):
+    """Requests of max_new_tokens 0, 1 and 2 beside longer greedy ones, and an end-of-turn token
+    that stops some in the middle of a chain: chained steps run, but _Logged finds no chained
+    row for a finished sequence or one whose held token is its last; a request of 0 or 1
+    tokens never has a held row at all (its one token comes from a prefill step), one of 2 has
+    held rows but never a chained one. Held and synchronous answers agree."""
+    g = random.Random(21)
+    greedy = SamplingParams(temperature=0)
+    lengths = [0, 1, 2, 12, 1, 2, 9, 0, 2, 14, 1, 7]
+    reqs = [dict(prompt=[g.randrange(VOCAB) for _ in range(g.randint(3, 20))], params=greedy, max_new=n,
+                 arrival=0 if i < 8 else 3, stop=[], top=0, procs=[], kind="greedy", ignore_eos=False)
+            for i, n in enumerate(lengths)]
+    sc = dict(reqs=reqs, cancel={}, eog=common_tokens[0], keep_logits=True, prefill_first=False,
+              kw=dict(n_ctx=128, max_seqs=8, n_blocks=64, block_size=4, token_budget=512))
+    tok = _Tok([sc["eog"]])
+    sync = _Logged(tiny, tok, async_steps=False, **sc["kw"])
+    held = _Logged(tiny, tok, async_steps=True, **sc["kw"])
+    a, sa, ka = _drive(sync, sc)
+    b, sb, kb = _drive(held, sc)
+    _compare(sc, a, b, sa, sb, ka, kb, _layouts(sync, sa) == _layouts(held, sb))
+    assert held.chained_rows > 0 and any(s.finish_reason == "stop" for s in sb.values())
+    ids = {n: {sb[i].seq_id for i, m in enumerate(lengths) if m == n} for n in set(lengths)}
+    assert not held.chained_ids & (ids[0] | ids[1] | ids[2])
+    assert not held.held_ids & (ids[0] | ids[1])
+    assert held.held_ids & ids[2]
+    assert [sb[i].finish_reason for i in range(len(lengths)) if lengths[i] == 0] == ["length"] * 2
+
+
+@pytest.mark.parametrize("async_steps", [False, True])
+def test_prefill_first_resumes_a_preempted_sequence(tiny, async_steps):
+    """Minimized from the random scenarios (seed 1130 of a longer run): with prefill_first and 5
+    usable blocks, a sequence preempted after it had generated must recompute its tokens before
+    it decodes again. The hold skipped the prefill chunk of every sequence that had generated,
+    so its recompute never ran while a newer prompt waited for the blocks it kept, and the newest
+    was preempted and re-admitted forever."""
+    g = random.Random(3)
+    greedy = SamplingParams(temperature=0)
+    shape = [(51, 20, 14), (35, 4, 12), (29, 17, 6), (7, 10, 11)]      # prompt, max_new, arrival
+    reqs = [dict(prompt=[g.randrange(VOCAB) for _ in range(n)], params=greedy, max_new=m, arrival=a, stop=[],
+                 top=0, procs=[], kind="greedy", ignore_eos=True) for n, m, a in shape]
+    sc = dict(reqs=reqs, cancel={3: 13}, eog=None, keep_logits=False, prefill_first=True,
+              kw=dict(n_ctx=128, max_seqs=8, n_blocks=6, block_size=16, token_budget=24, prefix_cache=False))
+    be = _Logged(tiny, None, async_steps=async_steps, **sc["kw"])
+    evs, seqs, _ = _drive(be, sc)                    # asserts it ends within 400 calls
+    assert be.scheduler.n_preemptions > 0
+    for i, (n, m, _a) in enumerate(shape[:3]):       # the same tokens as each prompt alone
+        alone = BatchEngine(tiny, n_ctx=128, max_seqs=1, n_blocks=16, block_size=16)
+        assert _tokens(evs[i]) == [e.token_id for e in alone.generate_many([reqs[i]["prompt"]], greedy, m)[0]]
     assert be.blocks.n_used == 0
     be.blocks.check()
