@@ -204,6 +204,9 @@ def _drive(be: BatchEngine, sc: dict) -> tuple[dict, dict, dict]:
     last_arrival = max(r["arrival"] for r in reqs)
     call = 0
     while call <= last_arrival or be.has_work:
+        if sc.get("abort_at") == call:          # abort_all (a step raised): nothing runs after
+            be.abort_all()
+            break
         for i, r in enumerate(reqs):
             if r["arrival"] == call:
                 s = be.add(r["prompt"], r["params"], r["max_new"], stop=r["stop"], top_logprobs=r["top"],
@@ -425,3 +428,40 @@ def test_prefill_first_resumes_a_preempted_sequence(tiny, async_steps):
         assert _tokens(evs[i]) == [e.token_id for e in alone.generate_many([reqs[i]["prompt"]], greedy, m)[0]]
     assert be.blocks.n_used == 0
     be.blocks.check()
+
+
+def test_abort_all_in_the_middle_leaves_a_clean_engine(tiny, common_tokens):
+    """abort_all() at a random call (with a step held in flight on the held engine): every
+    sequence is finished, no block is held, nothing is in flight, each request's tokens so far
+    are a prefix of the synchronous engine's, and the engine then serves a new request as a
+    fresh one does."""
+    greedy = SamplingParams(temperature=0)
+    probe = [5, 9, 2, 33, 17, 8]
+    want = BatchEngine(tiny, n_ctx=128, max_seqs=2, n_blocks=32, block_size=4).generate_many([probe], greedy, 6)[0]
+    held_in_flight = 0
+    for seed in range(1000, 1012):
+        sc = _scenario(seed, common_tokens)
+        sc["cancel"] = {}
+        sc["abort_at"] = random.Random(seed).randint(2, 18)
+        tok = _Tok([sc["eog"]] if sc["eog"] is not None else [])
+        runs = []
+        for async_steps in (False, True):
+            be = _Logged(tiny, tok, async_steps=async_steps, **sc["kw"])
+            orig = be.abort_all
+
+            def abort(be=be, orig=orig):
+                nonlocal held_in_flight
+                held_in_flight += be._inflight is not None
+                orig()
+            be.abort_all = abort
+            evs, seqs, _ = _drive(be, sc)
+            assert all(s.finished for s in seqs.values()), seed
+            assert be.blocks.n_used == 0 and not be.has_work and not be.scheduler.running, seed
+            be.blocks.check()
+            got = be.generate_many([probe], greedy, 6)[0]
+            assert [e.token_id for e in got] == [e.token_id for e in want], seed
+            runs.append(evs)
+        for i in runs[0]:
+            ta, tb = _tokens(runs[0][i]), _tokens(runs[1][i])
+            assert tb == ta[:len(tb)], (seed, i, ta, tb)
+    assert held_in_flight > 0
