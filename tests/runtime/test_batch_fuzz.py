@@ -423,6 +423,7 @@ def test_prefill_first_resumes_a_preempted_sequence(tiny, async_steps):
     be = _Logged(tiny, None, async_steps=async_steps, **sc["kw"])
     evs, seqs, _ = _drive(be, sc)                    # asserts it ends within 400 calls
     assert be.scheduler.n_preemptions > 0
+    assert [seqs[i].finish_reason for i in range(4)] == ["length"] * 3 + ["cancel"]
     for i, (n, m, _a) in enumerate(shape[:3]):       # the same tokens as each prompt alone
         alone = BatchEngine(tiny, n_ctx=128, max_seqs=1, n_blocks=16, block_size=16)
         assert _tokens(evs[i]) == [e.token_id for e in alone.generate_many([reqs[i]["prompt"]], greedy, m)[0]]
