@@ -187,9 +187,14 @@ def _scenario(seed: int, common: list[int]) -> dict:
                      or range(n_req))
         cancel[r] = reqs[r]["arrival"] + g.randint(0, 14)
     eog = g.choice(common) if g.random() < 0.7 else None
-    return dict(reqs=reqs, cancel=cancel, eog=eog, keep_logits=g.random() < 0.3, prefill_first=g.random() < 0.15,
-                kw=dict(n_ctx=n_ctx, max_seqs=max_seqs, n_blocks=n_blocks, block_size=bs,
-                        token_budget=g.choice([g.randint(8, 32), 512]), prefix_cache=g.random() < 0.6))
+    sc = dict(reqs=reqs, cancel=cancel, eog=eog, keep_logits=g.random() < 0.3, prefill_first=g.random() < 0.15,
+              kw=dict(n_ctx=n_ctx, max_seqs=max_seqs, n_blocks=n_blocks, block_size=bs,
+                      token_budget=g.choice([g.randint(8, 32), 512]), prefix_cache=g.random() < 0.6))
+    if g.random() < 0.3:          # no stop and no cancel: the two engines must launch the same batches
+        sc["eog"], sc["cancel"] = None, {}
+        for r in reqs:
+            r["stop"] = []
+    return sc
 
 
 def _drive(be: BatchEngine, sc: dict) -> tuple[dict, dict, dict]:
@@ -314,7 +319,8 @@ def _run_seed(tiny, common, seed) -> dict:
             "stop": sum(s.finish_reason == "stop" for s in sb.values()),
             "cancel": sum(s.finish_reason == "cancel" for s in sb.values()),
             "prefix_hits": held.blocks.hits, "exact": int(exact), "not_exact": int(not exact),
-            "cancel_in_held_step": held.cancel_held}
+            "cancel_in_held_step": held.cancel_held,
+            "plain": int(not sc["cancel"] and sc["eog"] is None and not any(r["stop"] for r in sc["reqs"]))}
 
 
 @pytest.mark.parametrize("chunk", range(N_SEEDS // CHUNK))
