@@ -7,44 +7,15 @@ The reference for the tokens themselves is the single-user Engine (contiguous ca
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-from minfer.gguf_file import GGUFFile
-from minfer.models import load_model
 from minfer.ops import paths
 from minfer.runtime.batch_engine import BatchEngine
 from minfer.runtime.engine import Engine
 from minfer.runtime.sampling import SamplingParams
-from models.tiny import TinySpec, write_tiny_model
+from runtime.batch_helpers import StreamTok
 
 GREEDY = SamplingParams(temperature=0)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("m") / "t.gguf",
-                            TinySpec(arch="qwen2", seed=5, ctx=256, vocab=64))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model(GGUFFile(path), progress=False)
-    torch.set_num_threads(n)
-
-
-class _Tok:
-    """Token i reads "t<i> "; `eog` ends the turn."""
-
-    def __init__(self, eog=()):
-        self.eog_ids = set(eog)
-
-    def stream_decoder(self):
-        class D:
-            def push(self, i):
-                return f"t{i} "
-
-            def flush(self):
-                return ""
-        return D()
 
 
 def _prompts(k, lo=3, hi=30, seed=0):
@@ -89,7 +60,7 @@ def test_greedy_with_stops_and_lengths_equals_the_synchronous_engine(tiny):
     stop = f"t{free[4][8].token_id} "               # a stop string inside sequence 4's text
     reqs = [(p, GREEDY, 6 + 2 * i, [stop] if i == 4 else []) for i, p in enumerate(prompts)]
     kw = dict(n_ctx=128, max_seqs=8, n_blocks=64, block_size=4, token_budget=24)
-    sync, eng = _pair(tiny, _Tok([eog]), **kw)
+    sync, eng = _pair(tiny, StreamTok([eog]), **kw)
     paths.reset()
     a, _ = _run(sync, reqs)
     assert paths.snapshot()["counts"].get("batch.async_chain", 0) == 0

@@ -80,17 +80,6 @@ from models.tiny import TinySpec, write_tiny_model  # noqa: E402
 GREEDY = SamplingParams(temperature=0)
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("m") / "t.gguf",
-                            TinySpec(arch="qwen2", seed=5, ctx=256, vocab=64))
-    # one thread: these ops are tiny, and a second thread on a shared 2-core machine only waits
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model(GGUFFile(path), progress=False)
-    torch.set_num_threads(n)
-
-
 def _alone(model, prompt, n):
     """The single-user Engine's greedy tokens (contiguous cache, one sequence)."""
     return [e.token_id for e in Engine(model, None, 128).generate(prompt, GREEDY, n)]

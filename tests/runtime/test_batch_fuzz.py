@@ -34,26 +34,14 @@ import random
 import pytest
 import torch
 
-from minfer.gguf_file import GGUFFile
-from minfer.models import load_model
 from minfer.runtime.batch_engine import BatchEngine
 from minfer.runtime.sampling import SamplingParams
 from minfer.runtime.sequence import SeqStatus
-from models.tiny import TinySpec, write_tiny_model
+from runtime.batch_helpers import StreamTok
 
 VOCAB = 64
 N_SEEDS = 192           # scenarios in all, in CHUNK-sized test cases
 CHUNK = 16
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    path = write_tiny_model(tmp_path_factory.mktemp("m") / "t.gguf",
-                            TinySpec(arch="qwen2", seed=5, ctx=256, vocab=VOCAB))
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model(GGUFFile(path), progress=False)
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +60,6 @@ def _common_tokens(tiny) -> list[int]:
         for e in evs:
             counts[e.token_id] = counts.get(e.token_id, 0) + 1
     return sorted(counts, key=lambda t: -counts[t])[:12]
-
-
-class _Tok:
-    """Token i reads "t<i> "; `eog` ends the turn (test_batch_async.py's stand-in)."""
-
-    def __init__(self, eog=()):
-        self.eog_ids = set(eog)
-
-    def stream_decoder(self):
-        class D:
-            def push(self, i):
-                return f"t{i} "
-
-            def flush(self):
-                return ""
-        return D()
 
 
 class _Ban:
@@ -295,7 +267,7 @@ def _layouts(be: _Logged, seqs: dict) -> list:
 
 def _run_seed(tiny, common, seed) -> dict:
     sc = _scenario(seed, common)
-    tok = _Tok([sc["eog"]] if sc["eog"] is not None else [])
+    tok = StreamTok([sc["eog"]] if sc["eog"] is not None else [])
     sync = _Logged(tiny, tok, async_steps=False, **sc["kw"])
     held = _Logged(tiny, tok, async_steps=True, **sc["kw"])
     a, sa, ka = _drive(sync, sc)
@@ -398,7 +370,7 @@ def test_chained_rows_never_for_short_finished_or_last_token_sequences(tiny, com
             for i, n in enumerate(lengths)]
     sc = dict(reqs=reqs, cancel={}, eog=common_tokens[0], keep_logits=True, prefill_first=False,
               kw=dict(n_ctx=128, max_seqs=8, n_blocks=64, block_size=4, token_budget=512))
-    tok = _Tok([sc["eog"]])
+    tok = StreamTok([sc["eog"]])
     sync = _Logged(tiny, tok, async_steps=False, **sc["kw"])
     held = _Logged(tiny, tok, async_steps=True, **sc["kw"])
     a, sa, ka = _drive(sync, sc)
@@ -450,7 +422,7 @@ def test_abort_all_in_the_middle_leaves_a_clean_engine(tiny, common_tokens):
         sc = _scenario(seed, common_tokens)
         sc["cancel"] = {}
         sc["abort_at"] = random.Random(seed).randint(2, 18)
-        tok = _Tok([sc["eog"]] if sc["eog"] is not None else [])
+        tok = StreamTok([sc["eog"]] if sc["eog"] is not None else [])
         runs = []
         for async_steps in (False, True):
             be = _Logged(tiny, tok, async_steps=async_steps, **sc["kw"])
