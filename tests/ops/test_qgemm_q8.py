@@ -184,22 +184,6 @@ def test_linear_takes_qgemm_q8_between_the_gemv_and_qgemm_max_m(QM):
     assert "qmatmul.Q6_K.qgemm_q8 (switched off by MINFER_QGEMM_Q8=0)" in snap["switched_off"]
 
 
-def test_attach_dense_planes_skips_repacked_weights_with_qgemm_q8(QM):
-    from minfer.runtime.batch_engine import attach_dense_planes
-    from minfer.switches import Switches
-
-    gr = QM["gemv_repack"]
-    mk = qweights_with_reference([("blk.0.attn_q.weight", 12, 32, 256), ("blk.0.ffn_down.weight", 14, 16, 256),
-                    ("blk.0.attn_k.weight", 8, 16, 256)], seed=5)
-    ws = [w for w, _ in mk]
-    model = ModelStub(ws)
-    gr.repack_model(model)
-    assert attach_dense_planes(model, force=True, free_bytes=1 << 30) == (32 + 16 + 16) * 256 * 4
-    got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_q8=True))
-    assert got == 16 * 256 * 4
-    assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None
-
-
 def test_sweep_tiny_runs_in_the_interpreter(QM, tmp_path, capsys):
     """minfer/bench/qgemm_q8_sweep.py's code path (--tiny: the interpreter, tiny shapes): it checks
     each config against the float32 reference and writes a table load_configs reads."""

@@ -222,9 +222,11 @@ def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
     assert "qmatmul.Q6_K.qgemm" not in paths.snapshot()["counts"]             # above qgemm_max_m: prefill
 
 
-def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
-    """With qgemm_repack the batch engine makes dense planes only for weights without repacked
-    planes (here a Q8_0 one), and drops those made before; without it, every weight gets one."""
+@pytest.mark.parametrize("switch", ["qgemm_repack", "qgemm_q8"])
+def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM, switch):
+    """With qgemm_repack (or qgemm_q8: ops/cuda/qgemm_q8.py) the batch engine makes dense planes
+    only for weights without repacked planes (here a Q8_0 one), and drops those made before;
+    without it, every weight gets one."""
     from minfer.runtime.dense_planes import attach_dense_planes
     from minfer.switches import Switches
 
@@ -237,7 +239,7 @@ def test_attach_dense_planes_skips_repacked_weights_with_qgemm(QM):
     full = attach_dense_planes(model, force=True, free_bytes=1 << 30)
     assert full == (32 + 16 + 16) * 256 * 4 and all(w.batch_dense is not None for w in ws)
     assert torch.equal(ws[0].batch_dense.double(), mk[0][1])
-    got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(qgemm_repack=True))
+    got = attach_dense_planes(model, force=True, free_bytes=1 << 30, switches=Switches(**{switch: True}))
     assert got == 16 * 256 * 4
     assert ws[0].batch_dense is None and ws[1].batch_dense is None and ws[2].batch_dense is not None
 
