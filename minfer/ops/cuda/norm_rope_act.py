@@ -297,22 +297,20 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
     (`.q8`, for the down projection's q8 GEMV) from the same launch."""
-    if gate.shape[0] == 1 or _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
-        gate = gate.contiguous()     # the int8-row kernels read dense rows
-        up = up.contiguous()
-    if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
+    sw = (ctx or DEFAULT).switches
+    if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, sw):
         from minfer.ops.cuda import gemv_q8
 
         paths.count("swiglu.q8")
-        h, q8 = gemv_q8.swiglu_q8(gate, up, interpret=_interp(),
-                                  pdl=pdl_enabled((ctx or DEFAULT).switches, gate.device, "swiglu", early_ok=True))
+        h, q8 = gemv_q8.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(),   # dense rows
+                                  pdl=pdl_enabled(sw, gate.device, "swiglu", early_ok=True))
         h.q8 = q8
         return h
-    if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, (ctx or DEFAULT).switches):
+    if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, sw):
         from minfer.ops.cuda import gemv_q8
 
         paths.count("swiglu.q8rows")
-        h, q8 = gemv_q8.swiglu_q8_rows(gate, up, interpret=_interp())
+        h, q8 = gemv_q8.swiglu_q8_rows(gate.contiguous(), up.contiguous(), interpret=_interp())
         h.q8 = q8
         return h
     paths.count("swiglu.triton")
