@@ -189,9 +189,8 @@ def _linear(x, w, bias, sw, ws):
             out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
         if out is not None:
             return out
-    plane = getattr(w, "batch_dense", None)
-    if plane is not None and plane.dtype == x.dtype and not (
-            m <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv and getattr(w, "repacked", None) is not None):
+    plane = _dense_plane(x, w, getattr(w, "batch_dense", None), sw)
+    if plane is not None:
         # a resident copy in the activations' dtype, made for the batch engine (runtime/dense_planes.py
         # attach_dense_planes): cuBLAS reads 2 bytes per weight and decodes nothing. Small M on a
         # weight with repacked GEMV planes (gemv_repack.py) stays on that GEMV, which reads 4.5-6.5
@@ -270,6 +269,16 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
     out = qgemm_q8.qgemm_q8(q8, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                             ws=ws.gemv_counters(), interpret=interpret())
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
+def _dense_plane(x, w, plane, sw):
+    """plane (w's, or its group's, dense copy) when x's rows are multiplied through it by cuBLAS:
+    in x's dtype, and not rows that stay on w's repacked GEMV (at most dense_gemv_max_m)."""
+    if plane is None or plane.dtype != x.dtype:
+        return None
+    if x.shape[0] <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv and getattr(w, "repacked", None) is not None:
+        return None
+    return plane
 
 
 def _gemv_rows(x, w, sw) -> bool:
@@ -363,9 +372,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
                               **_pdl_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     dg = getattr(wts[0], "batch_dense_group", None)
-    if (dg is not None and dg[0] == wts and dg[1].dtype == x.dtype
-            and not (x.shape[0] <= min(sw.dense_gemv_max_m, sw.gemv_max_m) and sw.gemv
-                     and getattr(wts[0], "repacked", None) is not None)):
+    if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:
         # the group's one dense plane (runtime/dense_planes.attach_dense_planes): one cuBLAS GEMM,
         # column views out (as the group GEMV gives); small M on repacked weights keeps the GEMV
         paths.count(f"qmatmul.group{len(wts)}.dense_plane")
