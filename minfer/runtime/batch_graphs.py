@@ -103,41 +103,43 @@ class BatchDecodeGraphs:
         eng = self.engine
         n = 0
         for size in self.buckets:
-            b = self._by_size.get(size)
-            if b is None:
-                b = self._by_size[size] = _Bucket(size, eng.max_blocks, eng.device)
+            b = self._get(size)
             if b.graph is not None or b.failed:
                 continue
             b.load([], [], eng.cache.block_size, eng.max_blocks)
-            try:
-                self._capture(b)
-                n += 1
-            except RuntimeError as e:
-                paths.fallback("graph.batch_decode.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
-                b.failed = True
+            n += self._try_capture(b)
         eng.cache.step = None
         torch.cuda.synchronize(eng.device)
         return n
+
+    def _get(self, size: int) -> _Bucket:
+        b = self._by_size.get(size)
+        if b is None:
+            b = self._by_size[size] = _Bucket(size, self.engine.max_blocks, self.engine.device)
+        return b
+
+    def _try_capture(self, b: _Bucket) -> bool:
+        """Capture b's graph; a failure marks the bucket eager from then on (counted fallback)."""
+        try:
+            self._capture(b)
+            return True
+        except RuntimeError as e:
+            paths.fallback("graph.batch_decode.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
+            b.failed = True
+            return False
 
     def run(self, items, tokens: list[int]) -> torch.Tensor | None:
         """Logits (bucket, V) of a decode-only step, or None when it must run eagerly."""
         size = self._bucket_for(len(items))
         if size is None:
             return None
-        b = self._by_size.get(size)
-        if b is None:
-            b = self._by_size[size] = _Bucket(size, self.engine.max_blocks, self.engine.device)
+        b = self._get(size)
         if b.failed:
             return None
         eng = self.engine
         b.load(items, tokens, eng.cache.block_size, eng.max_blocks)
-        if b.graph is None:
-            try:
-                self._capture(b)
-            except RuntimeError as e:
-                paths.fallback("graph.batch_decode.replay", f"capture failed: {str(e).splitlines()[0][:100]}")
-                b.failed = True
-                return None
+        if b.graph is None and not self._try_capture(b):
+            return None
         b.graph.replay()
         paths.count("graph.batch_decode.replay")
         eng.cache.step = None
