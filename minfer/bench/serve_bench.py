@@ -178,6 +178,25 @@ def _wait_ready(url: str, proc, limit_s: float = 900) -> None:
     raise SystemExit("the server never became ready")
 
 
+def server_command(a: argparse.Namespace) -> list[str]:
+    """The `minfer serve` command line --launch runs."""
+    cmd = [sys.executable, "-m", "minfer", "serve", "-m", a.model, "--device", a.device, "--port",
+           a.url.rsplit(":", 1)[1], "--ctx", str(a.ctx), "--served-name", a.served_name, "--log-level", "warning"]
+    for flag, value in (("--parallel", a.parallel), ("--token-budget", a.token_budget), ("--kv-memory", a.kv_memory)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def server_settings(model_card: dict, a: argparse.Namespace) -> dict:
+    """What the record says the server ran with: the launched flags, and what the server reports
+    (its /v1/models meta: the budget and slots it actually uses, also for a server at --url)."""
+    meta = (model_card.get("data") or [{}])[0].get("meta") or {}
+    return {"launched": a.launch, "parallel_flag": a.parallel, "token_budget_flag": a.token_budget,
+            "kv_memory_flag": a.kv_memory, "slots": meta.get("max_concurrent_requests"),
+            "token_budget": meta.get("token_budget"), "n_ctx": meta.get("n_ctx")}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8080")
@@ -186,6 +205,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--parallel", type=int, default=None, help="the server's --parallel (with --launch)")
     ap.add_argument("--ctx", type=int, default=4096, help="the server's --ctx (with --launch)")
+    ap.add_argument("--token-budget", type=int, default=None, metavar="N",
+                    help="the server's --token-budget (with --launch): tokens per batch-engine step; larger "
+                    "lowers time to first token, raises inter-token latency p99 (A/B it: one run per value)")
+    ap.add_argument("--kv-memory", default=None, metavar="SIZE", help="the server's --kv-memory (with --launch)")
     ap.add_argument("--served-name", default="bench")
     ap.add_argument("--clients", default="1,8,32,128")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 2 x clients, >= 8)")
@@ -197,13 +220,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON record here")
     a = ap.parse_args(argv)
+    if a.launch and not a.model:
+        ap.error("--launch starts `minfer serve -m MODEL`: give -m")
+    if not a.launch and (a.token_budget is not None or a.kv_memory is not None or a.parallel is not None):
+        ap.error("--parallel, --token-budget and --kv-memory are the launched server's flags: add --launch "
+                 "(a server at --url keeps the ones it was started with; the record reads them from /v1/models)")
     proc = None
     if a.launch:
-        cmd = [sys.executable, "-m", "minfer", "serve", "-m", a.model, "--device", a.device, "--port",
-               a.url.rsplit(":", 1)[1], "--ctx", str(a.ctx), "--served-name", a.served_name, "--log-level", "warning"]
-        if a.parallel is not None:
-            cmd += ["--parallel", str(a.parallel)]
-        proc = subprocess.Popen(cmd)
+        proc = subprocess.Popen(server_command(a))
     try:
         _wait_ready(a.url, proc)
         lens = [int(x) for x in a.prompt_lens.split(",")]
@@ -216,23 +240,31 @@ def main(argv=None) -> int:
                   f"TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms", file=sys.stderr, flush=True)
         from datetime import datetime, timezone
 
+        import httpx
+
         from minfer.bench.machine import git_commit, machine_info
 
+        try:
+            card = httpx.get(a.url + "/v1/models", timeout=10).json()
+        except Exception:   # noqa: BLE001 -- the numbers are kept; the record says the card is missing
+            card = {}
         record = {"kind": "serve", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "commit": git_commit(), "machine": machine_info(a.device), "model": a.model,
-                  "url": a.url, "max_tokens": a.max_tokens, "prompt_lens": lens, "levels": levels}
+                  "url": a.url, "max_tokens": a.max_tokens, "prompt_lens": lens,
+                  "server": server_settings(card, a), "levels": levels}
         if a.prefix:
             record["prefix_reuse"] = asyncio.run(prefix_reuse(a.url, a.served_name, a.prefix, a.vocab, a.seed))
         try:
-            import httpx
-
             record["server_metrics"] = httpx.get(a.url + "/metrics", timeout=10).text
-            record["server_model"] = httpx.get(a.url + "/v1/models", timeout=10).json()
+            record["server_model"] = card
         except Exception:
             pass
         if a.out:
             with open(a.out, "w") as f:
                 json.dump(record, f, indent=1)
+        srv = record["server"]
+        print(f"server: {srv['slots']} slots, token budget {srv['token_budget'] or 'n/a (one at a time)'}, "
+              f"context {srv['n_ctx']}")
         print(table(levels))
         if a.prefix:
             p = record["prefix_reuse"]

@@ -96,6 +96,9 @@ def kv_bytes_per_token(cfg, device: str) -> int:
 
 
 def _gib(n: float) -> str:
+    # MiB below a GiB: a small model's or a test's cache read "needs 0.0 GiB but 0.0 GiB is available"
+    if n < 2**30:
+        return f"{n / 2**20:.1f} MiB"
     return f"{n / 2**30:.1f} GiB" if n < 2**40 else f"{n / 2**40:.1f} TiB"
 
 
@@ -125,3 +128,54 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
         warn(f"-c/--ctx {ctx} is past the {cfg.context_length} tokens {gf.path.name} was trained on; "
              "text beyond that length may degrade")
     return n
+
+
+def _size(n: float) -> str:
+    """Bytes as the size flags take them: 1.5G, 90M, 12K."""
+    for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
+        if n >= scale:
+            v = -(-n * 10 // scale) / 10   # rounded up: a size the user can pass back and that suffices
+            return f"{v:g}{unit}"
+    return f"{int(n)}"
+
+
+def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | None,
+                token_budget: int | None) -> None:
+    """`minfer serve -np N`'s paged KV pool and token budget, checked from the file's header before
+    the load (they were refused only by the background load, after the server had started, or
+    silently shrank what a sequence may hold). `parallel`: the -np the server will use (1: one
+    request at a time, which has no pool; 0: as many as the memory holds)."""
+    if parallel == 1:
+        return
+    from minfer.config import ModelConfig
+    from minfer.runtime.batch_engine import BLOCK_SIZE, DEFAULT_SLOTS
+
+    bs = BLOCK_SIZE
+    per_block = kv_bytes_per_token(ModelConfig.from_gguf(gf), device) * bs
+    ctx_blocks = -(-n_ctx // bs)
+    # the slots the engine will make (BatchEngine.from_engine): on CUDA with -np 0 they come from
+    # the free memory after the load, unknown here
+    slots = parallel or (DEFAULT_SLOTS["cpu"] if device != "cuda" else None)
+    blocks_of = f"KV blocks of {bs} positions ({per_block / 2**20:.2f} MiB each)"
+    if kv_memory is not None:
+        usable = kv_memory // per_block - 1    # block 0 pads block tables (block_manager.py)
+        if usable < ctx_blocks:
+            have = max(usable, 0)
+            raise MinferError(f"--kv-memory {_size(kv_memory)} holds {have} {blocks_of} = {have * bs} tokens, "
+                              f"but one sequence of the full context ({n_ctx} tokens, -c/--ctx) needs {ctx_blocks} blocks: give "
+                              f"--kv-memory {_size((ctx_blocks + 1) * per_block)} or more, or a smaller -c/--ctx")
+        if slots is not None and slots > usable:
+            raise MinferError(f"-np {slots}: --kv-memory {_size(kv_memory)} holds {usable} {blocks_of}, so at "
+                              f"most {usable} sequences run at once even at one block each; give -np {usable} "
+                              f"or less, or --kv-memory {_size((slots + 1) * per_block)} or more")
+    if token_budget is not None and slots is not None and token_budget < slots:
+        raise MinferError(f"--token-budget {token_budget} is below -np {slots}: every step carries one "
+                          f"decode token per running sequence; give --token-budget {slots} or more")
+    pool = kv_memory if kv_memory is not None else (
+        (slots * ctx_blocks + 1) * per_block if device != "cuda" else None)   # CUDA: sized after the load
+    free = available_bytes(device)
+    if pool is not None and free is not None and pool > free:
+        what = f"--kv-memory {_size(kv_memory)}" if kv_memory is not None else \
+            f"-np {slots} full contexts of {n_ctx} tokens (the default pool without --kv-memory)"
+        raise MinferError(f"{what}: the paged KV cache would need {_gib(pool)} of {device} memory but "
+                          f"{_gib(free)} is available; give a smaller --kv-memory, -np or -c/--ctx")

@@ -65,11 +65,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-np", "--parallel", type=int, default=None, metavar="N",
                    help="serve up to N requests at once (continuous batching over a paged KV cache); "
                    "default: on CUDA as many as the KV memory holds at a quarter context each (at most "
-                   "256), on the CPU 1 (one at a time, first in first out); 0: as many as the KV memory "
-                   "holds")
+                   "256), on the CPU 1 (one at a time, first in first out); 0: on CUDA as many as the KV memory "
+                   "holds, on the CPU 4. A --kv-memory that cannot hold one full context, or one block per "
+                   "sequence, is refused before the load")
     p.add_argument("--kv-memory", type=parse_size, default=None, metavar="SIZE",
                    help="memory for the paged KV cache with --parallel, e.g. 8G or 512M (default: on CUDA "
                    "85%% of the free memory, at most N full contexts; on the CPU N full contexts)")
+    p.add_argument("--token-budget", type=int, default=None, metavar="N",
+                   help="with -np N > 1: the most tokens one engine step processes, prefill chunks of new "
+                   "prompts plus one token per answer being generated (default 4096 on CUDA, 512 on the CPU; "
+                   "at least -np). The trade: a larger budget cuts a long prompt into fewer, bigger chunks, so "
+                   "its first token comes sooner (lower time to first token), but every step that carries a "
+                   "chunk takes longer for the answers decoding beside it (higher inter-token latency p99); a "
+                   "smaller one the reverse")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="server log verbosity (default info)")
 
@@ -113,6 +121,9 @@ def main(args: argparse.Namespace) -> int:
     if args.parallel is not None and args.parallel < 0:
         raise MinferError(f"-np/--parallel {args.parallel}: expected the number of requests served "
                           "at once, 1 or more (0: as many as the KV memory holds)")
+    if args.token_budget is not None and args.token_budget < 1:
+        raise MinferError(f"--token-budget {args.token_budget}: expected the most tokens one step "
+                          "processes, 1 or more (and at least -np)")
     for origin in args.cors:
         # a browser sends Origin as scheme://host[:port] (RFC 6454), never with a path or a slash
         # at the end: "localhost:3000" or "http://a.com/" would never match, and say nothing
@@ -126,14 +137,14 @@ def main(args: argparse.Namespace) -> int:
         raise MinferError("--api-key is empty (or $MINFER_API_KEY is set but empty): give a key, or "
                           "leave both unset to serve without authentication")
     from minfer.commands.common import apply_threads, device_from_args, warn
-    from minfer.commands.preflight import check_ctx, check_runnable
+    from minfer.commands.preflight import check_batch, check_ctx, check_runnable
     from minfer.gguf_file import GGUFFile
 
     device = resolve_device(device_from_args(args))
     check_runnable(args.model)        # before a download: the catalog knows the architecture
     path = resolve_model(args.model)  # pulls a catalog model first; fails fast on a bad path
     gf = GGUFFile(path)
-    check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
+    n_ctx = check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
     if gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
         warn(f"{path.name} has no chat template (a base model): /v1/chat/completions writes "
              "conversations in the turn format its vocabulary suggests (or ChatML), which a base model "
@@ -141,9 +152,14 @@ def main(args: argparse.Namespace) -> int:
     apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
     parallel = args.parallel if args.parallel is not None else (0 if device == "cuda" else 1)
-    if args.kv_memory is not None and parallel == 1:
-        warn(f"--kv-memory sizes the paged KV cache of -np N > 1; with one request at a time "
-             f"({'-np 1' if args.parallel == 1 else 'the default on ' + device}) it changes nothing")
+    for flag, value, what in (("--kv-memory", args.kv_memory, "sizes the paged KV cache"),
+                              ("--token-budget", args.token_budget, "limits each step of the batch engine")):
+        if value is not None and parallel == 1:
+            warn(f"{flag} {what} of -np N > 1; with one request at a time "
+                 f"({'-np 1' if args.parallel == 1 else 'the default on ' + device}) it changes nothing")
+    # a pool or budget the batch engine would refuse, or that cannot hold one full context: one
+    # line now, not after the server has started (the engine is built by the background load)
+    check_batch(gf, n_ctx, device, parallel, args.kv_memory, args.token_budget)
 
     def load():
         from minfer.runtime.engine import Engine
@@ -175,7 +191,7 @@ def main(args: argparse.Namespace) -> int:
                      max_body=args.max_body or DEFAULT_MAX_BODY, on_load_failed=on_load_failed,
                      special_in_content=args.special_in_content,
                      parallel=parallel,
-                     kv_memory=args.kv_memory)
+                     kv_memory=args.kv_memory, token_budget=args.token_budget)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     # uvicorn configures its own loggers only: without a handler, the server's "model ready" line
     # (the moment the startup message tells users to wait for) was dropped at INFO

@@ -81,7 +81,9 @@ class ServerState:
         self._loader: threading.Thread | None = None
         self.parallel: int | None = None     # > 1: a BatchWorker runs that many sequences at once
         self.kv_memory: int | None = None    # bytes of paged KV cache (None: from free memory)
+        self.token_budget: int | None = None  # tokens per batch-engine step (None: the device's default)
         self.slots = 1
+        self.step_budget: int | None = None   # the batch engine's tokens per step, once built
 
     def start_loading(self) -> None:
         self._loader = threading.Thread(target=self._load, name="minfer-load", daemon=True)
@@ -109,11 +111,18 @@ class ServerState:
         from minfer.runtime.batch_engine import BatchEngine
         from minfer.server.worker import BatchWorker
 
-        batch = BatchEngine.from_engine(engine, max_seqs=self.parallel or None, kv_memory=self.kv_memory)
+        kw = {} if self.token_budget is None else {"token_budget": self.token_budget}
+        batch = BatchEngine.from_engine(engine, max_seqs=self.parallel or None, kv_memory=self.kv_memory, **kw)
         self.slots = batch.max_seqs
+        self.step_budget = batch.scheduler.token_budget
+        if self.token_budget is not None and self.step_budget != self.token_budget:
+            # -np 0 on CUDA: the slots came from memory, after `minfer serve` checked the flags
+            log.warning("--token-budget %d is below the %d sequences served at once: each step carries "
+                        "one token per running sequence, so a step takes %d", self.token_budget,
+                        self.slots, self.step_budget)
         info = batch.slots_info()
-        log.info("batching: %d sequences at once, KV cache %d blocks of %d positions",
-                 self.slots, info["kv_blocks_total"], info["kv_block_size"])
+        log.info("batching: %d sequences at once, KV cache %d blocks of %d positions, %d tokens per step",
+                 self.slots, info["kv_blocks_total"], info["kv_block_size"], self.step_budget)
         t0 = time.perf_counter()
         n = batch.warm_graphs()       # before "ready": no capture or kernel compile under the first requests
         if n:
@@ -300,7 +309,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                api_key: str | None = None, max_body: int = DEFAULT_MAX_BODY,
                on_load_failed: Callable[[BaseException], None] | None = None,
                sampling_params_cls: Any = None, cors_origins: list[str] = (),
-               parallel: int | None = None, kv_memory: int | None = None,
+               parallel: int | None = None, kv_memory: int | None = None, token_budget: int | None = None,
                special_in_content: bool = False) -> FastAPI:
     """The server app. `engine_factory()` returns a loaded Engine; it runs in a background thread
     when the app starts (lifespan), so it may take long. `served_name` is the model id clients
@@ -308,12 +317,12 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     browser origins allowed to call the API ("*" for any); none by default.
     `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams. `parallel` > 1
     serves that many requests at once (continuous batching over a paged KV cache of `kv_memory`
-    bytes, default from free memory), 0 as many as memory allows; None or 1: one at a time,
-    first in first out."""
+    bytes, default from free memory, `token_budget` tokens per engine step, default the device's
+    TOKEN_BUDGET), 0 as many as memory allows; None or 1: one at a time, first in first out."""
     if sampling_params_cls is None:
         from minfer.runtime.sampling import SamplingParams as sampling_params_cls
     state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
-    state.parallel, state.kv_memory = parallel, kv_memory
+    state.parallel, state.kv_memory, state.token_budget = parallel, kv_memory, token_budget
     # False: control-token text in a client's message content stays text (issue 15)
     state.special_in_content = special_in_content
     if api_key is not None and not api_key.strip():
@@ -366,6 +375,8 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                                 "scheduling": SCHEDULING_NOTE if state.slots == 1 else BATCH_NOTE}
         if engine is not None:
             meta["n_ctx"] = int(engine.n_ctx)
+            if state.step_budget is not None:
+                meta["token_budget"] = state.step_budget   # serve_bench records it beside its numbers
             meta["device"] = str(getattr(engine, "device", "?"))
             arch = getattr(getattr(engine, "config", None), "arch", None)
             if arch:

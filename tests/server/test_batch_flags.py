@@ -1,0 +1,77 @@
+"""`minfer serve --token-budget N` reaches the batch engine, and /v1/models says what it is (the
+serving benchmark records it beside its numbers, for A/B runs of the budget)."""
+
+from __future__ import annotations
+
+import httpx
+
+SERVED = "smollm2-135m-instruct"   # conftest.SERVED: the name make_server serves
+
+PROMPT = " ".join(f"word{i}" for i in range(40))   # past 24 tokens: prefilled in several chunks
+
+
+def _greedy(url: str) -> dict:
+    r = httpx.post(url + "/v1/completions", json={"model": SERVED, "prompt": PROMPT, "max_tokens": 4,
+                                                   "temperature": 0}, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _meta(url: str) -> dict:
+    return httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["meta"]
+
+
+def test_token_budget_reaches_the_batch_engine(engine, make_server):
+    small = make_server(lambda: engine, parallel=2, token_budget=24)
+    small.wait_ready()
+    assert small.app.state.minfer.worker.batch.scheduler.token_budget == 24
+    assert _meta(small.url)["token_budget"] == 24
+    chunked = _greedy(small.url)
+    assert chunked["usage"]["prompt_tokens"] > 24 and chunked["usage"]["completion_tokens"] == 4
+    small.stop()
+
+    default = make_server(lambda: engine, parallel=2)
+    default.wait_ready()
+    assert _meta(default.url)["token_budget"] == 512     # the CPU's default, as --help says
+    # the budget changes how the prompt is cut into steps, not the greedy answer
+    assert _greedy(default.url)["choices"][0]["text"] == chunked["choices"][0]["text"]
+    default.stop()
+
+
+def test_one_request_at_a_time_has_no_token_budget(server):
+    assert "token_budget" not in _meta(server.url)
+
+
+def test_serve_bench_launches_the_server_with_the_budget_and_records_it(tmp_path):
+    import json
+    import socket
+
+    from minfer.bench import serve_bench
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "serve.json"
+    assert serve_bench.main(["--launch", "-m", SERVED, "--device", "cpu", "--url", f"http://127.0.0.1:{port}",
+                             "--ctx", "256", "--parallel", "2", "--token-budget", "32", "--clients", "2",
+                             "--requests", "2", "--prompt-lens", "40", "--max-tokens", "2", "--vocab", "1000",
+                             "--out", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    # the flag as given, and the budget the launched server reports using
+    assert rec["server"]["token_budget_flag"] == 32 and rec["server"]["token_budget"] == 32, rec["server"]
+    assert rec["server"]["slots"] == 2 and rec["server"]["n_ctx"] == 256, rec["server"]
+    assert rec["levels"][0]["failed"] == 0 and rec["levels"][0]["output_tokens"] == 4, rec["levels"]
+
+
+def test_serve_bench_refuses_server_flags_without_launch(capsys):
+    import pytest
+
+    from minfer.bench import serve_bench
+
+    # they were ignored: a run "with --token-budget 64" against a server that had another budget
+    with pytest.raises(SystemExit) as e:
+        serve_bench.main(["--url", "http://127.0.0.1:9", "--token-budget", "64"])
+    assert e.value.code == 2 and "add --launch" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        serve_bench.main(["--launch", "--token-budget", "64"])
+    assert e.value.code == 2 and "give -m" in capsys.readouterr().err

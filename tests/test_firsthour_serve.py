@@ -1,0 +1,119 @@
+"""`minfer serve -np N`'s batch flags as a new user gets them wrong: a KV pool too small for one
+sequence or for N of them, a token budget below N, a pool larger than the memory. Each is one
+line before the server starts (these were refused by the background load after the socket
+was open, or served silently with answers cut short at what the pool held).
+
+The port is held by the test, so a run that gets past the checks ends at once with "cannot
+listen": the checks are proven to come before the server starts. The tiny synthetic model stands
+in for a real one; its KV cache is sized here from its header, not by the code under test."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from minfer import cli
+
+
+def one_error_line(capsys, argv, rc=1) -> str:
+    """The last stderr line of `minfer ARGV`, which must exit with status rc, with no traceback."""
+    try:
+        got = cli.main(argv)
+    except SystemExit as e:
+        got = e.code
+    err = capsys.readouterr().err
+    assert got == rc, (got, err)
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+
+    return str(write_synth(tmp_path_factory.mktemp("fhs") / "tiny.gguf", get_preset("tiny"), "q8_0",
+                           progress=False).path)
+
+
+@pytest.fixture(scope="module")
+def block_bytes(tiny):
+    """Bytes of one 16-position KV block of the tiny model on the CPU: keys and values, float32."""
+    from minfer.config import ModelConfig
+    from minfer.gguf_file import GGUFFile
+
+    cfg = ModelConfig.from_gguf(GGUFFile(tiny))
+    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 * 16
+
+
+@pytest.fixture
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield str(s.getsockname()[1])
+
+
+def serve_line(capsys, tiny, port, *flags) -> str:
+    return one_error_line(capsys, ["serve", "-m", tiny, "--device", "cpu", "--port", port, *flags])
+
+
+def test_a_pool_without_one_block_is_one_line_naming_what_it_needs(capsys, tiny, busy_port, block_bytes):
+    line = serve_line(capsys, tiny, busy_port, "-np", "4", "--kv-memory", "1k")
+    # the tiny model's default context: its trained 2048 tokens = 128 blocks, plus the padding block
+    assert line.startswith("minfer: error: --kv-memory 1K holds 0 KV blocks of 16 positions"), line
+    assert "needs 128 blocks" in line and "-c/--ctx" in line, line
+    suggested = line.split("give --kv-memory ")[1].split()[0]
+    from minfer.commands.serve import parse_size
+
+    # enough, and rounded up by no more than a few percent
+    assert 129 * block_bytes <= parse_size(suggested) <= 1.05 * 129 * block_bytes, (suggested, block_bytes)
+    # the size it suggests is enough: the checks pass and the run gets to the (busy) port
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "4", "--kv-memory", suggested)
+
+
+def test_a_pool_shorter_than_the_context_is_refused_not_served_cut_short(capsys, tiny, busy_port, block_bytes):
+    size = str(64 * block_bytes)      # 63 usable blocks = 1008 positions, under the 2048 context
+    line = serve_line(capsys, tiny, busy_port, "-np", "2", "--kv-memory", size)
+    assert "63 KV blocks" in line and "= 1008 tokens" in line and "(2048 tokens, -c/--ctx)" in line, line
+    # a context the pool holds: accepted
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "2", "--kv-memory", size, "-c", "512")
+
+
+def test_more_slots_than_blocks_is_refused(capsys, tiny, busy_port, block_bytes):
+    size = str(32 * block_bytes)      # 31 usable blocks; a 256-token context needs 16
+    line = serve_line(capsys, tiny, busy_port, "-np", "40", "--kv-memory", size, "-c", "256")
+    assert line.startswith("minfer: error: -np 40: ") and "at most 31 sequences" in line, line
+    assert "give -np 31 or less" in line, line
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "31", "--kv-memory", size, "-c", "256")
+
+
+def test_a_token_budget_below_the_slots_or_zero_is_refused(capsys, tiny, busy_port):
+    line = serve_line(capsys, tiny, busy_port, "-np", "8", "--token-budget", "4")
+    assert "--token-budget 4 is below -np 8" in line and "give --token-budget 8 or more" in line, line
+    # -np 0 on the CPU serves the batch engine's 4 slots
+    line = serve_line(capsys, tiny, busy_port, "-np", "0", "--token-budget", "3")
+    assert "--token-budget 3 is below -np 4" in line, line
+    line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", "--token-budget", "0"])
+    assert "--token-budget 0: expected" in line, line
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "8", "--token-budget", "8")
+
+
+def test_a_default_pool_past_the_memory_is_refused(capsys, monkeypatch, tiny, busy_port, block_bytes):
+    from minfer.commands import preflight
+
+    # say 200 blocks are free: one context (128 blocks) fits, the default pool of -np 4 (4 x 128
+    # + 1) does not; nor does a --kv-memory of 300 blocks
+    monkeypatch.setattr(preflight, "available_bytes", lambda device: 200 * block_bytes)
+    line = serve_line(capsys, tiny, busy_port, "-np", "4", "-c", "2048")
+    assert "-np 4 full contexts of 2048 tokens" in line and "16.0 MiB of cpu memory but 6.2 MiB" in line, line
+    line = serve_line(capsys, tiny, busy_port, "-np", "4", "--kv-memory", str(300 * block_bytes))
+    assert line.startswith("minfer: error: --kv-memory 9.4M: ") and "is available" in line, line
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "1", "-c", "2048")
+
+
+def test_token_budget_with_one_request_at_a_time_warns(capsys, tiny, busy_port):
+    assert cli.main(["serve", "-m", tiny, "--device", "cpu", "--port", busy_port, "--token-budget", "64"]) == 1
+    err = capsys.readouterr().err
+    assert "warning: --token-budget" in err and "changes nothing" in err, err
