@@ -1,4 +1,4 @@
-"""qgemm_w4 (minfer/ops/cuda/qgemm_w4.py) against cuBLAS on the dense bf16 weight, per 7B shape,
+"""qgemm_w4_mma (minfer/ops/cuda/qgemm_w4_mma.py, over qgemm_w4's planes in fragment order) against cuBLAS on the dense bf16 weight, per 7B shape,
 in one process: correctness (against x @ dequantize_w4(W)^T in float64, and one-hot rows read
 back bit for bit) then timing (triton.testing.do_bench: the L2 is flushed before every call, so
 the weight comes from HBM as in a decode step; median).
@@ -21,6 +21,7 @@ import triton
 
 sys.path.insert(0, ".")
 from minfer.ops.cuda import qgemm_w4 as Q  # noqa: E402
+from minfer.ops.cuda import qgemm_w4_mma as G  # noqa: E402
 
 SHAPES = [("qkv", 12, 4608, 3584), ("o", 12, 3584, 3584), ("gate_up", 12, 37888, 3584),
           ("down", 12, 3584, 18944), ("down", 14, 3584, 18944), ("lm_head", 14, 152064, 3584),
@@ -55,8 +56,10 @@ def main():
     for label, qt, n, k in SHAPES:
         if a.shapes and label not in a.shapes.split(","):
             continue
-        p = planes(qt, n, k, g)
-        wd = Q.dequantize_w4(p).to(torch.bfloat16)                       # (n, k) bf16: the same values
+        p0 = planes(qt, n, k, g)
+        wd = Q.dequantize_w4(p0).to(torch.bfloat16)                      # (n, k) bf16: the same values
+        p = G.to_fragment_order(p0)
+        del p0
         for m in ms:
             x = (torch.randn(m, k, device="cuda", generator=g)).to(torch.bfloat16)
             ref = (x.double() @ wd.double().T)
@@ -66,15 +69,15 @@ def main():
             best = None
             for cfg in cfgs:
                 try:
-                    out = Q.qgemm_w4(x, p, out_dtype=torch.float32, config=cfg)
+                    out = G.qgemm_w4_mma(x, p, out_dtype=torch.float32, config=cfg)
                     torch.cuda.synchronize()
                 except Exception as e:                                  # noqa: BLE001
                     print(f"{label} {n}x{k} M={m} cfg {cfg}: {type(e).__name__}: {str(e)[:200]}")
                     continue
                 err = float((out.double() - ref).norm() / ref.norm())
-                t = triton.testing.do_bench(lambda: Q.qgemm_w4(x, p, config=cfg), warmup=5, rep=40,
+                t = triton.testing.do_bench(lambda: G.qgemm_w4_mma(x, p, config=cfg), warmup=5, rep=40,
                                             return_mode="median")
-                used = cfg or Q.default_config(qt, m, n, k)
+                used = cfg or G.default_config(m, n, k)
                 r = dict(shape=label, type={12: "Q4_K", 14: "Q6_K"}[qt], n=n, k=k, m=m, config=list(used),
                          cublas_us=tc * 1e3, w4_us=t * 1e3, speedup=tc / t, err=err,
                          w4_tbs=p.nbytes() / t / 1e9, cublas_tbs=n * k * 2 / tc / 1e9)
@@ -90,12 +93,13 @@ def main():
         torch.cuda.empty_cache()
     # one-hot exactness on the GPU (the asm decode read back bit for bit)
     for qt in (12, 14):
-        p = planes(qt, 256, 1024, g)
-        want = Q.dequantize_w4(p)
+        p0 = planes(qt, 256, 1024, g)
+        want = Q.dequantize_w4(p0)
+        p = G.to_fragment_order(p0)
         cols = torch.arange(0, 1024, 7, device="cuda")[:64]
         x = torch.zeros(64, 1024, device="cuda", dtype=torch.bfloat16)
         x[torch.arange(64, device="cuda"), cols] = 1.0
-        out = Q.qgemm_w4(x, p, out_dtype=torch.float32)
+        out = G.qgemm_w4_mma(x, p, out_dtype=torch.float32)
         print(f"one-hot {qt}: exact={torch.equal(out, want[:, cols].T.float())}")
     print(f"M=32 sum over shapes (best config): cuBLAS {tot['cublas']*1e3:.0f} us, w4 {tot['w4']*1e3:.0f} us; "
           f"wall {time.time()-t0:.0f} s")

@@ -140,3 +140,18 @@ def test_errors(Q):
         Q.qgemm_w4(torch.zeros(4, 256), p, interpret=True)
     with pytest.raises(MinferError, match="K step"):
         Q.qgemm_w4(torch.zeros(4, 512), p, config=(32, 16, 384, 1, 4, 1), interpret=True)
+
+
+@pytest.mark.parametrize("qt", TYPES, ids=NAMES.get)
+def test_fragment_order_keeps_every_value(qt):
+    """The Gluon kernel's planes (qgemm_w4_mma.to_fragment_order) read in the kernel's order give
+    exactly the values of the planes they came from (the kernel itself runs only on the GPU:
+    tests/gpu/test_qgemm_w4_gpu.py)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from minfer.ops.cuda.qgemm_w4 import dequantize_w4
+    from minfer.ops.cuda.qgemm_w4_mma import dequantize_fragment, to_fragment_order
+
+    p, ref = _weight(qt, 24, 512, seed=9 + qt)
+    f = to_fragment_order(p)
+    assert [t.shape for t in f.planes][0] == p.planes[0].shape
+    assert torch.equal(dequantize_fragment(f), dequantize_w4(p))

@@ -1,0 +1,314 @@
+"""The w4 batched-decode GEMM written in Gluon (Triton's explicit-layout dialect), so that the
+decoded weights land in the tensor-core operand registers with no shared-memory round trip.
+
+Why: qgemm_w4.py's Triton kernel decodes in ~2 instructions per value but Triton moves the
+decoded tile into the MMA's operand layout through a small shared-memory buffer, 16 times per
+K step with two barriers each (SASS of an sm_90 build); it ran at 0.25-0.5 TB/s on the H200.
+
+Here each thread loads exactly the words whose values its mma.sync m16n8k16 A fragments hold
+(sm_80+ `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`; PTX ISA, "Matrix Fragments for
+mma.m16n8k16"): lane 4g + t holds rows g and g + 8 of a 16-row block and, per 32 values of K,
+K offsets 8i + 2t + e (i = 0..3, e = 0, 1). So the "fragment planes" store, per row and 32-value
+chunk c, thread t's 8 values as one word (pair i = nibbles i, i + 4: the bf16x2 decode of
+qgemm_w4), and per row and 128 values the 4 chunks' words of one thread side by side (one
+16-byte load):  word index = 16 * (c // 4) + 4 * t + c % 4.
+The scale planes are those of qgemm_w4 (Q4_K: {s, -m} per chunk; Q6_K: {s_a, s_b}, the two
+16-value scales of the chunk, as one int32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from minfer.errors import MinferError
+from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
+from minfer.ops.cuda.qgemm_w4 import W4Planes
+
+BK = gl.constexpr(128)                    # K values per step: 4 chunks, one 16-byte load per row and thread
+
+
+# ---------------------------------------------------------------- planes
+
+def to_fragment_order(p: W4Planes) -> W4Planes:
+    """qgemm_w4 planes -> the fragment planes (see the module doc): words (and Q6_K's high
+    halfwords) permuted within each 128-value step; scales unchanged (Q6_K: the two 16-value
+    scales of a chunk paired in one int32)."""
+    n, k = p.n, p.k
+    # decode to per-value q (K order), then repack: value k = 32c + 8i + 2t + e
+    qw = p.planes[0].to(torch.int64) & 0xFFFFFFFF
+    i4 = torch.arange(4, device=qw.device, dtype=torch.int64)
+    q = torch.stack([(qw[..., None] >> (4 * i4)) & 15, (qw[..., None] >> (4 * i4 + 16)) & 15], -1).view(n, k)
+    if p.qtype == Q6_K:
+        h = p.planes[1].to(torch.int64) & 0xFFFF
+        hq = torch.stack([(h[..., None] >> (2 * i4)) & 3, (h[..., None] >> (2 * i4 + 8)) & 3], -1).view(n, k)
+    v = q.view(n, k // 128, 4, 4, 4, 2)                  # [n, step, c%4, i, t, e]
+    v = v.permute(0, 1, 4, 2, 3, 5)                      # [n, step, t, c%4, i, e]
+    sh = (i4 * 4).view(1, 1, 1, 1, 4)
+    words = ((v[..., 0] << sh) | (v[..., 1] << (sh + 16))).sum(-1)       # [n, step, t, c%4]
+    words = (words - ((words >> 31) & 1) * (1 << 32)).to(torch.int32).reshape(n, k // 8)
+    if p.qtype == Q4_K:
+        return W4Planes(p.qtype, n, k, (words, p.planes[1]))
+    hv = hq.view(n, k // 128, 4, 4, 4, 2).permute(0, 1, 4, 2, 3, 5)
+    sh2 = (i4 * 2).view(1, 1, 1, 1, 4)
+    hw = ((hv[..., 0] << sh2) | (hv[..., 1] << (sh2 + 8))).sum(-1)
+    hw = (hw - ((hw >> 15) & 1) * (1 << 16)).to(torch.int16).reshape(n, k // 8)
+    s = p.planes[2].view(torch.int16).to(torch.int32) & 0xFFFF          # (n, k/16)
+    s2 = (s[:, 0::2] | (s[:, 1::2] << 16)).contiguous()
+    return W4Planes(p.qtype, n, k, (words, hw, s2))
+
+
+def dequantize_fragment(p: W4Planes) -> torch.Tensor:
+    """float32 (n, k) values of fragment planes in K order, read the way the kernel reads them
+    (word 16 * step + 4t + c of a row holds K offsets 128 step + 32 c + 8 i + 2 t + e): the
+    bf16 q * s + (-m) rounded once (float64 is exact before it). For tests."""
+    n, k = p.n, p.k
+    qw = p.planes[0].to(torch.int64) & 0xFFFFFFFF
+    i4 = torch.arange(4, device=qw.device, dtype=torch.int64)
+    q = torch.stack([(qw[..., None] >> (4 * i4)) & 15, (qw[..., None] >> (4 * i4 + 16)) & 15], -1)
+    q = q.view(n, k // 128, 4, 4, 4, 2)                                 # [n, step, t, c, i, e]
+    sw = p.planes[-1].to(torch.int64) & 0xFFFFFFFF                      # (n, k/32) per chunk
+    lo = (sw & 0xFFFF).to(torch.int16).view(torch.bfloat16).double().view(n, k // 128, 1, 4, 1, 1)
+    hi = (sw >> 16).to(torch.int16).view(torch.bfloat16).double().view(n, k // 128, 1, 4, 1, 1)
+    if p.qtype == Q6_K:
+        h = p.planes[1].to(torch.int64) & 0xFFFF
+        hq = torch.stack([(h[..., None] >> (2 * i4)) & 3, (h[..., None] >> (2 * i4 + 8)) & 3], -1)
+        q = q | (hq.view(n, k // 128, 4, 4, 4, 2) << 4)
+        first = (i4 < 2).view(1, 1, 1, 1, 4, 1)                         # K offsets 0..15 of the chunk
+        sc = torch.where(first, lo, hi)
+        v = q.double() * sc - 32.0 * sc
+    else:
+        v = q.double() * lo + hi
+    v = v.to(torch.bfloat16).float().permute(0, 1, 3, 4, 2, 5)          # [n, step, c, i, t, e]
+    return v.reshape(n, k)
+
+
+# ---------------------------------------------------------------- the kernel
+
+_PAIR4 = """
+    lop3.b32 t, {src}, $10, $11, 0xEA;
+    sub.bf16x2 t, t, $11;
+    fma.rn.bf16x2 t, t, s2, m2;
+    mov.b32 {{{o0}, {o1}}}, t;"""
+
+_ASM_Q4 = gl.constexpr("{\n .reg .b32 t, u, s2, m2;\n"
+                       " prmt.b32 s2, $9, 0, 0x1010;\n prmt.b32 m2, $9, 0, 0x3232;"
+                       + _PAIR4.format(src="$8", o0="$0", o1="$1")
+                       + "\n shr.b32 u, $8, 4;" + _PAIR4.format(src="u", o0="$2", o1="$3")
+                       + "\n shr.b32 u, $8, 8;" + _PAIR4.format(src="u", o0="$4", o1="$5")
+                       + "\n shr.b32 u, $8, 12;" + _PAIR4.format(src="u", o0="$6", o1="$7")
+                       + "\n}")
+
+# Q6_K: pairs 0, 1 (K offsets 2t + e, 8 + 2t + e) take the chunk's first 16-value scale, pairs
+# 2, 3 the second; the crumbs of pair i sit at bits 2i / 8 + 2i of the halfword
+_PAIR6 = """
+    {shift}
+    lop3.b32 t, {src}, $11, $12, 0xEA;
+    lop3.b32 t, v, $13, t, 0xEA;
+    sub.bf16x2 t, t, $12;
+    fma.rn.bf16x2 t, t, {s}, {m};
+    mov.b32 {{{o0}, {o1}}}, t;"""
+
+_ASM_Q6 = gl.constexpr("{\n .reg .b32 t, u, v, hh, sa, sb, ma, mb;\n"
+                       " prmt.b32 sa, $10, 0, 0x1010;\n prmt.b32 sb, $10, 0, 0x3232;\n"
+                       " mul.rn.bf16x2 ma, sa, $14;\n mul.rn.bf16x2 mb, sb, $14;\n"
+                       " cvt.u32.u16 hh, $9;\n prmt.b32 hh, hh, 0, 0x4140;"
+                       + _PAIR6.format(shift="shl.b32 v, hh, 4;", src="$8", s="sa", m="ma", o0="$0", o1="$1")
+                       + "\n shr.b32 u, $8, 4;"
+                       + _PAIR6.format(shift="shl.b32 v, hh, 2;", src="u", s="sa", m="ma", o0="$2", o1="$3")
+                       + "\n shr.b32 u, $8, 8;"
+                       + _PAIR6.format(shift="mov.b32 v, hh;", src="u", s="sb", m="mb", o0="$4", o1="$5")
+                       + "\n shr.b32 u, $8, 12;"
+                       + _PAIR6.format(shift="shr.b32 v, hh, 2;", src="u", s="sb", m="mb", o0="$6", o1="$7")
+                       + "\n}")
+
+
+@gluon.constexpr_function
+def _words_layout(BN, NW):
+    """[BN, 4 (t), 4 (chunk)] words: lanes 4g + t, warps on 16-row blocks, rows g + 8 and the
+    further row blocks and the 4 chunks in registers (the chunks fastest: one 16-byte load)."""
+    reg = [[0, 0, 1], [0, 0, 2], [8, 0, 0]]
+    r = 16 * NW
+    while r < BN:
+        reg.append([r, 0, 0])
+        r *= 2
+    warps = []
+    w = 16
+    while w < 16 * NW:
+        warps.append([w, 0, 0])
+        w *= 2
+    return gl.DistributedLinearLayout(reg_bases=reg, lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+                                      warp_bases=warps, block_bases=[], shape=[BN, 4, 4])
+
+
+@gluon.jit
+def _join8(v0, v1, v2, v3, v4, v5, v6, v7):
+    """[..., 2, 2, 2] with v_p at [..., p // 4, p // 2 % 2, p % 2]."""
+    return gl.join(gl.join(gl.join(v0, v4), gl.join(v2, v6)), gl.join(gl.join(v1, v5), gl.join(v3, v7)))
+
+
+@gluon.jit
+def _decode(w, h, s, HIGH: gl.constexpr, BN: gl.constexpr, a_l: gl.constexpr):
+    """The [BN, BK] bf16 A operand of one K step from its words, in the mma A layout (no data
+    moves between threads: assert_trivial)."""
+    if HIGH:
+        v = gl.inline_asm_elementwise(_ASM_Q6, "=h,=h,=h,=h,=h,=h,=h,=h,r,h,r,r,r,r,r",
+                                      [w, h, s, 0x000F000F, 0x43004300, 0x00300030, -1040137728],
+                                      dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    else:
+        v = gl.inline_asm_elementwise(_ASM_Q4, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w, s, 0x000F000F, 0x43004300],
+                                      dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    # output p = 2i + e of word (row, t, c) is K offset 32c + 8i + 2t + e
+    j = _join8(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7])         # [BN, t, c, i // 2, i % 2, e]
+    j = gl.permute(j, [0, 2, 3, 4, 1, 5])                               # [BN, c, i // 2, i % 2, t, e]
+    a = gl.reshape(j, [BN, BK]).to(gl.bfloat16, bitcast=True)
+    return gl.convert_layout(a, a_l, assert_trivial=True)
+
+
+@gluon.jit
+def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
+                   steps_per_split, SPLIT,
+                   HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
+                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
+    w_l: gl.constexpr = _words_layout(BN, NW)
+    x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
+                                         order=[1, 0])
+    xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    pid_m = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    pid_s = gl.program_id(2)
+    r_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, w_l))
+    t_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, w_l))
+    c_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, w_l))
+    # rows past N (batch rows past M) read the last valid one: no masks on the hot loads
+    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=r_l), N - 1).to(gl.int64)
+    tt = gl.arange(0, 4, layout=t_l)
+    cc = gl.arange(0, 4, layout=c_l)
+    r3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)                    # [BN, 1, 1]
+    t3 = gl.expand_dims(gl.expand_dims(tt, 0), 2)                      # [1, 4, 1]
+    c3 = gl.expand_dims(gl.expand_dims(cc, 0), 1)                      # [1, 1, 4]
+    woff = r3 * stride_w + t3 * 4 + c3                                 # [BN, 4, 4] words of step 0
+    soff = r3 * stride_s + t3 * 0 + c3                                 # its chunks' scales
+    xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
+    xk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
+    xrow = gl.minimum(pid_m * BM + xm, M - 1).to(gl.int64)
+    xoff = gl.expand_dims(xrow * stride_xm, 1) + gl.expand_dims(xk, 0)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], xs_l)
+    acc = gl.zeros([BN, BM], gl.float32, layout=mma)
+    k_lo = pid_s * steps_per_split * BK
+    k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
+    # one step ahead in registers: the next step's words, scales and x are in flight while this
+    # one is decoded and multiplied (the last step re-reads itself)
+    kw = gl.multiple_of(k_lo // 8, 16)
+    w = gl.load(qw + woff + kw)
+    s = gl.load(sp + soff + gl.multiple_of(k_lo // 32, 4))
+    h = w
+    if HIGH:
+        h = gl.load(qh + woff + kw)
+    xt = gl.load(x + xoff + gl.multiple_of(k_lo, BK))
+    for k0 in range(k_lo, k_hi, BK):
+        kn = gl.minimum(k0 + BK, k_hi - BK)
+        kw = gl.multiple_of(kn // 8, 16)
+        w_n = gl.load(qw + woff + kw)
+        s_n = gl.load(sp + soff + gl.multiple_of(kn // 32, 4))
+        h_n = w_n
+        if HIGH:
+            h_n = gl.load(qh + woff + kw)
+        xt_n = gl.load(x + xoff + gl.multiple_of(kn, BK))
+        a = _decode(w, h, s, HIGH, BN, a_l)
+        gl.thread_barrier()
+        xs.store(xt)
+        gl.thread_barrier()
+        b = xs.permute([1, 0]).load(b_l)
+        acc = mma_v2(a, b, acc)
+        w = w_n
+        s = s_n
+        h = h_n
+        xt = xt_n
+    o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
+                                         order=[0, 1])
+    acc = gl.convert_layout(acc, o_l)
+    orow = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, o_l))
+    ocol = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, o_l))
+    om = gl.expand_dims(orow < N, 1) & gl.expand_dims(ocol < M, 0)
+    ooff = gl.expand_dims(ocol.to(gl.int64) * stride_om, 0) + gl.expand_dims(orow, 1)
+    if IS_SPLIT:
+        poff = gl.expand_dims((pid_s * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
+        gl.store(part + poff, acc, mask=om)
+        # the last split of a tile to finish sums all partials in split order (deterministic); a
+        # CTA barrier, then one acq_rel ticket per program, orders the partial stores before it
+        gl.thread_barrier()
+        tile = pid_n * gl.num_programs(0) + pid_m
+        ticket = gl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tot = gl.zeros([BN, BM], gl.float32, layout=o_l)
+            for sp_ in range(SPLIT):
+                o2 = gl.expand_dims((sp_ * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
+                tot += gl.load(part + o2, mask=om, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
+            gl.store(out + ooff, tot.to(out.dtype.element_ty), mask=om)
+            gl.atomic_xchg(cnt + tile, 0)                                 # ready for the next launch (graph replays)
+    else:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
+        gl.store(out + ooff, acc.to(out.dtype.element_ty), mask=om)
+
+
+_TARGET_PROGRAMS = 132 * 3
+
+
+def split_for(m: int, n: int, k: int, bn: int, bm: int) -> int:
+    """K splits so that tiles x splits reaches ~_TARGET_PROGRAMS (at most 16, two K steps each)."""
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    return 1 if tiles >= _TARGET_PROGRAMS else max(1, min(k // (2 * BK.value), triton.cdiv(_TARGET_PROGRAMS, tiles), 16))
+
+
+def default_config(m: int, n: int, k: int) -> tuple:
+    """(BN, BM, SPLIT, num_warps): 64 weight rows and all batch rows (up to 64) per program, K
+    split until ~3 programs per H200 SM."""
+    bn, bm, nw = 64, min(64, max(16, triton.next_power_of_2(m))), 4
+    return bn, bm, split_for(m, n, k, bn, bm), nw
+
+
+def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None) -> torch.Tensor:
+    """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
+    contiguous rows. config = (BN, BM, SPLIT, num_warps) overrides the default (SPLIT 0: the
+    default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
+    m, k = x.shape
+    n = p.n
+    if k != p.k or x.stride(1) != 1 or x.dtype != torch.bfloat16 or k % BK.value:
+        raise MinferError(f"qgemm_w4_mma: x {tuple(x.shape)} {x.dtype}, expected bf16 (M, {p.k}) with contiguous "
+                          f"rows and K % {BK.value} == 0")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
+    dflt = default_config(m, n, k)
+    bn, bm, split, nw = config or dflt
+    if split == 0:
+        split = split_for(m, n, k, bn, bm)
+    steps = k // BK.value
+    sps = triton.cdiv(steps, max(1, split))
+    split = triton.cdiv(steps, sps)                                     # no empty splits
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    part, cnt = out, out
+    if split > 1:
+        part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
+        need = grid[0] * grid[1]
+        cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
+    high = p.qtype == Q6_K
+    qw = p.planes[0]
+    qh = p.planes[1] if high else qw
+    sp = p.planes[2] if high else p.planes[1]
+    _w4_mma_kernel[grid](qw, qh, sp, x, out, part, cnt, bias if bias is not None else out, m, n, k,
+                         qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split,
+                         HIGH=high, BN=bn, BM=bm, NW=nw, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
+                         num_warps=nw)
+    return out
