@@ -23,6 +23,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
@@ -172,15 +173,20 @@ def _decode(w, h, s, HIGH: gl.constexpr, BN: gl.constexpr, a_l: gl.constexpr):
 def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
                    steps_per_split, SPLIT,
                    HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
-                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr):
+    """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T.
+    WG: Hopper's wgmma (A from registers, B = x^T read by the tensor cores from shared memory)
+    instead of mma.sync (B fragments loaded into every warp's registers)."""
+    if WG:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+        xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
+    else:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
+        xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2)
     w_l: gl.constexpr = _words_layout(BN, NW)
     x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
                                          order=[1, 0])
-    xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
     pid_m = gl.program_id(0)
     pid_n = gl.program_id(1)
     pid_s = gl.program_id(2)
@@ -204,33 +210,49 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     k_lo = pid_s * steps_per_split * BK
     k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
-    # one step ahead in registers: the next step's words, scales and x are in flight while this
-    # one is decoded and multiplied (the last step re-reads itself)
+    # the weights two steps ahead in registers, x one step: the next steps' words and scales
+    # are in flight while this one is decoded and multiplied (the last steps re-read themselves)
+    kl = k_hi - BK
     kw = gl.multiple_of(k_lo // 8, 16)
     w = gl.load(qw + woff + kw)
     s = gl.load(sp + soff + gl.multiple_of(k_lo // 32, 4))
     h = w
     if HIGH:
         h = gl.load(qh + woff + kw)
+    k1 = gl.minimum(k_lo + BK, kl)
+    kw = gl.multiple_of(k1 // 8, 16)
+    w1 = gl.load(qw + woff + kw)
+    s1 = gl.load(sp + soff + gl.multiple_of(k1 // 32, 4))
+    h1 = w1
+    if HIGH:
+        h1 = gl.load(qh + woff + kw)
     xt = gl.load(x + xoff + gl.multiple_of(k_lo, BK))
     for k0 in range(k_lo, k_hi, BK):
-        kn = gl.minimum(k0 + BK, k_hi - BK)
-        kw = gl.multiple_of(kn // 8, 16)
-        w_n = gl.load(qw + woff + kw)
-        s_n = gl.load(sp + soff + gl.multiple_of(kn // 32, 4))
-        h_n = w_n
+        k2 = gl.minimum(k0 + 2 * BK, kl)
+        kw = gl.multiple_of(k2 // 8, 16)
+        w2 = gl.load(qw + woff + kw)
+        s2 = gl.load(sp + soff + gl.multiple_of(k2 // 32, 4))
+        h2 = w2
         if HIGH:
-            h_n = gl.load(qh + woff + kw)
-        xt_n = gl.load(x + xoff + gl.multiple_of(kn, BK))
+            h2 = gl.load(qh + woff + kw)
+        xt_n = gl.load(x + xoff + gl.multiple_of(gl.minimum(k0 + BK, kl), BK))
         a = _decode(w, h, s, HIGH, BN, a_l)
         gl.thread_barrier()
         xs.store(xt)
-        gl.thread_barrier()
-        b = xs.permute([1, 0]).load(b_l)
-        acc = mma_v2(a, b, acc)
-        w = w_n
-        s = s_n
-        h = h_n
+        if WG:
+            fence_async_shared()
+            gl.thread_barrier()
+            acc = warpgroup_mma(a, xs.permute([1, 0]), acc)
+        else:
+            gl.thread_barrier()
+            b = xs.permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
+            acc = mma_v2(a, b, acc)
+        w = w1
+        s = s1
+        h = h1
+        w1 = w2
+        s1 = s2
+        h1 = h2
         xt = xt_n
     o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
                                          order=[0, 1])
@@ -278,7 +300,8 @@ def default_config(m: int, n: int, k: int) -> tuple:
     return bn, bm, split_for(m, n, k, bn, bm), nw
 
 
-def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None) -> torch.Tensor:
+def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
+                 wg: bool = True) -> torch.Tensor:
     """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
     contiguous rows. config = (BN, BM, SPLIT, num_warps) overrides the default (SPLIT 0: the
     default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
@@ -310,5 +333,5 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     _w4_mma_kernel[grid](qw, qh, sp, x, out, part, cnt, bias if bias is not None else out, m, n, k,
                          qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split,
                          HIGH=high, BN=bn, BM=bm, NW=nw, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                         num_warps=nw)
+                         WG=wg, num_warps=nw)
     return out
