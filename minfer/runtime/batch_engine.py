@@ -27,7 +27,11 @@ step's tokens and makes their events, so the host's per-step work overlaps the G
 come one step() later. A sequence that ends on a stop while its next row already ran loses
 that row (its keys/values went to a block it held; the blocks are freed after, in stream
 order). Any step that needs the host (an admission, a cancel, a prefill chunk, a row that
-needs a block the pool lacks) runs after the held step is read, as before.
+needs a block the pool lacks) runs after the held step is read, as before. A waiting request
+does not stop the chain by itself: the scheduler predicts whether the synchronous step would
+admit it (Scheduler.decode_only_next: a free slot and a free block once the held step's
+length ends free theirs and its cached prefix is attached), so under KV-memory pressure the
+engine keeps chaining while requests wait for blocks, with the synchronous engine's batches.
 
 The single-user `Engine` (engine.py) keeps its own contiguous cache and graphs; a BatchEngine
 made from it shares its weights, tokenizer and ops context.
@@ -148,7 +152,9 @@ class BatchEngine:
         elif dev == "cuda":
             detach_dense_planes(model)
             paths.switched_off("qmatmul.dense_plane", "dense_planes=False")
-        self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0}
+        # held_steps: sampled on the device and held; chained_steps: launched from a held step's tokens
+        self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0,
+                      "held_steps": 0, "chained_steps": 0}
 
     @classmethod
     def from_engine(cls, engine, max_seqs: int | None = None, kv_memory: int | None = None,
@@ -257,9 +263,13 @@ class BatchEngine:
                 self._seqs.pop(seq.seq_id, None)
                 out.append((seq, None))
         held, self._inflight = self._inflight, None
-        nxt = self._chain(held) if held is not None and not cancel else None
+        nxt, touch = self._chain(held) if held is not None and not cancel else (None, None)
         if held is not None:
             out += self._finish(held)          # waits for the held step; the chained one runs meanwhile
+        if touch is not None:
+            with self._lock:                   # the failed admission the synchronous step makes
+                if self.scheduler.waiting and self.scheduler.waiting[0] is touch:
+                    self.blocks.touch_prefix(touch)
         if nxt is None:
             with self._lock:
                 sched = self.scheduler.schedule()
@@ -320,6 +330,7 @@ class BatchEngine:
                 ev.record()
                 run.host = (th, lh, kh, ev)
             paths.count("batch.async_step")
+            self.stats["held_steps"] += 1
         return run
 
     @staticmethod
@@ -329,28 +340,33 @@ class BatchEngine:
         return (not seq.state.processors and not seq.top_logprobs and p.repeat_penalty == 1.0
                 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0)
 
-    def _chain(self, held: _Launched) -> _Launched | None:
-        """Launch the decode step after the held one from its device tokens, when nothing needs
-        the host first: no waiting sequence that could be admitted, every running sequence a row
-        of the held step, and a block for each row that crosses into a new one."""
+    def _chain(self, held: _Launched) -> tuple[_Launched | None, Sequence | None]:
+        """Launch the decode step after the held one from its device tokens when the synchronous
+        step would be those decode rows alone: every running sequence a row of the held step, a
+        block for each row that crosses into a new one without preempting, and no admission --
+        no request waits, no slot is free, or the pool would have no block for the first waiting
+        request once the held step's length ends free theirs (Scheduler.decode_only_next).
+        Returns (the chained step or None, the waiting sequence whose failed admission the
+        caller repeats after reading the held step)."""
         if held.toks is None:
-            return None
+            return None, None
         with self._lock:
             sch = self.scheduler
             seqs = held.seqs
-            # rows whose held token is not their last (a length finish is known now; a stop is not)
+            if len(sch.running) != len(seqs) or any(s.status is not SeqStatus.RUNNING for s in seqs):
+                return None, None
+            # rows whose held token is not their last (a length finish is known now; a stop is
+            # not). The others end when it is read: their slots and blocks go to a waiting
+            # request in the synchronous engine's next step, so they count as free here.
             rows = [r for r, s in enumerate(seqs) if s.n_generated + 1 < s.max_new_tokens]
-            # a slot that a length finish frees now goes to a waiting request in this step, as
-            # the synchronous engine gives it (len(rows): the running left once they end)
-            if ((sch.waiting and len(rows) < self.max_seqs) or len(sch.running) != len(seqs)
-                    or any(s.status is not SeqStatus.RUNNING for s in seqs)):
-                return None
             if not rows:
-                return None
+                return None, None
+            ending = [s for s in seqs if s.n_generated + 1 >= s.max_new_tokens]
             bs = self.cache.block_size
             grow = [seqs[r] for r in rows if seqs[r].n_computed >= len(seqs[r].block_table) * bs]
-            if len(grow) > self.blocks.n_free:
-                return None                     # the synchronous step preempts
+            ok, touch = sch.decode_only_next(ending, len(rows), len(grow))
+            if not ok:
+                return None, None
             for s in grow:
                 self.blocks.grow(s, s.n_computed + 1)
             items = [StepItem(seqs[r], seqs[r].n_computed, 1, True, True) for r in rows]
@@ -358,7 +374,8 @@ class BatchEngine:
         if len(rows) < len(seqs):
             toks = toks.index_select(0, torch.tensor(rows, dtype=torch.long).to(toks.device, non_blocking=True))
         paths.count("batch.async_chain")
-        return self._launch(items, toks, True, chained=True)
+        self.stats["chained_steps"] += 1
+        return self._launch(items, toks, True, chained=True), touch
 
     def _finish(self, run: _Launched) -> list[tuple[Sequence, GenEvent | None]]:
         if run.toks is None:

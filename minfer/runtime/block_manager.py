@@ -22,6 +22,7 @@ Block 0 is reserved: padding rows of a batched decode write their keys there (pa
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from itertools import islice
 
 from minfer.errors import MinferError
 from minfer.runtime.sequence import Sequence
@@ -120,6 +121,60 @@ class BlockManager:
             seq.block_hashes.append(h)
             prev = h
         return len(seq.block_table) * bs
+
+    # ---- predictions (batch_engine._chain: what the next schedule() would do) ----------------
+
+    @property
+    def n_fresh(self) -> int:
+        """Free blocks that hold no cached prefix: taking one evicts nothing."""
+        return len(self._free)
+
+    def releases(self, seqs) -> dict[int, int]:
+        """Block -> how many of seqs hold it: what freeing them all would release."""
+        drop: dict[int, int] = {}
+        for s in seqs:
+            for b in s.block_table:
+                drop[b] = drop.get(b, 0) + 1
+        return drop
+
+    def n_released(self, drop: dict[int, int]) -> int:
+        """Blocks that releasing `drop` (releases()) would make free (their last holder gone)."""
+        return sum(1 for b, c in drop.items() if self.ref[b] == c)
+
+    def evictions(self, n_take: int) -> set[int]:
+        """The cached blocks that taking n_take blocks now would evict (_take: never-hashed
+        blocks first, then the least recently used cached ones)."""
+        n = n_take - len(self._free)
+        return set(islice(self._cached, n)) if n > 0 else set()
+
+    def prefix_cost(self, seq: Sequence, drop: dict[int, int], limit: int, gone: set[int] = frozenset()) -> int:
+        """How many free blocks match_prefix(seq) would take (cached blocks no one holds) once
+        `drop` is released and the blocks `gone` are evicted, counted up to `limit`; changes
+        nothing. The same walk as match_prefix."""
+        if not self.prefix_cache or limit <= 0:
+            return 0
+        bs = self.block_size
+        prev = None
+        n = 0
+        for i in range((len(seq.tokens) - 1) // bs):
+            toks = tuple(seq.tokens[i * bs:(i + 1) * bs])
+            h = block_hash(prev, toks)
+            b = self.by_hash.get(h)
+            if b is None or b in gone or self.tokens_of[b] != toks:
+                break
+            if self.ref[b] == drop.get(b, 0):
+                n += 1
+                if n >= limit:
+                    break
+            prev = h
+        return n
+
+    def touch_prefix(self, seq: Sequence) -> None:
+        """What a failed admission leaves behind (scheduler step 3: match_prefix, then free): seq's
+        cached prefix blocks become the most recently used. A chained step that stands in for
+        such a step repeats it, so later evictions (and prefix hits) stay the synchronous ones."""
+        self.match_prefix(seq)
+        self.free(seq)
 
     def can_grow(self, seq: Sequence, n_tokens: int) -> bool:
         return self.blocks_for(n_tokens) - len(seq.block_table) <= self.n_free

@@ -85,6 +85,9 @@ class _Logged(BatchEngine):
         self.chained_ids: set[int] = set()     # sequences that had a row in a chained step
         self.held_ids: set[int] = set()        # sequences that had a row in a held step
         self.cancel_held = 0            # cancels of a sequence that had a row in the held step
+        # chained steps launched while a request waited and a slot was free (its admission
+        # predicted impossible for want of blocks: Scheduler.decode_only_next)
+        self.chained_waiting = 0
 
     def _launch(self, items, tokens, decode_only, chained=False):
         if chained:
@@ -96,6 +99,7 @@ class _Logged(BatchEngine):
                 assert s.n_generated + 1 < s.max_new_tokens, s
                 assert it.is_decode and it.n == 1 and it.start == s.n_computed
             self.chained_rows += len(items)
+            self.chained_waiting += bool(self.scheduler.waiting) and len(items) < self.max_seqs
             self.chained_ids.update(it.seq.seq_id for it in items)
         self.layouts.append(tuple((it.seq.seq_id, it.start, it.n, it.sample) for it in items))
         run = super()._launch(items, tokens, decode_only, chained)
