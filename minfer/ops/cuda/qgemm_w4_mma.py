@@ -171,25 +171,38 @@ def _decode(w, h, s, HIGH: gl.constexpr, BN: gl.constexpr, a_l: gl.constexpr):
 
 @gluon.jit
 def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
-                   steps_per_split, SPLIT,
+                   steps_per_split, SPLIT, MT, UNITS,
                    HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
                    IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr):
-    """Program (M tile, row tile, K split): acc [BN, BM] = W[rows, K range] @ x[mcols, K range]^T.
-    WG: Hopper's wgmma (A from registers, B = x^T read by the tensor cores from shared memory)
-    instead of mma.sync (B fragments loaded into every warp's registers)."""
+    """Persistent: program p runs units p, p + P, ... of (row tile, M tile, K split), K split
+    fastest (the splits of one tile run side by side and share x in L2): acc [BN, BM] =
+    W[rows, K range] @ x[mcols, K range]^T. WG: Hopper's wgmma (A from registers, B = x^T read
+    by the tensor cores from shared memory) instead of mma.sync (B fragments loaded into every
+    warp's registers)."""
     if WG:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
         xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     else:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
         xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    xs = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], xs_l)
+    for u in range(gl.program_id(0), UNITS, gl.num_programs(0)):
+        pid_s = u % SPLIT
+        pid_m = (u // SPLIT) % MT
+        pid_n = u // (SPLIT * MT)
+        _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
+              steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, mma, HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG)
+
+
+@gluon.jit
+def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
+          steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, mma: gl.constexpr,
+          HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
+          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr):
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     w_l: gl.constexpr = _words_layout(BN, NW)
     x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
                                          order=[1, 0])
-    pid_m = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    pid_s = gl.program_id(2)
     r_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, w_l))
     t_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, w_l))
     c_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, w_l))
@@ -206,7 +219,6 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
     xrow = gl.minimum(pid_m * BM + xm, M - 1).to(gl.int64)
     xoff = gl.expand_dims(xrow * stride_xm, 1) + gl.expand_dims(xk, 0)
-    xs = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], xs_l)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     k_lo = pid_s * steps_per_split * BK
     k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
@@ -267,7 +279,7 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
         # the last split of a tile to finish sums all partials in split order (deterministic); a
         # CTA barrier, then one acq_rel ticket per program, orders the partial stores before it
         gl.thread_barrier()
-        tile = pid_n * gl.num_programs(0) + pid_m
+        tile = pid_n * MT + pid_m
         ticket = gl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
             tot = gl.zeros([BN, BM], gl.float32, layout=o_l)
@@ -285,6 +297,7 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
 
 
 _TARGET_PROGRAMS = 132 * 3
+_SMS = 132                                # H200 SMs: the persistent grid is _SMS x occupancy programs
 
 
 def split_for(m: int, n: int, k: int, bn: int, bm: int) -> int:
@@ -303,8 +316,8 @@ def default_config(m: int, n: int, k: int) -> tuple:
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
                  wg: bool = True) -> torch.Tensor:
     """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
-    contiguous rows. config = (BN, BM, SPLIT, num_warps) overrides the default (SPLIT 0: the
-    default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
+    contiguous rows. config = (BN, BM, SPLIT, num_warps[, programs per SM, register cap])
+    overrides the default (SPLIT 0: the default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
     m, k = x.shape
     n = p.n
     if k != p.k or x.stride(1) != 1 or x.dtype != torch.bfloat16 or k % BK.value:
@@ -313,25 +326,28 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
     dflt = default_config(m, n, k)
-    bn, bm, split, nw = config or dflt
+    cfg = tuple(config or dflt) + (4, 0)[len(config or dflt) - 4:]
+    bn, bm, split, nw, occ, maxreg = cfg
     if split == 0:
         split = split_for(m, n, k, bn, bm)
     steps = k // BK.value
     sps = triton.cdiv(steps, max(1, split))
     split = triton.cdiv(steps, sps)                                     # no empty splits
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-    grid = (triton.cdiv(m, bm), triton.cdiv(n, bn), split)
+    mt = triton.cdiv(m, bm)
+    units = mt * triton.cdiv(n, bn) * split
+    grid = (min(units, _SMS * occ),)
     part, cnt = out, out
     if split > 1:
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
-        need = grid[0] * grid[1]
+        need = units // split
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
     high = p.qtype == Q6_K
     qw = p.planes[0]
     qh = p.planes[1] if high else qw
     sp = p.planes[2] if high else p.planes[1]
     _w4_mma_kernel[grid](qw, qh, sp, x, out, part, cnt, bias if bias is not None else out, m, n, k,
-                         qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split,
+                         qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split, mt, units,
                          HIGH=high, BN=bn, BM=bm, NW=nw, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                         WG=wg, num_warps=nw)
+                         WG=wg, num_warps=nw, **({"maxnreg": maxreg} if maxreg else {}))
     return out
