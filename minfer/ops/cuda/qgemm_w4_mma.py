@@ -22,7 +22,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from minfer.errors import MinferError
@@ -185,13 +185,20 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
     else:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
         xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    xs = gl.allocate_shared_memory(gl.bfloat16, [BM, BK], xs_l)
-    for u in range(gl.program_id(0), UNITS, gl.num_programs(0)):
-        pid_s = u % SPLIT
-        pid_m = (u // SPLIT) % MT
-        pid_n = u // (SPLIT * MT)
+    xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], xs_l)
+    if IS_SPLIT:
+        # one unit per program: a loop over units keeps the split epilogue's addresses live
+        # through the K loop (233 registers in the sm_90 build, against 128 without)
+        u = gl.program_id(0)
         _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
-              steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, mma, HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG)
+              steps_per_split, SPLIT, MT, (u // SPLIT) % MT, u // (SPLIT * MT), u % SPLIT, xs, mma, HIGH, BN, BM,
+              NW, IS_SPLIT, HAS_BIAS, WG)
+    else:
+        for u in range(gl.program_id(0), UNITS, gl.num_programs(0)):
+            pid_m = u % MT
+            pid_n = u // MT
+            _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
+                  steps_per_split, SPLIT, MT, pid_m, pid_n, 0, xs, mma, HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG)
 
 
 @gluon.jit
@@ -207,7 +214,8 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
     t_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, w_l))
     c_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, w_l))
     # rows past N (batch rows past M) read the last valid one: no masks on the hot loads
-    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=r_l), N - 1).to(gl.int64)
+    # (int32 offsets: the wrapper checks every plane and x has fewer than 2^31 elements)
+    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=r_l), N - 1)
     tt = gl.arange(0, 4, layout=t_l)
     cc = gl.arange(0, 4, layout=c_l)
     r3 = gl.expand_dims(gl.expand_dims(rows, 1), 2)                    # [BN, 1, 1]
@@ -217,13 +225,13 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
     soff = r3 * stride_s + t3 * 0 + c3                                 # its chunks' scales
     xm = gl.arange(0, BM, layout=gl.SliceLayout(1, x_l))
     xk = gl.arange(0, BK, layout=gl.SliceLayout(0, x_l))
-    xrow = gl.minimum(pid_m * BM + xm, M - 1).to(gl.int64)
+    xrow = gl.minimum(pid_m * BM + xm, M - 1)
     xoff = gl.expand_dims(xrow * stride_xm, 1) + gl.expand_dims(xk, 0)
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     k_lo = pid_s * steps_per_split * BK
     k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
-    # the weights two steps ahead in registers, x one step: the next steps' words and scales
-    # are in flight while this one is decoded and multiplied (the last steps re-read themselves)
+    # the weights two steps ahead in registers; x one step ahead in shared memory (cp.async into
+    # the other of two buffers); the last steps re-read themselves
     kl = k_hi - BK
     kw = gl.multiple_of(k_lo // 8, 16)
     w = gl.load(qw + woff + kw)
@@ -238,7 +246,10 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
     h1 = w1
     if HIGH:
         h1 = gl.load(qh + woff + kw)
-    xt = gl.load(x + xoff + gl.multiple_of(k_lo, BK))
+    gl.thread_barrier()                                                # the previous unit's readers are done
+    async_copy.async_copy_global_to_shared(xs.index(0), x + xoff + gl.multiple_of(k_lo, BK))
+    async_copy.commit_group()
+    buf = 0
     for k0 in range(k_lo, k_hi, BK):
         k2 = gl.minimum(k0 + 2 * BK, kl)
         kw = gl.multiple_of(k2 // 8, 16)
@@ -247,25 +258,26 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
         h2 = w2
         if HIGH:
             h2 = gl.load(qh + woff + kw)
-        xt_n = gl.load(x + xoff + gl.multiple_of(gl.minimum(k0 + BK, kl), BK))
+        async_copy.async_copy_global_to_shared(xs.index(1 - buf), x + xoff + gl.multiple_of(gl.minimum(k0 + BK, kl), BK))
+        async_copy.commit_group()
         a = _decode(w, h, s, HIGH, BN, a_l)
+        async_copy.wait_group(1)                                       # this step's x has landed
         gl.thread_barrier()
-        xs.store(xt)
         if WG:
             fence_async_shared()
-            gl.thread_barrier()
-            acc = warpgroup_mma(a, xs.permute([1, 0]), acc)
+            acc = warpgroup_mma(a, xs.index(buf).permute([1, 0]), acc)
         else:
-            gl.thread_barrier()
-            b = xs.permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
+            b = xs.index(buf).permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
             acc = mma_v2(a, b, acc)
+        gl.thread_barrier()                                            # before the next copy overwrites it
+        buf = 1 - buf
         w = w1
         s = s1
         h = h1
         w1 = w2
         s1 = s2
         h1 = h2
-        xt = xt_n
+    async_copy.wait_group(0)
     o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
                                          order=[0, 1])
     acc = gl.convert_layout(acc, o_l)
@@ -307,10 +319,11 @@ def split_for(m: int, n: int, k: int, bn: int, bm: int) -> int:
 
 
 def default_config(m: int, n: int, k: int) -> tuple:
-    """(BN, BM, SPLIT, num_warps): 64 weight rows and all batch rows (up to 64) per program, K
-    split until ~3 programs per H200 SM."""
+    """(BN, BM, SPLIT, num_warps, programs per SM, register cap): 64 weight rows and all batch
+    rows (up to 64) per program, K split until ~3 programs per H200 SM, 128 registers (4
+    programs of 4 warps fit on an SM)."""
     bn, bm, nw = 64, min(64, max(16, triton.next_power_of_2(m))), 4
-    return bn, bm, split_for(m, n, k, bn, bm), nw
+    return bn, bm, split_for(m, n, k, bn, bm), nw, 4, 128
 
 
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
@@ -326,7 +339,7 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
     dflt = default_config(m, n, k)
-    cfg = tuple(config or dflt) + (4, 0)[len(config or dflt) - 4:]
+    cfg = tuple(config or dflt) + (4, 128)[len(config or dflt) - 4:]
     bn, bm, split, nw, occ, maxreg = cfg
     if split == 0:
         split = split_for(m, n, k, bn, bm)
@@ -336,12 +349,14 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     mt = triton.cdiv(m, bm)
     units = mt * triton.cdiv(n, bn) * split
-    grid = (min(units, _SMS * occ),)
+    grid = (units if split > 1 else min(units, _SMS * occ),)
     part, cnt = out, out
     if split > 1:
         part = torch.empty((split, m, n), dtype=torch.float32, device=x.device)
         need = units // split
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
+    if max(t.numel() for t in p.planes) >= 2**31 or x.numel() >= 2**31:
+        raise MinferError(f"qgemm_w4_mma: a {n}x{k} weight or {m}x{k} input past 2^31 elements (int32 offsets)")
     high = p.qtype == Q6_K
     qw = p.planes[0]
     qh = p.planes[1] if high else qw
