@@ -56,6 +56,14 @@ def run_once(be, batch: int, pp: int, tg: int, rng: torch.Generator) -> dict:
             "s": batch * (pp + tg) / total, "preemptions": be.scheduler.n_preemptions}
 
 
+def default_kv_memory(per_block: int, n_max: int, pp: int, tg: int) -> int:
+    """The pool without --kv-memory: every sequence's whole context, plus slack for the warm-up's,
+    twice (`minfer bench --parallel` checks it against the free memory before the load)."""
+    from minfer.runtime.batch_engine import BLOCK_SIZE
+
+    return (n_max * (-(-(pp + tg + 1) // BLOCK_SIZE)) + 2) * per_block * 2
+
+
 def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | None = None, seed: int = 0,
                  graphs: bool = True, progress: bool = True, dense_planes: bool | None = None) -> list[dict]:
     """The table's rows, one per batch size, on a loaded Engine's model."""
@@ -64,10 +72,10 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
 
     dev = engine.device
     n_max = max(batches)
-    if kv_memory is None:      # every sequence's whole context, plus slack for the warm-up's
+    if kv_memory is None:
         per_block = PagedKVCache.bytes_per_block(engine.config, BLOCK_SIZE, getattr(engine.model, "act_dtype",
                                                                                       torch.float32))
-        kv_memory = (n_max * (-(-(pp + tg + 1) // BLOCK_SIZE)) + 2) * per_block * 2
+        kv_memory = default_kv_memory(per_block, n_max, pp, tg)
     be = BatchEngine.from_engine(engine, max_seqs=n_max, kv_memory=kv_memory, cuda_graphs=graphs,
                                  prefix_cache=False, dense_planes=dense_planes)
     be.scheduler.prefill_first = True

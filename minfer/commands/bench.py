@@ -89,8 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no loading bar or per-test log")
     p.add_argument("--parallel", type=_ints, default=None, metavar="B[,B..]",
                    help="instead: B sequences at once through the batch engine (continuous batching, "
-                   "paged KV cache), llama-batched-bench's table for each B, with -p and -n (first "
-                   "values) as the prompt and generated lengths, e.g. --parallel 1,8,32,128")
+                   "paged KV cache), llama-batched-bench's table for each B, with -p and -n (one value "
+                   "each) as the prompt and generated lengths, e.g. --parallel 1,8,32,128")
     p.add_argument("--kv-memory", type=parse_size, default=None, metavar="SIZE",
                    help="with --parallel: paged KV cache size, e.g. 16G (default: every sequence's "
                    "whole context, twice)")
@@ -146,6 +146,16 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
     if args.parallel:
+        # the batched table has one prompt and one generated length, no depth, A/B or peer: these
+        # were dropped without a word (-p 128,512 measured 128 alone)
+        for flag, given in (("-p/--n-prompt", len(args.n_prompt) > 1), ("-n/--n-gen", len(args.n_gen) > 1)):
+            if given:
+                raise MinferError(f"{flag} takes one value with --parallel (the batched table's prompt or "
+                                  "generated length); run once per length")
+        for flag, given in (("-d/--depth", args.depth != [0]), ("--ab", args.ab is not None),
+                            ("--peer", args.peer is not None)):
+            if given:
+                raise MinferError(f"{flag} applies to the pp/tg table only, not to --parallel's batched table")
         return _parallel(args)
 
     from minfer.bench.bench import markdown_summary, run_bench
@@ -158,6 +168,14 @@ def main(args: argparse.Namespace) -> int:
     # the memory its KV cache needs before the load, not by an allocation failure or the OOM killer
     longest = max(args.depth) + max(args.n_prompt + args.n_gen) + 1
     check_kv_fits(gf, longest, device, "-p/-n/-d: the longest test needs a context of")
+    from minfer.config import ModelConfig
+
+    trained = ModelConfig.from_gguf(gf).context_length
+    if longest > trained:
+        from minfer.commands.common import warn
+
+        warn(f"-p/-n/-d: the longest test needs a context of {longest} tokens, past the {trained} "
+             f"{gf.path.name} was trained on; it is measured all the same (a speed, not text)")
     apply_threads(args)
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv
@@ -190,14 +208,18 @@ def _parallel(args: argparse.Namespace) -> int:
 
     from minfer.bench.parallel import run_parallel, table
     from minfer.commands.common import apply_threads, device_from_args, resolve_device
+    from minfer.commands.preflight import check_model, check_parallel_bench
     from minfer.errors import MinferError
     from minfer.runtime.engine import Engine
 
     device = resolve_device(device_from_args(args))
-    apply_threads(args)
     pp, tg = args.n_prompt[0], args.n_gen[0]
     if pp < 1 or tg < 1 or min(args.parallel) < 1:
         raise MinferError("--parallel needs -p >= 1, -n >= 1 and batch sizes >= 1")
+    gf = check_model(args.model)   # an unrunnable file: one line before the load
+    # a paged KV pool that cannot fit in memory: one line now, not an allocator's traceback
+    check_parallel_bench(gf, device, max(args.parallel), pp, tg, args.kv_memory)
+    apply_threads(args)
     eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
     rows = run_parallel(eng, args.parallel, pp, tg, args.kv_memory,
                         seed=args.seed, progress=not args.no_progress,

@@ -179,3 +179,30 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
             f"-np {slots} full contexts of {n_ctx} tokens (the default pool without --kv-memory)"
         raise MinferError(f"{what}: the paged KV cache would need {_gib(pool)} of {device} memory but "
                           f"{_gib(free)} is available; give a smaller --kv-memory, -np or -c/--ctx")
+
+
+def check_parallel_bench(gf, device: str, n_max: int, pp: int, tg: int, kv_memory: int | None) -> None:
+    """`minfer bench --parallel`: the paged KV pool (--kv-memory, or the bench's default for the
+    largest batch) holds one whole sequence and fits in the memory available, checked before the
+    load (--parallel 100000 was a 69 GiB allocation's traceback after it)."""
+    from minfer.bench.parallel import default_kv_memory
+    from minfer.config import ModelConfig
+    from minfer.runtime.batch_engine import BLOCK_SIZE
+
+    per_block = kv_bytes_per_token(ModelConfig.from_gguf(gf), device) * BLOCK_SIZE
+    seq_blocks = -(-(pp + tg + 1) // BLOCK_SIZE)
+    if kv_memory is not None and kv_memory // per_block - 1 < seq_blocks:
+        raise MinferError(f"--kv-memory {_size(kv_memory)} holds {max(kv_memory // per_block - 1, 0)} KV blocks of "
+                          f"{BLOCK_SIZE} positions, but one sequence of -p {pp} + -n {tg} needs {seq_blocks}: give "
+                          f"--kv-memory {_size((seq_blocks + 1) * per_block)} or more")
+    pool = kv_memory if kv_memory is not None else default_kv_memory(per_block, n_max, pp, tg)
+    free = available_bytes(device)
+    if free is not None and pool > free:
+        if kv_memory is not None:
+            raise MinferError(f"--kv-memory {_size(kv_memory)}: the paged KV cache would need {_gib(pool)} of "
+                              f"{device} memory but {_gib(free)} is available; give a smaller --kv-memory")
+        fits = max(1, (free // per_block // 2 - 2) // seq_blocks)
+        raise MinferError(f"--parallel {n_max}: the default KV pool ({n_max} sequences of -p {pp} + -n {tg}, "
+                          f"twice) would need {_gib(pool)} of {device} memory but {_gib(free)} is available; "
+                          f"give batch sizes up to about {fits}, or a --kv-memory that fits (sequences past "
+                          "it are preempted and recomputed)")
