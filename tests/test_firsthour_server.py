@@ -106,3 +106,35 @@ def test_a_wrong_endpoint_lists_the_right_ones(client, method, path, status):
     msg = r.json()["error"]["message"]
     assert msg.startswith(f"{method} {path}: ") and "POST /v1/chat/completions, POST /v1/completions" in msg, msg
 
+
+
+@pytest.mark.parametrize("role", ["user", "system", "developer", "tool"])
+def test_a_message_without_content_is_a_400_naming_it(client, role):
+    # a null user message was rendered as an empty turn, and the model answered nothing in particular
+    msgs = [{"role": "user", "content": "hi"}, {"role": role, "content": None}]
+    bad(client, CHAT, chat(messages=msgs), "messages.1", f"a {role} message needs content")
+    bad(client, CHAT, chat(messages=[{"role": role}]), "messages.0", "needs content")
+
+
+def test_an_assistant_turn_may_have_no_content(client):
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None},
+            {"role": "user", "content": "again"}]
+    assert client.post(CHAT, json=chat(messages=msgs)).status_code == 200
+
+
+def test_top_logprobs_without_logprobs_names_the_field(client):
+    bad(client, CHAT, chat(top_logprobs=2), "top_logprobs", "requires logprobs to be true")
+    # logprobs itself wrong: that field is named, not a second complaint about top_logprobs
+    r = client.post(CHAT, json=chat(logprobs="yes", top_logprobs=2))
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "logprobs" and "top_logprobs" not in err["message"], err
+    assert client.post(CHAT, json=chat(logprobs=True, top_logprobs=2)).status_code == 200
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPL])
+def test_an_empty_body_says_it_is_empty(client, path):
+    r = client.post(path, content=b"")
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"] == "invalid request: the body is empty: expected a JSON object with the request's fields"
+    assert err["code"] == "missing_required_parameter", err

@@ -551,6 +551,9 @@ def _validation_response(exc: RequestValidationError) -> APIError:
             continue
         if any(e.get("type") == "missing" for e in errs):
             code = "missing_required_parameter"
+            if not where:   # no body at all: "body: Field required" read like a field named body
+                parts.append("the body is empty: expected a JSON object with the request's fields")
+                continue
         if len(errs) > 1:
             hint = _UNION_HINTS.get(where.rsplit(".", 1)[-1]) or "; ".join(dict.fromkeys(e["msg"] for e in errs))
         else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
 
 from minfer.limits import MAX_MESSAGES  # more messages get a 400 before any rendering
 
@@ -124,6 +124,16 @@ class ChatMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages: which call this answers
 
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        # OpenAI requires content but on an assistant turn (which may carry tool_calls only); a
+        # null user message was rendered as an empty turn, and the model answered a question
+        # nobody asked
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content (a string, or a list of text parts); "
+                             "it is null or missing")
+        return self
+
     def text(self) -> str:
         if self.content is None:
             return ""
@@ -190,12 +200,14 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: Bool | None = None
 
-    @model_validator(mode="after")
-    def _top_logprobs_needs_logprobs(self) -> "ChatCompletionRequest":
-        # OpenAI rejects top_logprobs without logprobs=true; so do we
-        if self.top_logprobs is not None and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_needs_logprobs(cls, v, info):
+        # OpenAI rejects top_logprobs without logprobs=true; so do we. A field validator (logprobs
+        # is declared first, so it is in info.data) names the field in the error's param
+        if v is not None and "logprobs" in info.data and not info.data["logprobs"]:
             raise ValueError("top_logprobs requires logprobs to be true")
-        return self
+        return v
 
     def max_new(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
