@@ -117,3 +117,25 @@ def test_token_budget_with_one_request_at_a_time_warns(capsys, tiny, busy_port):
     assert cli.main(["serve", "-m", tiny, "--device", "cpu", "--port", busy_port, "--token-budget", "64"]) == 1
     err = capsys.readouterr().err
     assert "warning: --token-budget" in err and "changes nothing" in err, err
+
+
+def test_serve_help_describes_batching_not_only_one_at_a_time(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    intro = capsys.readouterr().out.split("Example:")[0]
+    # the description said "One request generates at a time" whatever -np was (the default on CUDA
+    # batches); it says when each holds, and names the flags that size the batching
+    assert "One request generates at a time" not in intro
+    assert "With -np N" in intro and "--kv-memory" in intro and "--token-budget" in intro, intro
+    assert '"slots": N' in intro, intro
+
+
+def test_host_given_as_a_url_is_refused_before_the_model(capsys):
+    # was "cannot listen on http://localhost:8080: Name or service not known", after the model check
+    line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", "--host", "http://localhost"])
+    assert line.startswith("minfer: error: --host http://localhost: expected an address") and "not a URL" in line
+
+
+def test_log_level_takes_any_case(capsys, tiny, busy_port):
+    # --log-level DEBUG was argparse's "invalid choice" (uvicorn's own --log-level takes either case)
+    assert "cannot listen" in serve_line(capsys, tiny, busy_port, "--log-level", "DEBUG")

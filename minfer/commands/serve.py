@@ -12,13 +12,15 @@ Serve one model over HTTP with OpenAI's API, so OpenAI clients and tools can use
   POST /v1/chat/completions   chat (messages rendered by the model's own chat template)
   POST /v1/completions        plain text completion
   GET  /v1/models             the served model (its id is what clients send as `model`)
-  GET  /health                503 while the model loads, then 200 {"status": "ok"}
-  GET  /metrics               Prometheus metrics (requests, tokens, tok/s histograms)
+  GET  /health                503 while the model loads, then 200 {"status": "ok", "slots": N}
+  GET  /metrics               Prometheus metrics (requests, tokens, tok/s, KV blocks, latencies)
 
-Streaming (`"stream": true`) sends server-sent events in OpenAI's chunk format. One request
-generates at a time; the others wait in a first-in first-out queue. A client that disconnects
-mid-stream stops its generation. The socket opens at once and the model loads in the
-background, so poll /health before sending work.
+Streaming (`"stream": true`) sends server-sent events in OpenAI's chunk format. With -np N
+(the default on CUDA) N requests generate together (continuous batching over a paged KV cache,
+sized by --kv-memory; --token-budget trades time to first token against inter-token latency);
+on the CPU by default one request generates at a time and the others wait in a first-in
+first-out queue. A client that disconnects mid-stream stops its generation. The socket opens
+at once and the model loads in the background, so poll /health before sending work.
 
 Requests take OpenAI's fields plus top_k, min_p and repetition_penalty. Sampling fields a
 request leaves out keep minfer's defaults (those of `minfer run`: temperature 0.8, top_k 40,
@@ -78,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "its first token comes sooner (lower time to first token), but every step that carries a "
                    "chunk takes longer for the answers decoding beside it (higher inter-token latency p99); a "
                    "smaller one the reverse")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+    p.add_argument("--log-level", default="info", type=str.lower, choices=["critical", "error", "warning", "info", "debug"],
                    help="server log verbosity (default info)")
 
 
@@ -116,6 +118,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_body is not None and args.max_body < 1024:
         raise MinferError(f"--max-body {args.max_body}: expected at least 1024 bytes")
+    if "://" in args.host or "/" in args.host:
+        raise MinferError(f"--host {args.host}: expected an address or host name to listen on (e.g. 127.0.0.1, "
+                          "0.0.0.0 or localhost), not a URL; the port goes in --port")
     if not 0 <= args.port <= 65535:
         raise MinferError(f"--port {args.port}: expected 0..65535")
     if args.parallel is not None and args.parallel < 0:
