@@ -342,10 +342,10 @@ class BatchEngine:
 
     def _chain(self, held: _Launched) -> tuple[_Launched | None, Sequence | None]:
         """Launch the decode step after the held one from its device tokens when the synchronous
-        step would be those decode rows alone: every running sequence a row of the held step, a
-        block for each row that crosses into a new one without preempting, and no admission --
-        no request waits, no slot is free, or the pool would have no block for the first waiting
-        request once the held step's length ends free theirs (Scheduler.decode_only_next).
+        step would be those decode rows alone: a block for each row that crosses into a new one
+        without preempting, and no prefill chunk or admission -- every other running sequence
+        a prefill stalled for blocks, and no request waiting, no slot free, or no block free for
+        them once the held step's length ends free theirs (Scheduler.decode_only_next).
         Returns (the chained step or None, the waiting sequence whose failed admission the
         caller repeats after reading the held step)."""
         if held.toks is None:
@@ -353,7 +353,7 @@ class BatchEngine:
         with self._lock:
             sch = self.scheduler
             seqs = held.seqs
-            if len(sch.running) != len(seqs) or any(s.status is not SeqStatus.RUNNING for s in seqs):
+            if any(s.status is not SeqStatus.RUNNING for s in seqs):
                 return None, None
             # rows whose held token is not their last (a length finish is known now; a stop is
             # not). The others end when it is read: their slots and blocks go to a waiting
@@ -364,7 +364,7 @@ class BatchEngine:
             ending = [s for s in seqs if s.n_generated + 1 >= s.max_new_tokens]
             bs = self.cache.block_size
             grow = [seqs[r] for r in rows if seqs[r].n_computed >= len(seqs[r].block_table) * bs]
-            ok, touch = sch.decode_only_next(ending, len(rows), len(grow))
+            ok, touch = sch.decode_only_next([seqs[r] for r in rows], ending, len(grow))
             if not ok:
                 return None, None
             for s in grow:

@@ -95,19 +95,22 @@ class Scheduler:
 
     # ---- the next step, predicted (batch_engine._chain) ----------------------------------------
 
-    def decode_only_next(self, ending: list[Sequence], n_rows: int, n_grow: int) -> tuple[bool, Sequence | None]:
+    def decode_only_next(self, rows: list[Sequence], ending: list[Sequence], n_grow: int) -> tuple[bool, Sequence | None]:
         """Would the next schedule() -- run once `ending` (sequences whose next token is their
-        last: a length end) have finished -- be only the decode rows of the n_rows running
-        sequences left, n_grow of them taking a new block, with the pool left as growing those
-        rows now leaves it? That is: no preemption, no admission, and the same blocks taken.
+        last: a length end) have finished -- be only the decode rows of `rows`, n_grow of them
+        taking a new block, with the pool left as growing those rows now leaves it? That is: no
+        preemption, no prefill chunk, no admission, and the same blocks taken. Every other
+        running sequence must be a prefill stalled for blocks (its own full).
 
         Returns (yes, touch). touch: the waiting sequence whose admission that schedule() tries
         and fails; its caller repeats the attempt's trace (BlockManager.touch_prefix) once
-        `ending` are freed. An admission needs one free block after the head's cached prefix is
-        attached (step 3: `_fit` gives the head a chunk of up to n_free * block_size tokens).
-        Ends on a stop are not known here; a caller that bets on none accepts that an admission
-        they make possible comes one step later (as a slot a stop frees always did)."""
+        `ending` are freed. A stalled prefill gets a chunk, and the head an admission, when one
+        block is free after the head's cached prefix is attached (`_fit` gives a chunk of up to
+        n_free * block_size tokens beyond the blocks a sequence holds). Ends on a stop are not
+        known here; a caller that bets on none accepts that an admission they make possible
+        comes one step later (as a slot a stop frees always did)."""
         bm = self.blocks
+        bs = bm.block_size
         drop = bm.releases(ending)
         freed = bm.n_released(drop)
         if n_grow > bm.n_free:
@@ -115,18 +118,26 @@ class Scheduler:
         if n_grow > bm.n_fresh and freed:
             # it takes blocks the ended sequences freed; growing now would evict cached ones
             return False, None
-        if not self.waiting or n_rows >= self.max_seqs:
+        known = {s.seq_id for s in rows} | {s.seq_id for s in ending}
+        stalled = [s for s in self.running if s.seq_id not in known]
+        for s in stalled:
+            if (s.n_generated > 0 and s.n_pending == 1) or s.n_computed < len(s.block_table) * bs:
+                return False, None      # a decode row, or room for a chunk in its own blocks
+        admit = bool(self.waiting) and len(rows) + len(stalled) < self.max_seqs
+        if not admit and not stalled:
             return True, None           # nothing to admit, or no slot
-        if n_grow > bm.n_fresh and self.prefill_first:
+        if admit and n_grow > bm.n_fresh and self.prefill_first:
             # its first admission attempt touches the head's prefix before the rows grow (and
             # evict): growing first could evict other blocks
             return False, None
-        # free blocks when the head is tried: with prefill_first it is tried before the decode
-        # rows are grown (then again after, with fewer), else after; growing may evict cached
-        # blocks (the same ones now as then: no block is freed before)
+        # free blocks when the stalled prefills and the head are tried: with prefill_first
+        # before the decode rows are grown (then again after, with fewer), else after; growing
+        # may evict cached blocks (the same ones now as then: no block is freed before)
         free = bm.n_free + freed - (0 if self.prefill_first else n_grow)
         if free <= 0:
             return True, None           # no free block, so no cached one either: the attempt changes nothing
+        if stalled or not admit:
+            return False, None          # a stalled prefill gets a chunk
         head = self.waiting[0]
         if bm.prefix_cost(head, drop, free, bm.evictions(n_grow)) < free:
             return False, None          # admitted

@@ -4,17 +4,19 @@ batch_engine.py `_chain`), against what schedule() really does.
 The model is simulated (as in test_scheduler.py): random requests over a few token values (so
 prompts and answers share blocks and hit the prefix cache), random lengths, ends and cancels
 (cached blocks in varied LRU orders), tight pools (preemption, evictions). Whenever a step is
-decode-only and has every running sequence as a row -- the point where the held engine decides
-whether to chain -- the prediction is checked on two copies of the whole state:
+decode-only (its rows sampled on the device, in the held engine; other running sequences are
+prefills stalled for blocks) -- the point where the held engine decides whether to chain -- the
+prediction is checked on two copies of the whole state:
 - synchronous: the step's tokens appended, the length ends finished, then schedule();
 - held: the rows grown now (as _chain does), then the tokens appended, the ends finished, and
   the waiting sequence's failed admission repeated (touch_prefix) when the prediction names it.
 When the prediction says "chain", the synchronous step must be exactly those decode rows (no
-admission, no preemption), and both copies must end with the same pool: the same free blocks in
+admission, no prefill chunk, no preemption), and both copies must end with the same pool: the same free blocks in
 the same order, the same cached prefixes in the same LRU order, the same block tables. A "no"
 may be conservative; the test counts how often it was, and checks that "chain" was said in each
 case the prediction has a branch for (a request waiting for blocks, with a cached prefix that
-takes every free block, with evictions; and with blocks freed by length ends).
+takes every free block, with evictions, beside a stalled prefill; and with blocks freed by
+length ends).
 """
 
 from __future__ import annotations
@@ -36,26 +38,27 @@ def _pool(sch: Scheduler) -> tuple:
     return list(bm._free), list(bm._cached), dict(bm.by_hash), list(bm.ref), tables
 
 
-def _check_point(sch: Scheduler, g: random.Random, seen: dict) -> bool | None:
-    """sch: a decode-only step with every running sequence as a row was just launched (the
-    rows' n_computed counted, their tokens not yet sampled)."""
+def _check_point(sch: Scheduler, held: list[Sequence], g: random.Random, seen: dict) -> bool | None:
+    """sch: a decode-only step of the sequences `held` was just launched (their n_computed
+    counted, their tokens not yet sampled)."""
     bm = sch.blocks
-    rows = [s for s in sch.running if s.n_generated + 1 < s.max_new_tokens]
+    rows = [s for s in held if s.n_generated + 1 < s.max_new_tokens]
     if not rows:
         return None
-    ending = [s for s in sch.running if s.n_generated + 1 >= s.max_new_tokens]
+    ending = [s for s in held if s.n_generated + 1 >= s.max_new_tokens]
     grow = [s for s in rows if s.n_computed >= len(s.block_table) * bm.block_size]
     drop = bm.releases(ending)
     freed, n_free, n_fresh = bm.n_released(drop), bm.n_free, bm.n_fresh
-    ok, touch = sch.decode_only_next(ending, len(rows), len(grow))
-    assert (ok, touch) == sch.decode_only_next(ending, len(rows), len(grow))   # it changes nothing
-    toks = {s.seq_id: g.randrange(3) for s in sch.running}
+    stalled = [s for s in sch.running if s not in rows and s not in ending]
+    ok, touch = sch.decode_only_next(rows, ending, len(grow))
+    assert (ok, touch) == sch.decode_only_next(rows, ending, len(grow))   # it changes nothing
+    toks = {s.seq_id: g.randrange(3) for s in [*rows, *ending]}
 
     sync = copy.deepcopy(sch)
     by_id = {s.seq_id: s for s in sync.running}
-    for s in list(sync.running):
-        s.tokens.append(toks[s.seq_id])
-        sync.blocks.commit(s)
+    for s in [*rows, *ending]:
+        by_id[s.seq_id].tokens.append(toks[s.seq_id])
+        sync.blocks.commit(by_id[s.seq_id])
     for s in ending:
         sync.finish(by_id[s.seq_id], "length")
     pre = sync.n_preemptions
@@ -74,9 +77,9 @@ def _check_point(sch: Scheduler, g: random.Random, seen: dict) -> bool | None:
         hs = by_id[s.seq_id]
         if hs.n_computed >= len(hs.block_table) * held.blocks.block_size:
             held.blocks.grow(hs, hs.n_computed + 1)
-    for s in list(held.running):
-        s.tokens.append(toks[s.seq_id])
-        held.blocks.commit(s)
+    for s in [*rows, *ending]:
+        by_id[s.seq_id].tokens.append(toks[s.seq_id])
+        held.blocks.commit(by_id[s.seq_id])
     for s in ending:
         held.finish(by_id[s.seq_id], "length")
     if touch is not None:
@@ -85,13 +88,14 @@ def _check_point(sch: Scheduler, g: random.Random, seen: dict) -> bool | None:
     held.blocks.check()
     assert _pool(held) == _pool(sync)
 
-    waiting = bool(sch.waiting) and len(rows) < sch.max_seqs
+    waiting = bool(sch.waiting) and len(rows) + len(stalled) < sch.max_seqs
     seen["yes"] += 1
     seen["yes_waiting"] += waiting
     seen["yes_touch"] += touch is not None
     seen["yes_waiting_evicts"] += waiting and len(grow) > n_fresh
     seen["yes_freed"] += freed > 0
     seen["yes_waiting_free_blocks"] += waiting and n_free - len(grow) + freed > 0
+    seen["yes_stalled"] += bool(stalled)
     return True
 
 
@@ -120,9 +124,8 @@ def _simulate(seed: int, seen: dict) -> None:
         for it in step.items:
             it.seq.n_computed += it.n
             sch.blocks.commit(it.seq)
-        if (step.items and step.n_decode == len(step.items) == len(sch.running)
-                and all(it.sample for it in step.items)):
-            _check_point(sch, g, seen)
+        if step.items and step.n_decode == len(step.items) and all(it.sample for it in step.items):
+            _check_point(sch, [it.seq for it in step.items], g, seen)
         for it in step.items:
             s = it.seq
             if it.sample and s.status is SeqStatus.RUNNING:
@@ -135,7 +138,7 @@ def _simulate(seed: int, seen: dict) -> None:
 
 def test_chain_prediction_matches_the_synchronous_schedule():
     seen = dict.fromkeys(["yes", "no", "no_but_decode_only", "yes_waiting", "yes_touch", "yes_waiting_evicts",
-                          "yes_freed", "yes_waiting_free_blocks"], 0)
+                          "yes_freed", "yes_waiting_free_blocks", "yes_stalled"], 0)
     for seed in range(N_SIMS):
         try:
             _simulate(seed, seen)
@@ -182,7 +185,7 @@ def _shallow_first_pool(n_computed: int) -> Scheduler:
 
 def _seen() -> dict:
     return dict.fromkeys(["yes", "no", "no_but_decode_only", "yes_waiting", "yes_touch", "yes_waiting_evicts",
-                          "yes_freed", "yes_waiting_free_blocks"], 0)
+                          "yes_freed", "yes_waiting_free_blocks", "yes_stalled"], 0)
 
 
 def test_a_failed_admission_is_repeated_after_a_chained_step():
@@ -191,7 +194,7 @@ def test_a_failed_admission_is_repeated_after_a_chained_step():
     repeat it (touch_prefix) or a later eviction takes a different block."""
     sch = _shallow_first_pool(5)                    # its next position (5) is in its last block
     seen = _seen()
-    assert _check_point(sch, random.Random(0), seen) is True
+    assert _check_point(sch, list(sch.running), random.Random(0), seen) is True
     assert seen["yes_touch"] == 1
 
 
@@ -201,7 +204,7 @@ def test_an_eviction_before_the_admission_is_predicted():
     synchronous step admits it. The prediction must see the eviction and not chain."""
     sch = _shallow_first_pool(6)                    # position 6 needs a new block
     seen = _seen()
-    assert _check_point(sch, random.Random(0), seen) is False
+    assert _check_point(sch, list(sch.running), random.Random(0), seen) is False
     assert seen["no_but_decode_only"] == 0
 
 
@@ -225,5 +228,29 @@ def test_blocks_freed_by_a_length_end_can_be_the_waiting_prefix():
     assert bm.n_free == 0
     sch.add(Sequence(A + B + [2], None, 4))
     seen = _seen()
-    assert _check_point(sch, random.Random(0), seen) is True
+    assert _check_point(sch, list(sch.running), random.Random(0), seen) is True
     assert seen["yes_freed"] == 1 and seen["yes_touch"] == 1
+
+
+def test_a_running_sequence_the_next_step_would_feed_stops_the_chain():
+    """Beside the decode row, a running sequence that is not a row and would get tokens in the
+    next step: a prefill with room left in its own blocks (no free block needed), or one whose
+    recompute is down to its last token (a decode row: it needs a block, so a preemption). No
+    free block; the answer is no."""
+    for n_prompt, n_gen, n_done in ((5, 0, 3), (4, 1, 4)):
+        bm = BlockManager(1 + 4, 2)
+        sch = Scheduler(bm, max_seqs=4, token_budget=64)
+        r = Sequence([1, 1], None, 10)
+        r.tokens.append(2)
+        other = Sequence([0] * n_prompt, None, 10)
+        other.tokens += [2] * n_gen                  # 5 tokens, 3 or 4 of them computed
+        for s, n in ((r, 3), (other, n_done)):
+            bm.grow(s, 4)
+            s.n_computed = n
+            bm.commit(s)
+            s.status = SeqStatus.RUNNING
+            sch.running.append(s)
+        assert bm.n_free == 0
+        seen = _seen()
+        assert _check_point(sch, [r], random.Random(0), seen) is False
+        assert seen["no_but_decode_only"] == 0
