@@ -108,6 +108,7 @@ def test_a_default_pool_past_the_memory_is_refused(capsys, monkeypatch, tiny, bu
     monkeypatch.setattr(preflight, "available_bytes", lambda device: 200 * block_bytes)
     line = serve_line(capsys, tiny, busy_port, "-np", "4", "-c", "2048")
     assert "-np 4 full contexts of 2048 tokens" in line and "16.0 MiB of cpu memory but 6.2 MiB" in line, line
+    assert "which holds 1; give -np 1 or less" in line, line     # (200 - 1) // 128
     line = serve_line(capsys, tiny, busy_port, "-np", "4", "--kv-memory", str(300 * block_bytes))
     assert line.startswith("minfer: error: --kv-memory 9.4M: ") and "is available" in line, line
     assert "cannot listen" in serve_line(capsys, tiny, busy_port, "-np", "1", "-c", "2048")

@@ -175,10 +175,14 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
         (slots * ctx_blocks + 1) * per_block if device != "cuda" else None)   # CUDA: sized after the load
     free = available_bytes(device)
     if pool is not None and free is not None and pool > free:
-        what = f"--kv-memory {_size(kv_memory)}" if kv_memory is not None else \
-            f"-np {slots} full contexts of {n_ctx} tokens (the default pool without --kv-memory)"
-        raise MinferError(f"{what}: the paged KV cache would need {_gib(pool)} of {device} memory but "
-                          f"{_gib(free)} is available; give a smaller --kv-memory, -np or -c/--ctx")
+        if kv_memory is not None:
+            raise MinferError(f"--kv-memory {_size(kv_memory)}: the paged KV cache would need {_gib(pool)} of "
+                              f"{device} memory but {_gib(free)} is available; give a smaller --kv-memory")
+        fits = (free // per_block - 1) // ctx_blocks
+        raise MinferError(f"-np {slots} full contexts of {n_ctx} tokens (the default pool without --kv-memory): "
+                          f"the paged KV cache would need {_gib(pool)} of {device} memory but {_gib(free)} is "
+                          f"available, which holds {fits}; give -np {fits} or less, a smaller -c/--ctx, or a "
+                          "--kv-memory that fits (sequences past it are preempted and recomputed)")
 
 
 def check_parallel_bench(gf, device: str, n_max: int, pp: int, tg: int, kv_memory: int | None) -> None:
