@@ -162,20 +162,61 @@ def table(levels: list[dict]) -> str:
     return "\n".join(rows)
 
 
-def _wait_ready(url: str, proc, limit_s: float = 900) -> None:
+def _wait_ready(url: str, proc, limit_s: float = 900, unreachable_s: float = 10) -> None:
+    """Until GET /health answers 200. Without a launched server, nothing listening at `url` for
+    `unreachable_s` is an error at once (it was a silent 15-minute wait); a server that answers
+    (503 while it loads) is waited for up to `limit_s`."""
     import httpx
 
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
+    t0 = time.monotonic()
+    answered = False
+    while time.monotonic() < t0 + limit_s:
         if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"the server exited with code {proc.returncode}")
+            raise SystemExit(f"serve_bench: the server exited with code {proc.returncode}")
         try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
+            status = httpx.get(url + "/health", timeout=5).status_code
+            answered = True
+            if status == 200:
                 return
         except httpx.HTTPError:
-            pass
+            if proc is None and not answered and time.monotonic() > t0 + unreachable_s:
+                raise SystemExit(f"serve_bench: nothing answers at {url}/health; start `minfer serve` there "
+                                 "first, or add --launch -m MODEL") from None
         time.sleep(0.5)
-    raise SystemExit("the server never became ready")
+    raise SystemExit(f"serve_bench: the server at {url} was not ready after {limit_s:.0f} s")
+
+
+def _too_long(prompt: int, max_tokens: int, n_ctx: int) -> str | None:
+    """Why the longest request does not fit a context of n_ctx, or None. The server stores the
+    prompt and the answer but its last token (server/app.py `room`): prompt + max_tokens - 1."""
+    if prompt + max_tokens - 1 <= n_ctx:
+        return None
+    return (f"the longest prompt ({prompt} tokens, --prompt-lens) with --max-tokens {max_tokens} needs a context of "
+            f"{prompt + max_tokens - 1} but the server's is {n_ctx}: such answers would be cut short (or the "
+            "prompt refused) and the table would not measure what it says; give shorter prompts or a larger --ctx")
+
+
+def _check_fits(url: str, prompt: int, max_tokens: int) -> None:
+    """The longest request within the server's context (/v1/models meta.n_ctx)."""
+    import httpx
+
+    try:
+        n_ctx = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["meta"]["n_ctx"]
+    except Exception:   # noqa: BLE001 -- another server's card: nothing to check against
+        return
+    why = _too_long(prompt, max_tokens, int(n_ctx))
+    if why:
+        raise SystemExit(f"serve_bench: {why}")
+
+
+def _positive_ints(s: str) -> list[int]:
+    try:
+        xs = [int(x) for x in s.split(",")]
+    except ValueError:
+        xs = []
+    if not xs or min(xs) < 1:
+        raise argparse.ArgumentTypeError(f"{s!r}: expected comma-separated integers >= 1, e.g. 1,8,32")
+    return xs
 
 
 def server_command(a: argparse.Namespace) -> list[str]:
@@ -210,9 +251,10 @@ def main(argv=None) -> int:
                     "lowers time to first token, raises inter-token latency p99 (A/B it: one run per value)")
     ap.add_argument("--kv-memory", default=None, metavar="SIZE", help="the server's --kv-memory (with --launch)")
     ap.add_argument("--served-name", default="bench")
-    ap.add_argument("--clients", default="1,8,32,128")
+    ap.add_argument("--clients", type=_positive_ints, default=[1, 8, 32, 128], metavar="N[,N..]")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 2 x clients, >= 8)")
-    ap.add_argument("--prompt-lens", default="128,512,1024", help="prompt lengths drawn uniformly")
+    ap.add_argument("--prompt-lens", type=_positive_ints, default=[128, 512, 1024], metavar="N[,N..]",
+                    help="prompt lengths drawn uniformly")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--poisson", type=float, default=None, help="arrival rate (requests/s) instead of closed loop")
     ap.add_argument("--vocab", type=int, default=30000, help="prompt ids are drawn from [100, VOCAB)")
@@ -220,6 +262,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="write the JSON record here")
     a = ap.parse_args(argv)
+    if a.max_tokens < 1:
+        ap.error(f"--max-tokens {a.max_tokens}: expected 1 or more")
+    if a.launch and _too_long(max(a.prompt_lens), a.max_tokens, a.ctx):
+        ap.error(_too_long(max(a.prompt_lens), a.max_tokens, a.ctx))
     if a.launch and not a.model:
         ap.error("--launch starts `minfer serve -m MODEL`: give -m")
     if not a.launch and (a.token_budget is not None or a.kv_memory is not None or a.parallel is not None):
@@ -230,9 +276,10 @@ def main(argv=None) -> int:
         proc = subprocess.Popen(server_command(a))
     try:
         _wait_ready(a.url, proc)
-        lens = [int(x) for x in a.prompt_lens.split(",")]
+        lens = a.prompt_lens
+        _check_fits(a.url, max(lens), a.max_tokens)
         levels = []
-        for c in [int(x) for x in a.clients.split(",")]:
+        for c in a.clients:
             n = a.requests or max(8, 2 * c)
             r = asyncio.run(run_level(a.url, a.served_name, c, n, lens, a.max_tokens, a.vocab, a.seed, a.poisson))
             levels.append(r)

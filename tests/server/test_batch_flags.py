@@ -75,3 +75,33 @@ def test_serve_bench_refuses_server_flags_without_launch(capsys):
     with pytest.raises(SystemExit) as e:
         serve_bench.main(["--launch", "--token-budget", "64"])
     assert e.value.code == 2 and "give -m" in capsys.readouterr().err
+
+
+def test_serve_bench_odd_arguments_are_refused_before_measuring(capsys, server):
+    import socket
+
+    import pytest
+
+    from minfer.bench import serve_bench
+
+    for argv, expect in ((["--clients", "0"], "--clients: '0': expected comma-separated integers >= 1"),
+                         (["--prompt-lens", "128,,512"], "--prompt-lens: '128,,512'"),
+                         (["--max-tokens", "0"], "--max-tokens 0: expected 1 or more"),
+                         # launched: checked against --ctx before the server starts
+                         (["--launch", "-m", "x", "--ctx", "256", "--prompt-lens", "200", "--max-tokens", "64"],
+                          "needs a context of 263 but the server's is 256")):
+        with pytest.raises(SystemExit) as e:
+            serve_bench.main(argv)
+        assert e.value.code == 2 and expect in capsys.readouterr().err, argv
+    # a running server's context (512 here) read from /v1/models: was a table of refused or cut answers
+    with pytest.raises(SystemExit) as e:
+        serve_bench.main(["--url", server.url, "--served-name", SERVED, "--clients", "1", "--prompt-lens", "500",
+                          "--max-tokens", "20"])
+    assert "needs a context of 519 but the server's is 512" in str(e.value.code), e.value.code
+    # nothing listening: an error after a short wait, not 15 silent minutes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SystemExit) as e:
+        serve_bench._wait_ready(f"http://127.0.0.1:{port}", None, unreachable_s=0.5)
+    assert "nothing answers at" in str(e.value.code) and "--launch" in str(e.value.code)
