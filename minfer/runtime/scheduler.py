@@ -13,6 +13,10 @@ Each step (`schedule()`) builds one ragged batch under a token budget:
 A step that would otherwise be empty while sequences run (all blocked on blocks) preempts the
 newest, so the engine always makes progress. Finished and cancelled sequences free their
 blocks at once (`finish`).
+
+`decode_only_next` predicts, without changing anything, whether the next step would be a given
+set of decode rows alone (the held batch engine chains such a step before it reads the
+previous one: batch_engine.py `_chain`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 Scheduler.decode_only_next). A request that waits while a slot is free no longer turns held
 steps off by itself: the held engine chains the next decode step when the synchronous engine
 would admit nothing in it (no block free once the held step's length ends free theirs and the
-request's cached prefix is attached). The reference is the synchronous engine
+request's cached prefix is attached), nor give a chunk to a running prefill stalled for blocks
+(a preempted sequence's recompute). The reference is the synchronous engine
 (async_steps=False): with no stop and no cancel the held engine must launch the same batches in
 the same order (admissions in the same step, the same prefix hits) and give the same tokens,
 log-probabilities and kept logits bit for bit. The counts show that chained steps now run while
