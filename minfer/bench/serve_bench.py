@@ -113,6 +113,9 @@ async def run_level(url: str, model: str, clients: int, n_requests: int, prompt_
     n_out = sum(r["n_out"] for r in ok)
     return {"clients": clients, "mode": f"poisson {poisson}/s" if poisson else "closed loop",
             "requests": len(results), "failed": len(results) - len(ok), "wall_s": wall,
+            # what the server said to the first refused request (e.g. a token id past the vocabulary:
+            # --vocab), so a level of failures says why
+            "first_error": next(({"status": r["status"], "error": r["error"]} for r in results if not r["ok"]), None),
             "requests_per_s": len(ok) / wall, "output_tps": n_out / wall,
             "input_tokens": sum(r["n_in"] for r in ok), "output_tokens": n_out,
             "ttft_p50_ms": _ms(_pct(ttft, 50)), "ttft_p99_ms": _ms(_pct(ttft, 99)),
@@ -284,7 +287,9 @@ def main(argv=None) -> int:
             r = asyncio.run(run_level(a.url, a.served_name, c, n, lens, a.max_tokens, a.vocab, a.seed, a.poisson))
             levels.append(r)
             print(f"  {c} clients: {r['requests_per_s']:.2f} req/s, {r['output_tps']:.0f} output t/s, "
-                  f"TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms", file=sys.stderr, flush=True)
+                  f"TTFT p50 {r['ttft_p50_ms'] or 0:.0f} ms" + (f"; {r['failed']} of {r['requests']} failed, the "
+                  f"first with {r['first_error']['status']}: {r['first_error']['error']}" if r["failed"] else ""),
+                  file=sys.stderr, flush=True)
         from datetime import datetime, timezone
 
         import httpx

@@ -105,3 +105,18 @@ def test_serve_bench_odd_arguments_are_refused_before_measuring(capsys, server):
     with pytest.raises(SystemExit) as e:
         serve_bench._wait_ready(f"http://127.0.0.1:{port}", None, unreachable_s=0.5)
     assert "nothing answers at" in str(e.value.code) and "--launch" in str(e.value.code)
+
+
+def test_serve_bench_says_why_requests_failed(capsys, server, tmp_path):
+    import json
+
+    from minfer.bench import serve_bench
+
+    out = tmp_path / "r.json"
+    # ids drawn from [100, 60000): past the 49152-token vocabulary of the served model
+    assert serve_bench.main(["--url", server.url, "--served-name", SERVED, "--clients", "1", "--requests", "2",
+                             "--prompt-lens", "200", "--max-tokens", "1", "--vocab", "60000", "--out", str(out)]) == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["failed"] >= 1 and level["first_error"]["status"] == 400, level
+    assert "outside the vocabulary" in level["first_error"]["error"], level
+    assert "failed, the first with 400" in capsys.readouterr().err
