@@ -105,6 +105,16 @@ class Switches:
                          "(ops/cuda/qgemm_q8.py; takes precedence over qgemm_repack), and the batch engine builds "
                          "no dense bf16 planes for those weights (off: end to end 0.39x the dense planes at B=32 on the H200, perf-log L4)",
                          kind="tuning", when="load")
+    qgemm_w4: bool = _sw(True, "MINFER_QGEMM_W4",
+                         "batched decode rows dense_gemv_max_m < M <= qgemm_w4_max_m on the large Q4_K/Q6_K "
+                         "matrices (gate/up, down, lm head: ops/cuda/qgemm_w4_mma.use_w4): a Gluon GEMM over "
+                         "5/7-bit planes made at engine start (~2.2 GiB more on the 7B) instead of cuBLAS "
+                         "over the dense bf16 planes (H200, M=32: 1.10-1.27x per shape, perf-log)",
+                         when="load")
+    qgemm_w4_max_m: int = _sw(32, "MINFER_QGEMM_W4_MAX_M",
+                              "largest M (rows) that takes qgemm_w4 (above: cuBLAS over the dense planes; "
+                              "the Gluon GEMM decodes the weights again per 32 rows: 0.86x at M=64)",
+                              kind="tuning")
     dense_plane_groups: bool = _sw(True, "MINFER_DENSE_PLANE_GROUPS",
                                    "the batch engine's dense bf16 planes: one plane per weight group (q/k/v, "
                                    "gate/up; members are row views) multiplied as one cuBLAS GEMM",

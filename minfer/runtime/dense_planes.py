@@ -16,10 +16,52 @@ DENSE_PLANE_FRACTION = 0.5            # dense planes are made by default when th
 
 def detach_dense_planes(model) -> None:
     for w in model.qweights():
-        if getattr(w, "batch_dense", None) is not None:
-            w.batch_dense = None
-        if getattr(w, "batch_dense_group", None) is not None:
-            w.batch_dense_group = None
+        for attr in ("batch_dense", "batch_dense_group", "batch_w4", "batch_w4_group"):
+            if getattr(w, attr, None) is not None:
+                setattr(w, attr, None)
+
+
+def attach_w4_planes(model, switches=None) -> int:
+    """Give the large Q4_K/Q6_K matrices (qgemm_w4_mma.use_w4: gate/up as one group, down, the lm
+    head) fragment planes for the Gluon GEMM of batched rows (`w.batch_w4`, a group's first
+    weight `batch_w4_group = (ws, planes)`), made from their GEMV planes; they sit beside the
+    dense planes, which rows past qgemm_w4_max_m still use. Returns the bytes (0: switched off,
+    no Gluon, or no such matrix)."""
+    path = "qmatmul.w4"
+    if switches is not None and not getattr(switches, "qgemm_w4", True):
+        paths.switched_off(path, "MINFER_QGEMM_W4")
+        return 0
+    try:
+        from minfer.ops.cuda import qgemm_w4_mma
+    except ImportError as e:                                    # a Triton without Gluon
+        paths.fallback(path, f"Triton has no Gluon ({e})")
+        return 0
+    from minfer.ops.cuda.gemv_repack_layout import planes_of
+
+    done = 0
+    in_group = set()
+    for g in (tuple(g) for g in (model.decode_groups() if hasattr(model, "decode_groups") else ())):
+        grp = getattr(g[0], "repacked_group", None)
+        if grp is None or grp[0] != g:
+            continue
+        in_group.update(id(w) for w in g)
+        rw = grp[1]
+        if getattr(g[0], "batch_w4_group", None) is None and qgemm_w4_mma.use_w4(rw.qtype, rw.n, rw.k):
+            g[0].batch_w4_group = (g, qgemm_w4_mma.planes_for(rw))
+        if getattr(g[0], "batch_w4_group", None) is not None:
+            done += g[0].batch_w4_group[1].nbytes()
+    for w in model.qweights():
+        rw = planes_of(w)
+        if id(w) in in_group or rw is None:
+            continue
+        if getattr(w, "batch_w4", None) is None and qgemm_w4_mma.use_w4(rw.qtype, rw.n, rw.k):
+            w.batch_w4 = qgemm_w4_mma.planes_for(rw)
+        if getattr(w, "batch_w4", None) is not None:
+            done += w.batch_w4.nbytes()
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)
+        torch.cuda.empty_cache()            # the builder's temporaries: the KV sizing reads free memory
+    return done
 
 
 def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None, switches=None) -> int:
@@ -100,5 +142,6 @@ def attach_dense_planes(model, force: bool = False, free_bytes: int | None = Non
             decode_into(w, w.batch_dense)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
-    return sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws
-               if getattr(w, "batch_dense", None) is not None)
+    dense = sum(w.batch_dense.numel() * w.batch_dense.element_size() for w in ws
+                if getattr(w, "batch_dense", None) is not None)
+    return dense + (attach_w4_planes(model, switches) if model.device.type == "cuda" else 0)

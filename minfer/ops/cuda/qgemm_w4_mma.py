@@ -87,6 +87,17 @@ def dequantize_fragment(p: W4Planes) -> torch.Tensor:
     return v.reshape(n, k)
 
 
+def planes_for(rw) -> W4Planes:
+    """Fragment planes of a weight's (or a group's) GEMV planes (gemv_repack_layout.Repacked), on
+    its device: qgemm_w4.make_w4 (row chunks) then the fragment order."""
+    from minfer.ops.cuda.qgemm_w4 import make_w4
+
+    parts = [to_fragment_order(make_w4(rw.rows(r0, min(rw.n, r0 + 1024)))) for r0 in range(0, rw.n, 1024)]
+    if len(parts) == 1:
+        return parts[0]
+    return W4Planes(rw.qtype, rw.n, rw.k, tuple(torch.cat([q.planes[i] for q in parts]) for i in range(len(parts[0].planes))))
+
+
 # ---------------------------------------------------------------- the kernel
 
 _PAIR4 = """
@@ -326,6 +337,33 @@ def default_config(m: int, n: int, k: int) -> tuple:
     return bn, bm, split_for(m, n, k, bn, bm), nw, 4, 128
 
 
+# "<type> <N>x<K>" -> (BN, BM, SPLIT, num_warps, programs per SM, register cap) at 16 < M <= 32,
+# from tools/w4_bench.py on the H200 (device calls 5-6 of 2026-12-01; the shapes of the 7B where
+# this kernel beat cuBLAS over the dense bf16 plane: gate+up 1.27x, down in Q4_K 1.10x, the lm
+# head 1.18x). M <= 16 takes BM = 16 and the default split.
+H200_CONFIGS = {
+    "Q4_K 37888x3584": (64, 32, 3, 4, 4, 128),
+    "Q4_K 3584x18944": (64, 32, 6, 4, 4, 128),
+    "Q6_K 152064x3584": (64, 32, 1, 4, 4, 128),
+}
+_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K"}
+LARGE_N = 32768          # shapes not measured: rows enough to fill the GPU without a K split
+
+
+def use_w4(qtype: int, n: int, k: int) -> bool:
+    """Whether a (group) weight of this shape takes this kernel for batched rows: a measured
+    shape, or a large-N one (the lm heads). The 7B's q/k/v (0.5x), o (0.55x) and Q6_K down
+    (0.93x) stay on cuBLAS over the dense plane (device calls 5-6)."""
+    return qtype in _NAMES and k % BK.value == 0 and (f"{_NAMES[qtype]} {n}x{k}" in H200_CONFIGS or n >= LARGE_N)
+
+
+def config_for(qtype: int, m: int, n: int, k: int) -> tuple:
+    hit = H200_CONFIGS.get(f"{_NAMES.get(qtype)} {n}x{k}")
+    if hit is not None and m > 16:
+        return hit
+    return default_config(m, n, k)
+
+
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
                  wg: bool = True) -> torch.Tensor:
     """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
@@ -338,7 +376,7 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
                           f"rows and K % {BK.value} == 0")
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
-    dflt = default_config(m, n, k)
+    dflt = config_for(p.qtype, m, n, k)
     cfg = tuple(config or dflt) + (4, 128)[len(config or dflt) - 4:]
     bn, bm, split, nw, occ, maxreg = cfg
     if split == 0:

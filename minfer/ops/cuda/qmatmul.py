@@ -189,6 +189,10 @@ def _linear(x, w, bias, sw, ws):
             out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
         if out is not None:
             return out
+    if sw.dense_gemv_max_m < m <= sw.qgemm_w4_max_m:
+        out = _w4(x, (w,), (bias,), getattr(w, "batch_w4", None), f"qmatmul.{tname}.w4", sw, ws)
+        if out is not None:
+            return out
     plane = _dense_plane(x, w, getattr(w, "batch_dense", None), sw)
     if plane is not None:
         # a resident copy in the activations' dtype, made for the batch engine (runtime/dense_planes.py
@@ -269,6 +273,24 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
     out = qgemm_q8.qgemm_q8(q8, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                             ws=ws.gemv_counters(), interpret=interpret())
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
+def _w4(x, wts, biases, planes, path, sw, ws):
+    """Batched decode rows through the Gluon GEMM over the weight's (group's) fragment planes
+    (ops/cuda/qgemm_w4_mma.py; made by runtime/dense_planes.attach_w4_planes for the shapes it
+    beats cuBLAS on); None when it does not apply (the caller goes on to the dense plane)."""
+    if planes is None:
+        return None
+    if x.dtype != torch.bfloat16:
+        paths.fallback(path, f"{x.dtype} rows (the kernel multiplies bf16)")
+        return None
+    if not sw.qgemm_w4:
+        paths.switched_off(path, "MINFER_QGEMM_W4")
+        return None
+    from minfer.ops.cuda import qgemm_w4_mma
+
+    paths.count(path)
+    return qgemm_w4_mma.qgemm_w4_mma(x, planes, bias=ws.group_bias(wts, biases, torch.float32), ws=ws.gemv_counters())
 
 
 def _dense_plane(x, w, plane, sw):
@@ -371,6 +393,11 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
                               ws=ws.gemv_counters(), interpret=interpret(),
                               **_pdl_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+    wg = getattr(wts[0], "batch_w4_group", None)
+    if wg is not None and wg[0] == wts and sw.dense_gemv_max_m < x.shape[0] <= sw.qgemm_w4_max_m:
+        out = _w4(x, wts, biases, wg[1], f"qmatmul.group{len(wts)}.w4", sw, ws)
+        if out is not None:
+            return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     dg = getattr(wts[0], "batch_dense_group", None)
     if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:
         # the group's one dense plane (runtime/dense_planes.attach_dense_planes): one cuBLAS GEMM,
