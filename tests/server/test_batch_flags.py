@@ -120,3 +120,24 @@ def test_serve_bench_says_why_requests_failed(capsys, server, tmp_path):
     assert level["failed"] >= 1 and level["first_error"]["status"] == 400, level
     assert "outside the vocabulary" in level["first_error"]["error"], level
     assert "failed, the first with 400" in capsys.readouterr().err
+
+
+def test_a_budget_below_the_slots_from_memory_is_raised_with_a_warning(engine, make_server):
+    # -np 0: the slots come from the engine (4 on the CPU), after `minfer serve` checked its flags;
+    # the engine takes at least one token per slot, and the log says so
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("minfer.server")
+    log.addHandler(handler)
+    try:
+        srv = make_server(lambda: engine, parallel=0, token_budget=2)
+        srv.wait_ready()
+    finally:
+        log.removeHandler(handler)
+    assert _meta(srv.url)["token_budget"] == 4 and _meta(srv.url)["max_concurrent_requests"] == 4
+    msgs = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert any("--token-budget 2 is below the 4 sequences" in m for m in msgs), msgs
+    srv.stop()
