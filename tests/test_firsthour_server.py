@@ -114,6 +114,7 @@ def test_a_message_without_content_is_a_400_naming_it(client, role):
     msgs = [{"role": "user", "content": "hi"}, {"role": role, "content": None}]
     bad(client, CHAT, chat(messages=msgs), "messages.1", f"a {role} message needs content")
     bad(client, CHAT, chat(messages=[{"role": role}]), "messages.0", "needs content")
+    bad(client, CHAT, chat(messages=[{"role": role, "content": []}]), "messages.0", "content is an empty list")
 
 
 def test_an_assistant_turn_may_have_no_content(client):

@@ -132,6 +132,8 @@ class ChatMessage(BaseModel):
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content (a string, or a list of text parts); "
                              "it is null or missing")
+        if isinstance(self.content, list) and not self.content:   # OpenAI: an array of at least 1 part
+            raise ValueError("content is an empty list; give a string or at least one text part")
         return self
 
     def text(self) -> str:
