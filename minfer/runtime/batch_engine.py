@@ -126,7 +126,10 @@ class BatchEngine:
                 self.cache.decode_attention = paged_decode_attention
                 if sw is not None:
                     self.cache.decode_attention = functools.partial(paged_decode_attention,
-                                                                    target_programs=sw.paged_attn_programs)
+                                                                    target_programs=sw.paged_attn_programs,
+                                                                    merge_in_kernel=sw.paged_attn_merge)
+                    if not sw.paged_attn_merge:
+                        paths.switched_off("attention.paged_decode.merge_in_kernel", "MINFER_PAGED_ATTN_MERGE")
             else:
                 paths.switched_off("attention.paged_decode.triton", "MINFER_DECODE_ATTN")
             if cuda_graphs and sw is not None and not sw.cuda_graph:

@@ -127,16 +127,21 @@ def PA():
 # (each row's keys divided over the splits in-kernel) the short rows leave splits empty
 @pytest.mark.parametrize("bs,H,hkv,n_split", [(16, 4, 2, None), (8, 7, 1, 3), (4, 8, 8, 2), (4, 4, 2, 1),
                                               (4, 8, 2, 6)])
-def test_triton_paged_decode_matches_contiguous(PA, dtype, tol, bs, H, hkv, n_split):
+@pytest.mark.parametrize("merge_in_kernel", [True, False], ids=["merge_in_kernel", "merge_kernel"])
+def test_triton_paged_decode_matches_contiguous(PA, dtype, tol, bs, H, hkv, n_split, merge_in_kernel):
     lens = [1, 9, 2 * bs + 3, 40]
     dh = 16
     kp, vp, bt, conts = _scatter(lens, bs, hkv, dh, n_blocks=48, seed=5, dtype=dtype)
     kp, vp = kp.nan_to_num(0.0), vp.nan_to_num(0.0)   # masked loads still read in the interpreter
     q = torch.randn(len(lens), H, dh, generator=torch.Generator().manual_seed(2)).to(dtype)
-    out = PA.paged_decode_attention(q, kp, vp, bt, torch.tensor(lens, dtype=torch.int32), n_split=n_split)
-    for i, (n, (k, v)) in enumerate(zip(lens, conts)):
-        ref = reference.attention(q[i:i + 1].float(), k.float(), v.float(), n - 1)
-        torch.testing.assert_close(out[i:i + 1].float(), ref, rtol=tol, atol=tol)
+    for _ in range(2):      # the in-kernel merge's tickets reset themselves: a second launch is the same
+        out = PA.paged_decode_attention(q, kp, vp, bt, torch.tensor(lens, dtype=torch.int32), n_split=n_split,
+                                        merge_in_kernel=merge_in_kernel)
+        for i, (n, (k, v)) in enumerate(zip(lens, conts)):
+            ref = reference.attention(q[i:i + 1].float(), k.float(), v.float(), n - 1)
+            torch.testing.assert_close(out[i:i + 1].float(), ref, rtol=tol, atol=tol)
+    if merge_in_kernel:
+        assert int(PA._COUNTERS[q.device].abs().sum()) == 0
 
 
 def test_sliding_window_decode_and_chunk_match_a_masked_reference():

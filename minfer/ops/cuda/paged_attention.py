@@ -30,10 +30,10 @@ from minfer.ops import paths
 @triton.jit
 def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, part_l,
                          stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_bt,
-                         out, stride_ob, stride_oh,
+                         out, stride_ob, stride_oh, cnt,
                          H, G, NS, sm_scale,
                          PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
-                         BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr):
+                         BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, MERGE: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -84,6 +84,29 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
     tl.store(part_o + (base + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + base + qh, m_i, mask=gm)
     tl.store(part_l + base + qh, l_i, mask=gm)
+    if MERGE:
+        # the last split of (row, KV head) to finish merges the partials (as _merge_kernel, in
+        # split order: deterministic) -- no second launch; a CTA barrier, then one acq_rel ticket
+        # per program, orders the partial stores before it
+        tl.debug_barrier()
+        tile = b * tl.num_programs(1) + kvh
+        ticket = tl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == NS - 1:
+            mx = tl.full([GP], float("-inf"), dtype=tl.float32)
+            for s_ in range(NS):
+                mx = tl.maximum(mx, tl.load(part_m + (b * NS + s_) * H + qh, mask=gm, other=float("-inf"),
+                                            cache_modifier=".cg"))
+            num = tl.zeros([GP, BD], dtype=tl.float32)
+            den = tl.zeros([GP], dtype=tl.float32)
+            for s_ in range(NS):
+                row = (b * NS + s_) * H + qh
+                w = tl.exp(tl.load(part_m + row, mask=gm, other=float("-inf"), cache_modifier=".cg") - mx)
+                den += w * tl.load(part_l + row, mask=gm, other=0.0, cache_modifier=".cg")
+                num += w[:, None] * tl.load(part_o + row[:, None] * BD + d[None, :], mask=om, other=0.0,
+                                            cache_modifier=".cg")
+            tl.store(out + b * stride_ob + qh[:, None] * stride_oh + d[None, :],
+                     (num / den[:, None]).to(out.dtype.element_ty), mask=om)
+            tl.atomic_xchg(cnt + tile, 0)                              # ready for the next launch (graph replays)
 
 
 @triton.jit
@@ -118,12 +141,23 @@ def split_count(batch: int, n_kv_heads: int, span: int, bs: int, target_programs
     return max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(target_programs, batch * n_kv_heads)))
 
 
+_COUNTERS: dict = {}                      # device -> int32 tickets of the in-kernel merge (they reset themselves)
+
+
+def _counters(device, need: int) -> torch.Tensor:
+    c = _COUNTERS.get(device)
+    if c is None or c.numel() < need:
+        c = _COUNTERS[device] = torch.zeros(max(need, 1 << 14), dtype=torch.int32, device=device)
+    return c
+
+
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            n_split: int | None = None, block_keys: int | None = None,
-                           target_programs: int = 264) -> torch.Tensor:
+                           target_programs: int = 264, merge_in_kernel: bool = True) -> torch.Tensor:
     """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
-    int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row."""
+    int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row. With splits, the last
+    program of each (row, KV head) merges them (merge_in_kernel; False: the second kernel)."""
     b, h, dh = q.shape
     _, page, hkv, _ = k_pages.shape
     g = h // hkv
@@ -149,14 +183,18 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     vf = v_pages.view(-1, hkv, dh)
     bt = block_tables if block_tables.dtype == torch.int32 else block_tables.to(torch.int32)
     cl = context_lens if context_lens.dtype == torch.int32 else context_lens.to(torch.int32)
+    merge = merge_in_kernel and not direct
+    cnt = _counters(q.device, b * hkv) if merge else cl
+    if merge:
+        paths.count("attention.paged_decode.merge_in_kernel")
     _paged_decode_kernel[(b, hkv, n_split)](
         qq, kf, vf, bt, cl, part_o, part_m, part_l,
         qq.stride(0), qq.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), bt.stride(0),
-        out, out.stride(0), out.stride(1),
+        out, out.stride(0), out.stride(1), cnt,
         h, g, n_split, 1.0 / dh ** 0.5,
         PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
-        IEEE=k_pages.dtype == torch.float32, DIRECT=direct, num_warps=4)
-    if not direct:
+        IEEE=k_pages.dtype == torch.float32, DIRECT=direct, MERGE=merge, num_warps=4)
+    if not direct and not merge:
         _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
                               D=dh, BD=bd, CH=16, num_warps=4)
     return out
