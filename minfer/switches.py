@@ -76,7 +76,7 @@ class Switches:
                                  "decode attention by the Triton split-K kernel (off: SDPA)")
     paged_attn_merge: bool = _sw(True, "MINFER_PAGED_ATTN_MERGE",
                                  "batched decode attention split over keys: the last program of each "
-                                 "(row, KV head) merges the splits (off: a second merge kernel)")
+                                 "(row, KV head) merges the splits (off: a second merge kernel)", when="load")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
     batch_async: bool = _sw(True, "MINFER_BATCH_ASYNC",
                             "CUDA batch engine: a decode step whose rows all continue is launched from the "
