@@ -162,8 +162,9 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
         if usable < ctx_blocks:
             have = max(usable, 0)
             raise MinferError(f"--kv-memory {_size(kv_memory)} holds {have} {blocks_of} = {have * bs} tokens, "
-                              f"but one sequence of the full context ({n_ctx} tokens, -c/--ctx) needs {ctx_blocks} blocks: give "
-                              f"--kv-memory {_size((ctx_blocks + 1) * per_block)} or more, or a smaller -c/--ctx")
+                              f"but one sequence of the full context ({n_ctx} tokens, -c/--ctx) needs "
+                              f"{ctx_blocks} blocks: give --kv-memory {_size((ctx_blocks + 1) * per_block)} or "
+                              "more, or a smaller -c/--ctx")
         if slots is not None and slots > usable:
             raise MinferError(f"-np {slots}: --kv-memory {_size(kv_memory)} holds {usable} {blocks_of}, so at "
                               f"most {usable} sequences run at once even at one block each; give -np {usable} "

@@ -80,8 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "its first token comes sooner (lower time to first token), but every step that carries a "
                    "chunk takes longer for the answers decoding beside it (higher inter-token latency p99); a "
                    "smaller one the reverse")
-    p.add_argument("--log-level", default="info", type=str.lower, choices=["critical", "error", "warning", "info", "debug"],
-                   help="server log verbosity (default info)")
+    p.add_argument("--log-level", default="info", type=str.lower,
+                   choices=["critical", "error", "warning", "info", "debug"],
+                   help="server log verbosity (default info; any case)")
 
 
 def parse_size(s: str) -> int:
