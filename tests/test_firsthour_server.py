@@ -139,3 +139,20 @@ def test_an_empty_body_says_it_is_empty(client, path):
     err = r.json()["error"]
     assert err["message"] == "invalid request: the body is empty: expected a JSON object with the request's fields"
     assert err["code"] == "missing_required_parameter", err
+
+
+def test_metrics_label_model_lookups_by_their_route(client):
+    import re
+
+    def count(endpoint, status):
+        m = re.search(r'minfer_requests_total\{endpoint="%s",status="%d"\} ([0-9.]+)' % (re.escape(endpoint), status),
+                      client.get("/metrics").text)
+        return float(m.group(1)) if m else 0.0
+
+    before = {k: count(*k) for k in (("/v1/models/{id}", 200), ("/v1/models/{id}", 404), ("other", 404))}
+    # GET /v1/models/{id} was counted as endpoint="other", with the scanners' random paths
+    assert client.get("/v1/models/tiny").status_code == 200
+    assert client.get("/v1/models/gpt-4").status_code == 404
+    assert client.get("/no/such/path").status_code == 404
+    assert {k: count(*k) - v for k, v in before.items()} == {
+        ("/v1/models/{id}", 200): 1, ("/v1/models/{id}", 404): 1, ("other", 404): 1}

@@ -38,7 +38,10 @@ async def send_json(send: Any, status: int, body: dict, headers: list[tuple[byte
 
 
 def endpoint_label(path: str) -> str:
-    return _ENDPOINTS.get(path.rstrip("/") or "/", "other")
+    path = path.rstrip("/") or "/"
+    if path.startswith(("/v1/models/", "/models/")):
+        return "/v1/models/{id}"   # the route's template, not the id: one label whatever clients send
+    return _ENDPOINTS.get(path, "other")
 
 
 class MetricsMiddleware:
