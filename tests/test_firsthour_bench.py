@@ -87,3 +87,19 @@ def test_a_test_past_the_trained_context_warns_before_measuring(capsys, monkeypa
     # within it: no warning
     assert cli.main(["bench", "-m", tiny, "--device", "cpu", "-p", "2047", "-n", "8"]) == 1
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_batched_table_past_the_trained_context_warns_before_the_load(capsys, monkeypatch, tiny):
+    from minfer.errors import MinferError
+    from minfer.runtime import engine
+
+    def stop(*a, **k):
+        raise MinferError("stopped before the load")
+
+    monkeypatch.setattr(engine.Engine, "load", stop)
+    argv = ["bench", "-m", tiny, "--device", "cpu", "--parallel", "1", "-n", "8"]
+    assert cli.main(argv + ["-p", "2041"]) == 1     # 2041 + 8 + 1 = 2050 > 2048
+    err = capsys.readouterr().err
+    assert "warning: -p/-n: each sequence needs a context of 2050 tokens, past the 2048" in err, err
+    assert cli.main(argv + ["-p", "2039"]) == 1     # 2048: within it
+    assert "warning" not in capsys.readouterr().err

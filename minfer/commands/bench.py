@@ -168,14 +168,7 @@ def main(args: argparse.Namespace) -> int:
     # the memory its KV cache needs before the load, not by an allocation failure or the OOM killer
     longest = max(args.depth) + max(args.n_prompt + args.n_gen) + 1
     check_kv_fits(gf, longest, device, "-p/-n/-d: the longest test needs a context of")
-    from minfer.config import ModelConfig
-
-    trained = ModelConfig.from_gguf(gf).context_length
-    if longest > trained:
-        from minfer.commands.common import warn
-
-        warn(f"-p/-n/-d: the longest test needs a context of {longest} tokens, past the {trained} "
-             f"{gf.path.name} was trained on; it is measured all the same (a speed, not text)")
+    _warn_past_trained(gf, longest, "-p/-n/-d: the longest test needs a context of")
     apply_threads(args)
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv
@@ -200,6 +193,18 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _warn_past_trained(gf, n_ctx: int, what: str) -> None:
+    """A test longer than the model was trained on still measures a speed, but a new user who typed
+    -p 100000 on the CPU waited long for it without a word."""
+    from minfer.commands.common import warn
+    from minfer.config import ModelConfig
+
+    trained = ModelConfig.from_gguf(gf).context_length
+    if n_ctx > trained:
+        warn(f"{what} {n_ctx} tokens, past the {trained} {gf.path.name} was trained on; it is measured "
+             "all the same (a speed, not text)")
+
+
 def _parallel(args: argparse.Namespace) -> int:
     """--parallel: the batched table (minfer/bench/parallel.py)."""
     import json
@@ -219,6 +224,7 @@ def _parallel(args: argparse.Namespace) -> int:
     gf = check_model(args.model)   # an unrunnable file: one line before the load
     # a paged KV pool that cannot fit in memory: one line now, not an allocator's traceback
     check_parallel_bench(gf, device, max(args.parallel), pp, tg, args.kv_memory)
+    _warn_past_trained(gf, pp + tg + 1, "-p/-n: each sequence needs a context of")
     apply_threads(args)
     eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
     rows = run_parallel(eng, args.parallel, pp, tg, args.kv_memory,
