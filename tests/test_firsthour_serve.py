@@ -140,3 +140,16 @@ def test_host_given_as_a_url_is_refused_before_the_model(capsys):
 def test_log_level_takes_any_case(capsys, tiny, busy_port):
     # --log-level DEBUG was argparse's "invalid choice" (uvicorn's own --log-level takes either case)
     assert "cannot listen" in serve_line(capsys, tiny, busy_port, "--log-level", "DEBUG")
+
+
+def test_the_readme_serve_example_waits_for_the_model_before_asking():
+    # the example sent its request right after starting the server in the background: curl -s met a
+    # closed port (or a 503 while loading) and printed nothing at all
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in readme.split("```")[1::2] if "minfer serve" in b and "curl" in b)
+    lines = block.strip().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("minfer serve") and ln.rstrip().endswith("&"))
+    ask = next(i for i, ln in enumerate(lines) if "/v1/chat/completions" in ln)
+    assert any("/health" in ln and "until" in ln for ln in lines[start + 1:ask]), block
