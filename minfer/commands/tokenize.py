@@ -78,7 +78,10 @@ def main(args: argparse.Namespace) -> int:
     if args.ids:
         print(json.dumps(ids))
         return 0
-    width = len(str(max(ids))) if ids else 1
+    if not ids:   # an empty text and no BOS: say so, rather than print nothing at all
+        print("minfer: 0 tokens (the text is empty)", file=sys.stderr)
+        return 0
+    width = len(str(max(ids)))
     for i in ids:
         print(f"{i:>{width}} {show_piece(tok.piece_bytes(i))}")
     return 0
