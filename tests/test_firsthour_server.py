@@ -156,3 +156,9 @@ def test_metrics_label_model_lookups_by_their_route(client):
     assert client.get("/no/such/path").status_code == 404
     assert {k: count(*k) - v for k, v in before.items()} == {
         ("/v1/models/{id}", 200): 1, ("/v1/models/{id}", 404): 1, ("other", 404): 1}
+
+
+def test_health_answers_head_as_monitors_send_it(client):
+    r = client.head("/health")     # was 405 Method Not Allowed
+    assert r.status_code == 200 and r.content == b"", (r.status_code, r.content)
+    assert client.get("/health").json()["status"] == "ok"

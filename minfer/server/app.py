@@ -360,7 +360,8 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         return APIError(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error",
                         "internal_error").response()
 
-    @app.get("/health")
+    # HEAD too: uptime monitors and some load balancers probe with it (llama-server answers it)
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Any:
         state.require_engine()
         return {"status": "ok", "slots": state.slots}
