@@ -153,3 +153,18 @@ def test_the_readme_serve_example_waits_for_the_model_before_asking():
     start = next(i for i, ln in enumerate(lines) if ln.startswith("minfer serve") and ln.rstrip().endswith("&"))
     ask = next(i for i, ln in enumerate(lines) if "/v1/chat/completions" in ln)
     assert any("/health" in ln and "until" in ln for ln in lines[start + 1:ask]), block
+
+
+def test_a_pool_under_a_quarter_context_per_slot_warns(capsys, tiny, busy_port, block_bytes):
+    # 31 usable blocks for 8 slots of a 256-token (16-block) context: 62 positions each, under 64
+    size = str(32 * block_bytes)
+    assert cli.main(["serve", "-m", tiny, "--device", "cpu", "--port", busy_port, "-np", "8", "--kv-memory", size,
+                     "-c", "256"]) == 1
+    err = capsys.readouterr().err
+    assert "warning: -np 8 with --kv-memory 1M: 31 blocks give each sequence 62 positions" in err, err
+    assert "--kv-memory 1.1M gives a quarter context each" in err, err     # 8 x 4 + 1 blocks
+    assert err.strip().splitlines()[-1].startswith("minfer: error: cannot listen"), err   # a warning only
+    # 7 slots: 70 positions each, over a quarter context: no warning
+    assert cli.main(["serve", "-m", tiny, "--device", "cpu", "--port", busy_port, "-np", "7", "--kv-memory", size,
+                     "-c", "256"]) == 1
+    assert "warning" not in capsys.readouterr().err

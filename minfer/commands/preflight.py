@@ -140,7 +140,7 @@ def _size(n: float) -> str:
 
 
 def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | None,
-                token_budget: int | None) -> None:
+                token_budget: int | None, warn=None) -> None:
     """`minfer serve -np N`'s paged KV pool and token budget, checked from the file's header before
     the load (they were refused only by the background load, after the server had started, or
     silently shrank what a sequence may hold). `parallel`: the -np the server will use (1: one
@@ -169,6 +169,13 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
             raise MinferError(f"-np {slots}: --kv-memory {_size(kv_memory)} holds {usable} {blocks_of}, so at "
                               f"most {usable} sequences run at once even at one block each; give -np {usable} "
                               f"or less, or --kv-memory {_size((slots + 1) * per_block)} or more")
+        if warn is not None and slots is not None and usable * 4 < slots * ctx_blocks:
+            # below the engine's own default sizing (a quarter context per slot, batch_engine.py):
+            # it runs, but full slots preempt and recompute each other
+            warn(f"-np {slots} with --kv-memory {_size(kv_memory)}: {usable} blocks give each sequence "
+                 f"{usable * bs // slots} positions on average, under a quarter of the {n_ctx}-token context; "
+                 "when all slots are busy, the newest sequences are preempted and recomputed (lost work). "
+                 f"--kv-memory {_size((slots * ctx_blocks // 4 + 1) * per_block)} gives a quarter context each")
     if token_budget is not None and slots is not None and token_budget < slots:
         raise MinferError(f"--token-budget {token_budget} is below -np {slots}: every step carries one "
                           f"decode token per running sequence; give --token-budget {slots} or more")

@@ -165,7 +165,7 @@ def main(args: argparse.Namespace) -> int:
                  f"({'-np 1' if args.parallel == 1 else 'the default on ' + device}) it changes nothing")
     # a pool or budget the batch engine would refuse, or that cannot hold one full context: one
     # line now, not after the server has started (the engine is built by the background load)
-    check_batch(gf, n_ctx, device, parallel, args.kv_memory, args.token_budget)
+    check_batch(gf, n_ctx, device, parallel, args.kv_memory, args.token_budget, warn)
 
     def load():
         from minfer.runtime.engine import Engine
