@@ -83,5 +83,10 @@ def main(args: argparse.Namespace) -> int:
     types = ", ".join(f"{k} x{v}" for k, v in sorted(res.type_counts.items()))
     print(f"wrote {res.path}: {preset.name} ({preset.arch}, {preset.n_layers} layers, recipe "
           f"{args.recipe}), {res.n_tensors} tensors ({types}), "
-          f"{res.n_bytes / 2**30:.2f} GiB of tensor data in {dt:.1f} s")
+          f"{_human(res.n_bytes)} of tensor data in {dt:.1f} s")
     return 0
+
+
+def _human(n: int) -> str:
+    """2.34 GiB, 1.81 MiB: the tiny presets' data read "0.00 GiB" in GiB alone."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.2f} MiB"
