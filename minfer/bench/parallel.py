@@ -89,7 +89,11 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
     if progress and be.dense_plane_bytes:
         import sys
 
-        print(f"  dense planes: {be.dense_plane_bytes / 2**30:.2f} GiB", file=sys.stderr)
+        from minfer.runtime.dense_planes import w4_plane_bytes
+
+        w4 = w4_plane_bytes(engine.model)
+        print(f"  batch planes: {be.dense_plane_bytes / 2**30:.2f} GiB (dense bf16 {(be.dense_plane_bytes - w4) / 2**30:.2f}"
+              f" + w4 {w4 / 2**30:.2f})", file=sys.stderr)
     rng = torch.Generator().manual_seed(seed)
     rows = []
     for b in batches:
@@ -99,7 +103,10 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
         row = run_once(be, b, pp, tg, rng)
         row["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
         row["graph_steps"] = be.stats["graph_steps"]
-        row["dense_plane_gib"] = be.dense_plane_bytes / 2**30
+        row["dense_plane_gib"] = be.dense_plane_bytes / 2**30          # all batch planes (dense bf16 + w4)
+        from minfer.runtime.dense_planes import w4_plane_bytes
+
+        row["w4_plane_gib"] = w4_plane_bytes(engine.model) / 2**30
         rows.append(row)
         if progress:
             import sys

@@ -21,6 +21,15 @@ def detach_dense_planes(model) -> None:
                 setattr(w, attr, None)
 
 
+def w4_plane_bytes(model) -> int:
+    """Bytes of the w4 planes attached to the model's weights (attach_w4_planes)."""
+    n = 0
+    for w in model.qweights():
+        g = getattr(w, "batch_w4_group", None)
+        n += (g[1].nbytes() if g is not None else 0) + (w.batch_w4.nbytes() if getattr(w, "batch_w4", None) else 0)
+    return n
+
+
 def attach_w4_planes(model, switches=None) -> int:
     """Give the large Q4_K/Q6_K matrices (qgemm_w4_mma.use_w4: gate/up as one group, down, the lm
     head) fragment planes for the Gluon GEMM of batched rows (`w.batch_w4`, a group's first

@@ -58,12 +58,13 @@ def model(monkeypatch):
 
 def test_planes_attached_hold_the_weights(model):
     from minfer.ops.cuda.qgemm_w4_mma import dequantize_fragment
+    from minfer.runtime.dense_planes import w4_plane_bytes
 
     m, mk, grp, got = model
     gate, up, down, o = m.ws
     assert gate.batch_w4_group[0] == grp and getattr(up, "batch_w4", None) is None
     assert getattr(o, "batch_w4", None) is None and down.batch_w4 is not None
-    assert got == gate.batch_w4_group[1].nbytes() + down.batch_w4.nbytes()
+    assert got == gate.batch_w4_group[1].nbytes() + down.batch_w4.nbytes() == w4_plane_bytes(m)
     vals = dequantize_fragment(gate.batch_w4_group[1]).double()
     ref = torch.cat([mk[0][1], mk[1][1]])
     assert vals.shape == ref.shape and rel_err(vals, ref) < 4e-3
