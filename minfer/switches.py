@@ -111,7 +111,7 @@ class Switches:
     qgemm_w4: bool = _sw(True, "MINFER_QGEMM_W4",
                          "batched decode rows dense_gemv_max_m < M <= qgemm_w4_max_m on the large Q4_K/Q6_K "
                          "matrices (gate/up, down, lm head: ops/cuda/qgemm_w4_mma.use_w4): a Gluon GEMM over "
-                         "5/7-bit planes made at engine start (~2.2 GiB more on the 7B) instead of cuBLAS "
+                         "5/7-bit planes made at engine start (3.2 GiB more on the 7B) instead of cuBLAS "
                          "over the dense bf16 planes (H200, M=32: 1.10-1.27x per shape, perf-log)",
                          when="load")
     qgemm_w4_max_m: int = _sw(32, "MINFER_QGEMM_W4_MAX_M",
