@@ -228,5 +228,13 @@ def main(args: argparse.Namespace) -> int:
         pass
     if failure:
         raise MinferError(f"loading {path} failed: {failure[0]}")
+    loader = getattr(app.state.minfer, "_loader", None)
+    if loader is not None and loader.is_alive():
+        # stopped (Ctrl-C) while the model loads: the load runs in a daemon thread inside torch's
+        # C++ code, and letting the interpreter finalize under it aborted the process ("terminate
+        # called without an active exception", SIGABRT). Nothing is left to save: leave at once.
+        print("minfer: server stopped (the model had not finished loading)", flush=True)
+        sys.stderr.flush()
+        os._exit(0)
     print("minfer: server stopped", flush=True)
     return 0

@@ -87,3 +87,41 @@ def test_serve_exits_with_the_reason_when_the_model_fails_to_load(tmp_path):
     assert proc.returncode == 1
     # the file is checked before the server starts: one line naming it and what is wrong
     assert "minfer: error:" in err and "bad.gguf" in err and "not a GGUF file" in err
+
+
+def test_ctrl_c_while_the_model_loads_exits_cleanly(tmp_path):
+    # Ctrl-C during the background load used to abort the process ("terminate called without an
+    # active exception", SIGABRT): the interpreter finalized under the loader thread in torch's C++.
+    # The stand-in load never ends and always runs inside torch, as a real load mostly does.
+    wrapper = tmp_path / "slow_load.py"
+    wrapper.write_text(
+        "import sys, torch\n"
+        "from minfer.runtime import engine\n"
+        "def slow_load(*a, **k):\n"
+        "    x = torch.randn(1000, 1000)\n"
+        "    while True:\n"
+        "        x = (x @ x).tanh_()\n"
+        "engine.Engine.load = staticmethod(slow_load)\n"
+        "from minfer import cli\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(wrapper), "serve", "-m", "smollm2-135m-instruct", "--device", "cpu",
+                             "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300   # hang guard
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 503:
+                    break   # listening, and the model is loading
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, out)
+    assert "terminate called" not in out and "minfer: server stopped (the model had not finished loading)" in out, out
