@@ -36,13 +36,16 @@ def _planes(qt, n, k, seed):
     return to_fragment_order(p0), dequantize_w4(p0).double(), ref
 
 
-# (N, K, M, config (BN, BM, SPLIT, warps) or None for the default)
+# (N, K, M, config (BN, BM, SPLIT, warps[, programs/SM, register cap, ring stages]) or None)
 CASES = [(4608, 3584, 32, None), (3584, 3584, 16, None), (1000, 1024, 40, (64, 32, 1, 4)),
-         (3584, 2048, 33, (64, 64, 3, 4)), (2048, 1024, 9, (128, 16, 2, 4)), (512, 3584, 128, None)]
+         (3584, 2048, 33, (64, 64, 3, 4)), (2048, 1024, 9, (128, 16, 2, 4)), (512, 3584, 128, None),
+         (1000, 1024, 40, (64, 32, 1, 4, 4, 128, 3)), (3584, 2048, 33, (64, 64, 3, 4, 4, 128, 4)),
+         (2048, 1024, 9, (128, 16, 2, 4, 2, 0, 2))]
 
 
 @pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
-@pytest.mark.parametrize("n,k,m,cfg", CASES, ids=[f"n{c[0]}k{c[1]}m{c[2]}" for c in CASES])
+@pytest.mark.parametrize("n,k,m,cfg", CASES, ids=[f"n{c[0]}k{c[1]}m{c[2]}" + (f"r{c[3][6]}" if c[3] and len(c[3]) > 6
+                                                                                    else "") for c in CASES])
 def test_against_planes_and_gguf(qt, n, k, m, cfg):
     from minfer.ops.cuda.qgemm_w4_mma import qgemm_w4_mma
 
@@ -67,7 +70,7 @@ def test_one_hot_rows_read_values_exactly(qt):
     cols = torch.tensor(list(range(0, 128)) + [200, 333, 511, 640, 777, 1023], device="cuda")
     x = torch.zeros(len(cols), k, device="cuda", dtype=torch.bfloat16)
     x[torch.arange(len(cols), device="cuda"), cols] = 1.0
-    for cfg in [None, (64, 64, 4, 4), (128, 32, 1, 4)]:
+    for cfg in [None, (64, 64, 4, 4), (128, 32, 1, 4), (64, 32, 2, 4, 4, 128, 3), (64, 16, 1, 4, 4, 128, 4)]:
         out = qgemm_w4_mma(x, p, out_dtype=torch.float32, config=cfg)
         assert torch.equal(out, wq.float()[:, cols].T), cfg
 
@@ -86,7 +89,7 @@ def test_bias_and_counters_survive_graph_replays():
         def counters(self, need):
             return cnt
 
-    cfg = (64, 32, 4, 4)
+    cfg = (64, 32, 4, 4, 4, 128, 3)
     want = qgemm_w4_mma(x, p, bias=bias, out_dtype=torch.float32, config=cfg, ws=WS())
     assert rel_err(want, x.double() @ wq.T + bias.double()) < 1e-5
     assert int(cnt.abs().sum()) == 0

@@ -184,7 +184,7 @@ def _decode(w, h, s, HIGH: gl.constexpr, BN: gl.constexpr, a_l: gl.constexpr):
 def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
                    steps_per_split, SPLIT, MT, UNITS,
                    HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
-                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr):
+                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
     """Persistent: program p runs units p, p + P, ... of (row tile, M tile, K split), K split
     fastest (the splits of one tile run side by side and share x in L2): acc [BN, BM] =
     W[rows, K range] @ x[mcols, K range]^T. WG: Hopper's wgmma (A from registers, B = x^T read
@@ -196,27 +196,38 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
     else:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
         xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-    xs = gl.allocate_shared_memory(gl.bfloat16, [2, BM, BK], xs_l)
+    # STAGES > 0: words, scales and x of STAGES steps in shared memory (cp.async ring); 0: the
+    # weights two steps ahead in registers, x in two buffers
+    NB: gl.constexpr = STAGES if STAGES > 0 else 2
+    xs = gl.allocate_shared_memory(gl.bfloat16, [NB, BM, BK], xs_l)
+    # (a shared layout's rank is the tile's: the leading stage axis is an index)
+    plain4: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
+    plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    RS: gl.constexpr = STAGES if STAGES > 0 else 1
+    ws_s = gl.allocate_shared_memory(gl.int32, [RS, BN, 4, 4], plain4)
+    ss_s = gl.allocate_shared_memory(gl.int32, [RS, BN, 4], plain3)
+    hs_s = gl.allocate_shared_memory(gl.int16, [RS if HIGH else 1, BN, 4, 4], plain4)
     if IS_SPLIT:
         # one unit per program: a loop over units keeps the split epilogue's addresses live
         # through the K loop (233 registers in the sm_90 build, against 128 without)
         u = gl.program_id(0)
         _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
-              steps_per_split, SPLIT, MT, (u // SPLIT) % MT, u // (SPLIT * MT), u % SPLIT, xs, mma, HIGH, BN, BM,
-              NW, IS_SPLIT, HAS_BIAS, WG)
+              steps_per_split, SPLIT, MT, (u // SPLIT) % MT, u // (SPLIT * MT), u % SPLIT, xs, ws_s, ss_s, hs_s, mma,
+              HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG, STAGES)
     else:
         for u in range(gl.program_id(0), UNITS, gl.num_programs(0)):
             pid_m = u % MT
             pid_n = u // MT
             _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
-                  steps_per_split, SPLIT, MT, pid_m, pid_n, 0, xs, mma, HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG)
+                  steps_per_split, SPLIT, MT, pid_m, pid_n, 0, xs, ws_s, ss_s, hs_s, mma, HIGH, BN, BM, NW,
+                  IS_SPLIT, HAS_BIAS, WG, STAGES)
 
 
 @gluon.jit
 def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
-          steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, mma: gl.constexpr,
+          steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, ws_s, ss_s, hs_s, mma: gl.constexpr,
           HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
-          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr):
+          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     w_l: gl.constexpr = _words_layout(BN, NW)
     x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
@@ -241,9 +252,47 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
     acc = gl.zeros([BN, BM], gl.float32, layout=mma)
     k_lo = pid_s * steps_per_split * BK
     k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
-    # the weights two steps ahead in registers; x one step ahead in shared memory (cp.async into
-    # the other of two buffers); the last steps re-read themselves
     kl = k_hi - BK
+    if STAGES > 0:
+        acc = _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc, mma, a_l,
+                    w_l, HIGH, BN, WG, STAGES)
+    else:
+        acc = _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, mma, a_l, HIGH, BN, WG)
+    o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
+                                         order=[0, 1])
+    acc = gl.convert_layout(acc, o_l)
+    orow = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, o_l))
+    ocol = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, o_l))
+    om = gl.expand_dims(orow < N, 1) & gl.expand_dims(ocol < M, 0)
+    ooff = gl.expand_dims(ocol.to(gl.int64) * stride_om, 0) + gl.expand_dims(orow, 1)
+    if IS_SPLIT:
+        poff = gl.expand_dims((pid_s * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
+        gl.store(part + poff, acc, mask=om)
+        # the last split of a tile to finish sums all partials in split order (deterministic); a
+        # CTA barrier, then one acq_rel ticket per program, orders the partial stores before it
+        gl.thread_barrier()
+        tile = pid_n * MT + pid_m
+        ticket = gl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tot = gl.zeros([BN, BM], gl.float32, layout=o_l)
+            for sp_ in range(SPLIT):
+                o2 = gl.expand_dims((sp_ * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
+                tot += gl.load(part + o2, mask=om, other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                tot += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
+            gl.store(out + ooff, tot.to(out.dtype.element_ty), mask=om)
+            gl.atomic_xchg(cnt + tile, 0)                                 # ready for the next launch (graph replays)
+    else:
+        if HAS_BIAS:
+            acc += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
+        gl.store(out + ooff, acc.to(out.dtype.element_ty), mask=om)
+
+
+@gluon.jit
+def _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, mma: gl.constexpr, a_l: gl.constexpr,
+          HIGH: gl.constexpr, BN: gl.constexpr, WG: gl.constexpr):
+    """The K loop with the weights two steps ahead in registers and x one step ahead in shared
+    memory (cp.async into the other of two buffers); the last steps re-read themselves."""
     kw = gl.multiple_of(k_lo // 8, 16)
     w = gl.load(qw + woff + kw)
     s = gl.load(sp + soff + gl.multiple_of(k_lo // 32, 4))
@@ -289,34 +338,60 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
         s1 = s2
         h1 = h2
     async_copy.wait_group(0)
-    o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
-                                         order=[0, 1])
-    acc = gl.convert_layout(acc, o_l)
-    orow = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, o_l))
-    ocol = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, o_l))
-    om = gl.expand_dims(orow < N, 1) & gl.expand_dims(ocol < M, 0)
-    ooff = gl.expand_dims(ocol.to(gl.int64) * stride_om, 0) + gl.expand_dims(orow, 1)
-    if IS_SPLIT:
-        poff = gl.expand_dims((pid_s * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
-        gl.store(part + poff, acc, mask=om)
-        # the last split of a tile to finish sums all partials in split order (deterministic); a
-        # CTA barrier, then one acq_rel ticket per program, orders the partial stores before it
-        gl.thread_barrier()
-        tile = pid_n * MT + pid_m
-        ticket = gl.atomic_add(cnt + tile, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
-            tot = gl.zeros([BN, BM], gl.float32, layout=o_l)
-            for sp_ in range(SPLIT):
-                o2 = gl.expand_dims((sp_ * M + ocol).to(gl.int64) * N, 0) + gl.expand_dims(orow, 1)
-                tot += gl.load(part + o2, mask=om, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                tot += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
-            gl.store(out + ooff, tot.to(out.dtype.element_ty), mask=om)
-            gl.atomic_xchg(cnt + tile, 0)                                 # ready for the next launch (graph replays)
-    else:
-        if HAS_BIAS:
-            acc += gl.expand_dims(gl.load(bias + orow, mask=orow < N, other=0.0).to(gl.float32), 1)
-        gl.store(out + ooff, acc.to(out.dtype.element_ty), mask=om)
+    return acc
+
+
+@gluon.jit
+def _issue(wdst, sdst, hdst, xdst, qw, qh, sp, x, woff, soff2, xoff, k, HIGH: gl.constexpr):
+    """cp.async of step k's words, scales (and high bits), and x into one ring stage."""
+    kw = gl.multiple_of(k // 8, 16)
+    async_copy.async_copy_global_to_shared(wdst, qw + woff + kw)
+    async_copy.async_copy_global_to_shared(sdst, sp + soff2 + gl.multiple_of(k // 32, 4))
+    if HIGH:
+        async_copy.async_copy_global_to_shared(hdst, qh + woff + kw)
+    async_copy.async_copy_global_to_shared(xdst, x + xoff + gl.multiple_of(k, BK))
+
+
+@gluon.jit
+def _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc, mma: gl.constexpr,
+          a_l: gl.constexpr, w_l: gl.constexpr, HIGH: gl.constexpr, BN: gl.constexpr, WG: gl.constexpr,
+          STAGES: gl.constexpr):
+    """The K loop over a STAGES-deep cp.async ring in shared memory (words, scales, high bits and
+    x of a step per stage; no prefetch registers): step j + STAGES - 1 is issued, step j waited
+    for, read and multiplied; the stage read at step j - 1 is the one overwritten."""
+    s_l: gl.constexpr = gl.SliceLayout(1, w_l)                          # [BN, 4 chunks], lanes t broadcast
+    sr = gl.convert_layout(rows, gl.SliceLayout(1, s_l))
+    sc = gl.arange(0, 4, layout=gl.SliceLayout(0, s_l))
+    soff2 = gl.expand_dims(sr * stride_s, 1) + gl.expand_dims(sc, 0)
+    nsteps = (k_hi - k_lo) // BK
+    gl.thread_barrier()                                                # the previous unit's readers are done
+    for i in gl.static_range(STAGES - 1):
+        _issue(ws_s.index(i), ss_s.index(i), hs_s.index(i if HIGH else 0), xs.index(i), qw, qh, sp, x, woff,
+               soff2, xoff, gl.minimum(k_lo + i * BK, kl), HIGH)
+        async_copy.commit_group()
+    for j in range(nsteps):
+        st = (j + STAGES - 1) % STAGES
+        _issue(ws_s.index(st), ss_s.index(st), hs_s.index(st if HIGH else 0), xs.index(st), qw, qh, sp, x, woff,
+               soff2, xoff, gl.minimum(k_lo + (j + STAGES - 1) * BK, kl), HIGH)
+        async_copy.commit_group()
+        async_copy.wait_group(STAGES - 1)                              # step j has landed (this thread's copies)
+        gl.thread_barrier()                                            # (everyone's)
+        cur = j % STAGES
+        w = ws_s.index(cur).load(w_l)
+        s = gl.expand_dims(ss_s.index(cur).load(s_l), 1)
+        h = w
+        if HIGH:
+            h = hs_s.index(cur).load(w_l)
+        a = _decode(w, h, s, HIGH, BN, a_l)
+        if WG:
+            fence_async_shared()
+            acc = warpgroup_mma(a, xs.index(cur).permute([1, 0]), acc)
+        else:
+            b = xs.index(cur).permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
+            acc = mma_v2(a, b, acc)
+        gl.thread_barrier()                                            # before step j + STAGES overwrites it
+    async_copy.wait_group(0)
+    return acc
 
 
 _TARGET_PROGRAMS = 132 * 3
@@ -377,8 +452,8 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
     dflt = config_for(p.qtype, m, n, k)
-    cfg = tuple(config or dflt) + (4, 128)[len(config or dflt) - 4:]
-    bn, bm, split, nw, occ, maxreg = cfg
+    cfg = tuple(config or dflt) + (4, 128, 0)[len(config or dflt) - 4:]
+    bn, bm, split, nw, occ, maxreg, stages = cfg
     if split == 0:
         split = split_for(m, n, k, bn, bm)
     steps = k // BK.value
@@ -402,5 +477,5 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     _w4_mma_kernel[grid](qw, qh, sp, x, out, part, cnt, bias if bias is not None else out, m, n, k,
                          qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split, mt, units,
                          HIGH=high, BN=bn, BM=bm, NW=nw, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                         WG=wg, num_warps=nw, **({"maxnreg": maxreg} if maxreg else {}))
+                         WG=wg, STAGES=stages, num_warps=nw, **({"maxnreg": maxreg} if maxreg else {}))
     return out
