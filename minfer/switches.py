@@ -114,6 +114,10 @@ class Switches:
                          "5/7-bit planes made at engine start (3.2 GiB more on the 7B) instead of cuBLAS "
                          "over the dense bf16 planes (H200, M=32: 1.10-1.27x per shape, perf-log)",
                          when="load")
+    qgemm_w4_ring: bool = _sw(True, "MINFER_QGEMM_W4_RING",
+                              "qgemm_w4: the shapes measured faster with a cp.async ring of words, scales "
+                              "and x in shared memory (gate/up at 17..32 rows, the lm head at <= 16) take it "
+                              "(off: every shape keeps the register prefetch loop)", kind="tuning")
     qgemm_w4_max_m: int = _sw(32, "MINFER_QGEMM_W4_MAX_M",
                               "largest M (rows) that takes qgemm_w4 (above: cuBLAS over the dense planes; "
                               "the Gluon GEMM decodes the weights again per 32 rows: 0.86x at M=64)",

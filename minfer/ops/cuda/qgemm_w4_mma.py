@@ -203,10 +203,14 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
     # (a shared layout's rank is the tile's: the leading stage axis is an index)
     plain4: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[2, 1, 0])
     plain3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    RS: gl.constexpr = STAGES if STAGES > 0 else 1
-    ws_s = gl.allocate_shared_memory(gl.int32, [RS, BN, 4, 4], plain4)
-    ss_s = gl.allocate_shared_memory(gl.int32, [RS, BN, 4], plain3)
-    hs_s = gl.allocate_shared_memory(gl.int16, [RS if HIGH else 1, BN, 4, 4], plain4)
+    if STAGES > 0:
+        ws_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4, 4], plain4)
+        ss_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, 4], plain3)
+        hs_s = gl.allocate_shared_memory(gl.int16, [STAGES if HIGH else 1, BN, 4, 4], plain4)
+    else:                                   # (unused: the register loop allocates nothing more)
+        ws_s = xs
+        ss_s = xs
+        hs_s = xs
     if IS_SPLIT:
         # one unit per program: a loop over units keeps the split epilogue's addresses live
         # through the K loop (233 registers in the sm_90 build, against 128 without)
@@ -421,6 +425,13 @@ H200_CONFIGS = {
     "Q4_K 3584x18944": (64, 32, 6, 4, 4, 128),
     "Q6_K 152064x3584": (64, 32, 1, 4, 4, 128),
 }
+# with the cp.async ring (Switches.qgemm_w4_ring), "<type> <N>x<K> m<16|32>" where it measured
+# faster in device call 10: gate+up at M=32 59.9 us (the table's config: 65.5 in call 6), the lm
+# head at M=16 194 us (214.5); the other shapes keep the register loop above
+H200_RING_CONFIGS = {
+    "Q4_K 37888x3584 m32": (64, 32, 1, 4, 5, 0, 3),
+    "Q6_K 152064x3584 m16": (64, 16, 1, 4, 5, 0, 3),
+}
 _NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K"}
 LARGE_N = 32768          # shapes not measured: rows enough to fill the GPU without a K split
 
@@ -432,7 +443,11 @@ def use_w4(qtype: int, n: int, k: int) -> bool:
     return qtype in _NAMES and k % BK.value == 0 and (f"{_NAMES[qtype]} {n}x{k}" in H200_CONFIGS or n >= LARGE_N)
 
 
-def config_for(qtype: int, m: int, n: int, k: int) -> tuple:
+def config_for(qtype: int, m: int, n: int, k: int, ring: bool = False) -> tuple:
+    if ring:
+        hit = H200_RING_CONFIGS.get(f"{_NAMES.get(qtype)} {n}x{k} m{16 if m <= 16 else 32}")
+        if hit is not None:
+            return hit
     hit = H200_CONFIGS.get(f"{_NAMES.get(qtype)} {n}x{k}")
     if hit is not None and m > 16:
         return hit
@@ -440,7 +455,7 @@ def config_for(qtype: int, m: int, n: int, k: int) -> tuple:
 
 
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
-                 wg: bool = True) -> torch.Tensor:
+                 wg: bool = True, ring: bool = False) -> torch.Tensor:
     """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
     contiguous rows. config = (BN, BM, SPLIT, num_warps[, programs per SM, register cap])
     overrides the default (SPLIT 0: the default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
@@ -451,7 +466,7 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
                           f"rows and K % {BK.value} == 0")
     if bias is not None and tuple(bias.shape) != (n,):
         raise MinferError(f"qgemm_w4_mma: bias has shape {tuple(bias.shape)}, expected ({n},)")
-    dflt = config_for(p.qtype, m, n, k)
+    dflt = config_for(p.qtype, m, n, k, ring)
     cfg = tuple(config or dflt) + (4, 128, 0)[len(config or dflt) - 4:]
     bn, bm, split, nw, occ, maxreg, stages = cfg
     if split == 0:

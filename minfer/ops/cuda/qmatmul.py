@@ -290,7 +290,8 @@ def _w4(x, wts, biases, planes, path, sw, ws):
     from minfer.ops.cuda import qgemm_w4_mma
 
     paths.count(path)
-    return qgemm_w4_mma.qgemm_w4_mma(x, planes, bias=ws.group_bias(wts, biases, torch.float32), ws=ws.gemv_counters())
+    return qgemm_w4_mma.qgemm_w4_mma(x, planes, bias=ws.group_bias(wts, biases, torch.float32), ws=ws.gemv_counters(),
+                                     ring=sw.qgemm_w4_ring)
 
 
 def _dense_plane(x, w, plane, sw):
