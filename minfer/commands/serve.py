@@ -210,7 +210,17 @@ def main(args: argparse.Namespace) -> int:
         server_log.addHandler(handler)
         server_log.propagate = False
     server_log.setLevel(args.log_level.upper())
-    server = uvicorn.Server(config)
+    class _Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            # end the generations in flight first: their requests answer 503 "the server is shutting
+            # down" at once. They ran on past uvicorn's 5 s graceful timeout and were then cancelled,
+            # each printing a CancelledError traceback (Ctrl-C on a busy server)
+            import asyncio
+
+            await asyncio.get_running_loop().run_in_executor(None, app.state.minfer.shutdown)
+            await super().shutdown(sockets=sockets)
+
+    server = _Server(config)
     host, port = sock.getsockname()[:2]
     import ipaddress
     import sys

@@ -39,7 +39,7 @@ from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage,
                                    TextPart, Tool, ToolCall, ToolCallFunction, _Sampling, unsupported_fields)
 from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar
 from minfer.server.tools import ToolError, logit_bias, plan_chat, response_schema, tool_chunker, tool_message
-from minfer.server.worker import Failed, Finished, GenRequest, Job, Worker
+from minfer.server.worker import Failed, Finished, GenRequest, Job, ShuttingDown, Worker
 from minfer.tokenizer.chat_template import chat_token_ids
 
 log = logging.getLogger("minfer.server")
@@ -47,6 +47,8 @@ log = logging.getLogger("minfer.server")
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 BATCH_NOTE = ("requests run together (continuous batching over a paged KV cache); requests beyond "
               "the slots wait and are admitted first come, first served")
+SHUTDOWN_MESSAGE = ("the server is shutting down; the generation was stopped (send the request again once "
+                    "it is back)")
 SCHEDULING_NOTE = ("one request generates at a time; other requests wait in a first-in first-out "
                    "queue and are served in arrival order")
 
@@ -256,6 +258,8 @@ async def _collect(job: Job, request: Request, acc: Accumulator) -> Finished:
                     raise APIError(499, "client closed the request", code="client_closed_request")
                 return item
             if isinstance(item, Failed):
+                if isinstance(item.error, ShuttingDown):
+                    raise APIError(503, SHUTDOWN_MESSAGE, "server_error", "server_shutting_down")
                 raise APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}",
                                "server_error", "internal_error") from item.error
             acc.add(item)
@@ -285,8 +289,10 @@ async def _stream(job: Job, first: list[dict], make_chunk: Callable[..., dict], 
                     yield _sse(usage_chunk(acc.usage(item)))
                 break
             if isinstance(item, Failed):
-                err = error_payload(f"generation failed: {type(item.error).__name__}: {item.error}",
-                                    "server_error", "internal_error")
+                err = error_payload(SHUTDOWN_MESSAGE, "server_error", "server_shutting_down") \
+                    if isinstance(item.error, ShuttingDown) else \
+                    error_payload(f"generation failed: {type(item.error).__name__}: {item.error}",
+                                  "server_error", "internal_error")
                 yield _sse(err)
                 break
             piece = acc.add(item)

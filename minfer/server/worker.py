@@ -51,6 +51,13 @@ class Finished:
     inter_token_seconds: list | None = None  # the gaps between consecutive tokens (BatchWorker)
 
 
+class ShuttingDown(RuntimeError):
+    """The error of a job the server stopped (Ctrl-C, SIGTERM): its request answers 503."""
+
+    def __init__(self) -> None:
+        super().__init__("the server is shutting down")
+
+
 @dataclass
 class Failed:
     """The last item of a job whose generation raised."""
@@ -96,6 +103,7 @@ class Worker:
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="minfer-generate", daemon=True)
         self._current: Job | None = None  # the job being generated, for stop()
+        self._stopping = False            # stop() was called: a cancelled job failed, no client left
 
     def start(self) -> "Worker":
         self._thread.start()
@@ -105,7 +113,9 @@ class Worker:
         self._jobs.put(job)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Cancel the waiting jobs, end the thread after the current one (which is cancelled too)."""
+        """Cancel the waiting jobs, end the thread after the current one (which is cancelled too);
+        each of them ends with Failed(ShuttingDown)."""
+        self._stopping = True
         pending = []
         while True:
             try:
@@ -116,7 +126,7 @@ class Worker:
                 pending.append(job)
         for job in pending:
             job.cancel()
-            job.put(Failed(RuntimeError("the server is shutting down")))
+            job.put(Failed(ShuttingDown()))
         self._current_cancel()
         self._jobs.put(None)
         if self._thread.is_alive():
@@ -182,6 +192,9 @@ class Worker:
             close = getattr(gen, "close", None)
             if close is not None:
                 close()
+        if cancelled and self._stopping:   # stopped by the server, not by its client
+            job.put(Failed(ShuttingDown()))
+            return
         if finish is None:
             # the engine's iterator ended without a reason: count-limited, or it stopped itself
             finish = "length" if n_gen >= req.max_new_tokens else "stop"
@@ -250,10 +263,10 @@ class BatchWorker:
                 break
             if job is not None:
                 job.cancel()
-                job.put(Failed(RuntimeError("the server is shutting down")))
+                job.put(Failed(ShuttingDown()))
         for job, _, _ in list(self._active.values()):
             job.cancel()
-            job.put(Failed(RuntimeError("the server is shutting down")))
+            job.put(Failed(ShuttingDown()))
         self._active.clear()
 
     def slots_info(self) -> dict:

@@ -11,6 +11,7 @@ import time
 
 import httpx
 import openai
+import pytest
 
 
 def _free_port() -> int:
@@ -125,3 +126,63 @@ def test_ctrl_c_while_the_model_loads_exits_cleanly(tmp_path):
             proc.kill()
     assert proc.returncode == 0, (proc.returncode, out)
     assert "terminate called" not in out and "minfer: server stopped (the model had not finished loading)" in out, out
+
+
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_ctrl_c_on_a_busy_server_answers_503_and_exits_at_once(parallel):
+    # Ctrl-C while requests generated: uvicorn waited its 5 s graceful timeout for them, then
+    # cancelled each with a CancelledError traceback on the console, and the clients got nothing
+    import json
+    import threading
+
+    port = _free_port()
+    proc = _serve("-m", "smollm2-135m-instruct", "--device", "cpu", "--port", str(port), "-np", parallel,
+                  "--log-level", "warning")
+    url = f"http://127.0.0.1:{port}"
+    got: dict = {}
+    try:
+        deadline = time.monotonic() + 600  # hang guard
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            try:
+                if httpx.get(url + "/health", timeout=30).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        # SmolLM2's special tokens (ids 0-2: endoftext, im_start, im_end) banned: it never ends by itself
+        body = {"prompt": "word " * 50, "max_tokens": 4000, "temperature": 0,
+                "logit_bias": {"0": -100, "1": -100, "2": -100}}
+        started = threading.Event()
+
+        def plain():
+            r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            got["plain"] = (r.status_code, r.json())
+
+        def streamed():
+            with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": True}, timeout=120) as r:
+                events = []
+                for line in r.iter_lines():
+                    if line.startswith("data: {"):
+                        events.append(json.loads(line[6:]))
+                        started.set()
+                got["stream"] = events
+
+        # the stream first, so that with -np 1 it runs and the plain request waits in the queue
+        threads = [threading.Thread(target=f, daemon=True) for f in (streamed, plain)]
+        threads[0].start()
+        assert started.wait(300)        # tokens are flowing (hang guard)
+        threads[1].start()
+        time.sleep(1)                   # the plain request reaches the server (-np 2: it generates)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+        for t in threads:
+            t.join(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, (proc.returncode, err)
+    assert "Traceback" not in err and "CancelledError" not in err, err
+    status, answer = got["plain"]
+    assert status == 503 and answer["error"]["code"] == "server_shutting_down", got["plain"]
+    assert got["stream"][-1]["error"]["code"] == "server_shutting_down", got["stream"][-3:]
