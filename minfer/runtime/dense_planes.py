@@ -30,6 +30,17 @@ def w4_plane_bytes(model) -> int:
     return n
 
 
+def w4_unsupported(device) -> str | None:
+    """Why the w4 GEMM cannot run on this device (None: it can). Its decode uses sm_90 PTX
+    (sub/mul.bf16x2) and its default MMA is Hopper's wgmma, which sm_100+ GPUs lack."""
+    if device.type != "cuda":
+        return None                                             # (CPU tests: the planes only)
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) != (9, 0):
+        return f"the GPU is sm_{cap[0]}{cap[1]}; the kernel is written for sm_90 (H100/H200)"
+    return None
+
+
 def attach_w4_planes(model, switches=None) -> int:
     """Give the large Q4_K/Q6_K matrices (qgemm_w4_mma.use_w4: gate/up as one group, down, the lm
     head) fragment planes for the Gluon GEMM of batched rows (`w.batch_w4`, a group's first
@@ -44,6 +55,10 @@ def attach_w4_planes(model, switches=None) -> int:
         from minfer.ops.cuda import qgemm_w4_mma
     except ImportError as e:                                    # a Triton without Gluon
         paths.fallback(path, f"Triton has no Gluon ({e})")
+        return 0
+    why = w4_unsupported(model.device)
+    if why:
+        paths.fallback(path, why)
         return 0
     from minfer.ops.cuda.gemv_repack_layout import planes_of
 

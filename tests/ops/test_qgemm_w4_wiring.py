@@ -133,3 +133,17 @@ def test_switched_off_at_load_attaches_nothing(model):
     assert attach_w4_planes(m, Switches(qgemm_w4=False)) == 0
     assert all(getattr(w, "batch_w4", None) is None for w in m.ws)
     assert "qmatmul.w4 (switched off by MINFER_QGEMM_W4=0)" in paths.snapshot()["switched_off"]
+
+
+def test_other_gpus_fall_back_with_the_reason(monkeypatch):
+    """sm_80 (A100) and sm_100 (B200) lack the kernel's PTX or wgmma: no planes, a fallback that
+    names the GPU, so those GPUs keep cuBLAS over the dense planes."""
+    from minfer.runtime import dense_planes
+
+    for cap, ok in (((9, 0), True), ((8, 0), False), ((10, 0), False), ((12, 0), False)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=cap: c)
+        why = dense_planes.w4_unsupported(torch.device("cuda", 0))
+        assert (why is None) == ok, (cap, why)
+        if not ok:
+            assert f"sm_{cap[0]}{cap[1]}" in why
+    assert dense_planes.w4_unsupported(torch.device("cpu")) is None
