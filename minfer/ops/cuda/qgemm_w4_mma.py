@@ -1,21 +1,28 @@
-"""The w4 batched-decode GEMM written in Gluon (Triton's explicit-layout dialect), so that the
-decoded weights land in the tensor-core operand registers with no shared-memory round trip.
+"""The batched-decode GEMM over w4 planes (qgemm_w4.py), in Gluon (Triton's explicit-layout
+dialect), so that the decoded weights land in the tensor-core operand registers with no
+shared-memory round trip. Used by qmatmul for 9..32 rows of the large Q4_K/Q6_K matrices
+(`use_w4`, per-shape configs below; Switches.qgemm_w4*), on sm_90 only.
 
-Why: qgemm_w4.py's Triton kernel decodes in ~2 instructions per value but Triton moves the
-decoded tile into the MMA's operand layout through a small shared-memory buffer, 16 times per
-K step with two barriers each (SASS of an sm_90 build); it ran at 0.25-0.5 TB/s on the H200.
+Why Gluon: a Triton kernel over the same planes decoded in ~2 instructions per value, but Triton
+moved the decoded tile into the MMA's operand layout through a small shared buffer, 16 times per
+K step with two barriers each (SASS of an sm_90 build): 0.25-0.5 TB/s (docs/perf-log.md W1).
 
-Here each thread loads exactly the words whose values its mma.sync m16n8k16 A fragments hold
-(sm_80+ `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`; PTX ISA, "Matrix Fragments for
+Layout: each thread loads exactly the words whose values its MMA A fragments hold (the A
+fragment of mma.sync m16n8k16 and of wgmma from registers; PTX ISA, "Matrix Fragments for
 mma.m16n8k16"): lane 4g + t holds rows g and g + 8 of a 16-row block and, per 32 values of K,
 K offsets 8i + 2t + e (i = 0..3, e = 0, 1). So the "fragment planes" store, per row and 32-value
-chunk c, thread t's 8 values as one word (pair i = nibbles i, i + 4: the bf16x2 decode of
-qgemm_w4), and per row and 128 values the 4 chunks' words of one thread side by side (one
-16-byte load):  word index = 16 * (c // 4) + 4 * t + c % 4.
-The scale planes are those of qgemm_w4 (Q4_K: {s, -m} per chunk; Q6_K: {s_a, s_b}, the two
-16-value scales of the chunk, as one int32).
-"""
+chunk c, thread t's 8 values as one word (pair i = nibbles i, i + 4: the bf16x2 decode), and per
+row and 128 values the 4 chunks' words of one thread side by side (one 16-byte load):
+word index = 16 * (c // 4) + 4 * t + c % 4. `convert_layout(..., assert_trivial=True)` proves
+at compile time that the decoded tile needs no data movement. The scale planes are those of
+qgemm_w4 (Q4_K: {s, -m} per chunk; Q6_K: {s_a, s_b}, the two 16-value scales of the chunk, as
+one int32).
 
+K loop: either the weights two steps ahead in registers (x in two shared buffers), or a cp.async
+ring of STAGES steps in shared memory (config's 7th value). Split K: partials reduced by the
+last program of a tile (atomic ticket, split order: deterministic), counters that reset
+themselves (CUDA-graph replays). Unsplit shapes: a persistent grid of programs x occupancy.
+"""
 from __future__ import annotations
 
 import torch
