@@ -2,6 +2,12 @@
 
     python -m minfer.bench.serve_bench --url http://127.0.0.1:8080 --clients 1,8,32,128
     python -m minfer.bench.serve_bench --launch -m /tmp/q7.gguf --device cuda --clients 1,8,32,128 --out r.json
+    python -m minfer.bench.serve_bench --launch -m /tmp/q7.gguf --device cuda --token-budget 1024 --out b1024.json
+
+The record's `server` says what the server ran with (slots, token budget, context, from its
+/v1/models), so runs at two --token-budget values can be compared: a larger budget should lower
+the time to first token of long prompts and raise the inter-token latency p99 of the answers
+decoding beside them (measure it: A B A B, one server per run).
 
 For each client count N: N clients each send streaming /v1/completions requests back to back
 (closed loop; or `--poisson RATE`: requests arrive at RATE per second with exponential gaps,
@@ -199,6 +205,16 @@ def _too_long(prompt: int, max_tokens: int, n_ctx: int) -> str | None:
             "prompt refused) and the table would not measure what it says; give shorter prompts or a larger --ctx")
 
 
+def _served_id(url: str) -> str:
+    import httpx
+
+    try:
+        return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    except Exception as e:   # noqa: BLE001 -- say what to do instead of a traceback
+        raise SystemExit(f"serve_bench: cannot read the model name from {url}/v1/models ({e}); "
+                         "give --served-name") from None
+
+
 def _check_fits(url: str, prompt: int, max_tokens: int) -> None:
     """The longest request within the server's context (/v1/models meta.n_ctx)."""
     import httpx
@@ -253,7 +269,9 @@ def main(argv=None) -> int:
                     help="the server's --token-budget (with --launch): tokens per batch-engine step; larger "
                     "lowers time to first token, raises inter-token latency p99 (A/B it: one run per value)")
     ap.add_argument("--kv-memory", default=None, metavar="SIZE", help="the server's --kv-memory (with --launch)")
-    ap.add_argument("--served-name", default="bench")
+    ap.add_argument("--served-name", default=None, metavar="NAME",
+                    help="the model name requests send (default: 'bench' for a launched server, else the id "
+                    "the server at --url lists in /v1/models)")
     ap.add_argument("--clients", type=_positive_ints, default=[1, 8, 32, 128], metavar="N[,N..]")
     ap.add_argument("--requests", type=int, default=0, help="requests per level (default: 2 x clients, >= 8)")
     ap.add_argument("--prompt-lens", type=_positive_ints, default=[128, 512, 1024], metavar="N[,N..]",
@@ -276,9 +294,14 @@ def main(argv=None) -> int:
                  "(a server at --url keeps the ones it was started with; the record reads them from /v1/models)")
     proc = None
     if a.launch:
+        a.served_name = a.served_name or "bench"
         proc = subprocess.Popen(server_command(a))
     try:
         _wait_ready(a.url, proc)
+        if a.served_name is None:
+            # a server at --url serves its own name (the catalog name, the file's stem): with a
+            # fixed 'bench' every request was a 404 model_not_found
+            a.served_name = _served_id(a.url)
         lens = a.prompt_lens
         _check_fits(a.url, max(lens), a.max_tokens)
         levels = []

@@ -141,3 +141,16 @@ def test_a_budget_below_the_slots_from_memory_is_raised_with_a_warning(engine, m
     msgs = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert any("--token-budget 2 is below the 4 sequences" in m for m in msgs), msgs
     srv.stop()
+
+
+def test_serve_bench_at_a_url_sends_the_name_the_server_serves(server, tmp_path):
+    import json
+
+    from minfer.bench import serve_bench
+
+    out = tmp_path / "r.json"
+    # no --served-name: it was 'bench', and every request to a `minfer serve -m MODEL` was a 404
+    assert serve_bench.main(["--url", server.url, "--clients", "1", "--requests", "1", "--prompt-lens", "8",
+                             "--max-tokens", "2", "--vocab", "1000", "--out", str(out)]) == 0
+    level = json.loads(out.read_text())["levels"][0]
+    assert level["failed"] == 0 and level["output_tokens"] == 2, level
