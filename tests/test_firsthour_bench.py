@@ -103,3 +103,18 @@ def test_a_batched_table_past_the_trained_context_warns_before_the_load(capsys, 
     assert "warning: -p/-n: each sequence needs a context of 2050 tokens, past the 2048" in err, err
     assert cli.main(argv + ["-p", "2039"]) == 1     # 2048: within it
     assert "warning" not in capsys.readouterr().err
+
+
+def test_dense_planes_on_the_cpu_warns_that_it_changes_nothing(capsys, monkeypatch, tiny):
+    from minfer.errors import MinferError
+    from minfer.runtime import engine
+
+    def stop(*a, **k):
+        raise MinferError("stopped before the load")
+
+    monkeypatch.setattr(engine.Engine, "load", stop)
+    argv = ["bench", "-m", tiny, "--device", "cpu", "--parallel", "1", "-p", "8", "-n", "2"]
+    assert cli.main(argv + ["--dense-planes", "on"]) == 1     # was ignored without a word
+    assert "warning: --dense-planes on: the dense bf16 planes are a CUDA path" in capsys.readouterr().err
+    assert cli.main(argv) == 1
+    assert "warning" not in capsys.readouterr().err

@@ -225,6 +225,11 @@ def _parallel(args: argparse.Namespace) -> int:
     # a paged KV pool that cannot fit in memory: one line now, not an allocator's traceback
     check_parallel_bench(gf, device, max(args.parallel), pp, tg, args.kv_memory)
     _warn_past_trained(gf, pp + tg + 1, "-p/-n: each sequence needs a context of")
+    if device != "cuda" and args.dense_planes != "auto":
+        from minfer.commands.common import warn
+
+        warn(f"--dense-planes {args.dense_planes}: the dense bf16 planes are a CUDA path; on the {device} "
+             "it changes nothing")
     apply_threads(args)
     eng = Engine.load(args.model, device=device, ctx=pp + tg + 1, progress=not args.no_progress)
     rows = run_parallel(eng, args.parallel, pp, tg, args.kv_memory,
