@@ -125,6 +125,13 @@ class ServerState:
         info = batch.slots_info()
         log.info("batching: %d sequences at once, KV cache %d blocks of %d positions, %d tokens per step",
                  self.slots, info["kv_blocks_total"], info["kv_block_size"], self.step_budget)
+        held = info["kv_blocks_total"] * info["kv_block_size"]
+        if held < int(engine.n_ctx):
+            # `minfer serve` refuses such a --kv-memory before the load; on CUDA the default pool is
+            # sized from the memory left after it, which a long --ctx can outgrow
+            log.warning("the KV cache holds %d positions, less than one full context (%d tokens): a "
+                        "prompt past that is refused and answers stop there; give a larger --kv-memory "
+                        "or a smaller --ctx", held, int(engine.n_ctx))
         t0 = time.perf_counter()
         n = batch.warm_graphs()       # before "ready": no capture or kernel compile under the first requests
         if n:

@@ -154,3 +154,25 @@ def test_serve_bench_at_a_url_sends_the_name_the_server_serves(server, tmp_path)
                              "--max-tokens", "2", "--vocab", "1000", "--out", str(out)]) == 0
     level = json.loads(out.read_text())["levels"][0]
     assert level["failed"] == 0 and level["output_tokens"] == 2, level
+
+
+def test_a_pool_under_one_context_made_after_the_load_warns(engine, make_server):
+    # the CLI refuses such a --kv-memory up front; the CUDA default pool is sized after the load,
+    # where only the log can say it: here a pool of 17 blocks (16 usable: 256 positions) for 512
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    log = logging.getLogger("minfer.server")
+    log.addHandler(handler)
+    cfg = engine.config
+    per_block = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 * 16   # K and V, float32, 16 positions
+    try:
+        srv = make_server(lambda: engine, parallel=2, kv_memory=17 * per_block)
+        srv.wait_ready()
+    finally:
+        log.removeHandler(handler)
+    msgs = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert any("holds 256 positions, less than one full context (512 tokens)" in m for m in msgs), msgs
+    srv.stop()
