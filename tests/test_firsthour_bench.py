@@ -66,6 +66,7 @@ def test_a_batched_table_whose_pool_cannot_fit_is_one_line_before_the_load(capsy
     (["-n", "2,4"], "-n/--n-gen takes one value with --parallel"),
     (["-d", "5"], "-d/--depth applies to the pp/tg table only"),
     (["--peer", "torch-bf16"], "--peer applies to the pp/tg table only"),
+    (["-r", "3"], "-r/--repetitions applies to the pp/tg table only"),
 ])
 def test_flags_the_batched_table_does_not_use_are_refused(capsys, tiny, flags, expect):
     line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "--parallel", "2", *flags])
@@ -118,3 +119,8 @@ def test_dense_planes_on_the_cpu_warns_that_it_changes_nothing(capsys, monkeypat
     assert "warning: --dense-planes on: the dense bf16 planes are a CUDA path" in capsys.readouterr().err
     assert cli.main(argv) == 1
     assert "warning" not in capsys.readouterr().err
+
+
+def test_pairs_without_ab_is_refused(capsys, tiny):
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "8", "-n", "0", "--pairs", "6"])
+    assert "--pairs 6 sets how many A/B pairs --ab runs: give --ab ENV_A ENV_B too" in line, line

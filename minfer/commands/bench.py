@@ -69,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens generated in the tg tests (default: 128; 0 = no tg test)")
     p.add_argument("-d", "--depth", type=_ints, default=[0], metavar="D[,D..]",
                    help="tokens already in the cache before each test (default: 0)")
-    p.add_argument("-r", "--repetitions", type=int, default=5, help="repetitions per test (default: 5)")
+    p.add_argument("-r", "--repetitions", type=int, default=None, help="repetitions per test (default: 5)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table",
                    help="print the markdown table (default) or the JSON record")
     p.add_argument("--out", metavar="FILE.json", default=None,
@@ -78,7 +78,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
                    help="interleaved A/B of two switch settings, e.g. 'MINFER_GEMV=1' "
                    "'MINFER_GEMV=0' (several: 'X=1 Y=2'; a bare X unsets it)")
-    p.add_argument("--pairs", type=int, default=4, help="A/B pairs (at least 4; default 4)")
+    p.add_argument("--pairs", type=int, default=None, help="A/B pairs with --ab (at least 4; default 4)")
     p.add_argument("--peer", choices=["torch-bf16"], default=None,
                    help="also run a plain torch bf16 forward of the same weights (CUDA only)")
     p.add_argument("--plot", nargs="+", metavar="DIR_OR_JSON", default=None,
@@ -133,6 +133,8 @@ def main(args: argparse.Namespace) -> int:
         flag = "--kv-memory" if args.kv_memory is not None else "--dense-planes"
         raise MinferError(f"{flag} applies to the batched table only: give --parallel B[,B..] too")
     check_out(args.out)
+    if args.pairs is not None and args.ab is None:   # was ignored without a word
+        raise MinferError(f"--pairs {args.pairs} sets how many A/B pairs --ab runs: give --ab ENV_A ENV_B too")
     for spec in args.ab or []:   # bench.parse_env splits them as shell words; shlex's ValueError
         try:                     # (an unclosed quote) would otherwise be a traceback
             shlex.split(spec)
@@ -153,7 +155,7 @@ def main(args: argparse.Namespace) -> int:
                 raise MinferError(f"{flag} takes one value with --parallel (the batched table's prompt or "
                                   "generated length); run once per length")
         for flag, given in (("-d/--depth", args.depth != [0]), ("--ab", args.ab is not None),
-                            ("--peer", args.peer is not None)):
+                            ("--peer", args.peer is not None), ("-r/--repetitions", args.repetitions is not None)):
             if given:
                 raise MinferError(f"{flag} applies to the pp/tg table only, not to --parallel's batched table")
         return _parallel(args)
@@ -173,8 +175,9 @@ def main(args: argparse.Namespace) -> int:
     # the command as typed, when run as `minfer ...` (not when called as a library or in tests)
     typed = sys.argv and os.path.basename(sys.argv[0]) in ("minfer", "__main__.py") and "bench" in sys.argv
     command = "minfer " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if typed else "minfer bench (via the library)"
-    record = run_bench(args.model, device, args.n_prompt, args.n_gen, args.depth, args.repetitions,
-                       seed=args.seed, peer=args.peer, ab=args.ab, pairs=args.pairs, command=command,
+    record = run_bench(args.model, device, args.n_prompt, args.n_gen, args.depth,
+                       5 if args.repetitions is None else args.repetitions, seed=args.seed, peer=args.peer,
+                       ab=args.ab, pairs=4 if args.pairs is None else args.pairs, command=command,
                        progress=not args.no_progress)
     if args.out:
         out = Path(args.out)
