@@ -161,6 +161,37 @@ def test_dense_planes_equal_dequantize_per_step(model_path):
     print(f"dense planes vs raw blocks: {differ} of {len(prompts)} answers flipped at a near-tie")
 
 
+def test_w4_gemm_rows_equal_dense_planes(model_path, monkeypatch):
+    """Batched decode rows through the w4 GEMM (ops/cuda/qgemm_w4_mma.py; on the 7B only its large
+    shapes take it, here every Q4_K/Q6_K matrix by patching use_w4) against cuBLAS over the dense
+    bf16 planes: the w4 planes round s and m to bf16 first (within 2^-7 of a scale group's largest
+    value, tests/ops/test_qgemm_w4.py), so the logits differ by that rounding; the measured
+    difference is printed, and answers may differ only at near-ties."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import qgemm_w4_mma
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.engine import Engine
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the w4 GEMM is written for sm_90")
+    eng = Engine.load(str(model_path), device="cuda", ctx=512, progress=False)
+    prompts = _prompts(12, eng.config.vocab, seed=4)
+    monkeypatch.setattr(qgemm_w4_mma, "use_w4", lambda qt, n, k: False)
+    dense = _run(BatchEngine.from_engine(eng, max_seqs=12, kv_memory=128 << 20), prompts, 8)
+    monkeypatch.setattr(qgemm_w4_mma, "use_w4", lambda qt, n, k: k % 128 == 0)
+    paths.reset()
+    w4 = _run(BatchEngine.from_engine(eng, max_seqs=12, kv_memory=128 << 20), prompts, 8)
+    counts = paths.snapshot()["counts"]
+    assert sum(v for k, v in counts.items() if k.endswith(".w4")) > 0, counts
+    worst = 0.0                                       # up to each answer's first differing token
+    for (td, ld), (tw, lw) in zip(dense, w4):
+        upto = next((i + 1 for i, (a, b) in enumerate(zip(td, tw)) if a != b), len(td))
+        worst = max([worst] + [rel(lw[i], ld[i]) for i in range(upto)])
+    differ = _check_same_or_near_tie(dense, w4, 3e-2)
+    print(f"w4 GEMM vs dense planes: logits within {worst:.3g} (relative norm, worst step), "
+          f"{differ} of {len(prompts)} answers flipped at a near-tie")
+
+
 def test_held_steps_equal_synchronous_steps_bitwise(model_path):
     """Held decode steps (MINFER_BATCH_ASYNC, runtime/batch_engine.py) change when the host reads a
     step, not what the GPU computes: the same tokens and the same logits, bit for bit, as the
