@@ -54,6 +54,7 @@ from minfer.runtime.block_manager import BlockManager
 from minfer.runtime.dense_planes import attach_dense_planes, detach_dense_planes
 from minfer.runtime.generate import GenEvent, StopMatcher
 from minfer.runtime.paged_kv import PagedKVCache, PagedStep
+from minfer.runtime.sampling import make_generator
 from minfer.runtime.scheduler import Scheduler, StepItem
 from minfer.runtime.sequence import Sequence, SeqStatus
 
@@ -62,6 +63,10 @@ GRAPH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TOKEN_BUDGET = {"cpu": 512, "cuda": 4096}   # tokens per step (engine.PREFILL_CHUNK's reasoning)
 DEFAULT_SLOTS = {"cpu": 4, "cuda": 256}
 KV_MEMORY_FRACTION = 0.85             # of the GPU memory free after loading, when --kv-memory is not given
+# the least memory a default pool grown to one full context leaves beside it, for the steps'
+# transients (an estimate, not a measurement: the 7B's 4,096-token prefill chunk holds about
+# 0.5 GB of FFN activations in bf16 -- 4,096 x 18,944 x 2 B x 3 -- and a few slots' logits little)
+KV_RESERVE_MIN = 1 << 30
 
 
 @dataclass
@@ -73,6 +78,7 @@ class _Stream:
     processors: list       # logits processors (runtime/generate.py LogitsProcessor), e.g. a grammar
     ignore_eos: bool = False   # benchmarks: generate exactly max_new_tokens
     logits: list = field(default_factory=list)   # with BatchEngine.keep_logits (tests)
+    generator: torch.Generator | None = None      # CPU, temperature > 0: the draws (batch_sampling.py)
 
 
 @dataclass
@@ -165,7 +171,8 @@ class BatchEngine:
         """A batch engine over a loaded Engine's model.
 
         kv_memory: bytes for the paged cache; default on CUDA KV_MEMORY_FRACTION of the free
-        memory, at most what max_seqs full contexts need; on the CPU max_seqs full contexts.
+        memory, at least one full context (MinferError when the memory cannot hold it) and at
+        most what max_seqs full contexts need; on the CPU max_seqs full contexts (plan_pool).
         max_seqs: default on CUDA as many sequences as the cache holds at a quarter of the
         context each (at most 256: longer ones are preempted when memory runs out), on the CPU
         DEFAULT_SLOTS."""
@@ -176,23 +183,11 @@ class BatchEngine:
             attach_dense_planes(model, force=bool(kw.get("dense_planes")),   # before the free memory is read
                                 switches=getattr(getattr(engine, "ctx", None), "switches", None))
         per_block = PagedKVCache.bytes_per_block(model.cfg, bs, getattr(model, "act_dtype", torch.float32))
-        ctx_blocks = -(-engine.n_ctx // bs)
+        free = None
         if dev == "cuda" and (kv_memory is None or max_seqs is None):
             free, _ = torch.cuda.mem_get_info(model.device)
-            budget = kv_memory if kv_memory is not None else int(free * KV_MEMORY_FRACTION)
-            if max_seqs is None:
-                max_seqs = max(1, min(DEFAULT_SLOTS["cuda"], (budget // per_block - 1) * 4 // ctx_blocks))
-            if kv_memory is None:
-                kv_memory = min(budget, (max_seqs * ctx_blocks + 1) * per_block)
-        slots = int(max_seqs or DEFAULT_SLOTS.get(dev, 4))
-        if slots < 1:
-            raise MinferError(f"--parallel {slots}: expected at least 1 sequence")
-        if kv_memory is None:
-            kv_memory = (slots * ctx_blocks + 1) * per_block
-        n_blocks = int(kv_memory // per_block)
-        if n_blocks < 2:
-            raise MinferError(f"--kv-memory {kv_memory / 2**20:.1f} MiB holds {n_blocks} KV blocks of {bs} "
-                              f"positions ({per_block / 2**20:.2f} MiB each); give it more memory")
+        slots, n_blocks = plan_pool(engine.n_ctx, bs, per_block, max_seqs, kv_memory, free,
+                                    DEFAULT_SLOTS.get(dev, 4), str(model.device))
         return cls(model, engine.tokenizer, n_ctx=engine.n_ctx, max_seqs=slots, n_blocks=n_blocks,
                    block_size=bs, ctx=getattr(engine, "ctx", None), **kw)
 
@@ -221,6 +216,10 @@ class BatchEngine:
         seq = Sequence(ids, params, n_new, stop, top_logprobs)
         dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
         seq.state = _Stream(dec, StopMatcher(stop), list(logits_processors), ignore_eos)
+        if self.device.type == "cpu" and not params.greedy:
+            # seeded as generate.generate seeds the single engine's, so the same seed draws the
+            # same tokens (batch_sampling.py); no seed: the sequence's own random one
+            seq.state.generator = make_generator(seq.seed if params.seed is None else params.seed)
         with self._lock:
             self._seqs[seq.seq_id] = seq
             self.scheduler.add(seq)
@@ -314,7 +313,7 @@ class BatchEngine:
         if decode_only and self.async_steps and all(self._device_only(s) for s in run.seqs):
             seqs = run.seqs
             run.toks = sample_rows(run.logits, [s.params for s in seqs], [s.tokens for s in seqs],
-                                   [s.seed for s in seqs], run.draw_pos)
+                                   [s.seed for s in seqs], run.draw_pos, self._generators(seqs))
             run.lps = chosen_logprobs(run.logits, run.toks)
             if self.keep_logits:
                 run.kept = run.logits.float().clone()
@@ -435,12 +434,24 @@ class BatchEngine:
             for seq, row in zip(seqs, logits.float().cpu()):
                 seq.state.logits.append(row)
         params = [s.params for s in seqs]
-        toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs], draw_pos)
+        failed: list = [None] * len(seqs)
+        toks = sample_rows(x, params, [s.tokens for s in seqs], [s.seed for s in seqs], draw_pos,
+                           self._generators(seqs), failed)
         lps, tops = token_logprobs(logits, toks, [s.top_logprobs for s in seqs])
         now = time.perf_counter()
-        for seq, tok, lp, top in zip(seqs, toks.tolist(), lps, tops):
+        for seq, tok, lp, top, err in zip(seqs, toks.tolist(), lps, tops, failed):
+            if err is not None:             # this request fails alone, as the single engine's would
+                seq.error = err
+                self._end(seq, "cancel")
+                out.append((seq, None))
+                continue
             out.append(self._emit(seq, tok, lp, top, now))
         return out
+
+    def _generators(self, seqs: list[Sequence]) -> list | None:
+        """Each row's torch.Generator on the CPU (None for a greedy row); None on CUDA, whose
+        draw is the counter-based one (batch_sampling.py says why)."""
+        return [s.state.generator for s in seqs] if self.device.type == "cpu" else None
 
     def _emit(self, seq: Sequence, tok: int, lp: float, top: list, now: float) -> tuple[Sequence, GenEvent]:
         """seq's new token: appended (its block hashes committed), its event made, its end applied."""
@@ -503,6 +514,52 @@ class BatchEngine:
                 "kv_blocks_used": bm.n_used, "kv_blocks_free": bm.n_free, "kv_block_size": bm.block_size,
                 "prefix_hit_tokens": bm.hits, "prefix_lookup_tokens": bm.lookups,
                 "preemptions": self.scheduler.n_preemptions}
+
+
+def plan_pool(n_ctx: int, block_size: int, per_block: int, max_seqs: int | None = None,
+              kv_memory: int | None = None, free: int | None = None, default_slots: int = 4,
+              device: str = "cuda") -> tuple[int, int]:
+    """(sequences, KV blocks) of BatchEngine.from_engine's pool; a pure function, so the CUDA
+    sizing is tested on the CPU with chosen `free` values.
+
+    free: bytes of device memory free after the load (CUDA, when kv_memory or max_seqs is not
+    given); None: the CPU rule, `default_slots` full contexts. Without kv_memory the pool is
+    KV_MEMORY_FRACTION of `free`, grown to one full context (block 0 pads block tables, so
+    ceil(n_ctx / block_size) + 1 blocks) when that leaves KV_RESERVE_MIN beside it: a smaller
+    pool refused every prompt past it and cut answers there. MinferError, naming the sizes,
+    when not even that fits. A kv_memory given is taken as it is (`minfer serve` and `bench`
+    check it against the context before the load)."""
+    ctx_blocks = -(-int(n_ctx) // block_size)
+    one_ctx = (ctx_blocks + 1) * per_block
+    if free is not None and (kv_memory is None or max_seqs is None):
+        budget = kv_memory
+        if budget is None:
+            budget = int(free * KV_MEMORY_FRACTION)
+            if budget < one_ctx:
+                if one_ctx > free - KV_RESERVE_MIN:
+                    fit = max((free - KV_RESERVE_MIN) // per_block - 1, 0) * block_size
+                    raise MinferError(
+                        f"the paged KV cache of one full context ({n_ctx} tokens, -c/--ctx) needs "
+                        f"{one_ctx / 2**20:.0f} MiB ({ctx_blocks + 1} blocks of {block_size} positions, "
+                        f"{per_block / 2**20:.2f} MiB each), but {free / 2**20:.0f} MiB of {device} memory is "
+                        f"free after the load, of which {KV_RESERVE_MIN / 2**20:.0f} MiB stays for the steps: "
+                        f"give -c/--ctx {fit} or less, or --parallel 1 (one request at a time)")
+                budget = one_ctx
+        if max_seqs is None:
+            # as many sequences as the pool holds at a quarter context each
+            max_seqs = max(1, min(DEFAULT_SLOTS["cuda"], (budget // per_block - 1) * 4 // ctx_blocks))
+        if kv_memory is None:
+            kv_memory = min(budget, (max_seqs * ctx_blocks + 1) * per_block)
+    slots = int(max_seqs or default_slots)
+    if slots < 1:
+        raise MinferError(f"--parallel {slots}: expected at least 1 sequence")
+    if kv_memory is None:
+        kv_memory = (slots * ctx_blocks + 1) * per_block
+    n_blocks = int(kv_memory // per_block)
+    if n_blocks < 2:
+        raise MinferError(f"--kv-memory {kv_memory / 2**20:.1f} MiB holds {n_blocks} KV blocks of {block_size} "
+                          f"positions ({per_block / 2**20:.2f} MiB each); give it more memory")
+    return slots, n_blocks
 
 
 def _bucket(n: int) -> int:

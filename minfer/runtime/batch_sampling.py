@@ -1,15 +1,31 @@
 """Choosing the next token of many sequences at once, on the logits' device.
 
 Same chain and semantics as minfer/runtime/sampling.py (llama.cpp's order: penalties -> top-k
--> top-p -> min-p -> temperature -> draw), vectorized over rows with per-row parameters, so a
-batch of 128 sequences does not copy (128, vocab) logits to the host or loop over them.
+-> top-p -> min-p -> temperature -> draw). On CUDA it is vectorized over rows with per-row
+parameters, so a batch of 128 sequences does not copy (128, vocab) logits to the host or loop
+over them.
 
-The draw is a Gumbel-max over the kept tokens (argmax of logit/T - log(-log u), which samples
-exactly softmax(logit/T)), with u from a counter-based hash of (the sequence's seed, the
-position of the token being drawn, the token id). A sequence's draws therefore depend only on
-its own seed and tokens: never on which other sequences share the batch, nor on preemption.
-The draws differ from the single-sequence sampler's (a torch.Generator per request), so a
-seeded request gives another (equally distributed) answer there.
+Two draws, by device:
+- CPU (the engine passes each sequence's torch.Generator): each row goes through
+  sampling.sample, the single-user engine's own function, with a generator seeded as
+  generate.generate seeds its one (sampling.make_generator(seed)) and advanced once per drawn
+  token. A seeded request therefore gives the single engine's tokens exactly, alone or batched,
+  through preemption (a recomputed prefix draws nothing) and held steps (each token is drawn
+  once, in order). Nothing waits for a device on the CPU, so the loop over rows costs only the
+  single engine's own per-token work.
+- CUDA: a Gumbel-max over the kept tokens (argmax of logit/T - log(-log u), which samples
+  exactly softmax(logit/T)), with u from a counter-based hash of (the sequence's seed, the
+  position of the token being drawn, the token id), computed on the device without a host
+  sync. A sequence's draws depend only on its own seed and tokens: never on which other
+  sequences share the batch, nor on preemption. They are not the single engine's draws, so a
+  seeded request gives another (equally distributed) answer there. Why not the same: the single
+  engine draws on the host from a CPU torch.Generator (mt19937): torch.multinomial with one
+  sample is argmax(p / q) with q ~ Exp(1) of V float64 values from the generator. Reproducing
+  it means making those V values on the host for every sampled row of every step -- measured
+  2.4 ms per row for V = 151,936 on the 2-core CPU machine, ~300 ms a step at 128 rows against
+  a GPU step of a few ms -- and copying them over; and the batched kernels' logits differ from
+  the single engine's in the last bits anyway (issue 13: greedy equality holds "within the
+  numerics of the batched kernels"), which can move a top-p/min-p boundary or a near tie.
 """
 
 from __future__ import annotations
@@ -18,6 +34,9 @@ import math
 from typing import Sequence as Seq
 
 import torch
+
+from minfer.errors import MinferError
+from minfer.runtime.sampling import sample
 
 _M31 = 0x7FFFFFFF
 
@@ -74,9 +93,15 @@ def _to(values, device, dtype=None) -> torch.Tensor:
 
 
 def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], seeds: Seq[int],
-                positions: Seq[int]) -> torch.Tensor:
+                positions: Seq[int], generators: Seq | None = None, failed: list | None = None) -> torch.Tensor:
     """logits (R, V) float32 -> token ids (R,) int64 on the logits' device, without a device
-    sync. positions: the index in its sequence of the token each row draws (the draw's counter)."""
+    sync. positions: the index in its sequence of the token each row draws (the draw's counter).
+    generators (CPU logits only): each row's torch.Generator (None for a greedy row): the rows
+    are drawn by sampling.sample, as the single engine draws (module docstring); a row whose
+    draw raises MinferError (NaN logits, every token masked) gets token 0 and its error in
+    failed[row] when `failed` is a list, else the error propagates."""
+    if generators is not None and logits.device.type == "cpu":
+        return _sample_rows_host(logits, params, histories, generators, failed)
     x = apply_penalties_rows(logits.float(), histories, params)
     R, V = x.shape
     dev = x.device
@@ -107,6 +132,22 @@ def sample_rows(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], see
     g = srt / temp - torch.log(-torch.log(u))
     pick = order.gather(1, g.argmax(-1, keepdim=True)).squeeze(1)
     return out.index_copy(0, rows, pick)
+
+
+def _sample_rows_host(logits: torch.Tensor, params: Seq, histories: Seq[Seq[int]], generators: Seq,
+                      failed: list | None) -> torch.Tensor:
+    """The CPU draw: sampling.sample per row, exactly the single engine's (its float32 logits,
+    penalties over the same history, filters, float64 softmax and generator)."""
+    toks = []
+    for r, (p, hist, gen) in enumerate(zip(params, histories, generators)):
+        try:
+            toks.append(sample(logits[r], p, gen, hist))
+        except MinferError as e:
+            if failed is None:
+                raise
+            failed[r] = e
+            toks.append(0)
+    return torch.tensor(toks, dtype=torch.long)
 
 
 def chosen_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
