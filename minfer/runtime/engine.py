@@ -1,9 +1,16 @@
 """Engine: a loaded model, its tokenizer and KV cache; forward passes and generation.
 
     eng = Engine.load("qwen2.5-coder-0.5b-instruct")            # device='cpu', ctx=None
+    eng.complete("The capital of France is", max_tokens=16, temperature=0)   # -> str
+    eng.chat([{"role": "user", "content": "Hi"}], max_tokens=64)             # -> str
     ids = eng.tokenizer.encode("The capital of France is")
     for ev in eng.generate(ids, SamplingParams(temperature=0), max_new_tokens=16):
-        print(ev.text, end="")
+        print(ev.text, end="")                                  # streamed, token by token
+    eng.close()                                                 # or: with minfer.load(...) as eng:
+
+One Engine runs one call at a time: a call from a second thread while one runs, or a generate()
+iterator resumed after a later call on the same Engine, is a MinferError (not a silently mixed
+cache). For concurrent requests use `minfer serve --parallel N` (runtime/batch_engine.py).
 
 The engine remembers which tokens its cache holds: generate() re-uses the longest common
 prefix with the new prompt (multi-turn chat only computes the new turn).
@@ -11,7 +18,9 @@ prefix with the new prompt (multi-turn chat only computes the new turn).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -21,7 +30,8 @@ import torch
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.ops.context import Context
-from minfer.runtime.generate import GenEvent, generate
+from minfer.runtime.generate import (GenEvent, check_count, check_params, check_prompt_ids, check_stop, generate,
+                                     sampling_from_kwargs)
 from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
@@ -110,6 +120,9 @@ class Engine:
         self.stats: dict = {}
         self._graph = None            # DecodeGraph (CUDA), captured at the first decode step
         self._prefill_graphs = None   # PrefillGraphs (CUDA), short prompts from position 0
+        self._lock = threading.Lock()  # held while a call computes (see _busy)
+        self._epoch = 0               # bumped by every call that rewrites the cache (see generate)
+        self._closed = False
 
     @classmethod
     def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
@@ -207,6 +220,49 @@ class Engine:
     def reset(self) -> None:
         """Forget the cached tokens (the cache memory is kept and overwritten)."""
         self.tokens = []
+        self._epoch += 1
+
+    def close(self) -> None:
+        """Free the model's weights, the KV cache and the captured graphs now (CUDA memory
+        included) instead of when the last reference goes. Any later call on this Engine is a
+        MinferError; closing twice is allowed. `with minfer.load(...) as eng:` closes at the end."""
+        if self._closed:
+            return
+        with self._busy():
+            self._closed = True
+            self._epoch += 1
+            self.model = self.cache = self._graph = self._prefill_graphs = None
+            self.ctx = None
+            self.tokens = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> "Engine":
+        self._live()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _live(self) -> None:
+        if self._closed:
+            raise MinferError("this Engine was closed (Engine.close() or the end of its `with` block); "
+                              "load the model again with minfer.load(...)")
+
+    @contextlib.contextmanager
+    def _busy(self):
+        """Hold the engine for one computation. The cache and `tokens` are one sequence's state:
+        a second thread computing at the same time would interleave two sequences in them and
+        return wrong text without an error, so it is refused instead of waiting (a wait would
+        still mix the two generations' steps)."""
+        if not self._lock.acquire(blocking=False):
+            raise MinferError("this Engine is already running a call in another thread: an Engine runs one "
+                              "call at a time; use one Engine per thread, or `minfer serve --parallel N` "
+                              "for concurrent requests")
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     # ---- forward passes ----------------------------------------------------------------
 
@@ -292,11 +348,13 @@ class Engine:
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps
         positions [0, start_pos) and gets these tokens appended."""
-        if isinstance(tokens, torch.Tensor):
-            tokens = tokens.reshape(-1).tolist()
+        self._live()
+        tokens = check_prompt_ids(tokens)
         if len(tokens) == 0:
             raise MinferError("forward() needs at least one token")
-        return self._run(tokens, start_pos, last_only=False)
+        with self._busy():
+            self._epoch += 1
+            return self._run(tokens, start_pos, last_only=False)
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Every position's logits of the sequence `ids` from an empty context: (T, vocab)
@@ -307,57 +365,125 @@ class Engine:
     def prefill(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         """Bring the cache to hold prompt_ids, re-using the longest cached prefix; logits (V,)
         of the last prompt token."""
-        prompt_ids = [int(t) for t in prompt_ids]
+        self._live()
+        prompt_ids = check_prompt_ids(prompt_ids)
+        self._check_prompt(prompt_ids)
+        with self._busy():
+            self._epoch += 1
+            n = 0
+            limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
+            while n < limit and self.tokens[n] == prompt_ids[n]:
+                n += 1
+            return self._run(prompt_ids[n:], n, last_only=True)[-1]
+
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
             raise MinferError("the prompt is empty: at least one token is needed")
         if len(prompt_ids) > self.n_ctx:
             raise MinferError(f"the prompt has {len(prompt_ids)} tokens but the context holds "
-                              f"{self.n_ctx}; use a larger --ctx (the model was trained on up to "
-                              f"{self.config.context_length}) or a shorter prompt")
-        n = 0
-        limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
-        while n < limit and self.tokens[n] == prompt_ids[n]:
-            n += 1
-        return self._run(prompt_ids[n:], n, last_only=True)[-1]
+                              f"{self.n_ctx}; use a larger context (minfer.load(ctx=N), --ctx N; the model "
+                              f"was trained on up to {self.config.context_length}) or a shorter prompt")
 
     # ---- generation ----------------------------------------------------------------------
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
-                 max_new_tokens: int | None = None, stop: Iterable[str] = (),
+                 max_new_tokens: int | None = None, stop: Iterable[str] | str | None = (),
                  top_logprobs: int = 0, logits_processors: Sequence = ()) -> Iterator[GenEvent]:
-        """Yield GenEvents for up to max_new_tokens new tokens (None: until the context is full).
-        Texts are '' when the engine has no tokenizer. logits_processors: see runtime/generate.py
-        (e.g. a grammar's token mask)."""
-        params = params or SamplingParams()
-        prompt_ids = [int(t) for t in prompt_ids]
+        """Stream the continuation of `prompt_ids` (token ids: eng.tokenizer.encode(text), or
+        minfer.tokenizer.chat_template.chat_token_ids for messages): an iterator of GenEvents, one per new
+        token, each with .token_id, .text (the new text to show; '' while a possible stop string
+        is held back, and always '' when the engine has no tokenizer), .logprob (the model's
+        log-probability of the token), .top_logprobs ([(id, logprob)] of the top_logprobs most
+        likely tokens) and .finish_reason (None, then 'stop' or 'length' on the last event).
+
+        params: SamplingParams (default SamplingParams(): temperature 0.8, top_k 40, top_p 0.95,
+        min_p 0.05; temperature=0 is greedy, seed=N repeats a draw). max_new_tokens: None = until
+        the context is full. stop: a string or a list of strings that end the text (not included).
+        logits_processors: see runtime/generate.py (e.g. a grammar's token mask). The arguments
+        are checked here, at the call; the prompt is computed (and an empty or too long one
+        refused) at the first next()."""
+        self._live()
+        prompt_ids = check_prompt_ids(prompt_ids)
+        params = check_params(params)
+        max_new_tokens = check_count("max_new_tokens", max_new_tokens, allow_none=True)
+        stop = check_stop(stop)
+        top_logprobs = check_count("top_logprobs", top_logprobs)
+        logits_processors = list(logits_processors or ())
+        for i, proc in enumerate(logits_processors):
+            if not callable(proc):
+                raise MinferError(f"logits_processors[{i}]: expected a callable (generated, logits) -> "
+                                  f"logits, got {type(proc).__name__}")
+        if stop and self.tokenizer is None:
+            raise MinferError("stop strings need a tokenizer, and this engine has none")
+        return self._generate(prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors)
+
+    def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors):
         t0 = time.perf_counter()
         logits = self.prefill(prompt_ids)
+        epoch = self._epoch           # a later prefill/forward/reset bumps it: this cache is gone
         t1 = time.perf_counter()
         self.stats = {"prompt_tokens": len(prompt_ids), "prompt_s": t1 - t0, "gen_tokens": 0, "gen_s": 0.0}
         room = self.n_ctx - len(prompt_ids) + 1   # the last new token is never fed back
-        n_new = room if max_new_tokens is None else min(int(max_new_tokens), room)
+        n_new = room if max_new_tokens is None else min(max_new_tokens, room)
 
         def step(tok: int) -> torch.Tensor:
-            return self._run([tok], len(self.tokens), last_only=True)[-1]
+            self._live()
+            if self._epoch != epoch:
+                raise MinferError("this generate() iterator was resumed after a later call on the same Engine "
+                                  "replaced its cache: one generation at a time per Engine (finish or drop the "
+                                  "first iterator, or use a second Engine)")
+            with self._busy():
+                return self._run([tok], len(self.tokens), last_only=True)[-1]
 
         tok = self.tokenizer
         decoder = tok.stream_decoder() if tok is not None else None
         eog = set(tok.eog_ids) if tok is not None else set()
-        if stop and decoder is None:
-            raise MinferError("stop strings need a tokenizer, and this engine has none")
         for ev in generate(logits, step, params, n_new, history=prompt_ids, stop=stop, decoder=decoder,
                            eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors):
             self.stats["gen_tokens"] += 1
             self.stats["gen_s"] = time.perf_counter() - t1
             yield ev
 
-    def complete(self, prompt: str, max_tokens: int = 256, stop: Iterable[str] = (), **sampling) -> str:
-        """The text generated after `prompt` (a convenience over generate(); sampling keywords are
-        SamplingParams fields, e.g. temperature=0)."""
+    def complete(self, prompt: str, max_tokens: int | None = 256, stop: Iterable[str] | str | None = (),
+                 **sampling) -> str:
+        """The text generated after `prompt` (a str, continued as plain text, no chat template),
+        up to max_tokens new tokens (None: until the context is full) or a stop string (a str or
+        a list; not included in the result). Sampling keywords are SamplingParams fields:
+        temperature (0 = greedy; default 0.8), top_k, top_p, min_p, repeat_penalty,
+        presence_penalty, frequency_penalty, penalty_last_n, seed. To stream, or for logprobs,
+        use generate(); for a chat model's turns, chat()."""
+        self._live()
         if self.tokenizer is None:
             raise MinferError("complete() needs a tokenizer, and this engine has none")
-        params = SamplingParams(**sampling)
+        if not isinstance(prompt, str):
+            raise MinferError(f"prompt: expected a str, got {type(prompt).__name__}; for token ids use "
+                              "generate(ids), for a list of messages chat(messages)")
+        params = sampling_from_kwargs(sampling)
+        max_tokens = check_count("max_tokens", max_tokens, allow_none=True)
         ids = self.tokenizer.encode(prompt)
+        return "".join(ev.text for ev in self.generate(ids, params, max_tokens, stop=stop))
+
+    def chat(self, messages: list[dict], max_tokens: int | None = 256, stop: Iterable[str] | str | None = (),
+             **sampling) -> str:
+        """The assistant's reply to `messages` ([{"role": "system"|"user"|"assistant", "content":
+        str}, ...]), rendered with the model's own chat template (tokenizer.chat_template in the
+        GGUF) and ended by the model's end of turn. Text in a content that spells a control token
+        (<|im_end|>) stays plain text. max_tokens, stop and the sampling keywords as complete()."""
+        self._live()
+        if self.tokenizer is None:
+            raise MinferError("chat() needs a tokenizer, and this engine has none")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise MinferError(f"messages: expected a non-empty list of {{'role': str, 'content': str}} dicts, "
+                              f"got {type(messages).__name__}" + (" (empty)" if isinstance(messages, (list, tuple)) else ""))
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise MinferError(f"messages[{i}]: expected a dict {{'role': str, 'content': str}}, got "
+                                  f"{(repr(m) if isinstance(m, dict) else type(m).__name__)[:80]}")
+        from minfer.tokenizer.chat_template import chat_token_ids
+
+        params = sampling_from_kwargs(sampling)
+        max_tokens = check_count("max_tokens", max_tokens, allow_none=True)
+        ids = chat_token_ids(self.tokenizer, list(messages))
         return "".join(ev.text for ev in self.generate(ids, params, max_tokens, stop=stop))
 
 

@@ -13,12 +13,86 @@ state (how many of `generated` it has seen), so a batched caller can call it per
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import torch
 
+from minfer.errors import MinferError
 from minfer.runtime.sampling import SamplingParams, logprobs, make_generator, sample
+
+
+# ---- argument checks of the public generation calls (Engine.generate/complete/chat) ----------
+# A Python caller's wrong type used to surface deep inside (stop=5: "'int' object is not
+# iterable"; stop="Paris" was split into the stop strings 'P', 'a', ...; max_tokens=2.5 was
+# cut to 2); each is now one MinferError naming the argument and what it takes.
+
+def _shown(v) -> str:
+    return f"{type(v).__name__} {v!r}"[:60]
+
+
+def check_count(name: str, v, allow_none: bool = False) -> int | None:
+    """A number of tokens: an int >= 0 (None too when allow_none)."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise MinferError(f"{name}: expected an integer >= 0{' or None (no limit)' if allow_none else ''}, "
+                          f"got {_shown(v)}")
+    return int(v)
+
+
+def check_stop(stop) -> list[str]:
+    """stop: None, one string, or an iterable of strings (as OpenAI's `stop` takes them)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    try:
+        stops = list(stop)
+    except TypeError:
+        raise MinferError(f"stop: expected a string or a list of strings, got {_shown(stop)}") from None
+    for i, s in enumerate(stops):
+        if not isinstance(s, str):
+            raise MinferError(f"stop[{i}]: expected a string, got {_shown(s)}")
+    return stops
+
+
+def check_prompt_ids(ids) -> list[int]:
+    """Token ids: a sequence (or 1-D tensor) of ints; text belongs to complete() or chat()."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.reshape(-1).tolist()
+    if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise MinferError(f"prompt_ids: expected a list of token ids (int), got {_shown(ids)}; "
+                          "for text use complete(prompt) or chat(messages)")
+    out = []
+    for i, t in enumerate(ids):
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            out.append(operator.index(t))     # int, numpy and 0-d torch integers
+        except TypeError:
+            raise MinferError(f"prompt_ids[{i}]: expected a token id (int), got {_shown(t)}") from None
+    return out
+
+
+def check_params(params) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if not isinstance(params, SamplingParams):
+        raise MinferError(f"params: expected a minfer.runtime.sampling.SamplingParams or None, got "
+                          f"{type(params).__name__}; with complete()/chat() pass the fields as keywords "
+                          "(temperature=0, seed=1)")
+    return params
+
+
+def sampling_from_kwargs(sampling: dict) -> SamplingParams:
+    """SamplingParams from complete()/chat() keywords; an unknown one is named with the list."""
+    names = [f.name for f in fields(SamplingParams)]
+    for k in sampling:
+        if k not in names:
+            raise MinferError(f"unknown keyword argument {k!r}: sampling keywords are {', '.join(names)}")
+    return SamplingParams(**sampling)
 
 
 @dataclass
