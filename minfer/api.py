@@ -22,7 +22,8 @@ def load(model: str = "qwen2.5-coder-0.5b-instruct", device: str | None = None, 
         length capped at 4096. Past the trained length is allowed with a warning; more than the
         memory holds is an error.
     progress: a progress bar and load notes on stderr. switches: a minfer.switches.Switches
-        (default: Switches.from_env()). dtype: the weights' dtype (None: the device's default).
+        (default: Switches.from_env()). dtype: the dtype of the dequantized weight copies
+        (a floating torch.dtype; None: float32).
 
     Each call reads the file again and holds its own copy of the weights: keep the Engine and
     reuse it, and call eng.close() (or use `with minfer.load(...) as eng:`) to free it early.
@@ -42,6 +43,19 @@ def load(model: str = "qwen2.5-coder-0.5b-instruct", device: str | None = None, 
     if ctx is not None and (isinstance(ctx, bool) or not isinstance(ctx, int) or ctx < 1):
         raise MinferError(f"ctx: expected a positive number of tokens (int) or None, got "
                           f"{type(ctx).__name__} {ctx!r}"[:120])
+    if dtype is not None:
+        import torch
+
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            # dtype="float16" reached torch as a device string; torch.int8 loaded zeros
+            raise MinferError(f"dtype: expected a floating torch.dtype (torch.float32, torch.bfloat16, "
+                              f"torch.float16) or None, got {type(dtype).__name__} {dtype!r}"[:160])
+    if switches is not None:
+        from minfer.switches import Switches
+
+        if not isinstance(switches, Switches):   # a dict ended in "'dict' object has no attribute 'threads'"
+            raise MinferError(f"switches: expected a minfer.switches.Switches (e.g. Switches(gemv=False)) "
+                              f"or None, got {type(switches).__name__}")
     from minfer.device import resolve_device
     from minfer.runtime.engine import Engine
 

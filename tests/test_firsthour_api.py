@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 import minfer
 from minfer import MinferError
@@ -199,7 +200,10 @@ def test_load_names_the_bad_argument(path):
              (dict(model=path, ctx=0), "ctx: expected a positive number"),
              (dict(model=path, ctx=10**12), "ctx=1000000000000: the KV cache would need"),
              (dict(model=path, device="gpu"), "device='gpu': expected cuda or cpu"),
-             (dict(model=path, device=0), "device: expected 'cpu', 'cuda' or None")]
+             (dict(model=path, device=0), "device: expected 'cpu', 'cuda' or None"),
+             (dict(model=path, dtype="float16"), "dtype: expected a floating torch.dtype"),
+             (dict(model=path, dtype=torch.int8), "dtype: expected a floating torch.dtype"),
+             (dict(model=path, switches={"gemv": False}), "switches: expected a minfer.switches.Switches")]
     for kw, expected in cases:
         with pytest.raises(MinferError) as e:
             minfer.load(progress=False, **kw)

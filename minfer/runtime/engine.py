@@ -468,7 +468,9 @@ class Engine:
         """The assistant's reply to `messages` ([{"role": "system"|"user"|"assistant", "content":
         str}, ...]), rendered with the model's own chat template (tokenizer.chat_template in the
         GGUF) and ended by the model's end of turn. Text in a content that spells a control token
-        (<|im_end|>) stays plain text. max_tokens, stop and the sampling keywords as complete()."""
+        (<|im_end|>) stays plain text. max_tokens, stop and the sampling keywords as complete().
+        To stream a reply: eng.generate(chat_token_ids(eng.tokenizer, messages), params, n), with
+        chat_token_ids from minfer.tokenizer.chat_template."""
         self._live()
         if self.tokenizer is None:
             raise MinferError("chat() needs a tokenizer, and this engine has none")
