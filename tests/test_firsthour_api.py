@@ -54,6 +54,11 @@ def test_stop_given_as_one_string_is_one_stop_string(eng):
     assert got == text[:text.index(word)], (got, text, word)
     assert eng.complete("Hello", max_tokens=40, stop=[word], **SEEDED) == got
     assert eng.complete("Hello", max_tokens=40, stop=None, **SEEDED) == text
+    assert eng.stats["finish_reason"] == "length" and eng.stats["gen_tokens"] == 40   # complete() shows
+    eng.complete("Hello", max_tokens=40, stop=word, **SEEDED)                          # only the text
+    assert eng.stats["finish_reason"] == "stop"
+    eng.complete("Hello", max_tokens=0)
+    assert eng.stats["finish_reason"] == "length" and eng.stats["gen_tokens"] == 0
 
 
 @pytest.mark.parametrize("stop, expected", [(5, "stop: expected a string or a list of strings, got int 5"),

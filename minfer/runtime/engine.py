@@ -422,9 +422,11 @@ class Engine:
         logits = self.prefill(prompt_ids)
         epoch = self._epoch           # a later prefill/forward/reset bumps it: this cache is gone
         t1 = time.perf_counter()
-        self.stats = {"prompt_tokens": len(prompt_ids), "prompt_s": t1 - t0, "gen_tokens": 0, "gen_s": 0.0}
         room = self.n_ctx - len(prompt_ids) + 1   # the last new token is never fed back
         n_new = room if max_new_tokens is None else min(max_new_tokens, room)
+        # finish_reason: what complete()/chat() callers, who see only the text, can ask afterwards
+        self.stats = {"prompt_tokens": len(prompt_ids), "prompt_s": t1 - t0, "gen_tokens": 0, "gen_s": 0.0,
+                      "finish_reason": "length" if n_new == 0 else None}
 
         def step(tok: int) -> torch.Tensor:
             self._live()
@@ -442,6 +444,8 @@ class Engine:
                            eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors):
             self.stats["gen_tokens"] += 1
             self.stats["gen_s"] = time.perf_counter() - t1
+            if ev.finish_reason:
+                self.stats["finish_reason"] = ev.finish_reason
             yield ev
 
     def complete(self, prompt: str, max_tokens: int | None = 256, stop: Iterable[str] | str | None = (),
@@ -450,8 +454,10 @@ class Engine:
         up to max_tokens new tokens (None: until the context is full) or a stop string (a str or
         a list; not included in the result). Sampling keywords are SamplingParams fields:
         temperature (0 = greedy; default 0.8), top_k, top_p, min_p, repeat_penalty,
-        presence_penalty, frequency_penalty, penalty_last_n, seed. To stream, or for logprobs,
-        use generate(); for a chat model's turns, chat()."""
+        presence_penalty, frequency_penalty, penalty_last_n, seed. Afterwards eng.stats says why
+        the text ended ("finish_reason": 'stop' for the end of turn or a stop string, 'length')
+        and the token counts and times. To stream, or for logprobs, use generate(); for a chat
+        model's turns, chat()."""
         self._live()
         if self.tokenizer is None:
             raise MinferError("complete() needs a tokenizer, and this engine has none")
