@@ -10,8 +10,8 @@
 
 minfer.load(model, device=None, ctx=None) -> Engine (help(minfer.load)); the Engine's calls:
 complete(prompt, max_tokens, stop, **sampling), chat(messages, max_tokens, stop, **sampling),
-generate(prompt_ids, params, max_new_tokens, stop, top_logprobs), logits(ids), close()
-(help(minfer.Engine)). Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p,
+generate(prompt_ids, max_new_tokens, stop, top_logprobs, **sampling), logits(ids), close(),
+and .stats (finish_reason, token counts, times) after each (help(minfer.Engine)). Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p,
 repeat_penalty, presence_penalty, frequency_penalty, penalty_last_n, seed
 (minfer.SamplingParams). Every bad argument or file is a minfer.MinferError.
 """

@@ -122,6 +122,15 @@ def test_generate_checks_its_arguments_at_the_call(eng):
                             top_logprobs=2))
     assert len(evs) == 3 and all(len(ev.top_logprobs) == 2 for ev in evs)
     assert evs[-1].finish_reason == "length"
+    # sampling keywords as complete() takes them (was TypeError: unexpected keyword 'temperature')
+    assert [ev.token_id for ev in eng.generate(eng.tokenizer.encode("Hello"), max_new_tokens=3,
+                                               temperature=0)] == [ev.token_id for ev in evs]
+    with pytest.raises(MinferError) as e:
+        eng.generate([1, 2], minfer.SamplingParams(), 2, temperature=0)
+    assert "were both given" in one_line(e)
+    with pytest.raises(MinferError) as e:
+        eng.generate([1, 2], max_new_tokens=2, temprature=0)
+    assert one_line(e).startswith("unknown keyword argument 'temprature'")
 
 
 def test_chat_answers_messages_through_the_template(eng):

@@ -388,7 +388,7 @@ class Engine:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  max_new_tokens: int | None = None, stop: Iterable[str] | str | None = (),
-                 top_logprobs: int = 0, logits_processors: Sequence = ()) -> Iterator[GenEvent]:
+                 top_logprobs: int = 0, logits_processors: Sequence = (), **sampling) -> Iterator[GenEvent]:
         """Stream the continuation of `prompt_ids` (token ids: eng.tokenizer.encode(text), or
         minfer.tokenizer.chat_template.chat_token_ids for messages): an iterator of GenEvents, one per new
         token, each with .token_id, .text (the new text to show; '' while a possible stop string
@@ -397,13 +397,19 @@ class Engine:
         likely tokens) and .finish_reason (None, then 'stop' or 'length' on the last event).
 
         params: SamplingParams (default SamplingParams(): temperature 0.8, top_k 40, top_p 0.95,
-        min_p 0.05; temperature=0 is greedy, seed=N repeats a draw). max_new_tokens: None = until
+        min_p 0.05; temperature=0 is greedy, seed=N repeats a draw), or its fields as keywords
+        (generate(ids, temperature=0, seed=1), as complete() takes them). max_new_tokens: None = until
         the context is full. stop: a string or a list of strings that end the text (not included).
         logits_processors: see runtime/generate.py (e.g. a grammar's token mask). The arguments
         are checked here, at the call; the prompt is computed (and an empty or too long one
         refused) at the first next()."""
         self._live()
         prompt_ids = check_prompt_ids(prompt_ids)
+        if sampling:
+            if params is not None:
+                raise MinferError(f"params and sampling keywords ({', '.join(sampling)}) were both given: "
+                                  "pass one of them")
+            params = sampling_from_kwargs(sampling)
         params = check_params(params)
         max_new_tokens = check_count("max_new_tokens", max_new_tokens, allow_none=True)
         stop = check_stop(stop)
