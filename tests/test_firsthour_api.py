@@ -107,6 +107,9 @@ def test_generate_checks_its_arguments_at_the_call(eng):
         eng.generate("Hello")                           # was ValueError: invalid literal for int(): 'H'
     assert "prompt_ids: expected a list of token ids" in one_line(e)
     with pytest.raises(MinferError) as e:
+        eng.logits("Hello")                             # was ValueError too
+    assert one_line(e).startswith("tokens: expected a list of token ids")
+    with pytest.raises(MinferError) as e:
         eng.generate([1, "a"])
     assert one_line(e).startswith("prompt_ids[1]: expected a token id (int), got str")
     with pytest.raises(MinferError) as e:

@@ -349,7 +349,7 @@ class Engine:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps
         positions [0, start_pos) and gets these tokens appended."""
         self._live()
-        tokens = check_prompt_ids(tokens)
+        tokens = check_prompt_ids(tokens, "tokens")
         if len(tokens) == 0:
             raise MinferError("forward() needs at least one token")
         with self._busy():

@@ -58,12 +58,12 @@ def check_stop(stop) -> list[str]:
     return stops
 
 
-def check_prompt_ids(ids) -> list[int]:
+def check_prompt_ids(ids, name: str = "prompt_ids") -> list[int]:
     """Token ids: a sequence (or 1-D tensor) of ints; text belongs to complete() or chat()."""
     if isinstance(ids, torch.Tensor):
         ids = ids.reshape(-1).tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
-        raise MinferError(f"prompt_ids: expected a list of token ids (int), got {_shown(ids)}; "
+        raise MinferError(f"{name}: expected a list of token ids (int), got {_shown(ids)}; "
                           "for text use complete(prompt) or chat(messages)")
     out = []
     for i, t in enumerate(ids):
@@ -72,7 +72,7 @@ def check_prompt_ids(ids) -> list[int]:
                 raise TypeError
             out.append(operator.index(t))     # int, numpy and 0-d torch integers
         except TypeError:
-            raise MinferError(f"prompt_ids[{i}]: expected a token id (int), got {_shown(t)}") from None
+            raise MinferError(f"{name}[{i}]: expected a token id (int), got {_shown(t)}") from None
     return out
 
 
