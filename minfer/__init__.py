@@ -36,3 +36,7 @@ def __getattr__(name: str):
 
         return SamplingParams
     raise AttributeError(f"module 'minfer' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"Engine", "SamplingParams"})   # tab completion sees them too

@@ -234,6 +234,7 @@ def test_help_says_how_to_use_it():
     for word in ("minfer.load", "complete(", "chat(", "generate(", "close()", "temperature", "seed",
                  "top_logprobs", "MinferError"):
         assert word in top, word
+    assert {"Engine", "SamplingParams", "load", "MinferError"} <= set(dir(minfer))
     for name in ("complete", "chat", "generate", "close"):
         assert getattr(minfer.Engine, name).__doc__, name
     assert "ctx" in minfer.load.__doc__ and "close" in minfer.load.__doc__
