@@ -128,7 +128,8 @@ class Engine:
     def load(cls, model, device: str = "cpu", ctx: int | None = None, dtype=None,
              progress: bool = True, switches: Switches | None = None) -> "Engine":
         """model: a catalog name, a path to a .gguf, or an open GGUFFile. switches: default
-        Switches.from_env() (the one read of the MINFER_* behaviour variables)."""
+        Switches.from_env() (the one read of the MINFER_* behaviour variables). The lower-level
+        call: minfer.load() checks its arguments, picks the device and checks ctx first."""
         from minfer.gguf_file import GGUFFile
         from minfer.models import load_model
         from minfer.models.llama import activation_dtype
