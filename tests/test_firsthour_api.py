@@ -11,17 +11,15 @@ import threading
 import pytest
 import torch
 
+from helpers_cli import write_tiny_model
+
 import minfer
 from minfer import MinferError
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-
-    return str(write_synth(tmp_path_factory.mktemp("api") / "tiny.gguf", get_preset("tiny"), "q8_0",
-                           progress=False).path)
+    return write_tiny_model(tmp_path_factory.mktemp("api"))
 
 
 @pytest.fixture(scope="module")

@@ -7,38 +7,19 @@ from __future__ import annotations
 
 import pytest
 
+from helpers_cli import kv_block_bytes, one_error_line, write_tiny_model
+
 from minfer import cli
-
-
-def one_error_line(capsys, argv, rc=1) -> str:
-    """The last stderr line of `minfer ARGV`, which must exit with status rc, with no traceback."""
-    try:
-        got = cli.main(argv)
-    except SystemExit as e:
-        got = e.code
-    err = capsys.readouterr().err
-    assert got == rc, (got, err)
-    assert "Traceback" not in err
-    return err.strip().splitlines()[-1]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-
-    return str(write_synth(tmp_path_factory.mktemp("fhb") / "tiny.gguf", get_preset("tiny"), "q8_0",
-                           progress=False).path)
+    return write_tiny_model(tmp_path_factory.mktemp("fhb"))
 
 
 @pytest.fixture(scope="module")
 def block_bytes(tiny):
-    """One 16-position KV block of the tiny model on the CPU: keys and values, float32."""
-    from minfer.config import ModelConfig
-    from minfer.gguf_file import GGUFFile
-
-    cfg = ModelConfig.from_gguf(GGUFFile(tiny))
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 * 16
+    return kv_block_bytes(tiny)
 
 
 def test_a_batched_table_whose_pool_cannot_fit_is_one_line_before_the_load(capsys, monkeypatch, tiny, block_bytes):

@@ -9,21 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers_cli import one_error_line, write_tiny_model
+
 from minfer import cli
-
-
-def one_error_line(capsys, argv, rc=1) -> str:
-    """The last stderr line of `minfer ARGV`, which must exit with status rc (2: argparse's usage
-    error, raised as SystemExit) and print no traceback."""
-    try:
-        got = cli.main(argv)
-    except SystemExit as e:
-        got = e.code
-    out, err = capsys.readouterr()
-    assert got == rc, (got, err)
-    assert "Traceback" not in err
-    last = err.strip().splitlines()[-1]
-    return last
 
 
 @pytest.mark.parametrize("typed,meant", [
@@ -50,12 +38,8 @@ def test_no_suggestion_when_nothing_is_close(capsys, typed):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    """The synthetic tiny model (4 layers, a byte-level vocab), written once for this module."""
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-
-    return str(write_synth(tmp_path_factory.mktemp("fh") / "tiny.gguf", get_preset("tiny"), "q8_0",
-                           progress=False).path)
+    """The synthetic tiny model, written once for this module."""
+    return write_tiny_model(tmp_path_factory.mktemp("fh"))
 
 
 def test_perplexity_bad_inputs_are_one_line_before_the_load(capsys, tmp_path, tiny):
