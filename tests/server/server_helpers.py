@@ -33,3 +33,22 @@ def metric_value(text: str, name: str, labels: dict | None = None) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
                 return s.value
     return 0.0
+
+
+def wait_healthy(proc, url: str, timeout: float = 600.0) -> None:
+    """Poll GET url/health until it answers 200, while the server process `proc` runs (its output
+    in the failure otherwise); `timeout` seconds is the hang guard."""
+    import time
+
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "server never became ready"
+        try:
+            if httpx.get(url + "/health", timeout=30).status_code == 200:
+                return
+        except httpx.TransportError:  # not listening yet
+            pass
+        time.sleep(0.1)

@@ -3,6 +3,8 @@ serving benchmark records it beside its numbers, for A/B runs of the budget)."""
 
 from __future__ import annotations
 
+import logging
+
 import httpx
 
 SERVED = "smollm2-135m-instruct"   # conftest.SERVED: the name make_server serves
@@ -122,23 +124,18 @@ def test_serve_bench_says_why_requests_failed(capsys, server, tmp_path):
     assert "failed, the first with 400" in capsys.readouterr().err
 
 
-def test_a_budget_below_the_slots_from_memory_is_raised_with_a_warning(engine, make_server):
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "minfer.server" and r.levelno == logging.WARNING]
+
+
+def test_a_budget_below_the_slots_from_memory_is_raised_with_a_warning(engine, make_server, caplog):
     # -np 0: the slots come from the engine (4 on the CPU), after `minfer serve` checked its flags;
     # the engine takes at least one token per slot, and the log says so
-    import logging
-
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    log = logging.getLogger("minfer.server")
-    log.addHandler(handler)
-    try:
-        srv = make_server(lambda: engine, parallel=0, token_budget=2)
-        srv.wait_ready()
-    finally:
-        log.removeHandler(handler)
+    caplog.set_level(logging.WARNING, logger="minfer.server")
+    srv = make_server(lambda: engine, parallel=0, token_budget=2)
+    srv.wait_ready()
     assert _meta(srv.url)["token_budget"] == 4 and _meta(srv.url)["max_concurrent_requests"] == 4
-    msgs = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    msgs = _warnings(caplog)
     assert any("--token-budget 2 is below the 4 sequences" in m for m in msgs), msgs
     srv.stop()
 
@@ -156,23 +153,14 @@ def test_serve_bench_at_a_url_sends_the_name_the_server_serves(server, tmp_path)
     assert level["failed"] == 0 and level["output_tokens"] == 2, level
 
 
-def test_a_pool_under_one_context_made_after_the_load_warns(engine, make_server):
+def test_a_pool_under_one_context_made_after_the_load_warns(engine, make_server, caplog):
     # the CLI refuses such a --kv-memory up front; the CUDA default pool is sized after the load,
     # where only the log can say it: here a pool of 17 blocks (16 usable: 256 positions) for 512
-    import logging
-
-    records = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    log = logging.getLogger("minfer.server")
-    log.addHandler(handler)
+    caplog.set_level(logging.WARNING, logger="minfer.server")
     cfg = engine.config
     per_block = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 * 16   # K and V, float32, 16 positions
-    try:
-        srv = make_server(lambda: engine, parallel=2, kv_memory=17 * per_block)
-        srv.wait_ready()
-    finally:
-        log.removeHandler(handler)
-    msgs = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    srv = make_server(lambda: engine, parallel=2, kv_memory=17 * per_block)
+    srv.wait_ready()
+    msgs = _warnings(caplog)
     assert any("holds 256 positions, less than one full context (512 tokens)" in m for m in msgs), msgs
     srv.stop()

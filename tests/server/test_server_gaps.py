@@ -11,11 +11,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import openai
 import pytest
+from server_helpers import wait_healthy
 
 MODEL = "smollm2-135m-instruct"
 ORIGIN = "http://chat-ui.example:3000"
@@ -140,16 +140,7 @@ def test_serve_alias_and_cors_flags():
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 600  # hang guard
-        while True:
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "server never became ready"
-            try:
-                if httpx.get(url + "/health", timeout=30).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+        wait_healthy(proc, url)
         c = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
         assert c.models.retrieve("gpt-3.5-turbo").id == MODEL
         assert c.models.retrieve("local").id == MODEL
