@@ -37,7 +37,7 @@ import torch
 from minfer.runtime.batch_engine import BatchEngine
 from minfer.runtime.sampling import SamplingParams
 from minfer.runtime.sequence import SeqStatus
-from runtime.batch_helpers import StreamTok
+from runtime.batch_helpers import StreamTok, random_prompt
 
 VOCAB = 64
 N_SEEDS = 192           # scenarios in all, in CHUNK-sized test cases
@@ -141,12 +141,7 @@ def _scenario(seed: int, common: list[int]) -> dict:
     reqs = []
     for i in range(n_req):
         n = g.randint(1, 60)
-        if reqs and g.random() < 0.35:          # share a prefix with an earlier prompt (prefix hits)
-            base = g.choice(reqs)["prompt"]
-            k = g.randint(max(1, len(base) // 2), len(base))
-            prompt = base[:k] + [g.randrange(VOCAB) for _ in range(max(0, n - k))]
-        else:
-            prompt = [g.randrange(VOCAB) for _ in range(n)]
+        prompt = random_prompt(g, reqs, n, 0.35, VOCAB)       # some share an earlier prompt's prefix
         sp, top, procs, kind = _params(g, i)
         stop = []
         if g.random() < 0.3:                    # a stop string of one or two tokens' text

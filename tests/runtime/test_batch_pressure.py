@@ -18,6 +18,7 @@ import random
 import pytest
 
 from minfer.runtime.sampling import SamplingParams
+from runtime.batch_helpers import random_prompt
 from runtime.test_batch_fuzz import VOCAB, _compare, _drive, _layouts, _Logged, _tokens
 
 N_SEEDS = 48
@@ -35,12 +36,7 @@ def _pressure_scenario(seed: int) -> dict:
     reqs = []
     for _ in range(g.randint(4, 12)):
         n = g.randint(2, 40)
-        if reqs and g.random() < 0.4:           # share a prefix with an earlier prompt (prefix hits)
-            base = g.choice(reqs)["prompt"]
-            k = g.randint(max(1, len(base) // 2), len(base))
-            prompt = base[:k] + [g.randrange(VOCAB) for _ in range(max(0, n - k))]
-        else:
-            prompt = [g.randrange(VOCAB) for _ in range(n)]
+        prompt = random_prompt(g, reqs, n, 0.4, VOCAB)       # some share an earlier prompt's prefix
         kind = g.choice(["greedy"] * 9 + ["sample"] * 9 + ["penalty"] * 2)
         if kind == "greedy":
             sp = GREEDY
