@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
@@ -41,9 +40,6 @@ def planes(qt, n, k, g):
     return Q.W4Planes(qt, n, k, (qw, qh, s))
 
 
-WGS = [bool(int(v)) for v in os.environ.get("W4_WG", "1").split(",")]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", default="16,32,64,128")
@@ -67,21 +63,21 @@ def main():
         for m in ms:
             x = (torch.randn(m, k, device="cuda", generator=g)).to(torch.bfloat16)
             ref = (x.double() @ wd.double().T)
-            cfgs = [(c, wg) for c in [None] + extra for wg in WGS]
+            cfgs = [None] + extra
             tc = triton.testing.do_bench(lambda: torch.nn.functional.linear(x, wd), warmup=5, rep=40,
                                          return_mode="median")
             best = None
-            for cfg, wg in cfgs:
+            for cfg in cfgs:
                 try:
-                    out = G.qgemm_w4_mma(x, p, out_dtype=torch.float32, config=cfg, wg=wg)
+                    out = G.qgemm_w4_mma(x, p, out_dtype=torch.float32, config=cfg)
                     torch.cuda.synchronize()
                 except Exception as e:                                  # noqa: BLE001
                     print(f"{label} {n}x{k} M={m} cfg {cfg}: {type(e).__name__}: {str(e)[:200]}")
                     continue
                 err = float((out.double() - ref).norm() / ref.norm())
-                t = triton.testing.do_bench(lambda: G.qgemm_w4_mma(x, p, config=cfg, wg=wg), warmup=5, rep=40,
+                t = triton.testing.do_bench(lambda: G.qgemm_w4_mma(x, p, config=cfg), warmup=5, rep=40,
                                             return_mode="median")
-                used = tuple(cfg or G.default_config(m, n, k)) + (("wg",) if wg else ("mma",))
+                used = tuple(cfg or G.config_for(qt, m, n, k))
                 r = dict(shape=label, type={12: "Q4_K", 14: "Q6_K"}[qt], n=n, k=k, m=m, config=list(used),
                          cublas_us=tc * 1e3, w4_us=t * 1e3, speedup=tc / t, err=err,
                          w4_tbs=p.nbytes() / t / 1e9, cublas_tbs=n * k * 2 / tc / 1e9)

@@ -81,7 +81,7 @@ def test_rows_take_the_w4_gemm_between_the_gemv_and_its_max_m(QM, model, monkeyp
 
     calls = []
 
-    def fake(x, p, bias=None, out_dtype=None, config=None, ws=None, wg=True, ring=False):
+    def fake(x, p, bias=None, out_dtype=None, config=None, ws=None, ring=False):
         calls.append((x.shape[0], p.n))
         out = x.double() @ dequantize_fragment(p).double().T
         return (out + (0 if bias is None else bias.double())).to(out_dtype or x.dtype)

@@ -29,7 +29,7 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
 
 from minfer.errors import MinferError
@@ -191,18 +191,14 @@ def _decode(w, h, s, HIGH: gl.constexpr, BN: gl.constexpr, a_l: gl.constexpr):
 def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
                    steps_per_split, SPLIT, MT, UNITS,
                    HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
-                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
+                   IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr):
     """Persistent: program p runs units p, p + P, ... of (row tile, M tile, K split), K split
     fastest (the splits of one tile run side by side and share x in L2): acc [BN, BM] =
-    W[rows, K range] @ x[mcols, K range]^T. WG: Hopper's wgmma (A from registers, B = x^T read
-    by the tensor cores from shared memory) instead of mma.sync (B fragments loaded into every
-    warp's registers)."""
-    if WG:
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
-        xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
-    else:
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[NW, 1], instr_shape=[16, 8])
-        xs_l: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
+    W[rows, K range] @ x[mcols, K range]^T, by Hopper's wgmma: A from the decoded registers, B =
+    x^T read by the tensor cores from shared memory (mma.sync, with B loaded into every warp's
+    registers, measured within 5% either way and was dropped: perf-log W2)."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1], instr_shape=[16, BM, 16])
+    xs_l: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BM, BK], gl.bfloat16)
     # STAGES > 0: words, scales and x of STAGES steps in shared memory (cp.async ring); 0: the
     # weights two steps ahead in registers, x in two buffers
     NB: gl.constexpr = STAGES if STAGES > 0 else 2
@@ -224,21 +220,21 @@ def _w4_mma_kernel(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, strid
         u = gl.program_id(0)
         _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
               steps_per_split, SPLIT, MT, (u // SPLIT) % MT, u // (SPLIT * MT), u % SPLIT, xs, ws_s, ss_s, hs_s, mma,
-              HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, WG, STAGES)
+              HIGH, BN, BM, NW, IS_SPLIT, HAS_BIAS, STAGES)
     else:
         for u in range(gl.program_id(0), UNITS, gl.num_programs(0)):
             pid_m = u % MT
             pid_n = u // MT
             _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
                   steps_per_split, SPLIT, MT, pid_m, pid_n, 0, xs, ws_s, ss_s, hs_s, mma, HIGH, BN, BM, NW,
-                  IS_SPLIT, HAS_BIAS, WG, STAGES)
+                  IS_SPLIT, HAS_BIAS, STAGES)
 
 
 @gluon.jit
 def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stride_xm, stride_om,
           steps_per_split, SPLIT, MT, pid_m, pid_n, pid_s, xs, ws_s, ss_s, hs_s, mma: gl.constexpr,
           HIGH: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NW: gl.constexpr,
-          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, WG: gl.constexpr, STAGES: gl.constexpr):
+          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, STAGES: gl.constexpr):
     a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
     w_l: gl.constexpr = _words_layout(BN, NW)
     x_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1],
@@ -265,10 +261,10 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
     k_hi = gl.minimum(k_lo + steps_per_split * BK, K)
     kl = k_hi - BK
     if STAGES > 0:
-        acc = _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc, mma, a_l,
-                    w_l, HIGH, BN, WG, STAGES)
+        acc = _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc, a_l,
+                    w_l, HIGH, BN, STAGES)
     else:
-        acc = _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, mma, a_l, HIGH, BN, WG)
+        acc = _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, a_l, HIGH, BN)
     o_l: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1], threads_per_warp=[32, 1], warps_per_cta=[NW, 1],
                                          order=[0, 1])
     acc = gl.convert_layout(acc, o_l)
@@ -300,46 +296,37 @@ def _unit(qw, qh, sp, x, out, part, cnt, bias, M, N, K, stride_w, stride_s, stri
 
 
 @gluon.jit
-def _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, mma: gl.constexpr, a_l: gl.constexpr,
-          HIGH: gl.constexpr, BN: gl.constexpr, WG: gl.constexpr):
-    """The K loop with the weights two steps ahead in registers and x one step ahead in shared
-    memory (cp.async into the other of two buffers); the last steps re-read themselves."""
-    kw = gl.multiple_of(k_lo // 8, 16)
+def _load_step(qw, qh, sp, woff, soff, k, HIGH: gl.constexpr):
+    """Step k's words, scales and (Q6_K) high bits into registers (h is w when there are none)."""
+    kw = gl.multiple_of(k // 8, 16)
     w = gl.load(qw + woff + kw)
-    s = gl.load(sp + soff + gl.multiple_of(k_lo // 32, 4))
+    s = gl.load(sp + soff + gl.multiple_of(k // 32, 4))
     h = w
     if HIGH:
         h = gl.load(qh + woff + kw)
-    k1 = gl.minimum(k_lo + BK, kl)
-    kw = gl.multiple_of(k1 // 8, 16)
-    w1 = gl.load(qw + woff + kw)
-    s1 = gl.load(sp + soff + gl.multiple_of(k1 // 32, 4))
-    h1 = w1
-    if HIGH:
-        h1 = gl.load(qh + woff + kw)
+    return w, s, h
+
+
+@gluon.jit
+def _regs(qw, qh, sp, x, woff, soff, xoff, k_lo, k_hi, kl, xs, acc, a_l: gl.constexpr, HIGH: gl.constexpr,
+          BN: gl.constexpr):
+    """The K loop with the weights two steps ahead in registers and x one step ahead in shared
+    memory (cp.async into the other of two buffers); the last steps re-read themselves."""
+    w, s, h = _load_step(qw, qh, sp, woff, soff, k_lo, HIGH)
+    w1, s1, h1 = _load_step(qw, qh, sp, woff, soff, gl.minimum(k_lo + BK, kl), HIGH)
     gl.thread_barrier()                                                # the previous unit's readers are done
     async_copy.async_copy_global_to_shared(xs.index(0), x + xoff + gl.multiple_of(k_lo, BK))
     async_copy.commit_group()
     buf = 0
     for k0 in range(k_lo, k_hi, BK):
-        k2 = gl.minimum(k0 + 2 * BK, kl)
-        kw = gl.multiple_of(k2 // 8, 16)
-        w2 = gl.load(qw + woff + kw)
-        s2 = gl.load(sp + soff + gl.multiple_of(k2 // 32, 4))
-        h2 = w2
-        if HIGH:
-            h2 = gl.load(qh + woff + kw)
+        w2, s2, h2 = _load_step(qw, qh, sp, woff, soff, gl.minimum(k0 + 2 * BK, kl), HIGH)
         async_copy.async_copy_global_to_shared(xs.index(1 - buf), x + xoff + gl.multiple_of(gl.minimum(k0 + BK, kl), BK))
         async_copy.commit_group()
         a = _decode(w, h, s, HIGH, BN, a_l)
         async_copy.wait_group(1)                                       # this step's x has landed
         gl.thread_barrier()
-        if WG:
-            fence_async_shared()
-            acc = warpgroup_mma(a, xs.index(buf).permute([1, 0]), acc)
-        else:
-            b = xs.index(buf).permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
-            acc = mma_v2(a, b, acc)
+        fence_async_shared()
+        acc = warpgroup_mma(a, xs.index(buf).permute([1, 0]), acc)
         gl.thread_barrier()                                            # before the next copy overwrites it
         buf = 1 - buf
         w = w1
@@ -364,9 +351,8 @@ def _issue(wdst, sdst, hdst, xdst, qw, qh, sp, x, woff, soff2, xoff, k, HIGH: gl
 
 
 @gluon.jit
-def _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc, mma: gl.constexpr,
-          a_l: gl.constexpr, w_l: gl.constexpr, HIGH: gl.constexpr, BN: gl.constexpr, WG: gl.constexpr,
-          STAGES: gl.constexpr):
+def _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, ss_s, hs_s, acc,
+          a_l: gl.constexpr, w_l: gl.constexpr, HIGH: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr):
     """The K loop over a STAGES-deep cp.async ring in shared memory (words, scales, high bits and
     x of a step per stage; no prefetch registers): step j + STAGES - 1 is issued, step j waited
     for, read and multiplied; the stage read at step j - 1 is the one overwritten."""
@@ -394,12 +380,8 @@ def _ring(qw, qh, sp, x, woff, xoff, rows, stride_s, k_lo, k_hi, kl, xs, ws_s, s
         if HIGH:
             h = hs_s.index(cur).load(w_l)
         a = _decode(w, h, s, HIGH, BN, a_l)
-        if WG:
-            fence_async_shared()
-            acc = warpgroup_mma(a, xs.index(cur).permute([1, 0]), acc)
-        else:
-            b = xs.index(cur).permute([1, 0]).load(gl.DotOperandLayout(operand_index=1, parent=mma, k_width=2))
-            acc = mma_v2(a, b, acc)
+        fence_async_shared()
+        acc = warpgroup_mma(a, xs.index(cur).permute([1, 0]), acc)
         gl.thread_barrier()                                            # before step j + STAGES overwrites it
     async_copy.wait_group(0)
     return acc
@@ -462,7 +444,7 @@ def config_for(qtype: int, m: int, n: int, k: int, ring: bool = False) -> tuple:
 
 
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
-                 wg: bool = True, ring: bool = False) -> torch.Tensor:
+                 ring: bool = False) -> torch.Tensor:
     """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
     contiguous rows. config = (BN, BM, SPLIT, num_warps[, programs per SM, register cap])
     overrides the default (SPLIT 0: the default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
@@ -499,5 +481,5 @@ def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config
     _w4_mma_kernel[grid](qw, qh, sp, x, out, part, cnt, bias if bias is not None else out, m, n, k,
                          qw.stride(0), sp.stride(0), x.stride(0), out.stride(0), sps, split, mt, units,
                          HIGH=high, BN=bn, BM=bm, NW=nw, IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
-                         WG=wg, STAGES=stages, num_warps=nw, **({"maxnreg": maxreg} if maxreg else {}))
+                         STAGES=stages, num_warps=nw, **({"maxnreg": maxreg} if maxreg else {}))
     return out
