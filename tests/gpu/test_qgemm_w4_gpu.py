@@ -30,12 +30,11 @@ NAMES = {12: "Q4_K", 14: "Q6_K"}
 def _planes(qt, n, k, seed):
     from minfer.ops.cuda.gemv_repack_layout import repack
     from minfer.ops.cuda.qgemm_w4 import dequantize_w4, make_w4
-    from minfer.ops.cuda.qgemm_w4_mma import to_fragment_order
 
     raw = random_weight(qt, n, k, np.random.default_rng(seed))
-    p0 = make_w4(repack(torch.from_numpy(raw).cuda(), qt, n, k))
+    p = make_w4(repack(torch.from_numpy(raw).cuda(), qt, n, k))
     ref = torch.from_numpy(reference_dequant(raw, qt, n, k)).double().cuda()
-    return to_fragment_order(p0), dequantize_w4(p0).double(), ref
+    return p, dequantize_w4(p).double(), ref
 
 
 # (N, K, M, config (BN, BM, SPLIT, warps[, programs/SM, register cap, ring stages]) or None)

@@ -56,18 +56,3 @@ def test_planes_against_gguf(qt):
     assert rel_err(got, ref) < 4e-3
     # bytes: 5 bits per Q4_K value (4 + a 32-bit scale pair per 32), 7 per Q6_K (4 + 2 + bf16 per 16)
     assert p.nbytes() * 8 == n * k * (5 if qt == 12 else 7)
-
-
-@pytest.mark.parametrize("qt", TYPES, ids=NAMES.get)
-def test_fragment_order_keeps_every_value(qt):
-    """The Gluon kernel's planes (qgemm_w4_mma.to_fragment_order) read in the kernel's order give
-    exactly the values of the planes they came from (the kernel itself runs only on the GPU:
-    tests/gpu/test_qgemm_w4_gpu.py)."""
-    pytest.importorskip("triton.experimental.gluon")
-    from minfer.ops.cuda.qgemm_w4 import dequantize_w4
-    from minfer.ops.cuda.qgemm_w4_mma import dequantize_fragment, to_fragment_order
-
-    p, ref = _weight(qt, 24, 512, seed=9 + qt)
-    f = to_fragment_order(p)
-    assert [t.shape for t in f.planes][0] == p.planes[0].shape
-    assert torch.equal(dequantize_fragment(f), dequantize_w4(p))

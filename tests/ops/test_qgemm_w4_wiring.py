@@ -2,7 +2,7 @@
 attaches (runtime/dense_planes.attach_w4_planes) and the rows qmatmul sends to it.
 
 The Gluon kernel runs only on the GPU (tests/gpu/test_qgemm_w4_gpu.py checks it against these
-planes' values). Here it is replaced by x @ dequantize_fragment(planes)^T, so what is tested is
+planes' values). Here it is replaced by x @ dequantize_w4(planes)^T, so what is tested is
 the choice of path, the launch counts, the group's column split and bias, and that the planes
 hold the weights' values (against the gguf package, within the planes' bf16 scale rounding).
 """
@@ -57,7 +57,7 @@ def model(monkeypatch):
 
 
 def test_planes_attached_hold_the_weights(model):
-    from minfer.ops.cuda.qgemm_w4_mma import dequantize_fragment
+    from minfer.ops.cuda.qgemm_w4 import dequantize_w4
     from minfer.runtime.dense_planes import w4_plane_bytes
 
     m, mk, grp, got = model
@@ -65,17 +65,17 @@ def test_planes_attached_hold_the_weights(model):
     assert gate.batch_w4_group[0] == grp and getattr(up, "batch_w4", None) is None
     assert getattr(o, "batch_w4", None) is None and down.batch_w4 is not None
     assert got == gate.batch_w4_group[1].nbytes() + down.batch_w4.nbytes() == w4_plane_bytes(m)
-    vals = dequantize_fragment(gate.batch_w4_group[1]).double()
+    vals = dequantize_w4(gate.batch_w4_group[1]).double()
     ref = torch.cat([mk[0][1], mk[1][1]])
     assert vals.shape == ref.shape and rel_err(vals, ref) < 4e-3
-    assert rel_err(dequantize_fragment(down.batch_w4).double(), mk[2][1]) < 4e-3
+    assert rel_err(dequantize_w4(down.batch_w4).double(), mk[2][1]) < 4e-3
 
 
 def test_rows_take_the_w4_gemm_between_the_gemv_and_its_max_m(QM, model, monkeypatch):
     from minfer.ops import paths
     from minfer.ops.context import Context
     from minfer.ops.cuda import qgemm_w4_mma
-    from minfer.ops.cuda.qgemm_w4_mma import dequantize_fragment
+    from minfer.ops.cuda.qgemm_w4 import dequantize_w4
     from minfer.ops.cuda.workspace import Workspace
     from minfer.switches import Switches
 
@@ -83,7 +83,7 @@ def test_rows_take_the_w4_gemm_between_the_gemv_and_its_max_m(QM, model, monkeyp
 
     def fake(x, p, bias=None, out_dtype=None, config=None, ws=None, ring=False):
         calls.append((x.shape[0], p.n))
-        out = x.double() @ dequantize_fragment(p).double().T
+        out = x.double() @ dequantize_w4(p).double().T
         return (out + (0 if bias is None else bias.double())).to(out_dtype or x.dtype)
 
     monkeypatch.setattr(qgemm_w4_mma, "qgemm_w4_mma", fake)

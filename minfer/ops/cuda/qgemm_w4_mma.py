@@ -41,68 +41,12 @@ BK = gl.constexpr(128)                    # K values per step: 4 chunks, one 16-
 
 # ---------------------------------------------------------------- planes
 
-def to_fragment_order(p: W4Planes) -> W4Planes:
-    """qgemm_w4 planes -> the fragment planes (see the module doc): words (and Q6_K's high
-    halfwords) permuted within each 128-value step; scales unchanged (Q6_K: the two 16-value
-    scales of a chunk paired in one int32)."""
-    n, k = p.n, p.k
-    # decode to per-value q (K order), then repack: value k = 32c + 8i + 2t + e
-    qw = p.planes[0].to(torch.int64) & 0xFFFFFFFF
-    i4 = torch.arange(4, device=qw.device, dtype=torch.int64)
-    q = torch.stack([(qw[..., None] >> (4 * i4)) & 15, (qw[..., None] >> (4 * i4 + 16)) & 15], -1).view(n, k)
-    if p.qtype == Q6_K:
-        h = p.planes[1].to(torch.int64) & 0xFFFF
-        hq = torch.stack([(h[..., None] >> (2 * i4)) & 3, (h[..., None] >> (2 * i4 + 8)) & 3], -1).view(n, k)
-    v = q.view(n, k // 128, 4, 4, 4, 2)                  # [n, step, c%4, i, t, e]
-    v = v.permute(0, 1, 4, 2, 3, 5)                      # [n, step, t, c%4, i, e]
-    sh = (i4 * 4).view(1, 1, 1, 1, 4)
-    words = ((v[..., 0] << sh) | (v[..., 1] << (sh + 16))).sum(-1)       # [n, step, t, c%4]
-    words = (words - ((words >> 31) & 1) * (1 << 32)).to(torch.int32).reshape(n, k // 8)
-    if p.qtype == Q4_K:
-        return W4Planes(p.qtype, n, k, (words, p.planes[1]))
-    hv = hq.view(n, k // 128, 4, 4, 4, 2).permute(0, 1, 4, 2, 3, 5)
-    sh2 = (i4 * 2).view(1, 1, 1, 1, 4)
-    hw = ((hv[..., 0] << sh2) | (hv[..., 1] << (sh2 + 8))).sum(-1)
-    hw = (hw - ((hw >> 15) & 1) * (1 << 16)).to(torch.int16).reshape(n, k // 8)
-    s = p.planes[2].view(torch.int16).to(torch.int32) & 0xFFFF          # (n, k/16)
-    s2 = (s[:, 0::2] | (s[:, 1::2] << 16)).contiguous()
-    return W4Planes(p.qtype, n, k, (words, hw, s2))
-
-
-def dequantize_fragment(p: W4Planes) -> torch.Tensor:
-    """float32 (n, k) values of fragment planes in K order, read the way the kernel reads them
-    (word 16 * step + 4t + c of a row holds K offsets 128 step + 32 c + 8 i + 2 t + e): the
-    bf16 q * s + (-m) rounded once (float64 is exact before it). For tests."""
-    n, k = p.n, p.k
-    qw = p.planes[0].to(torch.int64) & 0xFFFFFFFF
-    i4 = torch.arange(4, device=qw.device, dtype=torch.int64)
-    q = torch.stack([(qw[..., None] >> (4 * i4)) & 15, (qw[..., None] >> (4 * i4 + 16)) & 15], -1)
-    q = q.view(n, k // 128, 4, 4, 4, 2)                                 # [n, step, t, c, i, e]
-    sw = p.planes[-1].to(torch.int64) & 0xFFFFFFFF                      # (n, k/32) per chunk
-    lo = (sw & 0xFFFF).to(torch.int16).view(torch.bfloat16).double().view(n, k // 128, 1, 4, 1, 1)
-    hi = (sw >> 16).to(torch.int16).view(torch.bfloat16).double().view(n, k // 128, 1, 4, 1, 1)
-    if p.qtype == Q6_K:
-        h = p.planes[1].to(torch.int64) & 0xFFFF
-        hq = torch.stack([(h[..., None] >> (2 * i4)) & 3, (h[..., None] >> (2 * i4 + 8)) & 3], -1)
-        q = q | (hq.view(n, k // 128, 4, 4, 4, 2) << 4)
-        first = (i4 < 2).view(1, 1, 1, 1, 4, 1)                         # K offsets 0..15 of the chunk
-        sc = torch.where(first, lo, hi)
-        v = q.double() * sc - 32.0 * sc
-    else:
-        v = q.double() * lo + hi
-    v = v.to(torch.bfloat16).float().permute(0, 1, 3, 4, 2, 5)          # [n, step, c, i, t, e]
-    return v.reshape(n, k)
-
-
 def planes_for(rw) -> W4Planes:
-    """Fragment planes of a weight's (or a group's) GEMV planes (gemv_repack_layout.Repacked), on
-    its device: qgemm_w4.make_w4 (row chunks) then the fragment order."""
+    """The w4 planes (qgemm_w4.make_w4, already in the fragment order) of a weight's or a group's
+    GEMV planes (gemv_repack_layout.Repacked), on its device."""
     from minfer.ops.cuda.qgemm_w4 import make_w4
 
-    parts = [to_fragment_order(make_w4(rw.rows(r0, min(rw.n, r0 + 1024)))) for r0 in range(0, rw.n, 1024)]
-    if len(parts) == 1:
-        return parts[0]
-    return W4Planes(rw.qtype, rw.n, rw.k, tuple(torch.cat([q.planes[i] for q in parts]) for i in range(len(parts[0].planes))))
+    return make_w4(rw)
 
 
 # ---------------------------------------------------------------- the kernel
@@ -445,7 +389,7 @@ def config_for(qtype: int, m: int, n: int, k: int, ring: bool = False) -> tuple:
 
 def qgemm_w4_mma(x: torch.Tensor, p: W4Planes, bias=None, out_dtype=None, config=None, ws=None,
                  ring: bool = False) -> torch.Tensor:
-    """out (M, N) = x @ W^T [+ bias] over fragment planes (to_fragment_order); x (M, K) bf16 with
+    """out (M, N) = x @ W^T [+ bias] over w4 planes (qgemm_w4.make_w4); x (M, K) bf16 with
     contiguous rows. config = (BN, BM, SPLIT, num_warps[, programs per SM, register cap])
     overrides the default (SPLIT 0: the default split); a split K takes its ticket counters from ws (.counters(n)) or a fresh buffer."""
     m, k = x.shape
