@@ -86,12 +86,12 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
 
         print(f"  captured the decode graphs of {n_graphs} batch sizes in {time.perf_counter() - t0:.1f} s",
               file=sys.stderr)
+    from minfer.runtime.dense_planes import w4_plane_bytes
+
+    w4 = w4_plane_bytes(engine.model)
     if progress and be.dense_plane_bytes:
         import sys
 
-        from minfer.runtime.dense_planes import w4_plane_bytes
-
-        w4 = w4_plane_bytes(engine.model)
         print(f"  batch planes: {be.dense_plane_bytes / 2**30:.2f} GiB (dense bf16 {(be.dense_plane_bytes - w4) / 2**30:.2f}"
               f" + w4 {w4 / 2**30:.2f})", file=sys.stderr)
     rng = torch.Generator().manual_seed(seed)
@@ -104,9 +104,7 @@ def run_parallel(engine, batches: list[int], pp: int, tg: int, kv_memory: int | 
         row["peak_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
         row["graph_steps"] = be.stats["graph_steps"]
         row["dense_plane_gib"] = be.dense_plane_bytes / 2**30          # all batch planes (dense bf16 + w4)
-        from minfer.runtime.dense_planes import w4_plane_bytes
-
-        row["w4_plane_gib"] = w4_plane_bytes(engine.model) / 2**30
+        row["w4_plane_gib"] = w4 / 2**30
         rows.append(row)
         if progress:
             import sys

@@ -61,8 +61,8 @@ def attach_w4_planes(model, switches=None) -> int:
         paths.fallback(path, why)
         return 0
     from minfer.ops.cuda.gemv_repack_layout import planes_of
+    from minfer.ops.cuda.qgemm_w4 import make_w4
 
-    done = 0
     in_group = set()
     for g in (tuple(g) for g in (model.decode_groups() if hasattr(model, "decode_groups") else ())):
         grp = getattr(g[0], "repacked_group", None)
@@ -71,21 +71,17 @@ def attach_w4_planes(model, switches=None) -> int:
         in_group.update(id(w) for w in g)
         rw = grp[1]
         if getattr(g[0], "batch_w4_group", None) is None and qgemm_w4_mma.use_w4(rw.qtype, rw.n, rw.k):
-            g[0].batch_w4_group = (g, qgemm_w4_mma.planes_for(rw))
-        if getattr(g[0], "batch_w4_group", None) is not None:
-            done += g[0].batch_w4_group[1].nbytes()
+            g[0].batch_w4_group = (g, make_w4(rw))
     for w in model.qweights():
         rw = planes_of(w)
         if id(w) in in_group or rw is None:
             continue
         if getattr(w, "batch_w4", None) is None and qgemm_w4_mma.use_w4(rw.qtype, rw.n, rw.k):
-            w.batch_w4 = qgemm_w4_mma.planes_for(rw)
-        if getattr(w, "batch_w4", None) is not None:
-            done += w.batch_w4.nbytes()
+            w.batch_w4 = make_w4(rw)
     if model.device.type == "cuda":
         torch.cuda.synchronize(model.device)
         torch.cuda.empty_cache()            # the builder's temporaries: the KV sizing reads free memory
-    return done
+    return w4_plane_bytes(model)
 
 
 def attach_dense_planes(model, force: bool = False, free_bytes: int | None = None, switches=None) -> int:

@@ -41,14 +41,6 @@ BK = gl.constexpr(128)                    # K values per step: 4 chunks, one 16-
 
 # ---------------------------------------------------------------- planes
 
-def planes_for(rw) -> W4Planes:
-    """The w4 planes (qgemm_w4.make_w4, already in the fragment order) of a weight's or a group's
-    GEMV planes (gemv_repack_layout.Repacked), on its device."""
-    from minfer.ops.cuda.qgemm_w4 import make_w4
-
-    return make_w4(rw)
-
-
 # ---------------------------------------------------------------- the kernel
 
 _PAIR4 = """
