@@ -141,14 +141,16 @@ def split_count(batch: int, n_kv_heads: int, span: int, bs: int, target_programs
     return max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(target_programs, batch * n_kv_heads)))
 
 
-_COUNTERS: dict = {}                      # device -> int32 tickets of the in-kernel merge (they reset themselves)
+_COUNTERS: dict = {}                      # device -> the in-kernel merge's tickets (they reset themselves)
 
 
 def _counters(device, need: int) -> torch.Tensor:
-    c = _COUNTERS.get(device)
-    if c is None or c.numel() < need:
-        c = _COUNTERS[device] = torch.zeros(max(need, 1 << 14), dtype=torch.int32, device=device)
-    return c
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace    # the split-K GEMVs' growable ticket counters
+
+    ws = _COUNTERS.get(device)
+    if ws is None:
+        ws = _COUNTERS[device] = GemvWorkspace(device)
+    return ws.counters(need)
 
 
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
