@@ -1,59 +1,68 @@
-"""Where a graphed decode step's GPU time goes (issue 12): torch.profiler's kernel events of a
-few replays on the synthetic 7B, per kernel name (count, total, mean) and the idle time between
-kernels, with PDL on and off.  python tools/prof_decode.py Q7.gguf"""
+"""Where a graphed decode step's time goes (issue 12): torch.profiler's kernel events of a few
+steps on the synthetic 7B, fed as `minfer bench` feeds them (Engine.forward per token, logits
+read on the host), per kernel name (count, total, mean), the idle time between kernels inside a
+step, and the GPU's idle time BETWEEN steps (the host's part of a token: logits read, Python,
+inputs, graph launch); at a short context and after a long one.
+    python tools/prof_decode.py Q7.gguf [depth ...]      (default depths: 16 3354)"""
 import sys
+import time
 from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from minfer.runtime.engine import Engine
-from minfer.switches import Switches
 
 
 def short(name: str) -> str:
     for key in ("_gemv_q8_kernel", "_q8_kernel", "_rope_kv_kernel", "_decode_attn_kernel", "_combine_kernel",
-                "_gemv_kernel", "_rms_norm_kernel", "argmax", "copy", "index", "fill", "elementwise"):
+                "_gemv_kernel", "_rms_norm_kernel", "argmax", "Memcpy HtoD", "Memcpy DtoH", "copy", "index",
+                "fill", "elementwise"):
         if key in name:
             return key
     return name[:40]
 
 
-def run(path, pdl, steps=4):
-    eng = Engine.load(path, device="cuda", ctx=512, progress=False, switches=Switches(pdl=pdl))
-    prompt = list(range(100, 116))
+def run(eng, depth, steps=6):
+    eng.reset()
+    prompt = [100 + (i * 7919) % 50000 for i in range(depth)]
     t = int(eng.prefill(prompt).argmax())
     pos = len(prompt)
     for _ in range(8):
         t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
     torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(32):
+        t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
+    wall = (time.perf_counter() - t0) / 32 * 1e6
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
         torch.cuda.synchronize()
     ev = sorted([e for e in prof.events() if e.device_type.name == "CUDA"], key=lambda e: e.time_range.start)
-    # split into steps at idle gaps > 20 us (the host's argmax read between steps)
-    stepsev, cur = [], [ev[0]]
-    for a, b in zip(ev, ev[1:]):
-        if b.time_range.start - a.time_range.end > 20:
+    # steps end with the logits' DtoH copy
+    stepsev, cur = [], []
+    for e in ev:
+        cur.append(e)
+        if "Memcpy DtoH" in e.name:
             stepsev.append(cur); cur = []
-        cur.append(b)
-    stepsev.append(cur)
-    s = max(stepsev[1:-1] or stepsev, key=len)
+    between = [b[0].time_range.start - a[-1].time_range.end for a, b in zip(stepsev, stepsev[1:])]
+    s = stepsev[len(stepsev) // 2]
     tot = defaultdict(float); cnt = defaultdict(int)
     for e in s:
         tot[short(e.name)] += e.time_range.elapsed_us(); cnt[short(e.name)] += 1
     span = s[-1].time_range.end - s[0].time_range.start
-    busy = sum(e.time_range.elapsed_us() for e in s)
     gaps = sum(max(0, b.time_range.start - a.time_range.end) for a, b in zip(s, s[1:]))
-    print(f"PDL={pdl}: {len(s)} kernels in one step, span {span:.0f} us, kernel time {busy:.0f} us, "
-          f"idle between kernels {gaps:.0f} us")
+    print(f"depth {depth}: wall {wall:.0f} us per token ({1e6 / wall:.1f} tok/s) unprofiled; one step: {len(s)} "
+          f"kernels/copies, span {span:.0f} us (first kernel to logits on the host), idle inside {gaps:.0f} us; "
+          f"GPU idle between steps {', '.join(f'{g:.0f}' for g in between)} us")
     for k in sorted(tot, key=lambda k: -tot[k]):
         print(f"  {k:40s} {cnt[k]:4d} {tot[k]:8.1f} us  {tot[k] / cnt[k]:6.2f} us each")
-    del eng
-    torch.cuda.empty_cache()
+    print("  (with PDL a kernel's duration includes its wait for the previous one: the sum exceeds the span)")
 
 
 if __name__ == "__main__":
-    for pdl in (False, True):
-        run(sys.argv[1], pdl)
+    depths = [int(d) for d in sys.argv[2:]] or [16, 3354]
+    eng = Engine.load(sys.argv[1], device="cuda", ctx=4096, progress=False)
+    for d in depths:
+        run(eng, d)
