@@ -78,6 +78,10 @@ class Switches:
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
+    pinned_io: bool = _sw(True, "MINFER_PINNED_IO",
+                          "single-sequence CUDA decode: the token and position go to the graph in one copy "
+                          "from pinned memory and the logits come back into pinned memory (off: two fill "
+                          "kernels and a copy to pageable memory per step)")
     batch_async: bool = _sw(True, "MINFER_BATCH_ASYNC",
                             "CUDA batch engine: a decode step whose rows all continue is launched from the "
                             "previous step's tokens on the device before that step's results are read, so "
@@ -130,6 +134,11 @@ class Switches:
                                    "batched decode attention: the key splits per row are chosen so that "
                                    "rows x KV heads x splits reach about this many programs (264: 2 per SM "
                                    "of an H200; ops/cuda/paged_attention.split_count)", kind="tuning")
+    decode_attn_programs: int = _sw(264, "MINFER_DECODE_ATTN_PROGRAMS",
+                                    "single-sequence decode attention: KV heads x key splits reach about this "
+                                    "many programs at the cache's full length, at least 2 key tiles each "
+                                    "(264: 2 per SM of an H200; the kernel divides each step's actual keys "
+                                    "over them)", kind="tuning")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     pdl_prefetch: int = _sw(1, "MINFER_PDL_PREFETCH",

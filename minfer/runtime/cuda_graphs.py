@@ -32,8 +32,13 @@ class DecodeGraph:
         self.cache = cache
         self.ctx = ctx
         dev = model.device
-        self.tok = torch.zeros(1, dtype=torch.int64, device=dev)     # the step's token id
-        self.pos = torch.zeros(1, dtype=torch.int64, device=dev)     # its position
+        self.inp = torch.zeros(2, dtype=torch.int64, device=dev)
+        self.tok = self.inp[0:1]                                     # the step's token id
+        self.pos = self.inp[1:2]                                     # its position
+        # pinned mode: both written into pinned host memory and sent in one async copy (no fill
+        # kernels); `sent` marks that copy so the host buffer is not rewritten before it ran
+        self.inp_host = None
+        self.sent = None
         self.graph = None
         self.logits = None
 
@@ -57,15 +62,37 @@ class DecodeGraph:
         paths.count("graph.decode.capture")
 
     @torch.inference_mode()
-    def step(self, token_id: int, start_pos: int) -> torch.Tensor:
+    def step(self, token_id: int, start_pos: int, pinned: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
-        graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep)."""
+        graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
+        pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
+        instead of two fill kernels."""
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
-        self.tok.fill_(int(token_id))
-        self.pos.fill_(int(start_pos))
+        if pinned:
+            if self.inp_host is None:
+                self.inp_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+                self.inp_np = self.inp_host.numpy()
+                self.sent = torch.cuda.Event()
+            self.sent.synchronize()              # the previous step's copy has read the buffer
+            self.inp_np[0] = int(token_id)
+            self.inp_np[1] = int(start_pos)
+            self.inp.copy_(self.inp_host, non_blocking=True)
+            self.sent.record()
+        else:
+            self.tok.fill_(int(token_id))
+            self.pos.fill_(int(start_pos))
         if self.graph is None:
             self.capture()
         self.graph.replay()
         paths.count("graph.decode.replay")
         return self.logits
+
+    @staticmethod
+    def to_host(logits: torch.Tensor) -> torch.Tensor:
+        """The logits in a new pinned CPU tensor (torch's caching host allocator reuses freed
+        ones): one DMA, where a pageable copy is staged by the driver through its own buffer."""
+        out = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+        out.copy_(logits, non_blocking=True)
+        torch.cuda.current_stream().synchronize()
+        return out

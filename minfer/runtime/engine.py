@@ -284,8 +284,10 @@ class Engine:
         self._check(tokens, start_pos)
         self.tokens = self.tokens[:start_pos]
         if len(tokens) == 1 and self._use_graph():
-            logits = self._graph_step(tokens[0], start_pos)           # (1, V) on the GPU
+            logits = self._graph_step(tokens[0], start_pos)           # (1, V) float32 on the GPU
             self.tokens.append(tokens[0])
+            if self.switches.pinned_io:
+                return self._graph.to_host(logits)
             return logits.float().cpu()
         if start_pos == 0 and last_only and self._use_prefill_graph(len(tokens)):
             try:
@@ -344,7 +346,7 @@ class Engine:
             from minfer.runtime.cuda_graphs import DecodeGraph
 
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
-        return self._graph.step(token, pos)
+        return self._graph.step(token, pos, pinned=self.switches.pinned_io)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

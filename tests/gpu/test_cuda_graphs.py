@@ -70,6 +70,35 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
     assert snap["counts"]["graph.decode.capture"] == 1
 
 
+def test_pinned_io_gives_the_same_logits_and_keeps_each_step(tmp_path):
+    """MINFER_PINNED_IO (token and position in one copy from pinned memory, logits into a new
+    pinned tensor) decodes bit for bit what two fill kernels and a pageable copy decode, and a
+    returned logits tensor is not overwritten by the steps after it."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.runtime.engine import Engine
+
+    p = get_preset("tiny").with_overrides(arch="qwen2")
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=4, progress=False)
+    a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=Switches(pinned_io=False))
+    assert a.switches.pinned_io
+    prompt = torch.randint(0, p.vocab, (7,), generator=torch.Generator().manual_seed(5)).tolist()
+    ta = tb = int(a.prefill(prompt).argmax())
+    assert int(b.prefill(prompt).argmax()) == ta
+    kept = []
+    for step in range(20):
+        la = a.forward([ta], len(prompt) + step)[-1]
+        lb = b.forward([tb], len(prompt) + step)[-1]
+        assert la.device.type == "cpu" and la.dtype == torch.float32
+        assert torch.equal(la, lb), step
+        kept.append((la, la.clone()))
+        ta, tb = int(la.argmax()), int(lb.argmax())
+    assert all(torch.equal(x, y) for x, y in kept)
+    assert len({x.data_ptr() for x, _ in kept}) == len(kept)     # each step its own tensor
+
+
 @pytest.mark.parametrize("t", [33, 100, 128, 333])
 def test_prefill_graph_matches_eager(tmp_path, monkeypatch, t):
     """A short prompt's prefill replays a graph of its padded length; it gives the eager

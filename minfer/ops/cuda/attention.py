@@ -113,39 +113,36 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
 
 
 @triton.jit
-def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, CH: tl.constexpr,
-                    Q8: tl.constexpr, PDL: tl.constexpr):
-    """out[h] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits' softmax
-    merged, one program per head. Empty splits (m = -inf) weigh 0."""
+def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
+                    NSP: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
+    """out[h, chunk] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits'
+    softmax merged; program (h, j) does values [j*DC, (j+1)*DC) of head h. Every split's m and l
+    are read in one round and the non-empty splits' partials in a second (NSP >= NS: no loop of
+    dependent loads; the merge was latency-bound when it looped over the splits 16 at a time).
+    Empty splits (m = -inf) weigh 0 and their partials are not read."""
     pdl_enter(PDL)
     h = tl.program_id(0)
-    c = tl.arange(0, CH)
-    mx = tl.full([CH], float("-inf"), dtype=tl.float32)
-    for s0 in range(0, NS, CH):
-        mx = tl.maximum(mx, tl.load(part_m + (s0 + c) * H + h, mask=s0 + c < NS, other=float("-inf")))
-    M = tl.max(mx, axis=0)
-    d = tl.arange(0, BD)
-    num = tl.zeros([BD], dtype=tl.float32)
-    den = tl.zeros([CH], dtype=tl.float32)
-    for s0 in range(0, NS, CH):
-        sm = s0 + c < NS
-        ms = tl.load(part_m + (s0 + c) * H + h, mask=sm, other=float("-inf"))
-        w = tl.exp(ms - M)
-        sm = sm & (ms > float("-inf"))                   # empty splits: their partials are not read
-        den += w * tl.load(part_l + (s0 + c) * H + h, mask=sm, other=0.0)
-        o = tl.load(part_o + ((s0 + c) * H + h)[:, None] * BD + d[None, :], mask=sm[:, None], other=0.0)
-        num += tl.sum(o * w[:, None], axis=0)
-    res = num / tl.sum(den, axis=0)
+    j = tl.program_id(1)
+    c = tl.arange(0, NSP)
+    cm = c < NS
+    ms = tl.load(part_m + c * H + h, mask=cm, other=float("-inf"))
+    ls = tl.load(part_l + c * H + h, mask=cm, other=0.0)
+    M = tl.max(ms, axis=0)
+    live = ms > float("-inf")
+    w = tl.where(live, tl.exp(ms - M), 0.0)
+    d = j * DC + tl.arange(0, DC)
+    o = tl.load(part_o + (c * H + h)[:, None] * BD + d[None, :], mask=live[:, None], other=0.0)
+    res = tl.sum(o * w[:, None], axis=0) / tl.sum(w * ls, axis=0)
     tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
     if Q8:
-        # the o projection's int8 input (gemv_q8's form): this head's D/32 chunks (D == BD here)
-        c = h * (D // 32) + tl.arange(0, D // 32)
-        _q8_chunks(tl.reshape(res, (D // 32, 32)), c, c < H * (D // 32), xq, xf)
+        # the o projection's int8 input (gemv_q8's form): this program's chunk (DC == 32, D == BD)
+        cc = h * (D // 32) + j + tl.arange(0, 1)
+        _q8_chunks(tl.reshape(res, (1, 32)), cc, cc < H * (D // 32), xq, xf)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
-                     pdl: int = 0) -> torch.Tensor:
+                     pdl: int = 0, programs: int = 264) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
 
@@ -168,7 +165,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
         # length (one tile each measured 0.94x at d3354 on the H200, perf-log); the kernel
         # divides the keys of each call's actual length over them
-        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(264, hkv)))
+        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(programs, hkv)))
     n_split = max(1, min(n_split, triton.cdiv(span, bs)))
     bd = triton.next_power_of_2(dh)
     part_o = torch.empty((n_split, h, bd), dtype=torch.float32, device=q.device)
@@ -190,8 +187,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
     xq = torch.empty(h * dh // 4, dtype=torch.int32, device=q.device) if q8 else part_m
     xf = torch.empty(h * dh // 8, dtype=torch.float32, device=q.device) if q8 else part_m
-    _combine_kernel[(h,)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, CH=16, Q8=q8, PDL=pdl,
-                          num_warps=4, **launch_kw(pdl))
+    dc = 32 if bd % 32 == 0 else bd
+    _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
+                                   NSP=max(16, triton.next_power_of_2(n_split)), Q8=q8, PDL=pdl,
+                                   num_warps=4, **launch_kw(pdl))
     if q8:
         out.q8 = (xq, xf)
     return out
@@ -212,7 +211,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
-                                pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True))
+                                pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
+                                programs=sw.decode_attn_programs)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
