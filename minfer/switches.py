@@ -78,6 +78,10 @@ class Switches:
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
+    device_sampling: bool = _sw(True, "MINFER_DEVICE_SAMPLING",
+                                "CUDA generate(): the next token chosen on the GPU by the batch engine's draw "
+                                "(runtime/batch_sampling.DeviceDraw) and only it read back (off: the logits "
+                                "copied to the host and sampled there; a logits processor always is)")
     pinned_io: bool = _sw(True, "MINFER_PINNED_IO",
                           "single-sequence CUDA decode: the token and position go to the graph in one copy "
                           "from pinned memory and the logits come back into pinned memory (off: two fill "
@@ -113,7 +117,7 @@ class Switches:
                          "no dense bf16 planes for those weights (off: end to end 0.39x the dense planes at B=32 on the H200, perf-log L4)",
                          kind="tuning", when="load")
     qgemm_w4: bool = _sw(True, "MINFER_QGEMM_W4",
-                         "batched decode rows dense_gemv_max_m < M <= qgemm_w4_max_m on the large Q4_K/Q6_K "
+                         "batched decode rows qgemm_w4_min_m <= M <= qgemm_w4_max_m on the large Q4_K/Q6_K "
                          "matrices (gate/up, down, lm head: ops/cuda/qgemm_w4_mma.use_w4): a Gluon GEMM over "
                          "5/7-bit planes made at engine start (3.2 GiB more on the 7B) instead of cuBLAS "
                          "over the dense bf16 planes (H200, M=32: 1.10-1.27x per shape, perf-log)",
@@ -122,6 +126,10 @@ class Switches:
                               "qgemm_w4: the shapes measured faster with a cp.async ring of words, scales "
                               "and x in shared memory (gate/up at 17..32 rows, the lm head at <= 16) take it "
                               "(off: every shape keeps the register prefetch loop)", kind="tuning")
+    qgemm_w4_min_m: int = _sw(2, "MINFER_QGEMM_W4_MIN_M",
+                              "smallest M (rows, at least 2) that takes qgemm_w4 on the weights with its planes "
+                              "(below: the decode GEMV; H200, --parallel 2/4/8 against 9: 1.09x/1.14x/1.22x, "
+                              "perf-log)", kind="tuning")
     qgemm_w4_max_m: int = _sw(32, "MINFER_QGEMM_W4_MAX_M",
                               "largest M (rows) that takes qgemm_w4 (above: cuBLAS over the dense planes; "
                               "the Gluon GEMM decodes the weights again per 32 rows: 0.86x at M=64)",

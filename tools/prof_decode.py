@@ -1,6 +1,6 @@
 """Where a graphed decode step's time goes (issue 12): torch.profiler's kernel events of a few
 steps on the synthetic 7B, fed as `minfer bench` feeds them (Engine.forward per token, logits
-read on the host), per kernel name (count, total, mean), the idle time between kernels inside a
+read on the host, the same token fed again: no host argmax), per kernel name (count, total, mean), the idle time between kernels inside a
 step, and the GPU's idle time BETWEEN steps (the host's part of a token: logits read, Python,
 inputs, graph launch); at a short context and after a long one.
     python tools/prof_decode.py Q7.gguf [depth ...]      (default depths: 16 3354)"""
@@ -29,15 +29,15 @@ def run(eng, depth, steps=6):
     t = int(eng.prefill(prompt).argmax())
     pos = len(prompt)
     for _ in range(8):
-        t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
+        eng.forward([t], pos); pos += 1
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(32):
-        t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
+        eng.forward([t], pos); pos += 1
     wall = (time.perf_counter() - t0) / 32 * 1e6
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            t = int(eng.forward([t], pos)[-1].argmax()); pos += 1
+            eng.forward([t], pos); pos += 1
         torch.cuda.synchronize()
     ev = sorted([e for e in prof.events() if e.device_type.name == "CUDA"], key=lambda e: e.time_range.start)
     # steps end with the logits' DtoH copy

@@ -279,13 +279,17 @@ class Engine:
             raise MinferError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
 
     @torch.inference_mode()
-    def _run(self, tokens: Sequence[int], start_pos: int, last_only: bool) -> torch.Tensor:
+    def _run(self, tokens: Sequence[int], start_pos: int, last_only: bool, on_device: bool = False) -> torch.Tensor:
+        """Logits (T or 1, V) float32 on the CPU; on_device: left on the device (a graph's
+        buffer, valid until the next call)."""
         tokens = [int(t) for t in tokens]
         self._check(tokens, start_pos)
         self.tokens = self.tokens[:start_pos]
         if len(tokens) == 1 and self._use_graph():
             logits = self._graph_step(tokens[0], start_pos)           # (1, V) float32 on the GPU
             self.tokens.append(tokens[0])
+            if on_device:
+                return logits
             if self.switches.pinned_io:
                 return self._graph.to_host(logits)
             return logits.float().cpu()
@@ -293,7 +297,7 @@ class Engine:
             try:
                 logits = self._prefill_graphs.run(tokens)            # (1, V) on the GPU
                 self.tokens = list(tokens)
-                return logits.float().cpu()
+                return logits.float() if on_device else logits.float().cpu()
             except RuntimeError as e:   # a capture the driver refused: eager from now on, and said so
                 from minfer.ops import paths
 
@@ -310,7 +314,8 @@ class Engine:
             if last or not last_only:
                 outs.append(out)
             self.tokens.extend(chunk)
-        return torch.cat(outs).float().cpu() if len(outs) > 1 else outs[0].float().cpu()
+        out = torch.cat(outs).float() if len(outs) > 1 else outs[0].float()
+        return out if on_device else out.cpu()
 
     def _use_graph(self) -> bool:
         """Decode steps on CUDA replay a captured graph unless Switches.cuda_graph is off."""
@@ -372,12 +377,15 @@ class Engine:
         prompt_ids = check_prompt_ids(prompt_ids)
         self._check_prompt(prompt_ids)
         with self._busy():
-            self._epoch += 1
-            n = 0
-            limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
-            while n < limit and self.tokens[n] == prompt_ids[n]:
-                n += 1
-            return self._run(prompt_ids[n:], n, last_only=True)[-1]
+            return self._prefill(prompt_ids)
+
+    def _prefill(self, prompt_ids: list[int], on_device: bool = False) -> torch.Tensor:
+        self._epoch += 1
+        n = 0
+        limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
+        while n < limit and self.tokens[n] == prompt_ids[n]:
+            n += 1
+        return self._run(prompt_ids[n:], n, last_only=True, on_device=on_device)[-1]
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -428,7 +436,13 @@ class Engine:
 
     def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors):
         t0 = time.perf_counter()
-        logits = self.prefill(prompt_ids)
+        # CUDA: the next token chosen on the GPU, only it read back (batch_sampling.DeviceDraw);
+        # a logits processor (a grammar's mask) works on the host's copy of the logits
+        device_draw = self.device.type == "cuda" and self.switches.device_sampling and not logits_processors
+        self._live()
+        self._check_prompt(prompt_ids)
+        with self._busy():
+            logits = self._prefill(prompt_ids, on_device=device_draw)
         epoch = self._epoch           # a later prefill/forward/reset bumps it: this cache is gone
         t1 = time.perf_counter()
         room = self.n_ctx - len(prompt_ids) + 1   # the last new token is never fed back
@@ -444,13 +458,24 @@ class Engine:
                                   "replaced its cache: one generation at a time per Engine (finish or drop the "
                                   "first iterator, or use a second Engine)")
             with self._busy():
-                return self._run([tok], len(self.tokens), last_only=True)[-1]
+                return self._run([tok], len(self.tokens), last_only=True, on_device=device_draw)[-1]
 
         tok = self.tokenizer
         decoder = tok.stream_decoder() if tok is not None else None
         eog = set(tok.eog_ids) if tok is not None else set()
+        draw = None
+        if self.device.type == "cuda" and not logits_processors:
+            from minfer.ops import paths
+
+            if device_draw:
+                from minfer.runtime.batch_sampling import DeviceDraw
+
+                draw = DeviceDraw(params, top_logprobs)
+                paths.count("sampling.device")
+            else:
+                paths.switched_off("sampling.device", "MINFER_DEVICE_SAMPLING")
         for ev in generate(logits, step, params, n_new, history=prompt_ids, stop=stop, decoder=decoder,
-                           eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors):
+                           eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors, draw=draw):
             self.stats["gen_tokens"] += 1
             self.stats["gen_s"] = time.perf_counter() - t1
             if ev.finish_reason:

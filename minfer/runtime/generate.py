@@ -153,16 +153,21 @@ class StopMatcher:
 def generate(first_logits: torch.Tensor, step: Callable[[int], torch.Tensor], params: SamplingParams,
              max_new_tokens: int, *, history: Sequence[int] = (), stop: Iterable[str] = (),
              decoder=None, eog_ids: Iterable[int] = (), top_logprobs: int = 0,
-             logits_processors: Sequence[LogitsProcessor] = ()) -> Iterator[GenEvent]:
+             logits_processors: Sequence[LogitsProcessor] = (), draw=None) -> Iterator[GenEvent]:
     """Yield up to max_new_tokens GenEvents.
 
     first_logits (V,): the model's logits after the prompt; step(token) feeds one token and
     returns the next logits (V,). history: the prompt ids (for the penalties). decoder: a
     tokenizer stream decoder (push(id) -> str, flush() -> str) or None (texts are '').
     logits_processors: applied to each step's logits before sampling (see LogitsProcessor); the
-    reported logprob stays the model's own, taken before them.
+    reported logprob stays the model's own, taken before them. draw: None (the host draw:
+    sampling.sample with a generator seeded by params.seed) or a callable (logits, history) ->
+    (token, logprob, top_logprobs) that chooses on the logits' device (batch_sampling.DeviceDraw;
+    not with logits_processors).
     """
-    gen = make_generator(params.seed)
+    if draw is not None and logits_processors:
+        raise MinferError("generate: a device draw does not take logits processors")
+    gen = make_generator(params.seed) if draw is None else None
     hist = list(history)
     eog = set(eog_ids)
     matcher = StopMatcher(stop)
@@ -170,8 +175,11 @@ def generate(first_logits: torch.Tensor, step: Callable[[int], torch.Tensor], pa
     procs = list(logits_processors)
     new: list[int] = []
     for i in range(max_new_tokens):
-        tok = sample(process_logits(procs, new, logits) if procs else logits, params, gen, hist)
-        lp, top = logprobs(logits, tok, top_logprobs)
+        if draw is not None:
+            tok, lp, top = draw(logits, hist)
+        else:
+            tok = sample(process_logits(procs, new, logits) if procs else logits, params, gen, hist)
+            lp, top = logprobs(logits, tok, top_logprobs)
         hist.append(tok)
         new.append(tok)
         if tok in eog:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,9 +54,9 @@ class Sequence:
         self.prompt_ids = [int(t) for t in self.prompt_ids]
         if not self.tokens:
             self.tokens = list(self.prompt_ids)
-        s = getattr(self.params, "seed", None)
-        # no seed: one drawn here, so the sequence's draws stay its own across preemption
-        self.seed = int.from_bytes(os.urandom(7), "little") if s is None else int(s) & (2**62 - 1)
+        from minfer.runtime.batch_sampling import draw_seed
+
+        self.seed = draw_seed(getattr(self.params, "seed", None))
 
     @property
     def n_prompt(self) -> int:

@@ -71,7 +71,7 @@ def test_planes_attached_hold_the_weights(model):
     assert rel_err(dequantize_w4(down.batch_w4).double(), mk[2][1]) < 4e-3
 
 
-def test_rows_take_the_w4_gemm_between_the_gemv_and_its_max_m(QM, model, monkeypatch):
+def test_rows_take_the_w4_gemm_from_its_min_m_to_its_max_m(QM, model, monkeypatch):
     from minfer.ops import paths
     from minfer.ops.context import Context
     from minfer.ops.cuda import qgemm_w4_mma
@@ -104,10 +104,17 @@ def test_rows_take_the_w4_gemm_between_the_gemv_and_its_max_m(QM, model, monkeyp
     qm.linear(x, down, None, ctx)
     qm.linear(x, o, None, ctx)                                          # no w4 planes: the dense plane
     assert paths.snapshot()["counts"] == {"qmatmul.Q6_K.w4": 1, "qmatmul.Q4_K.dense_plane": 1}
-    # above qgemm_w4_max_m, and at most dense_gemv_max_m rows: not this path
+    # from qgemm_w4_min_m (2) rows on, below dense_gemv_max_m too; not one row, not above qgemm_w4_max_m
+    paths.reset()
+    x2 = torch.randn(2, 512, generator=g).to(torch.bfloat16)
+    qm.linear(x2, down, None, ctx)
+    qm.linear_many(x2, grp, bias, ctx)
+    assert paths.snapshot()["counts"] == {"qmatmul.Q6_K.w4": 1, "qmatmul.group2.w4": 1}
     paths.reset()
     qm.linear(torch.randn(40, 512, generator=g).to(torch.bfloat16), down, None, ctx)
-    qm.linear(torch.randn(4, 512, generator=g).to(torch.bfloat16), down, None, ctx)
+    qm.linear(torch.randn(1, 512, generator=g).to(torch.bfloat16), down, None, ctx)
+    qm.linear(torch.randn(4, 512, generator=g).to(torch.bfloat16), down, None,
+              Context(Switches(qgemm_w4_min_m=5), Workspace("cpu", m.ws, [grp])))
     assert "qmatmul.Q6_K.w4" not in paths.snapshot()["counts"]
     # switched off (the dense plane instead), and float32 rows (not the bf16 plane either: the
     # GEMV): reported apart

@@ -189,7 +189,7 @@ def _linear(x, w, bias, sw, ws):
             out = _qgemm(x, (w,), (bias,), f"qmatmul.{tname}.qgemm", sw, ws)
         if out is not None:
             return out
-    if sw.dense_gemv_max_m < m <= sw.qgemm_w4_max_m:
+    if _w4_rows(m, sw):
         out = _w4(x, (w,), (bias,), getattr(w, "batch_w4", None), f"qmatmul.{tname}.w4", sw, ws)
         if out is not None:
             return out
@@ -273,6 +273,13 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
     out = qgemm_q8.qgemm_q8(q8, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                             ws=ws.gemv_counters(), interpret=interpret())
     return out if len(wts) == 1 else list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
+def _w4_rows(m: int, sw) -> bool:
+    """Whether m batched rows take qgemm_w4 on weights that have its planes: qgemm_w4_min_m (at
+    least 2) .. qgemm_w4_max_m. Independent of dense_gemv_max_m, which decides GEMV vs cuBLAS for
+    the weights without them (q/k/v, o)."""
+    return max(2, sw.qgemm_w4_min_m) <= m <= sw.qgemm_w4_max_m
 
 
 def _w4(x, wts, biases, planes, path, sw, ws):
@@ -371,6 +378,11 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
                 for w, b in zip(wts, biases)]
         if all(o is not None for o in outs):
             return outs
+    wg = getattr(wts[0], "batch_w4_group", None)
+    if wg is not None and wg[0] == wts and _w4_rows(x.shape[0], sw):
+        out = _w4(x, wts, biases, wg[1], f"qmatmul.group{len(wts)}.w4", sw, ws)
+        if out is not None:
+            return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     if (grp is not None and grp[0] == wts and x.shape[0] <= sw.gemv_max_m and sw.gemv
             and _gemv_rows(x, wts[0], sw)):
         # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
@@ -394,11 +406,6 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
                               ws=ws.gemv_counters(), interpret=interpret(),
                               **_pdl_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
-    wg = getattr(wts[0], "batch_w4_group", None)
-    if wg is not None and wg[0] == wts and sw.dense_gemv_max_m < x.shape[0] <= sw.qgemm_w4_max_m:
-        out = _w4(x, wts, biases, wg[1], f"qmatmul.group{len(wts)}.w4", sw, ws)
-        if out is not None:
-            return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     dg = getattr(wts[0], "batch_dense_group", None)
     if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:
         # the group's one dense plane (runtime/dense_planes.attach_dense_planes): one cuBLAS GEMM,
