@@ -101,9 +101,10 @@ class Switches:
     # ---- tuning values ----
     gemv_max_m: int = _sw(32, "MINFER_GEMV_MAX_M", "largest M (rows) that takes the decode GEMV",
                           kind="tuning")
-    dense_gemv_max_m: int = _sw(8, "MINFER_DENSE_GEMV_MAX_M",
+    dense_gemv_max_m: int = _sw(1, "MINFER_DENSE_GEMV_MAX_M",
                                 "with the batch engine's dense bf16 planes: largest M that stays on the "
-                                "repacked GEMV (above: cuBLAS over the plane; perf-log, lead runs of 2026-11-30)",
+                                "repacked GEMV (above: cuBLAS over the plane). H200, --parallel 2/4/8 with "
+                                "qgemm_w4 from 2 rows: 1 against 8 measured 1.08x/1.08x/1.10x (perf-log)",
                                 kind="tuning")
     qgemm_repack: bool = _sw(False, "MINFER_QGEMM_REPACK",
                              "batched decode rows dense_gemv_max_m < M <= qgemm_max_m: GEMM over the repacked "
@@ -128,8 +129,8 @@ class Switches:
                               "(off: every shape keeps the register prefetch loop)", kind="tuning")
     qgemm_w4_min_m: int = _sw(2, "MINFER_QGEMM_W4_MIN_M",
                               "smallest M (rows, at least 2) that takes qgemm_w4 on the weights with its planes "
-                              "(below: the decode GEMV; H200, --parallel 2/4/8 against 9: 1.09x/1.14x/1.22x, "
-                              "perf-log)", kind="tuning")
+                              "(below: the decode GEMV; H200, --parallel 2/4/8 with dense_gemv_max_m 1: from 2 "
+                              "against from 9 rows 1.09x/1.13x/1.22x, perf-log)", kind="tuning")
     qgemm_w4_max_m: int = _sw(32, "MINFER_QGEMM_W4_MAX_M",
                               "largest M (rows) that takes qgemm_w4 (above: cuBLAS over the dense planes; "
                               "the Gluon GEMM decodes the weights again per 32 rows: 0.86x at M=64)",

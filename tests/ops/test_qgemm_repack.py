@@ -192,7 +192,7 @@ def test_linear_takes_qgemm_between_the_gemv_and_qgemm_max_m(QM):
     grp = tuple(ws[:3])
     gr.repack_model(ModelStub(ws, [grp]))
     down, wd = mk[3]
-    on = Context(Switches(qgemm_repack=True), Workspace("cpu", ws, [grp]))
+    on = Context(Switches(qgemm_repack=True, dense_gemv_max_m=8), Workspace("cpu", ws, [grp]))
     g = torch.Generator().manual_seed(4)
     for m, want in ((12, "qmatmul.Q6_K.qgemm"), (4, "qmatmul.Q6_K.decode.repacked")):
         x = torch.randn(m, 512, generator=g)

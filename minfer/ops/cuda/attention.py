@@ -90,6 +90,9 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
         sm = s < s1
         km = sm[:, None] & dm[None, :]
         k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
+        # V issued with K, before the scores need K: one memory round trip per tile, not two (at
+        # depth most programs have a single tile)
+        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
         if IEEE:
             sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
         else:
@@ -99,7 +102,6 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
         p = tl.exp(sc - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
         if IEEE:
             pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
         else:
