@@ -80,8 +80,9 @@ class Switches:
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
     device_sampling: bool = _sw(True, "MINFER_DEVICE_SAMPLING",
                                 "CUDA generate(): the next token chosen on the GPU by the batch engine's draw "
-                                "(runtime/batch_sampling.DeviceDraw) and only it read back (off: the logits "
-                                "copied to the host and sampled there; a logits processor always is)")
+                                "(runtime/device_draw.py) and only it read back, the next graphed step launched "
+                                "before it is (off: the logits copied to the host and sampled there; a logits "
+                                "processor always is)")
     pinned_io: bool = _sw(True, "MINFER_PINNED_IO",
                           "single-sequence CUDA decode: the token and position go to the graph in one copy "
                           "from pinned memory and the logits come back into pinned memory (off: two fill "

@@ -62,11 +62,14 @@ class DecodeGraph:
         paths.count("graph.decode.capture")
 
     @torch.inference_mode()
-    def step(self, token_id: int, start_pos: int, pinned: bool = False) -> torch.Tensor:
+    def step(self, token_id: int, start_pos: int, pinned: bool = False,
+             token_dev: torch.Tensor | None = None) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
-        instead of two fill kernels."""
+        instead of two fill kernels. token_dev: the token as a (1,) int64 device tensor, copied
+        on the device after the inputs (token_id is then ignored): a token sampled on the GPU
+        is fed before the host has read it."""
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         if pinned:
@@ -82,6 +85,8 @@ class DecodeGraph:
         else:
             self.tok.fill_(int(token_id))
             self.pos.fill_(int(start_pos))
+        if token_dev is not None:
+            self.tok.copy_(token_dev.reshape(1))
         if self.graph is None:
             self.capture()
         self.graph.replay()

@@ -457,8 +457,29 @@ class Engine:
                 raise MinferError("this generate() iterator was resumed after a later call on the same Engine "
                                   "replaced its cache: one generation at a time per Engine (finish or drop the "
                                   "first iterator, or use a second Engine)")
+            if draw is not None and draw.pending is not None:
+                # launched ahead from the device token (device_draw.py): now known to be `tok`
+                logits, draw.pending = draw.pending, None
+                self.tokens.append(tok)
+                return logits[-1]
             with self._busy():
                 return self._run([tok], len(self.tokens), last_only=True, on_device=device_draw)[-1]
+
+        def feed(tok_dev: torch.Tensor) -> torch.Tensor | None:
+            # the next decode step from a token still on the device; its id joins `tokens` in
+            # step() once the host has read it (a generation that ends first never adds it)
+            from minfer.ops import paths
+
+            self._live()
+            if self._epoch != epoch or len(self.tokens) >= self.n_ctx:
+                return None
+            with self._busy():
+                if self._graph is None:
+                    from minfer.runtime.cuda_graphs import DecodeGraph
+
+                    self._graph = DecodeGraph(self.model, self.cache, self.ctx)
+                paths.count("sampling.device.ahead")
+                return self._graph.step(0, len(self.tokens), pinned=self.switches.pinned_io, token_dev=tok_dev)
 
         tok = self.tokenizer
         decoder = tok.stream_decoder() if tok is not None else None
@@ -468,9 +489,10 @@ class Engine:
             from minfer.ops import paths
 
             if device_draw:
-                from minfer.runtime.batch_sampling import DeviceDraw
+                from minfer.runtime.device_draw import DeviceDraw
 
-                draw = DeviceDraw(params, top_logprobs)
+                # one step ahead only on the graphed decode (the eager one takes host token ids)
+                draw = DeviceDraw(params, top_logprobs, feed if self._use_graph() else None)
                 paths.count("sampling.device")
             else:
                 paths.switched_off("sampling.device", "MINFER_DEVICE_SAMPLING")

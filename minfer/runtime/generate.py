@@ -161,9 +161,10 @@ def generate(first_logits: torch.Tensor, step: Callable[[int], torch.Tensor], pa
     tokenizer stream decoder (push(id) -> str, flush() -> str) or None (texts are '').
     logits_processors: applied to each step's logits before sampling (see LogitsProcessor); the
     reported logprob stays the model's own, taken before them. draw: None (the host draw:
-    sampling.sample with a generator seeded by params.seed) or a callable (logits, history) ->
-    (token, logprob, top_logprobs) that chooses on the logits' device (batch_sampling.DeviceDraw;
-    not with logits_processors).
+    sampling.sample with a generator seeded by params.seed) or a callable (logits, history, ahead) ->
+    (token, logprob, top_logprobs) that chooses on the logits' device (device_draw.DeviceDraw;
+    not with logits_processors; ahead: it may also start the next step, which `step` then
+    returns).
     """
     if draw is not None and logits_processors:
         raise MinferError("generate: a device draw does not take logits processors")
@@ -176,7 +177,9 @@ def generate(first_logits: torch.Tensor, step: Callable[[int], torch.Tensor], pa
     new: list[int] = []
     for i in range(max_new_tokens):
         if draw is not None:
-            tok, lp, top = draw(logits, hist)
+            # ahead: the draw may launch the next step from the token before it is read back
+            # (device_draw.py); never after the last one
+            tok, lp, top = draw(logits, hist, ahead=i < max_new_tokens - 1)
         else:
             tok = sample(process_logits(procs, new, logits) if procs else logits, params, gen, hist)
             lp, top = logprobs(logits, tok, top_logprobs)

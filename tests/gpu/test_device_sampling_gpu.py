@@ -34,7 +34,9 @@ def test_greedy_on_the_device_is_the_host_answer(tiny_path):
     prompt = torch.randint(0, vocab, (9,), generator=torch.Generator().manual_seed(3)).tolist()
     paths.reset()
     a = list(dev.generate(prompt, SamplingParams(temperature=0), max_new_tokens=24, top_logprobs=2))
-    assert paths.snapshot()["counts"].get("sampling.device") == 1
+    counts = paths.snapshot()["counts"]
+    assert counts.get("sampling.device") == 1
+    assert counts.get("sampling.device.ahead") == 23          # every step but after the last token
     b = list(host.generate(prompt, SamplingParams(temperature=0), max_new_tokens=24, top_logprobs=2))
     assert [e.token_id for e in a] == [e.token_id for e in b]
     for x, y in zip(a, b):
@@ -61,3 +63,26 @@ def test_seeded_draws_repeat_and_match_the_batch_engine(tiny_path):
     same = sum(x == y for x, y in zip(a, c))
     print(f"single vs batch engine, seeded: {same} of 32 tokens equal before any difference")
     assert a[:8] == c[:8]
+
+
+def test_a_step_launched_ahead_of_a_stop_leaves_the_cache_consistent(tiny_path):
+    """A caller that stops reading after token 6 has had one step launched past it
+    (device_draw.py); the engine's tokens do not hold that token, and continuing from the cached
+    prefix gives what a fresh engine gives."""
+    from minfer.runtime.engine import Engine
+
+    path, vocab = tiny_path
+    greedy = SamplingParams(temperature=0)
+    eng = Engine.load(path, device="cuda", ctx=128, progress=False)
+    prompt = torch.randint(0, vocab, (10,), generator=torch.Generator().manual_seed(8)).tolist()
+    free = [e.token_id for e in eng.generate(prompt, greedy, max_new_tokens=16)]
+    got = []
+    for ev in eng.generate(prompt, greedy, max_new_tokens=16):
+        got.append(ev.token_id)
+        if len(got) == 6:
+            break
+    assert got == free[:6]
+    assert eng.tokens == prompt + free[:5]
+    again = [e.token_id for e in eng.generate(prompt + free[:6], greedy, max_new_tokens=8)]
+    fresh = Engine.load(path, device="cuda", ctx=128, progress=False)
+    assert again == [e.token_id for e in fresh.generate(prompt + free[:6], greedy, max_new_tokens=8)]

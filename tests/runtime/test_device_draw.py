@@ -1,4 +1,4 @@
-"""The single engine's device draw (batch_sampling.DeviceDraw, generate()'s `draw`): on CUDA
+"""The single engine's device draw (device_draw.DeviceDraw, generate()'s `draw`): on CUDA
 generate() chooses the next token where the logits are and reads back only it. Its arithmetic
 is the batch engine's vectorized draw, which runs on CPU tensors too, so it is checked here
 against the host sampler's distribution and greedy choice."""
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from minfer.runtime.batch_sampling import DeviceDraw, draw_seed
+from minfer.runtime.batch_sampling import draw_seed
+from minfer.runtime.device_draw import DeviceDraw
 from minfer.runtime.generate import generate
 from minfer.runtime.sampling import NonFiniteLogitsError, SamplingParams, logprobs, probabilities
 
