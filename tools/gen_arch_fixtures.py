@@ -64,6 +64,26 @@ ARCHS = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}},
         final_logit_softcapping=None, attn_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh",
         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # layers 0 and 2 local (window 8 < SEQ), 1 and 3 global; soft-caps small enough that
+    # random weights' scores and logits reach them (a missing cap fails the logits test)
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32, rms_norm_eps=1e-6,
+        max_position_embeddings=512, sliding_window=8, attn_logit_softcapping=3.0,
+        final_logit_softcapping=10.0, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    # OLMo 3: converted as `olmo2` with a per-layer sliding-window pattern (layers 0-2 local, 3 global)
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        sliding_window=8, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=64,
@@ -136,6 +156,9 @@ def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:
         f"sys.path[:0] = [{str(llamacpp)!r}, {str(llamacpp / 'gguf-py')!r}]\n"
         "import conversion.base as base\n"
         "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'\n"
+        # Gemma2Model reads a sentencepiece tokenizer.model only; ours is a byte-level BPE
+        "import conversion.gemma as gemma\n"
+        "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']\n"
         "c.main()\n")

@@ -125,12 +125,16 @@ def swiglu(gate, up, ctx: Context | None = None):
     return _backend(gate).swiglu(gate, up, ctx)
 
 
-def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0):
+def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0,
+              softcap: float = 0.0):
     """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
     start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
-    window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p."""
+    window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p.
+    softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) before the softmax."""
     if q.device.type != "cuda":
-        return reference.attention(q, k_cache, v_cache, start_pos, window)
+        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap)
+    if softcap > 0:
+        return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap)
     return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window)
 
 

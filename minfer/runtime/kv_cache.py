@@ -85,7 +85,12 @@ class KVCache:
         self.write(layer, ops.rope(k, step.positions, rope), v, step)
         return q
 
-    def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
+               softcap: float = 0.0) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
-        positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p."""
+        positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p;
+        softcap > 0: soft-capped scores (gemma2, ops.attention)."""
+        if softcap > 0:
+            return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
+                                 softcap=softcap)
         return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window)

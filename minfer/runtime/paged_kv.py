@@ -146,17 +146,22 @@ class PagedKVCache:
         self.write(layer, ops.rope(k, st.positions, rope), v, step)
         return q
 
-    def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0) -> torch.Tensor:
+    def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0,
+               softcap: float = 0.0) -> torch.Tensor:
         """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
         window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; that
-        case runs the torch reference on every device."""
+        case runs the torch reference on every device. softcap > 0 (gemma2: scores s ->
+        softcap * tanh(s / softcap)) too, counted as attention.paged.softcap.torch."""
         st = self.step
         nd = st.n_decode
         parts = []
+        if softcap > 0:
+            paths.count("attention.paged.softcap.torch")
         if nd:
             kp, vp = self.pages(layer)
-            if window:
-                parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window))
+            if window or softcap > 0:
+                parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
+                                                 softcap))
             else:
                 if self.decode_attention is not None:
                     paths.count("attention.paged_decode.triton")
@@ -167,35 +172,40 @@ class PagedKVCache:
         for q0, n, s0, key_slots in st.chunks:
             kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
             qc = q[q0:q0 + n]
-            if window:
-                parts.append(windowed_attention(qc, kc, vc, s0, window))
+            if window or softcap > 0:
+                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap))
             else:
                 parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int) -> torch.Tensor:
+def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,
+                       softcap: float = 0.0) -> torch.Tensor:
     """q (T, H, Dh) at positions start.. over keys k/v (start + T, Hkv, Dh): query at p sees
-    keys j with 0 <= p - j < window (llama.cpp's sliding-window mask). -> (T, H, Dh)"""
+    keys j with 0 <= p - j < window (llama.cpp's sliding-window mask; window 0: every j <= p),
+    scores soft-capped when softcap > 0. -> (T, H, Dh)"""
     T, H, D = q.shape
     S, hkv = k.shape[0], k.shape[1]
     p = start + torch.arange(T, device=q.device)[:, None]
     j = torch.arange(S, device=q.device)[None, :]
-    mask = (j <= p) & (p - j < window)                                       # (T, S)
+    mask = (j <= p) & (p - j < window) if window else j <= p                 # (T, S)
     kh = k.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)        # (H, S, Dh)
     vh = v.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)
     s = (q.float().transpose(0, 1) @ kh.transpose(1, 2)) / D ** 0.5          # (H, T, S)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~mask, float("-inf"))
     return (torch.softmax(s, -1) @ vh).transpose(0, 1).to(q.dtype)
 
 
 def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
-                        block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0) -> torch.Tensor:
+                        block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0,
+                        softcap: float = 0.0) -> torch.Tensor:
     """The reference: each row's keys gathered through its block table, softmax(q k^T / sqrt(Dh)) v.
 
     q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
     (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
-    window > 0: only the last `window` keys.
+    window > 0: only the last `window` keys. softcap > 0: scores s -> softcap * tanh(s / softcap).
     """
     B, H, D = q.shape
     bs, hkv = k_pages.shape[1], k_pages.shape[2]
@@ -212,5 +222,7 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)
         v = v.repeat_interleave(g, dim=1).transpose(0, 1)
         s = (k @ q[b].float()[:, :, None]).squeeze(-1) / D ** 0.5           # (H, n)
+        if softcap > 0:
+            s = softcap * torch.tanh(s / softcap)
         out[b] = (torch.softmax(s, -1)[:, None, :] @ v).squeeze(1).to(q.dtype)
     return out

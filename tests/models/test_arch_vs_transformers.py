@@ -17,9 +17,11 @@ import pytest
 from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe"]
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2",
+         "olmo2", "olmo3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
-               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe"}
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "olmo2": "olmo2",
+               "olmo3": "olmo2"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -74,7 +76,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
@@ -109,6 +111,63 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert m.is_local == (True, True, True, True, True, False)
     assert m.window == 8
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
+
+
+def test_gemma2_layer_pattern_and_caps():
+    """Local layers 0 and 2, global 1 and 3 (llama.cpp load_swa_pattern(ml, 2); HF layer_types),
+    the fixture's window and soft-caps read from the GGUF, one rope base for all layers."""
+    m = engine("gemma2").model
+    assert m.is_local == (True, False, True, False)
+    assert m.window == 8
+    assert (m.attn_softcap, m.final_softcap) == (3.0, 10.0)
+    assert [r.theta for r in m.layer_rope] == [10000.0] * 4
+
+
+def test_olmo3_layer_pattern():
+    """OLMo 3's per-layer pattern (three local, one global) from olmo2.attention.sliding_window_pattern."""
+    m = engine("olmo3").model
+    assert m.is_local == (True, True, True, False) and m.window == 8
+    assert engine("olmo2").model.is_local == (False, False)
+
+
+@pytest.mark.parametrize("what", ["attn_softcap", "final_softcap", "window"])
+def test_gemma2_each_rule_is_needed(monkeypatch, what):
+    """Without its attention soft-cap, its final soft-cap or its sliding window, the gemma2
+    fixture misses transformers' logits by far: the fixture tests each rule."""
+    r = ref("gemma2")
+    eng = engine("gemma2")
+    big = {"attn_softcap": 1e30, "final_softcap": 1e30, "window": 0}[what]   # cap 1e30: tanh is the identity
+    monkeypatch.setattr(eng.model, what, big)
+    got = eng.logits(r["ids"].tolist()).numpy()
+    assert rel_err(got, r["logits"]) > 50 * TOL
+
+
+def test_olmo2_norms_are_whole_projection():
+    """A per-head q/k norm (the qwen3 reading) is not what llama.cpp/transformers do: with the
+    norm applied per head the logits miss the reference."""
+    import torch
+
+    from minfer import ops
+
+    r = ref("olmo2")
+    eng = engine("olmo2")
+    m = eng.model
+    real = ops.rms_norm
+
+    def per_head(x, w, eps, *a):
+        if w.shape[0] == x.shape[-1] and w is m.blocks[0].attn_q_norm:
+            H, Dh = m.cfg.n_heads, m.cfg.head_dim
+            y = real(x.reshape(-1, Dh), torch.ones(Dh), eps).reshape(x.shape)
+            return y * w
+        return real(x, w, eps, *a)
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(ops, "rms_norm", per_head)
+    try:
+        got = eng.logits(r["ids"].tolist()).numpy()
+    finally:
+        monkeypatch.undo()
+    assert rel_err(got, r["logits"]) > 10 * TOL
 
 
 # ---- bad input: a clear MinferError naming the architecture or the key ----------------------
@@ -163,6 +222,8 @@ def test_missing_key_is_named(tmp_path, name, key):
 
 
 @pytest.mark.parametrize("name,tensor", [("gemma3", "blk.1.post_ffw_norm.weight"),
+                                         ("gemma2", "blk.2.post_attention_norm.weight"),
+                                         ("olmo2", "blk.1.attn_k_norm.weight"),
                                          ("phi3", "rope_factors_long.weight"),
                                          ("qwen3moe", "blk.0.ffn_gate_inp.weight")])
 def test_missing_tensor_is_named(tmp_path, name, tensor):

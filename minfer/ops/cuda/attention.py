@@ -63,9 +63,9 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 @triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                        H, G, sm_scale, window, n_keys_add,
+                        H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
-                        IEEE: tl.constexpr, PDL: tl.constexpr):
+                        IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False):
     pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
@@ -97,7 +97,14 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
             sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
         else:
             sc = tl.dot(qt, tl.trans(k))
-        sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
+        if CAP:
+            # gemma2's soft-cap of the scaled scores, softcap * tanh(s / softcap), with
+            # tanh(x) = 1 - 2 / (exp(2x) + 1) (exp overflowing to inf gives the limit 1)
+            sc = sc * (sm_scale * 2.0 / softcap)
+            sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
+            sc = tl.where(sm[None, :], sc, float("-inf"))
+        else:
+            sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         p = tl.exp(sc - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
@@ -144,9 +151,10 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
-                     pdl: int = 0, programs: int = 264) -> torch.Tensor:
+                     pdl: int = 0, programs: int = 264, softcap: float = 0.0) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
-    window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0).
+    window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
+    softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
 
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
@@ -182,8 +190,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _decode_attn_kernel[(hkv, n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
         vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
+        float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        num_warps=4, **launch_kw(pdl))
+        CAP=softcap > 0, num_warps=4, **launch_kw(pdl))
     out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)
     # q8: also the output row's int8 form (gemv_q8.py), attached as out.q8 (layers.merge_heads keeps it)
     q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
@@ -199,22 +208,28 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
-              ctx: Context | None = None, window: int = 0) -> torch.Tensor:
+              ctx: Context | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
     window > 0 (sliding-window layers): decode reads only the last `window` keys
     (attention.window.decode); T > 1 takes the masked kernel with the window in its mask
     (attention.window.masked), since the cuDNN and flash paths are causal-only.
+    softcap > 0 (gemma2's soft-capped scores): decode takes the same kernel with the cap
+    (attention.softcap[.window].decode); T > 1 writes the scores out in torch
+    (attention.softcap.torch: SDPA's fused kernels have no score hook).
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
     if t == 1 and sw.decode_attention:
-        paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
+        if softcap > 0:
+            paths.count("attention.softcap.window.decode" if window > 0 else "attention.softcap.decode")
+        else:
+            paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
-                                programs=sw.decode_attn_programs)
+                                programs=sw.decode_attn_programs, softcap=softcap)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
@@ -222,6 +237,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     s = start_pos + t
     hkv = k_cache.shape[1]
     scale = 1.0 / dh ** 0.5
+    if softcap > 0:
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap)
     if window > 0:
         return _masked(q, k_cache, v_cache, start_pos, scale, window, "attention.window.masked")
     if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
@@ -282,3 +299,33 @@ def _masked(q, k_cache, v_cache, start_pos: int, scale: float, window: int, path
         paths.fallback(path, f"SDPA refused fused kernels: {str(e).splitlines()[0][:80]}")
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
     return out[0].transpose(0, 1)                            # (T, H, Dh)
+
+
+SOFTCAP_SCORE_BYTES = 1 << 28   # the float32 (H, rows, S) scores of one chunk of query rows
+
+
+def _softcapped(q, k_cache, v_cache, start_pos: int, window: int, softcap: float):
+    """T > 1 with soft-capped scores (gemma2): reference.softcapped_attention on the device in
+    float32, the query rows in chunks that keep the written-out scores under
+    SOFTCAP_SCORE_BYTES. Slower than the fused kernels and counted apart
+    (attention.softcap.torch); exact up to float32 rounding."""
+    from minfer.ops.reference import softcapped_attention
+
+    t, h, dh = q.shape
+    s = start_pos + t
+    k = k_cache[:s].transpose(0, 1).float()                  # (Hkv, S, Dh)
+    v = v_cache[:s].transpose(0, 1).float()
+    qh = q.transpose(0, 1).float()                           # (H, T, Dh)
+    j = torch.arange(s, device=q.device)[None, :]
+    rows = max(1, SOFTCAP_SCORE_BYTES // (4 * h * s))
+    out = torch.empty((t, h, dh), dtype=q.dtype, device=q.device)
+    for r0 in range(0, t, rows):
+        r1 = min(t, r0 + rows)
+        p = (start_pos + torch.arange(r0, r1, device=q.device))[:, None]
+        mask = j <= p                                        # (rows, S)
+        if window > 0:
+            mask = mask & (p - j < window)                   # llama.cpp is_masked_swa (STANDARD)
+        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap)   # (H, rows, Dh)
+        out[r0:r1] = o.transpose(0, 1).to(q.dtype)
+    paths.count("attention.softcap.torch")
+    return out
