@@ -346,12 +346,12 @@ class Engine:
             self._prefill_graphs = PrefillGraphs(self.model, self.cache, self.ctx)
         return self._prefill_graphs.fits(n)
 
-    def _graph_step(self, token: int, pos: int) -> torch.Tensor:
+    def _graph_step(self, token: int, pos: int, token_dev: torch.Tensor | None = None) -> torch.Tensor:
         if self._graph is None:
             from minfer.runtime.cuda_graphs import DecodeGraph
 
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
-        return self._graph.step(token, pos, pinned=self.switches.pinned_io)
+        return self._graph.step(token, pos, pinned=self.switches.pinned_io, token_dev=token_dev)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps
@@ -436,7 +436,7 @@ class Engine:
 
     def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors):
         t0 = time.perf_counter()
-        # CUDA: the next token chosen on the GPU, only it read back (batch_sampling.DeviceDraw);
+        # CUDA: the next token chosen on the GPU, only it read back (device_draw.py);
         # a logits processor (a grammar's mask) works on the host's copy of the logits
         device_draw = self.device.type == "cuda" and self.switches.device_sampling and not logits_processors
         self._live()
@@ -474,12 +474,8 @@ class Engine:
             if self._epoch != epoch or len(self.tokens) >= self.n_ctx:
                 return None
             with self._busy():
-                if self._graph is None:
-                    from minfer.runtime.cuda_graphs import DecodeGraph
-
-                    self._graph = DecodeGraph(self.model, self.cache, self.ctx)
                 paths.count("sampling.device.ahead")
-                return self._graph.step(0, len(self.tokens), pinned=self.switches.pinned_io, token_dev=tok_dev)
+                return self._graph_step(0, len(self.tokens), token_dev=tok_dev)
 
         tok = self.tokenizer
         decoder = tok.stream_decoder() if tok is not None else None
