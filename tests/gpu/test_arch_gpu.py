@@ -21,10 +21,14 @@ import torch
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe"]
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2",
+         "olmo3"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
-MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"]}
+MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
+            "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",
+                       "geglu.triton"],
+            "olmo3": ["attention.window"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -194,3 +198,28 @@ def test_window_attention_gpu_matches_reference():
             out = attention.attention(q.cuda().to(dt), k.cuda().to(dt), v.cuda().to(dt), start, window=W)
             err = float((out.float().cpu() - ref).abs().max() / ref.abs().max())
             assert err < tol, (start, T, dt, err)
+
+
+def test_softcap_attention_gpu_matches_reference():
+    """Soft-capped scores (gemma2) on the GPU -- prefill from 0 and after a prefix (the torch
+    float32 path), decode (the kernel's CAP variant), with and without a window -- against the
+    reference; and the cap matters on these scores."""
+    import importlib
+
+    from minfer.ops import reference
+
+    attention = importlib.import_module("minfer.ops.cuda.attention")
+    g = torch.Generator().manual_seed(2)
+    S, H, Hkv, D, W, cap = 300, 8, 2, 256, 37, 5.0     # gemma-2-2b's head geometry
+    k = torch.randn(S, Hkv, D, generator=g)
+    v = torch.randn(S, Hkv, D, generator=g)
+    for start, T in ((0, 200), (200, 60), (299, 1), (20, 1)):
+        q = 6 * torch.randn(T, H, D, generator=g)
+        for window in (0, W):
+            ref = reference.attention(q, k, v, start, window=window, softcap=cap)
+            assert float((reference.attention(q, k, v, start, window=window) - ref).abs().max()) > 1e-2
+            for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+                out = attention.attention(q.cuda().to(dt), k.cuda().to(dt), v.cuda().to(dt), start, window=window,
+                                          softcap=cap)
+                err = float((out.float().cpu() - ref).abs().max() / ref.abs().max())
+                assert err < tol, (start, T, window, dt, err)
