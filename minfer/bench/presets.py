@@ -17,7 +17,7 @@ from minfer.errors import MinferError
 @dataclass(frozen=True)
 class Preset:
     name: str
-    arch: str            # 'qwen2', 'llama', 'qwen3', 'gemma3' or 'qwen3moe'
+    arch: str            # 'qwen2', 'llama', 'qwen3', 'gemma2', 'gemma3', 'qwen3moe' or 'olmo2'
     hidden: int          # embedding_length
     ffn: int             # feed_forward_length
     n_layers: int        # block_count
@@ -78,6 +78,10 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     # vocab: the converter keeps the tokenizer's 262144 of the config's 262208 rows
     Preset("gemma3-4b", "gemma3", 2560, 10240, 34, 8, 4, 256, 262144, 1e6, 1e-6, 131072, tied=True,
            sliding_window=1024, rope_swa_base=1e4, rope_scaling=("linear", 8.0)),
+    # Gemma-2-2B: layers alternate local (window 4096) and global; soft-caps 50 / 30 (synth.py)
+    Preset("gemma2-2b", "gemma2", 2304, 9216, 26, 8, 4, 256, 256000, 1e4, 1e-6, 8192, tied=True,
+           sliding_window=4096),
+    Preset("olmo2-7b", "olmo2", 4096, 11008, 32, 32, 32, 128, 100352, 5e5, 1e-6, 4096),   # OLMo-2-1124-7B
     Preset("qwen3-30b-a3b", "qwen3moe", 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, 40960,
            n_expert=128, n_expert_used=8, expert_ffn=768),
     Preset("tiny-moe", "qwen3moe", 256, 640, 2, 4, 1, 64, 512, 1e6, 1e-6, 2048,

@@ -110,7 +110,8 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
         plans.append(TensorPlan("rope_freqs.weight", (p.head_dim // 2,), T.F32, "rope_freqs"))
     for i in range(p.n_layers):
         b = f"blk.{i}."
-        plans.append(TensorPlan(b + "attn_norm.weight", (p.hidden,), T.F32, "norm"))
+        if p.arch != "olmo2":   # OLMo 2 has no pre-norms (llama_model_olmo2::load_arch_tensors)
+            plans.append(TensorPlan(b + "attn_norm.weight", (p.hidden,), T.F32, "norm"))
         w(b + "attn_q.weight", p.q_dim, p.hidden, i)
         w(b + "attn_k.weight", p.kv_dim, p.hidden, i)
         w(b + "attn_v.weight", p.kv_dim, p.hidden, i)
@@ -121,10 +122,14 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
         if p.arch in ("qwen3", "qwen3moe", "gemma3"):      # per-head q/k RMSNorm
             norm(b + "attn_q_norm.weight", p.head_dim)
             norm(b + "attn_k_norm.weight", p.head_dim)
+        elif p.arch == "olmo2":                             # q/k RMSNorm over the whole projection
+            norm(b + "attn_q_norm.weight", p.q_dim)
+            norm(b + "attn_k_norm.weight", p.kv_dim)
         w(b + "attn_output.weight", p.hidden, p.q_dim, i)
-        if p.arch == "gemma3":
+        if p.arch in ("gemma2", "gemma3", "olmo2"):
             norm(b + "post_attention_norm.weight", p.hidden)
-        plans.append(TensorPlan(b + "ffn_norm.weight", (p.hidden,), T.F32, "norm"))
+        if p.arch != "olmo2":
+            plans.append(TensorPlan(b + "ffn_norm.weight", (p.hidden,), T.F32, "norm"))
         if p.n_expert:
             E, F = p.n_expert, p.expert_ffn
             plans.append(TensorPlan(b + "ffn_gate_inp.weight", (E, p.hidden), T.F32, "bias"))
@@ -135,7 +140,7 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
             w(b + "ffn_gate.weight", p.ffn, p.hidden, i)
             w(b + "ffn_up.weight", p.ffn, p.hidden, i)
             w(b + "ffn_down.weight", p.hidden, p.ffn, i)
-        if p.arch == "gemma3":
+        if p.arch in ("gemma2", "gemma3", "olmo2"):
             norm(b + "post_ffw_norm.weight", p.hidden)
     plans.append(TensorPlan("output_norm.weight", (p.hidden,), T.F32, "norm"))
     if not p.tied:
@@ -143,7 +148,7 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
     return plans
 
 
-SYNTH_ARCHS = ("qwen2", "llama", "qwen3", "gemma3", "qwen3moe")
+SYNTH_ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "qwen3moe", "olmo2")
 
 
 def llama3_rope_factors(p: Preset) -> np.ndarray:
@@ -333,6 +338,9 @@ def arch_metadata(p: Preset) -> dict:
         md[f"{a}.expert_feed_forward_length"] = ("u32", p.expert_ffn)
     if p.sliding_window:
         md[f"{a}.attention.sliding_window"] = ("u32", p.sliding_window)
+    if a == "gemma2":   # Gemma2Config's soft-caps (every released size), as the converter writes them
+        md[f"{a}.attn_logit_softcapping"] = ("f32", 50.0)
+        md[f"{a}.final_logit_softcapping"] = ("f32", 30.0)
     if p.rope_swa_base:
         md[f"{a}.rope.freq_base_swa"] = ("f32", p.rope_swa_base)
     if p.rope_scaling and p.rope_scaling[0] == "linear":

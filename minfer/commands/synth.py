@@ -13,7 +13,7 @@ so minfer -- and llama.cpp, given --tokenizer-from -- can load it and time it wi
 download. The weights are genuine quantizations of random floats.
 
 Presets: qwen2.5-7b (the benchmark geometry), qwen2.5-1.5b, qwen2.5-0.5b, llama-3-8b,
-llama3.1-8b, smollm2-135m, qwen3-8b, gemma3-4b, qwen3-30b-a3b (mixture of experts), tiny
+llama3.1-8b, smollm2-135m, qwen3-8b, gemma3-4b, gemma2-2b, olmo2-7b, qwen3-30b-a3b (mixture of experts), tiny
 (tests: 4 layers, GQA 4:1, one row length that is not a multiple of 256), tiny-moe.
 
 Recipes: q4_k_m -- llama.cpp's Q4_K_M rule: Q4_K everywhere, Q6_K for output.weight and for

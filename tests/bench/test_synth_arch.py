@@ -53,6 +53,9 @@ SMALL = {
                       sliding_window=5),
     "qwen3-30b-a3b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=64, vocab=600,
                           n_expert=8, n_expert_used=2, expert_ffn=64),
+    "gemma2-2b": dict(hidden=128, ffn=256, n_layers=4, n_head=4, n_kv_head=2, head_dim=64, vocab=600,
+                      sliding_window=5),
+    "olmo2-7b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=32, vocab=600),
 }
 
 
