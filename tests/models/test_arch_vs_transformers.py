@@ -113,6 +113,24 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
+@pytest.mark.parametrize("name", ["gemma2", "olmo3"])
+def test_batch_engine_greedy_matches_transformers(name):
+    """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
+    soft-cap and window by paged_kv's torch references), next to a second sequence."""
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
+
+    r = ref(name)
+    eng = engine(name)
+    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
+    n = len(r["greedy"])
+    other = r["ids"][10:25].tolist()
+    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
+    assert [ev.token_id for ev in outs[0]] == r["greedy"].tolist()
+    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
+    assert [ev.token_id for ev in outs[1]] == single
+
+
 def test_gemma2_layer_pattern_and_caps():
     """Local layers 0 and 2, global 1 and 3 (llama.cpp load_swa_pattern(ml, 2); HF layer_types),
     the fixture's window and soft-caps read from the GGUF, one rope base for all layers."""
