@@ -29,6 +29,9 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   attention.decode.triton        split-K decode attention                        (decode_attention)
   attention.window.decode        the same kernel over the last `window` keys (gemma3 local layers)
   attention.window.masked        T > 1 on a sliding-window layer: the masked kernel, window in the mask
+  attention.softcap[.window].decode  the decode kernel with gemma2's score soft-cap (its CAP variant)
+  attention.softcap.torch        T > 1 with soft-capped scores: torch float32, query rows in chunks
+                                 (no fused SDPA kernel takes a score soft-cap)
   geglu.triton                   gelu_tanh(gate) * up (gemma3)
   moe.gather / moe.grouped       MoE experts: row-gather decode / grouped GEMM (ops/cuda/moe.py)
 """
