@@ -27,7 +27,8 @@ _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qma
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
-        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"]}
+        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "olmo3": ["attention.window.decode"],
+        "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"]}
 DECODE_ONLY = {"gemma3", "qwen3moe"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -45,11 +46,12 @@ def _route_to_cuda(monkeypatch, C):
     monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
     monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None: C.add_rms_norm(x, y, w, e, d, ctx))
     monkeypatch.setattr(O, "attention",
-                        lambda q, k, v, s, ctx=None, window=0: C.attention(q, k, v, s, ctx, window=window))
+                        lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
+                        C.attention(q, k, v, s, ctx, window=window, softcap=softcap))
     monkeypatch.setattr(O, "moe_ffn", lambda h, r, g, u, d, k, n, ctx=None: C.moe_ffn(h, r, g, u, d, k, n, ctx))
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe"])
+@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
