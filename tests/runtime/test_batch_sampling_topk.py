@@ -28,6 +28,10 @@ from minfer.runtime.batch_sampling import (
 )
 from minfer.runtime.sampling import SamplingParams
 
+# on a GPU machine the same checks run on CUDA too, where the draw runs (torch's CUDA topk, sort,
+# softmax and cumsum)
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
 
 def _reference(logits, params, histories, seeds, positions):
     """sample_rows as it was before the candidate path (commit e94b080), the sort made stable."""
@@ -38,22 +42,24 @@ def _reference(logits, params, histories, seeds, positions):
     if all(greedy):
         return out
     sampled = [i for i, g in enumerate(greedy) if not g]
-    rows = torch.tensor(sampled, dtype=torch.long)
+    dev = x.device
+    rows = torch.tensor(sampled, dtype=torch.long, device=dev)
     ps = [params[i] for i in sampled]
     xs = x.index_select(0, rows)
     srt, order = xs.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(V)[None, :]
-    k = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps])[:, None]
+    rank = torch.arange(V, device=dev)[None, :]
+    k = torch.tensor([p.top_k if 0 < p.top_k < V else V for p in ps], device=dev)[:, None]
     srt = srt.masked_fill(rank >= k, -math.inf)
     probs = torch.softmax(srt.double(), -1)
     before = torch.cumsum(probs, -1) - probs
-    top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float64)[:, None]
+    top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float64, device=dev)[:, None]
     srt = srt.masked_fill((before >= top_p) & (top_p < 1.0), -math.inf)
-    min_p = torch.tensor([max(p.min_p, 0.0) for p in ps])[:, None]
+    min_p = torch.tensor([max(p.min_p, 0.0) for p in ps], device=dev)[:, None]
     floor = torch.where(min_p > 0, srt[:, :1] + torch.log(min_p.clamp_min(1e-30)), torch.full_like(min_p, -math.inf))
     srt = srt.masked_fill(srt < floor, -math.inf)
-    temp = torch.tensor([p.temperature for p in ps])[:, None]
-    sel_seeds, sel_pos = torch.tensor([seeds[i] for i in sampled]), torch.tensor([positions[i] for i in sampled])
+    temp = torch.tensor([p.temperature for p in ps], device=dev)[:, None]
+    sel_seeds = torch.tensor([seeds[i] for i in sampled], device=dev)
+    sel_pos = torch.tensor([positions[i] for i in sampled], device=dev)
     u = uniforms(sel_seeds, sel_pos, V).gather(1, order)
     assert float(u.max()) < 1        # the one change in this reference: u == 1.0 drew masked tokens
     g = srt / temp - torch.log(-torch.log(u))
@@ -116,10 +122,11 @@ def test_row_keys_and_uniforms_at_ids_are_uniforms_values():
     assert torch.equal(_uniforms_at(a, b, torch.arange(V).expand(len(seeds), V)), full)
 
 
-def test_order_keys_give_the_stable_descending_sort():
+@pytest.mark.parametrize("device", DEVICES)
+def test_order_keys_give_the_stable_descending_sort(device):
     rng, g = random.Random(1), torch.Generator().manual_seed(1)
     for _ in range(20):
-        x = _logits(rng, g, 6, rng.choice([5, 300, 5000]))
+        x = _logits(rng, g, 6, rng.choice([5, 300, 5000])).to(device)
         keys = _order_keys(x)
         up = keys.sort(dim=-1).values
         assert bool((up[:, 1:] > up[:, :-1]).all())                   # all distinct
@@ -129,8 +136,9 @@ def test_order_keys_give_the_stable_descending_sort():
         assert torch.equal(torch.topk(keys, k, -1).indices, got[:, :k])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("V", [7, 64, 1500, 3000])
-def test_candidate_draws_are_the_whole_vocabulary_draws(V):
+def test_candidate_draws_are_the_whole_vocabulary_draws(V, device):
     """Random logits (ties at every boundary, -inf, signed zeros), random per-row parameters
     (greedy rows, penalties, top_k off, over V and over the cap among them), seeds, positions:
     the candidate path, the whole-vocabulary path (cap 0) and the earlier code agree on every
@@ -139,7 +147,7 @@ def test_candidate_draws_are_the_whole_vocabulary_draws(V):
     n_rows = n_cand = 0
     for trial in range(60 if V < 3000 else 12):
         R = rng.choice([1, 2, 5, 16])
-        x = _logits(rng, g, R, V)
+        x = _logits(rng, g, R, V).to(device)
         params = [_params(rng, V) for _ in range(R)]
         hist = [[rng.randrange(V) for _ in range(rng.randint(0, 20))] for _ in range(R)]
         seeds = [rng.getrandbits(62) for _ in range(R)]
@@ -154,7 +162,8 @@ def test_candidate_draws_are_the_whole_vocabulary_draws(V):
     assert n_cand > n_rows // 3          # the candidate path did most of the drawing
 
 
-def test_ties_across_the_top_k_boundary_at_full_vocabulary():
+@pytest.mark.parametrize("device", DEVICES)
+def test_ties_across_the_top_k_boundary_at_full_vocabulary(device):
     """V = 152,064 (Qwen): a run of equal logits straddling rank top_k (and the candidates' end),
     so which of them are kept decides the draw; 24 seeds, so tied tokens get drawn."""
     g = torch.Generator().manual_seed(7)
@@ -163,7 +172,7 @@ def test_ties_across_the_top_k_boundary_at_full_vocabulary():
     top = row.topk(60).values
     tie = torch.randint(0, V, (400,), generator=g)
     row[tie[row[tie] < top[-1]]] = float(top[30])      # ~400 copies of the 31st value
-    x = row.expand(R, V).contiguous()
+    x = row.expand(R, V).contiguous().to(device)
     p = [SamplingParams(temperature=50.0, top_k=40, top_p=1.0, min_p=0.0)] * (R // 2) + \
         [SamplingParams(temperature=50.0, top_k=rng_k, top_p=0.999, min_p=0.0) for rng_k in range(32, 32 + R - R // 2)]
     seeds, pos = list(range(R)), [5] * R
