@@ -187,7 +187,7 @@ def _order_keys(x: torch.Tensor) -> torch.Tensor:
     Key: the logit's IEEE-754 bits as sign and magnitude turned into a two's complement integer
     (+m or -m, so -0.0 and +0.0 are equal as the sort compares them), times 2^32, plus V-1-id.
     NaN: +NaN sorts above +inf (as in torch.sort) and -NaN below -inf; a row with a NaN has no
-    meaningful draw on either path (the callers check the logits)."""
+    meaningful draw on either path (DeviceDraw refuses it after the draw)."""
     b = x.view(torch.int32).to(torch.int64)          # sign-extended bits
     s = b >> 31                                      # -1 where the sign bit is set, else 0
     m = (b & _M31) ^ s                               # magnitude, bitwise-negated for negatives
