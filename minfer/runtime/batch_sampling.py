@@ -44,7 +44,7 @@ import torch
 
 from minfer.errors import MinferError
 from minfer.ops import paths
-from minfer.runtime.sampling import check_finite, sample
+from minfer.runtime.sampling import sample
 
 _M31 = 0x7FFFFFFF
 
@@ -89,34 +89,6 @@ def draw_seed(seed: int | None) -> int:
     """A sequence's draw seed: the request's (62 bits kept), or one from the OS when it gave none,
     drawn once so that the sequence's draws stay its own (across preemption in the batch engine)."""
     return int.from_bytes(os.urandom(7), "little") if seed is None else int(seed) & (2**62 - 1)
-
-
-class DeviceDraw:
-    """The single-sequence engine's choice of the next token on CUDA (generate.generate's
-    `draw`): the batch engine's draw above for one row -- penalties, top-k, top-p, min-p,
-    temperature and a counter-based Gumbel-max at (seed, position) on the device -- and only the
-    token and its log-probability read back (one small copy), where the host draw copies the
-    (V,) logits and filters them on the CPU (sort, softmax: ~10 ms a token at V = 152k on the
-    H200's host, perf-log). The same seed therefore draws the same tokens as the CUDA batch engine."""
-
-    def __init__(self, params, top_logprobs: int = 0):
-        self.params = params
-        self.seed = draw_seed(params.seed)
-        self.top = top_logprobs
-
-    def __call__(self, logits: torch.Tensor, history: Seq[int]) -> tuple[int, float, list]:
-        x = logits.reshape(1, -1).float()
-        tok = sample_rows(x, [self.params], [history], [self.seed], [len(history)])
-        if self.top > 0:
-            lps, tops = token_logprobs(x, tok, [self.top])
-            t, lp, top = int(tok.item()), lps[0], tops[0]
-        else:
-            pair = torch.stack([tok.to(torch.float64), chosen_logprobs(x, tok).to(torch.float64)]).cpu()
-            t, lp, top = int(pair[0]), float(pair[1]), []
-        if not math.isfinite(lp):       # NaN/inf logits make the chosen log-probability NaN
-            check_finite(x.cpu())
-            raise MinferError("every token has logit -inf: no token can be sampled")
-        return t, lp, top
 
 
 def apply_penalties_rows(logits: torch.Tensor, histories: Seq[Seq[int]], params: Seq) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""generate() on CUDA chooses the next token on the GPU (batch_sampling.DeviceDraw) and reads
+"""generate() on CUDA chooses the next token on the GPU (device_draw.DeviceDraw) and reads
 back only the token: greedy it is the host path's answer, seeded it repeats itself and is the
 CUDA batch engine's draw for the same seed."""
 
