@@ -163,7 +163,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
     g = h // hkv
-    bs = 16 if q.device.type == "cpu" else 64
+    # key tiles: K and V of a tile are both staged (3 pipeline stages), so a 256-wide head takes
+    # 32 keys a tile (64 needed 276 KiB of shared memory, over the H200's 227 KiB)
+    bs = 16 if q.device.type == "cpu" else (64 if dh <= 128 else 32)
     if isinstance(n_keys, torch.Tensor):
         span = s_max
         nk = n_keys.reshape(1)
