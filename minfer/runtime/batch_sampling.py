@@ -242,8 +242,9 @@ def _sample_rows(logits, params, histories, seeds, positions, cap: int) -> torch
     whole = [i for i in sampled if not 0 < params[i].top_k <= cap]
     if few:
         paths.count("sampling.rows.top_k_candidates")
-    if whole and cap > 0:
-        paths.fallback("sampling.rows.top_k_candidates", f"a row's top_k is off or above {cap}: the vocabulary sorted")
+    if whole:
+        # top_k off or above the cap is what the request asked for, not a fallback: its own path
+        paths.count("sampling.rows.sorted")
     out = None if sampled and R in (len(few), len(whole)) else x.argmax(-1)  # argmax only for greedy rows
     for group, on_candidates in ((few, True), (whole, False)):
         if not group:
