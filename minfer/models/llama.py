@@ -55,12 +55,17 @@ class LlamaModel(Model):
         bar.update()
         blocks = []
         for i in range(cfg.n_layers):
-            blocks.append(load_block(gf, cfg, i, device, dtype, qkv_bias=cls.qkv_bias, qk_norm=cls.qk_norm))
+            blocks.append(cls.load_block(gf, cfg, i, device, dtype))
             bar.update()
         output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()
         bar.close()
         return cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
+
+    @classmethod
+    def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
+        """blk.i's weights (an architecture with other block tensors overrides this)."""
+        return load_block(gf, cfg, i, device, dtype, qkv_bias=cls.qkv_bias, qk_norm=cls.qk_norm)
 
     # ---- declarations (minfer.models.base.Model) ----
 

@@ -71,26 +71,14 @@ class Olmo2Model(LlamaModel):
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_OLMO2 -> NEOX
 
     @classmethod
+    def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
+        return load_olmo2_block(gf, cfg, i, device, dtype)
+
+    @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Olmo2Model":
-        from tqdm import tqdm
-
-        from minfer.models.layers import load_head
-
-        cfg = cfg or ModelConfig.from_gguf(gf)
-        V, D = cfg.vocab, cfg.d_model
-        bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
-                   disable=not progress, leave=False)
-        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
-        bar.update()
-        blocks = []
-        for i in range(cfg.n_layers):
-            blocks.append(load_olmo2_block(gf, cfg, i, device, dtype))
-            bar.update()
-        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
-        bar.update()
-        bar.close()
-        m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
+        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
+        cfg = m.cfg
         rope = replace(cfg.rope, freq_factors=None)               # olmo2.cpp: no freq factors
         m.window = cfg.sliding_window
         pattern = cfg.swa_pattern if cfg.swa_pattern is not None else DEFAULT_SWA_PATTERN
