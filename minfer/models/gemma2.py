@@ -41,19 +41,10 @@ Gemma 3's block without its q/k norms, plus two soft-caps. Each rule and its sou
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
-import torch
-
-from minfer import ops
-from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.base import Step
-from minfer.models.gemma3 import swa_layers
-from minfer.models.layers import Block
-from minfer.models.llama import LlamaModel
-from minfer.weights import load_vector
+from minfer.models.gemma3 import Gemma3Model, swa_layers
 
 # llama.cpp llama_model_gemma2::load_arch_hparams and llama-hparams.h defaults
 DEFAULT_SWA_PATTERN = 2
@@ -69,19 +60,18 @@ def _positive(gf, key: str, default: float) -> float:
     return v
 
 
-class Gemma2Model(LlamaModel):
+class Gemma2Model(Gemma3Model):
+    """Gemma 3's block (models/gemma3.py) without q/k norms, with its own window, rope and
+    soft-cap keys."""
+
     arch = "gemma2"
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_GEMMA2 -> NEOX
+    qk_norm = False
+    big_n_layers = 46         # the 27B
 
     @classmethod
-    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
-                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Gemma2Model":
-        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        c, D, md = m.cfg, m.cfg.d_model, gf.metadata
-        m.post_attention_norm = [load_vector(gf, f"blk.{i}.post_attention_norm.weight", device, D)
-                                 for i in range(c.n_layers)]                              # (D,) each
-        m.post_ffw_norm = [load_vector(gf, f"blk.{i}.post_ffw_norm.weight", device, D)
-                           for i in range(c.n_layers)]
+    def attention_layout(cls, m, gf) -> None:
+        c, md = m.cfg, gf.metadata
         m.window = int(md.get("gemma2.attention.sliding_window", DEFAULT_WINDOW) or 0)
         pattern = c.swa_pattern if c.swa_pattern is not None else DEFAULT_SWA_PATTERN
         m.is_local = swa_layers(c.n_layers, m.window, pattern)
@@ -90,40 +80,3 @@ class Gemma2Model(LlamaModel):
         m.layer_rope = [rope_swa if loc else c.rope for loc in m.is_local]
         m.attn_softcap = _positive(gf, "gemma2.attn_logit_softcapping", DEFAULT_ATTN_SOFTCAP)
         m.final_softcap = _positive(gf, "gemma2.final_logit_softcapping", DEFAULT_FINAL_SOFTCAP)
-        # q is pre-scaled so that attention's 1/sqrt(Dh) gives llama.cpp's f_attention_scale
-        # (the soft-cap then sees the same scaled scores as llama.cpp's and HF's)
-        scale = 1.0 / math.sqrt(D / c.n_heads) if c.n_layers == 46 else 1.0 / math.sqrt(c.head_dim)  # 46: 27B
-        m.q_scale = scale * math.sqrt(c.head_dim)
-        m.embed_scale = math.sqrt(D)
-        return m
-
-    def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """(T, D) normed input -> W_o attn(...) (T, D): this layer's rope and window, soft-capped scores."""
-        c = self.cfg
-        T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
-        q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
-        q = ops.rope(q.view(T, H, Dh), step.positions, self.layer_rope[i])
-        k = ops.rope(k.view(T, Hkv, Dh), step.positions, self.layer_rope[i])
-        if self.q_scale != 1.0:
-            q = q * self.q_scale
-        cache.write(i, k, v.view(T, Hkv, Dh), step)
-        o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0,
-                         softcap=self.attn_softcap)                                   # (T, H, Dh)
-        return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
-
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps = self.act_dtype, self.cfg.rms_eps
-        x = ops.embedding(tokens, self.token_embd) * self.embed_scale        # (T, D) float32
-        for i, blk in enumerate(self.blocks):
-            h = ops.rms_norm(x, blk.attn_norm, eps).to(act)
-            a = ops.rms_norm(self._attention(h, blk, i, cache, step, ctx).float(), self.post_attention_norm[i], eps)
-            x, h = ops.add_rms_norm(x, a, blk.ffn_norm, eps, act, ctx)
-            gate = ops.linear(h, blk.ffn_gate, None, ctx)
-            up = ops.linear(h, blk.ffn_up, None, ctx)
-            f = ops.linear(ops.geglu(gate, up), blk.ffn_down, None, ctx)
-            x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
-        h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        logits = ops.linear(h, self.output, None, ctx).float()                # (R, V)
-        cap = self.final_softcap
-        return cap * torch.tanh(logits / cap)

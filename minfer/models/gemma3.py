@@ -59,6 +59,7 @@ class Gemma3Model(LlamaModel):
     arch = "gemma3"
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_GEMMA3 -> NEOX
     qk_norm = True
+    big_n_layers = 62         # the 27B, whose query scale is 1/sqrt(n_embd / n_head)
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -69,28 +70,42 @@ class Gemma3Model(LlamaModel):
                                  for i in range(c.n_layers)]                              # (D,) each
         m.post_ffw_norm = [load_vector(gf, f"blk.{i}.post_ffw_norm.weight", device, D)
                            for i in range(c.n_layers)]
-        m.is_local = swa_layers(c.n_layers, c.sliding_window, c.swa_pattern)
-        m.window = c.sliding_window
-        m.layer_rope = [c.rope_swa if loc else c.rope for loc in m.is_local]
+        cls.attention_layout(m, gf)
         # q is pre-scaled so that attention's 1/sqrt(Dh) gives llama.cpp's f_attention_scale
-        scale = 1.0 / math.sqrt(D / c.n_heads) if c.n_layers == 62 else 1.0 / math.sqrt(c.head_dim)  # 62: 27B
+        # (a soft-cap then sees the same scaled scores as llama.cpp's and HF's)
+        scale = 1.0 / math.sqrt(D / c.n_heads) if c.n_layers == cls.big_n_layers else 1.0 / math.sqrt(c.head_dim)
         m.q_scale = scale * math.sqrt(c.head_dim)
         m.embed_scale = math.sqrt(D)
         return m
 
+    @classmethod
+    def attention_layout(cls, m, gf) -> None:
+        """m.is_local, m.window, m.layer_rope, and the soft-caps (m.attn_softcap, m.final_softcap;
+        0: none) from the config (gemma2 overrides this with its own keys)."""
+        c = m.cfg
+        m.is_local = swa_layers(c.n_layers, c.sliding_window, c.swa_pattern)
+        m.window = c.sliding_window
+        m.layer_rope = [c.rope_swa if loc else c.rope for loc in m.is_local]
+        m.attn_softcap = 0.0
+        m.final_softcap = c.final_logit_softcap or 0.0
+
     def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """(T, D) normed input -> W_o attn(...) (T, D): q/k norms, this layer's rope and window."""
+        """(T, D) normed input -> W_o attn(...) (T, D): q/k norms (qk_norm), this layer's rope and
+        window, soft-capped scores (attn_softcap > 0)."""
         c = self.cfg
         T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
         q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
-        q = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps)
-        k = head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps)
+        q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
+        if self.qk_norm:
+            q = head_norm(q, blk.attn_q_norm, c.rms_eps)
+            k = head_norm(k, blk.attn_k_norm, c.rms_eps)
         q = ops.rope(q, step.positions, self.layer_rope[i])
         k = ops.rope(k, step.positions, self.layer_rope[i])
         if self.q_scale != 1.0:
             q = q * self.q_scale
         cache.write(i, k, v.view(T, Hkv, Dh), step)
-        o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0)   # (T, H, Dh)
+        o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0,
+                         softcap=self.attn_softcap)                                   # (T, H, Dh)
         return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
@@ -107,7 +122,7 @@ class Gemma3Model(LlamaModel):
             x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
         logits = ops.linear(h, self.output, None, ctx).float()                # (R, V)
-        cap = self.cfg.final_logit_softcap
+        cap = self.final_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)
         return logits
