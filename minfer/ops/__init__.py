@@ -133,9 +133,7 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) before the softmax."""
     if q.device.type != "cuda":
         return reference.attention(q, k_cache, v_cache, start_pos, window, softcap)
-    if softcap > 0:
-        return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap)
-    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window)
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap)
 
 
 def geglu(gate, up):

@@ -90,7 +90,5 @@ class KVCache:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
         positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p;
         softcap > 0: soft-capped scores (gemma2, ops.attention)."""
-        if softcap > 0:
-            return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
-                                 softcap=softcap)
-        return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window)
+        return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
+                             softcap=softcap)
