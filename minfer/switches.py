@@ -155,6 +155,18 @@ class Switches:
                             "with PDL, weight tiles each decode GEMV program loads before waiting for the "
                             "previous kernel (1 or 2; 2 only for tiles of <= 64 rows x blocks; 2 measured "
                             "0.90x on the H200, perf-log)", kind="tuning")
+    l2_prefetch_mb: int = _sw(0, "MINFER_L2_PREFETCH_MB",
+                              "one-row decode: bytes (MiB) of the weights that follow which each small q8 GEMV "
+                              "(q/k/v, o: under l2_small_mb) fetches into L2 before its wait, the next small "
+                              "weight whole and then the head rows of the next large one (ops/cuda/l2_prefetch.py; "
+                              "0: none)", kind="tuning")
+    l2_small_mb: int = _sw(24, "MINFER_L2_SMALL_MB",
+                           "a decode GEMV whose planes are under this many MiB counts as small (latency-bound) "
+                           "for l2_prefetch_mb and l2_big_next", kind="tuning")
+    l2_big_next: bool = _sw(False, "MINFER_L2_BIG_NEXT",
+                            "one-row decode: a large q8 GEMV (down, the lm head) fetches the next GEMV's planes "
+                            "into L2 when that one is small (the next layer's q/k/v; ops/cuda/l2_prefetch.py)",
+                            kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

@@ -45,7 +45,13 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=48)
     ap.add_argument("--shapes", default="", help="comma list of shape labels (default: all)")
     ap.add_argument("--wide", action="store_true", help="the wider candidate set")
+    ap.add_argument("--l2", action="store_true",
+                    help="only each shape's table config, three ways: cold (rotating copies), warm (one copy, "
+                         "in L2 when it fits) and chained with each call prefetching the next copy into L2 "
+                         "(ops/cuda/l2_prefetch.py)")
     args = ap.parse_args(argv)
+    if args.l2:
+        return l2_modes(args)
     cands, targets = (WIDE, WIDE_TARGETS) if args.wide else (CANDIDATES, TARGETS)
     want = set(args.shapes.split(",")) if args.shapes else None
     t0 = time.time()
@@ -111,6 +117,42 @@ def main(argv=None) -> int:
     for key, b in res["best"].items():
         print(f"| {key} | | {b['bf16_gbps']:.0f} | {b['gbps']:.0f} | {100 * b['gbps'] * 1e9 / COPY_BW:.0f} | "
               f"{b['quant_us']:.1f} | {b['rel_err']:.1e} | {b['config']} |")
+    return 0
+
+
+def l2_modes(args) -> int:
+    """--l2: the table config per shape, cold / warm / chained prefetch (module doc of l2_prefetch)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    want = set(args.shapes.split(",")) if args.shapes else None
+    res = {"gpu": torch.cuda.get_device_name(), "mode": "l2", "rows": []}
+    for label, qt, n, k in SHAPES:
+        if want and label not in want:
+            continue
+        rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
+        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
+        rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        q8 = Q.quantize(x)
+        cfg = Q.config_for(qt, n, k)
+        calls = max(copies, args.calls)
+        ws = G.GemvWorkspace("cuda")
+        cold = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws) for i in range(calls)])
+        warm = graph_time([lambda: Q.gemv_q8(q8, rws[0], ws=ws) for _ in range(calls)])
+        wpf = G.GemvWorkspace("cuda")
+        l2 = (rp_bytes + (1 << 20), 1 << 40, False)      # every launch "small": the next copy whole
+        for i in range(2 * copies):                      # learn the cycle of copies
+            Q.gemv_q8(q8, rws[i % copies], ws=wpf, l2=l2)
+        chained = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=wpf, l2=l2) for i in range(calls)])
+        row = {"shape": label, "type": NAME[qt], "n": n, "k": k, "config": list(cfg), "bytes": rp_bytes,
+               "cold_us": cold * 1e6, "warm_us": warm * 1e6, "chained_us": chained * 1e6}
+        res["rows"].append(row)
+        print(f"{label:8s} {NAME[qt]} {n:6d}x{k:<6d} {rp_bytes / 1e6:7.1f} MB  cold {cold * 1e6:7.1f} us "
+              f"{rp_bytes / cold / 1e9:6.0f} GB/s  warm {warm * 1e6:7.1f} us {rp_bytes / warm / 1e9:6.0f} GB/s  "
+              f"chained {chained * 1e6:7.1f} us {rp_bytes / chained / 1e9:6.0f} GB/s", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        del rws
     return 0
 
 

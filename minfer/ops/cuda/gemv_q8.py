@@ -33,8 +33,10 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from minfer.errors import MinferError
+from minfer.ops import paths
 from minfer.ops.cuda.gemv_repack import (Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads,
                                          load_configs)
+from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 
@@ -311,13 +313,17 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: tl.constexpr):
 
 @triton.jit
 def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt, gq, gf, TF,
-                    N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT, GLU: tl.constexpr,
+                    N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
+                    a0, n0, a1, n1, a2, n2, a3, n3, a4, n4, a5, n5, a6, n6, a7, n7, GLU: tl.constexpr,
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
-                    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr):
+                    ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr,
+                    NPF: tl.constexpr = 0, NT: tl.constexpr = 128):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
-    Q4_K and a Q6_K v in one launch."""
+    Q4_K and a Q6_K v in one launch. NPF: later weights' byte ranges (a_i, n_i) fetched into L2
+    first, each program its share (l2_prefetch.py; before the PDL wait: weights are never written)."""
+    prefetch_regions(a0, n0, a1, n1, a2, n2, a3, n3, a4, n4, a5, n5, a6, n6, a7, n7, NPF, NT)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     if MIXED:
@@ -361,13 +367,15 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
-            pdl: int = 0, pdl_prefetch: int = 1) -> torch.Tensor:
+            pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
     pdl: programmatic launch mode (pdl.py; a GEMV always signals after its wait); pdl_prefetch
     (1 or 2): weight tiles per program in flight, all read before the wait (2 only for tiles of
-    <= 64 rows x blocks; the callers ask for 2 only with PDL on)."""
+    <= 64 rows x blocks; the callers ask for 2 only with PDL on). l2: (budget, small, big_next)
+    bytes of later weights this launch fetches into L2 (l2_prefetch.py: ws.l2 learns the order),
+    or None."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -395,9 +403,11 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
+    pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
                           bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
-                          resid.stride(0) if resid is not None else 0, bps, split, GLU=False,
+                          resid.stride(0) if resid is not None else 0, bps, split, *pf, NPF=npf, NT=32 * nwarps,
+                          GLU=False,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
@@ -406,8 +416,24 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     return out
 
 
+def _l2_regions(segs, ws, l2, interpret: bool) -> list:
+    """The byte ranges this launch prefetches into L2 (l2_prefetch.L2Plan; counted per launch as
+    `gemv_q8.l2_prefetch`), [] when off, while the plan learns the step's order, or on the
+    interpreter (no such instruction there)."""
+    if not l2 or ws is None or interpret:
+        return []
+    pos = ws.l2.note(segs)
+    if pos is None:
+        return []
+    regs = ws.l2.regions(pos, *l2)
+    if regs:
+        paths.count("gemv_q8.l2_prefetch")
+    return regs
+
+
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
-                   asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1):
+                   asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
+                   l2: tuple | None = None):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other); F a multiple of 256
@@ -429,8 +455,9 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     part = torch.empty(n, dtype=torch.float32, device=dev)
     cnt = ws.counters(tiles // 2) if ws is not None else torch.zeros(tiles // 2, dtype=torch.int32, device=dev)
     p0, p1, p2, p3 = _planes4(rw)
+    pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
-                                n, n, tiles, nb, 0, bps, 1, GLU=True, QT=rw.qtype, QTB=rw.qtype, MIXED=False, BN=bn,
+                                n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype, QTB=rw.qtype, MIXED=False, BN=bn,
                                 BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
                                 ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
                                 PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,

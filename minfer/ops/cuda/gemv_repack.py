@@ -476,7 +476,10 @@ class GemvWorkspace:
     its own), owned by the caller so CUDA-graph replays find them in place."""
 
     def __init__(self, device, n_counters: int = 1 << 14):
+        from minfer.ops.cuda.l2_prefetch import L2Plan
+
         self.cnt = torch.zeros(n_counters, dtype=torch.int32, device=device)
+        self.l2 = L2Plan()          # the one-row decode's launch order and L2 prefetch ranges
 
     def counters(self, need: int) -> torch.Tensor:
         if self.cnt.numel() < need:

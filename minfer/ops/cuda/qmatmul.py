@@ -37,10 +37,15 @@ from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
 
-def _pdl_kw(sw, x) -> dict:
-    """The q8 GEMV's launch mode (ops/cuda/pdl.py) and, with PDL on, its weight tiles read before the wait."""
+def _q8_kw(sw, x) -> dict:
+    """The q8 GEMV's launch mode (ops/cuda/pdl.py), with PDL on its weight tiles read before the
+    wait, and what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
+    Switches.l2_prefetch_mb = 0)."""
     mode = pdl_enabled(sw, x.device, "gemv_q8")
-    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1}
+    l2 = None
+    if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
+        l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
+    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2}
 
 
 def _ctx(ctx: Context | None, device) -> tuple:
@@ -212,7 +217,7 @@ def _linear(x, w, bias, sw, ws):
                 paths.count(path + ".q8")
                 return gemv_q8.gemv_q8(q8, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
                                        else None, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                       **_pdl_kw(sw, x))
+                                       **_q8_kw(sw, x))
             if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
                 paths.count(path + ".repacked")
                 return gemv_repack.gemv(x, rw, bias=bias, ws=ws.gemv_counters(), interpret=interpret())
@@ -343,7 +348,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
         return None
     paths.count(path)
     h, hq = gemv_q8.gemv_q8_swiglu(q8, rw, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                   **_pdl_kw(sw, x))
+                                   **_q8_kw(sw, x))
     h.q8 = hq
     return h
 
@@ -391,7 +396,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
             paths.count(f"qmatmul.group{len(wts)}.decode.q8")
             out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                   ws=ws.gemv_counters(), interpret=interpret(),
-                                  **_pdl_kw(sw, x))
+                                  **_q8_kw(sw, x))
             return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
@@ -404,7 +409,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
         out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                               ws=ws.gemv_counters(), interpret=interpret(),
-                              **_pdl_kw(sw, x))
+                              **_q8_kw(sw, x))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     dg = getattr(wts[0], "batch_dense_group", None)
     if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-01 third session (issue 12: L2 prefetch of later weights).
+#   l2sweep: python -m minfer.bench.gemv_q8_sweep --l2 (per shape: cold / warm / chained prefetch)
+#   then the steps of tools/device_s6.sh (treeab ab gen) and tools/device_s4.sh (tests bench dprof ...)
+set -u
+STEPS=${*:-tests l2sweep}
+source tools/device_setup.sh >/dev/null
+rest=""; summary=""
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    l2sweep)
+      timeout ${SWEEP_TIMEOUT:-150} python3 -m minfer.bench.gemv_q8_sweep --l2 --json "$OUT/l2sweep.json" \
+        ${SWEEP_SHAPES:+--shapes $SWEEP_SHAPES} >"/tmp/l2sweep.log" 2>&1
+      tail -12 /tmp/l2sweep.log
+      summary="$summary\nl2 sweep:\n$(grep -E 'cold|Error' /tmp/l2sweep.log)";;
+    *) rest="$rest $step";;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
+[ -n "$rest" ] && OUT=$OUT bash tools/device_s6.sh $rest
+echo -e "\n==== s7 summary ====$summary"
+exit 0
