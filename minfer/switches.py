@@ -46,6 +46,10 @@ class Switches:
                         "one-row decode: the activation row quantized to int8 per 32 values when it is "
                         "made (norm, SwiGLU) and the repacked GEMV by dp4a (ops/cuda/gemv_q8.py; off: "
                         "bf16 activations)")
+    gemv_q8_gluon: bool = _sw(True, "MINFER_GEMV_Q8_GLUON",
+                              "one-row decode: the q8 GEMV in Gluon, every tensor in its load layout, no "
+                              "shared-memory layout changes in the K loop (ops/cuda/gemv_q8_gluon.py; off: the "
+                              "Triton kernel)")
     pdl: bool = _sw(True, "MINFER_PDL",
                     "one-row decode kernels launched with programmatic dependent launch (sm90+): each "
                     "starts while the previous one finishes, the GEMV's first weight loads before its "

@@ -49,9 +49,15 @@ def main(argv=None) -> int:
                     help="only each shape's table config, three ways: cold (rotating copies), warm (one copy, "
                          "in L2 when it fits) and chained with each call prefetching the next copy into L2 "
                          "(ops/cuda/l2_prefetch.py)")
+    ap.add_argument("--gluon", action="store_true",
+                    help="the Gluon kernel (ops/cuda/gemv_q8_gluon.py) per config beside the Triton kernel's table "
+                         "config; --table PATH writes the best Gluon config per shape there")
+    ap.add_argument("--table", default=None)
     args = ap.parse_args(argv)
     if args.l2:
         return l2_modes(args)
+    if args.gluon:
+        return gluon_sweep(args)
     cands, targets = (WIDE, WIDE_TARGETS) if args.wide else (CANDIDATES, TARGETS)
     want = set(args.shapes.split(",")) if args.shapes else None
     t0 = time.time()
@@ -117,6 +123,82 @@ def main(argv=None) -> int:
     for key, b in res["best"].items():
         print(f"| {key} | | {b['bf16_gbps']:.0f} | {b['gbps']:.0f} | {100 * b['gbps'] * 1e9 / COPY_BW:.0f} | "
               f"{b['quant_us']:.1f} | {b['rel_err']:.1e} | {b['config']} |")
+    return 0
+
+
+# Gluon candidates: (BN, BB, warps) x split targets (programs; 72-96 registers: 5-7 per SM)
+GLUON = [(32, 2, 4), (64, 2, 4), (32, 1, 4), (64, 1, 4), (16, 2, 2), (64, 2, 8), (128, 1, 8)]
+GLUON_TARGETS = [462, 924, 1848]
+
+
+def gluon_sweep(args) -> int:
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    t0 = time.time()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    want = set(args.shapes.split(",")) if args.shapes else None
+    res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "rows": [], "best": {}}
+    for label, qt, n, k in SHAPES:
+        if want and label not in want:
+            continue
+        rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
+        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
+        rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
+        dense = torch.empty(n, k, device="cuda", dtype=torch.float32)
+        G.dequantize_into(rws[0], dense)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        q8 = Q.quantize(x)
+        ref = Q.dequantize_q8(q8, k) @ dense.T
+        calls = max(copies, args.calls)
+        ws = G.GemvWorkspace("cuda")
+
+        def err(y):
+            return float((y.float() - ref).norm() / ref.norm())
+
+        ta = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws) for i in range(calls)])
+        ea = err(Q.gemv_q8(q8, rws[0], ws=ws))
+        print(f"{label:8s} {NAME[qt]} {n:6d}x{k:<6d} triton {str(list(Q.config_for(qt, n, k))):22s} "
+              f"{ta * 1e6:7.1f} us {rp_bytes / ta / 1e9:6.0f} GB/s err {ea:.1e}", flush=True)
+        best = None
+        for bn, bb, w in GLUON:
+            for target in GLUON_TARGETS:
+                if time.time() - t0 > args.budget_s:
+                    break
+                cfg = (bn, bb, _split(n, k, bn, target), w)
+                try:
+                    t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True)
+                                    for i in range(calls)])
+                    e = err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True))
+                except Exception as ex:  # noqa: BLE001 -- record and go on
+                    print(f"config {cfg} failed: {ex!r}"[:300], flush=True)
+                    continue
+                r = {"shape": label, "type": NAME[qt], "n": n, "k": k, "config": list(cfg), "us": t * 1e6,
+                     "gbps": rp_bytes / t / 1e9, "rel_err": e, "triton_us": ta * 1e6}
+                res["rows"].append(r)
+                if e > 1e-4:
+                    print(f"  {cfg} WRONG RESULT err {e:.1e}", flush=True)
+                    continue
+                if best is None or t < best["us"] / 1e6:
+                    best = r
+        if best:
+            res["best"][f"{NAME[qt]} {n}x{k}"] = best
+            print(f"         gluon best {str(best['config']):22s} {best['us']:7.1f} us {best['gbps']:6.0f} GB/s "
+                  f"err {best['rel_err']:.1e}  ({ta * 1e6 / best['us']:.2f}x triton)", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=1)
+        del rws, dense
+    table = {"source": f"minfer.bench.gemv_q8_sweep --gluon on the {res['gpu']}; [BN, BB, SPLIT, num_warps]",
+             "configs": {k: v["config"] for k, v in res["best"].items()}}
+    if args.table:
+        with open(args.table, "w") as f:
+            json.dump(table, f, indent=1)
+    print("\n| shape | type N x K | Triton GB/s | Gluon GB/s | % of 4.1 TB/s | Gluon / Triton | config |")
+    print("|---|---|---:|---:|---:|---:|---|")
+    for key, b in res["best"].items():
+        print(f"| {b['shape']} | {key} | {b['triton_us'] and (b['gbps'] * b['us'] / b['triton_us']):.0f} | "
+              f"{b['gbps']:.0f} | {100 * b['gbps'] * 1e9 / COPY_BW:.0f} | {b['triton_us'] / b['us']:.2f} | "
+              f"{b['config']} |")
     return 0
 
 

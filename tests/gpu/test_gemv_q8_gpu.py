@@ -54,6 +54,7 @@ def _weight(qt, n, k, seed):
 @pytest.mark.parametrize("qt,n,k", [(12, 4608, 3584), (12, 3584, 18944), (14, 3584, 18944), (14, 1000, 3584),
                                     (12, 517, 768)])
 def test_gemv_q8_shapes(qt, n, k):
+    from minfer.ops import paths
     from minfer.ops.cuda import gemv_q8 as Q
     from minfer.ops.cuda.gemv_repack import GemvWorkspace
 
@@ -65,11 +66,19 @@ def test_gemv_q8_shapes(qt, n, k):
     for cfg in (None, (64, 1, 1, 4, True), (32, 2, 7, 2, False), (128, 1, 4, 8, True)):
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws)
         assert rel_err(out, ref) < 1e-5, cfg
+    # the Gluon kernel (gemv_q8_gluon.py), its table config and others (odd K tails, row masks)
+    paths.reset()
+    for cfg in (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4)):
+        out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
+        assert rel_err(out, ref) < 1e-5, ("gluon", cfg)
+    counts = paths.snapshot()
+    assert counts["counts"].get("gemv_q8.gluon", 0) == 6 and not counts["fallbacks"], counts
     # the unquantized product differs only by the int8 rounding of x
     assert rel_err(out, x.double() @ w.T) < 2e-2
 
 
-def test_gemv_q8_graph_replays_and_producers():
+@pytest.mark.parametrize("gluon", [False, True])
+def test_gemv_q8_graph_replays_and_producers(gluon):
     from minfer.ops.cuda import gemv_q8 as Q
     from minfer.ops.cuda.gemv_repack import GemvWorkspace
 
@@ -86,7 +95,8 @@ def test_gemv_q8_graph_replays_and_producers():
     def step():
         s, h, q8 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16)
         qs.append(q8)
-        return s, h, Q.gemv_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=(64, 1, 6, 4, True), ws=ws)
+        cfg = (64, 1, 6, 4) if gluon else (64, 1, 6, 4, True)
+        return s, h, Q.gemv_q8(q8, rw, bias=bias, out_dtype=torch.float32, config=cfg, ws=ws, gluon=gluon, pdl=1)
 
     step()
     torch.cuda.synchronize()
@@ -139,8 +149,9 @@ def test_gemv_q8_mixed_segments_gpu():
     bias = torch.randn(4608, device="cuda")
     q8 = Q.quantize(x)
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
-    out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"))
-    assert rel_err(out, ref) < 1e-5
+    for gluon in (False, True):
+        out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon)
+        assert rel_err(out, ref) < 1e-5, gluon
 
 
 @pytest.mark.parametrize("qt", [12, 14])

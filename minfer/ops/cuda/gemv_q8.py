@@ -367,7 +367,7 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
-            pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None) -> torch.Tensor:
+            pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -375,7 +375,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     (1 or 2): weight tiles per program in flight, all read before the wait (2 only for tiles of
     <= 64 rows x blocks; the callers ask for 2 only with PDL on). l2: (budget, small, big_next)
     bytes of later weights this launch fetches into L2 (l2_prefetch.py: ws.l2 learns the order),
-    or None."""
+    or None. gluon: the Gluon kernel (gemv_q8_gluon.py; its own config table) where it applies:
+    not on the interpreter, not with l2 ranges (Triton's kernel only); counted per launch as
+    `gemv_q8.gluon` or `gemv_q8.triton`."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -388,7 +390,21 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
     if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
         raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
-    bn, bb, split, nwarps, prefetch = tuple(config or config_for(segs[0].qtype, n, k, interpret))
+    use_g = gluon and not interpret and not l2
+    if use_g:
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
+        cfg = tuple(config or GL.config_for(segs[0].qtype, n, k))
+        why = GL.supported(segs, cfg[0], cfg[1])
+        if why is not None:
+            paths.fallback("gemv_q8.gluon", why)
+            use_g = False
+    if use_g:
+        bn, bb, split, nwarps = cfg[:4]
+        prefetch = True
+    else:
+        bn, bb, split, nwarps, prefetch = tuple(config or config_for(segs[0].qtype, n, k, interpret))
+    paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
     split = triton.cdiv(nb, bps)
@@ -401,6 +417,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     cnt = out
     if split > 1:
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
+    if use_g:
+        GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid)
+        return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
     pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
@@ -433,11 +452,11 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
-                   l2: tuple | None = None):
+                   l2: tuple | None = None, gluon: bool = False):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other); F a multiple of 256
-    and of the row tile."""
+    and of the row tile. The Triton kernel only (gluon is ignored: no SwiGLU epilogue there)."""
     xq, xf = q8
     n, k = rw.n, rw.k
     f = n // 2

@@ -45,7 +45,7 @@ def _q8_kw(sw, x) -> dict:
     l2 = None
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
-    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2}
+    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon}
 
 
 def _ctx(ctx: Context | None, device) -> tuple:

@@ -1,0 +1,254 @@
+"""The one-row int8 decode GEMV (gemv_q8.py) in Gluon, with every tensor in the layout its
+loads give it (issue 12).
+
+Why: the Triton kernel (gemv_q8._q8_tile) spends 288 SASS instructions per K step and thread
+(sm_90 build, BN 32 x 2 blocks, 4 warps) on 64 bytes of quants: Triton gives the scale loads
+([BN, C] int16, 8-byte vectors) and the dp4a sums (a slice of the [BN, C, 4] word layout) two
+different layouts from the accumulator, and converts both through shared memory every step (6
+STS, 8 LDS, 4 barriers), besides the address arithmetic of three layouts. The kernel reads its
+planes at 2.6-3.5 TB/s whether they come from HBM or from L2 (gemv_q8_sweep --l2, perf-log T1):
+it is bound by its instructions and barriers, not by memory.
+
+Here one BlockedLayout L3 = [rows, chunks, 4 words] (a thread: one 16-byte chunk of a row, lanes
+16 chunks x 2 rows, warps on rows) and its slices carry everything: the words (16-byte loads),
+the scales and the accumulator ([BN, C] = slice 2 of L3, one scale per thread and chunk), the
+activation words ([C, 4] = slice 0: one 16-byte load per chunk, shared by the thread's rows). No
+value moves between threads until the final row sums. Same planes, same q8 activations, same
+arithmetic per (row, chunk) as gemv_q8 (module doc there); the split-K partials are summed by the
+last program of a tile in split order (deterministic), as there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
+
+
+@gluon.jit
+def _dp4a(a, b, c):
+    """c + sum over the 4 bytes of a (unsigned) times those of b (signed), per int32 lane."""
+    return gl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+# Q6_K word w (nibble p: value 4p + w's low 4 bits) and its halfword h (crumb p: the high 2
+# bits): lo = bytes of values p = 0, 2, 4, 6 as 6-bit numbers, hi = p = 1, 3, 5, 7. h's bytes
+# are spread to [h0, h0, h1, h1] (prmt), so crumb 2b (2b + 1) of byte b's nibble pair lands at
+# bits 4..5 of byte b after a shift by 4 / 0 (2 / -2), masked per byte pair.
+_Q6_WORDS = gl.constexpr("""{
+ .reg .b32 x2, t;
+ prmt.b32 x2, $3, 0, 0x1100;
+ and.b32 $0, $2, 0x0F0F0F0F;
+ shl.b32 t, x2, 4;
+ lop3.b32 $0, $0, t, 0x00300030, 0xF8;
+ lop3.b32 $0, $0, x2, 0x30003000, 0xF8;
+ shr.u32 t, $2, 4;
+ and.b32 $1, t, 0x0F0F0F0F;
+ shl.b32 t, x2, 2;
+ lop3.b32 $1, $1, t, 0x00300030, 0xF8;
+ shr.u32 t, x2, 2;
+ lop3.b32 $1, $1, t, 0x30003000, 0xF8;
+}""")
+
+
+@gluon.jit
+def _q6_words(w, h):
+    return gl.inline_asm_elementwise(_Q6_WORDS, "=r,=r,r,r", [w, h], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
+
+
+@gluon.jit
+def _pdl(x):
+    """griddepcontrol.wait, then launch_dependents (pdl.py's mode 1); x: any tensor, for the shape."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
+    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C]."""
+    woff = r3 * (NB * 32) + kc3 * 4 + w3
+    wq = gl.load(p0 + woff, eviction_policy="evict_first")
+    if QT == 12:
+        hq = wq
+        sa = gl.load(p1 + r2 * (NB * 8) + kc2, eviction_policy="evict_first")          # sc | m << 8
+        sb = gl.load(p2 + r2 * NB + kc2 // 8)                                          # d | dmin << 16
+    else:
+        hq = gl.load(p1 + woff, eviction_policy="evict_first")
+        sa = gl.load(p2 + r2 * (NB * 8) + kc2, eviction_policy="evict_first")          # the two int8 scales
+        sb = gl.load(p3 + r2 * NB + kc2 // 8)                                          # d (f16)
+    return wq, hq, sa, sb
+
+
+@gluon.jit
+def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
+          blocks_per_split, SPLIT, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
+          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr):
+    C: gl.constexpr = BB * 8
+    TC: gl.constexpr = 16 if C >= 16 else C
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)                          # [BN, C]
+    LX: gl.constexpr = gl.SliceLayout(0, L3)                          # [C, 4]
+    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
+    r2 = gl.expand_dims(gl.minimum(rows, N - 1), 1)                   # [BN, 1]; rows past N read row N-1
+    r3 = gl.expand_dims(r2, 2)                                        # [BN, 1, 1]
+    ci = gl.arange(0, C, layout=gl.SliceLayout(0, L2))
+    c2 = gl.expand_dims(ci, 0)                                        # [1, C]
+    c3 = gl.expand_dims(c2, 2)                                        # [1, C, 1]
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)   # [1, 1, 4]
+    xc = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, LX)), 1)                    # [C, 1]
+    xw = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0)                    # [1, 4]
+    b_lo = pid_s * blocks_per_split
+    b_hi = gl.minimum(b_lo + blocks_per_split, NB)
+    last = gl.maximum(b_hi - BB, b_lo)                                # the last step's first block
+    acc = gl.zeros([BN, C], gl.float32, layout=L2)
+    nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
+                 w3, NB, QT)
+    if PDL:
+        _pdl(ci)
+    for blk in range(b_lo, b_hi, BB):
+        wq, hq, sa, sb = nxt
+        nb_ = gl.minimum(blk + BB, last)                              # the next step (the last re-reads itself)
+        nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(nb_ * 8 + c3, NB * 8 - 1),
+                     gl.minimum(nb_ * 8 + c2, NB * 8 - 1), w3, NB, QT)
+        # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
+        kx = blk * 8 + xc                                             # [C, 1]
+        xm = kx < b_hi * 8
+        xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)         # [1, C, 4]
+        xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
+        kc = blk * 8 + ci
+        km = kc < b_hi * 8
+        xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)           # [1, C]
+        xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
+        xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
+        if QT == 12:
+            lo = wq & 0x0F0F0F0F                                      # nibbles 0,2,4,6: values w, w+8, ...
+            hi = (wq >> 4) & 0x0F0F0F0F                               # nibbles 1,3,5,7: w+4, w+12, ...
+            isum = gl.sum(_dp4a(hi, xhi, _dp4a(lo, xlo, 0)), axis=2).to(gl.float32)     # [BN, C], in-thread
+            scm = sa.to(gl.int32)
+            d = (sb & 0xFFFF).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            dmin = (sb >> 16).to(gl.int16).to(gl.float16, bitcast=True).to(gl.float32)
+            a = d * (scm & 255).to(gl.float32)
+            ml = dmin * ((scm >> 8) & 255).to(gl.float32)
+            acc += a * (xd * isum) - ml * (xs0 + xs1)
+        else:
+            # the 2 high bits next to their nibbles (gemv_q8._q8_tile's Q6_K branch, in 11 instructions)
+            lo, hi = _q6_words(wq, hq.to(gl.int32))
+            i0 = gl.sum(_dp4a(hi, xhi & 0xFFFF, _dp4a(lo, xlo & 0xFFFF, 0)), axis=2).to(gl.float32)
+            i1 = gl.sum(_dp4a(hi, xhi & -65536, _dp4a(lo, xlo & -65536, 0)), axis=2).to(gl.float32)
+            s2 = sa.to(gl.int32)
+            d = sb.to(gl.float32)
+            a0 = d * ((s2 << 24) >> 24).to(gl.float32)
+            a1 = d * (s2 >> 8).to(gl.float32)
+            acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
+    res = gl.sum(acc, axis=1)                                         # [BN]
+    rmask = rows < N
+    if IS_SPLIT:
+        gl.store(part + pid_s * NSTRIDE + rows, res, mask=rmask)
+        # the last split of this tile to finish sums the partials in split order (gemv_q8)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(cnt + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == SPLIT - 1:
+            tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
+            for sp in range(SPLIT):
+                tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            _finish(tot, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS, HAS_RESID)
+            gl.atomic_xchg(cnt + pid_n, 0)
+    else:
+        _finish(res, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS, HAS_RESID)
+
+
+@gluon.jit
+def _finish(v, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr):
+    """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row)."""
+    if HAS_BIAS:
+        v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
+    if HAS_RESID:
+        v += gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)
+    gl.store(out + rows, v.to(out.dtype.element_ty), mask=rmask)
+
+
+@gluon.jit
+def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
+                     N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
+                     QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
+                     NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
+                     PDL: gl.constexpr):
+    """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
+    [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel."""
+    pid_n = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    if MIXED:
+        if pid_n < TA:
+            _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
+                  blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL)
+        else:
+            _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
+                  N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
+                  HAS_RESID, PDL)
+    else:
+        _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
+              blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL)
+
+
+def default_config(qtype: int, n: int, k: int) -> tuple:
+    """(BN, BB, SPLIT, num_warps): 32-row tiles of two blocks, 4 warps, K split to ~7 programs
+    per SM of an H200 (72-96 registers: 5-7 resident)."""
+    bn, bb = 32, 2
+    tiles = -(-n // bn)
+    target = 132 * 7
+    split = 1 if tiles >= target else max(1, min(k // 256, -(-target // tiles), 32))
+    return bn, bb, split, 4
+
+
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps), from `python -m minfer.bench.gemv_q8_sweep --gluon`
+CONFIGS: dict = {}
+_TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
+if os.path.exists(_TABLE):
+    with open(_TABLE) as _f:
+        CONFIGS = {k_: tuple(v) for k_, v in json.load(_f)["configs"].items()}
+
+
+def config_for(qtype: int, n: int, k: int) -> tuple:
+    hit = CONFIGS.get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
+    return tuple(hit) if hit else default_config(qtype, n, k)
+
+
+def kernel_planes(rw) -> tuple:
+    """The four plane arguments in the types the kernel loads: Q4_K (qs, scm, dm as int32 d|dmin,
+    qs); Q6_K (ql, qh, sc as int16 pairs, d)."""
+    p = rw.planes
+    if rw.qtype == Q4_K:
+        return p[0], p[1], p[2].view(torch.int32), p[0]
+    return p[0], p[1], p[2].view(torch.int16), p[3]
+
+
+def supported(segs, bn: int, bb: int) -> str | None:
+    """Why this kernel cannot take the launch (None: it can)."""
+    for r in segs:
+        if r.qtype not in (Q4_K, Q6_K):
+            return f"type {r.qtype}"
+        if any(p.numel() >= 2**31 for p in r.planes):
+            return "a plane of 2^31 elements or more (int32 offsets)"
+    if bb not in (1, 2, 4) or bn % 8 or bn > 256:
+        return f"tile {bn} rows x {bb} blocks"
+    return None
+
+
+def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid):
+    p = kernel_planes(segs[0])
+    r = kernel_planes(segs[-1])
+    _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
+                           resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
+                           n, na, ta, nb, resid.stride(0) if resid is not None else 0, bps, split,
+                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
+                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
+                           PDL=min(int(pdl), 1), num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
+
