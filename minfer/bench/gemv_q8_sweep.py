@@ -175,7 +175,7 @@ def gluon_sweep(args) -> int:
                 r = {"shape": label, "type": NAME[qt], "n": n, "k": k, "config": list(cfg), "us": t * 1e6,
                      "gbps": rp_bytes / t / 1e9, "rel_err": e, "triton_us": ta * 1e6}
                 res["rows"].append(r)
-                if e > 1e-4:
+                if e > max(1e-4, 1.05 * ea):            # the Triton kernel's own distance to the reference
                     print(f"  {cfg} WRONG RESULT err {e:.1e}", flush=True)
                     continue
                 if best is None or t < best["us"] / 1e6:

@@ -394,11 +394,14 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
-        cfg = tuple(config or GL.config_for(segs[0].qtype, n, k))
-        why = GL.supported(segs, cfg[0], cfg[1])
-        if why is not None:
-            paths.fallback("gemv_q8.gluon", why)
-            use_g = False
+        cfg = tuple(config) if config else GL.config_for(segs[0].qtype, n, k)
+        if cfg is None:
+            use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
+        else:
+            why = GL.supported(segs, cfg[0], cfg[1])
+            if why is not None:
+                paths.fallback("gemv_q8.gluon", why)
+                use_g = False
     if use_g:
         bn, bb, split, nwarps = cfg[:4]
         prefetch = True
