@@ -170,3 +170,36 @@ def test_gemv_q8_swiglu_7b_shape_bitwise(qt):
         h0, (q0, f0) = Q.swiglu_q8(gu[:, :f].contiguous(), gu[:, f:].contiguous())
         h1, (q1, f1) = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, ws=ws, config=(32, 2, 1, 4, True))
         assert torch.equal(h0, h1) and torch.equal(q0, q1) and torch.equal(f0, f1), i
+
+
+def test_graphed_decode_with_the_gluon_gemv(tmp_path, monkeypatch):
+    """A whole model's graphed greedy decode with every q8 GEMV on the Gluon kernel (its table
+    widened to the tiny model's shapes) against the Triton kernel: the same tokens, logits within
+    fp32 summation order, and the Gluon launches counted."""
+    import dataclasses
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=8, progress=False)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k: (32, 2, 2, 4))
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(gemv_q8_gluon=False))
+    prompt = torch.randint(0, p.vocab, (9,), generator=torch.Generator().manual_seed(5)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    t = int(lb.argmax())
+    paths.reset()
+    for step in range(24):
+        pos = len(prompt) + step
+        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
+        assert rel_err(la, lb.double()) < 1e-4, step
+        assert int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    counts = paths.snapshot()["counts"]
+    assert counts.get("gemv_q8.gluon", 0) > 0 and counts.get("gemv_q8.triton", 0) > 0, counts
