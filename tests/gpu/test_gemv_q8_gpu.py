@@ -66,13 +66,18 @@ def test_gemv_q8_shapes(qt, n, k):
     for cfg in (None, (64, 1, 1, 4, True), (32, 2, 7, 2, False), (128, 1, 4, 8, True)):
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws)
         assert rel_err(out, ref) < 1e-5, cfg
-    # the Gluon kernel (gemv_q8_gluon.py), its table config and others (odd K tails, row masks)
+    # the Gluon kernel (gemv_q8_gluon.py) with explicit configs (odd K tails, row masks), and with
+    # none: its table's config where the shape has one, else the Triton kernel
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
     paths.reset()
     for cfg in (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4)):
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
         assert rel_err(out, ref) < 1e-5, ("gluon", cfg)
     counts = paths.snapshot()
-    assert counts["counts"].get("gemv_q8.gluon", 0) == 6 and not counts["fallbacks"], counts
+    tabled = GL.config_for(qt, n, k) is not None
+    assert counts["counts"].get("gemv_q8.gluon", 0) == 5 + tabled, counts
+    assert counts["counts"].get("gemv_q8.triton", 0) == (not tabled) and not counts["fallbacks"], counts
     # the unquantized product differs only by the int8 rounding of x
     assert rel_err(out, x.double() @ w.T) < 2e-2
 
