@@ -12,6 +12,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   qmatmul.<type>.decode.repacked GEMV on the Q4_K/Q6_K planes made at load     (gemv_repack; gemv_repack.py)
   qmatmul.<type>.decode.q8       one row with its int8 form: dp4a GEMV on the planes (gemv_q8; gemv_q8.py)
   qmatmul.group<n>.decode.q8 / .repacked  a decode group (q/k/v, gate/up) as one GEMV over shared planes
+  gemv_q8.gluon / gemv_q8.triton  which kernel a q8 GEMV launch took (gemv_q8_gluon.py: the shapes of its table)
+  gemv_q8.l2_prefetch            a q8 GEMV launch that fetches later weights into L2 (l2_prefetch.py, off)
   qmatmul.<type>.qgemm           batched decode rows, GEMM on the planes       (qgemm_repack, default off; qgemm_repack.py)
   qmatmul.group<n>.qgemm         the same over a declared group's planes (q/k/v, gate/up): one launch
   qmatmul.<type>.prefill         dequantize into a scratch + cuBLAS
