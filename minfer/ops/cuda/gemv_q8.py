@@ -375,9 +375,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     (1 or 2): weight tiles per program in flight, all read before the wait (2 only for tiles of
     <= 64 rows x blocks; the callers ask for 2 only with PDL on). l2: (budget, small, big_next)
     bytes of later weights this launch fetches into L2 (l2_prefetch.py: ws.l2 learns the order),
-    or None. gluon: the Gluon kernel (gemv_q8_gluon.py; its own config table) where it applies:
-    not on the interpreter, not with l2 ranges (Triton's kernel only); counted per launch as
-    `gemv_q8.gluon` or `gemv_q8.triton`."""
+    or None. gluon: the Gluon kernel (gemv_q8_gluon.py) for the shapes of its config table (those
+    it won in the sweep) or with an explicit 4-value config; not on the interpreter, not with l2
+    ranges (Triton's kernel only); counted per launch as `gemv_q8.gluon` or `gemv_q8.triton`."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -479,8 +479,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
-                                n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype, QTB=rw.qtype, MIXED=False, BN=bn,
-                                BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
+                                n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype,
+                                QTB=rw.qtype, MIXED=False, BN=bn, BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
                                 ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
                                 PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                                 num_stages=1, **launch_kw(pdl))
