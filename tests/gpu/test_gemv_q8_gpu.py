@@ -71,12 +71,14 @@ def test_gemv_q8_shapes(qt, n, k):
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
     paths.reset()
-    for cfg in (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4)):
+    cfgs = (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4),
+            (8, 16, 1, 4, False), (16, 8, 2, 4, False), (32, 4, 3, 4, False), (16, 16, 1, 8, False))
+    for cfg in cfgs:
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
         assert rel_err(out, ref) < 1e-5, ("gluon", cfg)
     counts = paths.snapshot()
     tabled = GL.config_for(qt, n, k) is not None
-    assert counts["counts"].get("gemv_q8.gluon", 0) == 5 + tabled, counts
+    assert counts["counts"].get("gemv_q8.gluon", 0) == len(cfgs) - 1 + tabled, counts
     assert counts["counts"].get("gemv_q8.triton", 0) == (not tabled) and not counts["fallbacks"], counts
     # the unquantized product differs only by the int8 rounding of x
     assert rel_err(out, x.double() @ w.T) < 2e-2
@@ -154,9 +156,11 @@ def test_gemv_q8_mixed_segments_gpu():
     bias = torch.randn(4608, device="cuda")
     q8 = Q.quantize(x)
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
-    for gluon in (False, True):
-        out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon)
-        assert rel_err(out, ref) < 1e-5, gluon
+    for gluon, cfg in ((False, None), (True, (32, 2, 4, 4)), (True, (8, 16, 1, 4, False)),
+                       (True, (16, 8, 2, 4, False))):
+        out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon,
+                        config=cfg)
+        assert rel_err(out, ref) < 1e-5, (gluon, cfg)
 
 
 @pytest.mark.parametrize("qt", [12, 14])

@@ -376,8 +376,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     <= 64 rows x blocks; the callers ask for 2 only with PDL on). l2: (budget, small, big_next)
     bytes of later weights this launch fetches into L2 (l2_prefetch.py: ws.l2 learns the order),
     or None. gluon: the Gluon kernel (gemv_q8_gluon.py) for the shapes of its config table (those
-    it won in the sweep) or with an explicit 4-value config; not on the interpreter, not with l2
-    ranges (Triton's kernel only); counted per launch as `gemv_q8.gluon` or `gemv_q8.triton`."""
+    it won in the sweep) or with an explicit config (BN, BB, SPLIT, warps[, prefetch]); not on
+    the interpreter, not with l2 ranges (Triton's kernel only); counted per launch as
+    `gemv_q8.gluon` or `gemv_q8.triton`."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -404,7 +405,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                 use_g = False
     if use_g:
         bn, bb, split, nwarps = cfg[:4]
-        prefetch = True
+        prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     else:
         bn, bb, split, nwarps, prefetch = tuple(config or config_for(segs[0].qtype, n, k, interpret))
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
@@ -421,7 +422,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if split > 1:
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     if use_g:
-        GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid)
+        GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
+                  prefetch)
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])

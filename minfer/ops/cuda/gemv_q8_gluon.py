@@ -89,7 +89,8 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 @gluon.jit
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
           blocks_per_split, SPLIT, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr):
+          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr,
+          PF: gl.constexpr):
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -113,12 +114,21 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if PDL:
         _pdl(ci)
     for blk in range(b_lo, b_hi, BB):
-        wq, hq, sa, sb = nxt
-        nb_ = blk + BB                                                # the next step's blocks
-        if nb_ >= b_hi:
-            nb_ = blk                                                 # (past the last: re-read this one, unused)
-        nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(nb_ * 8 + c3, NB * 8 - 1),
-                     gl.minimum(nb_ * 8 + c2, NB * 8 - 1), w3, NB, QT)
+        if PF:
+            # the next step's words in flight while this one is multiplied
+            wq, hq, sa, sb = nxt
+            nb_ = blk + BB
+            if nb_ >= b_hi:
+                nb_ = blk                                             # (past the last: re-read this one, unused)
+            nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(nb_ * 8 + c3, NB * 8 - 1),
+                         gl.minimum(nb_ * 8 + c2, NB * 8 - 1), w3, NB, QT)
+        else:
+            # one step's registers only (for splits of one or two steps: every load of the first
+            # is in flight before the PDL wait, and nothing is read twice)
+            if blk > b_lo:
+                nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(blk * 8 + c3, NB * 8 - 1),
+                             gl.minimum(blk * 8 + c2, NB * 8 - 1), w3, NB, QT)
+            wq, hq, sa, sb = nxt
         # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
         kx = blk * 8 + xc                                             # [C, 1]
         xm = kx < b_hi * 8
@@ -181,7 +191,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-                     PDL: gl.constexpr):
+                     PDL: gl.constexpr, PF: gl.constexpr = True):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel."""
     pid_n = gl.program_id(0)
@@ -189,14 +199,14 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     if MIXED:
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
-                  blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL)
+                  blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
                   N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-                  HAS_RESID, PDL)
+                  HAS_RESID, PDL, PF)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
-              blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL)
+              blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps), from `python -m minfer.bench.gemv_q8_sweep --gluon`
@@ -230,12 +240,13 @@ def supported(segs, bn: int, bb: int) -> str | None:
             return f"type {r.qtype}"
         if any(p.numel() >= 2**31 for p in r.planes):
             return "a plane of 2^31 elements or more (int32 offsets)"
-    if bb not in (1, 2, 4) or bn % 8 or bn > 256:
+    if bb not in (1, 2, 4, 8, 16) or bn % 8 or bn > 256:
         return f"tile {bn} rows x {bb} blocks"
     return None
 
 
-def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid):
+def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
+           prefetch: bool = True):
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
@@ -243,5 +254,6 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            n, na, ta, nb, resid.stride(0) if resid is not None else 0, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                           PDL=min(int(pdl), 1), num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
+                           PDL=min(int(pdl), 1), PF=bool(prefetch), num_warps=nwarps,
+                           **({"launch_pdl": True} if pdl else {}))
 
