@@ -21,6 +21,21 @@ for step in $STEPS; do
       cp minfer/ops/cuda/gemv_q8g_h200.json "$OUT/" 2>/dev/null
       grep -E "triton|best|WRONG|failed|Error|^table" /tmp/gsweep.log | head -40
       summary="$summary\ngluon sweep:\n$(grep -E '^\|' /tmp/gsweep.log)";;
+    hostgap)   # tools/host_gap.py: a bench token's wall vs its graph's GPU time
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      timeout ${HOSTGAP_TIMEOUT:-120} python3 tools/host_gap.py /tmp/q7.gguf >"$OUT/hostgap.log" 2>&1
+      tail -4 "$OUT/hostgap.log"
+      summary="$summary\nhost gap:\n$(grep depth "$OUT/hostgap.log")";;
+    envab)     # ENVAB="VAR=a VAR=b": `minfer bench -p 0 -n 128 -d 0,3354` in separate processes, alternated
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      for i in $(seq ${ENVAB_PAIRS:-3}); do
+        for setting in ${ENVAB:-MINFER_GEMV_Q8_GLUON=0 MINFER_GEMV_Q8_GLUON=1}; do
+          env $setting timeout 120 python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 -d 0,3354 -r ${REPS:-3} \
+            --no-progress >"/tmp/envab-$setting-$i.log" 2>&1
+          summary="$summary\n$setting $i: $(grep '^|' /tmp/envab-$setting-$i.log | tail -2 | awk -F'|' '{printf "%s %s;", $6, $7}')"
+        done
+      done
+      cat /tmp/envab-*.log > "$OUT/envab.log";;
     *) rest="$rest $step";;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"

@@ -1,0 +1,89 @@
+"""Where a bench token's wall time goes on the host side (issue 12): the bench loop of `minfer bench`
+(Engine.forward per token, logits read on the host, the same token fed again), unprofiled, with
+wall-clock marks around the graph replay and CUDA events around the graph on the GPU:
+    python tools/host_gap.py Q7.gguf [depth ...]      (default depths: 16 3354)
+Per token (medians over 64 steps): wall; host time before the replay call (Python, the input
+copy); the replay call itself (cudaGraphLaunch); the host's wait for the logits (to_host); the
+graph's GPU time (events recorded just before and after the replay); and wall - GPU time, the
+part of a token the GPU does not spend in the graph (the logits copy, launch latency, host)."""
+import statistics
+import sys
+import time
+
+import torch
+
+from minfer.runtime.cuda_graphs import DecodeGraph
+from minfer.runtime.engine import Engine
+
+marks: list = []
+_step = DecodeGraph.step
+_to_host = DecodeGraph.to_host
+
+
+def step(self, *a, **k):
+    if self.graph is None:
+        return _step(self, *a, **k)
+    t0 = time.perf_counter()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    replay = self.graph.replay
+
+    def timed():
+        e0.record()
+        t1 = time.perf_counter()
+        replay()
+        t2 = time.perf_counter()
+        e1.record()
+        marks.append({"t0": t0, "t1": t1, "t2": t2, "e0": e0, "e1": e1})
+
+    self.graph.replay = timed
+    try:
+        return _step(self, *a, **k)
+    finally:
+        self.graph.replay = replay
+
+
+def to_host(logits):
+    out = _to_host(logits)
+    if marks:
+        marks[-1]["t3"] = time.perf_counter()
+    return out
+
+
+def run(eng, depth, steps=64):
+    eng.reset()
+    prompt = [100 + (i * 7919) % 50000 for i in range(depth)]
+    t = int(eng.prefill(prompt).argmax())
+    pos = len(prompt)
+    for _ in range(8):
+        eng.forward([t], pos)
+        pos += 1
+    marks.clear()
+    starts = []
+    for _ in range(steps):
+        starts.append(time.perf_counter())
+        eng.forward([t], pos)
+        pos += 1
+    torch.cuda.synchronize()
+    starts.append(time.perf_counter())
+    wall = [b - a for a, b in zip(starts, starts[1:])]
+    ms = marks[-steps:]
+    pre = [m["t1"] - s for m, s in zip(ms, starts)]
+    call = [m["t2"] - m["t1"] for m in ms]
+    wait = [m.get("t3", m["t2"]) - m["t2"] for m in ms]
+    gpu = [m["e0"].elapsed_time(m["e1"]) / 1e3 for m in ms]
+    med = statistics.median
+    w = med(wall)
+    print(f"depth {depth}: wall {w * 1e6:.0f} us/token ({1 / w:.1f} tok/s); host before replay {med(pre) * 1e6:.1f} us, "
+          f"replay call {med(call) * 1e6:.1f} us, wait for the logits {med(wait) * 1e6:.0f} us, graph on the GPU "
+          f"{med(gpu) * 1e6:.0f} us; wall - graph {(w - med(gpu)) * 1e6:.0f} us "
+          f"(min {min(a - b for a, b in zip(wall, gpu)) * 1e6:.0f}, max {max(a - b for a, b in zip(wall, gpu)) * 1e6:.0f})",
+          flush=True)
+
+
+if __name__ == "__main__":
+    DecodeGraph.step = step
+    DecodeGraph.to_host = staticmethod(to_host)
+    depths = [int(d) for d in sys.argv[2:]] or [16, 3354]
+    eng = Engine.load(sys.argv[1], device="cuda", ctx=4096, progress=False)
+    for d in depths:
+        run(eng, d)
