@@ -5,6 +5,10 @@
 set -u
 STEPS=${*:-tests l2sweep}
 source tools/device_setup.sh >/dev/null
+case " $STEPS " in *" hostgap "*|*" envab "*)
+  [ -f /tmp/q7.gguf ] || (python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &);;
+esac
+waitq7() { sleep 1; while [ ! -f /tmp/q7.gguf ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done; }
 rest=""; summary=""
 for step in $STEPS; do
   t0=$(date +%s)
@@ -22,12 +26,12 @@ for step in $STEPS; do
       grep -E "triton|best|WRONG|failed|Error|^table" /tmp/gsweep.log | head -40
       summary="$summary\ngluon sweep:\n$(grep -E '^\|' /tmp/gsweep.log)";;
     hostgap)   # tools/host_gap.py: a bench token's wall vs its graph's GPU time
-      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      waitq7
       timeout ${HOSTGAP_TIMEOUT:-120} python3 tools/host_gap.py /tmp/q7.gguf >"$OUT/hostgap.log" 2>&1
       tail -4 "$OUT/hostgap.log"
       summary="$summary\nhost gap:\n$(grep depth "$OUT/hostgap.log")";;
     envab)     # ENVAB="VAR=a VAR=b": `minfer bench -p 0 -n 128 -d 0,3354` in separate processes, alternated
-      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      waitq7
       for i in $(seq ${ENVAB_PAIRS:-3}); do
         for setting in ${ENVAB:-MINFER_GEMV_Q8_GLUON=0 MINFER_GEMV_Q8_GLUON=1}; do
           env $setting timeout 120 python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 -d 0,3354 -r ${REPS:-3} \
