@@ -15,7 +15,15 @@ the scales and the accumulator ([BN, C] = slice 2 of L3, one scale per thread an
 activation words ([C, 4] = slice 0: one 16-byte load per chunk, shared by the thread's rows). No
 value moves between threads until the final row sums. Same planes, same q8 activations, same
 arithmetic per (row, chunk) as gemv_q8 (module doc there); the split-K partials are summed by the
-last program of a tile in split order (deterministic), as there.
+last program of a tile in split order (deterministic), as there. sm_90 SASS: 211 instructions a
+step for Q4_K (72 registers) against Triton's 288 (95).
+
+Configs (BN, BB, SPLIT, warps[, prefetch]): a step is BB blocks of BN rows; with prefetch the
+next step's words load while this one is multiplied, without it a program holds one step (used
+where a split is one step of up to 16 blocks: every load in flight before the PDL wait, nothing
+read twice). The table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one
+(`python -m minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x,
+lm head 1.13x, q/k + Q6_K v 1.29x, o 1.09x); other shapes keep the Triton kernel (gemv_q8).
 """
 
 from __future__ import annotations
@@ -209,7 +217,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
               blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
 
 
-# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps), from `python -m minfer.bench.gemv_q8_sweep --gluon`
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
 CONFIGS: dict = {}
 _TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
 if os.path.exists(_TABLE):
@@ -219,7 +227,7 @@ if os.path.exists(_TABLE):
 
 def config_for(qtype: int, n: int, k: int) -> tuple | None:
     """The swept config of this shape, or None: a shape the sweep did not find faster in Gluon
-    (the small q/k/v and o on the H200) or never measured keeps the Triton kernel."""
+    (a k alone of 512 rows on the H200) or never measured keeps the Triton kernel."""
     hit = CONFIGS.get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
     return tuple(hit) if hit else None
 
