@@ -39,8 +39,9 @@ from minfer.ops.cuda.workspace import Workspace
 
 def _q8_kw(sw, x) -> dict:
     """The q8 GEMV's launch mode (ops/cuda/pdl.py), with PDL on its weight tiles read before the
-    wait, and what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
-    Switches.l2_prefetch_mb = 0)."""
+    wait, what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
+    Switches.l2_prefetch_mb = 0), and whether the shapes of the Gluon kernel's table take it
+    (ops/cuda/gemv_q8_gluon.py, Switches.gemv_q8_gluon)."""
     mode = pdl_enabled(sw, x.device, "gemv_q8")
     l2 = None
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
