@@ -23,6 +23,10 @@ weights (o after q/k/v), then the head rows of the first large one (gate+up), an
 bytes an earlier launch claimed are not claimed twice. With `big_next`, a large launch
 (down, the lm head) claims the next launch's planes when that one is small (the next layer's
 q/k/v). Until the cycle is known (the first forward), launches prefetch nothing.
+
+Measured on the H200 (docs/perf-log.md T1): negative. A GEMV reading its planes from L2 is at
+most 13% faster (the kernels are bound by instructions and latency, not HBM), and the prefetches
+slow the launches that issue them: end to end 0.90-0.99x. Off by default (l2_prefetch_mb = 0).
 """
 
 from __future__ import annotations
