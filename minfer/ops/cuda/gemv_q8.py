@@ -399,7 +399,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         if cfg is None:
             use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
         else:
-            why = GL.supported(segs, cfg[0], cfg[1])
+            why = GL.device_unsupported(xq.device) or GL.supported(segs, cfg[0], cfg[1])
             if why is not None:
                 paths.fallback("gemv_q8.gluon", why)
                 use_g = False

@@ -23,7 +23,8 @@ next step's words load while this one is multiplied, without it a program holds 
 where a split is one step of up to 16 blocks: every load in flight before the PDL wait, nothing
 read twice). The table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one
 (`python -m minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x,
-lm head 1.13x, q/k + Q6_K v 1.29x, o 1.09x); other shapes keep the Triton kernel (gemv_q8).
+lm head 1.13x, q/k + Q6_K v 1.29x, o 1.09x); other shapes, and GPUs other than sm_90 (where the
+table was not measured), keep the Triton kernel (gemv_q8).
 """
 
 from __future__ import annotations
@@ -239,6 +240,22 @@ def kernel_planes(rw) -> tuple:
     if rw.qtype == Q4_K:
         return p[0], p[1], p[2].view(torch.int32), p[0]
     return p[0], p[1], p[2].view(torch.int16), p[3]
+
+
+_capability: dict = {}
+
+
+def device_unsupported(device) -> str | None:
+    """Why this kernel is not used on this GPU (None: it is): its table was measured on sm_90
+    (H100/H200) only; other GPUs keep the Triton kernel (counted as a fallback)."""
+    dev = torch.device(device)
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    cap = _capability.get(idx)
+    if cap is None:
+        cap = _capability[idx] = tuple(torch.cuda.get_device_capability(idx))
+    if cap != (9, 0):
+        return f"the GPU is sm_{cap[0]}{cap[1]}; the Gluon GEMV's table was measured on sm_90 (H100/H200)"
+    return None
 
 
 def supported(segs, bn: int, bb: int) -> str | None:
