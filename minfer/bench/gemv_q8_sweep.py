@@ -33,6 +33,16 @@ WIDE = [(32, 2, 4, True), (16, 2, 2, True), (16, 4, 2, True), (32, 4, 4, True), 
 WIDE_TARGETS = [264, 528, 1056, 2112]
 
 
+def _copies(specs, k, gen) -> tuple:
+    """(copies, plane bytes of one, the count): rotating repacked copies of random valid blocks, at
+    least 192 MB in all so no call finds its planes in L2. specs [(qtype, rows)]: one weight, or
+    segments launched together (a copy is then their tuple)."""
+    nbytes = sum(n * k // 256 * G.REPACKED_BLOCK_BYTES[qt] for qt, n in specs)
+    count = max(2, min(24, -(-192_000_000 // nbytes)))
+    rws = [tuple(G.repack(random_raw(qt, n, k, gen), qt, n, k) for qt, n in specs) for _ in range(count)]
+    return [r[0] if len(r) == 1 else r for r in rws], nbytes, count
+
+
 def _split(n, k, bn, target):
     tiles = -(-n // bn)
     return 1 if tiles >= target else max(1, min(k // 256, -(-target // tiles), 32))
@@ -67,9 +77,7 @@ def main(argv=None) -> int:
     for label, qt, n, k in SHAPES:
         if want and label not in want:
             continue
-        rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
-        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
-        rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
+        rws, rp_bytes, copies = _copies([(qt, n)], k, gen)
         dense = torch.empty(n, k, device="cuda", dtype=torch.float32)
         G.dequantize_into(rws[0], dense)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -91,18 +99,11 @@ def main(argv=None) -> int:
         t = graph_time([lambda i=i: G.gemv(x, rws[i % copies], ws=ws) for i in range(calls)])
         a = row("bf16", "table", t, err(G.gemv(x, rws[0], ws=ws)))
         best = None
-        from minfer.ops.cuda import gemv_q8_gluon as GL
-
-        tried = [tuple(GL.config_for(qt0, n, k))] if GL.config_for(qt0, n, k) else []   # the table's, if any
-        tried += [(bn, bb, _split(n, k, bn, target), w, pf) for bn, bb, w, pf in cands for target in targets]
-        seen = set()
-        for cfg in tried:
-            if time.time() - t0 > args.budget_s:
-                break
-            if cfg in seen:
-                continue
-            seen.add(cfg)
-            if True:
+        for bn, bb, w, pf in cands:
+            for target in targets:
+                if time.time() - t0 > args.budget_s:
+                    break
+                cfg = (bn, bb, _split(n, k, bn, target), w, pf)
                 try:
                     t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws) for i in range(calls)])
                     r = row("q8", list(cfg), t, err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws)))
@@ -156,6 +157,8 @@ def _gluon_shapes(want):
 
 
 def gluon_sweep(args) -> int:
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
     t0 = time.time()
     gen = torch.Generator(device="cuda").manual_seed(0)
     want = set(args.shapes.split(",")) if args.shapes else None
@@ -163,10 +166,7 @@ def gluon_sweep(args) -> int:
     res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "rows": [], "best": {}}
     for label, key, specs, k in _gluon_shapes(want):
         n = sum(nn for _, nn in specs)
-        rp_bytes = sum(nn * k // 256 * G.REPACKED_BLOCK_BYTES[qt] for qt, nn in specs)
-        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
-        rws = [tuple(G.repack(random_raw(qt, nn, k, gen), qt, nn, k) for qt, nn in specs) for _ in range(copies)]
-        rws = [r[0] if len(r) == 1 else r for r in rws]
+        rws, rp_bytes, copies = _copies(specs, k, gen)
         segs0 = rws[0] if isinstance(rws[0], tuple) else (rws[0],)
         parts = []
         for r in segs0:
@@ -189,133 +189,27 @@ def gluon_sweep(args) -> int:
         print(f"{label:9s} {key:18s} triton {str(list(Q.config_for(qt0, n, k))):22s} "
               f"{ta * 1e6:7.1f} us {rp_bytes / ta / 1e9:6.0f} GB/s err {ea:.1e}", flush=True)
         best = None
-        from minfer.ops.cuda import gemv_q8_gluon as GL
-
-        tried = [tuple(GL.config_for(qt0, n, k))] if GL.config_for(qt0, n, k) else []   # the table's, if any
+        table = GL.config_for(qt0, n, k)
+        tried = [tuple(table)] if table else []                       # the table's config, if any
         tried += [(bn, bb, _split(n, k, bn, target), w, pf) for bn, bb, w, pf in cands for target in targets]
-        seen = set()
-        for cfg in tried:
+        for cfg in dict.fromkeys(tried):                              # in order, each once
             if time.time() - t0 > args.budget_s:
                 break
-            if cfg in seen:
+            try:
+                t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True)
+                                for i in range(calls)])
+                e = err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32))
+            except Exception as ex:  # noqa: BLE001 -- record and go on
+                print(f"config {cfg} failed: {ex!r}"[:300], flush=True)
                 continue
-            seen.add(cfg)
-            if True:
-                try:
-                    t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True)
-                                    for i in range(calls)])
-                    e = err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32))
-                except Exception as ex:  # noqa: BLE001 -- record and go on
-                    print(f"config {cfg} failed: {ex!r}"[:300], flush=True)
-                    continue
-                r = {"shape": label, "key": key, "n": n, "k": k, "config": list(cfg), "us": t * 1e6,
-                     "gbps": rp_bytes / t / 1e9, "rel_err": e, "triton_us": ta * 1e6, "triton_err": ea}
-                res["rows"].append(r)
-                if e > max(1e-5, 2 * ea):
-                    print(f"  {cfg} WRONG RESULT err {e:.1e}", flush=True)
-                    continue
-                if best is None or r["us"] < best["us"]:
-                    best = r
-        if best:
-            res["best"][label] = best
-            print(f"          gluon best {str(best['config']):22s} {best['us']:7.1f} us {best['gbps']:6.0f} GB/s "
-                  f"err {best['rel_err']:.1e}  ({ta * 1e6 / best['us']:.2f}x triton)", flush=True)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(res, f, indent=1)
-        del rws, dense
-    print(json.dumps({"configs": {k: v["config"] for k, v in res["best"].items()}}))
-    print("\n| shape | type | bf16 GEMV GB/s | q8 GEMV GB/s | % of 4.1 TB/s | quantize us | rel err vs bf16 x | config |")
-    print("|---|---|---|---|---|---|---|---|")
-    for key, b in res["best"].items():
-        print(f"| {key} | | {b['bf16_gbps']:.0f} | {b['gbps']:.0f} | {100 * b['gbps'] * 1e9 / COPY_BW:.0f} | "
-              f"{b['quant_us']:.1f} | {b['rel_err']:.1e} | {b['config']} |")
-    return 0
-
-
-# Gluon candidates: (BN, BB, warps, prefetch) x split targets (programs; 72-96 registers: 5-7 per SM)
-GLUON = [(32, 2, 4, True), (64, 2, 4, True), (32, 1, 4, True), (64, 1, 4, True), (16, 2, 2, True), (64, 2, 8, True),
-         (128, 1, 8, True)]
-GLUON_TARGETS = [462, 924, 1848]
-# --wide: whole or half K per program in one or two steps, every load in flight at once (the small shapes)
-GLUON_WIDE = [(8, 16, 4, False), (16, 16, 8, False), (16, 8, 4, False), (32, 8, 8, False), (32, 4, 4, False),
-              (16, 4, 2, False), (32, 2, 4, True), (16, 2, 2, True), (32, 4, 4, True), (16, 8, 4, True)]
-GLUON_WIDE_TARGETS = [462, 924]
-
-
-def _gluon_shapes(want):
-    """(label, key, segment specs [(qtype, n)], k): the 7B shapes, plus q/k in Q4_K with a Q6_K v in
-    one launch (the layers whose attn_v is Q6_K; the same table key as the all-Q4_K q/k/v)."""
-    out = []
-    for label, qt, n, k in SHAPES:
-        if not want or label in want:
-            out.append((label, f"{NAME[qt]} {n}x{k}", [(qt, n)], k))
-        if label == "qkv" and (not want or "qkv_mixed" in want):
-            out.append(("qkv_mixed", f"{NAME[qt]} {n}x{k}", [(qt, n - 512), (14, 512)], k))
-    return out
-
-
-def gluon_sweep(args) -> int:
-    t0 = time.time()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    want = set(args.shapes.split(",")) if args.shapes else None
-    cands, targets = (GLUON_WIDE, GLUON_WIDE_TARGETS) if args.wide else (GLUON, GLUON_TARGETS)
-    res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "rows": [], "best": {}}
-    for label, key, specs, k in _gluon_shapes(want):
-        n = sum(nn for _, nn in specs)
-        rp_bytes = sum(nn * k // 256 * G.REPACKED_BLOCK_BYTES[qt] for qt, nn in specs)
-        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
-        rws = [tuple(G.repack(random_raw(qt, nn, k, gen), qt, nn, k) for qt, nn in specs) for _ in range(copies)]
-        rws = [r[0] if len(r) == 1 else r for r in rws]
-        segs0 = rws[0] if isinstance(rws[0], tuple) else (rws[0],)
-        parts = []
-        for r in segs0:
-            d = torch.empty(r.n, k, device="cuda", dtype=torch.float32)
-            G.dequantize_into(r, d)
-            parts.append(d)
-        dense = torch.cat(parts).double()
-        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-        q8 = Q.quantize(x)
-        ref = Q.dequantize_q8(q8, k).double() @ dense.T
-        calls = max(copies, args.calls)
-        ws = G.GemvWorkspace("cuda")
-        qt0 = specs[0][0]
-
-        def err(y):
-            return float((y.double() - ref).norm() / ref.norm())
-
-        ta = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws) for i in range(calls)])
-        ea = err(Q.gemv_q8(q8, rws[0], ws=ws, out_dtype=torch.float32))
-        print(f"{label:9s} {key:18s} triton {str(list(Q.config_for(qt0, n, k))):22s} "
-              f"{ta * 1e6:7.1f} us {rp_bytes / ta / 1e9:6.0f} GB/s err {ea:.1e}", flush=True)
-        best = None
-        from minfer.ops.cuda import gemv_q8_gluon as GL
-
-        tried = [tuple(GL.config_for(qt0, n, k))] if GL.config_for(qt0, n, k) else []   # the table's, if any
-        tried += [(bn, bb, _split(n, k, bn, target), w, pf) for bn, bb, w, pf in cands for target in targets]
-        seen = set()
-        for cfg in tried:
-            if time.time() - t0 > args.budget_s:
-                break
-            if cfg in seen:
+            r = {"shape": label, "key": key, "n": n, "k": k, "config": list(cfg), "us": t * 1e6,
+                 "gbps": rp_bytes / t / 1e9, "rel_err": e, "triton_us": ta * 1e6, "triton_err": ea}
+            res["rows"].append(r)
+            if e > max(1e-5, 2 * ea):
+                print(f"  {cfg} WRONG RESULT err {e:.1e}", flush=True)
                 continue
-            seen.add(cfg)
-            if True:
-                try:
-                    t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True)
-                                    for i in range(calls)])
-                    e = err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32))
-                except Exception as ex:  # noqa: BLE001 -- record and go on
-                    print(f"config {cfg} failed: {ex!r}"[:300], flush=True)
-                    continue
-                r = {"shape": label, "key": key, "n": n, "k": k, "config": list(cfg), "us": t * 1e6,
-                     "gbps": rp_bytes / t / 1e9, "rel_err": e, "triton_us": ta * 1e6, "triton_err": ea}
-                res["rows"].append(r)
-                if e > max(1e-5, 2 * ea):
-                    print(f"  {cfg} WRONG RESULT err {e:.1e}", flush=True)
-                    continue
-                if best is None or r["us"] < best["us"]:
-                    best = r
+            if best is None or r["us"] < best["us"]:
+                best = r
         if best:
             res["best"][label] = best
             print(f"          gluon best {str(best['config']):22s} {best['us']:7.1f} us {best['gbps']:6.0f} GB/s "
@@ -374,9 +268,7 @@ def l2_modes(args) -> int:
     for label, qt, n, k in SHAPES:
         if want and label not in want:
             continue
-        rp_bytes = n * k // 256 * G.REPACKED_BLOCK_BYTES[qt]
-        copies = max(2, min(24, -(-192_000_000 // rp_bytes)))
-        rws = [G.repack(random_raw(qt, n, k, gen), qt, n, k) for _ in range(copies)]
+        rws, rp_bytes, copies = _copies([(qt, n)], k, gen)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         q8 = Q.quantize(x)
         cfg = Q.config_for(qt, n, k)
