@@ -14,6 +14,7 @@ import torch
 
 from minfer.runtime.cuda_graphs import DecodeGraph
 from minfer.runtime.engine import Engine
+from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
 
 marks: list = []
 _step = DecodeGraph.step
@@ -50,13 +51,7 @@ def to_host(logits):
 
 
 def run(eng, depth, steps=64):
-    eng.reset()
-    prompt = [100 + (i * 7919) % 50000 for i in range(depth)]
-    t = int(eng.prefill(prompt).argmax())
-    pos = len(prompt)
-    for _ in range(8):
-        eng.forward([t], pos)
-        pos += 1
+    t, pos = warm(eng, depth)
     marks.clear()
     starts = []
     for _ in range(steps):

@@ -23,13 +23,20 @@ def short(name: str) -> str:
     return name[:40]
 
 
-def run(eng, depth, steps=6):
+def warm(eng, depth):
+    """A context of `depth` tokens prefilled and 8 decode steps run (graph captured): (token, position)
+    of the next step, fed as `minfer bench` feeds them (the same token again)."""
     eng.reset()
     prompt = [100 + (i * 7919) % 50000 for i in range(depth)]
     t = int(eng.prefill(prompt).argmax())
     pos = len(prompt)
     for _ in range(8):
         eng.forward([t], pos); pos += 1
+    return t, pos
+
+
+def run(eng, depth, steps=6):
+    t, pos = warm(eng, depth)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(32):

@@ -96,7 +96,7 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 
 
 @gluon.jit
-def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB, stride_rm,
+def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
           blocks_per_split, SPLIT, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
           IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr,
           PF: gl.constexpr):
@@ -179,14 +179,14 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
             for sp in range(SPLIT):
                 tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            _finish(tot, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS, HAS_RESID)
+            _finish(tot, rows, rmask, bias, resid, out, HAS_BIAS, HAS_RESID)
             gl.atomic_xchg(cnt + pid_n, 0)
     else:
-        _finish(res, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS, HAS_RESID)
+        _finish(res, rows, rmask, bias, resid, out, HAS_BIAS, HAS_RESID)
 
 
 @gluon.jit
-def _finish(v, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr):
+def _finish(v, rows, rmask, bias, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr):
     """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row)."""
     if HAS_BIAS:
         v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
@@ -197,7 +197,7 @@ def _finish(v, rows, rmask, bias, resid, out, stride_rm, HAS_BIAS: gl.constexpr,
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
+                     N, NA, TA, NB, blocks_per_split, SPLIT,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True):
@@ -207,14 +207,14 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     pid_s = gl.program_id(1)
     if MIXED:
         if pid_n < TA:
-            _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
+            _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
-                  N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
+                  N - NA, N, NB, blocks_per_split, SPLIT, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
                   HAS_RESID, PDL, PF)
     else:
-        _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
+        _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
 
 
@@ -276,7 +276,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     r = kernel_planes(segs[-1])
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
-                           n, na, ta, nb, resid.stride(0) if resid is not None else 0, bps, split,
+                           n, na, ta, nb, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                            PDL=min(int(pdl), 1), PF=bool(prefetch), num_warps=nwarps,

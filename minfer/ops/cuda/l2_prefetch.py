@@ -88,8 +88,8 @@ def region_args(regions) -> tuple:
 
 
 def _row_bytes(rw) -> list[int]:
-    return [p.stride(0) * p.element_size() if p.dim() > 1 else p.numel() * p.element_size() // max(1, rw.n)
-            for p in rw.planes]
+    """Bytes of one row in each plane (every plane is (N, ...) with rows apart by stride(0))."""
+    return [p.stride(0) * p.element_size() for p in rw.planes]
 
 
 def _nbytes(segs) -> int:
@@ -124,9 +124,6 @@ class L2Plan:
                 return self.index[key]
         self.order.append((key, tuple(segs)))
         return None
-
-    def reset(self) -> None:
-        self.__init__()
 
     def regions(self, pos: int, budget: int, small: int, big_next: bool) -> list:
         """[(address, bytes)] the launch at cycle position pos prefetches (16-byte aligned)."""
