@@ -80,6 +80,11 @@ class Switches:
                                 "bucketed (off: SDPA's flash kernel)")
     decode_attention: bool = _sw(True, "MINFER_DECODE_ATTN",
                                  "decode attention by the Triton split-K kernel (off: SDPA)")
+    decode_attn_rope: bool = _sw(True, "MINFER_DECODE_ATTN_ROPE",
+                                 "one-token decode: rope of q and k and the KV cache append done by the decode "
+                                 "attention kernel itself (the new key and value from registers; its first cached "
+                                 "tile loaded before the PDL wait), one launch fewer per layer (ops/cuda/"
+                                 "attention.py rope_decode_attention; off: the rope_kv kernel, then attention)")
     paged_attn_merge: bool = _sw(True, "MINFER_PAGED_ATTN_MERGE",
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")

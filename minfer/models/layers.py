@@ -94,9 +94,21 @@ def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, 
     q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
     if blk.attn_q_norm is not None:
         q, k = head_norm(q, blk.attn_q_norm, cfg.rms_eps), head_norm(k, blk.attn_k_norm, cfg.rms_eps)
-    q = rope_and_write(cache, layer, q, k, v.view(T, Hkv, Dh), step, cfg.rope, ctx)
-    o = cache.attend(layer, q, step, ctx)                          # (T, H, Dh)
+    o = rope_write_attend(cache, layer, q, k, v.view(T, Hkv, Dh), step, cfg.rope, ctx)   # (T, H, Dh)
     return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+
+
+def rope_write_attend(cache, layer: int, q, k, v, step, rope, ctx, window: int = 0):
+    """Rotate q and k, store k and v in the cache, attend -> (T, H, Dh). A cache with the
+    optional `attend_rotated` (runtime/kv_cache.py: one decode token on CUDA, all in the
+    attention kernel) does it all when it can; else rope_and_write, then cache.attend."""
+    fused = getattr(cache, "attend_rotated", None)
+    if fused is not None:
+        o = fused(layer, q, k, v, step, rope, ctx, window=window)
+        if o is not None:
+            return o
+    q = rope_and_write(cache, layer, q, k, v, step, rope, ctx)
+    return cache.attend(layer, q, step, ctx, window=window)
 
 
 def rope_and_write(cache, layer: int, q, k, v, step, rope, ctx):

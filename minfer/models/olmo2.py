@@ -36,7 +36,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.models.base import Step
 from minfer.models.gemma3 import swa_layers
-from minfer.models.layers import Block, ffn_branch, merge_heads, rope_and_write
+from minfer.models.layers import Block, ffn_branch, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
 from minfer.weights import QWeight, load_qweight, load_vector
 
@@ -93,8 +93,8 @@ class Olmo2Model(LlamaModel):
         q, k, v = ops.linear_many(x, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
         q = ops.rms_norm(q, blk.attn_q_norm, c.rms_eps).view(T, H, Dh)      # over H*Dh, then heads
         k = ops.rms_norm(k, blk.attn_k_norm, c.rms_eps).view(T, Hkv, Dh)
-        q = rope_and_write(cache, i, q, k, v.view(T, Hkv, Dh), step, self.layer_rope[i], ctx)
-        o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0)   # (T, H, Dh)
+        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.layer_rope[i], ctx,
+                              window=self.window if self.is_local[i] else 0)             # (T, H, Dh)
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:

@@ -118,6 +118,18 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None
                                      pdl=enabled(sw, q.device, "rope_kv", early_ok=True), rows=rows)
 
 
+def rope_attention(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None = None, window: int = 0,
+                   softcap: float = 0.0):
+    """CUDA, one decode token: rope(q) and rope(k), rope(k) and v stored at row positions[0] of the
+    caches (S, Hkv, Dh), and the attention of rope(q) over rows [0, pos] -> (1, H, Dh), in the
+    attention kernel's launches; None when that kernel does not apply (the caller then runs
+    rope_kv_write / rope + write, and attention)."""
+    if q.device.type != "cuda":
+        return None
+    return _backend(q).rope_attention(q, k, v, positions, cfg, k_cache, v_cache, ctx, window=window,
+                                      softcap=softcap)
+
+
 def swiglu(gate, up, ctx: Context | None = None):
     """silu(gate) * up, (T, F)."""
     if gate.device.type != "cuda":

@@ -5,6 +5,7 @@ k, v: (n_layers, n_rows, n_kv_heads, head_dim). Position p of layer l lives at [
 The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees of any cache:
     cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
     cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
+    cache.write_rotated / attend_rotated   # optional: rope + write (+ attend) in fewer launches
     cache.n_ctx                            # rows: the largest position + 1 it can hold
     cache.context                          # positions a sequence may use (the engine's --ctx);
                                            # n_ctx may exceed it (CUDA rows rounded to 128).
@@ -84,6 +85,21 @@ class KVCache:
         q = ops.rope(q, step.positions, rope)
         self.write(layer, ops.rope(k, step.positions, rope), v, step)
         return q
+
+    def attend_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
+                       ctx=None, window: int = 0, softcap: float = 0.0) -> torch.Tensor | None:
+        """write_rotated + attend for one token in the attention's own launches (the optional
+        cache protocol method layers.rope_write_attend prefers; CUDA: ops.rope_attention, which
+        rotates q and k, stores k and v at the step's position and attends); None where that
+        does not apply (the CPU tensors of the reference, T > 1, the kernel's conditions): the
+        caller does the two calls."""
+        if q.shape[0] != 1:
+            return None
+        if step.start is not None and step.start + 1 > self.n_ctx:
+            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing 1 token at "
+                              f"position {step.start} would overflow it (raise --ctx)")
+        return ops.rope_attention(q, k, v, step.positions, rope, self.k[layer], self.v[layer], ctx, window=window,
+                                  softcap=softcap)
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
                softcap: float = 0.0) -> torch.Tensor:

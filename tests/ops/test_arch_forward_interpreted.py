@@ -27,7 +27,8 @@ _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qma
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
-        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "olmo3": ["attention.window.decode"],
+        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather", "attention.decode.rope"],
+        "olmo2": ["attention.decode.rope"], "olmo3": ["attention.decode.rope.window", "attention.decode.rope"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"]}
 DECODE_ONLY = {"gemma3", "qwen3moe"}   # interpreted prefills of these cost ~50-80 s each
 
@@ -49,6 +50,7 @@ def _route_to_cuda(monkeypatch, C):
                         lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
                         C.attention(q, k, v, s, ctx, window=window, softcap=softcap))
     monkeypatch.setattr(O, "moe_ffn", lambda h, r, g, u, d, k, n, ctx=None: C.moe_ffn(h, r, g, u, d, k, n, ctx))
+    monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2"])

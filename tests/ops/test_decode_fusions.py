@@ -1,6 +1,7 @@
 """Decode fusions of issue 12 in Triton's interpreter, against the torch reference:
-rope(q) + rope(k) + the KV cache append as one kernel (norm_rope_act.rope_kv_write), and the
-decode attention's combine kernel also writing its output's int8 form for the o projection."""
+rope(q) + rope(k) + the KV cache append as one kernel (norm_rope_act.rope_kv_write), the same
+folded into the decode attention kernel (attention.rope_decode_attention), and the decode
+attention's combine kernel also writing its output's int8 form for the o projection."""
 
 from __future__ import annotations
 
@@ -103,3 +104,67 @@ def test_batched_rows_q8_producers_for_the_int8_gemm(M):
     # off (the default): no int8 rows
     b = N.swiglu(gate, up, Context(Switches(), None))
     assert getattr(b, "q8", None) is None and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("style", ["normal", "neox"])
+@pytest.mark.parametrize("pos,n_split,window,softcap", [
+    (0, None, 0, 0.0),        # the first token: no cached key, the new one alone
+    (5, None, 0, 0.0),
+    (47, None, 0, 0.0),       # 3 tiles of 16 keys: the new key in the last program's range
+    (79, None, 0, 0.0),       # the cache's last row
+    (60, 3, 0, 0.0),          # 3 splits of 32 keys: programs with and without the new key
+    (60, 8, 0, 0.0),          # splits past the keys (empty programs)
+    (60, None, 7, 0.0),       # sliding window: only the last 7 keys
+    (60, None, 0, 5.0),       # gemma2's score soft-cap
+])
+def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split, window, softcap):
+    """One launch of the attention kernel (+ the merge) does what rope_kv_write and
+    decode_attention did: the output equals the reference's rope + attention over the cache
+    with the new row; the new row holds rope(k) and v; no other row changes."""
+    A = M["attention"]
+    N = M["norm_rope_act"]
+    H, Hkv, Dh, S = 8, 2, 64, 80
+    cfg = RopeConfig(theta=1e4, style=style, n_rot=Dh)
+    g = torch.Generator().manual_seed(pos + 1)
+    qkv = torch.randn(1, (H + 2 * Hkv) * Dh, generator=g)
+    q, k, v = torch.split(qkv, [H * Dh, Hkv * Dh, Hkv * Dh], dim=1)     # column views, as the GEMV gives
+    q, k, v = q.view(1, H, Dh), k.view(1, Hkv, Dh), v.view(1, Hkv, Dh)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    kc0, vc0 = kc.clone(), vc.clone()
+    p = torch.tensor([pos])
+    out = A.rope_decode_attention(q, k, v, p, N._turns(cfg, "cpu"), style == "neox", kc, vc, window=window,
+                                  softcap=softcap, n_split=n_split)
+    kr = reference.rope(k, p, cfg)
+    assert rel_err(kc[pos], kr[0]) < 1e-6 and torch.equal(vc[pos], v[0])
+    rest = torch.arange(S) != pos
+    assert torch.equal(kc[rest], kc0[rest]) and torch.equal(vc[rest], vc0[rest])   # nothing else written
+    kc0[pos], vc0[pos] = kr[0], v[0]
+    ref = reference.attention(reference.rope(q, p, cfg), kc0, vc0, pos, window, softcap)
+    assert rel_err(out, ref) < 1e-5
+
+
+def test_rope_attention_routing(M):
+    """ops' entry: the fused kernel counted as attention.decode.rope; None (the caller's rope +
+    write + attention) for what it cannot take, and when switched off."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    A = M["attention"]
+    H, Hkv, Dh, S = 4, 2, 32, 20
+    q, k, v = torch.randn(1, H, Dh), torch.randn(1, Hkv, Dh), torch.randn(1, Hkv, Dh)
+    kc, vc = torch.zeros(S, Hkv, Dh), torch.zeros(S, Hkv, Dh)
+    pos = torch.tensor([4])
+    on = Context(Switches(), None)
+    paths.reset()
+    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is not None
+    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on,
+                            window=3) is not None
+    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=16), kc, vc, on) is None
+    assert A.rope_attention(q.half(), k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is None
+    off = Context(Switches(decode_attn_rope=False), None)
+    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, off) is None
+    snap = paths.snapshot()
+    assert snap["counts"].get("attention.decode.rope") == 1
+    assert snap["counts"].get("attention.decode.rope.window") == 1
+    assert snap["switched_off"] == {"attention.decode.rope (switched off by MINFER_DECODE_ATTN_ROPE=0)": 1}

@@ -38,10 +38,13 @@ def _route_to_cuda(monkeypatch, C):
     monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
     monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None: C.add_rms_norm(x, y, w, e, d, ctx))
     monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx))
+    monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path, arch):
+@pytest.mark.parametrize("arch,rope_in_attn", [("llama", True), ("qwen3", True), ("llama", False)])
+def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path, arch, rope_in_attn):
+    """rope_in_attn: the decode step's rope + KV append inside the attention kernel
+    (Switches.decode_attn_rope, attention.decode.rope) or apart (rope_kv, attention.decode.triton)."""
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
     from minfer.ops import paths
@@ -59,7 +62,7 @@ def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path
     ref_dec = m.forward(torch.tensor([7]), Step.at(40, 1, "cpu"), ref_cache)
 
     _route_to_cuda(monkeypatch, C)
-    ctx = Context(Switches(), C.Workspace.for_model(m))
+    ctx = Context(Switches(decode_attn_rope=rope_in_attn), C.Workspace.for_model(m))
     cache = KVCache.for_config(m.cfg, 64)
     paths.reset()
     for _ in range(2):                                   # the second forward is prefetched
@@ -73,5 +76,9 @@ def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path
     assert rel(out, ref) < 1e-5 and rel(dec, ref_dec) < 1e-5 and rel(last, ref[-1:]) < 1e-5
     counts = paths.snapshot()["counts"]
     assert counts["qmatmul.group3.prefill"] == 3 * m.cfg.n_layers            # the declared q/k/v group
-    assert counts["prefetch.hit"] > 0 and counts["attention.decode.triton"] == m.cfg.n_layers
+    assert counts["prefetch.hit"] > 0
+    if rope_in_attn:
+        assert counts["attention.decode.rope"] == m.cfg.n_layers and "attention.decode.triton" not in counts
+    else:
+        assert counts["attention.decode.triton"] == m.cfg.n_layers and "attention.decode.rope" not in counts
     assert ctx.workspace.nbytes() > 0

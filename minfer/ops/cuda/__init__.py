@@ -29,6 +29,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask
   attention.decode.triton        split-K decode attention                        (decode_attention)
+  attention.decode.rope          the same with rope(q), rope(k) and the KV append in it: no rope_kv
+                                 launch (decode_attn_rope; .window / .softcap variants)
   attention.window.decode        the same kernel over the last `window` keys (gemma3 local layers)
   attention.window.masked        T > 1 on a sliding-window layer: the masked kernel, window in the mask
   attention.softcap[.window].decode  the decode kernel with gemma2's score soft-cap (its CAP variant)
@@ -40,7 +42,7 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
 
 from __future__ import annotations
 
-from minfer.ops.cuda.attention import attention, decode_attention
+from minfer.ops.cuda.attention import attention, decode_attention, rope_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
@@ -49,7 +51,7 @@ from minfer.ops.cuda.workspace import Workspace
 
 __all__ = ["linear", "linear_many", "linear_swiglu", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
-           "decode_attention", "prepare_weight", "memory_report", "Workspace"]
+           "decode_attention", "rope_attention", "prepare_weight", "memory_report", "Workspace"]
 
 
 def prepare_weight(w) -> None:

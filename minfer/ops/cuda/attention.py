@@ -61,6 +61,33 @@ def _cudnn_causal(q, k_cache, v_cache, scale: float):
 
 
 @triton.jit
+def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexpr, CAP: tl.constexpr):
+    """One tile of keys (k, v [BS, BD], valid where sm) folded into the online softmax (m_i, l_i,
+    acc) of the query rows qt [GP, BD]."""
+    if IEEE:
+        sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
+    else:
+        sc = tl.dot(qt, tl.trans(k))
+    if CAP:
+        # gemma2's soft-cap of the scaled scores, softcap * tanh(s / softcap), with
+        # tanh(x) = 1 - 2 / (exp(2x) + 1) (exp overflowing to inf gives the limit 1)
+        sc = sc * (sm_scale * 2.0 / softcap)
+        sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
+        sc = tl.where(sm[None, :], sc, float("-inf"))
+    else:
+        sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    p = tl.exp(sc - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         H, G, sm_scale, window, n_keys_add, softcap,
@@ -93,30 +120,108 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
         # V issued with K, before the scores need K: one memory round trip per tile, not two (at
         # depth most programs have a single tile)
         v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
-        if IEEE:
-            sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
-        else:
-            sc = tl.dot(qt, tl.trans(k))
-        if CAP:
-            # gemma2's soft-cap of the scaled scores, softcap * tanh(s / softcap), with
-            # tanh(x) = 1 - 2 / (exp(2x) + 1) (exp overflowing to inf gives the limit 1)
-            sc = sc * (sm_scale * 2.0 / softcap)
-            sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
-            sc = tl.where(sm[None, :], sc, float("-inf"))
-        else:
-            sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        p = tl.exp(sc - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if IEEE:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     om = gm[:, None] & dm[None, :]
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
+    tl.store(part_m + sp * H + qh, m_i, mask=gm)
+    tl.store(part_l + sp * H + qh, l_i, mask=gm)
+
+
+@triton.jit
+def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l,
+                             stride_qh, stride_knh, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
+                             H, G, sm_scale, window, softcap,
+                             D: tl.constexpr, NEOX: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
+                             IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False):
+    """_decode_attn_kernel with rope_kv's work folded in (one launch for what _rope_kv_kernel
+    and this kernel did in two): q, k, v are the step's raw projections of the new token at
+    position pos (the key count is pos + 1). Each program rotates its heads' q in registers; the
+    new key (rotated) and value enter the online softmax of the program whose key range holds
+    row pos straight from registers, and that program also stores them in the caches for later
+    steps. The rotation is norm_rope_act._rope_kv_kernel's (angle in float64 turns, then cos/sin
+    in float32), the rotated q and k rounded to the cache dtype as that kernel's outputs were.
+
+    Before the PDL wait (pdl.py's contract) the program reads only what no kernel of this step
+    writes: the position (copied in before the step's first kernel), the rope table and its
+    first tile of cached keys/values, all rows < pos (written by earlier steps); the new row is
+    the one the program does not load. So the first tile's loads overlap the q/k/v GEMV's end."""
+    kvh = tl.program_id(0)
+    sp = tl.program_id(1)
+    p = tl.load(pos)
+    L = p + 1
+    kps = tl.cdiv(tl.cdiv(L, tl.num_programs(1)), BS) * BS          # as _decode_attn_kernel
+    lo = sp * kps
+    s1 = tl.minimum(lo + kps, L)
+    s0 = tl.maximum(lo, L - window)
+    s_end = tl.minimum(s1, L - 1)                                   # cached rows; row L-1 is the new key
+    owner = (lo <= L - 1) & (L - 1 < lo + kps)
+    d = tl.arange(0, D)
+    s = s0 + tl.arange(0, BS)
+    sm = s < s_end
+    k0 = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None], other=0.0)
+    v0 = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None], other=0.0)
+    HALF: tl.constexpr = D // 2
+    j = tl.arange(0, HALF)
+    tr = p.to(tl.float64) * tl.load(turns + j)
+    ang = (tr - tl.floor(tr)).to(tl.float32) * 6.283185307179586
+    c = tl.cos(ang)
+    sn = tl.sin(ang)
+    if NEOX:
+        ia = j
+        ib = j + HALF
+    else:
+        ia = 2 * j
+        ib = 2 * j + 1
+    pdl_enter(PDL)   # q, k, v come from the GEMV just before
+    g = tl.arange(0, GP)
+    gm = g < G
+    qh = kvh * G + g
+    qa = tl.load(q + qh[:, None] * stride_qh + ia[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+    qb = tl.load(q + qh[:, None] * stride_qh + ib[None, :], mask=gm[:, None], other=0.0).to(tl.float32)
+    ka = tl.load(k + kvh * stride_knh + ia).to(tl.float32)
+    kb = tl.load(k + kvh * stride_knh + ib).to(tl.float32)
+    vn = tl.load(v + kvh * stride_vnh + d).to(kc.dtype.element_ty)
+    ra = (qa * c[None, :] - qb * sn[None, :]).to(kc.dtype.element_ty)
+    rb = (qa * sn[None, :] + qb * c[None, :]).to(kc.dtype.element_ty)
+    kra = (ka * c - kb * sn).to(kc.dtype.element_ty)
+    krb = (ka * sn + kb * c).to(kc.dtype.element_ty)
+    krow = kc + (L - 1).to(tl.int64) * stride_ks + kvh * stride_kh
+    tl.store(krow + ia, kra, mask=(j < HALF) & owner)
+    tl.store(krow + ib, krb, mask=(j < HALF) & owner)
+    tl.store(vc + (L - 1).to(tl.int64) * stride_vs + kvh * stride_vh + d, vn, mask=(d < D) & owner)
+    # the rotated q rows in the layout of the head dim: halves side by side (neox) or pairs
+    # interleaved (normal)
+    if NEOX:
+        qt = tl.reshape(tl.permute(tl.join(ra, rb), (0, 2, 1)), (GP, D))
+    else:
+        qt = tl.interleave(ra, rb)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    if s0 < s_end:
+        m_i, l_i, acc = _attn_tile(qt, k0, v0, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+    for start in range(s0 + BS, s_end, BS):
+        s = start + tl.arange(0, BS)
+        sm = s < s_end
+        kt = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None], other=0.0)
+        vt = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None], other=0.0)
+        m_i, l_i, acc = _attn_tile(qt, kt, vt, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+    if owner:
+        # the new key: its score per query row from the rounded q and k, as the cached keys'
+        sc = tl.sum(ra.to(tl.float32) * kra.to(tl.float32)[None, :] + rb.to(tl.float32) * krb.to(tl.float32)[None, :],
+                    axis=1)                                                            # [GP]
+        if CAP:
+            sc = sc * (sm_scale * 2.0 / softcap)
+            sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
+        else:
+            sc = sc * sm_scale
+        m_new = tl.maximum(m_i, sc)
+        pn = tl.exp(sc - m_new)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + pn
+        acc = acc * alpha[:, None] + pn.to(vn.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
+        m_i = m_new
+    tl.store(part_o + (sp * H + qh[:, None]) * D + d[None, :], acc, mask=gm[:, None])
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
 
@@ -163,9 +268,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
     g = h // hkv
-    # key tiles: K and V of a tile are both staged (3 pipeline stages), so a 256-wide head takes
-    # 32 keys a tile (64 needed 276 KiB of shared memory, over the H200's 227 KiB)
-    bs = 16 if q.device.type == "cpu" else (64 if dh <= 128 else 32)
+    bs = _key_tile(q)
     if isinstance(n_keys, torch.Tensor):
         span = s_max
         nk = n_keys.reshape(1)
@@ -173,16 +276,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         span = int(n_keys) + n_keys_add
         n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
-    if n_split is None:
-        # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
-        # length (one tile each measured 0.94x at d3354 on the H200, perf-log); the kernel
-        # divides the keys of each call's actual length over them
-        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(programs, hkv)))
-    n_split = max(1, min(n_split, triton.cdiv(span, bs)))
+    n_split = _n_split(span, bs, hkv, programs, n_split)
     bd = triton.next_power_of_2(dh)
-    part_o = torch.empty((n_split, h, bd), dtype=torch.float32, device=q.device)
-    part_m = torch.empty((n_split, h), dtype=torch.float32, device=q.device)
-    part_l = torch.empty((n_split, h), dtype=torch.float32, device=q.device)
+    part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
     q2 = q.reshape(h, dh)
     if q2.stride(-1) != 1:
         q2 = q2.contiguous()
@@ -195,11 +291,35 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, num_warps=4, **launch_kw(pdl))
-    out = torch.empty((1, h, dh), dtype=q.dtype, device=q.device)
-    # q8: also the output row's int8 form (gemv_q8.py), attached as out.q8 (layers.merge_heads keeps it)
+    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+
+
+def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None) -> int:
+    """Key ranges per KV head for a grid covering `span` keys."""
+    if n_split is None:
+        # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
+        # length (one tile each measured 0.94x at d3354 on the H200, perf-log); the kernel
+        # divides the keys of each call's actual length over them
+        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(programs, hkv)))
+    return max(1, min(n_split, triton.cdiv(span, bs)))
+
+
+def _partials(n_split: int, h: int, bd: int, device) -> tuple:
+    """Each split's (acc, max, sum) per query head."""
+    return (torch.empty((n_split, h, bd), dtype=torch.float32, device=device),
+            torch.empty((n_split, h), dtype=torch.float32, device=device),
+            torch.empty((n_split, h), dtype=torch.float32, device=device))
+
+
+def _merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
+    """The splits' partials merged (_combine_kernel) -> (1, H, Dh) in dtype; q8: with the row's
+    int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
+    bd = part_o.shape[-1]
+    device = part_o.device
+    out = torch.empty((1, h, dh), dtype=dtype, device=device)
     q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
-    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=q.device) if q8 else part_m
-    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=q.device) if q8 else part_m
+    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=device) if q8 else part_m
+    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=device) if q8 else part_m
     dc = 32 if bd % 32 == 0 else bd
     _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
                                    NSP=max(16, triton.next_power_of_2(n_split)), Q8=q8, PDL=pdl,
@@ -207,6 +327,41 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if q8:
         out.q8 = (xq, xf)
     return out
+
+
+def _key_tile(q) -> int:
+    # key tiles: K and V of a tile are both staged (3 pipeline stages), so a 256-wide head takes
+    # 32 keys a tile (64 needed 276 KiB of shared memory, over the H200's 227 KiB)
+    dh = q.shape[-1]
+    return 16 if q.device.type == "cpu" else (64 if dh <= 128 else 32)
+
+
+def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, turns,
+                          neox: bool, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0,
+                          q8: bool = False, pdl: int = 0, programs: int = 264, softcap: float = 0.0,
+                          n_split: int | None = None) -> torch.Tensor:
+    """One new token's rope, KV append and decode attention in the launches of the attention
+    alone (_decode_attn_rope_kernel, then the merge): q (1, H, Dh), k and v (1, Hkv, Dh) the raw
+    projections at position positions[0] (a (1,) int64 device tensor, so a graph replays at any
+    position); rope(k) and v are stored at that row of the caches (S, Hkv, Dh); returns the
+    attention of rope(q) over rows [0, pos] -> (1, H, Dh), with .q8 when q8 (as
+    decode_attention). turns: the (Dh/2,) float64 rope table (norm_rope_act._turns). Caller's
+    conditions: the whole head rotated, Dh a power of 2, one dtype for q/k/v/caches, pos inside
+    the cache (no host check: graph replays)."""
+    _, h, dh = q.shape
+    s_max, hkv, _ = k_cache.shape
+    g = h // hkv
+    bs = _key_tile(q)
+    n_split = _n_split(s_max, bs, hkv, programs, n_split)
+    part_o, part_m, part_l = _partials(n_split, h, dh, q.device)
+    _decode_attn_rope_kernel[(hkv, n_split)](
+        q, k, v, positions, turns, k_cache, v_cache, part_o, part_m, part_l,
+        q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
+        v_cache.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30,
+        float(softcap) if softcap > 0 else 1.0,
+        D=dh, NEOX=neox, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=k_cache.dtype == torch.float32,
+        PDL=pdl, CAP=softcap > 0, num_warps=4, **launch_kw(pdl))
+    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
@@ -272,6 +427,37 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
             paths.fallback("attention.prefill.flash", f"SDPA refused flash: {str(e).splitlines()[0][:80]}")
     # a cached prefix (start_pos > 0): the causal mask is offset, which flash cannot take
     return _masked(q, k_cache, v_cache, start_pos, scale, 0, "attention.prefill.masked")
+
+
+def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cfg,
+                   k_cache: torch.Tensor, v_cache: torch.Tensor, ctx: Context | None = None, window: int = 0,
+                   softcap: float = 0.0) -> torch.Tensor | None:
+    """One decode token's rope(q), rope(k) + v appended to the caches at positions[0], and its
+    attention over rows [0, pos] -> (1, H, Dh), in the launches of the attention alone
+    (rope_decode_attention; path attention.decode.rope[.window][.softcap]). None when that
+    kernel does not apply -- T > 1, Switches.decode_attn_rope or decode_attention off, a partial
+    rotation, a head dim that is not a power of 2, mixed dtypes -- and the caller then rotates,
+    writes and attends apart (rope_kv.triton, attention.decode.triton, each counted)."""
+    sw = (ctx or DEFAULT).switches
+    t, h, dh = q.shape
+    path = "attention.decode.rope" + (".window" if window > 0 else "") + (".softcap" if softcap > 0 else "")
+    if t != 1 or not sw.decode_attention:
+        return None
+    if not sw.decode_attn_rope:
+        paths.switched_off(path, "MINFER_DECODE_ATTN_ROPE")
+        return None
+    hkv = k_cache.shape[1]
+    if (cfg.n_rot != dh or dh < 16 or dh & (dh - 1) or cfg.style not in ("normal", "neox") or h % hkv
+            or not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype)
+            or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
+        return None
+    from minfer.ops.cuda.norm_rope_act import _turns
+
+    paths.count(path)
+    return rope_decode_attention(q, k, v, positions.reshape(1), _turns(cfg, str(q.device)), cfg.style == "neox",
+                                 k_cache, v_cache, window=window, q8=q.dtype != torch.float32 and sw.gemv_q8,
+                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
+                                 programs=sw.decode_attn_programs, softcap=softcap)
 
 
 def _masked(q, k_cache, v_cache, start_pos: int, scale: float, window: int, path: str):
