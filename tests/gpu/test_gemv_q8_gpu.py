@@ -212,3 +212,127 @@ def test_graphed_decode_with_the_gluon_gemv(tmp_path, monkeypatch):
         t = int(lb.argmax())
     counts = paths.snapshot()["counts"]
     assert counts.get("gemv_q8.gluon", 0) > 0 and counts.get("gemv_q8.triton", 0) > 0, counts
+
+
+# ---------------------------------------------------------------- the Gluon GEMV's SwiGLU epilogue
+
+def _check_q8_of(hq, h):
+    """hq is a q8 form (gemv_q8's module doc) of the float32 values h (bf16) was rounded from:
+    per 32 values, |q| reaches 127 (0 only for an all-zero chunk), each d * q lies within half a
+    step d of its value (slack: d and 127/amax are approximate divisions, a few 1e-7 relative;
+    plus h's own bf16 rounding, <= 2^-9 |h|), s0 / s1 are d times the two halves' sums of q, the
+    4th float is 0. Returns x_hat (float64, chunks of 32)."""
+    from minfer.ops.cuda import gemv_q8 as Q
+
+    xq, xf = hq
+    f = h.shape[1]
+    q = xq.view(torch.int8).view(-1, 8, 4).permute(0, 2, 1).reshape(-1, 32).double()   # value 8b + 4h + w
+    fl = xf.view(-1, 4).double()
+    d = fl[:, :1]
+    got = q * d                                               # exact in float64
+    assert torch.equal(Q.dequantize_q8(hq, f).view(-1, 32), got.float())    # the layout the GEMV reads
+    hv = h.double().view(-1, 32)
+    amax = q.abs().amax(1)
+    assert bool(((amax == 127) | ((amax == 0) & (d[:, 0] == 0) & (hv.abs().amax(1) == 0))).all())
+    assert bool(((got - hv).abs() <= 0.501 * d + hv.abs() * 2.0 ** -8).all())
+    assert torch.allclose(fl[:, 1], got[:, :16].sum(1), rtol=1e-6, atol=0)
+    assert torch.allclose(fl[:, 2], got[:, 16:].sum(1), rtol=1e-6, atol=0)
+    assert bool((fl[:, 3] == 0).all())
+    return got
+
+
+# (qtype, F, K, config): the 7B's gate+up (Q4_K from the Gluon table, [32, 1, 1, 4]; Q6_K with
+# that config given), and small shapes with explicit configs: an odd K tail (3 blocks in steps of
+# 2), no prefetch, 128-row tiles of 8 warps
+GLU_CASES = [(12, 18944, 3584, None), (14, 18944, 3584, (32, 1, 1, 4)), (12, 512, 768, (32, 1, 1, 4)),
+             (12, 512, 768, (64, 2, 1, 4, False)), (14, 1024, 1280, (128, 1, 1, 8))]
+
+
+@pytest.mark.parametrize("qt,f,k,cfg", GLU_CASES)
+def test_gemv_q8_swiglu_gluon(qt, f, k, cfg):
+    """gemv_q8_swiglu(gluon=True): the Gluon GEMV with the SwiGLU pair epilogue, one launch
+    counted as gemv_q8.gluon, against (a) float64 silu(Wg x_hat) * (Wu x_hat) from the dequantized
+    planes and q8 row; (b) the Gluon GEMV then swiglu_q8, bit for bit (the same row sums, and
+    the epilogue is swiglu_q8's arithmetic: bf16 g and u, exp, div.full, the rounding FMA); (c)
+    the Triton GLU launch (another summation order: h close, q8 forms each consistent with
+    their h); (d) a second launch on the same counters gives the same bits, the counters are
+    back at 0."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    if cfg is None:
+        assert GL.config_for(qt, 2 * f, k) == (32, 1, 1, 4)          # the table's gate+up entry
+    rw, w = _weight(qt, 2 * f, k, seed=f + k + qt)
+    ws = GemvWorkspace("cuda")
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    q8 = Q.quantize(x)
+    xh = check_q8(q8, x.float())
+    paths.reset()
+    h, hq = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, config=cfg, ws=ws, gluon=True)
+    snap = paths.snapshot()
+    assert snap["counts"].get("gemv_q8.gluon") == 1 and "gemv_q8.triton" not in snap["counts"], snap
+    assert not snap["fallbacks"], snap
+    assert h.shape == (1, f) and hq[0].shape == (f // 4,) and hq[1].shape == (f // 8,)
+    # (a)
+    gu = xh @ w.T
+    ref = torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]
+    assert rel_err(h.float(), ref) < 1e-2
+    _check_q8_of(hq, h)
+    # (b)
+    gcfg = cfg if cfg is not None else GL.config_for(qt, 2 * f, k)
+    g2 = Q.gemv_q8(q8, rw, out_dtype=torch.bfloat16, config=gcfg, ws=ws, gluon=True)
+    h2, (q2, f2) = Q.swiglu_q8(g2[:, :f].contiguous(), g2[:, f:].contiguous())
+    assert torch.equal(h, h2) and torch.equal(hq[0], q2) and torch.equal(hq[1], f2)
+    # (c)
+    ht, hqt = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, ws=ws)
+    assert rel_err(h.float(), ht.float()) < 1e-3
+    # each q8 form is its own h's; the two differ only where a bf16 rounding of g, u (and so a
+    # chunk's max) went the other way
+    assert rel_err(_check_q8_of(hq, h), _check_q8_of(hqt, ht)) < 1e-2
+    # (d)
+    paths.reset()
+    h3, hq3 = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, config=cfg, ws=ws, gluon=True)
+    assert torch.equal(h, h3) and torch.equal(hq[0], hq3[0]) and torch.equal(hq[1], hq3[1])
+    assert paths.snapshot()["counts"].get("gemv_q8.gluon") == 1
+    torch.cuda.synchronize()
+    assert int(ws.cnt.abs().sum()) == 0
+
+
+def test_gemv_q8_swiglu_gluon_graph_replays_pdl():
+    """The 7B gate+up launch (Gluon table config, PDL on) behind the q8 producer in a CUDA graph:
+    each replay with a new x gives silu(Wg x_hat) * (Wu x_hat) of that x (the pair counters
+    reset by the epilogue, or the second replay's pairs would never see ticket 1)."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    f, k = 18944, 3584
+    rw, w = _weight(12, 2 * f, k, seed=77)
+    ws = GemvWorkspace("cuda")
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    nw = torch.randn(k, device="cuda")
+    qs = []
+
+    def step():
+        _, hn, q8 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16, pdl=1)
+        qs.append(q8)
+        return Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, ws=ws, gluon=True, pdl=1)
+
+    paths.reset()
+    step()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        h, hq = step()
+    assert paths.snapshot()["counts"].get("gemv_q8.gluon") == 2
+    for i in range(3):
+        x.normal_()
+        g.replay()
+        torch.cuda.synchronize()
+        gu = Q.dequantize_q8(qs[-1], k).double() @ w.T
+        assert rel_err(h.float(), torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]) < 1e-2, i
+        _check_q8_of(hq, h)
+    assert int(ws.cnt.abs().sum()) == 0

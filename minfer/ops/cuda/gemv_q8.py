@@ -460,15 +460,45 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
                    l2: tuple | None = None, gluon: bool = False):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
-    after it, bit for bit). No K split (each row tile pairs with one other); F a multiple of 256
-    and of the row tile. The Triton kernel only (gluon is ignored: no SwiGLU epilogue there)."""
+    after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
+    ignored); F a multiple of 256 and of the row tile, the tile a multiple of 32 rows.
+
+    gluon: the Gluon kernel (gemv_q8_gluon._glu_pair, the same epilogue) when its table has a
+    config for the stacked shape (the 7B's gate+up: "Q4_K 37888x3584") or one is given
+    explicitly (BN, BB, SPLIT, warps[, prefetch]), its tile pairs (BN a power of two, F % BN ==
+    0, BN % 32 == 0) and it runs on this GPU; not on the interpreter, not with l2 ranges (as
+    gemv_q8). A tabled or explicit config that the GPU or the pairing refuses is counted as a
+    `gemv_q8.gluon` fallback; the Triton kernel then runs with `config` if one was given, else
+    its own table's. Each launch is counted as `gemv_q8.gluon` or `gemv_q8.triton`."""
     xq, xf = q8
     n, k = rw.n, rw.k
     f = n // 2
-    bn, bb, _, nwarps, prefetch = tuple(config or config_for(rw.qtype, n, k, interpret))
-    if n % 2 or f % 256 or f % bn or bn % 32 or rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k:
+    if n % 2 or f % 256 or rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k:
+        raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} is not a [gate; up] pair of a multiple of "
+                          f"256 rows each (for {xq.numel() * 4} activations)")
+    use_g, why = gluon and not interpret and not l2, None
+    if use_g:
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
+        cfg = tuple(config) if config else GL.config_for(rw.qtype, n, k)
+        if cfg is None:
+            use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
+        else:
+            bn = cfg[0]
+            why = GL.device_unsupported(xq.device) or GL.supported((rw,), bn, cfg[1])
+            if why is None and (f % bn or bn % 32 or bn & (bn - 1)):
+                why = f"{bn}-row tiles do not pair the gate/up halves of {f} rows"
+            use_g = why is None
+    if not use_g:
+        cfg = tuple(config) if config else config_for(rw.qtype, n, k, interpret)
+    bn, bb, _, nwarps = cfg[:4]
+    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    if f % bn or bn % 32:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "
                           f"pair of a multiple of 256 rows each")
+    if why is not None:
+        paths.fallback("gemv_q8.gluon", why)
+    paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     bps = triton.cdiv(nb, bb) * bb
     tiles = n // bn
@@ -478,6 +508,9 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     gf = torch.empty(f // 8, dtype=torch.float32, device=dev)
     part = torch.empty(n, dtype=torch.float32, device=dev)
     cnt = ws.counters(tiles // 2) if ws is not None else torch.zeros(tiles // 2, dtype=torch.int32, device=dev)
+    if use_g:
+        GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch)
+        return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,

@@ -18,6 +18,14 @@ arithmetic per (row, chunk) as gemv_q8 (module doc there); the split-K partials 
 last program of a tile in split order (deterministic), as there. sm_90 SASS: 211 instructions a
 step for Q4_K (72 registers) against Triton's 288 (95).
 
+SwiGLU epilogue (`launch_swiglu`, gemv_q8.gemv_q8_swiglu with gluon=True): the stacked [gate; up]
+GEMV without K split, whose epilogue (_glu_pair) is gemv_q8's: each tile parks its row sums,
+the second of a gate/up tile pair (an atomic ticket) computes h = silu(g) * u (g, u rounded to
+h's dtype) and h's q8 chunks, the same operations as swiglu_q8 after the GEMV (one launch
+instead of two). Same K loop as the plain kernel (its SASS differs only in scheduling); the
+epilogue runs once per tile pair (sm_90, Q4_K 32 x 1 blocks, 4 warps: 496 instructions in all
+against the plain kernel's 256, 48 registers both).
+
 Configs (BN, BB, SPLIT, warps[, prefetch]): a step is BB blocks of BN rows; with prefetch the
 next step's words load while this one is multiplied, without it a program holds one step (used
 where a split is one step of up to 16 blocks: every load in flight before the PDL wait, nothing
@@ -97,9 +105,11 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 
 @gluon.jit
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
-          blocks_per_split, SPLIT, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-          IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr,
-          PF: gl.constexpr):
+          blocks_per_split, SPLIT, gq, gf, TF, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
+          NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
+          PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False):
+    """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
+    no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -170,7 +180,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
     rmask = rows < N
-    if IS_SPLIT:
+    if GLU:
+        _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
+    elif IS_SPLIT:
         gl.store(part + pid_s * NSTRIDE + rows, res, mask=rmask)
         # the last split of this tile to finish sums the partials in split order (gemv_q8)
         gl.thread_barrier()
@@ -196,6 +208,60 @@ def _finish(v, rows, rmask, bias, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID:
 
 
 @gluon.jit
+def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr):
+    """SwiGLU in the epilogue of the stacked [gate; up] GEMV (2 * TF tiles of BN rows, no split):
+    gemv_q8._glu_pair + _q8_chunks, operation for operation. Gate tile j and up tile TF + j each
+    park their fp32 rows in `part`; the second to take the ticket on cnt[j] computes h =
+    silu(g) * u for those BN values (g, u rounded to h's dtype first, as the two-launch path
+    stored them), stores h and its q8 chunks, and sets cnt[j] back to 0 (graph replays).
+
+    The epilogue reads both halves back from `part` in a layout of its own, LQ = [chunk c, byte
+    b, word 4h + w] (value 8b + 4h + w of chunk c: the q8 word layout, gemv_q8's module doc): a
+    word's 4 bytes in one thread, its 8 words on 8 lanes. The words are then a sum over a
+    thread's own axis, the chunk's max and half sums a reduction over 8 lanes, and nothing
+    is reshaped or converted; the tile's own row sums are read back from `part` like the
+    other tile's (the same fp32 bits as `res`). Runs once per tile pair."""
+    gl.store(part + rows, res)
+    gl.thread_barrier()
+    j = pid_n % TF
+    ticket = gl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
+    if ticket == 1:
+        CB: gl.constexpr = BN // 32
+        LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[4, 1, 8],
+                                            warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+        LC: gl.constexpr = gl.SliceLayout(2, LQ)                     # [CB, 4]: per chunk, per byte b
+        LW: gl.constexpr = gl.SliceLayout(1, LQ)                     # [CB, 8]: per chunk, per word
+        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LC)), 1), 2)
+        b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
+        w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0), 1)
+        idx = j * BN + c3 * 32 + b3 * 8 + w3                        # [CB, 4, 8]: h's index
+        F = TF * BN
+        g = gl.load(part + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+        u = gl.load(part + F + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+        v = g / (1.0 + gl.exp(-g)) * u                               # swiglu_q8's formula
+        gl.store(h_out + idx, v.to(h_out.dtype.element_ty))
+        # _q8_chunks: d = amax / 127, q = v * 127 / amax rounded half away from zero. Reduced over
+        # the bytes (in a thread) first, then over the 8 lanes: [CB] values in LW's slice
+        amax = gl.max(gl.max(gl.abs(v), axis=1), axis=1)
+        d = amax / 127.0
+        inv = gl.where(amax > 0, 127.0 / amax, 0.0)
+        t = v * gl.expand_dims(gl.expand_dims(inv, 1), 1)
+        q = (t + gl.where(t >= 0, 0.5, -0.5)).to(gl.int32)
+        s0 = gl.sum(gl.sum(gl.where(b3 < 2, q, 0), axis=1), axis=1).to(gl.float32) * d    # values 0..15
+        s1 = gl.sum(gl.sum(gl.where(b3 >= 2, q, 0), axis=1), axis=1).to(gl.float32) * d   # 16..31
+        # value 8b + 4h + w -> byte b of word 4h + w (disjoint bit fields: the sum is an OR)
+        words = gl.sum((q & 255) << (b3 * 8), axis=1)                # [CB, 8]
+        cw = gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LW)), 1)       # [CB, 1]
+        kw = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0)        # [1, 8]
+        gl.store(gq + (j * CB + cw) * 8 + kw, words)
+        # (d, s0, s1, 0) by the lanes of words 0..3
+        vals = gl.where(kw == 0, gl.expand_dims(d, 1),
+                        gl.where(kw == 1, gl.expand_dims(s0, 1), gl.where(kw == 2, gl.expand_dims(s1, 1), 0.0)))
+        gl.store(gf + (j * CB + cw) * 4 + kw, vals, mask=kw < 4)
+        gl.atomic_xchg(cnt + j, 0)
+
+
+@gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
                      N, NA, TA, NB, blocks_per_split, SPLIT,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
@@ -208,14 +274,25 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     if MIXED:
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
-                  blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
+                  blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
-                  N - NA, N, NB, blocks_per_split, SPLIT, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
+                  N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
                   HAS_RESID, PDL, PF)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
-              blocks_per_split, SPLIT, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
+              blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
+
+
+@gluon.jit
+def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks,
+                         QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
+                         PDL: gl.constexpr, PF: gl.constexpr = True):
+    """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
+    (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
+    the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
+    _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
+          QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
@@ -282,3 +359,17 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            PDL=min(int(pdl), 1), PF=bool(prefetch), num_warps=nwarps,
                            **({"launch_pdl": True} if pdl else {}))
 
+
+
+def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True):
+    """The [gate; up] GEMV with the SwiGLU epilogue (_gemv_q8g_glu_kernel) over rw's 2F stacked
+    rows in BN-row tiles: h (1, F), its q8 words gq (F/4,) int32 and (d, s0, s1, 0) gf (F/8,)
+    float32; part (2F,) float32 scratch; cnt (F/BN,) int32 zeros, left zero. The caller checks
+    the pairing (gemv_q8.gemv_q8_swiglu: F % BN == 0, BN % 32 == 0) and `supported`."""
+    n = rw.n
+    nb = rw.k // 256
+    tiles = n // bn
+    p = kernel_planes(rw)
+    _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
+                                   -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=min(int(pdl), 1),
+                                   PF=bool(prefetch), num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
