@@ -85,6 +85,10 @@ class Switches:
                                  "attention kernel itself (the new key and value from registers; its first cached "
                                  "tile loaded before the PDL wait), one launch fewer per layer (ops/cuda/"
                                  "attention.py rope_decode_attention; off: the rope_kv kernel, then attention)")
+    decode_attn_prewait: bool = _sw(False, "MINFER_DECODE_ATTN_PREWAIT",
+                                    "with decode_attn_rope and PDL, the attention kernel loads its first tile of "
+                                    "cached keys/values and the rope angles before its PDL wait (off: it waits "
+                                    "first, one pipelined loop over its tiles)", kind="tuning")
     paged_attn_merge: bool = _sw(True, "MINFER_PAGED_ATTN_MERGE",
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")

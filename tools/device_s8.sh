@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-01 fourth session (issue 12).
 #   hostcalls: tools/host_calls.py (each host-side call of a graphed token, timed on this CPU)
+#   envab2:    ENVAB2="A=0,B=1;A=1,B=1": `minfer bench -p 0 -n 128 -d 0,3354` per setting (a setting:
+#              comma-separated VAR=value), settings alternated in separate processes, ENVAB_PAIRS rounds
 #   then the steps of tools/device_s7.sh (l2sweep gsweep hostgap envab) -> s6 (treeab ab gen) -> s4
 set -u
 STEPS=${*:-tests hostcalls}
@@ -12,9 +14,23 @@ for step in $STEPS; do
     hostcalls)
       timeout 120 python3 tools/host_calls.py >"$OUT/hostcalls.log" 2>&1
       cat "$OUT/hostcalls.log";;
+    envab2)
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      IFS=';' read -ra settings <<< "${ENVAB2:-MINFER_DECODE_ATTN_ROPE=0;MINFER_DECODE_ATTN_ROPE=1}"
+      summary=""
+      for i in $(seq ${ENVAB_PAIRS:-2}); do
+        for setting in "${settings[@]}"; do
+          tag=${setting//[,=]/_}
+          env ${setting//,/ } timeout 120 python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 -d 0,3354 -r ${REPS:-3} \
+            --no-progress >"/tmp/envab2-$tag-$i.log" 2>&1
+          summary="$summary\n$setting $i: $(grep '^|' /tmp/envab2-$tag-$i.log | tail -2 | awk -F'|' '{printf "%s %s;", $6, $7}')"
+        done
+      done
+      cat /tmp/envab2-*.log > "$OUT/envab2.log"
+      echo -e "==== envab2 ====$summary";;
     *) rest="$rest $step";;
   esac
-  [ -z "${step##hostcalls}" ] && echo "[$step: $(( $(date +%s) - t0 )) s]"
+  case $step in hostcalls|envab2) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s7.sh $rest
 exit 0

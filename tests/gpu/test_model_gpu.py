@@ -83,14 +83,14 @@ def test_gpu_matches_cpu(synth_dir, preset, arch, recipe):
     gpu16.reset()
     tc = [e.token_id for e in cpu.generate(prompt[:10], params, max_new_tokens=32)]
     t16 = [e.token_id for e in gpu16.generate(prompt[:10], params, max_new_tokens=32)]
-    if not moe:
-        assert t16 == tc
-    for tg in ([t16] if moe else []) + [[e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]]:
+    for tg in [t16, [e.token_id for e in gpu.generate(prompt[:10], params, max_new_tokens=32)]]:
         first = next((i for i, (a, b) in enumerate(zip(tc, tg)) if a != b), None)
         if first is not None:
-            # int8 activations (and, on the MoE, bf16 router choices) may flip a near-tie of the
-            # reference, nothing else: the CPU's two best logits at the first differing token are
-            # within 5% of the logits' spread
+            # bf16 or int8 activations (and, on the MoE, bf16 router choices) may flip a near-tie
+            # of the reference, nothing else: the CPU's two best logits at the first differing
+            # token are within 5% of the logits' spread. (tiny-llama-q8_0's bf16 decode flips at
+            # token 26 of 32, where the reference's two best logits are 0.9421 and 0.9418 with a
+            # spread of 0.31: H200, 2026-12-01, after the decode attention took the rope.)
             cpu.reset()
             lc = cpu.forward(prompt[:10] + tc[:first], 0)[-1]
             top2 = lc.topk(2).values

@@ -106,6 +106,7 @@ def test_batched_rows_q8_producers_for_the_int8_gemm(M):
     assert getattr(b, "q8", None) is None and torch.equal(a, b)
 
 
+@pytest.mark.parametrize("prewait", [False, True])
 @pytest.mark.parametrize("style", ["normal", "neox"])
 @pytest.mark.parametrize("pos,n_split,window,softcap", [
     (0, None, 0, 0.0),        # the first token: no cached key, the new one alone
@@ -117,7 +118,7 @@ def test_batched_rows_q8_producers_for_the_int8_gemm(M):
     (60, None, 7, 0.0),       # sliding window: only the last 7 keys
     (60, None, 0, 5.0),       # gemma2's score soft-cap
 ])
-def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split, window, softcap):
+def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split, window, softcap, prewait):
     """One launch of the attention kernel (+ the merge) does what rope_kv_write and
     decode_attention did: the output equals the reference's rope + attention over the cache
     with the new row; the new row holds rope(k) and v; no other row changes."""
@@ -133,7 +134,7 @@ def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split,
     kc0, vc0 = kc.clone(), vc.clone()
     p = torch.tensor([pos])
     out = A.rope_decode_attention(q, k, v, p, N._turns(cfg, "cpu"), style == "neox", kc, vc, window=window,
-                                  softcap=softcap, n_split=n_split)
+                                  softcap=softcap, n_split=n_split, prewait=prewait)
     kr = reference.rope(k, p, cfg)
     assert rel_err(kc[pos], kr[0]) < 1e-6 and torch.equal(vc[pos], v[0])
     rest = torch.arange(S) != pos

@@ -132,7 +132,8 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
                              stride_qh, stride_knh, stride_vnh, stride_ks, stride_kh, stride_vs, stride_vh,
                              H, G, sm_scale, window, softcap,
                              D: tl.constexpr, NEOX: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
-                             IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False):
+                             IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
+                             PREWAIT: tl.constexpr = False):
     """_decode_attn_kernel with rope_kv's work folded in (one launch for what _rope_kv_kernel
     and this kernel did in two): q, k, v are the step's raw projections of the new token at
     position pos (the key count is pos + 1). Each program rotates its heads' q in registers; the
@@ -141,10 +142,15 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     steps. The rotation is norm_rope_act._rope_kv_kernel's (angle in float64 turns, then cos/sin
     in float32), the rotated q and k rounded to the cache dtype as that kernel's outputs were.
 
-    Before the PDL wait (pdl.py's contract) the program reads only what no kernel of this step
-    writes: the position (copied in before the step's first kernel), the rope table and its
-    first tile of cached keys/values, all rows < pos (written by earlier steps); the new row is
-    the one the program does not load. So the first tile's loads overlap the q/k/v GEMV's end."""
+    PREWAIT (Switches.decode_attn_prewait): before the PDL wait the program reads what no
+    kernel of this step writes (pdl.py's contract): the position (copied in before the step's
+    first kernel), the rope table and its first tile of cached keys/values, all rows < pos
+    (written by earlier steps; the new row is the one it does not load), so those loads overlap
+    the q/k/v GEMV's end; the other tiles follow in a loop of their own. Without it the program
+    waits first and runs one loop over all its cached tiles (the compiler pipelines it, as in
+    _decode_attn_kernel)."""
+    if not PREWAIT:
+        pdl_enter(PDL)
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     p = tl.load(pos)
@@ -156,10 +162,13 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     s_end = tl.minimum(s1, L - 1)                                   # cached rows; row L-1 is the new key
     owner = (lo <= L - 1) & (L - 1 < lo + kps)
     d = tl.arange(0, D)
-    s = s0 + tl.arange(0, BS)
-    sm = s < s_end
-    k0 = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None], other=0.0)
-    v0 = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None], other=0.0)
+    if PREWAIT:
+        s = s0 + tl.arange(0, BS)
+        sm = s < s_end
+        k0 = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None],
+                     other=0.0)
+        v0 = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None],
+                     other=0.0)
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF)
     tr = p.to(tl.float64) * tl.load(turns + j)
@@ -172,7 +181,8 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     else:
         ia = 2 * j
         ib = 2 * j + 1
-    pdl_enter(PDL)   # q, k, v come from the GEMV just before
+    if PREWAIT:
+        pdl_enter(PDL)   # q, k, v come from the GEMV just before
     g = tl.arange(0, GP)
     gm = g < G
     qh = kvh * G + g
@@ -198,9 +208,12 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, D], dtype=tl.float32)
-    if s0 < s_end:
-        m_i, l_i, acc = _attn_tile(qt, k0, v0, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
-    for start in range(s0 + BS, s_end, BS):
+    first = s0
+    if PREWAIT:
+        if s0 < s_end:
+            m_i, l_i, acc = _attn_tile(qt, k0, v0, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+        first = s0 + BS
+    for start in range(first, s_end, BS):
         s = start + tl.arange(0, BS)
         sm = s < s_end
         kt = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None], other=0.0)
@@ -339,7 +352,7 @@ def _key_tile(q) -> int:
 def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, turns,
                           neox: bool, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0,
                           q8: bool = False, pdl: int = 0, programs: int = 264, softcap: float = 0.0,
-                          n_split: int | None = None) -> torch.Tensor:
+                          n_split: int | None = None, prewait: bool = False) -> torch.Tensor:
     """One new token's rope, KV append and decode attention in the launches of the attention
     alone (_decode_attn_rope_kernel, then the merge): q (1, H, Dh), k and v (1, Hkv, Dh) the raw
     projections at position positions[0] (a (1,) int64 device tensor, so a graph replays at any
@@ -360,7 +373,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
         v_cache.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, NEOX=neox, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=k_cache.dtype == torch.float32,
-        PDL=pdl, CAP=softcap > 0, num_warps=4, **launch_kw(pdl))
+        PDL=pdl, CAP=softcap > 0, PREWAIT=prewait, num_warps=4, **launch_kw(pdl))
     return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
@@ -457,7 +470,8 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
     return rope_decode_attention(q, k, v, positions.reshape(1), _turns(cfg, str(q.device)), cfg.style == "neox",
                                  k_cache, v_cache, window=window, q8=q.dtype != torch.float32 and sw.gemv_q8,
                                  pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
-                                 programs=sw.decode_attn_programs, softcap=softcap)
+                                 programs=sw.decode_attn_programs, softcap=softcap,
+                                 prewait=sw.decode_attn_prewait)
 
 
 def _masked(q, k_cache, v_cache, start_pos: int, scale: float, window: int, path: str):
