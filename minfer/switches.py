@@ -60,6 +60,11 @@ class Switches:
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
                           "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
                           "every kernel signals after its wait)", kind="tuning")
+    pdl_late: bool = _sw(False, "MINFER_PDL_LATE",
+                         "with PDL, the Gluon q8 GEMVs followed directly by a heavy kernel (q/k/v before the "
+                         "decode attention with rope, gate+up with the SwiGLU epilogue before down) let it launch "
+                         "only as each of their programs ends, not after their wait (off: after the wait)",
+                         kind="tuning")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu; off by "

@@ -25,28 +25,59 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 # ---------------------------------------------------------------- the kernel builds (sm_90, no GPU)
 
-@pytest.mark.parametrize("qt", [12, 14], ids={12: "Q4_K", 14: "Q6_K"}.get)
-@pytest.mark.parametrize("bn,bb", [(32, 1), (64, 2)])
-def test_glu_kernel_compiles_for_sm90(qt, bn, bb):
-    """The 7B's gate+up tile (32 rows x 1 block, 4 warps, prefetch, PDL) and 64 x 2 build to
-    sm_90 PTX with the pair protocol: the ticket an acq_rel add at GPU scope, the reset an
-    exchange, each once."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8_gluon as GL
 
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-
-    names = ["p0", "p1", "p2", "p3", "xq", "xf", "h", "part", "cnt", "gq", "gf", "TF", "N", "NB", "blocks"]
+names = ["p0", "p1", "p2", "p3", "xq", "xf", "h", "part", "cnt", "gq", "gf", "TF", "N", "NB", "blocks"]
+out = {}
+for qt, bn, bb, pdl in json.loads(sys.argv[1]):
     planes = ["*i32", "*i16", "*i32", "*i32"] if qt == 12 else ["*i32", "*i16", "*i16", "*fp16"]   # kernel_planes
     types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*i32", "*i32", "*fp32", "i32", "i32", "i32", "i32"]
-    cex = dict(QT=qt, BN=bn, BB=bb, NW=4, PDL=1, PF=True)
+    cex = dict(QT=qt, BN=bn, BB=bb, NW=4, PDL=pdl, PF=True)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_glu_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(11)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    ptx = k.asm["ptx"]
+    out[f"{qt} {bn} {bb} {pdl}"] = {"ptx": k.asm["ptx"], "cubin": len(k.asm["cubin"])}
+print(json.dumps(out))
+"""
+
+_CASES = [(qt, bn, bb, pdl) for qt in (12, 14) for bn, bb in ((32, 1), (64, 2)) for pdl in (1, 3)]
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The GLU kernel's sm_90 builds, in a fresh interpreter without TRITON_INTERPRET:
+    tests/conftest.py sets it on a machine without a GPU, and Gluon's compiler then refuses the
+    kernel's helper functions (the interpreter wraps them)."""
+    import json
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(_CASES)], capture_output=True, text=True,
+                       env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{'Q4_K' if c[0] == 12 else 'Q6_K'}-{c[1]}x{c[2]}-pdl{c[3]}")
+def test_glu_kernel_compiles_for_sm90(built, case):
+    """The 7B's gate+up tile (32 rows x 1 block, 4 warps, prefetch, PDL) and 64 x 2 build to
+    sm_90 PTX with the pair protocol: the ticket an acq_rel add at GPU scope, the reset an
+    exchange, each once; with the late signal (PDL 3, Switches.pdl_late) the next kernel's
+    launch after them."""
+    k = built[" ".join(map(str, case))]
+    ptx = k["ptx"]
     assert ptx.count("atom.global.gpu.acq_rel.add") == 1 and ptx.count(".exch.") == 1, ptx[-3000:]
-    assert len(k.asm["cubin"]) > 0
+    assert ptx.count("griddepcontrol.wait") == 1 and ptx.count("griddepcontrol.launch_dependents") == 1
+    if case[3] == 3:
+        assert ptx.index("griddepcontrol.launch_dependents") > ptx.rindex(".exch.")
+    else:
+        assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("atom.global.gpu.acq_rel.add")
+    assert k["cubin"] > 0
 
 
 # ---------------------------------------------------------------- routing (Triton kernel interpreted)
@@ -82,9 +113,9 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True):
+    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False):
         self.calls.append(dict(rw=rw, xq=xq, xf=xf, h=h, part=part, cnt=cnt, gq=gq, gf=gf, bn=bn, bb=bb,
-                               nwarps=nwarps, pdl=pdl, prefetch=prefetch))
+                               nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late))
 
 
 @pytest.fixture()

@@ -367,7 +367,8 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
-            pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False) -> torch.Tensor:
+            pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
+            pdl_late: bool = False) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -378,7 +379,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     or None. gluon: the Gluon kernel (gemv_q8_gluon.py) for the shapes of its config table (those
     it won in the sweep) or with an explicit config (BN, BB, SPLIT, warps[, prefetch]); not on
     the interpreter, not with l2 ranges (Triton's kernel only); counted per launch as
-    `gemv_q8.gluon` or `gemv_q8.triton`."""
+    `gemv_q8.gluon` or `gemv_q8.triton`. pdl_late: on the Gluon kernel, the next kernel is
+    signalled when each program ends, not after its wait (gemv_q8_gluon._pdl_mode; the Triton
+    kernel always signals after its wait)."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -423,7 +426,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     if use_g:
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch)
+                  prefetch, late=pdl_late)
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -457,7 +460,7 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
-                   l2: tuple | None = None, gluon: bool = False):
+                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
@@ -509,7 +512,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     part = torch.empty(n, dtype=torch.float32, device=dev)
     cnt = ws.counters(tiles // 2) if ws is not None else torch.zeros(tiles // 2, dtype=torch.int32, device=dev)
     if use_g:
-        GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch)
+        GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late)
         return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))

@@ -88,6 +88,18 @@ def _pdl(x):
 
 
 @gluon.jit
+def _pdl_wait(x):
+    """griddepcontrol.wait only (PDL mode 3: the dependents are signalled at the end, _pdl_signal)."""
+    gl.inline_asm_elementwise("griddepcontrol.wait; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _pdl_signal(x):
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
 def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
     """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C]."""
     woff = r3 * (NB * 32) + kc3 * 4 + w3
@@ -130,7 +142,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
     nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
                  w3, NB, QT)
-    if PDL:
+    if PDL == 3:
+        _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
+    elif PDL:
         _pdl(ci)
     for blk in range(b_lo, b_hi, BB):
         if PF:
@@ -195,6 +209,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             gl.atomic_xchg(cnt + pid_n, 0)
     else:
         _finish(res, rows, rmask, bias, resid, out, HAS_BIAS, HAS_RESID)
+    if PDL == 3:
+        _pdl_signal(ci)
 
 
 @gluon.jit
@@ -347,8 +363,15 @@ def supported(segs, bn: int, bb: int) -> str | None:
     return None
 
 
+def _pdl_mode(pdl, late: bool) -> int:
+    """The kernel's PDL constexpr: 0 off; 1 wait, then signal the next kernel (pdl.py's mode 1);
+    3 (late, Switches.pdl_late) wait, and signal only when the program ends, so a heavy next
+    kernel does not take SM slots while this one's later programs still need them."""
+    return (3 if late else 1) if pdl else 0
+
+
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-           prefetch: bool = True):
+           prefetch: bool = True, late: bool = False):
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
@@ -356,12 +379,13 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            n, na, ta, nb, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                           PDL=min(int(pdl), 1), PF=bool(prefetch), num_warps=nwarps,
+                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), num_warps=nwarps,
                            **({"launch_pdl": True} if pdl else {}))
 
 
 
-def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True):
+def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True,
+                  late: bool = False):
     """The [gate; up] GEMV with the SwiGLU epilogue (_gemv_q8g_glu_kernel) over rw's 2F stacked
     rows in BN-row tiles: h (1, F), its q8 words gq (F/4,) int32 and (d, s0, s1, 0) gf (F/8,)
     float32; part (2F,) float32 scratch; cnt (F/BN,) int32 zeros, left zero. The caller checks
@@ -371,5 +395,5 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     tiles = n // bn
     p = kernel_planes(rw)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
-                                   -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=min(int(pdl), 1),
+                                   -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
                                    PF=bool(prefetch), num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))

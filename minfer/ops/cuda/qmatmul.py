@@ -37,16 +37,18 @@ from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
 
-def _q8_kw(sw, x) -> dict:
+def _q8_kw(sw, x, late: bool = False) -> dict:
     """The q8 GEMV's launch mode (ops/cuda/pdl.py), with PDL on its weight tiles read before the
     wait, what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
     Switches.l2_prefetch_mb = 0), and whether the shapes of the Gluon kernel's table take it
-    (ops/cuda/gemv_q8_gluon.py, Switches.gemv_q8_gluon)."""
+    (ops/cuda/gemv_q8_gluon.py, Switches.gemv_q8_gluon). late: the launch is followed directly by
+    a heavy kernel, and Switches.pdl_late says such launches signal it at their end."""
     mode = pdl_enabled(sw, x.device, "gemv_q8")
     l2 = None
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
-    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon}
+    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
+            "pdl_late": bool(late and mode and sw.pdl_late)}
 
 
 def _ctx(ctx: Context | None, device) -> tuple:
@@ -349,7 +351,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
         return None
     paths.count(path)
     h, hq = gemv_q8.gemv_q8_swiglu(q8, rw, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                   **_q8_kw(sw, x))
+                                   **_q8_kw(sw, x, late=True))          # down's GEMV follows
     h.q8 = hq
     return h
 
@@ -397,7 +399,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
             paths.count(f"qmatmul.group{len(wts)}.decode.q8")
             out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                   ws=ws.gemv_counters(), interpret=interpret(),
-                                  **_q8_kw(sw, x))
+                                  **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))
             return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
@@ -410,7 +412,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
         out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                               ws=ws.gemv_counters(), interpret=interpret(),
-                              **_q8_kw(sw, x))
+                              **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))   # (q/k/v: the attention)
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
     dg = getattr(wts[0], "batch_dense_group", None)
     if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:
