@@ -60,11 +60,11 @@ class Switches:
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
                           "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
                           "every kernel signals after its wait)", kind="tuning")
-    pdl_late: bool = _sw(False, "MINFER_PDL_LATE",
-                         "with PDL, the Gluon q8 GEMVs followed directly by a heavy kernel (q/k/v before the "
-                         "decode attention with rope, gate+up with the SwiGLU epilogue before down) let it launch "
-                         "only as each of their programs ends, not after their wait (off: after the wait)",
-                         kind="tuning")
+    pdl_late: int = _sw(0, "MINFER_PDL_LATE",
+                        "with PDL, when a Gluon q8 GEMV lets the next kernel launch: 0 after its wait, at "
+                        "its start; 1 at the end of its programs for the GEMVs followed directly by a heavy "
+                        "kernel (q/k/v before the decode attention with rope, gate+up with the SwiGLU "
+                        "epilogue before down); 2 at the end for every one", kind="tuning")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu; off by "
@@ -85,11 +85,13 @@ class Switches:
                                 "bucketed (off: SDPA's flash kernel)")
     decode_attention: bool = _sw(True, "MINFER_DECODE_ATTN",
                                  "decode attention by the Triton split-K kernel (off: SDPA)")
-    decode_attn_rope: bool = _sw(True, "MINFER_DECODE_ATTN_ROPE",
+    decode_attn_rope: bool = _sw(False, "MINFER_DECODE_ATTN_ROPE",
                                  "one-token decode: rope of q and k and the KV cache append done by the decode "
                                  "attention kernel itself (the new key and value from registers; its first cached "
                                  "tile loaded before the PDL wait), one launch fewer per layer (ops/cuda/"
-                                 "attention.py rope_decode_attention; off: the rope_kv kernel, then attention)")
+                                 "attention.py rope_decode_attention; off by default: 0.96-1.03x tg128 and "
+                                 "0.96-0.99x d3354 on the H200, perf-log U1; off: the rope_kv kernel, then "
+                                 "attention)", kind="tuning")
     decode_attn_prewait: bool = _sw(False, "MINFER_DECODE_ATTN_PREWAIT",
                                     "with decode_attn_rope and PDL, the attention kernel loads its first tile of "
                                     "cached keys/values and the rope angles before its PDL wait (off: it waits "

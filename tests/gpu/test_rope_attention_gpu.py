@@ -63,7 +63,7 @@ def test_graphed_decode_with_rope_in_attention_matches_apart(tmp_path):
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=6, progress=False)
     paths.reset()
-    a = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches())
+    a = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(decode_attn_rope=True))
     b = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(decode_attn_rope=False))
     prompt = torch.randint(0, p.vocab, (21,), generator=torch.Generator().manual_seed(2)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)

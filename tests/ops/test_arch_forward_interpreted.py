@@ -27,8 +27,7 @@ _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qma
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
-        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather", "attention.decode.rope"],
-        "olmo2": ["attention.decode.rope"], "olmo3": ["attention.decode.rope.window", "attention.decode.rope"],
+        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "olmo3": ["attention.window.decode"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"]}
 DECODE_ONLY = {"gemma3", "qwen3moe"}   # interpreted prefills of these cost ~50-80 s each
 

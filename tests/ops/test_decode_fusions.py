@@ -156,7 +156,7 @@ def test_rope_attention_routing(M):
     q, k, v = torch.randn(1, H, Dh), torch.randn(1, Hkv, Dh), torch.randn(1, Hkv, Dh)
     kc, vc = torch.zeros(S, Hkv, Dh), torch.zeros(S, Hkv, Dh)
     pos = torch.tensor([4])
-    on = Context(Switches(), None)
+    on = Context(Switches(decode_attn_rope=True), None)
     paths.reset()
     assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is not None
     assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on,

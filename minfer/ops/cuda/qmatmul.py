@@ -42,13 +42,13 @@ def _q8_kw(sw, x, late: bool = False) -> dict:
     wait, what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
     Switches.l2_prefetch_mb = 0), and whether the shapes of the Gluon kernel's table take it
     (ops/cuda/gemv_q8_gluon.py, Switches.gemv_q8_gluon). late: the launch is followed directly by
-    a heavy kernel, and Switches.pdl_late says such launches signal it at their end."""
+    a heavy kernel; Switches.pdl_late 1 has such launches signal it at their end, 2 every launch."""
     mode = pdl_enabled(sw, x.device, "gemv_q8")
     l2 = None
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
     return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
-            "pdl_late": bool(late and mode and sw.pdl_late)}
+            "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
 
 
 def _ctx(ctx: Context | None, device) -> tuple:
