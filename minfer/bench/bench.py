@@ -273,13 +273,11 @@ def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps
     section 10, "The A/B order": B ahead on pp512 in four unrelated comparisons -- cancels over
     an even number of pairs); the ratio B/A per pair, and its mean, sd, min and max over the
     pairs. Each side is a set of switch changes ({'MINFER_X': value}) that `runner.configure`
-    applies to the engine's own switches (a changed copy; the environment is never touched)."""
+    applies to the engine's own switches (a changed copy; the environment is never touched).
+    Every measurement starts with one excluded repetition (the switch change dropped the
+    engine's captured graphs)."""
     if pairs < 4:
         raise MinferError(f"--pairs {pairs}: A/B needs at least 4 pairs to show a spread")
-    for env in (env_a, env_b):          # a warm-up of each side, excluded
-        runner.configure(env)
-        for t in tests:
-            run_once(runner, t, rng, vocab, timer)
     rows, results = [], []
     for i in range(pairs):
         for t in tests:
@@ -287,7 +285,10 @@ def run_ab(runner, tests: list[Test], env_a: dict, env_b: dict, pairs: int, reps
             order = (("A", env_a), ("B", env_b)) if i % 2 == 0 else (("B", env_b), ("A", env_a))
             for side, env in order:
                 applied = runner.configure(env)
-                r = measure(runner, t, reps, rng, vocab, timer, warmup=False, stats=stats)
+                # a warm-up repetition after each switch change, excluded: the change dropped the
+                # captured graphs, and the first repetition would time their capture (H200,
+                # 2026-12-01: the side measured first in a pair ran ~10% slower at tg128, either side)
+                r = measure(runner, t, reps, rng, vocab, timer, warmup=True, stats=stats)
                 r.env = {**r.env, **{k: v for k, v in applied.items()}, "ab_side": side}
                 results.append(r)
                 ts[side] = r.avg_ts

@@ -23,7 +23,8 @@ synchronized before every clock read.
 lists them) in one process, interleaved for --pairs pairs in the order A B, B A, A B ... (so a
 bias toward the side that runs second cancels), and prints each pair and the ratio B/A (mean,
 sd, min, max). Each side is a changed copy of the engine's switches (the environment is not
-touched; captured CUDA graphs are dropped when the switches change). A switch that acts at
+touched; captured CUDA graphs are dropped when the switches change, so each side's -r repetitions
+follow one excluded warm-up). A switch that acts at
 load (MINFER_ACT_DTYPE, MINFER_GEMV_REPACK, MINFER_THREADS) needs two runs.
 
 --peer torch-bf16 (CUDA) then runs the same weights dequantized to bf16 through a plain torch

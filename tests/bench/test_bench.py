@@ -139,8 +139,8 @@ def test_ab_interleaves_switches_not_env(monkeypatch):
     ab = B.run_ab(r, [t], B.parse_env("MINFER_GEMV=1"), B.parse_env("MINFER_GEMV=0"), 4, 2,
                   np.random.default_rng(0), 100, B.Timer("cpu"), stats, log=lambda m: None)
     seen = ["a" if v else "b" for _, v in r.calls]
-    # a warm-up of each side, then A A B B / B B A A (2 reps each), alternating per pair
-    assert seen == ["a", "b"] + ["a", "a", "b", "b", "b", "b", "a", "a"] * 2
+    # A A A B B B / B B B A A A (a warm-up, excluded, then 2 reps each), alternating per pair
+    assert seen == (["a"] * 3 + ["b"] * 6 + ["a"] * 3) * 2
     assert os.environ["MINFER_GEMV"] == "1"                   # the environment is never written
     assert r.sw == r.base                                     # the runner's own switches restored
     assert len(ab["pairs"]) == 4
