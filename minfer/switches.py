@@ -67,9 +67,9 @@ class Switches:
                         "epilogue before down); 2 at the end for every one", kind="tuning")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
-                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu; off by "
-                            "default: no gain shown on the H200, B/A 1.03 +- 0.10, perf-log; off: the GEMV, "
-                            "then swiglu_q8)", kind="tuning")
+                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
+                            "Gluon kernel where its table has the shape; off by default: no gain shown on the "
+                            "H200, B/A 0.996 tg128 / 0.990 d3354, perf-log U5; off: the GEMV, then swiglu_q8)", kind="tuning")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")
@@ -89,8 +89,8 @@ class Switches:
                                  "one-token decode: rope of q and k and the KV cache append done by the decode "
                                  "attention kernel itself (the new key and value from registers; its first cached "
                                  "tile loaded before the PDL wait), one launch fewer per layer (ops/cuda/"
-                                 "attention.py rope_decode_attention; off by default: 0.96-1.03x tg128 and "
-                                 "0.96-0.99x d3354 on the H200, perf-log U1; off: the rope_kv kernel, then "
+                                 "attention.py rope_decode_attention; off by default: B/A 0.983 tg128 and "
+                                 "0.971 d3354 on the H200, perf-log U5; off: the rope_kv kernel, then "
                                  "attention)", kind="tuning")
     decode_attn_prewait: bool = _sw(False, "MINFER_DECODE_ATTN_PREWAIT",
                                     "with decode_attn_rope and PDL, the attention kernel loads its first tile of "
