@@ -77,3 +77,21 @@ def test_debug_paths_prints_the_report_at_exit():
     assert "MINFER_FUSE_GROUPS (fuse_groups: prefill: a declared weight group" in on.stderr
     off = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "launch paths" not in off.stderr
+
+
+def test_debug_paths_tells_default_off_from_switched_off():
+    """A tuning switch that is off by default and not set gates its path "off by default" (the
+    report does not claim the user switched it off); set to 0 in the environment, it did."""
+    import os
+
+    code = ("from minfer.ops import paths; "
+            "paths.switched_off('attention.decode.rope', 'MINFER_DECODE_ATTN_ROPE')")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MINFER_")}
+    env["MINFER_DEBUG_PATHS"] = "1"
+    unset = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "attention.decode.rope (off by default: MINFER_DECODE_ATTN_ROPE=1 turns it on): 1" in unset.stderr
+    assert "switches that turned paths off" not in unset.stderr
+    zero = subprocess.run([sys.executable, "-c", code], env={**env, "MINFER_DECODE_ATTN_ROPE": "0"},
+                          capture_output=True, text=True, check=True)
+    assert "attention.decode.rope (switched off by MINFER_DECODE_ATTN_ROPE=0): 1" in zero.stderr
+    assert "switches that turned paths off:\n  MINFER_DECODE_ATTN_ROPE (decode_attn_rope:" in zero.stderr

@@ -64,19 +64,37 @@ def reset() -> None:
         _fallbacks.clear()
 
 
+def _default_off(env: str) -> bool:
+    """A tuning switch whose default is off and that the environment does not set: the path it
+    gates is off because nobody turned it on, not because someone turned it off."""
+    import os
+    from dataclasses import fields
+
+    from minfer.switches import Switches
+
+    if "=" in env or env in os.environ:
+        return False
+    f = next((f for f in fields(Switches) if f.metadata["env"] == env), None)
+    return f is not None and f.default in (False, 0)
+
+
 def report() -> str:
     snap = snapshot()
     lines = ["minfer launch paths (MINFER_DEBUG_PATHS=1):"]
     for p, n in sorted(snap["counts"].items()):
         lines.append(f"  {p}: {n}")
-    for p, n in sorted(snap["switched_off"].items()):
-        lines.append(f"  {p}: {n}")
+    with _lock:
+        off = dict(_off)
+    for (p, e), n in sorted(off.items()):
+        if _default_off(e):
+            lines.append(f"  {p} (off by default: {e}=1 turns it on): {n}")
+        else:
+            lines.append(f"  {p} (switched off by {e if '=' in e else e + '=0'}): {n}")
     for p, n in sorted(snap["fallbacks"].items()):
         lines.append(f"  {p}: {n}")
     if len(lines) == 1:
         lines.append("  (no CUDA kernel paths ran)")
-    with _lock:
-        envs = sorted({e.split("=")[0] for (_, e) in _off})
+    envs = sorted({e.split("=")[0] for (_, e) in off if not _default_off(e)})
     if envs:                          # what each switch that turned a path off does (its field doc)
         from dataclasses import fields
 
