@@ -189,3 +189,15 @@ def test_gemv_q8_swiglu_is_the_two_launches_bit_for_bit(Q, qt):
     with pytest.raises(MinferError, match="gate; up"):
         q8m.gemv_q8_swiglu(q8, G.repack(torch.from_numpy(random_weight(qt, 2 * 288, k, np.random.default_rng(1))),
                                         qt, 2 * 288, k), config=(32, 2, 1, 4, True), interpret=True)
+
+
+def test_gemv_q8_gluon_style_config_on_the_triton_kernel(Q):
+    """A Gluon-style 4-tuple config (BN, BB, SPLIT, warps: the prefetch flag left out) that ends
+    on the Triton kernel (here: the interpreter, where Gluon does not run) takes prefetch on, as
+    the Gluon path reads it, and gives the 5-tuple's result."""
+    q8m, G = Q
+    rw, _ = _weight(G, 12, 256, 512, seed=7)
+    q8 = q8m.quantize(torch.randn(1, 512, generator=torch.Generator().manual_seed(7)).bfloat16(), interpret=True)
+    a = q8m.gemv_q8(q8, rw, out_dtype=torch.float32, config=(32, 2, 2, 4), interpret=True, gluon=True)
+    b = q8m.gemv_q8(q8, rw, out_dtype=torch.float32, config=(32, 2, 2, 4, True), interpret=True)
+    assert torch.equal(a, b)

@@ -410,7 +410,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         bn, bb, split, nwarps = cfg[:4]
         prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     else:
-        bn, bb, split, nwarps, prefetch = tuple(config or config_for(segs[0].qtype, n, k, interpret))
+        cfg = tuple(config or config_for(segs[0].qtype, n, k, interpret))
+        bn, bb, split, nwarps = cfg[:4]                 # an explicit Gluon 4-tuple may land here too
+        prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb

@@ -18,6 +18,9 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   signal before their wait, one kernel earlier; with two tiles before the wait
   (Switches.pdl_prefetch=2, default 1) both measured slower on the H200 (docs/perf-log.md):
   early grids likely take SM slots and issue slots from the running GEMV (not profiled).
+  The Gluon GEMV has a mode 3 (Switches.pdl_late, off): it waits first and signals only when
+  each program ends, so the next kernel cannot launch while its later programs still need
+  SM slots; measured without effect (docs/perf-log.md U4).
 Kernels outside this module's callers (torch ops, prefill) launch normally; a normal launch
 after a PDL one still waits for it to complete, as stream order says.
 """
