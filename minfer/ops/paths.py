@@ -67,12 +67,11 @@ def reset() -> None:
 def _default_off(env: str) -> bool:
     """A tuning switch whose default is off and that the environment does not set: the path it
     gates is off because nobody turned it on, not because someone turned it off."""
-    import os
     from dataclasses import fields
 
-    from minfer.switches import Switches
+    from minfer.switches import Switches, environ_snapshot
 
-    if "=" in env or env in os.environ:
+    if "=" in env or env in environ_snapshot():
         return False
     f = next((f for f in fields(Switches) if f.metadata["env"] == env), None)
     return f is not None and f.default in (False, 0)
