@@ -22,6 +22,7 @@ import triton.language as tl
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.gemv_q8 import _q8_chunks
+from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
@@ -171,16 +172,7 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
                      other=0.0)
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF)
-    tr = p.to(tl.float64) * tl.load(turns + j)
-    ang = (tr - tl.floor(tr)).to(tl.float32) * 6.283185307179586
-    c = tl.cos(ang)
-    sn = tl.sin(ang)
-    if NEOX:
-        ia = j
-        ib = j + HALF
-    else:
-        ia = 2 * j
-        ib = 2 * j + 1
+    c, sn, ia, ib = rope_angles(p, turns, j, j < HALF, HALF, NEOX)
     if PREWAIT:
         pdl_enter(PDL)   # q, k, v come from the GEMV just before
     g = tl.arange(0, GP)
@@ -464,8 +456,6 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
             or not (q.dtype == k.dtype == v.dtype == k_cache.dtype == v_cache.dtype)
             or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
         return None
-    from minfer.ops.cuda.norm_rope_act import _turns
-
     paths.count(path)
     return rope_decode_attention(q, k, v, positions.reshape(1), _turns(cfg, str(q.device)), cfg.style == "neox",
                                  k_cache, v_cache, window=window, q8=q.dtype != torch.float32 and sw.gemv_q8,

@@ -137,27 +137,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stride_oh,
-                 HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr, BHALF: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1) * BH + tl.arange(0, BH)
-    j = tl.arange(0, BHALF)
-    jm = j < HALF
-    # the angle counted in turns (inv_freq / 2pi) in float64, its fraction taken there, so long
-    # positions keep their precision (the reference computes angles in float64); cos/sin in fp32.
-    # (A Python float literal would be an fp32 constant in Triton: keep 2*pi out of the fp64 math.)
-    p = tl.load(pos + t).to(tl.float64)
-    turns = p * tl.load(inv_freq + j, mask=jm, other=0.0)
-    frac = (turns - tl.floor(turns)).to(tl.float32)
-    ang = frac * 6.283185307179586
-    c = tl.cos(ang)[None, :]
-    s = tl.sin(ang)[None, :]
+def rope_angles(p, inv_freq, j, jm, HALF: tl.constexpr, NEOX: tl.constexpr):
+    """cos and sin of pair j's angle at position p, and the pair's two indices in the head (ia, ib:
+    halves for neox, adjacent for normal). The angle counted in turns (inv_freq / 2pi) in float64,
+    its fraction taken there, so long positions keep their precision (the reference computes
+    angles in float64); cos/sin in fp32. (A Python float literal would be an fp32 constant in
+    Triton: keep 2*pi out of the fp64 math.)"""
+    turns = p.to(tl.float64) * tl.load(inv_freq + j, mask=jm, other=0.0)
+    ang = (turns - tl.floor(turns)).to(tl.float32) * 6.283185307179586
     if NEOX:
         ia = j
         ib = j + HALF
     else:
         ia = 2 * j
         ib = 2 * j + 1
+    return tl.cos(ang), tl.sin(ang), ia, ib
+
+
+@triton.jit
+def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stride_oh,
+                 HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr, BHALF: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    j = tl.arange(0, BHALF)
+    jm = j < HALF
+    c, s, ia, ib = rope_angles(tl.load(pos + t), inv_freq, j, jm, HALF, NEOX)
+    c = c[None, :]
+    s = s[None, :]
     m = (h < H)[:, None] & jm[None, :]
     xp = x + t * stride_xt + h[:, None] * stride_xh
     a = tl.load(xp + ia[None, :], mask=m, other=0.0).to(tl.float32)
@@ -209,25 +215,18 @@ def _rope_kv_kernel(q, k, v, pos, rows, inv_freq, q_out, kc, vc, H, HKV, sqt, sq
     j = tl.arange(0, BHALF)
     jm = j < HALF
     p = tl.load(pos + t)
-    turns = p.to(tl.float64) * tl.load(inv_freq + j, mask=jm, other=0.0)    # as _rope_kernel
+    cs, sn, ia, ib = rope_angles(p, inv_freq, j, jm, HALF, NEOX)
     if ROWS:
         r = tl.load(rows + t)
     else:
         r = p
-    ang = (turns - tl.floor(turns)).to(tl.float32) * 6.283185307179586
     is_q = hh < H
     is_k = (hh >= H) & (hh < H + HKV)
     hk = tl.where(is_k, hh - H, 0)
     hv = tl.where(hh >= H + HKV, hh - H - HKV, 0)
     rot = (is_q | is_k)[:, None]
-    c = tl.where(rot, tl.cos(ang)[None, :], 1.0)
-    s = tl.where(rot, tl.sin(ang)[None, :], 0.0)
-    if NEOX:
-        ia = j
-        ib = j + HALF
-    else:
-        ia = 2 * j
-        ib = 2 * j + 1
+    c = tl.where(rot, cs[None, :], 1.0)
+    s = tl.where(rot, sn[None, :], 0.0)
     m = (hh < H + 2 * HKV)[:, None] & jm[None, :]
     src = tl.where(is_q, q + t * sqt + hh * sqh, tl.where(is_k, k + t * skt + hk * skh, v + t * svt + hv * svh))
     dst = tl.where(is_q, q_out + t * sot + hh * soh, tl.where(is_k, kc + r * skp + hk * skh2, vc + r * svp + hv * svh2))
