@@ -37,7 +37,7 @@ for step in $STEPS; do
     dprof)    # tools/prof_decode.py: a graphed single-user step's kernels and the host gap between steps
       waitq7
       timeout ${DPROF_TIMEOUT:-150} python3 tools/prof_decode.py $Q7 ${DPROF_DEPTHS:-} >"$OUT/prof-decode.log" 2>&1
-      grep -v "^ *$" "$OUT/prof-decode.log" | tail -40;;
+      grep -v "^ *$" "$OUT/prof-decode.log" | tail -${DPROF_LINES:-40};;
     parallel)
       waitq7
       MINFER_DEBUG_PATHS=1 timeout ${PARALLEL_TIMEOUT:-200} $M bench -m $Q7 --device cuda --parallel ${BATCHES:-1,8,32,128} \

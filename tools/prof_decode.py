@@ -66,6 +66,22 @@ def run(eng, depth, steps=6):
     for k in sorted(tot, key=lambda k: -tot[k]):
         print(f"  {k:40s} {cnt[k]:4d} {tot[k]:8.1f} us  {tot[k] / cnt[k]:6.2f} us each")
     print("  (with PDL a kernel's duration includes its wait for the previous one: the sum exceeds the span)")
+    # the chain's view: each kernel waits for the previous one to finish (PDL's wait), so end[i] -
+    # end[i-1] is what kernel i adds to the step, its launch and loads before the wait excluded
+    marg = defaultdict(float)
+    rows = []
+    for a, b in zip(s, s[1:]):
+        d = b.time_range.end - a.time_range.end
+        marg[short(b.name)] += d
+        rows.append((short(b.name), d, b.time_range.elapsed_us()))
+    print(f"  chain: end-to-end increments per kernel kind (sum {sum(marg.values()):.0f} us = the span less the first)")
+    for k in sorted(marg, key=lambda k: -marg[k]):
+        print(f"  {k:40s} {cnt[k]:4d} {marg[k]:8.1f} us  {marg[k] / cnt[k]:6.2f} us each")
+    mid = len(rows) // 2
+    mid -= mid % 10
+    print("  one layer's run of kernels (name, increment of the step's end, own duration), us:")
+    for name, d, own in rows[mid:mid + 12]:
+        print(f"    {name:40s} {d:7.2f} {own:7.2f}")
 
 
 if __name__ == "__main__":
