@@ -70,6 +70,10 @@ class Switches:
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
                             "Gluon kernel where its table has the shape; off by default: no gain shown on the "
                             "H200, B/A 0.996 tg128 / 0.990 d3354, perf-log U5; off: the GEMV, then swiglu_q8)", kind="tuning")
+    norm_one_pass: bool = _sw(True, "MINFER_NORM_ONE_PASS",
+                              "one-row decode: the RMSNorm + int8 kernel sums the row's squares in one load "
+                              "round (the whole row in flight, up to 8192 values) instead of a loop of "
+                              "1024-value rounds, each waiting for the last (ops/cuda/gemv_q8.py; off: the loop)")
     fuse_groups: bool = _sw(True, "MINFER_FUSE_GROUPS",
                             "prefill: a declared weight group (q/k/v) in one scratch, one GEMM "
                             "(off: one weight at a time)")

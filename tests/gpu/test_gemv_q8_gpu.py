@@ -336,3 +336,29 @@ def test_gemv_q8_swiglu_gluon_graph_replays_pdl():
         assert rel_err(h.float(), torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]) < 1e-2, i
         _check_q8_of(hq, h)
     assert int(ws.cnt.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("k", [896, 3584, 8192, 18944])
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_add_rms_norm_q8_sum_in_one_round_or_a_loop(k, one_pass):
+    """The norm's sum of squares in one load round (Switches.norm_one_pass, rows up to 8192) and in
+    the loop of 1024-value rounds both give the float64 norm; 18944 loops either way."""
+    from minfer.ops.cuda import gemv_q8 as Q
+
+    assert Q._norm_block(k, False, one_pass) == (triton_next_pow2(k) if one_pass and k <= 8192 else 1024)
+    g = torch.Generator(device="cuda").manual_seed(k)
+    x = torch.randn(1, k, device="cuda", generator=g)
+    y = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
+    nw = torch.randn(k, device="cuda", generator=g)
+    s, h, q8 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16, one_pass=one_pass)
+    sv = x.double() + y.double()
+    hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+    assert torch.equal(s, x + y.float())
+    assert rel_err(h.float(), hv) < 1e-2
+    # the q8 row is quantized from the float32 normed value: x_hat of it, up to near-ties
+    got = Q.dequantize_q8(q8, k).double()
+    assert rel_err(got, x_hat(hv)) < 1e-3
+
+
+def triton_next_pow2(n):
+    return 1 << (n - 1).bit_length()

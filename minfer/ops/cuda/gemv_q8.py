@@ -106,7 +106,21 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
     _q8_chunks(v, c, cmask, xq, xf)
 
 
-def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, pdl: bool = False):
+def _norm_block(k: int, interpret: bool, one_pass: bool) -> int:
+    """The norm's sum-of-squares block: the whole row in one load round when one_pass (a row of
+    up to 8192 values; each program needs the row's sum before it scales its chunks, and a loop
+    of 1024-value rounds costs one L2 round trip per round: ~2 us of the kernel's ~4 us in the
+    graphed 7B step, perf-log V1), else rounds of 1024 (256 in the interpreter, which then
+    tests the loop)."""
+    if interpret:
+        return 256
+    if one_pass and k <= 8192:
+        return triton.next_power_of_2(k)
+    return 1024
+
+
+def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, pdl: bool = False,
+               one_pass: bool = True):
     if (x.dim() != 2 or (x.shape[0] != 1 and not rows_ok) or x.shape[1] % 256 or not x.is_contiguous()
             or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
@@ -125,7 +139,7 @@ def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, p
     _q8_kernel[(triton.cdiv(k // 32, cb), r)](
         x, y if y is not None else x, up if up is not None else x, nw if nw is not None else x, s, h, xq, xf,
         k, float(eps), ADD=y is not None, NORM=nw is not None, SWIGLU=up is not None, CB=cb,
-        BK=256 if interpret else 1024, PDL=pdl, num_warps=4, **launch_kw(pdl))
+        BK=_norm_block(k, interpret, one_pass), PDL=pdl, num_warps=4, **launch_kw(pdl))
     return s, h, (xq, xf)
 
 
@@ -134,10 +148,12 @@ def quantize(x: torch.Tensor, interpret: bool = False) -> tuple:
     return _q8_launch(x, None, None, None, 0.0, x.dtype, interpret)[2]
 
 
-def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False, pdl: bool = False):
+def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False, pdl: bool = False,
+                    one_pass: bool = True):
     """(s, h, q8): s = x + y (float32), h = rms_norm(s) * weight in out_dtype, q8 = h's q8 form
-    quantized from the float32 value (not from h's rounding). pdl: programmatic launch (pdl.py)."""
-    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl)
+    quantized from the float32 value (not from h's rounding). pdl: programmatic launch (pdl.py);
+    one_pass: the row's sum of squares in one load round (_norm_block)."""
+    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl, one_pass=one_pass)
 
 
 def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False):

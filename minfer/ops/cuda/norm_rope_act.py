@@ -66,7 +66,8 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
-                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True))
+                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
+                                           one_pass=_one_pass(sw))
         h.q8 = q8
         return s, h
     if _q8_rows_ok(t, d, out_dtype, sw) and x.is_contiguous() and y.is_contiguous() and x.dtype == torch.float32:
@@ -95,10 +96,18 @@ def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, 
 
         paths.count("rms_norm.q8")
         _, h, q8 = gemv_q8._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
-                                      pdl=pdl_enabled(sw, x.device, "rms_norm", early_ok=True))
+                                      pdl=pdl_enabled(sw, x.device, "rms_norm", early_ok=True),
+                                      one_pass=_one_pass(sw))
         h.q8 = q8
         return h
     return rms_norm(x, weight, eps).to(out_dtype)
+
+
+def _one_pass(sw) -> bool:
+    """Switches.norm_one_pass, counted when off (the norm's sum of squares then loops)."""
+    if not sw.norm_one_pass:
+        paths.switched_off("rms_norm.q8.one_pass", "MINFER_NORM_ONE_PASS")
+    return sw.norm_one_pass
 
 
 def _interp() -> bool:
