@@ -19,7 +19,7 @@ for step in $STEPS; do
       tail -12 /tmp/l2sweep.log
       summary="$summary\nl2 sweep:\n$(grep -E 'cold|Error' /tmp/l2sweep.log)";;
     gsweep)   # the Gluon q8 GEMV per config; its best configs become the table this copy loads
-      timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.gemv_q8_sweep --gluon ${SWEEP_WIDE:+--wide} --budget-s ${SWEEP_BUDGET:-170} \
+      timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.gemv_q8_sweep --gluon ${SWEEP_WIDE:+--wide} ${SWEEP_PDL:+--pdl} --budget-s ${SWEEP_BUDGET:-170} \
         --json "$OUT/gsweep.json" --table minfer/ops/cuda/gemv_q8g_h200.json ${SWEEP_SHAPES:+--shapes $SWEEP_SHAPES} \
         >"/tmp/gsweep.log" 2>&1
       cp minfer/ops/cuda/gemv_q8g_h200.json "$OUT/" 2>/dev/null

@@ -63,6 +63,10 @@ def main(argv=None) -> int:
                     help="the Gluon kernel (ops/cuda/gemv_q8_gluon.py) per config beside the Triton kernel's table "
                          "config; --table PATH writes the best Gluon config per shape there")
     ap.add_argument("--table", default=None)
+    ap.add_argument("--pdl", action="store_true",
+                    help="--gluon: every call launched with PDL (each waits for the one before, its first "
+                         "loads in flight before the wait), as in the graphed decode step: the time a "
+                         "launch adds to a chain, not a back-to-back launch's own time")
     args = ap.parse_args(argv)
     if args.l2:
         return l2_modes(args)
@@ -163,7 +167,8 @@ def gluon_sweep(args) -> int:
     gen = torch.Generator(device="cuda").manual_seed(0)
     want = set(args.shapes.split(",")) if args.shapes else None
     cands, targets = (GLUON_WIDE, GLUON_WIDE_TARGETS) if args.wide else (GLUON, GLUON_TARGETS)
-    res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "rows": [], "best": {}}
+    pdl = 1 if args.pdl else 0
+    res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "pdl": pdl, "rows": [], "best": {}}
     for label, key, specs, k in _gluon_shapes(want):
         n = sum(nn for _, nn in specs)
         rws, rp_bytes, copies = _copies(specs, k, gen)
@@ -184,7 +189,7 @@ def gluon_sweep(args) -> int:
         def err(y):
             return float((y.double() - ref).norm() / ref.norm())
 
-        ta = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws) for i in range(calls)])
+        ta = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws, pdl=pdl) for i in range(calls)])
         ea = err(Q.gemv_q8(q8, rws[0], ws=ws, out_dtype=torch.float32))
         print(f"{label:9s} {key:18s} triton {str(list(Q.config_for(qt0, n, k))):22s} "
               f"{ta * 1e6:7.1f} us {rp_bytes / ta / 1e9:6.0f} GB/s err {ea:.1e}", flush=True)
@@ -196,7 +201,7 @@ def gluon_sweep(args) -> int:
             if time.time() - t0 > args.budget_s:
                 break
             try:
-                t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True)
+                t = graph_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], config=cfg, ws=ws, gluon=True, pdl=pdl)
                                 for i in range(calls)])
                 e = err(Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32))
             except Exception as ex:  # noqa: BLE001 -- record and go on
