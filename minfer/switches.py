@@ -65,6 +65,11 @@ class Switches:
                         "its start; 1 at the end of its programs for the GEMVs followed directly by a heavy "
                         "kernel (q/k/v before the decode attention with rope, gate+up with the SwiGLU "
                         "epilogue before down); 2 at the end for every one", kind="tuning")
+    gemv_q8g_table: str = _sw("", "MINFER_GEMV_Q8G_TABLE",
+                              "a JSON file of Gluon q8 GEMV configs ({\"configs\": {\"Q4_K NxK\": [BN, BB, SPLIT, "
+                              "warps, prefetch]}}, as `python -m minfer.bench.gemv_q8_sweep --gluon --table F` "
+                              "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
+                              "the shipped one (for an in-process A/B of two tables)", kind="tuning")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

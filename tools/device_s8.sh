@@ -14,6 +14,12 @@ for step in $STEPS; do
     hostcalls)
       timeout 120 python3 tools/host_calls.py >"$OUT/hostcalls.log" 2>&1
       cat "$OUT/hostcalls.log";;
+    floor)
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      for d in ${FLOOR_DEPTHS:-16}; do
+        timeout 150 python3 tools/host_floor.py /tmp/q7.gguf $d >"$OUT/floor-$d.log" 2>&1
+        tail -9 "$OUT/floor-$d.log"
+      done;;
     envab2)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       IFS=';' read -ra settings <<< "${ENVAB2:-MINFER_DECODE_ATTN_ROPE=0;MINFER_DECODE_ATTN_ROPE=1}"
@@ -30,7 +36,7 @@ for step in $STEPS; do
       echo -e "==== envab2 ====$summary";;
     *) rest="$rest $step";;
   esac
-  case $step in hostcalls|envab2) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in hostcalls|envab2|floor) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s7.sh $rest
 exit 0

@@ -165,7 +165,7 @@ def test_explicit_and_tabled_configs_take_the_gluon_kernel(Q, pair, gl_mod, monk
     ws = G.GemvWorkspace("cpu")
     paths.reset()
     q8m.gemv_q8_swiglu(q8, rw, config=(32, 1, 3, 4), interpret=False, gluon=True, ws=ws, pdl=1)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k: (64, 2, 1, 8, False) if (n, k) == (2 * F, K) else None)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (64, 2, 1, 8, False) if (n, k) == (2 * F, K) else None)
     h, (gq, gf) = q8m.gemv_q8_swiglu(q8, rw, interpret=False, gluon=True)
     counts, falls = _counts()
     assert counts == {"gemv_q8.gluon": 2} and not falls
@@ -187,7 +187,7 @@ def test_unpaired_or_unsupported_gluon_tiles_fall_back(Q, pair, gl_mod, monkeypa
     rw, q8, h, hq = pair
     GL, rec = gl_mod
     paths.reset()
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k: (16, 2, 1, 2))
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (16, 2, 1, 2))
     out = q8m.gemv_q8_swiglu(q8, rw, interpret=False, asm=False, gluon=True)
     counts, falls = _counts()
     assert counts == {"gemv_q8.triton": 1} and not rec.calls
@@ -212,9 +212,9 @@ def test_untabled_shape_l2_ranges_and_gluon_off_keep_triton_silently(Q, pair, gl
     rw, q8, h, hq = pair
     GL, rec = gl_mod
     paths.reset()
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k: None)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": None)
     out1 = q8m.gemv_q8_swiglu(q8, rw, interpret=False, asm=False, gluon=True)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k: (32, 1, 1, 4))
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 1, 1, 4))
     out2 = q8m.gemv_q8_swiglu(q8, rw, config=(32, 2, 1, 4, True), interpret=False, asm=False, gluon=True,
                               l2=(1 << 20, 0, False))
     out3 = q8m.gemv_q8_swiglu(q8, rw, config=(32, 2, 1, 4, True), interpret=False, asm=False, gluon=False)
@@ -235,3 +235,26 @@ def test_bad_pairs_are_refused_before_any_launch(Q, pair, gl_mod):
     with pytest.raises(MinferError, match="gate; up"):
         q8m.gemv_q8_swiglu(q8, rw, config=(16, 2, 1, 4, True), interpret=False, asm=False, gluon=True)
     assert _counts() == ({}, {}) and not rec.calls
+
+
+def test_gluon_table_switch_reads_another_table(tmp_path):
+    """Switches.gemv_q8g_table (MINFER_GEMV_Q8G_TABLE): config_for reads the named file instead of
+    the shipped table, and a file that is not a table is refused with its name."""
+    import json
+
+    import pytest
+
+    from minfer.errors import MinferError
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.switches import Switches
+
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps({"configs": {"Q4_K 3584x3584": [16, 8, 3, 4, False]}}))
+    assert GL.config_for(12, 3584, 3584, str(f)) == (16, 8, 3, 4, False)
+    assert GL.config_for(12, 4608, 3584, str(f)) is None            # only the file's shapes
+    assert GL.config_for(12, 3584, 3584) == GL.CONFIGS.get("Q4_K 3584x3584")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(MinferError, match="bad.json"):
+        GL.config_for(12, 3584, 3584, str(bad))
+    assert Switches.from_env({"MINFER_GEMV_Q8G_TABLE": str(f)}).gemv_q8g_table == str(f)

@@ -384,7 +384,7 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False) -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "") -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -414,7 +414,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
-        cfg = tuple(config) if config else GL.config_for(segs[0].qtype, n, k)
+        cfg = tuple(config) if config else GL.config_for(segs[0].qtype, n, k, gluon_table)
         if cfg is None:
             use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
         else:
@@ -478,7 +478,7 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
-                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False):
+                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = ""):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
@@ -501,7 +501,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
-        cfg = tuple(config) if config else GL.config_for(rw.qtype, n, k)
+        cfg = tuple(config) if config else GL.config_for(rw.qtype, n, k, gluon_table)
         if cfg is None:
             use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
         else:

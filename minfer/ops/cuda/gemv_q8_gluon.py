@@ -319,10 +319,28 @@ if os.path.exists(_TABLE):
         CONFIGS = {k_: tuple(v) for k_, v in json.load(_f)["configs"].items()}
 
 
-def config_for(qtype: int, n: int, k: int) -> tuple | None:
+_OTHER_TABLES: dict = {}
+
+
+def _table(path: str) -> dict:
+    """The configs of a table file given by Switches.gemv_q8g_table (read once per path)."""
+    if path not in _OTHER_TABLES:
+        from minfer.errors import MinferError
+
+        try:
+            with open(path) as f:
+                _OTHER_TABLES[path] = {k_: tuple(v) for k_, v in json.load(f)["configs"].items()}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise MinferError(f"MINFER_GEMV_Q8G_TABLE={path}: not a Gluon GEMV table ({{\"configs\": "
+                              f"{{\"Q4_K NxK\": [BN, BB, SPLIT, warps, prefetch]}}}}): {e}") from None
+    return _OTHER_TABLES[path]
+
+
+def config_for(qtype: int, n: int, k: int, table: str = "") -> tuple | None:
     """The swept config of this shape, or None: a shape the sweep did not find faster in Gluon
-    (a k alone of 512 rows on the H200) or never measured keeps the Triton kernel."""
-    hit = CONFIGS.get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
+    (a k alone of 512 rows on the H200) or never measured keeps the Triton kernel. table: a
+    table file instead of the shipped one (Switches.gemv_q8g_table; empty: the shipped one)."""
+    hit = (_table(table) if table else CONFIGS).get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
     return tuple(hit) if hit else None
 
 
