@@ -75,6 +75,10 @@ class Switches:
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
                             "Gluon kernel where its table has the shape; off by default: no gain shown on the "
                             "H200, B/A 0.996 tg128 / 0.990 d3354, perf-log U5; off: the GEMV, then swiglu_q8)", kind="tuning")
+    pdl_preload: bool = _sw(True, "MINFER_PDL_PRELOAD",
+                            "with PDL, a kernel loads what no kernel before it writes -- the RMSNorm's weight "
+                            "(the norm + int8 kernel), the bias rows (the Gluon q8 GEMV) -- before its PDL wait, "
+                            "not after it (off: after the wait)")
     norm_one_pass: bool = _sw(True, "MINFER_NORM_ONE_PASS",
                               "one-row decode: the RMSNorm + int8 kernel sums the row's squares in one load "
                               "round (the whole row in flight, up to 8192 values) instead of a loop of "

@@ -20,12 +20,12 @@ from minfer.runtime.engine import Engine
 from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
 
 
-def own_graph(model, cache, ctx, with_out: bool):
+def own_graph(model, cache, ctx, vocab: int, with_out: bool):
     """A graph of the decode step with the input copy (and, with_out, the logits copy) inside."""
     dev = model.device
     inp = torch.zeros(2, dtype=torch.int64, device=dev)
     host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
-    out = torch.empty((1, model.config.vocab), dtype=torch.float32, pin_memory=True)
+    out = torch.empty((1, vocab), dtype=torch.float32, pin_memory=True)
 
     def fwd():
         inp.copy_(host, non_blocking=True)
@@ -53,8 +53,8 @@ def main():
     eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
     t, pos0 = warm(eng, depth)
     dg = eng._graph
-    gd, hd, lgd, _ = own_graph(eng.model, eng.cache, eng.ctx, False)
-    ge, he, _, oute = own_graph(eng.model, eng.cache, eng.ctx, True)
+    gd, hd, lgd, _ = own_graph(eng.model, eng.cache, eng.ctx, eng.config.vocab, False)
+    ge, he, _, oute = own_graph(eng.model, eng.cache, eng.ctx, eng.config.vocab, True)
     outc = torch.empty((1, eng.config.vocab), dtype=torch.float32, pin_memory=True)
     stream = torch.cuda.current_stream()
     n = 48

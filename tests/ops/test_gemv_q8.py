@@ -201,3 +201,18 @@ def test_gemv_q8_gluon_style_config_on_the_triton_kernel(Q):
     a = q8m.gemv_q8(q8, rw, out_dtype=torch.float32, config=(32, 2, 2, 4), interpret=True, gluon=True)
     b = q8m.gemv_q8(q8, rw, out_dtype=torch.float32, config=(32, 2, 2, 4, True), interpret=True)
     assert torch.equal(a, b)
+
+
+def test_norm_weight_loaded_before_or_after_the_wait_is_the_same(Q):
+    """Switches.pdl_preload: the RMSNorm + q8 kernel with the norm weight loaded before the PDL
+    wait (PRE) and after it give the same bits (the same loads, only their place moves)."""
+    q8m, _ = Q
+    g = torch.Generator().manual_seed(11)
+    x, y, nw = torch.randn(1, 1024, generator=g), torch.randn(1, 1024, generator=g), torch.randn(1024, generator=g)
+    a = q8m.add_rms_norm_q8(x, y, nw, 1e-6, torch.float32, interpret=True, preload=True)
+    b = q8m.add_rms_norm_q8(x, y, nw, 1e-6, torch.float32, interpret=True, preload=False)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert torch.equal(a[2][0], b[2][0]) and torch.equal(a[2][1], b[2][1])
+    sv = (x + y).double()
+    hv = sv * torch.rsqrt(sv.pow(2).mean(-1, keepdim=True) + 1e-6) * nw.double()
+    assert rel_err(a[1], hv) < 1e-6

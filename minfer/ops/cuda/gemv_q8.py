@@ -69,9 +69,16 @@ def _q8_chunks(v, c, cmask, xq, xf):
 @triton.jit
 def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
                ADD: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr, CB: tl.constexpr,
-               BK: tl.constexpr, PDL: tl.constexpr):
+               BK: tl.constexpr, PDL: tl.constexpr, PRE: tl.constexpr = False):
     """Row program_id(1) (rows contiguous, K apart): v = x (+ y) [silu(x) * up]; [rms_norm(v) *
-    nw]; chunks CB*pid.. quantized. PDL: launched early, waits for the previous kernel (pdl.py)."""
+    nw]; chunks CB*pid.. quantized. PDL: launched early, waits for the previous kernel (pdl.py);
+    PRE: the norm weight (no kernel writes it) is loaded before that wait (Switches.pdl_preload)."""
+    c = tl.program_id(0) * CB + tl.arange(0, CB)
+    cmask = c < K // 32
+    k = c[:, None] * 32 + tl.arange(0, 32)[None, :]
+    km = cmask[:, None]
+    if NORM and PRE:
+        g = tl.load(nw + k, mask=km, other=0.0).to(tl.float32)
     pdl_enter(PDL)
     row = tl.program_id(1).to(tl.int64)
     x += row * K
@@ -81,10 +88,6 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
     h_out += row * K
     xq += row * (K // 4)
     xf += row * (K // 8)
-    c = tl.program_id(0) * CB + tl.arange(0, CB)
-    cmask = c < K // 32
-    k = c[:, None] * 32 + tl.arange(0, 32)[None, :]
-    km = cmask[:, None]
     v = tl.load(x + k, mask=km, other=0.0).to(tl.float32)
     if ADD:
         v += tl.load(y + k, mask=km, other=0.0).to(tl.float32)
@@ -101,7 +104,9 @@ def _q8_kernel(x, y, up, nw, s_out, h_out, xq, xf, K, eps,
                 a += tl.load(y + kk, mask=kk < K, other=0.0).to(tl.float32)
             ss += a * a
         r = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
-        v = v * r * tl.load(nw + k, mask=km, other=0.0).to(tl.float32)
+        if not PRE:
+            g = tl.load(nw + k, mask=km, other=0.0).to(tl.float32)
+        v = v * r * g
     tl.store(h_out + k, v.to(h_out.dtype.element_ty), mask=km)
     _q8_chunks(v, c, cmask, xq, xf)
 
@@ -120,7 +125,7 @@ def _norm_block(k: int, interpret: bool, one_pass: bool) -> int:
 
 
 def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, pdl: bool = False,
-               one_pass: bool = True):
+               one_pass: bool = True, preload: bool = True):
     if (x.dim() != 2 or (x.shape[0] != 1 and not rows_ok) or x.shape[1] % 256 or not x.is_contiguous()
             or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
@@ -139,7 +144,8 @@ def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, p
     _q8_kernel[(triton.cdiv(k // 32, cb), r)](
         x, y if y is not None else x, up if up is not None else x, nw if nw is not None else x, s, h, xq, xf,
         k, float(eps), ADD=y is not None, NORM=nw is not None, SWIGLU=up is not None, CB=cb,
-        BK=_norm_block(k, interpret, one_pass), PDL=pdl, num_warps=4, **launch_kw(pdl))
+        BK=_norm_block(k, interpret, one_pass), PDL=pdl, PRE=bool(preload and nw is not None),
+        num_warps=4, **launch_kw(pdl))
     return s, h, (xq, xf)
 
 
@@ -149,11 +155,12 @@ def quantize(x: torch.Tensor, interpret: bool = False) -> tuple:
 
 
 def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False, pdl: bool = False,
-                    one_pass: bool = True):
+                    one_pass: bool = True, preload: bool = True):
     """(s, h, q8): s = x + y (float32), h = rms_norm(s) * weight in out_dtype, q8 = h's q8 form
     quantized from the float32 value (not from h's rounding). pdl: programmatic launch (pdl.py);
-    one_pass: the row's sum of squares in one load round (_norm_block)."""
-    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl, one_pass=one_pass)
+    one_pass: the row's sum of squares in one load round (_norm_block); preload: with pdl, the
+    norm weight is loaded before the PDL wait (Switches.pdl_preload)."""
+    return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl, one_pass=one_pass, preload=preload)
 
 
 def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False):
@@ -384,7 +391,7 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False, gluon_table: str = "") -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "", preload: bool = True) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -397,7 +404,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     the interpreter, not with l2 ranges (Triton's kernel only); counted per launch as
     `gemv_q8.gluon` or `gemv_q8.triton`. pdl_late: on the Gluon kernel, the next kernel is
     signalled when each program ends, not after its wait (gemv_q8_gluon._pdl_mode; the Triton
-    kernel always signals after its wait)."""
+    kernel always signals after its wait). gluon_table: another Gluon config table file
+    (Switches.gemv_q8g_table). preload: on the Gluon kernel, the bias rows are loaded before the
+    PDL wait (Switches.pdl_preload)."""
     xq, xf = q8
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
@@ -444,7 +453,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     if use_g:
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late)
+                  prefetch, late=pdl_late, preload=preload)
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -478,7 +487,8 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
-                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = ""):
+                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = "",
+                   preload: bool = True):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is

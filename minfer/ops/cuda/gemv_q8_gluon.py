@@ -119,9 +119,11 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
           blocks_per_split, SPLIT, gq, gf, TF, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
           NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-          PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False):
+          PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False, PRE: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
-    no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half)."""
+    no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
+    PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
+    step's words, not after the K loop (Switches.pdl_preload)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -142,6 +144,10 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
     nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
                  w3, NB, QT)
+    rmask = rows < N
+    bpre = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
+    if HAS_BIAS and PRE:
+        bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if PDL == 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
@@ -193,7 +199,6 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
-    rmask = rows < N
     if GLU:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
     elif IS_SPLIT:
@@ -205,19 +210,24 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
             for sp in range(SPLIT):
                 tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            _finish(tot, rows, rmask, bias, resid, out, HAS_BIAS, HAS_RESID)
+            _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
             gl.atomic_xchg(cnt + pid_n, 0)
     else:
-        _finish(res, rows, rmask, bias, resid, out, HAS_BIAS, HAS_RESID)
+        _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:
         _pdl_signal(ci)
 
 
 @gluon.jit
-def _finish(v, rows, rmask, bias, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr):
-    """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row)."""
+def _finish(v, rows, rmask, bias, bpre, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
+            PRE: gl.constexpr):
+    """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row);
+    PRE: the bias rows were loaded before the PDL wait (bpre)."""
     if HAS_BIAS:
-        v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
+        if PRE:
+            v += bpre
+        else:
+            v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if HAS_RESID:
         v += gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)
     gl.store(out + rows, v.to(out.dtype.element_ty), mask=rmask)
@@ -282,7 +292,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      N, NA, TA, NB, blocks_per_split, SPLIT,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-                     PDL: gl.constexpr, PF: gl.constexpr = True):
+                     PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel."""
     pid_n = gl.program_id(0)
@@ -290,14 +300,16 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     if MIXED:
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
-                  blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
+                  blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF,
+                  False, PRE)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-                  HAS_RESID, PDL, PF)
+                  HAS_RESID, PDL, PF, False, PRE)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
-              blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF)
+              blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF,
+              False, PRE)
 
 
 @gluon.jit
@@ -389,7 +401,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-           prefetch: bool = True, late: bool = False):
+           prefetch: bool = True, late: bool = False, preload: bool = True):
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
@@ -397,7 +409,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            n, na, ta, nb, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), num_warps=nwarps,
+                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), num_warps=nwarps,
                            **({"launch_pdl": True} if pdl else {}))
 
 

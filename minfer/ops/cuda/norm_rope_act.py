@@ -67,7 +67,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
         paths.count("add_rms_norm.q8")
         s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
                                            pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
-                                           one_pass=_one_pass(sw))
+                                           one_pass=_one_pass(sw), preload=sw.pdl_preload)
         h.q8 = q8
         return s, h
     if _q8_rows_ok(t, d, out_dtype, sw) and x.is_contiguous() and y.is_contiguous() and x.dtype == torch.float32:
@@ -97,7 +97,7 @@ def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, 
         paths.count("rms_norm.q8")
         _, h, q8 = gemv_q8._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
                                       pdl=pdl_enabled(sw, x.device, "rms_norm", early_ok=True),
-                                      one_pass=_one_pass(sw))
+                                      one_pass=_one_pass(sw), preload=sw.pdl_preload)
         h.q8 = q8
         return h
     return rms_norm(x, weight, eps).to(out_dtype)

@@ -48,7 +48,7 @@ def _q8_kw(sw, x, late: bool = False) -> dict:
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
     return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
-            "gluon_table": sw.gemv_q8g_table,
+            "gluon_table": sw.gemv_q8g_table, "preload": sw.pdl_preload,
             "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
 
 

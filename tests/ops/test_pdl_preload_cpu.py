@@ -1,0 +1,68 @@
+"""Switches.pdl_preload on the sm_90 builds (no GPU): with PRE the norm + q8 kernel issues its
+norm-weight loads, and the Gluon q8 GEMV its bias loads, before griddepcontrol.wait; without PRE
+they come after it. Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets
+it on a machine without a GPU; Gluon's compiler then refuses the kernel's helpers)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8 as Q
+from minfer.ops.cuda import gemv_q8_gluon as GL
+
+T = GPUTarget("cuda", 90, 32)
+out = {}
+for pre in (0, 1):
+    names = ["x", "y", "up", "nw", "s_out", "h_out", "xq", "xf", "K", "eps"]
+    types = ["*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32", "i32", "fp32"]
+    cex = dict(ADD=True, NORM=True, SWIGLU=False, CB=16, BK=4096, PDL=1, PRE=bool(pre))
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    k = triton.compile(ASTSource(Q._q8_kernel, sig, cex), target=T, options={"num_warps": 4})
+    out[f"norm {pre}"] = k.asm["ptx"]
+    names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
+             "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT"]
+    planes = ["*i32", "*i16", "*i32", "*i32"]
+    types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6
+    cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=True, HAS_RESID=False,
+               PDL=1, PF=True, PRE=bool(pre))
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
+    k = triton.compile(src, target=T, options={"num_warps": 4})
+    out[f"gemv {pre}"] = k.asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _loads_before_wait(src: str) -> int:
+    head = src[:src.index("griddepcontrol.wait")]
+    return head.count("ld.global")
+
+
+@pytest.mark.parametrize("kernel", ["norm", "gemv"])
+def test_preload_moves_the_independent_loads_before_the_wait(ptx, kernel):
+    off, on = ptx[f"{kernel} 0"], ptx[f"{kernel} 1"]
+    assert off.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.wait") == 1
+    if kernel == "norm":
+        assert _loads_before_wait(off) == 0          # nothing before the wait without PRE
+    assert _loads_before_wait(on) > _loads_before_wait(off)
+    # the same loads in all: only their place moves
+    assert on.count("ld.global") == off.count("ld.global")
