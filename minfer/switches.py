@@ -122,6 +122,11 @@ class Switches:
                           "single-sequence CUDA decode: the token and position go to the graph in one copy "
                           "from pinned memory and the logits come back into pinned memory (off: two fill "
                           "kernels and a copy to pageable memory per step)")
+    graph_host_reuse: bool = _sw(True, "MINFER_GRAPH_HOST_REUSE",
+                                 "single-sequence CUDA decode with pinned I/O: the logits land in the previous "
+                                 "step's pinned tensor when the caller has let go of it (a new one otherwise), and "
+                                 "the input copy records no event when the host synchronizes after the step "
+                                 "(runtime/cuda_graphs.py; off: a new pinned tensor and an event every step)")
     batch_async: bool = _sw(True, "MINFER_BATCH_ASYNC",
                             "CUDA batch engine: a decode step whose rows all continue is launched from the "
                             "previous step's tokens on the device before that step's results are read, so "

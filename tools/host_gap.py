@@ -43,8 +43,8 @@ def step(self, *a, **k):
         self.graph.replay = replay
 
 
-def to_host(logits):
-    out = _to_host(logits)
+def to_host(self, logits, **kw):
+    out = _to_host(self, logits, **kw)
     if marks:
         marks[-1]["t3"] = time.perf_counter()
     return out
@@ -77,7 +77,7 @@ def run(eng, depth, steps=64):
 
 if __name__ == "__main__":
     DecodeGraph.step = step
-    DecodeGraph.to_host = staticmethod(to_host)
+    DecodeGraph.to_host = to_host
     depths = [int(d) for d in sys.argv[2:]] or [16, 3354]
     eng = Engine.load(sys.argv[1], device="cuda", ctx=4096, progress=False)
     for d in depths:

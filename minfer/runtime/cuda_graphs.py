@@ -19,6 +19,8 @@ prefilled, unless Switches.cuda_graph is off.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 from minfer.errors import MinferError
@@ -39,6 +41,11 @@ class DecodeGraph:
         # kernels); `sent` marks that copy so the host buffer is not rewritten before it ran
         self.inp_host = None
         self.sent = None
+        # the last input copy may not have read inp_host yet (until the host synchronizes); whether
+        # `sent` was recorded after it (else a stream synchronize is the wait)
+        self.unsynced = False
+        self.sent_recorded = False
+        self.out = None              # the pinned logits buffer to_host reuses once the caller let go of it
         self.graph = None
         self.logits = None
 
@@ -63,13 +70,16 @@ class DecodeGraph:
 
     @torch.inference_mode()
     def step(self, token_id: int, start_pos: int, pinned: bool = False,
-             token_dev: torch.Tensor | None = None) -> torch.Tensor:
+             token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
         instead of two fill kernels. token_dev: the token as a (1,) int64 device tensor, copied
         on the device after the inputs (token_id is then ignored): a token sampled on the GPU
-        is fed before the host has read it."""
+        is fed before the host has read it. host_sync: the caller synchronizes the stream after
+        this step (to_host does), so the pinned input copy records no event: the next step
+        waits on the event only if one was recorded, else on the stream, and not at all after
+        to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs)."""
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         if pinned:
@@ -77,11 +87,18 @@ class DecodeGraph:
                 self.inp_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
                 self.inp_np = self.inp_host.numpy()
                 self.sent = torch.cuda.Event()
-            self.sent.synchronize()              # the previous step's copy has read the buffer
+            if self.unsynced:                    # the previous step's copy must have read the buffer
+                if self.sent_recorded:
+                    self.sent.synchronize()
+                else:
+                    torch.cuda.current_stream().synchronize()
             self.inp_np[0] = int(token_id)
             self.inp_np[1] = int(start_pos)
             self.inp.copy_(self.inp_host, non_blocking=True)
-            self.sent.record()
+            self.unsynced = True
+            self.sent_recorded = not host_sync
+            if not host_sync:
+                self.sent.record()
         else:
             self.tok.fill_(int(token_id))
             self.pos.fill_(int(start_pos))
@@ -93,11 +110,31 @@ class DecodeGraph:
         paths.count("graph.decode.replay")
         return self.logits
 
-    @staticmethod
-    def to_host(logits: torch.Tensor) -> torch.Tensor:
-        """The logits in a new pinned CPU tensor (torch's caching host allocator reuses freed
-        ones): one DMA, where a pageable copy is staged by the driver through its own buffer."""
-        out = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+    def to_host(self, logits: torch.Tensor, reuse: bool = False) -> torch.Tensor:
+        """The logits in a pinned CPU tensor, one DMA (a pageable copy is staged by the driver
+        through its own buffer), then the stream synchronized. reuse (Switches.graph_host_reuse):
+        the previous call's tensor is written again when nothing outside this object refers to it
+        or to its memory (no view, no numpy array; counted as graph.decode.logits_reused), else a
+        new one (torch's caching host allocator: an allocation and an event per step) becomes the
+        kept one; the caller's tensor is never overwritten."""
+        out = self.out if reuse and self.out is not None and _unshared(self.out) else None
+        if out is None:
+            out = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+            if reuse:
+                self.out = out
+        else:
+            paths.count("graph.decode.logits_reused")
         out.copy_(logits, non_blocking=True)
         torch.cuda.current_stream().synchronize()
+        self.unsynced = False
         return out
+
+
+def _unshared(t: torch.Tensor) -> bool:
+    """Nothing but DecodeGraph.out refers to t or to its storage: the tensor object has no other
+    reference (getrefcount: the attribute, the argument, this call's own) and its storage no
+    other user (a view or a numpy array holds one; the temporary storage object counts one).
+    torch's use count is a private call: without it, never (a new buffer each time)."""
+    use = getattr(torch._C, "_storage_Use_Count", None)
+    return (use is not None and sys.getrefcount(t) <= 3
+            and use(t.untyped_storage()._cdata) <= 2)

@@ -286,12 +286,14 @@ class Engine:
         self._check(tokens, start_pos)
         del self.tokens[start_pos:]        # in place: a copy of the whole history per decode step costs ~15 us at 3k tokens
         if len(tokens) == 1 and self._use_graph():
-            logits = self._graph_step(tokens[0], start_pos)           # (1, V) float32 on the GPU
+            sw = self.switches
+            reuse = sw.pinned_io and sw.graph_host_reuse and not on_device     # to_host synchronizes next
+            logits = self._graph_step(tokens[0], start_pos, host_sync=reuse)   # (1, V) float32 on the GPU
             self.tokens.append(tokens[0])
             if on_device:
                 return logits
-            if self.switches.pinned_io:
-                return self._graph.to_host(logits)
+            if sw.pinned_io:
+                return self._graph.to_host(logits, reuse=reuse)
             return logits.float().cpu()
         if start_pos == 0 and last_only and self._use_prefill_graph(len(tokens)):
             try:
@@ -346,12 +348,13 @@ class Engine:
             self._prefill_graphs = PrefillGraphs(self.model, self.cache, self.ctx)
         return self._prefill_graphs.fits(n)
 
-    def _graph_step(self, token: int, pos: int, token_dev: torch.Tensor | None = None) -> torch.Tensor:
+    def _graph_step(self, token: int, pos: int, token_dev: torch.Tensor | None = None,
+                    host_sync: bool = False) -> torch.Tensor:
         if self._graph is None:
             from minfer.runtime.cuda_graphs import DecodeGraph
 
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
-        return self._graph.step(token, pos, pinned=self.switches.pinned_io, token_dev=token_dev)
+        return self._graph.step(token, pos, pinned=self.switches.pinned_io, token_dev=token_dev, host_sync=host_sync)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

@@ -130,3 +130,46 @@ def test_prefill_graph_matches_eager(tmp_path, monkeypatch, t):
         a.reset(); b.reset()
     snap = paths.snapshot()["counts"]
     assert snap["graph.prefill.capture"] == 1 and snap["graph.prefill.replay"] == 2
+
+
+def test_logits_buffer_reused_only_when_let_go(tmp_path):
+    """Switches.graph_host_reuse: a step whose caller dropped the previous logits writes the same
+    pinned tensor again (counted graph.decode.logits_reused); a kept tensor, a kept row of it or
+    its numpy array is never overwritten, and every step's logits are those of the engine without
+    reuse, bit for bit."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    p = get_preset("tiny").with_overrides(arch="qwen2")
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=9, progress=False)
+    a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
+    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=Switches(graph_host_reuse=False))
+    assert a.switches.graph_host_reuse
+    prompt = torch.randint(0, p.vocab, (7,), generator=torch.Generator().manual_seed(3)).tolist()
+    t = int(a.prefill(prompt).argmax())
+    assert int(b.prefill(prompt).argmax()) == t
+    paths.reset()
+    ptrs, kept = [], []
+    for step in range(12):
+        pos = len(prompt) + step
+        la = a.forward([t], pos)
+        lb = b.forward([t], pos)
+        assert torch.equal(la, lb), step
+        ptrs.append(la.data_ptr())
+        if step == 4:
+            kept.append((la, la.clone()))                    # the tensor itself
+        elif step == 6:
+            kept.append((la[-1], la[-1].clone()))            # a row of it
+        elif step == 8:
+            arr = la.numpy()
+            kept.append((torch.from_numpy(arr), la.clone()))  # its numpy array
+        t = int(lb[-1].argmax())
+        del la, lb
+    assert all(torch.equal(x, y) for x, y in kept)
+    counts = paths.snapshot()["counts"]
+    assert counts.get("graph.decode.logits_reused", 0) >= 6, counts
+    assert ptrs[1] == ptrs[2] == ptrs[3] == ptrs[4]           # let go of: the same buffer
+    assert ptrs[5] != ptrs[4] and ptrs[7] != ptrs[6] and ptrs[9] != ptrs[8]   # kept: a new one after it
