@@ -18,7 +18,7 @@ for step in $STEPS; do
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       for d in ${FLOOR_DEPTHS:-16}; do
         timeout 150 python3 tools/host_floor.py /tmp/q7.gguf $d >"$OUT/floor-$d.log" 2>&1
-        tail -9 "$OUT/floor-$d.log"
+        tail -10 "$OUT/floor-$d.log"
       done;;
     envab2)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1

@@ -2,6 +2,7 @@
 step driven five ways, interleaved in rounds, each with the logits landing on the host:
   A  Engine.forward([t], pos)                        (what `minfer bench` times)
   B  DecodeGraph.step(t, pos, pinned=True) + to_host (no Engine: its checks, lock, token list)
+  B2 B with host_sync=True and to_host(reuse=True) (Switches.graph_host_reuse)
   C  the inputs written to pinned memory + copy_ + replay + logits copy_ into one pinned buffer
      + synchronize (B's calls without torch.empty, the event or inference_mode)
   D  a graph of its own whose first node copies the token and position from pinned memory:
@@ -67,6 +68,10 @@ def main():
         for i in range(n):
             dg.to_host(dg.step(t, p + i, pinned=True))
 
+    def B2(p):
+        for i in range(n):
+            dg.to_host(dg.step(t, p + i, pinned=True, host_sync=True), reuse=True)
+
     def C(p):
         for i in range(n):
             dg.inp_np[0] = t
@@ -91,7 +96,8 @@ def main():
             ge.replay()
             stream.synchronize()
 
-    ways = {"A Engine.forward": A, "B DecodeGraph.step + to_host": B, "C calls only": C,
+    ways = {"A Engine.forward": A, "B DecodeGraph.step + to_host": B,
+            "B2 B with host_sync and reuse (Switches.graph_host_reuse)": B2, "C calls only": C,
             "D input copy in the graph": D, "E both copies in the graph": E}
     res = {k: [] for k in ways}
     for _ in range(5):
