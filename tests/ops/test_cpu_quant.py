@@ -187,7 +187,10 @@ def test_engine_wiring_switch_paths_and_memory(tiny_gguf):
 def test_real_model_agrees_with_the_reference_and_llama_cpp():
     """SmolLM2-135M (Q4_1): the quantized path's perplexity within 2% of llama.cpp's on the golden's
     chunks, and its greedy text the reference's for most of 16 tokens (requantizing may flip a
-    near-tie; the reference itself is checked token for token elsewhere)."""
+    near-tie; the reference itself is checked token for token elsewhere). A flip before token 8
+    passes only as a near-tie: the quantized path's token is the reference's runner-up there,
+    within 0.5 of its top logit (2026-12-01, an AMD EPYC CI machine: token 5, 1797 vs 2988, whose
+    reference logits are 14.40 and 14.62; the int8 path's error on a logit is ~0.2)."""
     from minfer.commands.perplexity import perplexity
     from minfer.runtime.engine import Engine
     from minfer.runtime.sampling import SamplingParams
@@ -206,7 +209,12 @@ def test_real_model_agrees_with_the_reference_and_llama_cpp():
     ref = Engine.load("smollm2-135m-instruct", device="cpu", progress=False, switches=Switches(cpu_quant=False))
     ids_ref = [ev.token_id for ev in ref.generate(g["prompt_ids"], greedy, 16)]
     same = next((i for i, (a, b) in enumerate(zip(ids_fast, ids_ref)) if a != b), 16)
-    assert same >= 8, (ids_fast, ids_ref)
+    if same < 8:
+        assert same >= 3, (ids_fast, ids_ref)
+        lg = ref.forward(list(g["prompt_ids"]) + ids_ref[:same], 0)[-1].double()
+        top = torch.topk(lg, 2)
+        assert int(top.indices[1]) == ids_fast[same], (same, top, ids_fast, ids_ref)
+        assert float(top.values[0] - top.values[1]) < 0.5, (same, top)
 
 
 @pytest.mark.slow
