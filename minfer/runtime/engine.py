@@ -32,6 +32,7 @@ from minfer.models.base import Step
 from minfer.ops.context import Context
 from minfer.runtime.generate import (GenEvent, check_count, check_params, check_prompt_ids, check_stop, generate,
                                      sampling_from_kwargs)
+from minfer.runtime.cuda_graphs import inference_scope
 from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
@@ -256,14 +257,19 @@ class Engine:
         a second thread computing at the same time would interleave two sequences in them and
         return wrong text without an error, so it is refused instead of waiting (a wait would
         still mix the two generations' steps)."""
-        if not self._lock.acquire(blocking=False):
-            raise MinferError("this Engine is already running a call in another thread: an Engine runs one "
-                              "call at a time; use one Engine per thread, or `minfer serve --parallel N` "
-                              "for concurrent requests")
+        self._acquire()
         try:
             yield
         finally:
             self._lock.release()
+
+    def _acquire(self) -> None:
+        """_busy's lock, taken without waiting (forward() takes it directly: a generator
+        context costs ~1.5 us a decode token)."""
+        if not self._lock.acquire(blocking=False):
+            raise MinferError("this Engine is already running a call in another thread: an Engine runs one "
+                              "call at a time; use one Engine per thread, or `minfer serve --parallel N` "
+                              "for concurrent requests")
 
     # ---- forward passes ----------------------------------------------------------------
 
@@ -278,10 +284,13 @@ class Engine:
         if bad:
             raise MinferError(f"token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
 
-    @torch.inference_mode()
     def _run(self, tokens: Sequence[int], start_pos: int, last_only: bool, on_device: bool = False) -> torch.Tensor:
         """Logits (T or 1, V) float32 on the CPU; on_device: left on the device (a graph's
-        buffer, valid until the next call)."""
+        buffer, valid until the next call). In inference mode (cuda_graphs.inference_scope)."""
+        with inference_scope():
+            return self._run_inference(tokens, start_pos, last_only, on_device)
+
+    def _run_inference(self, tokens: Sequence[int], start_pos: int, last_only: bool, on_device: bool) -> torch.Tensor:
         tokens = [int(t) for t in tokens]
         self._check(tokens, start_pos)
         del self.tokens[start_pos:]        # in place: a copy of the whole history per decode step costs ~15 us at 3k tokens
@@ -363,9 +372,12 @@ class Engine:
         tokens = check_prompt_ids(tokens, "tokens")
         if len(tokens) == 0:
             raise MinferError("forward() needs at least one token")
-        with self._busy():
+        self._acquire()                   # _busy() without its generator
+        try:
             self._epoch += 1
             return self._run(tokens, start_pos, last_only=False)
+        finally:
+            self._lock.release()
 
     def logits(self, ids: Sequence[int]) -> torch.Tensor:
         """Every position's logits of the sequence `ids` from an empty context: (T, vocab)

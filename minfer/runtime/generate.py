@@ -60,6 +60,8 @@ def check_stop(stop) -> list[str]:
 
 def check_prompt_ids(ids, name: str = "prompt_ids") -> list[int]:
     """Token ids: a sequence (or 1-D tensor) of ints; text belongs to complete() or chat()."""
+    if type(ids) is list and len(ids) == 1 and type(ids[0]) is int:
+        return [ids[0]]                   # a decode step's one token (the loop below, ~1 us less)
     if isinstance(ids, torch.Tensor):
         ids = ids.reshape(-1).tolist()
     if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
