@@ -19,8 +19,12 @@ for step in $STEPS; do
       waitq7
       for i in $(seq ${TREEAB_PAIRS:-2}); do
         for side in old new; do
-          if [ $side = old ]; then pp=/tmp/site:$PWD/.old; else pp=/tmp/site:$PWD; fi
-          PYTHONPATH=$pp timeout 120 python3 -m minfer bench -m $Q7 -p 0 -n 128 -d 0,3354 -r 3 --no-progress \
+          # `python3 -m` puts the working directory first on sys.path, ahead of PYTHONPATH: the old
+          # side must run from inside .old (until 2026-12-01 it ran from here, so both sides ran
+          # this tree: every treeab before then was an A/A)
+          if [ $side = old ]; then dir=$PWD/.old; else dir=$PWD; fi
+          (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 120 python3 -c "import minfer, sys; print('minfer from', minfer.__file__)" \
+            && PYTHONPATH=/tmp/site:$dir timeout 120 python3 -m minfer bench -m $Q7 -p 0 -n 128 -d 0,3354 -r 3 --no-progress) \
             >"/tmp/treeab-$side-$i.log" 2>&1
           summary="$summary\n$side $i: $(grep '^|' /tmp/treeab-$side-$i.log | tail -2 | awk -F'|' '{printf "%s %s;", $6, $7}')"
         done
