@@ -419,25 +419,11 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
     if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
         raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
-    use_g = gluon and not interpret and not l2
-    if use_g:
-        from minfer.ops.cuda import gemv_q8_gluon as GL
-
-        cfg = tuple(config) if config else GL.config_for(segs[0].qtype, n, k, gluon_table)
-        if cfg is None:
-            use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
-        else:
-            why = GL.device_unsupported(xq.device) or GL.supported(segs, cfg[0], cfg[1])
-            if why is not None:
-                paths.fallback("gemv_q8.gluon", why)
-                use_g = False
-    if use_g:
-        bn, bb, split, nwarps = cfg[:4]
-        prefetch = bool(cfg[4]) if len(cfg) > 4 else True
-    else:
-        cfg = tuple(config or config_for(segs[0].qtype, n, k, interpret))
-        bn, bb, split, nwarps = cfg[:4]                 # an explicit Gluon 4-tuple may land here too
-        prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    use_g, cfg, why = _choose(segs, n, k, config, gluon and not l2, interpret, gluon_table, xq.device)
+    if why is not None:
+        paths.fallback("gemv_q8.gluon", why)
+    bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
+    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
@@ -452,6 +438,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if split > 1:
         cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     if use_g:
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
                   prefetch, late=pdl_late, preload=preload)
         return out
@@ -468,6 +456,27 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                           num_stages=1, **launch_kw(pdl))
     return out
+
+
+def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_table: str, device,
+            refuse=None) -> tuple:
+    """(use_gluon, config, why): the kernel of a q8 GEMV launch (gemv_q8 and gemv_q8_swiglu).
+    The Gluon kernel when asked (gluon, not on the interpreter) and its table (or `config`) has
+    the shape, unless this GPU, the tile (gemv_q8_gluon.supported) or `refuse(config)` says why
+    not: `why` is then the fallback's reason for the caller to count. Otherwise the Triton
+    kernel with `config` or its own table's config (a shape not in the Gluon table is not a
+    fallback: why is None)."""
+    if gluon and not interpret:
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
+        cfg = tuple(config) if config else GL.config_for(segs[0].qtype, n, k, gluon_table)
+        if cfg is not None:
+            why = (GL.device_unsupported(device) or GL.supported(segs, cfg[0], cfg[1])
+                   or (refuse(cfg) if refuse else None))
+            if why is None:
+                return True, cfg, None
+            return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), why
+    return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), None
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:
@@ -507,21 +516,11 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     if n % 2 or f % 256 or rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} is not a [gate; up] pair of a multiple of "
                           f"256 rows each (for {xq.numel() * 4} activations)")
-    use_g, why = gluon and not interpret and not l2, None
-    if use_g:
-        from minfer.ops.cuda import gemv_q8_gluon as GL
+    def pairs(cfg) -> str | None:
+        bn = cfg[0]
+        return f"{bn}-row tiles do not pair the gate/up halves of {f} rows" if f % bn or bn % 32 or bn & (bn - 1) else None
 
-        cfg = tuple(config) if config else GL.config_for(rw.qtype, n, k, gluon_table)
-        if cfg is None:
-            use_g = False                 # not in its table: the Triton kernel is this shape's (counted below)
-        else:
-            bn = cfg[0]
-            why = GL.device_unsupported(xq.device) or GL.supported((rw,), bn, cfg[1])
-            if why is None and (f % bn or bn % 32 or bn & (bn - 1)):
-                why = f"{bn}-row tiles do not pair the gate/up halves of {f} rows"
-            use_g = why is None
-    if not use_g:
-        cfg = tuple(config) if config else config_for(rw.qtype, n, k, interpret)
+    use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
     bn, bb, _, nwarps = cfg[:4]
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     if f % bn or bn % 32:
@@ -540,6 +539,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     part = torch.empty(n, dtype=torch.float32, device=dev)
     cnt = ws.counters(tiles // 2) if ws is not None else torch.zeros(tiles // 2, dtype=torch.int32, device=dev)
     if use_g:
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late)
         return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
