@@ -81,11 +81,6 @@ class DecodeGraph:
 
     def step(self, token_id: int, start_pos: int, pinned: bool = False,
              token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
-        with inference_scope():
-            return self._step(token_id, start_pos, pinned, token_dev, host_sync)
-
-    def _step(self, token_id: int, start_pos: int, pinned: bool = False,
-              token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
@@ -95,6 +90,11 @@ class DecodeGraph:
         this step (to_host does), so the pinned input copy records no event: the next step
         waits on the event only if one was recorded, else on the stream, and not at all after
         to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs)."""
+        with inference_scope():
+            return self._step(token_id, start_pos, pinned, token_dev, host_sync)
+
+    def _step(self, token_id: int, start_pos: int, pinned: bool = False,
+              token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         if pinned:
