@@ -184,6 +184,11 @@ class Switches:
                                    "batched decode attention: the key splits per row are chosen so that "
                                    "rows x KV heads x splits reach about this many programs (264: 2 per SM "
                                    "of an H200; ops/cuda/paged_attention.split_count)", kind="tuning")
+    decode_attn_preload: bool = _sw(False, "MINFER_DECODE_ATTN_PRELOAD",
+                                    "one-token decode attention: the key count (the step's position) and each "
+                                    "program's key range read before the PDL wait, so the cached tiles' loads "
+                                    "follow the wait without a dependent load first (ops/cuda/attention.py; off "
+                                    "by default: not yet measured on the GPU, perf-log V8)", kind="tuning")
     decode_attn_programs: int = _sw(264, "MINFER_DECODE_ATTN_PROGRAMS",
                                     "single-sequence decode attention: KV heads x key splits reach about this "
                                     "many programs at the cache's full length, at least 2 key tiles each "

@@ -169,3 +169,20 @@ def test_rope_attention_routing(M):
     assert snap["counts"].get("attention.decode.rope") == 1
     assert snap["counts"].get("attention.decode.rope.window") == 1
     assert snap["switched_off"] == {"attention.decode.rope (switched off by MINFER_DECODE_ATTN_ROPE=0)": 1}
+
+
+@pytest.mark.parametrize("n_keys,window", [(5, 0), (37, 0), (37, 16)])
+def test_decode_attention_preload_is_the_same_kernel(M, n_keys, window):
+    """Switches.decode_attn_preload: reading the key count before the PDL wait (PRE) changes
+    where the load sits, not the result: bit for bit the kernel without it, both the reference's
+    attention; the count as a device tensor plus n_keys_add, as a graph passes it."""
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys)
+    H, Hkv, Dh, S = 8, 2, 64, 50
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, pre=True)
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, pre=False)
+    assert torch.equal(a, b)
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5

@@ -1,6 +1,6 @@
 """Switches.pdl_preload on the sm_90 builds (no GPU): with PRE the norm + q8 kernel issues its
 norm-weight loads, and the Gluon q8 GEMV its bias loads, before griddepcontrol.wait; without PRE
-they come after it. Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets
+they come after it. Switches.decode_attn_preload: the decode attention's key count likewise. Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets
 it on a machine without a GPU; Gluon's compiler then refuses the kernel's helpers)."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
 from minfer.ops.cuda import gemv_q8 as Q
 from minfer.ops.cuda import gemv_q8_gluon as GL
+import importlib
+A = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 T = GPUTarget("cuda", 90, 32)
 out = {}
@@ -40,6 +42,14 @@ for pre in (0, 1):
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=T, options={"num_warps": 4})
     out[f"gemv {pre}"] = k.asm["ptx"]
+    names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "stride_qh", "stride_ks", "stride_kh",
+             "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
+    types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7 + ["fp32", "i32", "i32",
+                                                                                              "fp32"]
+    cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre))
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex), target=T, options={"num_warps": 4})
+    out[f"attn {pre}"] = k.asm["ptx"]
 print(json.dumps(out))
 """
 
@@ -57,12 +67,14 @@ def _loads_before_wait(src: str) -> int:
     return head.count("ld.global")
 
 
-@pytest.mark.parametrize("kernel", ["norm", "gemv"])
+@pytest.mark.parametrize("kernel", ["norm", "gemv", "attn"])
 def test_preload_moves_the_independent_loads_before_the_wait(ptx, kernel):
     off, on = ptx[f"{kernel} 0"], ptx[f"{kernel} 1"]
     assert off.count("griddepcontrol.wait") == 1 and on.count("griddepcontrol.wait") == 1
-    if kernel == "norm":
+    if kernel in ("norm", "attn"):
         assert _loads_before_wait(off) == 0          # nothing before the wait without PRE
+    if kernel == "attn":
+        assert _loads_before_wait(on) == 1           # the key count, only
     assert _loads_before_wait(on) > _loads_before_wait(off)
     # the same loads in all: only their place moves
     assert on.count("ld.global") == off.count("ld.global")

@@ -93,8 +93,14 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
-                        IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False):
-    pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
+                        IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
+                        PRE: tl.constexpr = False):
+    """PRE (Switches.decode_attn_preload): the key count and the program's key range are read
+    before the PDL wait -- n_keys is the step's position, copied in before its first kernel and
+    written by none of them (pdl.py's contract) -- so the cached tiles' loads follow the wait
+    directly, not after a dependent load of the count."""
+    if not PRE:
+        pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
     sp = tl.program_id(1)
     L = tl.load(n_keys) + n_keys_add
@@ -109,6 +115,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     qh = kvh * G + g
     d = tl.arange(0, BD)
     dm = d < D
+    if PRE:
+        pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
     qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
@@ -261,7 +269,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
-                     pdl: int = 0, programs: int = 264, softcap: float = 0.0) -> torch.Tensor:
+                     pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -269,6 +277,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
     graph passes its position tensor and 1, not a torch add kernel per layer). pdl: pdl.py.
+    pre: the key count read before the PDL wait (_decode_attn_kernel's PRE).
     """
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
@@ -295,7 +304,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, num_warps=4, **launch_kw(pdl))
+        CAP=softcap > 0, PRE=bool(pre), num_warps=4, **launch_kw(pdl))
     return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
@@ -391,7 +400,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
-                                programs=sw.decode_attn_programs, softcap=softcap)
+                                programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
