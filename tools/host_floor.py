@@ -72,22 +72,20 @@ def main():
         for i in range(n):
             dg.to_host(dg.step(t, p + i, pinned=True, host_sync=True), reuse=True)
 
-    def C(p):
-        for i in range(n):
-            dg.inp_np[0] = t
-            dg.inp_np[1] = p + i
-            dg.inp.copy_(dg.inp_host, non_blocking=True)
-            dg.graph.replay()
-            outc.copy_(dg.logits, non_blocking=True)
-            stream.synchronize()
+    def calls(host, graph, logits, copy_in: bool):
+        def run(p):
+            for i in range(n):
+                host[0] = t
+                host[1] = p + i
+                if copy_in:
+                    dg.inp.copy_(dg.inp_host, non_blocking=True)
+                graph.replay()
+                outc.copy_(logits, non_blocking=True)
+                stream.synchronize()
+        return run
 
-    def D(p):
-        for i in range(n):
-            hd[0] = t
-            hd[1] = p + i
-            gd.replay()
-            outc.copy_(lgd, non_blocking=True)
-            stream.synchronize()
+    C = calls(dg.inp_np, dg.graph, dg.logits, True)
+    D = calls(hd, gd, lgd, False)
 
     def E(p):
         for i in range(n):

@@ -32,7 +32,7 @@ from minfer.models.base import Step
 from minfer.ops.context import Context
 from minfer.runtime.generate import (GenEvent, check_count, check_params, check_prompt_ids, check_stop, generate,
                                      sampling_from_kwargs)
-from minfer.runtime.cuda_graphs import inference_scope
+from minfer.runtime.cuda_graphs import DecodeGraph, inference_scope
 from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
@@ -360,8 +360,6 @@ class Engine:
     def _graph_step(self, token: int, pos: int, token_dev: torch.Tensor | None = None,
                     host_sync: bool = False) -> torch.Tensor:
         if self._graph is None:
-            from minfer.runtime.cuda_graphs import DecodeGraph
-
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
         return self._graph.step(token, pos, pinned=self.switches.pinned_io, token_dev=token_dev, host_sync=host_sync)
 

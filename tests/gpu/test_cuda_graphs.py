@@ -70,19 +70,26 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
     assert snap["counts"]["graph.decode.capture"] == 1
 
 
-def test_pinned_io_gives_the_same_logits_and_keeps_each_step(tmp_path):
-    """MINFER_PINNED_IO (token and position in one copy from pinned memory, logits into a new
-    pinned tensor) decodes bit for bit what two fill kernels and a pageable copy decode, and a
-    returned logits tensor is not overwritten by the steps after it."""
+def _tiny_pair(tmp_path, seed: int, switches_b):
+    """(preset, engine with the default switches, engine with switches_b) on one synthetic tiny
+    qwen2 file, both on CUDA with a 96-token context."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.runtime.engine import Engine
 
     p = get_preset("tiny").with_overrides(arch="qwen2")
     path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=4, progress=False)
+    write_synth(path, p, "q4_k_m", seed=seed, progress=False)
     a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=Switches(pinned_io=False))
+    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=switches_b)
+    return p, a, b
+
+
+def test_pinned_io_gives_the_same_logits_and_keeps_each_step(tmp_path):
+    """MINFER_PINNED_IO (token and position in one copy from pinned memory, logits into a new
+    pinned tensor) decodes bit for bit what two fill kernels and a pageable copy decode, and a
+    returned logits tensor is not overwritten by the steps after it."""
+    p, a, b = _tiny_pair(tmp_path, 4, Switches(pinned_io=False))
     assert a.switches.pinned_io
     prompt = torch.randint(0, p.vocab, (7,), generator=torch.Generator().manual_seed(5)).tolist()
     ta = tb = int(a.prefill(prompt).argmax())
@@ -137,16 +144,9 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
     pinned tensor again (counted graph.decode.logits_reused); a kept tensor, a kept row of it or
     its numpy array is never overwritten, and every step's logits are those of the engine without
     reuse, bit for bit."""
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
     from minfer.ops import paths
-    from minfer.runtime.engine import Engine
 
-    p = get_preset("tiny").with_overrides(arch="qwen2")
-    path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=9, progress=False)
-    a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=Switches(graph_host_reuse=False))
+    p, a, b = _tiny_pair(tmp_path, 9, Switches(graph_host_reuse=False))
     assert a.switches.graph_host_reuse
     prompt = torch.randint(0, p.vocab, (7,), generator=torch.Generator().manual_seed(3)).tolist()
     t = int(a.prefill(prompt).argmax())

@@ -351,9 +351,13 @@ def test_gemv_q8_swiglu_gluon_graph_replays_pdl():
 def test_add_rms_norm_q8_sum_in_one_round_or_a_loop(k, one_pass):
     """The norm's sum of squares in one load round (Switches.norm_one_pass, rows up to 8192) and in
     the loop of 1024-value rounds both give the float64 norm; 18944 loops either way."""
-    from minfer.ops.cuda import gemv_q8 as Q
+    import triton
 
-    assert Q._norm_block(k, False, one_pass) == (triton_next_pow2(k) if one_pass and k <= 8192 else 1024)
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import q8_rows
+
+    want = triton.next_power_of_2(k) if one_pass and k <= 8192 else 1024
+    assert q8_rows._norm_block(k, False, one_pass) == want
     g = torch.Generator(device="cuda").manual_seed(k)
     x = torch.randn(1, k, device="cuda", generator=g)
     y = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
@@ -366,7 +370,3 @@ def test_add_rms_norm_q8_sum_in_one_round_or_a_loop(k, one_pass):
     # the q8 row is quantized from the float32 normed value: x_hat of it, up to near-ties
     got = Q.dequantize_q8(q8, k).double()
     assert rel_err(got, x_hat(hv)) < 1e-3
-
-
-def triton_next_pow2(n):
-    return 1 << (n - 1).bit_length()

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:Runti
 
 @pytest.fixture(scope="module")
 def M():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8",
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
                                      "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.attention"]):
         yield mods
 

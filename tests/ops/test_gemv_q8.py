@@ -28,7 +28,7 @@ NAMES = {12: "Q4_K", 14: "Q6_K"}
 
 @pytest.fixture(scope="module")
 def Q():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8"]):
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8"]):
         yield mods["gemv_q8"], mods["gemv_repack"]
 
 

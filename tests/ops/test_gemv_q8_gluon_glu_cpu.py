@@ -84,7 +84,7 @@ def test_glu_kernel_compiles_for_sm90(built, case):
 
 @pytest.fixture(scope="module")
 def Q():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8"]):
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8"]):
         yield mods["gemv_q8"], mods["gemv_repack"]
 
 

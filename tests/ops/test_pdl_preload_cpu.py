@@ -1,7 +1,8 @@
 """Switches.pdl_preload on the sm_90 builds (no GPU): with PRE the norm + q8 kernel issues its
 norm-weight loads, and the Gluon q8 GEMV its bias loads, before griddepcontrol.wait; without PRE
-they come after it. Switches.decode_attn_preload: the decode attention's key count likewise. Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets
-it on a machine without a GPU; Gluon's compiler then refuses the kernel's helpers)."""
+they come after it. Switches.decode_attn_preload: the decode attention's key count likewise.
+Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets it on a machine
+without a GPU; Gluon's compiler then refuses the kernel's helpers)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.experimental.gluon._runtime import GluonASTSource
-from minfer.ops.cuda import gemv_q8 as Q
+from minfer.ops.cuda import q8_rows as Q
 from minfer.ops.cuda import gemv_q8_gluon as GL
 import importlib
 A = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)

@@ -30,7 +30,7 @@ NAMES = {12: "Q4_K", 14: "Q6_K"}
 
 @pytest.fixture(scope="module")
 def Q():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.gemv_q8",
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
                                      "minfer.ops.cuda.qgemm_q8"]):
         yield mods["qgemm_q8"], mods["gemv_q8"], mods["gemv_repack"]
 
@@ -120,7 +120,7 @@ def test_qgemm_q8_refuses_bad_inputs(Q):
 @pytest.fixture(scope="module")
 def QM():
     names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_repack",
-             "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.qgemm_repack", "minfer.ops.cuda.qgemm_q8",
+             "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.qgemm_repack", "minfer.ops.cuda.qgemm_q8",
              "minfer.ops.cuda.qmatmul"]
     for mods in interpreted_modules(names):
         yield mods

@@ -169,7 +169,7 @@ def test_default_configs_cover_the_7b_shapes(Q):
 
 @pytest.fixture(scope="module")
 def QM():
-    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.gemv_repack",
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.gemv_repack",
              "minfer.ops.cuda.qgemm_repack", "minfer.ops.cuda.qmatmul"]
     for mods in interpreted_modules(names):
         yield mods

@@ -28,7 +28,7 @@ class _Stub(ModelStub):
 
 @pytest.fixture(scope="module")
 def QM():
-    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.gemv_repack",
+    names = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.gemv_repack",
              "minfer.ops.cuda.qmatmul"]
     for mods in interpreted_modules(names):
         yield mods

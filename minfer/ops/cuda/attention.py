@@ -21,7 +21,7 @@ import triton.language as tl
 
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda.gemv_q8 import _q8_chunks
+from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter

@@ -61,21 +61,21 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
         y = y.contiguous()
     t, d = x.shape
     if t == 1 and q8_row_ok(d, out_dtype, sw):
-        # one decode row: also its int8 form for the q8 GEMV (gemv_q8.py), in the same launch
-        from minfer.ops.cuda import gemv_q8
+        # one decode row: also its int8 form for the q8 GEMV (q8_rows.py, gemv_q8.py), in the same launch
+        from minfer.ops.cuda import q8_rows
 
         paths.count("add_rms_norm.q8")
-        s, h, q8 = gemv_q8.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
+        s, h, q8 = q8_rows.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
                                            pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
                                            one_pass=_one_pass(sw), preload=sw.pdl_preload)
         h.q8 = q8
         return s, h
     if _q8_rows_ok(t, d, out_dtype, sw) and x.is_contiguous() and y.is_contiguous() and x.dtype == torch.float32:
         # batched decode rows for the int8 GEMM (qgemm_q8.py): their int8 form from the same launch
-        from minfer.ops.cuda import gemv_q8
+        from minfer.ops.cuda import q8_rows
 
         paths.count("add_rms_norm.q8rows")
-        s, h, q8 = gemv_q8._q8_launch(x, y, None, weight, eps, out_dtype, _interp(), rows_ok=True)
+        s, h, q8 = q8_rows._q8_launch(x, y, None, weight, eps, out_dtype, _interp(), rows_ok=True)
         h.q8 = q8
         return s, h
     paths.count("add_rms_norm.triton")
@@ -88,14 +88,14 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
 
 def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, ctx: Context | None = None):
-    """rms_norm(x) * weight in out_dtype; one row also gets its q8 form (gemv_q8.py) in the same
+    """rms_norm(x) * weight in out_dtype; one row also gets its q8 form (q8_rows.py) in the same
     launch, else rms_norm + cast."""
     sw = (ctx or DEFAULT).switches
     if x.dim() == 2 and x.shape[0] == 1 and x.is_contiguous() and q8_row_ok(x.shape[1], out_dtype, sw):
-        from minfer.ops.cuda import gemv_q8
+        from minfer.ops.cuda import q8_rows
 
         paths.count("rms_norm.q8")
-        _, h, q8 = gemv_q8._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
+        _, h, q8 = q8_rows._q8_launch(x, None, None, weight, eps, out_dtype, _interp(),
                                       pdl=pdl_enabled(sw, x.device, "rms_norm", early_ok=True),
                                       one_pass=_one_pass(sw), preload=sw.pdl_preload)
         h.q8 = q8
@@ -307,18 +307,18 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> 
     (`.q8`, for the down projection's q8 GEMV) from the same launch."""
     sw = (ctx or DEFAULT).switches
     if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, sw):
-        from minfer.ops.cuda import gemv_q8
+        from minfer.ops.cuda import q8_rows
 
         paths.count("swiglu.q8")
-        h, q8 = gemv_q8.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(),   # dense rows
+        h, q8 = q8_rows.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(),   # dense rows
                                   pdl=pdl_enabled(sw, gate.device, "swiglu", early_ok=True))
         h.q8 = q8
         return h
     if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, sw):
-        from minfer.ops.cuda import gemv_q8
+        from minfer.ops.cuda import q8_rows
 
         paths.count("swiglu.q8rows")
-        h, q8 = gemv_q8.swiglu_q8_rows(gate.contiguous(), up.contiguous(), interpret=_interp())
+        h, q8 = q8_rows.swiglu_q8_rows(gate.contiguous(), up.contiguous(), interpret=_interp())
         h.q8 = q8
         return h
     paths.count("swiglu.triton")

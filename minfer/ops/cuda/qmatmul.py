@@ -37,19 +37,22 @@ from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
 
-def _q8_kw(sw, x, late: bool = False) -> dict:
+def _q8_kw(sw, x, late: bool = False, glu: bool = False) -> dict:
     """The q8 GEMV's launch mode (ops/cuda/pdl.py), with PDL on its weight tiles read before the
     wait, what it fetches into L2 for the GEMVs after it (ops/cuda/l2_prefetch.py; off at
     Switches.l2_prefetch_mb = 0), and whether the shapes of the Gluon kernel's table take it
     (ops/cuda/gemv_q8_gluon.py, Switches.gemv_q8_gluon). late: the launch is followed directly by
-    a heavy kernel; Switches.pdl_late 1 has such launches signal it at their end, 2 every launch."""
+    a heavy kernel; Switches.pdl_late 1 has such launches signal it at their end, 2 every launch.
+    glu: for gemv_q8_swiglu, which has no bias to load before the wait (Switches.pdl_preload)."""
     mode = pdl_enabled(sw, x.device, "gemv_q8")
     l2 = None
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
-    return {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
-            "gluon_table": sw.gemv_q8g_table, "preload": sw.pdl_preload,
-            "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
+    kw = {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
+          "gluon_table": sw.gemv_q8g_table, "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
+    if not glu:
+        kw["preload"] = sw.pdl_preload
+    return kw
 
 
 def _ctx(ctx: Context | None, device) -> tuple:
@@ -352,7 +355,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
         return None
     paths.count(path)
     h, hq = gemv_q8.gemv_q8_swiglu(q8, rw, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                   **_q8_kw(sw, x, late=True))          # down's GEMV follows
+                                   **_q8_kw(sw, x, late=True, glu=True))          # down's GEMV follows
     h.q8 = hq
     return h
 
