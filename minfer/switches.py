@@ -60,6 +60,10 @@ class Switches:
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
                           "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
                           "every kernel signals after its wait)", kind="tuning")
+    pdl_early_sites: str = _sw("", "MINFER_PDL_EARLY_SITES",
+                               "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
+                               "add_rms_norm, rms_norm, swiglu) let the next kernel launch before their own wait, "
+                               "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none)", kind="tuning")
     pdl_late: int = _sw(0, "MINFER_PDL_LATE",
                         "with PDL, when a Gluon q8 GEMV lets the next kernel launch: 0 after its wait, at "
                         "its start; 1 at the end of its programs for the GEMVs followed directly by a heavy "
@@ -189,6 +193,11 @@ class Switches:
                                     "program's key range read before the PDL wait, so the cached tiles' loads "
                                     "follow the wait without a dependent load first (ops/cuda/attention.py; off "
                                     "by default: not yet measured on the GPU, perf-log V8)", kind="tuning")
+    decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
+                                  "one-token decode attention: each program's first tile of cached keys/values "
+                                  "(rows written by earlier steps) loaded before the PDL wait too, this step's row "
+                                  "after it; implies decode_attn_preload (ops/cuda/attention.py KVPRE; off by "
+                                  "default until measured, perf-log W1)", kind="tuning")
     decode_attn_programs: int = _sw(264, "MINFER_DECODE_ATTN_PROGRAMS",
                                     "single-sequence decode attention: KV heads x key splits reach about this "
                                     "many programs at the cache's full length, at least 2 key tiles each "
@@ -266,6 +275,10 @@ class Switches:
                 if f.metadata["kind"] == "switch" and getattr(self, f.name) is False}
 
 
+# the PDL launch sites that may signal before their wait (ops/cuda/pdl.py enabled(..., early_ok=True))
+EARLY_SITES = ("rope_kv", "decode_attention", "add_rms_norm", "rms_norm", "swiglu")
+
+
 def _parse(f, raw: str):
     env = f.metadata["env"]
     if f.type in ("bool", bool):
@@ -283,6 +296,10 @@ def _parse(f, raw: str):
         if v < 0:
             raise MinferError(f"{env}={raw!r}: expected a non-negative integer")
         return v
+    if f.name == "pdl_early_sites" and raw:
+        bad = [x for x in raw.split(",") if x not in EARLY_SITES]
+        if bad:
+            raise MinferError(f"{env}={raw!r}: unknown site {bad[0]!r} (sites: {', '.join(EARLY_SITES)})")
     if f.name == "act_dtype":
         names = ("bfloat16", "bf16", "float16", "fp16", "float32", "fp32")
         if raw not in names:

@@ -27,7 +27,9 @@ def test_defaults_and_from_env():
 @pytest.mark.parametrize("env,msg", [({"MINFER_GEMV": "maybe"}, "MINFER_GEMV='maybe': expected 0 or 1"),
                                      ({"MINFER_GEMV_MAX_M": "x"}, "expected an integer"),
                                      ({"MINFER_PREFILL_GRAPHS": "-1"}, "non-negative"),
-                                     ({"MINFER_ACT_DTYPE": "int8"}, "expected one of")])
+                                     ({"MINFER_ACT_DTYPE": "int8"}, "expected one of"),
+                                     ({"MINFER_PDL_EARLY_SITES": "rope_kv,rope"},
+                                      "MINFER_PDL_EARLY_SITES='rope_kv,rope': unknown site 'rope' (sites: rope_kv")])
 def test_bad_values_name_the_variable(env, msg):
     with pytest.raises(MinferError, match=re.escape(msg)):
         Switches.from_env(env)

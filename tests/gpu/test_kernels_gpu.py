@@ -206,6 +206,30 @@ def test_decode_attention_length_from_tensor():
     assert rel_err(out, reference.attention(q.double(), kc.double(), vc.double(), 999)) < 1e-2
 
 
+@pytest.mark.parametrize("n", [1, 17, 64, 65, 1000, 3355])
+def test_decode_attention_kvpre_gpu(n):
+    """Switches.decode_attn_kvpre at the 7B's heads (28 / 4 x 128, 64-key tiles, 264 programs):
+    the first cached tile read before the wait, row n - 1 after it; against the float64
+    reference and the kernel without it. Row n - 1 is made distinct so a dropped or doubled
+    new row shows."""
+    from minfer.ops import reference
+    from minfer.ops.cuda import decode_attention
+
+    g = torch.Generator().manual_seed(n)
+    kc = torch.randn(4096, 4, 128, generator=g)
+    vc = torch.randn(4096, 4, 128, generator=g)
+    kc[n - 1] *= 3.0
+    vc[n - 1] += 2.0
+    kc, vc = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
+    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    a = decode_attention(q.to(DEV), kc.to(DEV), vc.to(DEV), pos, n_keys_add=1, kvpre=True)
+    b = decode_attention(q.to(DEV), kc.to(DEV), vc.to(DEV), pos, n_keys_add=1, pre=True)
+    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
+    assert rel_err(a, ref) < 1e-2
+    assert rel_err(a, b) < 1e-2
+
+
 @pytest.mark.parametrize("t,d", [(1, 3584), (7, 896), (333, 3584), (64, 576)])
 def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
     from minfer.ops import paths, reference

@@ -109,3 +109,37 @@ def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
     assert counts.get("qmatmul.group2.decode.q8swiglu", 0) > 0        # engine a fused it
     if off == "gemv_swiglu":
         assert counts.get("swiglu.q8", 0) > 0                         # the other ran the two launches
+
+
+@pytest.mark.parametrize("kvpre", [False, True])
+def test_graphed_decode_bitwise_equal_with_rope_kv_early(tmp_path, kvpre):
+    """Switches.pdl_early_sites=rope_kv lets the decode attention launch while the q/k/v GEMV
+    runs (it then reads, before its wait, only the key count and -- with decode_attn_kvpre --
+    its first tile of cached rows): a whole model's graphed greedy decode gives bitwise the
+    logits of the same switches without the early signal, over 40 steps whose new row changes
+    each step (a preloaded tile holding this step's row, or read before the rope + KV kernel
+    wrote it, would differ)."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=6, progress=False)
+    paths.reset()
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False,
+                    switches=Switches(pdl_early_sites="rope_kv", decode_attn_kvpre=kvpre))
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(decode_attn_kvpre=kvpre))
+    prompt = torch.randint(0, p.vocab, (70,), generator=torch.Generator().manual_seed(5)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)
+    t = int(la.argmax())
+    for step in range(40):
+        pos = len(prompt) + step
+        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
+        assert torch.equal(la, lb), step
+        t = int(la.argmax())
+    counts = paths.snapshot()["counts"]
+    assert counts.get("graph.decode.replay", 0) >= 80, counts
+    assert counts.get("pdl.rope_kv", 0) > 0 and counts.get("pdl.decode_attention", 0) > 0

@@ -186,3 +186,27 @@ def test_decode_attention_preload_is_the_same_kernel(M, n_keys, window):
     b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, pre=False)
     assert torch.equal(a, b)
     assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
+
+
+@pytest.mark.parametrize("n_keys,window,n_split", [(5, 0, None), (37, 0, None), (37, 16, None), (50, 0, 1),
+                                                    (33, 0, 2), (17, 0, 4), (40, 7, 3)])
+def test_decode_attention_kvpre_matches_the_reference(M, n_keys, window, n_split):
+    """Switches.decode_attn_kvpre: the first cached tile read before the PDL wait, this step's
+    row (n_keys - 1) after it -- alone when it falls in that tile's span, in the loop otherwise.
+    Against the reference's attention and the kernel without it (the order of the sums differs
+    only where the new row is folded in alone), with the new row's values distinct from every
+    cached one, so a stale or dropped row shows; splits of one, two and more tiles (16-key tiles
+    in the interpreter), empty splits, a window."""
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys * 7 + (n_split or 0))
+    H, Hkv, Dh, S = 8, 2, 64, 50
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    kc[n_keys - 1] *= 4.0
+    vc[n_keys - 1] += 3.0
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, kvpre=True, n_split=n_split)
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, pre=True, n_split=n_split)
+    ref = reference.decode_attention(q, kc, vc, n_keys, window)
+    assert rel_err(a, ref) < 1e-5
+    assert rel_err(a, b) < 1e-6

@@ -1,6 +1,7 @@
 """Switches.pdl_preload on the sm_90 builds (no GPU): with PRE the norm + q8 kernel issues its
 norm-weight loads, and the Gluon q8 GEMV its bias loads, before griddepcontrol.wait; without PRE
-they come after it. Switches.decode_attn_preload: the decode attention's key count likewise.
+they come after it. Switches.decode_attn_preload: the decode attention's key count likewise;
+decode_attn_kvpre: its first tile of cached keys and values too.
 Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets it on a machine
 without a GPU; Gluon's compiler then refuses the kernel's helpers)."""
 
@@ -47,10 +48,11 @@ for pre in (0, 1):
              "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
     types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7 + ["fp32", "i32", "i32",
                                                                                               "fp32"]
-    cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre))
-    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
-    k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex), target=T, options={"num_warps": 4})
-    out[f"attn {pre}"] = k.asm["ptx"]
+    for kv in ((0, 1) if pre else (0,)):
+        cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre), KVPRE=bool(kv))
+        sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+        k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex), target=T, options={"num_warps": 4})
+        out[f"attn {pre + kv}"] = k.asm["ptx"]
 print(json.dumps(out))
 """
 
@@ -79,3 +81,12 @@ def test_preload_moves_the_independent_loads_before_the_wait(ptx, kernel):
     assert _loads_before_wait(on) > _loads_before_wait(off)
     # the same loads in all: only their place moves
     assert on.count("ld.global") == off.count("ld.global")
+
+
+def test_kvpre_loads_the_first_tile_before_the_wait(ptx):
+    """Switches.decode_attn_kvpre: the key count and the first tile of cached keys and values
+    (64 x 128 bf16 each: at least 8 vector loads a thread for each) before griddepcontrol.wait."""
+    kv = ptx["attn 2"]
+    assert kv.count("griddepcontrol.wait") == 1
+    assert _loads_before_wait(kv) >= 1 + 2 * 8
+    assert _loads_before_wait(ptx["attn 1"]) == 1

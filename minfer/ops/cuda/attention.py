@@ -94,11 +94,18 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
-                        PRE: tl.constexpr = False):
+                        PRE: tl.constexpr = False, KVPRE: tl.constexpr = False):
     """PRE (Switches.decode_attn_preload): the key count and the program's key range are read
     before the PDL wait -- n_keys is the step's position, copied in before its first kernel and
     written by none of them (pdl.py's contract) -- so the cached tiles' loads follow the wait
-    directly, not after a dependent load of the count."""
+    directly, not after a dependent load of the count.
+
+    KVPRE (Switches.decode_attn_kvpre, with PRE): the program's first tile of keys/values is
+    loaded before the wait as well, its cached rows only (< L - 1: written by earlier steps; row
+    L - 1 is this step's, written by the rope + KV kernel just before). After the wait that tile
+    is folded in, then the loop over the rest, then row L - 1 alone if it fell inside the first
+    tile's span. At d3354 on the 7B (264 programs, 64-key tiles) every program has one tile, so
+    all its cache reads overlap the kernels before it."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -115,13 +122,25 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     qh = kvh * G + g
     d = tl.arange(0, BD)
     dm = d < D
+    if KVPRE:
+        cend = tl.minimum(s1, L - 1)                     # the first tile's cached rows
+        s = s0 + tl.arange(0, BS)
+        sa = s < cend
+        km = sa[:, None] & dm[None, :]
+        ka = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
+        va = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
     if PRE:
         pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
     qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, BD], dtype=tl.float32)
-    for start in range(s0, s1, BS):
+    first = s0
+    if KVPRE:
+        if s0 < cend:
+            m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+        first = s0 + BS
+    for start in range(first, s1, BS):
         s = start + tl.arange(0, BS)
         sm = s < s1
         km = sm[:, None] & dm[None, :]
@@ -130,6 +149,16 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
         # depth most programs have a single tile)
         v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
         m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+    if KVPRE:
+        r = L - 1
+        if (r >= s0) & (r < s1) & (r < s0 + BS):
+            # this step's row, inside the preloaded tile's span: read after the wait, alone
+            s = r + tl.arange(0, BS)
+            sm = s == r
+            km = sm[:, None] & dm[None, :]
+            k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
+            v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+            m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     om = gm[:, None] & dm[None, :]
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
@@ -269,7 +298,8 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
-                     pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False) -> torch.Tensor:
+                     pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
+                     kvpre: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -277,7 +307,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
     graph passes its position tensor and 1, not a torch add kernel per layer). pdl: pdl.py.
-    pre: the key count read before the PDL wait (_decode_attn_kernel's PRE).
+    pre: the key count read before the PDL wait (_decode_attn_kernel's PRE); kvpre: also the
+    first tile of cached keys/values (KVPRE; implies pre).
     """
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
@@ -304,7 +335,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, PRE=bool(pre), num_warps=4, **launch_kw(pdl))
+        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), num_warps=4, **launch_kw(pdl))
     return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
@@ -400,7 +431,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
-                                programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload)
+                                programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
+                                kvpre=sw.decode_attn_kvpre)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):

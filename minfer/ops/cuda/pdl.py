@@ -18,6 +18,9 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   signal before their wait, one kernel earlier; with two tiles before the wait
   (Switches.pdl_prefetch=2, default 1) both measured slower on the H200 (docs/perf-log.md):
   early grids likely take SM slots and issue slots from the running GEMV (not profiled).
+  Switches.pdl_early_sites turns mode 2 on for the named sites only (e.g. rope_kv: the decode
+  attention then launches during the q/k/v GEMV and, with decode_attn_kvpre, reads its cached
+  keys meanwhile).
   The Gluon GEMV has a mode 3 (Switches.pdl_late, off): it waits first and signals only when
   each program ends, so the next kernel cannot launch while its later programs still need
   SM slots; measured without effect (docs/perf-log.md U4).
@@ -51,7 +54,8 @@ def enter(PDL: tl.constexpr):
 
 def enabled(sw, device, site: str, early_ok: bool = False) -> int:
     """The PDL mode of the launch at `site`: 0 off, 1 on, 2 on and signalling the next kernel
-    before the wait (early_ok sites, Switches.pdl_early). On: Switches.pdl, a CUDA device of
+    before the wait (early_ok sites, Switches.pdl_early for all of them, pdl_early_sites for those
+    named). On: Switches.pdl, a CUDA device of
     compute capability >= 9.0, not Triton's interpreter. Counted per launch (`pdl.<site>`)."""
     from minfer.ops.cuda.dequant import interpret
 
@@ -69,7 +73,9 @@ def enabled(sw, device, site: str, early_ok: bool = False) -> int:
         paths.fallback(f"pdl.{site}", f"compute capability {cap[0]}.{cap[1]} < 9.0 has no programmatic launch")
         return 0
     paths.count(f"pdl.{site}")
-    return 2 if early_ok and getattr(sw, "pdl_early", False) else 1
+    if early_ok and (getattr(sw, "pdl_early", False) or site in getattr(sw, "pdl_early_sites", "").split(",")):
+        return 2
+    return 1
 
 
 def launch_kw(on: int) -> dict:
