@@ -23,8 +23,8 @@ for step in $STEPS; do
       done;;
     oracle)   # tools/skip_oracle.py: the graph with small kernels left out (a timing bound for fusions)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
-      timeout ${ORACLE_TIMEOUT:-200} python3 tools/skip_oracle.py /tmp/q7.gguf ${ORACLE_DEPTHS:-16 3354} >"$OUT/oracle.log" 2>&1
-      tail -22 "$OUT/oracle.log";;
+      timeout ${ORACLE_TIMEOUT:-200} python3 tools/skip_oracle.py /tmp/q7.gguf ${ORACLE_DEPTHS:-16 3354} ${ORACLE_VARIANTS:+-- $ORACLE_VARIANTS} >"$OUT/oracle.log" 2>&1
+      tail -${ORACLE_LINES:-22} "$OUT/oracle.log";;
     envab2)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       IFS=';' read -ra settings <<< "${ENVAB2:-MINFER_DECODE_ATTN_ROPE=0;MINFER_DECODE_ATTN_ROPE=1}"

@@ -13,14 +13,21 @@ it out saves here, and less by whatever work the neighbour takes over.
   -swiglu   the SwiGLU + q8 kernel left out
   -rope     the rope + KV append kernel left out
   -3        all three left out
-    python tools/skip_oracle.py Q7.gguf [depth ...]      (default 16 3354)"""
+  -norm_attn / -norm_ffn   only the norm before q/k/v (before gate+up) left out
+and real variants, timed the same way (an in-step A/B of configs with the graph's GPU time alone):
+  cfg:KEY=BN,BB,SPLIT,W[,PF]   the Gluon GEMV table with one shape's config changed (KEY as in
+                               gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
+  env:X=1,Y=2                  switches changed (Engine.set_switches)
+    python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...]
+(default depths 16 3354; default variants base -norm addonly -swiglu -rope -3)"""
+import json
 import statistics
 import sys
 
 import torch
 
 from minfer.models.base import Step
-from minfer.ops.cuda import q8_rows
+from minfer.ops.cuda import gemv_q8_gluon, q8_rows
 from minfer.runtime.engine import Engine
 from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
 
@@ -60,21 +67,57 @@ def capture(eng, pos: int):
     return g
 
 
+def only(fn, weights):
+    """fn frozen for the calls whose norm weight is one of `weights`, the real fn for the others."""
+    ptrs = {w.data_ptr() for w in weights}
+    fz = frozen(fn)
+
+    def f(x, y, weight, *a, **k):
+        return (fz if weight.data_ptr() in ptrs else fn)(x, y, weight, *a, **k)
+    return f
+
+
+def table_with(key: str, cfg: str) -> str:
+    """A copy of the shipped Gluon GEMV table with `key`'s config replaced; its path."""
+    with open(gemv_q8_gluon._TABLE) as f:
+        t = json.load(f)
+    vals = [int(v) for v in cfg.split(",")]
+    if len(vals) == 5:
+        vals[4] = bool(vals[4])
+    t["configs"][key] = vals
+    path = f"/tmp/oracle-table-{abs(hash((key, cfg)))}.json"
+    with open(path, "w") as f:
+        json.dump(t, f)
+    return path
+
+
 def variant(eng, pos: int, name: str):
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
+    base_sw = eng.switches
+    blocks = eng.model.blocks
     if name in ("-norm", "-3"):
         q8_rows.add_rms_norm_q8 = frozen(real_norm)
+    if name == "-norm_attn":
+        q8_rows.add_rms_norm_q8 = only(real_norm, [b.attn_norm for b in blocks[1:]])
+    if name == "-norm_ffn":
+        q8_rows.add_rms_norm_q8 = only(real_norm, [b.ffn_norm for b in blocks])
     if name == "addonly":
         q8_rows.add_rms_norm_q8 = add_only
     if name in ("-swiglu", "-3"):
         q8_rows.swiglu_q8 = frozen(real_swiglu)
     if name in ("-rope", "-3"):
         eng.cache.write_rotated = lambda layer, q, k, v, step, rope, ctx=None: q
+    if name.startswith("cfg:"):
+        key, cfg = name[4:].replace("+", " ").split("=")
+        eng.set_switches(base_sw.with_env({"MINFER_GEMV_Q8G_TABLE": table_with(key, cfg)}))
+    if name.startswith("env:"):
+        eng.set_switches(base_sw.with_env(dict(kv.split("=") for kv in name[4:].split(","))))
     try:
         return capture(eng, pos)
     finally:
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         eng.cache.__dict__.pop("write_rotated", None)
+        eng.set_switches(base_sw)
 
 
 def time_graph(g, n: int = 20) -> float:
@@ -92,9 +135,12 @@ def time_graph(g, n: int = 20) -> float:
 @torch.inference_mode()
 def main():
     path = sys.argv[1]
-    depths = [int(a) for a in sys.argv[2:]] or [16, 3354]
+    args = sys.argv[2:]
+    cut = args.index("--") if "--" in args else len(args)
+    depths = [int(a) for a in args[:cut]] or [16, 3354]
+    names = ["base"] + [a for a in args[cut + 1:] if a != "base"] if cut < len(args) else \
+        ["base", "-norm", "addonly", "-swiglu", "-rope", "-3"]
     eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
-    names = ["base", "-norm", "addonly", "-swiglu", "-rope", "-3"]
     for depth in depths:
         _, pos = warm(eng, depth)
         graphs = {k: variant(eng, pos, k) for k in names}
@@ -108,7 +154,8 @@ def main():
         print("|---|---:|---:|---:|")
         for k in names:
             m = statistics.median(res[k])
-            print(f"| {k} | {m:.0f} | {base - m:.0f} | {base / m:.3f} |")
+            sd = statistics.stdev(res[k])
+            print(f"| {k} | {m:.0f} (sd {sd:.0f}) | {base - m:.0f} | {base / m:.3f} |")
         del graphs
 
 
