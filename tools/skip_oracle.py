@@ -14,6 +14,8 @@ it out saves here, and less by whatever work the neighbour takes over.
   -rope     the rope + KV append kernel left out
   -3        all three left out
   -norm_attn / -norm_ffn   only the norm before q/k/v (before gate+up) left out
+  early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
+            launch before their wait: pdl.py), a real variant (the logits are right)
 and real variants, timed the same way (an in-step A/B of configs with the graph's GPU time alone):
   cfg:KEY=BN,BB,SPLIT,W[,PF]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
@@ -77,6 +79,18 @@ def only(fn, weights):
     return f
 
 
+def early(fn, weights):
+    """fn launched in PDL mode 2 (the next kernel may launch before its wait) for the calls whose
+    norm weight is one of `weights`."""
+    ptrs = {w.data_ptr() for w in weights}
+
+    def f(x, y, weight, *a, **k):
+        if weight.data_ptr() in ptrs and k.get("pdl"):
+            k["pdl"] = 2
+        return fn(x, y, weight, *a, **k)
+    return f
+
+
 def table_with(key: str, cfg: str) -> str:
     """A copy of the shipped Gluon GEMV table with `key`'s config replaced; its path."""
     with open(gemv_q8_gluon._TABLE) as f:
@@ -101,6 +115,10 @@ def variant(eng, pos: int, name: str):
         q8_rows.add_rms_norm_q8 = only(real_norm, [b.attn_norm for b in blocks[1:]])
     if name == "-norm_ffn":
         q8_rows.add_rms_norm_q8 = only(real_norm, [b.ffn_norm for b in blocks])
+    if name == "early_attn_norm":
+        q8_rows.add_rms_norm_q8 = early(real_norm, [b.attn_norm for b in blocks[1:]])
+    if name == "early_ffn_norm":
+        q8_rows.add_rms_norm_q8 = early(real_norm, [b.ffn_norm for b in blocks])
     if name == "addonly":
         q8_rows.add_rms_norm_q8 = add_only
     if name in ("-swiglu", "-3"):
