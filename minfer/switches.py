@@ -193,6 +193,11 @@ class Switches:
                                     "program's key range read before the PDL wait, so the cached tiles' loads "
                                     "follow the wait without a dependent load first (ops/cuda/attention.py; off "
                                     "by default: not yet measured on the GPU, perf-log V8)", kind="tuning")
+    norm_into_gemv: bool = _sw(False, "MINFER_NORM_INTO_GEMV",
+                               "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
+                               "Gluon GEMV's own programs (each sums the row's squares and quantizes its chunks), "
+                               "one launch fewer per layer (ops/cuda/gemv_q8_gluon.py NORM; off by default until "
+                               "measured, perf-log W3; off: the norm kernel, then the GEMV)", kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "
                                   "(rows written by earlier steps) loaded before the PDL wait too, this step's row "

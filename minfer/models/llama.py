@@ -99,7 +99,8 @@ class LlamaModel(Model):
                                     blk.ffn_norm, eps, act, ctx)
             f = ffn_branch(h, blk, ctx)
             if i + 1 < len(blocks):
-                x, h = ops.add_rms_norm(x, f, blocks[i + 1].attn_norm, eps, act, ctx)
+                # h goes to the q/k/v GEMV only: its programs may do this norm (into_linear)
+                x, h = ops.add_rms_norm(x, f, blocks[i + 1].attn_norm, eps, act, ctx, into_linear=True)
         # the last residual add and the output norm only on the rows whose logits are wanted
         x, f = step.rows(x), step.rows(f)                          # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)

@@ -88,11 +88,13 @@ def rms_norm_cast(x, weight, eps, out_dtype, ctx: Context | None = None):
     return _backend(x).rms_norm_cast(x, weight, eps, out_dtype, ctx)
 
 
-def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None):
-    """(s, h): s = x + y (T, D), the residual stream; h = rms_norm(s) * weight in out_dtype."""
+def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None, into_linear: bool = False):
+    """(s, h): s = x + y (T, D), the residual stream; h = rms_norm(s) * weight in out_dtype.
+    into_linear: the caller passes h to ops.linear / linear_many only, so on CUDA the norm may
+    be left to that GEMV (Switches.norm_into_gemv; ops/cuda/norm_rope_act.add_rms_norm)."""
     if x.device.type != "cuda":
         return reference.add_rms_norm(x, y, weight, eps, out_dtype)
-    return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype, ctx)
+    return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
 
 
 def rope(x, positions, cfg):

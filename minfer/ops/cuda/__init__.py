@@ -25,6 +25,7 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   rope_kv.triton                 rope(q), rope(k) and the KV cache append in one kernel (fused_rope_kv)
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
   add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
+  add_rms_norm.into_gemv         that row left to the q/k/v GEMV (norm_into_gemv): gemv_q8.norm_prologue
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask

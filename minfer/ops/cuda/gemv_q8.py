@@ -230,7 +230,7 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False, gluon_table: str = "", preload: bool = True) -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -245,22 +245,41 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     signalled when each program ends, not after its wait (gemv_q8_gluon._pdl_mode; the Triton
     kernel always signals after its wait). gluon_table: another Gluon config table file
     (Switches.gemv_q8g_table). preload: on the Gluon kernel, the bias rows are loaded before the
-    PDL wait (Switches.pdl_preload)."""
-    xq, xf = q8
+    PDL wait (Switches.pdl_preload). prenorm (a q8_rows.PreNorm; q8 None): x_hat is the q8 form of
+    the deferred rms_norm(x + y) * weight, made by the Gluon kernel's programs (its NORM, which
+    also stores x + y into prenorm.s; counted `gemv_q8.norm_prologue`); where the Gluon kernel
+    does not take the launch, prenorm's own kernel runs first (a counted fallback)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
+    if prenorm is not None:
+        if prenorm.q8 is not None:
+            q8, prenorm = prenorm.q8, None
+        else:
+            q8 = (prenorm.s, prenorm.s)        # (not read: only the device and the K check below)
+            if prenorm.x.shape != (1, segs[0].k):
+                raise MinferError(f"gemv_q8: the deferred norm's row has shape {tuple(prenorm.x.shape)}, "
+                                  f"the weight expects (1, {segs[0].k})")
+    xq, xf = q8
     if len(segs) not in (1, 2) or len({r.k for r in segs}) != 1:
         raise MinferError(f"gemv_q8: expected one weight or two of one K, got {len(segs)}")
     n, k = sum(r.n for r in segs), segs[0].k
     for r in segs:
         if r.qtype not in (Q4_K, Q6_K):
             raise MinferError(f"gemv_q8: type {r.qtype} has no int8 path (Q4_K and Q6_K only)")
-    if xq.numel() * 4 != k:
+    if prenorm is None and xq.numel() * 4 != k:
         raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
     if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
         raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
     use_g, cfg, why = _choose(segs, n, k, config, gluon and not l2, interpret, gluon_table, xq.device)
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
+    if prenorm is not None:
+        if use_g:
+            paths.count("gemv_q8.norm_prologue")
+        else:
+            paths.fallback("gemv_q8.norm_prologue", why or "the Triton kernel takes this launch (the interpreter, "
+                           "a shape not in the Gluon kernel's table, or the Gluon kernel off) and has no norm prologue")
+            xq, xf = prenorm.materialize()
+            prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
@@ -280,7 +299,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload)
+                  prefetch, late=pdl_late, preload=preload,
+                  norm=None if prenorm is None else (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s))
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])

@@ -117,13 +117,21 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 
 @gluon.jit
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
-          blocks_per_split, SPLIT, gq, gf, TF, QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
-          NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-          PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False, PRE: gl.constexpr = False):
+          blocks_per_split, SPLIT, gq, gf, TF, nx, ny, ng, s_out, eps, QT: gl.constexpr, BN: gl.constexpr,
+          BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+          HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
+          PRE: gl.constexpr = False, NORM: gl.constexpr = False, KP2: gl.constexpr = 1):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
-    step's words, not after the K loop (Switches.pdl_preload)."""
+    step's words, not after the K loop (Switches.pdl_preload).
+
+    NORM (Switches.norm_into_gemv): x_hat is not read from xq / xf but made here from the
+    residual row nx (float32) plus the previous GEMV's output ny: the program sums the squares
+    of the whole row s = nx + ny (KP2: K rounded up to a power of two), and each step turns its
+    chunks of s * rstd * ng into the q8 words and scales in registers (_norm_q8_step), the
+    operations of q8_rows._q8_kernel + _q8_chunks; program (0, 0) also stores s (s_out, the
+    next residual). One launch instead of the add + RMSNorm + q8 kernel and the GEMV."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -152,6 +160,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
         _pdl(ci)
+    rstd = 0.0
+    if NORM:
+        rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
     for blk in range(b_lo, b_hi, BB):
         if PF:
             # the next step's words in flight while this one is multiplied
@@ -171,13 +182,21 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
         kx = blk * 8 + xc                                             # [C, 1]
         xm = kx < b_hi * 8
-        xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)         # [1, C, 4]
-        xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
-        kc = blk * 8 + ci
-        km = kc < b_hi * 8
-        xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)           # [1, C]
-        xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
-        xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
+        if NORM:
+            wlo, whi, vd, v0, v1 = _norm_q8_step(nx, ny, ng, rstd, kx, xw, xm)
+            xlo = gl.expand_dims(wlo, 0)
+            xhi = gl.expand_dims(whi, 0)
+            xd = gl.expand_dims(gl.convert_layout(vd, gl.SliceLayout(0, L2)), 0)
+            xs0 = gl.expand_dims(gl.convert_layout(v0, gl.SliceLayout(0, L2)), 0)
+            xs1 = gl.expand_dims(gl.convert_layout(v1, gl.SliceLayout(0, L2)), 0)
+        else:
+            xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)         # [1, C, 4]
+            xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
+            kc = blk * 8 + ci
+            km = kc < b_hi * 8
+            xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)           # [1, C]
+            xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
+            xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
         if QT == 12:
             lo = wq & 0x0F0F0F0F                                      # nibbles 0,2,4,6: values w, w+8, ...
             hi = (wq >> 4) & 0x0F0F0F0F                               # nibbles 1,3,5,7: w+4, w+12, ...
@@ -216,6 +235,72 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:
         _pdl_signal(ci)
+
+
+@gluon.jit
+def _norm_rstd(nx, ny, s_out, eps, K, store, KP2: gl.constexpr, NW: gl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) of the row s = nx + ny (K values, float32 + the GEMV output's
+    dtype, added in float32 as q8_rows._q8_kernel's ADD); store: this program also writes s."""
+    LR: gl.constexpr = gl.BlockedLayout(size_per_thread=[KP2 // (32 * NW)], threads_per_warp=[32],
+                                        warps_per_cta=[NW], order=[0])
+    kk = gl.arange(0, KP2, layout=LR)
+    km = kk < K
+    a = gl.load(nx + kk, mask=km, other=0.0).to(gl.float32) + gl.load(ny + kk, mask=km, other=0.0).to(gl.float32)
+    if store:
+        gl.store(s_out + kk, a, mask=km)
+    return 1.0 / gl.sqrt(gl.sum(a * a, axis=0) / K + eps)
+
+
+@gluon.jit
+def _norm_v(nx, ny, ng, rstd, off, m):
+    """(nx + ny) * rstd * ng at offsets off (masked: 0), in float32: q8_rows._q8_kernel's v."""
+    v = gl.load(nx + off, mask=m, other=0.0).to(gl.float32) + gl.load(ny + off, mask=m, other=0.0).to(gl.float32)
+    return v * rstd * gl.load(ng + off, mask=m, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _q8_byte(v, inv):
+    """v * 127 / amax rounded half away from zero, as an int32 (q8_rows._q8_chunks)."""
+    t = v * inv
+    return (t + gl.where(t >= 0, 0.5, -0.5)).to(gl.int32)
+
+
+@gluon.jit
+def _norm_q8_step(nx, ny, ng, rstd, kx, xw, xm):
+    """One step's activations made from the normed row: chunks kx [C, 1] (xm: inside the split),
+    word w = xw [1, 4], all in the layout of the loaded words (LX: a thread holds its chunk's
+    words). Word w holds values w, w+8, w+16, w+24 of the chunk (byte b: value 8b + w), word
+    4 + w values 8b + 4 + w (q8_rows' layout), so the thread loads its chunk's 32 values as
+    eight [C, 4] tensors and packs them in place. Returns the words lo [C, 4], hi [C, 4] and
+    d, s0, s1 [C] (d = amax / 127, s0 / s1 = d * the sum of q over values 0..15 / 16..31)."""
+    m = xm & (xw < 4)
+    base = kx * 32 + xw
+    a0 = _norm_v(nx, ny, ng, rstd, base, m)
+    a1 = _norm_v(nx, ny, ng, rstd, base + 8, m)
+    a2 = _norm_v(nx, ny, ng, rstd, base + 16, m)
+    a3 = _norm_v(nx, ny, ng, rstd, base + 24, m)
+    b0 = _norm_v(nx, ny, ng, rstd, base + 4, m)
+    b1 = _norm_v(nx, ny, ng, rstd, base + 12, m)
+    b2 = _norm_v(nx, ny, ng, rstd, base + 20, m)
+    b3 = _norm_v(nx, ny, ng, rstd, base + 28, m)
+    mx = gl.maximum(gl.maximum(gl.maximum(gl.abs(a0), gl.abs(a1)), gl.maximum(gl.abs(a2), gl.abs(a3))),
+                    gl.maximum(gl.maximum(gl.abs(b0), gl.abs(b1)), gl.maximum(gl.abs(b2), gl.abs(b3))))
+    amax = gl.max(mx, axis=1)                                         # [C]
+    d = amax / 127.0
+    inv = gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1)
+    qa0 = _q8_byte(a0, inv)
+    qa1 = _q8_byte(a1, inv)
+    qa2 = _q8_byte(a2, inv)
+    qa3 = _q8_byte(a3, inv)
+    qb0 = _q8_byte(b0, inv)
+    qb1 = _q8_byte(b1, inv)
+    qb2 = _q8_byte(b2, inv)
+    qb3 = _q8_byte(b3, inv)
+    wlo = (qa0 & 255) | ((qa1 & 255) << 8) | ((qa2 & 255) << 16) | ((qa3 & 255) << 24)
+    whi = (qb0 & 255) | ((qb1 & 255) << 8) | ((qb2 & 255) << 16) | ((qb3 & 255) << 24)
+    s0 = gl.sum(qa0 + qa1 + qb0 + qb1, axis=1).to(gl.float32) * d     # values 0..15
+    s1 = gl.sum(qa2 + qa3 + qb2 + qb3, axis=1).to(gl.float32) * d     # values 16..31
+    return wlo, whi, d, s0, s1
 
 
 @gluon.jit
@@ -289,27 +374,29 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-                     PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False):
+                     PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
+                     NORM: gl.constexpr = False, KP2: gl.constexpr = 1):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
-    [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel."""
+    [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
+    NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile)."""
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
-                  blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF,
-                  False, PRE)
+                  blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
+                  HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
-                  N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-                  HAS_RESID, PDL, PF, False, PRE)
+                  N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QTB, BN, BB, NW,
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
-              blocks_per_split, SPLIT, xq, xf, 1, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF,
-              False, PRE)
+              blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
+              HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
 
 
 @gluon.jit
@@ -320,7 +407,7 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
     the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          QT, BN, BB, NW, False, False, False, PDL, PF, True)
+          xf, xf, xf, xf, 0.0, QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
@@ -401,16 +488,21 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-           prefetch: bool = True, late: bool = False, preload: bool = True):
+           prefetch: bool = True, late: bool = False, preload: bool = True, norm=None):
+    """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
+    the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM), and s_out
+    receives x + y; xq / xf are not read."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
+    nx, ny, ng, eps, s_out = norm if norm is not None else (out, out, out, 0.0, out)
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
-                           n, na, ta, nb, bps, split,
+                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps),
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), num_warps=nwarps,
-                           **({"launch_pdl": True} if pdl else {}))
+                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=norm is not None,
+                           KP2=max(32 * nwarps, 1 << (nb * 256 - 1).bit_length()) if norm is not None else 1,
+                           num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
 
 
 

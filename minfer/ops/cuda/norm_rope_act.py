@@ -45,11 +45,16 @@ def _add_rms_norm_kernel(x, y, w, s_out, h_out, D, stride_x, stride_y, stride_s,
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                 ctx: Context | None = None):
+                 ctx: Context | None = None, into_linear: bool = False):
     """(s, h): s = x + y in x's dtype (the float32 residual), h = rms_norm(s) * weight in
     out_dtype, in one pass over the rows (one kernel instead of add + norm + cast; H200 A/B in
     docs/perf-log.md section 10). Switches.fused_add_norm=False runs the add, rms_norm and
-    cast kernels it replaced, counted as switched off."""
+    cast kernels it replaced, counted as switched off.
+
+    into_linear (the caller passes h only to ops.linear / linear_many): with
+    Switches.norm_into_gemv, one decode row's s and h are left to the q8 GEMV that reads h
+    (h.prenorm: q8_rows.PreNorm; counted `add_rms_norm.into_gemv`); the GEMV computes them in
+    its programs, or runs this kernel first where it cannot (a counted fallback)."""
     sw = (ctx or DEFAULT).switches
     if not sw.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
@@ -63,6 +68,17 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     if t == 1 and q8_row_ok(d, out_dtype, sw):
         # one decode row: also its int8 form for the q8 GEMV (q8_rows.py, gemv_q8.py), in the same launch
         from minfer.ops.cuda import q8_rows
+
+        if into_linear and x.dtype == torch.float32 and x.is_contiguous() and y.is_contiguous():
+            if sw.norm_into_gemv:
+                paths.count("add_rms_norm.into_gemv")
+                s = torch.empty((1, d), dtype=torch.float32, device=x.device)
+                h = torch.empty((1, d), dtype=out_dtype, device=x.device)
+                h.prenorm = q8_rows.PreNorm(x, y, weight, eps, s, h, _interp(),
+                                            pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
+                                            _one_pass(sw), sw.pdl_preload)
+                return s, h
+            paths.switched_off("add_rms_norm.into_gemv", "MINFER_NORM_INTO_GEMV")
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = q8_rows.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),

@@ -110,7 +110,7 @@ def _norm_block(k: int, interpret: bool, one_pass: bool) -> int:
 
 
 def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, pdl: bool = False,
-               one_pass: bool = True, preload: bool = True):
+               one_pass: bool = True, preload: bool = True, s_out=None, h_out=None):
     if (x.dim() != 2 or (x.shape[0] != 1 and not rows_ok) or x.shape[1] % 256 or not x.is_contiguous()
             or any(t is not None and (t.shape != x.shape or not t.is_contiguous()) for t in (y, up))):
         raise MinferError(f"gemv_q8: expected one contiguous row of a multiple of 256 values, got "
@@ -121,8 +121,8 @@ def _q8_launch(x, y, up, nw, eps, out_dtype, interpret, rows_ok: bool = False, p
     dev = x.device
     xq = torch.empty((r, k // 4), dtype=torch.int32, device=dev)
     xf = torch.empty((r, k // 8), dtype=torch.float32, device=dev)
-    h = torch.empty((r, k), dtype=out_dtype, device=dev)
-    s = torch.empty((r, k), dtype=torch.float32, device=dev) if y is not None else h
+    h = h_out if h_out is not None else torch.empty((r, k), dtype=out_dtype, device=dev)
+    s = (s_out if s_out is not None else torch.empty((r, k), dtype=torch.float32, device=dev)) if y is not None else h
     cb = 4 if interpret else 16
     if r == 1:
         xq, xf = xq.view(-1), xf.view(-1)
@@ -146,6 +146,31 @@ def add_rms_norm_q8(x, y, weight, eps: float, out_dtype, interpret: bool = False
     one_pass: the row's sum of squares in one load round (_norm_block); preload: with pdl, the
     norm weight is loaded before the PDL wait (Switches.pdl_preload)."""
     return _q8_launch(x, y, None, weight, eps, out_dtype, interpret, pdl=pdl, one_pass=one_pass, preload=preload)
+
+
+class PreNorm:
+    """A decode row's residual add + RMSNorm + q8 left to the q8 GEMV that reads it
+    (Switches.norm_into_gemv; norm_rope_act.add_rms_norm with into_linear): s (float32) and h
+    (out_dtype) are allocated, not written; the Gluon GEMV's NORM programs compute the q8 row
+    from x + y themselves and one of them stores s (gemv_q8_gluon._tile). Any other consumer
+    calls materialize(), which runs add_rms_norm_q8's kernel into s and h (once) and attaches
+    the q8 form to h, as the add_rms_norm path without the deferral does."""
+
+    __slots__ = ("x", "y", "weight", "eps", "s", "h", "interpret", "pdl", "one_pass", "preload", "q8")
+
+    def __init__(self, x, y, weight, eps: float, s, h, interpret: bool, pdl: int, one_pass: bool, preload: bool):
+        self.x, self.y, self.weight, self.eps, self.s, self.h = x, y, weight, float(eps), s, h
+        self.interpret, self.pdl, self.one_pass, self.preload = interpret, pdl, one_pass, preload
+        self.q8 = None
+
+    def materialize(self) -> tuple:
+        """(xq, xf) of h; the kernel runs on the first call (writing s and h)."""
+        if self.q8 is None:
+            _, _, self.q8 = _q8_launch(self.x, self.y, None, self.weight, self.eps, self.h.dtype, self.interpret,
+                                       pdl=self.pdl, one_pass=self.one_pass, preload=self.preload, s_out=self.s,
+                                       h_out=self.h)
+            self.h.q8 = self.q8
+        return self.q8
 
 
 def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False):

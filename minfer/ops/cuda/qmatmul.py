@@ -182,9 +182,20 @@ def _check(x, w):
         raise MinferError(f"tensor '{w.name}': input has {x.shape[-1]} features, the weight expects {w.shape[1]}")
 
 
+def _realized(x: torch.Tensor, why: str) -> torch.Tensor:
+    """x itself, its deferred norm (x.prenorm: norm_rope_act.add_rms_norm's into_linear) run
+    first when this consumer cannot do it (a counted fallback of `add_rms_norm.into_gemv`)."""
+    pre = getattr(x, "prenorm", None)
+    if pre is not None and pre.q8 is None:
+        paths.fallback("add_rms_norm.into_gemv", why)
+        pre.materialize()
+    return x
+
+
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, ctx: Context | None = None) -> torch.Tensor:
     """x (T, K) @ W (N, K)^T + bias (N,) -> (T, N) in x's dtype."""
     _check(x, w)
+    _realized(x, "a single weight's linear (only the q/k/v group's GEMV takes the norm)")
     sw, ws = _ctx(ctx, x.device)
     return _linear(x, w, bias, sw, ws)
 
@@ -336,6 +347,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     int8 form `.q8` for the down projection; None when this path does not apply."""
     sw, ws = _ctx(ctx, x.device)
     grp = getattr(wts[0], "repacked_group", None)
+    _realized(x, "the gate/up SwiGLU GEMV has no norm prologue")
     q8 = getattr(x, "q8", None)
     if (grp is None or grp[0] != tuple(wts) or x.shape[0] != 1 or q8 is None or not sw.gemv
             or not _gemv_rows(x, wts[0], sw)):
@@ -360,6 +372,27 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     return h
 
 
+def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
+    """The group's one q8 GEMV launch doing x's deferred norm in its programs (gemv_q8's prenorm;
+    it runs the norm kernel first where the Gluon kernel cannot take the shape, counted), or None
+    when the group has no such launch (the caller materializes the norm)."""
+    if x.shape[0] != 1 or not sw.gemv or not _gemv_rows(x, wts[0], sw):
+        return None
+    grp = getattr(wts[0], "repacked_group", None)
+    segs = getattr(wts[0], "repacked_segments", None)
+    if grp is not None and grp[0] == wts:
+        planes, path = grp[1], f"qmatmul.group{len(wts)}.decode.q8"
+    elif segs is not None and segs[0] == wts:
+        planes, path = segs[1], f"qmatmul.group{len(wts)}.decode.q8mixed"
+    else:
+        return None
+    paths.count(path)
+    out = gemv_q8.gemv_q8(None, planes, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                          ws=ws.gemv_counters(), interpret=interpret(), prenorm=pre,
+                          **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))
+    return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+
+
 def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> list:
     """The same x (T, K) through several weights of one K -> [(T, N_i)].
 
@@ -369,6 +402,12 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     for w in wts:
         _check(x, w)
     sw, ws = _ctx(ctx, x.device)
+    pre = getattr(x, "prenorm", None)
+    if pre is not None and pre.q8 is None:
+        outs = _prenorm_group(x, wts, biases, pre, sw, ws)
+        if outs is not None:
+            return outs
+        _realized(x, "the group has no one-launch q8 GEMV (fused planes) for this row")
     if x.stride(-1) != 1:
         x = x.contiguous()
     grp = getattr(wts[0], "repacked_group", None)

@@ -1,0 +1,111 @@
+"""Switches.norm_into_gemv on the GPU: the Gluon q8 GEMV's NORM programs (gemv_q8_gluon._tile)
+make the q8 row of rms_norm(x + y) * weight themselves and store x + y. Against the two launches
+it replaces (add_rms_norm_q8, then the GEMV on its q8 row) at the 7B's q/k/v shapes -- all Q4_K,
+and Q4_K q/k with a Q6_K v in one launch -- for several configs; against float64 math; and a
+whole model's graphed greedy decode with it on and off. The row's sum of squares is summed in
+another order than the norm kernel's, so a quantized value on a rounding edge may differ by one
+step: the outputs agree to ~1e-5, not bit for bit; the residual x + y is the same float32 add."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _weight(qt, n, k, seed):
+    from minfer.ops.cuda import gemv_repack as G
+
+    raw = random_weight(qt, n, k, np.random.default_rng(seed))
+    return G.repack(torch.from_numpy(raw).cuda(), qt, n, k), torch.from_numpy(reference_dequant(raw, qt, n, k)).double().cuda()
+
+
+@pytest.fixture(scope="module")
+def qkv():
+    ra, wa = _weight(12, 4096, 3584, seed=21)
+    rb, wb = _weight(14, 512, 3584, seed=22)
+    rc, wc = _weight(12, 4608, 3584, seed=23)
+    return {"mixed": ((ra, rb), torch.cat([wa, wb])), "q4": (rc, wc)}
+
+
+@pytest.mark.parametrize("kind", ["mixed", "q4"])
+@pytest.mark.parametrize("cfg", [(32, 2, 4, 4, True), (8, 16, 1, 4, False), (16, 8, 2, 4, False), (32, 1, 1, 4)])
+def test_norm_prologue_matches_the_two_launches(qkv, kind, cfg):
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    segs, w = qkv[kind]
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(len(kind) + cfg[0])
+    bias = torch.randn(4608, device="cuda", generator=g)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    for i in range(3):
+        x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
+        y = torch.randn(1, 3584, device="cuda", generator=g).to(torch.bfloat16)
+        s0, h0, q80 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16)
+        ref = Q.gemv_q8(q80, segs, bias=bias, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg)
+        s = torch.full((1, 3584), float("nan"), device="cuda")
+        h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
+        pre = PreNorm(x, y, nw, 1e-6, s, h, False, 0, True, True)
+        paths.reset()
+        out = Q.gemv_q8(None, segs, bias=bias, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg, prenorm=pre)
+        snap = paths.snapshot()
+        assert snap["counts"] == {"gemv_q8.norm_prologue": 1, "gemv_q8.gluon": 1} and not snap["fallbacks"], snap
+        assert pre.q8 is None                                  # the norm kernel did not run
+        assert torch.equal(s, s0), i                           # the residual: the same float32 add
+        assert rel_err(out, ref) < 1e-4, (i, rel_err(out, ref))
+        v = (x.double() + y.double())
+        v = v / torch.sqrt((v * v).mean() + 1e-6) * nw.double()
+        assert rel_err(out, v @ w.T + bias.double()) < 2e-2, i
+
+
+def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
+    """A whole model's graphed greedy decode with norm_into_gemv against without it, every q8
+    GEMV on the Gluon kernel (its table widened to the tiny model's shapes, as in
+    test_gemv_q8_gpu.test_graphed_decode_with_the_gluon_gemv, whose tolerance rule this follows:
+    1e-4 until a bf16 rounding flip, 2e-2 after it, at most a few of 24 steps), the same tokens;
+    the fused launches counted, no fallback of them."""
+    import dataclasses
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=9, progress=False)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=True))
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False)
+    prompt = torch.randint(0, p.vocab, (11,), generator=torch.Generator().manual_seed(6)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)                                 # prefill does not defer
+    t = int(lb.argmax())
+    paths.reset()
+    errs = []
+    for step in range(24):
+        pos = len(prompt) + step
+        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
+        errs.append(rel_err(la, lb.double()))
+        assert errs[-1] < 2e-2, (step, errs)
+        assert int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
+    snap = paths.snapshot()
+    counts = snap["counts"]
+    assert counts.get("graph.decode.replay", 0) >= 40, counts
+    assert counts.get("add_rms_norm.into_gemv", 0) == counts.get("gemv_q8.norm_prologue", 0) > 0, counts
+    assert not [k for k in snap["fallbacks"] if "norm_prologue" in k or "into_gemv" in k], snap["fallbacks"]

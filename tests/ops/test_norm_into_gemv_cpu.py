@@ -1,0 +1,145 @@
+"""Switches.norm_into_gemv without a GPU: the decode row's add + RMSNorm + q8 deferred to the q/k/v
+GEMV (norm_rope_act.add_rms_norm with into_linear, q8_rows.PreNorm, gemv_q8's prenorm). In the
+interpreter the Gluon kernel never runs, so the GEMV runs the deferred norm kernel first (counted
+as a fallback) and must give bit for bit the two-launch result; other consumers materialize the
+norm too; the Gluon kernel's NORM variant builds for sm_90 (its numbers: tests/gpu)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import interpreted_modules, random_weight  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:divide by zero encountered:RuntimeWarning")
+
+
+@pytest.fixture(scope="module")
+def M():
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows",
+                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act"]):
+        yield mods
+
+
+def _row(k, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(1, k, generator=g) * 3, torch.randn(1, k, generator=g).to(torch.bfloat16),
+            torch.rand(k, generator=g) + 0.5)
+
+
+def test_deferred_norm_then_gemv_is_the_two_launches(M):
+    """add_rms_norm(into_linear) under the switch returns s and h unwritten, h.prenorm set; the
+    GEMV (interpreter: Triton) runs the norm kernel first -- a counted fallback -- and gives the
+    bits of add_rms_norm_q8 + gemv_q8, with s (the next residual) and h written."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    G, Q, N = M["gemv_repack"], M["gemv_q8"], M["norm_rope_act"]
+    k = 512
+    ra = G.repack(torch.from_numpy(random_weight(12, 40, k, np.random.default_rng(3))), 12, 40, k)
+    rb = G.repack(torch.from_numpy(random_weight(14, 24, k, np.random.default_rng(4))), 14, 24, k)
+    x, y, w = _row(k, 5)
+    s0, h0, q80 = Q.add_rms_norm_q8(x, y, w, 1e-6, torch.bfloat16, interpret=True)
+    ref = Q.gemv_q8(q80, (ra, rb), out_dtype=torch.float32, interpret=True)
+    paths.reset()
+    ctx = Context(Switches(norm_into_gemv=True), None)
+    s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, ctx, into_linear=True)
+    pre = h.prenorm
+    assert pre.q8 is None and getattr(h, "q8", None) is None
+    out = Q.gemv_q8(None, (ra, rb), out_dtype=torch.float32, interpret=True, gluon=True, prenorm=pre)
+    assert torch.equal(out, ref) and torch.equal(s, s0) and torch.equal(h, h0)
+    assert torch.equal(h.q8[0], q80[0]) and torch.equal(h.q8[1], q80[1])
+    snap = paths.snapshot()
+    assert snap["counts"].get("add_rms_norm.into_gemv") == 1 and snap["counts"].get("gemv_q8.triton") == 1
+    assert any(k_.startswith("gemv_q8.norm_prologue (fell back because the Triton kernel") for k_ in snap["fallbacks"]), snap["fallbacks"]
+    # a second consumer finds the norm done: no second launch of it
+    q8b = pre.materialize()
+    assert q8b is h.q8
+
+
+def test_switch_off_or_not_into_linear_keeps_the_norm_kernel(M):
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    N = M["norm_rope_act"]
+    x, y, w = _row(256, 7)
+    paths.reset()
+    for sw, into in ((Switches(), True), (Switches(norm_into_gemv=True), False)):
+        s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, Context(sw, None), into_linear=into)
+        assert getattr(h, "prenorm", None) is None and h.q8 is not None
+    snap = paths.snapshot()
+    assert snap["counts"].get("add_rms_norm.q8") == 2 and "add_rms_norm.into_gemv" not in snap["counts"]
+    assert any("MINFER_NORM_INTO_GEMV" in k_ for k_ in snap["switched_off"]), snap["switched_off"]
+
+
+def test_gemv_q8_refuses_a_deferred_row_of_the_wrong_length(M):
+    from minfer.errors import MinferError
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    G, Q = M["gemv_repack"], M["gemv_q8"]
+    rw = G.repack(torch.from_numpy(random_weight(12, 16, 512, np.random.default_rng(1))), 12, 16, 512)
+    x, y, w = _row(256, 1)
+    pre = PreNorm(x, y, w, 1e-6, torch.empty(1, 256), torch.empty(1, 256, dtype=torch.bfloat16), True, 0, True,
+                  True)
+    with pytest.raises(MinferError, match=r"deferred norm's row has shape \(1, 256\).*\(1, 512\)"):
+        Q.gemv_q8(None, rw, prenorm=pre, interpret=True)
+
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8_gluon as GL
+
+names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
+         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps"]
+q4 = ["*i32", "*i16", "*i32", "*i32"]
+q6 = ["*i32", "*i16", "*i16", "*fp16"]
+out = {}
+for mixed, bn, bb, pf, norm in json.loads(sys.argv[1]):
+    types = q4 + (q6 if mixed else q4) + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + \
+        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32"]
+    cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True, HAS_BIAS=True,
+               HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=bool(norm), KP2=4096 if norm else 1)
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out[f"{mixed} {bn} {bb} {pf} {norm}"] = k.asm["ptx"]
+print(json.dumps(out))
+"""
+
+_CASES = [(mixed, bn, bb, pf, norm) for mixed, bn, bb, pf in ((1, 32, 2, 1), (0, 8, 16, 0)) for norm in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(_CASES)], capture_output=True, text=True,
+                       env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mixed,bn,bb,pf", [(1, 32, 2, 1), (0, 8, 16, 0)])
+def test_norm_variant_builds_and_reads_the_row_not_the_q8_form(ptx, mixed, bn, bb, pf):
+    """The NORM build waits as the plain one does, reads the residual row (more global loads: the whole row for the
+    sum of squares, then each step's values, norm weights and the GEMV output), stores the
+    residual from one program (a predicated store the plain build has not), and keeps the same
+    dp4a count as the plain build (the same dot products)."""
+    plain, norm = ptx[f"{mixed} {bn} {bb} {pf} 0"], ptx[f"{mixed} {bn} {bb} {pf} 1"]
+    assert norm.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") > 0
+    assert norm.count("ld.global") > plain.count("ld.global")
+    assert norm.count("st.global") > plain.count("st.global")
+    assert norm.count("dp4a") == plain.count("dp4a") > 0
