@@ -108,19 +108,24 @@ names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "b
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for mixed, bn, bb, pf, norm in json.loads(sys.argv[1]):
+for mixed, bn, bb, pf, nchp, norm in json.loads(sys.argv[1]):
     types = q4 + (q6 if mixed else q4) + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + \
         ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32"]
     cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True, HAS_BIAS=True,
-               HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=bool(norm), KP2=4096 if norm else 1)
+               HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=bool(norm), KP2=4096 if norm else 1,
+               NCHP=nchp if norm else 1)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     out[f"{mixed} {bn} {bb} {pf} {norm}"] = k.asm["ptx"]
+    out[f"{mixed} {bn} {bb} {pf} {norm} smem"] = k.metadata.shared
 print(json.dumps(out))
 """
 
-_CASES = [(mixed, bn, bb, pf, norm) for mixed, bn, bb, pf in ((1, 32, 2, 1), (0, 8, 16, 0)) for norm in (0, 1)]
+# (mixed, BN, BB, prefetch, NCHP): the shipped q/k/v config (4 blocks a split: 32 chunks) and one
+# step of 16 blocks (128 chunks)
+_CASES = [(mixed, bn, bb, pf, nchp, norm) for mixed, bn, bb, pf, nchp in ((1, 32, 2, 1, 32), (0, 8, 16, 0, 128))
+          for norm in (0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -134,11 +139,14 @@ def ptx():
 
 @pytest.mark.parametrize("mixed,bn,bb,pf", [(1, 32, 2, 1), (0, 8, 16, 0)])
 def test_norm_variant_builds_and_reads_the_row_not_the_q8_form(ptx, mixed, bn, bb, pf):
-    """The NORM build waits as the plain one does, reads the residual row (more global loads: the whole row for the
-    sum of squares, then each step's values, norm weights and the GEMV output), stores the
-    residual from one program (a predicated store the plain build has not), and keeps the same
-    dp4a count as the plain build (the same dot products)."""
+    """The NORM build waits as the plain one does, reads the residual row (more global loads: the
+    whole row for the sum of squares, then its chunks' values, norm weights and the GEMV output),
+    stores the residual from one program (a predicated store the plain build has not), keeps its
+    q8 row in shared memory (at least the words and scales of its chunks: 44 bytes a chunk) and
+    the same dp4a count as the plain build (the same dot products)."""
     plain, norm = ptx[f"{mixed} {bn} {bb} {pf} 0"], ptx[f"{mixed} {bn} {bb} {pf} 1"]
+    nchp = 32 if bb == 2 else 128
+    assert ptx[f"{mixed} {bn} {bb} {pf} 1 smem"] >= 44 * nchp
     assert norm.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") > 0
     assert norm.count("ld.global") > plain.count("ld.global")
     assert norm.count("st.global") > plain.count("st.global")

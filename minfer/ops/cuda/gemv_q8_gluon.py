@@ -120,7 +120,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           blocks_per_split, SPLIT, gq, gf, TF, nx, ny, ng, s_out, eps, QT: gl.constexpr, BN: gl.constexpr,
           BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
           HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
-          PRE: gl.constexpr = False, NORM: gl.constexpr = False, KP2: gl.constexpr = 1):
+          PRE: gl.constexpr = False, NORM: gl.constexpr = False, KP2: gl.constexpr = 1,
+          NCHP: gl.constexpr = 1):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -128,10 +129,13 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
 
     NORM (Switches.norm_into_gemv): x_hat is not read from xq / xf but made here from the
     residual row nx (float32) plus the previous GEMV's output ny: the program sums the squares
-    of the whole row s = nx + ny (KP2: K rounded up to a power of two), and each step turns its
-    chunks of s * rstd * ng into the q8 words and scales in registers (_norm_q8_step), the
-    operations of q8_rows._q8_kernel + _q8_chunks; program (0, 0) also stores s (s_out, the
-    next residual). One launch instead of the add + RMSNorm + q8 kernel and the GEMV."""
+    of the whole row s = nx + ny (KP2: K rounded up to a power of two), turns its own chunks of
+    s * rstd * ng into q8 words and scales once (_norm_q8_smem: the operations of
+    q8_rows._q8_kernel + _q8_chunks; NCHP: the split's chunks rounded up to a power of two) in
+    shared memory, and its K loop reads them there; program (0, 0) also stores s (s_out, the next
+    residual). One launch instead of the add + RMSNorm + q8 kernel and the GEMV. (Packing each
+    step's words in registers instead took 213 registers a thread, 2 programs an SM: 4x slower.)
+    """
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -160,9 +164,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
         _pdl(ci)
-    rstd = 0.0
     if NORM:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
+        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW)
     for blk in range(b_lo, b_hi, BB):
         if PF:
             # the next step's words in flight while this one is multiplied
@@ -183,12 +187,13 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         kx = blk * 8 + xc                                             # [C, 1]
         xm = kx < b_hi * 8
         if NORM:
-            wlo, whi, vd, v0, v1 = _norm_q8_step(nx, ny, ng, rstd, kx, xw, xm)
-            xlo = gl.expand_dims(wlo, 0)
-            xhi = gl.expand_dims(whi, 0)
-            xd = gl.expand_dims(gl.convert_layout(vd, gl.SliceLayout(0, L2)), 0)
-            xs0 = gl.expand_dims(gl.convert_layout(v0, gl.SliceLayout(0, L2)), 0)
-            xs1 = gl.expand_dims(gl.convert_layout(v1, gl.SliceLayout(0, L2)), 0)
+            # this step's words and scales from the program's q8 row in shared memory
+            st = (blk - b_lo) // BB
+            xlo = gl.expand_dims(wl_s.index(st).load(LX), 0)          # [1, C, 4]
+            xhi = gl.expand_dims(wh_s.index(st).load(LX), 0)
+            xd = gl.expand_dims(d_s.index(st).load(gl.SliceLayout(0, L2)), 0)
+            xs0 = gl.expand_dims(s0_s.index(st).load(gl.SliceLayout(0, L2)), 0)
+            xs1 = gl.expand_dims(s1_s.index(st).load(gl.SliceLayout(0, L2)), 0)
         else:
             xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)         # [1, C, 4]
             xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
@@ -259,48 +264,55 @@ def _norm_v(nx, ny, ng, rstd, off, m):
 
 
 @gluon.jit
-def _q8_byte(v, inv):
-    """v * 127 / amax rounded half away from zero, as an int32 (q8_rows._q8_chunks)."""
-    t = v * inv
-    return (t + gl.where(t >= 0, 0.5, -0.5)).to(gl.int32)
-
-
-@gluon.jit
-def _norm_q8_step(nx, ny, ng, rstd, kx, xw, xm):
-    """One step's activations made from the normed row: chunks kx [C, 1] (xm: inside the split),
-    word w = xw [1, 4], all in the layout of the loaded words (LX: a thread holds its chunk's
-    words). Word w holds values w, w+8, w+16, w+24 of the chunk (byte b: value 8b + w), word
-    4 + w values 8b + 4 + w (q8_rows' layout), so the thread loads its chunk's 32 values as
-    eight [C, 4] tensors and packs them in place. Returns the words lo [C, 4], hi [C, 4] and
-    d, s0, s1 [C] (d = amax / 127, s0 / s1 = d * the sum of q over values 0..15 / 16..31)."""
-    m = xm & (xw < 4)
-    base = kx * 32 + xw
-    a0 = _norm_v(nx, ny, ng, rstd, base, m)
-    a1 = _norm_v(nx, ny, ng, rstd, base + 8, m)
-    a2 = _norm_v(nx, ny, ng, rstd, base + 16, m)
-    a3 = _norm_v(nx, ny, ng, rstd, base + 24, m)
-    b0 = _norm_v(nx, ny, ng, rstd, base + 4, m)
-    b1 = _norm_v(nx, ny, ng, rstd, base + 12, m)
-    b2 = _norm_v(nx, ny, ng, rstd, base + 20, m)
-    b3 = _norm_v(nx, ny, ng, rstd, base + 28, m)
-    mx = gl.maximum(gl.maximum(gl.maximum(gl.abs(a0), gl.abs(a1)), gl.maximum(gl.abs(a2), gl.abs(a3))),
-                    gl.maximum(gl.maximum(gl.abs(b0), gl.abs(b1)), gl.maximum(gl.abs(b2), gl.abs(b3))))
-    amax = gl.max(mx, axis=1)                                         # [C]
+def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr, NW: gl.constexpr):
+    """The q8 form of chunks [c0, c1) of the normed row ((nx + ny) * rstd * ng; chunks past c1
+    are zero) in shared memory, by step (C chunks an index): the low words [NCHP / C, C, 4]
+    (word w: values w, w+8, w+16, w+24 as bytes), the high words (values 4 + w, ...), and d, s0,
+    s1 [NCHP / C, C]; the operations of gemv_q8's _q8_chunks (d = amax / 127, q = v * 127 / amax
+    rounded half away from zero, s0 / s1 = d * the sums of q over values 0..15 / 16..31). Layout
+    LQ = [chunk, byte b, word w]: a word's 4 bytes in one thread, the chunk over 4 lanes."""
+    LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[8, 1, 4],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    LC: gl.constexpr = gl.SliceLayout(2, LQ)                         # [NCHP, 4]: per chunk, byte
+    LW: gl.constexpr = gl.SliceLayout(1, LQ)                         # [NCHP, 4]: per chunk, word
+    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, NCHP, layout=gl.SliceLayout(1, LC)), 1), 2)
+    b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LW)), 0), 1)   # [1, 1, 4]
+    kc = c0 + c3
+    m = (kc < c1) & (b3 < 4) & (w3 < 4)
+    off = kc * 32 + b3 * 8 + w3
+    vl = _norm_v(nx, ny, ng, rstd, off, m)                          # values 8b + w
+    vh = _norm_v(nx, ny, ng, rstd, off + 4, m)                      # values 8b + 4 + w
+    amax = gl.maximum(gl.max(gl.max(gl.abs(vl), axis=1), axis=1), gl.max(gl.max(gl.abs(vh), axis=1), axis=1))
     d = amax / 127.0
-    inv = gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1)
-    qa0 = _q8_byte(a0, inv)
-    qa1 = _q8_byte(a1, inv)
-    qa2 = _q8_byte(a2, inv)
-    qa3 = _q8_byte(a3, inv)
-    qb0 = _q8_byte(b0, inv)
-    qb1 = _q8_byte(b1, inv)
-    qb2 = _q8_byte(b2, inv)
-    qb3 = _q8_byte(b3, inv)
-    wlo = (qa0 & 255) | ((qa1 & 255) << 8) | ((qa2 & 255) << 16) | ((qa3 & 255) << 24)
-    whi = (qb0 & 255) | ((qb1 & 255) << 8) | ((qb2 & 255) << 16) | ((qb3 & 255) << 24)
-    s0 = gl.sum(qa0 + qa1 + qb0 + qb1, axis=1).to(gl.float32) * d     # values 0..15
-    s1 = gl.sum(qa2 + qa3 + qb2 + qb3, axis=1).to(gl.float32) * d     # values 16..31
-    return wlo, whi, d, s0, s1
+    inv = gl.expand_dims(gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1), 1)
+    tl_ = vl * inv
+    th = vh * inv
+    ql = (tl_ + gl.where(tl_ >= 0, 0.5, -0.5)).to(gl.int32)         # half away from zero
+    qh = (th + gl.where(th >= 0, 0.5, -0.5)).to(gl.int32)
+    lo = b3 < 2                                                      # values < 16
+    s0 = gl.sum(gl.sum(gl.where(lo, ql + qh, 0), axis=1), axis=1).to(gl.float32) * d
+    s1 = gl.sum(gl.sum(gl.where(lo, 0, ql + qh), axis=1), axis=1).to(gl.float32) * d
+    wl = gl.sum((ql & 255) << (b3 * 8), axis=1)                     # [NCHP, 4]
+    wh = gl.sum((qh & 255) << (b3 * 8), axis=1)
+    NS: gl.constexpr = NCHP // C
+    # stored whole with a layout of the buffer's rank; read by step through views whose layout
+    # covers the trailing dims only (index picks the leading one): the same row-major bytes
+    A3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    A2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    A1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    wl_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wl, [NS, C, 4]))
+    wh_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wh, [NS, C, 4]))
+    d_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(d, [NS, C]))
+    s0_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s0, [NS, C]))
+    s1_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s1, [NS, C]))
+    wl_s = wl_s._reinterpret(gl.int32, [NS, C, 4], A2)
+    wh_s = wh_s._reinterpret(gl.int32, [NS, C, 4], A2)
+    d_s = d_s._reinterpret(gl.float32, [NS, C], A1)
+    s0_s = s0_s._reinterpret(gl.float32, [NS, C], A1)
+    s1_s = s1_s._reinterpret(gl.float32, [NS, C], A1)
+    gl.thread_barrier()
+    return wl_s, wh_s, d_s, s0_s, s1_s
 
 
 @gluon.jit
@@ -378,7 +390,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
-                     NORM: gl.constexpr = False, KP2: gl.constexpr = 1):
+                     NORM: gl.constexpr = False, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile)."""
@@ -388,15 +400,15 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-                  HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
+                  HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QTB, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-              HAS_RESID, PDL, PF, False, PRE, NORM, KP2)
+              HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
 
 
 @gluon.jit
@@ -502,6 +514,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                            PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=norm is not None,
                            KP2=max(32 * nwarps, 1 << (nb * 256 - 1).bit_length()) if norm is not None else 1,
+                           NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if norm is not None else 1,
                            num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
 
 
