@@ -63,7 +63,8 @@ class Switches:
     pdl_early_sites: str = _sw("", "MINFER_PDL_EARLY_SITES",
                                "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
                                "add_rms_norm, rms_norm, swiglu) let the next kernel launch before their own wait, "
-                               "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none)", kind="tuning")
+                               "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; H200 graph: "
+                               "rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)", kind="tuning")
     pdl_late: int = _sw(0, "MINFER_PDL_LATE",
                         "with PDL, when a Gluon q8 GEMV lets the next kernel launch: 0 after its wait, at "
                         "its start; 1 at the end of its programs for the GEMVs followed directly by a heavy "
@@ -188,21 +189,24 @@ class Switches:
                                    "batched decode attention: the key splits per row are chosen so that "
                                    "rows x KV heads x splits reach about this many programs (264: 2 per SM "
                                    "of an H200; ops/cuda/paged_attention.split_count)", kind="tuning")
-    decode_attn_preload: bool = _sw(False, "MINFER_DECODE_ATTN_PRELOAD",
+    decode_attn_preload: bool = _sw(True, "MINFER_DECODE_ATTN_PRELOAD",
                                     "one-token decode attention: the key count (the step's position) and each "
                                     "program's key range read before the PDL wait, so the cached tiles' loads "
-                                    "follow the wait without a dependent load first (ops/cuda/attention.py; off "
-                                    "by default: not yet measured on the GPU, perf-log V8)", kind="tuning")
+                                    "follow the wait without a dependent load first (ops/cuda/attention.py; H200: "
+                                    "B/A 1.007 tg128 / 1.006 d3354 in one process, graph -5 / -10 us, perf-log W1; "
+                                    "off: the count is read after the wait)")
     norm_into_gemv: bool = _sw(False, "MINFER_NORM_INTO_GEMV",
                                "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
                                "Gluon GEMV's own programs (each sums the row's squares and quantizes its chunks), "
-                               "one launch fewer per layer (ops/cuda/gemv_q8_gluon.py NORM; off by default until "
-                               "measured, perf-log W3; off: the norm kernel, then the GEMV)", kind="tuning")
+                               "one launch fewer per layer (ops/cuda/gemv_q8_gluon.py NORM; off by default: graph "
+                               "+77 us at d16, +50 at d3354 on the H200 -- each of 576 programs reads the whole row, "
+                               "perf-log W3; off: the norm kernel, then the GEMV)", kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "
                                   "(rows written by earlier steps) loaded before the PDL wait too, this step's row "
                                   "after it; implies decode_attn_preload (ops/cuda/attention.py KVPRE; off by "
-                                  "default until measured, perf-log W1)", kind="tuning")
+                                  "default: B/A 0.983 tg128 / 0.987 d3354, graph +34 / +20 us on the H200, "
+                                  "perf-log W1)", kind="tuning")
     decode_attn_programs: int = _sw(264, "MINFER_DECODE_ATTN_PROGRAMS",
                                     "single-sequence decode attention: KV heads x key splits reach about this "
                                     "many programs at the cache's full length, at least 2 key tiles each "
