@@ -19,7 +19,7 @@ it out saves here, and less by whatever work the neighbour takes over.
 and real variants, timed the same way (an in-step A/B of configs with the graph's GPU time alone):
   cfg:KEY=BN,BB,SPLIT,W[,PF]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
-  env:X=1,Y=2                  switches changed (Engine.set_switches)
+  env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
     python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...]
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3)"""
 import json
@@ -28,6 +28,7 @@ import sys
 
 import torch
 
+from minfer.bench.bench import parse_env
 from minfer.models.base import Step
 from minfer.ops.cuda import gemv_q8_gluon, q8_rows
 from minfer.runtime.engine import Engine
@@ -129,7 +130,7 @@ def variant(eng, pos: int, name: str):
         key, cfg = name[4:].replace("+", " ").split("=")
         eng.set_switches(base_sw.with_env({"MINFER_GEMV_Q8G_TABLE": table_with(key, cfg)}))
     if name.startswith("env:"):
-        eng.set_switches(base_sw.with_env(dict(kv.split("=") for kv in name[4:].split(","))))
+        eng.set_switches(base_sw.with_env(parse_env(name[4:])))
     try:
         return capture(eng, pos)
     finally:

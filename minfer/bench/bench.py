@@ -20,6 +20,7 @@ Roofline columns (what the work needs, not what the implementation happens to do
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import time
@@ -250,12 +251,21 @@ def minfer_env() -> dict:
 # ---------------------------------------------------------------- A/B
 
 def parse_env(spec: str) -> dict[str, str | None]:
-    """'A=1 B=0' -> {'A': '1', 'B': '0'}; a bare 'A' means: unset A."""
+    """'A=1 B=0' (or 'A=1,B=0') -> {'A': '1', 'B': '0'}; a bare 'A' means: unset A. A comma starts
+    a new setting only before an upper-case NAME (an environment variable's); otherwise it belongs
+    to the value: 'MINFER_PDL_EARLY_SITES=rope_kv,swiglu' is one setting."""
     out: dict[str, str | None] = {}
     try:
-        items = shlex.split(spec.replace(",", " "))
+        words = shlex.split(spec)
     except ValueError as e:      # an unclosed quote
         raise MinferError(f"--ab {spec!r}: {e}") from None
+    items: list[str] = []
+    for word in words:
+        for i, part in enumerate(word.split(",")):
+            if i and items and not re.match(r"[A-Z_][A-Z0-9_]*(=|$)", part):
+                items[-1] += "," + part          # a comma inside the value
+            elif part:
+                items.append(part)
     for item in items:
         key, eq, value = item.partition("=")
         if not key.isidentifier():

@@ -160,6 +160,11 @@ def test_ab_interleaves_switches_not_env(monkeypatch):
 def test_parse_env():
     assert B.parse_env("A=1 B=x=y") == {"A": "1", "B": "x=y"}
     assert B.parse_env("A=1,C") == {"A": "1", "C": None}
+    # a comma before a lower-case word continues the value (a list-valued switch)
+    assert B.parse_env("MINFER_PDL_EARLY_SITES=rope_kv,decode_attention MINFER_X=1") == {
+        "MINFER_PDL_EARLY_SITES": "rope_kv,decode_attention", "MINFER_X": "1"}
+    assert B.parse_env("MINFER_PDL_EARLY_SITES=rope_kv,swiglu,MINFER_X=0") == {
+        "MINFER_PDL_EARLY_SITES": "rope_kv,swiglu", "MINFER_X": "0"}
     with pytest.raises(MinferError):
         B.parse_env("1A=2")
     with pytest.raises(MinferError):
