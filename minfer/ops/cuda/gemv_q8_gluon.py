@@ -26,6 +26,14 @@ instead of two). Same K loop as the plain kernel (its SASS differs only in sched
 epilogue runs once per tile pair (sm_90, Q4_K 32 x 1 blocks, 4 warps: 496 instructions in all
 against the plain kernel's 256, 48 registers both).
 
+RMSNorm prologue (`launch(..., norm=...)`, gemv_q8.gemv_q8's prenorm, Switches.norm_into_gemv,
+off): the q/k/v GEMV makes its q8 row itself from the residual x and the previous GEMV's output
+y -- every program sums the squares of the whole row, quantizes its own chunks of
+rms_norm(x + y) * weight into shared memory, and program (0, 0) stores x + y -- instead of the
+add + RMSNorm + q8 kernel before it. Measured slower on the H200 (perf-log W3: each program
+reads the whole row; the first version, packing words in registers each step, spilled to 213
+registers).
+
 Configs (BN, BB, SPLIT, warps[, prefetch]): a step is BB blocks of BN rows; with prefetch the
 next step's words load while this one is multiplied, without it a program holds one step (used
 where a split is one step of up to 16 blocks: every load in flight before the PDL wait, nothing
