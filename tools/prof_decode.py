@@ -66,8 +66,16 @@ def run(eng, depth, steps=6):
     for k in sorted(tot, key=lambda k: -tot[k]):
         print(f"  {k:40s} {cnt[k]:4d} {tot[k]:8.1f} us  {tot[k] / cnt[k]:6.2f} us each")
     print("  (with PDL a kernel's duration includes its wait for the previous one: the sum exceeds the span)")
-    # the chain's view: each kernel waits for the previous one to finish (PDL's wait), so end[i] -
-    # end[i-1] is what kernel i adds to the step, its launch and loads before the wait excluded
+    print_chain(s)
+
+
+def print_chain(s, layer_len: int = 10):
+    """The chain's view of one step's events s (sorted by start): each kernel waits for the
+    previous one to finish (PDL's wait), so end[i] - end[i-1] is what kernel i adds to the step,
+    its launch and loads before the wait excluded. Per kernel kind, then one layer's run."""
+    cnt = defaultdict(int)
+    for e in s:
+        cnt[short(e.name)] += 1
     marg = defaultdict(float)
     rows = []
     for a, b in zip(s, s[1:]):
@@ -78,9 +86,9 @@ def run(eng, depth, steps=6):
     for k in sorted(marg, key=lambda k: -marg[k]):
         print(f"  {k:40s} {cnt[k]:4d} {marg[k]:8.1f} us  {marg[k] / cnt[k]:6.2f} us each")
     mid = len(rows) // 2
-    mid -= mid % 10
+    mid -= mid % layer_len
     print("  one layer's run of kernels (name, increment of the step's end, own duration), us:")
-    for name, d, own in rows[mid:mid + 12]:
+    for name, d, own in rows[mid:mid + layer_len + 2]:
         print(f"    {name:40s} {d:7.2f} {own:7.2f}")
 
 

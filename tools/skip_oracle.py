@@ -20,8 +20,10 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   cfg:KEY=BN,BB,SPLIT,W[,PF]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
-    python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...]
-(default depths 16 3354; default variants base -norm addonly -swiglu -rope -3)"""
+    python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile]
+(default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
+each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
+kernel adds to the step's end), to see which kernel a variant slows down."""
 import json
 import statistics
 import sys
@@ -32,7 +34,7 @@ from minfer.bench.bench import parse_env
 from minfer.models.base import Step
 from minfer.ops.cuda import gemv_q8_gluon, q8_rows
 from minfer.runtime.engine import Engine
-from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
+from prof_decode import print_chain, warm  # noqa: E402 -- tools/ is the script's directory
 
 
 def frozen(fn):
@@ -139,6 +141,18 @@ def variant(eng, pos: int, name: str):
         eng.set_switches(base_sw)
 
 
+def profile_graph(g):
+    """One replay of g under torch's profiler: its kernels sorted by start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    return sorted([e for e in prof.events() if e.device_type.name == "CUDA"], key=lambda e: e.time_range.start)
+
+
 def time_graph(g, n: int = 20) -> float:
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
@@ -154,7 +168,8 @@ def time_graph(g, n: int = 20) -> float:
 @torch.inference_mode()
 def main():
     path = sys.argv[1]
-    args = sys.argv[2:]
+    args = [a for a in sys.argv[2:] if a != "--profile"]
+    prof = "--profile" in sys.argv[2:]
     cut = args.index("--") if "--" in args else len(args)
     depths = [int(a) for a in args[:cut]] or [16, 3354]
     names = ["base"] + [a for a in args[cut + 1:] if a != "base"] if cut < len(args) else \
@@ -175,6 +190,10 @@ def main():
             m = statistics.median(res[k])
             sd = statistics.stdev(res[k])
             print(f"| {k} | {m:.0f} (sd {sd:.0f}) | {base - m:.0f} | {base / m:.3f} |")
+        if prof:
+            for k in names:
+                print(f"depth {depth}, {k}: one replay under the profiler")
+                print_chain(profile_graph(graphs[k]))
         del graphs
 
 
