@@ -195,12 +195,14 @@ class Switches:
                                     "follow the wait without a dependent load first (ops/cuda/attention.py; H200: "
                                     "B/A 1.007 tg128 / 1.006 d3354 in one process, graph -5 / -10 us, perf-log W1; "
                                     "off: the count is read after the wait)")
-    norm_into_gemv: bool = _sw(False, "MINFER_NORM_INTO_GEMV",
-                               "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
-                               "Gluon GEMV's own programs (each sums the row's squares and quantizes its chunks), "
-                               "one launch fewer per layer (ops/cuda/gemv_q8_gluon.py NORM; off by default: graph "
-                               "+77 us at d16, +50 at d3354 on the H200 -- each of 576 programs reads the whole row, "
-                               "perf-log W3; off: the norm kernel, then the GEMV)", kind="tuning")
+    norm_into_gemv: int = _sw(0, "MINFER_NORM_INTO_GEMV",
+                              "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
+                              "Gluon GEMV's own programs, one launch fewer per layer (ops/cuda/gemv_q8_gluon.py "
+                              "NORM). 1: each program sums the squares of the whole row (H200 graph +77 us at d16, "
+                              "+50 at d3354: 576 programs read the row, perf-log W3); 2: the down GEMV's epilogue "
+                              "adds the residual and sums its squares per row tile, q/k/v reads those sums and its "
+                              "own chunks (not yet run on the GPU); 0: the norm kernel, then the GEMV",
+                              kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "
                                   "(rows written by earlier steps) loaded before the PDL wait too, this step's row "

@@ -17,7 +17,7 @@ import torch
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.models.base import Model, Step
-from minfer.models.layers import Block, attention_branch, ffn_branch, load_block, load_head
+from minfer.models.layers import Block, attention_branch, ffn_branch, ffn_residual_norm, load_block, load_head
 from minfer.weights import QWeight, load_qweight
 
 
@@ -97,10 +97,12 @@ class LlamaModel(Model):
         for i, blk in enumerate(blocks):
             x, h = ops.add_rms_norm(x, attention_branch(h, blk, self.cfg, cache, i, step, ctx),
                                     blk.ffn_norm, eps, act, ctx)
-            f = ffn_branch(h, blk, ctx)
             if i + 1 < len(blocks):
-                # h goes to the q/k/v GEMV only: its programs may do this norm (into_linear)
-                x, h = ops.add_rms_norm(x, f, blocks[i + 1].attn_norm, eps, act, ctx, into_linear=True)
+                # the down projection, the residual add and the next layer's norm; h goes to that
+                # layer's q/k/v GEMV only, whose programs may do the norm (Switches.norm_into_gemv)
+                x, h = ffn_residual_norm(h, blk, x, blocks[i + 1].attn_norm, eps, act, ctx)
+            else:
+                f = ffn_branch(h, blk, ctx)
         # the last residual add and the output norm only on the rows whose logits are wanted
         x, f = step.rows(x), step.rows(f)                          # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)

@@ -14,6 +14,7 @@ from minfer.ops import paths, reference
 from minfer.ops.context import DEFAULT, Context
 
 __all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
+           "linear_add_rms_norm",
            "rope", "rope_kv_write", "swiglu", "geglu", "attention", "moe_ffn"]
 
 # Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
@@ -95,6 +96,16 @@ def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None, into_
     if x.device.type != "cuda":
         return reference.add_rms_norm(x, y, weight, eps, out_dtype)
     return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
+
+
+def linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx: Context | None = None, into_linear: bool = False):
+    """(s, h): s = x + a @ w^T (the residual add of a layer's last matmul), h = rms_norm(s) *
+    weight in out_dtype: linear, then add_rms_norm. On CUDA one decode row may have the GEMV's
+    epilogue make s and its sums of squares, and (into_linear) leave h to the q/k/v GEMV that
+    reads it (Switches.norm_into_gemv = 2)."""
+    if a.device.type != "cuda":
+        return reference.add_rms_norm(x, _cpu_linear(a, w, None, ctx), weight, eps, out_dtype)
+    return _backend(a).linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx, into_linear=into_linear)
 
 
 def rope(x, positions, cfg):

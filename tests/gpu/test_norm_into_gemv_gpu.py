@@ -88,7 +88,7 @@ def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=9, progress=False)
     monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=True))
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=1))
     b = Engine.load(str(path), device="cuda", ctx=160, progress=False)
     prompt = torch.randint(0, p.vocab, (11,), generator=torch.Generator().manual_seed(6)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)
@@ -109,3 +109,106 @@ def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
     assert counts.get("graph.decode.replay", 0) >= 40, counts
     assert counts.get("add_rms_norm.into_gemv", 0) == counts.get("gemv_q8.norm_prologue", 0) > 0, counts
     assert not [k for k in snap["fallbacks"] if "norm_prologue" in k or "into_gemv" in k], snap["fallbacks"]
+
+
+# ---------------------------------------------------------------- mode 2: the residual from the down GEMV
+
+
+@pytest.mark.parametrize("qt,cfg", [(12, None), (14, None), (12, (32, 2, 5, 4, True)), (14, (16, 1, 9, 2))])
+def test_residual_epilogue_is_the_gemv_then_the_add(qt, cfg):
+    """gemv_q8_residual at the 7B's down projection (the table's config, or one given): s is
+    bit for bit x + the plain GEMV's bf16 output (same config, same sums) in float32, and each
+    row tile's sum of squares matches float64 sums of s over its rows."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, _ = _weight(qt, 3584, 18944, seed=30 + qt)
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(qt)
+    bn = (cfg or GL.config_for(qt, 3584, 18944))[0]
+    for i in range(3):
+        a = torch.randn(1, 18944, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, 3584, device="cuda", generator=g) * 5
+        q8 = Q.quantize(a)
+        y = Q.gemv_q8(q8, rw, out_dtype=torch.bfloat16, ws=ws, gluon=True, config=cfg)
+        paths.reset()
+        r = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg)
+        assert r is not None
+        s, ssp = r
+        assert paths.snapshot()["counts"] == {"gemv_q8.gluon": 1, "gemv_q8.residual_sumsq": 1}
+        assert torch.equal(s, x + y.float()), i
+        want = torch.nn.functional.pad((s.double() ** 2).view(-1), (0, ssp.numel() * bn - 3584)).view(-1, bn).sum(1)
+        assert torch.allclose(ssp.double(), want, rtol=1e-5, atol=0), i
+
+
+def test_norm_from_tile_sums_matches_the_two_launches(qkv):
+    """The q/k/v GEMV taking its norm from the residual s and the down GEMV's tile sums (NORM 2)
+    against the norm kernel on s, then the GEMV: outputs within 1e-4 (the sums' order differs)."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import q8_rows
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    rd, _ = _weight(12, 3584, 18944, seed=41)
+    segs, w = qkv["mixed"]
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(4)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    for i in range(3):
+        a = torch.randn(1, 18944, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
+        s, ssp = Q.gemv_q8_residual(Q.quantize(a), rd, x, torch.bfloat16, ws=ws, gluon=True)
+        _, _, q80 = q8_rows._q8_launch(s, None, None, nw, 1e-6, torch.bfloat16, False)
+        ref = Q.gemv_q8(q80, segs, out_dtype=torch.float32, ws=ws, gluon=True)
+        h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
+        pre = PreNorm(s, None, nw, 1e-6, s, h, False, 0, True, True, ssp=ssp)
+        paths.reset()
+        out = Q.gemv_q8(None, segs, out_dtype=torch.float32, ws=ws, gluon=True, prenorm=pre)
+        snap = paths.snapshot()
+        assert snap["counts"] == {"gemv_q8.norm_prologue": 1, "gemv_q8.gluon": 1} and not snap["fallbacks"], snap
+        assert pre.q8 is None
+        assert rel_err(out, ref) < 1e-4, (i, rel_err(out, ref))
+
+
+def test_graphed_decode_with_the_residual_and_norm_in_the_gemvs(tmp_path, monkeypatch):
+    """norm_into_gemv = 2 in a whole model's graphed greedy decode against 0 (every q8 GEMV on the
+    Gluon kernel, as test_graphed_decode_with_the_norm_in_the_gemv): the same tokens, logits
+    within its tolerance rule; the down GEMVs' residual epilogue and the q/k/v norm counted, no
+    fallback of either."""
+    import dataclasses
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=10, progress=False)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=2))
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False)
+    prompt = torch.randint(0, p.vocab, (12,), generator=torch.Generator().manual_seed(7)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)
+    t = int(lb.argmax())
+    paths.reset()
+    errs = []
+    for step in range(24):
+        pos = len(prompt) + step
+        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
+        errs.append(rel_err(la, lb.double()))
+        assert errs[-1] < 2e-2, (step, errs)
+        assert int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
+    snap = paths.snapshot()
+    counts = snap["counts"]
+    assert counts.get("qmatmul.residual_norm", 0) == counts.get("gemv_q8.residual_sumsq", 0) > 0, counts
+    assert counts.get("gemv_q8.norm_prologue", 0) == counts["qmatmul.residual_norm"], counts
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]

@@ -45,6 +45,8 @@ def _route_to_cuda(monkeypatch, C):
     monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None: C.linear(x, w, bias, ctx))
     monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
     monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
+    monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
+                        C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
     monkeypatch.setattr(O, "attention",
                         lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
                         C.attention(q, k, v, s, ctx, window=window, softcap=softcap))

@@ -289,6 +289,8 @@ def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
         monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None: C.linear(x, w, bias, ctx))
         monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
         monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
+        monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
+                            C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
         monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx))
         ctx = Context(Switches(), C.Workspace.for_model(m))
         cache = KVCache.for_config(m.cfg, 64)

@@ -26,8 +26,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 @pytest.fixture(scope="module")
 def M():
     for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows",
-                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act"]):
+                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act",
+                                     "minfer.ops.cuda.qmatmul"]):
         yield mods
+
+
+def _qweight(raw, qt, n, k):
+    from minfer.weights import QWeight
+
+    return QWeight(name="blk.0.ffn_down.weight", qtype=qt, shape=(n, k), raw=raw)
 
 
 def _row(k, seed):
@@ -52,7 +59,7 @@ def test_deferred_norm_then_gemv_is_the_two_launches(M):
     s0, h0, q80 = Q.add_rms_norm_q8(x, y, w, 1e-6, torch.bfloat16, interpret=True)
     ref = Q.gemv_q8(q80, (ra, rb), out_dtype=torch.float32, interpret=True)
     paths.reset()
-    ctx = Context(Switches(norm_into_gemv=True), None)
+    ctx = Context(Switches(norm_into_gemv=1), None)
     s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, ctx, into_linear=True)
     pre = h.prenorm
     assert pre.q8 is None and getattr(h, "q8", None) is None
@@ -75,7 +82,7 @@ def test_switch_off_or_not_into_linear_keeps_the_norm_kernel(M):
     N = M["norm_rope_act"]
     x, y, w = _row(256, 7)
     paths.reset()
-    for sw, into in ((Switches(), True), (Switches(norm_into_gemv=True), False)):
+    for sw, into in ((Switches(), True), (Switches(norm_into_gemv=1), False)):
         s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, Context(sw, None), into_linear=into)
         assert getattr(h, "prenorm", None) is None and h.q8 is not None
     snap = paths.snapshot()
@@ -104,28 +111,31 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from minfer.ops.cuda import gemv_q8_gluon as GL
 
 names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps"]
+         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp"]
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for mixed, bn, bb, pf, nchp, norm in json.loads(sys.argv[1]):
-    types = q4 + (q6 if mixed else q4) + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + \
-        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32"]
-    cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True, HAS_BIAS=True,
-               HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=bool(norm), KP2=4096 if norm else 1,
-               NCHP=nchp if norm else 1)
+for key, qt, mixed, bn, bb, pf, nchp, norm, rss in json.loads(sys.argv[1]):
+    first = q4 if qt == 12 else q6
+    types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
+        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32"]
+    cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True,
+               HAS_BIAS=bool(mixed), HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=norm,
+               KP2={0: 1, 1: 4096, 2: 256}[norm], NCHP=nchp if norm else 1, RSS=bool(rss))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out[f"{mixed} {bn} {bb} {pf} {norm}"] = k.asm["ptx"]
-    out[f"{mixed} {bn} {bb} {pf} {norm} smem"] = k.metadata.shared
+    out[key] = k.asm["ptx"]
+    out[key + " smem"] = k.metadata.shared
 print(json.dumps(out))
 """
 
-# (mixed, BN, BB, prefetch, NCHP): the shipped q/k/v config (4 blocks a split: 32 chunks) and one
-# step of 16 blocks (128 chunks)
-_CASES = [(mixed, bn, bb, pf, nchp, norm) for mixed, bn, bb, pf, nchp in ((1, 32, 2, 1, 32), (0, 8, 16, 0, 128))
-          for norm in (0, 1)]
+# (key, type, mixed, BN, BB, prefetch, NCHP, NORM, RSS): the shipped q/k/v config (4 blocks a
+# split: 32 chunks) and one step of 16 blocks (128 chunks), plain and with each norm mode; the
+# down projections (Q4_K and Q6_K) plain and with the residual epilogue
+_CASES = [(f"{mixed} {bn} {bb} {pf} {norm}", 12, mixed, bn, bb, pf, nchp, norm, 0)
+          for mixed, bn, bb, pf, nchp in ((1, 32, 2, 1, 32), (0, 8, 16, 0, 128)) for norm in (0, 1, 2)]
+_CASES += [(f"down {qt} {rss}", qt, 0, 16, 2, 1, 1, 0, rss) for qt in (12, 14) for rss in (0, 1)]
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +161,76 @@ def test_norm_variant_builds_and_reads_the_row_not_the_q8_form(ptx, mixed, bn, b
     assert norm.count("ld.global") > plain.count("ld.global")
     assert norm.count("st.global") > plain.count("st.global")
     assert norm.count("dp4a") == plain.count("dp4a") > 0
+
+
+@pytest.mark.parametrize("mixed,bn,bb,pf", [(1, 32, 2, 1), (0, 8, 16, 0)])
+def test_norm_from_tile_sums_builds(ptx, mixed, bn, bb, pf):
+    """NORM 2 (the residual and its per-tile sums of squares from the GEMV before): the same
+    dp4a count and shared q8 row as NORM 1, fewer global loads (no whole-row read of x and y) and
+    no residual store (that GEMV stored it)."""
+    one, two = ptx[f"{mixed} {bn} {bb} {pf} 1"], ptx[f"{mixed} {bn} {bb} {pf} 2"]
+    plain = ptx[f"{mixed} {bn} {bb} {pf} 0"]
+    assert two.count("dp4a") == plain.count("dp4a") > 0
+    assert two.count("st.global") == plain.count("st.global") < one.count("st.global")
+    assert two.count("ld.global") < one.count("ld.global")
+    assert ptx[f"{mixed} {bn} {bb} {pf} 2 smem"] >= 44 * (32 if bb == 2 else 128)
+
+
+@pytest.mark.parametrize("qt", [12, 14])
+def test_residual_epilogue_builds(ptx, qt):
+    """RSS (the down projection's epilogue: x + the rounded row sums stored, the tile's sum of
+    squares stored): more stores and loads than the plain build, the same dot products."""
+    plain, rss = ptx[f"down {qt} 0"], ptx[f"down {qt} 1"]
+    assert rss.count("dp4a") == plain.count("dp4a") > 0
+    assert rss.count("st.global") > plain.count("st.global")
+    assert rss.count("ld.global") > plain.count("ld.global")
+
+
+# ---------------------------------------------------------------- mode 2: the residual from the down GEMV
+
+
+def test_linear_add_rms_norm_falls_back_to_the_two_ops_bit_for_bit(M):
+    """ops.linear_add_rms_norm on the CUDA code in the interpreter with norm_into_gemv = 2: the
+    down GEMV's residual epilogue is Gluon-only, so it counts a fallback and runs the GEMV, then
+    add_rms_norm (mode 1's deferral); the residual and, materialized, h and its q8 row are the
+    bits of linear + add_rms_norm without the switch."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    G, Q, qmatmul = M["gemv_repack"], M["gemv_q8"], M["qmatmul"]
+    k, d = 512, 256
+    raw = torch.from_numpy(random_weight(12, d, k, np.random.default_rng(8)))
+    w = _qweight(raw, 12, d, k)
+    w.repacked = G.repack(raw, 12, d, k)
+    x, _, g = _row(d, 9)
+    a = torch.randn(1, k, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    a.q8 = Q.quantize(a, interpret=True)
+    ref_y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
+    s0, h0, q80 = Q.add_rms_norm_q8(x, ref_y, g, 1e-6, torch.bfloat16, interpret=True)
+    paths.reset()
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, g, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=2), None),
+                                       into_linear=True)
+    snap = paths.snapshot()
+    assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
+    assert snap["counts"].get("add_rms_norm.into_gemv") == 1
+    q8 = h.prenorm.materialize()
+    assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(q8[0], q80[0]) and torch.equal(q8[1], q80[1])
+
+
+def test_prenorm_from_the_residual_materializes_the_norm_of_s(M):
+    """A PreNorm whose x is the residual itself (y None, ssp set: mode 2) runs the norm kernel on
+    s alone when a consumer cannot take it: h and its q8 row are rms_norm_cast's."""
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    Q = M["gemv_q8"]
+    s, _, g = _row(512, 11)
+    h = torch.empty((1, 512), dtype=torch.bfloat16)
+    pre = PreNorm(s, None, g, 1e-6, s, h, True, 0, True, True, ssp=torch.zeros(4))
+    q8 = pre.materialize()
+    _, h0, q80 = M["q8_rows"]._q8_launch(s, None, None, g, 1e-6, torch.bfloat16, True)
+    assert torch.equal(h, h0) and torch.equal(q8[0], q80[0]) and torch.equal(q8[1], q80[1])
+    rw = M["gemv_repack"].repack(torch.from_numpy(random_weight(12, 32, 512, np.random.default_rng(2))), 12, 32, 512)
+    pre2 = PreNorm(s, None, g, 1e-6, s, torch.empty_like(h), True, 0, True, True, ssp=torch.zeros(4))
+    out = Q.gemv_q8(None, rw, out_dtype=torch.float32, interpret=True, gluon=True, prenorm=pre2)
+    assert torch.equal(out, Q.gemv_q8(q80, rw, out_dtype=torch.float32, interpret=True))

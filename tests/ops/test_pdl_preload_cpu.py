@@ -35,11 +35,13 @@ for pre in (0, 1):
     k = triton.compile(ASTSource(Q._q8_kernel, sig, cex), target=T, options={"num_warps": 4})
     out[f"norm {pre}"] = k.asm["ptx"]
     names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-             "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT"]
+             "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
+             "ssp"]
     planes = ["*i32", "*i16", "*i32", "*i32"]
-    types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6
+    types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32"]
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=True, HAS_RESID=False,
-               PDL=1, PF=True, PRE=bool(pre))
+               PDL=1, PF=True, PRE=bool(pre), NORM=0, KP2=1, NCHP=1, RSS=False)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=T, options={"num_warps": 4})

@@ -153,6 +153,8 @@ def test_gemma2_decode_step_through_cuda_backend_interpreted(monkeypatch):
         monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None: C.linear(x, w, bias, ctx))
         monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
         monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
+        monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
+                            C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
         monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
                             C.attention(q, k, v, s, ctx, window=window, softcap=softcap))
         ctx = Context(Switches(), C.Workspace.for_model(m))

@@ -26,6 +26,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
   add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
   add_rms_norm.into_gemv         that row left to the q/k/v GEMV (norm_into_gemv): gemv_q8.norm_prologue
+  qmatmul.residual_norm          the residual add and its sums of squares in the down GEMV's epilogue
+                                 (gemv_q8.residual_sumsq; norm_into_gemv = 2), the norm left to q/k/v
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask
@@ -47,10 +49,10 @@ from minfer.ops.cuda.attention import attention, decode_attention, rope_attentio
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
-from minfer.ops.cuda.qmatmul import linear, linear_many, linear_swiglu
+from minfer.ops.cuda.qmatmul import linear, linear_add_rms_norm, linear_many, linear_swiglu
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "linear_swiglu", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
+__all__ = ["linear", "linear_many", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
            "decode_attention", "rope_attention", "prepare_weight", "memory_report", "Workspace"]
 

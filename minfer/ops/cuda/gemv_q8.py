@@ -300,7 +300,10 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
                   prefetch, late=pdl_late, preload=preload,
-                  norm=None if prenorm is None else (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s))
+                  norm=None if prenorm is None or prenorm.ssp is not None else
+                  (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
+                  norm_ss=None if prenorm is None or prenorm.ssp is None else
+                  (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps))
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -336,6 +339,44 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
                 return True, cfg, None
             return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), why
     return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), None
+
+
+def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
+                     interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
+                     preload: bool = True, config=None) -> tuple | None:
+    """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
+    layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
+    row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
+    Switches.norm_into_gemv = 2). config: an explicit (BN, BB, SPLIT, warps[, prefetch]) instead
+    of the table's. None where the Gluon kernel does not take this launch (the interpreter, a
+    shape not in its table, another GPU): the caller runs the GEMV and the add + norm kernel."""
+    xq, xf = q8
+    n, k = rw.n, rw.k
+    if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
+        return None
+    use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
+    if not use_g:
+        return None
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    bn, bb, split, nwarps = cfg[:4]
+    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    paths.count("gemv_q8.gluon")
+    paths.count("gemv_q8.residual_sumsq")
+    nb = k // 256
+    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
+    split = triton.cdiv(nb, bps)
+    tiles = triton.cdiv(n, bn)
+    s = torch.empty((1, n), dtype=torch.float32, device=xq.device)
+    ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
+    part = torch.empty((split, n), dtype=torch.float32, device=xq.device) if split > 1 else s
+    cnt = s
+    if split > 1:
+        cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
+    ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
+    GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
+              prefetch, preload=preload, rss=(ssp, ydt))
+    return s, ssp
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:

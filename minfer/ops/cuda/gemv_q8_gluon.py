@@ -52,6 +52,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from minfer.ops.cuda.gemv_q8g_norm import _finish_rss, _norm_q8_smem, _norm_rstd, _ss_rstd
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
 
@@ -125,11 +126,11 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
 
 @gluon.jit
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
-          blocks_per_split, SPLIT, gq, gf, TF, nx, ny, ng, s_out, eps, QT: gl.constexpr, BN: gl.constexpr,
-          BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
+          blocks_per_split, SPLIT, gq, gf, TF, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT: gl.constexpr,
+          BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
           HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
-          PRE: gl.constexpr = False, NORM: gl.constexpr = False, KP2: gl.constexpr = 1,
-          NCHP: gl.constexpr = 1):
+          PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
+          NCHP: gl.constexpr = 1, RSS: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -143,7 +144,13 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     shared memory, and its K loop reads them there; program (0, 0) also stores s (s_out, the next
     residual). One launch instead of the add + RMSNorm + q8 kernel and the GEMV. (Packing each
     step's words in registers instead took 213 registers a thread, 2 programs an SM: 4x slower.)
-    """
+    NORM == 2: nx is the residual s itself, already summed by the GEMV before (RSS below), and ny
+    its nss per-tile sums of squares: the program adds those up (KP2: nss rounded up to a power
+    of two) instead of reading the whole row; nothing is stored.
+
+    RSS (the GEMV before such a NORM == 2 launch): resid is the residual x (float32); the epilogue
+    rounds each row sum to ydt's dtype (as the GEMV output the add + norm kernel read), stores s =
+    x + that in float32 into out, and the sum of the tile's s^2 into ssp[pid_n]."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -172,9 +179,15 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
         _pdl(ci)
-    if NORM:
+    xres = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
+    if RSS:
+        xres = gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)     # written kernels ago
+    if NORM == 1:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
-        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW)
+        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, True)
+    elif NORM == 2:
+        rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)
+        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
     for blk in range(b_lo, b_hi, BB):
         if PF:
             # the next step's words in flight while this one is multiplied
@@ -194,7 +207,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
         kx = blk * 8 + xc                                             # [C, 1]
         xm = kx < b_hi * 8
-        if NORM:
+        if NORM > 0:
             # this step's words and scales from the program's q8 row in shared memory
             st = (blk - b_lo) // BB
             xlo = gl.expand_dims(wl_s.index(st).load(LX), 0)          # [1, C, 4]
@@ -242,85 +255,17 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
             for sp in range(SPLIT):
                 tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
-            _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
+            if RSS:
+                _finish_rss(tot, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+            else:
+                _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
             gl.atomic_xchg(cnt + pid_n, 0)
+    elif RSS:
+        _finish_rss(res, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
     else:
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:
         _pdl_signal(ci)
-
-
-@gluon.jit
-def _norm_rstd(nx, ny, s_out, eps, K, store, KP2: gl.constexpr, NW: gl.constexpr):
-    """1 / sqrt(mean(s^2) + eps) of the row s = nx + ny (K values, float32 + the GEMV output's
-    dtype, added in float32 as q8_rows._q8_kernel's ADD); store: this program also writes s."""
-    LR: gl.constexpr = gl.BlockedLayout(size_per_thread=[KP2 // (32 * NW)], threads_per_warp=[32],
-                                        warps_per_cta=[NW], order=[0])
-    kk = gl.arange(0, KP2, layout=LR)
-    km = kk < K
-    a = gl.load(nx + kk, mask=km, other=0.0).to(gl.float32) + gl.load(ny + kk, mask=km, other=0.0).to(gl.float32)
-    if store:
-        gl.store(s_out + kk, a, mask=km)
-    return 1.0 / gl.sqrt(gl.sum(a * a, axis=0) / K + eps)
-
-
-@gluon.jit
-def _norm_v(nx, ny, ng, rstd, off, m):
-    """(nx + ny) * rstd * ng at offsets off (masked: 0), in float32: q8_rows._q8_kernel's v."""
-    v = gl.load(nx + off, mask=m, other=0.0).to(gl.float32) + gl.load(ny + off, mask=m, other=0.0).to(gl.float32)
-    return v * rstd * gl.load(ng + off, mask=m, other=0.0).to(gl.float32)
-
-
-@gluon.jit
-def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr, NW: gl.constexpr):
-    """The q8 form of chunks [c0, c1) of the normed row ((nx + ny) * rstd * ng; chunks past c1
-    are zero) in shared memory, by step (C chunks an index): the low words [NCHP / C, C, 4]
-    (word w: values w, w+8, w+16, w+24 as bytes), the high words (values 4 + w, ...), and d, s0,
-    s1 [NCHP / C, C]; the operations of gemv_q8's _q8_chunks (d = amax / 127, q = v * 127 / amax
-    rounded half away from zero, s0 / s1 = d * the sums of q over values 0..15 / 16..31). Layout
-    LQ = [chunk, byte b, word w]: a word's 4 bytes in one thread, the chunk over 4 lanes."""
-    LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[8, 1, 4],
-                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
-    LC: gl.constexpr = gl.SliceLayout(2, LQ)                         # [NCHP, 4]: per chunk, byte
-    LW: gl.constexpr = gl.SliceLayout(1, LQ)                         # [NCHP, 4]: per chunk, word
-    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, NCHP, layout=gl.SliceLayout(1, LC)), 1), 2)
-    b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
-    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LW)), 0), 1)   # [1, 1, 4]
-    kc = c0 + c3
-    m = (kc < c1) & (b3 < 4) & (w3 < 4)
-    off = kc * 32 + b3 * 8 + w3
-    vl = _norm_v(nx, ny, ng, rstd, off, m)                          # values 8b + w
-    vh = _norm_v(nx, ny, ng, rstd, off + 4, m)                      # values 8b + 4 + w
-    amax = gl.maximum(gl.max(gl.max(gl.abs(vl), axis=1), axis=1), gl.max(gl.max(gl.abs(vh), axis=1), axis=1))
-    d = amax / 127.0
-    inv = gl.expand_dims(gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1), 1)
-    tl_ = vl * inv
-    th = vh * inv
-    ql = (tl_ + gl.where(tl_ >= 0, 0.5, -0.5)).to(gl.int32)         # half away from zero
-    qh = (th + gl.where(th >= 0, 0.5, -0.5)).to(gl.int32)
-    lo = b3 < 2                                                      # values < 16
-    s0 = gl.sum(gl.sum(gl.where(lo, ql + qh, 0), axis=1), axis=1).to(gl.float32) * d
-    s1 = gl.sum(gl.sum(gl.where(lo, 0, ql + qh), axis=1), axis=1).to(gl.float32) * d
-    wl = gl.sum((ql & 255) << (b3 * 8), axis=1)                     # [NCHP, 4]
-    wh = gl.sum((qh & 255) << (b3 * 8), axis=1)
-    NS: gl.constexpr = NCHP // C
-    # stored whole with a layout of the buffer's rank; read by step through views whose layout
-    # covers the trailing dims only (index picks the leading one): the same row-major bytes
-    A3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
-    A2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
-    A1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
-    wl_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wl, [NS, C, 4]))
-    wh_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wh, [NS, C, 4]))
-    d_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(d, [NS, C]))
-    s0_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s0, [NS, C]))
-    s1_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s1, [NS, C]))
-    wl_s = wl_s._reinterpret(gl.int32, [NS, C, 4], A2)
-    wh_s = wh_s._reinterpret(gl.int32, [NS, C, 4], A2)
-    d_s = d_s._reinterpret(gl.float32, [NS, C], A1)
-    s0_s = s0_s._reinterpret(gl.float32, [NS, C], A1)
-    s1_s = s1_s._reinterpret(gl.float32, [NS, C], A1)
-    gl.thread_barrier()
-    return wl_s, wh_s, d_s, s0_s, s1_s
 
 
 @gluon.jit
@@ -394,11 +339,12 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
-                     NORM: gl.constexpr = False, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1):
+                     NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
+                     RSS: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile)."""
@@ -407,16 +353,16 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     if MIXED:
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
-                  blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-                  HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
+                  blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
-                  N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QTB, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
+                  N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
+                  QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
-              blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, QT, BN, BB, NW, IS_SPLIT, HAS_BIAS,
-              HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP)
+              blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
 
 
 @gluon.jit
@@ -427,7 +373,7 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
     the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          xf, xf, xf, xf, 0.0, QT, BN, BB, NW, False, False, False, PDL, PF, True)
+          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
@@ -508,23 +454,33 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-           prefetch: bool = True, late: bool = False, preload: bool = True, norm=None):
+           prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
-    the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM), and s_out
-    receives x + y; xq / xf are not read."""
+    the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
+    receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
+    from the residual s and its per-tile sums of squares (NORM 2); xq / xf are then not read.
+    rss: (ssp float32 (tiles,), ydt: a tensor of the activation dtype) -- resid is the residual x,
+    out (float32) receives x + the row sums rounded to that dtype, ssp each tile's sum of squares
+    of it (RSS)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
-    nx, ny, ng, eps, s_out = norm if norm is not None else (out, out, out, 0.0, out)
+    mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
+    if norm is not None:
+        (nx, ny, ng, eps, s_out), mode = norm, 1
+        kp2 = max(32 * nwarps, 1 << (nb * 256 - 1).bit_length())
+    elif norm_ss is not None:
+        (nx, ny, nss, ng, eps), mode = norm_ss, 2
+        kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
+    ssp, ydt = rss if rss is not None else (out, out)
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
-                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps),
+                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
-                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=norm is not None,
-                           KP2=max(32 * nwarps, 1 << (nb * 256 - 1).bit_length()) if norm is not None else 1,
-                           NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if norm is not None else 1,
+                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
+                           HAS_RESID=resid is not None and rss is None,
+                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
+                           NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
-
 
 
 def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True,

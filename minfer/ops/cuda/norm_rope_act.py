@@ -70,7 +70,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
         from minfer.ops.cuda import q8_rows
 
         if into_linear and x.dtype == torch.float32 and x.is_contiguous() and y.is_contiguous():
-            if sw.norm_into_gemv:
+            if sw.norm_into_gemv >= 1:
                 paths.count("add_rms_norm.into_gemv")
                 s = torch.empty((1, d), dtype=torch.float32, device=x.device)
                 h = torch.empty((1, d), dtype=out_dtype, device=x.device)

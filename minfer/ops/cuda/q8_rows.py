@@ -156,19 +156,27 @@ class PreNorm:
     calls materialize(), which runs add_rms_norm_q8's kernel into s and h (once) and attaches
     the q8 form to h, as the add_rms_norm path without the deferral does."""
 
-    __slots__ = ("x", "y", "weight", "eps", "s", "h", "interpret", "pdl", "one_pass", "preload", "q8")
+    __slots__ = ("x", "y", "weight", "eps", "s", "h", "interpret", "pdl", "one_pass", "preload", "q8", "ssp")
 
-    def __init__(self, x, y, weight, eps: float, s, h, interpret: bool, pdl: int, one_pass: bool, preload: bool):
+    def __init__(self, x, y, weight, eps: float, s, h, interpret: bool, pdl: int, one_pass: bool, preload: bool,
+                 ssp=None):
         self.x, self.y, self.weight, self.eps, self.s, self.h = x, y, weight, float(eps), s, h
         self.interpret, self.pdl, self.one_pass, self.preload = interpret, pdl, one_pass, preload
         self.q8 = None
+        # ssp: the residual's per-tile sums of squares (gemv_q8.gemv_q8_residual): x is then the
+        # residual s itself (written by that GEMV) and y is None
+        self.ssp = ssp
 
     def materialize(self) -> tuple:
-        """(xq, xf) of h; the kernel runs on the first call (writing s and h)."""
+        """(xq, xf) of h; the kernel runs on the first call (writing s and h; with ssp, h only)."""
         if self.q8 is None:
-            _, _, self.q8 = _q8_launch(self.x, self.y, None, self.weight, self.eps, self.h.dtype, self.interpret,
-                                       pdl=self.pdl, one_pass=self.one_pass, preload=self.preload, s_out=self.s,
-                                       h_out=self.h)
+            if self.y is None:
+                _, _, self.q8 = _q8_launch(self.x, None, None, self.weight, self.eps, self.h.dtype, self.interpret,
+                                           pdl=self.pdl, one_pass=self.one_pass, preload=self.preload, h_out=self.h)
+            else:
+                _, _, self.q8 = _q8_launch(self.x, self.y, None, self.weight, self.eps, self.h.dtype,
+                                           self.interpret, pdl=self.pdl, one_pass=self.one_pass,
+                                           preload=self.preload, s_out=self.s, h_out=self.h)
             self.h.q8 = self.q8
         return self.q8
 

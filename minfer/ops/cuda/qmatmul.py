@@ -372,6 +372,41 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     return h
 
 
+def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
+                        ctx: Context | None = None, into_linear: bool = False) -> tuple:
+    """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). With
+    Switches.norm_into_gemv = 2 and into_linear, one decode row on the q8 Gluon GEMV: its epilogue
+    stores s (float32) and each row tile's sum of s^2 (gemv_q8.gemv_q8_residual), and h is left to
+    the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
+    `qmatmul.residual_norm`). Otherwise, and where that GEMV does not apply (counted as a
+    fallback), linear then norm_rope_act.add_rms_norm, as before."""
+    from minfer.ops.cuda import norm_rope_act, q8_rows
+
+    _check(a, w)
+    sw, ws = _ctx(ctx, a.device)
+    if into_linear and sw.norm_into_gemv >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
+        rw = gemv_repack.planes_of(w) if sw.gemv else None
+        r = None
+        if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
+                x.shape[1], out_dtype, sw):
+            kw = _q8_kw(sw, a)
+            r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
+                                         pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
+                                         preload=kw["preload"])
+        if r is not None:
+            paths.count("qmatmul.residual_norm")
+            s, ssp = r
+            h = torch.empty((1, x.shape[1]), dtype=out_dtype, device=x.device)
+            h.prenorm = q8_rows.PreNorm(s, None, weight, eps, s, h, interpret(),
+                                        pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
+                                        sw.norm_one_pass, sw.pdl_preload, ssp=ssp)
+            return s, h
+        paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row "
+                       "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
+    y = _linear(a.contiguous() if a.stride(-1) != 1 else a, w, None, sw, ws)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
+
+
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
     """The group's one q8 GEMV launch doing x's deferred norm in its programs (gemv_q8's prenorm;
     it runs the norm kernel first where the Gluon kernel cannot take the shape, counted), or None

@@ -1,0 +1,114 @@
+"""The RMSNorm prologue and the residual epilogue of the Gluon q8 GEMV (gemv_q8_gluon._tile's
+NORM and RSS; Switches.norm_into_gemv, off by default; perf-log W3).
+
+NORM 1: the program sums the squares of the whole row x + y (the residual and the previous
+GEMV's output) itself (_norm_rstd); NORM 2: it adds up the per-tile sums of squares the GEMV
+before stored (_ss_rstd). Either way it then makes the q8 form of its own chunks of the normed
+row once, in shared memory (_norm_q8_smem), which its K loop reads instead of xq / xf. RSS: the
+layer's last GEMV stores x + its rounded output and each tile's sum of squares (_finish_rss).
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def _norm_rstd(nx, ny, s_out, eps, K, store, KP2: gl.constexpr, NW: gl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) of the row s = nx + ny (K values, float32 + the GEMV output's
+    dtype, added in float32 as q8_rows._q8_kernel's ADD); store: this program also writes s."""
+    LR: gl.constexpr = gl.BlockedLayout(size_per_thread=[KP2 // (32 * NW)], threads_per_warp=[32],
+                                        warps_per_cta=[NW], order=[0])
+    kk = gl.arange(0, KP2, layout=LR)
+    km = kk < K
+    a = gl.load(nx + kk, mask=km, other=0.0).to(gl.float32) + gl.load(ny + kk, mask=km, other=0.0).to(gl.float32)
+    if store:
+        gl.store(s_out + kk, a, mask=km)
+    return 1.0 / gl.sqrt(gl.sum(a * a, axis=0) / K + eps)
+
+
+@gluon.jit
+def _ss_rstd(ssp, nss, eps, K, TP2: gl.constexpr, NW: gl.constexpr):
+    """1 / sqrt(mean(s^2) + eps) from the nss per-tile sums of squares ssp (_finish_rss)."""
+    LR: gl.constexpr = gl.BlockedLayout(size_per_thread=[(TP2 + 32 * NW - 1) // (32 * NW)], threads_per_warp=[32],
+                                        warps_per_cta=[NW], order=[0])
+    t = gl.arange(0, TP2, layout=LR)
+    return 1.0 / gl.sqrt(gl.sum(gl.load(ssp + t, mask=t < nss, other=0.0), axis=0) / K + eps)
+
+
+@gluon.jit
+def _norm_v(nx, ny, ng, rstd, off, m, HAS_Y: gl.constexpr = True):
+    """(nx [+ ny]) * rstd * ng at offsets off (masked: 0), in float32: q8_rows._q8_kernel's v."""
+    v = gl.load(nx + off, mask=m, other=0.0).to(gl.float32)
+    if HAS_Y:
+        v += gl.load(ny + off, mask=m, other=0.0).to(gl.float32)
+    return v * rstd * gl.load(ng + off, mask=m, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr, NW: gl.constexpr,
+                  HAS_Y: gl.constexpr):
+    """The q8 form of chunks [c0, c1) of the normed row ((nx [+ ny]) * rstd * ng; chunks past c1
+    are zero) in shared memory, by step (C chunks an index): the low words [NCHP / C, C, 4]
+    (word w: values w, w+8, w+16, w+24 as bytes), the high words (values 4 + w, ...), and d, s0,
+    s1 [NCHP / C, C]; the operations of gemv_q8's _q8_chunks (d = amax / 127, q = v * 127 / amax
+    rounded half away from zero, s0 / s1 = d * the sums of q over values 0..15 / 16..31). Layout
+    LQ = [chunk, byte b, word w]: a word's 4 bytes in one thread, the chunk over 4 lanes."""
+    LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[8, 1, 4],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    LC: gl.constexpr = gl.SliceLayout(2, LQ)                         # [NCHP, 4]: per chunk, byte
+    LW: gl.constexpr = gl.SliceLayout(1, LQ)                         # [NCHP, 4]: per chunk, word
+    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, NCHP, layout=gl.SliceLayout(1, LC)), 1), 2)
+    b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LW)), 0), 1)   # [1, 1, 4]
+    kc = c0 + c3
+    m = (kc < c1) & (b3 < 4) & (w3 < 4)
+    off = kc * 32 + b3 * 8 + w3
+    vl = _norm_v(nx, ny, ng, rstd, off, m, HAS_Y)                   # values 8b + w
+    vh = _norm_v(nx, ny, ng, rstd, off + 4, m, HAS_Y)               # values 8b + 4 + w
+    amax = gl.maximum(gl.max(gl.max(gl.abs(vl), axis=1), axis=1), gl.max(gl.max(gl.abs(vh), axis=1), axis=1))
+    d = amax / 127.0
+    inv = gl.expand_dims(gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1), 1)
+    tl_ = vl * inv
+    th = vh * inv
+    ql = (tl_ + gl.where(tl_ >= 0, 0.5, -0.5)).to(gl.int32)         # half away from zero
+    qh = (th + gl.where(th >= 0, 0.5, -0.5)).to(gl.int32)
+    lo = b3 < 2                                                      # values < 16
+    s0 = gl.sum(gl.sum(gl.where(lo, ql + qh, 0), axis=1), axis=1).to(gl.float32) * d
+    s1 = gl.sum(gl.sum(gl.where(lo, 0, ql + qh), axis=1), axis=1).to(gl.float32) * d
+    wl = gl.sum((ql & 255) << (b3 * 8), axis=1)                     # [NCHP, 4]
+    wh = gl.sum((qh & 255) << (b3 * 8), axis=1)
+    NS: gl.constexpr = NCHP // C
+    # stored whole with a layout of the buffer's rank; read by step through views whose layout
+    # covers the trailing dims only (index picks the leading one): the same row-major bytes
+    A3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    A2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    A1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    wl_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wl, [NS, C, 4]))
+    wh_s = gl.allocate_shared_memory(gl.int32, [NS, C, 4], A3, gl.reshape(wh, [NS, C, 4]))
+    d_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(d, [NS, C]))
+    s0_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s0, [NS, C]))
+    s1_s = gl.allocate_shared_memory(gl.float32, [NS, C], A2, gl.reshape(s1, [NS, C]))
+    wl_s = wl_s._reinterpret(gl.int32, [NS, C, 4], A2)
+    wh_s = wh_s._reinterpret(gl.int32, [NS, C, 4], A2)
+    d_s = d_s._reinterpret(gl.float32, [NS, C], A1)
+    s0_s = s0_s._reinterpret(gl.float32, [NS, C], A1)
+    s1_s = s1_s._reinterpret(gl.float32, [NS, C], A1)
+    gl.thread_barrier()
+    return wl_s, wh_s, d_s, s0_s, s1_s
+
+
+@gluon.jit
+def _finish_rss(v, rows, rmask, bias, bpre, xres, out, ssp_tile, ydt, HAS_BIAS: gl.constexpr, PRE: gl.constexpr):
+    """RSS's epilogue: y = v (+ bias) rounded to ydt's dtype, s = x + y in float32 stored in out,
+    and the tile's sum of s^2 in ssp_tile (what the add + RMSNorm kernel would have read and
+    summed: q8_rows._q8_kernel's ADD and NORM)."""
+    if HAS_BIAS:
+        if PRE:
+            v += bpre
+        else:
+            v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
+    sv = xres + v.to(ydt.dtype.element_ty).to(gl.float32)
+    gl.store(out + rows, sv, mask=rmask)
+    gl.store(ssp_tile, gl.sum(gl.where(rmask, sv * sv, 0.0), axis=0))
