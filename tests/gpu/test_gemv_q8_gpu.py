@@ -15,6 +15,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -184,41 +185,16 @@ def test_gemv_q8_swiglu_7b_shape_bitwise(qt):
 def test_graphed_decode_with_the_gluon_gemv(tmp_path, monkeypatch):
     """A whole model's graphed greedy decode with every q8 GEMV on the Gluon kernel (its table
     widened to the tiny model's shapes) against the Triton kernel: the same tokens, logits within
-    fp32 summation order, and the Gluon launches counted. The two kernels sum in different orders
-    and the activations between layers are bf16, so a row sum on the edge of a bf16 rounding
-    step may round the other way and carry one bf16 step (2^-8 relative) into the next layers:
-    steps agree within 1e-4 until such a flip, and within 2e-2 after it (a wrong kernel is off by
-    ~1); at most a few of the 24 steps may flip (2026-12-01: step 13 at 6.4e-3, call 2 of the fifth
-    session, after the norm's sum order changed)."""
-    import dataclasses
+    fp32 summation order (graphed_pair's rule: the two kernels sum in different orders; at most a
+    few of the 24 steps may flip a bf16 rounding -- 2026-12-01: step 13 at 6.4e-3, call 2 of the
+    fifth session, after the norm's sum order changed), and the Gluon launches counted."""
+    from graphed_pair import compare_decodes
 
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-    from minfer.ops import paths
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-    from minfer.runtime.engine import Engine
     from minfer.switches import Switches
 
-    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
-    path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=8, progress=False)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(gemv_q8_gluon=False))
-    prompt = torch.randint(0, p.vocab, (9,), generator=torch.Generator().manual_seed(5)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    t = int(lb.argmax())
-    paths.reset()
-    errs = []
-    for step in range(24):
-        pos = len(prompt) + step
-        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
-        errs.append(rel_err(la, lb.double()))
-        assert errs[-1] < 2e-2, (step, errs)
-        assert int(la.argmax()) == int(lb.argmax()), step
-        t = int(lb.argmax())
-    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
-    counts = paths.snapshot()["counts"]
+    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(gemv_q8_gluon=False), seed=8, prompt_seed=5,
+                           n_prompt=9)
+    counts = snap["counts"]
     assert counts.get("gemv_q8.gluon", 0) > 0 and counts.get("gemv_q8.triton", 0) > 0, counts
 
 

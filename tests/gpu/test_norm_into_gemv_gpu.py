@@ -16,6 +16,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -70,41 +71,15 @@ def test_norm_prologue_matches_the_two_launches(qkv, kind, cfg):
 
 
 def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
-    """A whole model's graphed greedy decode with norm_into_gemv against without it, every q8
-    GEMV on the Gluon kernel (its table widened to the tiny model's shapes, as in
-    test_gemv_q8_gpu.test_graphed_decode_with_the_gluon_gemv, whose tolerance rule this follows:
-    1e-4 until a bf16 rounding flip, 2e-2 after it, at most a few of 24 steps), the same tokens;
-    the fused launches counted, no fallback of them."""
-    import dataclasses
+    """A whole model's graphed greedy decode with norm_into_gemv = 1 against without it, every q8
+    GEMV on the Gluon kernel (graphed_pair's rule), the same tokens; the fused launches counted,
+    no fallback of them."""
+    from graphed_pair import compare_decodes
 
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-    from minfer.ops import paths
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-    from minfer.runtime.engine import Engine
     from minfer.switches import Switches
 
-    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
-    path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=9, progress=False)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=1))
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False)
-    prompt = torch.randint(0, p.vocab, (11,), generator=torch.Generator().manual_seed(6)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    assert torch.equal(la, lb)                                 # prefill does not defer
-    t = int(lb.argmax())
-    paths.reset()
-    errs = []
-    for step in range(24):
-        pos = len(prompt) + step
-        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
-        errs.append(rel_err(la, lb.double()))
-        assert errs[-1] < 2e-2, (step, errs)
-        assert int(la.argmax()) == int(lb.argmax()), step
-        t = int(lb.argmax())
-    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
-    snap = paths.snapshot()
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=1), None, seed=9, prompt_seed=6,
+                           n_prompt=11, same_prefill=True)
     counts = snap["counts"]
     assert counts.get("graph.decode.replay", 0) >= 40, counts
     assert counts.get("add_rms_norm.into_gemv", 0) == counts.get("gemv_q8.norm_prologue", 0) > 0, counts
@@ -174,40 +149,15 @@ def test_norm_from_tile_sums_matches_the_two_launches(qkv):
 
 
 def test_graphed_decode_with_the_residual_and_norm_in_the_gemvs(tmp_path, monkeypatch):
-    """norm_into_gemv = 2 in a whole model's graphed greedy decode against 0 (every q8 GEMV on the
-    Gluon kernel, as test_graphed_decode_with_the_norm_in_the_gemv): the same tokens, logits
-    within its tolerance rule; the down GEMVs' residual epilogue and the q/k/v norm counted, no
-    fallback of either."""
-    import dataclasses
+    """norm_into_gemv = 2 in a whole model's graphed greedy decode against 0 (graphed_pair's rule):
+    the same tokens; the down GEMVs' residual epilogue and the q/k/v norm counted, no fallback of
+    either."""
+    from graphed_pair import compare_decodes
 
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-    from minfer.ops import paths
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-    from minfer.runtime.engine import Engine
     from minfer.switches import Switches
 
-    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
-    path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=10, progress=False)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(norm_into_gemv=2))
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False)
-    prompt = torch.randint(0, p.vocab, (12,), generator=torch.Generator().manual_seed(7)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    assert torch.equal(la, lb)
-    t = int(lb.argmax())
-    paths.reset()
-    errs = []
-    for step in range(24):
-        pos = len(prompt) + step
-        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
-        errs.append(rel_err(la, lb.double()))
-        assert errs[-1] < 2e-2, (step, errs)
-        assert int(la.argmax()) == int(lb.argmax()), step
-        t = int(lb.argmax())
-    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
-    snap = paths.snapshot()
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=2), None, seed=10, prompt_seed=7,
+                           n_prompt=12, same_prefill=True)
     counts = snap["counts"]
     assert counts.get("qmatmul.residual_norm", 0) == counts.get("gemv_q8.residual_sumsq", 0) > 0, counts
     assert counts.get("gemv_q8.norm_prologue", 0) == counts["qmatmul.residual_norm"], counts

@@ -1,0 +1,57 @@
+"""Two engines on one tiny synthetic model (qwen2, FFN 1024 so every K is a multiple of 256),
+every q8 GEMV on the Gluon kernel (its table widened to the tiny model's shapes), their graphed
+greedy decodes compared step by step: the check of a switch that changes the order of a sum
+(tests/gpu/test_gemv_q8_gpu.py, test_norm_into_gemv_gpu.py).
+
+The tolerance rule: the activations between layers are bf16, so a row sum on the edge of a bf16
+rounding step may round the other way and carry one bf16 step (2^-8 relative) into the next
+layers. Steps agree within 1e-4 until such a flip and within 2e-2 after it (a wrong kernel is off
+by ~1); the first step and the median step are held to 1e-4; the greedy tokens are the same."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+from kernel_data import rel_err  # noqa: E402
+
+
+def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, prompt_seed: int, n_prompt: int,
+                    same_prefill: bool = False, steps: int = 24) -> dict:
+    """Engine a (switches_a) against engine b (switches_b, None: the defaults) over `steps`
+    graphed decode steps after an n_prompt-token prefill; same_prefill: the prefill logits must be
+    bitwise equal (a switch that acts on decode rows only). Returns paths.snapshot() of the
+    decode steps (both engines)."""
+    import dataclasses
+
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.runtime.engine import Engine
+
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=seed, progress=False)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_a)
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_b)
+    prompt = torch.randint(0, p.vocab, (n_prompt,), generator=torch.Generator().manual_seed(prompt_seed)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    if same_prefill:
+        assert torch.equal(la, lb)
+    t = int(lb.argmax())
+    paths.reset()
+    errs = []
+    for step in range(steps):
+        pos = len(prompt) + step
+        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
+        errs.append(rel_err(la, lb.double()))
+        assert errs[-1] < 2e-2, (step, errs)
+        assert int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
+    return paths.snapshot()
