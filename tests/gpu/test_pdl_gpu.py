@@ -73,24 +73,22 @@ def test_pdl_chain_bitwise_equal_to_stream_order():
             assert torch.equal(a, b), i
 
 
-@pytest.mark.parametrize("off", ["pdl", "gemv_swiglu"])
-def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
-    """A whole model's graphed greedy decode with PDL and the gate+up GEMV's SwiGLU epilogue on,
-    and with one of them off (the switch the case names): identical logits."""
+def _bitwise_decodes(tmp_path, seed: int, switches_a, switches_b, n_prompt: int, prompt_seed: int) -> dict:
+    """Two engines on one tiny synthetic model (FFN 1024: every K a multiple of 256, the q8
+    chain), a prefill and 40 graphed greedy decode steps whose logits must be bitwise equal;
+    paths.snapshot() of both engines' load, prefill and decode."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
     from minfer.runtime.engine import Engine
 
-    p = dataclasses.replace(get_preset("tiny"), ffn=1024)      # every K a multiple of 256: the q8 chain
+    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
     path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=4, progress=False)
+    write_synth(path, p, "q4_k_m", seed=seed, progress=False)
     paths.reset()
-    # a: the fast path on (PDL is by default; the SwiGLU epilogue is asked for), b: it off
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(gemv_swiglu=True))
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False,
-                    switches=Switches(**{off: False}) if off == "pdl" else Switches())
-    prompt = torch.randint(0, p.vocab, (13,), generator=torch.Generator().manual_seed(3)).tolist()
+    a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_a)
+    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_b)
+    prompt = torch.randint(0, p.vocab, (n_prompt,), generator=torch.Generator().manual_seed(prompt_seed)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)
     assert torch.equal(la, lb)
     t = int(la.argmax())
@@ -99,7 +97,16 @@ def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
         la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
         assert torch.equal(la, lb), step
         t = int(la.argmax())
-    snap = paths.snapshot()
+    return paths.snapshot()
+
+
+@pytest.mark.parametrize("off", ["pdl", "gemv_swiglu"])
+def test_graphed_decode_bitwise_equal_with_switch_off(tmp_path, off):
+    """A whole model's graphed greedy decode with PDL and the gate+up GEMV's SwiGLU epilogue on,
+    and with one of them off (the switch the case names): identical logits."""
+    # a: the fast path on (PDL is by default; the SwiGLU epilogue is asked for), b: it off
+    snap = _bitwise_decodes(tmp_path, 4, Switches(gemv_swiglu=True),
+                            Switches(**{off: False}) if off == "pdl" else Switches(), 13, 3)
     counts = snap["counts"]
     assert counts.get("graph.decode.replay", 0) >= 80, counts      # both engines replayed their graphs
     for site in ("gemv_q8", "add_rms_norm", "rope_kv", "decode_attention", "rms_norm"):
@@ -119,27 +126,8 @@ def test_graphed_decode_bitwise_equal_with_rope_kv_early(tmp_path, kvpre):
     logits of the same switches without the early signal, over 40 steps whose new row changes
     each step (a preloaded tile holding this step's row, or read before the rope + KV kernel
     wrote it, would differ)."""
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-    from minfer.ops import paths
-    from minfer.runtime.engine import Engine
-
-    p = dataclasses.replace(get_preset("tiny"), ffn=1024)
-    path = tmp_path / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=6, progress=False)
-    paths.reset()
-    a = Engine.load(str(path), device="cuda", ctx=160, progress=False,
-                    switches=Switches(pdl_early_sites="rope_kv", decode_attn_kvpre=kvpre))
-    b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=Switches(decode_attn_kvpre=kvpre))
-    prompt = torch.randint(0, p.vocab, (70,), generator=torch.Generator().manual_seed(5)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    assert torch.equal(la, lb)
-    t = int(la.argmax())
-    for step in range(40):
-        pos = len(prompt) + step
-        la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
-        assert torch.equal(la, lb), step
-        t = int(la.argmax())
-    counts = paths.snapshot()["counts"]
+    snap = _bitwise_decodes(tmp_path, 6, Switches(pdl_early_sites="rope_kv", decode_attn_kvpre=kvpre),
+                            Switches(decode_attn_kvpre=kvpre), 70, 5)
+    counts = snap["counts"]
     assert counts.get("graph.decode.replay", 0) >= 80, counts
     assert counts.get("pdl.rope_kv", 0) > 0 and counts.get("pdl.decode_attention", 0) > 0

@@ -89,6 +89,15 @@ def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexp
 
 
 @triton.jit
+def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
+    """Keys and values of cache rows s [BS] of KV head kvh, dims d (masked by m: 0), issued
+    together: one memory round trip per tile, not two."""
+    k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=m, other=0.0)
+    v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=m, other=0.0)
+    return k, v
+
+
+@triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         H, G, sm_scale, window, n_keys_add, softcap,
@@ -126,9 +135,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
         cend = tl.minimum(s1, L - 1)                     # the first tile's cached rows
         s = s0 + tl.arange(0, BS)
         sa = s < cend
-        km = sa[:, None] & dm[None, :]
-        ka = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
-        va = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+        ka, va = _kv_tile(kc, vc, s, sa[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
     if PRE:
         pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
     qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
@@ -143,11 +150,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     for start in range(first, s1, BS):
         s = start + tl.arange(0, BS)
         sm = s < s1
-        km = sm[:, None] & dm[None, :]
-        k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
-        # V issued with K, before the scores need K: one memory round trip per tile, not two (at
-        # depth most programs have a single tile)
-        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+        # V issued with K, before the scores need K (at depth most programs have a single tile)
+        k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
         m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     if KVPRE:
         r = L - 1
@@ -155,9 +159,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
             # this step's row, inside the preloaded tile's span: read after the wait, alone
             s = r + tl.arange(0, BS)
             sm = s == r
-            km = sm[:, None] & dm[None, :]
-            k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=km, other=0.0)
-            v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=km, other=0.0)
+            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
             m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     om = gm[:, None] & dm[None, :]
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
@@ -203,10 +205,7 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     if PREWAIT:
         s = s0 + tl.arange(0, BS)
         sm = s < s_end
-        k0 = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None],
-                     other=0.0)
-        v0 = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None],
-                     other=0.0)
+        k0, v0 = _kv_tile(kc, vc, s, sm[:, None], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
     HALF: tl.constexpr = D // 2
     j = tl.arange(0, HALF)
     c, sn, ia, ib = rope_angles(p, turns, j, j < HALF, HALF, NEOX)
@@ -245,8 +244,7 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     for start in range(first, s_end, BS):
         s = start + tl.arange(0, BS)
         sm = s < s_end
-        kt = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=sm[:, None], other=0.0)
-        vt = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=sm[:, None], other=0.0)
+        kt, vt = _kv_tile(kc, vc, s, sm[:, None], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
         m_i, l_i, acc = _attn_tile(qt, kt, vt, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     if owner:
         # the new key: its score per query row from the rounded q and k, as the cached keys'

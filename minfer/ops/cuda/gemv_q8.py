@@ -227,6 +227,20 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
     return tuple(hit) if hit else default_config(qtype, n, k)
 
 
+def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
+    """(blocks_per_split, split, part, cnt) of a launch: the K blocks a split takes (a whole number
+    of BB steps) and the splits that leaves; with more than one split the (split, rows) float32
+    partial sums and the row tiles' tickets (the workspace's zeroed counters), else `out` for
+    both (unused)."""
+    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
+    split = triton.cdiv(nb, bps)
+    if split == 1:
+        return bps, split, out, out
+    part = torch.empty((split, rows), dtype=torch.float32, device=out.device)
+    cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=out.device)
+    return bps, split, part, cnt
+
+
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
@@ -284,17 +298,12 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
-    split = triton.cdiv(nb, bps)
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
-    part = torch.empty((split, n), dtype=torch.float32, device=xq.device) if split > 1 else out
     na = segs[0].n
     ta = triton.cdiv(na, bn)
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
+    bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
-    cnt = out
-    if split > 1:
-        cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
@@ -364,15 +373,10 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
-    split = triton.cdiv(nb, bps)
     tiles = triton.cdiv(n, bn)
     s = torch.empty((1, n), dtype=torch.float32, device=xq.device)
     ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
-    part = torch.empty((split, n), dtype=torch.float32, device=xq.device) if split > 1 else s
-    cnt = s
-    if split > 1:
-        cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=xq.device)
+    bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt))
@@ -489,15 +493,9 @@ def gemv_q8_experts(q8, rw: Repacked, experts: torch.Tensor, n: int, per_slot_x:
         raise MinferError(f"gemv_q8_experts: activations have {xq.numel() * 4} values for K = {k}")
     bn, bb, split, nwarps, prefetch = tuple(config or config_for(rw.qtype, n * s_n, k, interpret))
     nb = k // 256
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
-    split = triton.cdiv(nb, bps)
     out = torch.empty((s_n, n), dtype=out_dtype, device=xq.device)
-    part = torch.empty((split, s_n * n), dtype=torch.float32, device=xq.device) if split > 1 else out
     tiles = triton.cdiv(n, bn)
-    cnt = out
-    if split > 1:
-        cnt = ws.counters(tiles * s_n) if ws is not None else torch.zeros(tiles * s_n, dtype=torch.int32,
-                                                                          device=xq.device)
+    bps, split, part, cnt = _split_scratch(nb, split, bb, s_n * n, tiles * s_n, ws, out)
     p = _planes4(rw)
     st = [t.stride(0) for t in p]
     _moe_q8_kernel[(tiles, split, s_n)](p[0], p[1], p[2], p[3], st[0], st[1], st[2], st[3], xq, xf,

@@ -73,11 +73,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
             if sw.norm_into_gemv >= 1:
                 paths.count("add_rms_norm.into_gemv")
                 s = torch.empty((1, d), dtype=torch.float32, device=x.device)
-                h = torch.empty((1, d), dtype=out_dtype, device=x.device)
-                h.prenorm = q8_rows.PreNorm(x, y, weight, eps, s, h, _interp(),
-                                            pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
-                                            _one_pass(sw), sw.pdl_preload)
-                return s, h
+                return s, deferred_norm(x, y, weight, eps, s, out_dtype, sw)
             paths.switched_off("add_rms_norm.into_gemv", "MINFER_NORM_INTO_GEMV")
 
         paths.count("add_rms_norm.q8")
@@ -101,6 +97,20 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     _add_rms_norm_kernel[(t,)](x, y, weight, s, h, d, x.stride(0), y.stride(0), s.stride(0), h.stride(0),
                                float(eps), BD=bd, num_warps=4 if bd <= 2048 else 8)
     return s, h
+
+
+def deferred_norm(x, y, weight, eps: float, s, out_dtype, sw, ssp=None) -> torch.Tensor:
+    """h (1, D) in out_dtype, unwritten, with h.prenorm (q8_rows.PreNorm) for the q8 GEMV that
+    reads it: rms_norm(x + y) * weight, s receiving x + y (or, with ssp, y None and x the
+    residual itself with its per-tile sums of squares); its kernel, if it must run, launches
+    as add_rms_norm's would (PDL, one pass, preload)."""
+    from minfer.ops.cuda import q8_rows
+
+    h = torch.empty((1, x.shape[1]), dtype=out_dtype, device=x.device)
+    h.prenorm = q8_rows.PreNorm(x, y, weight, eps, s, h, _interp(),
+                                pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True), _one_pass(sw),
+                                sw.pdl_preload, ssp=ssp)
+    return h
 
 
 def rms_norm_cast(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype, ctx: Context | None = None):

@@ -380,7 +380,7 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
     `qmatmul.residual_norm`). Otherwise, and where that GEMV does not apply (counted as a
     fallback), linear then norm_rope_act.add_rms_norm, as before."""
-    from minfer.ops.cuda import norm_rope_act, q8_rows
+    from minfer.ops.cuda import norm_rope_act
 
     _check(a, w)
     sw, ws = _ctx(ctx, a.device)
@@ -396,14 +396,10 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
         if r is not None:
             paths.count("qmatmul.residual_norm")
             s, ssp = r
-            h = torch.empty((1, x.shape[1]), dtype=out_dtype, device=x.device)
-            h.prenorm = q8_rows.PreNorm(s, None, weight, eps, s, h, interpret(),
-                                        pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
-                                        sw.norm_one_pass, sw.pdl_preload, ssp=ssp)
-            return s, h
+            return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp)
         paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row "
                        "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
-    y = _linear(a.contiguous() if a.stride(-1) != 1 else a, w, None, sw, ws)
+    y = _linear(a, w, None, sw, ws)
     return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
 
 
