@@ -17,7 +17,7 @@ it out saves here, and less by whatever work the neighbour takes over.
   early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
             launch before their wait: pdl.py), a real variant (the logits are right)
 and real variants, timed the same way (an in-step A/B of configs with the graph's GPU time alone):
-  cfg:KEY=BN,BB,SPLIT,W[,PF]   the Gluon GEMV table with one shape's config changed (KEY as in
+  cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
     python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile]
@@ -99,7 +99,7 @@ def table_with(key: str, cfg: str) -> str:
     with open(gemv_q8_gluon._TABLE) as f:
         t = json.load(f)
     vals = [int(v) for v in cfg.split(",")]
-    if len(vals) == 5:
+    if len(vals) >= 5:
         vals[4] = bool(vals[4])
     t["configs"][key] = vals
     path = f"/tmp/oracle-table-{abs(hash((key, cfg)))}.json"

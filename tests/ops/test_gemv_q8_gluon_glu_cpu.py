@@ -113,9 +113,9 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False):
+    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False, regs=0):
         self.calls.append(dict(rw=rw, xq=xq, xf=xf, h=h, part=part, cnt=cnt, gq=gq, gf=gf, bn=bn, bb=bb,
-                               nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late))
+                               nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late, regs=regs))
 
 
 @pytest.fixture()

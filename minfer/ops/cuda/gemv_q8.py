@@ -296,6 +296,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    regs = int(cfg[5]) if len(cfg) > 5 else 0           # the Gluon kernel's register cap (0: the compiler's)
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
@@ -308,7 +309,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload,
+                  prefetch, late=pdl_late, preload=preload, regs=regs,
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
@@ -370,6 +371,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
 
     bn, bb, split, nwarps = cfg[:4]
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    regs = int(cfg[5]) if len(cfg) > 5 else 0
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256
@@ -379,7 +381,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt))
+              prefetch, preload=preload, rss=(ssp, ydt), regs=regs)
     return s, ssp
 
 
@@ -428,6 +430,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
     bn, bb, _, nwarps = cfg[:4]
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
+    regs = int(cfg[5]) if len(cfg) > 5 else 0
     if f % bn or bn % 32:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "
                           f"pair of a multiple of 256 rows each")
@@ -446,7 +449,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
-        GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late)
+        GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
+                         regs=regs)
         return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))

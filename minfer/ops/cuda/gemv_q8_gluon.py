@@ -376,7 +376,7 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
           xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
-# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap]]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
 CONFIGS: dict = {}
 _TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
 if os.path.exists(_TABLE):
@@ -454,14 +454,16 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-           prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None):
+           prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
+           regs: int = 0):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
     from the residual s and its per-tile sums of squares (NORM 2); xq / xf are then not read.
     rss: (ssp float32 (tiles,), ydt: a tensor of the activation dtype) -- resid is the residual x,
     out (float32) receives x + the row sums rounded to that dtype, ssp each tile's sum of squares
-    of it (RSS)."""
+    of it (RSS). regs: a register cap (Triton's maxnreg; 0: the compiler's choice), the table's sixth
+    field: fewer registers a thread, more programs an SM (a grid of one wave instead of 1.1)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
@@ -480,11 +482,16 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
-                           num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
+                           num_warps=nwarps, **_opts(pdl, regs))
+
+
+def _opts(pdl, regs: int) -> dict:
+    """The launch options beside num_warps: PDL's launch attribute, the register cap."""
+    return ({"launch_pdl": True} if pdl else {}) | ({"maxnreg": int(regs)} if regs else {})
 
 
 def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True,
-                  late: bool = False):
+                  late: bool = False, regs: int = 0):
     """The [gate; up] GEMV with the SwiGLU epilogue (_gemv_q8g_glu_kernel) over rw's 2F stacked
     rows in BN-row tiles: h (1, F), its q8 words gq (F/4,) int32 and (d, s0, s1, 0) gf (F/8,)
     float32; part (2F,) float32 scratch; cnt (F/BN,) int32 zeros, left zero. The caller checks
@@ -495,4 +502,4 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     p = kernel_planes(rw)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
-                                   PF=bool(prefetch), num_warps=nwarps, **({"launch_pdl": True} if pdl else {}))
+                                   PF=bool(prefetch), num_warps=nwarps, **_opts(pdl, regs))
