@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-01 fourth session (issue 12).
+#   timeline:  tools/gemv_timeline.py (TL_DEPTHS, TL_VARIANTS: each GEMV's programs per SM and wave)
 #   oracle:    tools/skip_oracle.py (the graph's GPU time with small kernels left out, outputs frozen)
 #   hostcalls: tools/host_calls.py (each host-side call of a graphed token, timed on this CPU)
 #   envab2:    ENVAB2="A=0,B=1;A=1,B=1": `minfer bench -p 0 -n 128 -d 0,3354` per setting (a setting:
@@ -25,6 +26,11 @@ for step in $STEPS; do
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       timeout ${ORACLE_TIMEOUT:-200} python3 tools/skip_oracle.py /tmp/q7.gguf ${ORACLE_DEPTHS:-16 3354} ${ORACLE_VARIANTS:+-- $ORACLE_VARIANTS} >"$OUT/oracle.log" 2>&1
       tail -${ORACLE_LINES:-22} "$OUT/oracle.log";;
+    timeline) # tools/gemv_timeline.py: the GEMVs' programs per SM and wave, per variant
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      timeout ${TL_TIMEOUT:-200} python3 tools/gemv_timeline.py /tmp/q7.gguf ${TL_DEPTHS:-16} ${TL_VARIANTS:+-- $TL_VARIANTS} \
+        >"$OUT/timeline.log" 2>&1
+      tail -${TL_LINES:-60} "$OUT/timeline.log";;
     envab2)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       IFS=';' read -ra settings <<< "${ENVAB2:-MINFER_DECODE_ATTN_ROPE=0;MINFER_DECODE_ATTN_ROPE=1}"
@@ -41,7 +47,7 @@ for step in $STEPS; do
       echo -e "==== envab2 ====$summary";;
     *) rest="$rest $step";;
   esac
-  case $step in hostcalls|envab2|floor|oracle) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in hostcalls|envab2|floor|oracle|timeline) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s7.sh $rest
 exit 0

@@ -20,6 +20,7 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
+  A&B                          variants A and B together (one table for all cfg: parts)
     python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile]
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
 each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
@@ -94,23 +95,45 @@ def early(fn, weights):
     return f
 
 
-def table_with(key: str, cfg: str) -> str:
-    """A copy of the shipped Gluon GEMV table with `key`'s config replaced; its path."""
+def table_with(changes: dict) -> str:
+    """A copy of the shipped Gluon GEMV table with the configs of `changes` (key -> "BN,BB,...")
+    replaced; its path."""
     with open(gemv_q8_gluon._TABLE) as f:
         t = json.load(f)
-    vals = [int(v) for v in cfg.split(",")]
-    if len(vals) >= 5:
-        vals[4] = bool(vals[4])
-    t["configs"][key] = vals
-    path = f"/tmp/oracle-table-{abs(hash((key, cfg)))}.json"
+    for key, cfg in changes.items():
+        vals = [int(v) for v in cfg.split(",")]
+        if len(vals) >= 5:
+            vals[4] = bool(vals[4])
+        t["configs"][key] = vals
+    path = f"/tmp/oracle-table-{abs(hash(tuple(sorted(changes.items()))))}.json"
     with open(path, "w") as f:
         json.dump(t, f)
     return path
 
 
 def variant(eng, pos: int, name: str):
+    """The graph of variant `name`: one of the module doc's, or several joined by & (e.g.
+    -norm_ffn&env:MINFER_PDL_LATE=2; the cfg: parts make one table)."""
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     base_sw = eng.switches
+    try:
+        env, cfgs = {}, {}
+        for part in name.split("&"):
+            _apply(eng, part, env, cfgs)
+        if cfgs:
+            env["MINFER_GEMV_Q8G_TABLE"] = table_with(cfgs)
+        if env:
+            eng.set_switches(base_sw.with_env(env))
+        return capture(eng, pos)
+    finally:
+        q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
+        eng.cache.__dict__.pop("write_rotated", None)
+        eng.set_switches(base_sw)
+
+
+def _apply(eng, name: str, env: dict, cfgs: dict):
+    """One part of a variant: patches the kernels left out, or adds to its env / table changes."""
+    real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     blocks = eng.model.blocks
     if name in ("-norm", "-3"):
         q8_rows.add_rms_norm_q8 = frozen(real_norm)
@@ -130,15 +153,9 @@ def variant(eng, pos: int, name: str):
         eng.cache.write_rotated = lambda layer, q, k, v, step, rope, ctx=None: q
     if name.startswith("cfg:"):
         key, cfg = name[4:].replace("+", " ").split("=")
-        eng.set_switches(base_sw.with_env({"MINFER_GEMV_Q8G_TABLE": table_with(key, cfg)}))
+        cfgs[key] = cfg
     if name.startswith("env:"):
-        eng.set_switches(base_sw.with_env(parse_env(name[4:])))
-    try:
-        return capture(eng, pos)
-    finally:
-        q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
-        eng.cache.__dict__.pop("write_rotated", None)
-        eng.set_switches(base_sw)
+        env.update(parse_env(name[4:]))
 
 
 def profile_graph(g):

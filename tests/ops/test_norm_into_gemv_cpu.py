@@ -111,14 +111,15 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from minfer.ops.cuda import gemv_q8_gluon as GL
 
 names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp"]
+         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp",
+         "tlb"]
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
 for key, qt, mixed, bn, bb, pf, nchp, norm, rss in json.loads(sys.argv[1]):
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
-        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32"]
+        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True,
                HAS_BIAS=bool(mixed), HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=norm,
                KP2={0: 1, 1: 4096, 2: 256}[norm], NCHP=nchp if norm else 1, RSS=bool(rss))

@@ -36,16 +36,20 @@ for pre in (0, 1):
     out[f"norm {pre}"] = k.asm["ptx"]
     names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
              "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
-             "ssp"]
+             "ssp", "tlb"]
     planes = ["*i32", "*i16", "*i32", "*i32"]
     types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=True, HAS_RESID=False,
                PDL=1, PF=True, PRE=bool(pre), NORM=0, KP2=1, NCHP=1, RSS=False)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=T, options={"num_warps": 4})
     out[f"gemv {pre}"] = k.asm["ptx"]
+    if pre:
+        src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex | {"TL": True},
+                             {(i,): [["tt.divisibility", 16]] for i in range(15)})
+        out["gemv tl"] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
     names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "stride_qh", "stride_ks", "stride_kh",
              "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
     types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7 + ["fp32", "i32", "i32",
@@ -92,3 +96,16 @@ def test_kvpre_loads_the_first_tile_before_the_wait(ptx):
     assert kv.count("griddepcontrol.wait") == 1
     assert _loads_before_wait(kv) >= 1 + 2 * 8
     assert _loads_before_wait(ptx["attn 1"]) == 1
+
+
+def test_timeline_stamps_only_when_asked(ptx):
+    """ops/cuda/timeline.py: the TL build reads the global timer twice (start, end) and the SM id
+    once, and stores them; otherwise it is the plain build (the same loads, dp4a and wait). The
+    plain build reads neither."""
+    plain, tl_ = ptx["gemv 1"], ptx["gemv tl"]
+    assert plain.count("%globaltimer") == 0 and plain.count("%smid") == 0
+    assert tl_.count("%globaltimer") == 2 and tl_.count("%smid") == 1
+    assert tl_.count("dp4a") == plain.count("dp4a") > 0
+    assert tl_.count("ld.global") == plain.count("ld.global")
+    assert tl_.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") == 1
+    assert tl_.count("st.global") > plain.count("st.global")

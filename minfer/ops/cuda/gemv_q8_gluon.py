@@ -52,7 +52,9 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_norm import _finish_rss, _norm_q8_smem, _norm_rstd, _ss_rstd
+from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
 
@@ -339,15 +341,18 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
-                     RSS: gl.constexpr = False):
+                     RSS: gl.constexpr = False, TL: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
-    NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile)."""
+    NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
+    TL: the program's start, end and SM into tlb (timeline.py; a measuring aid)."""
+    if TL:
+        stamp(tlb, 0, NW)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
@@ -363,6 +368,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
+    if TL:
+        stamp(tlb, 1, NW)
 
 
 @gluon.jit
@@ -474,14 +481,17 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
         (nx, ny, nss, ng, eps), mode = norm_ss, 2
         kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
     ssp, ydt = rss if rss is not None else (out, out)
+    rec = timeline.RECORDER
+    tlb = rec.buffer(f"{n}x{nb * 256}", grid, out.device) if rec is not None else out
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
-                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp,
+                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
+                           TL=rec is not None,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
