@@ -23,7 +23,8 @@ KINDS = ["qkv", "o", "gate+up", "down"]
 
 
 def record(eng, pos: int, name: str):
-    """The variant's graph captured with stamps, replayed 3 times: [(key, grid, stamps (P, 3) int64)]."""
+    """The variant's graph captured with stamps, replayed 3 times: [(key, grid, stamps (P, 4))]:
+    per program start, end, SM, past its PDL wait (ns)."""
     timeline.RECORDER = rec = timeline.Recorder()
     try:
         g = variant(eng, pos, name)
@@ -33,7 +34,7 @@ def record(eng, pos: int, name: str):
     for _ in range(3):
         g.replay()
     torch.cuda.synchronize()
-    return [(k, grid, b.view(-1, 4)[:, :3].cpu()) for k, grid, b in launches]
+    return [(k, grid, b.view(-1, 4).cpu()) for k, grid, b in launches]
 
 
 def max_resident(st) -> int:
@@ -49,31 +50,50 @@ def max_resident(st) -> int:
     return best
 
 
+def stats(st, prev) -> dict:
+    """One launch: its programs against its first release from the PDL wait (w0)."""
+    w0 = int(st[:, 3].min())
+    work = (st[:, 1] - st[:, 3]).float() / 1e3
+    return dict(progs=st.shape[0], sms=int(st[:, 2].unique().numel()), res=max_resident(st),
+                wave2=int((st[:, 0] > int(st[:, 1].min())).sum()),
+                release=(w0 - int(prev[:, 1].max())) / 1e3,            # previous GEMV's end -> this one's release
+                lead=(w0 - int(st[:, 0].min())) / 1e3,                 # launched this long before its release
+                span=(int(st[:, 1].max()) - w0) / 1e3,                 # release -> last program's end
+                p50=float(work.median()), p90=float(work.quantile(0.9)), max=float(work.max()))
+
+
+def stragglers(st, n: int = 6) -> str:
+    """The n programs that end last: (program, SM, programs on that SM, start / release / end in us
+    from the launch's first release)."""
+    w0 = int(st[:, 3].min())
+    per_sm = torch.bincount(st[:, 2], minlength=256)
+    out = []
+    for i in st[:, 1].argsort(descending=True)[:n].tolist():
+        a, b, sm, w = (int(v) for v in st[i])
+        out.append(f"#{i} sm{sm}x{int(per_sm[sm])} {(a - w0) / 1e3:+.1f}/{(w - w0) / 1e3:+.1f}/{(b - w0) / 1e3:.1f}")
+    return ", ".join(out)
+
+
 def describe(launches, layers):
-    """Per GEMV kind, over `layers`: medians of programs, SMs, max resident per SM, second-wave
-    programs, span (us), gap after the previous GEMV's last end (us), program duration p50/p90."""
+    """Per GEMV kind, medians over `layers`, and the last-ending programs of the middle layer."""
     rows = {k: [] for k in KINDS}
     for li in layers:
         for j, kind in enumerate(KINDS):
             i = 4 * li + j
-            st = launches[i][2]
-            prev = launches[i - 1][2]
-            t0, t1 = int(st[:, 0].min()), int(st[:, 1].max())
-            first_end = int(st[:, 1].min())
-            dur = (st[:, 1] - st[:, 0]).float()
-            rows[kind].append(dict(
-                progs=st.shape[0], sms=int(st[:, 2].unique().numel()), res=max_resident(st),
-                wave2=int((st[:, 0] > first_end).sum()), span=(t1 - t0) / 1e3,
-                gap=(t0 - int(prev[:, 1].max())) / 1e3, last_start=(int(st[:, 0].max()) - t0) / 1e3,
-                p50=float(dur.median()) / 1e3, p90=float(dur.quantile(0.9)) / 1e3))
-    print("| GEMV | programs | SMs | max/SM | 2nd wave | span us | gap us | last start us | prog p50 / p90 us |")
+            rows[kind].append(stats(launches[i][2], launches[i - 1][2]))
+    print("| GEMV | programs | SMs | max/SM | 2nd wave | release after the GEMV before, us | launched before "
+          "release, us | release to last end, us | after release p50 / p90 / max, us |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind, rs in rows.items():
-        med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {kind} | {med['progs']:.0f} | {med['sms']:.0f} | {med['res']:.0f} | {med['wave2']:.0f} | "
-              f"{med['span']:.2f} | {med['gap']:+.2f} | {med['last_start']:.2f} | {med['p50']:.2f} / {med['p90']:.2f} |")
-    layer = (int(launches[4 * layers[-1] + 4][2][:, 0].min()) - int(launches[4 * layers[0]][2][:, 0].min())) / 1e3
-    print(f"  layers {layers[0]}..{layers[-1]}: {layer / len(layers):.2f} us a layer (qkv start to qkv start)")
+        m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        print(f"| {kind} | {m['progs']:.0f} | {m['sms']:.0f} | {m['res']:.0f} | {m['wave2']:.0f} | "
+              f"{m['release']:+.2f} | {m['lead']:.2f} | {m['span']:.2f} | {m['p50']:.2f} / {m['p90']:.2f} / "
+              f"{m['max']:.2f} |")
+    mid = layers[len(layers) // 2]
+    for j, kind in enumerate(KINDS):
+        print(f"  layer {mid} {kind}, last to end: {stragglers(launches[4 * mid + j][2])}")
+    layer = (int(launches[4 * layers[-1] + 4][2][:, 3].min()) - int(launches[4 * layers[0]][2][:, 3].min())) / 1e3
+    print(f"  layers {layers[0]}..{layers[-1]}: {layer / len(layers):.2f} us a layer (q/k/v release to release)")
 
 
 @torch.inference_mode()

@@ -17,7 +17,7 @@ it out saves here, and less by whatever work the neighbour takes over.
   early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
             launch before their wait: pdl.py), a real variant (the logits are right)
 and real variants, timed the same way (an in-step A/B of configs with the graph's GPU time alone):
-  cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS]]   the Gluon GEMV table with one shape's config changed (KEY as in
+  cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS[,LATE]]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
   A&B                          variants A and B together (one table for all cfg: parts)

@@ -1,6 +1,7 @@
-"""The Gluon decode GEMV's two measuring/tuning options on the GPU: the table's sixth field (a
-register cap, Triton's maxnreg) and the per-program timeline stamps (ops/cuda/timeline.py).
-Neither may change a bit of the output; the stamps must describe every program (start <= end,
+"""The Gluon decode GEMV's measuring/tuning options on the GPU: the table's sixth field (a
+register cap, Triton's maxnreg), its seventh (late: with PDL the next kernel is signalled at the
+programs' end) and the per-program timeline stamps (ops/cuda/timeline.py). None may change a bit
+of the output; the stamps must describe every program (start <= end,
 an SM of this GPU, all programs written)."""
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ def test_register_cap_same_bits(qt, n, k, cfg, regs):
     paths.reset()
     a = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
     b = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg + (regs,), ws=ws, gluon=True)
-    assert torch.equal(a, b)
+    c = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg + (0, 1), ws=ws, gluon=True, pdl=1)
+    assert torch.equal(a, b) and torch.equal(a, c)
     snap = paths.snapshot()
-    assert snap["counts"].get("gemv_q8.gluon") == 2 and not snap["fallbacks"], snap
+    assert snap["counts"].get("gemv_q8.gluon") == 3 and not snap["fallbacks"], snap
 
 
 def test_timeline_stamps_every_program_and_keeps_the_bits():

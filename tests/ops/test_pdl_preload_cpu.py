@@ -99,12 +99,12 @@ def test_kvpre_loads_the_first_tile_before_the_wait(ptx):
 
 
 def test_timeline_stamps_only_when_asked(ptx):
-    """ops/cuda/timeline.py: the TL build reads the global timer twice (start, end) and the SM id
-    once, and stores them; otherwise it is the plain build (the same loads, dp4a and wait). The
-    plain build reads neither."""
+    """ops/cuda/timeline.py: the TL build reads the global timer three times (start, past the PDL
+    wait, end) and the SM id once, and stores them; otherwise it is the plain build (the same
+    loads, dp4a and wait). The plain build reads neither."""
     plain, tl_ = ptx["gemv 1"], ptx["gemv tl"]
     assert plain.count("%globaltimer") == 0 and plain.count("%smid") == 0
-    assert tl_.count("%globaltimer") == 2 and tl_.count("%smid") == 1
+    assert tl_.count("%globaltimer") == 3 and tl_.count("%smid") == 1
     assert tl_.count("dp4a") == plain.count("dp4a") > 0
     assert tl_.count("ld.global") == plain.count("ld.global")
     assert tl_.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") == 1

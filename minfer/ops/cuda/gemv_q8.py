@@ -297,6 +297,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     regs = int(cfg[5]) if len(cfg) > 5 else 0           # the Gluon kernel's register cap (0: the compiler's)
+    pdl_late = pdl_late or (len(cfg) > 6 and bool(cfg[6]))   # this shape signals the next kernel at its end
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
@@ -372,6 +373,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     bn, bb, split, nwarps = cfg[:4]
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     regs = int(cfg[5]) if len(cfg) > 5 else 0
+    late = len(cfg) > 6 and bool(cfg[6])
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256
@@ -381,7 +383,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt), regs=regs)
+              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late)
     return s, ssp
 
 
@@ -431,6 +433,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     bn, bb, _, nwarps = cfg[:4]
     prefetch = bool(cfg[4]) if len(cfg) > 4 else True
     regs = int(cfg[5]) if len(cfg) > 5 else 0
+    pdl_late = pdl_late or (len(cfg) > 6 and bool(cfg[6]))
     if f % bn or bn % 32:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "
                           f"pair of a multiple of 256 rows each")

@@ -132,7 +132,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
           HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
-          NCHP: gl.constexpr = 1, RSS: gl.constexpr = False):
+          NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -181,6 +181,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
         _pdl(ci)
+    if TL:
+        stamp(tlb, 3, NW)       # past the wait (timeline.py)
     xres = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
     if RSS:
         xres = gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)     # written kernels ago
@@ -359,15 +361,15 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
-                  QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
+                  QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
     else:
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS)
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -383,7 +385,8 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
           xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
-# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap]]), from `python -m minfer.bench.gemv_q8_sweep --gluon`
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]) (late: with PDL the
+# next kernel launches when this one's programs end, as Switches.pdl_late does for all), from `python -m minfer.bench.gemv_q8_sweep --gluon`
 CONFIGS: dict = {}
 _TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
 if os.path.exists(_TABLE):

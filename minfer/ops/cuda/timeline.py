@@ -16,7 +16,8 @@ RECORDER = None     # a Recorder while a tool records; None: no stamps
 
 @gluon.jit
 def stamp(tlb, SLOT: gl.constexpr, NW: gl.constexpr):
-    """tlb[4 * program + SLOT] = %globaltimer (ns); with SLOT 0 also tlb[4 * program + 2] = %smid."""
+    """tlb[4 * program + SLOT] = %globaltimer (ns): SLOT 0 the program's start, 1 its end, 3 past its PDL
+    wait; with SLOT 0 also tlb[4 * program + 2] = %smid."""
     L: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     i = gl.arange(0, 32 * NW, layout=L)
     t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer; // $1", "=l,r", [i], dtype=gl.int64, is_pure=False,
@@ -30,7 +31,7 @@ def stamp(tlb, SLOT: gl.constexpr, NW: gl.constexpr):
 
 
 class Recorder:
-    """One int64 buffer (4 words a program: start, end, SM, unused) per recorded launch, in launch
+    """One int64 buffer (4 words a program: start, end, SM, past the PDL wait) per recorded launch, in launch
     order; torch.empty only (no fill kernel, so a graph captured while recording has the same
     kernels as without)."""
 
