@@ -34,10 +34,14 @@ add + RMSNorm + q8 kernel before it. Measured slower on the H200 (perf-log W3: e
 reads the whole row; the first version, packing words in registers each step, spilled to 213
 registers).
 
-Configs (BN, BB, SPLIT, warps[, prefetch]): a step is BB blocks of BN rows; with prefetch the
-next step's words load while this one is multiplied, without it a program holds one step (used
-where a split is one step of up to 16 blocks: every load in flight before the PDL wait, nothing
-read twice). The table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one
+Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]): a step is BB blocks of BN
+rows; with prefetch the next step's words load while this one is multiplied, without it a
+program holds one step (used where a split is one step of up to 16 blocks: every load in flight
+before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets more programs
+share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
+has the programs signal the next kernel when they end, not after their wait (PDL mode 3): a
+GEMV whose programs all start at once (one wave) would otherwise let the next heavy GEMV launch
+onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step). The table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one
 (`python -m minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x,
 lm head 1.13x, q/k + Q6_K v 1.29x, o 1.09x); other shapes, and GPUs other than sm_90 (where the
 table was not measured), keep the Triton kernel (gemv_q8).
