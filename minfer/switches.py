@@ -209,12 +209,6 @@ class Switches:
                                   "after it; implies decode_attn_preload (ops/cuda/attention.py KVPRE; off by "
                                   "default: B/A 0.983 tg128 / 0.987 d3354, graph +34 / +20 us on the H200, "
                                   "perf-log W1)", kind="tuning")
-    decode_attn_merge: bool = _sw(False, "MINFER_DECODE_ATTN_MERGE",
-                                  "one-token decode attention: the last program of each KV head merges the key "
-                                  "splits (and writes the o projection's int8 input) in the kernel itself, no "
-                                  "combine launch (~2.4 us a layer on the 7B graph) (ops/cuda/attention_merge.py; "
-                                  "not with decode_attn_rope, counted as a fallback; off by default: not yet "
-                                  "measured on the GPU)", kind="tuning")
     decode_attn_programs: int = _sw(264, "MINFER_DECODE_ATTN_PROGRAMS",
                                     "single-sequence decode attention: KV heads x key splits reach about this "
                                     "many programs at the cache's full length, at least 2 key tiles each "

@@ -6,8 +6,7 @@
   cached prefix: the memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
-  keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them
-  (or, with Switches.decode_attn_merge, the last program of each KV head: attention_merge.py).
+  keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
   The number of keys may come from a device tensor (`n_keys`), so a CUDA graph captured at
   one length replays at any other: the grid is sized from the cache, not the length.
 """
@@ -22,7 +21,6 @@ import triton.language as tl
 
 from minfer.ops import LENGTH_BUCKET, paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda.attention_merge import counters, merge_meta, merge_tail
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
@@ -102,11 +100,10 @@ def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
 @triton.jit
 def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
-                        H, G, sm_scale, window, n_keys_add, softcap, out, xq, xf, cnt,
+                        H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
-                        PRE: tl.constexpr = False, KVPRE: tl.constexpr = False, MERGE: tl.constexpr = False,
-                        Q8: tl.constexpr = False, GM: tl.constexpr = 1, CH: tl.constexpr = 1):
+                        PRE: tl.constexpr = False, KVPRE: tl.constexpr = False):
     """PRE (Switches.decode_attn_preload): the key count and the program's key range are read
     before the PDL wait -- n_keys is the step's position, copied in before its first kernel and
     written by none of them (pdl.py's contract) -- so the cached tiles' loads follow the wait
@@ -117,10 +114,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     L - 1 is this step's, written by the rope + KV kernel just before). After the wait that tile
     is folded in, then the loop over the rest, then row L - 1 alone if it fell inside the first
     tile's span. At d3354 on the 7B (264 programs, 64-key tiles) every program has one tile, so
-    all its cache reads overlap the kernels before it.
-
-    MERGE (Switches.decode_attn_merge): the last program of each KV head merges the splits into
-    out [and the q8 form xq/xf] (attention_merge.merge_tail, tickets cnt); no combine launch."""
+    all its cache reads overlap the kernels before it."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -171,8 +165,6 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
-    if MERGE:
-        merge_tail(part_o, part_m, part_l, out, xq, xf, cnt, kvh, L, kps, window, H, G, D, BD, GM, CH, Q8)
 
 
 @triton.jit
@@ -305,7 +297,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
-                     kvpre: bool = False, merge: bool = False) -> torch.Tensor:
+                     kvpre: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -314,8 +306,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
     graph passes its position tensor and 1, not a torch add kernel per layer). pdl: pdl.py.
     pre: the key count read before the PDL wait (_decode_attn_kernel's PRE); kvpre: also the
-    first tile of cached keys/values (KVPRE; implies pre). merge: the splits merged by the last
-    program of each KV head, no combine launch (MERGE, attention_merge.py; attention.decode.merge).
+    first tile of cached keys/values (KVPRE; implies pre).
     """
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
@@ -337,20 +328,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kc, vc = k_cache, v_cache
     if kc.dtype != q2.dtype:
         q2 = q2.to(kc.dtype)
-    outs = _outputs(h, dh, bd, q.dtype, q8, q.device)
-    cnt = counters(q.device, hkv) if merge else part_m
-    if merge:
-        paths.count("attention.decode.merge")
     _decode_attn_kernel[(hkv, n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
         vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
-        float(softcap) if softcap > 0 else 1.0, *outs[:3], cnt,
+        float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), MERGE=bool(merge), Q8=bool(merge and outs[3]),
-        **(merge_meta(g, n_split, bd) if merge else {}), num_warps=4, **launch_kw(pdl))
-    if not merge:
-        _merge(part_o, part_m, part_l, n_split, outs, pdl)
-    return _with_q8(*outs)
+        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), num_warps=4, **launch_kw(pdl))
+    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
 def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None) -> int:
@@ -370,30 +354,19 @@ def _partials(n_split: int, h: int, bd: int, device) -> tuple:
             torch.empty((n_split, h), dtype=torch.float32, device=device))
 
 
-def _merge(part_o, part_m, part_l, n_split: int, outs: tuple, pdl: int) -> None:
-    """The splits' partials merged (_combine_kernel) into outs (_outputs)."""
-    out, xq, xf, q8 = outs
-    _, h, dh = out.shape
+def _merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
+    """The splits' partials merged (_combine_kernel) -> (1, H, Dh) in dtype; q8: with the row's
+    int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
     bd = part_o.shape[-1]
+    device = part_o.device
+    out = torch.empty((1, h, dh), dtype=dtype, device=device)
+    q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
+    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=device) if q8 else part_m
+    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=device) if q8 else part_m
     dc = 32 if bd % 32 == 0 else bd
     _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
                                    NSP=max(16, triton.next_power_of_2(n_split)), Q8=q8, PDL=pdl,
                                    num_warps=4, **launch_kw(pdl))
-
-
-def _outputs(h: int, dh: int, bd: int, dtype, q8: bool, device) -> tuple:
-    """(out, xq, xf, q8): the merged output (1, H, Dh) in dtype and, when q8 and the head dim
-    takes it (a power of 2, whole 32-value chunks, H*Dh a multiple of 256), its int8 form's
-    buffers (gemv_q8.py); without it xq and xf are out (unused) and q8 False."""
-    out = torch.empty((1, h, dh), dtype=dtype, device=device)
-    if not (q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0):
-        return out, out, out, False
-    return (out, torch.empty(h * dh // 4, dtype=torch.int32, device=device),
-            torch.empty(h * dh // 8, dtype=torch.float32, device=device), True)
-
-
-def _with_q8(out: torch.Tensor, xq, xf, q8: bool) -> torch.Tensor:
-    """out, with its int8 form attached as out.q8 when made (layers.merge_heads keeps it)."""
     if q8:
         out.q8 = (xq, xf)
     return out
@@ -431,9 +404,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
         float(softcap) if softcap > 0 else 1.0,
         D=dh, NEOX=neox, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=k_cache.dtype == torch.float32,
         PDL=pdl, CAP=softcap > 0, PREWAIT=prewait, num_warps=4, **launch_kw(pdl))
-    outs = _outputs(h, dh, dh, q.dtype, q8, q.device)
-    _merge(part_o, part_m, part_l, n_split, outs, pdl)
-    return _with_q8(*outs)
+    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
@@ -459,7 +430,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
-                                kvpre=sw.decode_attn_kvpre, merge=sw.decode_attn_merge)
+                                kvpre=sw.decode_attn_kvpre)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
@@ -525,9 +496,6 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
             or q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1):
         return None
     paths.count(path)
-    if sw.decode_attn_merge:
-        paths.fallback("attention.decode.merge", "the rope-fused kernel (MINFER_DECODE_ATTN_ROPE) has no MERGE: "
-                       "its splits go to the combine launch")
     return rope_decode_attention(q, k, v, positions.reshape(1), _turns(cfg, str(q.device)), cfg.style == "neox",
                                  k_cache, v_cache, window=window, q8=q.dtype != torch.float32 and sw.gemv_q8,
                                  pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
