@@ -72,7 +72,8 @@ class Switches:
                         "epilogue before down); 2 at the end for every one", kind="tuning")
     gemv_q8g_table: str = _sw("", "MINFER_GEMV_Q8G_TABLE",
                               "a JSON file of Gluon q8 GEMV configs ({\"configs\": {\"Q4_K NxK\": [BN, BB, SPLIT, "
-                              "warps, prefetch]}}, as `python -m minfer.bench.gemv_q8_sweep --gluon --table F` "
+                              "warps, prefetch, register cap, late]}}, the last three optional, as `python -m "
+                              "minfer.bench.gemv_q8_sweep --gluon --table F` "
                               "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
                               "the shipped one (for an in-process A/B of two tables)", kind="tuning")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
@@ -201,7 +202,7 @@ class Switches:
                               "NORM). 1: each program sums the squares of the whole row (H200 graph +77 us at d16, "
                               "+50 at d3354: 576 programs read the row, perf-log W3); 2: the down GEMV's epilogue "
                               "adds the residual and sums its squares per row tile, q/k/v reads those sums and its "
-                              "own chunks (not yet run on the GPU); 0: the norm kernel, then the GEMV",
+                              "own chunks (H200 graph +21 us at d16, +8 at d3354: slower, perf-log X0); 0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "
