@@ -227,6 +227,14 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
     return tuple(hit) if hit else default_config(qtype, n, k)
 
 
+def _extras(cfg) -> tuple:
+    """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on), the Gluon
+    kernel's register cap (0: the compiler's choice) and late (this shape signals the next kernel
+    when its programs end; gemv_q8_gluon's module doc)."""
+    return (bool(cfg[4]) if len(cfg) > 4 else True, int(cfg[5]) if len(cfg) > 5 else 0,
+            len(cfg) > 6 and bool(cfg[6]))
+
+
 def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
     """(blocks_per_split, split, part, cnt) of a launch: the K blocks a split takes (a whole number
     of BB steps) and the splits that leaves; with more than one split the (split, rows) float32
@@ -295,9 +303,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             xq, xf = prenorm.materialize()
             prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
-    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
-    regs = int(cfg[5]) if len(cfg) > 5 else 0           # the Gluon kernel's register cap (0: the compiler's)
-    pdl_late = pdl_late or (len(cfg) > 6 and bool(cfg[6]))   # this shape signals the next kernel at its end
+    prefetch, regs, late = _extras(cfg)
+    pdl_late = pdl_late or late
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
@@ -371,9 +378,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
     bn, bb, split, nwarps = cfg[:4]
-    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
-    regs = int(cfg[5]) if len(cfg) > 5 else 0
-    late = len(cfg) > 6 and bool(cfg[6])
+    prefetch, regs, late = _extras(cfg)
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256
@@ -431,9 +436,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
     bn, bb, _, nwarps = cfg[:4]
-    prefetch = bool(cfg[4]) if len(cfg) > 4 else True
-    regs = int(cfg[5]) if len(cfg) > 5 else 0
-    pdl_late = pdl_late or (len(cfg) > 6 and bool(cfg[6]))
+    prefetch, regs, late = _extras(cfg)
+    pdl_late = pdl_late or late
     if f % bn or bn % 32:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "
                           f"pair of a multiple of 256 rows each")

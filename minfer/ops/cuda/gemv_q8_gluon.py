@@ -41,10 +41,11 @@ before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets
 share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
 has the programs signal the next kernel when they end, not after their wait (PDL mode 3): a
 GEMV whose programs all start at once (one wave) would otherwise let the next heavy GEMV launch
-onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step). The table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one
-(`python -m minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x,
-lm head 1.13x, q/k + Q6_K v 1.29x, o 1.09x); other shapes, and GPUs other than sm_90 (where the
-table was not measured), keep the Triton kernel (gemv_q8).
+onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step). The
+table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one (`python -m
+minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x, lm head 1.13x,
+q/k + Q6_K v 1.29x, o 1.09x; q/k/v, o and down re-tuned in the step, tools/skip_oracle.py); other
+shapes, and GPUs other than sm_90 (where the table was not measured), keep the Triton kernel.
 """
 
 from __future__ import annotations
@@ -356,7 +357,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
-    TL: the program's start, end and SM into tlb (timeline.py; a measuring aid)."""
+    TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
+    measuring aid)."""
     if TL:
         stamp(tlb, 0, NW)
     pid_n = gl.program_id(0)
