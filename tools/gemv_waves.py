@@ -18,7 +18,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from minfer.ops.cuda import gemv_q8
 from minfer.ops.cuda import gemv_q8_gluon as GL
+from minfer.ops.cuda.gemv_repack import splits
 
 SMS, REGS_SM, WARPS_SM, PROGS_SM = 132, 65536, 64, 32
 NAMES = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
@@ -49,11 +51,8 @@ def build(key: str, cfg: tuple, mixed: bool):
     qt = 12 if key.startswith("Q4_K") else 14
     n, k = (int(v) for v in key.split()[1].split("x"))
     bn, bb, split, nw = cfg[:4]
-    pf, regs, _ = (bool(cfg[4]) if len(cfg) > 4 else True, int(cfg[5]) if len(cfg) > 5 else 0,
-                   len(cfg) > 6 and bool(cfg[6]))
-    nb = k // 256
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb       # gemv_q8._split_scratch
-    split = triton.cdiv(nb, bps)
+    pf, regs, _ = gemv_q8.extras(cfg)
+    _, split = splits(k // 256, split, bb)
     second = PLANES[14] if mixed else PLANES[qt]
     types = PLANES[qt] + second + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
         ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]

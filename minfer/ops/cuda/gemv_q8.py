@@ -25,7 +25,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.cuda.gemv_repack import (Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads,
-                                         load_configs)
+                                         load_configs, splits)
 from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import launch_kw
 from minfer.ops.cuda.q8_rows import (_q8_chunks, add_rms_norm_q8, dequantize_q8, quantize,  # noqa: F401
@@ -227,7 +227,7 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
     return tuple(hit) if hit else default_config(qtype, n, k)
 
 
-def _extras(cfg) -> tuple:
+def extras(cfg) -> tuple:
     """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on), the Gluon
     kernel's register cap (0: the compiler's choice) and late (this shape signals the next kernel
     when its programs end; gemv_q8_gluon's module doc)."""
@@ -236,12 +236,10 @@ def _extras(cfg) -> tuple:
 
 
 def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
-    """(blocks_per_split, split, part, cnt) of a launch: the K blocks a split takes (a whole number
-    of BB steps) and the splits that leaves; with more than one split the (split, rows) float32
-    partial sums and the row tiles' tickets (the workspace's zeroed counters), else `out` for
-    both (unused)."""
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
-    split = triton.cdiv(nb, bps)
+    """(blocks_per_split, split, part, cnt) of a launch (splits); with more than one split the
+    (split, rows) float32 partial sums and the row tiles' tickets (the workspace's zeroed
+    counters), else `out` for both (unused)."""
+    bps, split = splits(nb, split, bb)
     if split == 1:
         return bps, split, out, out
     part = torch.empty((split, rows), dtype=torch.float32, device=out.device)
@@ -303,7 +301,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             xq, xf = prenorm.materialize()
             prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
-    prefetch, regs, late = _extras(cfg)
+    prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
@@ -378,7 +376,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
     bn, bb, split, nwarps = cfg[:4]
-    prefetch, regs, late = _extras(cfg)
+    prefetch, regs, late = extras(cfg)
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256
@@ -436,7 +434,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
     bn, bb, _, nwarps = cfg[:4]
-    prefetch, regs, late = _extras(cfg)
+    prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
     if f % bn or bn % 32:
         raise MinferError(f"gemv_q8_swiglu: {n}x{k} type {rw.qtype} with {bn}-row tiles is not a [gate; up] "

@@ -392,7 +392,8 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]) (late: with PDL the
-# next kernel launches when this one's programs end, as Switches.pdl_late does for all), from `python -m minfer.bench.gemv_q8_sweep --gluon`
+# next kernel launches when this one's programs end, as Switches.pdl_late does for all), from
+# `python -m minfer.bench.gemv_q8_sweep --gluon` and tools/skip_oracle.py's in-step variants
 CONFIGS: dict = {}
 _TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
 if os.path.exists(_TABLE):

@@ -492,6 +492,14 @@ def _planes4(rw: Repacked) -> tuple:
     return p if len(p) == 4 else (p[0], p[1], p[2], p[0])
 
 
+def splits(nb: int, split: int, bb: int) -> tuple:
+    """(blocks_per_split, split): the K blocks a split takes (whole iterations of BB blocks) for a
+    config's SPLIT over nb blocks, and the splits that leaves (no empty split; the grid's second
+    dimension). gemv_q8 and its Gluon kernel split the same way."""
+    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb
+    return bps, triton.cdiv(nb, bps)
+
+
 def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None, eps: float = 1e-6, up=None,
          out_dtype=None, config=None, ws: GemvWorkspace | None = None, inline_reduce: bool = True,
          asm: bool | None = None, interpret: bool = False) -> torch.Tensor:
@@ -522,8 +530,7 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
     nb = k // 256
     use_dot = m > 1
     mp = m_bucket(m) if use_dot else 1
-    bps = triton.cdiv(triton.cdiv(nb, max(1, split)), bb) * bb          # whole iterations per split
-    split = triton.cdiv(nb, bps)                                        # no empty splits
+    bps, split = splits(nb, split, bb)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)

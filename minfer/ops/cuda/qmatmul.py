@@ -417,10 +417,16 @@ def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
         planes, path = segs[1], f"qmatmul.group{len(wts)}.decode.q8mixed"
     else:
         return None
+    return _group_q8(x, wts, biases, None, planes, path, sw, ws, prenorm=pre)
+
+
+def _group_q8(x, wts, biases, q8, planes, path: str, sw, ws, prenorm=None) -> list:
+    """One q8 GEMV launch over a group's fused planes (gemv_repack.fuse_group; a pair of
+    segments for q/k + a v of another type), counted as `path`; the column views per weight."""
     paths.count(path)
-    out = gemv_q8.gemv_q8(None, planes, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
-                          ws=ws.gemv_counters(), interpret=interpret(), prenorm=pre,
-                          **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))
+    out = gemv_q8.gemv_q8(q8, planes, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
+                          ws=ws.gemv_counters(), interpret=interpret(), prenorm=prenorm,
+                          **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))   # (q/k/v: the attention)
     return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
 
 
@@ -470,11 +476,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         # one GEMV over the group's concatenated planes (gemv_repack.fuse_group); column views out
         q8 = getattr(x, "q8", None)
         if q8 is not None and x.shape[0] == 1:
-            paths.count(f"qmatmul.group{len(wts)}.decode.q8")
-            out = gemv_q8.gemv_q8(q8, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
-                                  ws=ws.gemv_counters(), interpret=interpret(),
-                                  **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))
-            return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+            return _group_q8(x, wts, biases, q8, grp[1], f"qmatmul.group{len(wts)}.decode.q8", sw, ws)
         paths.count(f"qmatmul.group{len(wts)}.decode.repacked")
         out = gemv_repack.gemv(x, grp[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                                ws=ws.gemv_counters(), interpret=interpret())
@@ -483,11 +485,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
     if (segs is not None and segs[0] == wts and x.shape[0] == 1 and sw.gemv and getattr(x, "q8", None) is not None
             and _gemv_rows(x, wts[0], sw)):
         # q/k fused + a v of another type (gemv_repack_layout.fuse_group): one int8 GEMV launch
-        paths.count(f"qmatmul.group{len(wts)}.decode.q8mixed")
-        out = gemv_q8.gemv_q8(x.q8, segs[1], bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
-                              ws=ws.gemv_counters(), interpret=interpret(),
-                              **_q8_kw(sw, x, late=len(wts) == 3 and sw.decode_attn_rope))   # (q/k/v: the attention)
-        return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+        return _group_q8(x, wts, biases, x.q8, segs[1], f"qmatmul.group{len(wts)}.decode.q8mixed", sw, ws)
     dg = getattr(wts[0], "batch_dense_group", None)
     if dg is not None and dg[0] == wts and _dense_plane(x, wts[0], dg[1], sw) is not None:
         # the group's one dense plane (runtime/dense_planes.attach_dense_planes): one cuBLAS GEMM,
