@@ -119,6 +119,12 @@ class Switches:
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
+    decode_short_graph: bool = _sw(True, "MINFER_DECODE_SHORT_GRAPH",
+                                   "single-sequence CUDA decode: the positions below two key tiles of the "
+                                   "decode attention (128 on a 128-wide head) replay a second graph captured "
+                                   "over the cache's first rows, whose attention is one key split and writes its "
+                                   "output and int8 form itself: no merge launch per layer "
+                                   "(runtime/cuda_graphs.py; off: one graph for every position)")
     device_sampling: bool = _sw(True, "MINFER_DEVICE_SAMPLING",
                                 "CUDA generate(): the next token chosen on the GPU by the batch engine's draw "
                                 "(runtime/device_draw.py) and only it read back, the next graphed step launched "

@@ -20,6 +20,8 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS[,LATE]]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
+  short                        the graph over the cache's first two key tiles of rows (128), as the
+                               engine replays below that position (Switches.decode_short_graph)
   A&B                          variants A and B together (one table for all cfg: parts)
     python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile]
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
@@ -34,6 +36,7 @@ import torch
 from minfer.bench.bench import parse_env
 from minfer.models.base import Step
 from minfer.ops.cuda import gemv_q8_gluon, q8_rows
+from minfer.ops.cuda.attention import one_split_rows
 from minfer.runtime.engine import Engine
 from prof_decode import print_chain, warm  # noqa: E402 -- tools/ is the script's directory
 
@@ -54,8 +57,9 @@ def add_only(x, y, weight, eps, out_dtype, interpret=False, pdl=False, one_pass=
     return q8_rows._q8_launch(x, y, None, None, eps, out_dtype, interpret, pdl=pdl)
 
 
-def capture(eng, pos: int):
-    model, cache, ctx = eng.model, eng.cache, eng.ctx
+def capture(eng, pos: int, rows: int = 0):
+    model, ctx = eng.model, eng.ctx
+    cache = eng.cache.rows_view(rows) if rows else eng.cache
     inp = torch.tensor([1, pos], dtype=torch.int64, device=model.device)
 
     def fwd():
@@ -124,7 +128,10 @@ def variant(eng, pos: int, name: str):
             env["MINFER_GEMV_Q8G_TABLE"] = table_with(cfgs)
         if env:
             eng.set_switches(base_sw.with_env(env))
-        return capture(eng, pos)
+        rows = one_split_rows(eng.config.head_dim) if "short" in name.split("&") else 0
+        if rows and pos >= rows:
+            raise SystemExit(f"variant {name}: position {pos} is past the short graph's {rows} rows")
+        return capture(eng, pos, rows)
     finally:
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         eng.cache.__dict__.pop("write_rotated", None)

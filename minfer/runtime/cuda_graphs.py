@@ -57,30 +57,47 @@ class DecodeGraph:
         self.unsynced = False
         self.sent_recorded = False
         self.out = None              # the pinned logits buffer to_host reuses once the caller let go of it
-        self.graph = None
+        # captured graphs by the cache rows they see: 0 the whole cache; `short` rows (a view of
+        # the cache's first rows) for the positions below them, where the decode attention is one
+        # key split and writes its output with no merge launch (Switches.decode_short_graph)
+        self.graphs: dict[int, tuple] = {}
+        self._short = None           # short_rows(), once asked
+        self.graph = None            # the last step's graph and its logits buffer
         self.logits = None
 
-    def _forward(self) -> torch.Tensor:
+    def _forward(self, cache) -> torch.Tensor:
         """The model's forward with the token and position read from device memory."""
-        return self.model.forward(self.tok, Step(self.pos, None, "all"), self.cache, self.ctx)   # (1, V)
+        return self.model.forward(self.tok, Step(self.pos, None, "all"), cache, self.ctx)   # (1, V)
 
-    def capture(self) -> None:
+    def short_rows(self) -> int:
+        """Rows of the short graph: two key tiles of the decode attention (one split), when the
+        cache is a KVCache with more rows than that; else 0 (none)."""
+        from minfer.ops.cuda.attention import one_split_rows
+
+        rows = one_split_rows(self.model.cfg.head_dim)
+        return rows if hasattr(self.cache, "rows_view") and rows < self.cache.n_ctx else 0
+
+    def capture(self, rows: int = 0) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
         # tok/pos already hold the real first step, so the warm-up writes the right keys and
         # values at that position (the replay writes the same again).
+        cache = self.cache.rows_view(rows) if rows else self.cache
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                self._forward()
+                self._forward(cache)
         torch.cuda.current_stream().wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = self._forward()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = self._forward(cache)
+        self.graphs[rows] = (graph, logits)
         paths.count("graph.decode.capture")
+        if rows:
+            paths.count("graph.decode.capture.short")
 
     def step(self, token_id: int, start_pos: int, pinned: bool = False,
-             token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
+             token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
@@ -89,14 +106,21 @@ class DecodeGraph:
         is fed before the host has read it. host_sync: the caller synchronizes the stream after
         this step (to_host does), so the pinned input copy records no event: the next step
         waits on the event only if one was recorded, else on the stream, and not at all after
-        to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs)."""
+        to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs).
+        short (Switches.decode_short_graph): positions below short_rows() replay the graph
+        captured over that many rows (each graph is captured at its first step)."""
         with inference_scope():
-            return self._step(token_id, start_pos, pinned, token_dev, host_sync)
+            return self._step(token_id, start_pos, pinned, token_dev, host_sync, short)
 
     def _step(self, token_id: int, start_pos: int, pinned: bool = False,
-              token_dev: torch.Tensor | None = None, host_sync: bool = False) -> torch.Tensor:
+              token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
+        rows = 0
+        if short:
+            if self._short is None:
+                self._short = self.short_rows()
+            rows = self._short if start_pos < self._short else 0
         if pinned:
             if self.inp_host is None:
                 self.inp_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
@@ -119,10 +143,13 @@ class DecodeGraph:
             self.pos.fill_(int(start_pos))
         if token_dev is not None:
             self.tok.copy_(token_dev.reshape(1))
-        if self.graph is None:
-            self.capture()
+        if rows not in self.graphs:
+            self.capture(rows)
+        self.graph, self.logits = self.graphs[rows]
         self.graph.replay()
         paths.count("graph.decode.replay")
+        if rows:
+            paths.count("graph.decode.replay.short")
         return self.logits
 
     def to_host(self, logits: torch.Tensor, reuse: bool = False) -> torch.Tensor:

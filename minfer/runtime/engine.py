@@ -361,7 +361,13 @@ class Engine:
                     host_sync: bool = False) -> torch.Tensor:
         if self._graph is None:
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
-        return self._graph.step(token, pos, pinned=self.switches.pinned_io, token_dev=token_dev, host_sync=host_sync)
+        sw = self.switches
+        if not sw.decode_short_graph:
+            from minfer.ops import paths
+
+            paths.switched_off("graph.decode.replay.short", "MINFER_DECODE_SHORT_GRAPH")
+        return self._graph.step(token, pos, pinned=sw.pinned_io, token_dev=token_dev, host_sync=host_sync,
+                                short=sw.decode_short_graph)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

@@ -48,6 +48,18 @@ class KVCache:
         """n_ctx rows (cache_rows); context: the positions a sequence may use, default n_ctx."""
         return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context)
 
+    def rows_view(self, rows: int) -> "KVCache":
+        """The same cache seen as its first `rows` rows: k and v are views (writes land in this
+        cache), n_ctx is `rows`, the context stays this one's (phi3's rope factors read it). A
+        CUDA graph captured over a short view sizes its decode attention for `rows` keys (one
+        key split, no merge launch: runtime/cuda_graphs.py); it serves positions below `rows`."""
+        if not 0 < rows <= self.n_ctx:
+            raise MinferError(f"rows_view({rows}): the cache has {self.n_ctx} rows")
+        view = object.__new__(type(self))
+        view.n_ctx, view.context = rows, self.context
+        view.k, view.v = self.k[:, :rows], self.v[:, :rows]
+        return view
+
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 

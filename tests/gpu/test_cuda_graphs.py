@@ -173,3 +173,50 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
     assert counts.get("graph.decode.logits_reused", 0) >= 6, counts
     assert ptrs[1] == ptrs[2] == ptrs[3] == ptrs[4]           # let go of: the same buffer
     assert ptrs[5] != ptrs[4] and ptrs[7] != ptrs[6] and ptrs[9] != ptrs[8]   # kept: a new one after it
+
+
+def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
+    """Switches.decode_short_graph: with a cache of more rows than two key tiles (128 here),
+    positions below 128 replay a graph captured over the first 128 rows, whose decode
+    attention is one key split writing its output (no merge launch), and the positions from
+    128 on the whole-cache graph (captured there). Both match the eager engine step by step
+    (the eager run's greedy tokens fed to each), as does the engine with the switch off (one
+    graph); the greedy token of every step agrees."""
+    from minfer.bench.presets import get_preset
+    from minfer.bench.synth import write_synth
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    p = get_preset("tiny").with_overrides(arch="qwen2")
+    path = tmp_path / "m.gguf"
+    write_synth(path, p, "q4_k_m", seed=11, progress=False)
+    prompt = torch.randint(0, p.vocab, (100,), generator=torch.Generator().manual_seed(4)).tolist()
+
+    def run(switches):
+        eng = Engine.load(str(path), device="cuda", ctx=300, progress=False, switches=switches)
+        tok = int(eng.prefill(prompt).argmax())
+        paths.reset()
+        out = []
+        for step in range(50):                       # positions 100..149: across 128
+            logits = eng.forward([ref_tokens[step] if ref_tokens else tok], len(prompt) + step)[-1]
+            out.append(logits.clone())
+            tok = int(logits.argmax())
+        assert eng.cache.n_ctx > 128
+        return out, paths.snapshot()["counts"]
+
+    ref_tokens = []
+    ref, _ = run(Switches(cuda_graph=False))
+    t0 = int(Engine.load(str(path), device="cuda", ctx=300, progress=False).prefill(prompt).argmax())
+    ref_tokens = [t0] + [int(x.argmax()) for x in ref[:-1]]
+    for sw in (Switches(), Switches(decode_short_graph=False)):
+        got, counts = run(sw)
+        for step, (x, r) in enumerate(zip(got, ref)):
+            rel = float((x.double() - r.double()).norm() / r.double().norm())
+            assert rel < 1e-4, (sw.decode_short_graph, step, rel)
+            assert int(x.argmax()) == int(r.argmax()), (sw.decode_short_graph, step)
+        if sw.decode_short_graph:
+            assert counts["graph.decode.capture"] == 2 and counts["graph.decode.capture.short"] == 1
+            assert counts["graph.decode.replay"] == 50 and counts["graph.decode.replay.short"] == 28
+            assert counts.get("attention.decode.one_split", 0) > 0
+        else:
+            assert counts["graph.decode.capture"] == 1 and "graph.decode.replay.short" not in counts

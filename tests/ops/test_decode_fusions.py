@@ -210,3 +210,36 @@ def test_decode_attention_kvpre_matches_the_reference(M, n_keys, window, n_split
     ref = reference.decode_attention(q, kc, vc, n_keys, window)
     assert rel_err(a, ref) < 1e-5
     assert rel_err(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("H,Hkv,n_keys,window,kvpre", [(8, 2, 5, 0, False), (8, 2, 29, 0, False),
+                                                       (28, 4, 32, 0, False), (8, 2, 30, 9, False),
+                                                       (8, 2, 29, 0, True)])
+def test_decode_attention_one_split_writes_the_merged_output(M, H, Hkv, n_keys, window, kvpre):
+    """With one key split (a span of up to two 16-key tiles in the interpreter: a cache, or a
+    graph's short view of one, of <= 32 rows) the kernel writes the output and its int8 form
+    itself (DIRECT). Bit for bit what the partials + combine launch give for the same split
+    (direct=False), words and chunk scales included; counted as attention.decode.one_split;
+    7 heads a group (padded rows masked), a window, the preloaded tile."""
+    from minfer.ops import paths
+
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys * 3 + H)
+    Dh = 64
+    S = 32 if n_keys <= 32 else 50
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    paths.reset()
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, kvpre=kvpre)
+    assert paths.snapshot()["counts"].get("attention.decode.one_split") == 1
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, kvpre=kvpre, direct=False)
+    assert paths.snapshot()["counts"].get("attention.decode.one_split") == 1
+    assert torch.equal(a, b)
+    assert torch.equal(a.q8[0], b.q8[0]) and torch.equal(a.q8[1], b.q8[1])
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
+    # more rows than two tiles: splits and the merge, as before
+    big = torch.randn(S + 40, Hkv, Dh, generator=g)
+    paths.reset()
+    A.decode_attention(q, big, big, pos, n_keys_add=1, q8=True)
+    assert "attention.decode.one_split" not in paths.snapshot()["counts"]

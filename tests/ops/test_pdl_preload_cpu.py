@@ -50,10 +50,10 @@ for pre in (0, 1):
         src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex | {"TL": True},
                              {(i,): [["tt.divisibility", 16]] for i in range(15)})
         out["gemv tl"] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
-    names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "stride_qh", "stride_ks", "stride_kh",
-             "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
-    types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32"] + ["i32"] * 7 + ["fp32", "i32", "i32",
-                                                                                              "fp32"]
+    names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "stride_qh", "stride_ks",
+             "stride_kh", "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
+    types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + \
+        ["i32"] * 7 + ["fp32", "i32", "i32", "fp32"]
     for kv in ((0, 1) if pre else (0,)):
         cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre), KVPRE=bool(kv))
         sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}

@@ -6,7 +6,8 @@
   cached prefix: the memory-efficient kernel with an offset causal mask.
 - T == 1 (decode): a Triton split-K ('flash-decoding') kernel. Each program takes one KV
   head with all its G query heads (padded to 16 rows for tl.dot) and one range of keys,
-  keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them.
+  keeps an online softmax, and writes (acc, max, sum) partials; a second kernel merges them
+  (with one split, at short lengths, the program writes the output itself).
   The number of keys may come from a device tensor (`n_keys`), so a CUDA graph captured at
   one length replays at any other: the grid is sized from the cache, not the length.
 """
@@ -98,13 +99,18 @@ def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
 
 
 @triton.jit
-def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
+def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
-                        PRE: tl.constexpr = False, KVPRE: tl.constexpr = False):
-    """PRE (Switches.decode_attn_preload): the key count and the program's key range are read
+                        PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
+                        DIRECT: tl.constexpr = False, Q8: tl.constexpr = False):
+    """DIRECT (a grid of one key split): the program writes the normalized output acc / l
+    itself -- and with Q8 its int8 chunks, as _combine_kernel would -- instead of partials for a
+    merge launch. The same bits as the merge of one split (its weight exp(0) = 1).
+
+    PRE (Switches.decode_attn_preload): the key count and the program's key range are read
     before the PDL wait -- n_keys is the step's position, copied in before its first kernel and
     written by none of them (pdl.py's contract) -- so the cached tiles' loads follow the wait
     directly, not after a dependent load of the count.
@@ -162,6 +168,17 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l,
             k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
             m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     om = gm[:, None] & dm[None, :]
+    if DIRECT:
+        res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out + qh[:, None] * D + d[None, :], res.to(out.dtype.element_ty), mask=om)
+        if Q8:
+            # the o projection's int8 input (gemv_q8's form), chunk h * D/32 + j of head h (D == BD)
+            NC: tl.constexpr = GP * BD // 32
+            j = tl.arange(0, BD // 32)
+            cc = tl.reshape(qh[:, None] * (BD // 32) + j[None, :], (NC,))
+            cm = tl.reshape(gm[:, None] & (j < BD // 32)[None, :], (NC,))
+            _q8_chunks(tl.reshape(res, (NC, 32)), cc, cm, xq, xf)
+        return
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
@@ -297,7 +314,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
-                     kvpre: bool = False) -> torch.Tensor:
+                     kvpre: bool = False, direct: bool = True) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -306,7 +323,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
     graph passes its position tensor and 1, not a torch add kernel per layer). pdl: pdl.py.
     pre: the key count read before the PDL wait (_decode_attn_kernel's PRE); kvpre: also the
-    first tile of cached keys/values (KVPRE; implies pre).
+    first tile of cached keys/values (KVPRE; implies pre). direct: with one key split (a span of
+    up to two key tiles: a short cache, or a graph captured over a short view of one, see
+    runtime/cuda_graphs.py) the kernel writes the output itself, no merge launch (False: the
+    partials and _combine_kernel, for tests).
     """
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
@@ -321,19 +341,34 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
     n_split = _n_split(span, bs, hkv, programs, n_split)
     bd = triton.next_power_of_2(dh)
-    part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
+    direct = n_split == 1 and direct
+    if direct:      # one split: the kernel writes the output (and its q8 form), no merge launch
+        paths.count("attention.decode.one_split")
+        out, xq, xf, q8 = _outputs(q.dtype, h, dh, bd, q8, q.device)
+    else:
+        part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
     q2 = q.reshape(h, dh)
     if q2.stride(-1) != 1:
         q2 = q2.contiguous()
     kc, vc = k_cache, v_cache
     if kc.dtype != q2.dtype:
         q2 = q2.to(kc.dtype)
+    if direct:                             # the pointers a build does not use: any tensor
+        part_o = part_m = part_l = out
+        xq, xf = (xq, xf) if q8 else (out, out)
+    else:
+        out = xq = xf = part_m
     _decode_attn_kernel[(hkv, n_split)](
-        q2, kc, vc, nk, part_o, part_m, part_l, q2.stride(0), kc.stride(0), kc.stride(1), vc.stride(0),
-        vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
+        q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, q2.stride(0), kc.stride(0), kc.stride(1),
+        vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), num_warps=4, **launch_kw(pdl))
+        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=direct and q8,
+        num_warps=4, **launch_kw(pdl))
+    if direct:
+        if q8:
+            out.q8 = (xq, xf)
+        return out
     return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
@@ -354,15 +389,24 @@ def _partials(n_split: int, h: int, bd: int, device) -> tuple:
             torch.empty((n_split, h), dtype=torch.float32, device=device))
 
 
+def _outputs(dtype, h: int, dh: int, bd: int, q8: bool, device) -> tuple:
+    """The attention's output (1, H, Dh) and, where the o projection takes it (q8 and the
+    shape allows), its int8 words and chunk scales (gemv_q8.py's form): (out, xq, xf, q8);
+    xq, xf are None without q8."""
+    out = torch.empty((1, h, dh), dtype=dtype, device=device)
+    q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
+    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=device) if q8 else None
+    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=device) if q8 else None
+    return out, xq, xf, q8
+
+
 def _merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
     """The splits' partials merged (_combine_kernel) -> (1, H, Dh) in dtype; q8: with the row's
     int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
     bd = part_o.shape[-1]
-    device = part_o.device
-    out = torch.empty((1, h, dh), dtype=dtype, device=device)
-    q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
-    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=device) if q8 else part_m
-    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=device) if q8 else part_m
+    out, xq, xf, q8 = _outputs(dtype, h, dh, bd, q8, part_o.device)
+    if not q8:
+        xq = xf = part_m
     dc = 32 if bd % 32 == 0 else bd
     _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
                                    NSP=max(16, triton.next_power_of_2(n_split)), Q8=q8, PDL=pdl,
@@ -375,8 +419,17 @@ def _merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: boo
 def _key_tile(q) -> int:
     # key tiles: K and V of a tile are both staged (3 pipeline stages), so a 256-wide head takes
     # 32 keys a tile (64 needed 276 KiB of shared memory, over the H200's 227 KiB)
-    dh = q.shape[-1]
-    return 16 if q.device.type == "cpu" else (64 if dh <= 128 else 32)
+    return 16 if q.device.type == "cpu" else _cuda_key_tile(q.shape[-1])
+
+
+def _cuda_key_tile(dh: int) -> int:
+    return 64 if dh <= 128 else 32
+
+
+def one_split_rows(head_dim: int) -> int:
+    """The most cache rows a single-sequence decode attention (on CUDA) covers with one key
+    split -- two key tiles -- so that it writes its output without a merge launch."""
+    return 2 * _cuda_key_tile(head_dim)
 
 
 def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, turns,
