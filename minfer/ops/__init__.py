@@ -31,11 +31,13 @@ def _backend(x):
     return cuda_backend()
 
 
-def linear(x, w, bias=None, ctx: Context | None = None):
-    """x (T, K) @ w (N, K)^T + bias (N,) -> (T, N)."""
+def linear(x, w, bias=None, ctx: Context | None = None, out_dtype=None):
+    """x (T, K) @ w (N, K)^T + bias (N,) -> (T, N) in out_dtype (None: x's dtype; the lm head asks
+    float32, which the CUDA one-row GEMV stores without a conversion launch)."""
     if x.device.type != "cuda":
-        return _cpu_linear(x, w, bias, ctx)
-    return _backend(x).linear(x, w, bias, ctx)
+        out = _cpu_linear(x, w, bias, ctx)
+        return out if out_dtype is None else out.to(out_dtype)
+    return _backend(x).linear(x, w, bias, ctx, out_dtype=out_dtype)
 
 
 def _cpu_linear(x, w, bias, ctx):

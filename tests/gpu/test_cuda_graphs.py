@@ -176,12 +176,14 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
 
 
 def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
-    """Switches.decode_short_graph: with a cache of more rows than two key tiles (128 here),
-    positions below 128 replay a graph captured over the first 128 rows, whose decode
-    attention is one key split writing its output (no merge launch), and the positions from
-    128 on the whole-cache graph (captured there). Both match the eager engine step by step
-    (the eager run's greedy tokens fed to each), as does the engine with the switch off (one
-    graph); the greedy token of every step agrees."""
+    """Switches.decode_short_graph: with a cache of more rows than two key tiles (384 rows here),
+    positions below 128 replay a graph captured over the first 128 rows, whose decode attention
+    is one key split writing its output (no merge launch), and the positions from 128 on the
+    whole-cache graph (captured there). Each is held to the engine that splits the keys the same
+    way -- below 128 the eager engine (one split at those lengths), from 128 on the engine with
+    the switch off (the whole-cache graph's splits) -- step by step, the greedy token included.
+    (Differently split, the tiny synthetic model's logits move by ~1e-2: bf16 rounding of the
+    attention output, measured on the H200.) Tokens: the eager run's greedy ones, fed to all."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.ops import paths
@@ -192,31 +194,30 @@ def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
     write_synth(path, p, "q4_k_m", seed=11, progress=False)
     prompt = torch.randint(0, p.vocab, (100,), generator=torch.Generator().manual_seed(4)).tolist()
 
-    def run(switches):
+    def run(switches, tokens=None):
         eng = Engine.load(str(path), device="cuda", ctx=300, progress=False, switches=switches)
+        assert eng.cache.n_ctx > 128
         tok = int(eng.prefill(prompt).argmax())
         paths.reset()
         out = []
         for step in range(50):                       # positions 100..149: across 128
-            logits = eng.forward([ref_tokens[step] if ref_tokens else tok], len(prompt) + step)[-1]
+            logits = eng.forward([tokens[step] if tokens else tok], len(prompt) + step)[-1]
             out.append(logits.clone())
             tok = int(logits.argmax())
-        assert eng.cache.n_ctx > 128
-        return out, paths.snapshot()["counts"]
+        return out, paths.snapshot()["counts"], tok
 
-    ref_tokens = []
-    ref, _ = run(Switches(cuda_graph=False))
+    eager, _, _ = run(Switches(cuda_graph=False))
     t0 = int(Engine.load(str(path), device="cuda", ctx=300, progress=False).prefill(prompt).argmax())
-    ref_tokens = [t0] + [int(x.argmax()) for x in ref[:-1]]
-    for sw in (Switches(), Switches(decode_short_graph=False)):
-        got, counts = run(sw)
-        for step, (x, r) in enumerate(zip(got, ref)):
-            rel = float((x.double() - r.double()).norm() / r.double().norm())
-            assert rel < 1e-4, (sw.decode_short_graph, step, rel)
-            assert int(x.argmax()) == int(r.argmax()), (sw.decode_short_graph, step)
-        if sw.decode_short_graph:
-            assert counts["graph.decode.capture"] == 2 and counts["graph.decode.capture.short"] == 1
-            assert counts["graph.decode.replay"] == 50 and counts["graph.decode.replay.short"] == 28
-            assert counts.get("attention.decode.one_split", 0) > 0
-        else:
-            assert counts["graph.decode.capture"] == 1 and "graph.decode.replay.short" not in counts
+    tokens = [t0] + [int(x.argmax()) for x in eager[:-1]]
+    off, counts_off, _ = run(Switches(decode_short_graph=False), tokens)
+    got, counts, _ = run(Switches(), tokens)
+    for step, x in enumerate(got):
+        ref = eager[step] if len(prompt) + step < 128 else off[step]
+        rel = float((x.double() - ref.double()).norm() / ref.double().norm())
+        assert rel < 1e-4, (len(prompt) + step, rel)
+        assert int(x.argmax()) == int(ref.argmax()), len(prompt) + step
+    assert counts["graph.decode.capture"] == 2 and counts["graph.decode.capture.short"] == 1
+    assert counts["graph.decode.replay"] == 50 and counts["graph.decode.replay.short"] == 28
+    assert counts.get("attention.decode.one_split", 0) > 0
+    assert counts_off["graph.decode.capture"] == 1 and "graph.decode.replay.short" not in counts_off
+    assert counts_off["graph.decode.replay"] == 50

@@ -181,8 +181,8 @@ def test_attention(t, start, h, hkv, dh, dtype):
     out = attention(q.to(DEV), kc.to(DEV), vc.to(DEV), start)
     assert out.shape == (t, h, dh)
     assert rel_err(out, ref) < (1e-4 if dtype == torch.float32 else 1e-2)
-    if t == 1:
-        want = {"attention.decode.triton": 1}
+    if t == 1:      # up to two 64-key tiles: one split, the kernel writes the output (no merge)
+        want = {"attention.decode.triton": 1} | ({"attention.decode.one_split": 1} if start < 128 else {})
     elif start == 0 and dtype == torch.bfloat16:   # SDPA's cuDNN kernel, length rounded to 128
         want = {"attention.prefill.cudnn": 1, "attention.prefill.cudnn.padded": 1}
     else:                                           # offset mask or fp32: memory-efficient kernel

@@ -287,10 +287,11 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
 def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
                     NSP: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
     """out[h, chunk] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits'
-    softmax merged; program (h, j) does values [j*DC, (j+1)*DC) of head h. Every split's m and l
-    are read in one round and the non-empty splits' partials in a second (NSP >= NS: no loop of
-    dependent loads; the merge was latency-bound when it looped over the splits 16 at a time).
-    Empty splits (m = -inf) weigh 0 and their partials are not read."""
+    softmax merged; program (h, j) does values [j*DC, (j+1)*DC) of head h. Every split's m, l
+    and partials are read in one round (NSP >= NS: no loop of dependent loads; the merge was
+    latency-bound when it looped over the splits 16 at a time, and a second round for the
+    partials of the non-empty splits only waited for the first). Empty splits (m = -inf) weigh
+    0; their partials are zeros (the attention kernel stores every split's)."""
     pdl_enter(PDL)
     h = tl.program_id(0)
     j = tl.program_id(1)
@@ -302,7 +303,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
     live = ms > float("-inf")
     w = tl.where(live, tl.exp(ms - M), 0.0)
     d = j * DC + tl.arange(0, DC)
-    o = tl.load(part_o + (c * H + h)[:, None] * BD + d[None, :], mask=live[:, None], other=0.0)
+    o = tl.load(part_o + (c * H + h)[:, None] * BD + d[None, :], mask=cm[:, None], other=0.0)
     res = tl.sum(o * w[:, None], axis=0) / tl.sum(w * ls, axis=0)
     tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
     if Q8:
