@@ -31,6 +31,7 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
 each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
 kernel adds to the step's end), to see which kernel a variant slows down."""
+import importlib
 import json
 import statistics
 import sys
@@ -43,12 +44,14 @@ import triton.language as tl
 from minfer import ops
 from minfer.bench.bench import parse_env
 from minfer.models.base import Step
-from minfer.ops.cuda import attention, gemv_q8_gluon, q8_rows
+from minfer.ops.cuda import gemv_q8_gluon, q8_rows
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.attention import one_split_rows
 from minfer.runtime.engine import Engine
 from prof_decode import print_chain, warm  # noqa: E402 -- tools/ is the script's directory
+
+attention = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 
 def frozen(fn):
