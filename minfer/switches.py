@@ -119,12 +119,6 @@ class Switches:
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")
     cuda_graph: bool = _sw(True, "MINFER_CUDA_GRAPH", "decode steps replay a captured CUDA graph")
-    graph_host_logits: bool = _sw(True, "MINFER_GRAPH_HOST_LOGITS",
-                                  "single-sequence CUDA decode with pinned I/O: the lm head's GEMV writes the "
-                                  "float32 logits straight into the pinned host tensor the step returns (the GPU "
-                                  "writes host memory while the GEMV runs), not a device buffer copied after the "
-                                  "step (runtime/cuda_graphs.py; where a model's logits are not its lm head's "
-                                  "output, e.g. gemma's soft-cap, the copy as before)")
     decode_short_graph: bool = _sw(True, "MINFER_DECODE_SHORT_GRAPH",
                                    "single-sequence CUDA decode: the positions below two key tiles of the "
                                    "decode attention (128 on a 128-wide head) replay a second graph captured "

@@ -117,7 +117,7 @@ def _combine_two_rounds(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.conste
 def bf16_head(linear):
     """ops.linear with the lm head's float32 request made the old way: the GEMV's bf16 output,
     then a conversion launch (the variant bf16_head)."""
-    def f(x, w, bias=None, ctx=None, out_dtype=None, out_at=None):
+    def f(x, w, bias=None, ctx=None, out_dtype=None):
         out = linear(x, w, bias, ctx)
         return out if out_dtype is None else out.to(out_dtype)
     return f

@@ -31,16 +31,11 @@ class Step:
                tensor holds them (a CUDA-graph decode step: nothing may depend on host values).
     logits:    "all" (T rows), "last" (the last row), or a (R,) int64 device tensor of row
                indices (the padded prefill's last real token, chosen at replay time).
-    logits_at: None, or (a CUDA decode graph, runtime/cuda_graphs.py) a (1,) int64 device tensor
-               holding the address of a pinned host float32 (R, V) buffer: a model whose logits
-               are its lm head's output passes it to ops.linear(out_at=), which may store them
-               there (the returned tensor then marked `.written_at`, not written).
     """
 
     positions: torch.Tensor
     start: int | None
     logits: str | torch.Tensor = "all"
-    logits_at: torch.Tensor | None = None
 
     @classmethod
     def at(cls, start: int, n: int, device, logits: str | torch.Tensor = "all") -> "Step":

@@ -107,4 +107,4 @@ class Olmo2Model(LlamaModel):
             f = ffn_branch(x.to(act), blk, ctx)
             x = x + ops.rms_norm(f.float(), blk.ffn_norm, eps)              # post_ffw_norm
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32, out_at=step.logits_at)                 # (R, V)
+        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)

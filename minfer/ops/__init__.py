@@ -31,14 +31,13 @@ def _backend(x):
     return cuda_backend()
 
 
-def linear(x, w, bias=None, ctx: Context | None = None, out_dtype=None, out_at=None):
+def linear(x, w, bias=None, ctx: Context | None = None, out_dtype=None):
     """x (T, K) @ w (N, K)^T + bias (N,) -> (T, N) in out_dtype (None: x's dtype; the lm head asks
-    float32, which the CUDA one-row GEMV stores without a conversion launch). out_at: a decode
-    graph's host destination for the logits (Step.logits_at; CUDA only, see qmatmul.linear)."""
+    float32, which the CUDA one-row GEMV stores without a conversion launch)."""
     if x.device.type != "cuda":
         out = _cpu_linear(x, w, bias, ctx)
         return out if out_dtype is None else out.to(out_dtype)
-    return _backend(x).linear(x, w, bias, ctx, out_dtype=out_dtype, out_at=out_at)
+    return _backend(x).linear(x, w, bias, ctx, out_dtype=out_dtype)
 
 
 def _cpu_linear(x, w, bias, ctx):

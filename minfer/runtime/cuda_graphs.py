@@ -45,11 +45,9 @@ class DecodeGraph:
         self.cache = cache
         self.ctx = ctx
         dev = model.device
-        self.inp = torch.zeros(3, dtype=torch.int64, device=dev)
+        self.inp = torch.zeros(2, dtype=torch.int64, device=dev)
         self.tok = self.inp[0:1]                                     # the step's token id
         self.pos = self.inp[1:2]                                     # its position
-        self.at = self.inp[2:3]      # host_logits: the address of the pinned tensor the lm head writes
-        self.pending = None          # that tensor, until to_host hands it over
         # pinned mode: both written into pinned host memory and sent in one async copy (no fill
         # kernels); `sent` marks that copy so the host buffer is not rewritten before it ran
         self.inp_host = None
@@ -59,20 +57,17 @@ class DecodeGraph:
         self.unsynced = False
         self.sent_recorded = False
         self.out = None              # the pinned logits buffer to_host reuses once the caller let go of it
-        # captured graphs by (the cache rows they see, host_logits) -> (graph, logits, at_host):
-        # rows 0 the whole cache; `short` rows (a view of the cache's first rows) for the positions
-        # below them, where the decode attention is one key split and writes its output with no
-        # merge launch (Switches.decode_short_graph); at_host: the lm head writes the logits into
-        # the pinned tensor whose address self.at holds (Switches.graph_host_logits)
-        self.graphs: dict[tuple, tuple] = {}
+        # captured graphs by the cache rows they see: 0 the whole cache; `short` rows (a view of
+        # the cache's first rows) for the positions below them, where the decode attention is one
+        # key split and writes its output with no merge launch (Switches.decode_short_graph)
+        self.graphs: dict[int, tuple] = {}
         self._short = None           # short_rows(), once asked
         self.graph = None            # the last step's graph and its logits buffer
         self.logits = None
 
-    def _forward(self, cache, host: bool) -> torch.Tensor:
+    def _forward(self, cache) -> torch.Tensor:
         """The model's forward with the token and position read from device memory."""
-        return self.model.forward(self.tok, Step(self.pos, None, "all", self.at if host else None), cache,
-                                  self.ctx)   # (1, V)
+        return self.model.forward(self.tok, Step(self.pos, None, "all"), cache, self.ctx)   # (1, V)
 
     def short_rows(self) -> int:
         """Rows of the short graph: two key tiles of the decode attention (one split), when the
@@ -82,33 +77,27 @@ class DecodeGraph:
         rows = one_split_rows(self.model.cfg.head_dim)
         return rows if hasattr(self.cache, "rows_view") and rows < self.cache.n_ctx else 0
 
-    def capture(self, rows: int = 0, host: bool = False) -> None:
+    def capture(self, rows: int = 0) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
         # tok/pos already hold the real first step, so the warm-up writes the right keys and
-        # values at that position (the replay writes the same again); with host, self.at holds a
-        # real destination too.
+        # values at that position (the replay writes the same again).
         cache = self.cache.rows_view(rows) if rows else self.cache
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                self._forward(cache, host)
+                self._forward(cache)
         torch.cuda.current_stream().wait_stream(s)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = self._forward(cache, host)
-        at_host = host and getattr(logits, "written_at", None) is self.at
-        if host and not at_host:    # the model or its lm head launch does not take it: copied after
-            paths.fallback("graph.decode.logits_at_host", "the model's logits are not its lm head GEMV's output "
-                           "in the Gluon one-split form")
-        self.graphs[(rows, host)] = (graph, logits, at_host)
+            logits = self._forward(cache)
+        self.graphs[rows] = (graph, logits)
         paths.count("graph.decode.capture")
         if rows:
             paths.count("graph.decode.capture.short")
 
     def step(self, token_id: int, start_pos: int, pinned: bool = False,
-             token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False,
-             host_logits: bool = False, reuse: bool = False) -> torch.Tensor:
+             token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
@@ -119,17 +108,12 @@ class DecodeGraph:
         waits on the event only if one was recorded, else on the stream, and not at all after
         to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs).
         short (Switches.decode_short_graph): positions below short_rows() replay the graph
-        captured over that many rows (each graph is captured at its first step). host_logits
-        (Switches.graph_host_logits; pinned, and to_host next): the lm head's GEMV writes the
-        float32 logits straight into a pinned host tensor -- the previous step's when `reuse` and
-        the caller let go of it, else a new one -- and the step returns that tensor (to_host then
-        only synchronizes); where the model's graph does not take it, the device logits as before."""
+        captured over that many rows (each graph is captured at its first step)."""
         with inference_scope():
-            return self._step(token_id, start_pos, pinned, token_dev, host_sync, short, host_logits, reuse)
+            return self._step(token_id, start_pos, pinned, token_dev, host_sync, short)
 
     def _step(self, token_id: int, start_pos: int, pinned: bool = False,
-              token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False,
-              host_logits: bool = False, reuse: bool = False) -> torch.Tensor:
+              token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         rows = 0
@@ -137,10 +121,9 @@ class DecodeGraph:
             if self._short is None:
                 self._short = self.short_rows()
             rows = self._short if start_pos < self._short else 0
-        host = host_logits and pinned
         if pinned:
             if self.inp_host is None:
-                self.inp_host = torch.zeros(3, dtype=torch.int64, pin_memory=True)
+                self.inp_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
                 self.inp_np = self.inp_host.numpy()
                 self.sent = torch.cuda.Event()
             if self.unsynced:                    # the previous step's copy must have read the buffer
@@ -150,9 +133,6 @@ class DecodeGraph:
                     torch.cuda.current_stream().synchronize()
             self.inp_np[0] = int(token_id)
             self.inp_np[1] = int(start_pos)
-            if host:
-                dest = self._host_buffer(reuse)
-                self.inp_np[2] = dest.data_ptr()
             self.inp.copy_(self.inp_host, non_blocking=True)
             self.unsynced = True
             self.sent_recorded = not host_sync
@@ -163,30 +143,14 @@ class DecodeGraph:
             self.pos.fill_(int(start_pos))
         if token_dev is not None:
             self.tok.copy_(token_dev.reshape(1))
-        if (rows, host) not in self.graphs:
-            self.capture(rows, host)
-        self.graph, self.logits, at_host = self.graphs[(rows, host)]
+        if rows not in self.graphs:
+            self.capture(rows)
+        self.graph, self.logits = self.graphs[rows]
         self.graph.replay()
         paths.count("graph.decode.replay")
         if rows:
             paths.count("graph.decode.replay.short")
-        if at_host:
-            paths.count("graph.decode.logits_at_host")
-            self.pending = dest
-            return dest
         return self.logits
-
-    def _host_buffer(self, reuse: bool) -> torch.Tensor:
-        """The pinned float32 (1, V) tensor this step's logits go to: the kept one when `reuse` and
-        nothing outside refers to it, else a new one (kept when reuse)."""
-        out = self.out if reuse and self.out is not None and _unshared(self.out) else None
-        if out is None:
-            out = torch.empty((1, self.model.cfg.vocab), dtype=torch.float32, pin_memory=True)
-            if reuse:
-                self.out = out
-        else:
-            paths.count("graph.decode.logits_reused")
-        return out
 
     def to_host(self, logits: torch.Tensor, reuse: bool = False) -> torch.Tensor:
         """The logits in a pinned CPU tensor, one DMA (a pageable copy is staged by the driver
@@ -194,13 +158,7 @@ class DecodeGraph:
         the previous call's tensor is written again when nothing outside this object refers to it
         or to its memory (no view, no numpy array; counted as graph.decode.logits_reused), else a
         new one (torch's caching host allocator: an allocation and an event per step) becomes the
-        kept one; the caller's tensor is never overwritten. The pinned tensor a host_logits step
-        returned (already written by the GPU): the stream synchronized, and that tensor."""
-        if logits is self.pending and logits is not None:
-            self.pending = None
-            torch.cuda.current_stream().synchronize()
-            self.unsynced = False
-            return logits
+        kept one; the caller's tensor is never overwritten."""
         out = self.out if reuse and self.out is not None and _unshared(self.out) else None
         if out is None:
             out = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)

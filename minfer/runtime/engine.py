@@ -297,9 +297,7 @@ class Engine:
         if len(tokens) == 1 and self._use_graph():
             sw = self.switches
             reuse = sw.pinned_io and sw.graph_host_reuse and not on_device     # to_host synchronizes next
-            # (1, V) float32 on the GPU, or (Switches.graph_host_logits) already in a pinned host tensor
-            logits = self._graph_step(tokens[0], start_pos, host_sync=reuse,
-                                      host_logits=sw.pinned_io and sw.graph_host_logits and not on_device)
+            logits = self._graph_step(tokens[0], start_pos, host_sync=reuse)   # (1, V) float32 on the GPU
             self.tokens.append(tokens[0])
             if on_device:
                 return logits
@@ -360,20 +358,16 @@ class Engine:
         return self._prefill_graphs.fits(n)
 
     def _graph_step(self, token: int, pos: int, token_dev: torch.Tensor | None = None,
-                    host_sync: bool = False, host_logits: bool = False) -> torch.Tensor:
+                    host_sync: bool = False) -> torch.Tensor:
         if self._graph is None:
             self._graph = DecodeGraph(self.model, self.cache, self.ctx)
         sw = self.switches
-        if not sw.decode_short_graph or (host_sync and not host_logits):
+        if not sw.decode_short_graph:
             from minfer.ops import paths
 
-            if not sw.decode_short_graph:
-                paths.switched_off("graph.decode.replay.short", "MINFER_DECODE_SHORT_GRAPH")
-            if host_sync and not host_logits:
-                paths.switched_off("graph.decode.logits_at_host", "MINFER_GRAPH_HOST_LOGITS")
+            paths.switched_off("graph.decode.replay.short", "MINFER_DECODE_SHORT_GRAPH")
         return self._graph.step(token, pos, pinned=sw.pinned_io, token_dev=token_dev, host_sync=host_sync,
-                                short=sw.decode_short_graph, host_logits=host_logits,
-                                reuse=sw.graph_host_reuse)
+                                short=sw.decode_short_graph)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

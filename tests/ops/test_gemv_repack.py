@@ -286,7 +286,7 @@ def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
         ref_dec = m.forward(torch.tensor([7]), Step.at(6, 1, "cpu"), ref_cache)
         assert mods["gemv_repack"].repack_model(m) == 7 + 1                   # 7 matrices + the lm head
         monkeypatch.setattr(O, "_backend", lambda x: C)
-        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, **kw: C.linear(x, w, bias, ctx, **kw))
+        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
         monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
         monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
         monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:

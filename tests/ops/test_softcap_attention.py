@@ -150,7 +150,7 @@ def test_gemma2_decode_step_through_cuda_backend_interpreted(monkeypatch):
         cache.k.copy_(k0)
         cache.v.copy_(v0)
         monkeypatch.setattr(O, "_backend", lambda x: C)
-        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, **kw: C.linear(x, w, bias, ctx, **kw))
+        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
         monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
         monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
         monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:

@@ -250,8 +250,7 @@ def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None,
-            out_at=None) -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -269,12 +268,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     PDL wait (Switches.pdl_preload). prenorm (a q8_rows.PreNorm; q8 None): x_hat is the q8 form of
     the deferred rms_norm(x + y) * weight, made by the Gluon kernel's programs (its NORM, which
     also stores x + y into prenorm.s; counted `gemv_q8.norm_prologue`); where the Gluon kernel
-    does not take the launch, prenorm's own kernel runs first (a counted fallback). out_at: a
-    (1,) int64 device tensor holding the address of a pinned host float32 (1, N) buffer: where the
-    Gluon kernel takes the launch with one K split and no residual (the lm head), it stores the
-    result there itself and the returned (1, N) tensor is left unwritten, marked `.written_at =
-    out_at` (counted `gemv_q8.out_at`); elsewhere out_at is ignored (the result in the returned
-    tensor, counted as a fallback of `gemv_q8.out_at`)."""
+    does not take the launch, prenorm's own kernel runs first (a counted fallback)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if prenorm is not None:
         if prenorm.q8 is not None:
@@ -317,19 +311,11 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
-    if out_at is not None:
-        if use_g and split == 1 and resid is None and prenorm is None and len(segs) == 1 \
-                and out_dtype == torch.float32:
-            paths.count("gemv_q8.out_at")
-            out.written_at = out_at
-        else:
-            paths.fallback("gemv_q8.out_at", "the launch is not the Gluon kernel's one-split float32 form")
-            out_at = None
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload, regs=regs, out_at=out_at,
+                  prefetch, late=pdl_late, preload=preload, regs=regs,
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else

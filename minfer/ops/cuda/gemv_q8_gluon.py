@@ -353,18 +353,14 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
-                     RSS: gl.constexpr = False, TL: gl.constexpr = False, OUT_AT: gl.constexpr = False):
+                     RSS: gl.constexpr = False, TL: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
     TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
-    measuring aid). OUT_AT: `out` holds (int64) the address of the float32 output -- pinned host
-    memory, which the GPU writes directly (UVA); read before the PDL wait (it is written before
-    the step's first kernel, as its position is: pdl.py)."""
+    measuring aid)."""
     if TL:
         stamp(tlb, 0, NW)
-    if OUT_AT:
-        out = gl.load(out).to(gl.pointer_type(gl.float32), bitcast=True)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
@@ -476,10 +472,8 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0, out_at=None):
-    """out_at: a (1,) int64 device tensor holding the address of the float32 output (pinned host
-    memory; OUT_AT), written instead of `out`. norm: (x float32 (1, K), y (1, K), weight (K,),
-    eps, s_out float32 (1, K)) -- x_hat is then
+           regs: int = 0):
+    """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
     from the residual s and its per-tile sums of squares (NORM 2); xq / xf are then not read.
@@ -500,15 +494,14 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     rec = timeline.RECORDER
     tlb = rec.buffer(f"{n}x{nb * 256}", grid, out.device) if rec is not None else out
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
-                           resid if resid is not None else out, bias if bias is not None else out,
-                           out if out_at is None else out_at, part, cnt,
+                           resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
                            n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
-                           TL=rec is not None, OUT_AT=out_at is not None,
+                           TL=rec is not None,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 

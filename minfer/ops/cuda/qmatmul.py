@@ -193,21 +193,18 @@ def _realized(x: torch.Tensor, why: str) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, ctx: Context | None = None,
-           out_dtype: torch.dtype | None = None, out_at: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x (T, K) @ W (N, K)^T + bias (N,) -> (T, N) in out_dtype (None: x's dtype). The one-row
     q8 GEMV stores out_dtype itself (the lm head's float32 logits: no conversion launch after
-    it); the other paths convert their result. out_at (a decode graph's logits destination,
-    runtime/cuda_graphs.py): see gemv_q8.gemv_q8 -- where the one-row Gluon GEMV takes it, the
-    result goes to the host buffer whose address out_at holds and the returned tensor, marked
-    `.written_at`, is not written; elsewhere it is ignored."""
+    it); the other paths convert their result."""
     _check(x, w)
     _realized(x, "a single weight's linear (only the q/k/v group's GEMV takes the norm)")
     sw, ws = _ctx(ctx, x.device)
-    out = _linear(x, w, bias, sw, ws, out_dtype, out_at)
-    return out if out_dtype is None or out.dtype == out_dtype else out.to(out_dtype)
+    out = _linear(x, w, bias, sw, ws, out_dtype)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
-def _linear(x, w, bias, sw, ws, out_dtype=None, out_at=None):
+def _linear(x, w, bias, sw, ws, out_dtype=None):
     n, k = w.shape
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -242,7 +239,7 @@ def _linear(x, w, bias, sw, ws, out_dtype=None, out_at=None):
                 paths.count(path + ".q8")
                 return gemv_q8.gemv_q8(q8, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
                                        else None, out_dtype=out_dtype or x.dtype, ws=ws.gemv_counters(),
-                                       interpret=interpret(), out_at=out_at,
+                                       interpret=interpret(),
                                        **_q8_kw(sw, x))
             if rw is not None:   # Q4_K/Q6_K planes made at load (Switches.gemv_repack)
                 paths.count(path + ".repacked")
