@@ -120,6 +120,9 @@ class DecodeGraph:
         if short:
             if self._short is None:
                 self._short = self.short_rows()
+            # (the short graph's attention reads the key count from the position, so at a later
+            # position it would read the whole cache through the view's storage in one split:
+            # right, but ~48 us a layer slower at 3k keys on the 7B -- never replayed there)
             rows = self._short if start_pos < self._short else 0
         if pinned:
             if self.inp_host is None:
