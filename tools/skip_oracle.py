@@ -20,8 +20,6 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS[,LATE]]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
-  old_combine                  the attention's merge kernel reading the partials in a second round
-                               (as before 2026-12-02, third session)
   bf16_head                    the lm head's GEMV storing bf16 and a conversion launch to float32
                                (as before 2026-12-02, third session)
   short                        the graph over the cache's first two key tiles of rows (128), as the
@@ -31,27 +29,19 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
 each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
 kernel adds to the step's end), to see which kernel a variant slows down."""
-import importlib
 import json
 import statistics
 import sys
 
 import torch
 
-import triton
-import triton.language as tl
-
 from minfer import ops
 from minfer.bench.bench import parse_env
 from minfer.models.base import Step
 from minfer.ops.cuda import gemv_q8_gluon, q8_rows
-from minfer.ops.cuda.pdl import enter as pdl_enter
-from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.attention import one_split_rows
 from minfer.runtime.engine import Engine
 from prof_decode import print_chain, warm  # noqa: E402 -- tools/ is the script's directory
-
-attention = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 
 def frozen(fn):
@@ -88,30 +78,6 @@ def capture(eng, pos: int, rows: int = 0):
         fwd()
     torch.cuda.synchronize()
     return g
-
-
-@triton.jit
-def _combine_two_rounds(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr,
-                        DC: tl.constexpr, NSP: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
-    """attention._combine_kernel as it was before 2026-12-02 (third session): the partials read
-    in a second round, after m, for the non-empty splits only (the variant old_combine)."""
-    pdl_enter(PDL)
-    h = tl.program_id(0)
-    j = tl.program_id(1)
-    c = tl.arange(0, NSP)
-    cm = c < NS
-    ms = tl.load(part_m + c * H + h, mask=cm, other=float("-inf"))
-    ls = tl.load(part_l + c * H + h, mask=cm, other=0.0)
-    M = tl.max(ms, axis=0)
-    live = ms > float("-inf")
-    w = tl.where(live, tl.exp(ms - M), 0.0)
-    d = j * DC + tl.arange(0, DC)
-    o = tl.load(part_o + (c * H + h)[:, None] * BD + d[None, :], mask=live[:, None], other=0.0)
-    res = tl.sum(o * w[:, None], axis=0) / tl.sum(w * ls, axis=0)
-    tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
-    if Q8:
-        cc = h * (D // 32) + j + tl.arange(0, 1)
-        _q8_chunks(tl.reshape(res, (1, 32)), cc, cc < H * (D // 32), xq, xf)
 
 
 def bf16_head(linear):
@@ -165,7 +131,7 @@ def variant(eng, pos: int, name: str):
     """The graph of variant `name`: one of the module doc's, or several joined by & (e.g.
     -norm_ffn&env:MINFER_PDL_LATE=2; the cfg: parts make one table)."""
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
-    real_combine, real_linear = attention._combine_kernel, ops.linear
+    real_linear = ops.linear
     base_sw = eng.switches
     try:
         env, cfgs = {}, {}
@@ -182,7 +148,7 @@ def variant(eng, pos: int, name: str):
         return capture(eng, pos, rows)
     finally:
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
-        attention._combine_kernel, ops.linear = real_combine, real_linear
+        ops.linear = real_linear
         eng.cache.__dict__.pop("write_rotated", None)
         eng.set_switches(base_sw)
 
@@ -207,8 +173,6 @@ def _apply(eng, name: str, env: dict, cfgs: dict):
         q8_rows.swiglu_q8 = frozen(real_swiglu)
     if name in ("-rope", "-3"):
         eng.cache.write_rotated = lambda layer, q, k, v, step, rope, ctx=None: q
-    if name == "old_combine":
-        attention._combine_kernel = _combine_two_rounds
     if name == "bf16_head":
         ops.linear = bf16_head(ops.linear)
     if name.startswith("cfg:"):
