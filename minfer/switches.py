@@ -139,6 +139,11 @@ class Switches:
                                  "step's pinned tensor when the caller has let go of it (a new one otherwise), and "
                                  "the input copy records no event when the host synchronizes after the step "
                                  "(runtime/cuda_graphs.py; off: a new pinned tensor and an event every step)")
+    graph_io: bool = _sw(True, "MINFER_GRAPH_IO",
+                         "single-sequence CUDA decode read on the host (Engine.forward, with pinned I/O and "
+                         "host reuse): the pinned input copy and the logits copy are nodes of the captured "
+                         "graph, so a token costs the host one replay call and one synchronize (runtime/"
+                         "cuda_graphs.py io graphs; off: the two copies launched around the replay)")
     batch_async: bool = _sw(True, "MINFER_BATCH_ASYNC",
                             "CUDA batch engine: a decode step whose rows all continue is launched from the "
                             "previous step's tokens on the device before that step's results are read, so "
@@ -222,6 +227,9 @@ class Switches:
                                     "many programs at the cache's full length, at least 2 key tiles each "
                                     "(264: 2 per SM of an H200; the kernel divides each step's actual keys "
                                     "over them)", kind="tuning")
+    decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
+                                 "single-sequence decode attention: warps per program (ops/cuda/attention.py "
+                                 "_decode_attn_kernel; 4: measured default)", kind="tuning")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     pdl_prefetch: int = _sw(1, "MINFER_PDL_PREFETCH",

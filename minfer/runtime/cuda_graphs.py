@@ -61,6 +61,13 @@ class DecodeGraph:
         # the cache's first rows) for the positions below them, where the decode attention is one
         # key split and writes its output with no merge launch (Switches.decode_short_graph)
         self.graphs: dict[int, tuple] = {}
+        # io graphs (Switches.graph_io), by rows as above: the same step with the pinned input copy
+        # as its first node and the logits copy into `io_out` (pinned) as its last, for a caller
+        # that reads the logits on the host and synchronizes after each step (Engine.forward): a
+        # token is then the host's writes, one replay call and one synchronize
+        self.io_graphs: dict[int, tuple] = {}
+        self.io_out = None           # the pinned (1, V) float32 logits the io graphs write
+        self.io_last = False         # the last step replayed an io graph (to_host: nothing to copy)
         self._short = None           # short_rows(), once asked
         self.graph = None            # the last step's graph and its logits buffer
         self.logits = None
@@ -77,27 +84,39 @@ class DecodeGraph:
         rows = one_split_rows(self.model.cfg.head_dim)
         return rows if hasattr(self.cache, "rows_view") and rows < self.cache.n_ctx else 0
 
-    def capture(self, rows: int = 0) -> None:
+    def capture(self, rows: int = 0, io: bool = False) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
         # tok/pos already hold the real first step, so the warm-up writes the right keys and
         # values at that position (the replay writes the same again).
+        # io: the input copy from inp_host and the logits copy into io_out captured with it (both
+        # pinned, so each is a memcpy node of the graph, reading / writing host memory when the
+        # node runs).
         cache = self.cache.rows_view(rows) if rows else self.cache
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(2):
-                self._forward(cache)
+                warm = self._forward(cache)
         torch.cuda.current_stream().wait_stream(s)
+        if io and self.io_out is None:
+            self.io_out = _pinned(warm.shape, torch.float32)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
+            if io:
+                self.inp.copy_(self.inp_host, non_blocking=True)
             logits = self._forward(cache)
-        self.graphs[rows] = (graph, logits)
+            if io:
+                self.io_out.copy_(logits, non_blocking=True)
+        (self.io_graphs if io else self.graphs)[rows] = (graph, logits)
         paths.count("graph.decode.capture")
         if rows:
             paths.count("graph.decode.capture.short")
+        if io:
+            paths.count("graph.decode.capture.io")
 
     def step(self, token_id: int, start_pos: int, pinned: bool = False,
-             token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
+             token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False,
+             io: bool = False) -> torch.Tensor:
         """Feed one token at position start_pos (the cache holds [0, start_pos)); returns the
         graph's (1, vocab) float32 logits buffer (overwritten by the next step: copy to keep).
         pinned: token and position sent in one copy from pinned host memory (Switches.pinned_io)
@@ -108,12 +127,17 @@ class DecodeGraph:
         waits on the event only if one was recorded, else on the stream, and not at all after
         to_host (Switches.graph_host_reuse; an event record is ~8 us on the H200 machines' CPUs).
         short (Switches.decode_short_graph): positions below short_rows() replay the graph
-        captured over that many rows (each graph is captured at its first step)."""
+        captured over that many rows (each graph is captured at its first step).
+        io (Switches.graph_io; with pinned and host_sync, no token_dev): replay the io graph, whose
+        own nodes copy the input in and the logits out to io_out, when the caller has let go of
+        io_out (else the plain graph, counted graph.decode.io_held); to_host then only
+        synchronizes."""
         with inference_scope():
-            return self._step(token_id, start_pos, pinned, token_dev, host_sync, short)
+            return self._step(token_id, start_pos, pinned, token_dev, host_sync, short, io)
 
     def _step(self, token_id: int, start_pos: int, pinned: bool = False,
-              token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False) -> torch.Tensor:
+              token_dev: torch.Tensor | None = None, host_sync: bool = False, short: bool = False,
+              io: bool = False) -> torch.Tensor:
         if start_pos >= self.cache.n_ctx:
             raise MinferError(f"position {start_pos} is past the KV cache of {self.cache.n_ctx} positions")
         rows = 0
@@ -126,9 +150,9 @@ class DecodeGraph:
             rows = self._short if start_pos < self._short else 0
         if pinned:
             if self.inp_host is None:
-                self.inp_host = torch.zeros(2, dtype=torch.int64, pin_memory=True)
+                self.inp_host = _pinned((2,), torch.int64).zero_()
                 self.inp_np = self.inp_host.numpy()
-                self.sent = torch.cuda.Event()
+                self.sent = _event()
             if self.unsynced:                    # the previous step's copy must have read the buffer
                 if self.sent_recorded:
                     self.sent.synchronize()
@@ -136,23 +160,34 @@ class DecodeGraph:
                     torch.cuda.current_stream().synchronize()
             self.inp_np[0] = int(token_id)
             self.inp_np[1] = int(start_pos)
-            self.inp.copy_(self.inp_host, non_blocking=True)
+            io = io and host_sync and token_dev is None
+            if io and self.io_out is not None and not _unshared(self.io_out):
+                io = False                       # the caller still holds the last io logits
+                paths.count("graph.decode.io_held")
+            graphs = self.io_graphs if io else self.graphs
+            if not io or rows not in graphs:     # (an io graph's first capture: the warm-up reads inp)
+                self.inp.copy_(self.inp_host, non_blocking=True)
             self.unsynced = True
             self.sent_recorded = not host_sync
             if not host_sync:
                 self.sent.record()
         else:
+            io = False
+            graphs = self.graphs
             self.tok.fill_(int(token_id))
             self.pos.fill_(int(start_pos))
         if token_dev is not None:
             self.tok.copy_(token_dev.reshape(1))
-        if rows not in self.graphs:
-            self.capture(rows)
-        self.graph, self.logits = self.graphs[rows]
+        if rows not in graphs:
+            self.capture(rows, io)
+        self.graph, self.logits = graphs[rows]
         self.graph.replay()
+        self.io_last = io
         paths.count("graph.decode.replay")
         if rows:
             paths.count("graph.decode.replay.short")
+        if io:
+            paths.count("graph.decode.replay.io")
         return self.logits
 
     def to_host(self, logits: torch.Tensor, reuse: bool = False) -> torch.Tensor:
@@ -161,10 +196,15 @@ class DecodeGraph:
         the previous call's tensor is written again when nothing outside this object refers to it
         or to its memory (no view, no numpy array; counted as graph.decode.logits_reused), else a
         new one (torch's caching host allocator: an allocation and an event per step) becomes the
-        kept one; the caller's tensor is never overwritten."""
+        kept one; the caller's tensor is never overwritten. After an io step (`logits` its graph's)
+        the graph copied the logits into io_out itself: only the synchronize."""
+        if self.io_last and logits is self.logits:
+            torch.cuda.current_stream().synchronize()
+            self.unsynced = False
+            return self.io_out
         out = self.out if reuse and self.out is not None and _unshared(self.out) else None
         if out is None:
-            out = torch.empty(logits.shape, dtype=torch.float32, pin_memory=True)
+            out = _pinned(logits.shape, torch.float32)
             if reuse:
                 self.out = out
         else:
@@ -173,6 +213,16 @@ class DecodeGraph:
         torch.cuda.current_stream().synchronize()
         self.unsynced = False
         return out
+
+
+def _pinned(shape, dtype) -> torch.Tensor:
+    """A page-locked host tensor (torch's caching host allocator). A function of its own so that
+    the CPU tests of the graph choice can stand in plain memory."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+def _event():
+    return torch.cuda.Event()
 
 
 def _unshared(t: torch.Tensor) -> bool:

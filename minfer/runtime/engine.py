@@ -366,8 +366,12 @@ class Engine:
             from minfer.ops import paths
 
             paths.switched_off("graph.decode.replay.short", "MINFER_DECODE_SHORT_GRAPH")
+        if host_sync and not sw.graph_io:
+            from minfer.ops import paths
+
+            paths.switched_off("graph.decode.replay.io", "MINFER_GRAPH_IO")
         return self._graph.step(token, pos, pinned=sw.pinned_io, token_dev=token_dev, host_sync=host_sync,
-                                short=sw.decode_short_graph)
+                                short=sw.decode_short_graph, io=sw.graph_io)
 
     def forward(self, tokens, start_pos: int) -> torch.Tensor:
         """tokens (T,) at positions start_pos.. -> logits (T, vocab) float32 (CPU). The cache keeps

@@ -70,9 +70,9 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
     assert snap["counts"]["graph.decode.capture"] == 1
 
 
-def _tiny_pair(tmp_path, seed: int, switches_b):
-    """(preset, engine with the default switches, engine with switches_b) on one synthetic tiny
-    qwen2 file, both on CUDA with a 96-token context."""
+def _tiny_pair(tmp_path, seed: int, switches_b, switches_a=None, ctx: int = 96):
+    """(preset, engine with switches_a (None: the defaults), engine with switches_b) on one
+    synthetic tiny qwen2 file, both on CUDA with a `ctx`-token context."""
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import write_synth
     from minfer.runtime.engine import Engine
@@ -80,8 +80,8 @@ def _tiny_pair(tmp_path, seed: int, switches_b):
     p = get_preset("tiny").with_overrides(arch="qwen2")
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=seed, progress=False)
-    a = Engine.load(str(path), device="cuda", ctx=96, progress=False)
-    b = Engine.load(str(path), device="cuda", ctx=96, progress=False, switches=switches_b)
+    a = Engine.load(str(path), device="cuda", ctx=ctx, progress=False, switches=switches_a)
+    b = Engine.load(str(path), device="cuda", ctx=ctx, progress=False, switches=switches_b)
     return p, a, b
 
 
@@ -146,7 +146,8 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
     reuse, bit for bit."""
     from minfer.ops import paths
 
-    p, a, b = _tiny_pair(tmp_path, 9, Switches(graph_host_reuse=False))
+    # (graph_io off: the io graphs copy the logits themselves, test_io_graphs_... below)
+    p, a, b = _tiny_pair(tmp_path, 9, Switches(graph_host_reuse=False), switches_a=Switches(graph_io=False))
     assert a.switches.graph_host_reuse
     prompt = torch.randint(0, p.vocab, (7,), generator=torch.Generator().manual_seed(3)).tolist()
     t = int(a.prefill(prompt).argmax())
@@ -173,6 +174,43 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
     assert counts.get("graph.decode.logits_reused", 0) >= 6, counts
     assert ptrs[1] == ptrs[2] == ptrs[3] == ptrs[4]           # let go of: the same buffer
     assert ptrs[5] != ptrs[4] and ptrs[7] != ptrs[6] and ptrs[9] != ptrs[8]   # kept: a new one after it
+
+
+def test_io_graphs_give_the_same_logits_and_never_overwrite_a_kept_tensor(tmp_path):
+    """Switches.graph_io: Engine.forward's steps replay graphs whose own nodes copy the input in and
+    the logits out to one pinned tensor. Bit for bit the logits of the engine without it, below and
+    above the short graph's 128 rows; while the caller keeps that tensor, steps replay the plain
+    graphs (counted graph.decode.io_held) and it is never overwritten; once let go, io again."""
+    from minfer.ops import paths
+
+    p, a, b = _tiny_pair(tmp_path, 12, Switches(graph_io=False), ctx=200)
+    assert a.switches.graph_io
+    prompt = torch.randint(0, p.vocab, (120,), generator=torch.Generator().manual_seed(8)).tolist()
+    t = int(a.prefill(prompt).argmax())
+    assert int(b.prefill(prompt).argmax()) == t
+    paths.reset()
+    ptrs, kept = [], None
+    for step in range(16):                                   # positions 120..135: both graphs
+        pos = len(prompt) + step
+        la = a.forward([t], pos)
+        lb = b.forward([t], pos)
+        assert la.device.type == "cpu" and la.dtype == torch.float32
+        assert torch.equal(la, lb), step
+        ptrs.append(la.data_ptr())
+        if step == 10:
+            kept = (la, la.clone())                          # held over steps 11 and 12
+        if step == 12:
+            assert torch.equal(*kept)
+            kept = None
+        t = int(lb[-1].argmax())
+        del la, lb
+    counts = paths.snapshot()["counts"]
+    assert counts["graph.decode.replay.io"] == 14, counts    # all but the two held steps
+    assert counts["graph.decode.io_held"] == 2, counts
+    assert counts["graph.decode.capture.io"] == 2, counts    # the short graph's and the whole cache's
+    io_ptr = ptrs[0]
+    assert all(ptrs[i] == io_ptr for i in range(16) if i not in (11, 12))
+    assert ptrs[11] != io_ptr and ptrs[12] != io_ptr
 
 
 def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):

@@ -29,6 +29,17 @@ class _Stream:
     def wait_stream(self, s):
         pass
 
+    def synchronize(self):
+        pass
+
+
+class _Event:
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
 
 class _Model:
     device = torch.device("cpu")
@@ -86,3 +97,34 @@ def test_one_graph(fake_cuda, case):
     assert got == [cache.n_ctx] * 3
     counts = paths.snapshot()["counts"]
     assert counts["graph.decode.capture"] == 1 and "graph.decode.replay.short" not in counts
+
+
+def test_io_graphs_while_the_caller_lets_go(fake_cuda, monkeypatch):
+    """Switches.graph_io: a host-synchronized pinned step replays an io graph (its own nodes copy the
+    input in and the logits out; no copy launched around it), one per rows like the plain graphs,
+    and to_host hands back the io graphs' one pinned tensor; while the caller holds that tensor a
+    step replays the plain graph instead (graph.decode.io_held) and to_host gives another tensor;
+    a step the host does not synchronize after never takes an io graph."""
+    monkeypatch.setattr(CG, "_pinned", lambda shape, dtype: torch.empty(shape, dtype=dtype))
+    monkeypatch.setattr(CG, "_event", _Event)
+    dg = CG.DecodeGraph(_Model(), KVCache(2, 4096, 1, 8))
+    kw = dict(pinned=True, host_sync=True, short=True, io=True)
+    for p in [16, 17, 127, 128, 129]:
+        lg = dg.step(1, p, **kw)
+        assert dg.to_host(lg, reuse=True) is dg.io_out
+        assert int(dg.inp_host[1]) == p
+    assert _Graph.replays == [128, 128, 128, 4096, 4096]
+    assert set(dg.io_graphs) == {0, 128} and not dg.graphs
+    assert int(dg.inp[1]) == 128          # copied in only before the captures: the graphs copy it
+    held = dg.to_host(dg.step(1, 130, **kw), reuse=True)
+    assert held is dg.io_out
+    other = dg.to_host(dg.step(1, 131, **kw), reuse=True)
+    assert other is not held and set(dg.graphs) == {0}
+    assert int(dg.inp[1]) == 131          # the plain graph's input copy, launched by the step
+    del other, held
+    assert dg.to_host(dg.step(1, 132, **kw), reuse=True) is dg.io_out
+    dg.step(1, 133, pinned=True, host_sync=False, short=True, io=True)
+    assert dg.graph is dg.graphs[0][0]
+    counts = paths.snapshot()["counts"]
+    assert counts["graph.decode.replay.io"] == 7 and counts["graph.decode.io_held"] == 1
+    assert counts["graph.decode.capture.io"] == 2 and counts["graph.decode.replay"] == 9

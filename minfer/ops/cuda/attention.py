@@ -20,6 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import triton
 import triton.language as tl
 
+from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.q8_rows import _q8_chunks
@@ -283,7 +284,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
-                     kvpre: bool = False, direct: bool = True) -> torch.Tensor:
+                     kvpre: bool = False, direct: bool = True, warps: int = 4) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -295,8 +296,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     first tile of cached keys/values (KVPRE; implies pre). direct: with one key split (a span of
     up to two key tiles: a short cache, or a graph captured over a short view of one, see
     runtime/cuda_graphs.py) the kernel writes the output itself, no merge launch (False: the
-    partials and _combine_kernel, for tests).
+    partials and _combine_kernel, for tests). warps: the kernel's num_warps
+    (Switches.decode_attn_warps).
     """
+    if warps not in (1, 2, 4, 8, 16):
+        raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
+                          "1, 2, 4, 8 or 16")
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
     g = h // hkv
@@ -333,7 +338,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=direct and q8,
-        num_warps=4, **launch_kw(pdl))
+        num_warps=warps, **launch_kw(pdl))
     if direct:
         if q8:
             out.q8 = (xq, xf)
@@ -452,7 +457,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
-                                kvpre=sw.decode_attn_kvpre)
+                                kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
