@@ -228,8 +228,11 @@ class Switches:
                                     "(264: 2 per SM of an H200; the kernel divides each step's actual keys "
                                     "over them)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
-                                 "single-sequence decode attention: warps per program (ops/cuda/attention.py "
-                                 "_decode_attn_kernel; 4: measured default)", kind="tuning")
+                                 "single-sequence decode attention: warps per program of the key-split kernel, "
+                                 "twice that for the one-split kernel of short caches (ops/cuda/attention.py "
+                                 "_decode_attn_kernel; H200, 7B graph: 8 / 2 instead of 4 +8..+14 / +22..+25 us, "
+                                 "the one-split kernel at 8 instead of 4 -9 / -5 us at positions 16 / 64, "
+                                 "perf-log Z2)", kind="tuning")
     qgemm_max_m: int = _sw(256, "MINFER_QGEMM_MAX_M", "largest M (rows) that takes the repacked-plane GEMM "
                            "when qgemm_repack is on (above: dequantize + cuBLAS)", kind="tuning")
     pdl_prefetch: int = _sw(1, "MINFER_PDL_PREFETCH",

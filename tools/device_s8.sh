@@ -2,6 +2,7 @@
 # Device calls of the 2026-12-01 fourth session (issue 12).
 #   timeline:  tools/gemv_timeline.py (TL_DEPTHS, TL_VARIANTS: each GEMV's programs per SM and wave)
 #   oracle:    tools/skip_oracle.py (the graph's GPU time with small kernels left out, outputs frozen)
+#   depthtok:  tools/depth_tokens.py (the bench's loop token by token after its prefill)
 #   hostcalls: tools/host_calls.py (each host-side call of a graphed token, timed on this CPU)
 #   envab2:    ENVAB2="A=0,B=1;A=1,B=1": `minfer bench -p 0 -n 128 -d 0,3354` per setting (a setting:
 #              comma-separated VAR=value), settings alternated in separate processes, ENVAB_PAIRS rounds
@@ -13,6 +14,10 @@ rest=""
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
+    depthtok) # tools/depth_tokens.py: the bench's loop token by token after its prefill, 4 ways
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      timeout ${DEPTHTOK_TIMEOUT:-150} python3 tools/depth_tokens.py /tmp/q7.gguf ${DEPTHTOK_DEPTHS:-0 3354} >"$OUT/depthtok.log" 2>&1
+      tail -16 "$OUT/depthtok.log";;
     hostcalls)
       timeout 120 python3 tools/host_calls.py >"$OUT/hostcalls.log" 2>&1
       cat "$OUT/hostcalls.log";;
@@ -47,7 +52,7 @@ for step in $STEPS; do
       echo -e "==== envab2 ====$summary";;
     *) rest="$rest $step";;
   esac
-  case $step in hostcalls|envab2|floor|oracle|timeline) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in depthtok|hostcalls|envab2|floor|oracle|timeline) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s7.sh $rest
 exit 0

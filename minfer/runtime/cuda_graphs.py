@@ -61,13 +61,15 @@ class DecodeGraph:
         # the cache's first rows) for the positions below them, where the decode attention is one
         # key split and writes its output with no merge launch (Switches.decode_short_graph)
         self.graphs: dict[int, tuple] = {}
-        # io graphs (Switches.graph_io), by rows as above: the same step with the pinned input copy
-        # as its first node and the logits copy into `io_out` (pinned) as its last, for a caller
-        # that reads the logits on the host and synchronizes after each step (Engine.forward): a
-        # token is then the host's writes, one replay call and one synchronize
-        self.io_graphs: dict[int, tuple] = {}
-        self.io_out = None           # the pinned (1, V) float32 logits the io graphs write
-        self.io_last = False         # the last step replayed an io graph (to_host: nothing to copy)
+        # io graphs (Switches.graph_io), by (rows as above, slot): the same step with the pinned
+        # input copy as its first node and the logits copy into io_outs[slot] (pinned) as its last,
+        # for a caller that reads the logits on the host and synchronizes after each step
+        # (Engine.forward): a token is then the host's writes, one replay call and one synchronize.
+        # Two slots: a loop `x = eng.forward(...)` still holds the last step's tensor during the
+        # call, so its steps alternate between the two (a caller that lets go uses slot 0 only)
+        self.io_graphs: dict[tuple[int, int], tuple] = {}
+        self.io_outs: list = [None, None]  # each slot's pinned (1, V) float32 logits
+        self.io_slot = None          # the last step's io slot (to_host: nothing to copy), or None
         self._short = None           # short_rows(), once asked
         self.graph = None            # the last step's graph and its logits buffer
         self.logits = None
@@ -84,13 +86,13 @@ class DecodeGraph:
         rows = one_split_rows(self.model.cfg.head_dim)
         return rows if hasattr(self.cache, "rows_view") and rows < self.cache.n_ctx else 0
 
-    def capture(self, rows: int = 0, io: bool = False) -> None:
+    def capture(self, rows: int = 0, slot: int | None = None) -> None:
         # warm up on a side stream (compiles the kernels, settles the allocator), then capture.
         # tok/pos already hold the real first step, so the warm-up writes the right keys and
         # values at that position (the replay writes the same again).
-        # io: the input copy from inp_host and the logits copy into io_out captured with it (both
-        # pinned, so each is a memcpy node of the graph, reading / writing host memory when the
-        # node runs).
+        # slot (an io graph): the input copy from inp_host and the logits copy into io_outs[slot]
+        # captured with it (both pinned, so each is a memcpy node of the graph, reading / writing
+        # host memory when the node runs).
         cache = self.cache.rows_view(rows) if rows else self.cache
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
@@ -98,16 +100,20 @@ class DecodeGraph:
             for _ in range(2):
                 warm = self._forward(cache)
         torch.cuda.current_stream().wait_stream(s)
-        if io and self.io_out is None:
-            self.io_out = _pinned(warm.shape, torch.float32)
+        io = slot is not None
+        if io and self.io_outs[slot] is None:
+            self.io_outs[slot] = _pinned(warm.shape, torch.float32)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             if io:
                 self.inp.copy_(self.inp_host, non_blocking=True)
             logits = self._forward(cache)
             if io:
-                self.io_out.copy_(logits, non_blocking=True)
-        (self.io_graphs if io else self.graphs)[rows] = (graph, logits)
+                self.io_outs[slot].copy_(logits, non_blocking=True)
+        if io:
+            self.io_graphs[rows, slot] = (graph, logits)
+        else:
+            self.graphs[rows] = (graph, logits)
         paths.count("graph.decode.capture")
         if rows:
             paths.count("graph.decode.capture.short")
@@ -129,9 +135,9 @@ class DecodeGraph:
         short (Switches.decode_short_graph): positions below short_rows() replay the graph
         captured over that many rows (each graph is captured at its first step).
         io (Switches.graph_io; with pinned and host_sync, no token_dev): replay the io graph, whose
-        own nodes copy the input in and the logits out to io_out, when the caller has let go of
-        io_out (else the plain graph, counted graph.decode.io_held); to_host then only
-        synchronizes."""
+        own nodes copy the input in and the logits out to its slot's pinned tensor, the first slot
+        whose tensor the caller has let go of (else the plain graph, counted graph.decode.io_held);
+        to_host then only synchronizes."""
         with inference_scope():
             return self._step(token_id, start_pos, pinned, token_dev, host_sync, short, io)
 
@@ -160,33 +166,35 @@ class DecodeGraph:
                     torch.cuda.current_stream().synchronize()
             self.inp_np[0] = int(token_id)
             self.inp_np[1] = int(start_pos)
-            io = io and host_sync and token_dev is None
-            if io and self.io_out is not None and not _unshared(self.io_out):
-                io = False                       # the caller still holds the last io logits
-                paths.count("graph.decode.io_held")
-            graphs = self.io_graphs if io else self.graphs
-            if not io or rows not in graphs:     # (an io graph's first capture: the warm-up reads inp)
+            slot = None
+            if io and host_sync and token_dev is None:
+                # (the tensor read straight from the list: a name bound to it would count as a holder)
+                slot = next((i for i in (0, 1) if self.io_outs[i] is None or _unshared(self.io_outs[i])), None)
+                if slot is None:                 # the caller still holds both slots' logits
+                    paths.count("graph.decode.io_held")
+            key = rows if slot is None else (rows, slot)
+            graphs = self.graphs if slot is None else self.io_graphs
+            if slot is None or key not in graphs:   # (an io graph's first capture: the warm-up reads inp)
                 self.inp.copy_(self.inp_host, non_blocking=True)
             self.unsynced = True
             self.sent_recorded = not host_sync
             if not host_sync:
                 self.sent.record()
         else:
-            io = False
-            graphs = self.graphs
+            slot, key, graphs = None, rows, self.graphs
             self.tok.fill_(int(token_id))
             self.pos.fill_(int(start_pos))
         if token_dev is not None:
             self.tok.copy_(token_dev.reshape(1))
-        if rows not in graphs:
-            self.capture(rows, io)
-        self.graph, self.logits = graphs[rows]
+        if key not in graphs:
+            self.capture(rows, slot)
+        self.graph, self.logits = graphs[key]
         self.graph.replay()
-        self.io_last = io
+        self.io_slot = slot
         paths.count("graph.decode.replay")
         if rows:
             paths.count("graph.decode.replay.short")
-        if io:
+        if slot is not None:
             paths.count("graph.decode.replay.io")
         return self.logits
 
@@ -197,11 +205,11 @@ class DecodeGraph:
         or to its memory (no view, no numpy array; counted as graph.decode.logits_reused), else a
         new one (torch's caching host allocator: an allocation and an event per step) becomes the
         kept one; the caller's tensor is never overwritten. After an io step (`logits` its graph's)
-        the graph copied the logits into io_out itself: only the synchronize."""
-        if self.io_last and logits is self.logits:
+        the graph copied the logits into its slot's tensor itself: only the synchronize."""
+        if self.io_slot is not None and logits is self.logits:
             torch.cuda.current_stream().synchronize()
             self.unsynced = False
-            return self.io_out
+            return self.io_outs[self.io_slot]
         out = self.out if reuse and self.out is not None and _unshared(self.out) else None
         if out is None:
             out = _pinned(logits.shape, torch.float32)

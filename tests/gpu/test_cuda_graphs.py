@@ -65,9 +65,12 @@ def test_engine_decode_uses_graph_and_matches_eager(tmp_path, monkeypatch):
         assert float((la - lb).norm() / lb.norm()) < 1e-4
         ta, tb = int(la.argmax()), int(lb.argmax())
         assert ta == tb
-    snap = paths.snapshot()
-    assert snap["counts"]["graph.decode.replay"] == 16
-    assert snap["counts"]["graph.decode.capture"] == 1
+    snap = paths.snapshot()["counts"]
+    assert snap["graph.decode.replay"] == 16
+    # io graphs (Switches.graph_io): `la` holds the last step's tensor during the next call, so the
+    # steps alternate between the two io slots, one capture each
+    assert snap["graph.decode.replay.io"] == 16
+    assert snap["graph.decode.capture"] == snap["graph.decode.capture.io"] == 2
 
 
 def _tiny_pair(tmp_path, seed: int, switches_b, switches_a=None, ctx: int = 96):
@@ -178,9 +181,10 @@ def test_logits_buffer_reused_only_when_let_go(tmp_path):
 
 def test_io_graphs_give_the_same_logits_and_never_overwrite_a_kept_tensor(tmp_path):
     """Switches.graph_io: Engine.forward's steps replay graphs whose own nodes copy the input in and
-    the logits out to one pinned tensor. Bit for bit the logits of the engine without it, below and
-    above the short graph's 128 rows; while the caller keeps that tensor, steps replay the plain
-    graphs (counted graph.decode.io_held) and it is never overwritten; once let go, io again."""
+    the logits out to a pinned tensor of one of two slots. Bit for bit the logits of the engine
+    without it, below and above the short graph's 128 rows; a tensor the caller keeps is never
+    overwritten: the next step takes the other slot, and with both kept the plain graph (counted
+    graph.decode.io_held); once let go, slot 0 again."""
     from minfer.ops import paths
 
     p, a, b = _tiny_pair(tmp_path, 12, Switches(graph_io=False), ctx=200)
@@ -189,7 +193,7 @@ def test_io_graphs_give_the_same_logits_and_never_overwrite_a_kept_tensor(tmp_pa
     t = int(a.prefill(prompt).argmax())
     assert int(b.prefill(prompt).argmax()) == t
     paths.reset()
-    ptrs, kept = [], None
+    ptrs, kept = [], []
     for step in range(16):                                   # positions 120..135: both graphs
         pos = len(prompt) + step
         la = a.forward([t], pos)
@@ -197,20 +201,21 @@ def test_io_graphs_give_the_same_logits_and_never_overwrite_a_kept_tensor(tmp_pa
         assert la.device.type == "cpu" and la.dtype == torch.float32
         assert torch.equal(la, lb), step
         ptrs.append(la.data_ptr())
-        if step == 10:
-            kept = (la, la.clone())                          # held over steps 11 and 12
+        if step in (10, 11):
+            kept.append((la, la.clone()))                    # held over the steps after them
         if step == 12:
-            assert torch.equal(*kept)
-            kept = None
+            assert all(torch.equal(x, y) for x, y in kept)
+            kept = []
         t = int(lb[-1].argmax())
         del la, lb
     counts = paths.snapshot()["counts"]
-    assert counts["graph.decode.replay.io"] == 14, counts    # all but the two held steps
-    assert counts["graph.decode.io_held"] == 2, counts
-    assert counts["graph.decode.capture.io"] == 2, counts    # the short graph's and the whole cache's
-    io_ptr = ptrs[0]
-    assert all(ptrs[i] == io_ptr for i in range(16) if i not in (11, 12))
-    assert ptrs[11] != io_ptr and ptrs[12] != io_ptr
+    assert counts["graph.decode.replay.io"] == 15, counts    # all but step 12 (both slots kept)
+    assert counts["graph.decode.io_held"] == 1, counts
+    # slot 0: the short graph and the whole cache's; slot 1: the whole cache's (step 11)
+    assert counts["graph.decode.capture.io"] == 3, counts
+    slot0 = ptrs[0]
+    assert all(ptrs[i] == slot0 for i in range(16) if i not in (11, 12))
+    assert len({slot0, ptrs[11], ptrs[12]}) == 3
 
 
 def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
@@ -263,10 +268,12 @@ def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
             assert int(x.argmax()) == int(eager[step].argmax()), len(prompt) + step
         else:
             assert rel(x, off[step]) < 5e-2, (len(prompt) + step, rel(x, off[step]))
-    assert counts["graph.decode.capture"] == 2 and counts["graph.decode.capture.short"] == 1
+    # each graph in both io slots (the loop's `logits` holds the last step's tensor during a call)
+    assert counts["graph.decode.capture"] == counts["graph.decode.capture.io"] == 4
+    assert counts["graph.decode.capture.short"] == 2
     assert counts["graph.decode.replay"] == 50 and counts["graph.decode.replay.short"] == 28
     assert counts.get("attention.decode.one_split", 0) > 0
-    assert counts_off["graph.decode.capture"] == 1 and "graph.decode.replay.short" not in counts_off
+    assert counts_off["graph.decode.capture"] == 2 and "graph.decode.replay.short" not in counts_off
     assert counts_off["graph.decode.replay"] == 50
     # from position 130 on: the whole-cache graph only, the same as the switch-off engine's
     prompt = torch.randint(0, p.vocab, (130,), generator=g).tolist()
@@ -276,4 +283,4 @@ def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
     got, counts, _ = run(Switches(), prompt, 10, tokens)
     for step, (x, r) in enumerate(zip(got, off)):
         assert rel(x, r) < 1e-4 and int(x.argmax()) == int(r.argmax()), (130 + step, rel(x, r))
-    assert counts["graph.decode.capture"] == 1 and "graph.decode.capture.short" not in counts
+    assert counts["graph.decode.capture"] == 2 and "graph.decode.capture.short" not in counts

@@ -101,9 +101,10 @@ def test_one_graph(fake_cuda, case):
 
 def test_io_graphs_while_the_caller_lets_go(fake_cuda, monkeypatch):
     """Switches.graph_io: a host-synchronized pinned step replays an io graph (its own nodes copy the
-    input in and the logits out; no copy launched around it), one per rows like the plain graphs,
-    and to_host hands back the io graphs' one pinned tensor; while the caller holds that tensor a
-    step replays the plain graph instead (graph.decode.io_held) and to_host gives another tensor;
+    input in and the logits out; no copy launched around it), one per (rows, slot), and to_host
+    hands back that slot's pinned tensor. Slot 0 while the caller lets go of it; slot 1 while the
+    caller holds slot 0's (a loop `x = eng.forward(...)`: its steps alternate); the plain graph,
+    with its input copy launched by the step, while the caller holds both (graph.decode.io_held);
     a step the host does not synchronize after never takes an io graph."""
     monkeypatch.setattr(CG, "_pinned", lambda shape, dtype: torch.empty(shape, dtype=dtype))
     monkeypatch.setattr(CG, "_event", _Event)
@@ -111,20 +112,26 @@ def test_io_graphs_while_the_caller_lets_go(fake_cuda, monkeypatch):
     kw = dict(pinned=True, host_sync=True, short=True, io=True)
     for p in [16, 17, 127, 128, 129]:
         lg = dg.step(1, p, **kw)
-        assert dg.to_host(lg, reuse=True) is dg.io_out
+        assert dg.to_host(lg, reuse=True) is dg.io_outs[0]
         assert int(dg.inp_host[1]) == p
     assert _Graph.replays == [128, 128, 128, 4096, 4096]
-    assert set(dg.io_graphs) == {0, 128} and not dg.graphs
+    assert set(dg.io_graphs) == {(128, 0), (0, 0)} and not dg.graphs
     assert int(dg.inp[1]) == 128          # copied in only before the captures: the graphs copy it
-    held = dg.to_host(dg.step(1, 130, **kw), reuse=True)
-    assert held is dg.io_out
-    other = dg.to_host(dg.step(1, 131, **kw), reuse=True)
-    assert other is not held and set(dg.graphs) == {0}
-    assert int(dg.inp[1]) == 131          # the plain graph's input copy, launched by the step
-    del other, held
-    assert dg.to_host(dg.step(1, 132, **kw), reuse=True) is dg.io_out
-    dg.step(1, 133, pinned=True, host_sync=False, short=True, io=True)
+    x = dg.to_host(dg.step(1, 130, **kw), reuse=True)
+    for p in (131, 132, 133):             # x = forward(...): x is held during the next call
+        x = dg.to_host(dg.step(1, p, **kw), reuse=True)
+        assert x is dg.io_outs[(p - 130) % 2]
+    assert set(dg.io_graphs) == {(128, 0), (0, 0), (0, 1)} and not dg.graphs
+    held = [x, dg.to_host(dg.step(1, 134, **kw), reuse=True)]   # the caller keeps two steps
+    assert held[1] is dg.io_outs[0]
+    other = dg.to_host(dg.step(1, 135, **kw), reuse=True)      # both slots held
+    assert all(other is not t for t in dg.io_outs)
+    assert set(dg.graphs) == {0}
+    assert int(dg.inp[1]) == 135          # the plain graph's input copy, launched by the step
+    del other, held, x
+    assert dg.to_host(dg.step(1, 136, **kw), reuse=True) is dg.io_outs[0]
+    dg.step(1, 137, pinned=True, host_sync=False, short=True, io=True)
     assert dg.graph is dg.graphs[0][0]
     counts = paths.snapshot()["counts"]
-    assert counts["graph.decode.replay.io"] == 7 and counts["graph.decode.io_held"] == 1
-    assert counts["graph.decode.capture.io"] == 2 and counts["graph.decode.replay"] == 9
+    assert counts["graph.decode.replay.io"] == 11 and counts["graph.decode.io_held"] == 1
+    assert counts["graph.decode.capture.io"] == 3 and counts["graph.decode.replay"] == 13
