@@ -17,12 +17,12 @@ from minfer.runtime.engine import Engine
 from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
 
 marks: list = []
-_step = DecodeGraph.step
+_step = DecodeGraph._step    # (Engine.forward calls _step: it is inside inference mode already)
 _to_host = DecodeGraph.to_host
 
 
 def step(self, *a, **k):
-    """DecodeGraph.step with the replay of the graph the previous step used timed. The patch goes
+    """DecodeGraph._step with the replay of the graph the previous step used timed. The patch goes
     on that graph object and comes off the same object: a step that switches graphs (the short
     graph below position 128, the whole-cache one above) is not timed. (Until 2026-12-02 the
     patch came off `self.graph` after the step -- the new graph after a switch -- which left the
@@ -83,7 +83,7 @@ def run(eng, depth, steps=64):
 
 
 if __name__ == "__main__":
-    DecodeGraph.step = step
+    DecodeGraph._step = step
     DecodeGraph.to_host = to_host
     depths = [int(d) for d in sys.argv[2:]] or [16, 3354]
     eng = Engine.load(sys.argv[1], device="cuda", ctx=4096, progress=False)
