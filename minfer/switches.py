@@ -227,6 +227,12 @@ class Switches:
                                     "many programs at the cache's full length, at least 2 key tiles each "
                                     "(264: 2 per SM of an H200; the kernel divides each step's actual keys "
                                     "over them)", kind="tuning")
+    decode_attn_ahead: bool = _sw(False, "MINFER_DECODE_ATTN_AHEAD",
+                                  "single-sequence decode attention: each program loads its next key tile "
+                                  "before the math of this one, so its tiles wait for memory once (Triton leaves "
+                                  "the loop unpipelined); the key-split kernel then runs 8 warps (ops/cuda/"
+                                  "attention.py AHEAD; off: each tile's loads after the previous tile's math)",
+                                  kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches (ops/cuda/attention.py "

@@ -243,3 +243,26 @@ def test_decode_attention_one_split_writes_the_merged_output(M, H, Hkv, n_keys, 
     paths.reset()
     A.decode_attention(q, big, big, pos, n_keys_add=1, q8=True)
     assert "attention.decode.one_split" not in paths.snapshot()["counts"]
+
+
+@pytest.mark.parametrize("n_keys,window,n_split,kvpre,S", [(5, 0, None, False, 32), (29, 0, None, False, 32),
+                                                           (50, 0, 1, False, 50), (37, 0, 2, False, 50),
+                                                           (40, 7, 3, False, 50), (37, 16, None, False, 50),
+                                                           (50, 0, 1, True, 50), (29, 0, None, True, 32)])
+def test_decode_attention_ahead_gives_the_same_bits(M, n_keys, window, n_split, kvpre, S):
+    """Switches.decode_attn_ahead: the next key tile's loads issued before this tile's math gives
+    the same bits as the loop that loads each tile in its turn -- output, int8 words and chunk
+    scales -- with one split (the DIRECT kernel of a short cache), several tiles a split, empty
+    splits, a window, and the preloaded first tile (kvpre). 16-key tiles in the interpreter."""
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys * 5 + S)
+    H, Hkv, Dh = 28, 4, 64
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    kw = dict(window=window, n_keys_add=1, q8=True, kvpre=kvpre, n_split=n_split)
+    a = A.decode_attention(q, kc, vc, pos, ahead=True, **kw)
+    b = A.decode_attention(q, kc, vc, pos, ahead=False, **kw)
+    assert torch.equal(a, b)
+    assert torch.equal(a.q8[0], b.q8[0]) and torch.equal(a.q8[1], b.q8[1])
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5

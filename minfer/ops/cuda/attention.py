@@ -74,7 +74,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
-                        DIRECT: tl.constexpr = False, Q8: tl.constexpr = False):
+                        DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """DIRECT (a grid of one key split): the program writes the normalized output acc / l
     itself -- and with Q8 its int8 chunks, as _combine_kernel would -- instead of partials for a
     merge launch. The same bits as the merge of one split (its weight exp(0) = 1).
@@ -122,12 +122,30 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
         if s0 < cend:
             m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
         first = s0 + BS
-    for start in range(first, s1, BS):
-        s = start + tl.arange(0, BS)
+    if AHEAD:
+        # the next tile's keys/values loaded before this tile's math, so a program's tiles wait
+        # for memory once, not once each: Triton does not pipeline this loop (its loads stay
+        # ld.global into registers, no cp.async: an sm_90 build shows none), so without this the
+        # second tile's loads left only after the first tile's softmax (H200: the one-split
+        # kernel grew ~1.2 us a layer from 17 to 65 keys, perf-log Z3). Past s1 the loads are
+        # masked off (no memory traffic).
+        s = first + tl.arange(0, BS)
         sm = s < s1
-        # V issued with K, before the scores need K (at depth most programs have a single tile)
         k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
-        m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+        for start in range(first, s1, BS):
+            sn = start + BS + tl.arange(0, BS)
+            smn = sn < s1
+            kn, vn = _kv_tile(kc, vc, sn, smn[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs,
+                              stride_vh)
+            m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+            k, v, sm = kn, vn, smn
+    else:
+        for start in range(first, s1, BS):
+            s = start + tl.arange(0, BS)
+            sm = s < s1
+            # V issued with K, before the scores need K (at depth most programs have a single tile)
+            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
+            m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     if KVPRE:
         r = L - 1
         if (r >= s0) & (r < s1) & (r < s0 + BS):
@@ -284,7 +302,7 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
-                     kvpre: bool = False, direct: bool = True, warps: int = 4) -> torch.Tensor:
+                     kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -299,6 +317,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     partials and _combine_kernel, for tests). warps: the kernel's num_warps
     (Switches.decode_attn_warps); twice that with one split (its 4 programs, one a KV head, are
     the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64, perf-log Z2).
+    ahead (Switches.decode_attn_ahead): each program loads its next key tile before the math of
+    this one (_decode_attn_kernel AHEAD); the split kernel then takes at least 8 warps (at 4 its
+    sm_90 build spills 208 bytes a thread).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -339,7 +360,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=direct and q8,
-        num_warps=2 * warps if direct else warps, **launch_kw(pdl))
+        AHEAD=bool(ahead), num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
     if direct:
         if q8:
             out.q8 = (xq, xf)
@@ -458,7 +479,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
-                                kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps)
+                                kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
