@@ -231,8 +231,9 @@ class Switches:
                                   "single-sequence decode attention: each program loads its next key tile "
                                   "before the math of this one, so its tiles wait for memory once (Triton leaves "
                                   "the loop unpipelined); the key-split kernel then runs 8 warps (ops/cuda/"
-                                  "attention.py AHEAD; off: each tile's loads after the previous tile's math)",
-                                  kind="tuning")
+                                  "attention.py AHEAD; off by default: H200 graph +3 / +10 / +16 us on the short "
+                                  "graph at positions 24 / 72 / 108, +26 us at d3354; bench --ab B/A 0.993 tg128, "
+                                  "1.003 d3354, perf-log Z4)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches (ops/cuda/attention.py "
