@@ -234,6 +234,11 @@ class Switches:
                                   "attention.py AHEAD; off by default: H200 graph +3 / +10 / +16 us on the short "
                                   "graph at positions 24 / 72 / 108, +26 us at d3354; bench --ab B/A 0.993 tg128, "
                                   "1.003 d3354, perf-log Z4)", kind="tuning")
+    decode_attn_tiles: int = _sw(2, "MINFER_DECODE_ATTN_TILES",
+                                 "single-sequence decode attention over more than two key tiles: the fewest "
+                                 "tiles a key split covers at the cache's full length (with decode_attn_programs, "
+                                 "this sets the splits; the kernel's loop over a split's tiles is not pipelined, "
+                                 "ops/cuda/attention.py _n_split)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches (ops/cuda/attention.py "

@@ -266,3 +266,23 @@ def test_decode_attention_ahead_gives_the_same_bits(M, n_keys, window, n_split, 
     assert torch.equal(a, b)
     assert torch.equal(a.q8[0], b.q8[0]) and torch.equal(a.q8[1], b.q8[1])
     assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
+
+
+@pytest.mark.parametrize("n_keys,S", [(5, 32), (29, 32), (33, 80), (70, 80), (80, 80)])
+def test_decode_attention_one_tile_splits_match_the_reference(M, n_keys, S):
+    """Switches.decode_attn_tiles=1: splits of one key tile each at the cache's full length (more
+    splits and partials to merge) give the reference's attention; a span of up to two tiles stays
+    one split (the direct kernel) whatever the setting. 16-key tiles in the interpreter."""
+    from minfer.ops import paths
+
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys + S)
+    H, Hkv, Dh = 8, 2, 64
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    paths.reset()
+    a = A.decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, tiles=1)
+    assert ("attention.decode.one_split" in paths.snapshot()["counts"]) == (S <= 32)
+    assert A._n_split(S, 16, Hkv, 264, None, 1) == (1 if S <= 32 else S // 16)
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, 0)) < 1e-5

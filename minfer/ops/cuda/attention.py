@@ -302,7 +302,8 @@ def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr,
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
-                     kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False) -> torch.Tensor:
+                     kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
+                     tiles: int = 2) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -319,7 +320,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64, perf-log Z2).
     ahead (Switches.decode_attn_ahead): each program loads its next key tile before the math of
     this one (_decode_attn_kernel AHEAD); the split kernel then takes at least 8 warps (at 4 its
-    sm_90 build spills 208 bytes a thread).
+    sm_90 build spills 208 bytes a thread). tiles (Switches.decode_attn_tiles): the fewest key tiles a
+    split program covers at the cache's full length (_n_split).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -335,7 +337,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         span = int(n_keys) + n_keys_add
         n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
-    n_split = _n_split(span, bs, hkv, programs, n_split)
+    n_split = _n_split(span, bs, hkv, programs, n_split, tiles)
     bd = triton.next_power_of_2(dh)
     direct = n_split == 1 and direct
     if direct:      # one split: the kernel writes the output (and its q8 form), no merge launch
@@ -368,13 +370,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
-def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None) -> int:
+def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, tiles: int = 2) -> int:
     """Key ranges per KV head for a grid covering `span` keys."""
     if n_split is None:
-        # enough programs to cover the SMs, at least 2 tiles of keys per program at the longest
-        # length (one tile each measured 0.94x at d3354 on the H200, perf-log); the kernel
-        # divides the keys of each call's actual length over them
-        n_split = max(1, min(triton.cdiv(span, 2 * bs), triton.cdiv(programs, hkv)))
+        # enough programs to cover the SMs, at least `tiles` tiles of keys per program at the
+        # longest length (Switches.decode_attn_tiles; one tile each measured 0.94x at d3354 on the
+        # H200 in an early session, perf-log); the kernel divides the keys of each call's actual
+        # length over them. Up to two tiles stay one split whatever `tiles` says (the short
+        # graph's direct kernel, one_split_rows).
+        per = 2 if span <= 2 * bs else max(1, tiles)
+        n_split = max(1, min(triton.cdiv(span, per * bs), triton.cdiv(programs, hkv)))
     return max(1, min(n_split, triton.cdiv(span, bs)))
 
 
@@ -479,7 +484,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
-                                kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead)
+                                kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
+                                tiles=sw.decode_attn_tiles)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
