@@ -123,12 +123,11 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
             m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
         first = s0 + BS
     if AHEAD:
-        # the next tile's keys/values loaded before this tile's math, so a program's tiles wait
-        # for memory once, not once each: Triton does not pipeline this loop (its loads stay
-        # ld.global into registers, no cp.async: an sm_90 build shows none), so without this the
-        # second tile's loads left only after the first tile's softmax (H200: the one-split
-        # kernel grew ~1.2 us a layer from 17 to 65 keys, perf-log Z3). Past s1 the loads are
-        # masked off (no memory traffic).
+        # the next tile's keys/values loaded before this tile's math (Triton does not pipeline
+        # this loop: its loads stay ld.global into registers, no cp.async in an sm_90 build), so
+        # that a program's tiles would wait for memory once. Measured slower on the H200 (graph
+        # +3..+26 us, perf-log Z4: 255 registers, and the second tile was not what the kernel
+        # waited on), hence off. Past s1 the loads are masked off (no memory traffic).
         s = first + tl.arange(0, BS)
         sm = s < s1
         k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
