@@ -229,8 +229,8 @@ class Switches:
                                     "over them)", kind="tuning")
     decode_attn_ahead: bool = _sw(False, "MINFER_DECODE_ATTN_AHEAD",
                                   "single-sequence decode attention: each program loads its next key tile "
-                                  "before the math of this one, so its tiles wait for memory once (Triton leaves "
-                                  "the loop unpipelined); the key-split kernel then runs 8 warps (ops/cuda/"
+                                  "into registers before the math of this one (the plain loop is already pipelined "
+                                  "through shared memory, perf-log Z8); the key-split kernel then runs 8 warps (ops/cuda/"
                                   "attention.py AHEAD; off by default: H200 graph +3 / +10 / +16 us on the short "
                                   "graph at positions 24 / 72 / 108, +26 us at d3354; bench --ab B/A 0.993 tg128, "
                                   "1.003 d3354, perf-log Z4)", kind="tuning")

@@ -123,11 +123,11 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
             m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
         first = s0 + BS
     if AHEAD:
-        # the next tile's keys/values loaded before this tile's math (Triton does not pipeline
-        # this loop: its loads stay ld.global into registers, no cp.async in an sm_90 build), so
-        # that a program's tiles would wait for memory once. Measured slower on the H200 (graph
-        # +3..+26 us, perf-log Z4: 255 registers, and the second tile was not what the kernel
-        # waited on), hence off. Past s1 the loads are masked off (no memory traffic).
+        # the next tile's keys/values loaded into registers before this tile's math, so that a
+        # program's tiles would wait for memory once. Measured slower on the H200 (graph +3..+26
+        # us, perf-log Z4; 255 registers). The plain loop, as launched (pointers and strides
+        # specialized as multiples of 16), is already pipelined by Triton through shared memory
+        # (cp.async, 70 KB; perf-log Z8), hence off. Past s1 the loads are masked off.
         s = first + tl.arange(0, BS)
         sm = s < s1
         k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
