@@ -125,9 +125,10 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
     if AHEAD:
         # the next tile's keys/values loaded into registers before this tile's math, so that a
         # program's tiles would wait for memory once. Measured slower on the H200 (graph +3..+26
-        # us, perf-log Z4; 255 registers). The plain loop, as launched (pointers and strides
-        # specialized as multiples of 16), is already pipelined by Triton through shared memory
-        # (cp.async, 70 KB; perf-log Z8), hence off. Past s1 the loads are masked off.
+        # us, perf-log Z4). The plain loop, as launched (pointers and strides specialized as
+        # multiples of 16), is already pipelined by Triton through shared memory (cp.async, 70 KB,
+        # ~80 registers), and this lookahead turns that pipeline off (no cp.async, 148-197
+        # registers; perf-log Z8), hence off. Past s1 the loads are masked off.
         s = first + tl.arange(0, BS)
         sm = s < s1
         k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
@@ -318,8 +319,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (Switches.decode_attn_warps); twice that with one split (its 4 programs, one a KV head, are
     the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64, perf-log Z2).
     ahead (Switches.decode_attn_ahead): each program loads its next key tile before the math of
-    this one (_decode_attn_kernel AHEAD); the split kernel then takes at least 8 warps (at 4 its
-    sm_90 build spills 208 bytes a thread). tiles (Switches.decode_attn_tiles): the fewest key tiles a
+    this one (_decode_attn_kernel AHEAD); the split kernel then takes at least 8 warps, as measured
+    (the reason given then, a spill at 4, came from a build without the launch's divisibility
+    hints: with them neither spills, and the lookahead turns Triton's cp.async pipeline off,
+    perf-log Z8). tiles (Switches.decode_attn_tiles): the fewest key tiles a
     split program covers at the cache's full length (_n_split).
     """
     if warps not in (1, 2, 4, 8, 16):
