@@ -1,0 +1,61 @@
+"""The decode attention's key/value loop is pipelined through shared memory as it is launched (no
+GPU): built for sm_90 with the divisibility hints a launch gives (Triton marks pointer and integer
+arguments that are multiples of 16; the caches' pointers and strides are), the split build (4
+warps) and the one-split build of the short graph (8 warps) load their tiles with cp.async.
+perf-log Z8: a build without those hints shows no cp.async, which once read as "unpipelined"
+and led to a lookahead (Switches.decode_attn_ahead) that only turned this pipeline off; this
+test pins what the kernel as launched does, so a change that loses the pipeline shows here.
+Built in a fresh interpreter without TRITON_INTERPRET (tests/conftest.py sets it on a machine
+without a GPU)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+_COMPILE = r"""
+import importlib, json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+A = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
+
+T = GPUTarget("cuda", 90, 32)
+names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "stride_qh", "stride_ks",
+         "stride_kh", "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
+types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + \
+    ["i32"] * 7 + ["fp32", "i32", "i32", "fp32"]
+# what a 7B launch specializes: every buffer and the strides (128, 512) multiples of 16; not the
+# key count's pointer (a view 8 bytes into the graph's input), not H = 28, G = 7
+hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)}
+out = {}
+for name, direct, warps in (("split", False, 4), ("one_split", True, 8)):
+    cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=True, KVPRE=False,
+               DIRECT=direct, Q8=direct)
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex, hints), target=T, options={"num_warps": warps})
+    out[name] = {"ptx": k.asm["ptx"], "shared": k.metadata.shared}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def builds():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", ["split", "one_split"])
+def test_the_key_value_tiles_are_loaded_with_cp_async(builds, name):
+    ptx, shared = builds[name]["ptx"], builds[name]["shared"]
+    assert ptx.count("cp.async.cg.shared.global") >= 8        # a 64 x 128 bf16 tile: >= 4 16-byte copies a thread, K and V
+    assert ptx.count("cp.async.wait_group") >= 1
+    # more than one stage of K and V (2 x 16 KB) in shared memory: the next tile's copies are in
+    # flight during this tile's math
+    assert shared > 2 * 2 * 64 * 128 * 2
