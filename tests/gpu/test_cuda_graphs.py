@@ -187,7 +187,9 @@ def test_io_graphs_give_the_same_logits_and_never_overwrite_a_kept_tensor(tmp_pa
     graph.decode.io_held); once let go, slot 0 again."""
     from minfer.ops import paths
 
-    p, a, b = _tiny_pair(tmp_path, 12, Switches(graph_io=False), ctx=200)
+    # both engines' switches explicit (a MINFER_* setting in the environment would reach only an
+    # engine loaded without switches, and split its attention differently: call 5, perf-log Z6)
+    p, a, b = _tiny_pair(tmp_path, 12, Switches(graph_io=False), switches_a=Switches(), ctx=200)
     assert a.switches.graph_io
     prompt = torch.randint(0, p.vocab, (120,), generator=torch.Generator().manual_seed(8)).tolist()
     t = int(a.prefill(prompt).argmax())
