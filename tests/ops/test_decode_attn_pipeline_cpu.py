@@ -17,6 +17,9 @@ import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import DECODE_ATTN_SIG  # noqa: E402
+
 _COMPILE = r"""
 import importlib, json
 import triton
@@ -25,10 +28,8 @@ from triton.compiler import ASTSource
 A = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 T = GPUTarget("cuda", 90, 32)
-names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "stride_qh", "stride_ks",
-         "stride_kh", "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
-types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + \
-    ["i32"] * 7 + ["fp32", "i32", "i32", "fp32"]
+import sys
+names, types = zip(*json.loads(sys.argv[1]))
 # what a 7B launch specializes: every buffer and the strides (128, 512) multiples of 16; not the
 # key count's pointer (a view 8 bytes into the graph's input), not H = 28, G = 7
 hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)}
@@ -46,7 +47,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def builds():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(DECODE_ATTN_SIG)], capture_output=True, text=True,
+                       env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 

@@ -14,6 +14,9 @@ import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import DECODE_ATTN_SIG  # noqa: E402
+
 _COMPILE = r"""
 import json, sys
 import triton
@@ -26,6 +29,7 @@ import importlib
 A = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 T = GPUTarget("cuda", 90, 32)
+ATTN_SIG = json.loads(sys.argv[1])
 out = {}
 for pre in (0, 1):
     names = ["x", "y", "up", "nw", "s_out", "h_out", "xq", "xf", "K", "eps"]
@@ -50,10 +54,7 @@ for pre in (0, 1):
         src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex | {"TL": True},
                              {(i,): [["tt.divisibility", 16]] for i in range(15)})
         out["gemv tl"] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
-    names = ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "stride_qh", "stride_ks",
-             "stride_kh", "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"]
-    types = ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + \
-        ["i32"] * 7 + ["fp32", "i32", "i32", "fp32"]
+    names, types = zip(*ATTN_SIG)
     for kv in ((0, 1) if pre else (0,)):
         cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre), KVPRE=bool(kv))
         sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
@@ -66,7 +67,8 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def ptx():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True, env=env, timeout=600)
+    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(DECODE_ATTN_SIG)], capture_output=True, text=True,
+                       env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
