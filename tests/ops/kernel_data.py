@@ -134,3 +134,20 @@ DECODE_ATTN_SIG = list(zip(
     ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + ["i32"] * 7
     + ["fp32", "i32", "i32", "fp32"]))
 
+
+def sm90_builds(code: str, arg, timeout: int = 600):
+    """Run a build script (`code`, given json.dumps(arg) as argv[1]) in a fresh interpreter without
+    TRITON_INTERPRET -- tests/conftest.py sets it on a machine without a GPU, and Triton's sm_90
+    compiler (Gluon's refuses the interpreter's wrapped helpers) must not see it -- and return the
+    JSON the script prints last (the CPU build tests: test_*_cpu.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], capture_output=True, text=True, env=env,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+

@@ -10,15 +10,13 @@ without a GPU)."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import DECODE_ATTN_SIG  # noqa: E402
+from kernel_data import DECODE_ATTN_SIG, sm90_builds  # noqa: E402
 
 _COMPILE = r"""
 import importlib, json
@@ -46,11 +44,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def builds():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(DECODE_ATTN_SIG)], capture_output=True, text=True,
-                       env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return sm90_builds(_COMPILE, DECODE_ATTN_SIG)
 
 
 @pytest.mark.parametrize("name", ["split", "one_split"])

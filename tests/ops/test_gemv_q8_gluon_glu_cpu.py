@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err, sm90_builds  # noqa: E402
 
 from minfer.errors import MinferError  # noqa: E402
 
@@ -53,14 +53,7 @@ def built():
     """The GLU kernel's sm_90 builds, in a fresh interpreter without TRITON_INTERPRET:
     tests/conftest.py sets it on a machine without a GPU, and Gluon's compiler then refuses the
     kernel's helper functions (the interpreter wraps them)."""
-    import json
-    import subprocess
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(_CASES)], capture_output=True, text=True,
-                       env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return sm90_builds(_COMPILE, _CASES)
 
 
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{'Q4_K' if c[0] == 12 else 'Q6_K'}-{c[1]}x{c[2]}-pdl{c[3]}")

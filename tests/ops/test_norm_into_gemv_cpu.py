@@ -6,9 +6,7 @@ norm too; the Gluon kernel's NORM variant builds for sm_90 (its numbers: tests/g
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -16,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight  # noqa: E402
+from kernel_data import interpreted_modules, random_weight, sm90_builds  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
                                         "ignore:overflow encountered:RuntimeWarning",
@@ -141,11 +139,7 @@ _CASES += [(f"down {qt} {rss}", qt, 0, 16, 2, 1, 1, 0, rss) for qt in (12, 14) f
 
 @pytest.fixture(scope="module")
 def ptx():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE, json.dumps(_CASES)], capture_output=True, text=True,
-                       env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return sm90_builds(_COMPILE, _CASES, timeout=900)
 
 
 @pytest.mark.parametrize("mixed,bn,bb,pf", [(1, 32, 2, 1), (0, 8, 16, 0)])
