@@ -239,6 +239,11 @@ class Switches:
                                  "tiles a key split covers at the cache's full length (with decode_attn_programs, "
                                  "this sets the splits; ops/cuda/attention.py _n_split; 1 measured neutral on the "
                                  "H200: graph -2 us at d3354, bench --ab 1.009 +- 0.014, perf-log Z6)", kind="tuning")
+    decode_attn_grid_merge: bool = _sw(False, "MINFER_DECODE_ATTN_GRID_MERGE",
+                                       "single-sequence decode attention over several key splits: the "
+                                       "attention's own programs merge the splits after a barrier inside the grid "
+                                       "(at most one program an SM), no combine launch a layer (ops/cuda/"
+                                       "decode_merge.py; off: the combine launch)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches (ops/cuda/attention.py "

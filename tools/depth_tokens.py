@@ -7,6 +7,9 @@ it, in four ways, each rep interleaved with the others:
            the host settle: a difference says the prefill's wake slows the tokens after it)
   nogc     the same with Python's garbage collector off during the 128 tokens
   events   CUDA events around each token's forward (its graph and logits copy on the GPU)
+  clocks   plain, with a thread reading the GPU's SM clock, power and clock-event reasons through
+           NVML (libnvidia-ml, ctypes) every ~1 ms from the prefill's start: what the GPU ran at
+           during the prefill and each group of tokens (is the post-prefill slowdown the clock?)
 Per way: mean us a token, the means of tokens 0-15 / 16-63 / 64-127, the slowest token, and
 (events) the GPU time a token; gc: collections and their time during the tokens (plain).
     python tools/depth_tokens.py Q7.gguf [depth ...]      (default depths: 0 3354)"""
@@ -23,10 +26,71 @@ from minfer.runtime.engine import Engine
 N = 128
 
 
-def one(eng, depth, way, rng, vocab):
+class Clocks:
+    """NVML samples (t, SM MHz, power W, clock-event reason bits) from a thread, GPU 0 of NVML's
+    order unless CUDA's device 0 is found by its PCI bus id. None when NVML cannot be loaded."""
+
+    def __init__(self):
+        import ctypes
+        import threading
+
+        self.ct = ctypes
+        self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        assert self.lib.nvmlInit_v2() == 0
+        self.h = ctypes.c_void_p()
+        pr = torch.cuda.get_device_properties(0)
+        bus = f"{getattr(pr, 'pci_domain_id', 0):08x}:{getattr(pr, 'pci_bus_id', 0):02x}:" \
+              f"{getattr(pr, 'pci_device_id', 0):02x}.0".encode()
+        if self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(self.h)) != 0:
+            assert self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.h)) == 0
+        self.samples = []
+        self.stop = threading.Event()
+        self.th = None
+
+    def read(self):
+        c, pw, r = self.ct.c_uint(), self.ct.c_uint(), self.ct.c_ulonglong()
+        self.lib.nvmlDeviceGetClockInfo(self.h, 1, self.ct.byref(c))          # NVML_CLOCK_SM
+        self.lib.nvmlDeviceGetPowerUsage(self.h, self.ct.byref(pw))           # mW
+        self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.h, self.ct.byref(r))
+        return time.perf_counter(), c.value, pw.value / 1e3, r.value
+
+    def start(self):
+        import threading
+
+        self.samples, self.stop = [], threading.Event()
+
+        def run():
+            while not self.stop.is_set():
+                self.samples.append(self.read())
+                time.sleep(0.001)
+
+        self.th = threading.Thread(target=run, daemon=True)
+        self.th.start()
+
+    def finish(self):
+        self.stop.set()
+        self.th.join()
+        return self.samples
+
+
+def _clock_span(samples, t0, t1):
+    """Mean SM MHz, mean W, OR of the reason bits over samples in [t0, t1)."""
+    sel = [x for x in samples if t0 <= x[0] < t1]
+    if not sel:
+        return "-"
+    bits = 0
+    for x in sel:
+        bits |= x[3]
+    return f"{np.mean([x[1] for x in sel]):.0f} MHz {np.mean([x[2] for x in sel]):.0f} W 0x{bits:x}"
+
+
+def one(eng, depth, way, rng, vocab, clocks=None):
     ctx = rng.integers(0, vocab, size=depth).tolist()
     ids = rng.integers(0, vocab, size=N).tolist()
     eng.reset()
+    if way == "clocks":
+        clocks.start()
+    tp = time.perf_counter()
     if depth:
         eng.prefill(ctx)
     torch.cuda.synchronize()
@@ -57,6 +121,12 @@ def one(eng, depth, way, rng, vocab):
         gc.callbacks.remove(cb)
         gc.enable()
     torch.cuda.synchronize()
+    if way == "clocks":
+        smp = clocks.finish()
+        spans = [("prefill", tp, ts[0]), ("tokens 0-15", ts[0], ts[16]), ("16-63", ts[16], ts[64]),
+                 ("64-127", ts[64], ts[-1])]
+        print(f"  clocks, depth {depth}: " + "; ".join(f"{n} {_clock_span(smp, a, b)}" for n, a, b in spans),
+              flush=True)
     dt = np.diff(ts) * 1e6
     gpu = [a.elapsed_time(b) * 1e3 for a, b in ev]
     gct = sum(t1 - t0 for (p0, t0, _), (p1, t1, _) in zip(gcs[::2], gcs[1::2])) * 1e6
@@ -71,12 +141,18 @@ def main():
     vocab = eng.config.vocab
     rng = np.random.default_rng(0)
     ways = ["plain", "sleep", "nogc", "events"]
+    try:
+        clocks = Clocks()
+        ways.append("clocks")
+    except (OSError, AssertionError) as e:
+        print(f"NVML not available ({e}): no clocks way")
+        clocks = None
     for depth in depths:
         one(eng, depth, "plain", rng, vocab)      # warm-up: captures the graphs
         res = {w: [] for w in ways}
         for _ in range(3):
             for w in ways:
-                res[w].append(one(eng, depth, w, rng, vocab))
+                res[w].append(one(eng, depth, w, rng, vocab, clocks))
         print(f"depth {depth} (context {n_ctx}), 3 reps a way, us a token:")
         print("| way | mean | tokens 0-15 | 16-63 | 64-127 | slowest | GPU a token (events) | gc runs / us |")
         print("|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -286,3 +286,28 @@ def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
     for step, (x, r) in enumerate(zip(got, off)):
         assert rel(x, r) < 1e-4 and int(x.argmax()) == int(r.argmax()), (130 + step, rel(x, r))
     assert counts["graph.decode.capture"] == 2 and "graph.decode.capture.short" not in counts
+
+
+def test_grid_merge_graph_gives_the_combine_bits(tmp_path):
+    """Switches.decode_attn_grid_merge in the whole-cache graph (positions 130..149 of a 300-row
+    cache: several key splits a KV head): the attention's programs merge the splits after a grid
+    barrier instead of a combine launch, and every step's logits are the same bits as the engine's
+    with the switch off (decode_merge.py: the same merge arithmetic). The barrier's words are
+    shared by all layers and replays, and end each step with no arrivals."""
+    from minfer.ops import paths
+
+    p, a, b = _tiny_pair(tmp_path, 13, Switches(decode_attn_grid_merge=False),
+                         switches_a=Switches(decode_attn_grid_merge=True), ctx=300)
+    prompt = torch.randint(0, p.vocab, (130,), generator=torch.Generator().manual_seed(5)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)
+    t = int(lb.argmax())
+    paths.reset()
+    for step in range(20):
+        la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
+        assert torch.equal(la, lb), step
+        t = int(lb.argmax())
+    snap = paths.snapshot()
+    assert snap["counts"].get("attention.decode.grid_merge", 0) > 0 and not snap["fallbacks"], snap
+    assert snap["counts"]["graph.decode.replay"] == 40
+    assert int(a.ctx.workspace.attn_barrier()[0]) == 0

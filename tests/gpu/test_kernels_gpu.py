@@ -230,6 +230,57 @@ def test_decode_attention_kvpre_gpu(n):
     assert rel_err(a, b) < 1e-2
 
 
+@pytest.mark.parametrize("n", [129, 1000, 3355, 4096])
+@pytest.mark.parametrize("q8", [False, True])
+def test_decode_attention_grid_merge_gpu(n, q8):
+    """Switches.decode_attn_grid_merge at the 7B's heads (28 / 4 x 128, a 4,096-row cache: 32 key
+    splits a KV head, 128 programs, one an SM): the splits merged by the attention's own
+    programs after a grid barrier give the same bits as the combine launch -- the output and the
+    o projection's int8 words and scales -- and the float64 reference's values. Five launches on
+    one barrier: its arrivals are back at zero after each (graph replays reuse it)."""
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import decode_attention
+
+    g = torch.Generator().manual_seed(n)
+    kc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
+    vc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
+    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
+    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    bar = torch.zeros(2, dtype=torch.int32, device=DEV)
+    paths.reset()
+    got = [decode_attention(q, kc, vc, pos, n_keys_add=1, q8=q8, pre=True, grid_merge=True, bar=bar)
+           for _ in range(5)]
+    snap = paths.snapshot()
+    assert snap["counts"].get("attention.decode.grid_merge") == 5 and not snap["fallbacks"], snap
+    assert int(bar[0]) == 0 and int(bar[1]) == 5
+    want = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=q8, pre=True)
+    for x in got:
+        assert torch.equal(x, want)
+        if q8:
+            assert torch.equal(x.q8[0], want.q8[0]) and torch.equal(x.q8[1], want.q8[1])
+        else:
+            assert getattr(x, "q8", None) is None
+    assert rel_err(got[0], reference.attention(q.cpu().double(), kc.cpu().double(), vc.cpu().double(), n - 1)) < 1e-2
+
+
+def test_decode_attention_grid_merge_needs_one_program_an_sm():
+    """More split programs than SMs: no grid barrier (its programs might not all be resident), the
+    combine launch instead, counted as a fallback that names why."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import decode_attention
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    kc = torch.randn(8192, 8, 128, device=DEV).to(torch.bfloat16)
+    q = torch.randn(1, 32, 128, device=DEV).to(torch.bfloat16)
+    paths.reset()
+    a = decode_attention(q, kc, kc, 8000, programs=2 * sms + 8, grid_merge=True)
+    snap = paths.snapshot()
+    assert "attention.decode.grid_merge" not in snap["counts"]
+    assert [k for k in snap["fallbacks"] if k.startswith("attention.decode.grid_merge") and "SMs" in k], snap
+    assert torch.equal(a, decode_attention(q, kc, kc, 8000, programs=2 * sms + 8))
+
+
 @pytest.mark.parametrize("t,d", [(1, 3584), (7, 896), (333, 3584), (64, 576)])
 def test_add_rms_norm_fused_gpu(monkeypatch, t, d):
     from minfer.ops import paths, reference

@@ -129,9 +129,9 @@ def interpreted_modules(names: list[str]):
 # (name, type), for the CPU builds of tests/ops/test_pdl_preload_cpu.py and
 # test_decode_attn_pipeline_cpu.py (bf16 q and caches, float32 partials)
 DECODE_ATTN_SIG = list(zip(
-    ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "stride_qh", "stride_ks",
+    ["q", "kc", "vc", "n_keys", "part_o", "part_m", "part_l", "out", "xq", "xf", "bar", "stride_qh", "stride_ks",
      "stride_kh", "stride_vs", "stride_vh", "H", "G", "sm_scale", "window", "n_keys_add", "softcap"],
-    ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32"] + ["i32"] * 7
+    ["*bf16", "*bf16", "*bf16", "*i64", "*fp32", "*fp32", "*fp32", "*bf16", "*i32", "*fp32", "*i32"] + ["i32"] * 7
     + ["fp32", "i32", "i32", "fp32"]))
 
 

@@ -30,14 +30,15 @@ import sys
 names, types = zip(*json.loads(sys.argv[1]))
 # what a 7B launch specializes: every buffer and the strides (128, 512) multiples of 16; not the
 # key count's pointer (a view 8 bytes into the graph's input), not H = 28, G = 7
-hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)}
+hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}
 out = {}
-for name, direct, warps in (("split", False, 4), ("one_split", True, 8)):
+for name, direct, gm, warps in (("split", False, False, 4), ("one_split", True, False, 8),
+                                ("grid_merge", False, True, 4)):
     cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=True, KVPRE=False,
-               DIRECT=direct, Q8=direct)
+               DIRECT=direct, Q8=direct or gm, GM=gm, NSP=32)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex, hints), target=T, options={"num_warps": warps})
-    out[name] = {"ptx": k.asm["ptx"], "shared": k.metadata.shared}
+    out[name] = {"ptx": k.asm["ptx"], "shared": k.metadata.shared, "regs": k.n_regs if hasattr(k, "n_regs") else None}
 print(json.dumps(out))
 """
 
@@ -47,7 +48,7 @@ def builds():
     return sm90_builds(_COMPILE, DECODE_ATTN_SIG)
 
 
-@pytest.mark.parametrize("name", ["split", "one_split"])
+@pytest.mark.parametrize("name", ["split", "one_split", "grid_merge"])
 def test_the_key_value_tiles_are_loaded_with_cp_async(builds, name):
     ptx, shared = builds[name]["ptx"], builds[name]["shared"]
     assert ptx.count("cp.async.cg.shared.global") >= 8        # a 64 x 128 bf16 tile: >= 4 16-byte copies a thread, K and V

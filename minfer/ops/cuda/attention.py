@@ -23,6 +23,7 @@ import triton.language as tl
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
+from minfer.ops.cuda.decode_merge import _grid_merge, merge, nsp, outputs
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.sdpa_prefill import cudnn_causal, masked
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
@@ -68,15 +69,20 @@ def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
 
 
 @triton.jit
-def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
+def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, bar,
                         stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
                         H, G, sm_scale, window, n_keys_add, softcap,
                         D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr, BS: tl.constexpr,
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
-                        DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False):
-    """DIRECT (a grid of one key split): the program writes the normalized output acc / l
-    itself -- and with Q8 its int8 chunks, as _combine_kernel would -- instead of partials for a
+                        DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
+                        GM: tl.constexpr = False, NSP: tl.constexpr = 16):
+    """GM (Switches.decode_attn_grid_merge, several splits): after its partials the program
+    waits at a grid barrier, then merges chunks of the output itself (decode_merge._grid_merge:
+    the combine launch's bits), so no merge launch follows. bar: the barrier's two words.
+
+    DIRECT (a grid of one key split): the program writes the normalized output acc / l
+    itself -- and with Q8 its int8 chunks, as the merge would (decode_merge.py) -- instead of partials for a
     merge launch. The same bits as the merge of one split (its weight exp(0) = 1).
 
     PRE (Switches.decode_attn_preload): the key count and the program's key range are read
@@ -169,6 +175,9 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf,
     tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
+    if GM:
+        _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, sp * tl.num_programs(0) + kvh,
+                    tl.num_programs(0) * tl.num_programs(1), tl.num_programs(1), D, BD, NSP, Q8)
 
 
 @triton.jit
@@ -270,40 +279,11 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
 
 
-@triton.jit
-def _combine_kernel(part_o, part_m, part_l, out, xq, xf, H, NS, D: tl.constexpr, BD: tl.constexpr, DC: tl.constexpr,
-                    NSP: tl.constexpr, Q8: tl.constexpr, PDL: tl.constexpr):
-    """out[h, chunk] = sum_s w_s acc_s / sum_s w_s l_s with w_s = exp(m_s - max m): the splits'
-    softmax merged; program (h, j) does values [j*DC, (j+1)*DC) of head h. Every split's m, l
-    and partials are read in one round (NSP >= NS: no loop of dependent loads; the merge was
-    latency-bound when it looped over the splits 16 at a time, and a second round for the
-    partials of the non-empty splits only waited for the first). Empty splits (m = -inf) weigh
-    0; their partials are zeros (the attention kernel stores every split's)."""
-    pdl_enter(PDL)
-    h = tl.program_id(0)
-    j = tl.program_id(1)
-    c = tl.arange(0, NSP)
-    cm = c < NS
-    ms = tl.load(part_m + c * H + h, mask=cm, other=float("-inf"))
-    ls = tl.load(part_l + c * H + h, mask=cm, other=0.0)
-    M = tl.max(ms, axis=0)
-    live = ms > float("-inf")
-    w = tl.where(live, tl.exp(ms - M), 0.0)
-    d = j * DC + tl.arange(0, DC)
-    o = tl.load(part_o + (c * H + h)[:, None] * BD + d[None, :], mask=cm[:, None], other=0.0)
-    res = tl.sum(o * w[:, None], axis=0) / tl.sum(w * ls, axis=0)
-    tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
-    if Q8:
-        # the o projection's int8 input (gemv_q8's form): this program's chunk (DC == 32, D == BD)
-        cc = h * (D // 32) + j + tl.arange(0, 1)
-        _q8_chunks(tl.reshape(res, (1, 32)), cc, cc < H * (D // 32), xq, xf)
-
-
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, n_keys,
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
-                     tiles: int = 2) -> torch.Tensor:
+                     tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -323,7 +303,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (the reason given then, a spill at 4, came from a build without the launch's divisibility
     hints: with them neither spills, and the lookahead turns Triton's cp.async pipeline off,
     perf-log Z8). tiles (Switches.decode_attn_tiles): the fewest key tiles a
-    split program covers at the cache's full length (_n_split).
+    split program covers at the cache's full length (_n_split). grid_merge
+    (Switches.decode_attn_grid_merge): with several splits the attention's programs merge them
+    after a grid barrier (decode_merge.py) instead of a combine launch, where that is safe (at
+    most one program an SM, Dh a multiple of 32, not the interpreter; counted
+    `attention.decode.grid_merge`, a fallback otherwise); bar: its two int32 words (zeros; the
+    workspace's `attn_barrier()`, a fresh pair when None).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -344,9 +329,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     direct = n_split == 1 and direct
     if direct:      # one split: the kernel writes the output (and its q8 form), no merge launch
         paths.count("attention.decode.one_split")
-        out, xq, xf, q8 = _outputs(q.dtype, h, dh, bd, q8, q.device)
+        out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
     else:
         part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
+        grid_merge = grid_merge and _grid_merge_ok(q.device, hkv * n_split, dh, bd)
+        if grid_merge:
+            out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
+            if bar is None:
+                bar = torch.zeros(2, dtype=torch.int32, device=q.device)
     q2 = q.reshape(h, dh)
     if q2.stride(-1) != 1:
         q2 = q2.contiguous()
@@ -356,20 +346,50 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if direct:                             # the pointers a build does not use: any tensor
         part_o = part_m = part_l = out
         xq, xf = (xq, xf) if q8 else (out, out)
+    elif grid_merge:
+        xq, xf = (xq, xf) if q8 else (part_m, part_m)
     else:
         out = xq = xf = part_m
+    if not grid_merge:
+        bar = part_m
     _decode_attn_kernel[(hkv, n_split)](
-        q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, q2.stride(0), kc.stride(0), kc.stride(1),
+        q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, bar, q2.stride(0), kc.stride(0), kc.stride(1),
         vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=direct and q8,
-        AHEAD=bool(ahead), num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
-    if direct:
+        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
+        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
+    if direct or grid_merge:
         if q8:
             out.q8 = (xq, xf)
         return out
-    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+
+
+_sm_count: dict = {}
+
+
+def _grid_merge_ok(device, programs: int, dh: int, bd: int) -> bool:
+    """Whether a grid of `programs` split programs can merge after a barrier: all of them resident
+    at once (at most one an SM, whatever else the SMs hold), 32-value chunks inside one head, and
+    real concurrency (Triton's interpreter runs programs one by one: not taken, not counted)."""
+    from minfer.ops.cuda.dequant import interpret
+
+    if interpret() or device.type != "cuda":
+        return False
+    if dh != bd or dh % 32:
+        paths.fallback("attention.decode.grid_merge", f"head dim {dh} is not a power of two of at least 32")
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _sm_count.get(idx)
+    if sms is None:
+        sms = _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    if programs > sms:
+        paths.fallback("attention.decode.grid_merge", f"{programs} split programs > {sms} SMs (a grid barrier "
+                       "needs them all resident)")
+        return False
+    paths.count("attention.decode.grid_merge")
+    return True
 
 
 def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, tiles: int = 2) -> int:
@@ -390,33 +410,6 @@ def _partials(n_split: int, h: int, bd: int, device) -> tuple:
     return (torch.empty((n_split, h, bd), dtype=torch.float32, device=device),
             torch.empty((n_split, h), dtype=torch.float32, device=device),
             torch.empty((n_split, h), dtype=torch.float32, device=device))
-
-
-def _outputs(dtype, h: int, dh: int, bd: int, q8: bool, device) -> tuple:
-    """The attention's output (1, H, Dh) and, where the o projection takes it (q8 and the
-    shape allows), its int8 words and chunk scales (gemv_q8.py's form): (out, xq, xf, q8);
-    xq, xf are None without q8."""
-    out = torch.empty((1, h, dh), dtype=dtype, device=device)
-    q8 = q8 and dh == bd and dh % 32 == 0 and (h * dh) % 256 == 0
-    xq = torch.empty(h * dh // 4, dtype=torch.int32, device=device) if q8 else None
-    xf = torch.empty(h * dh // 8, dtype=torch.float32, device=device) if q8 else None
-    return out, xq, xf, q8
-
-
-def _merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
-    """The splits' partials merged (_combine_kernel) -> (1, H, Dh) in dtype; q8: with the row's
-    int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
-    bd = part_o.shape[-1]
-    out, xq, xf, q8 = _outputs(dtype, h, dh, bd, q8, part_o.device)
-    if not q8:
-        xq = xf = part_m
-    dc = 32 if bd % 32 == 0 else bd
-    _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
-                                   NSP=max(16, triton.next_power_of_2(n_split)), Q8=q8, PDL=pdl,
-                                   num_warps=4, **launch_kw(pdl))
-    if q8:
-        out.q8 = (xq, xf)
-    return out
 
 
 def _key_tile(q) -> int:
@@ -460,7 +453,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
         float(softcap) if softcap > 0 else 1.0,
         D=dh, NEOX=neox, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=k_cache.dtype == torch.float32,
         PDL=pdl, CAP=softcap > 0, PREWAIT=prewait, num_warps=4, **launch_kw(pdl))
-    return _merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
@@ -487,7 +480,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
-                                tiles=sw.decode_attn_tiles)
+                                tiles=sw.decode_attn_tiles, grid_merge=sw.decode_attn_grid_merge,
+                                bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
+                                and ctx.workspace is not None else None)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):

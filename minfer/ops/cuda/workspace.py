@@ -41,6 +41,7 @@ class Workspace:
         self._runners: dict = {}     # dtype -> Runner (two buffers, side stream, sequence)
         self._bias: dict = {}        # (weights, dtype) -> (the source biases, converted/concatenated)
         self._gemv = None            # gemv_repack.GemvWorkspace: split-K ticket counters, made once
+        self._bar = None             # the decode attention's grid-merge barrier (attn_barrier)
 
     @classmethod
     def for_model(cls, model) -> "Workspace":
@@ -114,6 +115,14 @@ class Workspace:
 
             self._gemv = GemvWorkspace(self.device)
         return self._gemv
+
+    def attn_barrier(self) -> torch.Tensor:
+        """The decode attention's grid-merge barrier: two int32 words, zero arrivals between
+        launches (self-resetting, so CUDA-graph replays reuse it; ops/cuda/decode_merge.py). One
+        for every layer: each layer's attention grid completes before the next one's starts."""
+        if self._bar is None:
+            self._bar = torch.zeros(2, dtype=torch.int32, device=self.device)
+        return self._bar
 
     def runner(self, dtype, sw) -> Runner:
         r = self._runners.get(dtype)
