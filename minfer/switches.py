@@ -213,8 +213,10 @@ class Switches:
                               "NORM). 1: each program sums the squares of the whole row (H200 graph +77 us at d16, "
                               "+50 at d3354: 576 programs read the row, perf-log W3); 2: the down GEMV's epilogue "
                               "adds the residual and sums its squares per row tile, q/k/v reads those sums and its "
-                              "own chunks (H200 graph +21 us at d16, +8 at d3354: slower, perf-log X0); 0: the "
-                              "norm kernel, then the GEMV",
+                              "own chunks (H200 graph +21 us at d16, +8 at d3354: slower, perf-log X0); 3: that "
+                              "epilogue, and the down GEMV's program finishing its last row tile makes the whole "
+                              "normed row and its q8 form (gemv_q8g_norm._norm_tail), q/k/v reads them as from "
+                              "the norm kernel; 0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "

@@ -24,7 +24,8 @@ from minfer.ops.cuda.gemv_repack import splits
 
 SMS, REGS_SM, WARPS_SM, PROGS_SM = 132, 65536, 64, 32
 NAMES = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp", "tlb"]
+         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp", "tlb",
+         "th", "tq", "tf"]
 PLANES = {12: ["*i32", "*i16", "*i32", "*i32"], 14: ["*i32", "*i16", "*i16", "*fp16"]}
 MIXED = {"Q4_K 4608x3584"}           # the 7B's q/k/v: its v is Q6_K in some layers (a second segment), a
                                      # separate build from the all-Q4_K layers': both are listed
@@ -55,7 +56,7 @@ def build(key: str, cfg: tuple, mixed: bool):
     _, split = splits(k // 256, split, bb)
     second = PLANES[14] if mixed else PLANES[qt]
     types = PLANES[qt] + second + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=mixed, BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
                HAS_BIAS=mixed, HAS_RESID=False, PDL=1, PF=pf, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=False)
     sig = dict(zip(NAMES, types)) | {c: "constexpr" for c in cex}

@@ -162,3 +162,63 @@ def test_graphed_decode_with_the_residual_and_norm_in_the_gemvs(tmp_path, monkey
     assert counts.get("qmatmul.residual_norm", 0) == counts.get("gemv_q8.residual_sumsq", 0) > 0, counts
     assert counts.get("gemv_q8.norm_prologue", 0) == counts["qmatmul.residual_norm"], counts
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+# ---------------------------------------------------------------- mode 3: the norm in the down GEMV's tail
+
+
+@pytest.mark.parametrize("qt,cfg", [(12, None), (14, None), (12, (32, 2, 1, 4, True)), (14, (16, 1, 9, 2))])
+def test_norm_tail_matches_the_norm_kernel_on_s(qt, cfg):
+    """gemv_q8_residual with the norm tail (Switches.norm_into_gemv = 3) at the 7B's down shape, split
+    and unsplit configs: s is the mode-2 epilogue's, bit for bit; h and its q8 form against the
+    norm kernel run on that s (q8_rows: the sum of squares in another order, so h within bf16
+    rounding and the q8 words within one step at a flip); five launches on one workspace leave
+    its counters at zero."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import q8_rows
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, _ = _weight(qt, 3584, 18944, seed=50 + qt)
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(qt + 7)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    for i in range(5):
+        a = torch.randn(1, 18944, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
+        q8 = Q.quantize(a)
+        s2, _ = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg)
+        paths.reset()
+        r = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg, tail=(nw, 1e-6))
+        assert r is not None
+        s, _, h = r
+        snap = paths.snapshot()
+        assert snap["counts"] == {"gemv_q8.gluon": 1, "gemv_q8.residual_sumsq": 1, "gemv_q8.norm_tail": 1}, snap
+        assert torch.equal(s, s2), i
+        _, href, (rq, rf) = q8_rows._q8_launch(s, None, None, nw, 1e-6, torch.bfloat16, False)
+        hq, hf = h.q8
+        assert rel_err(h, href.double()) < 1e-2, i
+        fa, fb = hf.view(-1, 4), rf.view(-1, 4)
+        assert rel_err(fa[:, 0], fb[:, 0].double()) < 1e-5 and torch.equal(fa[:, 3], fb[:, 3]), i   # d; 0
+        # s0, s1 = d * the half sums of q: a flipped value moves one by d
+        assert bool(((fa[:, 1:3] - fb[:, 1:3]).abs() <= 1.01 * fb[:, :1] + 1e-12).all()), i
+        # int8 values, one byte a value: at most a rounding flip (one step) anywhere
+        qa = hq.view(torch.int8).to(torch.int32)
+        qb = rq.view(torch.int8).to(torch.int32)
+        assert int((qa - qb).abs().max()) <= 1 and float((qa != qb).float().mean()) < 1e-2, i
+        assert int(ws.cnt.abs().sum()) == 0, i
+
+
+def test_graphed_decode_with_the_norm_tail(tmp_path, monkeypatch):
+    """norm_into_gemv = 3 in a whole model's graphed greedy decode against 0 (graphed_pair's rule):
+    the down GEMVs make the next layer's normed row, no norm launch before q/k/v."""
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=3), None, seed=12, prompt_seed=8,
+                           n_prompt=9)
+    c = snap["counts"]
+    assert c.get("gemv_q8.norm_tail", 0) > 0 and c.get("qmatmul.residual_norm", 0) == c["gemv_q8.norm_tail"], c
+    assert "add_rms_norm.into_gemv" not in c and "gemv_q8.norm_prologue" not in c, c
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]

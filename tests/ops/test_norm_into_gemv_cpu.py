@@ -110,21 +110,23 @@ from minfer.ops.cuda import gemv_q8_gluon as GL
 
 names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
          "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt", "ssp",
-         "tlb"]
+         "tlb", "th", "tq", "tf"]
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
 for key, qt, mixed, bn, bb, pf, nchp, norm, rss in json.loads(sys.argv[1]):
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
-        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]
+        ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
+                       "*fp32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True,
                HAS_BIAS=bool(mixed), HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=norm,
-               KP2={0: 1, 1: 4096, 2: 256}[norm], NCHP=nchp if norm else 1, RSS=bool(rss))
+               KP2={0: 1, 1: 4096, 2: 256}[norm], NCHP=nchp if norm else 1, RSS=bool(rss), TAIL=rss == 2)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     out[key] = k.asm["ptx"]
+    out[key + " cubin"] = k.asm["cubin"].hex()
     out[key + " smem"] = k.metadata.shared
 print(json.dumps(out))
 """
@@ -134,7 +136,7 @@ print(json.dumps(out))
 # down projections (Q4_K and Q6_K) plain and with the residual epilogue
 _CASES = [(f"{mixed} {bn} {bb} {pf} {norm}", 12, mixed, bn, bb, pf, nchp, norm, 0)
           for mixed, bn, bb, pf, nchp in ((1, 32, 2, 1, 32), (0, 8, 16, 0, 128)) for norm in (0, 1, 2)]
-_CASES += [(f"down {qt} {rss}", qt, 0, 16, 2, 1, 1, 0, rss) for qt in (12, 14) for rss in (0, 1)]
+_CASES += [(f"down {qt} {rss}", qt, 0, 16, 2, 1, 1, 0, rss) for qt in (12, 14) for rss in (0, 1, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +183,33 @@ def test_residual_epilogue_builds(ptx, qt):
     assert rss.count("ld.global") > plain.count("ld.global")
 
 
+@pytest.mark.parametrize("qt", [12, 14])
+def test_norm_tail_builds(ptx, qt):
+    """TAIL (norm_into_gemv = 3): the RSS build plus one more ticket atomic, its reset, the tail's
+    stores (h, the q8 words and scales), L2-only loads of what other programs stored (.cg), the
+    same dot products, and no more registers than the RSS build needs plus a little (the tail runs
+    after the K loop, whose registers are free then)."""
+    import subprocess
+    import tempfile
+
+    rss, tail = ptx[f"down {qt} 1"], ptx[f"down {qt} 2"]
+    assert tail.count("dp4a") == rss.count("dp4a") > 0
+    assert tail.count("atom.global") >= rss.count("atom.global") + 2
+    assert tail.count("st.global") > rss.count("st.global")
+    assert tail.count("ld.global.cg") > rss.count("ld.global.cg")
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    regs = {}
+    for key in (f"down {qt} 1", f"down {qt} 2"):
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+            f.write(bytes.fromhex(ptx[key + " cubin"]))
+            f.flush()
+            use = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+        regs[key] = int(use.split("REG:")[1].split()[0])
+    assert regs[f"down {qt} 2"] <= regs[f"down {qt} 1"] + 16, regs
+
+
 # ---------------------------------------------------------------- mode 2: the residual from the down GEMV
 
 
@@ -211,6 +240,34 @@ def test_linear_add_rms_norm_falls_back_to_the_two_ops_bit_for_bit(M):
     assert snap["counts"].get("add_rms_norm.into_gemv") == 1
     q8 = h.prenorm.materialize()
     assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(q8[0], q80[0]) and torch.equal(q8[1], q80[1])
+
+
+def test_norm_tail_falls_back_to_the_norm_kernel_bit_for_bit(M):
+    """norm_into_gemv = 3 in the interpreter (the tail is Gluon-only): a counted fallback, then the
+    GEMV and the add + norm + q8 kernel itself -- not mode 1's deferral to the q/k/v programs -- so h
+    arrives whole with its q8 row, the bits of linear + add_rms_norm without the switch."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    G, Q, qmatmul = M["gemv_repack"], M["gemv_q8"], M["qmatmul"]
+    k, d = 512, 256
+    raw = torch.from_numpy(random_weight(14, d, k, np.random.default_rng(18)))
+    w = _qweight(raw, 14, d, k)
+    w.repacked = G.repack(raw, 14, d, k)
+    x, _, g = _row(d, 19)
+    a = torch.randn(1, k, generator=torch.Generator().manual_seed(20)).to(torch.bfloat16)
+    a.q8 = Q.quantize(a, interpret=True)
+    ref_y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
+    s0, h0, q80 = Q.add_rms_norm_q8(x, ref_y, g, 1e-6, torch.bfloat16, interpret=True)
+    paths.reset()
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, g, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=3), None),
+                                       into_linear=True)
+    snap = paths.snapshot()
+    assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
+    assert snap["counts"].get("add_rms_norm.q8") == 1 and "add_rms_norm.into_gemv" not in snap["counts"], snap
+    assert getattr(h, "prenorm", None) is None
+    assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(h.q8[0], q80[0]) and torch.equal(h.q8[1], q80[1])
 
 
 def test_prenorm_from_the_residual_materializes_the_norm_of_s(M):

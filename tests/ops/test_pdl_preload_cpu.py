@@ -38,10 +38,10 @@ for pre in (0, 1):
     out[f"norm {pre}"] = k.asm["ptx"]
     names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
              "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
-             "ssp", "tlb"]
+             "ssp", "tlb", "th", "tq", "tf"]
     planes = ["*i32", "*i16", "*i32", "*i32"]
     types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=True, HAS_RESID=False,
                PDL=1, PF=True, PRE=bool(pre), NORM=0, KP2=1, NCHP=1, RSS=False)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}

@@ -28,6 +28,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   add_rms_norm.into_gemv         that row left to the q/k/v GEMV (norm_into_gemv): gemv_q8.norm_prologue
   qmatmul.residual_norm          the residual add and its sums of squares in the down GEMV's epilogue
                                  (gemv_q8.residual_sumsq; norm_into_gemv = 2), the norm left to q/k/v
+  gemv_q8.norm_tail              norm_into_gemv = 3: that GEMV's last row tile also makes the normed row
+                                 and its q8 form (gemv_q8g_norm._norm_tail), no norm launch
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask

@@ -359,13 +359,16 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
-                     preload: bool = True, config=None) -> tuple | None:
+                     preload: bool = True, config=None, tail=None) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
     Switches.norm_into_gemv = 2). config: an explicit (BN, BB, SPLIT, warps[, prefetch]) instead
     of the table's. None where the Gluon kernel does not take this launch (the interpreter, a
-    shape not in its table, another GPU): the caller runs the GEMV and the add + norm kernel."""
+    shape not in its table, another GPU): the caller runs the GEMV and the add + norm kernel.
+    tail: (weight (N,), eps) -- the program that finishes the last row tile also makes h =
+    rms_norm(s) * weight in act_dtype with its q8 form (Switches.norm_into_gemv = 3,
+    gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set."""
     xq, xf = q8
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
@@ -385,9 +388,19 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
+    tl_args = h = None
+    if tail is not None:
+        paths.count("gemv_q8.norm_tail")
+        # the tile tickets and the tail's (cnt[tiles]), zeros between launches, also without a split
+        cnt = ws.counters(tiles + 1) if ws is not None else torch.zeros(tiles + 1, dtype=torch.int32, device=xq.device)
+        h = torch.empty((1, n), dtype=act_dtype, device=xq.device)
+        hq = torch.empty(n // 4, dtype=torch.int32, device=xq.device)
+        hf = torch.empty(n // 8, dtype=torch.float32, device=xq.device)
+        tl_args = (tail[0], float(tail[1]), h, hq, hf)
+        h.q8 = (hq, hf)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late)
-    return s, ssp
+              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args)
+    return (s, ssp, h) if tail is not None else (s, ssp)
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:

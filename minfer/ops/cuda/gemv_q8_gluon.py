@@ -58,7 +58,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_norm import _finish_rss, _norm_q8_smem, _norm_rstd, _ss_rstd
+from minfer.ops.cuda.gemv_q8g_norm import _finish_rss, _norm_q8_smem, _norm_rstd, _norm_tail, _ss_rstd
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
@@ -137,7 +137,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
           HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
-          NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False):
+          NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
+          TAIL: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -157,7 +158,11 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
 
     RSS (the GEMV before such a NORM == 2 launch): resid is the residual x (float32); the epilogue
     rounds each row sum to ydt's dtype (as the GEMV output the add + norm kernel read), stores s =
-    x + that in float32 into out, and the sum of the tile's s^2 into ssp[pid_n]."""
+    x + that in float32 into out, and the sum of the tile's s^2 into ssp[pid_n].
+
+    TAIL (with RSS, one weight: Switches.norm_into_gemv = 3): the program that finishes the last
+    row tile also makes the next layer's normed row h (th) by ng and eps and its q8 form (gq, gf)
+    for all N values (gemv_q8g_norm._norm_tail; its ticket is cnt[nss], nss the tiles)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -269,8 +274,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             else:
                 _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
             gl.atomic_xchg(cnt + pid_n, 0)
+            if TAIL:
+                _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
     elif RSS:
         _finish_rss(res, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+        if TAIL:
+            _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
     else:
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:
@@ -348,12 +357,12 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
-                     RSS: gl.constexpr = False, TL: gl.constexpr = False):
+                     RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -373,9 +382,10 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
     else:
+        # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
-              blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
+              blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -472,7 +482,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0):
+           regs: int = 0, tail=None):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -480,7 +490,10 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     rss: (ssp float32 (tiles,), ydt: a tensor of the activation dtype) -- resid is the residual x,
     out (float32) receives x + the row sums rounded to that dtype, ssp each tile's sum of squares
     of it (RSS). regs: a register cap (Triton's maxnreg; 0: the compiler's choice), the table's sixth
-    field: fewer registers a thread, more programs an SM (a grid of one wave instead of 1.1)."""
+    field: fewer registers a thread, more programs an SM (a grid of one wave instead of 1.1).
+    tail (with rss, one weight): (weight (N,), eps, h (1, N), hq (N/4,) int32, hf (N/8,) float32) --
+    the program finishing the last row tile makes h = rms_norm(out) * weight and its q8 form
+    (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
@@ -491,17 +504,23 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
         (nx, ny, nss, ng, eps), mode = norm_ss, 2
         kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
     ssp, ydt = rss if rss is not None else (out, out)
+    th = tq = tf = out
+    if tail is not None:
+        if rss is None or len(segs) != 1 or norm is not None or norm_ss is not None:
+            raise ValueError("the norm tail needs the RSS epilogue of one weight and no norm prologue")
+        ng, eps, th, tq, tf = tail
+        nss = ta
     rec = timeline.RECORDER
     tlb = rec.buffer(f"{n}x{nb * 256}", grid, out.device) if rec is not None else out
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
-                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb,
+                           n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb, th, tq, tf,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
-                           TL=rec is not None,
+                           TL=rec is not None, TAIL=tail is not None,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 

@@ -380,7 +380,9 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
 def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
                         ctx: Context | None = None, into_linear: bool = False) -> tuple:
     """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). With
-    Switches.norm_into_gemv = 2 and into_linear, one decode row on the q8 Gluon GEMV: its epilogue
+    Switches.norm_into_gemv = 3, one decode row on the q8 Gluon GEMV: its epilogue stores s and the
+    program finishing its last row tile makes h and h's q8 form (gemv_q8g_norm._norm_tail; h is
+    whole, so any consumer may read it). With 2 and into_linear: its epilogue
     stores s (float32) and each row tile's sum of s^2 (gemv_q8.gemv_q8_residual), and h is left to
     the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
     `qmatmul.residual_norm`). Otherwise, and where that GEMV does not apply (counted as a
@@ -389,7 +391,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
 
     _check(a, w)
     sw, ws = _ctx(ctx, a.device)
-    if into_linear and sw.norm_into_gemv >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
+    tail = sw.norm_into_gemv == 3
+    if (into_linear or tail) and sw.norm_into_gemv >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
         rw = gemv_repack.planes_of(w) if sw.gemv else None
         r = None
         if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
@@ -397,15 +400,18 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             kw = _q8_kw(sw, a)
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
-                                         preload=kw["preload"])
+                                         preload=kw["preload"], tail=(weight, eps) if tail else None)
         if r is not None:
             paths.count("qmatmul.residual_norm")
+            if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
+                return r[0], r[2]
             s, ssp = r
             return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp)
         paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row "
                        "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
     y = _linear(a, w, None, sw, ws)
-    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
+    # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and not tail)
 
 
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
