@@ -246,6 +246,11 @@ class Switches:
                                        "attention's own programs merge the splits after a barrier inside the grid "
                                        "(at most one program an SM), no combine launch a layer (ops/cuda/"
                                        "decode_merge.py; off: the combine launch)", kind="tuning")
+    decode_attn_vsplit: int = _sw(1, "MINFER_DECODE_ATTN_VSPLIT",
+                                  "single-sequence decode attention with one key split (the short graph's): "
+                                  "each KV head's program spread over this many programs (1, 2 or 4), each "
+                                  "reading all of K and a slice of V's dims and writing that slice of the output "
+                                  "(ops/cuda/attention.py VS)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches (ops/cuda/attention.py "

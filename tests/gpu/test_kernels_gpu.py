@@ -264,6 +264,31 @@ def test_decode_attention_grid_merge_gpu(n, q8):
     assert rel_err(got[0], reference.attention(q.cpu().double(), kc.cpu().double(), vc.cpu().double(), n - 1)) < 1e-2
 
 
+@pytest.mark.parametrize("n", [1, 17, 64, 65, 128])
+@pytest.mark.parametrize("vsplit", [2, 4])
+def test_decode_attention_v_split_gpu(n, vsplit):
+    """Switches.decode_attn_vsplit at the 7B's heads over a 128-row view (the short graph's one
+    split): V slices of 64 / 32 dims give the float64 reference's attention and, within bf16
+    rounding, the one-program output; the o projection's int8 words within one step."""
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import decode_attention
+
+    g = torch.Generator().manual_seed(n + vsplit)
+    kc = torch.randn(128, 4, 128, generator=g).to(torch.bfloat16)
+    vc = torch.randn(128, 4, 128, generator=g).to(torch.bfloat16)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
+    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
+    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
+    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    paths.reset()
+    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=vsplit)
+    assert paths.snapshot()["counts"].get(f"attention.decode.one_split.v{vsplit}") == 1
+    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True)
+    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1
+
+
 def test_decode_attention_grid_merge_needs_one_program_an_sm():
     """More split programs than SMs: no grid barrier (its programs might not all be resident), the
     combine launch instead, counted as a fallback that names why."""

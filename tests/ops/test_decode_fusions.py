@@ -286,3 +286,34 @@ def test_decode_attention_one_tile_splits_match_the_reference(M, n_keys, S):
     assert ("attention.decode.one_split" in paths.snapshot()["counts"]) == (S <= 32)
     assert A._n_split(S, 16, Hkv, 264, None, 1) == (1 if S <= 32 else S // 16)
     assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, 0)) < 1e-5
+
+
+@pytest.mark.parametrize("Dh,vsplit,n_keys,window", [(128, 4, 5, 0), (128, 4, 32, 0), (128, 2, 29, 9), (64, 2, 17, 0),
+                                                     (64, 4, 17, 0)])
+def test_decode_attention_v_split_one_split(M, Dh, vsplit, n_keys, window):
+    """Switches.decode_attn_vsplit: the one-split kernel spread over V slices -- each program all of K's
+    dims, 1/vsplit of V's -- writes the output and its int8 words and chunk scales as the whole-V
+    program does (the same scores; the interpreter's dots: within float32 rounding) and the
+    reference's values; counted as `attention.decode.one_split.v<n>`; a slice under 32 dims (64 /
+    4) keeps one program a KV head, uncounted."""
+    from minfer.ops import paths
+
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys * 7 + Dh + vsplit)
+    H, Hkv, S = 28, 4, 32
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    paths.reset()
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, vsplit=vsplit)
+    counts = paths.snapshot()["counts"]
+    split = Dh // vsplit >= 32
+    assert counts.get("attention.decode.one_split") == 1
+    assert counts.get(f"attention.decode.one_split.v{vsplit}") == (1 if split else None), counts
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True)
+    assert rel_err(a, b) < 1e-6
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5
+    with pytest.raises(Exception, match="MINFER_DECODE_ATTN_VSPLIT=3"):
+        A.decode_attention(q, kc, vc, pos, n_keys_add=1, vsplit=3)

@@ -23,7 +23,7 @@ import triton.language as tl
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda.decode_merge import _grid_merge, merge, nsp, outputs
+from minfer.ops.cuda.decode_merge import _grid_merge, grid_merge_ok, merge, nsp, outputs
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.sdpa_prefill import cudnn_causal, masked
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
@@ -76,8 +76,12 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
                         DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                        GM: tl.constexpr = False, NSP: tl.constexpr = 16):
-    """GM (Switches.decode_attn_grid_merge, several splits): after its partials the program
+                        GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1):
+    """VS (Switches.decode_attn_vsplit, DIRECT only): program (kvh, vs) computes the scores over all
+    the keys' dims but the output's dims [vs * BD / VS, (vs + 1) * BD / VS) only, reading that
+    slice of V: a KV head's one key split spread over VS SMs (each reads all of K, 1/VS of V).
+
+    GM (Switches.decode_attn_grid_merge, several splits): after its partials the program
     waits at a grid barrier, then merges chunks of the output itself (decode_merge._grid_merge:
     the combine launch's bits), so no merge launch follows. bar: the barrier's two words.
 
@@ -99,12 +103,20 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
-    sp = tl.program_id(1)
+    DV: tl.constexpr = BD // VS
+    if VS > 1:                                           # (DIRECT) the grid's second axis: V slices
+        vs = tl.program_id(1)
+        sp = 0
+        nsp = 1
+    else:
+        vs = 0
+        sp = tl.program_id(1)
+        nsp = tl.num_programs(1)
     L = tl.load(n_keys) + n_keys_add
     # the keys split evenly over the grid's programs at THIS length (a graph's grid is sized for
     # the whole cache; a split fixed at capture would leave most programs empty at short
     # lengths and few, long ones at depth), whole BS tiles per program
-    kps = tl.cdiv(tl.cdiv(L, tl.num_programs(1)), BS) * BS
+    kps = tl.cdiv(tl.cdiv(L, nsp), BS) * BS
     s1 = tl.minimum(sp * kps + kps, L)
     s0 = tl.maximum(sp * kps, L - window)                # sliding window: the last `window` keys
     g = tl.arange(0, GP)
@@ -112,6 +124,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     qh = kvh * G + g
     d = tl.arange(0, BD)
     dm = d < D
+    dv = vs * DV + tl.arange(0, DV)
+    dvm = dv < D
     if KVPRE:
         cend = tl.minimum(s1, L - 1)                     # the first tile's cached rows
         s = s0 + tl.arange(0, BS)
@@ -122,7 +136,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, BD], dtype=tl.float32)
+    acc = tl.zeros([GP, DV], dtype=tl.float32)
     first = s0
     if KVPRE:
         if s0 < cend:
@@ -150,7 +164,14 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             s = start + tl.arange(0, BS)
             sm = s < s1
             # V issued with K, before the scores need K (at depth most programs have a single tile)
-            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
+            if VS > 1:
+                k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :],
+                            mask=sm[:, None] & dm[None, :], other=0.0)
+                v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + dv[None, :],
+                            mask=sm[:, None] & dvm[None, :], other=0.0)
+            else:
+                k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs,
+                                stride_vh)
             m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     if KVPRE:
         r = L - 1
@@ -163,21 +184,22 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     om = gm[:, None] & dm[None, :]
     if DIRECT:
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out + qh[:, None] * D + d[None, :], res.to(out.dtype.element_ty), mask=om)
+        tl.store(out + qh[:, None] * D + dv[None, :], res.to(out.dtype.element_ty), mask=gm[:, None] & dvm[None, :])
         if Q8:
-            # the o projection's int8 input (gemv_q8's form), chunk h * D/32 + j of head h (D == BD)
-            NC: tl.constexpr = GP * BD // 32
-            j = tl.arange(0, BD // 32)
-            cc = tl.reshape(qh[:, None] * (BD // 32) + j[None, :], (NC,))
-            cm = tl.reshape(gm[:, None] & (j < BD // 32)[None, :], (NC,))
+            # the o projection's int8 input (gemv_q8's form), chunk h * D/32 + j of head h (D == BD;
+            # this program's V slice: chunks vs * DV/32 ..)
+            NC: tl.constexpr = GP * DV // 32
+            j = tl.arange(0, DV // 32)
+            cc = tl.reshape(qh[:, None] * (BD // 32) + vs * (DV // 32) + j[None, :], (NC,))
+            cm = tl.reshape(gm[:, None] & (j < DV // 32)[None, :], (NC,))
             _q8_chunks(tl.reshape(res, (NC, 32)), cc, cm, xq, xf)
-        return
-    tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
-    tl.store(part_m + sp * H + qh, m_i, mask=gm)
-    tl.store(part_l + sp * H + qh, l_i, mask=gm)
-    if GM:
-        _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, sp * tl.num_programs(0) + kvh,
-                    tl.num_programs(0) * tl.num_programs(1), tl.num_programs(1), D, BD, NSP, Q8)
+    else:
+        tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
+        tl.store(part_m + sp * H + qh, m_i, mask=gm)
+        tl.store(part_l + sp * H + qh, l_i, mask=gm)
+        if GM:
+            _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, sp * tl.num_programs(0) + kvh,
+                        tl.num_programs(0) * tl.num_programs(1), tl.num_programs(1), D, BD, NSP, Q8)
 
 
 @triton.jit
@@ -283,7 +305,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      n_split: int | None = None, window: int = 0, q8: bool = False, n_keys_add: int = 0,
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
-                     tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None) -> torch.Tensor:
+                     tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
+                     vsplit: int = 1) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -308,7 +331,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     after a grid barrier (decode_merge.py) instead of a combine launch, where that is safe (at
     most one program an SM, Dh a multiple of 32, not the interpreter; counted
     `attention.decode.grid_merge`, a fallback otherwise); bar: its two int32 words (zeros; the
-    workspace's `attn_barrier()`, a fresh pair when None).
+    workspace's `attn_barrier()`, a fresh pair when None). vsplit (Switches.decode_attn_vsplit):
+    with one split, each KV head's program is spread over this many programs by V's dims
+    (_decode_attn_kernel VS; 1, 2 or 4, slices of at least 32 dims; not with kvpre or ahead).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -327,12 +352,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     n_split = _n_split(span, bs, hkv, programs, n_split, tiles)
     bd = triton.next_power_of_2(dh)
     direct = n_split == 1 and direct
+    if vsplit not in (1, 2, 4):
+        raise MinferError(f"MINFER_DECODE_ATTN_VSPLIT={vsplit}: the one-split decode attention's V slices must be "
+                          "1, 2 or 4")
+    vs = vsplit if direct and not (kvpre or ahead) and bd == dh and (bd // vsplit) % 32 == 0 else 1
     if direct:      # one split: the kernel writes the output (and its q8 form), no merge launch
         paths.count("attention.decode.one_split")
+        if vs > 1:
+            paths.count(f"attention.decode.one_split.v{vs}")
         out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
     else:
         part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
-        grid_merge = grid_merge and _grid_merge_ok(q.device, hkv * n_split, dh, bd)
+        grid_merge = grid_merge and grid_merge_ok(q.device, hkv * n_split, dh, bd)
         if grid_merge:
             out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
             if bar is None:
@@ -352,44 +383,18 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = xq = xf = part_m
     if not grid_merge:
         bar = part_m
-    _decode_attn_kernel[(hkv, n_split)](
+    _decode_attn_kernel[(hkv, vs if direct else n_split)](
         q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, bar, q2.stride(0), kc.stride(0), kc.stride(1),
         vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
-        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
+        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
     if direct or grid_merge:
         if q8:
             out.q8 = (xq, xf)
         return out
     return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
-
-
-_sm_count: dict = {}
-
-
-def _grid_merge_ok(device, programs: int, dh: int, bd: int) -> bool:
-    """Whether a grid of `programs` split programs can merge after a barrier: all of them resident
-    at once (at most one an SM, whatever else the SMs hold), 32-value chunks inside one head, and
-    real concurrency (Triton's interpreter runs programs one by one: not taken, not counted)."""
-    from minfer.ops.cuda.dequant import interpret
-
-    if interpret() or device.type != "cuda":
-        return False
-    if dh != bd or dh % 32:
-        paths.fallback("attention.decode.grid_merge", f"head dim {dh} is not a power of two of at least 32")
-        return False
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    sms = _sm_count.get(idx)
-    if sms is None:
-        sms = _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    if programs > sms:
-        paths.fallback("attention.decode.grid_merge", f"{programs} split programs > {sms} SMs (a grid barrier "
-                       "needs them all resident)")
-        return False
-    paths.count("attention.decode.grid_merge")
-    return True
 
 
 def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, tiles: int = 2) -> int:
@@ -480,7 +485,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
-                                tiles=sw.decode_attn_tiles, grid_merge=sw.decode_attn_grid_merge,
+                                tiles=sw.decode_attn_tiles, vsplit=sw.decode_attn_vsplit,
+                                grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
                                 and ctx.workspace is not None else None)
     if t == 1:

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from minfer.ops import paths
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
 from minfer.ops.cuda.q8_rows import _q8_chunks
@@ -131,3 +132,29 @@ def merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool
     if q8:
         out.q8 = (xq, xf)
     return out
+
+
+_sm_count: dict = {}
+
+
+def grid_merge_ok(device, programs: int, dh: int, bd: int) -> bool:
+    """Whether a grid of `programs` split programs can merge after a barrier: all of them resident
+    at once (at most one an SM, whatever else the SMs hold), 32-value chunks inside one head, and
+    real concurrency (Triton's interpreter runs programs one by one: not taken, not counted)."""
+    from minfer.ops.cuda.dequant import interpret
+
+    if interpret() or device.type != "cuda":
+        return False
+    if dh != bd or dh % 32:
+        paths.fallback("attention.decode.grid_merge", f"head dim {dh} is not a power of two of at least 32")
+        return False
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    sms = _sm_count.get(idx)
+    if sms is None:
+        sms = _sm_count[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    if programs > sms:
+        paths.fallback("attention.decode.grid_merge", f"{programs} split programs > {sms} SMs (a grid barrier "
+                       "needs them all resident)")
+        return False
+    paths.count("attention.decode.grid_merge")
+    return True
