@@ -246,14 +246,17 @@ class Switches:
                                        "attention's own programs merge the splits after a barrier inside the grid "
                                        "(at most one program an SM), no combine launch a layer (ops/cuda/"
                                        "decode_merge.py; off: the combine launch)", kind="tuning")
-    decode_attn_vsplit: int = _sw(1, "MINFER_DECODE_ATTN_VSPLIT",
+    decode_attn_vsplit: int = _sw(4, "MINFER_DECODE_ATTN_VSPLIT",
                                   "single-sequence decode attention with one key split (the short graph's): "
                                   "each KV head's program spread over this many programs (1, 2 or 4), each "
-                                  "reading all of K and a slice of V's dims and writing that slice of the output "
-                                  "(ops/cuda/attention.py VS)", kind="tuning")
+                                  "reading all of K and a slice of V's dims and writing that slice of the output, "
+                                  "at decode_attn_warps warps (ops/cuda/attention.py VS; H200, 7B short graph "
+                                  "against 1 at 8 warps: 4 -35 / -40 / -42 us at positions 24 / 72 / 108, 2 "
+                                  "-26 / -32 / -28, perf-log AA5)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
-                                 "twice that for the one-split kernel of short caches (ops/cuda/attention.py "
+                                 "twice that for the one-split kernel of short caches without V slices "
+                                 "(decode_attn_vsplit 1; ops/cuda/attention.py "
                                  "_decode_attn_kernel; H200, 7B graph: 8 / 2 instead of 4 +8..+14 / +22..+25 us, "
                                  "the one-split kernel at 8 instead of 4 -9 / -5 us at positions 16 / 64, "
                                  "perf-log Z2)", kind="tuning")

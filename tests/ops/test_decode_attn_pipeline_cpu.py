@@ -33,7 +33,7 @@ names, types = zip(*json.loads(sys.argv[1]))
 hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}
 out = {}
 for name, direct, gm, warps, vs in (("split", False, False, 4, 1), ("one_split", True, False, 8, 1),
-                                    ("grid_merge", False, True, 4, 1), ("one_split_v4", True, False, 8, 4)):
+                                    ("grid_merge", False, True, 4, 1), ("one_split_v4", True, False, 4, 4)):
     cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=True, KVPRE=False,
                DIRECT=direct, Q8=direct or gm, GM=gm, NSP=32, VS=vs)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}

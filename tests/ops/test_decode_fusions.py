@@ -310,7 +310,7 @@ def test_decode_attention_v_split_one_split(M, Dh, vsplit, n_keys, window):
     split = Dh // vsplit >= 32
     assert counts.get("attention.decode.one_split") == 1
     assert counts.get(f"attention.decode.one_split.v{vsplit}") == (1 if split else None), counts
-    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True)
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, vsplit=1)
     assert rel_err(a, b) < 1e-6
     assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
     qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)

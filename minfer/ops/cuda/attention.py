@@ -306,7 +306,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
-                     vsplit: int = 1) -> torch.Tensor:
+                     vsplit: int = 4) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -319,8 +319,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     up to two key tiles: a short cache, or a graph captured over a short view of one, see
     runtime/cuda_graphs.py) the kernel writes the output itself, no merge launch (False: the
     partials and _combine_kernel, for tests). warps: the kernel's num_warps
-    (Switches.decode_attn_warps); twice that with one split (its 4 programs, one a KV head, are
-    the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64, perf-log Z2).
+    (Switches.decode_attn_warps); twice that with one split in one program a KV head (its 4
+    programs are the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64,
+    perf-log Z2), the value itself with V slices (vsplit > 1: 4 warps at VS 4 measured -9..-13 us
+    against 8, perf-log AA5).
     ahead (Switches.decode_attn_ahead): each program loads its next key tile before the math of
     this one (_decode_attn_kernel AHEAD); the split kernel then takes at least 8 warps, as measured
     (the reason given then, a spill at 4, came from a build without the launch's divisibility
@@ -333,7 +335,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     `attention.decode.grid_merge`, a fallback otherwise); bar: its two int32 words (zeros; the
     workspace's `attn_barrier()`, a fresh pair when None). vsplit (Switches.decode_attn_vsplit):
     with one split, each KV head's program is spread over this many programs by V's dims
-    (_decode_attn_kernel VS; 1, 2 or 4, slices of at least 32 dims; not with kvpre or ahead).
+    (_decode_attn_kernel VS; 1, 2 or 4, slices of at least 32 dims; not with kvpre or ahead; H200,
+    7B short graph: 4 slices at 4 warps -35 / -40 / -42 us at positions 24 / 72 / 108, perf-log AA5).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -389,7 +392,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
-        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, num_warps=2 * warps if direct else (max(8, warps) if ahead else warps), **launch_kw(pdl))
+        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs,
+        num_warps=(2 * warps if vs == 1 else warps) if direct else (max(8, warps) if ahead else warps),
+        **launch_kw(pdl))
     if direct or grid_merge:
         if q8:
             out.q8 = (xq, xf)
