@@ -253,6 +253,10 @@ class Switches:
                                   "at decode_attn_warps warps (ops/cuda/attention.py VS; H200, 7B short graph "
                                   "against 1 at 8 warps: 4 -35 / -40 / -42 us at positions 24 / 72 / 108, 2 "
                                   "-26 / -32 / -28, perf-log AA5)", kind="tuning")
+    decode_attn_split_vs: int = _sw(1, "MINFER_DECODE_ATTN_SPLIT_VS",
+                                    "single-sequence decode attention over several key splits: each split's "
+                                    "program spread over this many programs (1, 2 or 4) by V's dims, as "
+                                    "decode_attn_vsplit does for one split (ops/cuda/attention.py VS)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "

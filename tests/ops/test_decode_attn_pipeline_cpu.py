@@ -33,7 +33,8 @@ names, types = zip(*json.loads(sys.argv[1]))
 hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}
 out = {}
 for name, direct, gm, warps, vs in (("split", False, False, 4, 1), ("one_split", True, False, 8, 1),
-                                    ("grid_merge", False, True, 4, 1), ("one_split_v4", True, False, 4, 4)):
+                                    ("grid_merge", False, True, 4, 1), ("one_split_v4", True, False, 4, 4),
+                                    ("split_v2", False, False, 4, 2)):
     cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=True, KVPRE=False,
                DIRECT=direct, Q8=direct or gm, GM=gm, NSP=32, VS=vs)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
@@ -48,12 +49,12 @@ def builds():
     return sm90_builds(_COMPILE, DECODE_ATTN_SIG)
 
 
-@pytest.mark.parametrize("name", ["split", "one_split", "grid_merge", "one_split_v4"])
+@pytest.mark.parametrize("name", ["split", "one_split", "grid_merge", "one_split_v4", "split_v2"])
 def test_the_key_value_tiles_are_loaded_with_cp_async(builds, name):
     ptx, shared = builds[name]["ptx"], builds[name]["shared"]
     assert ptx.count("cp.async.cg.shared.global") >= 4        # a 64 x 128 bf16 K tile: >= 4 16-byte copies a thread
     assert ptx.count("cp.async.wait_group") >= 1
     # more than one stage of the tiles in shared memory (K 16 KB + V 16 KB, or 4 KB of a V slice):
     # the next tile's copies are in flight during this tile's math
-    v = 64 * 128 * 2 // (4 if name.endswith("_v4") else 1)
+    v = 64 * 128 * 2 // {"_v4": 4, "_v2": 2}.get(name[-3:], 1)
     assert shared > 2 * (64 * 128 * 2 + v)

@@ -317,3 +317,28 @@ def test_decode_attention_v_split_one_split(M, Dh, vsplit, n_keys, window):
     assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5
     with pytest.raises(Exception, match="MINFER_DECODE_ATTN_VSPLIT=3"):
         A.decode_attention(q, kc, vc, pos, n_keys_add=1, vsplit=3)
+
+
+@pytest.mark.parametrize("split_vs,n_keys,S,window", [(2, 70, 80, 0), (4, 80, 80, 0), (2, 37, 80, 16), (4, 33, 50, 0)])
+def test_decode_attention_v_split_key_splits(M, split_vs, n_keys, S, window):
+    """Switches.decode_attn_split_vs: each key split's program spread over V slices (slice 0 stores
+    the split's max and sum) gives, after the combine, the whole-V kernel's output and q8 form
+    (within float32 rounding) and the reference's values; counted `attention.decode.split.v<n>`.
+    16-key tiles in the interpreter: several splits from 33 rows on."""
+    from minfer.ops import paths
+
+    A = M["attention"]
+    g = torch.Generator().manual_seed(n_keys * 11 + S + split_vs)
+    H, Hkv, Dh = 28, 4, 128
+    q = torch.randn(1, H, Dh, generator=g)
+    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    paths.reset()
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, split_vs=split_vs)
+    counts = paths.snapshot()["counts"]
+    assert counts.get(f"attention.decode.split.v{split_vs}") == 1 and "attention.decode.one_split" not in counts
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True)
+    assert rel_err(a, b) < 1e-6
+    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5

@@ -23,7 +23,7 @@ import triton.language as tl
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda.decode_merge import _grid_merge, grid_merge_ok, merge, nsp, outputs
+from minfer.ops.cuda.decode_merge import _grid_merge, grid_merge_ok, merge, nsp, outputs, partials
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.sdpa_prefill import cudnn_causal, masked
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
@@ -77,9 +77,11 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
                         DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
                         GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1):
-    """VS (Switches.decode_attn_vsplit, DIRECT only): program (kvh, vs) computes the scores over all
-    the keys' dims but the output's dims [vs * BD / VS, (vs + 1) * BD / VS) only, reading that
-    slice of V: a KV head's one key split spread over VS SMs (each reads all of K, 1/VS of V).
+    """VS (Switches.decode_attn_vsplit with one split, decode_attn_split_vs with several): program
+    (kvh, sp * VS + vs) computes the scores of its keys over all their dims but the output's dims
+    [vs * BD / VS, (vs + 1) * BD / VS) only, reading that slice of V: a key range spread over VS
+    SMs (each reads all of K, 1/VS of V). With splits, slice vs of the partial acc; slice 0 stores
+    the max and sum (every slice computes the same ones).
 
     GM (Switches.decode_attn_grid_merge, several splits): after its partials the program
     waits at a grid barrier, then merges chunks of the output itself (decode_merge._grid_merge:
@@ -104,10 +106,10 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
     DV: tl.constexpr = BD // VS
-    if VS > 1:                                           # (DIRECT) the grid's second axis: V slices
-        vs = tl.program_id(1)
-        sp = 0
-        nsp = 1
+    if VS > 1:                                           # the grid's second axis: key splits x V slices
+        vs = tl.program_id(1) % VS
+        sp = tl.program_id(1) // VS
+        nsp = tl.num_programs(1) // VS
     else:
         vs = 0
         sp = tl.program_id(1)
@@ -143,12 +145,9 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
         first = s0 + BS
     if AHEAD:
-        # the next tile's keys/values loaded into registers before this tile's math, so that a
-        # program's tiles would wait for memory once. Measured slower on the H200 (graph +3..+26
-        # us, perf-log Z4). The plain loop, as launched (pointers and strides specialized as
-        # multiples of 16), is already pipelined by Triton through shared memory (cp.async, 70 KB,
-        # ~80 registers), and this lookahead turns that pipeline off (no cp.async, 148-197
-        # registers; perf-log Z8), hence off. Past s1 the loads are masked off.
+        # the next tile's keys/values loaded into registers before this tile's math: slower on the
+        # H200 (graph +3..+26 us, perf-log Z4); it turns off Triton's own cp.async pipeline of the
+        # plain loop (perf-log Z8), hence off. Past s1 the loads are masked off.
         s = first + tl.arange(0, BS)
         sm = s < s1
         k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
@@ -194,12 +193,13 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             cm = tl.reshape(gm[:, None] & (j < DV // 32)[None, :], (NC,))
             _q8_chunks(tl.reshape(res, (NC, 32)), cc, cm, xq, xf)
     else:
-        tl.store(part_o + (sp * H + qh[:, None]) * BD + d[None, :], acc, mask=om)
-        tl.store(part_m + sp * H + qh, m_i, mask=gm)
-        tl.store(part_l + sp * H + qh, l_i, mask=gm)
+        tl.store(part_o + (sp * H + qh[:, None]) * BD + dv[None, :], acc, mask=gm[:, None] & dvm[None, :])
+        if vs == 0:
+            tl.store(part_m + sp * H + qh, m_i, mask=gm)
+            tl.store(part_l + sp * H + qh, l_i, mask=gm)
         if GM:
-            _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, sp * tl.num_programs(0) + kvh,
-                        tl.num_programs(0) * tl.num_programs(1), tl.num_programs(1), D, BD, NSP, Q8)
+            _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, tl.program_id(1) * tl.num_programs(0) + kvh,
+                        tl.num_programs(0) * tl.num_programs(1), nsp, D, BD, NSP, Q8)
 
 
 @triton.jit
@@ -306,7 +306,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
-                     vsplit: int = 4) -> torch.Tensor:
+                     vsplit: int = 4, split_vs: int = 1) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -336,7 +336,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     workspace's `attn_barrier()`, a fresh pair when None). vsplit (Switches.decode_attn_vsplit):
     with one split, each KV head's program is spread over this many programs by V's dims
     (_decode_attn_kernel VS; 1, 2 or 4, slices of at least 32 dims; not with kvpre or ahead; H200,
-    7B short graph: 4 slices at 4 warps -35 / -40 / -42 us at positions 24 / 72 / 108, perf-log AA5).
+    7B short graph: 4 slices at 4 warps -35 / -40 / -42 us at positions 24 / 72 / 108, perf-log AA5);
+    split_vs (Switches.decode_attn_split_vs): the same for each key split of the split kernel
+    (slices of at least 16 dims).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -358,15 +360,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if vsplit not in (1, 2, 4):
         raise MinferError(f"MINFER_DECODE_ATTN_VSPLIT={vsplit}: the one-split decode attention's V slices must be "
                           "1, 2 or 4")
-    vs = vsplit if direct and not (kvpre or ahead) and bd == dh and (bd // vsplit) % 32 == 0 else 1
+    if split_vs not in (1, 2, 4):
+        raise MinferError(f"MINFER_DECODE_ATTN_SPLIT_VS={split_vs}: the split decode attention's V slices must be "
+                          "1, 2 or 4")
+    if direct:
+        vs = vsplit if not (kvpre or ahead) and bd == dh and (bd // vsplit) % 32 == 0 else 1
+    else:
+        vs = split_vs if not (kvpre or ahead) and (bd // split_vs) >= 16 else 1
+        if vs > 1:
+            paths.count(f"attention.decode.split.v{vs}")
     if direct:      # one split: the kernel writes the output (and its q8 form), no merge launch
         paths.count("attention.decode.one_split")
         if vs > 1:
             paths.count(f"attention.decode.one_split.v{vs}")
         out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
     else:
-        part_o, part_m, part_l = _partials(n_split, h, bd, q.device)
-        grid_merge = grid_merge and grid_merge_ok(q.device, hkv * n_split, dh, bd)
+        part_o, part_m, part_l = partials(n_split, h, bd, q.device)
+        grid_merge = grid_merge and grid_merge_ok(q.device, hkv * n_split * vs, dh, bd)
         if grid_merge:
             out, xq, xf, q8 = outputs(q.dtype, h, dh, bd, q8, q.device)
             if bar is None:
@@ -386,7 +396,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out = xq = xf = part_m
     if not grid_merge:
         bar = part_m
-    _decode_attn_kernel[(hkv, vs if direct else n_split)](
+    _decode_attn_kernel[(hkv, n_split * vs)](
         q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, bar, q2.stride(0), kc.stride(0), kc.stride(1),
         vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
@@ -413,13 +423,6 @@ def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, t
         per = 2 if span <= 2 * bs else max(1, tiles)
         n_split = max(1, min(triton.cdiv(span, per * bs), triton.cdiv(programs, hkv)))
     return max(1, min(n_split, triton.cdiv(span, bs)))
-
-
-def _partials(n_split: int, h: int, bd: int, device) -> tuple:
-    """Each split's (acc, max, sum) per query head."""
-    return (torch.empty((n_split, h, bd), dtype=torch.float32, device=device),
-            torch.empty((n_split, h), dtype=torch.float32, device=device),
-            torch.empty((n_split, h), dtype=torch.float32, device=device))
 
 
 def _key_tile(q) -> int:
@@ -455,7 +458,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
     g = h // hkv
     bs = _key_tile(q)
     n_split = _n_split(s_max, bs, hkv, programs, n_split)
-    part_o, part_m, part_l = _partials(n_split, h, dh, q.device)
+    part_o, part_m, part_l = partials(n_split, h, dh, q.device)
     _decode_attn_rope_kernel[(hkv, n_split)](
         q, k, v, positions, turns, k_cache, v_cache, part_o, part_m, part_l,
         q.stride(1), k.stride(1), v.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0),
@@ -491,6 +494,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
                                 tiles=sw.decode_attn_tiles, vsplit=sw.decode_attn_vsplit,
+                                split_vs=sw.decode_attn_split_vs,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
                                 and ctx.workspace is not None else None)

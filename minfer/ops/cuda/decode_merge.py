@@ -114,6 +114,13 @@ def outputs(dtype, h: int, dh: int, bd: int, q8: bool, device) -> tuple:
     return out, xq, xf, q8
 
 
+def partials(n_split: int, h: int, bd: int, device) -> tuple:
+    """Each split's (acc, max, sum) per query head."""
+    return (torch.empty((n_split, h, bd), dtype=torch.float32, device=device),
+            torch.empty((n_split, h), dtype=torch.float32, device=device),
+            torch.empty((n_split, h), dtype=torch.float32, device=device))
+
+
 def nsp(n_split: int) -> int:
     """The merge's split tile (one load round over every split)."""
     return max(16, triton.next_power_of_2(n_split))
