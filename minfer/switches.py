@@ -216,7 +216,8 @@ class Switches:
                               "own chunks (H200 graph +21 us at d16, +8 at d3354: slower, perf-log X0); 3: that "
                               "epilogue, and the down GEMV's program finishing its last row tile makes the whole "
                               "normed row and its q8 form (gemv_q8g_norm._norm_tail), q/k/v reads them as from "
-                              "the norm kernel; 0: the norm kernel, then the GEMV",
+                              "the norm kernel (H200 graph +128 / +132 us at d16 / d3354: one program's tail "
+                              "costs more than the launch, perf-log AA3); 0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "
@@ -245,7 +246,8 @@ class Switches:
                                        "single-sequence decode attention over several key splits: the "
                                        "attention's own programs merge the splits after a barrier inside the grid "
                                        "(at most one program an SM), no combine launch a layer (ops/cuda/"
-                                       "decode_merge.py; off: the combine launch)", kind="tuning")
+                                       "decode_merge.py; off by default: H200 7B graph +52 / +54 us at depth 1000 "
+                                       "/ 3354, perf-log AA1; off: the combine launch)", kind="tuning")
     decode_attn_vsplit: int = _sw(4, "MINFER_DECODE_ATTN_VSPLIT",
                                   "single-sequence decode attention with one key split (the short graph's): "
                                   "each KV head's program spread over this many programs (1, 2 or 4), each "
@@ -256,7 +258,9 @@ class Switches:
     decode_attn_split_vs: int = _sw(1, "MINFER_DECODE_ATTN_SPLIT_VS",
                                     "single-sequence decode attention over several key splits: each split's "
                                     "program spread over this many programs (1, 2 or 4) by V's dims, as "
-                                    "decode_attn_vsplit does for one split (ops/cuda/attention.py VS)", kind="tuning")
+                                    "decode_attn_vsplit does for one split (ops/cuda/attention.py VS; 1 by "
+                                    "default: H200 7B graph at d3354 +23 us with 2, +74 with 4; bench --ab 2 / 1 "
+                                    "1.0008 +- 0.0051 at d3354, perf-log AA8)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "
