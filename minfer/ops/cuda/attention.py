@@ -180,7 +180,6 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             sm = s == r
             k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
             m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
-    om = gm[:, None] & dm[None, :]
     if DIRECT:
         res = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out + qh[:, None] * D + dv[None, :], res.to(out.dtype.element_ty), mask=gm[:, None] & dvm[None, :])
@@ -318,7 +317,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     first tile of cached keys/values (KVPRE; implies pre). direct: with one key split (a span of
     up to two key tiles: a short cache, or a graph captured over a short view of one, see
     runtime/cuda_graphs.py) the kernel writes the output itself, no merge launch (False: the
-    partials and _combine_kernel, for tests). warps: the kernel's num_warps
+    partials and the combine launch, decode_merge.py, for tests). warps: the kernel's num_warps
     (Switches.decode_attn_warps); twice that with one split in one program a KV head (its 4
     programs are the whole grid: 8 warps measured -9 / -5 us a 7B step at positions 16 / 64,
     perf-log Z2), the value itself with V slices (vsplit > 1: 4 warps at VS 4 measured -9..-13 us
