@@ -54,7 +54,8 @@ for pre in (0, 1):
         out["gemv tl"] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
     names, types = zip(*ATTN_SIG)
     for kv in ((0, 1) if pre else (0,)):
-        cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre), KVPRE=bool(kv))
+        cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=bool(pre), KVPRE=bool(kv),
+                   VS=1)
         sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
         k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex), target=T, options={"num_warps": 4})
         out[f"attn {pre + kv}"] = k.asm["ptx"]
