@@ -60,11 +60,15 @@ def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexp
 
 
 @triton.jit
-def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh):
+def _kv_tile(kc, vc, s, m, kvh, d, stride_ks, stride_kh, stride_vs, stride_vh, dv=None, mv=None):
     """Keys and values of cache rows s [BS] of KV head kvh, dims d (masked by m: 0), issued
-    together: one memory round trip per tile, not two."""
+    together: one memory round trip per tile, not two; with dv (masked by mv), the values' dims dv
+    only (a V slice, _decode_attn_kernel's VS)."""
     k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :], mask=m, other=0.0)
-    v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=m, other=0.0)
+    if dv is None:
+        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + d[None, :], mask=m, other=0.0)
+    else:
+        v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + dv[None, :], mask=mv, other=0.0)
     return k, v
 
 
@@ -163,14 +167,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             s = start + tl.arange(0, BS)
             sm = s < s1
             # V issued with K, before the scores need K (at depth most programs have a single tile)
-            if VS > 1:
-                k = tl.load(kc + s[:, None].to(tl.int64) * stride_ks + kvh * stride_kh + d[None, :],
-                            mask=sm[:, None] & dm[None, :], other=0.0)
-                v = tl.load(vc + s[:, None].to(tl.int64) * stride_vs + kvh * stride_vh + dv[None, :],
-                            mask=sm[:, None] & dvm[None, :], other=0.0)
-            else:
-                k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs,
-                                stride_vh)
+            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh,
+                            dv, sm[:, None] & dvm[None, :])
             m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
     if KVPRE:
         r = L - 1

@@ -58,7 +58,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_norm import _finish_rss, _norm_q8_smem, _norm_rstd, _norm_tail, _ss_rstd
+from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
+                                           _ss_rstd)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
@@ -321,37 +322,14 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
     ticket = gl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
     if ticket == 1:
         CB: gl.constexpr = BN // 32
-        LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[4, 1, 8],
-                                            warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
-        LC: gl.constexpr = gl.SliceLayout(2, LQ)                     # [CB, 4]: per chunk, per byte b
-        LW: gl.constexpr = gl.SliceLayout(1, LQ)                     # [CB, 8]: per chunk, per word
-        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LC)), 1), 2)
-        b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
-        w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0), 1)
+        c3, b3, w3, cw, kw = _lq_axes(CB, NW)
         idx = j * BN + c3 * 32 + b3 * 8 + w3                        # [CB, 4, 8]: h's index
         F = TF * BN
         g = gl.load(part + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
         u = gl.load(part + F + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
         v = g / (1.0 + gl.exp(-g)) * u                               # swiglu_q8's formula
         gl.store(h_out + idx, v.to(h_out.dtype.element_ty))
-        # _q8_chunks: d = amax / 127, q = v * 127 / amax rounded half away from zero. Reduced over
-        # the bytes (in a thread) first, then over the 8 lanes: [CB] values in LW's slice
-        amax = gl.max(gl.max(gl.abs(v), axis=1), axis=1)
-        d = amax / 127.0
-        inv = gl.where(amax > 0, 127.0 / amax, 0.0)
-        t = v * gl.expand_dims(gl.expand_dims(inv, 1), 1)
-        q = (t + gl.where(t >= 0, 0.5, -0.5)).to(gl.int32)
-        s0 = gl.sum(gl.sum(gl.where(b3 < 2, q, 0), axis=1), axis=1).to(gl.float32) * d    # values 0..15
-        s1 = gl.sum(gl.sum(gl.where(b3 >= 2, q, 0), axis=1), axis=1).to(gl.float32) * d   # 16..31
-        # value 8b + 4h + w -> byte b of word 4h + w (disjoint bit fields: the sum is an OR)
-        words = gl.sum((q & 255) << (b3 * 8), axis=1)                # [CB, 8]
-        cw = gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LW)), 1)       # [CB, 1]
-        kw = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0)        # [1, 8]
-        gl.store(gq + (j * CB + cw) * 8 + kw, words)
-        # (d, s0, s1, 0) by the lanes of words 0..3
-        vals = gl.where(kw == 0, gl.expand_dims(d, 1),
-                        gl.where(kw == 1, gl.expand_dims(s0, 1), gl.where(kw == 2, gl.expand_dims(s1, 1), 0.0)))
-        gl.store(gf + (j * CB + cw) * 4 + kw, vals, mask=kw < 4)
+        _q8_store_lq(v, b3, cw, kw, j * CB, 0, gq, gf, False)
         gl.atomic_xchg(cnt + j, 0)
 
 

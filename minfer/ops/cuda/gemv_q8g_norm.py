@@ -115,6 +115,51 @@ def _finish_rss(v, rows, rmask, bias, bpre, xres, out, ssp_tile, ydt, HAS_BIAS: 
 
 
 @gluon.jit
+def _lq_axes(CB: gl.constexpr, NW: gl.constexpr):
+    """The index axes of a q8 tile in layout LQ = [chunk, byte b, word w] (a word's 4 bytes in one
+    thread, a chunk's 8 words on 8 lanes; value 8b + w of a chunk): c3 [CB, 1, 1], b3 [1, 4, 1],
+    w3 [1, 1, 8], and the word view's cw [CB, 1], kw [1, 8] (_q8_store_lq's stores)."""
+    LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[4, 1, 8],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    LC: gl.constexpr = gl.SliceLayout(2, LQ)                         # [CB, 4]: per chunk, per byte b
+    LW: gl.constexpr = gl.SliceLayout(1, LQ)                         # [CB, 8]: per chunk, per word
+    c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LC)), 1), 2)
+    b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0), 1)
+    cw = gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LW)), 1)
+    kw = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0)
+    return c3, b3, w3, cw, kw
+
+
+@gluon.jit
+def _q8_store_lq(v, b3, cw, kw, c0, nch, gq, gf, MASKED: gl.constexpr):
+    """q8_rows._q8_chunks on an LQ tile v [CB, 4, 8] (_lq_axes): chunks c0 + cw's words into gq and
+    (d, s0, s1, 0) into gf; MASKED: only chunks below nch. d = amax / 127, q = v * 127 / amax
+    rounded half away from zero, reduced over the bytes (in a thread) first, then over the 8 lanes;
+    value 8b + w goes to byte b of word w (disjoint bit fields: the sum is an OR)."""
+    amax = gl.max(gl.max(gl.abs(v), axis=1), axis=1)
+    d = amax / 127.0
+    inv = gl.where(amax > 0, 127.0 / amax, 0.0)
+    t = v * gl.expand_dims(gl.expand_dims(inv, 1), 1)
+    q = (t + gl.where(t >= 0, 0.5, -0.5)).to(gl.int32)
+    s0 = gl.sum(gl.sum(gl.where(b3 < 2, q, 0), axis=1), axis=1).to(gl.float32) * d    # values 0..15
+    s1 = gl.sum(gl.sum(gl.where(b3 >= 2, q, 0), axis=1), axis=1).to(gl.float32) * d   # 16..31
+    words = gl.sum((q & 255) << (b3 * 8), axis=1)                    # [CB, 8]
+    if MASKED:
+        cm = (c0 + cw < nch) & (kw < 8)
+        gl.store(gq + (c0 + cw) * 8 + kw, words, mask=cm)
+    else:
+        gl.store(gq + (c0 + cw) * 8 + kw, words)
+    # (d, s0, s1, 0) by the lanes of words 0..3
+    vals = gl.where(kw == 0, gl.expand_dims(d, 1),
+                    gl.where(kw == 1, gl.expand_dims(s0, 1), gl.where(kw == 2, gl.expand_dims(s1, 1), 0.0)))
+    if MASKED:
+        gl.store(gf + (c0 + cw) * 4 + kw, vals, mask=cm & (kw < 4))
+    else:
+        gl.store(gf + (c0 + cw) * 4 + kw, vals, mask=kw < 4)
+
+
+@gluon.jit
 def _norm_tail(s, ng, h_out, gq, gf, ssp, nss, eps, K, cnt_g, NW: gl.constexpr):
     """The norm tail (Switches.norm_into_gemv = 3): called by each program that has just finished a
     row tile of the layer's last GEMV (_finish_rss stored its rows of s and the tile's sum of
@@ -124,7 +169,7 @@ def _norm_tail(s, ng, h_out, gq, gf, ssp, nss, eps, K, cnt_g, NW: gl.constexpr):
     operations of q8_rows._q8_kernel's NORM and _q8_chunks (the sum of squares added in another
     order: not the same bits) -- so no add + RMSNorm + q8 launch runs between the two GEMVs.
     Reads what other programs stored during this launch past L1 (.cg), after the acq_rel ticket.
-    Layout as _glu_pair's: LQ = [chunk, byte b, word w], value 8b + w of a chunk."""
+    Layout as _glu_pair's (_lq_axes, _q8_store_lq)."""
     gl.thread_barrier()
     ticket = gl.atomic_add(cnt_g, 1, sem="acq_rel", scope="gpu")
     if ticket == nss - 1:
@@ -136,15 +181,7 @@ def _norm_tail(s, ng, h_out, gq, gf, ssp, nss, eps, K, cnt_g, NW: gl.constexpr):
             ss += gl.load(ssp + t0 + t, mask=t0 + t < nss, other=0.0, cache_modifier=".cg")
         rstd = 1.0 / gl.sqrt(gl.sum(ss, axis=0) / K + eps)
         CB: gl.constexpr = 8 * NW
-        LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[4, 1, 8],
-                                            warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
-        LC: gl.constexpr = gl.SliceLayout(2, LQ)                     # [CB, 4]: per chunk, per byte b
-        LW: gl.constexpr = gl.SliceLayout(1, LQ)                     # [CB, 8]: per chunk, per word
-        c3 = gl.expand_dims(gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LC)), 1), 2)
-        b3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LC)), 0), 2)   # [1, 4, 1]
-        w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0), 1)   # [1, 1, 8]
-        cw = gl.expand_dims(gl.arange(0, CB, layout=gl.SliceLayout(1, LW)), 1)       # [CB, 1]
-        kw = gl.expand_dims(gl.arange(0, 8, layout=gl.SliceLayout(0, LW)), 0)        # [1, 8]
+        c3, b3, w3, cw, kw = _lq_axes(CB, NW)
         NCH = K // 32
         for c0 in range(0, NCH, CB):
             m = (c0 + c3 < NCH) & (b3 < 4) & (w3 < 8)
@@ -152,17 +189,5 @@ def _norm_tail(s, ng, h_out, gq, gf, ssp, nss, eps, K, cnt_g, NW: gl.constexpr):
             v = gl.load(s + idx, mask=m, other=0.0, cache_modifier=".cg") * rstd
             v = v * gl.load(ng + idx, mask=m, other=0.0).to(gl.float32)
             gl.store(h_out + idx, v.to(h_out.dtype.element_ty), mask=m)
-            amax = gl.max(gl.max(gl.abs(v), axis=1), axis=1)
-            d = amax / 127.0
-            inv = gl.where(amax > 0, 127.0 / amax, 0.0)
-            tq = v * gl.expand_dims(gl.expand_dims(inv, 1), 1)
-            q = (tq + gl.where(tq >= 0, 0.5, -0.5)).to(gl.int32)     # half away from zero
-            s0 = gl.sum(gl.sum(gl.where(b3 < 2, q, 0), axis=1), axis=1).to(gl.float32) * d    # values 0..15
-            s1 = gl.sum(gl.sum(gl.where(b3 >= 2, q, 0), axis=1), axis=1).to(gl.float32) * d   # 16..31
-            words = gl.sum((q & 255) << (b3 * 8), axis=1)            # [CB, 8]
-            cm = (c0 + cw < NCH) & (kw < 8)
-            gl.store(gq + (c0 + cw) * 8 + kw, words, mask=cm)
-            vals = gl.where(kw == 0, gl.expand_dims(d, 1),
-                            gl.where(kw == 1, gl.expand_dims(s0, 1), gl.where(kw == 2, gl.expand_dims(s1, 1), 0.0)))
-            gl.store(gf + (c0 + cw) * 4 + kw, vals, mask=cm & (kw < 4))
+            _q8_store_lq(v, b3, cw, kw, c0, NCH, gq, gf, True)
         gl.atomic_xchg(cnt_g, 0)
