@@ -32,7 +32,6 @@ class Clocks:
 
     def __init__(self):
         import ctypes
-        import threading
 
         self.ct = ctypes
         self.lib = ctypes.CDLL("libnvidia-ml.so.1")
@@ -43,9 +42,7 @@ class Clocks:
               f"{getattr(pr, 'pci_device_id', 0):02x}.0".encode()
         if self.lib.nvmlDeviceGetHandleByPciBusId_v2(bus, ctypes.byref(self.h)) != 0:
             assert self.lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(self.h)) == 0
-        self.samples = []
-        self.stop = threading.Event()
-        self.th = None
+        self.samples, self.stop, self.th = [], None, None     # start() makes the sampling thread
 
     def read(self):
         c, pw, r = self.ct.c_uint(), self.ct.c_uint(), self.ct.c_ulonglong()

@@ -266,54 +266,45 @@ def test_decode_attention_grid_merge_gpu(n, q8):
     assert rel_err(got[0], reference.attention(q.cpu().double(), kc.cpu().double(), vc.cpu().double(), n - 1)) < 1e-2
 
 
-@pytest.mark.parametrize("n", [1, 17, 64, 65, 128])
-@pytest.mark.parametrize("vsplit", [2, 4])
-def test_decode_attention_v_split_gpu(n, vsplit):
-    """Switches.decode_attn_vsplit at the 7B's heads over a 128-row view (the short graph's one
-    split): V slices of 64 / 32 dims give the float64 reference's attention and, within bf16
-    rounding, the one-program output; the o projection's int8 words within one step."""
+def _v_slices_against_whole_v(rows: int, n: int, seed: int, path: str, sliced: dict, whole: dict):
+    """The 7B's heads (28 / 4 x 128) over a `rows`-row cache at n keys: decode_attention with the V
+    slices `sliced` (counted as `path`) against the float64 reference and, within bf16 rounding,
+    the whole-V kernel (`whole`); the o projection's int8 words within one step."""
     from minfer.ops import paths, reference
     from minfer.ops.cuda import decode_attention
 
-    g = torch.Generator().manual_seed(n + vsplit)
-    kc = torch.randn(128, 4, 128, generator=g).to(torch.bfloat16)
-    vc = torch.randn(128, 4, 128, generator=g).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(seed)
+    kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
+    vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
     q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
     ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
     q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
     pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
     paths.reset()
-    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=vsplit)
-    assert paths.snapshot()["counts"].get(f"attention.decode.one_split.v{vsplit}") == 1
-    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=1)
+    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, **sliced)
+    assert paths.snapshot()["counts"].get(path) == 1
+    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, **whole)
     assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
     qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
     assert int((qa - qb).abs().max()) <= 1
+
+
+@pytest.mark.parametrize("n", [1, 17, 64, 65, 128])
+@pytest.mark.parametrize("vsplit", [2, 4])
+def test_decode_attention_v_split_gpu(n, vsplit):
+    """Switches.decode_attn_vsplit over a 128-row view (the short graph's one split): V slices of
+    64 / 32 dims against the reference and the one-program output (_v_slices_against_whole_v)."""
+    _v_slices_against_whole_v(128, n, n + vsplit, f"attention.decode.one_split.v{vsplit}", {"vsplit": vsplit},
+                              {"vsplit": 1})
 
 
 @pytest.mark.parametrize("n", [129, 1000, 3355])
 @pytest.mark.parametrize("split_vs", [2, 4])
 def test_decode_attention_split_v_slices_gpu(n, split_vs):
-    """Switches.decode_attn_split_vs at the 7B's heads over a 4,096-row cache (32 key splits, each
-    spread over V slices): the reference's attention and, within bf16 rounding, the whole-V
-    kernel's output; the o projection's int8 words within one step."""
-    from minfer.ops import paths, reference
-    from minfer.ops.cuda import decode_attention
-
-    g = torch.Generator().manual_seed(n + 10 * split_vs)
-    kc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
-    vc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
-    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
-    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
-    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
-    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
-    paths.reset()
-    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, split_vs=split_vs)
-    assert paths.snapshot()["counts"].get(f"attention.decode.split.v{split_vs}") == 1
-    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True)
-    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1
+    """Switches.decode_attn_split_vs over a 4,096-row cache (32 key splits, each spread over V
+    slices) against the reference and the whole-V kernel (_v_slices_against_whole_v)."""
+    _v_slices_against_whole_v(4096, n, n + 10 * split_vs, f"attention.decode.split.v{split_vs}",
+                              {"split_vs": split_vs}, {})
 
 
 def test_decode_attention_grid_merge_needs_one_program_an_sm():

@@ -288,6 +288,29 @@ def test_decode_attention_one_tile_splits_match_the_reference(M, n_keys, S):
     assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, 0)) < 1e-5
 
 
+def _sliced_and_whole(A, seed: int, S: int, Dh: int, n_keys: int, window: int, sliced: dict, whole: dict) -> tuple:
+    """The 28 / 4 heads over an S-row float32 cache at n_keys: (q, kc, vc, pos, path counts of the
+    sliced launch, its output, the whole-V output) in the interpreter."""
+    from minfer.ops import paths
+
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 28, Dh, generator=g)
+    kc, vc = torch.randn(S, 4, Dh, generator=g), torch.randn(S, 4, Dh, generator=g)
+    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
+    paths.reset()
+    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, **sliced)
+    counts = paths.snapshot()["counts"]
+    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, **whole)
+    return q, kc, vc, pos, counts, a, b
+
+
+def _same_within_rounding(a, b, ref):
+    assert rel_err(a, b) < 1e-6
+    assert rel_err(a, ref) < 1e-5
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5
+
+
 @pytest.mark.parametrize("Dh,vsplit,n_keys,window", [(128, 4, 5, 0), (128, 4, 32, 0), (128, 2, 29, 9), (64, 2, 17, 0),
                                                      (64, 4, 17, 0)])
 def test_decode_attention_v_split_one_split(M, Dh, vsplit, n_keys, window):
@@ -296,25 +319,13 @@ def test_decode_attention_v_split_one_split(M, Dh, vsplit, n_keys, window):
     program does (the same scores; the interpreter's dots: within float32 rounding) and the
     reference's values; counted as `attention.decode.one_split.v<n>`; a slice under 32 dims (64 /
     4) keeps one program a KV head, uncounted."""
-    from minfer.ops import paths
-
     A = M["attention"]
-    g = torch.Generator().manual_seed(n_keys * 7 + Dh + vsplit)
-    H, Hkv, S = 28, 4, 32
-    q = torch.randn(1, H, Dh, generator=g)
-    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
-    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
-    paths.reset()
-    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, vsplit=vsplit)
-    counts = paths.snapshot()["counts"]
+    q, kc, vc, pos, counts, a, b = _sliced_and_whole(A, n_keys * 7 + Dh + vsplit, 32, Dh, n_keys, window,
+                                                     {"vsplit": vsplit}, {"vsplit": 1})
     split = Dh // vsplit >= 32
     assert counts.get("attention.decode.one_split") == 1
     assert counts.get(f"attention.decode.one_split.v{vsplit}") == (1 if split else None), counts
-    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, vsplit=1)
-    assert rel_err(a, b) < 1e-6
-    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5
+    _same_within_rounding(a, b, reference.decode_attention(q, kc, vc, n_keys, window))
     with pytest.raises(Exception, match="MINFER_DECODE_ATTN_VSPLIT=3"):
         A.decode_attention(q, kc, vc, pos, n_keys_add=1, vsplit=3)
 
@@ -325,20 +336,8 @@ def test_decode_attention_v_split_key_splits(M, split_vs, n_keys, S, window):
     the split's max and sum) gives, after the combine, the whole-V kernel's output and q8 form
     (within float32 rounding) and the reference's values; counted `attention.decode.split.v<n>`.
     16-key tiles in the interpreter: several splits from 33 rows on."""
-    from minfer.ops import paths
-
     A = M["attention"]
-    g = torch.Generator().manual_seed(n_keys * 11 + S + split_vs)
-    H, Hkv, Dh = 28, 4, 128
-    q = torch.randn(1, H, Dh, generator=g)
-    kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
-    pos = torch.tensor([n_keys - 1], dtype=torch.int64)
-    paths.reset()
-    a = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True, split_vs=split_vs)
-    counts = paths.snapshot()["counts"]
+    q, kc, vc, pos, counts, a, b = _sliced_and_whole(A, n_keys * 11 + S + split_vs, S, 128, n_keys, window,
+                                                     {"split_vs": split_vs}, {})
     assert counts.get(f"attention.decode.split.v{split_vs}") == 1 and "attention.decode.one_split" not in counts
-    b = A.decode_attention(q, kc, vc, pos, window=window, n_keys_add=1, q8=True)
-    assert rel_err(a, b) < 1e-6
-    assert rel_err(a, reference.decode_attention(q, kc, vc, n_keys, window)) < 1e-5
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1 and rel_err(a.q8[1], b.q8[1]) < 1e-5
+    _same_within_rounding(a, b, reference.decode_attention(q, kc, vc, n_keys, window))

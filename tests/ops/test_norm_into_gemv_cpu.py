@@ -213,28 +213,37 @@ def test_norm_tail_builds(ptx, qt):
 # ---------------------------------------------------------------- mode 2: the residual from the down GEMV
 
 
-def test_linear_add_rms_norm_falls_back_to_the_two_ops_bit_for_bit(M):
-    """ops.linear_add_rms_norm on the CUDA code in the interpreter with norm_into_gemv = 2: the
-    down GEMV's residual epilogue is Gluon-only, so it counts a fallback and runs the GEMV, then
-    add_rms_norm (mode 1's deferral); the residual and, materialized, h and its q8 row are the
-    bits of linear + add_rms_norm without the switch."""
+def _down_and_norm(M, qt: int, seed: int, mode: int) -> tuple:
+    """A layer's down projection (type qt, 512 -> 256) and the next norm on the CUDA code in the
+    interpreter: ((s, h, q8) of gemv_q8 + add_rms_norm_q8, (s, h) of qmatmul.linear_add_rms_norm
+    with norm_into_gemv = mode), path counts reset before the second."""
     from minfer.ops import paths
     from minfer.ops.context import Context
     from minfer.switches import Switches
 
     G, Q, qmatmul = M["gemv_repack"], M["gemv_q8"], M["qmatmul"]
     k, d = 512, 256
-    raw = torch.from_numpy(random_weight(12, d, k, np.random.default_rng(8)))
-    w = _qweight(raw, 12, d, k)
-    w.repacked = G.repack(raw, 12, d, k)
-    x, _, g = _row(d, 9)
-    a = torch.randn(1, k, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    raw = torch.from_numpy(random_weight(qt, d, k, np.random.default_rng(seed)))
+    w = _qweight(raw, qt, d, k)
+    w.repacked = G.repack(raw, qt, d, k)
+    x, _, g = _row(d, seed + 1)
+    a = torch.randn(1, k, generator=torch.Generator().manual_seed(seed + 2)).to(torch.bfloat16)
     a.q8 = Q.quantize(a, interpret=True)
     ref_y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
-    s0, h0, q80 = Q.add_rms_norm_q8(x, ref_y, g, 1e-6, torch.bfloat16, interpret=True)
+    ref = Q.add_rms_norm_q8(x, ref_y, g, 1e-6, torch.bfloat16, interpret=True)
     paths.reset()
-    s, h = qmatmul.linear_add_rms_norm(a, w, x, g, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=2), None),
-                                       into_linear=True)
+    return ref, qmatmul.linear_add_rms_norm(a, w, x, g, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=mode), None),
+                                            into_linear=True)
+
+
+def test_linear_add_rms_norm_falls_back_to_the_two_ops_bit_for_bit(M):
+    """ops.linear_add_rms_norm on the CUDA code in the interpreter with norm_into_gemv = 2: the
+    down GEMV's residual epilogue is Gluon-only, so it counts a fallback and runs the GEMV, then
+    add_rms_norm (mode 1's deferral); the residual and, materialized, h and its q8 row are the
+    bits of linear + add_rms_norm without the switch."""
+    from minfer.ops import paths
+
+    (s0, h0, q80), (s, h) = _down_and_norm(M, 12, 8, 2)
     snap = paths.snapshot()
     assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
     assert snap["counts"].get("add_rms_norm.into_gemv") == 1
@@ -247,22 +256,8 @@ def test_norm_tail_falls_back_to_the_norm_kernel_bit_for_bit(M):
     GEMV and the add + norm + q8 kernel itself -- not mode 1's deferral to the q/k/v programs -- so h
     arrives whole with its q8 row, the bits of linear + add_rms_norm without the switch."""
     from minfer.ops import paths
-    from minfer.ops.context import Context
-    from minfer.switches import Switches
 
-    G, Q, qmatmul = M["gemv_repack"], M["gemv_q8"], M["qmatmul"]
-    k, d = 512, 256
-    raw = torch.from_numpy(random_weight(14, d, k, np.random.default_rng(18)))
-    w = _qweight(raw, 14, d, k)
-    w.repacked = G.repack(raw, 14, d, k)
-    x, _, g = _row(d, 19)
-    a = torch.randn(1, k, generator=torch.Generator().manual_seed(20)).to(torch.bfloat16)
-    a.q8 = Q.quantize(a, interpret=True)
-    ref_y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
-    s0, h0, q80 = Q.add_rms_norm_q8(x, ref_y, g, 1e-6, torch.bfloat16, interpret=True)
-    paths.reset()
-    s, h = qmatmul.linear_add_rms_norm(a, w, x, g, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=3), None),
-                                       into_linear=True)
+    (s0, h0, q80), (s, h) = _down_and_norm(M, 14, 18, 3)
     snap = paths.snapshot()
     assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
     assert snap["counts"].get("add_rms_norm.q8") == 1 and "add_rms_norm.into_gemv" not in snap["counts"], snap
