@@ -113,16 +113,16 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     if VS > 1:                                           # the grid's second axis: key splits x V slices
         vs = tl.program_id(1) % VS
         sp = tl.program_id(1) // VS
-        nsp = tl.num_programs(1) // VS
+        n_splits = tl.num_programs(1) // VS
     else:
         vs = 0
         sp = tl.program_id(1)
-        nsp = tl.num_programs(1)
+        n_splits = tl.num_programs(1)
     L = tl.load(n_keys) + n_keys_add
     # the keys split evenly over the grid's programs at THIS length (a graph's grid is sized for
     # the whole cache; a split fixed at capture would leave most programs empty at short
     # lengths and few, long ones at depth), whole BS tiles per program
-    kps = tl.cdiv(tl.cdiv(L, nsp), BS) * BS
+    kps = tl.cdiv(tl.cdiv(L, n_splits), BS) * BS
     s1 = tl.minimum(sp * kps + kps, L)
     s0 = tl.maximum(sp * kps, L - window)                # sliding window: the last `window` keys
     g = tl.arange(0, GP)
@@ -196,7 +196,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             tl.store(part_l + sp * H + qh, l_i, mask=gm)
         if GM:
             _grid_merge(part_o, part_m, part_l, out, xq, xf, bar, H, tl.program_id(1) * tl.num_programs(0) + kvh,
-                        tl.num_programs(0) * tl.num_programs(1), nsp, D, BD, NSP, Q8)
+                        tl.num_programs(0) * tl.num_programs(1), n_splits, D, BD, NSP, Q8)
 
 
 @triton.jit
