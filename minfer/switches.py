@@ -108,7 +108,7 @@ class Switches:
                                  "one-token decode: rope of q and k and the KV cache append done by the decode "
                                  "attention kernel itself (the new key and value from registers; its first cached "
                                  "tile loaded before the PDL wait), one launch fewer per layer (ops/cuda/"
-                                 "attention.py rope_decode_attention; off by default: B/A 0.983 tg128 and "
+                                 "decode_attn_rope.py rope_decode_attention; off by default: B/A 0.983 tg128 and "
                                  "0.971 d3354 on the H200, perf-log U5; off: the rope_kv kernel, then "
                                  "attention)", kind="tuning")
     decode_attn_prewait: bool = _sw(False, "MINFER_DECODE_ATTN_PREWAIT",

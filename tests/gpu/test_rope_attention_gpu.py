@@ -1,4 +1,4 @@
-"""The decode attention with rope and the KV append inside it (ops/cuda/attention.py
+"""The decode attention with rope and the KV append inside it (ops/cuda/decode_attn_rope.py
 rope_decode_attention, Switches.decode_attn_rope) on the GPU: against the two-launch path
 (rope_kv_write, then decode_attention) at the 7B's head shapes in bf16, and a whole model's
 graphed decode with it on and off (teacher-forced: the same tokens fed to both)."""
@@ -26,6 +26,7 @@ def test_fused_equals_rope_kv_then_attention(style, pos):
     import importlib
 
     A = importlib.import_module("minfer.ops.cuda.attention")
+    R = importlib.import_module("minfer.ops.cuda.decode_attn_rope")
     N = importlib.import_module("minfer.ops.cuda.norm_rope_act")
     H, Hkv, Dh, S = 28, 4, 128, 4096                          # Qwen2.5-7B's heads, a 4096 cache
     cfg = RopeConfig(theta=1e6, style=style, n_rot=Dh)
@@ -37,7 +38,7 @@ def test_fused_equals_rope_kv_then_attention(style, pos):
     vc = torch.randn(S, Hkv, Dh, device="cuda", generator=g).bfloat16()
     kc2, vc2 = kc.clone(), vc.clone()
     p = torch.tensor([pos], device="cuda")
-    out = A.rope_decode_attention(q, k, v, p, N._turns(cfg, "cuda"), style == "neox", kc, vc, q8=True)
+    out = R.rope_decode_attention(q, k, v, p, N._turns(cfg, "cuda"), style == "neox", kc, vc, q8=True)
     qr = N.rope_kv_write(q, k, v, p, cfg, kc2, vc2)
     ref = A.decode_attention(qr, kc2, vc2, p, q8=True, n_keys_add=1)
     rest = torch.arange(S, device="cuda") != pos

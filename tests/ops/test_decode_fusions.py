@@ -1,6 +1,6 @@
 """Decode fusions of issue 12 in Triton's interpreter, against the torch reference:
 rope(q) + rope(k) + the KV cache append as one kernel (norm_rope_act.rope_kv_write), the same
-folded into the decode attention kernel (attention.rope_decode_attention), and the decode
+folded into the decode attention kernel (decode_attn_rope.rope_decode_attention), and the decode
 attention's combine kernel also writing its output's int8 form for the o projection."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero encountered:Runti
 @pytest.fixture(scope="module")
 def M():
     for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
-                                     "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.attention"]):
+                                     "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.attention",
+                                     "minfer.ops.cuda.decode_attn_rope"]):
         yield mods
 
 
@@ -123,6 +124,7 @@ def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split,
     decode_attention did: the output equals the reference's rope + attention over the cache
     with the new row; the new row holds rope(k) and v; no other row changes."""
     A = M["attention"]
+    R = M["decode_attn_rope"]
     N = M["norm_rope_act"]
     H, Hkv, Dh, S = 8, 2, 64, 80
     cfg = RopeConfig(theta=1e4, style=style, n_rot=Dh)
@@ -133,7 +135,7 @@ def test_rope_decode_attention_matches_rope_write_attend(M, style, pos, n_split,
     kc, vc = torch.randn(S, Hkv, Dh, generator=g), torch.randn(S, Hkv, Dh, generator=g)
     kc0, vc0 = kc.clone(), vc.clone()
     p = torch.tensor([pos])
-    out = A.rope_decode_attention(q, k, v, p, N._turns(cfg, "cpu"), style == "neox", kc, vc, window=window,
+    out = R.rope_decode_attention(q, k, v, p, N._turns(cfg, "cpu"), style == "neox", kc, vc, window=window,
                                   softcap=softcap, n_split=n_split, prewait=prewait)
     kr = reference.rope(k, p, cfg)
     assert rel_err(kc[pos], kr[0]) < 1e-6 and torch.equal(vc[pos], v[0])
@@ -152,19 +154,20 @@ def test_rope_attention_routing(M):
     from minfer.switches import Switches
 
     A = M["attention"]
+    R = M["decode_attn_rope"]
     H, Hkv, Dh, S = 4, 2, 32, 20
     q, k, v = torch.randn(1, H, Dh), torch.randn(1, Hkv, Dh), torch.randn(1, Hkv, Dh)
     kc, vc = torch.zeros(S, Hkv, Dh), torch.zeros(S, Hkv, Dh)
     pos = torch.tensor([4])
     on = Context(Switches(decode_attn_rope=True), None)
     paths.reset()
-    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is not None
-    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on,
+    assert R.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is not None
+    assert R.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on,
                             window=3) is not None
-    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=16), kc, vc, on) is None
-    assert A.rope_attention(q.half(), k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is None
+    assert R.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=16), kc, vc, on) is None
+    assert R.rope_attention(q.half(), k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, on) is None
     off = Context(Switches(decode_attn_rope=False), None)
-    assert A.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, off) is None
+    assert R.rope_attention(q, k, v, pos, RopeConfig(theta=1e4, style="neox", n_rot=Dh), kc, vc, off) is None
     snap = paths.snapshot()
     assert snap["counts"].get("attention.decode.rope") == 1
     assert snap["counts"].get("attention.decode.rope.window") == 1

@@ -47,7 +47,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
 
 from __future__ import annotations
 
-from minfer.ops.cuda.attention import attention, decode_attention, rope_attention
+from minfer.ops.cuda.attention import attention, decode_attention
+from minfer.ops.cuda.decode_attn_rope import rope_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
