@@ -13,6 +13,8 @@ it out saves here, and less by whatever work the neighbour takes over.
   -swiglu   the SwiGLU + q8 kernel left out
   -rope     the rope + KV append kernel left out
   -3        all three left out
+  -combine  the decode attention's combine launch (the key splits' merge) left out: the bound for
+            any way of merging the splits without that launch
   -norm_attn / -norm_ffn   only the norm before q/k/v (before gate+up) left out
   early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
             launch before their wait: pdl.py), a real variant (the logits are right)
@@ -38,6 +40,7 @@ import torch
 from minfer import ops
 from minfer.bench.bench import parse_env
 from minfer.models.base import Step
+from minfer.ops.cuda import attention as attn_mod
 from minfer.ops.cuda import gemv_q8_gluon, q8_rows
 from minfer.ops.cuda.attention import one_split_rows
 from minfer.runtime.engine import Engine
@@ -132,6 +135,7 @@ def variant(eng, pos: int, name: str):
     -norm_ffn&env:MINFER_PDL_LATE=2; the cfg: parts make one table)."""
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     real_linear = ops.linear
+    real_merge = attn_mod.merge
     base_sw = eng.switches
     try:
         env, cfgs = {}, {}
@@ -149,6 +153,7 @@ def variant(eng, pos: int, name: str):
     finally:
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         ops.linear = real_linear
+        attn_mod.merge = real_merge
         eng.cache.__dict__.pop("write_rotated", None)
         eng.set_switches(base_sw)
 
@@ -173,6 +178,8 @@ def _apply(eng, name: str, env: dict, cfgs: dict):
         q8_rows.swiglu_q8 = frozen(real_swiglu)
     if name in ("-rope", "-3"):
         eng.cache.write_rotated = lambda layer, q, k, v, step, rope, ctx=None: q
+    if name == "-combine":
+        attn_mod.merge = frozen(attn_mod.merge)
     if name == "bf16_head":
         ops.linear = bf16_head(ops.linear)
     if name.startswith("cfg:"):

@@ -311,3 +311,24 @@ def test_grid_merge_graph_gives_the_combine_bits(tmp_path):
     assert snap["counts"].get("attention.decode.grid_merge", 0) > 0 and not snap["fallbacks"], snap
     assert snap["counts"]["graph.decode.replay"] == 40
     assert int(a.ctx.workspace.attn_barrier()[0]) == 0
+
+
+def test_pipe_graphs_give_the_plain_loop_bits(tmp_path):
+    """Switches.decode_attn_pipe in both decode graphs (positions 100..149 of a 300-row cache: the short
+    graph's one split below 128, key splits after): the attention's first tiles of cached rows copied
+    before its PDL wait, this step's row (written by the rope + KV kernel just before) after it; every
+    step's logits the same bits as the plain loop's."""
+    from minfer.ops import paths
+
+    p, a, b = _tiny_pair(tmp_path, 14, Switches(), switches_a=Switches(decode_attn_pipe=True), ctx=300)
+    prompt = torch.randint(0, p.vocab, (100,), generator=torch.Generator().manual_seed(6)).tolist()
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)
+    t = int(lb.argmax())
+    paths.reset()
+    for step in range(50):
+        la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
+        assert torch.equal(la, lb), step
+        t = int(lb.argmax())
+    snap = paths.snapshot()
+    assert snap["counts"]["graph.decode.replay.short"] == 2 * 28 and not snap["fallbacks"], snap

@@ -307,6 +307,25 @@ def test_decode_attention_split_v_slices_gpu(n, split_vs):
                               {"split_vs": split_vs}, {})
 
 
+@pytest.mark.parametrize("rows,n", [(128, 1), (128, 17), (128, 64), (128, 65), (128, 128), (4096, 129), (4096, 1000),
+                                    (4096, 3355), (4096, 4096)])
+@pytest.mark.parametrize("vsplit", [1, 4])
+def test_decode_attention_pipe_gpu(rows, n, vsplit):
+    """Switches.decode_attn_pipe at the 7B's heads: the tiles before this step's row's copied before the
+    PDL wait (launched here without a kernel before it) give the plain loop's output and q8 form bit for
+    bit, with one split over V slices or not (a 128-row view) and with key splits (4,096 rows)."""
+    from minfer.ops.cuda import decode_attention
+
+    g = torch.Generator().manual_seed(rows + n + vsplit)
+    kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16).to(DEV)
+    vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16).to(DEV)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16).to(DEV)
+    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, pipe=True, vsplit=vsplit, pdl=1)
+    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=vsplit, pdl=1)
+    assert torch.equal(a, b) and torch.equal(a.q8[0], b.q8[0]) and torch.equal(a.q8[1], b.q8[1])
+
+
 def test_decode_attention_grid_merge_needs_one_program_an_sm():
     """More split programs than SMs: no grid barrier (its programs might not all be resident), the
     combine launch instead, counted as a fallback that names why."""

@@ -32,11 +32,13 @@ names, types = zip(*json.loads(sys.argv[1]))
 # key count's pointer (a view 8 bytes into the graph's input), not H = 28, G = 7
 hints = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)}
 out = {}
-for name, direct, gm, warps, vs in (("split", False, False, 4, 1), ("one_split", True, False, 8, 1),
-                                    ("grid_merge", False, True, 4, 1), ("one_split_v4", True, False, 4, 4),
-                                    ("split_v2", False, False, 4, 2)):
+for name, direct, gm, warps, vs, pipe in (("split", False, False, 4, 1, False), ("one_split", True, False, 8, 1, False),
+                                          ("grid_merge", False, True, 4, 1, False),
+                                          ("one_split_v4", True, False, 4, 4, False),
+                                          ("split_v2", False, False, 4, 2, False), ("split_pipe", False, False, 4, 1, True),
+                                          ("one_split_v4_pipe", True, False, 4, 4, True)):
     cex = dict(D=128, BD=128, GP=16, BS=64, IEEE=False, PDL=1, CAP=False, PRE=True, KVPRE=False,
-               DIRECT=direct, Q8=direct or gm, GM=gm, NSP=32, VS=vs)
+               DIRECT=direct, Q8=direct or gm, GM=gm, NSP=32, VS=vs, PIPE=pipe)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     k = triton.compile(ASTSource(A._decode_attn_kernel, sig, cex, hints), target=T, options={"num_warps": warps})
     out[name] = {"ptx": k.asm["ptx"], "shared": k.metadata.shared, "regs": k.n_regs if hasattr(k, "n_regs") else None}
@@ -49,12 +51,31 @@ def builds():
     return sm90_builds(_COMPILE, DECODE_ATTN_SIG)
 
 
-@pytest.mark.parametrize("name", ["split", "one_split", "grid_merge", "one_split_v4", "split_v2"])
+@pytest.mark.parametrize("name", ["split", "one_split", "grid_merge", "one_split_v4", "split_v2", "split_pipe",
+                                  "one_split_v4_pipe"])
 def test_the_key_value_tiles_are_loaded_with_cp_async(builds, name):
     ptx, shared = builds[name]["ptx"], builds[name]["shared"]
     assert ptx.count("cp.async.cg.shared.global") >= 4        # a 64 x 128 bf16 K tile: >= 4 16-byte copies a thread
     assert ptx.count("cp.async.wait_group") >= 1
     # more than one stage of the tiles in shared memory (K 16 KB + V 16 KB, or 4 KB of a V slice):
     # the next tile's copies are in flight during this tile's math
-    v = 64 * 128 * 2 // {"_v4": 4, "_v2": 2}.get(name[-3:], 1)
+    v = 64 * 128 * 2 // {"_v4": 4, "_v2": 2}.get(name.removesuffix("_pipe")[-3:], 1)
     assert shared > 2 * (64 * 128 * 2 + v)
+
+
+@pytest.mark.parametrize("name", ["split_pipe", "one_split_v4_pipe"])
+def test_pipe_issues_the_first_tiles_before_the_wait_and_reads_q_after_it(builds, name):
+    """Switches.decode_attn_pipe: the pipelined loop's prologue copies (the first tiles of cached
+    rows: K and V, >= 4 16-byte copies a thread) come before the first griddepcontrol.wait, and
+    the only global load before it is the key count's (8 bytes): q, written by the rope + KV kernel
+    just before, is read after the wait. Without PIPE no copy precedes the wait."""
+    lines = builds[name]["ptx"].split("\n")
+    waits = [i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln]
+    assert waits
+    before = lines[:waits[0]]
+    assert sum("cp.async.cg.shared.global" in ln for ln in before) >= 4
+    loads = [ln for ln in before if "ld.global" in ln]
+    assert len(loads) == 1 and "ld.global.b64" in loads[0], loads
+    plain = builds[name.removesuffix("_pipe")]["ptx"].split("\n")
+    w0 = next(i for i, ln in enumerate(plain) if "griddepcontrol.wait" in ln)
+    assert not any("cp.async" in ln for ln in plain[:w0])

@@ -79,7 +79,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
                         IEEE: tl.constexpr, PDL: tl.constexpr, CAP: tl.constexpr = False,
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
                         DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
-                        GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1):
+                        GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1,
+                        PIPE: tl.constexpr = False):
     """VS (Switches.decode_attn_vsplit with one split, decode_attn_split_vs with several): program
     (kvh, sp * VS + vs) computes the scores of its keys over all their dims but the output's dims
     [vs * BD / VS, (vs + 1) * BD / VS) only, reading that slice of V: a key range spread over VS
@@ -136,13 +137,35 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
         s = s0 + tl.arange(0, BS)
         sa = s < cend
         ka, va = _kv_tile(kc, vc, s, sa[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
-    if PRE:
-        pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
-    qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, DV], dtype=tl.float32)
     first = s0
+    if PIPE:
+        # the tiles before the one holding this step's row L - 1 hold cached rows only (written by
+        # earlier steps): the loop's pipelined copies of its first tiles go out before the wait,
+        # which the first iteration takes before it reads q; the same tiles in the same order as
+        # the plain loop below (the same bits)
+        r = L - 1
+        pend = tl.where((r >= s0) & (r < s1), s0 + ((r - s0) // BS) * BS, s1)
+        qt = tl.zeros([GP, BD], dtype=q.dtype.element_ty)
+        for start in range(s0, pend, BS):
+            s = start + tl.arange(0, BS)
+            sm = s < pend
+            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh,
+                            dv, sm[:, None] & dvm[None, :])
+            if start == s0:
+                pdl_enter(PDL)
+                qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+            m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
+        if pend <= s0:                                   # no such tile: the wait here
+            pdl_enter(PDL)
+            qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
+        first = pend
+    else:
+        if PRE:
+            pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
+        qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
     if KVPRE:
         if s0 < cend:
             m_i, l_i, acc = _attn_tile(qt, ka, va, sa, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
@@ -203,7 +226,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
-                     vsplit: int = 4, split_vs: int = 1) -> torch.Tensor:
+                     vsplit: int = 4, split_vs: int = 1, pipe: bool = False) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -235,7 +258,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (_decode_attn_kernel VS; 1, 2 or 4, slices of at least 32 dims; not with kvpre or ahead; H200,
     7B short graph: 4 slices at 4 warps -35 / -40 / -42 us at positions 24 / 72 / 108, perf-log AA5);
     split_vs (Switches.decode_attn_split_vs): the same for each key split of the split kernel
-    (slices of at least 16 dims).
+    (slices of at least 16 dims). pipe (Switches.decode_attn_pipe; implies pre, not with kvpre or
+    ahead): the tiles of cached rows before the one holding this step's row in a loop whose first
+    iteration takes the PDL wait, so their pipelined copies start before it (_decode_attn_kernel
+    PIPE; the same bits).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -260,6 +286,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if split_vs not in (1, 2, 4):
         raise MinferError(f"MINFER_DECODE_ATTN_SPLIT_VS={split_vs}: the split decode attention's V slices must be "
                           "1, 2 or 4")
+    pipe = bool(pipe) and not (kvpre or ahead)
     if direct:
         vs = vsplit if not (kvpre or ahead) and bd == dh and (bd // vsplit) % 32 == 0 else 1
     else:
@@ -298,8 +325,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
-        CAP=softcap > 0, PRE=bool(pre or kvpre), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
-        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs,
+        CAP=softcap > 0, PRE=bool(pre or kvpre or pipe), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
+        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, PIPE=pipe,
         num_warps=(2 * warps if vs == 1 else warps) if direct else (max(8, warps) if ahead else warps),
         **launch_kw(pdl))
     if direct or grid_merge:
@@ -363,7 +390,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
                                 tiles=sw.decode_attn_tiles, vsplit=sw.decode_attn_vsplit,
-                                split_vs=sw.decode_attn_split_vs,
+                                split_vs=sw.decode_attn_split_vs, pipe=sw.decode_attn_pipe,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
                                 and ctx.workspace is not None else None)
