@@ -262,12 +262,13 @@ class Switches:
                                     "default: H200 7B graph at d3354 +23 us with 2, +74 with 4; bench --ab 2 / 1 "
                                     "1.0008 +- 0.0051 at d3354, perf-log AA8)", kind="tuning")
     decode_attn_pipe: bool = _sw(False, "MINFER_DECODE_ATTN_PIPE",
-                                 "one-token decode attention: the key tiles before the one holding this step's "
-                                 "row (cached rows only) run in a loop whose first iteration takes the PDL wait, "
-                                 "so the compiler's pipelined cp.async copies of its first tiles go out before "
-                                 "the wait, during the rope + KV kernel; the same tiles in the same order (the "
-                                 "same bits); implies decode_attn_preload, not with kvpre or ahead (ops/cuda/"
-                                 "attention.py PIPE; off: the wait, then one loop)", kind="tuning")
+                                 "one-token decode attention: every key tile's cached rows (all but this step's "
+                                 "row) loaded by a loop whose first iteration takes the PDL wait, so the "
+                                 "compiler's pipelined cp.async copies of the first tiles go out before the wait, "
+                                 "during the rope + KV kernel; this step's key and value are read after it and "
+                                 "folded in last (float32 rounding apart from the plain loop); implies "
+                                 "decode_attn_preload, not with kvpre or ahead (ops/cuda/attention.py PIPE; off: "
+                                 "the wait, then one loop over the tiles)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "

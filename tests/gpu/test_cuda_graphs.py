@@ -313,11 +313,12 @@ def test_grid_merge_graph_gives_the_combine_bits(tmp_path):
     assert int(a.ctx.workspace.attn_barrier()[0]) == 0
 
 
-def test_pipe_graphs_give_the_plain_loop_bits(tmp_path):
+def test_pipe_graphs_decode_as_the_plain_loop(tmp_path):
     """Switches.decode_attn_pipe in both decode graphs (positions 100..149 of a 300-row cache: the short
-    graph's one split below 128, key splits after): the attention's first tiles of cached rows copied
-    before its PDL wait, this step's row (written by the rope + KV kernel just before) after it; every
-    step's logits the same bits as the plain loop's."""
+    graph's one split below 128, key splits after): the attention's cached tiles copied before its PDL
+    wait, this step's row (written by the rope + KV kernel just before) after it and folded in last;
+    teacher-forced, every step's logits within float32 rounding of the plain loop's and the same
+    greedy token."""
     from minfer.ops import paths
 
     p, a, b = _tiny_pair(tmp_path, 14, Switches(), switches_a=Switches(decode_attn_pipe=True), ctx=300)
@@ -328,7 +329,8 @@ def test_pipe_graphs_give_the_plain_loop_bits(tmp_path):
     paths.reset()
     for step in range(50):
         la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
-        assert torch.equal(la, lb), step
+        err = float((la.double() - lb.double()).norm() / lb.double().norm())
+        assert err < 1e-3 and int(la.argmax()) == int(lb.argmax()), (step, err)
         t = int(lb.argmax())
     snap = paths.snapshot()
     assert snap["counts"]["graph.decode.replay.short"] == 2 * 28 and not snap["fallbacks"], snap

@@ -311,19 +311,25 @@ def test_decode_attention_split_v_slices_gpu(n, split_vs):
                                     (4096, 3355), (4096, 4096)])
 @pytest.mark.parametrize("vsplit", [1, 4])
 def test_decode_attention_pipe_gpu(rows, n, vsplit):
-    """Switches.decode_attn_pipe at the 7B's heads: the tiles before this step's row's copied before the
-    PDL wait (launched here without a kernel before it) give the plain loop's output and q8 form bit for
-    bit, with one split over V slices or not (a 128-row view) and with key splits (4,096 rows)."""
+    """Switches.decode_attn_pipe at the 7B's heads, PDL launch: every tile's cached rows copied before
+    the wait, this step's row read after it and folded in last, against the float64 reference and,
+    within bf16 rounding, the plain loop; one split over V slices or not (a 128-row view) and key
+    splits (4,096 rows)."""
+    from minfer.ops import reference
     from minfer.ops.cuda import decode_attention
 
     g = torch.Generator().manual_seed(rows + n + vsplit)
-    kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16).to(DEV)
-    vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16).to(DEV)
-    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16).to(DEV)
+    kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
+    vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
+    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
+    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
     pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
     a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, pipe=True, vsplit=vsplit, pdl=1)
     b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=vsplit, pdl=1)
-    assert torch.equal(a, b) and torch.equal(a.q8[0], b.q8[0]) and torch.equal(a.q8[1], b.q8[1])
+    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1
 
 
 def test_decode_attention_grid_merge_needs_one_program_an_sm():

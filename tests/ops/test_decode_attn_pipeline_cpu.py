@@ -65,10 +65,11 @@ def test_the_key_value_tiles_are_loaded_with_cp_async(builds, name):
 
 @pytest.mark.parametrize("name", ["split_pipe", "one_split_v4_pipe"])
 def test_pipe_issues_the_first_tiles_before_the_wait_and_reads_q_after_it(builds, name):
-    """Switches.decode_attn_pipe: the pipelined loop's prologue copies (the first tiles of cached
-    rows: K and V, >= 4 16-byte copies a thread) come before the first griddepcontrol.wait, and
-    the only global load before it is the key count's (8 bytes): q, written by the rope + KV kernel
-    just before, is read after the wait. Without PIPE no copy precedes the wait."""
+    """Switches.decode_attn_pipe: the pipelined loop's prologue copies (the first tiles' cached rows:
+    K and V, >= 4 16-byte copies a thread) come before the first griddepcontrol.wait, and the only
+    global load before it is the key count's (8 bytes): q and this step's key and value row,
+    written by the rope + KV kernel just before, are read after the wait. Without PIPE no copy
+    precedes the wait."""
     lines = builds[name]["ptx"].split("\n")
     waits = [i for i, ln in enumerate(lines) if "griddepcontrol.wait" in ln]
     assert waits

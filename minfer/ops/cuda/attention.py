@@ -32,9 +32,12 @@ from minfer.ops.cuda.pdl import launch_kw
 
 
 @triton.jit
-def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexpr, CAP: tl.constexpr):
+def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexpr, CAP: tl.constexpr,
+               SAFE: tl.constexpr = False):
     """One tile of keys (k, v [BS, BD], valid where sm) folded into the online softmax (m_i, l_i,
-    acc) of the query rows qt [GP, BD]."""
+    acc) of the query rows qt [GP, BD]. SAFE: a tile may have no valid key (PIPE: a tile holding
+    only this step's row) -- the max then stays -inf and is taken as 0 in the exponents, so the
+    tile adds exp(-inf) = 0 instead of NaN; finite maxima give the same values."""
     if IEEE:
         sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
     else:
@@ -48,14 +51,33 @@ def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexp
     else:
         sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
     m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    p = tl.exp(sc - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
+    m_e = tl.where(m_new > float("-inf"), m_new, 0.0) if SAFE else m_new
+    p = tl.exp(sc - m_e[:, None])
+    alpha = tl.exp(m_i - m_e)
     l_i = l_i * alpha + tl.sum(p, axis=1)
     if IEEE:
         pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
     else:
         pv = tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _attn_row(qt, kr, vr, m_i, l_i, acc, sm_scale, softcap, CAP: tl.constexpr):
+    """One key (kr [BD]) and value (vr [DV]) folded into the online softmax as _attn_tile folds a
+    tile: the score in float32 (a sum of products, not the tile's dot), the weight rounded to the
+    value dtype before it multiplies the value, as the tile's p is for its dot."""
+    sc = tl.sum(qt.to(tl.float32) * kr.to(tl.float32)[None, :], axis=1)              # [GP]
+    if CAP:
+        sc = sc * (sm_scale * 2.0 / softcap)
+        sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
+    else:
+        sc = sc * sm_scale
+    m_new = tl.maximum(m_i, sc)
+    p = tl.exp(sc - m_new)
+    alpha = tl.exp(m_i - m_new)
+    pv = p.to(vr.dtype).to(tl.float32)[:, None] * vr.to(tl.float32)[None, :]
+    return m_new, l_i * alpha + p, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -105,7 +127,15 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     L - 1 is this step's, written by the rope + KV kernel just before). After the wait that tile
     is folded in, then the loop over the rest, then row L - 1 alone if it fell inside the first
     tile's span. At d3354 on the 7B (264 programs, 64-key tiles) every program has one tile, so
-    all its cache reads overlap the kernels before it."""
+    all its cache reads overlap the kernels before it.
+
+    PIPE (Switches.decode_attn_pipe, with PRE): the loop over the program's tiles loads each tile's
+    cached rows only (all but row L - 1) and takes the PDL wait in its first iteration, after the
+    tile loads in program order: the compiler's software pipeline issues the first tiles' cp.async
+    copies in the loop's prologue, before the wait (sm_90 PTX: tests/ops/
+    test_decode_attn_pipeline_cpu.py), into the same shared-memory stages as the plain loop (unlike
+    KVPRE's registers). q and row L - 1's key and value are read after the wait; that row is folded
+    in after the tiles (_attn_row)."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -142,26 +172,32 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     acc = tl.zeros([GP, DV], dtype=tl.float32)
     first = s0
     if PIPE:
-        # the tiles before the one holding this step's row L - 1 hold cached rows only (written by
-        # earlier steps): the loop's pipelined copies of its first tiles go out before the wait,
-        # which the first iteration takes before it reads q; the same tiles in the same order as
-        # the plain loop below (the same bits)
+        # every tile's cached rows -- all but this step's row L - 1, written by the rope + KV kernel
+        # just before -- are loaded by the loop's pipelined copies, whose first stages go out before
+        # the wait; the first iteration takes the wait, then reads q and row L - 1's key and value,
+        # which are folded in after the tiles (_attn_row): the same softmax over the same keys,
+        # row L - 1 last instead of in its tile (float32 rounding apart from the plain loop)
         r = L - 1
-        pend = tl.where((r >= s0) & (r < s1), s0 + ((r - s0) // BS) * BS, s1)
+        mine = (r >= s0) & (r < s1)
         qt = tl.zeros([GP, BD], dtype=q.dtype.element_ty)
-        for start in range(s0, pend, BS):
+        kr = tl.zeros([BD], dtype=kc.dtype.element_ty)
+        vr = tl.zeros([DV], dtype=vc.dtype.element_ty)
+        for start in range(s0, s1, BS):
             s = start + tl.arange(0, BS)
-            sm = s < pend
-            k, v = _kv_tile(kc, vc, s, sm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh,
-                            dv, sm[:, None] & dvm[None, :])
+            cm = (s < s1) & (s != r)
+            k, v = _kv_tile(kc, vc, s, cm[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh,
+                            dv, cm[:, None] & dvm[None, :])
             if start == s0:
                 pdl_enter(PDL)
                 qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
-            m_i, l_i, acc = _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP)
-        if pend <= s0:                                   # no such tile: the wait here
+                kr = tl.load(kc + r.to(tl.int64) * stride_ks + kvh * stride_kh + d, mask=dm & mine, other=0.0)
+                vr = tl.load(vc + r.to(tl.int64) * stride_vs + kvh * stride_vh + dv, mask=dvm & mine, other=0.0)
+            m_i, l_i, acc = _attn_tile(qt, k, v, cm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP, True)
+        if s1 <= s0:                                     # an empty split: its loop took no wait
             pdl_enter(PDL)
-            qt = tl.load(q + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
-        first = pend
+        if mine:
+            m_i, l_i, acc = _attn_row(qt, kr, vr, m_i, l_i, acc, sm_scale, softcap, CAP)
+        first = s1
     else:
         if PRE:
             pdl_enter(PDL)   # q and this step's cache row come from the kernels just before
@@ -259,9 +295,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     7B short graph: 4 slices at 4 warps -35 / -40 / -42 us at positions 24 / 72 / 108, perf-log AA5);
     split_vs (Switches.decode_attn_split_vs): the same for each key split of the split kernel
     (slices of at least 16 dims). pipe (Switches.decode_attn_pipe; implies pre, not with kvpre or
-    ahead): the tiles of cached rows before the one holding this step's row in a loop whose first
-    iteration takes the PDL wait, so their pipelined copies start before it (_decode_attn_kernel
-    PIPE; the same bits).
+    ahead): every tile's cached rows in a loop whose first iteration takes the PDL wait, so their
+    pipelined copies start before it; this step's row after it, folded in last (_decode_attn_kernel
+    PIPE).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
