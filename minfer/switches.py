@@ -267,8 +267,10 @@ class Switches:
                                  "compiler's pipelined cp.async copies of the first tiles go out before the wait, "
                                  "during the rope + KV kernel; this step's key and value are read after it and "
                                  "folded in last (float32 rounding apart from the plain loop); implies "
-                                 "decode_attn_preload, not with kvpre or ahead (ops/cuda/attention.py PIPE; off: "
-                                 "the wait, then one loop over the tiles)", kind="tuning")
+                                 "decode_attn_preload, not with kvpre or ahead (ops/cuda/attention.py PIPE; off by "
+                                 "default: H200 7B graph +10 us at d3354, +2 / +8 at position 108 (whole-cache / "
+                                 "short graph); bench --ab B/A 0.987 +- 0.010 tg128, 1.004 +- 0.026 d3354, perf-log "
+                                 "AB1; off: the wait, then one loop over the tiles)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "

@@ -15,6 +15,7 @@ it out saves here, and less by whatever work the neighbour takes over.
   -3        all three left out
   -combine  the decode attention's combine launch (the key splits' merge) left out: the bound for
             any way of merging the splits without that launch
+  combine_warps:N   the combine launch at N warps a program (decode_merge.COMBINE_WARPS; 4 shipped)
   -norm_attn / -norm_ffn   only the norm before q/k/v (before gate+up) left out
   early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
             launch before their wait: pdl.py), a real variant (the logits are right)
@@ -35,16 +36,19 @@ import json
 import statistics
 import sys
 
+import importlib
+
 import torch
 
 from minfer import ops
 from minfer.bench.bench import parse_env
 from minfer.models.base import Step
-from minfer.ops.cuda import attention as attn_mod
-from minfer.ops.cuda import gemv_q8_gluon, q8_rows
+from minfer.ops.cuda import decode_merge, gemv_q8_gluon, q8_rows
 from minfer.ops.cuda.attention import one_split_rows
 from minfer.runtime.engine import Engine
 from prof_decode import print_chain, warm  # noqa: E402 -- tools/ is the script's directory
+
+attn_mod = importlib.import_module("minfer.ops.cuda.attention")   # (the package exports a function of that name)
 
 
 def frozen(fn):
@@ -136,6 +140,7 @@ def variant(eng, pos: int, name: str):
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     real_linear = ops.linear
     real_merge = attn_mod.merge
+    real_cw = decode_merge.COMBINE_WARPS
     base_sw = eng.switches
     try:
         env, cfgs = {}, {}
@@ -154,6 +159,7 @@ def variant(eng, pos: int, name: str):
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         ops.linear = real_linear
         attn_mod.merge = real_merge
+        decode_merge.COMBINE_WARPS = real_cw
         eng.cache.__dict__.pop("write_rotated", None)
         eng.set_switches(base_sw)
 
@@ -178,6 +184,8 @@ def _apply(eng, name: str, env: dict, cfgs: dict):
         q8_rows.swiglu_q8 = frozen(real_swiglu)
     if name in ("-rope", "-3"):
         eng.cache.write_rotated = lambda layer, q, k, v, step, rope, ctx=None: q
+    if name.startswith("combine_warps:"):
+        decode_merge.COMBINE_WARPS = int(name.split(":")[1])
     if name == "-combine":
         attn_mod.merge = frozen(attn_mod.merge)
     if name == "bf16_head":

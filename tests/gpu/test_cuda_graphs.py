@@ -330,7 +330,7 @@ def test_pipe_graphs_decode_as_the_plain_loop(tmp_path):
     for step in range(50):
         la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
         err = float((la.double() - lb.double()).norm() / lb.double().norm())
-        assert err < 1e-3 and int(la.argmax()) == int(lb.argmax()), (step, err)
+        assert err < 5e-2 and int(la.argmax()) == int(lb.argmax()), (step, err)
         t = int(lb.argmax())
     snap = paths.snapshot()
     assert snap["counts"]["graph.decode.replay.short"] == 2 * 28 and not snap["fallbacks"], snap

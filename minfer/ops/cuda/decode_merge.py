@@ -126,6 +126,10 @@ def nsp(n_split: int) -> int:
     return max(16, triton.next_power_of_2(n_split))
 
 
+# the combine launch's warps a program (a measuring knob for tools/skip_oracle.py's combine_warps:N, not a switch)
+COMBINE_WARPS = 4
+
+
 def merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
     """The splits' partials merged by the combine launch -> (1, H, Dh) in dtype; q8: with the
     row's int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
@@ -135,7 +139,7 @@ def merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool
         xq = xf = part_m
     dc = 32 if bd % 32 == 0 else bd
     _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
-                                   NSP=nsp(n_split), Q8=q8, PDL=pdl, num_warps=4, **launch_kw(pdl))
+                                   NSP=nsp(n_split), Q8=q8, PDL=pdl, num_warps=COMBINE_WARPS, **launch_kw(pdl))
     if q8:
         out.q8 = (xq, xf)
     return out
