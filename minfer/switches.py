@@ -271,6 +271,12 @@ class Switches:
                                  "default: H200 7B graph +10 us at d3354, +2 / +8 at position 108 (whole-cache / "
                                  "short graph); bench --ab B/A 0.987 +- 0.010 tg128, 1.004 +- 0.026 d3354, perf-log "
                                  "AB1; off: the wait, then one loop over the tiles)", kind="tuning")
+    decode_combine_chunk: int = _sw(32, "MINFER_DECODE_COMBINE_CHUNK",
+                                    "single-sequence decode attention over several key splits: the values "
+                                    "each program of the combine launch merges (32, 64 or 128; the 7B: 112, 56 "
+                                    "or 28 programs), so fewer SMs hold combine programs when the o GEMV's "
+                                    "programs (one an SM) are placed (ops/cuda/decode_merge.py merge)",
+                                    kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "

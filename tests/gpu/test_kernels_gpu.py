@@ -332,6 +332,29 @@ def test_decode_attention_pipe_gpu(rows, n, vsplit):
     assert int((qa - qb).abs().max()) <= 1
 
 
+@pytest.mark.parametrize("n", [129, 1000, 3355])
+@pytest.mark.parametrize("chunk", [64, 128])
+def test_decode_combine_chunk_gpu(n, chunk):
+    """Switches.decode_combine_chunk over a 4,096-row cache at the 7B's heads (key splits and the
+    combine launch): 64 / 128 values a combine program against the float64 reference and, within
+    bf16 rounding, the 32-value programs; the o projection's int8 words within one step."""
+    from minfer.ops import reference
+    from minfer.ops.cuda import decode_attention
+
+    g = torch.Generator().manual_seed(n + chunk)
+    kc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
+    vc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
+    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
+    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
+    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
+    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, combine_chunk=chunk, pdl=1)
+    b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, pdl=1)
+    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1
+
+
 def test_decode_attention_grid_merge_needs_one_program_an_sm():
     """More split programs than SMs: no grid barrier (its programs might not all be resident), the
     combine launch instead, counted as a fallback that names why."""

@@ -366,3 +366,18 @@ def test_decode_attention_pipe(M, S, n_keys, window, vsplit, softcap):
     ref = reference.decode_attention(q, kc, vc, n_keys, window, softcap)
     _same_within_rounding(a, b, ref)
     assert ("attention.decode.one_split" in counts) == (S <= 32)
+
+
+@pytest.mark.parametrize("chunk", [64, 128])
+@pytest.mark.parametrize("n_keys,window", [(70, 0), (37, 16)])
+def test_decode_combine_chunk(M, chunk, n_keys, window):
+    """Switches.decode_combine_chunk: the combine launch's programs merging 64 or 128 values each
+    (fewer programs) give the 32-value programs' output and q8 form within float32 rounding and the
+    reference's values; a value other than 32, 64 or 128 is refused by name."""
+    A = M["attention"]
+    q, kc, vc, pos, counts, a, b = _sliced_and_whole(A, n_keys * 17 + chunk, 80, 128, n_keys, window,
+                                                     {"combine_chunk": chunk}, {})
+    assert "attention.decode.one_split" not in counts
+    _same_within_rounding(a, b, reference.decode_attention(q, kc, vc, n_keys, window))
+    with pytest.raises(Exception, match="MINFER_DECODE_COMBINE_CHUNK=48"):
+        A.decode_attention(q, kc, vc, pos, n_keys_add=1, combine_chunk=48)

@@ -262,7 +262,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
-                     vsplit: int = 4, split_vs: int = 1, pipe: bool = False) -> torch.Tensor:
+                     vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -297,7 +297,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     (slices of at least 16 dims). pipe (Switches.decode_attn_pipe; implies pre, not with kvpre or
     ahead): every tile's cached rows in a loop whose first iteration takes the PDL wait, so their
     pipelined copies start before it; this step's row after it, folded in last (_decode_attn_kernel
-    PIPE).
+    PIPE). combine_chunk (Switches.decode_combine_chunk): the values a combine program merges
+    (decode_merge.merge).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -369,7 +370,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if q8:
             out.q8 = (xq, xf)
         return out
-    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl, combine_chunk)
 
 
 def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, tiles: int = 2) -> int:
@@ -427,6 +428,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
                                 tiles=sw.decode_attn_tiles, vsplit=sw.decode_attn_vsplit,
                                 split_vs=sw.decode_attn_split_vs, pipe=sw.decode_attn_pipe,
+                                combine_chunk=sw.decode_combine_chunk,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
                                 and ctx.workspace is not None else None)

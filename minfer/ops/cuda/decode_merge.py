@@ -53,9 +53,11 @@ def _merge_chunk(part_o, part_m, part_l, out, xq, xf, H, NS, h, j, D: tl.constex
     res = tl.sum(o * w[:, None], axis=0) / tl.sum(w * ls, axis=0)
     tl.store(out + h * D + d, res.to(out.dtype.element_ty), mask=d < D)
     if Q8:
-        # the o projection's int8 input (gemv_q8's form): this chunk (DC == 32, D == BD)
-        cc = h * (D // 32) + j + tl.arange(0, 1)
-        _q8_chunks(tl.reshape(res, (1, 32)), cc, cc < H * (D // 32), xq, xf)
+        # the o projection's int8 input (gemv_q8's form): this chunk's DC // 32 chunks of 32 values
+        # (DC a multiple of 32, D == BD)
+        CQ: tl.constexpr = DC // 32
+        cc = h * (D // 32) + j * CQ + tl.arange(0, CQ)
+        _q8_chunks(tl.reshape(res, (CQ, 32)), cc, cc < H * (D // 32), xq, xf)
 
 
 @triton.jit
@@ -130,14 +132,22 @@ def nsp(n_split: int) -> int:
 COMBINE_WARPS = 4
 
 
-def merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int) -> torch.Tensor:
+def merge(part_o, part_m, part_l, n_split: int, dtype, h: int, dh: int, q8: bool, pdl: int,
+          chunk: int = 32) -> torch.Tensor:
     """The splits' partials merged by the combine launch -> (1, H, Dh) in dtype; q8: with the
-    row's int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it)."""
+    row's int8 form attached as out.q8 (gemv_q8.py; layers.merge_heads keeps it). chunk
+    (Switches.decode_combine_chunk): the values a program merges (32, 64 or 128: H * Dh / chunk
+    programs), where the padded head dim is a multiple of it."""
     bd = part_o.shape[-1]
     out, xq, xf, q8 = outputs(dtype, h, dh, bd, q8, part_o.device)
     if not q8:
         xq = xf = part_m
-    dc = 32 if bd % 32 == 0 else bd
+    if chunk not in (32, 64, 128):
+        from minfer.errors import MinferError
+
+        raise MinferError(f"MINFER_DECODE_COMBINE_CHUNK={chunk}: the combine's values a program must be 32, 64 "
+                          "or 128")
+    dc = chunk if bd % chunk == 0 else 32 if bd % 32 == 0 else bd
     _combine_kernel[(h, bd // dc)](part_o, part_m, part_l, out, xq, xf, h, n_split, D=dh, BD=bd, DC=dc,
                                    NSP=nsp(n_split), Q8=q8, PDL=pdl, num_warps=COMBINE_WARPS, **launch_kw(pdl))
     if q8:
