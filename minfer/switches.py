@@ -275,8 +275,9 @@ class Switches:
                                     "single-sequence decode attention over several key splits: the values "
                                     "each program of the combine launch merges (32, 64 or 128; the 7B: 112, 56 "
                                     "or 28 programs), so fewer SMs hold combine programs when the o GEMV's "
-                                    "programs (one an SM) are placed (ops/cuda/decode_merge.py merge)",
-                                    kind="tuning")
+                                    "programs (one an SM) are placed (ops/cuda/decode_merge.py merge; 32 by "
+                                    "default: H200 7B graph +11 / +12 us with 64 and +7 / +7 with 128 at "
+                                    "position 108 / depth 3354, perf-log AB3)", kind="tuning")
     decode_attn_warps: int = _sw(4, "MINFER_DECODE_ATTN_WARPS",
                                  "single-sequence decode attention: warps per program of the key-split kernel, "
                                  "twice that for the one-split kernel of short caches without V slices "
