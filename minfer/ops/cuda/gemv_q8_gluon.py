@@ -41,7 +41,9 @@ before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets
 share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
 has the programs signal the next kernel when they end, not after their wait (PDL mode 3): a
 GEMV whose programs all start at once (one wave) would otherwise let the next heavy GEMV launch
-onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step). The
+onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step, with
+the o configs of then; no shipped config sets it since the sixth 2026-12-02 session, perf-log AB4,
+where o [32, 16, 1, 8] measured 1-2% faster without it). The
 table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one (`python -m
 minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x, lm head 1.13x,
 q/k + Q6_K v 1.29x, o 1.09x; q/k/v, o and down re-tuned in the step, tools/skip_oracle.py); other
