@@ -266,27 +266,41 @@ def test_decode_attention_grid_merge_gpu(n, q8):
     assert rel_err(got[0], reference.attention(q.cpu().double(), kc.cpu().double(), vc.cpu().double(), n - 1)) < 1e-2
 
 
-def _v_slices_against_whole_v(rows: int, n: int, seed: int, path: str, sliced: dict, whole: dict):
-    """The 7B's heads (28 / 4 x 128) over a `rows`-row cache at n keys: decode_attention with the V
-    slices `sliced` (counted as `path`) against the float64 reference and, within bf16 rounding,
-    the whole-V kernel (`whole`); the o projection's int8 words within one step."""
-    from minfer.ops import paths, reference
-    from minfer.ops.cuda import decode_attention
+def _attn_7b(rows: int, n: int, seed: int):
+    """The 7B's heads (28 / 4 x 128): q and a `rows`-row bf16 cache on the GPU at n keys, the key
+    count tensor (position n - 1) and the float64 reference."""
+    from minfer.ops import reference
 
     g = torch.Generator().manual_seed(seed)
     kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
     vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
     q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
     ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
-    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
     pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    return q.to(DEV), kc.to(DEV), vc.to(DEV), pos, ref
+
+
+def _close_pair(a, b, ref):
+    """a against the reference and, within bf16 rounding, b; the o projection's int8 words within
+    one step."""
+    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
+    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
+    assert int((qa - qb).abs().max()) <= 1
+
+
+def _v_slices_against_whole_v(rows: int, n: int, seed: int, path: str, sliced: dict, whole: dict):
+    """The 7B's heads over a `rows`-row cache at n keys (_attn_7b): decode_attention with the V
+    slices `sliced` (counted as `path`) against the reference and the whole-V kernel (`whole`),
+    _close_pair."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import decode_attention
+
+    q, kc, vc, pos, ref = _attn_7b(rows, n, seed)
     paths.reset()
     a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, **sliced)
     assert paths.snapshot()["counts"].get(path) == 1
     b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, **whole)
-    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1
+    _close_pair(a, b, ref)
 
 
 @pytest.mark.parametrize("n", [1, 17, 64, 65, 128])
@@ -315,21 +329,12 @@ def test_decode_attention_pipe_gpu(rows, n, vsplit):
     the wait, this step's row read after it and folded in last, against the float64 reference and,
     within bf16 rounding, the plain loop; one split over V slices or not (a 128-row view) and key
     splits (4,096 rows)."""
-    from minfer.ops import reference
     from minfer.ops.cuda import decode_attention
 
-    g = torch.Generator().manual_seed(rows + n + vsplit)
-    kc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
-    vc = torch.randn(rows, 4, 128, generator=g).to(torch.bfloat16)
-    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
-    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
-    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
-    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    q, kc, vc, pos, ref = _attn_7b(rows, n, rows + n + vsplit)
     a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, pipe=True, vsplit=vsplit, pdl=1)
     b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, vsplit=vsplit, pdl=1)
-    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1
+    _close_pair(a, b, ref)
 
 
 @pytest.mark.parametrize("n", [129, 1000, 3355])
@@ -337,22 +342,13 @@ def test_decode_attention_pipe_gpu(rows, n, vsplit):
 def test_decode_combine_chunk_gpu(n, chunk):
     """Switches.decode_combine_chunk over a 4,096-row cache at the 7B's heads (key splits and the
     combine launch): 64 / 128 values a combine program against the float64 reference and, within
-    bf16 rounding, the 32-value programs; the o projection's int8 words within one step."""
-    from minfer.ops import reference
+    bf16 rounding, the 32-value programs (_close_pair)."""
     from minfer.ops.cuda import decode_attention
 
-    g = torch.Generator().manual_seed(n + chunk)
-    kc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
-    vc = torch.randn(4096, 4, 128, generator=g).to(torch.bfloat16)
-    q = torch.randn(1, 28, 128, generator=g).to(torch.bfloat16)
-    ref = reference.attention(q.double(), kc.double(), vc.double(), n - 1)
-    q, kc, vc = q.to(DEV), kc.to(DEV), vc.to(DEV)
-    pos = torch.tensor([n - 1], dtype=torch.int64, device=DEV)
+    q, kc, vc, pos, ref = _attn_7b(4096, n, n + chunk)
     a = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, combine_chunk=chunk, pdl=1)
     b = decode_attention(q, kc, vc, pos, n_keys_add=1, q8=True, pre=True, pdl=1)
-    assert rel_err(a, ref) < 1e-2 and rel_err(a, b.double()) < 1e-2
-    qa, qb = a.q8[0].view(torch.int8).to(torch.int32), b.q8[0].view(torch.int8).to(torch.int32)
-    assert int((qa - qb).abs().max()) <= 1
+    _close_pair(a, b, ref)
 
 
 def test_decode_attention_grid_merge_needs_one_program_an_sm():

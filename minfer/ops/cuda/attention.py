@@ -65,9 +65,16 @@ def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexp
 @triton.jit
 def _attn_row(qt, kr, vr, m_i, l_i, acc, sm_scale, softcap, CAP: tl.constexpr):
     """One key (kr [BD]) and value (vr [DV]) folded into the online softmax as _attn_tile folds a
-    tile: the score in float32 (a sum of products, not the tile's dot), the weight rounded to the
-    value dtype before it multiplies the value, as the tile's p is for its dot."""
+    tile: the score in float32 (a sum of products, not the tile's dot), then _fold_score."""
     sc = tl.sum(qt.to(tl.float32) * kr.to(tl.float32)[None, :], axis=1)              # [GP]
+    return _fold_score(sc, vr, m_i, l_i, acc, sm_scale, softcap, CAP)
+
+
+@triton.jit
+def _fold_score(sc, vr, m_i, l_i, acc, sm_scale, softcap, CAP: tl.constexpr):
+    """One key's raw scores sc [GP] (q . k per query row) and its value vr folded into the online
+    softmax (m_i, l_i, acc): scaled (or soft-capped) as _attn_tile scales a tile's, the weight
+    rounded to the value dtype before it multiplies the value, as the tile's p is for its dot."""
     if CAP:
         sc = sc * (sm_scale * 2.0 / softcap)
         sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)

@@ -11,7 +11,7 @@ import triton.language as tl
 
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
-from minfer.ops.cuda.attention import _attn_tile, _key_tile, _kv_tile, _n_split
+from minfer.ops.cuda.attention import _attn_tile, _fold_score, _key_tile, _kv_tile, _n_split
 from minfer.ops.cuda.decode_merge import merge, partials
 from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
@@ -102,17 +102,7 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
         # the new key: its score per query row from the rounded q and k, as the cached keys'
         sc = tl.sum(ra.to(tl.float32) * kra.to(tl.float32)[None, :] + rb.to(tl.float32) * krb.to(tl.float32)[None, :],
                     axis=1)                                                            # [GP]
-        if CAP:
-            sc = sc * (sm_scale * 2.0 / softcap)
-            sc = softcap - 2.0 * softcap / (tl.exp(sc) + 1.0)
-        else:
-            sc = sc * sm_scale
-        m_new = tl.maximum(m_i, sc)
-        pn = tl.exp(sc - m_new)
-        alpha = tl.exp(m_i - m_new)
-        l_i = l_i * alpha + pn
-        acc = acc * alpha[:, None] + pn.to(vn.dtype).to(tl.float32)[:, None] * vn.to(tl.float32)[None, :]
-        m_i = m_new
+        m_i, l_i, acc = _fold_score(sc, vn, m_i, l_i, acc, sm_scale, softcap, CAP)
     tl.store(part_o + (sp * H + qh[:, None]) * D + d[None, :], acc, mask=gm[:, None])
     tl.store(part_m + sp * H + qh, m_i, mask=gm)
     tl.store(part_l + sp * H + qh, l_i, mask=gm)
