@@ -32,11 +32,10 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
 each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
 kernel adds to the step's end), to see which kernel a variant slows down."""
+import importlib
 import json
 import statistics
 import sys
-
-import importlib
 
 import torch
 

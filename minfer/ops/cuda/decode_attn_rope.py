@@ -111,7 +111,7 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
 def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, turns,
                           neox: bool, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int = 0,
                           q8: bool = False, pdl: int = 0, programs: int = 264, softcap: float = 0.0,
-                          n_split: int | None = None, prewait: bool = False) -> torch.Tensor:
+                          n_split: int | None = None, prewait: bool = False, combine_chunk: int = 32) -> torch.Tensor:
     """One new token's rope, KV append and decode attention in the launches of the attention
     alone (_decode_attn_rope_kernel, then the merge): q (1, H, Dh), k and v (1, Hkv, Dh) the raw
     projections at position positions[0] (a (1,) int64 device tensor, so a graph replays at any
@@ -119,7 +119,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
     attention of rope(q) over rows [0, pos] -> (1, H, Dh), with .q8 when q8 (as
     decode_attention). turns: the (Dh/2,) float64 rope table (norm_rope_act._turns). Caller's
     conditions: the whole head rotated, Dh a power of 2, one dtype for q/k/v/caches, pos inside
-    the cache (no host check: graph replays)."""
+    the cache (no host check: graph replays). combine_chunk: as decode_attention's."""
     _, h, dh = q.shape
     s_max, hkv, _ = k_cache.shape
     g = h // hkv
@@ -133,7 +133,7 @@ def rope_decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos
         float(softcap) if softcap > 0 else 1.0,
         D=dh, NEOX=neox, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=k_cache.dtype == torch.float32,
         PDL=pdl, CAP=softcap > 0, PREWAIT=prewait, num_warps=4, **launch_kw(pdl))
-    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl)
+    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl, combine_chunk)
 
 
 def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, cfg,
@@ -163,4 +163,4 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions:
                                  k_cache, v_cache, window=window, q8=q.dtype != torch.float32 and sw.gemv_q8,
                                  pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
                                  programs=sw.decode_attn_programs, softcap=softcap,
-                                 prewait=sw.decode_attn_prewait)
+                                 prewait=sw.decode_attn_prewait, combine_chunk=sw.decode_combine_chunk)
