@@ -4,6 +4,9 @@
 #   oracle:    tools/skip_oracle.py (the graph's GPU time with small kernels left out, outputs frozen)
 #   depthtok:  tools/depth_tokens.py (the bench's loop token by token after its prefill)
 #   hostcalls: tools/host_calls.py (each host-side call of a graphed token, timed on this CPU)
+#   sigsweep:  tools/skip_oracle.py at positions 108 / 3362 over the PDL signal points of the current step
+#              (per-shape late via the Gluon table's seventh field, the attention norm early, early sites):
+#              perf-log AB5's first candidate for the next session; SIGSWEEP_EXTRA adds variants
 #   envab2:    ENVAB2="A=0,B=1;A=1,B=1": `minfer bench -p 0 -n 128 -d 0,3354` per setting (a setting:
 #              comma-separated VAR=value), settings alternated in separate processes, ENVAB_PAIRS rounds
 #   then the steps of tools/device_s7.sh (l2sweep gsweep hostgap envab) -> s6 (treeab ab gen) -> s4
@@ -27,6 +30,14 @@ for step in $STEPS; do
         timeout 150 python3 tools/host_floor.py /tmp/q7.gguf $d >"$OUT/floor-$d.log" 2>&1
         tail -10 "$OUT/floor-$d.log"
       done;;
+    sigsweep) # the shipped table's configs with late flipped, one shape at a time, and PDL early variants
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      v="cfg:Q4_K+4608x3584=32,2,4,4,1,96,1 cfg:Q4_K+37888x3584=32,1,1,4,1,0,1 cfg:Q4_K+3584x18944=32,2,9,4,1,0,1"
+      v="$v cfg:Q6_K+3584x18944=32,2,5,4,1,0,1 cfg:Q4_K+3584x3584=32,16,1,8,0,0,1 early_attn_norm"
+      v="$v env:MINFER_PDL_EARLY_SITES=swiglu env:MINFER_PDL_EARLY_SITES=rope_kv short short&early_attn_norm"
+      timeout ${ORACLE_TIMEOUT:-300} python3 tools/skip_oracle.py /tmp/q7.gguf 100 3354 -- $v ${SIGSWEEP_EXTRA:-} \
+        >"$OUT/sigsweep.log" 2>&1
+      tail -30 "$OUT/sigsweep.log";;
     oracle)   # tools/skip_oracle.py: the graph with small kernels left out (a timing bound for fusions)
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
       timeout ${ORACLE_TIMEOUT:-200} python3 tools/skip_oracle.py /tmp/q7.gguf ${ORACLE_DEPTHS:-16 3354} ${ORACLE_VARIANTS:+-- $ORACLE_VARIANTS} >"$OUT/oracle.log" 2>&1
@@ -52,7 +63,7 @@ for step in $STEPS; do
       echo -e "==== envab2 ====$summary";;
     *) rest="$rest $step";;
   esac
-  case $step in depthtok|hostcalls|envab2|floor|oracle|timeline) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in depthtok|hostcalls|envab2|floor|oracle|timeline|sigsweep) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s7.sh $rest
 exit 0
