@@ -288,6 +288,21 @@ def test_short_graph_below_two_key_tiles_then_the_whole_cache(tmp_path):
     assert counts["graph.decode.capture"] == 2 and "graph.decode.capture.short" not in counts
 
 
+def _teacher_forced(a, b, prompt, steps: int):
+    """Both engines prefilled with prompt (the same logits), then fed b's greedy token for `steps`
+    steps; yields (step, a's logits, b's logits). The path counts are reset after the prefill."""
+    from minfer.ops import paths
+
+    la, lb = a.prefill(prompt), b.prefill(prompt)
+    assert torch.equal(la, lb)
+    t = int(lb.argmax())
+    paths.reset()
+    for step in range(steps):
+        la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
+        yield step, la, lb
+        t = int(lb.argmax())
+
+
 def test_grid_merge_graph_gives_the_combine_bits(tmp_path):
     """Switches.decode_attn_grid_merge in the whole-cache graph (positions 130..149 of a 300-row
     cache: several key splits a KV head): the attention's programs merge the splits after a grid
@@ -299,14 +314,8 @@ def test_grid_merge_graph_gives_the_combine_bits(tmp_path):
     p, a, b = _tiny_pair(tmp_path, 13, Switches(decode_attn_grid_merge=False),
                          switches_a=Switches(decode_attn_grid_merge=True), ctx=300)
     prompt = torch.randint(0, p.vocab, (130,), generator=torch.Generator().manual_seed(5)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    assert torch.equal(la, lb)
-    t = int(lb.argmax())
-    paths.reset()
-    for step in range(20):
-        la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
+    for step, la, lb in _teacher_forced(a, b, prompt, 20):
         assert torch.equal(la, lb), step
-        t = int(lb.argmax())
     snap = paths.snapshot()
     assert snap["counts"].get("attention.decode.grid_merge", 0) > 0 and not snap["fallbacks"], snap
     assert snap["counts"]["graph.decode.replay"] == 40
@@ -323,14 +332,8 @@ def test_pipe_graphs_decode_as_the_plain_loop(tmp_path):
 
     p, a, b = _tiny_pair(tmp_path, 14, Switches(), switches_a=Switches(decode_attn_pipe=True), ctx=300)
     prompt = torch.randint(0, p.vocab, (100,), generator=torch.Generator().manual_seed(6)).tolist()
-    la, lb = a.prefill(prompt), b.prefill(prompt)
-    assert torch.equal(la, lb)
-    t = int(lb.argmax())
-    paths.reset()
-    for step in range(50):
-        la, lb = a.forward([t], len(prompt) + step)[-1], b.forward([t], len(prompt) + step)[-1]
+    for step, la, lb in _teacher_forced(a, b, prompt, 50):
         err = float((la.double() - lb.double()).norm() / lb.double().norm())
         assert err < 5e-2 and int(la.argmax()) == int(lb.argmax()), (step, err)
-        t = int(lb.argmax())
     snap = paths.snapshot()
     assert snap["counts"]["graph.decode.replay.short"] == 2 * 28 and not snap["fallbacks"], snap

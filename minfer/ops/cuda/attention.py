@@ -63,14 +63,6 @@ def _attn_tile(qt, k, v, sm, m_i, l_i, acc, sm_scale, softcap, IEEE: tl.constexp
 
 
 @triton.jit
-def _attn_row(qt, kr, vr, m_i, l_i, acc, sm_scale, softcap, CAP: tl.constexpr):
-    """One key (kr [BD]) and value (vr [DV]) folded into the online softmax as _attn_tile folds a
-    tile: the score in float32 (a sum of products, not the tile's dot), then _fold_score."""
-    sc = tl.sum(qt.to(tl.float32) * kr.to(tl.float32)[None, :], axis=1)              # [GP]
-    return _fold_score(sc, vr, m_i, l_i, acc, sm_scale, softcap, CAP)
-
-
-@triton.jit
 def _fold_score(sc, vr, m_i, l_i, acc, sm_scale, softcap, CAP: tl.constexpr):
     """One key's raw scores sc [GP] (q . k per query row) and its value vr folded into the online
     softmax (m_i, l_i, acc): scaled (or soft-capped) as _attn_tile scales a tile's, the weight
@@ -142,7 +134,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     copies in the loop's prologue, before the wait (sm_90 PTX: tests/ops/
     test_decode_attn_pipeline_cpu.py), into the same shared-memory stages as the plain loop (unlike
     KVPRE's registers). q and row L - 1's key and value are read after the wait; that row is folded
-    in after the tiles (_attn_row)."""
+    in after the tiles (_fold_score)."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -182,7 +174,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
         # every tile's cached rows -- all but this step's row L - 1, written by the rope + KV kernel
         # just before -- are loaded by the loop's pipelined copies, whose first stages go out before
         # the wait; the first iteration takes the wait, then reads q and row L - 1's key and value,
-        # which are folded in after the tiles (_attn_row): the same softmax over the same keys,
+        # which are folded in after the tiles (_fold_score): the same softmax over the same keys,
         # row L - 1 last instead of in its tile (float32 rounding apart from the plain loop)
         r = L - 1
         mine = (r >= s0) & (r < s1)
@@ -202,8 +194,9 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
             m_i, l_i, acc = _attn_tile(qt, k, v, cm, m_i, l_i, acc, sm_scale, softcap, IEEE, CAP, True)
         if s1 <= s0:                                     # an empty split: its loop took no wait
             pdl_enter(PDL)
-        if mine:
-            m_i, l_i, acc = _attn_row(qt, kr, vr, m_i, l_i, acc, sm_scale, softcap, CAP)
+        if mine:      # its score in float32, a sum of products (not the tile's dot)
+            sc = tl.sum(qt.to(tl.float32) * kr.to(tl.float32)[None, :], axis=1)     # [GP]
+            m_i, l_i, acc = _fold_score(sc, vr, m_i, l_i, acc, sm_scale, softcap, CAP)
         first = s1
     else:
         if PRE:
