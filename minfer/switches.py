@@ -62,7 +62,8 @@ class Switches:
                           "every kernel signals after its wait)", kind="tuning")
     pdl_early_sites: str = _sw("", "MINFER_PDL_EARLY_SITES",
                                "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
-                               "add_rms_norm, rms_norm, swiglu) let the next kernel launch before their own wait, "
+                               "add_rms_norm, attn_norm (the add_rms_norm before q/k/v only), rms_norm, swiglu) "
+                               "let the next kernel launch before their own wait, "
                                "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; H200 graph: "
                                "rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)", kind="tuning")
     pdl_late: int = _sw(0, "MINFER_PDL_LATE",
@@ -358,7 +359,8 @@ class Switches:
 
 
 # the PDL launch sites that may signal before their wait (ops/cuda/pdl.py enabled(..., early_ok=True))
-EARLY_SITES = ("rope_kv", "decode_attention", "add_rms_norm", "rms_norm", "swiglu")
+# (attn_norm: a role, not a site -- the add_rms_norm calls before a layer's q/k/v only)
+EARLY_SITES = ("rope_kv", "decode_attention", "add_rms_norm", "attn_norm", "rms_norm", "swiglu")
 
 
 def _parse(f, raw: str):

@@ -32,3 +32,29 @@ def sm90(monkeypatch):
 ])
 def test_early_sites(sm90, sw, site, early_ok, mode):
     assert pdl.enabled(sw, sm90, site, early_ok=early_ok) == mode
+
+
+@pytest.mark.parametrize("sw,role,mode", [
+    (Switches(pdl_early_sites="attn_norm"), "attn_norm", 2),     # the norm before q/k/v
+    (Switches(pdl_early_sites="attn_norm"), "", 1),              # the ffn norm: same site, no role
+    (Switches(pdl_early_sites="add_rms_norm"), "", 2),
+    (Switches(pdl_early_sites="swiglu"), "attn_norm", 1),
+    (Switches(pdl=False, pdl_early_sites="attn_norm"), "attn_norm", 0),
+])
+def test_early_roles(sm90, sw, role, mode):
+    assert pdl.enabled(sw, sm90, "add_rms_norm", early_ok=True, role=role) == mode
+
+
+def test_attn_norm_role_reaches_the_norm(sm90, monkeypatch):
+    """linear_add_rms_norm (the down projection, residual add and next layer's attention norm)
+    asks for the attn_norm role; the model's other add_rms_norm call (the ffn norm) does not."""
+    import torch
+    from minfer.ops.cuda import norm_rope_act, qmatmul
+
+    seen = []
+    monkeypatch.setattr(qmatmul, "_linear", lambda a, w, b, sw, ws: a)
+    monkeypatch.setattr(qmatmul, "_check", lambda a, w: None)
+    monkeypatch.setattr(norm_rope_act, "add_rms_norm", lambda *a, role="", **k: seen.append(role))
+    x = torch.zeros(1, 64)
+    qmatmul.linear_add_rms_norm(x, None, x, torch.ones(64), 1e-6, torch.float32, None, into_linear=True)
+    assert seen == ["attn_norm"]

@@ -45,7 +45,7 @@ def _add_rms_norm_kernel(x, y, w, s_out, h_out, D, stride_x, stride_y, stride_s,
 
 
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                 ctx: Context | None = None, into_linear: bool = False):
+                 ctx: Context | None = None, into_linear: bool = False, role: str = ""):
     """(s, h): s = x + y in x's dtype (the float32 residual), h = rms_norm(s) * weight in
     out_dtype, in one pass over the rows (one kernel instead of add + norm + cast; H200 A/B in
     docs/perf-log.md section 10). Switches.fused_add_norm=False runs the add, rms_norm and
@@ -54,7 +54,8 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     into_linear (the caller passes h only to ops.linear / linear_many): with
     Switches.norm_into_gemv, one decode row's s and h are left to the q8 GEMV that reads h
     (h.prenorm: q8_rows.PreNorm; counted `add_rms_norm.into_gemv`); the GEMV computes them in
-    its programs, or runs this kernel first where it cannot (a counted fallback)."""
+    its programs, or runs this kernel first where it cannot (a counted fallback). role: the call's
+    name for Switches.pdl_early_sites besides the site's (pdl.enabled; attn_norm: before q/k/v)."""
     sw = (ctx or DEFAULT).switches
     if not sw.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
@@ -78,7 +79,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = q8_rows.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
-                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True),
+                                           pdl=pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True, role=role),
                                            one_pass=_one_pass(sw), preload=sw.pdl_preload)
         h.q8 = q8
         return s, h

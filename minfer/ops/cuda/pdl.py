@@ -20,7 +20,7 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   early grids likely take SM slots and issue slots from the running GEMV (not profiled).
   Switches.pdl_early_sites turns mode 2 on for the named sites only (e.g. rope_kv: the decode
   attention then launches during the q/k/v GEMV and, with decode_attn_kvpre, reads its cached
-  keys meanwhile).
+  keys meanwhile; attn_norm: the add + RMSNorm before q/k/v only, not the one before gate+up).
   The Gluon GEMV has a mode 3 (Switches.pdl_late, off): it waits first and signals only when
   each program ends, so the next kernel cannot launch while its later programs still need
   SM slots; measured without effect (docs/perf-log.md U4).
@@ -52,10 +52,11 @@ def enter(PDL: tl.constexpr):
         gdc_launch_dependents()
 
 
-def enabled(sw, device, site: str, early_ok: bool = False) -> int:
+def enabled(sw, device, site: str, early_ok: bool = False, role: str = "") -> int:
     """The PDL mode of the launch at `site`: 0 off, 1 on, 2 on and signalling the next kernel
     before the wait (early_ok sites, Switches.pdl_early for all of them, pdl_early_sites for those
-    named). On: Switches.pdl, a CUDA device of
+    named, by site or by role: a narrower name for some of a site's calls, e.g. attn_norm for the
+    add_rms_norm calls that make the attention's input). On: Switches.pdl, a CUDA device of
     compute capability >= 9.0, not Triton's interpreter. Counted per launch (`pdl.<site>`)."""
     from minfer.ops.cuda.dequant import interpret
 
@@ -73,7 +74,8 @@ def enabled(sw, device, site: str, early_ok: bool = False) -> int:
         paths.fallback(f"pdl.{site}", f"compute capability {cap[0]}.{cap[1]} < 9.0 has no programmatic launch")
         return 0
     paths.count(f"pdl.{site}")
-    if early_ok and (getattr(sw, "pdl_early", False) or site in getattr(sw, "pdl_early_sites", "").split(",")):
+    named = getattr(sw, "pdl_early_sites", "").split(",")
+    if early_ok and (getattr(sw, "pdl_early", False) or site in named or (role and role in named)):
         return 2
     return 1
 

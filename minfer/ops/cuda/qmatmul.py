@@ -411,7 +411,9 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                        "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
     y = _linear(a, w, None, sw, ws)
     # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs)
-    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and not tail)
+    # (this op's norm is the next layer's attention norm: models/layers.ffn_residual_norm)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and not tail,
+                                      role="attn_norm")
 
 
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
