@@ -62,7 +62,8 @@ class Switches:
                           "every kernel signals after its wait)", kind="tuning")
     pdl_early_sites: str = _sw("", "MINFER_PDL_EARLY_SITES",
                                "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
-                               "add_rms_norm, attn_norm (the add_rms_norm before q/k/v only), rms_norm, swiglu) "
+                               "add_rms_norm, attn_norm (the add_rms_norm before q/k/v only), rms_norm, swiglu, "
+                               "combine (the decode attention's merge launch only)) "
                                "let the next kernel launch before their own wait, "
                                "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; H200 graph: "
                                "rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)", kind="tuning")
@@ -359,8 +360,9 @@ class Switches:
 
 
 # the PDL launch sites that may signal before their wait (ops/cuda/pdl.py enabled(..., early_ok=True))
-# (attn_norm: a role, not a site -- the add_rms_norm calls before a layer's q/k/v only)
-EARLY_SITES = ("rope_kv", "decode_attention", "add_rms_norm", "attn_norm", "rms_norm", "swiglu")
+# (attn_norm and combine: roles, narrower than a site -- the add_rms_norm calls before a layer's
+# q/k/v only; the decode attention's merge launch only: pdl.early)
+EARLY_SITES = ("rope_kv", "decode_attention", "add_rms_norm", "attn_norm", "rms_norm", "swiglu", "combine")
 
 
 def _parse(f, raw: str):

@@ -58,3 +58,27 @@ def test_attn_norm_role_reaches_the_norm(sm90, monkeypatch):
     x = torch.zeros(1, 64)
     qmatmul.linear_add_rms_norm(x, None, x, torch.ones(64), 1e-6, torch.float32, None, into_linear=True)
     assert seen == ["attn_norm"]
+
+
+@pytest.mark.parametrize("sites,mode,want", [("combine", 1, 2), ("combine", 0, 0), ("", 1, 1),
+                                             ("decode_attention", 1, 1), ("combine", 2, 2)])
+def test_combine_role(sites, mode, want):
+    assert pdl.early(Switches(pdl_early_sites=sites), mode, "combine") == want
+
+
+@pytest.mark.parametrize("sites,want", [("combine", 2), ("", 1), ("attn_norm", 1)])
+def test_combine_role_reaches_the_merge(monkeypatch, sites, want):
+    """attention() hands the combine role's mode to decode_attention for the merge launch, and the
+    attention kernel's own mode stays 1."""
+    import importlib
+    import torch
+    from minfer.ops.context import Context
+
+    att = importlib.import_module("minfer.ops.cuda.attention")
+    got = {}
+    monkeypatch.setattr(att, "pdl_enabled", lambda *a, **k: 1)
+    monkeypatch.setattr(att, "decode_attention", lambda *a, **k: got.update(k))
+    q = torch.zeros(1, 4, 8)
+    kc = torch.zeros(16, 2, 8)
+    att.attention(q, kc, kc, 3, Context(switches=Switches(pdl_early_sites=sites)))
+    assert got["pdl"] == 1 and got["combine_pdl"] == want

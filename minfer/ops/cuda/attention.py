@@ -26,6 +26,7 @@ from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.decode_merge import _grid_merge, grid_merge_ok, merge, nsp, outputs, partials
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.sdpa_prefill import cudnn_causal, masked
+from minfer.ops.cuda.pdl import early as pdl_early
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
@@ -262,7 +263,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      pdl: int = 0, programs: int = 264, softcap: float = 0.0, pre: bool = False,
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
-                     vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32) -> torch.Tensor:
+                     vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32,
+                     combine_pdl: int | None = None) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
@@ -298,7 +300,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     ahead): every tile's cached rows in a loop whose first iteration takes the PDL wait, so their
     pipelined copies start before it; this step's row after it, folded in last (_decode_attn_kernel
     PIPE). combine_chunk (Switches.decode_combine_chunk): the values a combine program merges
-    (decode_merge.merge).
+    (decode_merge.merge); combine_pdl: the combine launch's PDL mode (None: pdl's; pdl.early's
+    combine role).
     """
     if warps not in (1, 2, 4, 8, 16):
         raise MinferError(f"MINFER_DECODE_ATTN_WARPS={warps}: the decode attention's warps per program must be "
@@ -370,7 +373,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         if q8:
             out.q8 = (xq, xf)
         return out
-    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl, combine_chunk)
+    return merge(part_o, part_m, part_l, n_split, q.dtype, h, dh, q8, pdl if combine_pdl is None else combine_pdl,
+                 combine_chunk)
 
 
 def _n_split(span: int, bs: int, hkv: int, programs: int, n_split: int | None, tiles: int = 2) -> int:
@@ -422,8 +426,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         else:
             paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
         q8 = q.dtype != torch.float32 and sw.gemv_q8
+        pdl = pdl_enabled(sw, q.device, "decode_attention", early_ok=True)
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
-                                pdl=pdl_enabled(sw, q.device, "decode_attention", early_ok=True),
+                                pdl=pdl, combine_pdl=pdl_early(sw, pdl, "combine"),
                                 programs=sw.decode_attn_programs, softcap=softcap, pre=sw.decode_attn_preload,
                                 kvpre=sw.decode_attn_kvpre, warps=sw.decode_attn_warps, ahead=sw.decode_attn_ahead,
                                 tiles=sw.decode_attn_tiles, vsplit=sw.decode_attn_vsplit,

@@ -74,10 +74,20 @@ def enabled(sw, device, site: str, early_ok: bool = False, role: str = "") -> in
         paths.fallback(f"pdl.{site}", f"compute capability {cap[0]}.{cap[1]} < 9.0 has no programmatic launch")
         return 0
     paths.count(f"pdl.{site}")
-    named = getattr(sw, "pdl_early_sites", "").split(",")
-    if early_ok and (getattr(sw, "pdl_early", False) or site in named or (role and role in named)):
+    if early_ok and (getattr(sw, "pdl_early", False) or site in _named(sw)):
         return 2
-    return 1
+    return early(sw, 1, role) if early_ok and role else 1
+
+
+def _named(sw) -> list:
+    return getattr(sw, "pdl_early_sites", "").split(",")
+
+
+def early(sw, mode: int, role: str) -> int:
+    """Mode 1 turned to 2 where Switches.pdl_early_sites names `role` (a narrower name than a
+    launch site: attn_norm, some add_rms_norm calls; combine, the decode attention's merge
+    launch, which takes the attention's mode otherwise); any other mode as it is."""
+    return 2 if mode == 1 and role in _named(sw) else mode
 
 
 def launch_kw(on: int) -> dict:
