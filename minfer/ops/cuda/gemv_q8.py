@@ -303,9 +303,20 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
+    if split < 0 and (not use_g or len(segs) != 1 or prenorm is not None):
+        raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for stream-K (SPLIT < 0), which only the Gluon "
+                          "kernel runs, on one weight without a norm prologue")
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
+    if split < 0:               # stream-K over -split programs (gemv_q8_gluon._gemv_q8g_sk_kernel)
+        from minfer.ops.cuda import gemv_q8_gluon as GL
+
+        paths.count("gemv_q8.gluon.stream_k")
+        part, cnt = GL.sk_scratch(n, bn, -split, ws, xq.device)
+        GL.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
+                     late=pdl_late, preload=preload, regs=regs)
+        return out
     na = segs[0].n
     ta = triton.cdiv(na, bn)
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
@@ -374,7 +385,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
         return None
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
-    if not use_g:
+    if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
         return None
     from minfer.ops.cuda import gemv_q8_gluon as GL
 

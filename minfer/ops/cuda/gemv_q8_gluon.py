@@ -35,7 +35,9 @@ reads the whole row; the first version, packing words in registers each step, sp
 registers).
 
 Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]): a step is BB blocks of BN
-rows; with prefetch the next step's words load while this one is multiplied, without it a
+rows; a negative SPLIT asks for stream-K over -SPLIT programs (_gemv_q8g_sk_kernel: the tiles'
+steps dealt out evenly, a program's run crossing tile boundaries, so that a one-wave grid of k
+programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, without it a
 program holds one step (used where a split is one step of up to 16 blocks: every load in flight
 before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets more programs
 share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
@@ -141,7 +143,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr, GLU: gl.constexpr = False,
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
-          TAIL: gl.constexpr = False):
+          TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
+          sk_n=1):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -165,7 +168,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
 
     TAIL (with RSS, one weight: Switches.norm_into_gemv = 3): the program that finishes the last
     row tile also makes the next layer's normed row h (th) by ng and eps and its q8 form (gq, gf)
-    for all N values (gemv_q8g_norm._norm_tail; its ticket is cnt[nss], nss the tiles)."""
+    for all N values (gemv_q8g_norm._norm_tail; its ticket is cnt[nss], nss the tiles).
+
+    SK (stream-K, _gemv_q8g_sk_kernel): blocks [sk_lo, sk_hi) of tile pid_n, whatever pid_s and
+    blocks_per_split say; the row sums go to partial slot sk_slot (BN values a slot), and the
+    tile's sk_n-th program to finish adds slots sk_first.. sk_first + sk_n - 1 in order (K order:
+    deterministic) and finishes the tile (bias, residual) as the split path does."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -181,8 +189,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)   # [1, 1, 4]
     xc = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(1, LX)), 1)                    # [C, 1]
     xw = gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0)                    # [1, 4]
-    b_lo = pid_s * blocks_per_split
-    b_hi = gl.minimum(b_lo + blocks_per_split, NB)
+    if SK:
+        b_lo = sk_lo
+        b_hi = sk_hi
+    else:
+        b_lo = pid_s * blocks_per_split
+        b_hi = gl.minimum(b_lo + blocks_per_split, NB)
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
     nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
                  w3, NB, QT)
@@ -263,6 +275,17 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     res = gl.sum(acc, axis=1)                                         # [BN]
     if GLU:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
+    elif SK:
+        rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
+        gl.store(part + sk_slot * BN + rl, res)
+        gl.thread_barrier()
+        ticket = gl.atomic_add(cnt + pid_n, 1, sem="acq_rel", scope="gpu")
+        if ticket == sk_n - 1:
+            tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
+            for sl in range(sk_first, sk_first + sk_n):
+                tot += gl.load(part + sl * BN + rl, cache_modifier=".cg")
+            _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
+            gl.atomic_xchg(cnt + pid_n, 0)
     elif IS_SPLIT:
         gl.store(part + pid_s * NSTRIDE + rows, res, mask=rmask)
         # the last split of this tile to finish sums the partials in split order (gemv_q8)
@@ -368,6 +391,33 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL)
     if TL:
         stamp(tlb, 1, NW)
+
+
+@gluon.jit
+def _gemv_q8g_sk_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, N, NB, S, P, U,
+                        QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
+                        HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr = True,
+                        PRE: gl.constexpr = False):
+    """out (1, N) = W_deq . x_hat [+ bias] [+ resid], stream-K: the U = tiles x S steps (S steps of
+    BB blocks a row tile, tile-major) dealt out to the P programs in contiguous runs of floor(U / P)
+    or one more (program p: steps [p U / P, (p + 1) U / P)), so every program -- and every SM, with
+    P a multiple of the SMs in one wave -- does the same work; a run may cross into the next tile
+    (_tile once per tile it touches). Step u belongs to program ((u + 1) P - 1) / U. Program p's
+    partial of tile t goes to slot p + t (unique: a later program starts at or after an earlier
+    one's last tile), so tile t's programs pf..pl hold slots pf + t..pl + t, summed in that order
+    by the last of them to finish (_tile's SK)."""
+    pid = gl.program_id(0)
+    u0 = pid * U // P
+    u1 = (pid + 1) * U // P
+    for t in range(u0 // S, (u1 - 1) // S + 1):
+        lo = gl.maximum(u0, t * S) - t * S
+        hi = gl.minimum(u1, t * S + S) - t * S
+        pf = ((t * S + 1) * P - 1) // U
+        pl = ((t * S + S) * P - 1) // U
+        _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, t, 0, N, N, NB, 0, 1, xq, xf, 1,
+              out, out, out, out, 0.0, 0, out, out, QT, BN, BB, NW, False, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE,
+              SK=True, sk_lo=lo * BB, sk_hi=gl.minimum(hi * BB, NB), sk_slot=pid + t, sk_first=pf + t,
+              sk_n=pl - pf + 1)
 
 
 @gluon.jit
@@ -502,6 +552,35 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None,
                            num_warps=nwarps, **_opts(pdl, regs))
+
+
+def sk_scratch(n: int, bn: int, programs: int, ws, device) -> tuple:
+    """(part, cnt) of a stream-K launch: a float32 slot of BN values for each (program, tile) pair
+    that can occur (programs + tiles - 1, _gemv_q8g_sk_kernel) and the tiles' tickets (the
+    workspace's self-resetting counters)."""
+    tiles = -(-n // bn)
+    part = torch.empty((programs + tiles) * bn, dtype=torch.float32, device=device)
+    cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=device)
+    return part, cnt
+
+
+def launch_sk(rw, xq, xf, resid, bias, out, part, cnt, programs: int, bn, bb, nwarps, pdl, prefetch: bool = True,
+              late: bool = False, preload: bool = True, regs: int = 0):
+    """One weight's GEMV, stream-K over `programs` programs (_gemv_q8g_sk_kernel; a table config
+    whose SPLIT is -programs). part / cnt: sk_scratch's."""
+    n, nb = rw.n, rw.k // 256
+    s = -(-nb // bb)
+    u = -(-n // bn) * s
+    if not 1 <= programs <= u:
+        from minfer.errors import MinferError
+
+        raise MinferError(f"gemv_q8 stream-K: {programs} programs for {u} steps of {n}x{rw.k} (1 to {u})")
+    p = kernel_planes(rw)
+    _gemv_q8g_sk_kernel[(programs,)](p[0], p[1], p[2], p[3], xq, xf, resid if resid is not None else out,
+                                     bias if bias is not None else out, out, part, cnt, n, nb, s, programs, u,
+                                     QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, HAS_BIAS=bias is not None,
+                                     HAS_RESID=resid is not None, PDL=_pdl_mode(pdl, late), PF=bool(prefetch),
+                                     PRE=bool(preload), num_warps=nwarps, **_opts(pdl, regs))
 
 
 def _opts(pdl, regs: int) -> dict:
