@@ -20,7 +20,8 @@ The contract every kernel launched with `launch_pdl=True` here keeps (PDL conste
   early grids likely take SM slots and issue slots from the running GEMV (not profiled).
   Switches.pdl_early_sites turns mode 2 on for the named sites only (e.g. rope_kv: the decode
   attention then launches during the q/k/v GEMV and, with decode_attn_kvpre, reads its cached
-  keys meanwhile; attn_norm: the add + RMSNorm before q/k/v only, not the one before gate+up).
+  keys meanwhile; attn_norm: the add + RMSNorm before q/k/v only, not the one before gate+up;
+  combine, the default: the o GEMV launches and loads its first tiles during the attention, perf-log AC1).
   The Gluon GEMV has a mode 3 (Switches.pdl_late, off): it waits first and signals only when
   each program ends, so the next kernel cannot launch while its later programs still need
   SM slots; measured without effect (docs/perf-log.md U4).
