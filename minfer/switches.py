@@ -63,7 +63,8 @@ class Switches:
     pdl_early_sites: str = _sw("combine", "MINFER_PDL_EARLY_SITES",
                                "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
                                "add_rms_norm, attn_norm (the add_rms_norm before q/k/v only), rms_norm, swiglu, "
-                               "combine (the decode attention's merge launch only)) "
+                               "combine (the decode attention's merge launch only; the rope-fused attention's merge keeps "
+                               "the attention's mode)) "
                                "let the next kernel launch before their own wait, "
                                "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; default combine: H200 7B graph "
                                "-10 / -13 us at position 108 / depth 3354, perf-log AC1; rope_kv +31 us, "
