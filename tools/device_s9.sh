@@ -6,6 +6,7 @@
 #   sweepab: tools/skip_oracle.py at positions 108 / 3362 over SWEEP_VARIANTS, then tools/sweep_pick.py
 #            (env: / cfg: variants that saved >= PICK_MIN us at 3362 and lost nowhere), then
 #            `minfer bench -p 0 -n 128 -d 0,3354 -r 2 --ab` default vs those winners together, PAIRS pairs
+#            (the A side: AB_A, default the shipped MINFER_PDL_EARLY_SITES=combine)
 #   then the steps of tools/device_s8.sh (sigsweep oracle depthtok ...) -> s7 -> s6 -> s4 (tests bench)
 set -u
 STEPS=${*:-sweepab}
@@ -23,7 +24,7 @@ for step in $STEPS; do
       if [ -n "$B" ]; then
         echo "==== A/B: default vs $B"
         timeout ${AB_TIMEOUT:-200} python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 -d 0,3354 -r ${REPS:-2} \
-          --ab "MINFER_PDL_EARLY_SITES=" "$B" --pairs ${PAIRS:-4} --no-progress >"$OUT/sweepab.log" 2>&1
+          --ab "${AB_A:-MINFER_PDL_EARLY_SITES=combine}" "$B" --pairs ${PAIRS:-4} --no-progress >"$OUT/sweepab.log" 2>&1
         grep -E "B/A|pair " "$OUT/sweepab.log" | tail -12
       fi;;
     *) rest="$rest $step";;
