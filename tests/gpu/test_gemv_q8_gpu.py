@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import torch
 
+from minfer.errors import MinferError
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
@@ -73,7 +75,8 @@ def test_gemv_q8_shapes(qt, n, k):
 
     paths.reset()
     cfgs = (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4),
-            (8, 16, 1, 4, False), (16, 8, 2, 4, False), (32, 4, 3, 4, False), (16, 16, 1, 8, False))
+            (8, 16, 1, 4, False), (16, 8, 2, 4, False), (32, 4, 3, 4, False), (16, 16, 1, 8, False),
+            (32, 4, 10, 4, 2), (16, 2, 37, 2, 2, 96))      # prefetch 2: splits of one or two steps at every K
     for cfg in cfgs:
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
         assert rel_err(out, ref) < 1e-5, ("gluon", cfg)
@@ -83,6 +86,9 @@ def test_gemv_q8_shapes(qt, n, k):
     assert counts["counts"].get("gemv_q8.triton", 0) == (not tabled) and not counts["fallbacks"], counts
     # the unquantized product differs only by the int8 rounding of x
     assert rel_err(out, x.double() @ w.T) < 2e-2
+    # prefetch 2 with a split of more than two steps is refused, naming the shape
+    with pytest.raises(MinferError, match=f"{n}x{k}: prefetch 2"):
+        Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=(32, 1, 1, 4, 2), ws=ws, gluon=True)
 
 
 @pytest.mark.parametrize("gluon", [False, True])
@@ -158,7 +164,7 @@ def test_gemv_q8_mixed_segments_gpu():
     q8 = Q.quantize(x)
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
     for gluon, cfg in ((False, None), (True, (32, 2, 4, 4)), (True, (8, 16, 1, 4, False)),
-                       (True, (16, 8, 2, 4, False))):
+                       (True, (16, 8, 2, 4, False)), (True, (32, 2, 4, 4, 2, 96)), (True, (16, 2, 4, 2, 2))):
         out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon,
                         config=cfg)
         assert rel_err(out, ref) < 1e-5, (gluon, cfg)

@@ -228,10 +228,11 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
 
 
 def extras(cfg) -> tuple:
-    """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on), the Gluon
-    kernel's register cap (0: the compiler's choice) and late (this shape signals the next kernel
-    when its programs end; gemv_q8_gluon's module doc)."""
-    return (bool(cfg[4]) if len(cfg) > 4 else True, int(cfg[5]) if len(cfg) > 5 else 0,
+    """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on; 2, the Gluon
+    kernel only: both steps of a two-step split loaded before the PDL wait -- 0 / 1 / 2 as an int),
+    the Gluon kernel's register cap (0: the compiler's choice) and late (this shape signals the next
+    kernel when its programs end; gemv_q8_gluon's module doc)."""
+    return (int(cfg[4]) if len(cfg) > 4 else 1, int(cfg[5]) if len(cfg) > 5 else 0,
             len(cfg) > 6 and bool(cfg[6]))
 
 
@@ -341,8 +342,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           GLU=False,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
-                          ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
-                          PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
+                          ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
+                          PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                           num_stages=1, **launch_kw(pdl))
     return out
 
@@ -486,8 +487,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
                                 n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype,
                                 QTB=rw.qtype, MIXED=False, BN=bn, BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
-                                ASM=(not interpret) if asm is None else asm, PREFETCH=prefetch, PDL=min(int(pdl), 1),
-                                PRE2=prefetch and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
+                                ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
+                                PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
                                 num_stages=1, **launch_kw(pdl))
     return h, (gq, gf)
 
@@ -535,5 +536,5 @@ def gemv_q8_experts(q8, rw: Repacked, experts: torch.Tensor, n: int, per_slot_x:
                                         k // 4 if per_slot_x else 0, k // 8 if per_slot_x else 0, experts, out,
                                         part, cnt, n, nb, tiles, bps, split, QT=rw.qtype, BN=bn, BB=bb,
                                         IS_SPLIT=split > 1, ASM=(not interpret) if asm is None else asm,
-                                        PREFETCH=prefetch, num_warps=nwarps, num_stages=1)
+                                        PREFETCH=bool(prefetch), num_warps=nwarps, num_stages=1)
     return out

@@ -37,8 +37,9 @@ registers).
 Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]): a step is BB blocks of BN
 rows; a negative SPLIT asks for stream-K over -SPLIT programs (_gemv_q8g_sk_kernel: the tiles'
 steps dealt out evenly, a program's run crossing tile boundaries, so that a one-wave grid of k
-programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, without it a
-program holds one step (used where a split is one step of up to 16 blocks: every load in flight
+programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, with prefetch 2 (a
+split of at most two steps) both steps' words load before the PDL wait, without it a program
+holds one step (used where a split is one step of up to 16 blocks: every load in flight
 before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets more programs
 share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
 has the programs signal the next kernel when they end, not after their wait (PDL mode 3): a
@@ -198,6 +199,11 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
     nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
                  w3, NB, QT)
+    if PF == 2:
+        # a split of at most two steps (launch checks): the second step's words in flight before
+        # the wait too (clamped to this split's last chunk: a one-step split re-reads its own)
+        nxt2 = _loads(p0, p1, p2, p3, r3, r2, gl.minimum((b_lo + BB) * 8 + c3, b_hi * 8 - 1),
+                      gl.minimum((b_lo + BB) * 8 + c2, b_hi * 8 - 1), w3, NB, QT)
     rmask = rows < N
     bpre = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
     if HAS_BIAS and PRE:
@@ -218,7 +224,10 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
     for blk in range(b_lo, b_hi, BB):
-        if PF:
+        if PF == 2:
+            wq, hq, sa, sb = nxt                                      # both loaded before the wait
+            nxt = nxt2
+        elif PF:
             # the next step's words in flight while this one is multiplied
             wq, hq, sa, sb = nxt
             nb_ = blk + BB
@@ -526,6 +535,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
+    if int(prefetch) == 2 and bps > 2 * bb:
+        _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
     mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
     if norm is not None:
         (nx, ny, ng, eps, s_out), mode = norm, 1
@@ -548,10 +559,22 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
-                           PDL=_pdl_mode(pdl, late), PF=bool(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
+                           PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None,
                            num_warps=nwarps, **_opts(pdl, regs))
+
+
+def _pf(prefetch) -> bool | int:
+    """The kernel's PF constexpr: 2 (both steps before the wait) or the on / off of before."""
+    return 2 if int(prefetch) == 2 else bool(prefetch)
+
+
+def _prefetch2_error(n: int, nb: int, what: str):
+    from minfer.errors import MinferError
+
+    raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: prefetch 2 (every step loaded before the PDL "
+                      f"wait) needs splits of at most two steps; this launch has {what}")
 
 
 def sk_scratch(n: int, bn: int, programs: int, ws, device) -> tuple:
@@ -575,6 +598,8 @@ def launch_sk(rw, xq, xf, resid, bias, out, part, cnt, programs: int, bn, bb, nw
         from minfer.errors import MinferError
 
         raise MinferError(f"gemv_q8 stream-K: {programs} programs for {u} steps of {n}x{rw.k} (1 to {u})")
+    if int(prefetch) == 2:
+        _prefetch2_error(n, nb, "stream-K runs over many steps")
     p = kernel_planes(rw)
     _gemv_q8g_sk_kernel[(programs,)](p[0], p[1], p[2], p[3], xq, xf, resid if resid is not None else out,
                                      bias if bias is not None else out, out, part, cnt, n, nb, s, programs, u,
@@ -597,7 +622,9 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     n = rw.n
     nb = rw.k // 256
     tiles = n // bn
+    if int(prefetch) == 2 and nb > 2 * bb:
+        _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
     p = kernel_planes(rw)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
-                                   PF=bool(prefetch), num_warps=nwarps, **_opts(pdl, regs))
+                                   PF=_pf(prefetch), num_warps=nwarps, **_opts(pdl, regs))
