@@ -236,6 +236,12 @@ def extras(cfg) -> tuple:
             len(cfg) > 6 and bool(cfg[6]))
 
 
+def kwarps(cfg) -> bool:
+    """A Gluon config's eighth field: its warps split each step's chunks instead of its rows
+    (gemv_q8_gluon._tile's WK; the plain launch only)."""
+    return len(cfg) > 7 and bool(cfg[7])
+
+
 def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
     """(blocks_per_split, split, part, cnt) of a launch (splits); with more than one split the
     (split, rows) float32 partial sums and the row tiles' tickets (the workspace's zeroed
@@ -304,6 +310,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
+    if kwarps(cfg) and (not use_g or split < 0):
+        raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "
+                          "Gluon kernel's split launch runs")
     if split < 0 and (not use_g or len(segs) != 1 or prenorm is not None):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for stream-K (SPLIT < 0), which only the Gluon "
                           "kernel runs, on one weight without a norm prologue")
@@ -327,7 +336,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload, regs=regs,
+                  prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=kwarps(cfg),
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
@@ -411,7 +420,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
         tl_args = (tail[0], float(tail[1]), h, hq, hf)
         h.q8 = (hq, hf)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args)
+              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg))
     return (s, ssp, h) if tail is not None else (s, ssp)
 
 
@@ -459,6 +468,9 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
     bn, bb, _, nwarps = cfg[:4]
+    if kwarps(cfg):
+        raise MinferError(f"gemv_q8_swiglu: config {tuple(cfg)} asks for warps along K (its eighth field), which "
+                          "the SwiGLU pair's kernel does not run")
     prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
     if f % bn or bn % 32:

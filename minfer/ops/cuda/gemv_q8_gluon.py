@@ -34,7 +34,7 @@ add + RMSNorm + q8 kernel before it. Measured slower on the H200 (perf-log W3: e
 reads the whole row; the first version, packing words in registers each step, spilled to 213
 registers).
 
-Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]): a step is BB blocks of BN
+Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]): a step is BB blocks of BN
 rows; a negative SPLIT asks for stream-K over -SPLIT programs (_gemv_q8g_sk_kernel: the tiles'
 steps dealt out evenly, a program's run crossing tile boundaries, so that a one-wave grid of k
 programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, with prefetch 2 (a
@@ -145,7 +145,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
-          sk_n=1):
+          sk_n=1, WK: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -174,11 +174,17 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     SK (stream-K, _gemv_q8g_sk_kernel): blocks [sk_lo, sk_hi) of tile pid_n, whatever pid_s and
     blocks_per_split say; the row sums go to partial slot sk_slot (BN values a slot), and the
     tile's sk_n-th program to finish adds slots sk_first.. sk_first + sk_n - 1 in order (K order:
-    deterministic) and finishes the tile (bias, residual) as the split path does."""
+    deterministic) and finishes the tile (bias, residual) as the split path does.
+
+    WK (warps along K, a config's eighth field): the warps split a step's chunks instead of its
+    rows (L3's warps on the chunk axis; C >= 16 warps, launch checks), so a program covers few rows
+    over a long K without a K split across programs: the row sums are reduced over the warps in
+    the CTA (gl.sum's shared-memory step) instead of through partials, a ticket and a second
+    load round in global memory; x's chunks are not repeated across the warps."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
-                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+                                        warps_per_cta=[1, NW, 1] if WK else [NW, 1, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)                          # [BN, C]
     LX: gl.constexpr = gl.SliceLayout(0, L3)                          # [C, 4]
     rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
@@ -374,7 +380,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
-                     RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False):
+                     RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
+                     WK: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -388,16 +395,17 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if pid_n < TA:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
-                  QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL)
+                  QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
+                  WK=WK)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL)
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -440,7 +448,7 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
           xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True)
 
 
-# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late]]]) (late: with PDL the
+# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]) (late: with PDL the
 # next kernel launches when this one's programs end, as Switches.pdl_late does for all), from
 # `python -m minfer.bench.gemv_q8_sweep --gluon` and tools/skip_oracle.py's in-step variants
 CONFIGS: dict = {}
@@ -521,7 +529,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0, tail=None):
+           regs: int = 0, tail=None, kwarps: bool = False):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -532,11 +540,18 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     field: fewer registers a thread, more programs an SM (a grid of one wave instead of 1.1).
     tail (with rss, one weight): (weight (N,), eps, h (1, N), hq (N/4,) int32, hf (N/8,) float32) --
     the program finishing the last row tile makes h = rms_norm(out) * weight and its q8 form
-    (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket)."""
+    (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket).
+    kwarps: the warps split each step's chunks (_tile's WK; the config's eighth field), for a
+    step of at least 16 chunks a warp, without a norm prologue."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
         _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
+    if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None):
+        from minfer.errors import MinferError
+
+        raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: warps along K need a step of at least 16 "
+                          f"chunks a warp ({bb} blocks = {bb * 8} chunks for {nwarps} warps) and no norm prologue")
     mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
     if norm is not None:
         (nx, ny, ng, eps, s_out), mode = norm, 1
@@ -561,7 +576,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
-                           TL=rec is not None, TAIL=tail is not None,
+                           TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            num_warps=nwarps, **_opts(pdl, regs))
 
 

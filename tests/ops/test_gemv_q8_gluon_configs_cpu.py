@@ -1,0 +1,150 @@
+"""Two Gluon q8 GEMV config fields on sm_90 builds made here (no GPU), and their launch checks.
+
+Prefetch 2 (the fifth field = 2): both steps of a two-step split load before griddepcontrol.wait --
+twice the weight loads of prefetch 1 before it, and after it only the activation loads (prefetch 1
+loads its second step there) -- for the all-Q4_K build and the mixed Q4_K + Q6_K one (the 7B's
+q/k/v with a Q6_K v). The launcher refuses prefetch 2 for a split of more than two steps.
+
+Warps along K (the eighth field): without a K split the build has no global atomic and no
+partial-sum round (the row sums are reduced across the warps in shared memory); the launcher
+refuses a step of fewer than 16 chunks a warp. Both refusals name the shape.
+The kernels' numbers on the GPU: tests/gpu/test_gemv_q8_gpu.py (these configs at every K)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import sm90_builds  # noqa: E402
+
+from minfer.errors import MinferError
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8_gluon as GL
+
+T = GPUTarget("cuda", 90, 32)
+names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
+         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
+         "ssp", "tlb", "th", "tq", "tf"]
+q4 = ["*i32", "*i32", "*i32", "*i32"]
+q6 = ["*i32", "*i16", "*i16", "*fp16"]
+out = {}
+for name, (mixed, pf, wk, bn, bb, split) in json.loads(sys.argv[1]).items():
+    planes = q4 + (q6 if mixed else q4)
+    types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
+    cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=split > 1,
+               HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=2 if pf == 2 else bool(pf), PRE=False, NORM=0, KP2=1,
+               NCHP=1, RSS=False, WK=bool(wk))
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
+    out[name] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    # name: (mixed, prefetch, warps along K, BN, BB, SPLIT)
+    return sm90_builds(_COMPILE, {"0 1": (0, 1, 0, 32, 2, 4), "0 2": (0, 2, 0, 32, 2, 4), "1 1": (1, 1, 0, 32, 2, 4),
+                                  "1 2": (1, 2, 0, 32, 2, 4), "wk": (0, 2, 1, 8, 8, 1), "wk 1": (1, 2, 1, 8, 8, 1),
+                                  "rows": (0, 2, 0, 8, 8, 1)})
+
+
+def _segments(src: str) -> list:
+    """Global loads between the PDL waits: [before the first, ..., after the last]."""
+    return [part.count("ld.global") for part in src.split("griddepcontrol.wait")]
+
+
+def test_prefetch2_loads_both_steps_before_the_wait(ptx):
+    one, two = _segments(ptx["0 1"]), _segments(ptx["0 2"])
+    assert len(one) == len(two) == 2                 # one wait
+    (b1, a1), (b2, a2) = one, two
+    assert b1 > 0
+    assert b2 == 2 * b1                  # (no bias preload here: PRE off) both steps' words, scales, d
+    assert a2 == a1 - b1                 # after the wait: prefetch 1's second step is gone, x's loads stay
+    assert ptx["0 2"].count("dp4a") == ptx["0 1"].count("dp4a") > 0
+
+
+def test_prefetch2_mixed_build(ptx):
+    """The mixed build has a wait in each branch (Q4_K rows, then the Q6_K rows): the first
+    branch's loads before its wait double, the second branch's after its wait shrink, and the
+    static count of loads and dp4a is prefetch 1's (the second step's loads moved, none added)."""
+    one, two = _segments(ptx["1 1"]), _segments(ptx["1 2"])
+    assert len(one) == len(two) == 3
+    assert two[0] == 2 * one[0] > 0
+    assert two[-1] < one[-1]
+    assert sum(two) == sum(one)
+    assert ptx["1 2"].count("dp4a") == ptx["1 1"].count("dp4a") > 0
+
+
+def _fake_weight(nb: int):
+    t = torch.zeros(16, dtype=torch.int32)
+    return types.SimpleNamespace(qtype=12, planes=[t, t, t, t], n=64, k=nb * 256)
+
+
+@pytest.mark.parametrize("bps,bb,ok", [(4, 2, True), (2, 2, True), (6, 2, False), (14, 1, False)])
+def test_launch_refuses_prefetch2_past_two_steps(bps, bb, ok, monkeypatch):
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append(k["PF"])
+
+    monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
+    t = torch.zeros(64)
+    args = ([_fake_weight(14)], t, t, None, None, t, t, t, 64, 64, 2, 14, bps, -(-14 // bps), 32, bb, 4, 1, (2, 1))
+    if ok:
+        GL.launch(*args, prefetch=2)
+        assert launched == [2]
+    else:
+        with pytest.raises(MinferError, match=r"64x3584: prefetch 2 .* splits of at most two steps"):
+            GL.launch(*args, prefetch=2)
+        assert launched == []
+    GL.launch(*args, prefetch=True)      # prefetch 1 takes any split, with the PF of before
+    assert launched[-1] is True
+
+
+@pytest.mark.parametrize("name", ["wk", "wk 1"])
+def test_warps_along_k_reduce_in_the_cta(ptx, name):
+    """[8, 8, 1, 4, 2, -, -, warps along K]: no split, so no ticket (atom.global) and no partial
+    sums; the four warps' row sums meet in shared memory (the rows-on-warps build of the same tile
+    needs none: a row's chunks are in one warp)."""
+    wk, rows = ptx[name], ptx["rows"]
+    assert "atom.global" not in wk and "atom.global" not in rows
+    assert wk.count("st.shared") > 0 and rows.count("st.shared") == 0
+    assert wk.count("griddepcontrol.wait") == (2 if name == "wk 1" else 1)
+    assert wk.count("dp4a") > 0
+
+
+@pytest.mark.parametrize("bb,nwarps,ok", [(8, 4, True), (16, 8, True), (4, 4, False), (8, 8, False)])
+def test_launch_refuses_warps_along_k_on_short_steps(bb, nwarps, ok, monkeypatch):
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append(k["WK"])
+
+    monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
+    t = torch.zeros(64)
+    args = ([_fake_weight(14)], t, t, None, None, t, t, t, 64, 64, 2, 14, 14, 1, 32, bb, nwarps, 1, (2, 1))
+    if ok:
+        GL.launch(*args, kwarps=True)
+        assert launched == [True]
+    else:
+        with pytest.raises(MinferError, match=rf"64x3584: warps along K need .*{bb * 8} chunks for {nwarps} warps"):
+            GL.launch(*args, kwarps=True)
+        assert launched == []
