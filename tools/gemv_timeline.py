@@ -5,7 +5,9 @@ Why: leaving out the norm before gate+up, or changing the o GEMV's config, makes
 0.4-0.6 ms slower (perf-log W2, X1), far more than either kernel costs. This shows, per GEMV of
 the middle layers: its programs, the SMs they ran on, the most that ran at once on one SM, how
 many started only after another of the same launch had ended (a second wave), and its span
-against the GEMV before it (start of the first program minus end of the last one before it).
+against the GEMV before it (start of the first program minus end of the last one before it), and
+per weight type (q/k/v with a Q6_K v, the Q4_K and Q6_K downs) and for the lm head the weight
+bytes over the time from the release to the last program's end (the per-shape table).
 The stamps are the GPU's global timer (ns); the GEMVs in between (norm, rope, attention...) are
 not stamped.
     python tools/gemv_timeline.py Q7.gguf [depth] [-- variant ...]   (skip_oracle's variants)"""
@@ -83,21 +85,47 @@ def stragglers(st, n: int = 6) -> str:
     return ", ".join(out)
 
 
-def describe(launches, layers):
-    """Per GEMV kind, medians over `layers`, and the last-ending programs of the middle layer."""
-    rows = {k: [] for k in KINDS}
+BLOCK_BYTES = {12: 144, 14: 210}          # Q4_K, Q6_K: bytes of 256 weights (ggml-common.h block_q4_K / block_q6_K)
+
+
+def layer_weights(blk) -> dict:
+    """{kind: (label with the types, the file's bytes of its weights)} of one block."""
+    def nb(*ws):
+        return sum(w.shape[0] * w.shape[1] // 256 * BLOCK_BYTES[w.qtype] for w in ws)
+
+    def t(w):
+        return {12: "Q4_K", 14: "Q6_K"}.get(w.qtype, str(w.qtype))
+    qkv = "qkv" + (f" (v {t(blk.attn_v)})" if blk.attn_v.qtype != blk.attn_q.qtype else "")
+    return {"qkv": (qkv, nb(blk.attn_q, blk.attn_k, blk.attn_v)), "o": ("o", nb(blk.attn_output)),
+            "gate+up": ("gate+up", nb(blk.ffn_gate, blk.ffn_up)),
+            "down": (f"down {t(blk.ffn_down)}", nb(blk.ffn_down))}
+
+
+def describe(launches, layers, blocks=None, head=None):
+    """Per GEMV kind (and weight types, with `blocks`), medians over `layers`, and the
+    last-ending programs of the middle layer. With `blocks`, also the weight bytes over the
+    release-to-last-end time (the GEMV's own time once its input exists); `head`: the lm head's
+    weight, for a row of the step's last launch."""
+    rows, size = {}, {}
     for li in layers:
+        labels = layer_weights(blocks[li]) if blocks is not None else {k: (k, 0) for k in KINDS}
         for j, kind in enumerate(KINDS):
             i = 4 * li + j
-            rows[kind].append(stats(launches[i][2], launches[i - 1][2]))
-    print("| GEMV | programs | SMs | max/SM | 2nd wave | release after the GEMV before, us | launched before "
-          "release, us | release to last end, us | after release p50 / p90 / max, us |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for kind, rs in rows.items():
+            label, nbytes = labels[kind]
+            rows.setdefault(label, []).append(stats(launches[i][2], launches[i - 1][2]))
+            size[label] = nbytes
+    print("| GEMV | layers | programs | SMs | max/SM | 2nd wave | release after the GEMV before, us | launched before "
+          "release, us | release to last end, us | after release p50 / p90 / max, us | MB | GB/s from the release |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    if head is not None:      # the step's last GEMV launch: the lm head, after the last layer's down
+        rows["lm head"] = [stats(launches[-1][2], launches[-2][2])]
+        size["lm head"] = head.shape[0] * head.shape[1] // 256 * BLOCK_BYTES.get(head.qtype, 0)
+    for label, rs in rows.items():
         m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-        print(f"| {kind} | {m['progs']:.0f} | {m['sms']:.0f} | {m['res']:.0f} | {m['wave2']:.0f} | "
+        gbs = f"{size[label] / m['span'] / 1e3:,.0f}" if size[label] and m["span"] > 0 else "-"
+        print(f"| {label} | {len(rs)} | {m['progs']:.0f} | {m['sms']:.0f} | {m['res']:.0f} | {m['wave2']:.0f} | "
               f"{m['release']:+.2f} | {m['lead']:.2f} | {m['span']:.2f} | {m['p50']:.2f} / {m['p90']:.2f} / "
-              f"{m['max']:.2f} |")
+              f"{m['max']:.2f} | {size[label] / 1e6:.2f} | {gbs} |")
     mid = layers[len(layers) // 2]
     for j, kind in enumerate(KINDS):
         print(f"  layer {mid} {kind}, last to end: {stragglers(launches[4 * mid + j][2])}")
@@ -118,7 +146,7 @@ def main():
             launches = record(eng, pos, name)
             assert len(launches) == 4 * len(eng.model.blocks) + 1, [k for k, _, _ in launches]
             print(f"depth {depth}, {name}: {len(launches)} GEMV launches a step")
-            describe(launches, list(range(4, len(eng.model.blocks) - 4)))
+            describe(launches, list(range(4, len(eng.model.blocks) - 4)), eng.model.blocks, eng.model.output)
 
 
 if __name__ == "__main__":
