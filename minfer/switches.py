@@ -60,15 +60,17 @@ class Switches:
                           "with PDL, the norm, rope+KV and attention kernels let the next kernel launch "
                           "before their own wait (off by default: 0.86-0.95x on the H200, perf-log; off: "
                           "every kernel signals after its wait)", kind="tuning")
-    pdl_early_sites: str = _sw("combine", "MINFER_PDL_EARLY_SITES",
+    pdl_early_sites: str = _sw("combine,attn_norm", "MINFER_PDL_EARLY_SITES",
                                "with PDL, these kernels only (comma-separated: rope_kv, decode_attention, "
                                "add_rms_norm, attn_norm (the add_rms_norm before q/k/v only), rms_norm, swiglu, "
                                "combine (the decode attention's merge launch only; the rope-fused attention's merge keeps "
                                "the attention's mode)) "
                                "let the next kernel launch before their own wait, "
                                "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; default combine: H200 7B graph "
-                               "-10 / -13 us at position 108 / depth 3354, perf-log AC1; rope_kv +31 us, "
-                               "decode_attention +120, swiglu -3, perf-log W2; attn_norm -7 / -3, AC1)", kind="tuning")
+                               "-10 / -13 us at position 108 / depth 3354, perf-log AC1; attn_norm, with the q/k/v GEMV "
+                               "that loads all its weights before its wait, -51 / -49 us with that config, perf-log AD3 "
+                               "(alone -7 / -3, AC1); rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)",
+                               kind="tuning")
     pdl_late: int = _sw(0, "MINFER_PDL_LATE",
                         "with PDL, when a Gluon q8 GEMV lets the next kernel launch: 0 after its wait, at "
                         "its start; 1 at the end of its programs for the GEMVs followed directly by a heavy "

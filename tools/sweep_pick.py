@@ -49,7 +49,8 @@ def b_setting(won: list) -> str:
             else:
                 for item in p[4:].split(" "):
                     k, _, val = item.partition("=")
-                    env[k] = ",".join(x for x in (env.get(k, ""), val) if x) if k == "MINFER_PDL_EARLY_SITES" else val
+                    env[k] = ",".join(dict.fromkeys(x for x in env.get(k, "").split(",") + val.split(",") if x)) \
+                        if k == "MINFER_PDL_EARLY_SITES" else val
     if cfgs:
         from skip_oracle import table_with      # noqa: E402 -- tools/ is the script's directory
         env["MINFER_GEMV_Q8G_TABLE"] = table_with(cfgs)

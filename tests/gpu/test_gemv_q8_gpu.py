@@ -77,7 +77,7 @@ def test_gemv_q8_shapes(qt, n, k):
     cfgs = (None, (64, 1, 1, 4), (32, 2, 7, 2), (128, 1, 4, 8), (16, 2, 3, 2), (32, 4, 2, 4),
             (8, 16, 1, 4, False), (16, 8, 2, 4, False), (32, 4, 3, 4, False), (16, 16, 1, 8, False),
             (32, 4, 10, 4, 2), (16, 2, 37, 2, 2, 96),      # prefetch 2: splits of one or two steps at every K
-            (8, 8, 1, 4, 1, 0, 0, 1), (4, 8, 3, 4, 1, 0, 0, 1), (16, 16, 1, 8, 0, 0, 0, 1))     # warps along K
+            (8, 8, 1, 4, 1, 0, 0, 1), (8, 8, 3, 4, 1, 0, 0, 1), (16, 16, 1, 8, 0, 0, 0, 1))     # warps along K
     for cfg in cfgs:
         out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, config=cfg, ws=ws, gluon=True)
         assert rel_err(out, ref) < 1e-5, ("gluon", cfg)
@@ -169,7 +169,7 @@ def test_gemv_q8_mixed_segments_gpu():
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
     for gluon, cfg in ((False, None), (True, (32, 2, 4, 4)), (True, (8, 16, 1, 4, False)),
                        (True, (16, 8, 2, 4, False)), (True, (32, 2, 4, 4, 2, 96)), (True, (16, 2, 4, 2, 2)),
-                       (True, (8, 8, 1, 4, 2, 96, 0, 1)), (True, (4, 8, 1, 4, 2, 0, 0, 1))):
+                       (True, (8, 8, 1, 4, 2, 96, 0, 1)), (True, (8, 8, 1, 4, 2, 0, 0, 1))):
         out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon,
                         config=cfg)
         assert rel_err(out, ref) < 1e-5, (gluon, cfg)

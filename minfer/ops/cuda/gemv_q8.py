@@ -312,7 +312,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     pdl_late = pdl_late or late
     if kwarps(cfg) and (not use_g or split < 0):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "
-                          "Gluon kernel's split launch runs")
+                          f"Gluon kernel's K-split launch runs ({why or 'not with stream-K'})")
     if split < 0 and (not use_g or len(segs) != 1 or prenorm is not None):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for stream-K (SPLIT < 0), which only the Gluon "
                           "kernel runs, on one weight without a norm prologue")
