@@ -87,24 +87,30 @@ def test_prefetch2_mixed_build(ptx):
     assert ptx["1 2"].count("dp4a") == ptx["1 1"].count("dp4a") > 0
 
 
-def _fake_weight(nb: int):
-    t = torch.zeros(16, dtype=torch.int32)
-    return types.SimpleNamespace(qtype=12, planes=[t, t, t, t], n=64, k=nb * 256)
-
-
-@pytest.mark.parametrize("bps,bb,ok", [(4, 2, True), (2, 2, True), (6, 2, False), (14, 1, False)])
-def test_launch_refuses_prefetch2_past_two_steps(bps, bb, ok, monkeypatch):
+def _stub_launch(monkeypatch, field: str, bps: int, bb: int, nwarps: int):
+    """GL.launch's arguments for a 64 x 3584 Q4_K weight split in bps-block splits, with the
+    kernel replaced by a stub that records its `field` constexpr (the launch checks run on the
+    CPU); (args, the recorded values)."""
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
     launched = []
 
     class Kernel:
         def __getitem__(self, grid):
-            return lambda *a, **k: launched.append(k["PF"])
+            return lambda *a, **k: launched.append(k[field])
 
     monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
     t = torch.zeros(64)
-    args = ([_fake_weight(14)], t, t, None, None, t, t, t, 64, 64, 2, 14, bps, -(-14 // bps), 32, bb, 4, 1, (2, 1))
+    p = torch.zeros(16, dtype=torch.int32)
+    w = types.SimpleNamespace(qtype=12, planes=[p, p, p, p], n=64, k=3584)
+    return ([w], t, t, None, None, t, t, t, 64, 64, 2, 14, bps, -(-14 // bps), 32, bb, nwarps, 1, (2, 1)), launched
+
+
+@pytest.mark.parametrize("bps,bb,ok", [(4, 2, True), (2, 2, True), (6, 2, False), (14, 1, False)])
+def test_launch_refuses_prefetch2_past_two_steps(bps, bb, ok, monkeypatch):
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    args, launched = _stub_launch(monkeypatch, "PF", bps, bb, 4)
     if ok:
         GL.launch(*args, prefetch=2)
         assert launched == [2]
@@ -132,15 +138,7 @@ def test_warps_along_k_reduce_in_the_cta(ptx, name):
 def test_launch_refuses_warps_along_k_on_short_steps(bb, nwarps, ok, monkeypatch):
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
-    launched = []
-
-    class Kernel:
-        def __getitem__(self, grid):
-            return lambda *a, **k: launched.append(k["WK"])
-
-    monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
-    t = torch.zeros(64)
-    args = ([_fake_weight(14)], t, t, None, None, t, t, t, 64, 64, 2, 14, 14, 1, 32, bb, nwarps, 1, (2, 1))
+    args, launched = _stub_launch(monkeypatch, "WK", 14, bb, nwarps)
     if ok:
         GL.launch(*args, kwarps=True)
         assert launched == [True]
