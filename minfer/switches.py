@@ -68,8 +68,8 @@ class Switches:
                                "let the next kernel launch before their own wait, "
                                "as pdl_early does for all of them (ops/cuda/pdl.py; empty: none; default combine: H200 7B graph "
                                "-10 / -13 us at position 108 / depth 3354, perf-log AC1; attn_norm, with the q/k/v GEMV "
-                               "that loads all its weights before its wait, -51 / -49 us with that config, perf-log AD3 "
-                               "(alone -7 / -3, AC1); rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)",
+                               "that loads both its steps before its wait (prefetch 2), in-process bench --ab tg128 1.011, "
+                               "d3354 1.005, perf-log AD2 (alone -7 / -3, AC1); rope_kv +31 us, decode_attention +120, swiglu -3, perf-log W2)",
                                kind="tuning")
     pdl_late: int = _sw(0, "MINFER_PDL_LATE",
                         "with PDL, when a Gluon q8 GEMV lets the next kernel launch: 0 after its wait, at "
