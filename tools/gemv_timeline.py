@@ -14,6 +14,7 @@ not stamped.
 import statistics
 import sys
 
+import gguf
 import torch
 
 from minfer.ops.cuda import timeline
@@ -85,13 +86,16 @@ def stragglers(st, n: int = 6) -> str:
     return ", ".join(out)
 
 
-BLOCK_BYTES = {12: 144, 14: 210}          # Q4_K, Q6_K: bytes of 256 weights (ggml-common.h block_q4_K / block_q6_K)
+def file_bytes(w) -> int:
+    """The file's bytes of a weight (the gguf package's block size and bytes per block)."""
+    block, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(w.qtype)]
+    return w.shape[0] * w.shape[1] // block * nbytes
 
 
 def layer_weights(blk) -> dict:
     """{kind: (label with the types, the file's bytes of its weights)} of one block."""
     def nb(*ws):
-        return sum(w.shape[0] * w.shape[1] // 256 * BLOCK_BYTES[w.qtype] for w in ws)
+        return sum(file_bytes(w) for w in ws)
 
     def t(w):
         return {12: "Q4_K", 14: "Q6_K"}.get(w.qtype, str(w.qtype))
@@ -119,7 +123,7 @@ def describe(launches, layers, blocks=None, head=None):
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     if head is not None:      # the step's last GEMV launch: the lm head, after the last layer's down
         rows["lm head"] = [stats(launches[-1][2], launches[-2][2])]
-        size["lm head"] = head.shape[0] * head.shape[1] // 256 * BLOCK_BYTES.get(head.qtype, 0)
+        size["lm head"] = file_bytes(head)
     for label, rs in rows.items():
         m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         gbs = f"{size[label] / m['span'] / 1e3:,.0f}" if size[label] and m["span"] > 0 else "-"

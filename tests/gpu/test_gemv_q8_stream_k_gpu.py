@@ -1,4 +1,4 @@
-"""The Gluon q8 GEMV's stream-K build (gemv_q8_gluon._gemv_q8g_sk_kernel: a config's SPLIT < 0)
+"""The Gluon q8 GEMV's stream-K build (gemv_q8_gluon_sk._gemv_q8g_sk_kernel: a config's SPLIT < 0)
 on the GPU: against the float64 product of the gguf package's dequantized weight and the x_hat
 the q8 row stands for (kernel_data, test_gemv_q8_gpu.check_q8), with a residual and a bias, row
 tails and odd K tails, from one program to one per step; the same bits run to run (the partials

@@ -32,9 +32,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from minfer.ops.cuda import gemv_q8_gluon as GL
 
 T = GPUTarget("cuda", 90, 32)
-names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-         "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
-         "ssp", "tlb", "th", "tq", "tf"]
+names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # the runtime arguments
 q4 = ["*i32", "*i32", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}

@@ -36,9 +36,7 @@ for pre in (0, 1):
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     k = triton.compile(ASTSource(Q._q8_kernel, sig, cex), target=T, options={"num_warps": 4})
     out[f"norm {pre}"] = k.asm["ptx"]
-    names = ["p0", "p1", "p2", "p3", "r0", "r1", "r2", "r3", "xq", "xf", "resid", "bias", "out", "part", "cnt",
-             "N", "NA", "TA", "NB", "blocks_per_split", "SPLIT", "nx", "ny", "ng", "s_out", "eps", "nss", "ydt",
-             "ssp", "tlb", "th", "tq", "tf"]
+    names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # the runtime arguments
     planes = ["*i32", "*i16", "*i32", "*i32"]
     types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
         ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]

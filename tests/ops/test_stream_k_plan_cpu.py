@@ -1,4 +1,4 @@
-"""The stream-K deal of gemv_q8_gluon._gemv_q8g_sk_kernel, its integer formulas evaluated in
+"""The stream-K deal of gemv_q8_gluon_sk._gemv_q8g_sk_kernel, its integer formulas evaluated in
 Python (the kernel's own expressions, copied from its body): every step of every tile goes to
 exactly one program, runs differ by at most one step, a program's partial slot p + t is unique,
 and tile t's contributors pf..pl (from the step-to-program formula) are exactly the programs

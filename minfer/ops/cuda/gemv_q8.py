@@ -310,7 +310,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
-    if kwarps(cfg) and (not use_g or split < 0):
+    wk = kwarps(cfg)
+    if wk and (not use_g or split < 0):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "
                           f"Gluon kernel's K-split launch runs ({why or 'not with stream-K'})")
     if split < 0 and (not use_g or len(segs) != 1 or prenorm is not None):
@@ -319,12 +320,12 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     out = torch.empty((1, n), dtype=out_dtype, device=xq.device)
-    if split < 0:               # stream-K over -split programs (gemv_q8_gluon._gemv_q8g_sk_kernel)
-        from minfer.ops.cuda import gemv_q8_gluon as GL
+    if split < 0:               # stream-K over -split programs (gemv_q8_gluon_sk.py)
+        from minfer.ops.cuda import gemv_q8_gluon_sk as SK
 
         paths.count("gemv_q8.gluon.stream_k")
-        part, cnt = GL.sk_scratch(n, bn, -split, ws, xq.device)
-        GL.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
+        part, cnt = SK.sk_scratch(n, bn, -split, ws, xq.device)
+        SK.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
                      late=pdl_late, preload=preload, regs=regs)
         return out
     na = segs[0].n
@@ -336,7 +337,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=kwarps(cfg),
+                  prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk,
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else

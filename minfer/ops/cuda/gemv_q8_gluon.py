@@ -35,7 +35,7 @@ reads the whole row; the first version, packing words in registers each step, sp
 registers).
 
 Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]): a step is BB blocks of BN
-rows; a negative SPLIT asks for stream-K over -SPLIT programs (_gemv_q8g_sk_kernel: the tiles'
+rows; a negative SPLIT asks for stream-K over -SPLIT programs (gemv_q8_gluon_sk.py: the tiles'
 steps dealt out evenly, a program's run crossing tile boundaries, so that a one-wave grid of k
 programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, with prefetch 2 (a
 split of at most two steps) both steps' words load before the PDL wait, without it a program
@@ -171,7 +171,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     row tile also makes the next layer's normed row h (th) by ng and eps and its q8 form (gq, gf)
     for all N values (gemv_q8g_norm._norm_tail; its ticket is cnt[nss], nss the tiles).
 
-    SK (stream-K, _gemv_q8g_sk_kernel): blocks [sk_lo, sk_hi) of tile pid_n, whatever pid_s and
+    SK (stream-K, gemv_q8_gluon_sk._gemv_q8g_sk_kernel): blocks [sk_lo, sk_hi) of tile pid_n, whatever pid_s and
     blocks_per_split say; the row sums go to partial slot sk_slot (BN values a slot), and the
     tile's sk_n-th program to finish adds slots sk_first.. sk_first + sk_n - 1 in order (K order:
     deterministic) and finishes the tile (bias, residual) as the split path does.
@@ -411,33 +411,6 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 
 
 @gluon.jit
-def _gemv_q8g_sk_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, N, NB, S, P, U,
-                        QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-                        HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr = True,
-                        PRE: gl.constexpr = False):
-    """out (1, N) = W_deq . x_hat [+ bias] [+ resid], stream-K: the U = tiles x S steps (S steps of
-    BB blocks a row tile, tile-major) dealt out to the P programs in contiguous runs of floor(U / P)
-    or one more (program p: steps [p U / P, (p + 1) U / P)), so every program -- and every SM, with
-    P a multiple of the SMs in one wave -- does the same work; a run may cross into the next tile
-    (_tile once per tile it touches). Step u belongs to program ((u + 1) P - 1) / U. Program p's
-    partial of tile t goes to slot p + t (unique: a later program starts at or after an earlier
-    one's last tile), so tile t's programs pf..pl hold slots pf + t..pl + t, summed in that order
-    by the last of them to finish (_tile's SK)."""
-    pid = gl.program_id(0)
-    u0 = pid * U // P
-    u1 = (pid + 1) * U // P
-    for t in range(u0 // S, (u1 - 1) // S + 1):
-        lo = gl.maximum(u0, t * S) - t * S
-        hi = gl.minimum(u1, t * S + S) - t * S
-        pf = ((t * S + 1) * P - 1) // U
-        pl = ((t * S + S) * P - 1) // U
-        _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, t, 0, N, N, NB, 0, 1, xq, xf, 1,
-              out, out, out, out, 0.0, 0, out, out, QT, BN, BB, NW, False, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE,
-              SK=True, sk_lo=lo * BB, sk_hi=gl.minimum(hi * BB, NB), sk_slot=pid + t, sk_first=pf + t,
-              sk_n=pl - pf + 1)
-
-
-@gluon.jit
 def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
                          PDL: gl.constexpr, PF: gl.constexpr = True):
@@ -590,37 +563,6 @@ def _prefetch2_error(n: int, nb: int, what: str):
 
     raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: prefetch 2 (every step loaded before the PDL "
                       f"wait) needs splits of at most two steps; this launch has {what}")
-
-
-def sk_scratch(n: int, bn: int, programs: int, ws, device) -> tuple:
-    """(part, cnt) of a stream-K launch: a float32 slot of BN values for each (program, tile) pair
-    that can occur (programs + tiles - 1, _gemv_q8g_sk_kernel) and the tiles' tickets (the
-    workspace's self-resetting counters)."""
-    tiles = -(-n // bn)
-    part = torch.empty((programs + tiles) * bn, dtype=torch.float32, device=device)
-    cnt = ws.counters(tiles) if ws is not None else torch.zeros(tiles, dtype=torch.int32, device=device)
-    return part, cnt
-
-
-def launch_sk(rw, xq, xf, resid, bias, out, part, cnt, programs: int, bn, bb, nwarps, pdl, prefetch: bool = True,
-              late: bool = False, preload: bool = True, regs: int = 0):
-    """One weight's GEMV, stream-K over `programs` programs (_gemv_q8g_sk_kernel; a table config
-    whose SPLIT is -programs). part / cnt: sk_scratch's."""
-    n, nb = rw.n, rw.k // 256
-    s = -(-nb // bb)
-    u = -(-n // bn) * s
-    if not 1 <= programs <= u:
-        from minfer.errors import MinferError
-
-        raise MinferError(f"gemv_q8 stream-K: {programs} programs for {u} steps of {n}x{rw.k} (1 to {u})")
-    if int(prefetch) == 2:
-        _prefetch2_error(n, nb, "stream-K runs over many steps")
-    p = kernel_planes(rw)
-    _gemv_q8g_sk_kernel[(programs,)](p[0], p[1], p[2], p[3], xq, xf, resid if resid is not None else out,
-                                     bias if bias is not None else out, out, part, cnt, n, nb, s, programs, u,
-                                     QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, HAS_BIAS=bias is not None,
-                                     HAS_RESID=resid is not None, PDL=_pdl_mode(pdl, late), PF=bool(prefetch),
-                                     PRE=bool(preload), num_warps=nwarps, **_opts(pdl, regs))
 
 
 def _opts(pdl, regs: int) -> dict:
