@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-03 ninth session (issue 12).
+#   run(command="cd .clean && bash tools/device_s10.sh routes sweepab tests", carry=[".whl", ".clean"])
+#   routes: tools/route_check.py -- each ROUTE_VARIANTS variant's Gluon launches by shape and its
+#           launch-path counters (a variant that leaves the Gluon kernel shows a missing shape)
+#   then the steps of tools/device_s9.sh (sweepab) -> s8 -> s7 -> s6 -> s4 (tests bench)
+set -u
+STEPS=${*:-routes}
+source tools/device_setup.sh >/dev/null
+rest=""
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    routes)
+      [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+      timeout ${ROUTE_TIMEOUT:-150} python3 tools/route_check.py /tmp/q7.gguf ${ROUTE_DEPTHS:-108} -- ${ROUTE_VARIANTS:-} \
+        >"$OUT/routes.log" 2>&1
+      tail -${ROUTE_LINES:-40} "$OUT/routes.log";;
+    *) rest="$rest $step";;
+  esac
+  case $step in routes) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+done
+[ -n "$rest" ] && OUT=$OUT bash tools/device_s9.sh $rest
+exit 0
