@@ -70,6 +70,38 @@ def test_norm_prologue_matches_the_two_launches(qkv, kind, cfg):
         assert rel_err(out, v @ w.T + bias.double()) < 2e-2, i
 
 
+@pytest.mark.parametrize("kind", ["mixed", "q4"])
+def test_k_warps_config_runs_the_norm_kernel_first(qkv, kind):
+    """A config splitting its warps along K (the eighth field; the shipped q/k/v config since
+    2026-12-03) has no norm prologue: the deferred norm's own kernel runs first, counted as the
+    prologue's fallback, and the GEMV on its q8 row matches the two launches."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    segs, _ = qkv[kind]
+    cfg = (8, 8, 1, 4, 2, 0, False, True)
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(17)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    x = torch.randn(1, 3584, device="cuda", generator=g)
+    y = torch.randn(1, 3584, device="cuda", generator=g).to(torch.bfloat16)
+    s0, _, q80 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16)
+    ref = Q.gemv_q8(q80, segs, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg)
+    s = torch.full((1, 3584), float("nan"), device="cuda")
+    h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
+    pre = PreNorm(x, y, nw, 1e-6, s, h, False, 0, True, True)
+    paths.reset()
+    out = Q.gemv_q8(None, segs, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg, prenorm=pre)
+    snap = paths.snapshot()
+    assert snap["counts"] == {"gemv_q8.gluon": 1}, snap
+    assert [k for k in snap["fallbacks"] if k.startswith("gemv_q8.norm_prologue") and "along K" in k], snap
+    assert pre.q8 is not None                                  # the norm kernel ran
+    assert torch.equal(s, s0)
+    assert rel_err(out, ref) < 1e-4, rel_err(out, ref)
+
+
 def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
     """A whole model's graphed greedy decode with norm_into_gemv = 1 against without it, every q8
     GEMV on the Gluon kernel (graphed_pair's rule), the same tokens; the fused launches counted,
@@ -137,11 +169,12 @@ def test_norm_from_tile_sums_matches_the_two_launches(qkv):
         x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
         s, ssp = Q.gemv_q8_residual(Q.quantize(a), rd, x, torch.bfloat16, ws=ws, gluon=True)
         _, _, q80 = q8_rows._q8_launch(s, None, None, nw, 1e-6, torch.bfloat16, False)
-        ref = Q.gemv_q8(q80, segs, out_dtype=torch.float32, ws=ws, gluon=True)
+        cfg = (32, 2, 4, 4, True)       # (the shipped q/k/v config splits warps along K: no norm prologue)
+        ref = Q.gemv_q8(q80, segs, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg)
         h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
         pre = PreNorm(s, None, nw, 1e-6, s, h, False, 0, True, True, ssp=ssp)
         paths.reset()
-        out = Q.gemv_q8(None, segs, out_dtype=torch.float32, ws=ws, gluon=True, prenorm=pre)
+        out = Q.gemv_q8(None, segs, out_dtype=torch.float32, ws=ws, gluon=True, prenorm=pre, config=cfg)
         snap = paths.snapshot()
         assert snap["counts"] == {"gemv_q8.norm_prologue": 1, "gemv_q8.gluon": 1} and not snap["fallbacks"], snap
         assert pre.q8 is None

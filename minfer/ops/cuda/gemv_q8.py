@@ -299,6 +299,11 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     use_g, cfg, why = _choose(segs, n, k, config, gluon and not l2, interpret, gluon_table, xq.device)
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
+    if prenorm is not None and use_g and kwarps(cfg):
+        paths.fallback("gemv_q8.norm_prologue", f"the Gluon config {tuple(cfg)} for {n}x{k} splits its warps along K, "
+                       "which has no norm prologue: the norm kernel runs first")
+        xq, xf = prenorm.materialize()
+        prenorm = None
     if prenorm is not None:
         if use_g:
             paths.count("gemv_q8.norm_prologue")
