@@ -45,7 +45,10 @@ def valid(st, key: str):
     that did not stamp leaves torch.empty's bytes, which once made an SM number of 4e18."""
     ok = (st[:, 2] >= 0) & (st[:, 2] < 1024) & (st[:, 0] > 0) & (st[:, 0] <= st[:, 3]) & (st[:, 3] <= st[:, 1])
     if not bool(ok.all()):
-        print(f"  ({key}: {int((~ok).sum())} of {st.shape[0]} programs without valid stamps, left out)")
+        why = {"SM": ~((st[:, 2] >= 0) & (st[:, 2] < 1024)), "start": ~(st[:, 0] > 0),
+               "start>release": st[:, 0] > st[:, 3], "release>end": st[:, 3] > st[:, 1]}
+        print(f"  ({key}: {int((~ok).sum())} of {st.shape[0]} programs without valid stamps, left out: "
+              + ", ".join(f"{k} {int(v.sum())}" for k, v in why.items() if bool(v.any())) + ")")
     return st[ok]
 
 
