@@ -169,7 +169,9 @@ def test_gemv_q8_mixed_segments_gpu():
     ref = check_q8(q8, x.float()) @ torch.cat([wa, wb]).T + bias.double()
     for gluon, cfg in ((False, None), (True, (32, 2, 4, 4)), (True, (8, 16, 1, 4, False)),
                        (True, (16, 8, 2, 4, False)), (True, (32, 2, 4, 4, 2, 96)), (True, (16, 2, 4, 2, 2)),
-                       (True, (8, 8, 1, 4, 2, 96, 0, 1)), (True, (8, 8, 1, 4, 2, 0, 0, 1))):
+                       (True, (8, 8, 1, 4, 2, 96, 0, 1)), (True, (8, 8, 1, 4, 2, 0, 0, 1)),
+                       (True, (8, 8, 1, 4, 2, 0, 0, 1, 1)), (True, (32, 2, 4, 4, 1, 0, 0, 0, 1)),
+                       (True, (16, 2, 3, 2, 1, 0, 0, 0, 1))):      # (the v's tiles first; split K too)
         out = Q.gemv_q8(q8, (ra, rb), bias=bias, out_dtype=torch.float32, ws=GemvWorkspace("cuda"), gluon=gluon,
                         config=cfg)
         assert rel_err(out, ref) < 1e-5, (gluon, cfg)

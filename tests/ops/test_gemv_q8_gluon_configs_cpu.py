@@ -36,13 +36,13 @@ names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # t
 q4 = ["*i32", "*i32", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for name, (mixed, pf, wk, bn, bb, split) in json.loads(sys.argv[1]).items():
+for name, (mixed, pf, wk, bn, bb, split, *sf) in json.loads(sys.argv[1]).items():
     planes = q4 + (q6 if mixed else q4)
     types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
         ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
     cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=split > 1,
                HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=2 if pf == 2 else bool(pf), PRE=False, NORM=0, KP2=1,
-               NCHP=1, RSS=False, WK=bool(wk))
+               NCHP=1, RSS=False, WK=bool(wk), SF=bool(sf and sf[0]))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     out[name] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
@@ -52,10 +52,10 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def ptx():
-    # name: (mixed, prefetch, warps along K, BN, BB, SPLIT)
+    # name: (mixed, prefetch, warps along K, BN, BB, SPLIT[, the second weight's tiles first])
     return sm90_builds(_COMPILE, {"0 1": (0, 1, 0, 32, 2, 4), "0 2": (0, 2, 0, 32, 2, 4), "1 1": (1, 1, 0, 32, 2, 4),
                                   "1 2": (1, 2, 0, 32, 2, 4), "wk": (0, 2, 1, 8, 8, 1), "wk 1": (1, 2, 1, 8, 8, 1),
-                                  "rows": (0, 2, 0, 8, 8, 1)})
+                                  "rows": (0, 2, 0, 8, 8, 1), "wk 1 sf": (1, 2, 1, 8, 8, 1, 1)})
 
 
 def _segments(src: str) -> list:
@@ -83,6 +83,17 @@ def test_prefetch2_mixed_build(ptx):
     assert two[-1] < one[-1]
     assert sum(two) == sum(one)
     assert ptx["1 2"].count("dp4a") == ptx["1 1"].count("dp4a") > 0
+
+
+def test_second_weight_first_only_reorders(ptx):
+    """The mixed build with the second weight's tiles first (the config's ninth field): the same
+    waits, loads and dp4a as without -- only which program takes which tile changes (the compiler
+    may lay the two branches out in the other order, so the loads between waits are compared as a
+    total)."""
+    sf, base = _segments(ptx["wk 1 sf"]), _segments(ptx["wk 1"])
+    assert len(sf) == len(base) == 3 and sum(sf) == sum(base) > 0
+    assert ptx["wk 1 sf"].count("dp4a") == ptx["wk 1"].count("dp4a") > 0
+    assert ptx["wk 1 sf"] != ptx["wk 1"]
 
 
 def _stub_launch(monkeypatch, field: str, bps: int, bb: int, nwarps: int):

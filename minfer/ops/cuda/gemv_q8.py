@@ -242,6 +242,13 @@ def kwarps(cfg) -> bool:
     return len(cfg) > 7 and bool(cfg[7])
 
 
+def second_first(cfg) -> bool:
+    """A Gluon config's ninth field: in a launch over two weights (q/k + a v of another type), the
+    second weight's row tiles take the lowest program ids (gemv_q8_gluon's SF), so its slower rows
+    start in the first wave; ignored for one weight."""
+    return len(cfg) > 8 and bool(cfg[8])
+
+
 def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
     """(blocks_per_split, split, part, cnt) of a launch (splits); with more than one split the
     (split, rows) float32 partial sums and the row tiles' tickets (the workspace's zeroed
@@ -342,7 +349,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
-                  prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk,
+                  prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else

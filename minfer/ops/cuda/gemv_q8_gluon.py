@@ -381,23 +381,33 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
-                     WK: gl.constexpr = False):
+                     WK: gl.constexpr = False, SF: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
     TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
-    measuring aid)."""
+    measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
+    slower rows start in the first wave and the first weight's fill any second one."""
     if TL:
         stamp(tlb, 0, NW)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
-        if pid_n < TA:
-            _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB,
+        if SF:
+            tb = gl.num_programs(0) - TA            # the second weight's tiles, first
+            first = pid_n >= tb
+            ia = pid_n - tb
+            ib = pid_n
+        else:
+            first = pid_n < TA
+            ia = pid_n
+            ib = pid_n - TA
+        if first:
+            _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
                   IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK)
         else:
-            _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA, pid_s,
+            _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
                   WK=WK)
@@ -502,7 +512,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0, tail=None, kwarps: bool = False):
+           regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -515,7 +525,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     the program finishing the last row tile makes h = rms_norm(out) * weight and its q8 form
     (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket).
     kwarps: the warps split each step's chunks (_tile's WK; the config's eighth field), for a
-    step of at least 16 chunks a warp, without a norm prologue."""
+    step of at least 16 chunks a warp, without a norm prologue. second_first (two weights; the
+    config's ninth field): the second weight's row tiles take the lowest program ids (_gemv_q8g_kernel's SF)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -550,6 +561,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
+                           SF=bool(second_first) and len(segs) == 2,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
