@@ -18,9 +18,7 @@ import gguf
 import torch
 
 from minfer.ops.cuda import timeline
-from minfer.runtime.engine import Engine
-from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
-from skip_oracle import variant  # noqa: E402
+from skip_oracle import each_variant, variant  # noqa: E402 -- tools/ is the script's directory
 
 KINDS = ["qkv", "o", "gate+up", "down"]
 
@@ -142,18 +140,11 @@ def describe(launches, layers, blocks=None, head=None):
 
 @torch.inference_mode()
 def main():
-    args = sys.argv[1:]
-    cut = args.index("--") if "--" in args else len(args)
-    path, depths = args[0], [int(a) for a in args[1:cut]] or [16]
-    names = ["base"] + [a for a in args[cut + 1:] if a != "base"]
-    eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
-    for depth in depths:
-        _, pos = warm(eng, depth)
-        for name in names:
-            launches = record(eng, pos, name)
-            assert len(launches) == 4 * len(eng.model.blocks) + 1, [k for k, _, _ in launches]
-            print(f"depth {depth}, {name}: {len(launches)} GEMV launches a step")
-            describe(launches, list(range(4, len(eng.model.blocks) - 4)), eng.model.blocks, eng.model.output)
+    for eng, depth, pos, name in each_variant(sys.argv[1:]):
+        launches = record(eng, pos, name)
+        assert len(launches) == 4 * len(eng.model.blocks) + 1, [k for k, _, _ in launches]
+        print(f"depth {depth}, {name}: {len(launches)} GEMV launches a step")
+        describe(launches, list(range(4, len(eng.model.blocks) - 4)), eng.model.blocks, eng.model.output)
 
 
 if __name__ == "__main__":

@@ -12,37 +12,28 @@ import torch
 
 from minfer.ops import paths
 from minfer.ops.cuda import timeline
-from minfer.runtime.engine import Engine
-from prof_decode import warm  # noqa: E402 -- tools/ is the script's directory
-from skip_oracle import variant  # noqa: E402
+from skip_oracle import each_variant, variant  # noqa: E402 -- tools/ is the script's directory
 
 
 @torch.inference_mode()
 def main():
-    args = sys.argv[1:]
-    cut = args.index("--") if "--" in args else len(args)
-    path, depths = args[0], [int(a) for a in args[1:cut]] or [16]
-    names = ["base"] + [a for a in args[cut + 1:] if a != "base"]
-    eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
-    for depth in depths:
-        _, pos = warm(eng, depth)
-        for name in names:
-            paths.reset()
-            timeline.RECORDER = rec = timeline.Recorder()
-            try:
-                variant(eng, pos, name)
-            finally:
-                timeline.RECORDER = None
-            snap = paths.snapshot()
-            keys = collections.Counter(k for k, _, _ in rec.launches)
-            print(f"depth {depth}, {name}: Gluon launches recorded (warm-up forward + capture): {dict(keys)}")
-            for p, n in sorted(snap["counts"].items()):
-                if p.startswith(("gemv_q8", "qmatmul")):
-                    print(f"  {p}: {n}")
-            for p, n in snap["fallbacks"].items():
-                print(f"  FALLBACK {p}: {n}")
-            for p, n in snap["switched_off"].items():
-                print(f"  OFF {p}: {n}")
+    for eng, depth, pos, name in each_variant(sys.argv[1:]):
+        paths.reset()
+        timeline.RECORDER = rec = timeline.Recorder()
+        try:
+            variant(eng, pos, name)
+        finally:
+            timeline.RECORDER = None
+        snap = paths.snapshot()
+        keys = collections.Counter(k for k, _, _ in rec.launches)
+        print(f"depth {depth}, {name}: Gluon launches recorded (warm-up forward + capture): {dict(keys)}")
+        for p, n in sorted(snap["counts"].items()):
+            if p.startswith(("gemv_q8", "qmatmul")):
+                print(f"  {p}: {n}")
+        for p, n in snap["fallbacks"].items():
+            print(f"  FALLBACK {p}: {n}")
+        for p, n in snap["switched_off"].items():
+            print(f"  OFF {p}: {n}")
 
 
 if __name__ == "__main__":

@@ -117,6 +117,20 @@ def early(fn, weights):
     return f
 
 
+def each_variant(argv: list, default_depths=(16,)):
+    """(eng, depth, pos, name) over the command line `Q7.gguf [depth ...] [-- variant ...]` of the
+    tools that walk variants one at a time (gemv_timeline, route_check): the engine loaded once,
+    each depth warmed (prof_decode.warm), base first."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    depths = [int(a) for a in argv[1:cut]] or list(default_depths)
+    names = ["base"] + [a for a in argv[cut + 1:] if a != "base"]
+    eng = Engine.load(argv[0], device="cuda", ctx=4096, progress=False)
+    for depth in depths:
+        _, pos = warm(eng, depth)
+        for name in names:
+            yield eng, depth, pos, name
+
+
 def table_with(changes: dict) -> str:
     """A copy of the shipped Gluon GEMV table with the configs of `changes` (key -> "BN,BB,...")
     replaced; its path."""
