@@ -1,4 +1,4 @@
-"""Two Gluon q8 GEMV config fields on sm_90 builds made here (no GPU), and their launch checks.
+"""Gluon q8 GEMV config fields on sm_90 builds made here (no GPU), and their launch checks.
 
 Prefetch 2 (the fifth field = 2): both steps of a two-step split load before griddepcontrol.wait --
 twice the weight loads of prefetch 1 before it, and after it only the activation loads (prefetch 1
@@ -8,6 +8,8 @@ q/k/v with a Q6_K v). The launcher refuses prefetch 2 for a split of more than t
 Warps along K (the eighth field): without a K split the build has no global atomic and no
 partial-sum round (the row sums are reduced across the warps in shared memory); the launcher
 refuses a step of fewer than 16 chunks a warp. Both refusals name the shape.
+With a deferred norm gemv_q8 runs the norm kernel first for such a config (counted as the norm
+prologue's fallback). The ninth field (the second weight's tiles first) only reorders the tiles.
 The kernels' numbers on the GPU: tests/gpu/test_gemv_q8_gpu.py (these configs at every K)."""
 
 from __future__ import annotations
@@ -155,3 +157,38 @@ def test_launch_refuses_warps_along_k_on_short_steps(bb, nwarps, ok, monkeypatch
         with pytest.raises(MinferError, match=rf"64x3584: warps along K need .*{bb * 8} chunks for {nwarps} warps"):
             GL.launch(*args, kwarps=True)
         assert launched == []
+
+
+@pytest.mark.parametrize("wk", [False, True])
+def test_deferred_norm_before_a_k_warps_config_runs_the_norm_first(wk, monkeypatch):
+    """gemv_q8 with a deferred norm (q8_rows.PreNorm) on the Gluon route (its kernel a stub; the
+    launch's choices run on the CPU): a rows config takes the norm into its programs (NORM, counted
+    `gemv_q8.norm_prologue`); a warps-along-K config has no norm prologue, so the norm kernel runs
+    first (on the interpreter here), counted as that path's fallback naming the config, and the GEMV
+    gets its q8 row. The GPU numbers: tests/gpu/test_norm_into_gemv_gpu.py."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    args, launched = _stub_launch(monkeypatch, "NORM", 14, 8, 4)
+    monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
+    w = args[0][0]
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(1, 3584, generator=g), torch.randn(1, 3584, generator=g).to(torch.bfloat16)
+    s, h = torch.empty(1, 3584), torch.empty(1, 3584, dtype=torch.bfloat16)
+    pre = PreNorm(x, y, torch.rand(3584, generator=g) + 0.5, 1e-6, s, h, True, 0, True, True)
+    cfg = (8, 8, 1, 4, 2, 0, False, wk)
+    paths.reset()
+    Q.gemv_q8(None, w, out_dtype=torch.float32, config=cfg, gluon=True, prenorm=pre)
+    snap = paths.snapshot()
+    assert snap["counts"].get("gemv_q8.gluon") == 1, snap
+    if wk:
+        assert launched == [0] and pre.q8 is not None                  # the norm kernel ran, then a plain GEMV
+        assert "gemv_q8.norm_prologue" not in snap["counts"]
+        assert [k for k in snap["fallbacks"] if k.startswith("gemv_q8.norm_prologue") and "along K" in k
+                and "(8, 8, 1, 4, 2, 0, False, True)" in k], snap
+        assert torch.equal(s, x + y.float())
+    else:
+        assert launched == [1] and pre.q8 is None                      # the programs make the q8 row
+        assert snap["counts"].get("gemv_q8.norm_prologue") == 1 and not snap["fallbacks"], snap

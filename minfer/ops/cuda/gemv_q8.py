@@ -306,23 +306,21 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     use_g, cfg, why = _choose(segs, n, k, config, gluon and not l2, interpret, gluon_table, xq.device)
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
-    if prenorm is not None and use_g and kwarps(cfg):
-        paths.fallback("gemv_q8.norm_prologue", f"the Gluon config {tuple(cfg)} for {n}x{k} splits its warps along K, "
-                       "which has no norm prologue: the norm kernel runs first")
-        xq, xf = prenorm.materialize()
-        prenorm = None
+    wk = kwarps(cfg)
     if prenorm is not None:
-        if use_g:
+        if use_g and not wk:
             paths.count("gemv_q8.norm_prologue")
         else:
-            paths.fallback("gemv_q8.norm_prologue", why or "the Triton kernel takes this launch (the interpreter, "
-                           "a shape not in the Gluon kernel's table, or the Gluon kernel off) and has no norm prologue")
+            paths.fallback("gemv_q8.norm_prologue", (
+                f"the Gluon config {tuple(cfg)} for {n}x{k} splits its warps along K, which has no norm prologue: "
+                "the norm kernel runs first") if use_g else why or (
+                "the Triton kernel takes this launch (the interpreter, a shape not in the Gluon kernel's table, or "
+                "the Gluon kernel off) and has no norm prologue"))
             xq, xf = prenorm.materialize()
             prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch, regs, late = extras(cfg)
     pdl_late = pdl_late or late
-    wk = kwarps(cfg)
     if wk and (not use_g or split < 0):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "
                           f"Gluon kernel's K-split launch runs ({why or 'not with stream-K'})")
