@@ -128,19 +128,54 @@ def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False) -> tuple:
     return calls, check
 
 
-def main(argv=None) -> int:
-    from minfer.bench.gemv_sweep import graph_time, random_raw
+def real(qt: int, specs: list, a, timed, copies: int, gen) -> int:
+    """The real GEMV (gemv_q8, Gluon) on random repacked planes of the down shape in type qt, each
+    config on the row-major planes and on the same planes tile-major (to_tiles with its BN rows):
+    the outputs must be the same bits. 1 on a wrong result."""
+    from minfer.bench.gemv_sweep import random_raw
     from minfer.ops.cuda import gemv_q8 as Q
     from minfer.ops.cuda import gemv_repack as G
-    from minfer.ops.cuda.gemv_repack_layout import Q4_K
+    from minfer.ops.cuda.gemv_repack_layout import REPACKED_BLOCK_BYTES, to_tiles
+
+    rws = [G.repack(random_raw(qt, N, K, gen), qt, N, K) for _ in range(copies)]
+    nbytes = N * NB * REPACKED_BLOCK_BYTES[qt]
+    name = G.REPACKED_TYPES[qt]
+    ws = G.GemvWorkspace("cuda")
+    q8 = Q.quantize(torch.randn(1, K, device="cuda", dtype=torch.bfloat16, generator=gen))
+    tms = {}
+    for spec in specs:
+        cfg = tuple(int(v) for v in spec.split(","))
+        bn = cfg[0]
+        if bn not in tms:
+            tms = {bn: [to_tiles(r, bn) for r in rws]}
+        # the same GEMV on the planes in tile-major order: the same output bits
+        y0 = Q.gemv_q8(q8, rws[0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32)
+        y1 = Q.gemv_q8(q8, tms[bn][0], config=cfg, ws=ws, gluon=True, out_dtype=torch.float32)
+        if not torch.equal(y0, y1):
+            print(f"  {name} tile-major {cfg}: WRONG RESULT ({int((y0 != y1).sum())} of {y0.numel()} values differ)")
+            return 1
+        for pdl in a.pdl:
+            timed(f"{name} gemv_q8 gluon {list(cfg)} pdl {pdl}",
+                  [lambda i=i, p=pdl: Q.gemv_q8(q8, rws[i], config=cfg, ws=ws, gluon=True, pdl=p)
+                   for i in range(copies)], nbytes)
+            timed(f"{name} gemv_q8 gluon {list(cfg)} pdl {pdl} tile-major",
+                  [lambda i=i, p=pdl, t=tms[bn]: Q.gemv_q8(q8, t[i], config=cfg, ws=ws, gluon=True, pdl=p)
+                   for i in range(copies)], nbytes)
+    return 0
+
+
+def main(argv=None) -> int:
+    from minfer.bench.gemv_sweep import graph_time
+    from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=48)
     ap.add_argument("--sol", nargs="*", default=["32,2,9,4", "32,1,12,4", "16,2,9,2", "64,2,9,8"],
                     help="load-only tilings BN,BB,SPLIT,warps")
-    ap.add_argument("--cfg", nargs="*", default=["32,2,9,4", "32,1,12,4", "16,2,9,2"],
+    ap.add_argument("--cfg", nargs="*", default=["32,2,9,4", "32,1,12,4", "16,2,9,2", "32,2,5,4", "64,2,9,8"],
                     help="real GEMV configs (gemv_q8_gluon fields)")
-    ap.add_argument("--pdl", type=int, default=0)
+    ap.add_argument("--cfg6", nargs="*", default=["16,2,4,4", "32,2,5,4"], help="the same for the Q6_K down")
+    ap.add_argument("--pdl", type=int, nargs="*", default=[0, 1], help="PDL modes of the real GEMV's launches")
     a = ap.parse_args(argv)
     gen = torch.Generator(device="cuda").manual_seed(0)
     nbytes = N * NB * (128 + 16 + 4)
@@ -156,10 +191,10 @@ def main(argv=None) -> int:
           f"d {N * NB * 4 / 1e6:.2f}); {copies} rotating copies; {torch.cuda.get_device_name()}")
     rows = []
 
-    def timed(label, calls):
+    def timed(label, calls, nb_=nbytes):
         t = graph_time([calls[i % len(calls)] for i in range(max(a.calls, len(calls)))])
-        rows.append((label, t * 1e6, nbytes / t / 1e9))
-        print(f"  {label:40s} {t * 1e6:7.2f} us {nbytes / t / 1e9:7.0f} GB/s", flush=True)
+        rows.append((label, t * 1e6, nb_ / t / 1e9))
+        print(f"  {label:40s} {t * 1e6:7.2f} us {nb_ / t / 1e9:7.0f} GB/s", flush=True)
 
     for spec in a.sol:
         cfg = tuple(int(v) for v in spec.split(","))
@@ -173,13 +208,9 @@ def main(argv=None) -> int:
         calls, _ = sol_calls(planes, cfg, False, empty=True)
         timed(f"empty grid {_grid(*cfg[:3])[1]}", calls)
     del planes
-    rws = [G.repack(random_raw(Q4_K, N, K, gen), Q4_K, N, K) for _ in range(copies)]
-    ws = G.GemvWorkspace("cuda")
-    q8 = Q.quantize(torch.randn(1, K, device="cuda", dtype=torch.bfloat16, generator=gen))
-    for spec in a.cfg:
-        cfg = tuple(int(v) for v in spec.split(","))
-        timed(f"gemv_q8 gluon {list(cfg)} pdl {a.pdl}",
-              [lambda i=i: Q.gemv_q8(q8, rws[i], config=cfg, ws=ws, gluon=True, pdl=a.pdl) for i in range(copies)])
+    for qt, specs in ((Q4_K, a.cfg), (Q6_K, a.cfg6)):
+        if specs and real(qt, specs, a, timed, copies, gen):
+            return 1
     print("\n| what | us | GB/s |\n|---|---:|---:|")
     for label, us, gbps in rows:
         print(f"| {label} | {us:.2f} | {gbps:.0f} |")

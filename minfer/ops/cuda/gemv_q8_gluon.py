@@ -122,18 +122,29 @@ def _pdl_signal(x):
 
 
 @gluon.jit
-def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr):
-    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C]."""
-    woff = r3 * (NB * 32) + kc3 * 4 + w3
+def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.constexpr = 0):
+    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C].
+    TM: the planes are tile-major in TM-row tiles (gemv_repack_layout.to_tiles): block b of row r
+    is entry ((r // TM) * NB + b) * TM + r % TM of each plane's per-block entries."""
+    if TM:
+        e3 = ((r3 // TM) * NB + kc3 // 8) * TM + r3 % TM
+        e2 = ((r2 // TM) * NB + kc2 // 8) * TM + r2 % TM
+        woff = e3 * 32 + (kc3 % 8) * 4 + w3
+        soff = e2 * 8 + kc2 % 8
+        doff = e2
+    else:
+        woff = r3 * (NB * 32) + kc3 * 4 + w3
+        soff = r2 * (NB * 8) + kc2
+        doff = r2 * NB + kc2 // 8
     wq = gl.load(p0 + woff, eviction_policy="evict_first")
     if QT == 12:
         hq = wq
-        sa = gl.load(p1 + r2 * (NB * 8) + kc2, eviction_policy="evict_first")          # sc | m << 8
-        sb = gl.load(p2 + r2 * NB + kc2 // 8)                                          # d | dmin << 16
+        sa = gl.load(p1 + soff, eviction_policy="evict_first")          # sc | m << 8
+        sb = gl.load(p2 + doff)                                          # d | dmin << 16
     else:
         hq = gl.load(p1 + woff, eviction_policy="evict_first")
-        sa = gl.load(p2 + r2 * (NB * 8) + kc2, eviction_policy="evict_first")          # the two int8 scales
-        sb = gl.load(p3 + r2 * NB + kc2 // 8)                                          # d (f16)
+        sa = gl.load(p2 + soff, eviction_policy="evict_first")          # the two int8 scales
+        sb = gl.load(p3 + doff)                                          # d (f16)
     return wq, hq, sa, sb
 
 
@@ -145,7 +156,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
-          sk_n=1, WK: gl.constexpr = False):
+          sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -204,12 +215,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         b_hi = gl.minimum(b_lo + blocks_per_split, NB)
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
     nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
-                 w3, NB, QT)
+                 w3, NB, QT, TM)
     if PF == 2:
         # a split of at most two steps (launch checks): the second step's words in flight before
         # the wait too (clamped to this split's last chunk: a one-step split re-reads its own)
         nxt2 = _loads(p0, p1, p2, p3, r3, r2, gl.minimum((b_lo + BB) * 8 + c3, b_hi * 8 - 1),
-                      gl.minimum((b_lo + BB) * 8 + c2, b_hi * 8 - 1), w3, NB, QT)
+                      gl.minimum((b_lo + BB) * 8 + c2, b_hi * 8 - 1), w3, NB, QT, TM)
     rmask = rows < N
     bpre = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
     if HAS_BIAS and PRE:
@@ -240,13 +251,13 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             if nb_ >= b_hi:
                 nb_ = blk                                             # (past the last: re-read this one, unused)
             nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(nb_ * 8 + c3, NB * 8 - 1),
-                         gl.minimum(nb_ * 8 + c2, NB * 8 - 1), w3, NB, QT)
+                         gl.minimum(nb_ * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
         else:
             # one step's registers only (for splits of one or two steps: every load of the first
             # is in flight before the PDL wait, and nothing is read twice)
             if blk > b_lo:
                 nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(blk * 8 + c3, NB * 8 - 1),
-                             gl.minimum(blk * 8 + c2, NB * 8 - 1), w3, NB, QT)
+                             gl.minimum(blk * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
             wq, hq, sa, sb = nxt
         # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
         kx = blk * 8 + xc                                             # [C, 1]
@@ -381,7 +392,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
-                     WK: gl.constexpr = False, SF: gl.constexpr = False):
+                     WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -405,17 +416,17 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK)
+                  WK=WK, TM=TM)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK)
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -466,9 +477,14 @@ def config_for(qtype: int, n: int, k: int, table: str = "") -> tuple | None:
     return tuple(hit) if hit else None
 
 
-def kernel_planes(rw) -> tuple:
+def kernel_planes(rw, tiles_ok: bool = False) -> tuple:
     """The four plane arguments in the types the kernel loads: Q4_K (qs, scm, dm as int32 d|dmin,
-    qs); Q6_K (ql, qh, sc as int16 pairs, d)."""
+    qs); Q6_K (ql, qh, sc as int16 pairs, d). tiles_ok: the launch reads tile-major planes (TM)."""
+    if rw.tile_rows and not tiles_ok:
+        from minfer.errors import MinferError
+
+        raise MinferError("gemv_q8 Gluon: tile-major planes reach only the split-K launch (not stream-K or the "
+                          "SwiGLU pair)")
     p = rw.planes
     if rw.qtype == Q4_K:
         return p[0], p[1], p[2].view(torch.int32), p[0]
@@ -527,8 +543,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     kwarps: the warps split each step's chunks (_tile's WK; the config's eighth field), for a
     step of at least 16 chunks a warp, without a norm prologue. second_first (two weights; the
     config's ninth field): the second weight's row tiles take the lowest program ids (_gemv_q8g_kernel's SF)."""
-    p = kernel_planes(segs[0])
-    r = kernel_planes(segs[-1])
+    p = kernel_planes(segs[0], True)
+    r = kernel_planes(segs[-1], True)
     if int(prefetch) == 2 and bps > 2 * bb:
         _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
     if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None):
@@ -561,8 +577,18 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
-                           SF=bool(second_first) and len(segs) == 2,
+                           SF=bool(second_first) and len(segs) == 2, TM=_tile_rows(segs),
                            num_warps=nwarps, **_opts(pdl, regs))
+
+
+def _tile_rows(segs) -> int:
+    """The TM constexpr: the segments' tile-major tile rows (0: row-major), one for all."""
+    t = {r.tile_rows for r in segs}
+    if len(t) != 1:
+        from minfer.errors import MinferError
+
+        raise MinferError("gemv_q8 Gluon: a two-weight launch needs both weights in one plane layout")
+    return t.pop()
 
 
 def _pf(prefetch) -> bool | int:

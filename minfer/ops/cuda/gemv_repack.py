@@ -488,6 +488,9 @@ class GemvWorkspace:
 
 
 def _planes4(rw: Repacked) -> tuple:
+    if rw.tile_rows:
+        raise MinferError(f"gemv_repack: this kernel reads row-major planes; these are tile-major "
+                          f"({rw.tile_rows}-row tiles, gemv_repack_layout.to_tiles: the Gluon q8 GEMV's layout)")
     p = rw.planes
     return p if len(p) == 4 else (p[0], p[1], p[2], p[0])
 

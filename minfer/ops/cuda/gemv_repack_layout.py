@@ -54,13 +54,43 @@ class Repacked:
     n: int
     k: int
     planes: tuple
+    tile_rows: int = 0          # 0: row-major planes; T: tile-major in tiles of T rows (to_tiles)
 
     def nbytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.planes)
 
     def rows(self, r0: int, r1: int) -> "Repacked":
-        """Rows r0..r1 (views: every plane is row-major), e.g. the lm head in scratch-sized chunks."""
-        return Repacked(self.qtype, r1 - r0, self.k, tuple(p[r0:r1] for p in self.planes))
+        """Rows r0..r1 (views of every plane), e.g. the lm head in scratch-sized chunks; in a
+        tile-major layout r0 and r1 must fall on tile boundaries."""
+        t = self.tile_rows
+        if t and (r0 % t or (r1 % t and r1 != self.n)):
+            raise MinferError(f"gemv_repack: rows {r0}..{r1} of tile-major planes ({t}-row tiles) cut a tile")
+        return Repacked(self.qtype, r1 - r0, self.k, tuple(p[r0:r1] for p in self.planes), t)
+
+
+def to_tiles(rw: Repacked, t: int) -> Repacked:
+    """The same planes in tile-major order: for each tile of t rows, block b's entries of its rows
+    (row-major within the block: row, then the block's entries), then block b + 1. A plane keeps
+    its (N, NB * E) shape and bytes; (tile j, block b, row i) is at 2-D row j * t + (b * t + i) //
+    NB. A GEMV program of t rows then reads one contiguous run per K range (tools/down_sol.py: 38 MB
+    of the 7B's down read in 11.9 us tile-major against 13.6-14.5 row-major, load-only)."""
+    if rw.tile_rows:
+        raise MinferError("gemv_repack: the planes are already tile-major")
+    if t < 1 or rw.n % t:
+        raise MinferError(f"gemv_repack: {rw.n} rows do not split into {t}-row tiles")
+    nb = rw.k // 256
+    planes = tuple(p.view(rw.n // t, t, nb, -1).transpose(1, 2).contiguous().view(p.shape) for p in rw.planes)
+    return Repacked(rw.qtype, rw.n, rw.k, planes, t)
+
+
+def to_rows(rw: Repacked) -> Repacked:
+    """The row-major planes of a tile-major Repacked (the inverse of to_tiles; itself if row-major)."""
+    t = rw.tile_rows
+    if not t:
+        return rw
+    nb = rw.k // 256
+    planes = tuple(p.view(rw.n // t, nb, t, -1).transpose(1, 2).contiguous().view(p.shape) for p in rw.planes)
+    return Repacked(rw.qtype, rw.n, rw.k, planes)
 
 
 # ---------------------------------------------------------------- repack (torch, any device)
@@ -131,7 +161,7 @@ def repack(raw: torch.Tensor, qtype: int, n: int, k: int, rows_per_step: int = 4
 
 def dequantize_planes(rw: Repacked) -> np.ndarray:
     """float32 (n, k) from the planes alone, in ggml's operation order ((d*sc)*q - dmin*m)."""
-    p = [t.cpu().numpy() for t in rw.planes]
+    p = [t.cpu().numpy() for t in to_rows(rw).planes]
     n, nb = rw.n, rw.k // 256
     sh = np.arange(8, dtype=np.int64).reshape(1, 1, 8, 1)
     if rw.qtype == Q4_K:
