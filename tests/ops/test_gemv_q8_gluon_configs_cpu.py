@@ -113,7 +113,7 @@ def _stub_launch(monkeypatch, field: str, bps: int, bb: int, nwarps: int):
     monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
     t = torch.zeros(64)
     p = torch.zeros(16, dtype=torch.int32)
-    w = types.SimpleNamespace(qtype=12, planes=[p, p, p, p], n=64, k=3584)
+    w = types.SimpleNamespace(qtype=12, planes=[p, p, p, p], n=64, k=3584, tile_rows=0)
     return ([w], t, t, None, None, t, t, t, 64, 64, 2, 14, bps, -(-14 // bps), 32, bb, nwarps, 1, (2, 1)), launched
 
 

@@ -26,6 +26,7 @@ from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.cuda.gemv_repack import (Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads,
                                          load_configs, splits)
+from minfer.ops.cuda.gemv_repack_layout import common_tile_rows
 from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import launch_kw
 from minfer.ops.cuda.q8_rows import (_q8_chunks, add_rms_norm_q8, dequantize_q8, quantize,  # noqa: F401
@@ -52,7 +53,7 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
              blocks_per_split, SPLIT, gq, gf, TF, GLU: tl.constexpr, QT: tl.constexpr, BN: tl.constexpr,
              BB: tl.constexpr, IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
              ASM: tl.constexpr,
-             PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, PRE2: tl.constexpr = False):
+             PREFETCH: tl.constexpr, PDL: tl.constexpr = 0, PRE2: tl.constexpr = False, TM: tl.constexpr = 0):
     """Row tile pid_n (of this weight's N rows), K split pid_s: out[rows] = W_deq . x_hat [+ bias]
     [+ resid]. out, bias, resid, part and cnt point at this weight's first row / tile; part's
     split stride is NSTRIDE (all the segments' rows). PDL: the first weight tile is loaded
@@ -69,9 +70,9 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     b_hi = tl.minimum(b_lo + blocks_per_split, NB)
     acc = tl.zeros([BN, C], dtype=tl.float32)
     zero = tl.zeros([BN, C, 4], dtype=tl.int32)
-    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
+    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT, TM)
     if PRE2:
-        nxt2 = _tile_loads(p0, p1, p2, p3, row2, b_lo + BB, b_hi, NB, w4, ci, BN, C, QT)
+        nxt2 = _tile_loads(p0, p1, p2, p3, row2, b_lo + BB, b_hi, NB, w4, ci, BN, C, QT, TM)
     else:
         nxt2 = nxt
     if PDL:
@@ -82,11 +83,11 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
             wq, hq, sa, sb = nxt
             if PRE2:
                 nxt = nxt2
-                nxt2 = _tile_loads(p0, p1, p2, p3, row2, blk + 2 * BB, b_hi, NB, w4, ci, BN, C, QT)
+                nxt2 = _tile_loads(p0, p1, p2, p3, row2, blk + 2 * BB, b_hi, NB, w4, ci, BN, C, QT, TM)
             else:
-                nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
+                nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT, TM)
         else:
-            wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT)
+            wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT, TM)
         kc = blk * 8 + ci                                             # [C] chunk index in the row
         kmask = kc < b_hi * 8
         xo = (kc * 8)[:, None] + wi[None, :]                          # [C, 4]
@@ -180,7 +181,7 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
                     ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr,
-                    NPF: tl.constexpr = 0, NT: tl.constexpr = 128):
+                    NPF: tl.constexpr = 0, NT: tl.constexpr = 128, TM: tl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
     Q4_K and a Q6_K v in one launch. NPF: later weights' byte ranges (a_i, n_i) fetched into L2
@@ -192,15 +193,15 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
         if pid_n < TA:
             _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, NA, N, NB, stride_rm,
                      blocks_per_split, SPLIT, gq, gf, TF, False, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
-                     PREFETCH, PDL, PRE2)
+                     PREFETCH, PDL, PRE2, TM)
         else:
             _q8_tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, pid_n - TA,
                      pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, gq, gf, TF, False, QTB, BN, BB,
-                     IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2)
+                     IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2, TM)
     else:
         _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
                  blocks_per_split, SPLIT, gq, gf, TF, GLU, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
-                 PREFETCH, PDL, PRE2)
+                 PREFETCH, PDL, PRE2, TM)
 
 
 _TARGET_PROGRAMS = 132 * 4
@@ -353,8 +354,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
                   (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps))
         return out
-    p0, p1, p2, p3 = _planes4(segs[0])
-    r0, r1, r2, r3 = _planes4(segs[-1])
+    p0, p1, p2, p3 = _planes4(segs[0], True)
+    r0, r1, r2, r3 = _planes4(segs[-1], True)
     pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
                           bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
@@ -363,8 +364,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
-                          PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
-                          num_stages=1, **launch_kw(pdl))
+                          PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=common_tile_rows(segs),
+                          num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return out
 
 
@@ -505,14 +506,14 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
                          regs=regs)
         return h, (gq, gf)
-    p0, p1, p2, p3 = _planes4(rw)
+    p0, p1, p2, p3 = _planes4(rw, True)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
                                 n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype,
                                 QTB=rw.qtype, MIXED=False, BN=bn, BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
                                 ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
-                                PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, num_warps=nwarps,
-                                num_stages=1, **launch_kw(pdl))
+                                PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=rw.tile_rows,
+                                num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return h, (gq, gf)
 
 

@@ -66,7 +66,7 @@ from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
                                            _ss_rstd)
 from minfer.ops.cuda.timeline import stamp
-from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
+from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
 
 
 @gluon.jit
@@ -434,12 +434,12 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 @gluon.jit
 def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-                         PDL: gl.constexpr, PF: gl.constexpr = True):
+                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0):
     """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
     the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True)
+          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]) (late: with PDL the
@@ -483,8 +483,7 @@ def kernel_planes(rw, tiles_ok: bool = False) -> tuple:
     if rw.tile_rows and not tiles_ok:
         from minfer.errors import MinferError
 
-        raise MinferError("gemv_q8 Gluon: tile-major planes reach only the split-K launch (not stream-K or the "
-                          "SwiGLU pair)")
+        raise MinferError("gemv_q8 Gluon: stream-K reads row-major planes only; these are tile-major")
     p = rw.planes
     if rw.qtype == Q4_K:
         return p[0], p[1], p[2].view(torch.int32), p[0]
@@ -577,18 +576,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
-                           SF=bool(second_first) and len(segs) == 2, TM=_tile_rows(segs),
+                           SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
                            num_warps=nwarps, **_opts(pdl, regs))
-
-
-def _tile_rows(segs) -> int:
-    """The TM constexpr: the segments' tile-major tile rows (0: row-major), one for all."""
-    t = {r.tile_rows for r in segs}
-    if len(t) != 1:
-        from minfer.errors import MinferError
-
-        raise MinferError("gemv_q8 Gluon: a two-weight launch needs both weights in one plane layout")
-    return t.pop()
 
 
 def _pf(prefetch) -> bool | int:
@@ -619,7 +608,7 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     tiles = n // bn
     if int(prefetch) == 2 and nb > 2 * bb:
         _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
-    p = kernel_planes(rw)
+    p = kernel_planes(rw, True)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
-                                   PF=_pf(prefetch), num_warps=nwarps, **_opts(pdl, regs))
+                                   PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

@@ -148,26 +148,36 @@ def _decode8(wq, hq, magic, QT: tl.constexpr, ASM: tl.constexpr):
 
 @triton.jit
 def _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN: tl.constexpr, C: tl.constexpr,
-                QT: tl.constexpr):
+                QT: tl.constexpr, TM: tl.constexpr = 0):
     """The raw words of one iteration's tile (blocks blk.. of BN rows; nothing past b_hi):
     quants [BN, C, 4] (and Q6_K's high bits), and the scale words [BN, C] (Q4_K: sc|m<<8 and
-    d|dmin<<16; Q6_K: the scale pair and d). Streamed once: evict-first."""
+    d|dmin<<16; Q6_K: the scale pair and d). Streamed once: evict-first. TM: tile-major planes
+    in TM-row tiles (gemv_repack_layout.to_tiles): block b of row r is the planes' per-block
+    entry ((r // TM) * NB + b) * TM + r % TM."""
     kc = blk * 8 + ci
     kmask = (kc < b_hi * 8)[None, :]
-    qoff = row2 * (NB * 32) + blk * 32 + w4[None, :]                  # [BN, 4C]: 16-byte chunks
+    if TM:
+        rt = (row2 // TM) * NB
+        ri = row2 % TM
+        qoff = (rt + blk + (w4 // 32)[None, :]) * (TM * 32) + ri * 32 + (w4 % 32)[None, :]
+        ec = (rt + (kc // 8)[None, :]) * TM + ri                       # [BN, C]: the chunks' entries
+        soff = ec * 8 + (kc % 8)[None, :]
+        doff = ec
+    else:
+        qoff = row2 * (NB * 32) + blk * 32 + w4[None, :]              # [BN, 4C]: 16-byte chunks
+        soff = row2 * (NB * 8) + kc[None, :]
+        doff = row2 * NB + (kc // 8)[None, :]
     km4 = (blk * 32 + w4 < b_hi * 32)[None, :]
     wq = tl.reshape(tl.load(p0 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BN, C, 4))
     if QT == 12:
         hq = wq
-        sa = tl.load(p1 + row2 * (NB * 8) + kc[None, :], mask=kmask, other=0, eviction_policy="evict_first")
-        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0,
-                     eviction_policy="evict_first")
+        sa = tl.load(p1 + soff, mask=kmask, other=0, eviction_policy="evict_first")
+        sb = tl.load(p2.to(tl.pointer_type(tl.int32)) + doff, mask=kmask, other=0, eviction_policy="evict_first")
     else:
         hq = tl.reshape(tl.load(p1 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BN, C, 4))
         # the int8 scales 2c, 2c+1 of chunk c as one little-endian int16
-        sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=kmask, other=0,
-                     eviction_policy="evict_first")
-        sb = tl.load(p3 + row2 * NB + (kc // 8)[None, :], mask=kmask, other=0.0, eviction_policy="evict_first")
+        sa = tl.load(p2.to(tl.pointer_type(tl.int16)) + soff, mask=kmask, other=0, eviction_policy="evict_first")
+        sb = tl.load(p3 + doff, mask=kmask, other=0.0, eviction_policy="evict_first")
     return wq, hq, sa, sb
 
 
@@ -223,7 +233,8 @@ def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
                  QT: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr, MP: tl.constexpr,
                  IS_SPLIT: tl.constexpr, USE_DOT: tl.constexpr, NORM: tl.constexpr, SWIGLU: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr, INLINE_REDUCE: tl.constexpr,
-                 IEEE: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr, NORM_BLK: tl.constexpr):
+                 IEEE: tl.constexpr, ASM: tl.constexpr, PREFETCH: tl.constexpr, NORM_BLK: tl.constexpr,
+                 TM: tl.constexpr = 0):
     """out (M, N) = xin (M, K) @ W^T [+ bias] [+ resid]; program = (row tile, K split, M tile).
 
     Per iteration a [BN rows, C = 8*BB chunks, 4 words] tile: BB blocks of 256 values per row,
@@ -272,13 +283,13 @@ def _gemv_kernel(p0, p1, p2, p3, x, up, nw, resid, bias, out, part, cnt,
             rstd = 1.0 / tl.sqrt(tl.sum(ss, axis=0) / K + eps)
     # register double buffer: the next tile's loads are in flight while this one is computed
     # (PREFETCH; run 2: +0-10% on Q4_K, -15% on Q6_K, whose tiles already hold 224+ registers)
-    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT)
+    nxt = _tile_loads(p0, p1, p2, p3, row2, b_lo, b_hi, NB, w4, ci, BN, C, QT, TM)
     for blk in range(b_lo, b_hi, BB):
         if PREFETCH:
             wq, hq, sa, sb = nxt
-            nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT)
+            nxt = _tile_loads(p0, p1, p2, p3, row2, blk + BB, b_hi, NB, w4, ci, BN, C, QT, TM)
         else:
-            wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT)
+            wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT, TM)
         if QT == 14:
             hq = hq.to(tl.int32)
         kc = blk * 8 + ci                                             # [C] chunk index in the row
@@ -382,8 +393,10 @@ def _reduce_kernel(part, bias, resid, out, M, N, SPLIT, stride_rm, stride_om,
 
 
 @triton.jit
-def _dequant_kernel(p0, p1, p2, p3, out, N, NB, stride_o, QT: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr):
-    """out[n, k] = the exact value (fp32 math in ggml's order, cast to out's dtype); BR rows x BB blocks."""
+def _dequant_kernel(p0, p1, p2, p3, out, N, NB, stride_o, QT: tl.constexpr, BR: tl.constexpr, BB: tl.constexpr,
+                    TM: tl.constexpr = 0):
+    """out[n, k] = the exact value (fp32 math in ggml's order, cast to out's dtype); BR rows x BB
+    blocks. TM: tile-major planes (_tile_loads)."""
     C: tl.constexpr = BB * 8
     rows = tl.program_id(0) * BR + tl.arange(0, BR)
     rmask = rows < N
@@ -391,21 +404,30 @@ def _dequant_kernel(p0, p1, p2, p3, out, N, NB, stride_o, QT: tl.constexpr, BR: 
     kc = tl.program_id(1) * C + tl.arange(0, C)
     kmask = kc < NB * 8
     w4 = tl.arange(0, 4 * C)
-    qoff = row2 * (NB * 32) + tl.program_id(1) * (C * 4) + w4[None, :]
+    blk = (kc // 8)[None, :]
+    if TM:
+        rt = (row2 // TM) * NB
+        ri = row2 % TM
+        qoff = (rt + tl.program_id(1) * BB + (w4 // 32)[None, :]) * (TM * 32) + ri * 32 + (w4 % 32)[None, :]
+        ent = (rt + blk) * TM + ri                                     # [BR, C]: the chunks' block entries
+        soff = ent * 8 + (kc % 8)[None, :]
+    else:
+        qoff = row2 * (NB * 32) + tl.program_id(1) * (C * 4) + w4[None, :]
+        ent = row2 * NB + blk
+        soff = row2 * (NB * 8) + kc[None, :]
     km4 = (tl.program_id(1) * (C * 4) + w4 < NB * 32)[None, :]
     wq = tl.reshape(tl.load(p0 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BR, C, 4))
-    blk = (kc // 8)[None, :]
     km2 = kmask[None, :]
     if QT == 12:
-        scm = tl.load(p1 + row2 * (NB * 8) + kc[None, :], mask=km2, other=0).to(tl.int32)
-        d = tl.load(p2 + row2 * (NB * 2) + 2 * blk, mask=km2, other=0.0).to(tl.float32)
-        dmin = tl.load(p2 + row2 * (NB * 2) + 2 * blk + 1, mask=km2, other=0.0).to(tl.float32)
+        scm = tl.load(p1 + soff, mask=km2, other=0).to(tl.int32)
+        d = tl.load(p2 + 2 * ent, mask=km2, other=0.0).to(tl.float32)
+        dmin = tl.load(p2 + 2 * ent + 1, mask=km2, other=0.0).to(tl.float32)
         dl = (d * (scm & 255).to(tl.float32))[:, :, None]             # exact: 11 x 6 bits
         ml = (dmin * ((scm >> 8) & 255).to(tl.float32))[:, :, None]
     else:
         hq = tl.reshape(tl.load(p1 + qoff, mask=km4, other=0, eviction_policy="evict_first"), (BR, C, 4)).to(tl.int32)
-        s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + row2 * (NB * 8) + kc[None, :], mask=km2, other=0).to(tl.int32)
-        d = tl.load(p3 + row2 * NB + blk, mask=km2, other=0.0).to(tl.float32)
+        s2 = tl.load(p2.to(tl.pointer_type(tl.int16)) + soff, mask=km2, other=0).to(tl.int32)
+        d = tl.load(p3 + ent, mask=km2, other=0.0).to(tl.float32)
         dl0 = (d * ((s2 << 24) >> 24).to(tl.float32))[:, :, None]
         dl1 = (d * (s2 >> 8).to(tl.float32))[:, :, None]
     # [BR, C, 8, 4]: nibble p of word w is value 4p + w, so the broadcast over p followed by
@@ -487,8 +509,10 @@ class GemvWorkspace:
         return self.cnt
 
 
-def _planes4(rw: Repacked) -> tuple:
-    if rw.tile_rows:
+def _planes4(rw: Repacked, tiles_ok: bool = False) -> tuple:
+    """The four plane arguments (Q4_K's third repeats the first); tiles_ok: the caller's kernel
+    addresses tile-major planes (its TM constexpr), else they are refused."""
+    if rw.tile_rows and not tiles_ok:
         raise MinferError(f"gemv_repack: this kernel reads row-major planes; these are tile-major "
                           f"({rw.tile_rows}-row tiles, gemv_repack_layout.to_tiles: the Gluon q8 GEMV's layout)")
     p = rw.planes
@@ -542,7 +566,7 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
     if inline:
         need = grid[0] * grid[2]
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
-    p0, p1, p2, p3 = _planes4(rw)
+    p0, p1, p2, p3 = _planes4(rw, True)
     _gemv_kernel[grid](p0, p1, p2, p3, x, up if up is not None else x,
                        norm_weight if norm_weight is not None else x,
                        resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
@@ -552,7 +576,7 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
                        NORM=norm_weight is not None, SWIGLU=up is not None, HAS_BIAS=bias is not None,
                        HAS_RESID=resid is not None, INLINE_REDUCE=inline, IEEE=x.dtype == torch.float32,
                        ASM=cfg_asm if asm is None else asm, PREFETCH=prefetch,
-                       NORM_BLK=64 if interpret else (256 if use_dot else 1024), num_warps=nwarps,
+                       NORM_BLK=64 if interpret else (256 if use_dot else 1024), TM=rw.tile_rows, num_warps=nwarps,
                        num_stages=1 if use_dot and x.dtype == torch.float32 else 3)
     if split > 1 and not inline:
         blk = 64 if interpret else 1024
@@ -571,8 +595,9 @@ def dequantize_into(rw: Repacked, out: torch.Tensor, interpret: bool = False, ti
     nb = rw.k // 256
     if out.shape[0] < rw.n or out.shape[1] < rw.k or out.stride(1) != 1:
         raise MinferError(f"gemv_repack: dequantize_into out has shape {tuple(out.shape)}, expected ({rw.n}, >= {rw.k})")
-    p0, p1, p2, p3 = _planes4(rw)
+    p0, p1, p2, p3 = _planes4(rw, True)
     grid = (triton.cdiv(rw.n, br), triton.cdiv(nb, bb))
-    _dequant_kernel[grid](p0, p1, p2, p3, out, rw.n, nb, out.stride(0), QT=rw.qtype, BR=br, BB=bb, num_warps=num_warps)
+    _dequant_kernel[grid](p0, p1, p2, p3, out, rw.n, nb, out.stride(0), QT=rw.qtype, BR=br, BB=bb, TM=rw.tile_rows,
+                          num_warps=num_warps)
     return out
 

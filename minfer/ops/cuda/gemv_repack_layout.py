@@ -83,6 +83,15 @@ def to_tiles(rw: Repacked, t: int) -> Repacked:
     return Repacked(rw.qtype, rw.n, rw.k, planes, t)
 
 
+def common_tile_rows(segs) -> int:
+    """The one plane layout of weights launched together (their tile_rows; 0: row-major)."""
+    t = {r.tile_rows for r in segs}
+    if len(t) != 1:
+        raise MinferError("gemv_repack: weights launched together need one plane layout (row-major or tile-major "
+                          f"with one tile height), got tile rows {sorted(t)}")
+    return t.pop()
+
+
 def to_rows(rw: Repacked) -> Repacked:
     """The row-major planes of a tile-major Repacked (the inverse of to_tiles; itself if row-major)."""
     t = rw.tile_rows

@@ -346,6 +346,8 @@ def qgemm_q8(q8rows, rw: Repacked, bias=None, out_dtype=torch.bfloat16, config=N
     if split > 1:
         need = grid[0] * grid[1]
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=xq.device)
+    if rw.tile_rows:
+        raise MinferError("qgemm_q8: the planes are tile-major; this GEMM reads row-major planes")
     p = rw.planes
     p0, p1, p2, p3 = p if len(p) == 4 else (p[0], p[1], p[2], p[0])
     _qgemm_q8_kernel[grid](p0, p1, p2, p3, xq.view(torch.int8), xf, out, part, cnt,

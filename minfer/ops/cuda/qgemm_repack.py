@@ -334,6 +334,8 @@ def config_for(qtype: int, m: int, n: int, k: int, interpret: bool = False) -> t
 # ---------------------------------------------------------------- wrapper
 
 def _planes4(rw: Repacked) -> tuple:
+    if rw.tile_rows:
+        raise MinferError("qgemm_repack: the planes are tile-major; this GEMM reads row-major planes")
     p = rw.planes
     return p if len(p) == 4 else (p[0], p[1], p[2], p[0])
 

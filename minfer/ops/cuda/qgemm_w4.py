@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from minfer.errors import MinferError
-from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, Repacked
+from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, Repacked, to_rows
 
 
 class W4Planes:
@@ -81,7 +81,8 @@ def _bf16_bits(v: torch.Tensor) -> torch.Tensor:
 
 
 def _rows_to_w4(rw: Repacked, r0: int, r1: int) -> tuple:
-    p = [t[r0:r1] for t in rw.planes]
+    # (tile-major planes, gemv_repack_layout.to_tiles: the rows' tiles back in row-major order first)
+    p = list(to_rows(rw.rows(r0, r1)).planes) if rw.tile_rows else [t[r0:r1] for t in rw.planes]
     r, nb = r1 - r0, rw.k // 256
     sh = torch.arange(8, device=p[0].device, dtype=torch.int64).view(1, 1, 8, 1)
     w = p[0].to(torch.int64).view(r, nb * 8, 1, 4) & 0xFFFFFFFF

@@ -274,6 +274,9 @@ def _qgemm(x, wts, biases, path, sw, ws):
     if not sw.qgemm_repack:
         paths.switched_off(path, "MINFER_QGEMM_REPACK")
         return None
+    if rw.tile_rows:
+        paths.fallback(path, "the planes are tile-major (the Gluon decode GEMV's layout); this GEMM reads row-major")
+        return None
     paths.count(path)
     out = qgemm_repack.qgemm(x, rw, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                              ws=ws.gemv_counters(), interpret=interpret())
@@ -291,6 +294,9 @@ def _qgemm_q8(x, wts, biases, path, sw, ws, q8=None):
         return None
     if not sw.qgemm_q8:
         paths.switched_off(path, "MINFER_QGEMM_Q8")
+        return None
+    if rw.tile_rows:
+        paths.fallback(path, "the planes are tile-major (the Gluon decode GEMV's layout); this GEMM reads row-major")
         return None
     m, k = x.shape
     if q8 is None:

@@ -1,0 +1,75 @@
+"""Tile-major planes (gemv_repack_layout.to_tiles) on the GPU: every kernel that reads the planes
+gives the same output bits on them as on the row-major planes, at the 7B's down shapes (where the
+engine stores them tile-major: gemv_q8_gluon.tile_rows_for) and a small odd one; the row-major
+result is itself checked against gguf's dequant (kernel_data) in float64."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
+from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def _weight(qt, n, k, seed):
+    from minfer.ops.cuda import gemv_repack as G
+
+    raw = random_weight(qt, n, k, np.random.default_rng(seed))
+    return G.repack(torch.from_numpy(raw).cuda(), qt, n, k), torch.from_numpy(reference_dequant(raw, qt, n, k))
+
+
+@pytest.mark.parametrize("qt,n,k,cfg", [
+    (12, 3584, 18944, (32, 2, 9, 4)), (12, 3584, 18944, (32, 1, 12, 4)), (12, 3584, 18944, (16, 2, 9, 2, 1, 0, 1)),
+    (14, 3584, 18944, (16, 2, 4, 4)), (14, 3584, 18944, (32, 2, 5, 4)), (12, 3584, 18944, (8, 8, 2, 4, 1, 0, 0, 1)),
+    (12, 256, 1536, (32, 2, 1, 4, 2)), (14, 256, 1536, (16, 4, 2, 4))])
+def test_gluon_gemv_on_tile_major_planes(qt, n, k, cfg):
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_repack_layout as L
+
+    rw, dense = _weight(qt, n, k, 7)
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    resid = torch.randn(1, n, device="cuda", generator=g)
+    q8 = Q.quantize(x)
+    a = Q.gemv_q8(q8, rw, resid=resid, out_dtype=torch.float32, config=cfg, gluon=True, pdl=1)
+    ref = Q.dequantize_q8(q8, k).double().cpu() @ dense.T + resid.double().cpu()
+    assert rel_err(a.double().cpu(), ref) < 1e-5
+    for t in sorted({cfg[0], 32 if n % 32 == 0 else 16}):
+        tm = L.to_tiles(rw, t)
+        paths.reset()
+        b = Q.gemv_q8(q8, tm, resid=resid, out_dtype=torch.float32, config=cfg, gluon=True, pdl=1)
+        assert paths.snapshot()["counts"].get("gemv_q8.gluon") == 1
+        assert torch.equal(a, b), f"tile rows {t}: {int((a != b).sum())} values differ"
+
+
+@pytest.mark.parametrize("qt", [12, 14])
+def test_triton_readers_on_tile_major_planes(qt):
+    """The Triton q8 GEMV, the bf16 GEMV (one row and a batch), the prefill's dequant and the
+    batched w4 planes' builder, on the down shape."""
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_repack as G
+    from minfer.ops.cuda import gemv_repack_layout as L
+    from minfer.ops.cuda import qgemm_w4
+
+    n, k = 3584, 18944
+    rw, dense = _weight(qt, n, k, 11)
+    tm = L.to_tiles(rw, 32)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    q8 = Q.quantize(x)
+    assert torch.equal(Q.gemv_q8(q8, rw, out_dtype=torch.float32), Q.gemv_q8(q8, tm, out_dtype=torch.float32))
+    xs = torch.randn(4, k, device="cuda", generator=g, dtype=torch.bfloat16)
+    for xx in (xs[:1], xs):
+        assert torch.equal(G.gemv(xx, rw), G.gemv(xx, tm))
+    d = G.dequantize_into(tm, torch.empty(n, k, device="cuda"))
+    assert torch.equal(d.cpu(), dense.float())
+    a, b = qgemm_w4.make_w4(rw), qgemm_w4.make_w4(tm)
+    assert all(torch.equal(p, q) for p, q in zip(a.planes, b.planes))
