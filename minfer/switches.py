@@ -83,6 +83,11 @@ class Switches:
                               "minfer.bench.gemv_q8_sweep --gluon --table F` "
                               "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
                               "the shipped one (for an in-process A/B of two tables)", kind="tuning")
+    gemv_tiles: bool = _sw(True, "MINFER_GEMV_TILES",
+                           "repacked planes stored tile-major (a tile's rows block after block) for the shapes whose "
+                           "Gluon q8 GEMV config asks for it (its tenth field: the 7B's down projections), so each "
+                           "GEMV program reads one contiguous run (ops/cuda/plane_layout.py; applied at load and "
+                           "again when an A/B changes it; off: row-major planes)")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

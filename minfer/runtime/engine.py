@@ -114,6 +114,7 @@ class Engine:
                 from minfer.ops.cuda.gemv_repack import repack_model
 
                 repack_model(model)
+                self._plane_layout()
         self.ctx = Context(self.switches, workspace)
         self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
                                         dtype=model.act_dtype, context=self.n_ctx)
@@ -212,9 +213,18 @@ class Engine:
         if switches == self.switches:
             return
         self.switches = switches
+        if self.device.type == "cuda" and switches.gemv_repack:
+            self._plane_layout()
         self.ctx = Context(switches, self.ctx.workspace)
         self._graph = None
         self._prefill_graphs = None
+
+    def _plane_layout(self) -> None:
+        """The repacked planes in the layout the switches ask for (ops/cuda/plane_layout.py: the
+        tile-major shapes of the Gluon GEMV's table); set_switches drops the graphs after it."""
+        from minfer.ops.cuda import plane_layout
+
+        plane_layout.apply(self.model.qweights(), self.switches, self.device)
 
     def prefill_chunk(self) -> int:
         return self.switches.prefill_chunk or PREFILL_CHUNK.get(self.device.type, 512)

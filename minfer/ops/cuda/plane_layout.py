@@ -1,0 +1,58 @@
+"""Which repacked weights the engine keeps tile-major (issue 12), and the switch between layouts.
+
+The decode GEMV of the 7B's down projection (3584 x 18944) reads its planes as 32 rows x 256
+bytes a step, rows 9,472 bytes apart; a load-only kernel with exactly those loads takes as long
+as the GEMV itself (13.6-14.5 us against 13.9), while the same bytes with each program's run
+contiguous take 11.2-12.5 (tools/down_sol.py, perf-log AF1). gemv_repack_layout.to_tiles keeps
+the same bits in that order (tile of T rows, block after block); every kernel that reads the
+planes addresses both layouts (their TM constexpr), so the layout is a storage choice, not a
+kernel choice.
+
+A Gluon table config's tenth field asks for it (gemv_q8g_h200.json: the shapes where it was
+measured faster); the tile height is the config's BN. Switches.gemv_tiles turns it off; the
+engine applies the layout at load and again when an A/B changes the switches (Engine.set_switches),
+one weight at a time, so at most one weight's planes are held twice."""
+
+from __future__ import annotations
+
+from minfer.ops.cuda import gemv_q8_gluon as GL
+from minfer.ops.cuda.gemv_repack_layout import planes_of, to_rows, to_tiles
+
+
+def tile_rows_for(qtype: int, n: int, k: int, table: str = "") -> int:
+    """The tile height the Gluon table asks this shape's planes to be stored in (0: row-major)."""
+    cfg = GL.config_for(qtype, n, k, table)
+    return int(cfg[0]) if cfg is not None and len(cfg) > 9 and cfg[9] else 0
+
+
+def _owns_planes(rw) -> bool:
+    """Whether the planes are whole tensors (not row views of a fused group's planes, whose
+    layout is the group's)."""
+    return all(p.untyped_storage().nbytes() == p.numel() * p.element_size() and p.storage_offset() == 0
+               for p in rw.planes)
+
+
+def wanted(rw, switches, device) -> int:
+    """The tile rows these planes should have under `switches` on `device`."""
+    if not switches.gemv_tiles or GL.device_unsupported(device) is not None:
+        return 0
+    return tile_rows_for(rw.qtype, rw.n, rw.k, switches.gemv_q8g_table)
+
+
+def apply(weights, switches, device) -> int:
+    """Give each repacked weight that owns its planes the layout `switches` ask for; returns how
+    many weights changed layout (the caller drops anything that captured the old planes' addresses,
+    e.g. CUDA graphs)."""
+    changed = 0
+    for w in weights:
+        rw = planes_of(w)
+        if rw is None or not _owns_planes(rw):
+            continue
+        t = wanted(rw, switches, device)
+        if rw.tile_rows == t:
+            continue
+        rows = to_rows(rw)
+        w.repacked = to_tiles(rows, t) if t else rows
+        del rw, rows
+        changed += 1
+    return changed
