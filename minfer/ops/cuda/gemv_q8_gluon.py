@@ -2,12 +2,8 @@
 loads give it (issue 12).
 
 Why: the Triton kernel (gemv_q8._q8_tile) spends 288 SASS instructions per K step and thread
-(sm_90 build, BN 32 x 2 blocks, 4 warps) on 64 bytes of quants: Triton gives the scale loads
-([BN, C] int16, 8-byte vectors) and the dp4a sums (a slice of the [BN, C, 4] word layout) two
-different layouts from the accumulator, and converts both through shared memory every step (6
-STS, 8 LDS, 4 barriers), besides the address arithmetic of three layouts. The kernel reads its
-planes at 2.6-3.5 TB/s whether they come from HBM or from L2 (gemv_q8_sweep --l2, perf-log T1):
-it is bound by its instructions and barriers, not by memory.
+(sm_90, BN 32 x 2 blocks, 4 warps): its scale loads and dp4a sums get layouts other than the
+accumulator's, converted through shared memory every step (perf-log T1).
 
 Here one BlockedLayout L3 = [rows, chunks, 4 words] (a thread: one 16-byte chunk of a row, lanes
 16 chunks x 2 rows, warps on rows) and its slices carry everything: the words (16-byte loads),
@@ -19,12 +15,8 @@ last program of a tile in split order (deterministic), as there. sm_90 SASS: 211
 step for Q4_K (72 registers) against Triton's 288 (95).
 
 SwiGLU epilogue (`launch_swiglu`, gemv_q8.gemv_q8_swiglu with gluon=True): the stacked [gate; up]
-GEMV without K split, whose epilogue (_glu_pair) is gemv_q8's: each tile parks its row sums,
-the second of a gate/up tile pair (an atomic ticket) computes h = silu(g) * u (g, u rounded to
-h's dtype) and h's q8 chunks, the same operations as swiglu_q8 after the GEMV (one launch
-instead of two). Same K loop as the plain kernel (its SASS differs only in scheduling); the
-epilogue runs once per tile pair (sm_90, Q4_K 32 x 1 blocks, 4 warps: 496 instructions in all
-against the plain kernel's 256, 48 registers both).
+GEMV without K split; the second of a gate/up tile pair to finish (an atomic ticket) computes
+h = silu(g) * u and its q8 chunks, swiglu_q8's operations (one launch instead of two).
 
 RMSNorm prologue (`launch(..., norm=...)`, gemv_q8.gemv_q8's prenorm, Switches.norm_into_gemv,
 off): the q/k/v GEMV makes its q8 row itself from the residual x and the previous GEMV's output
@@ -34,23 +26,17 @@ add + RMSNorm + q8 kernel before it. Measured slower on the H200 (perf-log W3: e
 reads the whole row; the first version, packing words in registers each step, spilled to 213
 registers).
 
-Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]): a step is BB blocks of BN
-rows; a negative SPLIT asks for stream-K over -SPLIT programs (gemv_q8_gluon_sk.py: the tiles'
-steps dealt out evenly, a program's run crossing tile boundaries, so that a one-wave grid of k
-programs an SM gives every SM the same work -- a K split leaves some SMs one program more); with prefetch the next step's words load while this one is multiplied, with prefetch 2 (a
-split of at most two steps) both steps' words load before the PDL wait, without it a program
-holds one step (used where a split is one step of up to 16 blocks: every load in flight
-before the PDL wait, nothing read twice). A register cap (Triton's maxnreg) lets more programs
-share an SM, so the launch runs in one wave (q/k/v: 576 programs at 96 registers, 5 an SM); late
-has the programs signal the next kernel when they end, not after their wait (PDL mode 3): a
-GEMV whose programs all start at once (one wave) would otherwise let the next heavy GEMV launch
-onto SMs it still holds, and those programs run unevenly (perf-log X1: 0.4-0.6 ms a step, with
-the o configs of then; no shipped config sets it since the sixth 2026-12-02 session, perf-log AB4,
-where o [32, 16, 1, 8] measured 1-2% faster without it). The
-table gemv_q8g_h200.json holds the shapes where this kernel beat the Triton one (`python -m
-minfer.bench.gemv_q8_sweep --gluon [--wide]`; H200: gate+up 1.07x, down 1.04-1.13x, lm head 1.13x,
-q/k + Q6_K v 1.29x, o 1.09x; q/k/v, o and down re-tuned in the step, tools/skip_oracle.py); other
-shapes, and GPUs other than sm_90 (where the table was not measured), keep the Triton kernel.
+Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K[, second first[,
+tiles]]]]]]): a step is BB blocks of BN rows. A negative SPLIT asks for stream-K over -SPLIT
+programs (gemv_q8_gluon_sk.py). Prefetch: the next step's words load while this one is multiplied;
+2: both steps of a two-step split load before the PDL wait; off: one step's registers (a split of
+one step of up to 16 blocks). A register cap (Triton's maxnreg) lets more programs share an SM;
+late signals the next kernel when the programs end (PDL mode 3), not after their wait (perf-log
+X1, AB4). Warps along K: the warps split a step's chunks (_tile's WK). Second first: a two-weight
+launch's second weight takes the lowest program ids (SF). Tiles: the engine stores the shape's
+planes tile-major in BN-row tiles (plane_layout.py; TM reads either layout). The table holds the shapes where this kernel beat the Triton one (`python -m
+minfer.bench.gemv_q8_sweep --gluon [--wide]`, then re-tuned in the step with tools/skip_oracle.py);
+other shapes, and GPUs other than sm_90 (where the table was not measured), keep the Triton kernel.
 """
 
 from __future__ import annotations

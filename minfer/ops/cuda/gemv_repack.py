@@ -8,13 +8,10 @@ bytes beside it. Only Q4_K and Q6_K are repacked (`is_repacked_type`); every oth
 the raw GEMV, and the caller counts the two paths apart.
 
 Decode of a value without an int->float convert (I2F runs at a quarter rate on the H200):
-- ASM (GPU): two values per and-or. A word's nibble pair (j, j+4) is moved to bits 6..9 of
-  each 16-bit half and or-ed with 0x6400 (1024.0 in fp16): two fp16 values 1024 + 64q
-  (Q6_K: the low nibble and the 2 high bits to bits 4..9: 1024 + 16q), converted to fp32 by
-  the half-to-float add (full rate). Inline PTX; the interpreter cannot run it.
-- portable (interpreter, and ASM=False): one value per shift + and-or into an fp32
-  1 + q/16 (Q6_K 1 + q/64); the magic 0x3F800000 comes in as a runtime argument so the
-  and-or stays one LOP3.
+- ASM (GPU): two values per and-or: a word's nibble pair (j, j+4) or-ed into two fp16 1024 +
+  64q (Q6_K 1024 + 16q), converted by the half-to-float add (full rate). Inline PTX.
+- portable (interpreter, and ASM=False): one value per shift + and-or into an fp32 1 + q/16
+  (Q6_K 1 + q/64); the magic 0x3F800000 comes as a runtime argument (one LOP3).
 Either way f = OFF + step*q, so per chunk S = sum f*x and xs = sum x give sum q*x, and a chunk
 costs 32 FMAs plus one scale step: out += A*S - B*xs (A, B from d, sc, dmin, m).
 M = 1: CUDA cores. 2 <= M <= 64: the same decode, the [BN, 4*C] tile per nibble position
