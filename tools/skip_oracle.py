@@ -23,6 +23,10 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   cfg:KEY=BN,BB,SPLIT,W[,PF[,REGS[,LATE]]]   the Gluon GEMV table with one shape's config changed (KEY as in
                                gemv_q8g_h200.json, a + for its space: Q4_K+3584x3584), via MINFER_GEMV_Q8G_TABLE
   env:X=1,Y=2                  switches changed (Engine.set_switches; bench.parse_env's rules)
+  planes:KEY=T                 that shape's repacked planes in another layout for this graph (T-row tiles,
+                               gemv_repack_layout.to_tiles; 0: row-major), as copies kept alive for the
+                               process (a layout switch through the engine would free the planes that the
+                               graphs captured before it read)
   bf16_head                    the lm head's GEMV storing bf16 and a conversion launch to float32
                                (as before 2026-12-02, third session)
   short                        the graph over the cache's first two key tiles of rows (128), as the
@@ -155,20 +159,24 @@ def variant(eng, pos: int, name: str):
     real_merge = attn_mod.merge
     real_cw = decode_merge.COMBINE_WARPS
     base_sw = eng.switches
+    swapped = []
     try:
-        env, cfgs = {}, {}
+        env, cfgs, lay = {}, {}, {}
         for part in name.split("&"):
-            _apply(eng, part, env, cfgs)
+            _apply(eng, part, env, cfgs, lay)
         if cfgs:
             env["MINFER_GEMV_Q8G_TABLE"] = table_with(cfgs)
         if env:
             eng.set_switches(base_sw.with_env(env))
+        swapped = relayout(eng, lay)
         rows = one_split_rows(eng.config.head_dim) if "short" in name.split("&") else 0
         if rows and pos >= rows:
             print(f"(variant {name} left out at position {pos}: past the short graph's {rows} rows)")
             return None
         return capture(eng, pos, rows)
     finally:
+        for w, rw in swapped:
+            w.repacked = rw
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         ops.linear = real_linear
         attn_mod.merge = real_merge
@@ -177,7 +185,32 @@ def variant(eng, pos: int, name: str):
         eng.set_switches(base_sw)
 
 
-def _apply(eng, name: str, env: dict, cfgs: dict):
+KEEP = []      # the planes of planes: variants' graphs (alive as long as those graphs may replay)
+
+
+def relayout(eng, lay: dict) -> list:
+    """planes: parts -- each weight of a listed shape (its own planes, not a fused group's view)
+    given a copy of its planes in that layout; returns [(weight, its planes before)]."""
+    from minfer.ops.cuda import plane_layout
+    from minfer.ops.cuda.gemv_repack_layout import REPACKED_TYPES, planes_of, to_rows, to_tiles
+
+    out = []
+    for w in eng.model.qweights():
+        rw = planes_of(w)
+        if rw is None or not plane_layout._owns_planes(rw):
+            continue
+        t = lay.get(f"{REPACKED_TYPES[rw.qtype]} {rw.n}x{rw.k}")
+        if t is None or t == rw.tile_rows:
+            continue
+        new = to_rows(rw)
+        new = to_tiles(new, t) if t else new
+        KEEP.append(new)
+        out.append((w, rw))
+        w.repacked = new
+    return out
+
+
+def _apply(eng, name: str, env: dict, cfgs: dict, lay: dict):
     """One part of a variant: patches the kernels left out, or adds to its env / table changes."""
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     blocks = eng.model.blocks
@@ -208,6 +241,9 @@ def _apply(eng, name: str, env: dict, cfgs: dict):
         cfgs[key] = cfg
     if name.startswith("env:"):
         env.update(parse_env(name[4:]))
+    if name.startswith("planes:"):
+        key, t = name[7:].replace("+", " ").split("=")
+        lay[key] = int(t)
 
 
 def profile_graph(g):
