@@ -73,3 +73,27 @@ def test_triton_readers_on_tile_major_planes(qt):
     assert torch.equal(d.cpu(), dense.float())
     a, b = qgemm_w4.make_w4(rw), qgemm_w4.make_w4(tm)
     assert all(torch.equal(p, q) for p, q in zip(a.planes, b.planes))
+
+
+@pytest.mark.parametrize("qt,n,k,cfg", [
+    (12, 3584, 18944, (32, 2, 9, 4)), (14, 3584, 18944, (16, 2, 4, 4)), (12, 3584, 18944, (8, 8, 2, 4, 1, 0, 0, 1)),
+    (12, 4608, 3584, (8, 8, 1, 4, 2, 0, 0, 1)), (12, 256, 1536, (32, 2, 3, 4, 2)), (14, 256, 1536, (16, 4, 2, 4, 0))])
+def test_x_one_step_ahead_is_the_same_bits(qt, n, k, cfg):
+    """A config's eleventh field (the q8 row's next step loaded with the weights, _tile's XP) changes
+    when the activations load, not what is computed: the same output bits, on both layouts."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_repack_layout as L
+
+    rw, _ = _weight(qt, n, k, 13)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    q8 = Q.quantize(torch.randn(1, k, device="cuda", generator=g, dtype=torch.bfloat16))
+    resid = torch.randn(1, n, device="cuda", generator=g)
+    full = tuple(cfg) + (1, 0, 0, 0, 0)[len(cfg) - 4:] if len(cfg) < 9 else tuple(cfg)
+    xp = full[:9] + (0, 1)
+    for planes in (rw, L.to_tiles(rw, 16)):
+        paths.reset()
+        a = Q.gemv_q8(q8, planes, resid=resid, out_dtype=torch.float32, config=cfg, gluon=True, pdl=1)
+        b = Q.gemv_q8(q8, planes, resid=resid, out_dtype=torch.float32, config=xp, gluon=True, pdl=1)
+        assert paths.snapshot()["counts"].get("gemv_q8.gluon") == 2
+        assert torch.equal(a, b)

@@ -243,6 +243,13 @@ def kwarps(cfg) -> bool:
     return len(cfg) > 7 and bool(cfg[7])
 
 
+def x_ahead(cfg) -> bool:
+    """A Gluon config's eleventh field: the q8 row's words and scales of the next step load with
+    its weights, one step ahead (gemv_q8_gluon._tile's XP; ~11 registers a thread more). (The
+    tenth field is the planes' layout, read at load: plane_layout.tile_rows_for.)"""
+    return len(cfg) > 10 and bool(cfg[10])
+
+
 def second_first(cfg) -> bool:
     """A Gluon config's ninth field: in a launch over two weights (q/k + a v of another type), the
     second weight's row tiles take the lowest program ids (gemv_q8_gluon's SF), so its slower rows
@@ -349,6 +356,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
                   prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
+                  x_ahead=x_ahead(cfg),
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
@@ -432,7 +440,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
         tl_args = (tail[0], float(tail[1]), h, hq, hf)
         h.q8 = (hq, hf)
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg))
+              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
+              x_ahead=x_ahead(cfg))
     return (s, ssp, h) if tail is not None else (s, ssp)
 
 

@@ -135,6 +135,22 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.co
 
 
 @gluon.jit
+def _xloads(xq, xf, blk, b_hi, xc, xw, ci):
+    """The q8 row's words [1, C, 4] (values 0-3 and 4-7 of each byte quad) and chunk scales [1, C]
+    (d, the half sums) of step blk; chunks past b_hi (an odd tail, a step past the split) count zero."""
+    kx = blk * 8 + xc
+    xm = kx < b_hi * 8
+    xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)
+    xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
+    kc = blk * 8 + ci
+    km = kc < b_hi * 8
+    xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)
+    xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
+    xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
+    return xlo, xhi, xd, xs0, xs1
+
+
+@gluon.jit
 def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, NSTRIDE, NB,
           blocks_per_split, SPLIT, gq, gf, TF, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT: gl.constexpr,
           BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr,
@@ -142,7 +158,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
-          sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0):
+          sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -226,6 +242,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     elif NORM == 2:
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
+    if XP:
+        xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
     for blk in range(b_lo, b_hi, BB):
         if PF == 2:
             wq, hq, sa, sb = nxt                                      # both loaded before the wait
@@ -245,9 +263,6 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
                 nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(blk * 8 + c3, NB * 8 - 1),
                              gl.minimum(blk * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
             wq, hq, sa, sb = nxt
-        # activations of this step's chunks; chunks past b_hi (an odd tail) count zero
-        kx = blk * 8 + xc                                             # [C, 1]
-        xm = kx < b_hi * 8
         if NORM > 0:
             # this step's words and scales from the program's q8 row in shared memory
             st = (blk - b_lo) // BB
@@ -256,14 +271,11 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             xd = gl.expand_dims(d_s.index(st).load(gl.SliceLayout(0, L2)), 0)
             xs0 = gl.expand_dims(s0_s.index(st).load(gl.SliceLayout(0, L2)), 0)
             xs1 = gl.expand_dims(s1_s.index(st).load(gl.SliceLayout(0, L2)), 0)
+        elif XP:
+            xlo, xhi, xd, xs0, xs1 = xn
+            xn = _xloads(xq, xf, blk + BB, b_hi, xc, xw, ci)             # (past the split: all masked)
         else:
-            xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)         # [1, C, 4]
-            xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
-            kc = blk * 8 + ci
-            km = kc < b_hi * 8
-            xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)           # [1, C]
-            xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
-            xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
+            xlo, xhi, xd, xs0, xs1 = _xloads(xq, xf, blk, b_hi, xc, xw, ci)
         if QT == 12:
             lo = wq & 0x0F0F0F0F                                      # nibbles 0,2,4,6: values w, w+8, ...
             hi = (wq >> 4) & 0x0F0F0F0F                               # nibbles 1,3,5,7: w+4, w+12, ...
@@ -378,7 +390,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
-                     WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0):
+                     WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
+                     XP: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -402,17 +415,17 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK, TM=TM)
+                  WK=WK, TM=TM, XP=XP)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM)
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -513,7 +526,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False):
+           regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -563,6 +576,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
+                           XP=bool(x_ahead) and mode == 0,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
