@@ -28,8 +28,11 @@ def winners(t: dict, least: float) -> list:
     won = []
     for v, (_, saved) in t[deep].items():
         parts = v.split("&")
-        if v == "base" or not all(p.startswith(("env:", "cfg:")) for p in parts):
+        if v == "base" or not all(p.startswith(("env:", "cfg:", "planes:")) for p in parts):
             continue
+        cfg_keys = {p[4:].split("=")[0] for p in parts if p.startswith("cfg:")}
+        if any(p[7:].split("=")[0] not in cfg_keys for p in parts if p.startswith("planes:")):
+            continue                    # a layout needs its config in the table (its tenth field)
         if saved < least or any(d[v][1] < 0 for d in t.values() if v in d):
             continue
         shallow = [d for dd, d in t.items() if dd != deep]
@@ -42,9 +45,18 @@ def winners(t: dict, least: float) -> list:
 def b_setting(won: list) -> str:
     env, cfgs = {}, {}
     for v in won:                       # best first: a later cfg of the same shape is dropped
-        for p in v.split("&"):
+        parts = v.split("&")
+        tiles = {p[7:].replace("+", " ").split("=")[0]: int(p.split("=")[1]) for p in parts if p.startswith("planes:")}
+        for p in parts:
+            if p.startswith("planes:"):
+                continue
             if p.startswith("cfg:"):
                 key, cfg = p[4:].replace("+", " ").split("=")
+                if key in tiles:        # the planes: part becomes the config's tenth field (tile rows = BN)
+                    vals = cfg.split(",")
+                    vals += ["1", "0", "0", "0", "0", "0", "0"][len(vals) - 4:]
+                    vals[9] = "1" if tiles[key] else "0"
+                    cfg = ",".join(vals)
                 cfgs.setdefault(key, cfg)
             else:
                 for item in p[4:].split(" "):
