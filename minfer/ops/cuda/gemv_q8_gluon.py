@@ -49,105 +49,11 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
+from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
                                            _ss_rstd)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
-
-
-@gluon.jit
-def _dp4a(a, b, c):
-    """c + sum over the 4 bytes of a (unsigned) times those of b (signed), per int32 lane."""
-    return gl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=gl.int32,
-                                     is_pure=True, pack=1)
-
-
-# Q6_K word w (nibble p: value 4p + w's low 4 bits) and its halfword h (crumb p: the high 2
-# bits): lo = bytes of values p = 0, 2, 4, 6 as 6-bit numbers, hi = p = 1, 3, 5, 7. h's bytes
-# are spread to [h0, h0, h1, h1] (prmt), so crumb 2b (2b + 1) of byte b's nibble pair lands at
-# bits 4..5 of byte b after a shift by 4 / 0 (2 / -2), masked per byte pair.
-_Q6_WORDS = gl.constexpr("""{
- .reg .b32 x2, t;
- prmt.b32 x2, $3, 0, 0x1100;
- and.b32 $0, $2, 0x0F0F0F0F;
- shl.b32 t, x2, 4;
- lop3.b32 $0, $0, t, 0x00300030, 0xF8;
- lop3.b32 $0, $0, x2, 0x30003000, 0xF8;
- shr.u32 t, $2, 4;
- and.b32 $1, t, 0x0F0F0F0F;
- shl.b32 t, x2, 2;
- lop3.b32 $1, $1, t, 0x00300030, 0xF8;
- shr.u32 t, x2, 2;
- lop3.b32 $1, $1, t, 0x30003000, 0xF8;
-}""")
-
-
-@gluon.jit
-def _q6_words(w, h):
-    return gl.inline_asm_elementwise(_Q6_WORDS, "=r,=r,r,r", [w, h], dtype=(gl.int32, gl.int32), is_pure=True, pack=1)
-
-
-@gluon.jit
-def _pdl(x):
-    """griddepcontrol.wait, then launch_dependents (pdl.py's mode 1); x: any tensor, for the shape."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pdl_wait(x):
-    """griddepcontrol.wait only (PDL mode 3: the dependents are signalled at the end, _pdl_signal)."""
-    gl.inline_asm_elementwise("griddepcontrol.wait; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pdl_signal(x):
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0 $1", "=r,r", [x], dtype=gl.int32,
-                              is_pure=False, pack=1)
-
-
-@gluon.jit
-def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.constexpr = 0):
-    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C].
-    TM: the planes are tile-major in TM-row tiles (gemv_repack_layout.to_tiles): block b of row r
-    is entry ((r // TM) * NB + b) * TM + r % TM of each plane's per-block entries."""
-    if TM:
-        e3 = ((r3 // TM) * NB + kc3 // 8) * TM + r3 % TM
-        e2 = ((r2 // TM) * NB + kc2 // 8) * TM + r2 % TM
-        woff = e3 * 32 + (kc3 % 8) * 4 + w3
-        soff = e2 * 8 + kc2 % 8
-        doff = e2
-    else:
-        woff = r3 * (NB * 32) + kc3 * 4 + w3
-        soff = r2 * (NB * 8) + kc2
-        doff = r2 * NB + kc2 // 8
-    wq = gl.load(p0 + woff, eviction_policy="evict_first")
-    if QT == 12:
-        hq = wq
-        sa = gl.load(p1 + soff, eviction_policy="evict_first")          # sc | m << 8
-        sb = gl.load(p2 + doff)                                          # d | dmin << 16
-    else:
-        hq = gl.load(p1 + woff, eviction_policy="evict_first")
-        sa = gl.load(p2 + soff, eviction_policy="evict_first")          # the two int8 scales
-        sb = gl.load(p3 + doff)                                          # d (f16)
-    return wq, hq, sa, sb
-
-
-@gluon.jit
-def _xloads(xq, xf, blk, b_hi, xc, xw, ci):
-    """The q8 row's words [1, C, 4] (values 0-3 and 4-7 of each byte quad) and chunk scales [1, C]
-    (d, the half sums) of step blk; chunks past b_hi (an odd tail, a step past the split) count zero."""
-    kx = blk * 8 + xc
-    xm = kx < b_hi * 8
-    xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)
-    xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
-    kc = blk * 8 + ci
-    km = kc < b_hi * 8
-    xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)
-    xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
-    xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
-    return xlo, xhi, xd, xs0, xs1
 
 
 @gluon.jit
