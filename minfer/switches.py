@@ -87,7 +87,8 @@ class Switches:
                            "repacked planes stored tile-major (a tile's rows block after block) for the shapes whose "
                            "Gluon q8 GEMV config asks for it (its tenth field: the 7B's down projections), so each "
                            "GEMV program reads one contiguous run (ops/cuda/plane_layout.py; applied at load and "
-                           "again when an A/B changes it; off: row-major planes)")
+                           "again when an A/B changes it; H200 7B, with the x-ahead loads: in-process bench --ab "
+                           "tg128 1.013, d3354 1.011, perf-log AF6; off: row-major planes)")
     gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
                             "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                             "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

@@ -26,7 +26,7 @@ def test_table_shapes_and_tiles():
     # the 7B's large shapes are in the H200 table; a shape never swept is not (the Triton kernel)
     for qt, n, k in ((Q4_K, 37888, 3584), (Q6_K, 152064, 3584), (Q4_K, 3584, 18944), (Q6_K, 3584, 18944)):
         cfg = GL.config_for(qt, n, k)
-        assert cfg is not None and len(cfg) in (4, 5), (qt, n, k)
+        assert cfg is not None and 4 <= len(cfg) <= 11, (qt, n, k)
         rw = Repacked(qt, n, k, (torch.zeros(1),))
         assert GL.supported((rw,), cfg[0], cfg[1]) is None
     assert GL.config_for(Q4_K, 1000, 768) is None
