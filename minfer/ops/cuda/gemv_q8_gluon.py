@@ -27,16 +27,16 @@ reads the whole row; the first version, packing words in registers each step, sp
 registers).
 
 Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K[, second first[,
-tiles]]]]]]): a step is BB blocks of BN rows. A negative SPLIT asks for stream-K over -SPLIT
-programs (gemv_q8_gluon_sk.py). Prefetch: the next step's words load while this one is multiplied;
-2: both steps of a two-step split load before the PDL wait; off: one step's registers (a split of
-one step of up to 16 blocks). A register cap (Triton's maxnreg) lets more programs share an SM;
-late signals the next kernel when the programs end (PDL mode 3), not after their wait (perf-log
-X1, AB4). Warps along K: the warps split a step's chunks (_tile's WK). Second first: a two-weight
+tiles[, x ahead]]]]]]]): a step is BB blocks of BN rows. SPLIT < 0: stream-K over -SPLIT programs
+(gemv_q8_gluon_sk.py). Prefetch: the next step's words load while this one is multiplied; 2: both
+steps of a two-step split before the PDL wait; off: one step's registers. A register cap (maxnreg)
+lets more programs share an SM; late signals the next kernel when the programs end (PDL mode 3;
+perf-log X1, AB4). Warps along K: the warps split a step's chunks (WK). Second first: a two-weight
 launch's second weight takes the lowest program ids (SF). Tiles: the engine stores the shape's
-planes tile-major in BN-row tiles (plane_layout.py; TM reads either layout). The table holds the shapes where this kernel beat the Triton one (`python -m
-minfer.bench.gemv_q8_sweep --gluon [--wide]`, then re-tuned in the step with tools/skip_oracle.py);
-other shapes, and GPUs other than sm_90 (where the table was not measured), keep the Triton kernel.
+planes tile-major in BN-row tiles (plane_layout.py; TM reads either layout). X ahead: the q8 row's
+next step loads with its weights (XP). The table holds the shapes where this kernel beat the
+Triton one (`python -m minfer.bench.gemv_q8_sweep --gluon [--wide]`, re-tuned in the step with
+tools/skip_oracle.py); other shapes, and GPUs other than sm_90, keep the Triton kernel.
 """
 
 from __future__ import annotations
@@ -382,13 +382,9 @@ def config_for(qtype: int, n: int, k: int, table: str = "") -> tuple | None:
     return tuple(hit) if hit else None
 
 
-def kernel_planes(rw, tiles_ok: bool = False) -> tuple:
+def kernel_planes(rw) -> tuple:
     """The four plane arguments in the types the kernel loads: Q4_K (qs, scm, dm as int32 d|dmin,
-    qs); Q6_K (ql, qh, sc as int16 pairs, d). tiles_ok: the launch reads tile-major planes (TM)."""
-    if rw.tile_rows and not tiles_ok:
-        from minfer.errors import MinferError
-
-        raise MinferError("gemv_q8 Gluon: stream-K reads row-major planes only; these are tile-major")
+    qs); Q6_K (ql, qh, sc as int16 pairs, d). Either layout (rw.tile_rows: the launch's TM)."""
     p = rw.planes
     if rw.qtype == Q4_K:
         return p[0], p[1], p[2].view(torch.int32), p[0]
@@ -447,8 +443,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     kwarps: the warps split each step's chunks (_tile's WK; the config's eighth field), for a
     step of at least 16 chunks a warp, without a norm prologue. second_first (two weights; the
     config's ninth field): the second weight's row tiles take the lowest program ids (_gemv_q8g_kernel's SF)."""
-    p = kernel_planes(segs[0], True)
-    r = kernel_planes(segs[-1], True)
+    p = kernel_planes(segs[0])
+    r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
         _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
     if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None):
@@ -514,7 +510,7 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     tiles = n // bn
     if int(prefetch) == 2 and nb > 2 * bb:
         _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
-    p = kernel_planes(rw, True)
+    p = kernel_planes(rw)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
                                    PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

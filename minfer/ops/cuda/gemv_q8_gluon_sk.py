@@ -20,7 +20,7 @@ from minfer.ops.cuda.gemv_q8_gluon import _opts, _pdl_mode, _prefetch2_error, _t
 def _gemv_q8g_sk_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, N, NB, S, P, U,
                         QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
                         HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr, PDL: gl.constexpr, PF: gl.constexpr = True,
-                        PRE: gl.constexpr = False):
+                        PRE: gl.constexpr = False, TM: gl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid], stream-K: the U = tiles x S steps (S steps of
     BB blocks a row tile, tile-major) dealt out to the P programs in contiguous runs of floor(U / P)
     or one more (program p: steps [p U / P, (p + 1) U / P)), so every program -- and every SM, with
@@ -40,7 +40,7 @@ def _gemv_q8g_sk_kernel(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, N, 
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, t, 0, N, N, NB, 0, 1, xq, xf, 1,
               out, out, out, out, 0.0, 0, out, out, QT, BN, BB, NW, False, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE,
               SK=True, sk_lo=lo * BB, sk_hi=gl.minimum(hi * BB, NB), sk_slot=pid + t, sk_first=pf + t,
-              sk_n=pl - pf + 1)
+              sk_n=pl - pf + 1, TM=TM)
 
 
 
@@ -72,4 +72,4 @@ def launch_sk(rw, xq, xf, resid, bias, out, part, cnt, programs: int, bn, bb, nw
                                      bias if bias is not None else out, out, part, cnt, n, nb, s, programs, u,
                                      QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, HAS_BIAS=bias is not None,
                                      HAS_RESID=resid is not None, PDL=_pdl_mode(pdl, late), PF=bool(prefetch),
-                                     PRE=bool(preload), num_warps=nwarps, **_opts(pdl, regs))
+                                     PRE=bool(preload), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

@@ -70,10 +70,10 @@ class Repacked:
 
 def to_tiles(rw: Repacked, t: int) -> Repacked:
     """The same planes in tile-major order: for each tile of t rows, block b's entries of its rows
-    (row-major within the block: row, then the block's entries), then block b + 1. A plane keeps
-    its (N, NB * E) shape and bytes; (tile j, block b, row i) is at 2-D row j * t + (b * t + i) //
-    NB. A GEMV program of t rows then reads one contiguous run per K range (tools/down_sol.py: 38 MB
-    of the 7B's down read in 11.9 us tile-major against 13.6-14.5 row-major, load-only)."""
+    (row by row), then block b + 1. A plane keeps its (N, NB * E) shape and bytes (E entries a
+    row and block); block b of row r is the plane's (E-entry) element ((r // t) * NB + b) * t + r % t.
+    A GEMV program of t rows then reads one contiguous run per K range (tools/down_sol.py: the 7B
+    down's planes read in 11.9 us tile-major against 13.6-14.5 row-major, load-only)."""
     if rw.tile_rows:
         raise MinferError("gemv_repack: the planes are already tile-major")
     if t < 1 or rw.n % t:

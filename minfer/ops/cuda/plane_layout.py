@@ -3,10 +3,12 @@
 The decode GEMV of the 7B's down projection (3584 x 18944) reads its planes as 32 rows x 256
 bytes a step, rows 9,472 bytes apart; a load-only kernel with exactly those loads takes as long
 as the GEMV itself (13.6-14.5 us against 13.9), while the same bytes with each program's run
-contiguous take 11.2-12.5 (tools/down_sol.py, perf-log AF1). gemv_repack_layout.to_tiles keeps
-the same bits in that order (tile of T rows, block after block); every kernel that reads the
-planes addresses both layouts (their TM constexpr), so the layout is a storage choice, not a
-kernel choice.
+contiguous take 11.2-12.5 (tools/down_sol.py, perf-log AF1). The real GEMV gains from it only
+with the q8 row loaded one step ahead too (the config's eleventh field; alone, each moves it by
+0-0.4 us, together 13.9 -> 12.3 us PDL-chained; in the 7B step +8 / +14 us, perf-log AF3-AF6).
+gemv_repack_layout.to_tiles keeps the same bits in that order (tile of T rows, block after
+block); every kernel that reads the planes addresses both layouts (their TM constexpr), so the
+layout is a storage choice, not a kernel choice.
 
 A Gluon table config's tenth field asks for it (gemv_q8g_h200.json: the shapes where it was
 measured faster); the tile height is the config's BN. Switches.gemv_tiles turns it off; the
