@@ -221,7 +221,9 @@ class Engine:
 
     def _plane_layout(self) -> None:
         """The repacked planes in the layout the switches ask for (ops/cuda/plane_layout.py: the
-        tile-major shapes of the Gluon GEMV's table); set_switches drops the graphs after it."""
+        tile-major shapes of the Gluon GEMV's table); set_switches drops this engine's graphs after
+        it (a graph captured elsewhere on the same model, e.g. a BatchEngine's, would still read
+        the old planes: change MINFER_GEMV_TILES only on an engine whose model no one else runs)."""
         from minfer.ops.cuda import plane_layout
 
         plane_layout.apply(self.model.qweights(), self.switches, self.device)
