@@ -149,3 +149,14 @@ def test_gluon_build_with_tile_major_addressing():
     for a, b in (("q4", "q4 tm"), ("q6", "q6 tm")):
         assert ptx[a].count("dp4a") == ptx[b].count("dp4a") > 0
         assert loads(a) == loads(b) and loads(a)["ld.global.L1::evict_first.L2::cache_hint.v4.b32"] > 0
+
+
+def test_moe_kernel_refuses_tile_major_planes():
+    """Stacked experts are never tiled (their shapes are in no Gluon table); the MoE gather kernel
+    names the layout if it ever gets such planes."""
+    from minfer.ops.cuda import gemv_q8
+
+    _, rw = _rw(L.Q4_K, 64, 256)
+    q8 = (torch.zeros(64, dtype=torch.int32), torch.zeros(32))
+    with pytest.raises(MinferError, match="tile-major"):
+        gemv_q8.gemv_q8_experts(q8, L.to_tiles(rw, 16), torch.zeros(2, dtype=torch.int64), 32)

@@ -362,8 +362,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
                   (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps))
         return out
-    p0, p1, p2, p3 = _planes4(segs[0], True)
-    r0, r1, r2, r3 = _planes4(segs[-1], True)
+    p0, p1, p2, p3 = _planes4(segs[0])
+    r0, r1, r2, r3 = _planes4(segs[-1])
     pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
                           bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
@@ -515,7 +515,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
                          regs=regs)
         return h, (gq, gf)
-    p0, p1, p2, p3 = _planes4(rw, True)
+    p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
     _gemv_q8_kernel[(tiles, 1)](p0, p1, p2, p3, p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gq, gf, tiles // 2,
                                 n, n, tiles, nb, 0, bps, 1, *pf, NPF=npf, NT=32 * nwarps, GLU=True, QT=rw.qtype,
@@ -556,6 +556,8 @@ def gemv_q8_experts(q8, rw: Repacked, experts: torch.Tensor, n: int, per_slot_x:
     s_n = experts.shape[0]
     if rw.n % n or rw.qtype not in (Q4_K, Q6_K):
         raise MinferError(f"gemv_q8_experts: {rw.n} stacked rows are not experts of {n} rows (or type {rw.qtype})")
+    if rw.tile_rows:
+        raise MinferError("gemv_q8_experts: the stacked experts' planes are tile-major; this kernel reads row-major")
     if xq.numel() * 4 != k * (s_n if per_slot_x else 1):
         raise MinferError(f"gemv_q8_experts: activations have {xq.numel() * 4} values for K = {k}")
     bn, bb, split, nwarps, prefetch = tuple(config or config_for(rw.qtype, n * s_n, k, interpret))

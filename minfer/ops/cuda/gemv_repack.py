@@ -506,12 +506,8 @@ class GemvWorkspace:
         return self.cnt
 
 
-def _planes4(rw: Repacked, tiles_ok: bool = False) -> tuple:
-    """The four plane arguments (Q4_K's third repeats the first); tiles_ok: the caller's kernel
-    addresses tile-major planes (its TM constexpr), else they are refused."""
-    if rw.tile_rows and not tiles_ok:
-        raise MinferError(f"gemv_repack: this kernel reads row-major planes; these are tile-major "
-                          f"({rw.tile_rows}-row tiles, gemv_repack_layout.to_tiles: the Gluon q8 GEMV's layout)")
+def _planes4(rw: Repacked) -> tuple:
+    """The four plane arguments (Q4_K's third repeats the first), either layout (the kernels' TM)."""
     p = rw.planes
     return p if len(p) == 4 else (p[0], p[1], p[2], p[0])
 
@@ -563,7 +559,7 @@ def gemv(x: torch.Tensor, rw: Repacked, bias=None, resid=None, norm_weight=None,
     if inline:
         need = grid[0] * grid[2]
         cnt = ws.counters(need) if ws is not None else torch.zeros(need, dtype=torch.int32, device=x.device)
-    p0, p1, p2, p3 = _planes4(rw, True)
+    p0, p1, p2, p3 = _planes4(rw)
     _gemv_kernel[grid](p0, p1, p2, p3, x, up if up is not None else x,
                        norm_weight if norm_weight is not None else x,
                        resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
@@ -592,7 +588,7 @@ def dequantize_into(rw: Repacked, out: torch.Tensor, interpret: bool = False, ti
     nb = rw.k // 256
     if out.shape[0] < rw.n or out.shape[1] < rw.k or out.stride(1) != 1:
         raise MinferError(f"gemv_repack: dequantize_into out has shape {tuple(out.shape)}, expected ({rw.n}, >= {rw.k})")
-    p0, p1, p2, p3 = _planes4(rw, True)
+    p0, p1, p2, p3 = _planes4(rw)
     grid = (triton.cdiv(rw.n, br), triton.cdiv(nb, bb))
     _dequant_kernel[grid](p0, p1, p2, p3, out, rw.n, nb, out.stride(0), QT=rw.qtype, BR=br, BB=bb, TM=rw.tile_rows,
                           num_warps=num_warps)
