@@ -28,6 +28,7 @@ import sys
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy as ac
 
 N, K = 3584, 18944
 NB = K // 256
@@ -101,21 +102,99 @@ def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: g
     gl.store(out + pid_n + pid_s * gl.num_programs(0), tot)
 
 
+@gluon.jit
+def _sol_async_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
+                      TM: gl.constexpr, ST: gl.constexpr):
+    """_sol_kernel with the words (86% of the bytes) fetched by cp.async into a ring of ST
+    shared-memory steps (no registers held while in flight: ST - 1 steps ahead), the scales and d
+    words through registers one step ahead as before. Each thread reads back the words it copied
+    (the same layout both ways), so the ring needs no barrier, only wait_group."""
+    C: gl.constexpr = BB * 8
+    TC: gl.constexpr = 16 if C >= 16 else C
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)
+    LX: gl.constexpr = gl.SliceLayout(0, L3)
+    SW: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=1, order=[2, 1, 0])
+    ring = gl.allocate_shared_memory(gl.int32, [ST, BN, C, 4], SW)
+    pid_n = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
+    rl2 = gl.expand_dims(rl, 1)
+    rl3 = gl.expand_dims(rl2, 2)
+    ci = gl.arange(0, C, layout=gl.SliceLayout(0, L2))
+    c2 = gl.expand_dims(ci, 0)
+    c3 = gl.expand_dims(c2, 2)
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)
+    b_lo = pid_s * BPS
+    b_hi = gl.minimum(b_lo + BPS, NB)
+    acc = gl.zeros([BN, C, 4], gl.int32, layout=L3)
+    acs = gl.zeros([BN, C], gl.int32, layout=L2)
+    kc3 = b_lo * 8 + c3
+    kc2 = b_lo * 8 + c2
+    if TM:
+        wo = ((pid_n * NB + kc3 // 8) * BN + rl3) * 32 + (kc3 % 8) * 4 + w3
+        so = ((pid_n * NB + kc2 // 8) * BN + rl2) * 8 + kc2 % 8
+        do = (pid_n * NB + kc2 // 8) * BN + rl2
+    else:
+        wo = (pid_n * BN + rl3) * (NB * 32) + kc3 * 4 + w3
+        so = (pid_n * BN + rl2) * (NB * 8) + kc2
+        do = (pid_n * BN + rl2) * NB + kc2 // 8
+    WSTEP: gl.constexpr = BB * BN * 32 if TM else BB * 32
+    SSTEP: gl.constexpr = BB * BN * 8 if TM else BB * 8
+    DSTEP: gl.constexpr = BB * BN if TM else BB
+    for i in gl.static_range(ST - 1):                       # steps 0 .. ST - 2 in flight
+        ac.async_copy_global_to_shared(ring.index(i), w + wo + i * WSTEP, mask=kc3 + i * BB * 8 < b_hi * 8)
+        ac.commit_group()
+    m2 = kc2 < b_hi * 8
+    ns = gl.load(s + so, mask=m2, other=0, eviction_policy="evict_first")
+    nd = gl.load(d + do, mask=m2 & (kc2 % 8 == 0), other=0)
+    for blk in range(b_lo, b_hi, BB):
+        it = (blk - b_lo) // BB
+        # step it + ST - 1 enters the ring, into the slot step it - 1 left
+        ac.async_copy_global_to_shared(ring.index((it + ST - 1) % ST), w + wo + (ST - 1) * WSTEP,
+                                       mask=kc3 + (ST - 1) * BB * 8 < b_hi * 8)
+        ac.commit_group()
+        cs = ns
+        cd = nd
+        so += SSTEP
+        do += DSTEP
+        kc2 += BB * 8
+        m2 = kc2 < b_hi * 8
+        ns = gl.load(s + so, mask=m2, other=0, eviction_policy="evict_first")
+        nd = gl.load(d + do, mask=m2 & (kc2 % 8 == 0), other=0)
+        ac.wait_group(ST - 1)                                # this step's group has landed
+        cw = ring.index(it % ST).load(L3)
+        wo += WSTEP
+        kc3 += BB * 8
+        acc += cw                                            # (masked chunks were zero-filled)
+        acs += cs.to(gl.int32) + cd
+    ac.wait_group(0)
+    tot = gl.sum(gl.sum(gl.sum(acc.to(gl.int64), axis=2), axis=1), axis=0) + \
+        gl.sum(gl.sum(acs.to(gl.int64), axis=1), axis=0)
+    gl.store(out + pid_n + pid_s * gl.num_programs(0), tot)
+
+
 def _grid(bn: int, bb: int, split: int) -> tuple:
     from minfer.ops.cuda.gemv_repack import splits
     bps, sp = splits(NB, split, bb)
     return bps, (N // bn, sp)
 
 
-def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False) -> tuple:
-    """(calls over the rotating copies, the check): cfg (BN, BB, SPLIT, warps)."""
+def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False, stages: int = 0) -> tuple:
+    """(calls over the rotating copies, the check): cfg (BN, BB, SPLIT, warps); stages: the words
+    through a cp.async ring of that many steps (_sol_async_kernel), 0: through registers."""
     bn, bb, split, nw = cfg
     bps, grid = _grid(bn, bb, split)
     out = torch.empty(grid[0] * grid[1], dtype=torch.int64, device="cuda")
     calls = []
+    nb = NB if not empty else 0
     for (w, s, d) in planes:
-        calls.append(lambda w=w, s=s, d=d: _sol_kernel[grid](w, s, d, out, NB if not empty else 0, bps, bn, bb, nw, tm,
-                                                              num_warps=nw))
+        if stages:
+            calls.append(lambda w=w, s=s, d=d: _sol_async_kernel[grid](w, s, d, out, nb, bps, bn, bb, nw, tm, stages,
+                                                                        num_warps=nw))
+        else:
+            calls.append(lambda w=w, s=s, d=d: _sol_kernel[grid](w, s, d, out, nb, bps, bn, bb, nw, tm, num_warps=nw))
 
     def check():
         w, s, d = planes[0]
@@ -172,6 +251,8 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=48)
     ap.add_argument("--sol", nargs="*", default=["32,2,9,4", "32,1,12,4", "16,2,9,2", "64,2,9,8"],
                     help="load-only tilings BN,BB,SPLIT,warps")
+    ap.add_argument("--stages", type=int, nargs="*", default=[],
+                    help="also the load-only kernels with the words through a cp.async ring of this many steps")
     ap.add_argument("--cfg", nargs="*", default=["32,2,9,4", "32,1,12,4", "16,2,9,2", "32,2,5,4", "64,2,9,8"],
                     help="real GEMV configs (gemv_q8_gluon fields)")
     ap.add_argument("--cfg6", nargs="*", default=["16,2,4,4", "32,2,5,4"], help="the same for the Q6_K down")
@@ -199,12 +280,14 @@ def main(argv=None) -> int:
     for spec in a.sol:
         cfg = tuple(int(v) for v in spec.split(","))
         for tm in (False, True):
-            calls, check = sol_calls(planes, cfg, tm)
-            bad = check()
-            if bad:
-                print(f"  load-only {cfg} {'tiles' if tm else 'rows'}: WRONG SUM ({bad})")
-                return 1
-            timed(f"load-only {'tiles' if tm else 'rows '} {list(cfg)} grid {_grid(*cfg[:3])[1]}", calls)
+            for st in [0] + a.stages:
+                calls, check = sol_calls(planes, cfg, tm, stages=st)
+                what = f"load-only {'tiles' if tm else 'rows '} {list(cfg)}" + (f" cp.async ring {st}" if st else "")
+                bad = check()
+                if bad:
+                    print(f"  {what}: WRONG SUM ({bad})")
+                    return 1
+                timed(f"{what} grid {_grid(*cfg[:3])[1]}", calls)
         calls, _ = sol_calls(planes, cfg, False, empty=True)
         timed(f"empty grid {_grid(*cfg[:3])[1]}", calls)
     del planes
