@@ -167,6 +167,9 @@ def variant(eng, pos: int, name: str):
         if cfgs:
             env["MINFER_GEMV_Q8G_TABLE"] = table_with(cfgs)
         if env:
+            # a table or MINFER_GEMV_TILES change may re-lay planes (plane_layout): the graphs
+            # captured before must keep reading live planes, so the current ones stay referenced
+            KEEP.extend(w.repacked for w in eng.model.qweights() if getattr(w, "repacked", None) is not None)
             eng.set_switches(base_sw.with_env(env))
         swapped = relayout(eng, lay)
         rows = one_split_rows(eng.config.head_dim) if "short" in name.split("&") else 0
