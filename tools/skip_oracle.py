@@ -185,6 +185,7 @@ def variant(eng, pos: int, name: str):
         attn_mod.merge = real_merge
         decode_merge.COMBINE_WARPS = real_cw
         eng.cache.__dict__.pop("write_rotated", None)
+        KEEP.extend(w.repacked for w in eng.model.qweights() if getattr(w, "repacked", None) is not None)
         eng.set_switches(base_sw)
 
 
