@@ -189,7 +189,7 @@ def variant(eng, pos: int, name: str):
         eng.set_switches(base_sw)
 
 
-KEEP = []      # the planes of planes: variants' graphs (alive as long as those graphs may replay)
+KEEP = []      # planes some captured graph reads (planes: copies; planes an env variant re-laid): kept alive
 
 
 def relayout(eng, lay: dict) -> list:
