@@ -35,6 +35,38 @@ NB = K // 256
 
 
 @gluon.jit
+def _sol_start(NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, TM: gl.constexpr):
+    """The first step's offsets of this program (tile pid_n, split pid_s) in the words, scales and d
+    planes, its chunk indices (kc3 [BN, C, 1], kc2 [1, C]) and its last block b_hi, in
+    gemv_q8_gluon._loads' layout; TM: the planes tile-major."""
+    C: gl.constexpr = BB * 8
+    TC: gl.constexpr = 16 if C >= 16 else C
+    L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    L2: gl.constexpr = gl.SliceLayout(2, L3)
+    LX: gl.constexpr = gl.SliceLayout(0, L3)
+    pid_n = gl.program_id(0)
+    b_lo = gl.program_id(1) * BPS
+    b_hi = gl.minimum(b_lo + BPS, NB)
+    rl2 = gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(1, L2)), 1)
+    rl3 = gl.expand_dims(rl2, 2)
+    c2 = gl.expand_dims(gl.arange(0, C, layout=gl.SliceLayout(0, L2)), 0)
+    c3 = gl.expand_dims(c2, 2)
+    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)
+    kc3 = b_lo * 8 + c3
+    kc2 = b_lo * 8 + c2
+    if TM:
+        wo = ((pid_n * NB + kc3 // 8) * BN + rl3) * 32 + (kc3 % 8) * 4 + w3
+        so = ((pid_n * NB + kc2 // 8) * BN + rl2) * 8 + kc2 % 8
+        do = (pid_n * NB + kc2 // 8) * BN + rl2
+    else:
+        wo = (pid_n * BN + rl3) * (NB * 32) + kc3 * 4 + w3
+        so = (pid_n * BN + rl2) * (NB * 8) + kc2
+        do = (pid_n * BN + rl2) * NB + kc2 // 8
+    return wo, so, do, kc3, kc2, b_lo, b_hi
+
+
+@gluon.jit
 def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, TM: gl.constexpr):
     """Program (tile pid_n, split pid_s): blocks [pid_s * BPS, + BPS) of rows pid_n * BN ..; per step
     the words [BN, C, 4] (int32), the scales [BN, C] (int16) and the d words [BN, C] (int32, one a
@@ -45,33 +77,9 @@ def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: g
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
                                         warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)
-    LX: gl.constexpr = gl.SliceLayout(0, L3)
-    pid_n = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
-    rl2 = gl.expand_dims(rl, 1)
-    rl3 = gl.expand_dims(rl2, 2)
-    ci = gl.arange(0, C, layout=gl.SliceLayout(0, L2))
-    c2 = gl.expand_dims(ci, 0)
-    c3 = gl.expand_dims(c2, 2)
-    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)
-    b_lo = pid_s * BPS
-    b_hi = gl.minimum(b_lo + BPS, NB)
+    wo, so, do, kc3, kc2, b_lo, b_hi = _sol_start(NB, BPS, BN, BB, NW, TM)
     acc = gl.zeros([BN, C, 4], gl.int32, layout=L3)
     acs = gl.zeros([BN, C], gl.int32, layout=L2)
-    # step b's offsets, and the mask of its chunks inside the split
-    kc3 = b_lo * 8 + c3
-    kc2 = b_lo * 8 + c2
-    if TM:
-        wo = ((pid_n * NB + kc3 // 8) * BN + rl3) * 32 + (kc3 % 8) * 4 + w3
-        so = ((pid_n * NB + kc2 // 8) * BN + rl2) * 8 + kc2 % 8
-        do = (pid_n * NB + kc2 // 8) * BN + rl2
-    else:
-        r3 = pid_n * BN + rl3
-        r2 = pid_n * BN + rl2
-        wo = r3 * (NB * 32) + kc3 * 4 + w3
-        so = r2 * (NB * 8) + kc2
-        do = r2 * NB + kc2 // 8
     m3 = kc3 < b_hi * 8
     m2 = kc2 < b_hi * 8
     nw = gl.load(w + wo, mask=m3, other=0, eviction_policy="evict_first")
@@ -99,7 +107,7 @@ def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: g
         acs += cs.to(gl.int32) + cd
     tot = gl.sum(gl.sum(gl.sum(acc.to(gl.int64), axis=2), axis=1), axis=0) + \
         gl.sum(gl.sum(acs.to(gl.int64), axis=1), axis=0)
-    gl.store(out + pid_n + pid_s * gl.num_programs(0), tot)
+    gl.store(out + gl.program_id(0) + gl.program_id(1) * gl.num_programs(0), tot)
 
 
 @gluon.jit
@@ -114,32 +122,11 @@ def _sol_async_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr,
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
                                         warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)
-    LX: gl.constexpr = gl.SliceLayout(0, L3)
     SW: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=1, order=[2, 1, 0])
     ring = gl.allocate_shared_memory(gl.int32, [ST, BN, C, 4], SW)
-    pid_n = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
-    rl2 = gl.expand_dims(rl, 1)
-    rl3 = gl.expand_dims(rl2, 2)
-    ci = gl.arange(0, C, layout=gl.SliceLayout(0, L2))
-    c2 = gl.expand_dims(ci, 0)
-    c3 = gl.expand_dims(c2, 2)
-    w3 = gl.expand_dims(gl.expand_dims(gl.arange(0, 4, layout=gl.SliceLayout(0, LX)), 0), 0)
-    b_lo = pid_s * BPS
-    b_hi = gl.minimum(b_lo + BPS, NB)
+    wo, so, do, kc3, kc2, b_lo, b_hi = _sol_start(NB, BPS, BN, BB, NW, TM)
     acc = gl.zeros([BN, C, 4], gl.int32, layout=L3)
     acs = gl.zeros([BN, C], gl.int32, layout=L2)
-    kc3 = b_lo * 8 + c3
-    kc2 = b_lo * 8 + c2
-    if TM:
-        wo = ((pid_n * NB + kc3 // 8) * BN + rl3) * 32 + (kc3 % 8) * 4 + w3
-        so = ((pid_n * NB + kc2 // 8) * BN + rl2) * 8 + kc2 % 8
-        do = (pid_n * NB + kc2 // 8) * BN + rl2
-    else:
-        wo = (pid_n * BN + rl3) * (NB * 32) + kc3 * 4 + w3
-        so = (pid_n * BN + rl2) * (NB * 8) + kc2
-        do = (pid_n * BN + rl2) * NB + kc2 // 8
     WSTEP: gl.constexpr = BB * BN * 32 if TM else BB * 32
     SSTEP: gl.constexpr = BB * BN * 8 if TM else BB * 8
     DSTEP: gl.constexpr = BB * BN if TM else BB
@@ -172,7 +159,7 @@ def _sol_async_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr,
     ac.wait_group(0)
     tot = gl.sum(gl.sum(gl.sum(acc.to(gl.int64), axis=2), axis=1), axis=0) + \
         gl.sum(gl.sum(acs.to(gl.int64), axis=1), axis=0)
-    gl.store(out + pid_n + pid_s * gl.num_programs(0), tot)
+    gl.store(out + gl.program_id(0) + gl.program_id(1) * gl.num_programs(0), tot)
 
 
 def _grid(bn: int, bb: int, split: int) -> tuple:
