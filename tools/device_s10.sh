@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Device calls of the 2026-12-03 ninth session (issue 12).
+# Device calls of the 2026-12-03 ninth and tenth sessions (issue 12).
 #   run(command="cd .clean && bash tools/device_s10.sh routes sweepab tests", carry=[".whl", ".clean"])
 #   routes: tools/route_check.py -- each ROUTE_VARIANTS variant's Gluon launches by shape and its
 #           launch-path counters (a variant that leaves the Gluon kernel shows a missing shape)
+#   sol: tools/down_sol.py -- load-only kernels with the down GEMV's loads (row-major and tile-major
+#        planes), an empty grid, and the real GEMV's configs, in one harness (SOL_ARGS)
 #   then the steps of tools/device_s9.sh (sweepab) -> s8 -> s7 -> s6 -> s4 (tests bench)
 set -u
 STEPS=${*:-routes}
@@ -16,9 +18,12 @@ for step in $STEPS; do
       timeout ${ROUTE_TIMEOUT:-150} python3 tools/route_check.py /tmp/q7.gguf ${ROUTE_DEPTHS:-108} -- ${ROUTE_VARIANTS:-} \
         >"$OUT/routes.log" 2>&1
       tail -${ROUTE_LINES:-40} "$OUT/routes.log";;
+    sol)
+      timeout ${SOL_TIMEOUT:-240} python3 tools/down_sol.py ${SOL_ARGS:-} >"$OUT/sol.log" 2>&1
+      tail -${SOL_LINES:-30} "$OUT/sol.log";;
     *) rest="$rest $step";;
   esac
-  case $step in routes) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in routes|sol) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s9.sh $rest
 exit 0
