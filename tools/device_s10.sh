@@ -5,6 +5,8 @@
 #           launch-path counters (a variant that leaves the Gluon kernel shows a missing shape)
 #   sol: tools/down_sol.py -- load-only kernels with the down GEMV's loads (row-major and tile-major
 #        planes), an empty grid, and the real GEMV's configs, in one harness (SOL_ARGS)
+#   table: tools/gemv_table.py -- issue 12's per-shape kernel table (each 7B shape on the shipped
+#          decode GEMV as a kernel, no PDL and PDL-chained; checked against float64 first)
 #   then the steps of tools/device_s9.sh (sweepab) -> s8 -> s7 -> s6 -> s4 (tests bench)
 set -u
 STEPS=${*:-routes}
@@ -21,9 +23,12 @@ for step in $STEPS; do
     sol)
       timeout ${SOL_TIMEOUT:-240} python3 tools/down_sol.py ${SOL_ARGS:-} >"$OUT/sol.log" 2>&1
       tail -${SOL_LINES:-30} "$OUT/sol.log";;
+    table)
+      timeout ${TABLE_TIMEOUT:-240} python3 tools/gemv_table.py --json "$OUT/table.json" >"$OUT/table.log" 2>&1
+      tail -${TABLE_LINES:-30} "$OUT/table.log";;
     *) rest="$rest $step";;
   esac
-  case $step in routes|sol) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in routes|sol|table) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s9.sh $rest
 exit 0

@@ -1,0 +1,148 @@
+"""Issue 12's per-shape kernel table: each linear shape of the Qwen2.5-7B Q4_K_M at M = 1 on the
+decode GEMV the engine ships, as a kernel (on the GPU).
+
+    python tools/gemv_table.py [--calls 48] [--json OUT.json]
+
+For each shape (q/k/v all Q4_K, q/k/v with a Q6_K v in one launch, o, gate+up, down Q4_K, down
+Q6_K, lm head): random valid blocks repacked on the GPU, in rotating copies (>= 192 MB, so no call
+finds its planes in L2), stored in the layout the engine gives them (plane_layout.tile_rows_for:
+tile-major where the Gluon table's config asks), and launched the way the engine launches a
+decode GEMV (qmatmul._q8_kw under the default Switches: PDL mode, prefetch, the Gluon table).
+Checks before timing:
+  - the launch took the Gluon kernel (the path counters: `gemv_q8.gluon` counted, no fallback);
+  - the output against an independent float64 product of the dequantized planes
+    (gemv_repack.dequantize_into) and the dequantized q8 row: relative error <= 1e-5;
+  - on a tile-major shape, the same bits as the same planes row-major.
+Times: gemv_sweep.graph_time (one CUDA graph of the calls walking the copies, median replay over the
+calls), without PDL and PDL-chained (each launch's programs start during the one before, as in the
+step). Rates: the GGUF file's weight bytes (Q4_K 144, Q6_K 210 bytes a 256-block) per second; the
+repacked planes hold 148 / 210. The step's own measure (from each GEMV's release, with its
+neighbours' overlap) is tools/gemv_timeline.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+FILE_BLOCK = {12: 144, 14: 210}          # ggml's Q4_K / Q6_K block bytes (ggml-common.h block_q4_K / block_q6_K)
+COPY_BW = 4.2e12                         # the H200's measured copy rate (ANCHORS.md)
+SHAPES = [                               # label, segments [(qtype, rows)], K
+    ("q/k/v", [(12, 4608)], 3584),
+    ("q/k/v, v Q6_K", [(12, 4096), (14, 512)], 3584),
+    ("o", [(12, 3584)], 3584),
+    ("gate+up", [(12, 37888)], 3584),
+    ("down", [(12, 3584)], 18944),
+    ("down", [(14, 3584)], 18944),
+    ("lm head", [(14, 152064)], 3584),
+]
+NAME = {12: "Q4_K", 14: "Q6_K"}
+
+
+def main(argv=None) -> int:
+    from minfer.bench.gemv_q8_sweep import _copies
+    from minfer.bench.gemv_sweep import graph_time
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda import gemv_repack as G
+    from minfer.ops.cuda.gemv_repack_layout import to_tiles
+    from minfer.ops.cuda.plane_layout import tile_rows_for
+    from minfer.ops.cuda.qmatmul import _q8_kw
+    from minfer.switches import Switches
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=48, help="calls per graph (>= the copies)")
+    ap.add_argument("--json", default="", help="write the rows here")
+    a = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    sw = Switches.from_env()
+    probe = torch.empty(1, device="cuda")
+    kw = _q8_kw(sw, probe)
+    # (q/k/v signals the attention at its end when the rope-fused attention follows: qmatmul._group_q8)
+    kw_qkv = _q8_kw(sw, probe, late=sw.decode_attn_rope)
+    if kw["l2"]:
+        print("the default switches ask for L2 prefetch ranges, which only the Triton kernel runs: "
+              "this table is the Gluon kernel's")
+        return 1
+    kw.pop("l2")
+    kw_qkv.pop("l2")
+    kw0 = kw
+    rows, bad = [], 0
+    print(f"{torch.cuda.get_device_name()}; launch as the engine: {kw}")
+    for label, specs, k in SHAPES:
+        n = sum(r for _, r in specs)
+        qts = [qt for qt, _ in specs]
+        rws, plane_bytes, copies = _copies(specs, k, gen)
+        file_bytes = sum(r * k // 256 * FILE_BLOCK[qt] for qt, r in specs)
+        segs0 = rws[0] if isinstance(rws[0], tuple) else (rws[0],)
+        tr = tile_rows_for(qts[0], n, k, sw.gemv_q8g_table) if len(specs) == 1 else 0
+        cfg = GL.config_for(qts[0], n, k, sw.gemv_q8g_table)
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
+        q8 = Q.quantize(x)
+        dense = torch.cat([_dense(r, k, G) for r in segs0]).double()
+        ref = Q.dequantize_q8(q8, k).double() @ dense.T
+        del dense
+        ws = G.GemvWorkspace("cuda")
+        kw = kw_qkv if label.startswith("q/k/v") else kw0
+        row_major0 = rws[0]
+        if tr:
+            rws = [to_tiles(r, tr) for r in rws]
+        paths.reset()
+        y = Q.gemv_q8(q8, rws[0], ws=ws, out_dtype=torch.float32, **kw)
+        snap = paths.snapshot()
+        err = float((y.double() - ref).norm() / ref.norm())
+        what = f"{label} {'+'.join(NAME[q] for q in dict.fromkeys(qts))} {n}x{k}"
+        problems = []
+        if snap["counts"].get("gemv_q8.gluon", 0) != 1 or snap["fallbacks"]:
+            problems.append(f"not the Gluon kernel: {snap}")
+        if not err <= 1e-5:
+            problems.append(f"relative error {err:.2e} against the float64 product")
+        if tr:
+            y0 = Q.gemv_q8(q8, row_major0, ws=ws, out_dtype=torch.float32, **kw)
+            if not torch.equal(y0, y):
+                problems.append(f"tile-major and row-major differ in {int((y0 != y).sum())} values")
+        if problems:
+            print(f"  {what}: " + "; ".join(problems))
+            bad += 1
+            continue
+        calls = max(copies, a.calls)
+        t = {}
+        for pdl in (0, 1):
+            kwp = dict(kw, pdl=pdl if kw["pdl"] else 0, pdl_prefetch=kw["pdl_prefetch"] if pdl else 1)
+            t[pdl] = graph_time([lambda i=i, kwp=kwp: Q.gemv_q8(q8, rws[i % copies], ws=ws, **kwp)
+                                 for i in range(calls)])
+        r = {"shape": label, "types": [NAME[q] for q in qts], "n": n, "k": k, "config": list(cfg),
+             "tile_rows": tr, "file_mb": file_bytes / 1e6, "plane_mb": plane_bytes / 1e6, "rel_err": err,
+             "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
+             "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9}
+        rows.append(r)
+        print(f"  {what:32s} {str(list(cfg)):48s} tiles {tr:2d}  {r['us_no_pdl']:7.2f} / {r['us_pdl']:7.2f} us  "
+              f"{r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
+        del rws, row_major0
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "launch": {k_: str(v) for k_, v in kw.items()},
+                       "rows": rows}, f, indent=1)
+    print("\n| shape | type | N x K | config | layout | MB (file) | us, no PDL | us, PDL-chained | GB/s, no PDL "
+          "| GB/s, PDL-chained | % of 4.2 TB/s |")
+    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['shape']} | {'+'.join(dict.fromkeys(r['types']))} | {r['n']} x {r['k']} | {r['config']} | "
+              f"{'tiles of ' + str(r['tile_rows']) if r['tile_rows'] else 'rows'} | {r['file_mb']:.2f} | "
+              f"{r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['gbps_no_pdl']:.0f} | {r['gbps_pdl']:.0f} | "
+              f"{100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} |")
+    return 1 if bad else 0
+
+
+def _dense(rw, k, G) -> torch.Tensor:
+    d = torch.empty(rw.n, k, device="cuda", dtype=torch.float32)
+    G.dequantize_into(rw, d)
+    return d
+
+
+if __name__ == "__main__":
+    sys.exit(main())
