@@ -7,6 +7,7 @@
 #        planes), an empty grid, and the real GEMV's configs, in one harness (SOL_ARGS)
 #   table: tools/gemv_table.py -- issue 12's per-shape kernel table (each 7B shape on the shipped
 #          decode GEMV as a kernel, no PDL and PDL-chained; checked against float64 first)
+#   draw: tools/draw_prof.py -- generate()'s token choice on the GPU per sampling mode (kernels, time)
 #   then the steps of tools/device_s9.sh (sweepab) -> s8 -> s7 -> s6 -> s4 (tests bench)
 set -u
 STEPS=${*:-routes}
@@ -26,9 +27,12 @@ for step in $STEPS; do
     table)
       timeout ${TABLE_TIMEOUT:-240} python3 tools/gemv_table.py --json "$OUT/table.json" >"$OUT/table.log" 2>&1
       tail -${TABLE_LINES:-30} "$OUT/table.log";;
+    draw)
+      timeout ${DRAW_TIMEOUT:-120} python3 tools/draw_prof.py >"$OUT/draw.log" 2>&1
+      tail -${DRAW_LINES:-50} "$OUT/draw.log";;
     *) rest="$rest $step";;
   esac
-  case $step in routes|sol|table) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in routes|sol|table|draw) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s9.sh $rest
 exit 0
