@@ -143,6 +143,11 @@ class Switches:
                                 "(runtime/device_draw.py) and only it read back, the next graphed step launched "
                                 "before it is (off: the logits copied to the host and sampled there; a logits "
                                 "processor always is)")
+    fused_draw: bool = _sw(True, "MINFER_FUSED_DRAW",
+                           "CUDA generate()'s device draw in two launches (ops/cuda/draw.py: greedy, or top-k "
+                           "sampling with top_k 1..128, no top_logprobs; counted sampling.device.fused) instead of "
+                           "the batch engine's ~15-50 torch kernels (off: those; the same tokens)",
+                           kind="tuning")
     pinned_io: bool = _sw(True, "MINFER_PINNED_IO",
                           "single-sequence CUDA decode: the token and position go to the graph in one copy "
                           "from pinned memory and the logits come back into pinned memory (off: two fill "

@@ -1,5 +1,5 @@
 """What generate()'s token choice costs on the GPU (runtime/device_draw.DeviceDraw), per sampling
-mode, on (1, 152064) float32 logits (the 7B's vocabulary): the kernels of one draw under
+mode, with the fused draw (ops/cuda/draw.py) and the torch one, on (1, 152064) float32 logits (the 7B's vocabulary): the kernels of one draw under
 torch.profiler (count, summed GPU time, the span from the first kernel's start to the last one's
 end), and the wall time of a draw with its read-back, median of 200.
 
@@ -28,8 +28,9 @@ def main(argv=None) -> int:
     modes = [("greedy", SamplingParams(temperature=0)), ("default sampling", SamplingParams(seed=1)),
              ("top_k 0 (whole vocabulary)", SamplingParams(seed=1, top_k=0))]
     print(f"{torch.cuda.get_device_name()}, vocab {a.vocab}")
-    for name, p in modes:
-        d = DeviceDraw(p)
+    for (name, p), fused in [(m, f) for m in modes for f in (False, True)]:
+        name = f"{name}, {'fused draw' if fused else 'torch draw'}"
+        d = DeviceDraw(p, fused=fused)
         for _ in range(20):
             d(logits, hist)
         torch.cuda.synchronize()

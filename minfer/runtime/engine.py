@@ -525,7 +525,8 @@ class Engine:
                 from minfer.runtime.device_draw import DeviceDraw
 
                 # one step ahead only on the graphed decode (the eager one takes host token ids)
-                draw = DeviceDraw(params, top_logprobs, feed if self._use_graph() else None)
+                draw = DeviceDraw(params, top_logprobs, feed if self._use_graph() else None,
+                                  fused=self.switches.fused_draw)
                 paths.count("sampling.device")
             else:
                 paths.switched_off("sampling.device", "MINFER_DEVICE_SAMPLING")
