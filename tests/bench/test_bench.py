@@ -296,3 +296,17 @@ def test_torch_peer_matches_engine_on_real_tied_model():
     a, b = eng.forward(ids, 0), peer.forward(ids, 0)
     assert torch.allclose(a, b, atol=2e-3, rtol=1e-3), (a - b).abs().max()
     assert int(a[-1].argmax()) == int(b[-1].argmax())
+
+
+def test_set_switches_keeps_the_graphs_only_for_switches_outside_them(tiny):
+    """Engine.set_switches drops captured graphs on any switch a graph reads, and keeps them when
+    only MINFER_FUSED_DRAW changes (read when generate() makes its draw): gen_speed's A/B."""
+    from minfer.runtime.engine import Engine
+
+    eng = Engine.load(tiny, device="cpu", progress=False)
+    marker = object()
+    eng._graph = marker
+    eng.set_switches(eng.switches.with_env({"MINFER_FUSED_DRAW": "0"}))
+    assert eng._graph is marker and not eng.switches.fused_draw and not eng.ctx.switches.fused_draw
+    eng.set_switches(eng.switches.with_env({"MINFER_FUSED_DRAW": "1", "MINFER_GEMV": "0"}))
+    assert eng._graph is None
