@@ -115,3 +115,21 @@ def test_top_logprobs_and_penalties_take_the_torch_draw(tiny_path):
         n = len(list(eng.generate(prompt, max_new_tokens=8, seed=1, **kw)))
         counts = paths.snapshot()["counts"]
         assert counts.get("sampling.device.torch") == n and "sampling.device.fused" not in counts
+
+
+def test_no_new_compile_for_new_hash_keys():
+    """The hash keys change at every position and are random per generation: a key that is 1 or a
+    multiple of 16 must not make Triton compile another variant of the final kernel mid-generation."""
+    from minfer.ops.cuda import draw
+
+    x = torch.randn(152064, device="cuda")
+    for p in (CASES["greedy"], CASES["default"]):
+        fd = draw.FusedDraw(p, "cuda")
+        fd(x, 3, 5)
+        torch.cuda.synchronize()
+        cache = draw._final_kernel.device_caches[torch.cuda.current_device()][0]
+        n = len(cache)
+        for a, b in ((16, 32), (1, 1), (2**31 - 16, 48), (7, 2**30)):
+            fd(x, a, b)
+        torch.cuda.synchronize()
+        assert len(cache) == n

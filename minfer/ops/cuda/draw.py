@@ -109,7 +109,10 @@ def _mix(h):
     return h ^ (h >> 16)
 
 
-@triton.jit
+# ka, kb (the hash keys, random per generation and new at each position) and k are not specialized:
+# Triton would compile another variant the first time one is 1 or a multiple of 16 -- a ~0.25 s
+# stall in the middle of a generation (measured: perf-log AG6)
+@triton.jit(do_not_specialize=["k", "ka", "kb"])
 def _final_kernel(x, V, P, keys, part_m, part_s, part_i, part_f, out, tok_out, k, ka, kb, prm64, prm32,
                   PB: tl.constexpr, NC: tl.constexpr, KB: tl.constexpr, SAMPLED: tl.constexpr,
                   LIB: tl.constexpr):
