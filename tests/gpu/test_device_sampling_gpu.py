@@ -13,17 +13,6 @@ from minfer.switches import Switches
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-
-    p = get_preset("tiny").with_overrides(arch="qwen2")
-    path = tmp_path_factory.mktemp("ds") / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=6, progress=False)
-    return str(path), p.vocab
-
-
 def test_greedy_on_the_device_is_the_host_answer(tiny_path):
     from minfer.ops import paths
     from minfer.runtime.engine import Engine

@@ -65,17 +65,6 @@ def test_non_finite_logits_raise_their_flag(bad, flag):
         assert out[flag].item() == 1.0 and out[5 - flag].item() == 0.0
 
 
-@pytest.fixture(scope="module")
-def tiny_path(tmp_path_factory):
-    from minfer.bench.presets import get_preset
-    from minfer.bench.synth import write_synth
-
-    p = get_preset("tiny").with_overrides(arch="qwen2")
-    path = tmp_path_factory.mktemp("fd") / "m.gguf"
-    write_synth(path, p, "q4_k_m", seed=6, progress=False)
-    return str(path), p.vocab
-
-
 def test_generate_draws_the_torch_draws_tokens_in_two_launches(tiny_path):
     from minfer.ops import paths
     from minfer.runtime.batch_engine import BatchEngine
