@@ -1,9 +1,11 @@
 """The single engine's token choice on CUDA in two kernel launches (runtime/device_draw.DeviceDraw).
 
-batch_sampling.sample_rows draws one row with ~15 torch kernels when greedy (argmax, the NaN and
-+inf checks, logsumexp for the logprob, the read-back's casts) and ~50 with top-k sampling (the
-order keys, torch.topk over the vocabulary, softmax, cumsum, the masks, the hash): each tiny,
-each a launch in the GPU's stream between two decode steps. Here the same draw is two launches:
+batch_sampling.sample_rows and the read-back draw one row in 27 GPU kernels and copies when greedy
+(argmax, the NaN and +inf checks, logsumexp for the logprob, the casts) and 126 with top-k 40 (the
+order keys, torch.topk's passes over the vocabulary, softmax, cumsum, the masks, the hash): each
+tiny, each launched by the host between two decode steps (tools/draw_prof.py on the H200: 50 /
+210 us of GPU time, 0.3 / 2.4 ms of host time a draw). Here the same draw is two launches (5.6 /
+51 us; perf-log AG3):
 
   _chunk_kernel  one program per CH logits: their NaN / +inf flags, max and sum of exp(x - max)
                  (the logsumexp's partials), and the first index of their max (greedy) or their
@@ -37,7 +39,6 @@ from triton.language.extra import libdevice
 
 MAX_TOP_K = 128          # the candidates' final top-k sorts P * KC keys in one program (8192 at 128)
 CH = 4096                # logits per _chunk_kernel program
-_I64_MIN = -(2**63)
 
 
 @triton.jit
