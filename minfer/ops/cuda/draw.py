@@ -111,8 +111,8 @@ def _mix(h):
 
 
 # ka, kb (the hash keys, random per generation and new at each position) and k are not specialized:
-# Triton would compile another variant the first time one is 1 or a multiple of 16 -- a ~0.25 s
-# stall in the middle of a generation (measured: perf-log AG6)
+# Triton would compile another variant the first time one is 1 or a multiple of 16, a stall in the
+# middle of a generation (the likely cause of two ~0.25 s stalls in fused greedy runs, perf-log AG6)
 @triton.jit(do_not_specialize=["k", "ka", "kb"])
 def _final_kernel(x, V, P, keys, part_m, part_s, part_i, part_f, out, tok_out, k, ka, kb, prm64, prm32,
                   PB: tl.constexpr, NC: tl.constexpr, KB: tl.constexpr, SAMPLED: tl.constexpr,
