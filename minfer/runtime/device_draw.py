@@ -40,11 +40,8 @@ class DeviceDraw:
         self.top = top_logprobs
         self.feed = feed
         self.pending = None      # the logits of the step launched ahead (None: none in flight)
-        # ops/cuda/draw.FusedDraw, made on the first CUDA call it applies to (False: never; fused
-        # False is Switches.fused_draw off)
-        self.fused = None if fused else False
-        self.host = None         # its pinned read-back buffer, reused every token
-        self._off = not fused
+        self.fused = None        # ops/cuda/draw.FusedDraw, made on the first CUDA call it takes (False: it does not)
+        self._off = not fused    # Switches.fused_draw off
 
     def _fused(self, x: torch.Tensor):
         """The two-launch draw (ops/cuda/draw.py) when it takes this request on x's device, else
@@ -59,10 +56,7 @@ class DeviceDraw:
         if self.fused is None:
             from minfer.ops.cuda import draw
 
-            why = draw.applies(self.params, self.top)
-            self.fused = False if why else draw.FusedDraw(self.params, x.device)
-            if not why:
-                self.host = torch.empty(4, dtype=torch.float64, pin_memory=True)
+            self.fused = False if draw.applies(self.params, self.top) else draw.FusedDraw(self.params, x.device)
         paths.count("sampling.device.fused" if self.fused else "sampling.device.torch")
         return self.fused or None
 
@@ -85,34 +79,31 @@ class DeviceDraw:
                 self.pending = feed(tok)
         else:
             vals = torch.cat([tok.to(torch.float64), chosen_logprobs(x, tok).to(torch.float64), flags])
-            if vals.is_cuda:
-                host = torch.empty(vals.shape, dtype=torch.float64, pin_memory=True)
-                host.copy_(vals, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record()
-                if feed is not None:
-                    self.pending = feed(tok)       # the GPU runs the next step while this one is read
-                done.synchronize()
-            else:
-                host = vals
-                if feed is not None:
-                    self.pending = feed(tok)
-            t, lp, top, bad = int(host[0]), float(host[1]), [], host[2:].tolist()
+            host = torch.empty(vals.shape, dtype=torch.float64, pin_memory=True) if vals.is_cuda else None
+            t, lp, top, bad = self._read_back(vals, host, tok, feed)
         return self._checked(t, lp, top, bad)
 
     def _fused_call(self, fused, x: torch.Tensor, history: Sequence[int], ahead: bool) -> tuple:
         x = x[0].contiguous()            # (no penalties: draw.applies)
-        a, b = _row_keys(self.seed, len(history))
-        out, tok = fused(x, a, b)
+        out, tok = fused(x, *_row_keys(self.seed, len(history)))
         self.pending = None
-        self.host.copy_(out, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        if ahead and self.feed is not None:
-            self.pending = self.feed(tok)          # the GPU runs the next step while this one is read
-        done.synchronize()
-        vals = self.host.tolist()
-        return self._checked(int(vals[0]), vals[1], [], vals[2:])
+        return self._checked(*self._read_back(out, fused.host, tok, self.feed if ahead else None))
+
+    def _read_back(self, vals: torch.Tensor, host: torch.Tensor | None, tok: torch.Tensor, feed) -> tuple:
+        """(token, logprob, [], [NaN flag, +inf flag]) of vals [token, logprob, flags] (float64),
+        copied into the pinned `host` (None: vals are on the CPU); feed: launch the next step from
+        tok before waiting for the copy, so the GPU runs it while this one is read."""
+        if host is not None:
+            host.copy_(vals, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+        if feed is not None:
+            self.pending = feed(tok)
+        if host is not None:
+            done.synchronize()
+            vals = host
+        v = vals.tolist()
+        return int(v[0]), v[1], [], v[2:]
 
     def _checked(self, t: int, lp: float, top: list, bad: list) -> tuple:
         if bad[0] or bad[1] or not math.isfinite(lp):

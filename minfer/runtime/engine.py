@@ -87,9 +87,9 @@ def prepare_cpu_quant(model, tokenizer) -> dict:
     return out
 
 
-# Switches no captured graph reads (generate() reads them when it makes its draw): set_switches keeps
-# the graphs when only these change
+# Switches no captured graph reads (generate()'s draw): set_switches keeps the graphs if only these change
 _OUTSIDE_GRAPHS = frozenset({"fused_draw"})
+
 
 class Engine:
     """A model with its tokenizer, KV cache, switches and workspace.
@@ -209,22 +209,21 @@ class Engine:
     def set_switches(self, switches: Switches) -> None:
         """Use other switches from now on (an A/B passes changed copies). Captured graphs are
         dropped, since they replay what was captured under the old switches (kept when only
-        switches outside every graph change: _OUTSIDE_GRAPHS). Switches that act
-        at load (act_dtype, gemv_repack, threads) cannot change here: compare them in two runs."""
-        for f in dataclasses.fields(Switches):
-            if f.metadata["when"] == "load" and getattr(switches, f.name) != getattr(self.switches, f.name):
+        _OUTSIDE_GRAPHS change). Switches that act at load (act_dtype, gemv_repack, threads)
+        cannot change here: compare them in two runs."""
+        diff = [f for f in dataclasses.fields(Switches) if getattr(switches, f.name) != getattr(self.switches, f.name)]
+        for f in diff:
+            if f.metadata["when"] == "load":
                 raise MinferError(f"{f.metadata['env']} acts at load; it cannot change on a loaded "
                                   f"engine (compare it in two runs)")
-        if switches == self.switches:
+        if not diff:
             return
-        changed = {f.name for f in dataclasses.fields(Switches) if getattr(switches, f.name) != getattr(self.switches, f.name)}
         self.switches = switches
-        if changed <= _OUTSIDE_GRAPHS:   # read when generate() makes its draw: the graphs stay valid
-            self.ctx = Context(switches, self.ctx.workspace)
+        self.ctx = Context(switches, self.ctx.workspace)
+        if {f.name for f in diff} <= _OUTSIDE_GRAPHS:   # read when generate() makes its draw
             return
         if self.device.type == "cuda" and switches.gemv_repack:
             self._plane_layout()
-        self.ctx = Context(switches, self.ctx.workspace)
         self._graph = None
         self._prefill_graphs = None
 

@@ -182,7 +182,8 @@ def _pow2(n: int) -> int:
 class FusedDraw:
     """The two launches for one sampling setting on one device; scratch made once per vocabulary
     size. __call__(x (V,) float32 contiguous, a, b) -> (out (4,) float64 [token, logprob, NaN
-    flag, +inf flag], token (1,) int64), both on the device, without a sync."""
+    flag, +inf flag], token (1,) int64), both on the device, without a sync; .host is a buffer to
+    read out back into."""
 
     def __init__(self, params, device, ch: int = CH):
         self.ch = ch             # logits a chunk program (a power of two >= 128; the tests take smaller ones)
@@ -203,6 +204,8 @@ class FusedDraw:
 
         self.lib = not interpret()
         self.out = torch.empty(4, dtype=torch.float64, device=self.device)
+        # the caller's read-back buffer for out, kept with it (pinned where it is copied from CUDA)
+        self.host = torch.empty(4, dtype=torch.float64, pin_memory=self.device.type == "cuda")
         self.tok = torch.empty(1, dtype=torch.int64, device=self.device)
 
     def _scratch(self, v: int) -> None:
