@@ -6,8 +6,12 @@
 #   sol: tools/down_sol.py -- load-only kernels with the down GEMV's loads (row-major and tile-major
 #        planes), an empty grid, and the real GEMV's configs, in one harness (SOL_ARGS)
 #   table: tools/gemv_table.py -- issue 12's per-shape kernel table (each 7B shape on the shipped
-#          decode GEMV as a kernel, no PDL and PDL-chained; checked against float64 first)
-#   draw: tools/draw_prof.py -- generate()'s token choice on the GPU per sampling mode (kernels, time)
+#          decode GEMV as a kernel, no PDL and PDL-chained; checked against float64 first; TABLE_ARGS,
+#          e.g. --only-tried --try o=32,16,1,8,0,128)
+#   draw: tools/draw_prof.py -- generate()'s token choice on the GPU per sampling mode (kernels, time;
+#         DRAW_ARGS, e.g. --variants)
+#   paths: tools/greedy_paths.py -- where greedy generate()'s device, host and CPU paths part, and the
+#          margins there (PATHS_ARGS)
 #   then the steps of tools/device_s9.sh (sweepab) -> s8 -> s7 -> s6 -> s4 (tests bench)
 set -u
 STEPS=${*:-routes}
@@ -25,14 +29,17 @@ for step in $STEPS; do
       timeout ${SOL_TIMEOUT:-240} python3 tools/down_sol.py ${SOL_ARGS:-} >"$OUT/sol.log" 2>&1
       tail -${SOL_LINES:-30} "$OUT/sol.log";;
     table)
-      timeout ${TABLE_TIMEOUT:-240} python3 tools/gemv_table.py --json "$OUT/table.json" >"$OUT/table.log" 2>&1
+      timeout ${TABLE_TIMEOUT:-240} python3 tools/gemv_table.py --json "$OUT/table.json" ${TABLE_ARGS:-} >"$OUT/table.log" 2>&1
       tail -${TABLE_LINES:-30} "$OUT/table.log";;
     draw)
-      timeout ${DRAW_TIMEOUT:-120} python3 tools/draw_prof.py >"$OUT/draw.log" 2>&1
+      timeout ${DRAW_TIMEOUT:-120} python3 tools/draw_prof.py ${DRAW_ARGS:-} >"$OUT/draw.log" 2>&1
       tail -${DRAW_LINES:-50} "$OUT/draw.log";;
+    paths)
+      timeout ${PATHS_TIMEOUT:-200} python3 tools/greedy_paths.py ${PATHS_ARGS:-} >"$OUT/paths.log" 2>&1
+      tail -${PATHS_LINES:-40} "$OUT/paths.log";;
     *) rest="$rest $step";;
   esac
-  case $step in routes|sol|table|draw) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in routes|sol|table|draw|paths) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=$OUT bash tools/device_s9.sh $rest
 exit 0

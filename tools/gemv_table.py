@@ -1,7 +1,7 @@
 """Issue 12's per-shape kernel table: each linear shape of the Qwen2.5-7B Q4_K_M at M = 1 on the
 decode GEMV the engine ships, as a kernel (on the GPU).
 
-    python tools/gemv_table.py [--calls 48] [--json OUT.json]
+    python tools/gemv_table.py [--calls 48] [--json OUT.json] [--try o=32,16,1,8,0,128 ...]
 
 For each shape (q/k/v all Q4_K, q/k/v with a Q6_K v in one launch, o, gate+up, down Q4_K, down
 Q6_K, lm head): random valid blocks repacked on the GPU, in rotating copies (>= 192 MB, so no call
@@ -15,7 +15,10 @@ Checks before timing:
   - on a tile-major shape, the same bits as the same planes row-major.
 Times: gemv_sweep.graph_time (one CUDA graph of the calls walking the copies, median replay over the
 calls), without PDL and PDL-chained (each launch's programs start during the one before, as in the
-step). Rates: the GGUF file's weight bytes (Q4_K 144, Q6_K 210 bytes a 256-block) per second; the
+step). --try SHAPE=CONFIG times another Gluon config of a shape (keys: SHORT below) the same way,
+after the same checks, beside the shipped one. Each row gives the kernel's registers a thread and
+programs an SM (by registers: the measure of how much of the next launch a PDL chain can place on
+the SMs while this one runs). Rates: the GGUF file's weight bytes (Q4_K 144, Q6_K 210 bytes a 256-block) per second; the
 repacked planes hold 148 / 210. The step's own measure (from each GEMV's release, with its
 neighbours' overlap) is tools/gemv_timeline.py.
 """
@@ -39,24 +42,31 @@ SHAPES = [                               # label, segments [(qtype, rows)], K
     ("lm head", [(14, 152064)], 3584),
 ]
 NAME = {12: "Q4_K", 14: "Q6_K"}
+SHORT = ["qkv", "qkvm", "o", "gu", "down4", "down6", "lm"]       # --try keys, in SHAPES' order
 
 
 def main(argv=None) -> int:
     from minfer.bench.gemv_q8_sweep import _copies
-    from minfer.bench.gemv_sweep import graph_time
-    from minfer.ops import paths
     from minfer.ops.cuda import gemv_q8 as Q
     from minfer.ops.cuda import gemv_q8_gluon as GL
     from minfer.ops.cuda import gemv_repack as G
-    from minfer.ops.cuda.gemv_repack_layout import to_tiles
-    from minfer.ops.cuda.plane_layout import tile_rows_for
     from minfer.ops.cuda.qmatmul import _q8_kw
     from minfer.switches import Switches
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=48, help="calls per graph (>= the copies)")
     ap.add_argument("--json", default="", help="write the rows here")
+    ap.add_argument("--try", dest="tries", action="append", default=[], metavar="SHAPE=CONFIG",
+                    help=f"another Gluon config to time for a shape ({', '.join(SHORT)}), comma-separated ints "
+                         "in the table's field order (booleans 0 / 1); repeatable")
+    ap.add_argument("--only-tried", action="store_true", help="only the shapes named by --try")
     a = ap.parse_args(argv)
+    tries = {}
+    for t in a.tries:
+        key, _, val = t.partition("=")
+        if key not in SHORT or not val:
+            ap.error(f"--try {t!r}: expected SHAPE=CONFIG with SHAPE one of {', '.join(SHORT)}")
+        tries.setdefault(key, []).append(tuple(int(v) for v in val.split(",")))
     gen = torch.Generator(device="cuda").manual_seed(0)
     sw = Switches.from_env()
     probe = torch.empty(1, device="cuda")
@@ -72,14 +82,15 @@ def main(argv=None) -> int:
     kw0 = kw
     rows, bad = [], 0
     print(f"{torch.cuda.get_device_name()}; launch as the engine: {kw}")
-    for label, specs, k in SHAPES:
+    for (label, specs, k), short in zip(SHAPES, SHORT):
+        if a.only_tried and short not in tries:
+            continue
         n = sum(r for _, r in specs)
         qts = [qt for qt, _ in specs]
         rws, plane_bytes, copies = _copies(specs, k, gen)
         file_bytes = sum(r * k // 256 * FILE_BLOCK[qt] for qt, r in specs)
         segs0 = rws[0] if isinstance(rws[0], tuple) else (rws[0],)
-        tr = tile_rows_for(qts[0], n, k, sw.gemv_q8g_table) if len(specs) == 1 else 0
-        cfg = GL.config_for(qts[0], n, k, sw.gemv_q8g_table)
+        shipped = GL.config_for(qts[0], n, k, sw.gemv_q8g_table)
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         q8 = Q.quantize(x)
         dense = torch.cat([_dense(r, k, G) for r in segs0]).double()
@@ -87,55 +98,111 @@ def main(argv=None) -> int:
         del dense
         ws = G.GemvWorkspace("cuda")
         kw = kw_qkv if label.startswith("q/k/v") else kw0
-        row_major0 = rws[0]
-        if tr:
-            rws = [to_tiles(r, tr) for r in rws]
-        paths.reset()
-        y = Q.gemv_q8(q8, rws[0], ws=ws, out_dtype=torch.float32, **kw)
-        snap = paths.snapshot()
-        err = float((y.double() - ref).norm() / ref.norm())
-        what = f"{label} {'+'.join(NAME[q] for q in dict.fromkeys(qts))} {n}x{k}"
-        problems = []
-        if snap["counts"].get("gemv_q8.gluon", 0) != 1 or snap["fallbacks"]:
-            problems.append(f"not the Gluon kernel: {snap}")
-        if not err <= 1e-5:
-            problems.append(f"relative error {err:.2e} against the float64 product")
-        if tr:
-            y0 = Q.gemv_q8(q8, row_major0, ws=ws, out_dtype=torch.float32, **kw)
-            if not torch.equal(y0, y):
-                problems.append(f"tile-major and row-major differ in {int((y0 != y).sum())} values")
-        if problems:
-            print(f"  {what}: " + "; ".join(problems))
-            bad += 1
-            continue
-        calls = max(copies, a.calls)
-        t = {}
-        for pdl in (0, 1):
-            kwp = dict(kw, pdl=pdl if kw["pdl"] else 0, pdl_prefetch=kw["pdl_prefetch"] if pdl else 1)
-            t[pdl] = graph_time([lambda i=i, kwp=kwp: Q.gemv_q8(q8, rws[i % copies], ws=ws, **kwp)
-                                 for i in range(calls)])
-        r = {"shape": label, "types": [NAME[q] for q in qts], "n": n, "k": k, "config": list(cfg),
-             "tile_rows": tr, "file_mb": file_bytes / 1e6, "plane_mb": plane_bytes / 1e6, "rel_err": err,
-             "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
-             "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9}
-        rows.append(r)
-        print(f"  {what:32s} {str(list(cfg)):48s} tiles {tr:2d}  {r['us_no_pdl']:7.2f} / {r['us_pdl']:7.2f} us  "
-              f"{r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
-        del rws, row_major0
+        row_major = rws
+        for ci, cfg in enumerate([shipped] + tries.get(short, [])):
+            # the shipped config as the engine takes it (config=None: the table), a tried one by name
+            r = _time_one(a, label, short, specs, k, n, qts, cfg if ci else None, cfg, row_major, copies, q8, ref,
+                          ws, kw, file_bytes, plane_bytes, sw)
+            if r is None:
+                bad += 1
+            else:
+                r["shipped"] = ci == 0
+                rows.append(r)
+        del rws, row_major
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "launch": {k_: str(v) for k_, v in kw.items()},
+            json.dump({"gpu": torch.cuda.get_device_name(), "launch": {k_: str(v) for k_, v in kw0.items()},
                        "rows": rows}, f, indent=1)
-    print("\n| shape | type | N x K | config | layout | MB (file) | us, no PDL | us, PDL-chained | GB/s, no PDL "
-          "| GB/s, PDL-chained | % of 4.2 TB/s |")
-    print("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| shape | type | N x K | config | layout | regs, programs an SM | MB (file) | us, no PDL | "
+          "us, PDL-chained | GB/s, no PDL | GB/s, PDL-chained | % of 4.2 TB/s |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['shape']} | {'+'.join(dict.fromkeys(r['types']))} | {r['n']} x {r['k']} | {r['config']} | "
-              f"{'tiles of ' + str(r['tile_rows']) if r['tile_rows'] else 'rows'} | {r['file_mb']:.2f} | "
-              f"{r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['gbps_no_pdl']:.0f} | {r['gbps_pdl']:.0f} | "
-              f"{100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} |")
+        print(f"| {r['shape']}{'' if r['shipped'] else ' (tried)'} | {'+'.join(dict.fromkeys(r['types']))} | "
+              f"{r['n']} x {r['k']} | {r['config']} | "
+              f"{'tiles of ' + str(r['tile_rows']) if r['tile_rows'] else 'rows'} | {r['regs']}, {r['per_sm']} | "
+              f"{r['file_mb']:.2f} | {r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['gbps_no_pdl']:.0f} | "
+              f"{r['gbps_pdl']:.0f} | {100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} |")
     return 1 if bad else 0
+
+
+def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies, q8, ref, ws, kw, file_bytes,
+              plane_bytes, sw):
+    """One config of one shape: checked (the Gluon path, float64, tile-major = row-major bits), then
+    timed without PDL and PDL-chained; the row, or None after printing what failed."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda.gemv_repack_layout import to_tiles
+    from minfer.ops.cuda.plane_layout import tile_rows_for
+    from minfer.bench.gemv_sweep import graph_time
+
+    if config is None:
+        tr = tile_rows_for(qts[0], n, k, sw.gemv_q8g_table) if len(specs) == 1 else 0
+    else:
+        tr = int(cfg[0]) if len(specs) == 1 and len(cfg) > 9 and cfg[9] else 0
+    rws = [to_tiles(r, tr) for r in row_major] if tr else row_major
+    before = _compiled(GL._gemv_q8g_kernel)
+    what = f"{label} {'+'.join(NAME[q] for q in dict.fromkeys(qts))} {n}x{k} {list(cfg)}"
+    try:
+        paths.reset()
+        y = Q.gemv_q8(q8, rws[0], ws=ws, out_dtype=torch.float32, config=config, **kw)
+        torch.cuda.synchronize()
+    except Exception as ex:  # noqa: BLE001 -- a tried config the kernel refuses: say so, go on
+        print(f"  {what}: launch failed: {ex!r}"[:400], flush=True)
+        return None
+    snap = paths.snapshot()
+    err = float((y.double() - ref).norm() / ref.norm())
+    problems = []
+    if snap["counts"].get("gemv_q8.gluon", 0) != 1 or snap["fallbacks"]:
+        problems.append(f"not the Gluon kernel: {snap}")
+    if not err <= 1e-5:
+        problems.append(f"relative error {err:.2e} against the float64 product")
+    if tr:
+        y0 = Q.gemv_q8(q8, row_major[0], ws=ws, out_dtype=torch.float32, config=config, **kw)
+        if not torch.equal(y0, y):
+            problems.append(f"tile-major and row-major differ in {int((y0 != y).sum())} values")
+    if problems:
+        print(f"  {what}: " + "; ".join(problems), flush=True)
+        return None
+    calls = max(copies, a.calls)
+    t = {}
+    for pdl in (0, 1):
+        kwp = dict(kw, pdl=pdl if kw["pdl"] else 0, pdl_prefetch=kw["pdl_prefetch"] if pdl else 1)
+        t[pdl] = graph_time([lambda i=i, kwp=kwp: Q.gemv_q8(q8, rws[i % copies], ws=ws, config=config, **kwp)
+                             for i in range(calls)])
+    # registers: the variants this config compiled (PDL-chained and not; a config met before compiles
+    # none, its count is remembered)
+    new = [c for key, c in _compiled(GL._gemv_q8g_kernel).items() if key not in before]
+    regs = max((_regs(c) for c in new), default=0) or _REGS.get((short, tuple(cfg)), 0)
+    _REGS[(short, tuple(cfg))] = regs
+    threads = 32 * int(cfg[3])
+    per_sm = min(65536 // (regs * threads), 2048 // threads, 32) if regs else 0
+    r = {"shape": label, "key": short, "types": [NAME[q] for q in qts], "n": n, "k": k, "config": list(cfg),
+         "tile_rows": tr, "regs": regs, "per_sm": per_sm, "file_mb": file_bytes / 1e6,
+         "plane_mb": plane_bytes / 1e6, "rel_err": err, "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
+         "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9}
+    print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
+          f"{r['us_pdl']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
+    return r
+
+
+_REGS: dict = {}
+
+
+def _compiled(fn) -> dict:
+    """The compiled variants of a (Gluon) JIT function on every device: {cache key: kernel}."""
+    out = {}
+    for dev, entry in fn.device_caches.items():
+        for key, kern in entry[0].items():
+            out[(dev, key)] = kern
+    return out
+
+
+def _regs(kern) -> int:
+    """Registers a thread of a compiled kernel (loading it if needed)."""
+    kern._init_handles()
+    return int(kern.n_regs)
 
 
 def _dense(rw, k, G) -> torch.Tensor:
