@@ -142,6 +142,7 @@ def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies,
     else:
         tr = int(cfg[0]) if len(specs) == 1 and len(cfg) > 9 and cfg[9] else 0
     rws = [to_tiles(r, tr) for r in row_major] if tr else row_major
+    GL._gemv_q8g_kernel.device_caches.clear()       # (the variants load again, from Triton's disk cache)
     before = _compiled(GL._gemv_q8g_kernel)
     what = f"{label} {'+'.join(NAME[q] for q in dict.fromkeys(qts))} {n}x{k} {list(cfg)}"
     try:
@@ -171,11 +172,9 @@ def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies,
         kwp = dict(kw, pdl=pdl if kw["pdl"] else 0, pdl_prefetch=kw["pdl_prefetch"] if pdl else 1)
         t[pdl] = graph_time([lambda i=i, kwp=kwp: Q.gemv_q8(q8, rws[i % copies], ws=ws, config=config, **kwp)
                              for i in range(calls)])
-    # registers: the variants this config compiled (PDL-chained and not; a config met before compiles
-    # none, its count is remembered)
+    # registers: the variants this config loaded (PDL-chained and not)
     new = [c for key, c in _compiled(GL._gemv_q8g_kernel).items() if key not in before]
-    regs = max((_regs(c) for c in new), default=0) or _REGS.get((short, tuple(cfg)), 0)
-    _REGS[(short, tuple(cfg))] = regs
+    regs = max((_regs(c) for c in new), default=0)
     threads = 32 * int(cfg[3])
     per_sm = min(65536 // (regs * threads), 2048 // threads, 32) if regs else 0
     r = {"shape": label, "key": short, "types": [NAME[q] for q in qts], "n": n, "k": k, "config": list(cfg),
@@ -185,9 +184,6 @@ def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies,
     print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
           f"{r['us_pdl']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
     return r
-
-
-_REGS: dict = {}
 
 
 def _compiled(fn) -> dict:
