@@ -1,8 +1,10 @@
 """The fused draw (ops/cuda/draw.py) on the GPU against the torch draw it replaces
 (batch_sampling.sample_rows + chosen_logprobs on CUDA): the same tokens over many (seed,
-position) pairs at the 7B's vocabulary and small ones, the logprob to float32 rounding, the
-flags; and generate() with it: the torch draw's tokens (MINFER_FUSED_DRAW=0) and the CUDA batch
-engine's draw for the same seed, counted as `sampling.device.fused`. (The host's greedy answer is
+position) pairs at the 7B's vocabulary and small ones (with and without the merge stage), the
+logprob to float32 rounding, the flags; the merge keeps the row's top order keys, and other chunk
+and merge sizes draw the same tokens; and generate() with it: the torch draw's tokens
+(MINFER_FUSED_DRAW=0) and the CUDA batch engine's draw for the same seed, counted as
+`sampling.device.fused`. (The host's greedy answer is
 test_device_sampling_gpu's: the device draw, fused or not, against the host draw.)"""
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 import pytest
 import torch
 
-from minfer.runtime.batch_sampling import _row_keys, chosen_logprobs, draw_seed, sample_rows
+from minfer.runtime.batch_sampling import _order_keys, _row_keys, chosen_logprobs, draw_seed, sample_rows
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
 
@@ -28,7 +30,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("v", [152064, 4097, 50])
+# 152064: 149 sampled chunks, merged (3-19 merge programs); 16385: 17 chunks, 2-3 merge programs
+# (none at top_k 1: G 64); 4097 and 50: no merge
+@pytest.mark.parametrize("v", [152064, 16385, 4097, 50])
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_same_tokens_as_the_torch_draw(name, v):
     from minfer.ops.cuda import draw
@@ -54,6 +58,31 @@ def test_the_same_tokens_as_the_torch_draw(name, v):
     assert worst < 1e-5
 
 
+@pytest.mark.parametrize("v", [152064, 16385])
+@pytest.mark.parametrize("k", [1, 40, 100, 128])
+def test_the_merge_keeps_the_top_keys_and_other_sizes_the_tokens(k, v):
+    """The default sizes' candidates hold the row's KB largest order keys; the old design (4096
+    logits a chunk, no merge) and other chunk / merge sizes draw the default's tokens."""
+    from minfer.ops.cuda import draw
+
+    p = SamplingParams(seed=4, top_k=k)
+    fd = draw.FusedDraw(p, "cuda")
+    sizes = ((4096, 0), (512, 1024), (2048, 2048))          # (4096, 0): the design before the merge
+    others = [draw.FusedDraw(p, "cuda", ch=ch, merge_keys=mk) for ch, mk in sizes]
+    g = torch.Generator(device="cuda").manual_seed(k)
+    seed = draw_seed(p.seed)
+    for trial in range(10):
+        x = torch.randn(v, device="cuda", generator=g) * (1 + trial % 4)
+        if trial % 2:
+            x[::7] = x[2].clone()
+        out, tok = fd(x, *_row_keys(seed, trial))
+        assert fd.merge == (k > 1 or v > 64 * 1024)
+        want = torch.topk(_order_keys(x[None])[0], fd.kb).values
+        assert torch.equal(torch.topk(fd.cand, fd.kb).values, want)
+        for o in others:
+            assert int(o(x, *_row_keys(seed, trial))[1][0]) == int(tok[0])
+
+
 @pytest.mark.parametrize("bad,flag", [(math.nan, 2), (math.inf, 3)])
 def test_non_finite_logits_raise_their_flag(bad, flag):
     from minfer.ops.cuda import draw
@@ -65,7 +94,7 @@ def test_non_finite_logits_raise_their_flag(bad, flag):
         assert out[flag].item() == 1.0 and out[5 - flag].item() == 0.0
 
 
-def test_generate_draws_the_torch_draws_tokens_in_two_launches(tiny_path):
+def test_generate_draws_the_torch_draws_tokens_fused(tiny_path):
     from minfer.ops import paths
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.engine import Engine

@@ -1,6 +1,8 @@
-"""ops/cuda/draw.py's two kernels in Triton's interpreter against the torch draw they replace
+"""ops/cuda/draw.py's kernels in Triton's interpreter against the torch draw they replace
 (batch_sampling.sample_rows and chosen_logprobs, on the CPU): the same token, the same logprob to
-float32 rounding, the NaN / +inf flags; and which requests the fused draw takes."""
+float32 rounding, the NaN / +inf flags, with and without the merge stage (small chunks and merge
+groups reach it at small vocabularies); when the merge is launched; and which requests the fused
+draw takes."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 import pytest
 import torch
 
-from minfer.runtime.batch_sampling import _row_keys, chosen_logprobs, draw_seed, sample_rows
+from minfer.runtime.batch_sampling import _order_keys, _row_keys, chosen_logprobs, draw_seed, sample_rows
 from minfer.runtime.sampling import SamplingParams
 
 
@@ -18,10 +20,10 @@ def _interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
 
 
-def _fused(p, x, seed, pos, ch=256):
+def _fused(p, x, seed, pos, ch=256, **kw):
     from minfer.ops.cuda import draw
 
-    out, tok = draw.FusedDraw(p, "cpu", ch=ch)(x, *_row_keys(seed, pos))
+    out, tok = draw.FusedDraw(p, "cpu", ch=ch, **kw)(x, *_row_keys(seed, pos))
     return out, tok
 
 
@@ -37,9 +39,10 @@ CASES = [
     SamplingParams(seed=7, top_k=1),
     SamplingParams(seed=8, top_k=128, top_p=1.0, min_p=0.3, temperature=0.2),
 ]
+IDS = ["greedy", "default", "top_p", "top_k1", "min_p"]
 
 
-@pytest.mark.parametrize("p", CASES, ids=["greedy", "default", "top_p", "top_k1", "min_p"])
+@pytest.mark.parametrize("p", CASES, ids=IDS)
 def test_the_same_draw_as_the_torch_path(p):
     g = torch.Generator().manual_seed(1)
     for trial, v in enumerate((1000, 777)):
@@ -52,6 +55,79 @@ def test_the_same_draw_as_the_torch_path(p):
         assert int(out[0]) == t == int(tok[0])
         assert abs(float(out[1]) - lp) < 1e-5
         assert out[2:].tolist() == [0.0, 0.0]
+
+
+SAMPLED = [(p, i) for p, i in zip(CASES, IDS) if p.temperature > 0]
+
+
+@pytest.mark.parametrize("p", [p for p, _ in SAMPLED], ids=[i for _, i in SAMPLED])
+def test_the_merge_stage_draws_the_same_as_the_torch_path(p):
+    """Chunks of KB logits, merged two a program: 5 chunks (the last one short) in 3 merge
+    programs (the last one a single chunk). The merged candidates hold the row's top KB order
+    keys, and the draw is the torch draw's, with ties within and across chunks and merge groups.
+    (The interpreter's tl.topk costs ~0.1 s a program: the smallest sizes that reach the merge.)"""
+    from minfer.ops.cuda import draw
+
+    g = torch.Generator().manual_seed(11)
+    kb = max(16, draw._pow2(p.top_k))
+    v = 5 * kb - 7
+    for trial in range(2):
+        x = torch.randn(v, generator=g) * 3
+        if trial == 0:
+            x[::5] = x[3]               # ties everywhere
+        else:                           # ~1.25 k tied maxima: top-k all ties, across the groups
+            x[::max(1, v // (p.top_k + p.top_k // 4 + 1))] = x.max()
+        seed, pos = draw_seed(p.seed), 60 + trial
+        fd = draw.FusedDraw(p, "cpu", ch=kb, merge_keys=2 * kb)
+        out, tok = fd(x, *_row_keys(seed, pos))
+        assert fd.merge and (fd.p, fd.p2) == (5, 3)
+        want = torch.topk(_order_keys(x[None])[0], kb).values
+        assert torch.equal(torch.topk(fd.cand, kb).values, want)
+        t, lp = _torch(p, x, seed, pos)
+        assert int(out[0]) == t == int(tok[0])
+        assert abs(float(out[1]) - lp) < 1e-5
+        assert out[2:].tolist() == [0.0, 0.0]
+
+
+class _Launches:
+    """A kernel stand-in that logs (name, programs) instead of launching."""
+
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.log.append((self.name, grid[0]))
+
+
+# (params, V, ch, merge_keys) -> the chunk programs and the merge programs (0: not launched)
+LAUNCHES = [
+    (SamplingParams(seed=1), 3000, 128, 256, 24, 6),              # KB 64, G 4
+    (SamplingParams(seed=1), 513, 128, 256, 5, 2),                # one chunk more than a group
+    (SamplingParams(seed=1), 512, 128, 256, 4, 0),                # one group: the final reads the chunks
+    (SamplingParams(seed=1), 3000, 128, 0, 24, 0),                # merge off
+    (SamplingParams(seed=1, top_k=128), 3000, 128, 128, 24, 0),   # G 1: nothing to merge
+    (SamplingParams(seed=1, top_k=128), 3000, 128, 512, 24, 6),   # KB 128, G 4
+    (SamplingParams(seed=1, top_k=1), 3000, 128, 256, 24, 2),     # KB 16, G 16
+    (SamplingParams(temperature=0), 3000, 128, 256, 24, 0),       # greedy: no keys to merge
+    (SamplingParams(seed=1), 152064, None, 1024, 149, 10),        # the defaults at the 7B's vocabulary
+    (SamplingParams(seed=1, top_k=128), 152064, None, 1024, 149, 19),
+    (SamplingParams(seed=1, top_k=1), 152064, None, 1024, 149, 3),
+    (SamplingParams(seed=1), 4097, None, 1024, 5, 0),
+    (SamplingParams(temperature=0), 152064, None, 1024, 38, 0),   # greedy keeps 4096-logit chunks
+]
+
+
+@pytest.mark.parametrize("p,v,ch,mk,chunks,merges", LAUNCHES)
+def test_the_merge_is_launched_exactly_when_it_shortens_the_sort(monkeypatch, p, v, ch, mk, chunks, merges):
+    from minfer.ops.cuda import draw
+
+    log = []
+    for name in ("_chunk_kernel", "_merge_kernel", "_final_kernel"):
+        monkeypatch.setattr(draw, name, _Launches(name, log))
+    fd = draw.FusedDraw(p, "cpu", ch=ch, merge_keys=mk)
+    fd(torch.zeros(v), 1, 2)
+    merge = [("_merge_kernel", merges)] if merges else []
+    assert log == [("_chunk_kernel", chunks)] + merge + [("_final_kernel", 1)]
 
 
 def test_a_vocabulary_smaller_than_top_k():

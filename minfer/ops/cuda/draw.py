@@ -1,20 +1,29 @@
-"""The single engine's token choice on CUDA in two kernel launches (runtime/device_draw.DeviceDraw).
+"""The single engine's token choice on CUDA in two or three kernel launches (runtime/device_draw.DeviceDraw).
 
 batch_sampling.sample_rows and the read-back draw one row in 27 GPU kernels and copies when greedy
 (argmax, the NaN and +inf checks, logsumexp for the logprob, the casts) and 126 with top-k 40 (the
 order keys, torch.topk's passes over the vocabulary, softmax, cumsum, the masks, the hash): each
 tiny, each launched by the host between two decode steps (tools/draw_prof.py on the H200: 50 /
-210 us of GPU time, 0.3 / 2.4 ms of host time a draw). Here the same draw is two launches (5.6 /
-51 us; perf-log AG3):
+210 us of GPU time, 0.3 / 2.4 ms of host time a draw). Here greedy is two launches and sampled
+three when the vocabulary has more than G chunks (else two):
 
-  _chunk_kernel  one program per CH logits: their NaN / +inf flags, max and sum of exp(x - max)
-                 (the logsumexp's partials), and the first index of their max (greedy) or their
-                 KC largest order keys (sampled: batch_sampling._order_keys, tl.topk);
+  _chunk_kernel  one program per CH logits (4096 greedy, 1024 sampled): their NaN / +inf flags,
+                 max and sum of exp(x - max) (the logsumexp's partials), and the first index of
+                 their max (greedy) or their KB largest order keys (sampled:
+                 batch_sampling._order_keys, tl.topk);
+  _merge_kernel  sampled, one program per G = MERGE_KEYS // KB chunks: the KB largest of their
+                 G * KB keys, so the final kernel sorts cdiv(P, G) * KB candidates, not P * KB;
   _final_kernel  one program: the row's flags, logsumexp and token; sampled, the KB largest of the
                  candidates are the row's top-k in a stable descending order, and the filters and
                  the Gumbel-max draw run on them as batch_sampling._filter_draw does; it writes
                  [token, logprob, NaN flag, +inf flag] (float64) and the token (int64) for the
                  next step launched from the device.
+
+Measured on the H200 at V = 152,064 before the merge stage (4096-logit chunks both ways, two
+launches; GPU busy a draw with its read-back copy, perf-log AG3): greedy 5.6 us, top-k 40 50.7 us
+(the chunk kernel 21.8, 38 programs sorting 4096 keys; the final 27.5, one sorting 38 * 64 keys
+padded to 4096). Greedy's launches are unchanged since; the sampled draw's times with the smaller
+chunks and the merge are not measured yet (tools/draw_prof.py --variants).
 
 Same arithmetic as the torch draw: the order keys (so top-k picks the same tokens and ties break
 by ascending id), the float64 softmax and cumsum for top-p, float32 min-p against log(min_p) as
@@ -37,8 +46,13 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-MAX_TOP_K = 128          # the candidates' final top-k sorts P * KC keys in one program (8192 at 128)
-CH = 4096                # logits per _chunk_kernel program
+MAX_TOP_K = 128          # the final sort: pow2(cdiv(P, G) * KB) keys in one program (4096 at 128, V 152,064)
+CH = 4096                # logits per _chunk_kernel program, greedy
+SAMPLED_CH = 1024        # logits per _chunk_kernel program, sampled (each sorts its CH order keys)
+MERGE_KEYS = 1024        # keys a _merge_kernel program sorts: G = MERGE_KEYS // KB chunks' top-KB each
+CHUNK_WARPS = 8
+MERGE_WARPS = 8
+_KEY_PAD = tl.constexpr(-(2**63))     # the int64 minimum: below every order key (the padding)
 
 
 @triton.jit
@@ -90,12 +104,26 @@ def _chunk_kernel(x, V, keys, part_m, part_s, part_i, part_f, CH: tl.constexpr, 
         sg = b >> 31
         mg = (b & 0x7FFFFFFF) ^ sg
         key = (mg - sg) * 4294967296 + (V - 1 - offs.to(tl.int64))
-        key = tl.where(inb, key, -9223372036854775807 - 1)
+        key = tl.where(inb, key, _KEY_PAD)
         top = tl.topk(key, KC)
         tl.store(keys + pid * KC + tl.arange(0, KC), top)
     else:
         first = tl.min(tl.where(v == m, offs, 2147483647), axis=0)
         tl.store(part_i + pid, first.to(tl.int64))
+
+
+# The order keys are distinct (their low 32 bits are V - 1 - id), so the KB largest of a union of
+# key sets are the KB largest of the sets' own KB largest: a key among the union's top KB has fewer
+# than KB keys above it in the union, hence in its set, so it is in its set's top KB too. The
+# merge therefore keeps exactly the keys (and the final kernel the order) the single sort did; the
+# padding (the int64 minimum, below every key) only fills ranks past min(k, V), which the final
+# kernel does not keep.
+@triton.jit
+def _merge_kernel(keys, N, merged, GK: tl.constexpr, KB: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * GK + tl.arange(0, GK)
+    cand = tl.load(keys + offs, mask=offs < N, other=_KEY_PAD)
+    tl.store(merged + pid * KB + tl.arange(0, KB), tl.topk(cand, KB))
 
 
 @triton.jit
@@ -114,7 +142,7 @@ def _mix(h):
 # Triton would compile another variant the first time one is 1 or a multiple of 16, a stall in the
 # middle of a generation (the likely cause of two ~0.25 s stalls in fused greedy runs, perf-log AG6)
 @triton.jit(do_not_specialize=["k", "ka", "kb"])
-def _final_kernel(x, V, P, keys, part_m, part_s, part_i, part_f, out, tok_out, k, ka, kb, prm64, prm32,
+def _final_kernel(x, V, P, keys, NK, part_m, part_s, part_i, part_f, out, tok_out, k, ka, kb, prm64, prm32,
                   PB: tl.constexpr, NC: tl.constexpr, KB: tl.constexpr, SAMPLED: tl.constexpr,
                   LIB: tl.constexpr):
     pp = tl.arange(0, PB)
@@ -130,7 +158,7 @@ def _final_kernel(x, V, P, keys, part_m, part_s, part_i, part_f, out, tok_out, k
         top_p = tl.load(prm64)                                      # float64, +inf when off
         logmin = tl.load(prm32)                                     # float32 log(min_p), -inf when off
         temp = tl.load(prm32 + 1)
-        cand = tl.load(keys + tl.arange(0, NC), mask=tl.arange(0, NC) < P * KB, other=-9223372036854775807 - 1)
+        cand = tl.load(keys + tl.arange(0, NC), mask=tl.arange(0, NC) < NK, other=_KEY_PAD)
         top = tl.topk(cand, KB)                                     # the row's KB largest, descending
         rank = tl.arange(0, KB)
         keep = rank < k
@@ -180,17 +208,26 @@ def _pow2(n: int) -> int:
 
 
 class FusedDraw:
-    """The two launches for one sampling setting on one device; scratch made once per vocabulary
-    size. __call__(x (V,) float32 contiguous, a, b) -> (out (4,) float64 [token, logprob, NaN
-    flag, +inf flag], token (1,) int64), both on the device, without a sync; .host is a buffer to
-    read out back into."""
+    """The launches for one sampling setting on one device; scratch made once per vocabulary size.
+    __call__(x (V,) float32 contiguous, a, b) -> (out (4,) float64 [token, logprob, NaN flag,
+    +inf flag], token (1,) int64), both on the device, without a sync; .host is a buffer to read
+    out back into.
 
-    def __init__(self, params, device, ch: int = CH):
-        self.ch = ch             # logits a chunk program (a power of two >= 128; the tests take smaller ones)
+    ch: logits a chunk program (a power of two >= KB; None: CH greedy, SAMPLED_CH sampled);
+    merge_keys: keys a merge program sorts (a power of two; G = merge_keys // KB chunks a program,
+    and G <= 1, e.g. 0, means no merge stage). The tests take small ones to reach the merge with
+    small vocabularies; tools/draw_prof.py --variants times others and the warps."""
+
+    def __init__(self, params, device, ch: int | None = None, merge_keys: int = MERGE_KEYS):
         self.sampled = params.temperature > 0
+        self.ch = ch or (SAMPLED_CH if self.sampled else CH)
         self.device = torch.device(device)
         self.k = int(params.top_k) if self.sampled else 0
         self.kb = max(16, _pow2(self.k))
+        assert self.ch == _pow2(self.ch) >= self.kb, f"chunk size {self.ch}: a power of two >= {self.kb}"
+        self.g = max(1, merge_keys // self.kb)
+        assert self.g == _pow2(self.g), f"merge keys {merge_keys}: a power of two (G * KB keys a tl.topk)"
+        self.chunk_warps, self.merge_warps = CHUNK_WARPS, MERGE_WARPS
         # the filters' settings as batch_sampling._row_args makes them: top_p float64 (+inf: off),
         # min_p and the temperature float32; log(min_p) taken by torch on this device, as
         # _filter_draw takes it
@@ -212,7 +249,12 @@ class FusedDraw:
         self.v = v
         self.p = triton.cdiv(v, self.ch)
         dev = self.device
+        # merged only where it shortens the final sort: more than one chunk a group and more
+        # than one group
+        self.merge = self.sampled and 1 < self.g < self.p
+        self.p2 = triton.cdiv(self.p, self.g) if self.merge else self.p
         self.keys = torch.empty(self.p * self.kb if self.sampled else 1, dtype=torch.int64, device=dev)
+        self.cand = torch.empty(self.p2 * self.kb, dtype=torch.int64, device=dev) if self.merge else self.keys
         self.pm = torch.empty(self.p, dtype=torch.float32, device=dev)
         self.ps = torch.empty(self.p, dtype=torch.float32, device=dev)
         self.pi = torch.empty(self.p, dtype=torch.int64, device=dev)
@@ -222,11 +264,14 @@ class FusedDraw:
         v = x.numel()
         if v != self.v:
             self._scratch(v)
-        kc = self.kb
-        _chunk_kernel[(self.p,)](x, v, self.keys, self.pm, self.ps, self.pi, self.pf, CH=self.ch, KC=kc,
-                                 SAMPLED=self.sampled, LIB=self.lib, num_warps=8)
-        _final_kernel[(1,)](x, v, self.p, self.keys, self.pm, self.ps, self.pi, self.pf, self.out, self.tok,
-                            min(self.k, v), a, b, self.prm64, self.prm32,
-                            PB=max(16, _pow2(self.p)), NC=max(16, _pow2(self.p * kc)), KB=kc,
+        kb = self.kb
+        _chunk_kernel[(self.p,)](x, v, self.keys, self.pm, self.ps, self.pi, self.pf, CH=self.ch, KC=kb,
+                                 SAMPLED=self.sampled, LIB=self.lib, num_warps=self.chunk_warps)
+        if self.merge:
+            _merge_kernel[(self.p2,)](self.keys, self.p * kb, self.cand, GK=self.g * kb, KB=kb,
+                                      num_warps=self.merge_warps)
+        _final_kernel[(1,)](x, v, self.p, self.cand, self.p2 * kb, self.pm, self.ps, self.pi, self.pf, self.out,
+                            self.tok, min(self.k, v), a, b, self.prm64, self.prm32,
+                            PB=max(16, _pow2(self.p)), NC=max(16, _pow2(self.p2 * kb)), KB=kb,
                             SAMPLED=self.sampled, LIB=self.lib, num_warps=8)
         return self.out, self.tok
