@@ -144,7 +144,8 @@ class Switches:
                                 "before it is (off: the logits copied to the host and sampled there; a logits "
                                 "processor always is)")
     fused_draw: bool = _sw(True, "MINFER_FUSED_DRAW",
-                           "CUDA generate()'s device draw in two launches (ops/cuda/draw.py: greedy, or top-k "
+                           "CUDA generate()'s device draw in two launches, three for a sampled one over a large vocabulary "
+                           "(ops/cuda/draw.py: greedy, or top-k "
                            "sampling with top_k 1..128, no top_logprobs; counted sampling.device.fused) instead of "
                            "the batch engine's 27-126 torch kernels and copies (off: those; the same tokens; generate() "
                            "on the H200 7B: greedy 1.04x, default sampling 1.16-1.21x, perf-log AG4)",
