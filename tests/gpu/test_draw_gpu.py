@@ -30,9 +30,9 @@ CASES = {
 }
 
 
-# 152064: 149 sampled chunks, merged (3-19 merge programs); 16385: 17 chunks, 2-3 merge programs
-# (none at top_k 1: G 64); 4097 and 50: no merge
-@pytest.mark.parametrize("v", [152064, 16385, 4097, 50])
+# 152064: 75 sampled chunks of 2048, merged (2-10 merge programs); 40961: 21 chunks, 2-3 merge
+# programs (none at top_k 1: G 64); 4097 and 50: no merge
+@pytest.mark.parametrize("v", [152064, 40961, 4097, 50])
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_same_tokens_as_the_torch_draw(name, v):
     from minfer.ops.cuda import draw
@@ -58,7 +58,7 @@ def test_the_same_tokens_as_the_torch_draw(name, v):
     assert worst < 1e-5
 
 
-@pytest.mark.parametrize("v", [152064, 16385])
+@pytest.mark.parametrize("v", [152064, 40961])
 @pytest.mark.parametrize("k", [1, 40, 100, 128])
 def test_the_merge_keeps_the_top_keys_and_other_sizes_the_tokens(k, v):
     """The default sizes' candidates hold the row's KB largest order keys; the old design (4096
@@ -67,7 +67,7 @@ def test_the_merge_keeps_the_top_keys_and_other_sizes_the_tokens(k, v):
 
     p = SamplingParams(seed=4, top_k=k)
     fd = draw.FusedDraw(p, "cuda")
-    sizes = ((4096, 0), (512, 1024), (2048, 2048))          # (4096, 0): the design before the merge
+    sizes = ((4096, 0), (512, 1024), (1024, 2048))          # (4096, 0): the design before the merge
     others = [draw.FusedDraw(p, "cuda", ch=ch, merge_keys=mk) for ch, mk in sizes]
     g = torch.Generator(device="cuda").manual_seed(k)
     seed = draw_seed(p.seed)
@@ -76,7 +76,7 @@ def test_the_merge_keeps_the_top_keys_and_other_sizes_the_tokens(k, v):
         if trial % 2:
             x[::7] = x[2].clone()
         out, tok = fd(x, *_row_keys(seed, trial))
-        assert fd.merge == (k > 1 or v > 64 * 1024)
+        assert fd.merge == (k > 1 or v > 64 * 2048)         # (top_k 1: 64 chunks a merge program)
         want = torch.topk(_order_keys(x[None])[0], fd.kb).values
         assert torch.equal(torch.topk(fd.cand, fd.kb).values, want)
         for o in others:

@@ -109,10 +109,10 @@ LAUNCHES = [
     (SamplingParams(seed=1, top_k=128), 3000, 128, 512, 24, 6),   # KB 128, G 4
     (SamplingParams(seed=1, top_k=1), 3000, 128, 256, 24, 2),     # KB 16, G 16
     (SamplingParams(temperature=0), 3000, 128, 256, 24, 0),       # greedy: no keys to merge
-    (SamplingParams(seed=1), 152064, None, 1024, 149, 10),        # the defaults at the 7B's vocabulary
-    (SamplingParams(seed=1, top_k=128), 152064, None, 1024, 149, 19),
-    (SamplingParams(seed=1, top_k=1), 152064, None, 1024, 149, 3),
-    (SamplingParams(seed=1), 4097, None, 1024, 5, 0),
+    (SamplingParams(seed=1), 152064, None, 1024, 75, 5),          # the defaults at the 7B's vocabulary
+    (SamplingParams(seed=1, top_k=128), 152064, None, 1024, 75, 10),
+    (SamplingParams(seed=1, top_k=1), 152064, None, 1024, 75, 2),
+    (SamplingParams(seed=1), 4097, None, 1024, 3, 0),
     (SamplingParams(temperature=0), 152064, None, 1024, 38, 0),   # greedy keeps 4096-logit chunks
 ]
 

@@ -7,7 +7,7 @@ tiny, each launched by the host between two decode steps (tools/draw_prof.py on 
 210 us of GPU time, 0.3 / 2.4 ms of host time a draw). Here greedy is two launches and sampled
 three when the vocabulary has more than G chunks (else two):
 
-  _chunk_kernel  one program per CH logits (4096 greedy, 1024 sampled): their NaN / +inf flags,
+  _chunk_kernel  one program per CH logits (4096 greedy, 2048 sampled): their NaN / +inf flags,
                  max and sum of exp(x - max) (the logsumexp's partials), and the first index of
                  their max (greedy) or their KB largest order keys (sampled:
                  batch_sampling._order_keys, tl.topk);
@@ -19,11 +19,12 @@ three when the vocabulary has more than G chunks (else two):
                  [token, logprob, NaN flag, +inf flag] (float64) and the token (int64) for the
                  next step launched from the device.
 
-Measured on the H200 at V = 152,064 before the merge stage (4096-logit chunks both ways, two
-launches; GPU busy a draw with its read-back copy, perf-log AG3): greedy 5.6 us, top-k 40 50.7 us
-(the chunk kernel 21.8, 38 programs sorting 4096 keys; the final 27.5, one sorting 38 * 64 keys
-padded to 4096). Greedy's launches are unchanged since; the sampled draw's times with the smaller
-chunks and the merge are not measured yet (tools/draw_prof.py --variants).
+Measured on the H200 at V = 152,064 (tools/draw_prof.py --variants, the kernels' GPU time a draw,
+perf-log AH2): greedy 5.6 us (AG3). Sampled, before the merge stage (4096-logit chunks, two
+launches): top-k 40 49.2 us (the chunk kernel 21.8: 38 programs sorting 4096 keys; the final 27.4:
+one sorting 38 * 64 keys padded to 4096), top-k 128 97.0. With 2048-logit chunks and the merge
+(75 chunk programs, 5 / 10 merge programs): 21.5 / 40.3 us; 1024-logit chunks read 21.2 / 52.2 (the
+final then sorts 4096 keys at top-k 128), 512 26.0 / 84.4.
 
 Same arithmetic as the torch draw: the order keys (so top-k picks the same tokens and ties break
 by ascending id), the float64 softmax and cumsum for top-p, float32 min-p against log(min_p) as
@@ -48,7 +49,7 @@ from triton.language.extra import libdevice
 
 MAX_TOP_K = 128          # the final sort: pow2(cdiv(P, G) * KB) keys in one program (4096 at 128, V 152,064)
 CH = 4096                # logits per _chunk_kernel program, greedy
-SAMPLED_CH = 1024        # logits per _chunk_kernel program, sampled (each sorts its CH order keys)
+SAMPLED_CH = 2048        # logits per _chunk_kernel program, sampled (each sorts its CH order keys)
 MERGE_KEYS = 1024        # keys a _merge_kernel program sorts: G = MERGE_KEYS // KB chunks' top-KB each
 CHUNK_WARPS = 8
 MERGE_WARPS = 8
