@@ -8,7 +8,7 @@ copy). The host draw copies the (V,) logits and filters them on the CPU instead,
 therefore draws the same tokens as the CUDA batch engine.
 
 Greedy, or top-k sampling with top_k 1..128, without penalties or top_logprobs (the defaults and
-`minfer run`'s settings): the same draw in two kernel launches instead of 27-126 torch kernels and copies
+`minfer run`'s settings): the same draw in two or three kernel launches instead of 27-126 torch kernels and copies
 (ops/cuda/draw.py, Switches.fused_draw), its four values read back from a pinned buffer kept for
 the generation. It draws the same tokens but for near-ties within rounding (its docstring).
 
@@ -44,7 +44,7 @@ class DeviceDraw:
         self._off = not fused    # Switches.fused_draw off
 
     def _fused(self, x: torch.Tensor):
-        """The two-launch draw (ops/cuda/draw.py) when it takes this request on x's device, else
+        """The fused draw (ops/cuda/draw.py) when it takes this request on x's device, else
         None (the torch draw below; both counted)."""
         from minfer.ops import paths
 
