@@ -100,13 +100,11 @@ def main(argv=None) -> int:
         kw = kw_qkv if label.startswith("q/k/v") else kw0
         row_major = rws
         for ci, cfg in enumerate([shipped] + tries.get(short, [])):
-            # the shipped config as the engine takes it (config=None: the table), a tried one by name
-            r = _time_one(a, label, short, specs, k, n, qts, cfg if ci else None, cfg, row_major, copies, q8, ref,
+            r = _time_one(a, label, short, specs, k, n, qts, cfg, ci == 0, row_major, copies, q8, ref,
                           ws, kw, file_bytes, plane_bytes, sw)
             if r is None:
                 bad += 1
             else:
-                r["shipped"] = ci == 0
                 rows.append(r)
         del rws, row_major
         torch.cuda.empty_cache()
@@ -126,10 +124,11 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
-def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies, q8, ref, ws, kw, file_bytes,
+def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies, q8, ref, ws, kw, file_bytes,
               plane_bytes, sw):
     """One config of one shape: checked (the Gluon path, float64, tile-major = row-major bits), then
-    timed without PDL and PDL-chained; the row, or None after printing what failed."""
+    timed without PDL and PDL-chained; the row, or None after printing what failed. shipped: cfg is
+    the table's, launched as the engine takes it (no explicit config, the engine's tile layout)."""
     from minfer.ops import paths
     from minfer.ops.cuda import gemv_q8 as Q
     from minfer.ops.cuda import gemv_q8_gluon as GL
@@ -137,7 +136,8 @@ def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies,
     from minfer.ops.cuda.plane_layout import tile_rows_for
     from minfer.bench.gemv_sweep import graph_time
 
-    if config is None:
+    config = None if shipped else cfg
+    if shipped:
         tr = tile_rows_for(qts[0], n, k, sw.gemv_q8g_table) if len(specs) == 1 else 0
     else:
         tr = int(cfg[0]) if len(specs) == 1 and len(cfg) > 9 and cfg[9] else 0
@@ -177,8 +177,8 @@ def _time_one(a, label, short, specs, k, n, qts, config, cfg, row_major, copies,
     regs = max((_regs(c) for c in new), default=0)
     threads = 32 * int(cfg[3])
     per_sm = min(65536 // (regs * threads), 2048 // threads, 32) if regs else 0
-    r = {"shape": label, "key": short, "types": [NAME[q] for q in qts], "n": n, "k": k, "config": list(cfg),
-         "tile_rows": tr, "regs": regs, "per_sm": per_sm, "file_mb": file_bytes / 1e6,
+    r = {"shape": label, "key": short, "shipped": shipped, "types": [NAME[q] for q in qts], "n": n, "k": k,
+         "config": list(cfg), "tile_rows": tr, "regs": regs, "per_sm": per_sm, "file_mb": file_bytes / 1e6,
          "plane_mb": plane_bytes / 1e6, "rel_err": err, "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
          "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9}
     print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
