@@ -237,7 +237,12 @@ class Switches:
                               "epilogue, and the down GEMV's program finishing its last row tile makes the whole "
                               "normed row and its q8 form (gemv_q8g_norm._norm_tail), q/k/v reads them as from "
                               "the norm kernel (H200 graph +128 / +132 us at d16 / d3354: one program's tail "
-                              "costs more than the launch, perf-log AA3); 0: the norm kernel, then the GEMV",
+                              "costs more than the launch, perf-log AA3); 4: that epilogue also makes its tiles' "
+                              "q8 words of s * weight without rstd (one q8 chunk a 32-row tile), for the down "
+                              "before q/k/v and the o projection before gate/up, and the next GEMV scales its "
+                              "row sums by rstd from the tiles' sums (rstd is one factor of every chunk's "
+                              "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1); "
+                              "0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",
                                   "one-token decode attention: each program's first tile of cached keys/values "

@@ -87,6 +87,20 @@ def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, 
 
     The rotated keys and values of this step go to the cache (cache.write); attention reads
     what the cache gives for the step (cache.attend)."""
+    return ops.linear(attention_heads(h, blk, cfg, cache, layer, step, ctx), blk.attn_output, None, ctx)
+
+
+def attention_residual_norm(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, ctx, x: torch.Tensor,
+                            norm_weight: torch.Tensor, eps: float, out_dtype) -> tuple:
+    """(x + attention_branch(h), its RMSNorm by norm_weight in out_dtype): the attention with the
+    residual add and the FFN norm after it (ops.linear_add_rms_norm, role ffn_norm). The norm's
+    output goes to the FFN's GEMVs only (into_linear), which may apply its scale on CUDA."""
+    return ops.linear_add_rms_norm(attention_heads(h, blk, cfg, cache, layer, step, ctx), blk.attn_output, x,
+                                   norm_weight, eps, out_dtype, ctx, into_linear=True, role="ffn_norm")
+
+
+def attention_heads(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, ctx) -> torch.Tensor:
+    """The attention's heads before the o projection, merged: (T, H * Dh) in h's dtype."""
     T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
     q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
@@ -95,7 +109,7 @@ def attention_branch(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, 
     if blk.attn_q_norm is not None:
         q, k = head_norm(q, blk.attn_q_norm, cfg.rms_eps), head_norm(k, blk.attn_k_norm, cfg.rms_eps)
     o = rope_write_attend(cache, layer, q, k, v.view(T, Hkv, Dh), step, cfg.rope, ctx)   # (T, H, Dh)
-    return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+    return merge_heads(o)
 
 
 def rope_write_attend(cache, layer: int, q, k, v, step, rope, ctx, window: int = 0):

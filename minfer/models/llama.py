@@ -17,7 +17,7 @@ import torch
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.models.base import Model, Step
-from minfer.models.layers import Block, attention_branch, ffn_branch, ffn_residual_norm, load_block, load_head
+from minfer.models.layers import Block, attention_residual_norm, ffn_branch, ffn_residual_norm, load_block, load_head
 from minfer.weights import QWeight, load_qweight
 
 
@@ -95,8 +95,7 @@ class LlamaModel(Model):
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
         h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)   # (T, D) act
         for i, blk in enumerate(blocks):
-            x, h = ops.add_rms_norm(x, attention_branch(h, blk, self.cfg, cache, i, step, ctx),
-                                    blk.ffn_norm, eps, act, ctx)
+            x, h = attention_residual_norm(h, blk, self.cfg, cache, i, step, ctx, x, blk.ffn_norm, eps, act)
             if i + 1 < len(blocks):
                 # the down projection, the residual add and the next layer's norm; h goes to that
                 # layer's q/k/v GEMV only, whose programs may do the norm (Switches.norm_into_gemv)

@@ -100,14 +100,16 @@ def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None, into_
     return _backend(x).add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear)
 
 
-def linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx: Context | None = None, into_linear: bool = False):
-    """(s, h): s = x + a @ w^T (the residual add of a layer's last matmul), h = rms_norm(s) *
-    weight in out_dtype: linear, then add_rms_norm. On CUDA one decode row may have the GEMV's
-    epilogue make s and its sums of squares, and (into_linear) leave h to the q/k/v GEMV that
-    reads it (Switches.norm_into_gemv = 2)."""
+def linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx: Context | None = None, into_linear: bool = False,
+                        role: str = "attn_norm"):
+    """(s, h): s = x + a @ w^T (the residual add of a block's matmul), h = rms_norm(s) * weight in
+    out_dtype: linear, then add_rms_norm. role: attn_norm (the down projection and the next
+    layer's attention norm) or ffn_norm (the o projection and the FFN norm). On CUDA one decode
+    row may have the GEMV's epilogue make s and its sums of squares, and (into_linear) leave h to
+    the GEMV that reads it (Switches.norm_into_gemv 2 and 4; ops/cuda/qmatmul.py)."""
     if a.device.type != "cuda":
         return reference.add_rms_norm(x, _cpu_linear(a, w, None, ctx), weight, eps, out_dtype)
-    return _backend(a).linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx, into_linear=into_linear)
+    return _backend(a).linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx, into_linear=into_linear, role=role)
 
 
 def rope(x, positions, cfg):

@@ -255,3 +255,98 @@ def test_graphed_decode_with_the_norm_tail(tmp_path, monkeypatch):
     assert c.get("gemv_q8.norm_tail", 0) > 0 and c.get("qmatmul.residual_norm", 0) == c["gemv_q8.norm_tail"], c
     assert "add_rms_norm.into_gemv" not in c and "gemv_q8.norm_prologue" not in c, c
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+# ---------------------------------------------------------------- mode 4: the q8 row without rstd, rstd in the next GEMV
+
+
+@pytest.mark.parametrize("qt,n,k,cfg", [(12, 3584, 18944, None), (14, 3584, 18944, (32, 2, 5, 4, True)),
+                                        (12, 3584, 3584, (32, 16, 1, 8)), (12, 3584, 3584, (32, 2, 4, 4, True))])
+def test_residual_q8_epilogue_is_the_q8_of_s_times_weight(qt, n, k, cfg):
+    """gemv_q8_residual with rq (Switches.norm_into_gemv = 4) at the 7B's down and o shapes, split and
+    one-step configs: s and the tile sums are mode 2's bit for bit, and the q8 row is the q8 kernel's
+    on s * weight (the same float32 product): the same scales, the words within a rounding flip;
+    counted, the workspace's tickets left at zero."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, _ = _weight(qt, n, k, seed=60 + qt + k // 1000)
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(qt + 3)
+    nw = torch.rand(n, device="cuda", generator=g) + 0.5
+    for i in range(3):
+        a = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, n, device="cuda", generator=g) * (1 + 3 * i)
+        q8 = Q.quantize(a)
+        s2, ssp2 = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg)
+        paths.reset()
+        s, ssp, (hq, hf) = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg, rq=nw)
+        assert paths.snapshot()["counts"] == {"gemv_q8.gluon": 1, "gemv_q8.residual_sumsq": 1,
+                                              "gemv_q8.residual_q8": 1}
+        assert torch.equal(s, s2) and torch.equal(ssp, ssp2), i
+        rq_, rf_ = Q.quantize(s * nw)
+        fa, fb = hf.view(-1, 4), rf_.view(-1, 4)
+        assert torch.equal(fa[:, 0], fb[:, 0]) and torch.equal(fa[:, 3], fb[:, 3]), i       # d (amax / 127); 0
+        # the words: the same operations, but either compiler may contract v * inv + 0.5 into an fma:
+        # a value on a rounding edge may flip one step (and move s0 / s1 by d)
+        qa, qb = hq.view(torch.int8).to(torch.int32), rq_.view(torch.int8).to(torch.int32)
+        assert int((qa - qb).abs().max()) <= 1 and float((qa != qb).float().mean()) < 1e-3, i
+        assert bool(((fa[:, 1:3] - fb[:, 1:3]).abs() <= 1.01 * fb[:, :1] + 1e-12).all()), i
+        assert int(ws.cnt.abs().sum()) == 0, i
+
+
+@pytest.mark.parametrize("kind,cfg", [("mixed", (8, 16, 1, 4, 2, 0, False, True, True)), ("q4", (8, 16, 1, 4, 2, 0, False, True)),
+                                      ("q4", (32, 2, 4, 4, True)), ("q4", (32, 1, 1, 4, 1, 0, 0, 0, 0, 0, 1))])
+def test_norm_scale_matches_the_norm_kernel(qkv, kind, cfg):
+    """The next GEMV on mode 4's row (the q8 of s * weight) scaling its row sums by rstd from the tile
+    sums (NORM 4), at the 7B's q/k/v shapes with the shipped K-warps configs, a split one and gate/up's
+    x-ahead one: against the norm kernel on s then the GEMV (the same q8 words but at rounding edges;
+    rstd applied to the sums instead of the values) within 1e-4, and against float64 math; counted,
+    nothing materialized."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import q8_rows
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    rd, _ = _weight(12, 3584, 18944, seed=71)
+    segs, w = qkv[kind]
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(8)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    bias = torch.randn(4608, device="cuda", generator=g)
+    for i in range(3):
+        a = torch.randn(1, 18944, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
+        s, ssp, q8u = Q.gemv_q8_residual(Q.quantize(a), rd, x, torch.bfloat16, ws=ws, gluon=True, rq=nw)
+        _, _, q80 = q8_rows._q8_launch(s, None, None, nw, 1e-6, torch.bfloat16, False)
+        ref = Q.gemv_q8(q80, segs, bias=bias, out_dtype=torch.float32, ws=ws, gluon=True, config=cfg)
+        h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
+        pre = PreNorm(s, None, nw, 1e-6, s, h, False, 0, True, True, ssp=ssp, q8u=q8u)
+        paths.reset()
+        out = Q.gemv_q8(None, segs, bias=bias, out_dtype=torch.float32, ws=ws, gluon=True, prenorm=pre, config=cfg)
+        snap = paths.snapshot()
+        assert snap["counts"] == {"gemv_q8.norm_scale": 1, "gemv_q8.gluon": 1} and not snap["fallbacks"], snap
+        assert pre.q8 is None
+        assert rel_err(out, ref) < 1e-4, (i, rel_err(out, ref))
+        v = s.double() / torch.sqrt((s.double() ** 2).mean() + 1e-6) * nw.double()
+        assert rel_err(out, v @ w.T + bias.double()) < 2e-2, i
+
+
+def test_graphed_decode_with_the_norm_scale(tmp_path, monkeypatch):
+    """norm_into_gemv = 4 in a whole model's graphed greedy decode against 0 (graphed_pair's rule):
+    both residual GEMVs of every layer but the last down (o before gate/up, down before the next
+    q/k/v) make the q8 row, each read by the next GEMV with rstd; no norm launch between them and
+    no fallback."""
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=4), None, seed=13, prompt_seed=9,
+                           n_prompt=10, same_prefill=True)
+    c = snap["counts"]
+    assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
+    assert c["gemv_q8.residual_q8"] == c.get("qmatmul.residual_norm", 0), c
+    assert "add_rms_norm.into_gemv" not in c and "gemv_q8.norm_prologue" not in c, c
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]

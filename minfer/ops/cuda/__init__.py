@@ -30,6 +30,9 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
                                  (gemv_q8.residual_sumsq; norm_into_gemv = 2), the norm left to q/k/v
   gemv_q8.norm_tail              norm_into_gemv = 3: that GEMV's last row tile also makes the normed row
                                  and its q8 form (gemv_q8g_norm._norm_tail), no norm launch
+  gemv_q8.residual_q8            norm_into_gemv = 4: the residual GEMV's tiles (down before q/k/v, o
+                                 before gate/up) also make the q8 row of s * weight, rstd left out;
+                                 gemv_q8.norm_scale: the next GEMV scales its row sums by rstd
   attention.prefill.cudnn        SDPA's cuDNN kernel from position 0, length bucketed (cudnn_attention)
   attention.prefill.flash        SDPA's FA2 kernel (cudnn off, or refused)
   attention.prefill.masked       after a cached prefix: the memory-efficient kernel, offset causal mask

@@ -290,11 +290,16 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     PDL wait (Switches.pdl_preload). prenorm (a q8_rows.PreNorm; q8 None): x_hat is the q8 form of
     the deferred rms_norm(x + y) * weight, made by the Gluon kernel's programs (its NORM, which
     also stores x + y into prenorm.s; counted `gemv_q8.norm_prologue`); where the Gluon kernel
-    does not take the launch, prenorm's own kernel runs first (a counted fallback)."""
+    does not take the launch, prenorm's own kernel runs first (a counted fallback). A prenorm with
+    q8u (Switches.norm_into_gemv = 4): x_hat is that q8 row of s * weight and the kernel scales its
+    row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
+    rscale = None
     if prenorm is not None:
         if prenorm.q8 is not None:
             q8, prenorm = prenorm.q8, None
+        elif prenorm.q8u is not None:
+            q8, rscale = prenorm.q8u, (prenorm.ssp, prenorm.ssp.numel(), prenorm.eps)
         else:
             q8 = (prenorm.s, prenorm.s)        # (not read: only the device and the K check below)
             if prenorm.x.shape != (1, segs[0].k):
@@ -315,6 +320,14 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
     wk = kwarps(cfg)
+    if rscale is not None:
+        if use_g and cfg[2] >= 0:
+            paths.count("gemv_q8.norm_scale")
+        else:
+            paths.fallback("gemv_q8.norm_scale", why or "the Triton kernel or stream-K takes this launch: no rstd scale")
+            xq, xf = prenorm.materialize()
+            rscale = None
+        prenorm = None
     if prenorm is not None:
         if use_g and not wk:
             paths.count("gemv_q8.norm_prologue")
@@ -360,7 +373,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
-                  (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps))
+                  (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale)
         return out
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -400,7 +413,7 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
-                     preload: bool = True, config=None, tail=None) -> tuple | None:
+                     preload: bool = True, config=None, tail=None, rq=None) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -409,7 +422,10 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     shape not in its table, another GPU): the caller runs the GEMV and the add + norm kernel.
     tail: (weight (N,), eps) -- the program that finishes the last row tile also makes h =
     rms_norm(s) * weight in act_dtype with its q8 form (Switches.norm_into_gemv = 3,
-    gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set."""
+    gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set. rq: weight (N,) -- each
+    tile's program also makes the q8 form of its rows of s * weight, rstd left to the next GEMV
+    (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
+    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32)."""
     xq, xf = q8
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
@@ -439,10 +455,14 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
         hf = torch.empty(n // 8, dtype=torch.float32, device=xq.device)
         tl_args = (tail[0], float(tail[1]), h, hq, hf)
         h.q8 = (hq, hf)
+    if rq is not None and tail is None and bn % 32 == 0 and n % bn == 0:
+        paths.count("gemv_q8.residual_q8")
+        h = (torch.empty(n // 4, dtype=torch.int32, device=xq.device), torch.empty(n // 8, dtype=torch.float32,
+                                                                                  device=xq.device))
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
-              x_ahead=x_ahead(cfg))
-    return (s, ssp, h) if tail is not None else (s, ssp)
+              x_ahead=x_ahead(cfg), rss_q8=(rq, *h) if rq is not None and h is not None else None)
+    return (s, ssp, h) if tail is not None or rq is not None else (s, ssp)
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:

@@ -51,7 +51,7 @@ from triton.experimental.gluon import language as gl
 from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
-                                           _ss_rstd)
+                                           _rss_q8, _ss_rstd)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
 
@@ -64,7 +64,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           PRE: gl.constexpr = False, NORM: gl.constexpr = 0, KP2: gl.constexpr = 1,
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
-          sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False):
+          sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
+          RQ: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -85,6 +86,14 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     RSS (the GEMV before such a NORM == 2 launch): resid is the residual x (float32); the epilogue
     rounds each row sum to ydt's dtype (as the GEMV output the add + norm kernel read), stores s =
     x + that in float32 into out, and the sum of the tile's s^2 into ssp[pid_n].
+
+    NORM == 4 (Switches.norm_into_gemv = 4): x_hat is xq / xf as usual, the q8 form of s * ng
+    without rstd (made by the GEMV before, RQ); the program takes rstd from ny's nss per-tile
+    sums of squares (as NORM 2) and multiplies its row sums by it: rstd is one factor of every
+    chunk's d, s0 and s1, so W . x_hat scales by it (gemv_q8g_norm._rss_q8).
+
+    RQ (with RSS, one weight, BN a multiple of 32): the epilogue also stores that q8 form of its
+    tile's rows of s * ng into gq / gf (gemv_q8g_norm._rss_q8).
 
     TAIL (with RSS, one weight: Switches.norm_into_gemv = 3): the program that finishes the last
     row tile also makes the next layer's normed row h (th) by ng and eps and its q8 form (gq, gf)
@@ -148,6 +157,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     elif NORM == 2:
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
+    elif NORM == 4:
+        rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)            # the GEMV before's tile sums: after the wait
     if XP:
         xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
     for blk in range(b_lo, b_hi, BB):
@@ -169,8 +180,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
                 nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(blk * 8 + c3, NB * 8 - 1),
                              gl.minimum(blk * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
             wq, hq, sa, sb = nxt
-        if NORM > 0:
-            # this step's words and scales from the program's q8 row in shared memory
+        if NORM % 4 > 0:
+            # (NORM 1 or 2) this step's words and scales from the program's q8 row in shared memory
             st = (blk - b_lo) // BB
             xlo = gl.expand_dims(wl_s.index(st).load(LX), 0)          # [1, C, 4]
             xhi = gl.expand_dims(wh_s.index(st).load(LX), 0)
@@ -203,6 +214,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
+    if NORM == 4:
+        res = res * rstd
     if GLU:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
     elif SK:
@@ -227,6 +240,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
                 tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
             if RSS:
                 _finish_rss(tot, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+                if RQ:
+                    _rss_q8(out, ng, gq, gf, pid_n, BN, NW)
             else:
                 _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
             gl.atomic_xchg(cnt + pid_n, 0)
@@ -234,6 +249,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
                 _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
     elif RSS:
         _finish_rss(res, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+        if RQ:
+            _rss_q8(out, ng, gq, gf, pid_n, BN, NW)
         if TAIL:
             _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
     else:
@@ -297,7 +314,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
-                     XP: gl.constexpr = False):
+                     XP: gl.constexpr = False, RQ: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -331,7 +348,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
-              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP)
+              HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
+              RQ=RQ)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -428,7 +446,8 @@ def _pdl_mode(pdl, late: bool) -> int:
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
-           regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False):
+           regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
+           rscale=None, rss_q8=None):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -442,11 +461,18 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     (_tile's TAIL); cnt must then hold ta + 1 zeroed counters (cnt[ta]: the tail's ticket).
     kwarps: the warps split each step's chunks (_tile's WK; the config's eighth field), for a
     step of at least 16 chunks a warp, without a norm prologue. second_first (two weights; the
-    config's ninth field): the second weight's row tiles take the lowest program ids (_gemv_q8g_kernel's SF)."""
+    config's ninth field): the second weight's row tiles take the lowest program ids (_gemv_q8g_kernel's SF).
+    rscale: (ssp float32 (nss,), nss, eps) -- xq / xf are the q8 form of s * weight without rstd, and
+    the row sums are scaled by rstd from those tile sums (NORM 4); rss_q8 (with rss, one weight, BN
+    a multiple of 32 dividing N): (weight (N,), hq (N/4,) int32, hf (N/8,) float32) receive that q8
+    form of out * weight (RQ)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
         _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
+    if rss_q8 is not None and (rss is None or len(segs) != 1 or tail is not None or bn % 32 or n % bn):
+        raise ValueError("the q8 epilogue needs the RSS epilogue of one weight, no tail, and tiles of a multiple "
+                         "of 32 rows that divide N")
     if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None):
         from minfer.errors import MinferError
 
@@ -459,6 +485,9 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     elif norm_ss is not None:
         (nx, ny, nss, ng, eps), mode = norm_ss, 2
         kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
+    elif rscale is not None:
+        (ny, nss, eps), mode = rscale, 4
+        kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
     ssp, ydt = rss if rss is not None else (out, out)
     th = tq = tf = out
     if tail is not None:
@@ -466,6 +495,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
             raise ValueError("the norm tail needs the RSS epilogue of one weight and no norm prologue")
         ng, eps, th, tq, tf = tail
         nss = ta
+    if rss_q8 is not None:
+        ng, tq, tf = rss_q8
     rec = timeline.RECORDER
     tlb = rec.buffer(f"{n}x{nb * 256}", grid, out.device) if rec is not None else out
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
@@ -475,10 +506,11 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
-                           NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode else 1, RSS=rss is not None,
+                           NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode in (1, 2) else 1,
+                           RSS=rss is not None, RQ=rss_q8 is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-                           XP=bool(x_ahead) and mode == 0,
+                           XP=bool(x_ahead) and mode in (0, 4),
                            num_warps=nwarps, **_opts(pdl, regs))
 
 

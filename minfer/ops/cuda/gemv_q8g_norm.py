@@ -6,6 +6,8 @@ GEMV's output) itself (_norm_rstd); NORM 2: it adds up the per-tile sums of squa
 before stored (_ss_rstd). Either way it then makes the q8 form of its own chunks of the normed
 row once, in shared memory (_norm_q8_smem), which its K loop reads instead of xq / xf. RSS: the
 layer's last GEMV stores x + its rounded output and each tile's sum of squares (_finish_rss).
+NORM 4 with RQ: that GEMV also makes the q8 form of its tiles of s * weight without rstd
+(_rss_q8), and the next GEMV reads it as any q8 row and scales its row sums by rstd.
 """
 
 from __future__ import annotations
@@ -112,6 +114,23 @@ def _finish_rss(v, rows, rmask, bias, bpre, xres, out, ssp_tile, ydt, HAS_BIAS: 
     sv = xres + v.to(ydt.dtype.element_ty).to(gl.float32)
     gl.store(out + rows, sv, mask=rmask)
     gl.store(ssp_tile, gl.sum(gl.where(rmask, sv * sv, 0.0), axis=0))
+
+
+@gluon.jit
+def _rss_q8(s, ng, gq, gf, pid_n, BN: gl.constexpr, NW: gl.constexpr):
+    """RQ (Switches.norm_into_gemv = 4), after _finish_rss stored this tile's rows of s: the q8
+    form of s * ng over the tile's BN // 32 chunks, rstd left out. RMSNorm's rstd is one positive
+    factor of the whole row, so a chunk's words are the same with or without it (q = v * 127 /
+    amax) and its d, s0, s1 scale by it: the GEMV reading this row multiplies its row sums by
+    rstd instead (_tile's NORM 4, from the tiles' sums of squares). Every value is quantized once,
+    by the program that made it: no ticket, no tail. Reads back what this program's threads
+    stored (a barrier first); layout and rounding as _q8_store_lq's."""
+    gl.thread_barrier()
+    CB: gl.constexpr = BN // 32
+    c3, b3, w3, cw, kw = _lq_axes(CB, NW)
+    idx = pid_n * BN + c3 * 32 + b3 * 8 + w3                          # [CB, 4, 8]: the tile's values
+    v = gl.load(s + idx, cache_modifier=".cg") * gl.load(ng + idx).to(gl.float32)
+    _q8_store_lq(v, b3, cw, kw, pid_n * CB, 0, gq, gf, False)
 
 
 @gluon.jit

@@ -100,17 +100,17 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     return s, h
 
 
-def deferred_norm(x, y, weight, eps: float, s, out_dtype, sw, ssp=None) -> torch.Tensor:
+def deferred_norm(x, y, weight, eps: float, s, out_dtype, sw, ssp=None, q8u=None) -> torch.Tensor:
     """h (1, D) in out_dtype, unwritten, with h.prenorm (q8_rows.PreNorm) for the q8 GEMV that
     reads it: rms_norm(x + y) * weight, s receiving x + y (or, with ssp, y None and x the
-    residual itself with its per-tile sums of squares); its kernel, if it must run, launches
-    as add_rms_norm's would (PDL, one pass, preload)."""
+    residual itself with its per-tile sums of squares, and q8u the q8 form of s * weight without
+    rstd); its kernel, if it must run, launches as add_rms_norm's would (PDL, one pass, preload)."""
     from minfer.ops.cuda import q8_rows
 
     h = torch.empty((1, x.shape[1]), dtype=out_dtype, device=x.device)
     h.prenorm = q8_rows.PreNorm(x, y, weight, eps, s, h, _interp(),
                                 pdl_enabled(sw, x.device, "add_rms_norm", early_ok=True), _one_pass(sw),
-                                sw.pdl_preload, ssp=ssp)
+                                sw.pdl_preload, ssp=ssp, q8u=q8u)
     return h
 
 

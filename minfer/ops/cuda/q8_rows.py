@@ -156,16 +156,19 @@ class PreNorm:
     calls materialize(), which runs add_rms_norm_q8's kernel into s and h (once) and attaches
     the q8 form to h, as the add_rms_norm path without the deferral does."""
 
-    __slots__ = ("x", "y", "weight", "eps", "s", "h", "interpret", "pdl", "one_pass", "preload", "q8", "ssp")
+    __slots__ = ("x", "y", "weight", "eps", "s", "h", "interpret", "pdl", "one_pass", "preload", "q8", "ssp", "q8u")
 
     def __init__(self, x, y, weight, eps: float, s, h, interpret: bool, pdl: int, one_pass: bool, preload: bool,
-                 ssp=None):
+                 ssp=None, q8u=None):
         self.x, self.y, self.weight, self.eps, self.s, self.h = x, y, weight, float(eps), s, h
         self.interpret, self.pdl, self.one_pass, self.preload = interpret, pdl, one_pass, preload
         self.q8 = None
         # ssp: the residual's per-tile sums of squares (gemv_q8.gemv_q8_residual): x is then the
         # residual s itself (written by that GEMV) and y is None
         self.ssp = ssp
+        # q8u (with ssp): the q8 form of s * weight without rstd, made by that GEMV's tiles
+        # (Switches.norm_into_gemv = 4): a q8 GEMV reads it and scales its row sums by rstd
+        self.q8u = q8u
 
     def materialize(self) -> tuple:
         """(xq, xf) of h; the kernel runs on the first call (writing s and h; with ssp, h only)."""

@@ -358,6 +358,9 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     int8 form `.q8` for the down projection; None when this path does not apply."""
     sw, ws = _ctx(ctx, x.device)
     grp = getattr(wts[0], "repacked_group", None)
+    pre = getattr(x, "prenorm", None)
+    if pre is not None and pre.q8 is None and not sw.gemv_swiglu:
+        return None         # (the pair's GEMV in linear_many takes the deferred norm; nothing run here)
     _realized(x, "the gate/up SwiGLU GEMV has no norm prologue")
     q8 = getattr(x, "q8", None)
     if (grp is None or grp[0] != tuple(wts) or x.shape[0] != 1 or q8 is None or not sw.gemv
@@ -384,21 +387,28 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
 
 
 def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                        ctx: Context | None = None, into_linear: bool = False) -> tuple:
-    """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). With
-    Switches.norm_into_gemv = 3, one decode row on the q8 Gluon GEMV: its epilogue stores s and the
+                        ctx: Context | None = None, into_linear: bool = False, role: str = "attn_norm") -> tuple:
+    """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). role: "attn_norm"
+    (the down projection, then the next layer's attention norm) or "ffn_norm" (the o projection,
+    then the layer's FFN norm: only mode 4 below takes it; otherwise linear, then add_rms_norm).
+    With Switches.norm_into_gemv = 3, one decode row on the q8 Gluon GEMV: its epilogue stores s and the
     program finishing its last row tile makes h and h's q8 form (gemv_q8g_norm._norm_tail; h is
     whole, so any consumer may read it). With 2 and into_linear: its epilogue
     stores s (float32) and each row tile's sum of s^2 (gemv_q8.gemv_q8_residual), and h is left to
     the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
-    `qmatmul.residual_norm`). Otherwise, and where that GEMV does not apply (counted as a
-    fallback), linear then norm_rope_act.add_rms_norm, as before."""
+    `qmatmul.residual_norm`). With 4 and into_linear, for either role: that epilogue also makes
+    the q8 form of s * weight tile by tile (rstd left out, gemv_q8g_norm._rss_q8), and the next
+    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs.
+    Otherwise, and where that GEMV does not apply (counted as a fallback), linear then
+    norm_rope_act.add_rms_norm, as before."""
     from minfer.ops.cuda import norm_rope_act
 
     _check(a, w)
     sw, ws = _ctx(ctx, a.device)
-    tail = sw.norm_into_gemv == 3
-    if (into_linear or tail) and sw.norm_into_gemv >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
+    ffn = role != "attn_norm"
+    mode = -1 if ffn and sw.norm_into_gemv != 4 else sw.norm_into_gemv
+    tail = mode == 3
+    if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
         rw = gemv_repack.planes_of(w) if sw.gemv else None
         r = None
         if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
@@ -406,20 +416,25 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             kw = _q8_kw(sw, a)
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
-                                         preload=kw["preload"], tail=(weight, eps) if tail else None)
+                                         preload=kw["preload"], tail=(weight, eps) if tail else None,
+                                         rq=weight if mode == 4 else None)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
                 return r[0], r[2]
-            s, ssp = r
-            return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp)
+            s, ssp = r[0], r[1]
+            q8u = r[2] if mode == 4 else None
+            if mode == 4 and q8u is None:
+                paths.fallback("gemv_q8.residual_q8", f"{w.name}: the GEMV's row tiles are not whole 32-value q8 "
+                               "chunks (its config's BN): the next GEMV's programs or the norm kernel make the row")
+            return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp, q8u=q8u)
         paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row "
                        "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
     y = _linear(a, w, None, sw, ws)
-    # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs)
-    # (this op's norm is the next layer's attention norm: models/layers.ffn_residual_norm)
-    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and not tail,
-                                      role="attn_norm")
+    # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs; mode 4's and the
+    # FFN norm's: the norm kernel)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx,
+                                      into_linear=into_linear and not tail and not ffn and mode != 4, role=role)
 
 
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:

@@ -1,0 +1,216 @@
+"""Switches.norm_into_gemv = 4 without a GPU: the residual GEMV's tiles make the q8 row of s * weight
+(rstd left out: gemv_q8g_norm._rss_q8, the RQ epilogue) and the next q8 GEMV scales its row sums by
+rstd from the tiles' sums of squares (gemv_q8_gluon._tile's NORM 4). In the interpreter the Gluon
+kernel never runs, so every path here is a counted fallback that must give the bits of the
+launches it replaces; the two Gluon variants build for sm_90 with the loads, stores and dot
+products they should have. Their numbers: tests/gpu/test_norm_into_gemv_gpu.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import interpreted_modules, random_weight, sm90_builds  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
+                                        "ignore:overflow encountered:RuntimeWarning",
+                                        "ignore:divide by zero encountered:RuntimeWarning")
+
+_COMPILE = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8_gluon as GL
+
+names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # the runtime arguments
+q4 = ["*i32", "*i16", "*i32", "*i32"]
+q6 = ["*i32", "*i16", "*i16", "*fp16"]
+out = {}
+for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq in json.loads(sys.argv[1]):
+    first = q4 if qt == 12 else q6
+    types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
+        ["i32"] * 6 + ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
+                       "*fp32"]
+    cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
+               HAS_BIAS=False, HAS_RESID=False, PDL=1, PF=2 if split == 1 and not rss else True, PRE=True,
+               NORM=norm, KP2=256 if norm else 1, NCHP=1, RSS=bool(rss), WK=bool(wk), RQ=bool(rq))
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
+    out[key] = k.asm["ptx"]
+    out[key + " smem"] = k.metadata.shared
+print(json.dumps(out))
+"""
+
+# (key, type, mixed, BN, BB, SPLIT, warps, warps along K, NORM, RSS, RQ): the consumers -- the 7B's
+# q/k/v configs (K-warps, all-Q4_K and mixed) and gate/up's rows-on-warps one, plain and NORM 4 --
+# and the producers -- the down's split config and o's one-step one, RSS alone and with RQ
+_CASES = [(f"{name} {norm}", 12, mixed, bn, bb, split, 4, wk, norm, 0, 0)
+          for name, mixed, bn, bb, split, wk in (("qkv", 0, 8, 16, 1, 1), ("qkvm", 1, 8, 16, 1, 1),
+                                                 ("gu", 0, 32, 1, 1, 0))
+          for norm in (0, 4)]
+_CASES += [(f"{name} {rq}", qt, 0, 32, bb, split, nw, 0, 0, 1, rq)
+           for name, qt, bb, split, nw in (("down4", 12, 2, 9, 4), ("down6", 14, 2, 5, 4), ("o", 12, 16, 1, 8))
+           for rq in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    return sm90_builds(_COMPILE, _CASES, timeout=900)
+
+
+@pytest.mark.parametrize("name", ["qkv", "qkvm", "gu"])
+def test_norm_scale_build_reads_the_tile_sums_and_nothing_else(ptx, name):
+    """NORM 4 against the plain build of the same config: the same PDL waits and dot products, the
+    shared memory but for the tile sums' cross-warp reduction (no q8 row of its own there, unlike
+    NORM 1 / 2: 44 bytes a chunk), no store more (it stores
+    nothing but its output), a load more for the tile sums and a square root (rstd) the plain
+    build has not."""
+    plain, scaled = ptx[f"{name} 0"], ptx[f"{name} 4"]
+    assert scaled.count("griddepcontrol.wait") == plain.count("griddepcontrol.wait") > 0
+    assert scaled.count("dp4a") == plain.count("dp4a") > 0
+    assert ptx[f"{name} 0 smem"] <= ptx[f"{name} 4 smem"] <= ptx[f"{name} 0 smem"] + 64
+    assert scaled.count("st.global") == plain.count("st.global")
+    assert scaled.count("ld.global") > plain.count("ld.global")
+    assert "sqrt" in scaled and "sqrt" not in plain
+    # the tile sums are another kernel's output: loaded only after the wait
+    before = scaled.split("griddepcontrol.wait")[0]
+    assert before.count("ld.global") == plain.split("griddepcontrol.wait")[0].count("ld.global")
+
+
+@pytest.mark.parametrize("name", ["down4", "down6", "o"])
+def test_residual_q8_build_adds_stores_not_tickets(ptx, name):
+    """RQ against the RSS build alone: the same dot products and atomics (the split's ticket only: no
+    tail ticket), more stores (the chunk's 8 words and its d, s0, s1) and more loads (its rows of s
+    read back past L1, .cg, and the norm weight), one barrier more."""
+    rss, rq = ptx[f"{name} 0"], ptx[f"{name} 1"]
+    assert rq.count("dp4a") == rss.count("dp4a") > 0
+    assert rq.count("atom.global") == rss.count("atom.global")
+    assert rq.count("st.global") > rss.count("st.global")
+    assert rq.count("ld.global.cg") > rss.count("ld.global.cg")
+    assert rq.count("bar.sync") > rss.count("bar.sync")
+
+
+def test_launch_refuses_the_q8_epilogue_on_a_partial_chunk(monkeypatch):
+    """GL.launch's rss_q8 needs whole 32-value chunks per tile (BN a multiple of 32 dividing N), the
+    RSS epilogue and one weight; the refusal happens before any launch."""
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+
+    launched = []
+
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *a, **k: launched.append((k["RQ"], k["NORM"], k["XP"]))
+
+    monkeypatch.setattr(GL, "_gemv_q8g_kernel", Kernel())
+    t = torch.zeros(64)
+    p = torch.zeros(16, dtype=torch.int32)
+    w = types.SimpleNamespace(qtype=12, planes=[p, p, p, p], n=64, k=3584, tile_rows=0)
+    args = ([w], t, t, t, None, t, t, t, 64, 64, 2, 14, 7, 2, 32, 2, 4, 1, (2, 2))
+    rq = (t, torch.zeros(16, dtype=torch.int32), t)
+    GL.launch(*args, rss=(t, t), rss_q8=rq)
+    assert launched == [(True, 0, False)]
+    with pytest.raises(ValueError, match="q8 epilogue"):
+        GL.launch(*args[:14], 16, *args[15:], rss=(t, t), rss_q8=rq)          # BN 16: half a chunk
+    with pytest.raises(ValueError, match="q8 epilogue"):
+        GL.launch(*args, rss_q8=rq)                                          # no RSS epilogue
+    GL.launch(*args, rscale=(t, 2, 1e-6), x_ahead=True)                      # NORM 4 keeps x ahead
+    assert launched[-1] == (False, 4, True) and len(launched) == 2
+
+
+@pytest.fixture(scope="module")
+def M():
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows",
+                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act",
+                                     "minfer.ops.cuda.qmatmul"]):
+        yield mods
+
+
+def _layer(M, qt: int, seed: int, k: int = 512, d: int = 256):
+    from minfer.weights import QWeight
+
+    G, Q = M["gemv_repack"], M["gemv_q8"]
+    raw = torch.from_numpy(random_weight(qt, d, k, np.random.default_rng(seed)))
+    w = QWeight(name="blk.0.attn_output.weight", qtype=qt, shape=(d, k), raw=raw)
+    w.repacked = G.repack(raw, qt, d, k)
+    g = torch.Generator().manual_seed(seed + 1)
+    x, nw = torch.randn(1, d, generator=g) * 3, torch.rand(d, generator=g) + 0.5
+    a = torch.randn(1, k, generator=g).to(torch.bfloat16)
+    a.q8 = Q.quantize(a, interpret=True)
+    return w, x, nw, a
+
+
+@pytest.mark.parametrize("role,qt", [("attn_norm", 12), ("ffn_norm", 14), ("ffn_norm", 12)])
+def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt):
+    """ops.linear_add_rms_norm with norm_into_gemv = 4 on the CUDA code in the interpreter (the
+    residual epilogue is Gluon-only): a counted fallback, then the GEMV and the add + norm + q8
+    kernel -- not a deferral -- so h arrives whole with its q8 row: the bits of linear +
+    add_rms_norm with the switch at 0, for the down's role and the o projection's."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    Q, qmatmul = M["gemv_q8"], M["qmatmul"]
+    w, x, nw, a = _layer(M, qt, 30 + qt)
+    y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
+    s0, h0, q80 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16, interpret=True)
+    paths.reset()
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=4), None),
+                                       into_linear=True, role=role)
+    snap = paths.snapshot()
+    assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
+    assert snap["counts"].get("add_rms_norm.q8") == 1 and "add_rms_norm.into_gemv" not in snap["counts"], snap
+    assert getattr(h, "prenorm", None) is None
+    assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(h.q8[0], q80[0]) and torch.equal(h.q8[1], q80[1])
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+def test_ffn_role_takes_no_other_mode(M, mode):
+    """The o projection's role (ffn_norm) is left alone by modes 0-3 (theirs is the norm before
+    q/k/v): the GEMV, then add_rms_norm without deferral -- the ops the model ran before the role
+    existed -- with no residual path tried (no fallback counted)."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    Q, qmatmul = M["gemv_q8"], M["qmatmul"]
+    w, x, nw, a = _layer(M, 12, 41)
+    y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
+    s0, h0, _ = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16, interpret=True)
+    paths.reset()
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16,
+                                       Context(Switches(norm_into_gemv=mode), None), into_linear=True, role="ffn_norm")
+    snap = paths.snapshot()
+    assert not snap["fallbacks"] and snap["counts"].get("add_rms_norm.q8") == 1, snap
+    assert getattr(h, "prenorm", None) is None and torch.equal(s, s0) and torch.equal(h, h0)
+
+
+def test_scaled_row_on_the_triton_kernel_materializes_the_norm(M):
+    """A PreNorm carrying q8u (mode 4's row) reaching the Triton kernel (the interpreter) is a
+    counted fallback of `gemv_q8.norm_scale`: the norm kernel runs on s first and the GEMV reads
+    its q8 row -- the bits of the norm kernel, then the GEMV -- never the unscaled row."""
+    from minfer.ops import paths
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    Q = M["gemv_q8"]
+    g = torch.Generator().manual_seed(5)
+    s, nw = torch.randn(1, 512, generator=g) * 2, torch.rand(512, generator=g) + 0.5
+    rw = M["gemv_repack"].repack(torch.from_numpy(random_weight(12, 64, 512, np.random.default_rng(6))), 12, 64, 512)
+    _, _, q80 = M["q8_rows"]._q8_launch(s, None, None, nw, 1e-6, torch.bfloat16, True)
+    ref = Q.gemv_q8(q80, rw, out_dtype=torch.float32, interpret=True)
+    q8u = Q.quantize(s * nw, interpret=True)
+    h = torch.empty((1, 512), dtype=torch.bfloat16)
+    pre = PreNorm(s, None, nw, 1e-6, s, h, True, 0, True, True, ssp=(s * s).view(2, 256).sum(1), q8u=q8u)
+    paths.reset()
+    out = Q.gemv_q8(None, rw, out_dtype=torch.float32, interpret=True, gluon=True, prenorm=pre)
+    snap = paths.snapshot()
+    assert any(k_.startswith("gemv_q8.norm_scale (fell back") for k_ in snap["fallbacks"]), snap
+    assert pre.q8 is not None and torch.equal(out, ref)
+
