@@ -70,10 +70,10 @@ def build(key: str, cfg: tuple, mixed: bool):
 
 def per_sm(regs: int, warps: int, smem: int) -> int:
     """Programs of `warps` warps at `regs` registers a thread that fit one SM (registers are given
-    out per warp in 256s; shared memory up to 227 KB)."""
+    out per warp in 256s; shared memory: 228 KB an SM, 1 KB of it reserved for each program)."""
     per_warp = -(-regs * 32 // 256) * 256
     fit = min(REGS_SM // (per_warp * warps), WARPS_SM // warps, PROGS_SM)
-    return min(fit, (227 * 1024) // smem) if smem else fit
+    return min(fit, (228 * 1024) // (smem + 1024)) if smem else fit
 
 
 def main():

@@ -214,3 +214,47 @@ def test_scaled_row_on_the_triton_kernel_materializes_the_norm(M):
     assert any(k_.startswith("gemv_q8.norm_scale (fell back") for k_ in snap["fallbacks"]), snap
     assert pre.q8 is not None and torch.equal(out, ref)
 
+
+
+_PAD = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from minfer.ops.cuda import gemv_q8_gluon as GL
+
+names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]
+q4 = ["*i32", "*i16", "*i32", "*i32"]
+types = q4 + q4 + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
+    ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
+out = {}
+for cap in json.loads(sys.argv[1]):
+    p = GL._pads(cap, "37888x3584")
+    cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=1, NW=4, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False, PDL=1,
+               PF=True, PRE=True, NORM=4, KP2=128, NCHP=1, RSS=False, WK=False, XP=True, PAD0=p[0], PAD1=p[1], PAD2=p[2])
+    sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+    k = triton.compile(GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)}),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    out[str(cap)] = [k.metadata.shared, k.asm["ptx"].count("dp4a"), k.asm["ptx"].count("st.global")]
+print(json.dumps(out))
+"""
+
+
+def test_occupancy_cap_reserves_the_shared_memory_that_caps_it():
+    """A config's twelfth field (gemv_q8g_pad): gate/up's build capped at 9 and 6 programs an SM
+    reserves shared memory (its three pads live together, not overlaid) so that that many fit an
+    SM's 228 KB with the driver's 1 KB each and one more does not; the same dot products and the
+    same stores as the build without it (the pads' read-back store is masked off). No pad of three
+    powers of two caps at 200: refused, naming the shape."""
+    from minfer.errors import MinferError
+    from minfer.ops.cuda import gemv_q8g_pad as P
+
+    got = sm90_builds(_PAD, [0, 9, 6])
+    for cap in (9, 6):
+        shared, dp4a, stores = got[str(cap)]
+        per = shared + P.BLOCK_RESERVED
+        assert cap * per <= P.SM_SHARED < (cap + 1) * per, (cap, shared)
+        assert dp4a == got["0"][1] > 0 and stores == got["0"][2] + 1
+    assert got["0"][0] < 1024
+    with pytest.raises(MinferError, match="37888x3584: no shared-memory pad"):
+        P._pads(200, "37888x3584")

@@ -369,7 +369,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
                   prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
-                  x_ahead=x_ahead(cfg),
+                  x_ahead=x_ahead(cfg), per_sm=GL.per_sm(cfg),
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
@@ -461,7 +461,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
                                                                                   device=xq.device))
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
-              x_ahead=x_ahead(cfg), rss_q8=(rq, *h) if rq is not None and h is not None else None)
+              x_ahead=x_ahead(cfg), rss_q8=(rq, *h) if rq is not None and h is not None else None,
+              per_sm=GL.per_sm(cfg))
     return (s, ssp, h) if tail is not None or rq is not None else (s, ssp)
 
 

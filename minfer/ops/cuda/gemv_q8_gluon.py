@@ -52,6 +52,7 @@ from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
                                            _rss_q8, _ss_rstd)
+from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
 
@@ -314,15 +315,19 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
-                     XP: gl.constexpr = False, RQ: gl.constexpr = False):
+                     XP: gl.constexpr = False, RQ: gl.constexpr = False, PAD0: gl.constexpr = 0,
+                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
     TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
     measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
-    slower rows start in the first wave and the first weight's fill any second one."""
+    slower rows start in the first wave and the first weight's fill any second one. PAD0..PAD2: an
+    occupancy cap's shared memory (_occupancy_pad)."""
     if TL:
         stamp(tlb, 0, NW)
+    if PAD0:
+        pads = _occupancy_pad(PAD0, PAD1, PAD2, NW)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
@@ -350,6 +355,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
               RQ=RQ)
+    if PAD0:
+        _pad_kept(pads, out, pid_n, NW)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -447,7 +454,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
-           rscale=None, rss_q8=None):
+           rscale=None, rss_q8=None, per_sm: int = 0):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -465,7 +472,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     rscale: (ssp float32 (nss,), nss, eps) -- xq / xf are the q8 form of s * weight without rstd, and
     the row sums are scaled by rstd from those tile sums (NORM 4); rss_q8 (with rss, one weight, BN
     a multiple of 32 dividing N): (weight (N,), hq (N/4,) int32, hf (N/8,) float32) receive that q8
-    form of out * weight (RQ)."""
+    form of out * weight (RQ). per_sm: at most this many programs an SM (the config's twelfth field,
+    shared memory reserved for it: _occupancy_pad)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -510,7 +518,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            RSS=rss is not None, RQ=rss_q8 is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-                           XP=bool(x_ahead) and mode in (0, 4),
+                           XP=bool(x_ahead) and mode in (0, 4), **dict(zip(("PAD0", "PAD1", "PAD2"),
+                                                                           _pads(per_sm, f"{n}x{nb * 256}"))),
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
