@@ -241,7 +241,9 @@ class Switches:
                               "q8 words of s * weight without rstd (one q8 chunk a 32-row tile), for the down "
                               "before q/k/v and the o projection before gate/up, and the next GEMV scales its "
                               "row sums by rstd from the tiles' sums (rstd is one factor of every chunk's "
-                              "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1); "
+                              "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1; H200 "
+                              "graph -450 us as launched: gate+up's programs pile onto the SMs o leaves free, "
+                              "AI3); 5: 4 for the norm before q/k/v only; "
                               "0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",

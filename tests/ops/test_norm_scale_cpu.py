@@ -147,12 +147,14 @@ def _layer(M, qt: int, seed: int, k: int = 512, d: int = 256):
     return w, x, nw, a
 
 
-@pytest.mark.parametrize("role,qt", [("attn_norm", 12), ("ffn_norm", 14), ("ffn_norm", 12)])
-def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt):
+@pytest.mark.parametrize("role,qt,mode", [("attn_norm", 12, 4), ("ffn_norm", 14, 4), ("ffn_norm", 12, 4),
+                                          ("attn_norm", 14, 5)])
+def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt, mode):
     """ops.linear_add_rms_norm with norm_into_gemv = 4 on the CUDA code in the interpreter (the
     residual epilogue is Gluon-only): a counted fallback, then the GEMV and the add + norm + q8
     kernel -- not a deferral -- so h arrives whole with its q8 row: the bits of linear +
-    add_rms_norm with the switch at 0, for the down's role and the o projection's."""
+    add_rms_norm with the switch at 0, for the down's role and the o projection's (mode 5: 4 for the
+    down's role only)."""
     from minfer.ops import paths
     from minfer.ops.context import Context
     from minfer.switches import Switches
@@ -162,8 +164,8 @@ def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt)
     y = Q.gemv_q8(a.q8, w.repacked, out_dtype=torch.bfloat16, interpret=True)
     s0, h0, q80 = Q.add_rms_norm_q8(x, y, nw, 1e-6, torch.bfloat16, interpret=True)
     paths.reset()
-    s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=4), None),
-                                       into_linear=True, role=role)
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16,
+                                       Context(Switches(norm_into_gemv=mode), None), into_linear=True, role=role)
     snap = paths.snapshot()
     assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
     assert snap["counts"].get("add_rms_norm.q8") == 1 and "add_rms_norm.into_gemv" not in snap["counts"], snap
@@ -171,9 +173,9 @@ def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt)
     assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(h.q8[0], q80[0]) and torch.equal(h.q8[1], q80[1])
 
 
-@pytest.mark.parametrize("mode", [0, 1, 2, 3])
+@pytest.mark.parametrize("mode", [0, 1, 2, 3, 5])
 def test_ffn_role_takes_no_other_mode(M, mode):
-    """The o projection's role (ffn_norm) is left alone by modes 0-3 (theirs is the norm before
+    """The o projection's role (ffn_norm) is left alone by modes 0-3 and 5 (theirs is the norm before
     q/k/v): the GEMV, then add_rms_norm without deferral -- the ops the model ran before the role
     existed -- with no residual path tried (no fallback counted)."""
     from minfer.ops import paths

@@ -398,7 +398,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
     `qmatmul.residual_norm`). With 4 and into_linear, for either role: that epilogue also makes
     the q8 form of s * weight tile by tile (rstd left out, gemv_q8g_norm._rss_q8), and the next
-    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs.
+    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs. 5:
+    4 for the attention norm (the down before q/k/v) only.
     Otherwise, and where that GEMV does not apply (counted as a fallback), linear then
     norm_rope_act.add_rms_norm, as before."""
     from minfer.ops.cuda import norm_rope_act
@@ -406,7 +407,11 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     _check(a, w)
     sw, ws = _ctx(ctx, a.device)
     ffn = role != "attn_norm"
-    mode = -1 if ffn and sw.norm_into_gemv != 4 else sw.norm_into_gemv
+    mode = sw.norm_into_gemv
+    if ffn:
+        mode = 4 if mode == 4 else -1       # (5: mode 4 for the attention norm only)
+    elif mode == 5:
+        mode = 4
     tail = mode == 3
     if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
         rw = gemv_repack.planes_of(w) if sw.gemv else None
