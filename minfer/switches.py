@@ -227,7 +227,7 @@ class Switches:
                                     "follow the wait without a dependent load first (ops/cuda/attention.py; H200: "
                                     "B/A 1.007 tg128 / 1.006 d3354 in one process, graph -5 / -10 us, perf-log W1; "
                                     "off: the count is read after the wait)")
-    norm_into_gemv: int = _sw(0, "MINFER_NORM_INTO_GEMV",
+    norm_into_gemv: int = _sw(5, "MINFER_NORM_INTO_GEMV",
                               "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
                               "Gluon GEMV's own programs, one launch fewer per layer (ops/cuda/gemv_q8_gluon.py "
                               "NORM). 1: each program sums the squares of the whole row (H200 graph +77 us at d16, "
@@ -243,7 +243,10 @@ class Switches:
                               "row sums by rstd from the tiles' sums (rstd is one factor of every chunk's "
                               "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1; H200 "
                               "graph -450 us as launched: gate+up's programs pile onto the SMs o leaves free, "
-                              "AI3); 5: 4 for the norm before q/k/v only; "
+                              "AI3); 5 (default): 4 for the norm before q/k/v only (H200, with the Q4_K down "
+                              "capped at 72 registers and the Q6_K down at [32, 2, 5, 4] tiles: graph +10 / +13 "
+                              "us at depth 100 / 3354, in-process bench --ab B/A tg128 1.0118 +- 0.0052, d3354 "
+                              "1.0091 +- 0.0054, every pair of 4 above 1, perf-log AI4); "
                               "0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",

@@ -110,7 +110,7 @@ def test_graphed_decode_with_the_norm_in_the_gemv(tmp_path, monkeypatch):
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=1), None, seed=9, prompt_seed=6,
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=1), Switches(norm_into_gemv=0), seed=9, prompt_seed=6,
                            n_prompt=11, same_prefill=True)
     counts = snap["counts"]
     assert counts.get("graph.decode.replay", 0) >= 40, counts
@@ -189,7 +189,7 @@ def test_graphed_decode_with_the_residual_and_norm_in_the_gemvs(tmp_path, monkey
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=2), None, seed=10, prompt_seed=7,
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=2), Switches(norm_into_gemv=0), seed=10, prompt_seed=7,
                            n_prompt=12, same_prefill=True)
     counts = snap["counts"]
     assert counts.get("qmatmul.residual_norm", 0) == counts.get("gemv_q8.residual_sumsq", 0) > 0, counts
@@ -249,7 +249,7 @@ def test_graphed_decode_with_the_norm_tail(tmp_path, monkeypatch):
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=3), None, seed=12, prompt_seed=8,
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=3), Switches(norm_into_gemv=0), seed=12, prompt_seed=8,
                            n_prompt=9)
     c = snap["counts"]
     assert c.get("gemv_q8.norm_tail", 0) > 0 and c.get("qmatmul.residual_norm", 0) == c["gemv_q8.norm_tail"], c
@@ -343,10 +343,28 @@ def test_graphed_decode_with_the_norm_scale(tmp_path, monkeypatch):
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=4), None, seed=13, prompt_seed=9,
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=4), Switches(norm_into_gemv=0), seed=13, prompt_seed=9,
                            n_prompt=10, same_prefill=True)
     c = snap["counts"]
     assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
     assert c["gemv_q8.residual_q8"] == c.get("qmatmul.residual_norm", 0), c
     assert "add_rms_norm.into_gemv" not in c and "gemv_q8.norm_prologue" not in c, c
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+def test_graphed_decode_with_the_default_mode_5(tmp_path, monkeypatch):
+    """The default (norm_into_gemv = 5: mode 4 for the norm before q/k/v only) in a whole model's
+    graphed greedy decode against 0: every down but the last makes the next layer's q8 row, each
+    read by that layer's q/k/v with rstd; the o projection keeps its norm kernel; no fallback."""
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    assert Switches().norm_into_gemv == 5
+    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(norm_into_gemv=0), seed=14, prompt_seed=10,
+                           n_prompt=10, same_prefill=True)
+    c = snap["counts"]
+    assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
+    assert c["gemv_q8.residual_q8"] == c.get("qmatmul.residual_norm", 0), c
+    assert c.get("add_rms_norm.q8", 0) > 0          # the FFN norms (both engines) and engine b's attention norms
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]

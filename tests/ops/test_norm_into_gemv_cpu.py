@@ -80,12 +80,21 @@ def test_switch_off_or_not_into_linear_keeps_the_norm_kernel(M):
     N = M["norm_rope_act"]
     x, y, w = _row(256, 7)
     paths.reset()
-    for sw, into in ((Switches(), True), (Switches(norm_into_gemv=1), False)):
+    for sw, into in ((Switches(norm_into_gemv=0), True), (Switches(norm_into_gemv=1), False)):
         s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, Context(sw, None), into_linear=into)
         assert getattr(h, "prenorm", None) is None and h.q8 is not None
     snap = paths.snapshot()
     assert snap["counts"].get("add_rms_norm.q8") == 2 and "add_rms_norm.into_gemv" not in snap["counts"]
     assert any("MINFER_NORM_INTO_GEMV" in k_ for k_ in snap["switched_off"]), snap["switched_off"]
+    # modes 4 and 5 (5 the default) leave the norm to the GEMV before, not to this kernel's consumer:
+    # this kernel runs, nothing deferred, nothing switched off
+    paths.reset()
+    for mode in (4, 5):
+        s, h = N.add_rms_norm(x, y, w, 1e-6, torch.bfloat16, Context(Switches(norm_into_gemv=mode), None),
+                              into_linear=True)
+        assert getattr(h, "prenorm", None) is None and h.q8 is not None
+    snap = paths.snapshot()
+    assert snap["counts"] == {"add_rms_norm.q8": 2} and not snap["switched_off"], snap
 
 
 def test_gemv_q8_refuses_a_deferred_row_of_the_wrong_length(M):

@@ -151,7 +151,8 @@ def _layer(M, qt: int, seed: int, k: int = 512, d: int = 256):
                                           ("attn_norm", 14, 5)])
 def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt, mode):
     """ops.linear_add_rms_norm with norm_into_gemv = 4 on the CUDA code in the interpreter (the
-    residual epilogue is Gluon-only): a counted fallback, then the GEMV and the add + norm + q8
+    residual epilogue is Gluon-only, and the interpreter never takes the Gluon kernel: not a
+    fallback, as the GEMV's own Triton route there is not), then the GEMV and the add + norm + q8
     kernel -- not a deferral -- so h arrives whole with its q8 row: the bits of linear +
     add_rms_norm with the switch at 0, for the down's role and the o projection's (mode 5: 4 for the
     down's role only)."""
@@ -167,10 +168,32 @@ def test_mode4_falls_back_to_linear_and_the_norm_kernel_bit_for_bit(M, role, qt,
     s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16,
                                        Context(Switches(norm_into_gemv=mode), None), into_linear=True, role=role)
     snap = paths.snapshot()
-    assert any(k_.startswith("qmatmul.residual_norm (fell back") for k_ in snap["fallbacks"]), snap
+    assert not snap["fallbacks"] and not snap["switched_off"], snap
     assert snap["counts"].get("add_rms_norm.q8") == 1 and "add_rms_norm.into_gemv" not in snap["counts"], snap
     assert getattr(h, "prenorm", None) is None
     assert torch.equal(s, s0) and torch.equal(h, h0) and torch.equal(h.q8[0], q80[0]) and torch.equal(h.q8[1], q80[1])
+
+
+def test_mode4_counts_a_refusal_of_the_gluon_kernel(M, monkeypatch):
+    """Where the Gluon kernel has the shape but refuses it (here: this GPU is not sm_90, stubbed),
+    mode 4's residual path is a counted fallback naming the reason."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.switches import Switches
+
+    qmatmul = M["qmatmul"]
+    w, x, nw, a = _layer(M, 12, 44)
+    monkeypatch.setattr(qmatmul, "interpret", lambda: False)         # (the route's choice as on a GPU)
+    monkeypatch.setattr(qmatmul, "_linear", lambda a_, w_, b_, sw, ws, out_dtype=None:
+                        torch.zeros(1, 256, dtype=torch.bfloat16))      # (the GEMV after it: not under test)
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
+    monkeypatch.setattr(GL, "device_unsupported", lambda device: "the GPU is sm_80 (stub)")
+    paths.reset()
+    s, h = qmatmul.linear_add_rms_norm(a, w, x, nw, 1e-6, torch.bfloat16,
+                                       Context(Switches(norm_into_gemv=5), None), into_linear=True)
+    snap = paths.snapshot()
+    assert [k_ for k_ in snap["fallbacks"] if k_.startswith("qmatmul.residual_norm") and "sm_80 (stub)" in k_], snap
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2, 3, 5])

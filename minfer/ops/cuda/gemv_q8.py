@@ -413,7 +413,7 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
-                     preload: bool = True, config=None, tail=None, rq=None) -> tuple | None:
+                     preload: bool = True, config=None, tail=None, rq=None, refused=None) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -425,13 +425,16 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set. rq: weight (N,) -- each
     tile's program also makes the q8 form of its rows of s * weight, rstd left to the next GEMV
     (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
-    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32)."""
+    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32).
+    refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
     xq, xf = q8
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
         return None
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
     if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
+        if refused is not None and (why or use_g):
+            refused.append(why or f"its config {tuple(cfg)} is stream-K, which has no residual epilogue")
         return None
     from minfer.ops.cuda import gemv_q8_gluon as GL
 

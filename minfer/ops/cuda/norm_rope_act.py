@@ -71,11 +71,14 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
         from minfer.ops.cuda import q8_rows
 
         if into_linear and x.dtype == torch.float32 and x.is_contiguous() and y.is_contiguous():
-            if sw.norm_into_gemv >= 1:
+            if 1 <= sw.norm_into_gemv <= 3:
                 paths.count("add_rms_norm.into_gemv")
                 s = torch.empty((1, d), dtype=torch.float32, device=x.device)
                 return s, deferred_norm(x, y, weight, eps, s, out_dtype, sw)
-            paths.switched_off("add_rms_norm.into_gemv", "MINFER_NORM_INTO_GEMV")
+            if sw.norm_into_gemv == 0:
+                paths.switched_off("add_rms_norm.into_gemv", "MINFER_NORM_INTO_GEMV")
+            # (modes 4 and 5 leave the norm to the GEMV before, not to this kernel's consumer:
+            # qmatmul.linear_add_rms_norm; where that GEMV cannot, this kernel runs)
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = q8_rows.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),

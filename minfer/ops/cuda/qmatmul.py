@@ -415,14 +415,14 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     tail = mode == 3
     if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
         rw = gemv_repack.planes_of(w) if sw.gemv else None
-        r = None
+        r, refused = None, []
         if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
                 x.shape[1], out_dtype, sw):
             kw = _q8_kw(sw, a)
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
-                                         rq=weight if mode == 4 else None)
+                                         rq=weight if mode == 4 else None, refused=refused)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
@@ -433,8 +433,12 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                 paths.fallback("gemv_q8.residual_q8", f"{w.name}: the GEMV's row tiles are not whole 32-value q8 "
                                "chunks (its config's BN): the next GEMV's programs or the norm kernel make the row")
             return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp, q8u=q8u)
-        paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row "
-                       "(no repacked planes, no int8 row, a shape outside its table, or the interpreter)")
+        if mode != 4 or refused:
+            # (mode 4 / 5, the default: a shape outside the Gluon kernel's table or the interpreter takes the
+            # two launches as the GEMV itself takes the Triton kernel there -- not a fallback; a refusal is)
+            paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row ("
+                           + (refused[0] if refused else "no repacked planes, no int8 row, a shape outside its table, "
+                              "or the interpreter") + ")")
     y = _linear(a, w, None, sw, ws)
     # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs; mode 4's and the
     # FFN norm's: the norm kernel)
