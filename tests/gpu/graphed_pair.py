@@ -51,7 +51,10 @@ def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, pr
         la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
         errs.append(rel_err(la, lb.double()))
         assert errs[-1] < 2e-2, (step, errs)
-        assert int(la.argmax()) == int(lb.argmax()), step
+        if int(la.argmax()) != int(lb.argmax()):
+            ta, tb = la.float().topk(2).values, lb.float().topk(2).values
+            raise AssertionError(f"step {step}: greedy tokens {int(la.argmax())} / {int(lb.argmax())}, logits rel err "
+                                 f"{errs[-1]:.2e}, top-2 margins {float(ta[0] - ta[1]):.3e} / {float(tb[0] - tb[1]):.3e}")
         t = int(lb.argmax())
     assert errs[0] < 1e-4 and sorted(errs)[len(errs) // 2] < 1e-4, errs
     return paths.snapshot()

@@ -200,13 +200,16 @@ def test_graphed_decode_with_the_gluon_gemv(tmp_path, monkeypatch):
     widened to the tiny model's shapes) against the Triton kernel: the same tokens, logits within
     fp32 summation order (graphed_pair's rule: the two kernels sum in different orders; at most a
     few of the 24 steps may flip a bf16 rounding -- 2026-12-01: step 13 at 6.4e-3, call 2 of the
-    fifth session, after the norm's sum order changed), and the Gluon launches counted."""
+    fifth session, after the norm's sum order changed), and the Gluon launches counted. Both engines
+    with the norm kernel (norm_into_gemv 0): the default's mode 5 is Gluon-only, so it would be a
+    second difference between them (its own test: test_norm_into_gemv_gpu.py); with it on one side
+    step 13's near-tie parted the greedy tokens (2026-12-03, call 4 of the thirteenth session)."""
     from graphed_pair import compare_decodes
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(gemv_q8_gluon=False), seed=8, prompt_seed=5,
-                           n_prompt=9)
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=0),
+                           Switches(gemv_q8_gluon=False, norm_into_gemv=0), seed=8, prompt_seed=5, n_prompt=9)
     counts = snap["counts"]
     assert counts.get("gemv_q8.gluon", 0) > 0 and counts.get("gemv_q8.triton", 0) > 0, counts
 
