@@ -16,7 +16,8 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight, sm90_builds  # noqa: E402
+from kernel_data import random_weight, sm90_builds  # noqa: E402
+from test_norm_into_gemv_cpu import M  # noqa: E402,F401 (the interpreted modules' fixture, shared)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
                                         "ignore:overflow encountered:RuntimeWarning",
@@ -123,14 +124,6 @@ def test_launch_refuses_the_q8_epilogue_on_a_partial_chunk(monkeypatch):
         GL.launch(*args, rss_q8=rq)                                          # no RSS epilogue
     GL.launch(*args, rscale=(t, 2, 1e-6), x_ahead=True)                      # NORM 4 keeps x ahead
     assert launched[-1] == (False, 4, True) and len(launched) == 2
-
-
-@pytest.fixture(scope="module")
-def M():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows",
-                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act",
-                                     "minfer.ops.cuda.qmatmul"]):
-        yield mods
 
 
 def _layer(M, qt: int, seed: int, k: int = 512, d: int = 256):
