@@ -448,7 +448,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
-    tl_args = h = None
+    tl_args = h = q8u = None
     if tail is not None:
         paths.count("gemv_q8.norm_tail")
         # the tile tickets and the tail's (cnt[tiles]), zeros between launches, also without a split
@@ -460,13 +460,14 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
         h.q8 = (hq, hf)
     if rq is not None and tail is None and bn % 32 == 0 and n % bn == 0:
         paths.count("gemv_q8.residual_q8")
-        h = (torch.empty(n // 4, dtype=torch.int32, device=xq.device), torch.empty(n // 8, dtype=torch.float32,
-                                                                                  device=xq.device))
+        q8u = (torch.empty(n // 4, dtype=torch.int32, device=xq.device), torch.empty(n // 8, dtype=torch.float32,
+                                                                                    device=xq.device))
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
-              x_ahead=x_ahead(cfg), rss_q8=(rq, *h) if rq is not None and h is not None else None,
-              per_sm=GL.per_sm(cfg))
-    return (s, ssp, h) if tail is not None or rq is not None else (s, ssp)
+              x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg))
+    if tail is not None:
+        return s, ssp, h
+    return (s, ssp, q8u) if rq is not None else (s, ssp)
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:

@@ -155,11 +155,10 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if NORM == 1:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, True)
-    elif NORM == 2:
-        rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)
-        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
-    elif NORM == 4:
+    elif NORM >= 2:
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)            # the GEMV before's tile sums: after the wait
+        if NORM == 2:
+            wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
     if XP:
         xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
     for blk in range(b_lo, b_hi, BB):

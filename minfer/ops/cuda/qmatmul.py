@@ -440,10 +440,10 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                            + (refused[0] if refused else "no repacked planes, no int8 row, a shape outside its table, "
                               "or the interpreter") + ")")
     y = _linear(a, w, None, sw, ws)
-    # (mode 3's fallback: the norm kernel, not mode 1's norm in the q/k/v programs; mode 4's and the
-    # FFN norm's: the norm kernel)
-    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx,
-                                      into_linear=into_linear and not tail and not ffn and mode != 4, role=role)
+    # (modes 3 and 4, and the FFN norm (mode -1): the norm kernel; modes 1 and 2: mode 1's norm in the
+    # q/k/v programs; 0: the norm kernel, the deferral counted as switched off)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and mode in (0, 1, 2),
+                                      role=role)
 
 
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
