@@ -128,6 +128,11 @@ class Switches:
                                     "with decode_attn_rope and PDL, the attention kernel loads its first tile of "
                                     "cached keys/values and the rope angles before its PDL wait (off: it waits "
                                     "first, one pipelined loop over its tiles)", kind="tuning")
+    qkv_rope: bool = _sw(False, "MINFER_QKV_ROPE",
+                         "one-token decode: rope of q and k and the KV cache append done in the epilogue of the "
+                         "q/k/v Gluon GEMV (its row tiles hold rotation pairs; ops/cuda/gemv_q8_gluon_rope.py), no "
+                         "rope_kv launch; takes precedence over decode_attn_rope (off: the rope_kv kernel after "
+                         "the GEMV)", kind="tuning")
     paged_attn_merge: bool = _sw(True, "MINFER_PAGED_ATTN_MERGE",
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")

@@ -15,7 +15,7 @@ from minfer.ops.context import DEFAULT, Context
 
 __all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
            "linear_add_rms_norm",
-           "rope", "rope_kv_write", "swiglu", "geglu", "attention", "moe_ffn"]
+           "rope", "rope_kv_write", "linear_qkv_rope", "swiglu", "geglu", "attention", "moe_ffn"]
 
 # Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
 # bucket, docs/perf-log.md section 10), so the KV cache has rows up to the next multiple past
@@ -133,6 +133,16 @@ def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None
 
     return _backend(q).rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache,
                                      pdl=enabled(sw, q.device, "rope_kv", early_ok=True), rows=rows)
+
+
+def linear_qkv_rope(x, ws, biases, positions, cfg, k_cache, v_cache, ctx: Context | None = None):
+    """CUDA, one decode row x (1, D) through a layer's q/k/v weights ws: rope(q) (1, Hq * Dh)
+    returned, rope(k) and v stored at row positions[0] of the layer's caches (S, Hkv, Dh), by the
+    q/k/v GEMV's epilogue (Switches.qkv_rope, ops/cuda/gemv_q8_gluon_rope.py); None where that launch
+    does not apply (the caller then runs linear_many and rope_kv_write / rope + write)."""
+    if x.device.type != "cuda":
+        return None
+    return _backend(x).linear_qkv_rope(x, ws, biases, positions, cfg, k_cache, v_cache, ctx)
 
 
 def rope_attention(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | None = None, window: int = 0,

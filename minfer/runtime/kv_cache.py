@@ -98,6 +98,19 @@ class KVCache:
         self.write(layer, ops.rope(k, step.positions, rope), v, step)
         return q
 
+    def project_rotated(self, layer: int, h: torch.Tensor, weights, biases, step, rope, ctx=None):
+        """rope(q) (1, Hq * Dh) for one decode row h (1, D) through the layer's q/k/v weights, with
+        rope(k) and v stored at the step's position, by the q/k/v GEMV itself (the optional cache
+        protocol method layers.attention_heads prefers; CUDA: ops.linear_qkv_rope, Switches.qkv_rope);
+        None where that does not apply (the CPU, T > 1, the launch's conditions): the caller
+        multiplies, then rotates and writes."""
+        if h.shape[0] != 1 or self.k.device.type != "cuda":
+            return None
+        if step.start is not None and step.start + 1 > self.n_ctx:
+            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing 1 token at "
+                              f"position {step.start} would overflow it (raise --ctx)")
+        return ops.linear_qkv_rope(h, weights, biases, step.positions, rope, self.k[layer], self.v[layer], ctx)
+
     def attend_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
                        ctx=None, window: int = 0, softcap: float = 0.0) -> torch.Tensor | None:
         """write_rotated + attend for one token in the attention's own launches (the optional

@@ -20,11 +20,11 @@ from kernel_data import rel_err  # noqa: E402
 
 
 def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, prompt_seed: int, n_prompt: int,
-                    same_prefill: bool = False, steps: int = 24) -> dict:
+                    same_prefill: bool = False, steps: int = 24, config: tuple = (32, 2, 2, 4)) -> dict:
     """Engine a (switches_a) against engine b (switches_b, None: the defaults) over `steps`
     graphed decode steps after an n_prompt-token prefill; same_prefill: the prefill logits must be
     bitwise equal (a switch that acts on decode rows only). Returns paths.snapshot() of the
-    decode steps (both engines)."""
+    decode steps (both engines). config: the Gluon config every q8 GEMV takes."""
     import dataclasses
 
     from minfer.bench.presets import get_preset
@@ -36,7 +36,7 @@ def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, pr
     p = dataclasses.replace(get_preset("tiny"), ffn=1024)
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=seed, progress=False)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": (32, 2, 2, 4))
+    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": config)
     a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_a)
     b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_b)
     prompt = torch.randint(0, p.vocab, (n_prompt,), generator=torch.Generator().manual_seed(prompt_seed)).tolist()

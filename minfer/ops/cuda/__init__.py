@@ -23,6 +23,9 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   embedding.<type>               decode of the requested rows only
   rms_norm.triton, rope.triton, swiglu.triton
   rope_kv.triton                 rope(q), rope(k) and the KV cache append in one kernel (fused_rope_kv)
+  qmatmul.qkv_rope               one decode row's q/k/v GEMV that also rotates q and k and writes the KV
+                                 row (qkv_rope; gemv_q8_gluon_rope.py): gemv_q8.rope, or its fallback
+                                 (the GEMV, then rope_kv)
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
   add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
   add_rms_norm.into_gemv         that row left to the q/k/v GEMV (norm_into_gemv): gemv_q8.norm_prologue
@@ -55,10 +58,10 @@ from minfer.ops.cuda.decode_attn_rope import rope_attention
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
-from minfer.ops.cuda.qmatmul import linear, linear_add_rms_norm, linear_many, linear_swiglu
+from minfer.ops.cuda.qmatmul import linear, linear_add_rms_norm, linear_many, linear_qkv_rope, linear_swiglu
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
+__all__ = ["linear", "linear_many", "linear_qkv_rope", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
            "decode_attention", "rope_attention", "prepare_weight", "memory_report", "Workspace"]
 

@@ -26,6 +26,7 @@ from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.cuda.gemv_repack import (Q4_K, Q6_K, GemvWorkspace, Repacked, _finish, _planes4, _tile_loads,
                                          load_configs, splits)
+from minfer.ops.cuda.gemv_q8_fields import extras, kwarps, second_first, x_ahead  # noqa: F401
 from minfer.ops.cuda.gemv_repack_layout import common_tile_rows
 from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import launch_kw
@@ -228,35 +229,6 @@ def config_for(qtype: int, n: int, k: int, interpret: bool = False) -> tuple:
     return tuple(hit) if hit else default_config(qtype, n, k)
 
 
-def extras(cfg) -> tuple:
-    """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on; 2, the Gluon
-    kernel only: both steps of a two-step split loaded before the PDL wait -- 0 / 1 / 2 as an int),
-    the Gluon kernel's register cap (0: the compiler's choice) and late (this shape signals the next
-    kernel when its programs end; gemv_q8_gluon's module doc)."""
-    return (int(cfg[4]) if len(cfg) > 4 else 1, int(cfg[5]) if len(cfg) > 5 else 0,
-            len(cfg) > 6 and bool(cfg[6]))
-
-
-def kwarps(cfg) -> bool:
-    """A Gluon config's eighth field: its warps split each step's chunks instead of its rows
-    (gemv_q8_gluon._tile's WK; the plain launch only)."""
-    return len(cfg) > 7 and bool(cfg[7])
-
-
-def x_ahead(cfg) -> bool:
-    """A Gluon config's eleventh field: the q8 row's words and scales of the next step load with
-    its weights, one step ahead (gemv_q8_gluon._tile's XP; ~11 registers a thread more). (The
-    tenth field is the planes' layout, read at load: plane_layout.tile_rows_for.)"""
-    return len(cfg) > 10 and bool(cfg[10])
-
-
-def second_first(cfg) -> bool:
-    """A Gluon config's ninth field: in a launch over two weights (q/k + a v of another type), the
-    second weight's row tiles take the lowest program ids (gemv_q8_gluon's SF), so its slower rows
-    start in the first wave; ignored for one weight."""
-    return len(cfg) > 8 and bool(cfg[8])
-
-
 def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out: torch.Tensor) -> tuple:
     """(blocks_per_split, split, part, cnt) of a launch (splits); with more than one split the
     (split, rows) float32 partial sums and the row tiles' tickets (the workspace's zeroed
@@ -272,7 +244,7 @@ def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None) -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -292,7 +264,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     also stores x + y into prenorm.s; counted `gemv_q8.norm_prologue`); where the Gluon kernel
     does not take the launch, prenorm's own kernel runs first (a counted fallback). A prenorm with
     q8u (Switches.norm_into_gemv = 4): x_hat is that q8 row of s * weight and the kernel scales its
-    row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`)."""
+    row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`). rope (a q/k/v group: a
+    gemv_q8_gluon_rope.Rope): q rotated in out, rope(k) and v into the caches (module gemv_q8_gluon_rope;
+    counted `gemv_q8.rope`, or its fallback: this GEMV, then the rope_kv kernel)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     rscale = None
     if prenorm is not None:
@@ -341,6 +315,13 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             prenorm = None
     bn, bb, split, nwarps = cfg[:4]                     # an explicit Gluon 4-tuple may land on Triton too
     prefetch, regs, late = extras(cfg)
+    if rope is not None:
+        from minfer.ops.cuda import gemv_q8_gluon_rope as GR
+
+        rope_why = (why or "the Triton kernel takes this launch (the interpreter, a shape outside the Gluon table, "
+                    "or it off)") if not use_g else ("a norm prologue (norm_into_gemv 1-2)" if prenorm is not None
+                                                    else GR.refused(segs, cfg, split, rope, out_dtype))
+        paths.fallback("gemv_q8.rope", rope_why) if rope_why else paths.count("gemv_q8.rope")
     pdl_late = pdl_late or late
     if wk and (not use_g or split < 0):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "
@@ -358,12 +339,17 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         part, cnt = SK.sk_scratch(n, bn, -split, ws, xq.device)
         SK.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
                      late=pdl_late, preload=preload, regs=regs)
-        return out
+        return _rope_after(out, rope, pdl)
     na = segs[0].n
     ta = triton.cdiv(na, bn)
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
+    if use_g and rope is not None and not rope_why:
+        GR.launch(segs, xq, xf, bias, out, n, na, ta, nb, bps, bn, bb, nwarps, pdl, rope, prefetch, late=pdl_late,
+                  preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg), x_ahead=x_ahead(cfg),
+                  rscale=rscale)
+        return out
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
@@ -374,7 +360,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
                   (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale)
-        return out
+        return _rope_after(out, rope, pdl)
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
     pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
@@ -387,6 +373,14 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
                           PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=common_tile_rows(segs),
                           num_warps=nwarps, num_stages=1, **launch_kw(pdl))
+    return _rope_after(out, rope, pdl)
+
+
+def _rope_after(out, rope, pdl):
+    if rope is not None:                                # (the fallback counted above)
+        from minfer.ops.cuda.gemv_q8_gluon_rope import rope_after
+
+        rope_after(out, rope, pdl)
     return out
 
 

@@ -52,6 +52,7 @@ from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
                                            _rss_q8, _ss_rstd)
+from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
@@ -66,7 +67,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
-          RQ: gl.constexpr = False):
+          RQ: gl.constexpr = False, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
+          nq=0, nk=0, kvs=0):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -109,14 +111,21 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     rows (L3's warps on the chunk axis; C >= 16 warps, launch checks), so a program covers few rows
     over a long K without a K split across programs: the row sums are reduced over the warps in
     the CTA (gl.sum's shared-memory step) instead of through partials, a ticket and a second
-    load round in global memory; x's chunks are not repeated across the warps."""
+    load round in global memory; x's chunks are not repeated across the warps.
+
+    RP (1 neox, 2 normal; Switches.qkv_rope): the q/k/v rope epilogue of gemv_q8g_rope (the tile's
+    rows are rotation pairs of one head of HD rows; row0: the segment's first row in the stacked
+    q/k/v; q rotated to out, k rotated and v to the caches kc / vc at row *rp, kvs apart)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
                                         warps_per_cta=[1, NW, 1] if WK else [NW, 1, 1], order=[2, 1, 0])
     L2: gl.constexpr = gl.SliceLayout(2, L3)                          # [BN, C]
     LX: gl.constexpr = gl.SliceLayout(0, L3)                          # [C, 4]
-    rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
+    if RP:
+        rows = _rope_rows(pid_n, BN, HD, RP == 1, gl.SliceLayout(1, L2))
+    else:
+        rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
     r2 = gl.expand_dims(gl.minimum(rows, N - 1), 1)                   # [BN, 1]; rows past N read row N-1
     r3 = gl.expand_dims(r2, 2)                                        # [BN, 1, 1]
     ci = gl.arange(0, C, layout=gl.SliceLayout(0, L2))
@@ -253,6 +262,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             _rss_q8(out, ng, gq, gf, pid_n, BN, NW)
         if TAIL:
             _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
+    elif RP:
+        _rope_finish(res, rows, rmask, bias, bpre, out, pid_n, row0, rp, rt, kc, vc, nq, nk, kvs, HAS_BIAS, PRE, BN,
+                     HD, RP == 1, NW)
     else:
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:

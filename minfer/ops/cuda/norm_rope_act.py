@@ -275,15 +275,15 @@ def _rope_kv_kernel(q, k, v, pos, rows, inv_freq, q_out, kc, vc, H, HKV, sqt, sq
     tl.store(dst[:, None] + ib[None, :], (a * s + b * c).to(q_out.dtype.element_ty), mask=m)
 
 
-def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0, rows=None):
+def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0, rows=None, q_out=None):
     """q rotated (returned, (T, H, Dh)); k rotated and v stored at rows `positions` (or `rows`,
     (T,) int64: a paged cache's slots) of the caches (S, Hkv, Dh), in one launch. Caller's
     conditions: every head dim rotated (n_rot == Dh), one dtype for q/k/v/caches, rows in range
-    (no host check here: graph replays)."""
+    (no host check here: graph replays). q_out: where rope(q) goes (may be q itself), else a new tensor."""
     t, h, dh = q.shape
     hkv = k.shape[1]
     paths.count("rope_kv.triton")
-    out = torch.empty((t, h, dh), dtype=q.dtype, device=q.device)
+    out = q_out if q_out is not None else torch.empty((t, h, dh), dtype=q.dtype, device=q.device)
     inv = _turns(cfg, str(q.device))
     half = cfg.n_rot // 2
     bh = 8

@@ -473,6 +473,14 @@ def _group_q8(x, wts, biases, q8, planes, path: str, sw, ws, prenorm=None) -> li
     return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
 
 
+def linear_qkv_rope(x, wts, biases, positions, cfg, k_cache, v_cache, ctx: Context | None = None):
+    """ops.linear_qkv_rope: gemv_q8_gluon_rope.linear_qkv_rope under the call's switches."""
+    from minfer.ops.cuda.gemv_q8_gluon_rope import linear_qkv_rope as run
+
+    sw, ws = _ctx(ctx, x.device)
+    return run(x, tuple(wts), tuple(biases), positions, cfg, k_cache, v_cache, sw, ws)
+
+
 def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> list:
     """The same x (T, K) through several weights of one K -> [(T, N_i)].
 
