@@ -128,11 +128,15 @@ class Switches:
                                     "with decode_attn_rope and PDL, the attention kernel loads its first tile of "
                                     "cached keys/values and the rope angles before its PDL wait (off: it waits "
                                     "first, one pipelined loop over its tiles)", kind="tuning")
-    qkv_rope: bool = _sw(False, "MINFER_QKV_ROPE",
-                         "one-token decode: rope of q and k and the KV cache append done in the epilogue of the "
-                         "q/k/v Gluon GEMV (its row tiles hold rotation pairs; ops/cuda/gemv_q8_gluon_rope.py), no "
-                         "rope_kv launch; takes precedence over decode_attn_rope (off: the rope_kv kernel after "
-                         "the GEMV)", kind="tuning")
+    qkv_rope: int = _sw(2, "MINFER_QKV_ROPE",
+                        "one-token decode: rope of q and k and the KV cache append done in the epilogue of the "
+                        "q/k/v Gluon GEMV (its row tiles hold rotation pairs; ops/cuda/gemv_q8_gluon_rope.py), no "
+                        "rope_kv launch; takes precedence over decode_attn_rope. 2 (default): that GEMV signals the "
+                        "attention when its programs end, so the attention's programs land on SMs it has left "
+                        "(H200 graph, skip_oracle: short graph +19 us at depth 100 over the short graph, whole-cache "
+                        "graph +20 / +30 us at depth 100 / 3354, perf-log AJ1-AJ2); 1: it signals after its wait "
+                        "(short graph -50 us: the attention's programs pile onto the first SMs q/k/v frees; whole "
+                        "graph +23..+25); 0: the rope_kv kernel after the GEMV", kind="tuning")
     paged_attn_merge: bool = _sw(True, "MINFER_PAGED_ATTN_MERGE",
                                  "batched decode attention split over keys: the last program of each "
                                  "(row, KV head) merges the splits (off: a second merge kernel)", when="load")

@@ -136,7 +136,8 @@ def test_split_config_falls_back_to_the_rope_kv_kernel(qkv):
     assert torch.equal(out[:, :3584].view(1, HQ, HD), qr) and torch.equal(kc, kr) and torch.equal(vc, vr)
 
 
-def test_graphed_decode_with_the_rope_in_the_qkv_gemv(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", [1, 2])
+def test_graphed_decode_with_the_rope_in_the_qkv_gemv(tmp_path, monkeypatch, mode):
     """Switches.qkv_rope in a whole model's graphed greedy decode against off (graphed_pair's rule;
     the tiny qwen2's heads of 64, every GEMV at 32-row tiles without a K split): every layer's q/k/v
     launch rotates and writes the KV row, no rope_kv launch, no fallback; the same tokens."""
@@ -144,7 +145,7 @@ def test_graphed_decode_with_the_rope_in_the_qkv_gemv(tmp_path, monkeypatch):
 
     from minfer.switches import Switches
 
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(qkv_rope=True), Switches(qkv_rope=False), seed=15,
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(qkv_rope=mode), Switches(qkv_rope=0), seed=15,
                            prompt_seed=11, n_prompt=10, config=(32, 1, 1, 4))
     c = snap["counts"]
     assert c.get("gemv_q8.rope", 0) > 0 and c["gemv_q8.rope"] == c.get("qmatmul.qkv_rope", 0), c

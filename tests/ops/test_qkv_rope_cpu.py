@@ -52,7 +52,10 @@ def _group(qv_type: int):
 
 @pytest.mark.parametrize("qv_type", [12, 14], ids=["q4", "mixed"])
 @pytest.mark.parametrize("style", ["neox", "normal"])
-def test_interpreter_fallback_is_linear_many_then_rope_kv(M, qv_type, style):
+def test_rope_on_the_triton_kernel_is_the_gemv_then_rope_kv(M, qv_type, style):
+    """gemv_q8 asked for the rope where the Triton kernel takes the launch (here: the interpreter) runs
+    the GEMV, then the rope_kv kernel on its output -- counted as the fallback, the bits of
+    linear_many + rope_kv_write; linear_qkv_rope does not take that way (the usual path: None)."""
     from minfer.config import RopeConfig
     from minfer.ops import paths
     from minfer.ops.cuda.workspace import Workspace
@@ -60,10 +63,11 @@ def test_interpreter_fallback_is_linear_many_then_rope_kv(M, qv_type, style):
 
     Q, N, QM, GR = M["gemv_q8"], M["norm_rope_act"], M["qmatmul"], M["gemv_q8_gluon_rope"]
     wts = _group(qv_type)
+    planes = wts[0].repacked_group[1] if qv_type == 12 else wts[0].repacked_segments[1]
     g = torch.Generator().manual_seed(qv_type)
     biases = (torch.randn(256, generator=g), torch.randn(64, generator=g), torch.randn(64, generator=g))
+    bias = torch.cat(biases)
     rope = RopeConfig(theta=1e4, style=style, n_rot=HD)
-    sw, ws = Switches(qkv_rope=True), Workspace("cpu")
     for p in (0, 5, 77):
         x = (torch.randn(1, 256, generator=g) * 2).to(torch.bfloat16)
         x.q8 = Q.quantize(x, interpret=True)
@@ -74,12 +78,17 @@ def test_interpreter_fallback_is_linear_many_then_rope_kv(M, qv_type, style):
         kc, vc = kr.clone(), vr.clone()
         qr = N.rope_kv_write(q.view(1, 4, HD), k.view(1, 1, HD), v.view(1, 1, HD), pos, rope, kr, vr)
         paths.reset()
-        out = GR.linear_qkv_rope(x, wts, biases, pos, rope, kc, vc, sw, ws)
+        k0 = kc.clone()
+        assert GR.linear_qkv_rope(x, wts, biases, pos, rope, kc, vc, Switches(qkv_rope=2), Workspace("cpu")) is None
+        assert not paths.snapshot()["counts"] and torch.equal(kc, k0)
+        kc, vc = kr.clone(), vr.clone()
+        kc[p], vc[p] = 0, 0
+        r = GR.Rope(pos, N._turns(rope, "cpu"), kc, vc, 256, 64, HD, style == "neox", rope)
+        out = Q.gemv_q8(x.q8, planes, bias=bias, out_dtype=torch.bfloat16, interpret=True, gluon=True, rope=r)
         snap = paths.snapshot()
-        assert snap["counts"].get("qmatmul.qkv_rope") == 1 and snap["counts"].get("rope_kv.triton") == 1, snap
+        assert snap["counts"].get("rope_kv.triton") == 1 and "gemv_q8.rope" not in snap["counts"], snap
         assert any(f.startswith("gemv_q8.rope (fell back because the Triton kernel") for f in snap["fallbacks"]), snap
-        assert out.shape == (1, 256)
-        assert torch.equal(out.view(1, 4, HD), qr) and torch.equal(kc, kr) and torch.equal(vc, vr), p
+        assert torch.equal(out[:, :256].view(1, 4, HD), qr) and torch.equal(kc, kr) and torch.equal(vc, vr), p
 
 
 def test_switch_off_or_no_group_returns_none(M):
@@ -96,9 +105,9 @@ def test_switch_off_or_no_group_returns_none(M):
     rope, pos, ws = RopeConfig(theta=1e4, style="neox", n_rot=HD), torch.tensor([1]), Workspace("cpu")
     none = (None, None, None)
     paths.reset()
-    assert GR.linear_qkv_rope(x, wts, none, pos, rope, kc, kc.clone(), Switches(qkv_rope=False), ws) is None
+    assert GR.linear_qkv_rope(x, wts, none, pos, rope, kc, kc.clone(), Switches(qkv_rope=0), ws) is None
     assert any(k.startswith("qmatmul.qkv_rope") for k in paths.snapshot()["switched_off"])
-    on = Switches(qkv_rope=True)
+    on = Switches(qkv_rope=2)
     # not the group's weights in its order; a partial rotation; another dtype; two rows
     assert GR.linear_qkv_rope(x, wts[::-1], none, pos, rope, kc, kc.clone(), on, ws) is None
     assert GR.linear_qkv_rope(x, wts, none, pos, RopeConfig(1e4, "neox", 32), kc, kc.clone(), on, ws) is None

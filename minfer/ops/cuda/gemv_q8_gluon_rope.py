@@ -7,8 +7,10 @@ a layer's q/k/v group -- its fused planes or the q/k + Q6_K v pair (gemv_repack_
 and writes rope(k) and v at the step's position of the caches. Where the Gluon kernel or the rope
 epilogue cannot take it (another GPU, the interpreter, a config with a K split, a head dim the tiles
 do not divide), the GEMV runs as before and the rope_kv kernel after it, counted as the fallback
-`gemv_q8.rope`. Where the layer has no such group (prefill, other caches, qk-norm models) it returns
-None and the caller runs linear_many + rope + write as before.
+`gemv_q8.rope`. Where the layer has no such group (prefill, other caches, qk-norm models) or the
+group's shape is the Triton kernel's (not in the Gluon table, the interpreter: as the GEMV, not a
+fallback) it returns None and the caller runs linear_many + rope + write as before. Switches.qkv_rope 2 (the default) has
+this launch signal the attention at its programs' end (PDL mode 3), 1 after its wait.
 """
 
 from __future__ import annotations
@@ -156,15 +158,26 @@ def linear_qkv_rope(x: torch.Tensor, wts, biases, positions: torch.Tensor, cfg, 
     else:
         return None
     pre = getattr(x, "prenorm", None)
-    q8 = None if pre is not None and pre.q8 is None else getattr(x, "q8", None)
-    if q8 is None and pre is None:
-        return None
-    paths.count(path)
+    q8 = getattr(x, "q8", None) if pre is None else None
+    if (pre is None and q8 is None) or (pre is not None and pre.q8 is None and pre.q8u is None):
+        return None            # (no q8 row; or norm_into_gemv 1-3's prologues, which this kernel has not)
     from minfer.ops.cuda import gemv_q8
+
+    kw = QM._q8_kw(sw, x)
+    segs_ = planes if isinstance(planes, tuple) else (planes,)
+    use_g, _, why = gemv_q8._choose(segs_, sum(r.n for r in segs_), segs_[0].k, None, kw["gluon"] and not kw["l2"],
+                                    QM.interpret(), kw["gluon_table"], x.device)
+    if not use_g and why is None:
+        return None            # the Triton kernel's shape (not in the Gluon table; the interpreter): the usual way
+    paths.count(path)
 
     rope = Rope(positions.reshape(1), _turns(cfg, str(x.device)), k_cache, v_cache, wts[0].shape[0],
                 wts[1].shape[0], hd, cfg.style == "neox", cfg)
+    if sw.qkv_rope >= 2:
+        # signal the attention when the programs end: launched at their wait, its programs would pile
+        # onto the first SMs q/k/v frees (perf-log AJ1: the one-split attention 3 us slower)
+        kw["pdl_late"] = bool(kw["pdl"])
     out = gemv_q8.gemv_q8(q8, planes, bias=ws.group_bias(wts, biases, torch.float32), out_dtype=x.dtype,
                           ws=ws.gemv_counters(), interpret=QM.interpret(), prenorm=pre if q8 is None else None,
-                          rope=rope, **QM._q8_kw(sw, x))
+                          rope=rope, **kw)
     return out[:, :rope.nq]
