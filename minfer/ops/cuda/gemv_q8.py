@@ -321,7 +321,10 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
         rope_why = (why or "the Triton kernel takes this launch (the interpreter, a shape outside the Gluon table, "
                     "or it off)") if not use_g else ("a norm prologue (norm_into_gemv 1-2)" if prenorm is not None
                                                     else GR.refused(segs, cfg, split, rope, out_dtype))
-        paths.fallback("gemv_q8.rope", rope_why) if rope_why else paths.count("gemv_q8.rope")
+        if rope_why:
+            paths.fallback("gemv_q8.rope", rope_why)
+        else:
+            paths.count("gemv_q8.rope")
     pdl_late = pdl_late or late
     if wk and (not use_g or split < 0):
         raise MinferError(f"gemv_q8: config {tuple(cfg)} asks for warps along K (its eighth field), which only the "

@@ -318,6 +318,22 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
 
 
 @gluon.jit
+def _mixed_tile(pid_n, TA, SF: gl.constexpr):
+    """(whether program pid_n is on the first weight, its tile there, its tile in the second) of a
+    two-weight launch (TA first-weight tiles); SF: the second weight's tiles take the lowest ids."""
+    if SF:
+        tb = gl.num_programs(0) - TA            # the second weight's tiles, first
+        first = pid_n >= tb
+        ia = pid_n - tb
+        ib = pid_n
+    else:
+        first = pid_n < TA
+        ia = pid_n
+        ib = pid_n - TA
+    return first, ia, ib
+
+
+@gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
                      N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
@@ -342,15 +358,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
-        if SF:
-            tb = gl.num_programs(0) - TA            # the second weight's tiles, first
-            first = pid_n >= tb
-            ia = pid_n - tb
-            ib = pid_n
-        else:
-            first = pid_n < TA
-            ia = pid_n
-            ib = pid_n - TA
+        first, ia, ib = _mixed_tile(pid_n, TA, SF)
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,

@@ -20,7 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops import paths
-from minfer.ops.cuda.gemv_q8_gluon import _opts, _pdl_mode, _pf, _prefetch2_error, _tile, kernel_planes
+from minfer.ops.cuda.gemv_q8_gluon import _mixed_tile, _opts, _pdl_mode, _pf, _prefetch2_error, _tile, kernel_planes
 from minfer.ops.cuda.gemv_repack_layout import common_tile_rows
 from minfer.ops.cuda.timeline import stamp
 
@@ -40,15 +40,7 @@ def _gemv_q8g_rope_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, bias, out, N, 
         stamp(tlb, 0, NW)
     pid_n = gl.program_id(0)
     if MIXED:
-        if SF:
-            tb = gl.num_programs(0) - TA
-            first = pid_n >= tb
-            ia = pid_n - tb
-            ib = pid_n
-        else:
-            first = pid_n < TA
-            ia = pid_n
-            ib = pid_n - TA
+        first, ia, ib = _mixed_tile(pid_n, TA, SF)
         if first:
             _tile(p0, p1, p2, p3, xq, xf, out, bias, out, out, out, ia, 0, NA, N, NB, bps, 1, xq, xf, 1,
                   out, ny, out, out, eps, nss, out, out, QT, BN, BB, NW, False, HAS_BIAS, False, PDL, PF, False,
