@@ -103,15 +103,14 @@ def attention_heads(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, c
     """The attention's heads before the o projection, merged: (T, H * Dh) in h's dtype."""
     T = h.shape[0]
     H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    wts, biases = (blk.attn_q, blk.attn_k, blk.attn_v), (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias)
     project = getattr(cache, "project_rotated", None)
     if project is not None and blk.attn_q_norm is None:
         # one decode row: the q/k/v GEMV rotates q and k and writes the KV row itself (Switches.qkv_rope)
-        q = project(layer, h, (blk.attn_q, blk.attn_k, blk.attn_v),
-                    (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), step, cfg.rope, ctx)
+        q = project(layer, h, wts, biases, step, cfg.rope, ctx)
         if q is not None:
             return merge_heads(cache.attend(layer, q.view(T, H, Dh), step, ctx))
-    q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
-                              (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
+    q, k, v = ops.linear_many(h, wts, biases, ctx)
     q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
     if blk.attn_q_norm is not None:
         q, k = head_norm(q, blk.attn_q_norm, cfg.rms_eps), head_norm(k, blk.attn_k_norm, cfg.rms_eps)

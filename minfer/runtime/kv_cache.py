@@ -63,6 +63,12 @@ class KVCache:
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
 
+    def _check_room(self, step, T: int) -> None:
+        """A step with a host start writing T rows must fit the cache (inside a graph: the caller's check)."""
+        if step.start is not None and step.start + T > self.n_ctx:
+            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} "
+                              f"token{'s' if T != 1 else ''} at position {step.start} would overflow it (raise --ctx)")
+
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, step) -> None:
         """Store k, v (T, Hkv, Dh) at the step's positions.
 
@@ -74,9 +80,7 @@ class KVCache:
             self.v[layer].index_copy_(0, step.positions, v.to(self.v.dtype))
             return
         T = k.shape[0]
-        if step.start + T > self.n_ctx:
-            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} tokens at "
-                              f"position {step.start} would overflow it (raise --ctx)")
+        self._check_room(step, T)
         self.k[layer, step.start:step.start + T] = k
         self.v[layer, step.start:step.start + T] = v
 
@@ -87,9 +91,7 @@ class KVCache:
         (ops.rope_kv_write, Switches.fused_rope_kv) when every head dim rotates and the dtypes
         agree; otherwise, and on the CPU, the three calls."""
         T = q.shape[0]
-        if step.start is not None and step.start + T > self.n_ctx:
-            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing {T} tokens at "
-                              f"position {step.start} would overflow it (raise --ctx)")
+        self._check_room(step, T)
         if self.k.device.type == "cuda":
             out = ops.rope_kv_write(q, k, v, step.positions, rope, self.k[layer], self.v[layer], ctx)
             if out is not None:
@@ -106,9 +108,7 @@ class KVCache:
         multiplies, then rotates and writes."""
         if h.shape[0] != 1 or self.k.device.type != "cuda":
             return None
-        if step.start is not None and step.start + 1 > self.n_ctx:
-            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing 1 token at "
-                              f"position {step.start} would overflow it (raise --ctx)")
+        self._check_room(step, 1)
         return ops.linear_qkv_rope(h, weights, biases, step.positions, rope, self.k[layer], self.v[layer], ctx)
 
     def attend_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
@@ -120,9 +120,7 @@ class KVCache:
         caller does the two calls."""
         if q.shape[0] != 1:
             return None
-        if step.start is not None and step.start + 1 > self.n_ctx:
-            raise MinferError(f"the KV cache holds {self.n_ctx} positions; writing 1 token at "
-                              f"position {step.start} would overflow it (raise --ctx)")
+        self._check_room(step, 1)
         return ops.rope_attention(q, k, v, step.positions, rope, self.k[layer], self.v[layer], ctx, window=window,
                                   softcap=softcap)
 

@@ -349,9 +349,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
     if use_g and rope is not None and not rope_why:
-        GR.launch(segs, xq, xf, bias, out, n, na, ta, nb, bps, bn, bb, nwarps, pdl, rope, prefetch, late=pdl_late,
-                  preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg), x_ahead=x_ahead(cfg),
-                  rscale=rscale)
+        GR.launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, pdl, rope, prefetch,
+                  late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
+                  x_ahead=x_ahead(cfg), rscale=rscale)
         return out
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL

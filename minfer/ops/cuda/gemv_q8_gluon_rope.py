@@ -85,7 +85,7 @@ def refused(segs, cfg, split: int, rope: Rope, out_dtype) -> str | None:
     return None
 
 
-def launch(segs, xq, xf, bias, out, n, na, ta, nb, bps, bn, bb, nwarps, pdl, rope: Rope, prefetch=True,
+def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, pdl, rope: Rope, prefetch=True,
            late: bool = False, preload: bool = True, regs: int = 0, kwarps: bool = False, second_first: bool = False,
            x_ahead: bool = False, rscale=None):
     """gemv_q8's Gluon launch (no K split) with the rope epilogue: out's first rope.nq values receive
@@ -101,7 +101,6 @@ def launch(segs, xq, xf, bias, out, n, na, ta, nb, bps, bn, bb, nwarps, pdl, rop
     if rscale is not None:
         (ny, nss, eps), mode = rscale, 4
         kp2 = max(32 * nwarps, 1 << max(0, nss - 1).bit_length())
-    tiles = -(-na // bn) + (-(-(n - na) // bn) if len(segs) == 2 else 0)
     rec = timeline.RECORDER
     tlb = rec.buffer(f"{n}x{nb * 256}", (tiles, 1), out.device) if rec is not None else out
     _gemv_q8g_rope_kernel[(tiles,)](
@@ -136,19 +135,13 @@ def linear_qkv_rope(x: torch.Tensor, wts, biases, positions: torch.Tensor, cfg, 
     if not sw.qkv_rope:
         paths.switched_off(path, "MINFER_QKV_ROPE")
         return None
-    if x.shape[0] != 1 or len(wts) != 3 or not sw.gemv or not QM._gemv_rows(x, wts[0], sw):
-        return None
     hd = k_cache.shape[-1]
-    if cfg.n_rot != hd or cfg.style not in ("neox", "normal") or x.dtype != k_cache.dtype:
+    if len(wts) != 3 or cfg.n_rot != hd or cfg.style not in ("neox", "normal") or x.dtype != k_cache.dtype:
         return None
-    grp = getattr(wts[0], "repacked_group", None)
-    segs = getattr(wts[0], "repacked_segments", None)
-    if grp is not None and grp[0] == tuple(wts):
-        planes = grp[1]
-    elif segs is not None and segs[0] == tuple(wts):
-        planes = segs[1]
-    else:
+    found = QM.decode_group_planes(x, wts, sw)
+    if found is None:
         return None
+    planes = found[0]
     pre = getattr(x, "prenorm", None)
     q8 = getattr(x, "q8", None) if pre is None else None
     if (pre is None and q8 is None) or (pre is not None and pre.q8 is None and pre.q8u is None):

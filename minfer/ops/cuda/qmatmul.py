@@ -450,17 +450,28 @@ def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
     """The group's one q8 GEMV launch doing x's deferred norm in its programs (gemv_q8's prenorm;
     it runs the norm kernel first where the Gluon kernel cannot take the shape, counted), or None
     when the group has no such launch (the caller materializes the norm)."""
+    found = decode_group_planes(x, wts, sw)
+    if found is None:
+        return None
+    planes, mixed = found
+    path = f"qmatmul.group{len(wts)}.decode.q8" + ("mixed" if mixed else "")
+    return _group_q8(x, wts, biases, None, planes, path, sw, ws, prenorm=pre)
+
+
+def decode_group_planes(x, wts, sw) -> tuple | None:
+    """(planes, mixed) of the one-launch q8 GEMV over the group wts for one decode row x: the group's
+    fused planes (mixed False) or its q/k + v pair (gemv_repack_layout.fuse_group; True); None when
+    x is not one row on the repacked GEMV or wts is not such a group."""
     if x.shape[0] != 1 or not sw.gemv or not _gemv_rows(x, wts[0], sw):
         return None
+    wts = tuple(wts)
     grp = getattr(wts[0], "repacked_group", None)
     segs = getattr(wts[0], "repacked_segments", None)
     if grp is not None and grp[0] == wts:
-        planes, path = grp[1], f"qmatmul.group{len(wts)}.decode.q8"
-    elif segs is not None and segs[0] == wts:
-        planes, path = segs[1], f"qmatmul.group{len(wts)}.decode.q8mixed"
-    else:
-        return None
-    return _group_q8(x, wts, biases, None, planes, path, sw, ws, prenorm=pre)
+        return grp[1], False
+    if segs is not None and segs[0] == wts:
+        return segs[1], True
+    return None
 
 
 def _group_q8(x, wts, biases, q8, planes, path: str, sw, ws, prenorm=None) -> list:
