@@ -53,14 +53,14 @@ def build(key: str, cfg: tuple, mixed: bool):
     n, k = (int(v) for v in key.split()[1].split("x"))
     bn, bb, split, nw = cfg[:4]
     pf, regs, _ = gemv_q8.extras(cfg)
-    bps, split = splits(k // 256, split, bb)
+    _, split = splits(k // 256, split, bb)
     second = PLANES[14] if mixed else PLANES[qt]
     types = PLANES[qt] + second + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
         ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=mixed, BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
-               HAS_BIAS=mixed, HAS_RESID=False, PDL=1, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=False,
+               HAS_BIAS=mixed, HAS_RESID=False, PDL=1, PF=GL._pf(pf), PRE=True, NORM=0, KP2=1, NCHP=1, RSS=False,
                WK=gemv_q8.kwarps(cfg), SF=mixed and gemv_q8.second_first(cfg), XP=gemv_q8.x_ahead(cfg),
-               TM=bn if len(cfg) > 9 and cfg[9] else 0, **GL._pf(pf, bps, bb, bn, n, k // 256, [qt, 14 if mixed else qt]))
+               TM=bn if len(cfg) > 9 and cfg[9] else 0)
     sig = dict(zip(NAMES, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     kern = triton.compile(src, target=GPUTarget("cuda", 90, 32),

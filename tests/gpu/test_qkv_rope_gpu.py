@@ -54,10 +54,7 @@ def _ulps(a, b, dtype) -> float:
 @pytest.mark.parametrize("kind,cfg", [("q4", (8, 8, 1, 4, 2, 0, False, True)),
                                       ("mixed", (8, 8, 1, 4, 2, 0, False, True, True)),
                                       ("q4", (16, 4, 1, 4)), ("mixed", (32, 2, 1, 4, True)),
-                                      ("q4", (8, 16, 1, 4, 0, 0, False, True)),
-                                      # prefetch 3 (the words staged by cp.async before the wait)
-                                      ("q4", (8, 8, 1, 4, 3, 0, False, True)),
-                                      ("mixed", (8, 8, 1, 4, 3, 0, False, True, True))])
+                                      ("q4", (8, 16, 1, 4, 0, 0, False, True))])
 @pytest.mark.parametrize("style", ["neox", "normal"])
 @pytest.mark.parametrize("scaled", [False, True])
 def test_rope_epilogue_is_the_gemv_then_rope_kv(qkv, kind, cfg, style, scaled):

@@ -4,9 +4,6 @@ Prefetch 2 (the fifth field = 2): both steps of a two-step split load before gri
 twice the weight loads of prefetch 1 before it, and after it only the activation loads (prefetch 1
 loads its second step there) -- for the all-Q4_K build and the mixed Q4_K + Q6_K one (the 7B's
 q/k/v with a Q6_K v). The launcher refuses prefetch 2 for a split of more than two steps.
-Prefetch 3: both steps' words go to shared memory by cp.async before the wait (the scales and d
-words by plain loads there), and after it only the activation loads and a wait_group; the launcher
-refuses a split whose staged steps pass 200 KiB of shared memory a program.
 
 Warps along K (the eighth field): without a K split the build has no global atomic and no
 partial-sum round (the row sums are reduced across the warps in shared memory); the launcher
@@ -46,8 +43,8 @@ for name, (mixed, pf, wk, bn, bb, split, *sf) in json.loads(sys.argv[1]).items()
     types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
         ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32"]
     cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=split > 1,
-               HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=pf if pf in (2, 3) else bool(pf), PRE=False, NORM=0, KP2=1,
-               NCHP=1, RSS=False, WK=bool(wk), SF=bool(sf and sf[0]), NST=2)
+               HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=2 if pf == 2 else bool(pf), PRE=False, NORM=0, KP2=1,
+               NCHP=1, RSS=False, WK=bool(wk), SF=bool(sf and sf[0]))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     out[name] = triton.compile(src, target=T, options={"num_warps": 4}).asm["ptx"]
@@ -60,8 +57,7 @@ def ptx():
     # name: (mixed, prefetch, warps along K, BN, BB, SPLIT[, the second weight's tiles first])
     return sm90_builds(_COMPILE, {"0 1": (0, 1, 0, 32, 2, 4), "0 2": (0, 2, 0, 32, 2, 4), "1 1": (1, 1, 0, 32, 2, 4),
                                   "1 2": (1, 2, 0, 32, 2, 4), "wk": (0, 2, 1, 8, 8, 1), "wk 1": (1, 2, 1, 8, 8, 1),
-                                  "rows": (0, 2, 0, 8, 8, 1), "wk 1 sf": (1, 2, 1, 8, 8, 1, 1),
-                                  "0 3": (0, 3, 0, 32, 2, 4), "1 3": (1, 3, 0, 32, 2, 4), "wk 3": (0, 3, 1, 8, 8, 1)})
+                                  "rows": (0, 2, 0, 8, 8, 1), "wk 1 sf": (1, 2, 1, 8, 8, 1, 1)})
 
 
 def _segments(src: str) -> list:
@@ -89,28 +85,6 @@ def test_prefetch2_mixed_build(ptx):
     assert two[-1] < one[-1]
     assert sum(two) == sum(one)
     assert ptx["1 2"].count("dp4a") == ptx["1 1"].count("dp4a") > 0
-
-
-@pytest.mark.parametrize("two,three", [("0 2", "0 3"), ("wk", "wk 3"), ("1 2", "1 3")])
-def test_prefetch3_stages_the_words_before_the_wait(ptx, two, three):
-    """Against prefetch 2 (both steps in registers before the wait): the words' loads become
-    cp.async, all before each wait (16-byte copies for the Q4_K words), and none after the last wait;
-    the loads left before a wait are the scales and d words (fewer than prefetch 2's); after it
-    each branch waits for its copies; the arithmetic (dp4a) is the same."""
-    import re
-
-    p2, p3 = ptx[two], ptx[three]
-    parts = p3.split("griddepcontrol.wait")
-    assert len(parts) == len(p2.split("griddepcontrol.wait")) >= 2
-    copies = [len(re.findall(r"cp\.async\.c[ag]\.shared\.global", x)) for x in parts]
-    assert copies[0] > 0 and copies[-1] == 0
-    assert "cp.async.cg.shared.global" in parts[0] and ", 0x10, 0x10;" in parts[0]
-    assert p3.count("cp.async.wait_group") == len(parts) - 1
-    b2, b3 = _segments(p2), _segments(p3)
-    assert 0 < b3[0] < b2[0]
-    assert b3[-1] == b2[-1]              # after the last wait: x's loads only, as prefetch 2
-    assert p3.count("dp4a") == p2.count("dp4a") > 0
-    assert "atom" not in p3 or two != "wk"
 
 
 def test_second_weight_first_only_reorders(ptx):
@@ -218,21 +192,3 @@ def test_deferred_norm_before_a_k_warps_config_runs_the_norm_first(wk, monkeypat
     else:
         assert launched == [1] and pre.q8 is None                      # the programs make the q8 row
         assert snap["counts"].get("gemv_q8.norm_prologue") == 1 and not snap["fallbacks"], snap
-
-
-@pytest.mark.parametrize("bps,bb,bn,ok", [(4, 2, 32, True), (14, 2, 32, True), (14, 1, 64, True), (14, 2, 128, False)])
-def test_launch_stages_the_split_in_shared_memory_or_refuses(bps, bb, bn, ok, monkeypatch):
-    """Prefetch 3 sets NST to the split's steps (rounded up); a split whose staged steps need more
-    than 200 KiB of shared memory a program is refused, naming the shape and the bytes."""
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-
-    args, launched = _stub_launch(monkeypatch, "NST", bps, bb, 4)
-    args = args[:14] + (bn,) + args[15:]
-    if ok:
-        GL.launch(*args, prefetch=3)
-        assert launched == [-(-bps // bb)]
-    else:
-        with pytest.raises(MinferError, match=r"64x3584: prefetch 3 .* stages 7 steps of 128 rows x 2 blocks, "
-                                              r"315392 bytes of shared memory"):
-            GL.launch(*args, prefetch=3)
-        assert launched == []

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 def extras(cfg) -> tuple:
     """A config's optional fields after (BN, BB, SPLIT, warps): prefetch (default on; 2, the Gluon
-    kernel only: both steps of a two-step split loaded before the PDL wait; 3, the Gluon kernel
-    only: every step of the split staged in shared memory before it, the words by cp.async --
-    0 / 1 / 2 / 3 as an int),
+    kernel only: both steps of a two-step split loaded before the PDL wait -- 0 / 1 / 2 as an int),
     the Gluon kernel's register cap (0: the compiler's choice) and late (this shape signals the next
     kernel when its programs end; gemv_q8_gluon's module doc)."""
     return (int(cfg[4]) if len(cfg) > 4 else 1, int(cfg[5]) if len(cfg) > 5 else 0,

@@ -49,9 +49,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _stage_all, _staged,
-                                             _xloads)
-from triton.experimental.gluon.language.nvidia.ampere import async_copy as ac
+from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
                                            _rss_q8, _ss_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
@@ -70,7 +68,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
           RQ: gl.constexpr = False, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
-          nq=0, nk=0, kvs=0, NST: gl.constexpr = 1):
+          nq=0, nk=0, kvs=0):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -117,10 +115,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
 
     RP (1 neox, 2 normal; Switches.qkv_rope): the q/k/v rope epilogue of gemv_q8g_rope (the tile's
     rows are rotation pairs of one head of HD rows; row0: the segment's first row in the stacked
-    q/k/v; q rotated to out, k rotated and v to the caches kc / vc at row *rp, kvs apart).
-
-    PF == 3 (prefetch 3): all NST steps of the split into shared memory before the PDL wait, the
-    words by cp.async (gemv_q8g_loads._stage_all), read back a step at a time after it."""
+    q/k/v; q rotated to out, k rotated and v to the caches kc / vc at row *rp, kvs apart)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -146,11 +141,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         b_lo = pid_s * blocks_per_split
         b_hi = gl.minimum(b_lo + blocks_per_split, NB)
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
-    if PF == 3:
-        bufs = _stage_all(p0, p1, p2, p3, r3, r2, c3, c2, w3, NB, b_lo, b_hi, QT, TM, BN, C, NST)
-    else:
-        nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1),
-                     gl.minimum(b_lo * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
+    nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
+                 w3, NB, QT, TM)
     if PF == 2:
         # a split of at most two steps (launch checks): the second step's words in flight before
         # the wait too (clamped to this split's last chunk: a one-step split re-reads its own)
@@ -178,13 +170,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
     if XP:
         xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
-    if PF == 3:
-        ac.wait_group(0)
-        gl.thread_barrier()                                           # (the scale stores of other threads)
     for blk in range(b_lo, b_hi, BB):
-        if PF == 3:
-            wq, hq, sa, sb = _staged(bufs, (blk - b_lo) // BB, L3, QT)
-        elif PF == 2:
+        if PF == 2:
             wq, hq, sa, sb = nxt                                      # both loaded before the wait
             nxt = nxt2
         elif PF:
@@ -356,7 +343,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
                      XP: gl.constexpr = False, RQ: gl.constexpr = False, PAD0: gl.constexpr = 0,
-                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, NST: gl.constexpr = 1):
+                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -375,19 +362,18 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP,
-                  NST=NST)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK, TM=TM, XP=XP, NST=NST)
+                  WK=WK, TM=TM, XP=XP)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ, NST=NST)
+              RQ=RQ)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -397,12 +383,12 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 @gluon.jit
 def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0, NST: gl.constexpr = 1):
+                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0):
     """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
     the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM, NST=NST)
+          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]) (late: with PDL the
@@ -509,7 +495,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     shared memory reserved for it: _occupancy_pad)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
-    pf = _pf(prefetch, bps, bb, bn, n, nb, [rw.qtype for rw in segs])
+    if int(prefetch) == 2 and bps > 2 * bb:
+        _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
     if rss_q8 is not None and (rss is None or len(segs) != 1 or tail is not None or bn % 32 or n % bn):
         raise ValueError("the q8 epilogue needs the RSS epilogue of one weight, no tail, and tiles of a multiple "
                          "of 32 rows that divide N")
@@ -545,7 +532,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
-                           PDL=_pdl_mode(pdl, late), PRE=bool(preload), NORM=mode, KP2=kp2, **pf,
+                           PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode in (1, 2) else 1,
                            RSS=rss is not None, RQ=rss_q8 is not None,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
@@ -555,30 +542,16 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
-def _pf(prefetch, bps: int, bb: int, bn: int, n: int, nb: int, qtypes) -> dict:
-    """The kernel's PF constexpr (and NST): 2 (both steps of a two-step split before the PDL wait),
-    3 (all NST steps of a split staged in shared memory before it, the words by cp.async) or the
-    on / off of before; a split the mode cannot hold is an error naming the config."""
-    mode = int(prefetch)
-    if mode == 2 and bps > 2 * bb:
-        _pf_error(n, nb, 2, f"needs splits of at most two steps; this launch has {bps}-block splits of {bb}-block steps")
-    if mode == 3:
-        nst = -(-bps // bb)
-        # a step's words 16 B a chunk and row, a Q6_K's high bits 8, scales 2 and d words 2-4 (_stage_all);
-        # a two-weight launch holds both weights' buffers
-        smem = sum(nst * bn * bb * 8 * (16 + 2 + (4 if qt == Q4_K else 8 + 2)) for qt in qtypes)
-        if smem > 200 * 1024:
-            _pf_error(n, nb, 3, f"stages {nst} steps of {bn} rows x {bb} blocks, {smem} bytes of shared memory a "
-                                f"program (at most 200 KiB)")
-        return {"PF": 3, "NST": nst}
-    return {"PF": 2 if mode == 2 else bool(prefetch)}
+def _pf(prefetch) -> bool | int:
+    """The kernel's PF constexpr: 2 (both steps before the wait) or the on / off of before."""
+    return 2 if int(prefetch) == 2 else bool(prefetch)
 
 
-def _pf_error(n: int, nb: int, mode: int, what: str):
+def _prefetch2_error(n: int, nb: int, what: str):
     from minfer.errors import MinferError
 
-    raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: prefetch {mode} (every step loaded before the PDL "
-                      f"wait) {what}")
+    raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: prefetch 2 (every step loaded before the PDL "
+                      f"wait) needs splits of at most two steps; this launch has {what}")
 
 
 def _opts(pdl, regs: int) -> dict:
@@ -595,8 +568,9 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     n = rw.n
     nb = rw.k // 256
     tiles = n // bn
-    pf = _pf(prefetch, -(-nb // bb) * bb, bb, bn, n, nb, [rw.qtype])
+    if int(prefetch) == 2 and nb > 2 * bb:
+        _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
     p = kernel_planes(rw)
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
-                                   TM=rw.tile_rows, num_warps=nwarps, **pf, **_opts(pdl, regs))
+                                   PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

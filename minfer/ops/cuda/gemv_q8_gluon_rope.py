@@ -20,7 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops import paths
-from minfer.ops.cuda.gemv_q8_gluon import _mixed_tile, _opts, _pdl_mode, _pf, _tile, kernel_planes
+from minfer.ops.cuda.gemv_q8_gluon import _mixed_tile, _opts, _pdl_mode, _pf, _prefetch2_error, _tile, kernel_planes
 from minfer.ops.cuda.gemv_repack_layout import common_tile_rows
 from minfer.ops.cuda.timeline import stamp
 
@@ -31,7 +31,7 @@ def _gemv_q8g_rope_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, bias, out, N, 
                           BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, HAS_BIAS: gl.constexpr,
                           PDL: gl.constexpr, PF: gl.constexpr, PRE: gl.constexpr, NORM: gl.constexpr,
                           KP2: gl.constexpr, WK: gl.constexpr, SF: gl.constexpr, TM: gl.constexpr, XP: gl.constexpr,
-                          RP: gl.constexpr, HD: gl.constexpr, TL: gl.constexpr = False, NST: gl.constexpr = 1):
+                          RP: gl.constexpr, HD: gl.constexpr, TL: gl.constexpr = False):
     """The stacked q/k/v rows (N; MIXED: rows [0, NA) weight p of type QT in TA tiles, the rest
     weight r of type QTB) times x_hat, one program a BN-row tile of rotation pairs, the whole K
     (no split); the rope epilogue (_tile's RP). NORM 0 or 4 (x_hat without rstd: the row sums
@@ -45,17 +45,17 @@ def _gemv_q8g_rope_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, bias, out, N, 
             _tile(p0, p1, p2, p3, xq, xf, out, bias, out, out, out, ia, 0, NA, N, NB, bps, 1, xq, xf, 1,
                   out, ny, out, out, eps, nss, out, out, QT, BN, BB, NW, False, HAS_BIAS, False, PDL, PF, False,
                   PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=0, rp=rp, rt=rt,
-                  kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, NST=NST)
+                  kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
         else:
             _tile(r0, r1, r2, r3, xq, xf, out, bias + NA, out + NA, out, out, ib, 0, N - NA, N, NB, bps, 1, xq,
                   xf, 1, out, ny, out, out, eps, nss, out, out, QTB, BN, BB, NW, False, HAS_BIAS, False, PDL, PF,
                   False, PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=NA, rp=rp,
-                  rt=rt, kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, NST=NST)
+                  rt=rt, kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
     else:
         _tile(p0, p1, p2, p3, xq, xf, out, bias, out, out, out, pid_n, 0, N, N, NB, bps, 1, xq, xf, 1,
               out, ny, out, out, eps, nss, out, out, QT, BN, BB, NW, False, HAS_BIAS, False, PDL, PF, False,
               PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=0, rp=rp, rt=rt,
-              kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, NST=NST)
+              kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -95,7 +95,8 @@ def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, p
 
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
-    pf = _pf(prefetch, bps, bb, bn, n, nb, [rw.qtype for rw in segs])
+    if int(prefetch) == 2 and bps > 2 * bb:
+        _prefetch2_error(n, nb, f"{bps}-block splits of {bb}-block steps")
     mode, ny, nss, eps, kp2 = 0, out, 0, 0.0, 1
     if rscale is not None:
         (ny, nss, eps), mode = rscale, 4
@@ -106,7 +107,7 @@ def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, p
         p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf, bias if bias is not None else out, out, n, na, ta, nb,
         bps, ny, nss, float(eps), rope.positions, rope.turns, rope.k_cache, rope.v_cache, rope.nq, rope.nk,
         rope.k_cache.stride(0), tlb, QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
-        NW=nwarps, HAS_BIAS=bias is not None, PDL=_pdl_mode(pdl, late), PRE=bool(preload), **pf,
+        NW=nwarps, HAS_BIAS=bias is not None, PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload),
         NORM=mode, KP2=kp2, WK=bool(kwarps), SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
         XP=bool(x_ahead), RP=1 if rope.neox else 2, HD=rope.head_dim, TL=rec is not None, num_warps=nwarps,
         **_opts(pdl, regs))

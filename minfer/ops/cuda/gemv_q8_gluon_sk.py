@@ -13,7 +13,7 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from minfer.ops.cuda.gemv_q8_gluon import _opts, _pdl_mode, _pf_error, _tile, kernel_planes
+from minfer.ops.cuda.gemv_q8_gluon import _opts, _pdl_mode, _prefetch2_error, _tile, kernel_planes
 
 
 @gluon.jit
@@ -65,8 +65,8 @@ def launch_sk(rw, xq, xf, resid, bias, out, part, cnt, programs: int, bn, bb, nw
         from minfer.errors import MinferError
 
         raise MinferError(f"gemv_q8 stream-K: {programs} programs for {u} steps of {n}x{rw.k} (1 to {u})")
-    if int(prefetch) in (2, 3):
-        _pf_error(n, nb, int(prefetch), "cannot take stream-K's programs, which run over many steps")
+    if int(prefetch) == 2:
+        _prefetch2_error(n, nb, "stream-K runs over many steps")
     p = kernel_planes(rw)
     _gemv_q8g_sk_kernel[(programs,)](p[0], p[1], p[2], p[3], xq, xf, resid if resid is not None else out,
                                      bias if bias is not None else out, out, part, cnt, n, nb, s, programs, u,
