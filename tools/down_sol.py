@@ -19,6 +19,12 @@ configs from the command line. Rotating copies (>= 192 MB) so nothing is found i
 the median time a call over a CUDA graph of calls (gemv_sweep.graph_time), in one process.
 
     python tools/down_sol.py [--calls 48] [--cfg 32,2,9,4 ...]     (on the GPU)
+
+--shape N,K reads planes of another Q4_K shape (the real GEMV rows then need --cfg / --cfg6 for it, or
+none); --sol-pdl 0 1 also times the load-only kernels PDL-chained as the GEMV is (the first step's loads
+before griddepcontrol.wait, then launch_dependents; launched with the PDL attribute): the fastest any
+kernel with these loads can read the shape in a chain of launches, the ceiling for its row of issue
+12's kernel table (tools/gemv_table.py).
 """
 from __future__ import annotations
 
@@ -29,6 +35,8 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy as ac
+
+from minfer.ops.cuda.gemv_q8g_loads import _pdl
 
 N, K = 3584, 18944
 NB = K // 256
@@ -67,11 +75,13 @@ def _sol_start(NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, TM
 
 
 @gluon.jit
-def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, TM: gl.constexpr):
+def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, TM: gl.constexpr,
+                PDL: gl.constexpr = 0):
     """Program (tile pid_n, split pid_s): blocks [pid_s * BPS, + BPS) of rows pid_n * BN ..; per step
     the words [BN, C, 4] (int32), the scales [BN, C] (int16) and the d words [BN, C] (int32, one a
     block, read by its 8 chunks) -- gemv_q8_gluon._loads' shapes and layout; TM: the planes in
-    tile-major order. out[program] = the sum of all it read (int64)."""
+    tile-major order. out[program] = the sum of all it read (int64). PDL: griddepcontrol.wait and
+    launch_dependents after the first step's loads are issued (gemv_q8_gluon._tile's order)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -85,6 +95,8 @@ def _sol_kernel(w, s, d, out, NB, BPS, BN: gl.constexpr, BB: gl.constexpr, NW: g
     nw = gl.load(w + wo, mask=m3, other=0, eviction_policy="evict_first")
     ns = gl.load(s + so, mask=m2, other=0, eviction_policy="evict_first")
     nd = gl.load(d + do, mask=m2 & (kc2 % 8 == 0), other=0)
+    if PDL:
+        _pdl(gl.arange(0, C, layout=gl.SliceLayout(0, L2)))
     # one step: BB blocks; in tile-major order a block of BN rows is BN * 32 words
     WSTEP: gl.constexpr = BB * BN * 32 if TM else BB * 32
     SSTEP: gl.constexpr = BB * BN * 8 if TM else BB * 8
@@ -168,9 +180,10 @@ def _grid(bn: int, bb: int, split: int) -> tuple:
     return bps, (N // bn, sp)
 
 
-def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False, stages: int = 0) -> tuple:
+def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False, stages: int = 0, pdl: int = 0) -> tuple:
     """(calls over the rotating copies, the check): cfg (BN, BB, SPLIT, warps); stages: the words
-    through a cp.async ring of that many steps (_sol_async_kernel), 0: through registers."""
+    through a cp.async ring of that many steps (_sol_async_kernel), 0: through registers; pdl: the
+    register kernel PDL-chained (_sol_kernel's PDL, the launch attribute)."""
     bn, bb, split, nw = cfg
     bps, grid = _grid(bn, bb, split)
     out = torch.empty(grid[0] * grid[1], dtype=torch.int64, device="cuda")
@@ -181,7 +194,8 @@ def sol_calls(planes: list, cfg: tuple, tm: bool, empty: bool = False, stages: i
             calls.append(lambda w=w, s=s, d=d: _sol_async_kernel[grid](w, s, d, out, nb, bps, bn, bb, nw, tm, stages,
                                                                         num_warps=nw))
         else:
-            calls.append(lambda w=w, s=s, d=d: _sol_kernel[grid](w, s, d, out, nb, bps, bn, bb, nw, tm, num_warps=nw))
+            calls.append(lambda w=w, s=s, d=d: _sol_kernel[grid](w, s, d, out, nb, bps, bn, bb, nw, tm, PDL=pdl,
+                                                                  num_warps=nw, **({"launch_pdl": True} if pdl else {})))
 
     def check():
         w, s, d = planes[0]
@@ -231,6 +245,7 @@ def real(qt: int, specs: list, a, timed, copies: int, gen) -> int:
 
 
 def main(argv=None) -> int:
+    global N, K, NB
     from minfer.bench.gemv_sweep import graph_time
     from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K
 
@@ -244,7 +259,11 @@ def main(argv=None) -> int:
                     help="real GEMV configs (gemv_q8_gluon fields)")
     ap.add_argument("--cfg6", nargs="*", default=["16,2,4,4", "32,2,5,4"], help="the same for the Q6_K down")
     ap.add_argument("--pdl", type=int, nargs="*", default=[0, 1], help="PDL modes of the real GEMV's launches")
+    ap.add_argument("--shape", default="3584,18944", help="N,K of the Q4_K planes (default: the 7B's down)")
+    ap.add_argument("--sol-pdl", type=int, nargs="*", default=[0], help="PDL modes of the load-only kernels (0, 1)")
     a = ap.parse_args(argv)
+    N, K = (int(v) for v in a.shape.split(","))
+    NB = K // 256
     gen = torch.Generator(device="cuda").manual_seed(0)
     nbytes = N * NB * (128 + 16 + 4)
     copies = max(2, -(-192_000_000 // nbytes))
@@ -255,7 +274,7 @@ def main(argv=None) -> int:
         d = torch.randint(-2**31, 2**31 - 1, (N * NB,), dtype=torch.int32, device="cuda", generator=gen)
         planes.append((w, s, d))
     mb = nbytes / 1e6
-    print(f"down {N}x{K} Q4_K planes: {mb:.2f} MB (words {N * NB * 128 / 1e6:.2f}, scales {N * NB * 16 / 1e6:.2f}, "
+    print(f"{N}x{K} Q4_K planes: {mb:.2f} MB (words {N * NB * 128 / 1e6:.2f}, scales {N * NB * 16 / 1e6:.2f}, "
           f"d {N * NB * 4 / 1e6:.2f}); {copies} rotating copies; {torch.cuda.get_device_name()}")
     rows = []
 
@@ -267,16 +286,18 @@ def main(argv=None) -> int:
     for spec in a.sol:
         cfg = tuple(int(v) for v in spec.split(","))
         for tm in (False, True):
-            for st in [0] + a.stages:
-                calls, check = sol_calls(planes, cfg, tm, stages=st)
-                what = f"load-only {'tiles' if tm else 'rows '} {list(cfg)}" + (f" cp.async ring {st}" if st else "")
+            for st, pdl in [(0, p) for p in a.sol_pdl] + [(st, 0) for st in a.stages]:
+                calls, check = sol_calls(planes, cfg, tm, stages=st, pdl=pdl)
+                what = (f"load-only {'tiles' if tm else 'rows '} {list(cfg)}" + (f" cp.async ring {st}" if st else "")
+                        + (" PDL-chained" if pdl else ""))
                 bad = check()
                 if bad:
                     print(f"  {what}: WRONG SUM ({bad})")
                     return 1
                 timed(f"{what} grid {_grid(*cfg[:3])[1]}", calls)
-        calls, _ = sol_calls(planes, cfg, False, empty=True)
-        timed(f"empty grid {_grid(*cfg[:3])[1]}", calls)
+        for pdl in a.sol_pdl:
+            calls, _ = sol_calls(planes, cfg, False, empty=True, pdl=pdl)
+            timed(f"empty grid {_grid(*cfg[:3])[1]}" + (" PDL-chained" if pdl else ""), calls)
     del planes
     for qt, specs in ((Q4_K, a.cfg), (Q6_K, a.cfg6)):
         if specs and real(qt, specs, a, timed, copies, gen):
