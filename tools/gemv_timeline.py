@@ -117,6 +117,9 @@ def describe(launches, layers, blocks=None, head=None):
         for j, kind in enumerate(KINDS):
             i = 4 * li + j
             label, nbytes = labels[kind]
+            if launches[i][2].shape[0] == 0 or launches[i - 1][2].shape[0] == 0:
+                print(f"  (layer {li} {kind}: no valid stamps here or in the launch before; left out)")
+                continue
             rows.setdefault(label, []).append(stats(launches[i][2], launches[i - 1][2]))
             size[label] = nbytes
     print("| GEMV | layers | programs | SMs | max/SM | 2nd wave | release after the GEMV before, us | launched before "
@@ -126,6 +129,8 @@ def describe(launches, layers, blocks=None, head=None):
         rows["lm head"] = [stats(launches[-1][2], launches[-2][2])]
         size["lm head"] = file_bytes(head)
     for label, rs in rows.items():
+        if not rs:
+            continue
         m = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         gbs = f"{size[label] / m['span'] / 1e3:,.0f}" if size[label] and m["span"] > 0 else "-"
         print(f"| {label} | {len(rs)} | {m['progs']:.0f} | {m['sms']:.0f} | {m['res']:.0f} | {m['wave2']:.0f} | "
@@ -133,7 +138,8 @@ def describe(launches, layers, blocks=None, head=None):
               f"{m['max']:.2f} | {size[label] / 1e6:.2f} | {gbs} |")
     mid = layers[len(layers) // 2]
     for j, kind in enumerate(KINDS):
-        print(f"  layer {mid} {kind}, last to end: {stragglers(launches[4 * mid + j][2])}")
+        if launches[4 * mid + j][2].shape[0]:
+            print(f"  layer {mid} {kind}, last to end: {stragglers(launches[4 * mid + j][2])}")
     layer = (int(launches[4 * layers[-1] + 4][2][:, 3].min()) - int(launches[4 * layers[0]][2][:, 3].min())) / 1e3
     print(f"  layers {layers[0]}..{layers[-1]}: {layer / len(layers):.2f} us a layer (q/k/v release to release)")
 
