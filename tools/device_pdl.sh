@@ -18,7 +18,7 @@ for step in $STEPS; do
         >"$OUT/pytest-gpu.log" 2>&1
       grep -E "^(FAILED|ERROR)|Error" "$OUT/pytest-gpu.log" | head -20; tail -1 "$OUT/pytest-gpu.log";;
     ab)
-      while [ ! -f $Q7 ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done
+      while [ ! -f $Q7 ] || pgrep -f "^python3? -m minfer synth" >/dev/null; do sleep 2; done
       for item in ${AB:-MINFER_PDL}; do      # VAR (A: VAR=1, B: VAR=0) or VAR:a:b
         IFS=: read -r sw a b <<<"$item"; a=${a:-1}; b=${b:-0}
         timeout ${AB_TIMEOUT:-120} $M bench -m $Q7 -p 0 -n 128 -r ${REPS:-3} --ab "$sw=$a" "$sw=$b" --no-progress \
@@ -26,7 +26,7 @@ for step in $STEPS; do
         echo "== A: $sw=$a   B: $sw=$b"; grep "^|" "$OUT/ab-$sw.log" | tail -6; grep -i "error\|Traceback" "$OUT/ab-$sw.log" | head -5
       done;;
     bench)
-      while [ ! -f $Q7 ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done
+      while [ ! -f $Q7 ] || pgrep -f "^python3? -m minfer synth" >/dev/null; do sleep 2; done
       MINFER_DEBUG_PATHS=1 timeout ${BENCH_TIMEOUT:-150} $M bench -m $Q7 -p 0 -n 128 -d 0,3354 -r ${REPS:-3} \
         --out "$OUT/bench-7b.json" --no-progress >"$OUT/bench-7b.log" 2>&1
       grep "^|" "$OUT/bench-7b.log"; grep -i "pdl\|fell back\|error" "$OUT/bench-7b.log" | head -12;;

@@ -11,7 +11,7 @@ source tools/device_setup.sh >/dev/null
 M="python3 -m minfer"
 Q7=/tmp/q7.gguf
 [ -f $Q7 ] || ($M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
-waitq7() { sleep 1; while [ ! -f $Q7 ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done; }
+waitq7() { sleep 1; while [ ! -f $Q7 ] || pgrep -f "^python3? -m minfer synth" >/dev/null; do sleep 2; done; }
 rest=""; summary=""
 for step in $STEPS; do
   case $step in

@@ -8,7 +8,7 @@ source tools/device_setup.sh >/dev/null
 case " $STEPS " in *" hostgap "*|*" envab "*)
   [ -f /tmp/q7.gguf ] || (python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &);;
 esac
-waitq7() { sleep 1; while [ ! -f /tmp/q7.gguf ] || pgrep -f "minfer synth" >/dev/null; do sleep 2; done; }
+waitq7() { sleep 1; while [ ! -f /tmp/q7.gguf ] || pgrep -f "^python3? -m minfer synth" >/dev/null; do sleep 2; done; }
 rest=""; summary=""
 for step in $STEPS; do
   t0=$(date +%s)
