@@ -15,7 +15,11 @@ Checks before timing:
   - on a tile-major shape, the same bits as the same planes row-major.
 Times: gemv_sweep.graph_time (one CUDA graph of the calls walking the copies, median replay over the
 calls), without PDL and PDL-chained (each launch's programs start during the one before, as in the
-step). --try SHAPE=CONFIG times another Gluon config of a shape (keys: SHORT below) the same way,
+step). Beside each shipped row, its one-step floor: the same config, build and grid on planes of one
+step a K split (K = 256 x BB x the split count; one block where K is not split), PDL-chained -- what a launch
+of that grid costs with almost nothing to read -- and the rate past it, (file bytes - the floor's) /
+(chained time - the floor's): how fast the launch reads its further steps (perf-log AK3, AK8).
+--try SHAPE=CONFIG times another Gluon config of a shape (keys: SHORT below) the same way,
 after the same checks, beside the shipped one. Each row gives the kernel's registers a thread and
 programs an SM (by registers: the measure of how much of the next launch a PDL chain can place on
 the SMs while this one runs). Rates: the GGUF file's weight bytes (Q4_K 144, Q6_K 210 bytes a 256-block) per second; the
@@ -105,6 +109,8 @@ def main(argv=None) -> int:
             if r is None:
                 bad += 1
             else:
+                if ci == 0:
+                    r.update(_floor(specs, n, k, cfg, r["tile_rows"], kw, gen, file_bytes, r["us_pdl"], a.calls))
                 rows.append(r)
         del rws, row_major
         torch.cuda.empty_cache()
@@ -113,14 +119,16 @@ def main(argv=None) -> int:
             json.dump({"gpu": torch.cuda.get_device_name(), "launch": {k_: str(v) for k_, v in kw0.items()},
                        "rows": rows}, f, indent=1)
     print("\n| shape | type | N x K | config | layout | regs, programs an SM | MB (file) | us, no PDL | "
-          "us, PDL-chained | GB/s, no PDL | GB/s, PDL-chained | % of 4.2 TB/s |")
-    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+          "us, PDL-chained | GB/s, no PDL | GB/s, PDL-chained | % of 4.2 TB/s | one-step floor, us (K) | "
+          "GB/s past the floor |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['shape']}{'' if r['shipped'] else ' (tried)'} | {'+'.join(dict.fromkeys(r['types']))} | "
               f"{r['n']} x {r['k']} | {r['config']} | "
               f"{'tiles of ' + str(r['tile_rows']) if r['tile_rows'] else 'rows'} | {r['regs']}, {r['per_sm']} | "
               f"{r['file_mb']:.2f} | {r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['gbps_no_pdl']:.0f} | "
-              f"{r['gbps_pdl']:.0f} | {100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} |")
+              f"{r['gbps_pdl']:.0f} | {100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} | "
+              + (f"{r['floor_us']:.2f} ({r['floor_k']}) | {r['gbps_past_floor']:.0f} |" if "floor_us" in r else "- | - |"))
     return 1 if bad else 0
 
 
@@ -184,6 +192,50 @@ def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies
     print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
           f"{r['us_pdl']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
     return r
+
+
+def _floor(specs, n, k, cfg, tr, kw, gen, file_bytes, us_pdl, calls) -> dict:
+    """The shipped config's one-step floor: the same launch (config, layout, so the same build and grid)
+    on random planes of K' = one step of BB blocks a split (one block where K is not split): each
+    program's steps cut to one, PDL-chained over two copies (small enough for L2: a floor), checked against the float64
+    product first. {} when K' is not below K."""
+    from minfer.bench.gemv_sweep import graph_time, random_raw
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_repack as G
+    from minfer.ops.cuda.gemv_repack import splits
+    from minfer.ops.cuda.gemv_repack_layout import to_tiles
+
+    bb = int(cfg[1])
+    _, sp = splits(k // 256, int(cfg[2]), bb)
+    k1 = 256 * (sp * bb if sp > 1 else 1)      # one step a split (a split's blocks are whole steps); one block unsplit
+    if k1 >= k:
+        return {}
+    if splits(k1 // 256, int(cfg[2]), bb)[1] != sp:
+        print(f"  (floor of {n}x{k} {list(cfg)}: {sp} one-block splits do not keep the grid; left out)")
+        return {}
+    copies = []
+    for _ in range(2):
+        segs = tuple(G.repack(random_raw(qt, r, k1, gen), qt, r, k1) for qt, r in specs)
+        segs = tuple(to_tiles(s, tr) for s in segs) if tr else segs
+        copies.append(segs[0] if len(segs) == 1 else segs)
+    q8 = Q.quantize(torch.randn(1, k1, device="cuda", dtype=torch.bfloat16, generator=gen))
+    ws = G.GemvWorkspace("cuda")
+    paths.reset()
+    y = Q.gemv_q8(q8, copies[0], ws=ws, out_dtype=torch.float32, config=tuple(cfg), **kw)
+    segs0 = copies[0] if isinstance(copies[0], tuple) else (copies[0],)
+    dense = torch.cat([_dense(r, k1, G) for r in segs0]).double()
+    ref = Q.dequantize_q8(q8, k1).double() @ dense.T
+    err = float((y.double() - ref).norm() / ref.norm())
+    snap = paths.snapshot()
+    if err > 1e-5 or snap["counts"].get("gemv_q8.gluon", 0) != 1 or snap["fallbacks"]:
+        print(f"  (floor of {n}x{k} {list(cfg)} at K {k1}: err {err:.1e}, paths {snap}; left out)")
+        return {}
+    t = graph_time([lambda i=i: Q.gemv_q8(q8, copies[i % 2], ws=ws, config=tuple(cfg), **kw) for i in range(calls)])
+    fb1 = sum(r * k1 // 256 * FILE_BLOCK[qt] for qt, r in specs)
+    past = (file_bytes - fb1) / max(us_pdl * 1e-6 - t, 1e-9) / 1e9
+    print(f"    one-step floor (K {k1}, the same grid): {t * 1e6:.2f} us chained; past it {past:.0f} GB/s", flush=True)
+    return {"floor_us": t * 1e6, "floor_k": k1, "floor_file_mb": fb1 / 1e6, "gbps_past_floor": past}
 
 
 def _compiled(fn) -> dict:
