@@ -102,6 +102,13 @@ ARCHS = {
                          "partial_rotary_factor": 0.75,
                          "short_factor": [1.0 + 0.1 * i for i in range(6)],
                          "long_factor": [1.0 + 1.3 * i for i in range(6)]})),
+    # IBM Granite (3.x): Llama with four multipliers, each far from 1 so a missed one fails the test
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
+        attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5, attention_bias=False,
+        mlp_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
         hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,

@@ -14,6 +14,7 @@ from minfer.models.qwen2 import Qwen2Model
 from minfer.models.qwen2moe import Qwen2MoeModel
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
+from minfer.models.granite import GraniteModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3 import Qwen3Model
@@ -21,7 +22,7 @@ from minfer.models.qwen3moe import Qwen3MoeModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model)}
+    Olmo2Model, GraniteModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 
