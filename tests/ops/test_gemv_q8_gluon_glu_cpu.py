@@ -32,11 +32,11 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from minfer.ops.cuda import gemv_q8_gluon as GL
 
-names = ["p0", "p1", "p2", "p3", "xq", "xf", "h", "part", "cnt", "gq", "gf", "TF", "N", "NB", "blocks"]
+names = ["p0", "p1", "p2", "p3", "xq", "xf", "h", "part", "cnt", "gq", "gf", "TF", "N", "NB", "blocks", "tlb"]
 out = {}
 for qt, bn, bb, pdl in json.loads(sys.argv[1]):
     planes = ["*i32", "*i16", "*i32", "*i32"] if qt == 12 else ["*i32", "*i16", "*i16", "*fp16"]   # kernel_planes
-    types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*i32", "*i32", "*fp32", "i32", "i32", "i32", "i32"]
+    types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*i32", "*i32", "*fp32", "i32", "i32", "i32", "i32", "*bf16"]
     cex = dict(QT=qt, BN=bn, BB=bb, NW=4, PDL=pdl, PF=True)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_glu_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(11)})

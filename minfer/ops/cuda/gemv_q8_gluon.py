@@ -381,14 +381,18 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 
 
 @gluon.jit
-def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks,
+def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks, tlb,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0):
+                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0, TL: gl.constexpr = False):
     """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
-    the whole K (`blocks` blocks), the pair epilogue _glu_pair."""
+    the whole K (`blocks` blocks), the pair epilogue _glu_pair. TL: timeline stamps (as the plain kernel's)."""
+    if TL:
+        stamp(tlb, 0, NW)
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM)
+          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM, tlb=tlb, TL=TL)
+    if TL:
+        stamp(tlb, 1, NW)
 
 
 # "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]) (late: with PDL the
@@ -571,6 +575,9 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     if int(prefetch) == 2 and nb > 2 * bb:
         _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
     p = kernel_planes(rw)
+    rec = timeline.RECORDER
+    tlb = rec.buffer(f"{n}x{nb * 256}", (tiles, 1), h.device) if rec is not None else h
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
-                                   -(-nb // bb) * bb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, PDL=_pdl_mode(pdl, late),
+                                   -(-nb // bb) * bb, tlb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, TL=rec is not None,
+                                   PDL=_pdl_mode(pdl, late),
                                    PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))
