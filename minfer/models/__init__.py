@@ -19,10 +19,11 @@ from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3 import Qwen3Model
 from minfer.models.qwen3moe import Qwen3MoeModel
+from minfer.models.smollm3 import SmolLM3Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel)}
+    Olmo2Model, GraniteModel, SmolLM3Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -18,9 +18,9 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "olmo2", "olmo3"]
+         "smollm3", "olmo2", "olmo3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
-               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "olmo2": "olmo2",
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3", "olmo2": "olmo2",
                "olmo3": "olmo2"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
@@ -76,7 +76,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
@@ -139,6 +139,19 @@ def test_gemma2_layer_pattern_and_caps():
     assert m.window == 8
     assert (m.attn_softcap, m.final_softcap) == (3.0, 10.0)
     assert [r.theta for r in m.layer_rope] == [10000.0] * 4
+
+
+def test_smollm3_nope_layers(monkeypatch):
+    """Every fourth layer attends without rope (llama.cpp's fixed step; HF's default no_rope_layers,
+    which the fixture's config records), and with rope on that layer too the logits miss transformers'."""
+    import json
+
+    eng = engine("smollm3")
+    hf = json.loads((DATA / "smollm3.json").read_text())["config"]["no_rope_layers"]
+    assert eng.model.use_rope == tuple(bool(v) for v in hf) == (True, True, True, False)
+    r = ref("smollm3")
+    monkeypatch.setattr(type(eng.model), "use_rope", property(lambda self: (True,) * 4))
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
 
 
 def test_olmo3_layer_pattern():
