@@ -109,6 +109,19 @@ ARCHS = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
         attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5, attention_bias=False,
         mlp_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Granite MoE, without and with the shared expert (Granite's multipliers around a top-2-of-8 MoE)
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "granitemoeshared": ("GraniteMoeSharedConfig", "GraniteMoeSharedForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # SmolLM3: Llama with no rope on every fourth layer (layer 3 of 4 here)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,

@@ -49,20 +49,21 @@ from minfer.models.llama import LlamaModel
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def _check_supported(gf, n_layers: int) -> None:
+def check_supported(gf, cfg: ModelConfig) -> None:
     """Refuse what this model does not run, naming the tensor or key (module doc)."""
-    for i in range(n_layers):
+    a = cfg.arch
+    for i in range(cfg.n_layers):
         for name in _BIASES:
             t = f"blk.{i}.{name}.bias"
             if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': granite files with bias tensors are not supported")
+                raise MinferError(f"{gf.path}: tensor '{t}': {a} files with bias tensors are not supported")
     md = gf.metadata
-    if md.get("granite.rope.scaling.finetuned", True) is False:
-        raise MinferError(f"{gf.path}: metadata key 'granite.rope.scaling.finetuned' is false (no rope), "
+    if md.get(f"{a}.rope.scaling.finetuned", True) is False:
+        raise MinferError(f"{gf.path}: metadata key '{a}.rope.scaling.finetuned' is false (no rope), "
                           "which is not supported")
-    mapping = md.get("granite.deepstack_mapping")
+    mapping = md.get(f"{a}.deepstack_mapping")
     if mapping is not None and any(int(v) >= 0 for v in mapping):
-        raise MinferError(f"{gf.path}: metadata key 'granite.deepstack_mapping' maps vision inputs into "
+        raise MinferError(f"{gf.path}: metadata key '{a}.deepstack_mapping' maps vision inputs into "
                           "decoder layers (Granite Vision), which is not supported")
 
 
@@ -78,24 +79,16 @@ def _scale(gf, key: str, required: bool = False) -> float:
     return v
 
 
-class GraniteModel(LlamaModel):
-    """Llama's weights; the forward applies the four multipliers (module doc)."""
+class GraniteScales:
+    """The four multipliers and the forward that applies them, for GraniteModel and
+    GraniteMoeModel (minfer/models/granitemoe.py): the FFN is the subclass's `_ffn(i, h, ctx)`."""
 
-    arch = "granite"
-    rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_GRANITE -> NORM
-
-    @classmethod
-    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
-                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "GraniteModel":
-        cfg = cfg or ModelConfig.from_gguf(gf)
-        _check_supported(gf, cfg.n_layers)
-        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        m.embed_scale = _scale(gf, "granite.embedding_scale") or 1.0
-        attn = _scale(gf, "granite.attention.scale")
-        m.q_scale = attn * math.sqrt(cfg.head_dim) if attn else 1.0
-        m.residual_scale = _scale(gf, "granite.residual_scale") or 1.0
-        m.logit_scale = _scale(gf, "granite.logit_scale", required=True)
-        return m
+    def _load_scales(self, gf, cfg: ModelConfig) -> None:
+        self.embed_scale = _scale(gf, f"{cfg.arch}.embedding_scale") or 1.0
+        attn = _scale(gf, f"{cfg.arch}.attention.scale")
+        self.q_scale = attn * math.sqrt(cfg.head_dim) if attn else 1.0
+        self.residual_scale = _scale(gf, f"{cfg.arch}.residual_scale") or 1.0
+        self.logit_scale = _scale(gf, f"{cfg.arch}.logit_scale", required=True)
 
     def _branch(self, a: torch.Tensor) -> torch.Tensor:
         """A branch output scaled for its residual add (float32, as the residual stream)."""
@@ -123,10 +116,29 @@ class GraniteModel(LlamaModel):
         for i, blk in enumerate(blocks):
             x, h = ops.add_rms_norm(x, self._branch(self._attention(h, blk, i, cache, step, ctx)), blk.ffn_norm,
                                     eps, act, ctx)
-            f = ffn_branch(h, blk, ctx)
+            f = self._ffn(i, h, ctx)
             if i + 1 < len(blocks):
                 x, h = ops.add_rms_norm(x, self._branch(f), blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                                    # (R, D)
         _, h = ops.add_rms_norm(x, self._branch(f), self.output_norm, eps, act, ctx)
         logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)     # (R, V)
         return logits * (1.0 / self.logit_scale)        # granite.cpp: ggml_scale(cur, 1.0f / f_logit_scale)
+
+
+class GraniteModel(GraniteScales, LlamaModel):
+    """Llama's weights; GraniteScales' forward applies the four multipliers (module doc)."""
+
+    arch = "granite"
+    rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_GRANITE -> NORM
+
+    @classmethod
+    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
+                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "GraniteModel":
+        cfg = cfg or ModelConfig.from_gguf(gf)
+        check_supported(gf, cfg)
+        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
+        m._load_scales(gf, cfg)
+        return m
+
+    def _ffn(self, i: int, h: torch.Tensor, ctx) -> torch.Tensor:
+        return ffn_branch(h, self.blocks[i], ctx)

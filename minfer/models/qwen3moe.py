@@ -75,6 +75,12 @@ class Qwen3MoeModel(LlamaModel):
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_QWEN3MOE -> NEOX
     qk_norm = True
     weights_norm = True       # src/models/qwen3moe.cpp: build_moe_ffn(..., norm_w = true, ...)
+    expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length")    # required
+
+    @classmethod
+    def expert_width(cls, cfg: ModelConfig) -> int:
+        """Each expert's hidden size (qwen3moe: expert_feed_forward_length)."""
+        return cfg.expert_ffn
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -82,8 +88,8 @@ class Qwen3MoeModel(LlamaModel):
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)
-        V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
-        for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
+        V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cls.expert_width(cfg)
+        for key in cls.expert_keys:
             if f"{cls.arch}.{key}" not in gf.metadata:
                 raise MinferError(f"{gf.path}: metadata key '{cls.arch}.{key}' is missing "
                                   f"(needed to build the {cls.arch} model)")

@@ -21,11 +21,12 @@ import torch
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3",
+ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared",
          "olmo3"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
+            "granitemoe": ["moe.gather", "moe.grouped"], "granitemoeshared": ["moe.gather", "moe.grouped"],
             "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",
                        "geglu.triton"],
             "olmo3": ["attention.window"]}

@@ -97,3 +97,22 @@ def test_rope_switched_off_is_refused(tmp_path):
     p = rewrite(tmp_path / "x.gguf", set_keys={"granite.rope.scaling.finetuned": (False, gguf.GGUFValueType.BOOL)})
     with pytest.raises(MinferError, match=r"granite\.rope\.scaling\.finetuned"):
         engine(p)
+
+
+def test_granitemoe_shared_expert_is_needed():
+    """Without the shared expert (GraniteMoeShared) the logits miss transformers' by far; the
+    routed experts' width is feed_forward_length (no expert_feed_forward_length in the file)."""
+    import os
+
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    r = np.load(DATA / "granitemoeshared.npz")
+    eng = Engine.load(DATA / "granitemoeshared.gguf", ctx=64, progress=False,
+                      switches=Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"}))
+    m = eng.model
+    assert m.moe[0].gate_exps.n_experts == 8 and m.cfg.expert_ffn == 0 and m.expert_width(m.cfg) == 32
+    assert m.moe[0].gate_shexp is not None
+    for e in m.moe:
+        e.gate_shexp = None
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 50 * TOL

@@ -27,9 +27,10 @@ _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qma
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
-        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "olmo3": ["attention.window.decode"],
+        "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "granitemoeshared": ["moe.gather"],
+        "olmo3": ["attention.window.decode"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"]}
-DECODE_ONLY = {"gemma3", "qwen3moe"}   # interpreted prefills of these cost ~50-80 s each
+DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +55,7 @@ def _route_to_cuda(monkeypatch, C):
     monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3"])
+@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
