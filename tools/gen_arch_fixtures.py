@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
 VOCAB = 320
+SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
 
@@ -122,6 +123,12 @@ ARCHS = {
         max_position_embeddings=256, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # ERNIE 4.5 (dense): Llama's computation; its converter reads a SentencePiece model only
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, use_bias=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # SmolLM3: Llama with no rope on every fourth layer (layer 3 of 4 here)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -155,6 +162,21 @@ def make_tokenizer(path: Path) -> None:
     fast = PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, pad_token="<pad>",
                                    bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def make_spm_tokenizer(path: Path) -> None:
+    """A SentencePiece BPE of VOCAB pieces (tokenizer.model), for converters that read only that
+    (llama.cpp conversion/ernie.py: _set_vocab_sentencepiece)."""
+    import io
+
+    import sentencepiece as spm
+
+    text = (Path(ROOT / "README.md").read_text(encoding="utf-8") + "\n") * 2
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(text.splitlines()), model_writer=buf, vocab_size=VOCAB,
+                                   model_type="bpe", byte_fallback=False, character_coverage=0.98,
+                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
+    (path / "tokenizer.model").write_bytes(buf.getvalue())
 
 
 def randomize(model, seed: int) -> None:
@@ -213,6 +235,8 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
         d = Path(tmp) / name
         model.save_pretrained(d, safe_serialization=True)
         make_tokenizer(d)
+        if name in SPM:
+            make_spm_tokenizer(d)
         if name.startswith("phi3"):   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
             tc = json.loads((d / "tokenizer_config.json").read_text())
             tc["tokenizer_class"] = "GPT2Tokenizer"

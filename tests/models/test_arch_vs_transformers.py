@@ -18,9 +18,9 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "granitemoe", "granitemoeshared", "smollm3", "olmo2", "olmo3"]
+         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "olmo2", "olmo3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
-               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "olmo2": "olmo2",
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "olmo2": "olmo2",
                "olmo3": "olmo2"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
@@ -151,6 +151,18 @@ def test_smollm3_nope_layers(monkeypatch):
     assert eng.model.use_rope == tuple(bool(v) for v in hf) == (True, True, True, False)
     r = ref("smollm3")
     monkeypatch.setattr(type(eng.model), "use_rope", property(lambda self: (True,) * 4))
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
+
+
+def test_ernie4_5_rotates_adjacent_pairs():
+    """ERNIE 4.5 rotates adjacent pairs (llama.cpp NORM; HF's interleaved rotate_half) on q/k the
+    converter leaves as they are: with the halves rotated instead (NEOX) the logits miss transformers'."""
+    from dataclasses import replace
+
+    r = ref("ernie4_5")
+    eng = engine("ernie4_5")
+    assert eng.config.rope.style == "normal"
+    object.__setattr__(eng.model.cfg, "rope", replace(eng.model.cfg.rope, style="neox"))   # (this engine's own cfg)
     assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
 
 
