@@ -35,6 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
 VOCAB = 320
+EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>")}   # conversion/glm.py Glm4Model.set_vocab looks them up
 SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
@@ -129,6 +130,13 @@ ARCHS = {
         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, use_bias=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # GLM-4 (0414): q/k/v biases, half the head rotated (adjacent pairs), post-attention and post-MLP
+    # norms, the MLP's gate and up fused in one matrix
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # SmolLM3: Llama with no rope on every fourth layer (layer 3 of 4 here)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
@@ -150,15 +158,16 @@ ARCHS = {
 }
 
 
-def make_tokenizer(path: Path) -> None:
-    """A byte-level BPE of VOCAB tokens (ids 0-2 special) saved as a transformers tokenizer."""
+def make_tokenizer(path: Path, extra_specials=()) -> None:
+    """A byte-level BPE of VOCAB tokens (ids 0-2 special, then extra_specials) saved as a
+    transformers tokenizer."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import PreTrainedTokenizerFast
 
     text = (Path(ROOT / "README.md").read_text(encoding="utf-8") + "\n") * 2
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator([text], vocab_size=VOCAB, min_frequency=2,
-                            special_tokens=["<pad>", "<s>", "</s>"], show_progress=False)
+                            special_tokens=["<pad>", "<s>", "</s>", *extra_specials], show_progress=False)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok._tokenizer, pad_token="<pad>",
                                    bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
@@ -234,7 +243,7 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / name
         model.save_pretrained(d, safe_serialization=True)
-        make_tokenizer(d)
+        make_tokenizer(d, EXTRA_SPECIALS.get(name, ()))
         if name in SPM:
             make_spm_tokenizer(d)
         if name.startswith("phi3"):   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name

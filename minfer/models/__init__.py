@@ -15,6 +15,7 @@ from minfer.models.qwen2moe import Qwen2MoeModel
 from minfer.models.ernie4_5 import Ernie45Model
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
+from minfer.models.glm4 import Glm4Model
 from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.olmo2 import Olmo2Model
@@ -25,7 +26,7 @@ from minfer.models.smollm3 import SmolLM3Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model)}
+    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

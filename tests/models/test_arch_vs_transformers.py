@@ -18,9 +18,9 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "olmo2", "olmo3"]
+         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
-               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "olmo2": "olmo2",
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "olmo2": "olmo2",
                "olmo3": "olmo2"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
@@ -76,7 +76,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
@@ -163,6 +163,33 @@ def test_ernie4_5_rotates_adjacent_pairs():
     eng = engine("ernie4_5")
     assert eng.config.rope.style == "normal"
     object.__setattr__(eng.model.cfg, "rope", replace(eng.model.cfg.rope, style="neox"))   # (this engine's own cfg)
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
+
+
+@pytest.mark.parametrize("what", ["full_rotation", "up_gate_order", "no_post_norms"])
+def test_glm4_each_rule_is_needed(monkeypatch, what):
+    """GLM-4's partial rotation (half of each head), its fused [gate; up] order and its post-norms:
+    with any one changed the logits miss transformers' by far."""
+    from dataclasses import replace
+
+    import torch
+
+    r = ref("glm4")
+    eng = engine("glm4")
+    m = eng.model
+    assert m.cfg.rope.n_rot == m.cfg.head_dim // 2
+    if what == "full_rotation":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, n_rot=m.cfg.head_dim))    # (this engine's own cfg)
+    elif what == "up_gate_order":
+        F = m.cfg.ffn
+        for b in m.blocks:     # the reference path multiplies by the dense weight
+            monkeypatch.setattr(b.ffn_up, "dense", torch.cat([b.ffn_up.dense[F:], b.ffn_up.dense[:F]]))
+    else:
+        from minfer import ops
+
+        real = ops.rms_norm
+        post = {id(v) for v in m.post_attention_norm + m.post_ffw_norm}
+        monkeypatch.setattr(ops, "rms_norm", lambda x, w, eps, *a: x if id(w) in post else real(x, w, eps, *a))
     assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
 
 
