@@ -89,11 +89,14 @@ class Switches:
                            "GEMV program reads one contiguous run (ops/cuda/plane_layout.py; applied at load and "
                            "again when an A/B changes it; H200 7B, with the x-ahead loads: in-process bench --ab "
                            "tg128 1.013, d3354 1.011, perf-log AF6; off: row-major planes)")
-    gemv_swiglu: bool = _sw(False, "MINFER_GEMV_SWIGLU",
-                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
-                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
-                            "Gluon kernel where its table has the shape; off by default: no gain shown on the "
-                            "H200, B/A 0.996 tg128 / 0.990 d3354, perf-log U5; off: the GEMV, then swiglu_q8)", kind="tuning")
+    gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
+                           "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
+                           "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
+                           "Gluon kernel where its table has the shape). 1: the second program of a gate / up "
+                           "tile pair to finish does it (an atomic ticket; H200 7B graph -33 us at depth 100 and "
+                           "3354, perf-log AK6); 2: each program holds the gate and the up rows of its h values "
+                           "and does it without a ticket (gemv_q8g_norm._glu_local; not yet run on the GPU); "
+                           "0 (default): the GEMV, then swiglu_q8", kind="tuning")
     pdl_preload: bool = _sw(True, "MINFER_PDL_PRELOAD",
                             "with PDL, a kernel loads what no kernel before it writes -- the RMSNorm's weight "
                             "(the norm + int8 kernel), the bias rows (the Gluon q8 GEMV) -- before its PDL wait, "

@@ -362,3 +362,33 @@ def test_add_rms_norm_q8_sum_in_one_round_or_a_loop(k, one_pass):
     # the q8 row is quantized from the float32 normed value: x_hat of it, up to near-ties
     got = Q.dequantize_q8(q8, k).double()
     assert rel_err(got, x_hat(hv)) < 1e-3
+
+
+@pytest.mark.parametrize("qt,f,k,cfg", [(12, 18944, 3584, None), (14, 18944, 3584, (32, 1, 1, 4)),
+                                        (12, 512, 768, (32, 1, 1, 4)), (12, 1024, 1280, (64, 1, 1, 4))])
+def test_gemv_q8_swiglu_paired(qt, f, k, cfg):
+    """gemv_q8_swiglu(paired=True) (Switches.gemv_swiglu 2): each program holds the gate and up rows of
+    its h values (twice the config's rows at twice its warps) and does the SwiGLU and q8 epilogue
+    itself, no ticket -- bit for bit the Gluon GEMV with the config then swiglu_q8 (the same row
+    sums: a row's reduction stays inside its warp), one launch counted as gemv_q8.gluon, no
+    fallback, the pair counters untouched; a second launch gives the same bits."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, w = _weight(qt, 2 * f, k, seed=f + k + qt + 1)
+    ws = GemvWorkspace("cuda")
+    q8 = Q.quantize(torch.randn(1, k, device="cuda", dtype=torch.bfloat16))
+    paths.reset()
+    h, hq = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, config=cfg, ws=ws, gluon=True, paired=True)
+    snap = paths.snapshot()
+    assert snap["counts"].get("gemv_q8.gluon") == 1 and not snap["fallbacks"], snap
+    gcfg = cfg if cfg is not None else GL.config_for(qt, 2 * f, k)
+    g2 = Q.gemv_q8(q8, rw, out_dtype=torch.bfloat16, config=gcfg, ws=ws, gluon=True)
+    h2, (q2, f2) = Q.swiglu_q8(g2[:, :f].contiguous(), g2[:, f:].contiguous())
+    assert torch.equal(h, h2) and torch.equal(hq[0], q2) and torch.equal(hq[1], f2)
+    h3, hq3 = Q.gemv_q8_swiglu(q8, rw, out_dtype=torch.bfloat16, config=cfg, ws=ws, gluon=True, paired=True)
+    assert torch.equal(h, h3) and torch.equal(hq[0], hq3[0]) and torch.equal(hq[1], hq3[1])
+    torch.cuda.synchronize()
+    assert int(ws.cnt.abs().sum()) == 0

@@ -34,18 +34,19 @@ from minfer.ops.cuda import gemv_q8_gluon as GL
 
 names = ["p0", "p1", "p2", "p3", "xq", "xf", "h", "part", "cnt", "gq", "gf", "TF", "N", "NB", "blocks", "tlb"]
 out = {}
-for qt, bn, bb, pdl in json.loads(sys.argv[1]):
+for qt, bn, bb, pdl, *gp in json.loads(sys.argv[1]):
     planes = ["*i32", "*i16", "*i32", "*i32"] if qt == 12 else ["*i32", "*i16", "*i16", "*fp16"]   # kernel_planes
     types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*i32", "*i32", "*fp32", "i32", "i32", "i32", "i32", "*bf16"]
-    cex = dict(QT=qt, BN=bn, BB=bb, NW=4, PDL=pdl, PF=True)
+    cex = dict(QT=qt, BN=bn, BB=bb, NW=8 if gp else 4, PDL=pdl, PF=True, GP=bool(gp))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_glu_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(11)})
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    out[f"{qt} {bn} {bb} {pdl}"] = {"ptx": k.asm["ptx"], "cubin": len(k.asm["cubin"])}
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8 if gp else 4})
+    out[" ".join(map(str, [qt, bn, bb, pdl, *gp]))] = {"ptx": k.asm["ptx"], "cubin": len(k.asm["cubin"])}
 print(json.dumps(out))
 """
 
 _CASES = [(qt, bn, bb, pdl) for qt in (12, 14) for bn, bb in ((32, 1), (64, 2)) for pdl in (1, 3)]
+_PAIRED = [(12, 64, 1, 1, 1), (14, 64, 1, 1, 1), (12, 128, 1, 3, 1)]     # Switches.gemv_swiglu 2: 8 warps
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def built():
     """The GLU kernel's sm_90 builds, in a fresh interpreter without TRITON_INTERPRET:
     tests/conftest.py sets it on a machine without a GPU, and Gluon's compiler then refuses the
     kernel's helper functions (the interpreter wraps them)."""
-    return sm90_builds(_COMPILE, _CASES)
+    return sm90_builds(_COMPILE, _CASES + _PAIRED)
 
 
 @pytest.mark.parametrize("case", _CASES, ids=lambda c: f"{'Q4_K' if c[0] == 12 else 'Q6_K'}-{c[1]}x{c[2]}-pdl{c[3]}")
@@ -70,6 +71,20 @@ def test_glu_kernel_compiles_for_sm90(built, case):
         assert ptx.index("griddepcontrol.launch_dependents") > ptx.rindex(".exch.")
     else:
         assert ptx.index("griddepcontrol.launch_dependents") < ptx.index("atom.global.gpu.acq_rel.add")
+    assert k["cubin"] > 0
+
+
+@pytest.mark.parametrize("case", _PAIRED, ids=lambda c: f"{'Q4_K' if c[0] == 12 else 'Q6_K'}-{c[1]}x{c[2]}-pdl{c[3]}")
+def test_paired_glu_kernel_has_no_ticket(built, case):
+    """The paired build (GP: a tile's first half gate rows, second half the up rows of the same h
+    values, Switches.gemv_swiglu 2): no atomic and no exchange -- the epilogue is the program's own
+    (_glu_local), its row sums parked and read back (.cg) after one barrier -- and it stores h, the
+    q8 words and scales as the ticketed build does (bf16 h, int32 words, float32 scales)."""
+    k = built[" ".join(map(str, case))]
+    ptx = k["ptx"]
+    assert "atom" not in ptx and ".exch." not in ptx
+    assert ptx.count("griddepcontrol.wait") == 1 and "bar.sync" in ptx and "ld.global.cg" in ptx
+    assert "st.global.b16" in ptx and "st.global.b32" in ptx and "dp4a" in ptx
     assert k["cubin"] > 0
 
 
@@ -106,7 +121,8 @@ class _Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False, regs=0):
+    def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False, regs=0,
+                 paired=False):
         self.calls.append(dict(rw=rw, xq=xq, xf=xf, h=h, part=part, cnt=cnt, gq=gq, gf=gf, bn=bn, bb=bb,
                                nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late, regs=regs))
 

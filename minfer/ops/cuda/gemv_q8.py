@@ -484,7 +484,8 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
-                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = ""):
+                   l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = "",
+                   paired: bool = False):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
@@ -521,6 +522,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
                           f"pair of a multiple of 256 rows each")
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
+    if paired and not use_g:    # (the Triton kernel has the ticketed epilogue only)
+        paths.fallback("gemv_q8.glu_paired", why or f"no Gluon config for {n}x{k}: the ticketed Triton epilogue")
     paths.count("gemv_q8.gluon" if use_g else "gemv_q8.triton")
     nb = k // 256
     bps = triton.cdiv(nb, bb) * bb
@@ -535,7 +538,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
-                         regs=regs)
+                         regs=regs, paired=paired)          # paired: no ticket (gemv_q8_gluon.launch_swiglu)
         return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))

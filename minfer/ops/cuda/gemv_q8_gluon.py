@@ -50,8 +50,8 @@ from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
-from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail, _q8_store_lq,
-                                           _rss_q8, _ss_rstd)
+from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail,
+                                           _q8_store_lq, _rss_q8, _ss_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
@@ -68,7 +68,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
           RQ: gl.constexpr = False, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
-          nq=0, nk=0, kvs=0):
+          nq=0, nk=0, kvs=0, GP: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -124,6 +124,11 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     LX: gl.constexpr = gl.SliceLayout(0, L3)                          # [C, 4]
     if RP:
         rows = _rope_rows(pid_n, BN, HD, RP == 1, gl.SliceLayout(1, L2))
+    elif GP:
+        # (GLU, Switches.gemv_swiglu 2) the first half of the tile gate rows, the second the up rows
+        # of the same h values: N / 2 + the same index (_glu_local)
+        rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
+        rows = pid_n * (BN // 2) + gl.where(rl < BN // 2, rl, N // 2 + rl - BN // 2)
     else:
         rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
     r2 = gl.expand_dims(gl.minimum(rows, N - 1), 1)                   # [BN, 1]; rows past N read row N-1
@@ -225,7 +230,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     res = gl.sum(acc, axis=1)                                         # [BN]
     if NORM == 4:
         res = res * rstd
-    if GLU:
+    if GLU and GP:
+        _glu_local(res, pid_n, part, out, gq, gf, BN, NW)
+    elif GLU:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
     elif SK:
         rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
@@ -383,14 +390,17 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 @gluon.jit
 def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks, tlb,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
-                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0, TL: gl.constexpr = False):
+                         PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0, TL: gl.constexpr = False,
+                         GP: gl.constexpr = False):
     """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
-    the whole K (`blocks` blocks), the pair epilogue _glu_pair. TL: timeline stamps (as the plain kernel's)."""
+    the whole K (`blocks` blocks), the pair epilogue _glu_pair; GP: tiles of both halves, _glu_local.
+    TL: timeline stamps (as the plain kernel's)."""
     if TL:
         stamp(tlb, 0, NW)
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
-          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM, tlb=tlb, TL=TL)
+          xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM, tlb=tlb, TL=TL,
+          GP=GP)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -564,13 +574,17 @@ def _opts(pdl, regs: int) -> dict:
 
 
 def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True,
-                  late: bool = False, regs: int = 0):
+                  late: bool = False, regs: int = 0, paired: bool = False):
     """The [gate; up] GEMV with the SwiGLU epilogue (_gemv_q8g_glu_kernel) over rw's 2F stacked
     rows in BN-row tiles: h (1, F), its q8 words gq (F/4,) int32 and (d, s0, s1, 0) gf (F/8,)
     float32; part (2F,) float32 scratch; cnt (F/BN,) int32 zeros, left zero. The caller checks
-    the pairing (gemv_q8.gemv_q8_swiglu: F % BN == 0, BN % 32 == 0) and `supported`."""
+    the pairing (gemv_q8.gemv_q8_swiglu: F % BN == 0, BN % 32 == 0) and `supported`. paired
+    (Switches.gemv_swiglu 2): F / BN programs, each of BN gate and BN up rows at twice the warps
+    (the same rows a thread), the epilogue in the program (_glu_local: no ticket, cnt unused)."""
     n = rw.n
     nb = rw.k // 256
+    if paired:
+        bn, nwarps = 2 * bn, 2 * nwarps
     tiles = n // bn
     if int(prefetch) == 2 and nb > 2 * bb:
         _prefetch2_error(n, nb, f"the SwiGLU pair's whole K in {bb}-block steps")
@@ -579,5 +593,5 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     tlb = rec.buffer(f"{n}x{nb * 256}", (tiles, 1), h.device) if rec is not None else h
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
                                    -(-nb // bb) * bb, tlb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, TL=rec is not None,
-                                   PDL=_pdl_mode(pdl, late),
+                                   PDL=_pdl_mode(pdl, late), GP=bool(paired),
                                    PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

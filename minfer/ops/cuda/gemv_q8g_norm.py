@@ -210,3 +210,24 @@ def _norm_tail(s, ng, h_out, gq, gf, ssp, nss, eps, K, cnt_g, NW: gl.constexpr):
             gl.store(h_out + idx, v.to(h_out.dtype.element_ty), mask=m)
             _q8_store_lq(v, b3, cw, kw, c0, NCH, gq, gf, True)
         gl.atomic_xchg(cnt_g, 0)
+
+
+@gluon.jit
+def _glu_local(res, pid_n, part, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr):
+    """SwiGLU in the epilogue of a program that holds both halves of its h values (Switches.gemv_swiglu
+    = 2, gemv_q8_gluon._tile's GP): rows 0 .. BN/2 - 1 of its tile are gate rows, BN/2 .. BN - 1 the
+    up rows of the same h indices pid_n * BN/2 + r. No ticket: the program parks its BN row sums in
+    its own BN floats of `part`, and after a barrier reads them back in the q8 word layout (LQ,
+    _lq_axes) and does _glu_pair's arithmetic on them (h = silu(g) * u from g, u rounded to h's
+    dtype; its q8 chunks by _q8_store_lq): the same bits as the ticketed pair and as swiglu_q8."""
+    rl = gl.arange(0, BN, layout=res.type.layout)
+    gl.store(part + pid_n * BN + rl, res)
+    gl.thread_barrier()
+    CB: gl.constexpr = BN // 64
+    c3, b3, w3, cw, kw = _lq_axes(CB, NW)
+    loc = c3 * 32 + b3 * 8 + w3                                   # [CB, 4, 8]: the h value within the tile
+    g = gl.load(part + pid_n * BN + loc, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+    u = gl.load(part + pid_n * BN + BN // 2 + loc, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+    v = g / (1.0 + gl.exp(-g)) * u                                # swiglu_q8's formula
+    gl.store(h_out + pid_n * (BN // 2) + loc, v.to(h_out.dtype.element_ty))
+    _q8_store_lq(v, b3, cw, kw, pid_n * CB, 0, gq, gf, False)
