@@ -17,7 +17,7 @@ from minfer.errors import MinferError
 @dataclass(frozen=True)
 class Preset:
     name: str
-    arch: str            # 'qwen2', 'llama', 'qwen3', 'gemma2', 'gemma3', 'qwen3moe' or 'olmo2'
+    arch: str            # one of synth.SYNTH_ARCHS
     hidden: int          # embedding_length
     ffn: int             # feed_forward_length
     n_layers: int        # block_count
@@ -36,6 +36,8 @@ class Preset:
     sliding_window: int = 0      # gemma3: the local layers' window (llama.cpp pattern: 5 local, 1 global)
     rope_swa_base: float = 0.0   # gemma3: the local layers' rope base (rope.freq_base_swa)
     rope_scaling: tuple = ()     # ("linear", factor) or ("llama3", factor, low_freq, high_freq, original ctx)
+    rope_dims: int = 0           # rope.dimension_count when only part of a head rotates (glm4: half); 0: all
+    multipliers: tuple = ()      # granite: (embedding, attention, residual, logit) scales
 
     def with_overrides(self, arch: str | None = None, layers: int | None = None,
                        vocab: int | None = None) -> "Preset":
@@ -82,6 +84,12 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
     Preset("gemma2-2b", "gemma2", 2304, 9216, 26, 8, 4, 256, 256000, 1e4, 1e-6, 8192, tied=True,
            sliding_window=4096),
     Preset("olmo2-7b", "olmo2", 4096, 11008, 32, 32, 32, 128, 100352, 5e5, 1e-6, 4096),   # OLMo-2-1124-7B
+    # 2026-12-04's architectures (config.json of each, as the converter writes it)
+    Preset("granite-3.3-8b", "granite", 4096, 12800, 40, 32, 8, 128, 49159, 1e7, 1e-5, 131072, tied=True,
+           multipliers=(12.0, 0.0078125, 0.22, 16.0)),
+    Preset("smollm3-3b", "smollm3", 2048, 11008, 36, 16, 4, 128, 128256, 5e6, 1e-6, 65536, tied=True),
+    Preset("ernie4.5-0.3b", "ernie4_5", 1024, 3072, 18, 16, 2, 64, 103424, 5e5, 1e-5, 131072, tied=True),
+    Preset("glm4-9b", "glm4", 4096, 13696, 40, 32, 2, 128, 151552, 1e4, 1e-5, 32768, rope_dims=64),
     Preset("qwen3-30b-a3b", "qwen3moe", 2048, 6144, 48, 32, 4, 128, 151936, 1e6, 1e-6, 40960,
            n_expert=128, n_expert_used=8, expert_ffn=768),
     Preset("tiny-moe", "qwen3moe", 256, 640, 2, 4, 1, 64, 512, 1e6, 1e-6, 2048,

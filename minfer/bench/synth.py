@@ -115,7 +115,7 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
         w(b + "attn_q.weight", p.q_dim, p.hidden, i)
         w(b + "attn_k.weight", p.kv_dim, p.hidden, i)
         w(b + "attn_v.weight", p.kv_dim, p.hidden, i)
-        if p.arch == "qwen2":  # Qwen2 has q/k/v biases (F32, like every 1-D tensor)
+        if p.arch in ("qwen2", "glm4"):  # q/k/v biases (F32, like every 1-D tensor)
             plans.append(TensorPlan(b + "attn_q.bias", (p.q_dim,), T.F32, "bias"))
             plans.append(TensorPlan(b + "attn_k.bias", (p.kv_dim,), T.F32, "bias"))
             plans.append(TensorPlan(b + "attn_v.bias", (p.kv_dim,), T.F32, "bias"))
@@ -126,7 +126,7 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
             norm(b + "attn_q_norm.weight", p.q_dim)
             norm(b + "attn_k_norm.weight", p.kv_dim)
         w(b + "attn_output.weight", p.hidden, p.q_dim, i)
-        if p.arch in ("gemma2", "gemma3", "olmo2"):
+        if p.arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             norm(b + "post_attention_norm.weight", p.hidden)
         if p.arch != "olmo2":
             plans.append(TensorPlan(b + "ffn_norm.weight", (p.hidden,), T.F32, "norm"))
@@ -136,11 +136,14 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
             w(b + "ffn_gate_exps.weight", E * F, p.hidden, i, experts=E)
             w(b + "ffn_up_exps.weight", E * F, p.hidden, i, experts=E)
             w(b + "ffn_down_exps.weight", E * p.hidden, F, i, experts=E)
+        elif p.arch == "glm4":   # gate and up in one matrix, gate first (glm4.cpp load_arch_tensors)
+            w(b + "ffn_up.weight", 2 * p.ffn, p.hidden, i)
+            w(b + "ffn_down.weight", p.hidden, p.ffn, i)
         else:
             w(b + "ffn_gate.weight", p.ffn, p.hidden, i)
             w(b + "ffn_up.weight", p.ffn, p.hidden, i)
             w(b + "ffn_down.weight", p.hidden, p.ffn, i)
-        if p.arch in ("gemma2", "gemma3", "olmo2"):
+        if p.arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             norm(b + "post_ffw_norm.weight", p.hidden)
     plans.append(TensorPlan("output_norm.weight", (p.hidden,), T.F32, "norm"))
     if not p.tied:
@@ -148,7 +151,8 @@ def plan_tensors(p: Preset, recipe: str) -> list[TensorPlan]:
     return plans
 
 
-SYNTH_ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "qwen3moe", "olmo2")
+SYNTH_ARCHS = ("qwen2", "llama", "qwen3", "gemma2", "gemma3", "qwen3moe", "olmo2", "granite", "smollm3", "ernie4_5",
+               "glm4")
 
 
 def llama3_rope_factors(p: Preset) -> np.ndarray:
@@ -346,9 +350,14 @@ def arch_metadata(p: Preset) -> dict:
     if p.rope_scaling and p.rope_scaling[0] == "linear":
         md[f"{a}.rope.scaling.type"] = "linear"
         md[f"{a}.rope.scaling.factor"] = ("f32", p.rope_scaling[1])
-    if a == "llama":  # the llama converter also writes these two
+    if a in ("llama", "granite", "smollm3"):  # the llama converter (and its subclasses') also writes these two
         md[f"{a}.vocab_size"] = ("u32", p.vocab)
         md[f"{a}.rope.dimension_count"] = ("u32", p.head_dim)
+    if p.rope_dims:
+        md[f"{a}.rope.dimension_count"] = ("u32", p.rope_dims)
+    if p.multipliers:   # conversion/granite.py: the _multiplier configs as _scale keys
+        for key, v in zip(("embedding_scale", "attention.scale", "residual_scale", "logit_scale"), p.multipliers):
+            md[f"{a}.{key}"] = ("f32", v)
     if p.head_dim * p.n_head != p.hidden:  # only needed when head_dim is not hidden / n_head
         md[f"{a}.attention.key_length"] = ("u32", p.head_dim)
         md[f"{a}.attention.value_length"] = ("u32", p.head_dim)

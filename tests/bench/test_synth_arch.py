@@ -56,6 +56,10 @@ SMALL = {
     "gemma2-2b": dict(hidden=128, ffn=256, n_layers=4, n_head=4, n_kv_head=2, head_dim=64, vocab=600,
                       sliding_window=5),
     "olmo2-7b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=32, vocab=600),
+    "granite-3.3-8b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=32, vocab=600),
+    "smollm3-3b": dict(hidden=128, ffn=256, n_layers=4, n_head=4, n_kv_head=2, head_dim=32, vocab=600),
+    "ernie4.5-0.3b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=32, vocab=600),
+    "glm4-9b": dict(hidden=128, ffn=256, n_layers=2, n_head=4, n_kv_head=2, head_dim=32, vocab=600, rope_dims=16),
 }
 
 
@@ -77,3 +81,26 @@ def test_small_synth_files_run(tmp_path, name):
     assert whole.shape == (20, p.vocab) and torch.isfinite(whole).all()
     parts = torch.cat([eng.forward(ids[:7], 0), eng.forward(ids[7:], 7)])
     assert np.allclose(parts.numpy(), whole.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_new_architecture_presets(tmp_path):
+    """granite's four multipliers reach the loaded model; glm4's plan has its fused gate/up (2F rows,
+    no ffn_gate), q/k/v biases, post-norms and half-head rotation (rope.dimension_count)."""
+    import os
+
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    t = names(get_preset("glm4-9b"))
+    assert t["blk.0.ffn_up.weight"].shape == (2 * 13696, 4096) and "blk.0.ffn_gate.weight" not in t
+    assert {"blk.0.attn_q.bias", "blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight"} <= set(t)
+    p = replace(get_preset("granite-3.3-8b"), **SMALL["granite-3.3-8b"])
+    write_synth(tmp_path / "g.gguf", p, "q8_0", seed=3, progress=False)
+    m = Engine.load(tmp_path / "g.gguf", ctx=64, progress=False,
+                    switches=Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})).model
+    assert (m.embed_scale, m.residual_scale, m.logit_scale) == pytest.approx((12.0, 0.22, 16.0))
+    assert m.q_scale == pytest.approx(0.0078125 * 32 ** 0.5)
+    p = replace(get_preset("glm4-9b"), **SMALL["glm4-9b"])
+    write_synth(tmp_path / "z.gguf", p, "q8_0", seed=3, progress=False)
+    eng = Engine.load(tmp_path / "z.gguf", ctx=64, progress=False)
+    assert eng.config.rope.n_rot == 16 and eng.config.head_dim == 32
