@@ -284,7 +284,8 @@ def test_unsupported_architecture_is_named(tmp_path):
 @pytest.mark.parametrize("name,key", [("qwen3moe", "qwen3moe.expert_count"),
                                       ("qwen3moe", "qwen3moe.expert_feed_forward_length"),
                                       ("gemma3", "gemma3.attention.layer_norm_rms_epsilon"),
-                                      ("phi3", "phi3.block_count")])
+                                      ("phi3", "phi3.block_count"), ("granitemoe", "granitemoe.expert_used_count"),
+                                      ("glm4", "glm4.attention.layer_norm_rms_epsilon")])
 def test_missing_key_is_named(tmp_path, name, key):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
     with pytest.raises(MinferError, match=key.replace(".", r"\.")):
@@ -295,7 +296,11 @@ def test_missing_key_is_named(tmp_path, name, key):
                                          ("gemma2", "blk.2.post_attention_norm.weight"),
                                          ("olmo2", "blk.1.attn_k_norm.weight"),
                                          ("phi3", "rope_factors_long.weight"),
-                                         ("qwen3moe", "blk.0.ffn_gate_inp.weight")])
+                                         ("qwen3moe", "blk.0.ffn_gate_inp.weight"),
+                                         ("glm4", "blk.1.post_ffw_norm.weight"), ("glm4", "blk.0.attn_k.bias"),
+                                         ("granitemoeshared", "blk.1.ffn_up_shexp.weight"),
+                                         ("granite", "blk.0.ffn_gate.weight"), ("smollm3", "blk.3.attn_k.weight"),
+                                         ("ernie4_5", "blk.1.ffn_down.weight")])
 def test_missing_tensor_is_named(tmp_path, name, tensor):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
