@@ -85,6 +85,12 @@ class LlamaModel(Model):
 
     # ---- the forward ----
 
+    def attention_residual_norm(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx, x: torch.Tensor,
+                                eps: float, act) -> tuple:
+        """Layer i's attention, its residual add and the FFN norm (layers.attention_residual_norm); an
+        architecture whose attention differs by layer overrides this (smollm3's NoPE layers)."""
+        return attention_residual_norm(h, blk, self.cfg, cache, i, step, ctx, x, blk.ffn_norm, eps, act)
+
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
         # x: the float32 residual stream; h: its RMSNorm, in the matmuls' dtype. Each residual
@@ -95,7 +101,7 @@ class LlamaModel(Model):
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
         h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)   # (T, D) act
         for i, blk in enumerate(blocks):
-            x, h = attention_residual_norm(h, blk, self.cfg, cache, i, step, ctx, x, blk.ffn_norm, eps, act)
+            x, h = self.attention_residual_norm(h, blk, i, cache, step, ctx, x, eps, act)
             if i + 1 < len(blocks):
                 # the down projection, the residual add and the next layer's norm; h goes to that
                 # layer's q/k/v GEMV only, whose programs may do the norm (Switches.norm_into_gemv)

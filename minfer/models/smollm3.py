@@ -23,7 +23,7 @@ import torch
 
 from minfer import ops
 from minfer.models.base import Step
-from minfer.models.layers import (Block, attention_residual_norm, ffn_branch, ffn_residual_norm, merge_heads)
+from minfer.models.layers import Block, merge_heads
 from minfer.models.llama import LlamaModel
 
 NO_ROPE_STEP = 4          # llama.cpp llama_model_smollm3::load_arch_hparams
@@ -42,34 +42,16 @@ class SmolLM3Model(LlamaModel):
     def use_rope(self) -> tuple:
         return uses_rope(self.cfg.n_layers)
 
-    def _nope_residual_norm(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx, x: torch.Tensor,
-                            norm_weight: torch.Tensor, eps: float, act) -> tuple:
-        """attention_residual_norm for a layer without rope: q and k as projected, k and v stored as
-        they are, then the o projection, the residual add and the FFN norm."""
+    def attention_residual_norm(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx, x: torch.Tensor,
+                                eps: float, act) -> tuple:
+        """LlamaModel's, but on a NoPE layer q and k as projected, k and v stored as they are, then the
+        o projection, the residual add and the FFN norm."""
+        if self.use_rope[i]:
+            return super().attention_residual_norm(h, blk, i, cache, step, ctx, x, eps, act)
         c = self.cfg
         T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
         q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
         cache.write(i, k.view(T, Hkv, Dh), v.view(T, Hkv, Dh), step)
         o = merge_heads(cache.attend(i, q.view(T, H, Dh), step, ctx))
-        return ops.linear_add_rms_norm(o, blk.attn_output, x, norm_weight, eps, act, ctx, into_linear=True,
+        return ops.linear_add_rms_norm(o, blk.attn_output, x, blk.ffn_norm, eps, act, ctx, into_linear=True,
                                        role="ffn_norm")
-
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows);
-        LlamaModel.forward with the NoPE layers' attention."""
-        act, eps, blocks, rope = self.act_dtype, self.cfg.rms_eps, self.blocks, self.use_rope
-        x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
-        h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)
-        f = None
-        for i, blk in enumerate(blocks):
-            if rope[i]:
-                x, h = attention_residual_norm(h, blk, self.cfg, cache, i, step, ctx, x, blk.ffn_norm, eps, act)
-            else:
-                x, h = self._nope_residual_norm(h, blk, i, cache, step, ctx, x, blk.ffn_norm, eps, act)
-            if i + 1 < len(blocks):
-                x, h = ffn_residual_norm(h, blk, x, blocks[i + 1].attn_norm, eps, act, ctx)
-            else:
-                f = ffn_branch(h, blk, ctx)
-        x, f = step.rows(x), step.rows(f)                          # (R, D)
-        _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
