@@ -495,9 +495,9 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     config for the stacked shape (the 7B's gate+up: "Q4_K 37888x3584") or one is given
     explicitly (BN, BB, SPLIT, warps[, prefetch]), its tile pairs (BN a power of two, F % BN ==
     0, BN % 32 == 0) and it runs on this GPU; not on the interpreter, not with l2 ranges (as
-    gemv_q8). A tabled or explicit config that the GPU or the pairing refuses is counted as a
-    `gemv_q8.gluon` fallback; the Triton kernel then runs with `config` if one was given, else
-    its own table's. Each launch is counted as `gemv_q8.gluon` or `gemv_q8.triton`."""
+    gemv_q8). A config the GPU or the pairing refuses is counted as a `gemv_q8.gluon` fallback; the
+    Triton kernel then runs with `config` if one was given, else its own table's. Each launch is
+    counted as `gemv_q8.gluon` or `gemv_q8.triton`. paired: Switches.gemv_swiglu 2 (launch_swiglu)."""
     xq, xf = q8
     n, k = rw.n, rw.k
     f = n // 2
@@ -538,7 +538,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
-                         regs=regs, paired=paired)          # paired: no ticket (gemv_q8_gluon.launch_swiglu)
+                         regs=regs, paired=paired)
         return h, (gq, gf)
     p0, p1, p2, p3 = _planes4(rw)
     pf, npf = region_args(_l2_regions((rw,), ws, l2, interpret))
