@@ -13,8 +13,9 @@ so minfer -- and llama.cpp, given --tokenizer-from -- can load it and time it wi
 download. The weights are genuine quantizations of random floats.
 
 Presets: qwen2.5-7b (the benchmark geometry), qwen2.5-1.5b, qwen2.5-0.5b, llama-3-8b,
-llama3.1-8b, smollm2-135m, qwen3-8b, gemma3-4b, gemma2-2b, olmo2-7b, qwen3-30b-a3b (mixture of experts), tiny
-(tests: 4 layers, GQA 4:1, one row length that is not a multiple of 256), tiny-moe.
+llama3.1-8b, smollm2-135m, qwen3-8b, gemma3-4b, gemma2-2b, olmo2-7b, qwen3-30b-a3b (mixture of experts),
+granite-3.3-8b, smollm3-3b, ernie4.5-0.3b, glm4-9b, tiny (tests: 4 layers, GQA 4:1, one row length
+that is not a multiple of 256), tiny-moe.
 
 Recipes: q4_k_m -- llama.cpp's Q4_K_M rule: Q4_K everywhere, Q6_K for output.weight and for
 attn_v/ffn_down in the layers i < n/8, i >= 7n/8, (i - n/8) % 3 == 2; a k-quant whose rows
