@@ -34,12 +34,15 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, attention_heads, load_head
+from minfer.models.layers import Block, attention_heads
 from minfer.models.llama import LlamaModel
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.weights import load_qweight, load_vector
 
 
 class Glm4Model(LlamaModel):
+    """LlamaModel's loader and head; the block's post-norms ride on it (blk.post_attention_norm,
+    blk.post_ffw_norm) and its ffn_up holds gate and up (ffn_gate None)."""
+
     arch = "glm4"
     rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_GLM4 -> NORM (no M-RoPE)
     qkv_bias = True
@@ -47,9 +50,6 @@ class Glm4Model(LlamaModel):
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Glm4Model":
-        from tqdm import tqdm
-
-        cfg = cfg or ModelConfig.from_gguf(gf)
         md = gf.metadata
         if "glm4.rope.dimension_sections" in md:
             raise MinferError(f"{gf.path}: metadata key 'glm4.rope.dimension_sections' (M-RoPE, the vision "
@@ -57,44 +57,27 @@ class Glm4Model(LlamaModel):
         if int(md.get("glm4.nextn_predict_layers", 0) or 0) > 0:
             raise MinferError(f"{gf.path}: metadata key 'glm4.nextn_predict_layers' is "
                               f"{md['glm4.nextn_predict_layers']}: NextN prediction layers are not supported")
-        V, D, F, Dh = cfg.vocab, cfg.d_model, cfg.ffn, cfg.head_dim
+        return super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
+
+    @classmethod
+    def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
+        p, D, F, Dh = f"blk.{i}.", cfg.d_model, cfg.ffn, cfg.head_dim
         q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
-        bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
-                   disable=not progress, leave=False)
-        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
-        blocks, post_attn, post_ffw = [], [], []
-        for i in range(cfg.n_layers):
-            p = f"blk.{i}."
 
-            def w(name, shape):
-                return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
+        def w(name, shape):
+            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
 
-            blk = Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
-                        attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
-                        attn_output=w("attn_output", (D, q_out)),
-                        ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
-                        ffn_gate=None, ffn_up=w("ffn_up", (2 * F, D)), ffn_down=w("ffn_down", (D, F)))
-            blk.attn_q_bias = load_vector(gf, p + "attn_q.bias", device, q_out)
-            blk.attn_k_bias = load_vector(gf, p + "attn_k.bias", device, kv_out)
-            blk.attn_v_bias = load_vector(gf, p + "attn_v.bias", device, kv_out)
-            blocks.append(blk)
-            post_attn.append(load_vector(gf, p + "post_attention_norm.weight", device, D))
-            post_ffw.append(load_vector(gf, p + "post_ffw_norm.weight", device, D))
-            bar.update()
-        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
-        bar.update()
-        bar.close()
-        m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
-        m.post_attention_norm, m.post_ffw_norm = post_attn, post_ffw
-        return m
-
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b in self.blocks:
-            ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_up, b.ffn_down]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
+        blk = Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
+                    attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
+                    attn_output=w("attn_output", (D, q_out)),
+                    ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+                    ffn_gate=None, ffn_up=w("ffn_up", (2 * F, D)), ffn_down=w("ffn_down", (D, F)),
+                    attn_q_bias=load_vector(gf, p + "attn_q.bias", device, q_out),
+                    attn_k_bias=load_vector(gf, p + "attn_k.bias", device, kv_out),
+                    attn_v_bias=load_vector(gf, p + "attn_v.bias", device, kv_out))
+        blk.post_attention_norm = load_vector(gf, p + "post_attention_norm.weight", device, D)
+        blk.post_ffw_norm = load_vector(gf, p + "post_ffw_norm.weight", device, D)
+        return blk
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
@@ -103,12 +86,12 @@ class Glm4Model(LlamaModel):
         h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
         for i, blk in enumerate(self.blocks):
             a = ops.linear(attention_heads(h, blk, c, cache, i, step, ctx), blk.attn_output, None, ctx)
-            x, h = ops.add_rms_norm(x, ops.rms_norm(a.float(), self.post_attention_norm[i], eps), blk.ffn_norm,
+            x, h = ops.add_rms_norm(x, ops.rms_norm(a.float(), blk.post_attention_norm, eps), blk.ffn_norm,
                                     eps, act, ctx)
             gate_up = ops.linear(h, blk.ffn_up, None, ctx)                     # (T, 2F)
             f = ops.linear(ops.swiglu(gate_up[:, :F].contiguous(), gate_up[:, F:].contiguous()),
                            blk.ffn_down, None, ctx)
-            f = ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
+            f = ops.rms_norm(f.float(), blk.post_ffw_norm, eps)
             if i + 1 < len(self.blocks):
                 x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                          # (R, D)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.granite import GraniteScales, check_supported
@@ -67,6 +66,4 @@ class GraniteMoeModel(GraniteScales, Qwen3MoeModel):
         routed = self.ffn(h, e, ctx)                                               # (T, D)
         if e.gate_shexp is None:
             return routed
-        shared = ops.linear(ops.swiglu(ops.linear(h, e.gate_shexp, None, ctx), ops.linear(h, e.up_shexp, None, ctx)),
-                            e.down_shexp, None, ctx)
-        return routed.float() + shared.float()
+        return routed.float() + self.shared_expert(h, e, ctx).float()

@@ -35,8 +35,9 @@ class Block:
     attn_k_norm: torch.Tensor | None = None  # (Dh,)       qwen3: RMSNorm of each k head
 
     def matrices(self) -> list[QWeight]:
-        return [self.attn_q, self.attn_k, self.attn_v, self.attn_output, self.ffn_gate, self.ffn_up,
-                self.ffn_down]
+        """The block's matrices that exist (glm4 has no separate ffn_gate)."""
+        return [w for w in (self.attn_q, self.attn_k, self.attn_v, self.attn_output, self.ffn_gate, self.ffn_up,
+                            self.ffn_down) if w is not None]
 
 
 def load_block(gf, cfg, i: int, device, dtype, qkv_bias: bool = False, qk_norm: bool = False) -> Block:

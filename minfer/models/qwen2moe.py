@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-from minfer import ops
 from minfer.models.qwen3moe import MoeBlock, Qwen3MoeModel
 from minfer.weights import load_qweight, load_vector
 
@@ -39,6 +38,4 @@ class Qwen2MoeModel(Qwen3MoeModel):
     def ffn(self, h: torch.Tensor, e: MoeBlock, ctx) -> torch.Tensor:
         routed = super().ffn(h, e, ctx)                                              # (T, D)
         gate = torch.sigmoid(h.float() @ e.gate_inp_shexp.float())[:, None]         # (T, 1)
-        shared = ops.linear(ops.swiglu(ops.linear(h, e.gate_shexp, None, ctx), ops.linear(h, e.up_shexp, None, ctx)),
-                            e.down_shexp, None, ctx)
-        return (routed.float() + gate * shared.float()).to(h.dtype)
+        return (routed.float() + gate * self.shared_expert(h, e, ctx).float()).to(h.dtype)

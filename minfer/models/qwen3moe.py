@@ -146,6 +146,11 @@ class Qwen3MoeModel(LlamaModel):
         return ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, self.cfg.n_experts_used,
                            self.weights_norm, ctx)
 
+    def shared_expert(self, h: torch.Tensor, e: "MoeBlock", ctx) -> torch.Tensor:
+        """The shared expert's SwiGLU W_down_s(silu(W_gate_s h) * W_up_s h) (qwen2moe, granitemoe)."""
+        return ops.linear(ops.swiglu(ops.linear(h, e.gate_shexp, None, ctx), ops.linear(h, e.up_shexp, None, ctx)),
+                          e.down_shexp, None, ctx)
+
     def qweights(self) -> list[QWeight]:
         ws = [self.token_embd]
         for b, e in zip(self.blocks, self.moe):

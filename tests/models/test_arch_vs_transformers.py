@@ -188,7 +188,7 @@ def test_glm4_each_rule_is_needed(monkeypatch, what):
         from minfer import ops
 
         real = ops.rms_norm
-        post = {id(v) for v in m.post_attention_norm + m.post_ffw_norm}
+        post = {id(v) for b in m.blocks for v in (b.post_attention_norm, b.post_ffw_norm)}
         monkeypatch.setattr(ops, "rms_norm", lambda x, w, eps, *a: x if id(w) in post else real(x, w, eps, *a))
     assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
 
@@ -242,25 +242,32 @@ def test_olmo2_norms_are_whole_projection():
 
 # ---- bad input: a clear MinferError naming the architecture or the key ----------------------
 
-def rewrite(src: Path, dst: Path, arch: str | None = None, drop_keys=(), drop_tensors=()) -> Path:
-    """A copy of a GGUF with another architecture name or without some keys/tensors, written by
-    the gguf package (llama.cpp's reader and writer)."""
+def rewrite(src: Path, dst: Path, arch: str | None = None, drop_keys=(), drop_tensors=(), set_keys=None,
+            add_tensors=None) -> Path:
+    """A copy of a GGUF with another architecture name, without some keys/tensors, with some keys set
+    (name -> (value, GGUFValueType)) or extra float32 tensors (name -> array), written by the gguf
+    package (llama.cpp's reader and writer)."""
     import gguf
 
+    set_keys = set_keys or {}
     rd = gguf.GGUFReader(str(src))
     old_arch = rd.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch or old_arch)
     for name, f in rd.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys:
+        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys or name in set_keys:
             continue
         vtype = f.types[0]
         sub = f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(name, f.contents(), vtype, sub_type=sub)
+    for name, (value, vtype) in set_keys.items():
+        w.add_key_value(name, value, vtype)
     for t in rd.tensors:
         if t.name in drop_tensors:
             continue
         w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
                      raw_dtype=t.tensor_type)
+    for name, arr in (add_tensors or {}).items():
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -8,6 +8,8 @@ converted by llama.cpp's convert_hf_to_gguf.py; multipliers 1.5 / 0.3 / 0.8 / 1.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,47 +17,23 @@ import pytest
 
 from minfer.errors import MinferError
 
+sys.path.insert(0, os.path.dirname(__file__))
+from test_arch_vs_transformers import reference_switches, rel_err  # noqa: E402
+from test_arch_vs_transformers import rewrite as rewrite_gguf  # noqa: E402
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 TOL = 1e-3
 
 
-def rel_err(got, ref) -> float:
-    return float((np.abs(got - ref).max(-1) / np.abs(ref).max(-1)).max())
-
-
 def engine(path=DATA / "granite.gguf"):
-    import os
-
     from minfer.runtime.engine import Engine
-    from minfer.switches import Switches
 
-    return Engine.load(path, ctx=64, progress=False, switches=Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"}))
+    return Engine.load(path, ctx=64, progress=False, switches=reference_switches())
 
 
-def rewrite(dst: Path, drop_keys=(), set_keys=None, add_tensors=None) -> Path:
-    """A copy of the fixture without some keys, with some keys set (name -> (value, GGUFValueType)),
-    and with extra float32 tensors (name -> array), written by the gguf package."""
-    import gguf
-
-    rd = gguf.GGUFReader(str(DATA / "granite.gguf"))
-    w = gguf.GGUFWriter(str(dst), "granite")
-    for name, f in rd.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in drop_keys or name in (set_keys or {}):
-            continue
-        vtype = f.types[0]
-        w.add_key_value(name, f.contents(), vtype, sub_type=f.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
-    for name, (value, vtype) in (set_keys or {}).items():
-        w.add_key_value(name, value, vtype)
-    for t in rd.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(x) for x in reversed(t.shape)),
-                     raw_dtype=t.tensor_type)
-    for name, arr in (add_tensors or {}).items():
-        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
+def rewrite(dst: Path, **kw) -> Path:
+    """test_arch_vs_transformers.rewrite of the granite fixture."""
+    return rewrite_gguf(DATA / "granite.gguf", dst, **kw)
 
 
 def test_multipliers_read_from_the_file():
@@ -102,14 +80,8 @@ def test_rope_switched_off_is_refused(tmp_path):
 def test_granitemoe_shared_expert_is_needed():
     """Without the shared expert (GraniteMoeShared) the logits miss transformers' by far; the
     routed experts' width is feed_forward_length (no expert_feed_forward_length in the file)."""
-    import os
-
-    from minfer.runtime.engine import Engine
-    from minfer.switches import Switches
-
     r = np.load(DATA / "granitemoeshared.npz")
-    eng = Engine.load(DATA / "granitemoeshared.gguf", ctx=64, progress=False,
-                      switches=Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"}))
+    eng = engine(DATA / "granitemoeshared.gguf")
     m = eng.model
     assert m.moe[0].gate_exps.n_experts == 8 and m.cfg.expert_ffn == 0 and m.expert_width(m.cfg) == 32
     assert m.moe[0].gate_shexp is not None
