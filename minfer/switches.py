@@ -97,6 +97,18 @@ class Switches:
                            "3354, perf-log AK6); 2: each program holds the gate and the up rows of its h values "
                            "and does it without a ticket (gemv_q8g_norm._glu_local; not yet run on the GPU); "
                            "0 (default): the GEMV, then swiglu_q8", kind="tuning")
+    norm_rstd_late: bool = _sw(False, "MINFER_NORM_RSTD_LATE",
+                               "one-row decode, norm_into_gemv 4 / 5: the GEMV that scales its row sums by rstd "
+                               "sums the tile sums of squares after its K loop (their load issued after the PDL "
+                               "wait, its round trip under the loop) instead of before the loop, where the sum's "
+                               "barrier held the x loads behind it (ops/cuda/gemv_q8g_norm._ss_load; off: before)",
+                               kind="tuning")
+    rq_smem: bool = _sw(False, "MINFER_RQ_SMEM",
+                        "one-row decode, norm_into_gemv 4 / 5: the residual GEMV's q8 epilogue (the next row "
+                        "without rstd) takes the tile's values from registers through shared memory and the "
+                        "norm weight loaded early (before the PDL wait, or with a K split's partials) instead of "
+                        "storing, a barrier and reading both from global memory (ops/cuda/gemv_q8g_norm."
+                        "_rss_q8_regs; off: the read-back)", kind="tuning")
     pdl_preload: bool = _sw(True, "MINFER_PDL_PRELOAD",
                             "with PDL, a kernel loads what no kernel before it writes -- the RMSNorm's weight "
                             "(the norm + int8 kernel), the bias rows (the Gluon q8 GEMV) -- before its PDL wait, "

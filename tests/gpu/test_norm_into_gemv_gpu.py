@@ -368,3 +368,81 @@ def test_graphed_decode_with_the_default_mode_5(tmp_path, monkeypatch):
     assert c["gemv_q8.residual_q8"] == c.get("qmatmul.residual_norm", 0), c
     assert c.get("add_rms_norm.q8", 0) > 0          # the FFN norms (both engines) and engine b's attention norms
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+# ------------------------------------------- the same modes with their loads moved (rq_smem, norm_rstd_late)
+
+
+@pytest.mark.parametrize("qt,n,k,cfg", [(12, 3584, 18944, None), (14, 3584, 18944, (32, 2, 5, 4, True)),
+                                        (12, 3584, 3584, (32, 16, 1, 8)), (12, 3584, 3584, (32, 2, 4, 4, True))])
+def test_residual_q8_through_shared_memory_is_the_read_back(qt, n, k, cfg):
+    """rq_smem (RQ 2: the tile's s values to the q8 layout through shared memory, the norm weight
+    loaded early) against the read-back epilogue (RQ 1), split and one-step configs: s, the tile
+    sums and the q8 row bit for bit (the same float32 values quantized by the same code); counted
+    the same, the tickets left at zero."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    rw, _ = _weight(qt, n, k, seed=80 + qt + k // 1000)
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(qt + 5)
+    nw = torch.rand(n, device="cuda", generator=g) + 0.5
+    for i in range(3):
+        a = torch.randn(1, k, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, n, device="cuda", generator=g) * (1 + 3 * i)
+        q8 = Q.quantize(a)
+        s1, ssp1, (hq1, hf1) = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg, rq=nw)
+        paths.reset()
+        s2, ssp2, (hq2, hf2) = Q.gemv_q8_residual(q8, rw, x, torch.bfloat16, ws=ws, gluon=True, config=cfg, rq=nw,
+                                                  rq_smem=True)
+        assert paths.snapshot()["counts"] == {"gemv_q8.gluon": 1, "gemv_q8.residual_sumsq": 1,
+                                              "gemv_q8.residual_q8": 1}
+        assert torch.equal(s1, s2) and torch.equal(ssp1, ssp2), i
+        assert torch.equal(hq1, hq2) and torch.equal(hf1, hf2), i
+        assert int(ws.cnt.abs().sum()) == 0, i
+
+
+@pytest.mark.parametrize("kind,cfg", [("mixed", (8, 16, 1, 4, 2, 0, False, True, True)), ("q4", (8, 16, 1, 4, 2, 0, False, True)),
+                                      ("q4", (32, 2, 4, 4, True)), ("q4", (32, 1, 1, 4, 1, 0, 0, 0, 0, 0, 1))])
+def test_norm_scale_summed_after_the_loop_is_the_same(qkv, kind, cfg):
+    """norm_rstd_late (the tile sums summed after the K loop) against NORM 4 as before, at the q/k/v
+    and gate/up configs of test_norm_scale_matches_the_norm_kernel: the same output bit for bit
+    (the same sum in the same layout, taken later)."""
+    from minfer.ops.cuda import gemv_q8 as Q
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+    from minfer.ops.cuda.q8_rows import PreNorm
+
+    rd, _ = _weight(12, 3584, 18944, seed=73)
+    segs, _ = qkv[kind]
+    ws = GemvWorkspace("cuda")
+    g = torch.Generator(device="cuda").manual_seed(18)
+    nw = torch.rand(3584, device="cuda", generator=g) + 0.5
+    bias = torch.randn(4608, device="cuda", generator=g)
+    for i in range(3):
+        a = torch.randn(1, 18944, device="cuda", generator=g).to(torch.bfloat16)
+        x = torch.randn(1, 3584, device="cuda", generator=g) * (1 + 3 * i)
+        s, ssp, q8u = Q.gemv_q8_residual(Q.quantize(a), rd, x, torch.bfloat16, ws=ws, gluon=True, rq=nw)
+        outs = []
+        for late in (False, True):
+            h = torch.empty((1, 3584), dtype=torch.bfloat16, device="cuda")
+            pre = PreNorm(s, None, nw, 1e-6, s, h, False, 0, True, True, ssp=ssp, q8u=q8u)
+            outs.append(Q.gemv_q8(None, segs, bias=bias, out_dtype=torch.float32, ws=ws, gluon=True, prenorm=pre,
+                                  config=cfg, rstd_late=late))
+        assert torch.equal(outs[0], outs[1]), (i, rel_err(outs[1], outs[0]))
+
+
+@pytest.mark.parametrize("mode", [5, 4])
+def test_graphed_decode_with_the_norm_loads_moved(tmp_path, monkeypatch, mode):
+    """norm_into_gemv 5 (the default) and 4 with both load moves (rq_smem, norm_rstd_late; the q/k/v
+    rope kernel's NORM 4 too) in a whole model's graphed greedy decode against 0 (graphed_pair's
+    rule); the same counts as without them, no fallback."""
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=mode, rq_smem=True, norm_rstd_late=True),
+                           Switches(norm_into_gemv=0), seed=15 + mode, prompt_seed=11, n_prompt=10, same_prefill=True)
+    c = snap["counts"]
+    assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]

@@ -1,4 +1,4 @@
-"""The Gluon q8 GEMV's SwiGLU epilogue (gemv_q8_gluon._glu_pair, gemv_q8.gemv_q8_swiglu with
+"""The Gluon q8 GEMV's SwiGLU epilogue (gemv_q8g_norm._glu_pair, gemv_q8.gemv_q8_swiglu with
 gluon=True) without a GPU: the kernel builds for sm_90 (Gluon has no interpreter: its numbers
 are checked in tests/gpu/test_gemv_q8_gpu.py), and gemv_q8_swiglu routes each launch to the
 Gluon kernel, or to the Triton kernel (interpreted here) counting a fallback, as gemv_q8 does.

@@ -34,32 +34,34 @@ names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # t
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq in json.loads(sys.argv[1]):
+for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq, rl in json.loads(sys.argv[1]):
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
         ["i32"] * 6 + ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
                        "*fp32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
                HAS_BIAS=False, HAS_RESID=False, PDL=1, PF=2 if split == 1 and not rss else True, PRE=True,
-               NORM=norm, KP2=256 if norm else 1, NCHP=1, RSS=bool(rss), WK=bool(wk), RQ=bool(rq))
+               NORM=norm, KP2=256 if norm else 1, NCHP=1, RSS=bool(rss), WK=bool(wk), RQ=rq, RL=bool(rl))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw})
     out[key] = k.asm["ptx"]
     out[key + " smem"] = k.metadata.shared
+    out[key + " regs"] = k.n_regs if hasattr(k, "n_regs") else -1
 print(json.dumps(out))
 """
 
-# (key, type, mixed, BN, BB, SPLIT, warps, warps along K, NORM, RSS, RQ): the consumers -- the 7B's
-# q/k/v configs (K-warps, all-Q4_K and mixed) and gate/up's rows-on-warps one, plain and NORM 4 --
-# and the producers -- the down's split config and o's one-step one, RSS alone and with RQ
-_CASES = [(f"{name} {norm}", 12, mixed, bn, bb, split, 4, wk, norm, 0, 0)
+# (key, type, mixed, BN, BB, SPLIT, warps, warps along K, NORM, RSS, RQ, RL): the consumers -- the 7B's
+# q/k/v configs (K-warps, all-Q4_K and mixed) and gate/up's rows-on-warps one, plain, NORM 4 and NORM 4
+# with the tile sums summed after the loop ("4L") -- and the producers -- the down's split config and
+# o's one-step one, RSS alone, with RQ and with RQ 2 (through shared memory)
+_CASES = [(f"{name} {norm}{'L' if rl else ''}", 12, mixed, bn, bb, split, 4, wk, norm, 0, 0, rl)
           for name, mixed, bn, bb, split, wk in (("qkv", 0, 8, 16, 1, 1), ("qkvm", 1, 8, 16, 1, 1),
                                                  ("gu", 0, 32, 1, 1, 0))
-          for norm in (0, 4)]
-_CASES += [(f"{name} {rq}", qt, 0, 32, bb, split, nw, 0, 0, 1, rq)
+          for norm, rl in ((0, 0), (4, 0), (4, 1))]
+_CASES += [(f"{name} {rq}", qt, 0, 32, bb, split, nw, 0, 0, 1, rq, 0)
            for name, qt, bb, split, nw in (("down4", 12, 2, 9, 4), ("down6", 14, 2, 5, 4), ("o", 12, 16, 1, 8))
-           for rq in (0, 1)]
+           for rq in (0, 1, 2)]
 
 
 @pytest.fixture(scope="module")
@@ -276,3 +278,37 @@ def test_occupancy_cap_reserves_the_shared_memory_that_caps_it():
     assert got["0"][0] < 1024
     with pytest.raises(MinferError, match="37888x3584: no shared-memory pad"):
         P._pads(200, "37888x3584")
+
+
+@pytest.mark.parametrize("name", ["qkv", "qkvm", "gu"])
+def test_norm_scale_late_sums_after_the_loop(ptx, name):
+    """RL (Switches.norm_rstd_late) against NORM 4: the same loads, stores, waits and dot products; the
+    tile sums' cross-warp sum (a barrier) and the square root come after the K loop's dot products
+    instead of before them, so nothing the loop needs waits behind the tile sums' load."""
+    early, late = ptx[f"{name} 4"], ptx[f"{name} 4L"]
+    for op in ("ld.global", "st.global", "griddepcontrol.wait", "dp4a"):
+        assert late.count(op) == early.count(op) > 0, op
+    assert "sqrt" in late
+    first_dot = early.index("dp4a")
+    assert "bar.sync" in early[:first_dot] and "sqrt" in early[:first_dot]
+    head = late[:late.index("dp4a")]
+    assert "bar.sync" not in head and "sqrt" not in head
+    # the tile sums' load is still issued after the wait, before the loop
+    assert late.split("griddepcontrol.wait")[0].count("ld.global") == early.split("griddepcontrol.wait")[0].count(
+        "ld.global")
+
+
+@pytest.mark.parametrize("name", ["down4", "down6", "o"])
+def test_residual_q8_through_shared_memory_reads_nothing_back(ptx, name):
+    """RQ 2 (Switches.rq_smem) against RQ 1: the same dot products, atomics and global stores; none of
+    the tile's rows of s read back from global memory past L1 (.cg: only a split's partials, as in the
+    RSS build), the values moved through shared memory instead; without a split (o) the norm
+    weight's load comes before the PDL wait."""
+    rss, rq1, rq2 = ptx[f"{name} 0"], ptx[f"{name} 1"], ptx[f"{name} 2"]
+    for op in ("dp4a", "atom.global", "st.global"):
+        assert rq2.count(op) == rq1.count(op), op
+    assert rq2.count("ld.global.cg") == rss.count("ld.global.cg") < rq1.count("ld.global.cg")
+    assert "st.shared" in rq2
+    if name == "o":
+        pre1, pre2 = rq1.split("griddepcontrol.wait")[0], rq2.split("griddepcontrol.wait")[0]
+        assert pre2.count("ld.global") > pre1.count("ld.global")

@@ -244,7 +244,8 @@ def _split_scratch(nb: int, split: int, bb: int, rows: int, tiles: int, ws, out:
 def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None,
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
-            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None) -> torch.Tensor:
+            pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None,
+            rstd_late: bool = False) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -264,7 +265,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     also stores x + y into prenorm.s; counted `gemv_q8.norm_prologue`); where the Gluon kernel
     does not take the launch, prenorm's own kernel runs first (a counted fallback). A prenorm with
     q8u (Switches.norm_into_gemv = 4): x_hat is that q8 row of s * weight and the kernel scales its
-    row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`). rope (a q/k/v group: a
+    row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`), summed after the K loop with
+    rstd_late (Switches.norm_rstd_late). rope (a q/k/v group: a
     gemv_q8_gluon_rope.Rope): q rotated in out, rope(k) and v into the caches (module gemv_q8_gluon_rope;
     counted `gemv_q8.rope`, or its fallback: this GEMV, then the rope_kv kernel)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
@@ -351,7 +353,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if use_g and rope is not None and not rope_why:
         GR.launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, pdl, rope, prefetch,
                   late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
-                  x_ahead=x_ahead(cfg), rscale=rscale)
+                  x_ahead=x_ahead(cfg), rscale=rscale, rstd_late=rstd_late)
         return out
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
@@ -362,7 +364,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
-                  (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale)
+                  (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale,
+                  rstd_late=rstd_late)
         return _rope_after(out, rope, pdl)
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -410,7 +413,8 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
-                     preload: bool = True, config=None, tail=None, rq=None, refused=None) -> tuple | None:
+                     preload: bool = True, config=None, tail=None, rq=None, refused=None,
+                     rq_smem: bool = False) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -422,7 +426,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set. rq: weight (N,) -- each
     tile's program also makes the q8 form of its rows of s * weight, rstd left to the next GEMV
     (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
-    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32).
+    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32); rq_smem:
+    that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs).
     refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
     xq, xf = q8
     n, k = rw.n, rw.k
@@ -461,7 +466,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
                                                                                     device=xq.device))
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
-              x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg))
+              x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
+              rq_smem=rq_smem)
     if tail is not None:
         return s, ssp, h
     return (s, ssp, q8u) if rq is not None else (s, ssp)
@@ -491,7 +497,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
     ignored); F a multiple of 256 and of the row tile, the tile a multiple of 32 rows.
 
-    gluon: the Gluon kernel (gemv_q8_gluon._glu_pair, the same epilogue) when its table has a
+    gluon: the Gluon kernel (gemv_q8g_norm._glu_pair, the same epilogue) when its table has a
     config for the stacked shape (the 7B's gate+up: "Q4_K 37888x3584") or one is given
     explicitly (BN, BB, SPLIT, warps[, prefetch]), its tile pairs (BN a power of two, F % BN ==
     0, BN % 32 == 0) and it runs on this GPU; not on the interpreter, not with l2 ranges (as

@@ -50,8 +50,8 @@ from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
-from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _lq_axes, _norm_q8_smem, _norm_rstd, _norm_tail,
-                                           _q8_store_lq, _rss_q8, _ss_rstd)
+from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd, _norm_tail,
+                                           _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd, _ss_sum_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
@@ -67,8 +67,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           NCHP: gl.constexpr = 1, RSS: gl.constexpr = False, tlb=0, TL: gl.constexpr = False, th=0,
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
-          RQ: gl.constexpr = False, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
-          nq=0, nk=0, kvs=0, GP: gl.constexpr = False):
+          RQ: gl.constexpr = 0, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
+          nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -93,10 +93,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     NORM == 4 (Switches.norm_into_gemv = 4): x_hat is xq / xf as usual, the q8 form of s * ng
     without rstd (made by the GEMV before, RQ); the program takes rstd from ny's nss per-tile
     sums of squares (as NORM 2) and multiplies its row sums by it: rstd is one factor of every
-    chunk's d, s0 and s1, so W . x_hat scales by it (gemv_q8g_norm._rss_q8).
+    chunk's d, s0 and s1, so W . x_hat scales by it (gemv_q8g_norm._rss_q8). RL (Switches.norm_rstd_late):
+    the tile sums are loaded after the wait but summed after the K loop (gemv_q8g_norm._ss_load).
 
     RQ (with RSS, one weight, BN a multiple of 32): the epilogue also stores that q8 form of its
-    tile's rows of s * ng into gq / gf (gemv_q8g_norm._rss_q8).
+    tile's rows of s * ng into gq / gf (gemv_q8g_norm._rss_q8); RQ 2 (Switches.rq_smem): from the
+    values in registers through shared memory, ng loaded early (_rss_q8_regs, _rq_weight).
 
     TAIL (with RSS, one weight: Switches.norm_into_gemv = 3): the program that finishes the last
     row tile also makes the next layer's normed row h (th) by ng and eps and its q8 form (gq, gf)
@@ -157,6 +159,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     bpre = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
     if HAS_BIAS and PRE:
         bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
+    if RQ == 2 and not IS_SPLIT:
+        gv = _rq_weight(ng, pid_n, BN, NW)                            # no kernel writes it
     if PDL == 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
     elif PDL:
@@ -169,6 +173,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if NORM == 1:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, True)
+    elif NORM >= 2 and RL:
+        ssv = _ss_load(ny, nss, KP2, NW)                              # summed after the K loop (RL)
     elif NORM >= 2:
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)            # the GEMV before's tile sums: after the wait
         if NORM == 2:
@@ -228,7 +234,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
-    if NORM == 4:
+    if NORM == 4 and RL:
+        res = res * _ss_sum_rstd(ssv, eps, NB * 256)
+    elif NORM == 4:
         res = res * rstd
     if GLU and GP:
         _glu_local(res, pid_n, part, out, gq, gf, BN, NW)
@@ -251,12 +259,16 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         gl.thread_barrier()
         ticket = gl.atomic_add(cnt + pid_n, 1, sem="acq_rel", scope="gpu")
         if ticket == SPLIT - 1:
+            if RQ == 2:
+                gv = _rq_weight(ng, pid_n, BN, NW)                    # with the partials' loads
             tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
             for sp in range(SPLIT):
                 tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
             if RSS:
-                _finish_rss(tot, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
-                if RQ:
+                sv = _finish_rss(tot, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+                if RQ == 2:
+                    _rss_q8_regs(sv, gv, gq, gf, pid_n, BN, NW)
+                elif RQ:
                     _rss_q8(out, ng, gq, gf, pid_n, BN, NW)
             else:
                 _finish(tot, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
@@ -264,8 +276,10 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             if TAIL:
                 _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
     elif RSS:
-        _finish_rss(res, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
-        if RQ:
+        sv = _finish_rss(res, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
+        if RQ == 2:
+            _rss_q8_regs(sv, gv, gq, gf, pid_n, BN, NW)
+        elif RQ:
             _rss_q8(out, ng, gq, gf, pid_n, BN, NW)
         if TAIL:
             _norm_tail(out, ng, th, gq, gf, ssp, nss, eps, N, cnt + nss, NW)
@@ -294,37 +308,6 @@ def _finish(v, rows, rmask, bias, bpre, resid, out, HAS_BIAS: gl.constexpr, HAS_
 
 
 @gluon.jit
-def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr):
-    """SwiGLU in the epilogue of the stacked [gate; up] GEMV (2 * TF tiles of BN rows, no split):
-    gemv_q8._glu_pair + _q8_chunks, operation for operation. Gate tile j and up tile TF + j each
-    park their fp32 rows in `part`; the second to take the ticket on cnt[j] computes h =
-    silu(g) * u for those BN values (g, u rounded to h's dtype first, as the two-launch path
-    stored them), stores h and its q8 chunks, and sets cnt[j] back to 0 (graph replays).
-
-    The epilogue reads both halves back from `part` in a layout of its own, LQ = [chunk c, byte
-    b, word 4h + w] (value 8b + 4h + w of chunk c: the q8 word layout, gemv_q8's module doc): a
-    word's 4 bytes in one thread, its 8 words on 8 lanes. The words are then a sum over a
-    thread's own axis, the chunk's max and half sums a reduction over 8 lanes, and nothing
-    is reshaped or converted; the tile's own row sums are read back from `part` like the
-    other tile's (the same fp32 bits as `res`). Runs once per tile pair."""
-    gl.store(part + rows, res)
-    gl.thread_barrier()
-    j = pid_n % TF
-    ticket = gl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
-    if ticket == 1:
-        CB: gl.constexpr = BN // 32
-        c3, b3, w3, cw, kw = _lq_axes(CB, NW)
-        idx = j * BN + c3 * 32 + b3 * 8 + w3                        # [CB, 4, 8]: h's index
-        F = TF * BN
-        g = gl.load(part + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
-        u = gl.load(part + F + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
-        v = g / (1.0 + gl.exp(-g)) * u                               # swiglu_q8's formula
-        gl.store(h_out + idx, v.to(h_out.dtype.element_ty))
-        _q8_store_lq(v, b3, cw, kw, j * CB, 0, gq, gf, False)
-        gl.atomic_xchg(cnt + j, 0)
-
-
-@gluon.jit
 def _mixed_tile(pid_n, TA, SF: gl.constexpr):
     """(whether program pid_n is on the first weight, its tile there, its tile in the second) of a
     two-weight launch (TA first-weight tiles); SF: the second weight's tiles take the lowest ids."""
@@ -349,8 +332,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      NORM: gl.constexpr = 0, KP2: gl.constexpr = 1, NCHP: gl.constexpr = 1,
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
-                     XP: gl.constexpr = False, RQ: gl.constexpr = False, PAD0: gl.constexpr = 0,
-                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0):
+                     XP: gl.constexpr = False, RQ: gl.constexpr = 0, PAD0: gl.constexpr = 0,
+                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, RL: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
@@ -369,18 +352,19 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP,
+                  RL=RL)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK, TM=TM, XP=XP)
+                  WK=WK, TM=TM, XP=XP, RL=RL)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ)
+              RQ=RQ, RL=RL)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -487,7 +471,7 @@ def _pdl_mode(pdl, late: bool) -> int:
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
-           rscale=None, rss_q8=None, per_sm: int = 0):
+           rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -506,7 +490,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     the row sums are scaled by rstd from those tile sums (NORM 4); rss_q8 (with rss, one weight, BN
     a multiple of 32 dividing N): (weight (N,), hq (N/4,) int32, hf (N/8,) float32) receive that q8
     form of out * weight (RQ). per_sm: at most this many programs an SM (the config's twelfth field,
-    shared memory reserved for it: _occupancy_pad)."""
+    shared memory reserved for it: _occupancy_pad). rstd_late (with rscale): the tile sums summed after
+    the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -548,7 +533,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode in (1, 2) else 1,
-                           RSS=rss is not None, RQ=rss_q8 is not None,
+                           RSS=rss is not None, RQ=(2 if rq_smem else 1) if rss_q8 is not None else 0,
+                           RL=bool(rstd_late) and mode == 4,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
                            XP=bool(x_ahead) and mode in (0, 4), **dict(zip(("PAD0", "PAD1", "PAD2"),

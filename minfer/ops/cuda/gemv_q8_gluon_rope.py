@@ -31,11 +31,12 @@ def _gemv_q8g_rope_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, bias, out, N, 
                           BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr, HAS_BIAS: gl.constexpr,
                           PDL: gl.constexpr, PF: gl.constexpr, PRE: gl.constexpr, NORM: gl.constexpr,
                           KP2: gl.constexpr, WK: gl.constexpr, SF: gl.constexpr, TM: gl.constexpr, XP: gl.constexpr,
-                          RP: gl.constexpr, HD: gl.constexpr, TL: gl.constexpr = False):
+                          RP: gl.constexpr, HD: gl.constexpr, TL: gl.constexpr = False, RL: gl.constexpr = False):
     """The stacked q/k/v rows (N; MIXED: rows [0, NA) weight p of type QT in TA tiles, the rest
     weight r of type QTB) times x_hat, one program a BN-row tile of rotation pairs, the whole K
     (no split); the rope epilogue (_tile's RP). NORM 0 or 4 (x_hat without rstd: the row sums
-    scaled by rstd from ny's nss tile sums). SF: the second weight's tiles take the low ids."""
+    scaled by rstd from ny's nss tile sums; RL: summed after the K loop, _tile's RL). SF: the second
+    weight's tiles take the low ids."""
     if TL:
         stamp(tlb, 0, NW)
     pid_n = gl.program_id(0)
@@ -45,17 +46,17 @@ def _gemv_q8g_rope_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, bias, out, N, 
             _tile(p0, p1, p2, p3, xq, xf, out, bias, out, out, out, ia, 0, NA, N, NB, bps, 1, xq, xf, 1,
                   out, ny, out, out, eps, nss, out, out, QT, BN, BB, NW, False, HAS_BIAS, False, PDL, PF, False,
                   PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=0, rp=rp, rt=rt,
-                  kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
+                  kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, RL=RL)
         else:
             _tile(r0, r1, r2, r3, xq, xf, out, bias + NA, out + NA, out, out, ib, 0, N - NA, N, NB, bps, 1, xq,
                   xf, 1, out, ny, out, out, eps, nss, out, out, QTB, BN, BB, NW, False, HAS_BIAS, False, PDL, PF,
                   False, PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=NA, rp=rp,
-                  rt=rt, kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
+                  rt=rt, kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, RL=RL)
     else:
         _tile(p0, p1, p2, p3, xq, xf, out, bias, out, out, out, pid_n, 0, N, N, NB, bps, 1, xq, xf, 1,
               out, ny, out, out, eps, nss, out, out, QT, BN, BB, NW, False, HAS_BIAS, False, PDL, PF, False,
               PRE, NORM, KP2, 1, False, tlb, TL, WK=WK, TM=TM, XP=XP, RP=RP, HD=HD, row0=0, rp=rp, rt=rt,
-              kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs)
+              kc=kc, vc=vc, nq=nq, nk=nk, kvs=kvs, RL=RL)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -87,10 +88,10 @@ def refused(segs, cfg, split: int, rope: Rope, out_dtype) -> str | None:
 
 def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, pdl, rope: Rope, prefetch=True,
            late: bool = False, preload: bool = True, regs: int = 0, kwarps: bool = False, second_first: bool = False,
-           x_ahead: bool = False, rscale=None):
+           x_ahead: bool = False, rscale=None, rstd_late: bool = False):
     """gemv_q8's Gluon launch (no K split) with the rope epilogue: out's first rope.nq values receive
     q rotated; k rotated and v go to the caches' row positions[0] (out's other values are not
-    written). rscale as gemv_q8_gluon.launch's (NORM 4). The caller checked `refused`."""
+    written). rscale, rstd_late as gemv_q8_gluon.launch's (NORM 4, RL). The caller checked `refused`."""
     from minfer.ops.cuda import timeline
 
     p = kernel_planes(segs[0])
@@ -109,7 +110,8 @@ def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, p
         rope.k_cache.stride(0), tlb, QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
         NW=nwarps, HAS_BIAS=bias is not None, PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload),
         NORM=mode, KP2=kp2, WK=bool(kwarps), SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-        XP=bool(x_ahead), RP=1 if rope.neox else 2, HD=rope.head_dim, TL=rec is not None, num_warps=nwarps,
+        XP=bool(x_ahead), RP=1 if rope.neox else 2, HD=rope.head_dim, TL=rec is not None, RL=bool(rstd_late) and mode == 4,
+        num_warps=nwarps,
         **_opts(pdl, regs))
 
 

@@ -33,10 +33,26 @@ def _norm_rstd(nx, ny, s_out, eps, K, store, KP2: gl.constexpr, NW: gl.constexpr
 @gluon.jit
 def _ss_rstd(ssp, nss, eps, K, TP2: gl.constexpr, NW: gl.constexpr):
     """1 / sqrt(mean(s^2) + eps) from the nss per-tile sums of squares ssp (_finish_rss)."""
+    return _ss_sum_rstd(_ss_load(ssp, nss, TP2, NW), eps, K)
+
+
+@gluon.jit
+def _ss_load(ssp, nss, TP2: gl.constexpr, NW: gl.constexpr):
+    """The nss per-tile sums of squares ssp, loaded (_ss_rstd's load). RL (Switches.norm_rstd_late):
+    issued after the PDL wait and summed by _ss_sum_rstd only after the K loop, so the load's round
+    trip runs under the loop instead of before it (the sum over the warps is a barrier that waits
+    for it: before the loop, the x loads and the first dot waited behind it)."""
     LR: gl.constexpr = gl.BlockedLayout(size_per_thread=[(TP2 + 32 * NW - 1) // (32 * NW)], threads_per_warp=[32],
                                         warps_per_cta=[NW], order=[0])
     t = gl.arange(0, TP2, layout=LR)
-    return 1.0 / gl.sqrt(gl.sum(gl.load(ssp + t, mask=t < nss, other=0.0), axis=0) / K + eps)
+    return gl.load(ssp + t, mask=t < nss, other=0.0)
+
+
+@gluon.jit
+def _ss_sum_rstd(v, eps, K):
+    """rstd from the loaded tile sums v (_ss_load): the same sum in the same layout, so the same bits
+    wherever it is taken."""
+    return 1.0 / gl.sqrt(gl.sum(v, axis=0) / K + eps)
 
 
 @gluon.jit
@@ -105,7 +121,7 @@ def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr,
 def _finish_rss(v, rows, rmask, bias, bpre, xres, out, ssp_tile, ydt, HAS_BIAS: gl.constexpr, PRE: gl.constexpr):
     """RSS's epilogue: y = v (+ bias) rounded to ydt's dtype, s = x + y in float32 stored in out,
     and the tile's sum of s^2 in ssp_tile (what the add + RMSNorm kernel would have read and
-    summed: q8_rows._q8_kernel's ADD and NORM)."""
+    summed: q8_rows._q8_kernel's ADD and NORM); returns s's values (RQ 2 quantizes them)."""
     if HAS_BIAS:
         if PRE:
             v += bpre
@@ -114,6 +130,7 @@ def _finish_rss(v, rows, rmask, bias, bpre, xres, out, ssp_tile, ydt, HAS_BIAS: 
     sv = xres + v.to(ydt.dtype.element_ty).to(gl.float32)
     gl.store(out + rows, sv, mask=rmask)
     gl.store(ssp_tile, gl.sum(gl.where(rmask, sv * sv, 0.0), axis=0))
+    return sv
 
 
 @gluon.jit
@@ -130,6 +147,32 @@ def _rss_q8(s, ng, gq, gf, pid_n, BN: gl.constexpr, NW: gl.constexpr):
     c3, b3, w3, cw, kw = _lq_axes(CB, NW)
     idx = pid_n * BN + c3 * 32 + b3 * 8 + w3                          # [CB, 4, 8]: the tile's values
     v = gl.load(s + idx, cache_modifier=".cg") * gl.load(ng + idx).to(gl.float32)
+    _q8_store_lq(v, b3, cw, kw, pid_n * CB, 0, gq, gf, False)
+
+
+@gluon.jit
+def _rq_weight(ng, pid_n, BN: gl.constexpr, NW: gl.constexpr):
+    """RQ 2 (Switches.rq_smem): the norm weight of this tile's rows in _rss_q8's layout (LQ), float32,
+    loaded early -- before the PDL wait without a K split (no kernel writes it), with the partials
+    in the split's last program -- instead of after the epilogue's barrier."""
+    c3, b3, w3, cw, kw = _lq_axes(BN // 32, NW)
+    return gl.load(ng + pid_n * BN + c3 * 32 + b3 * 8 + w3).to(gl.float32)
+
+
+@gluon.jit
+def _rss_q8_regs(sv, gv, gq, gf, pid_n, BN: gl.constexpr, NW: gl.constexpr):
+    """RQ 2: _rss_q8 on the tile's s values as _finish_rss made them (sv [BN], the rows' layout) and
+    gv (_rq_weight): sv reaches the LQ layout through shared memory, not by a store, a barrier and a
+    load from global memory; the same float32 values, so the same q8 bits."""
+    CB: gl.constexpr = BN // 32
+    c3, b3, w3, cw, kw = _lq_axes(CB, NW)
+    LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[4, 1, 8],
+                                        warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
+    A1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[0])
+    A3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    sm = gl.allocate_shared_memory(gl.float32, [BN], A1, sv)
+    gl.thread_barrier()
+    v = sm._reinterpret(gl.float32, [CB, 4, 8], A3).load(LQ) * gv       # value c * 32 + 8b + w: row-major
     _q8_store_lq(v, b3, cw, kw, pid_n * CB, 0, gq, gf, False)
 
 
@@ -176,6 +219,37 @@ def _q8_store_lq(v, b3, cw, kw, c0, nch, gq, gf, MASKED: gl.constexpr):
         gl.store(gf + (c0 + cw) * 4 + kw, vals, mask=cm & (kw < 4))
     else:
         gl.store(gf + (c0 + cw) * 4 + kw, vals, mask=kw < 4)
+
+
+@gluon.jit
+def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr):
+    """SwiGLU in the epilogue of the stacked [gate; up] GEMV (2 * TF tiles of BN rows, no split):
+    gemv_q8._glu_pair + _q8_chunks, operation for operation. Gate tile j and up tile TF + j each
+    park their fp32 rows in `part`; the second to take the ticket on cnt[j] computes h =
+    silu(g) * u for those BN values (g, u rounded to h's dtype first, as the two-launch path
+    stored them), stores h and its q8 chunks, and sets cnt[j] back to 0 (graph replays).
+
+    The epilogue reads both halves back from `part` in a layout of its own, LQ = [chunk c, byte
+    b, word 4h + w] (value 8b + 4h + w of chunk c: the q8 word layout, gemv_q8's module doc): a
+    word's 4 bytes in one thread, its 8 words on 8 lanes. The words are then a sum over a
+    thread's own axis, the chunk's max and half sums a reduction over 8 lanes, and nothing
+    is reshaped or converted; the tile's own row sums are read back from `part` like the
+    other tile's (the same fp32 bits as `res`). Runs once per tile pair."""
+    gl.store(part + rows, res)
+    gl.thread_barrier()
+    j = pid_n % TF
+    ticket = gl.atomic_add(cnt + j, 1, sem="acq_rel", scope="gpu")
+    if ticket == 1:
+        CB: gl.constexpr = BN // 32
+        c3, b3, w3, cw, kw = _lq_axes(CB, NW)
+        idx = j * BN + c3 * 32 + b3 * 8 + w3                        # [CB, 4, 8]: h's index
+        F = TF * BN
+        g = gl.load(part + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+        u = gl.load(part + F + idx, cache_modifier=".cg").to(h_out.dtype.element_ty).to(gl.float32)
+        v = g / (1.0 + gl.exp(-g)) * u                               # swiglu_q8's formula
+        gl.store(h_out + idx, v.to(h_out.dtype.element_ty))
+        _q8_store_lq(v, b3, cw, kw, j * CB, 0, gq, gf, False)
+        gl.atomic_xchg(cnt + j, 0)
 
 
 @gluon.jit

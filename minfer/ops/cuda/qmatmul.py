@@ -52,6 +52,7 @@ def _q8_kw(sw, x, late: bool = False, glu: bool = False) -> dict:
           "gluon_table": sw.gemv_q8g_table, "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
     if not glu:
         kw["preload"] = sw.pdl_preload
+        kw["rstd_late"] = sw.norm_rstd_late
     return kw
 
 
@@ -422,7 +423,7 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
-                                         rq=weight if mode == 4 else None, refused=refused)
+                                         rq=weight if mode == 4 else None, refused=refused, rq_smem=sw.rq_smem)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
