@@ -97,18 +97,21 @@ class Switches:
                            "3354, perf-log AK6); 2: each program holds the gate and the up rows of its h values "
                            "and does it without a ticket (gemv_q8g_norm._glu_local; not yet run on the GPU); "
                            "0 (default): the GEMV, then swiglu_q8", kind="tuning")
-    norm_rstd_late: bool = _sw(False, "MINFER_NORM_RSTD_LATE",
+    norm_rstd_late: bool = _sw(True, "MINFER_NORM_RSTD_LATE",
                                "one-row decode, norm_into_gemv 4 / 5: the GEMV that scales its row sums by rstd "
                                "sums the tile sums of squares after its K loop (their load issued after the PDL "
                                "wait, its round trip under the loop) instead of before the loop, where the sum's "
-                               "barrier held the x loads behind it (ops/cuda/gemv_q8g_norm._ss_load; off: before)",
-                               kind="tuning")
-    rq_smem: bool = _sw(False, "MINFER_RQ_SMEM",
+                               "barrier held the x loads behind it; the same bits (ops/cuda/gemv_q8g_norm._ss_load; "
+                               "H200 7B: q/k/v 3.10 -> 2.91 us from its release, graph +4 / +4 us at depth 100 / "
+                               "3354, perf-log AL3; off: before the loop)")
+    rq_smem: bool = _sw(True, "MINFER_RQ_SMEM",
                         "one-row decode, norm_into_gemv 4 / 5: the residual GEMV's q8 epilogue (the next row "
                         "without rstd) takes the tile's values from registers through shared memory and the "
                         "norm weight loaded early (before the PDL wait, or with a K split's partials) instead of "
-                        "storing, a barrier and reading both from global memory (ops/cuda/gemv_q8g_norm."
-                        "_rss_q8_regs; off: the read-back)", kind="tuning")
+                        "storing, a barrier and reading both from global memory; the same bits (ops/cuda/"
+                        "gemv_q8g_norm._rss_q8_regs; H200 7B: graph +8 / +4 us at depth 100 / 3354, with "
+                        "norm_rstd_late +12 / +7 and in-process bench --ab B/A tg128 1.0024 +- 0.0099, d3354 "
+                        "1.0087 +- 0.0050 (6 pairs), perf-log AL2-AL3; off: the read-back)")
     pdl_preload: bool = _sw(True, "MINFER_PDL_PRELOAD",
                             "with PDL, a kernel loads what no kernel before it writes -- the RMSNorm's weight "
                             "(the norm + int8 kernel), the bias rows (the Gluon q8 GEMV) -- before its PDL wait, "
@@ -251,7 +254,7 @@ class Switches:
                                     "follow the wait without a dependent load first (ops/cuda/attention.py; H200: "
                                     "B/A 1.007 tg128 / 1.006 d3354 in one process, graph -5 / -10 us, perf-log W1; "
                                     "off: the count is read after the wait)")
-    norm_into_gemv: int = _sw(5, "MINFER_NORM_INTO_GEMV",
+    norm_into_gemv: int = _sw(4, "MINFER_NORM_INTO_GEMV",
                               "one-row decode: the residual add + RMSNorm + q8 before q/k/v done by the q/k/v "
                               "Gluon GEMV's own programs, one launch fewer per layer (ops/cuda/gemv_q8_gluon.py "
                               "NORM). 1: each program sums the squares of the whole row (H200 graph +77 us at d16, "
@@ -267,10 +270,12 @@ class Switches:
                               "row sums by rstd from the tiles' sums (rstd is one factor of every chunk's "
                               "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1; H200 "
                               "graph -450 us as launched: gate+up's programs pile onto the SMs o leaves free, "
-                              "AI3); 5 (default): 4 for the norm before q/k/v only (H200, with the Q4_K down "
-                              "capped at 72 registers and the Q6_K down at [32, 2, 5, 4] tiles: graph +10 / +13 "
-                              "us at depth 100 / 3354, in-process bench --ab B/A tg128 1.0118 +- 0.0052, d3354 "
-                              "1.0091 +- 0.0054, every pair of 4 above 1, perf-log AI4); "
+                              "AI3; so with PDL the o projection then signals gate+up at its programs' end, "
+                              "ops/cuda/qmatmul.linear_add_rms_norm); 4 is the default (H200, with norm_rstd_late "
+                              "and rq_smem, against 5: graph +2 / +10 us at depth 100 / 3354, in-process bench "
+                              "--ab B/A tg128 1.0061 +- 0.0125, d3354 1.0141 +- 0.0129, 6 pairs, perf-log AL3); 5: "
+                              "4 for the norm before q/k/v only (the FFN norm kernel kept; the default from "
+                              "2026-12-03: graph +10 / +13 us against 0, perf-log AI4); "
                               "0: the norm kernel, then the GEMV",
                               kind="tuning")
     decode_attn_kvpre: bool = _sw(False, "MINFER_DECODE_ATTN_KVPRE",

@@ -352,22 +352,55 @@ def test_graphed_decode_with_the_norm_scale(tmp_path, monkeypatch):
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
 
 
-def test_graphed_decode_with_the_default_mode_5(tmp_path, monkeypatch):
-    """The default (norm_into_gemv = 5: mode 4 for the norm before q/k/v only) in a whole model's
-    graphed greedy decode against 0: every down but the last makes the next layer's q8 row, each
-    read by that layer's q/k/v with rstd; the o projection keeps its norm kernel; no fallback."""
+def test_graphed_decode_with_the_mode_5(tmp_path, monkeypatch):
+    """norm_into_gemv = 5 (mode 4 for the norm before q/k/v only; the default until 2026-12-04) in a
+    whole model's graphed greedy decode against 0: every down but the last makes the next layer's q8
+    row, each read by that layer's q/k/v with rstd; the o projection keeps its norm kernel; no
+    fallback."""
     from graphed_pair import compare_decodes
 
     from minfer.switches import Switches
 
-    assert Switches().norm_into_gemv == 5
-    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(norm_into_gemv=0), seed=14, prompt_seed=10,
-                           n_prompt=10, same_prefill=True)
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(norm_into_gemv=5), Switches(norm_into_gemv=0), seed=14,
+                           prompt_seed=10, n_prompt=10, same_prefill=True)
     c = snap["counts"]
     assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
     assert c["gemv_q8.residual_q8"] == c.get("qmatmul.residual_norm", 0), c
     assert c.get("add_rms_norm.q8", 0) > 0          # the FFN norms (both engines) and engine b's attention norms
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+def test_default_mode_4_signals_gate_up_when_o_ends(tmp_path, monkeypatch):
+    """The default (norm_into_gemv = 4, both residual GEMVs make the next q8 row) in a whole model's
+    graphed greedy decode against 0, with each residual Gluon launch recorded: the o projection's
+    (K = heads x head dim, before gate+up) signal the next kernel at their programs' end (late), the
+    downs' (K = the FFN width) as their config says (not late); no fallback."""
+    from graphed_pair import compare_decodes
+
+    from minfer.ops.cuda import gemv_q8_gluon as GL
+    from minfer.switches import Switches
+
+    assert Switches().norm_into_gemv == 4 and Switches().rq_smem and Switches().norm_rstd_late
+    seen = []
+    real = GL.launch
+
+    def launch(segs, *a, **kw):
+        if kw.get("rss") is not None:
+            seen.append((segs[0].k, bool(kw.get("late")), kw.get("rss_q8") is not None))
+        return real(segs, *a, **kw)
+
+    monkeypatch.setattr(GL, "launch", launch)
+    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(norm_into_gemv=0), seed=14, prompt_seed=10,
+                           n_prompt=10, same_prefill=True)
+    c = snap["counts"]
+    assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
+    assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+    ks = sorted({k for k, _, _ in seen})
+    assert len(ks) == 2, seen                        # o (K = the model width here) and the down (K = the FFN's)
+    o_k, down_k = ks                                 # the tiny preset's FFN (1024) is wider than its heads
+    assert all(late for k, late, q8 in seen if k == o_k) and any(k == o_k for k, _, _ in seen)
+    assert not any(late for k, late, _ in seen if k == down_k)
+    assert all(q8 for k, _, q8 in seen if k == o_k)
 
 
 # ------------------------------------------- the same modes with their loads moved (rq_smem, norm_rstd_late)
@@ -434,7 +467,7 @@ def test_norm_scale_summed_after_the_loop_is_the_same(qkv, kind, cfg):
 
 @pytest.mark.parametrize("mode", [5, 4])
 def test_graphed_decode_with_the_norm_loads_moved(tmp_path, monkeypatch, mode):
-    """norm_into_gemv 5 (the default) and 4 with both load moves (rq_smem, norm_rstd_late; the q/k/v
+    """norm_into_gemv 5 and 4 (the default) with both load moves (rq_smem, norm_rstd_late; the q/k/v
     rope kernel's NORM 4 too) in a whole model's graphed greedy decode against 0 (graphed_pair's
     rule); the same counts as without them, no fallback."""
     from graphed_pair import compare_decodes

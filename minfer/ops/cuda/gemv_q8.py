@@ -414,7 +414,7 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
                      preload: bool = True, config=None, tail=None, rq=None, refused=None,
-                     rq_smem: bool = False) -> tuple | None:
+                     rq_smem: bool = False, late: bool = False) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -427,7 +427,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     tile's program also makes the q8 form of its rows of s * weight, rstd left to the next GEMV
     (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
     (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32); rq_smem:
-    that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs).
+    that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs). late:
+    with PDL, the next kernel is signalled when the programs end (as the config's late field does).
     refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
     xq, xf = q8
     n, k = rw.n, rw.k
@@ -441,7 +442,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
     bn, bb, split, nwarps = cfg[:4]
-    prefetch, regs, late = extras(cfg)
+    prefetch, regs, cfg_late = extras(cfg)
+    late = late or cfg_late
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
     nb = k // 256

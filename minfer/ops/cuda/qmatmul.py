@@ -399,7 +399,9 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
     `qmatmul.residual_norm`). With 4 and into_linear, for either role: that epilogue also makes
     the q8 form of s * weight tile by tile (rstd left out, gemv_q8g_norm._rss_q8), and the next
-    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs. 5:
+    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs; on the
+    FFN side (o, then gate+up directly) o signals gate+up when its programs end (with PDL): launched
+    at o's wait, gate+up's programs would pile onto the SMs o leaves free (perf-log AI2, AL3). 5:
     4 for the attention norm (the down before q/k/v) only.
     Otherwise, and where that GEMV does not apply (counted as a fallback), linear then
     norm_rope_act.add_rms_norm, as before."""
@@ -423,7 +425,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
-                                         rq=weight if mode == 4 else None, refused=refused, rq_smem=sw.rq_smem)
+                                         rq=weight if mode == 4 else None, refused=refused, rq_smem=sw.rq_smem,
+                                         late=ffn and mode == 4)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
