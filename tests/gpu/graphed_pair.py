@@ -20,11 +20,12 @@ from kernel_data import rel_err  # noqa: E402
 
 
 def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, prompt_seed: int, n_prompt: int,
-                    same_prefill: bool = False, steps: int = 24, config: tuple = (32, 2, 2, 4)) -> dict:
+                    same_prefill: bool = False, steps: int = 24, config: tuple = (32, 2, 2, 4), errs=None) -> dict:
     """Engine a (switches_a) against engine b (switches_b, None: the defaults) over `steps`
     graphed decode steps after an n_prompt-token prefill; same_prefill: the prefill logits must be
     bitwise equal (a switch that acts on decode rows only). Returns paths.snapshot() of the
-    decode steps (both engines). config: the Gluon config every q8 GEMV takes."""
+    decode steps (both engines). config: the Gluon config every q8 GEMV takes. errs (a list):
+    receives each step's logits relative error."""
     import dataclasses
 
     from minfer.bench.presets import get_preset
@@ -45,7 +46,7 @@ def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, pr
         assert torch.equal(la, lb)
     t = int(lb.argmax())
     paths.reset()
-    errs = []
+    errs = [] if errs is None else errs
     for step in range(steps):
         pos = len(prompt) + step
         la, lb = a.forward([t], pos)[-1], b.forward([t], pos)[-1]
