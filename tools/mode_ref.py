@@ -51,8 +51,8 @@ def main():
             t = int(lr.argmax())
         for s, er, ag in zip(sets, errs, agree):
             er_s = sorted(er)
-            print(f"[{s}] vs CPU, seed {seed}: tokens agree {ag} / 24; rel err median {er_s[12]:.2e}, max {er_s[-1]:.2e}: "
-                  + " ".join(f"{x:.1e}" for x in er), flush=True)
+            print(f"[{s}] vs CPU, seed {seed}: tokens agree {ag} / 24; rel err median {er_s[12]:.2e}, "
+                  f"max {er_s[-1]:.2e}: " + " ".join(f"{x:.1e}" for x in er), flush=True)
 
 
 if __name__ == "__main__":

@@ -393,7 +393,8 @@ def test_default_mode_4_signals_gate_up_when_o_ends(tmp_path, monkeypatch):
 
     monkeypatch.setattr(GL, "launch", launch)
     errs = []
-    snap = compare_decodes(tmp_path, monkeypatch, None, Switches(norm_into_gemv=4, rq_smem=False, norm_rstd_late=False),
+    snap = compare_decodes(tmp_path, monkeypatch, None,
+                           Switches(norm_into_gemv=4, rq_smem=False, norm_rstd_late=False),
                            seed=14, prompt_seed=10, n_prompt=10, same_prefill=True, errs=errs)
     assert errs and max(errs) == 0.0, errs
     c = snap["counts"]

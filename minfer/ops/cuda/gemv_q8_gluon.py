@@ -173,7 +173,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if NORM == 1:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, True)
-    elif NORM >= 2 and RL:
+    elif NORM == 4 and RL:
         ssv = _ss_load(ny, nss, KP2, NW)                              # summed after the K loop (RL)
     elif NORM >= 2:
         rstd = _ss_rstd(ny, nss, eps, NB * 256, KP2, NW)            # the GEMV before's tile sums: after the wait
@@ -352,8 +352,8 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         if first:
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
-                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM, XP=XP,
-                  RL=RL)
+                  IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM,
+                  XP=XP, RL=RL)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,

@@ -110,9 +110,8 @@ def launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, p
         rope.k_cache.stride(0), tlb, QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
         NW=nwarps, HAS_BIAS=bias is not None, PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload),
         NORM=mode, KP2=kp2, WK=bool(kwarps), SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-        XP=bool(x_ahead), RP=1 if rope.neox else 2, HD=rope.head_dim, TL=rec is not None, RL=bool(rstd_late) and mode == 4,
-        num_warps=nwarps,
-        **_opts(pdl, regs))
+        XP=bool(x_ahead), RP=1 if rope.neox else 2, HD=rope.head_dim, TL=rec is not None,
+        RL=bool(rstd_late) and mode == 4, num_warps=nwarps, **_opts(pdl, regs))
 
 
 def rope_after(out: torch.Tensor, rope: Rope, pdl: int) -> None:

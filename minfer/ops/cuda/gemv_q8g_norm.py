@@ -1,5 +1,5 @@
 """The RMSNorm prologue and the residual epilogue of the Gluon q8 GEMV (gemv_q8_gluon._tile's
-NORM and RSS; Switches.norm_into_gemv, off by default; perf-log W3).
+NORM and RSS; Switches.norm_into_gemv, perf-log W3; its default, 4, takes NORM 4 and RQ).
 
 NORM 1: the program sums the squares of the whole row x + y (the residual and the previous
 GEMV's output) itself (_norm_rstd); NORM 2: it adds up the per-tile sums of squares the GEMV

@@ -425,8 +425,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
-                                         rq=weight if mode == 4 else None, refused=refused, rq_smem=sw.rq_smem,
-                                         late=ffn and mode == 4)
+                                         rq=weight if mode == 4 else None, refused=refused,
+                                         rq_smem=sw.rq_smem, late=ffn and mode == 4)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
