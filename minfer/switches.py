@@ -97,6 +97,13 @@ class Switches:
                            "3354, perf-log AK6); 2: each program holds the gate and the up rows of its h values "
                            "and does it without a ticket (gemv_q8g_norm._glu_local; not yet run on the GPU); "
                            "0 (default): the GEMV, then swiglu_q8", kind="tuning")
+    o_signal: int = _sw(1, "MINFER_O_SIGNAL",
+                        "one-row decode, norm_into_gemv 4, with PDL: when the o projection (whose epilogue "
+                        "makes gate+up's q8 row) lets gate+up launch. 1 (default): when its programs end "
+                        "(signalled at its wait, gate+up's programs pile onto the SMs o leaves free: perf-log "
+                        "AI2); 2: after its dot products, before its epilogue, so gate+up's programs are "
+                        "placed while o's drain (ops/cuda/gemv_q8_gluon._pdl_mode 4; not yet run on the GPU)",
+                        kind="tuning")
     norm_rstd_late: bool = _sw(True, "MINFER_NORM_RSTD_LATE",
                                "one-row decode, norm_into_gemv 4 / 5: the GEMV that scales its row sums by rstd "
                                "sums the tile sums of squares after its K loop (their load issued after the PDL "

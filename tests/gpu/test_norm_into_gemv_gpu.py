@@ -436,3 +436,18 @@ def test_graphed_decode_with_the_norm_loads_moved(tmp_path, monkeypatch, mode):
     c = snap["counts"]
     assert c.get("gemv_q8.residual_q8", 0) > 0 and c["gemv_q8.residual_q8"] == c.get("gemv_q8.norm_scale", 0), c
     assert not [k for k in snap["fallbacks"] if "norm" in k], snap["fallbacks"]
+
+
+def test_o_signal_after_its_dots_gives_the_same_decode(tmp_path, monkeypatch):
+    """Switches.o_signal 2 (o lets gate+up launch after its dot products, before its epilogue: PDL
+    mode 4) only moves a launch, so a whole graphed greedy decode equals the default's at every step;
+    counted the same."""
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    errs = []
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(o_signal=2), None, seed=16, prompt_seed=12, n_prompt=10,
+                           same_prefill=True, errs=errs)
+    assert errs and max(errs) == 0.0, errs
+    assert snap["counts"].get("gemv_q8.residual_q8", 0) > 0 and not snap["fallbacks"], snap

@@ -34,13 +34,14 @@ names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # t
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq, rl in json.loads(sys.argv[1]):
+for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq, rl, *pdl in json.loads(sys.argv[1]):
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
         ["i32"] * 6 + ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
                        "*fp32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
-               HAS_BIAS=False, HAS_RESID=False, PDL=1, PF=2 if split == 1 and not rss else True, PRE=True,
+               HAS_BIAS=False, HAS_RESID=False, PDL=pdl[0] if pdl else 1, PF=2 if split == 1 and not rss else True,
+               PRE=True,
                NORM=norm, KP2=256 if norm else 1, NCHP=1, RSS=bool(rss), WK=bool(wk), RQ=rq, RL=bool(rl))
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
     src = GluonASTSource(GL._gemv_q8g_kernel, sig, cex, {(i,): [["tt.divisibility", 16]] for i in range(15)})
@@ -62,6 +63,8 @@ _CASES = [(f"{name} {norm}{'L' if rl else ''}", 12, mixed, bn, bb, split, 4, wk,
 _CASES += [(f"{name} {rq}", qt, 0, 32, bb, split, nw, 0, 0, 1, rq, 0)
            for name, qt, bb, split, nw in (("down4", 12, 2, 9, 4), ("down6", 14, 2, 5, 4), ("o", 12, 16, 1, 8))
            for rq in (0, 1, 2)]
+# o's one-step RQ 2 build signalling gate+up at its end (PDL 3) and after its dots (PDL 4, Switches.o_signal 2)
+_CASES += [(f"o sig{pdl}", 12, 0, 32, 16, 1, 8, 0, 0, 1, 2, 0, pdl) for pdl in (3, 4)]
 
 
 @pytest.fixture(scope="module")
@@ -312,3 +315,15 @@ def test_residual_q8_through_shared_memory_reads_nothing_back(ptx, name):
     if name == "o":
         pre1, pre2 = rq1.split("griddepcontrol.wait")[0], rq2.split("griddepcontrol.wait")[0]
         assert pre2.count("ld.global") > pre1.count("ld.global")
+
+
+def test_o_signal_after_its_dots_comes_before_the_epilogue(ptx):
+    """PDL 4 (Switches.o_signal 2) against 3 on o's one-step residual build: the same wait, dot
+    products and stores; the launch_dependents (one a thread's element of the chunk index, as the
+    wait) before the epilogue's global stores instead of after all of them."""
+    end, dots = ptx["o sig3"], ptx["o sig4"]
+    sig = "griddepcontrol.launch_dependents"
+    for op in ("griddepcontrol.wait", "dp4a", "st.global", sig):
+        assert dots.count(op) == end.count(op) > 0, op
+    assert end.index(sig) > end.rindex("st.global")
+    assert dots.rindex("griddepcontrol.wait") < dots.index(sig) and dots.rindex(sig) < dots.index("st.global")

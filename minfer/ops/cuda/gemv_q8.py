@@ -428,7 +428,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
     (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32); rq_smem:
     that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs). late:
-    with PDL, the next kernel is signalled when the programs end (as the config's late field does).
+    with PDL, the next kernel is signalled when the programs end (as the config's late field does);
+    2: after their dot products, before the epilogue (Switches.o_signal 2).
     refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
     xq, xf = q8
     n, k = rw.n, rw.k

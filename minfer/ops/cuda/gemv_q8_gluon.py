@@ -161,8 +161,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if RQ == 2 and not IS_SPLIT:
         gv = _rq_weight(ng, pid_n, BN, NW)                            # no kernel writes it
-    if PDL == 3:
-        _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below)
+    if PDL >= 3:
+        _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below; 4: its dots)
     elif PDL:
         _pdl(ci)
     if TL:
@@ -234,6 +234,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
+    if PDL == 4:
+        _pdl_signal(ci)         # after the dot products, before the epilogue's loads and stores
     if NORM == 4 and RL:
         res = res * _ss_sum_rstd(ssv, eps, NB * 256)
     elif NORM == 4:
@@ -461,11 +463,12 @@ def supported(segs, bn: int, bb: int) -> str | None:
     return None
 
 
-def _pdl_mode(pdl, late: bool) -> int:
+def _pdl_mode(pdl, late) -> int:
     """The kernel's PDL constexpr: 0 off; 1 wait, then signal the next kernel (pdl.py's mode 1);
     3 (late, Switches.pdl_late) wait, and signal only when the program ends, so a heavy next
-    kernel does not take SM slots while this one's later programs still need them."""
-    return (3 if late else 1) if pdl else 0
+    kernel does not take SM slots while this one's later programs still need them; 4 (late == 2,
+    Switches.o_signal 2) signal after the program's dot products, before its epilogue."""
+    return (4 if late == 2 else 3 if late else 1) if pdl else 0
 
 
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
