@@ -28,7 +28,8 @@ NAMES = {12: "Q4_K", 14: "Q6_K"}
 
 @pytest.fixture(scope="module")
 def Q():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8"]):
+    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
+                                     "minfer.ops.cuda.gemv_q8_experts"]):
         yield mods["gemv_q8"], mods["gemv_repack"]
 
 
@@ -152,6 +153,7 @@ def test_moe_decode_q8_reads_selected_experts(Q, T):
     paths.reset()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(moe_mod, "gemv_q8", q8m)
+        mp.setattr(moe_mod, "gemv_q8_experts", sys.modules["minfer.ops.cuda.gemv_q8_experts"])   # (the fixture's)
         mp.setattr(moe_mod.dequant, "interpret", lambda: True)
         out = moe_mod.moe_ffn(h, router, gw, uw, dw, k, True)
     assert paths.snapshot()["counts"].get("moe.gather.q8") == 1

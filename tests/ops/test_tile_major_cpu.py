@@ -154,9 +154,9 @@ def test_gluon_build_with_tile_major_addressing():
 def test_moe_kernel_refuses_tile_major_planes():
     """Stacked experts are never tiled (their shapes are in no Gluon table); the MoE gather kernel
     names the layout if it ever gets such planes."""
-    from minfer.ops.cuda import gemv_q8
+    from minfer.ops.cuda import gemv_q8_experts
 
     _, rw = _rw(L.Q4_K, 64, 256)
     q8 = (torch.zeros(64, dtype=torch.int32), torch.zeros(32))
     with pytest.raises(MinferError, match="tile-major"):
-        gemv_q8.gemv_q8_experts(q8, L.to_tiles(rw, 16), torch.zeros(2, dtype=torch.int64), 32)
+        gemv_q8_experts.gemv_q8_experts(q8, L.to_tiles(rw, 16), torch.zeros(2, dtype=torch.int64), 32)

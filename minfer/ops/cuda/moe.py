@@ -8,7 +8,7 @@ minfer.ops.reference.moe_ffn (expert by expert, float32).
 - Few rows (T*k <= gather_max) over experts repacked at load (gemv_repack_layout.repack_model),
   Switches.gemv_q8: the rows in int8 (one row: the form its producer attached; more: quantized
   here), the selected experts' rows multiplied where they lie
-  by the int8 GEMV (gemv_q8.gemv_q8_experts: one launch per stacked weight, the expert ids read
+  by the int8 GEMV (gemv_q8_experts.gemv_q8_experts: one launch per stacked weight, the expert ids read
   on the device), SwiGLU + per-row int8 in one launch, the down projection per slot, then the
   weighted sum: only the active experts' bytes are read.                    path moe.gather.q8
 - Few rows (T*k <= gather_max) over raw blocks: expert gather. The T*k selected experts' rows are
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from minfer.errors import MinferError
 from minfer.ops import paths
-from minfer.ops.cuda import dequant, gemv_q8, gemv_repack
+from minfer.ops.cuda import dequant, gemv_q8, gemv_q8_experts, gemv_repack
 from minfer.ops.cuda.gemv_repack_layout import planes_of
 
 GATHER_MAX = 16     # T*k rows at most for the expert gather (a decode step: T=1, k<=8 -> 8)
@@ -67,13 +67,11 @@ def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx):
         xq, xf = gemv_q8.quantize_rows(h, interpret=interp)
         tok = torch.arange(T, device=h.device).repeat_interleave(k)    # slot -> its token's row
         q8 = (xq.index_select(0, tok).contiguous(), xf.index_select(0, tok).contiguous())
-    g = gemv_q8.gemv_q8_experts(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
-                                interpret=interp)
-    u = gemv_q8.gemv_q8_experts(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
-                                interpret=interp)
+    gx = gemv_q8_experts.gemv_q8_experts
+    g = gx(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
+    u = gx(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
     _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
-    y = gemv_q8.gemv_q8_experts(qa, planes_of(down_exps), sel, D, per_slot_x=True, out_dtype=torch.float32, ws=ws,
-                                interpret=interp)
+    y = gx(qa, planes_of(down_exps), sel, D, per_slot_x=True, out_dtype=torch.float32, ws=ws, interpret=interp)
     return (y.view(T, k, D) * w[..., None]).sum(1).to(h.dtype)
 
 

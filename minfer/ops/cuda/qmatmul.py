@@ -426,8 +426,7 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
                                          rq=weight if mode == 4 else None, refused=refused,
-                                         rq_smem=sw.rq_smem, late=(2 if sw.o_signal == 2 else True)
-                                         if ffn and mode == 4 else False)
+                                         rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0)
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
