@@ -15,7 +15,9 @@ Checks before timing:
   - on a tile-major shape, the same bits as the same planes row-major.
 Times: gemv_sweep.graph_time (one CUDA graph of the calls walking the copies, median replay over the
 calls), without PDL and PDL-chained (each launch's programs start during the one before, as in the
-step). Beside each shipped row, its one-step floor: the same config, build and grid on planes of one
+step); and the kernel's own time (kernel_time: CUPTI's start-to-end stamps of eager launches, each
+alone on the GPU, the weights cold in L2), which leaves out what a launch costs before its first
+program runs and between kernels. Beside each shipped row, its one-step floor: the same config, build and grid on planes of one
 step a K split (K = 256 x BB x the split count; one block where K is not split), PDL-chained -- what a launch
 of that grid costs with almost nothing to read -- and the rate past it, (file bytes - the floor's) /
 (chained time - the floor's): how fast the launch reads its further steps (perf-log AK3, AK8).
@@ -119,15 +121,16 @@ def main(argv=None) -> int:
             json.dump({"gpu": torch.cuda.get_device_name(), "launch": {k_: str(v) for k_, v in kw0.items()},
                        "rows": rows}, f, indent=1)
     print("\n| shape | type | N x K | config | layout | regs, programs an SM | MB (file) | us, no PDL | "
-          "us, PDL-chained | GB/s, no PDL | GB/s, PDL-chained | % of 4.2 TB/s | one-step floor, us (K) | "
-          "GB/s past the floor |")
-    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "us, PDL-chained | us, kernel | GB/s, no PDL | GB/s, PDL-chained | GB/s, kernel | % of 4.2 TB/s (chained / kernel) | "
+          "one-step floor, us (K) | GB/s past the floor |")
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['shape']}{'' if r['shipped'] else ' (tried)'} | {'+'.join(dict.fromkeys(r['types']))} | "
               f"{r['n']} x {r['k']} | {r['config']} | "
               f"{'tiles of ' + str(r['tile_rows']) if r['tile_rows'] else 'rows'} | {r['regs']}, {r['per_sm']} | "
-              f"{r['file_mb']:.2f} | {r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['gbps_no_pdl']:.0f} | "
-              f"{r['gbps_pdl']:.0f} | {100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} | "
+              f"{r['file_mb']:.2f} | {r['us_no_pdl']:.2f} | {r['us_pdl']:.2f} | {r['us_kernel']:.2f} | "
+              f"{r['gbps_no_pdl']:.0f} | {r['gbps_pdl']:.0f} | {r['gbps_kernel']:.0f} | "
+              f"{100 * r['gbps_pdl'] * 1e9 / COPY_BW:.0f} / {100 * r['gbps_kernel'] * 1e9 / COPY_BW:.0f} | "
               + (f"{r['floor_us']:.2f} ({r['floor_k']}) | {r['gbps_past_floor']:.0f} |" if "floor_us" in r else "- | - |"))
     return 1 if bad else 0
 
@@ -180,6 +183,9 @@ def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies
         kwp = dict(kw, pdl=pdl if kw["pdl"] else 0, pdl_prefetch=kw["pdl_prefetch"] if pdl else 1)
         t[pdl] = graph_time([lambda i=i, kwp=kwp: Q.gemv_q8(q8, rws[i % copies], ws=ws, config=config, **kwp)
                              for i in range(calls)])
+    # the kernels' own durations (CUPTI's start-to-end on the GPU, eager launches, weights cold in L2)
+    ku, kn, knames = kernel_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws, config=config, **kw)
+                                  for i in range(calls)])
     # registers: the variants this config loaded (PDL-chained and not)
     new = [c for key, c in _compiled(GL._gemv_q8g_kernel).items() if key not in before]
     regs = max((_regs(c) for c in new), default=0)
@@ -188,9 +194,11 @@ def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies
     r = {"shape": label, "key": short, "shipped": shipped, "types": [NAME[q] for q in qts], "n": n, "k": k,
          "config": list(cfg), "tile_rows": tr, "regs": regs, "per_sm": per_sm, "file_mb": file_bytes / 1e6,
          "plane_mb": plane_bytes / 1e6, "rel_err": err, "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
-         "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9}
+         "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9,
+         "us_kernel": ku * 1e6, "gbps_kernel": file_bytes / ku / 1e9, "kernels_a_call": kn, "kernel_names": knames}
     print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
-          f"{r['us_pdl']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} GB/s  err {err:.1e}", flush=True)
+          f"{r['us_pdl']:7.2f} / {r['us_kernel']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} / "
+          f"{r['gbps_kernel']:5.0f} GB/s (no PDL / PDL-chained / kernel)  err {err:.1e}", flush=True)
     return r
 
 
@@ -236,6 +244,42 @@ def _floor(specs, n, k, cfg, tr, kw, gen, file_bytes, us_pdl, calls) -> dict:
     past = (file_bytes - fb1) / max(us_pdl * 1e-6 - t, 1e-9) / 1e9
     print(f"    one-step floor (K {k1}, the same grid): {t * 1e6:.2f} us chained; past it {past:.0f} GB/s", flush=True)
     return {"floor_us": t * 1e6, "floor_k": k1, "floor_file_mb": fb1 / 1e6, "gbps_past_floor": past}
+
+
+def kernel_time(fns, warm: int = 3) -> tuple[float, int, list[str]]:
+    """The GPU's own time of each call's kernels: fns launched eagerly (the host is far slower than the
+    kernels, so each call runs alone on an idle GPU), recorded by the CUDA profiler (CUPTI's kernel
+    start and end stamps), each call's kernels' durations summed; (median seconds a call, kernels a
+    call, their names). The launch's cost before its first program starts and the gap to the next
+    launch are not in it -- that is the graphs' measure (graph_time); this is the kernel's."""
+    import os
+    import statistics
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    for f in fns[:warm]:
+        f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for f in fns:
+            f()
+        torch.cuda.synchronize()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            trace = json.load(fh)
+    finally:
+        os.unlink(path)
+    ks = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    if not ks or len(ks) % len(fns):
+        raise RuntimeError(f"the profiler recorded {len(ks)} kernels for {len(fns)} calls")
+    per = len(ks) // len(fns)
+    durs = [sum(float(e["dur"]) for e in ks[i * per:(i + 1) * per]) for i in range(len(fns))]
+    names = list(dict.fromkeys(e["name"][:60] for e in ks[:per]))
+    return statistics.median(durs) * 1e-6, per, names
 
 
 def _compiled(fn) -> dict:
