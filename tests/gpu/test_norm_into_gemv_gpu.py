@@ -450,4 +450,6 @@ def test_o_signal_after_its_dots_gives_the_same_decode(tmp_path, monkeypatch):
     snap = compare_decodes(tmp_path, monkeypatch, Switches(o_signal=2), None, seed=16, prompt_seed=12, n_prompt=10,
                            same_prefill=True, errs=errs)
     assert errs and max(errs) == 0.0, errs
-    assert snap["counts"].get("gemv_q8.residual_q8", 0) > 0 and not snap["fallbacks"], snap
+    # (compare_decodes' config splits K, so the q/k/v rope epilogue falls back by design; o's must not)
+    assert snap["counts"].get("gemv_q8.residual_q8", 0) > 0, snap
+    assert not [k for k in snap["fallbacks"] if "residual" in k or "norm" in k], snap["fallbacks"]
