@@ -20,7 +20,8 @@ from kernel_data import rel_err  # noqa: E402
 
 
 def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, prompt_seed: int, n_prompt: int,
-                    same_prefill: bool = False, steps: int = 24, config: tuple = (32, 2, 2, 4), errs=None) -> dict:
+                    same_prefill: bool = False, steps: int = 24, config: tuple = (32, 2, 2, 4), errs=None,
+                    engines=None) -> dict:
     """Engine a (switches_a) against engine b (switches_b, None: the defaults) over `steps`
     graphed decode steps after an n_prompt-token prefill; same_prefill: the prefill logits must be
     bitwise equal (a switch that acts on decode rows only). Returns paths.snapshot() of the
@@ -37,9 +38,12 @@ def compare_decodes(tmp_path, monkeypatch, switches_a, switches_b, seed: int, pr
     p = dataclasses.replace(get_preset("tiny"), ffn=1024)
     path = tmp_path / "m.gguf"
     write_synth(path, p, "q4_k_m", seed=seed, progress=False)
-    monkeypatch.setattr(GL, "config_for", lambda qtype, n, k, table="": config)
+    # (config: one Gluon config for every shape, or a function of (qtype, n, k) giving each its own)
+    monkeypatch.setattr(GL, "config_for", config if callable(config) else lambda qtype, n, k, table="": config)
     a = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_a)
     b = Engine.load(str(path), device="cuda", ctx=160, progress=False, switches=switches_b)
+    if engines is not None:
+        engines.extend((a, b))
     prompt = torch.randint(0, p.vocab, (n_prompt,), generator=torch.Generator().manual_seed(prompt_seed)).tolist()
     la, lb = a.prefill(prompt), b.prefill(prompt)
     if same_prefill:

@@ -97,3 +97,35 @@ def test_x_one_step_ahead_is_the_same_bits(qt, n, k, cfg):
         b = Q.gemv_q8(q8, planes, resid=resid, out_dtype=torch.float32, config=xp, gluon=True, pdl=1)
         assert paths.snapshot()["counts"].get("gemv_q8.gluon") == 2
         assert torch.equal(a, b)
+
+
+def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
+    """A fused gate+up group whose stacked shape's config asks for tiles (plane_layout._group)
+    decodes exactly as the row-major engine (MINFER_GEMV_TILES=0) at every graphed step: its one
+    GEMV reads the tile-major group planes (and each member's view the same rows' bits)."""
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    tiled = (32, 1, 1, 4, 1, 0, False, False, False, True, True)
+    seen = []
+
+    def config_for(qtype, n, k, table=""):
+        if n == 2048 and k == 256:              # the tiny model's gate+up (2 x ffn 1024, hidden 256)
+            seen.append((qtype, n, k))
+            return tiled
+        return (32, 2, 2, 4)
+
+    errs, engines = [], []
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(), Switches(gemv_tiles=False), seed=21, prompt_seed=4,
+                           n_prompt=10, same_prefill=True, config=config_for, errs=errs, engines=engines)
+    assert seen, "the gate+up group's shape was never asked for"
+    groups = [[getattr(w, "repacked_group", None) for w in e.model.qweights()] for e in engines]
+    la, lb = ([g[1].tile_rows for g in gs if g is not None and g[1].n == 2048] for gs in groups)
+    assert la and set(la) == {32} and set(lb) == {0}, (la, lb)
+    assert errs and max(errs) == 0.0, errs
+    assert snap["counts"].get("gemv_q8.gluon", 0) > 0, snap
+    assert not [k for k in snap["fallbacks"] if "tile" in k], snap["fallbacks"]

@@ -49,3 +49,36 @@ def test_apply_follows_the_table_and_the_switch(monkeypatch):
     # another GPU (the table was measured on sm_90): row-major
     monkeypatch.setattr(GL, "device_unsupported", lambda device: "sm_80")
     assert PL.wanted(down.repacked, Switches(), "cuda") == 0
+
+
+def test_a_fused_group_is_laid_out_as_one(monkeypatch):
+    """A fused group (gate+up: one GEMV over the stacked planes, each weight a row view) takes its
+    stacked shape's layout; each member's view is re-made on the new planes and reads its own rows
+    (the same bits as before); the switch off gives the row-major planes back; a tile height that
+    would cut a member's rows leaves the group alone."""
+    monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
+    monkeypatch.setattr(GL, "CONFIGS", {"Q4_K 128x512": (32, 1, 1, 4, 1, 0, False, False, False, True, True),
+                                        "Q4_K 96x512": (64, 1, 1, 4, 1, 0, False, False, False, True)})
+    gate, up = _w(L.Q4_K, 64, 512, 5), _w(L.Q4_K, 64, 512, 6)
+    orig = {id(m): [p.clone() for p in m.repacked.planes] for m in (gate, up)}
+    assert L.fuse_group((gate, up))
+    ws = [gate, up]
+    assert PL.apply(ws, Switches(), "cuda") == 1
+    cat = gate.repacked_group[1]
+    assert gate.repacked_group[0] == (gate, up) and cat.tile_rows == 32 and cat.n == 128
+    for m, r0 in ((gate, 0), (up, 64)):
+        assert m.repacked.tile_rows == 32 and m.repacked.n == 64
+        # a view of the group's planes (no copy), holding exactly its own rows' entries
+        assert all(v.data_ptr() == p[r0:].data_ptr() for v, p in zip(m.repacked.planes, cat.planes))
+        assert all(torch.equal(a, b) for a, b in zip(L.to_rows(m.repacked).planes, orig[id(m)]))
+    assert PL.apply(ws, Switches(), "cuda") == 0        # already in place
+    off = Switches().with_env({"MINFER_GEMV_TILES": "0"})
+    assert PL.apply(ws, off, "cuda") == 1
+    assert gate.repacked_group[1].tile_rows == 0
+    for m in (gate, up):
+        assert m.repacked.tile_rows == 0 and all(torch.equal(a, b) for a, b in zip(m.repacked.planes, orig[id(m)]))
+    # 48 + 48 rows: 64-row tiles would cut the first member's rows -- the group stays row-major
+    a, b = _w(L.Q4_K, 48, 512, 7), _w(L.Q4_K, 48, 512, 8)
+    assert L.fuse_group((a, b))
+    assert PL.apply([a, b], Switches(), "cuda") == 0
+    assert a.repacked_group[1].tile_rows == 0 and a.repacked.tile_rows == 0

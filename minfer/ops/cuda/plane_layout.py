@@ -11,7 +11,9 @@ block); every kernel that reads the planes addresses both layouts (their TM cons
 layout is a storage choice, not a kernel choice.
 
 A Gluon table config's tenth field asks for it (gemv_q8g_h200.json: the shapes where it was
-measured faster); the tile height is the config's BN. Switches.gemv_tiles turns it off; the
+measured faster); the tile height is the config's BN. A fused group (gate+up: one GEMV over the
+stacked planes, each weight a row view of them) is laid out as one, by its stacked shape's config,
+where the tiles do not cut a member's rows; its members' views are re-made on the new planes. Switches.gemv_tiles turns it off; the
 engine applies the layout at load and again when an A/B changes the switches (Engine.set_switches),
 one weight at a time, so at most one weight's planes are held twice."""
 
@@ -42,10 +44,12 @@ def wanted(rw, switches, device) -> int:
 
 
 def apply(weights, switches, device) -> int:
-    """Give each repacked weight that owns its planes the layout `switches` ask for; returns how
-    many weights changed layout (the caller drops anything that captured the old planes' addresses,
-    e.g. CUDA graphs)."""
+    """Give each repacked weight that owns its planes, and each fused group's planes (a group's
+    first weight holds `repacked_group`: gemv_repack_layout.fuse_group), the layout `switches` ask
+    for; returns how many weights and groups changed layout (the caller drops anything that
+    captured the old planes' addresses, e.g. CUDA graphs)."""
     changed = 0
+    weights = list(weights)
     for w in weights:
         rw = planes_of(w)
         if rw is None or not _owns_planes(rw):
@@ -57,4 +61,28 @@ def apply(weights, switches, device) -> int:
         w.repacked = to_tiles(rows, t) if t else rows
         del rw, rows
         changed += 1
+    for w in weights:
+        grp = getattr(w, "repacked_group", None)
+        if grp is not None and grp[0][0] is w and _group(grp, switches, device):
+            changed += 1
     return changed
+
+
+def _group(grp, switches, device) -> bool:
+    """A fused group's planes (the 7B's gate+up: one GEMV over both weights' rows) in the layout
+    its shape's config asks for, and each member's row view re-made on the new planes; a tile
+    height that would cut a member's rows leaves the group as it is. Whether it changed."""
+    ws, cat = grp
+    t = wanted(cat, switches, device)
+    if cat.tile_rows == t or (t and any(planes_of(m).n % t for m in ws)):
+        return False
+    rows = to_rows(cat)
+    new = to_tiles(rows, t) if t else rows
+    del rows
+    ws[0].repacked_group = (ws, new)
+    r0 = 0
+    for m in ws:
+        n = planes_of(m).n
+        m.repacked = new.rows(r0, r0 + n)
+        r0 += n
+    return True
