@@ -128,4 +128,4 @@ def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
     assert la and set(la) == {32} and set(lb) == {0}, (la, lb)
     assert errs and max(errs) == 0.0, errs
     assert snap["counts"].get("gemv_q8.gluon", 0) > 0, snap
-    assert not [k for k in snap["fallbacks"] if "tile" in k], snap["fallbacks"]
+    assert not [k for k in snap["fallbacks"] if "tile-major" in k], snap["fallbacks"]
