@@ -85,10 +85,11 @@ class Switches:
                               "the shipped one (for an in-process A/B of two tables)", kind="tuning")
     gemv_tiles: bool = _sw(True, "MINFER_GEMV_TILES",
                            "repacked planes stored tile-major (a tile's rows block after block) for the shapes whose "
-                           "Gluon q8 GEMV config asks for it (its tenth field: the 7B's down projections), so each "
+                           "Gluon q8 GEMV config asks for it (its tenth field: the 7B's down projections and its fused "
+                           "gate+up group, laid out as one), so each "
                            "GEMV program reads one contiguous run (ops/cuda/plane_layout.py; applied at load and "
                            "again when an A/B changes it; H200 7B, with the x-ahead loads: in-process bench --ab "
-                           "tg128 1.013, d3354 1.011, perf-log AF6; off: row-major planes)")
+                           "tg128 1.013, d3354 1.011, perf-log AF6; the gate+up group 1.031 / 1.036, AM5; off: row-major planes)")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
