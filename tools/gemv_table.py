@@ -17,8 +17,8 @@ Times: gemv_sweep.graph_time (one CUDA graph of the calls walking the copies, me
 calls), without PDL and PDL-chained (each launch's programs start during the one before, as in the
 step); and the kernel's own time (kernel_time: CUPTI's start-to-end stamps of eager launches, each
 alone on the GPU, the weights cold in L2), which leaves out what a launch costs before its first
-program runs and between kernels. Beside each shipped row, its one-step floor: the same config, build and grid on planes of one
-step a K split (K = 256 x BB x the split count; one block where K is not split), PDL-chained -- what a launch
+program runs and between kernels. Beside each shipped row, its one-step floor: the same config,
+build and grid on planes of one step a K split (K = 256 x BB x the split count; one block where K is not split), PDL-chained -- what a launch
 of that grid costs with almost nothing to read -- and the rate past it, (file bytes - the floor's) /
 (chained time - the floor's): how fast the launch reads its further steps (perf-log AK3, AK8).
 --try SHAPE=CONFIG times another Gluon config of a shape (keys: SHORT below) the same way,
