@@ -129,3 +129,45 @@ def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
     assert errs and max(errs) == 0.0, errs
     assert snap["counts"].get("gemv_q8.gluon", 0) > 0, snap
     assert not [k for k in snap["fallbacks"] if "tile-major" in k], snap["fallbacks"]
+
+
+def test_qkv_group_and_mixed_pair_tile_major_give_the_same_decode(tmp_path, monkeypatch):
+    """The q/k/v launch's planes tile-major where its shape's config asks (plane_layout._group for
+    the all-Q4_K layers, plane_layout._pair for the layers whose v is Q6_K: both plane sets in one
+    layout): a graphed decode equal at every step to the row-major engine's, the rope epilogue
+    (one K split) reading them."""
+    import sys as _sys
+
+    _sys.path.insert(0, os.path.dirname(__file__))
+    from graphed_pair import compare_decodes
+
+    from minfer.switches import Switches
+
+    tiled = (32, 2, 1, 4, 1, 0, False, False, False, True)
+    seen = []
+
+    def config_for(qtype, n, k, table=""):
+        if n == 384 and k == 256:               # the tiny model's q/k/v (256 + 64 + 64 rows, hidden 256)
+            seen.append((qtype, n, k))
+            return tiled
+        return (32, 2, 2, 4)
+
+    errs, engines = [], []
+    snap = compare_decodes(tmp_path, monkeypatch, Switches(), Switches(gemv_tiles=False), seed=21, prompt_seed=4,
+                           n_prompt=10, same_prefill=True, config=config_for, errs=errs, engines=engines)
+    assert seen
+    lay = []
+    for e in engines:
+        ws = e.model.qweights()
+        groups = [w.repacked_group[1].tile_rows for w in ws if getattr(w, "repacked_group", None) is not None
+                  and w.repacked_group[1].n == 384]
+        pairs = [[r.tile_rows for r in w.repacked_segments[1]] for w in ws
+                 if getattr(w, "repacked_segments", None) is not None]
+        lay.append((groups, pairs))
+    (ga, pa), (gb, pb) = lay
+    assert ga and pa, lay                       # the tiny q4_k_m model has both kinds of layer
+    assert set(ga) == {32} and all(p == [32, 32] for p in pa), lay
+    assert set(gb) == {0} and all(p == [0, 0] for p in pb), lay
+    assert errs and max(errs) == 0.0, errs
+    assert snap["counts"].get("gemv_q8.rope", 0) > 0, snap
+    assert not [k for k in snap["fallbacks"] if "tile-major" in k or "layout" in k], snap["fallbacks"]

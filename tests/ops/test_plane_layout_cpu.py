@@ -82,3 +82,31 @@ def test_a_fused_group_is_laid_out_as_one(monkeypatch):
     assert L.fuse_group((a, b))
     assert PL.apply([a, b], Switches(), "cuda") == 0
     assert a.repacked_group[1].tile_rows == 0 and a.repacked.tile_rows == 0
+
+
+def test_a_mixed_pair_takes_one_layout(monkeypatch):
+    """A mixed q/k + v pair (q and k of one type fused, v of another, one launch: fuse_group's
+    repacked_segments) is laid out by the launch's shape (its first type, all its rows), both plane
+    sets alike -- v's own shape's config does not pull it back -- and the q/k views are re-made;
+    the switch off gives both row-major planes back."""
+    monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
+    monkeypatch.setattr(GL, "CONFIGS", {"Q4_K 128x512": (16, 2, 1, 4, 1, 0, False, False, False, True),
+                                        "Q6_K 32x512": (32, 2, 1, 4)})
+    q, k, v = _w(L.Q4_K, 64, 512, 9), _w(L.Q4_K, 32, 512, 10), _w(L.Q6_K, 32, 512, 11)
+    orig = {id(m): [p.clone() for p in m.repacked.planes] for m in (q, k, v)}
+    assert L.fuse_group((q, k, v))
+    ws = [q, k, v]
+    assert q.repacked_segments[0] == (q, k, v)
+    assert PL.apply(ws, Switches(), "cuda") == 1
+    lead, last = q.repacked_segments[1]
+    assert lead.tile_rows == 16 and last.tile_rows == 16 and lead.n == 96 and last is v.repacked
+    assert L.common_tile_rows((lead, last)) == 16
+    for m in (q, k, v):
+        assert m.repacked.tile_rows == 16
+        assert all(torch.equal(a, b) for a, b in zip(L.to_rows(m.repacked).planes, orig[id(m)]))
+    assert PL.apply(ws, Switches(), "cuda") == 0        # v's own config (no tiles) does not undo it
+    off = Switches().with_env({"MINFER_GEMV_TILES": "0"})
+    assert PL.apply(ws, off, "cuda") == 1
+    for m in (q, k, v):
+        assert m.repacked.tile_rows == 0 and all(torch.equal(a, b) for a, b in zip(m.repacked.planes, orig[id(m)]))
+    assert [r.tile_rows for r in q.repacked_segments[1]] == [0, 0]

@@ -38,23 +38,27 @@ def _owns_planes(rw) -> bool:
                for p in rw.planes)
 
 
-def wanted(rw, switches, device) -> int:
-    """The tile rows these planes should have under `switches` on `device`."""
+def wanted(rw, switches, device, n: int = 0) -> int:
+    """The tile rows these planes should have under `switches` on `device` (n: the rows of the
+    launch they are read in, when more than theirs: a mixed pair's, keyed by its first type)."""
     if not switches.gemv_tiles or GL.device_unsupported(device) is not None:
         return 0
-    return tile_rows_for(rw.qtype, rw.n, rw.k, switches.gemv_q8g_table)
+    return tile_rows_for(rw.qtype, n or rw.n, rw.k, switches.gemv_q8g_table)
 
 
 def apply(weights, switches, device) -> int:
-    """Give each repacked weight that owns its planes, and each fused group's planes (a group's
-    first weight holds `repacked_group`: gemv_repack_layout.fuse_group), the layout `switches` ask
-    for; returns how many weights and groups changed layout (the caller drops anything that
-    captured the old planes' addresses, e.g. CUDA graphs)."""
+    """Give each repacked weight that owns its planes, each fused group's planes (a group's first
+    weight holds `repacked_group`: gemv_repack_layout.fuse_group) and each mixed pair's two plane
+    sets (`repacked_segments`, one layout for both) the layout `switches` ask for; returns how many
+    weights, groups and pairs changed layout (the caller drops anything that captured the old
+    planes' addresses, e.g. CUDA graphs)."""
     changed = 0
     weights = list(weights)
+    # the members of a mixed pair (q/k in one type + a v of another, one launch) take the pair's layout
+    paired = {id(m) for w in weights for m in getattr(w, "repacked_segments", ((),))[0]}
     for w in weights:
         rw = planes_of(w)
-        if rw is None or not _owns_planes(rw):
+        if rw is None or not _owns_planes(rw) or id(w) in paired:
             continue
         t = wanted(rw, switches, device)
         if rw.tile_rows == t:
@@ -66,6 +70,9 @@ def apply(weights, switches, device) -> int:
     for w in weights:
         grp = getattr(w, "repacked_group", None)
         if grp is not None and grp[0][0] is w and _group(grp, switches, device):
+            changed += 1
+        seg = getattr(w, "repacked_segments", None)
+        if seg is not None and seg[0][0] is w and _pair(seg, switches, device):
             changed += 1
     return changed
 
@@ -87,4 +94,30 @@ def _group(grp, switches, device) -> bool:
         n = planes_of(m).n
         m.repacked = new.rows(r0, r0 + n)
         r0 += n
+    return True
+
+
+def _pair(seg, switches, device) -> bool:
+    """A mixed pair (gemv_repack_layout.fuse_group's repacked_segments: the leading weights of one
+    type fused, the last weight of another, multiplied in one launch that needs one layout for both
+    plane sets, gemv_repack_layout.common_tile_rows) in the layout of the launch's shape (its first
+    type, all its rows: the key the Gluon table gives the pair), the leading members' row views
+    re-made; a tile height that would cut a member's rows leaves the pair as it is. Whether it changed."""
+    ws, (lead, last) = seg
+    t = wanted(lead, switches, device, lead.n + last.n)
+    if lead.tile_rows == t and last.tile_rows == t:
+        return False
+    if t and any(planes_of(m).n % t for m in ws):
+        return False
+    new_lead, new_last = ((to_tiles(to_rows(rw), t) if t else to_rows(rw)) for rw in (lead, last))
+    ws[0].repacked_segments = (ws, (new_lead, new_last))
+    if len(ws) > 2:
+        r0 = 0
+        for m in ws[:-1]:
+            n = planes_of(m).n
+            m.repacked = new_lead.rows(r0, r0 + n)
+            r0 += n
+    else:
+        ws[0].repacked = new_lead
+    ws[-1].repacked = new_last
     return True
