@@ -129,6 +129,9 @@ class Chat:
             finish = finish_reason(finish, self.eng.stats, self.eng.n_ctx, self.max_tokens)
         except KeyboardInterrupt:
             finish = "interrupted"
+            # (a Ctrl-C landing inside the engine's call-lock bookkeeping leaves the lock held; the
+            # chat is this engine's only thread, so the next turn must not be refused as concurrent)
+            self.eng._release_after_interrupt()
         print(file=out, flush=True)
         self.messages.append({"role": "assistant", "content": "".join(parts)})
         if finish == "interrupted":

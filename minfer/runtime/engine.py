@@ -283,6 +283,15 @@ class Engine:
         finally:
             self._lock.release()
 
+    def _release_after_interrupt(self) -> None:
+        """After a KeyboardInterrupt stopped a call in this thread (the chat's Ctrl-C): a signal that
+        lands between the call lock's acquire and its try, or at the start of its finally, unwinds
+        without releasing it, and every later call would be refused as concurrent. Only for a caller
+        that knows no other thread runs this engine. The engine's state is whole after such a stop:
+        a call cuts `tokens` to its start before computing and appends its tokens only after."""
+        if self._lock.locked():
+            self._lock.release()
+
     def _acquire(self) -> None:
         """_busy's lock, taken without waiting (forward() takes it directly: a generator
         context costs ~1.5 us a decode token)."""
