@@ -99,10 +99,11 @@ def test_x_one_step_ahead_is_the_same_bits(qt, n, k, cfg):
         assert torch.equal(a, b)
 
 
-def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
-    """A fused gate+up group whose stacked shape's config asks for tiles (plane_layout._group)
-    decodes exactly as the row-major engine (MINFER_GEMV_TILES=0) at every graphed step: its one
-    GEMV reads the tile-major group planes (and each member's view the same rows' bits)."""
+def _tiled_pair(tmp_path, monkeypatch, n: int, k: int, tiled: tuple):
+    """compare_decodes (graphed_pair.py) on the tiny model: engine a with the default switches, b with
+    MINFER_GEMV_TILES=0; the launch of shape n x k takes config `tiled` (which asks for tiles), every
+    other shape (32, 2, 2, 4). (snapshot of the paths, each step's logits error, the engines, whether
+    the shape was asked for)."""
     import sys as _sys
 
     _sys.path.insert(0, os.path.dirname(__file__))
@@ -110,18 +111,27 @@ def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
 
     from minfer.switches import Switches
 
-    tiled = (32, 1, 1, 4, 1, 0, False, False, False, True, True)
     seen = []
 
-    def config_for(qtype, n, k, table=""):
-        if n == 2048 and k == 256:              # the tiny model's gate+up (2 x ffn 1024, hidden 256)
-            seen.append((qtype, n, k))
+    def config_for(qtype, n_, k_, table=""):
+        if (n_, k_) == (n, k):
+            seen.append((qtype, n_, k_))
             return tiled
         return (32, 2, 2, 4)
 
     errs, engines = [], []
     snap = compare_decodes(tmp_path, monkeypatch, Switches(), Switches(gemv_tiles=False), seed=21, prompt_seed=4,
                            n_prompt=10, same_prefill=True, config=config_for, errs=errs, engines=engines)
+    return snap, errs, engines, bool(seen)
+
+
+def test_gate_up_group_tile_major_gives_the_same_decode(tmp_path, monkeypatch):
+    """A fused gate+up group whose stacked shape's config asks for tiles (plane_layout._group)
+    decodes exactly as the row-major engine (MINFER_GEMV_TILES=0) at every graphed step: its one
+    GEMV reads the tile-major group planes (and each member's view the same rows' bits)."""
+    # the tiny model's gate+up: 2 x ffn 1024 rows, hidden 256
+    snap, errs, engines, seen = _tiled_pair(tmp_path, monkeypatch, 2048, 256,
+                                            (32, 1, 1, 4, 1, 0, False, False, False, True, True))
     assert seen, "the gate+up group's shape was never asked for"
     groups = [[getattr(w, "repacked_group", None) for w in e.model.qweights()] for e in engines]
     la, lb = ([g[1].tile_rows for g in gs if g is not None and g[1].n == 2048] for gs in groups)
@@ -136,25 +146,8 @@ def test_qkv_group_and_mixed_pair_tile_major_give_the_same_decode(tmp_path, monk
     the all-Q4_K layers, plane_layout._pair for the layers whose v is Q6_K: both plane sets in one
     layout): a graphed decode equal at every step to the row-major engine's, the rope epilogue
     (one K split) reading them."""
-    import sys as _sys
-
-    _sys.path.insert(0, os.path.dirname(__file__))
-    from graphed_pair import compare_decodes
-
-    from minfer.switches import Switches
-
-    tiled = (32, 2, 1, 4, 1, 0, False, False, False, True)
-    seen = []
-
-    def config_for(qtype, n, k, table=""):
-        if n == 384 and k == 256:               # the tiny model's q/k/v (256 + 64 + 64 rows, hidden 256)
-            seen.append((qtype, n, k))
-            return tiled
-        return (32, 2, 2, 4)
-
-    errs, engines = [], []
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(), Switches(gemv_tiles=False), seed=21, prompt_seed=4,
-                           n_prompt=10, same_prefill=True, config=config_for, errs=errs, engines=engines)
+    # the tiny model's q/k/v: 256 + 64 + 64 rows, hidden 256
+    snap, errs, engines, seen = _tiled_pair(tmp_path, monkeypatch, 384, 256, (32, 2, 1, 4, 1, 0, False, False, False, True))
     assert seen
     lay = []
     for e in engines:
