@@ -284,11 +284,9 @@ class Engine:
             self._lock.release()
 
     def _release_after_interrupt(self) -> None:
-        """After a KeyboardInterrupt stopped a call in this thread (the chat's Ctrl-C): a signal that
-        lands between the call lock's acquire and its try, or at the start of its finally, unwinds
-        without releasing it, and every later call would be refused as concurrent. Only for a caller
-        that knows no other thread runs this engine. The engine's state is whole after such a stop:
-        a call cuts `tokens` to its start before computing and appends its tokens only after."""
+        """After a KeyboardInterrupt in this thread's call (the chat's Ctrl-C), which can land between the
+        lock's acquire and its try; only for a caller whose thread alone runs this engine. The state
+        is whole: a call cuts `tokens` before computing and appends only after."""
         if self._lock.locked():
             self._lock.release()
 

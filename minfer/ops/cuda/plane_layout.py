@@ -63,9 +63,8 @@ def apply(weights, switches, device) -> int:
         t = wanted(rw, switches, device)
         if rw.tile_rows == t:
             continue
-        rows = to_rows(rw)
-        w.repacked = to_tiles(rows, t) if t else rows
-        del rw, rows
+        w.repacked = _relaid(rw, t)
+        del rw
         changed += 1
     for w in weights:
         grp = getattr(w, "repacked_group", None)
@@ -77,6 +76,21 @@ def apply(weights, switches, device) -> int:
     return changed
 
 
+def _relaid(rw, t: int):
+    """rw's planes in tile rows t (0: row-major)."""
+    rows = to_rows(rw)
+    return to_tiles(rows, t) if t else rows
+
+
+def _views(members, planes) -> None:
+    """Each member's `repacked`: its rows of the stacked planes, in order."""
+    r0 = 0
+    for m in members:
+        n = planes_of(m).n
+        m.repacked = planes.rows(r0, r0 + n)
+        r0 += n
+
+
 def _group(grp, switches, device) -> bool:
     """A fused group's planes (the 7B's gate+up: one GEMV over both weights' rows) in the layout
     its shape's config asks for, and each member's row view re-made on the new planes; a tile
@@ -85,15 +99,9 @@ def _group(grp, switches, device) -> bool:
     t = wanted(cat, switches, device)
     if cat.tile_rows == t or (t and any(planes_of(m).n % t for m in ws)):
         return False
-    rows = to_rows(cat)
-    new = to_tiles(rows, t) if t else rows
-    del rows
+    new = _relaid(cat, t)
     ws[0].repacked_group = (ws, new)
-    r0 = 0
-    for m in ws:
-        n = planes_of(m).n
-        m.repacked = new.rows(r0, r0 + n)
-        r0 += n
+    _views(ws, new)
     return True
 
 
@@ -105,19 +113,10 @@ def _pair(seg, switches, device) -> bool:
     re-made; a tile height that would cut a member's rows leaves the pair as it is. Whether it changed."""
     ws, (lead, last) = seg
     t = wanted(lead, switches, device, lead.n + last.n)
-    if lead.tile_rows == t and last.tile_rows == t:
+    if (lead.tile_rows == t and last.tile_rows == t) or (t and any(planes_of(m).n % t for m in ws)):
         return False
-    if t and any(planes_of(m).n % t for m in ws):
-        return False
-    new_lead, new_last = ((to_tiles(to_rows(rw), t) if t else to_rows(rw)) for rw in (lead, last))
+    new_lead, new_last = _relaid(lead, t), _relaid(last, t)
     ws[0].repacked_segments = (ws, (new_lead, new_last))
-    if len(ws) > 2:
-        r0 = 0
-        for m in ws[:-1]:
-            n = planes_of(m).n
-            m.repacked = new_lead.rows(r0, r0 + n)
-            r0 += n
-    else:
-        ws[0].repacked = new_lead
+    _views(ws[:-1], new_lead)          # (one leading weight: its whole planes, rows(0, n))
     ws[-1].repacked = new_last
     return True
