@@ -66,6 +66,10 @@ def main(argv=None) -> int:
                     help=f"another Gluon config to time for a shape ({', '.join(SHORT)}), comma-separated ints "
                          "in the table's field order (booleans 0 / 1); repeatable")
     ap.add_argument("--only-tried", action="store_true", help="only the shapes named by --try")
+    ap.add_argument("--warm", action="store_true",
+                    help="also time each launch on one copy of its weights (resident in the 50 MB L2 when its "
+                         "planes fit): whether the kernel is bound by HBM (warm much faster) or by its own "
+                         "instructions and latency (warm about as fast)")
     a = ap.parse_args(argv)
     tries = {}
     for t in a.tries:
@@ -186,6 +190,10 @@ def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies
     # the kernels' own durations (CUPTI's start-to-end on the GPU, eager launches, weights cold in L2)
     ku, kn, knames = kernel_time([lambda i=i: Q.gemv_q8(q8, rws[i % copies], ws=ws, config=config, **kw)
                                   for i in range(calls)])
+    if a.warm:
+        # one copy: after the first call its planes are in L2 if they fit (a measuring aid, not the step)
+        r_w = graph_time([lambda: Q.gemv_q8(q8, rws[0], ws=ws, config=config, **kw) for _ in range(calls)])
+        k_w, _, _ = kernel_time([lambda: Q.gemv_q8(q8, rws[0], ws=ws, config=config, **kw) for _ in range(calls)])
     # registers: the variants this config loaded (PDL-chained and not)
     new = [c for key, c in _compiled(GL._gemv_q8g_kernel).items() if key not in before]
     regs = max((_regs(c) for c in new), default=0)
@@ -196,9 +204,13 @@ def _time_one(a, label, short, specs, k, n, qts, cfg, shipped, row_major, copies
          "plane_mb": plane_bytes / 1e6, "rel_err": err, "us_no_pdl": t[0] * 1e6, "us_pdl": t[1] * 1e6,
          "gbps_no_pdl": file_bytes / t[0] / 1e9, "gbps_pdl": file_bytes / t[1] / 1e9,
          "us_kernel": ku * 1e6, "gbps_kernel": file_bytes / ku / 1e9, "kernels_a_call": kn, "kernel_names": knames}
+    if a.warm:
+        r.update(us_warm_pdl=r_w * 1e6, us_warm_kernel=k_w * 1e6)
     print(f"  {what:70s} tiles {tr:2d} regs {regs:3d} ({per_sm} an SM)  {r['us_no_pdl']:7.2f} / "
           f"{r['us_pdl']:7.2f} / {r['us_kernel']:7.2f} us  {r['gbps_no_pdl']:5.0f} / {r['gbps_pdl']:5.0f} / "
-          f"{r['gbps_kernel']:5.0f} GB/s (no PDL / PDL-chained / kernel)  err {err:.1e}", flush=True)
+          f"{r['gbps_kernel']:5.0f} GB/s (no PDL / PDL-chained / kernel)  err {err:.1e}"
+          + (f"  warm (one copy, {plane_bytes / 1e6:.1f} MB of planes): {r['us_warm_pdl']:.2f} chained / "
+             f"{r['us_warm_kernel']:.2f} alone" if a.warm else ""), flush=True)
     return r
 
 
