@@ -57,9 +57,9 @@ def prefetch_heads(rw, h: int) -> int:
     return asked
 
 
-def _durations(prof, name: str) -> list[float]:
-    """The GPU durations (us) of the recorded kernels whose name holds `name` (the chrome trace's
-    kernel events: CUPTI's start / end stamps)."""
+def _durations(prof, *names: str) -> list[list[float]]:
+    """Per name, the GPU durations (us) of the recorded kernels whose name holds it (the chrome
+    trace's kernel events: CUPTI's start / end stamps; a profile exports once)."""
     import os
     import tempfile
 
@@ -71,7 +71,8 @@ def _durations(prof, name: str) -> list[float]:
             trace = json.load(fh)
     finally:
         os.unlink(path)
-    return [float(e["dur"]) for e in trace.get("traceEvents", []) if e.get("cat") == "kernel" and name in e["name"]]
+    ks = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    return [[float(e["dur"]) for e in ks if name in e["name"]] for name in names]
 
 
 def main(argv=None) -> int:
@@ -126,7 +127,7 @@ def main(argv=None) -> int:
                 for i in range(a.calls):
                     call(i)
                 torch.cuda.synchronize()
-            ds, pf = _durations(prof, "gemv_q8g"), _durations(prof, "_heads")
+            ds, pf = _durations(prof, "gemv_q8g", "_heads")
             asked = prefetch_heads(rws[0], h) if h else 0
             torch.cuda.synchronize()
             us = statistics.median(ds) if ds else float("nan")
