@@ -371,6 +371,13 @@ class Switches:
                             "one-row decode: a large q8 GEMV (down, the lm head) fetches the next GEMV's planes "
                             "into L2 when that one is small (the next layer's q/k/v; ops/cuda/l2_prefetch.py)",
                             kind="tuning")
+    l2_heads: int = _sw(0, "MINFER_L2_HEADS",
+                        "one-row decode, the Gluon q8 GEMV: a launch whose next q8 GEMV in the step is tile-major "
+                        "and at least 4x its bytes (the 7B: o, then gate+up) fetches the first this-many K blocks "
+                        "of every row tile of that GEMV's planes into L2 before its PDL wait, in the HBM-idle "
+                        "window of the attention (ops/cuda/l2_prefetch.L2Plan.heads; tools/l2_head_probe.py: "
+                        "gate+up alone 19.4 -> 18.0 us with 4 of 14 blocks in L2, perf-log AN3; 0: none)",
+                        kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

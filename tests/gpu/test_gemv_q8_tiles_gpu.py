@@ -99,11 +99,11 @@ def test_x_one_step_ahead_is_the_same_bits(qt, n, k, cfg):
         assert torch.equal(a, b)
 
 
-def _tiled_pair(tmp_path, monkeypatch, n: int, k: int, tiled: tuple):
-    """compare_decodes (graphed_pair.py) on the tiny model: engine a with the default switches, b with
-    MINFER_GEMV_TILES=0; the launch of shape n x k takes config `tiled` (which asks for tiles), every
-    other shape (32, 2, 2, 4). (snapshot of the paths, each step's logits error, the engines, whether
-    the shape was asked for)."""
+def _tiled_pair(tmp_path, monkeypatch, n: int, k: int, tiled: tuple, sw_a=None, sw_b=None):
+    """compare_decodes (graphed_pair.py) on the tiny model: engine a with the default switches (or sw_a),
+    b with MINFER_GEMV_TILES=0 (or sw_b); the launch of shape n x k takes config `tiled` (which asks for
+    tiles), every other shape (32, 2, 2, 4). (snapshot of the paths, each step's logits error, the
+    engines, whether the shape was asked for)."""
     import sys as _sys
 
     _sys.path.insert(0, os.path.dirname(__file__))
@@ -120,7 +120,8 @@ def _tiled_pair(tmp_path, monkeypatch, n: int, k: int, tiled: tuple):
         return (32, 2, 2, 4)
 
     errs, engines = [], []
-    snap = compare_decodes(tmp_path, monkeypatch, Switches(), Switches(gemv_tiles=False), seed=21, prompt_seed=4,
+    snap = compare_decodes(tmp_path, monkeypatch, sw_a or Switches(), sw_b or Switches(gemv_tiles=False), seed=21,
+                           prompt_seed=4,
                            n_prompt=10, same_prefill=True, config=config_for, errs=errs, engines=engines)
     return snap, errs, engines, bool(seen)
 
@@ -164,3 +165,21 @@ def test_qkv_group_and_mixed_pair_tile_major_give_the_same_decode(tmp_path, monk
     assert errs and max(errs) == 0.0, errs
     assert snap["counts"].get("gemv_q8.rope", 0) > 0, snap
     assert not [k for k in snap["fallbacks"] if "tile-major" in k or "layout" in k], snap["fallbacks"]
+
+
+def test_o_fetching_gate_ups_tile_heads_into_l2_gives_the_same_decode(tmp_path, monkeypatch):
+    """Switches.l2_heads: the o projection's programs bulk-prefetch the head blocks of every tile of the
+    tile-major gate+up group into L2 before their wait (l2_prefetch.L2Plan.heads). The prefetch writes
+    nothing: a graphed decode equal at every step to the same engine without it, the path counted
+    once per layer and step where the plan knows the cycle, no fallback of it."""
+    from minfer.switches import Switches
+
+    snap, errs, engines, seen = _tiled_pair(tmp_path, monkeypatch, 2048, 256,
+                                            (32, 1, 1, 4, 1, 0, False, False, False, True, True),
+                                            sw_a=Switches(l2_heads=4), sw_b=Switches())
+    assert seen
+    assert errs and max(errs) == 0.0, errs
+    n = snap["counts"].get("gemv_q8.l2_heads", 0)
+    layers = engines[0].model.cfg.n_layers
+    assert n > 0 and n % layers == 0, (n, layers, snap["counts"])
+    assert not [k for k in snap["fallbacks"] if "l2_heads" in k], snap["fallbacks"]

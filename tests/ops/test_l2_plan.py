@@ -115,3 +115,45 @@ def test_regions_are_aligned_inside_their_planes_and_capped():
                     assert o1 is not None and o1 == o2        # inside one plane
     flat, npf = region_args([(16, 32), (48, 64)])
     assert npf == 2 and len(flat) == 2 * MAX_REGIONS and flat[:4] == (16, 32, 48, 64) and flat[4:] == (0,) * 12
+
+
+def test_heads_of_a_tile_major_next_launch_cover_its_first_blocks_of_every_tile():
+    """L2Plan.head_ranges (Switches.l2_heads): only the launch before a tile-major weight of >= 4x its
+    bytes (o before gate+up) gets ranges, and each range -- read through the bytes to_tiles actually
+    moved -- holds exactly the first h K blocks of every row of one tile, in every plane."""
+    from minfer.ops.cuda.gemv_repack_layout import to_tiles
+
+    d, f, t, h = 512, 1024, 32, 2
+    nb = d // 256
+    gu = planes(Q4_K, 2 * f, d)
+    # the quants plane's per-block entries hold their row * 1000 + block, so the tiled bytes can be traced back
+    tag = (torch.arange(2 * f).view(-1, 1, 1) * 1000 + torch.arange(nb).view(1, -1, 1)).expand(-1, -1, 32)
+    tg = to_tiles(Repacked(Q4_K, 2 * f, d, (tag.reshape(2 * f, nb * 32).to(torch.int32).contiguous(),) + gu.planes[1:]), t)
+    launches = [(planes(Q4_K, d + 512, d),), (planes(Q4_K, d, d),), (tg,), (planes(Q6_K, d, f),)]
+    plan, _ = learned(launches)
+    assert plan.head_ranges(0, h) is None                        # q/k/v: o is smaller
+    assert plan.head_ranges(2, h) is None and plan.head_ranges(3, h) is None
+    r = plan.head_ranges(1, h)
+    assert r is not None and r[0] == 2 * f // t and len(r) == 4
+    p0 = tg.planes[0]
+    addr, run, head = r[1]
+    assert addr == p0.data_ptr() and run == t * nb * 128 and head == t * h * 128
+    flat = p0.reshape(-1)                                          # int32 entries, row * 1000 + block
+    for tile in (0, 5, r[0] - 1):
+        lo = (tile * run) // 4
+        got = flat[lo:lo + head // 4].view(-1, 32)                  # one row's block: 32 int32 words
+        assert (got == got[:, :1]).all()
+        keys = sorted(set(got[:, 0].tolist()))
+        want = sorted(row * 1000 + b for row in range(tile * t, tile * t + t) for b in range(h))
+        assert keys == want, (tile, keys[:4], want[:4])
+        after = flat[lo + head // 4:lo + run // 4].view(-1, 32)[:, 0]
+        assert all(v % 1000 >= h for v in after.tolist())
+    # the scale planes' ranges: the same tiles' first h blocks, at 16 and 4 bytes a row and block
+    assert [x[1:] for x in r[2:]] == [(t * nb * 16, t * h * 16), (t * nb * 4, t * h * 4)]
+    tab = plan.heads(1, h, "cpu")
+    assert tab.dtype == torch.int64 and tab.tolist() == [r[0]] + [v for pl in r[1:] for v in pl]
+    assert plan.heads(0, h, "cpu") is None and plan.heads(None, h, "cpu") is None
+    # row-major next weight: nothing
+    launches[2] = (planes(Q4_K, 2 * f, d),)
+    plan, _ = learned(launches)
+    assert plan.head_ranges(1, h) is None

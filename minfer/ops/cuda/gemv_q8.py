@@ -245,7 +245,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
             pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None,
-            rstd_late: bool = False) -> torch.Tensor:
+            rstd_late: bool = False, l2_heads: int = 0) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -268,7 +268,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     row sums by rstd from prenorm.ssp (counted `gemv_q8.norm_scale`), summed after the K loop with
     rstd_late (Switches.norm_rstd_late). rope (a q/k/v group: a
     gemv_q8_gluon_rope.Rope): q rotated in out, rope(k) and v into the caches (module gemv_q8_gluon_rope;
-    counted `gemv_q8.rope`, or its fallback: this GEMV, then the rope_kv kernel)."""
+    counted `gemv_q8.rope`, or its fallback: this GEMV, then the rope_kv kernel). l2_heads
+    (Switches.l2_heads): the Gluon launch fetches that many head blocks of every row tile of the next
+    GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     rscale = None
     if prenorm is not None:
@@ -340,6 +342,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if split < 0:               # stream-K over -split programs (gemv_q8_gluon_sk.py)
         from minfer.ops.cuda import gemv_q8_gluon_sk as SK
 
+        if _l2_heads(segs, ws, l2_heads, l2, xq.device) is not None:
+            paths.fallback("gemv_q8.l2_heads", "stream-K takes the launch before a tile-major GEMV: nothing fetched")
+
         paths.count("gemv_q8.gluon.stream_k")
         part, cnt = SK.sk_scratch(n, bn, -split, ws, xq.device)
         SK.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
@@ -350,6 +355,13 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
+    hp = _l2_heads(segs, ws, l2_heads, l2, xq.device)
+    if hp is not None and not (use_g and (rope is None or rope_why)):
+        paths.fallback("gemv_q8.l2_heads", "the launch before a tile-major GEMV is not the plain Gluon kernel's "
+                       "(the q/k/v rope epilogue, stream-K or the Triton kernel): nothing fetched into L2")
+        hp = None
+    if hp is not None:
+        paths.count("gemv_q8.l2_heads")
     if use_g and rope is not None and not rope_why:
         GR.launch(segs, xq, xf, bias, out, n, na, ta, tiles, nb, bps, bn, bb, nwarps, pdl, rope, prefetch,
                   late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
@@ -360,7 +372,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
 
         GL.launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
                   prefetch, late=pdl_late, preload=preload, regs=regs, kwarps=wk, second_first=second_first(cfg),
-                  x_ahead=x_ahead(cfg), per_sm=GL.per_sm(cfg),
+                  x_ahead=x_ahead(cfg), per_sm=GL.per_sm(cfg), l2_heads=hp,
                   norm=None if prenorm is None or prenorm.ssp is not None else
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
@@ -414,7 +426,7 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
                      preload: bool = True, config=None, tail=None, rq=None, refused=None,
-                     rq_smem: bool = False, late: int = 0) -> tuple | None:
+                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -429,16 +441,21 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32); rq_smem:
     that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs). late:
     with PDL, 1 signals the next kernel when the programs end (as the config's late field does), 2
-    after their dot products, before the epilogue (Switches.o_signal).
+    after their dot products, before the epilogue (Switches.o_signal). l2_heads: as gemv_q8's (the 7B's o
+    before gate+up).
     refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
     xq, xf = q8
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
         return None
+    hp = _l2_heads((rw,), ws, l2_heads, None, xq.device)
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
     if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
         if refused is not None and (why or use_g):
             refused.append(why or f"its config {tuple(cfg)} is stream-K, which has no residual epilogue")
+        if hp is not None:
+            paths.fallback("gemv_q8.l2_heads", "the GEMV before a tile-major one is not the Gluon kernel's residual "
+                           "launch: nothing fetched into L2")
         return None
     from minfer.ops.cuda import gemv_q8_gluon as GL
 
@@ -447,6 +464,8 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     late = late or cfg_late
     paths.count("gemv_q8.gluon")
     paths.count("gemv_q8.residual_sumsq")
+    if hp is not None:
+        paths.count("gemv_q8.l2_heads")
     nb = k // 256
     tiles = triton.cdiv(n, bn)
     s = torch.empty((1, n), dtype=torch.float32, device=xq.device)
@@ -470,7 +489,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
               x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
-              rq_smem=rq_smem)
+              rq_smem=rq_smem, l2_heads=hp)
     if tail is not None:
         return s, ssp, h
     return (s, ssp, q8u) if rq is not None else (s, ssp)
@@ -491,10 +510,21 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
     return regs
 
 
+def _l2_heads(segs, ws, h: int, l2, device):
+    """The heads table this launch's programs fetch into L2 (l2_prefetch.L2Plan.heads: the next
+    GEMV's first h K blocks of every row tile, where that GEMV is tile-major and 4x this one's bytes;
+    the caller counts `gemv_q8.l2_heads` where its launch takes it), None when off (h 0, or the Triton kernel's l2 ranges, which learn
+    the same plan), while the plan learns the step's order, or for any other launch. Every q8 GEMV
+    launch notes itself, so the plan learns the whole cycle."""
+    if h <= 0 or ws is None or l2:
+        return None
+    return ws.l2.heads(ws.l2.note(segs), h, device)
+
+
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
                    l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = "",
-                   paired: bool = False):
+                   paired: bool = False, l2_heads: int = 0):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
@@ -520,6 +550,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         return None
 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
+    if _l2_heads((rw,), ws, l2_heads, l2, xq.device) is not None:      # (noted, for the plan's cycle)
+        paths.fallback("gemv_q8.l2_heads", "the SwiGLU GEMV takes no L2 heads table: nothing fetched")
     bn, bb, _, nwarps = cfg[:4]
     if kwarps(cfg):
         raise MinferError(f"gemv_q8_swiglu: config {tuple(cfg)} asks for warps along K (its eighth field), which "

@@ -49,7 +49,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
+from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _l2_heads, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd, _norm_tail,
                                            _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd, _ss_sum_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
@@ -68,7 +68,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
           RQ: gl.constexpr = 0, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
-          nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False):
+          nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False, hpf=0, HPF: gl.constexpr = 0):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -161,6 +161,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if RQ == 2 and not IS_SPLIT:
         gv = _rq_weight(ng, pid_n, BN, NW)                            # no kernel writes it
+    if HPF:
+        _l2_heads(hpf, HPF, NW)     # the next GEMV's head blocks into L2, behind this step's own loads
     if PDL >= 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below; 4: its dots)
     elif PDL:
@@ -327,7 +329,7 @@ def _mixed_tile(pid_n, TA, SF: gl.constexpr):
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf, hpf,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
@@ -335,14 +337,16 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      RSS: gl.constexpr = False, TL: gl.constexpr = False, TAIL: gl.constexpr = False,
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
                      XP: gl.constexpr = False, RQ: gl.constexpr = 0, PAD0: gl.constexpr = 0,
-                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, RL: gl.constexpr = False):
+                     PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, RL: gl.constexpr = False,
+                     HPF: gl.constexpr = 0):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
     TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
     measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
     slower rows start in the first wave and the first weight's fill any second one. PAD0..PAD2: an
-    occupancy cap's shared memory (_occupancy_pad)."""
+    occupancy cap's shared memory (_occupancy_pad). HPF: planes of the next GEMV whose tiles' head
+    blocks the programs fetch into L2 before the wait (hpf: l2_prefetch.L2Plan.heads; Switches.l2_heads)."""
     if TL:
         stamp(tlb, 0, NW)
     if PAD0:
@@ -355,18 +359,18 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
                   IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM,
-                  XP=XP, RL=RL)
+                  XP=XP, RL=RL, hpf=hpf, HPF=HPF)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK, TM=TM, XP=XP, RL=RL)
+                  WK=WK, TM=TM, XP=XP, RL=RL, hpf=hpf, HPF=HPF)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ, RL=RL)
+              RQ=RQ, RL=RL, hpf=hpf, HPF=HPF)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -474,7 +478,8 @@ def _pdl_mode(pdl, late) -> int:
 def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split, bn, bb, nwarps, pdl, grid,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
-           rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False):
+           rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False,
+           l2_heads=None):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -492,7 +497,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     rscale: (ssp float32 (nss,), nss, eps) -- xq / xf are the q8 form of s * weight without rstd, and
     the row sums are scaled by rstd from those tile sums (NORM 4); rss_q8 (with rss, one weight, BN
     a multiple of 32 dividing N): (weight (N,), hq (N/4,) int32, hf (N/8,) float32) receive that q8
-    form of out * weight (RQ). per_sm: at most this many programs an SM (the config's twelfth field,
+    form of out * weight (RQ). l2_heads: an int64 table (l2_prefetch.L2Plan.heads) of the next GEMV's
+    tile heads the programs fetch into L2 before their wait. per_sm: at most this many programs an SM (the config's twelfth field,
     shared memory reserved for it: _occupancy_pad). rstd_late (with rscale): the tile sums summed after
     the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem)."""
     p = kernel_planes(segs[0])
@@ -531,6 +537,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
                            n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb, th, tq, tf,
+                           l2_heads if l2_heads is not None else cnt,
+                           HPF=(l2_heads.numel() - 1) // 3 if l2_heads is not None else 0,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,

@@ -100,3 +100,29 @@ def _xloads(xq, xf, blk, b_hi, xc, xw, ci):
     xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
     xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
     return xlo, xhi, xd, xs0, xs1
+
+
+@gluon.jit
+def _l2_heads(hpf, HPF: gl.constexpr, NW: gl.constexpr):
+    """The first blocks of every row tile of the next GEMV's planes into L2 (l2_prefetch.L2Plan.heads;
+    Switches.l2_heads): hpf = [tiles, then address, tile bytes, head bytes for each of HPF planes];
+    thread i of program p issues `cp.async.bulk.prefetch.L2.global` (sm_90's bulk prefetch: an
+    address and size in 16-byte units, no completion to wait for) for tiles p + nprog * (i + j *
+    threads). Nothing is written: the weights are never written, so this may run before the wait."""
+    L: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+    i = gl.arange(0, 32 * NW, layout=L)
+    pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
+    nprog = gl.num_programs(0) * gl.num_programs(1)
+    tiles = gl.load(hpf)
+    for pl in gl.static_range(HPF):
+        base = gl.load(hpf + 1 + 3 * pl)
+        run = gl.load(hpf + 2 + 3 * pl)
+        head = gl.load(hpf + 3 + 3 * pl)
+        for j in range(0, tiles, nprog * 32 * NW):
+            t = (j + pid + i * nprog).to(gl.int64)
+            go = (t < tiles).to(gl.int32)
+            a = base + t * run
+            n = (head + t * 0).to(gl.int32)
+            gl.inline_asm_elementwise(
+                "{ .reg .pred p; setp.ne.s32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; mov.u32 $0, 0; }",
+                "=r,r,l,r", [go, a, n], dtype=gl.int32, is_pure=False, pack=1)

@@ -109,6 +109,7 @@ class L2Plan:
         self.cycle: list | None = None
         self.index: dict = {}        # key -> position in the cycle
         self._regions: dict = {}     # (budget, small, big_next) -> [regions per cycle position]
+        self._heads: dict = {}       # (pos, h, device) -> the heads table (a device tensor) or None
 
     def note(self, segs) -> int | None:
         """The launch's position in the cycle (None while the cycle is being learned, or for a
@@ -132,6 +133,44 @@ class L2Plan:
         if plan is None:
             plan = self._regions[k] = self._plan(budget, small, big_next)
         return plan[pos]
+
+    def head_ranges(self, pos: int, h: int, ratio: int = 4) -> list | None:
+        """The launch at cycle position pos and the one after it: when that next launch is one
+        tile-major weight of at least `ratio` x this launch's bytes (the 7B: o, then gate+up), the
+        first h K blocks of every one of its row tiles, per plane: [tiles, (address, tile bytes,
+        head bytes) per plane] (gemv_repack_layout.to_tiles: tile T's block b is the plane's
+        per-block entries ((T * NB + b) * t ..), so a tile is one run of t * NB entries and its first
+        h blocks the run's first t * h); None otherwise. Planes whose runs are not whole 16 bytes
+        (the bulk prefetch's unit) are left out."""
+        cyc = self.cycle or []
+        if h <= 0 or not cyc or pos is None:
+            return None
+        nxt = cyc[(pos + 1) % len(cyc)]
+        if len(nxt) != 1 or not nxt[0].tile_rows or _nbytes(nxt) < ratio * _nbytes(cyc[pos]):
+            return None
+        rw = nxt[0]
+        t, nb = rw.tile_rows, rw.k // 256
+        h = min(h, nb)
+        out = [rw.n // t]
+        for p in rw.planes:
+            per = p.numel() * p.element_size() // (rw.n * nb)      # bytes of one row's block in this plane
+            run, head = t * nb * per, t * h * per
+            if run % _ALIGN or head % _ALIGN or p.data_ptr() % _ALIGN:
+                continue
+            out.append((p.data_ptr(), run, head))
+        return out if len(out) > 1 else None
+
+    def heads(self, pos: int | None, h: int, device) -> "torch.Tensor | None":
+        """head_ranges as the kernel reads them: an int64 tensor on `device`, [tiles, then address,
+        tile bytes, head bytes per plane] (made once per position, so a CUDA graph finds it in place)."""
+        import torch
+
+        key = (pos, h, str(device))
+        if key not in self._heads:
+            r = self.head_ranges(pos, h) if pos is not None else None
+            self._heads[key] = None if r is None else torch.tensor(
+                [r[0]] + [v for pl in r[1:] for v in pl], dtype=torch.int64, device=device)
+        return self._heads[key]
 
     def _plan(self, budget: int, small: int, big_next: bool) -> list:
         cyc = self.cycle or []

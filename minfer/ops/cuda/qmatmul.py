@@ -49,7 +49,8 @@ def _q8_kw(sw, x, late: bool = False, glu: bool = False) -> dict:
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
     kw = {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
-          "gluon_table": sw.gemv_q8g_table, "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1)))}
+          "gluon_table": sw.gemv_q8g_table, "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1))),
+          "l2_heads": sw.l2_heads}
     if not glu:
         kw["preload"] = sw.pdl_preload
         kw["rstd_late"] = sw.norm_rstd_late
@@ -426,7 +427,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
                                          rq=weight if mode == 4 else None, refused=refused,
-                                         rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0)
+                                         rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0,
+                                         l2_heads=kw["l2_heads"])
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
