@@ -56,7 +56,8 @@ def build(key: str, cfg: tuple, mixed: bool):
     _, split = splits(k // 256, split, bb)
     second = PLANES[14] if mixed else PLANES[qt]
     types = PLANES[qt] + second + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=mixed, BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
                HAS_BIAS=mixed, HAS_RESID=False, PDL=1, PF=GL._pf(pf), PRE=True, NORM=0, KP2=1, NCHP=1, RSS=False,
                WK=gemv_q8.kwarps(cfg), SF=mixed and gemv_q8.second_first(cfg), XP=gemv_q8.x_ahead(cfg),

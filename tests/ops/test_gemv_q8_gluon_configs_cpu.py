@@ -41,7 +41,8 @@ out = {}
 for name, (mixed, pf, wk, bn, bb, split, *sf) in json.loads(sys.argv[1]).items():
     planes = q4 + (q6 if mixed else q4)
     types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=split > 1,
                HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=2 if pf == 2 else bool(pf), PRE=False, NORM=0, KP2=1,
                NCHP=1, RSS=False, WK=bool(wk), SF=bool(sf and sf[0]))

@@ -150,9 +150,9 @@ def test_heads_of_a_tile_major_next_launch_cover_its_first_blocks_of_every_tile(
         assert all(v % 1000 >= h for v in after.tolist())
     # the scale planes' ranges: the same tiles' first h blocks, at 16 and 4 bytes a row and block
     assert [x[1:] for x in r[2:]] == [(t * nb * 16, t * h * 16), (t * nb * 4, t * h * 4)]
-    tab = plan.heads(1, h, "cpu")
-    assert tab.dtype == torch.int64 and tab.tolist() == [r[0]] + [v for pl in r[1:] for v in pl]
-    assert plan.heads(0, h, "cpu") is None and plan.heads(None, h, "cpu") is None
+    planes_, args = plan.heads(1, h)
+    assert planes_ == 3 and args == tuple([r[0]] + [v for pl in r[1:] for v in pl] + [0, 0, 0])
+    assert plan.heads(0, h) is None and plan.heads(None, h) is None
     # row-major next weight: nothing
     launches[2] = (planes(Q4_K, 2 * f, d),)
     plan, _ = learned(launches)

@@ -125,7 +125,8 @@ for key, qt, mixed, bn, bb, pf, nchp, norm, rss in json.loads(sys.argv[1]):
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
         ["i32"] * 6 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
-                       "*fp32", "*i64"]
+                       "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=True,
                HAS_BIAS=bool(mixed), HAS_RESID=False, PDL=1, PF=bool(pf), PRE=True, NORM=norm,
                KP2={0: 1, 1: 4096, 2: 256}[norm], NCHP=nchp if norm else 1, RSS=bool(rss), TAIL=rss == 2)

@@ -38,7 +38,8 @@ for key, qt, mixed, bn, bb, split, nw, wk, norm, rss, rq, rl, *pdl in json.loads
     first = q4 if qt == 12 else q6
     types = first + (q6 if mixed else first) + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + \
         ["i32"] * 6 + ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
-                       "*fp32", "*i64"]
+                       "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=qt, QTB=14 if mixed else qt, MIXED=bool(mixed), BN=bn, BB=bb, NW=nw, IS_SPLIT=split > 1,
                HAS_BIAS=False, HAS_RESID=False, PDL=pdl[0] if pdl else 1, PF=2 if split == 1 and not rss else True,
                PRE=True,
@@ -249,7 +250,8 @@ from minfer.ops.cuda import gemv_q8_gluon as GL
 names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]
 q4 = ["*i32", "*i16", "*i32", "*i32"]
 types = q4 + q4 + ["*i32", "*fp32", "*fp32", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-    ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+    ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
 out = {}
 for cap in json.loads(sys.argv[1]):
     p = GL._pads(cap, "37888x3584")

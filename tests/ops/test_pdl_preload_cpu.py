@@ -39,7 +39,8 @@ for pre in (0, 1):
     names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # the runtime arguments
     planes = ["*i32", "*i16", "*i32", "*i32"]
     types = planes + planes + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=True, HAS_RESID=False,
                PDL=1, PF=True, PRE=bool(pre), NORM=0, KP2=1, NCHP=1, RSS=False)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}

@@ -149,7 +149,8 @@ for mixed, norm in json.loads(sys.argv[1]):
     # the plain kernel, as the engine launches this config
     names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]
     types = q4 + second + ["*i32", "*fp32", "*bf16", "*fp32", "*bf16", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+        ["*fp32", "*fp32", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     c = dict(cex, IS_SPLIT=False, HAS_RESID=False, NCHP=1, RSS=False)
     src = GluonASTSource(GL._gemv_q8g_kernel, dict(zip(names, types)) | {k: "constexpr" for k in c}, c,
                          {(i,): [["tt.divisibility", 16]] for i in range(15)})

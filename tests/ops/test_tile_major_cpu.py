@@ -125,7 +125,8 @@ planes = {12: ["*i32", "*i32", "*i32", "*i32"], 14: ["*i32", "*i16", "*i16", "*f
 out = {}
 for name, (qt, bn, tm) in json.loads(sys.argv[1]).items():
     types = planes[qt] * 2 + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32", "*i64"]
+        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
+        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
     cex = dict(QT=qt, QTB=qt, MIXED=False, BN=bn, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=False, HAS_RESID=True,
                PDL=1, PF=True, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=False, WK=False, SF=False, TM=tm)
     sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}

@@ -518,7 +518,7 @@ def _l2_heads(segs, ws, h: int, l2, device):
     launch notes itself, so the plan learns the whole cycle."""
     if h <= 0 or ws is None or l2:
         return None
-    return ws.l2.heads(ws.l2.note(segs), h, device)
+    return ws.l2.heads(ws.l2.note(segs), h)
 
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,

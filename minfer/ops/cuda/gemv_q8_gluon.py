@@ -329,7 +329,8 @@ def _mixed_tile(pid_n, TA, SF: gl.constexpr):
 
 @gluon.jit
 def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt,
-                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf, hpf,
+                     N, NA, TA, NB, blocks_per_split, SPLIT, nx, ny, ng, s_out, eps, nss, ydt, ssp, tlb, th, tq, tf,
+                     hpt, ha0, hr0, hh0, ha1, hr1, hh1, ha2, hr2, hh2, ha3, hr3, hh3,
                      QT: gl.constexpr, QTB: gl.constexpr, MIXED: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr,
                      NW: gl.constexpr, IS_SPLIT: gl.constexpr, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
                      PDL: gl.constexpr, PF: gl.constexpr = True, PRE: gl.constexpr = False,
@@ -346,11 +347,13 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
     slower rows start in the first wave and the first weight's fill any second one. PAD0..PAD2: an
     occupancy cap's shared memory (_occupancy_pad). HPF: planes of the next GEMV whose tiles' head
-    blocks the programs fetch into L2 before the wait (hpf: l2_prefetch.L2Plan.heads; Switches.l2_heads)."""
+    blocks the programs fetch into L2 before the wait (hpt: its tiles; ha_i, hr_i, hh_i: each plane's
+    address, tile bytes, head bytes; l2_prefetch.L2Plan.heads; Switches.l2_heads)."""
     if TL:
         stamp(tlb, 0, NW)
     if PAD0:
         pads = _occupancy_pad(PAD0, PAD1, PAD2, NW)
+    hp = (hpt, ha0, hr0, hh0, ha1, hr1, hh1, ha2, hr2, hh2, ha3, hr3, hh3)
     pid_n = gl.program_id(0)
     pid_s = gl.program_id(1)
     if MIXED:
@@ -359,18 +362,18 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
             _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, ia, pid_s, NA, N, NB,
                   blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW,
                   IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, WK=WK, TM=TM,
-                  XP=XP, RL=RL, hpf=hpf, HPF=HPF)
+                  XP=XP, RL=RL, hpf=hp, HPF=HPF)
         else:
             _tile(r0, r1, r2, r3, xq, xf, resid + NA, bias + NA, out + NA, part + NA, cnt + TA, ib, pid_s,
                   N - NA, N, NB, blocks_per_split, SPLIT, xq, xf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp + TA,
                   QTB, BN, BB, NW, IS_SPLIT, HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL,
-                  WK=WK, TM=TM, XP=XP, RL=RL, hpf=hpf, HPF=HPF)
+                  WK=WK, TM=TM, XP=XP, RL=RL, hpf=hp, HPF=HPF)
     else:
         # (gq, gf: the norm tail's q8 outputs; the SwiGLU pair's in the glu kernel)
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ, RL=RL, hpf=hpf, HPF=HPF)
+              RQ=RQ, RL=RL, hpf=hp, HPF=HPF)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -497,8 +500,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     rscale: (ssp float32 (nss,), nss, eps) -- xq / xf are the q8 form of s * weight without rstd, and
     the row sums are scaled by rstd from those tile sums (NORM 4); rss_q8 (with rss, one weight, BN
     a multiple of 32 dividing N): (weight (N,), hq (N/4,) int32, hf (N/8,) float32) receive that q8
-    form of out * weight (RQ). l2_heads: an int64 table (l2_prefetch.L2Plan.heads) of the next GEMV's
-    tile heads the programs fetch into L2 before their wait. per_sm: at most this many programs an SM (the config's twelfth field,
+    form of out * weight (RQ). l2_heads: (planes, 13 ints) of the next GEMV's tile heads the programs
+    fetch into L2 before their wait (l2_prefetch.L2Plan.heads). per_sm: at most this many programs an SM (the config's twelfth field,
     shared memory reserved for it: _occupancy_pad). rstd_late (with rscale): the tile sums summed after
     the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem)."""
     p = kernel_planes(segs[0])
@@ -537,8 +540,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     _gemv_q8g_kernel[grid](p[0], p[1], p[2], p[3], r[0], r[1], r[2], r[3], xq, xf,
                            resid if resid is not None else out, bias if bias is not None else out, out, part, cnt,
                            n, na, ta, nb, bps, split, nx, ny, ng, s_out, float(eps), nss, ydt, ssp, tlb, th, tq, tf,
-                           l2_heads if l2_heads is not None else cnt,
-                           HPF=(l2_heads.numel() - 1) // 3 if l2_heads is not None else 0,
+                           *(l2_heads[1] if l2_heads is not None else (0,) * 13),
+                           HPF=l2_heads[0] if l2_heads is not None else 0,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
                            IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,

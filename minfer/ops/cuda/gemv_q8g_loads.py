@@ -103,26 +103,32 @@ def _xloads(xq, xf, blk, b_hi, xc, xw, ci):
 
 
 @gluon.jit
-def _l2_heads(hpf, HPF: gl.constexpr, NW: gl.constexpr):
+def _l2_heads(hp, HPF: gl.constexpr, NW: gl.constexpr):
     """The first blocks of every row tile of the next GEMV's planes into L2 (l2_prefetch.L2Plan.heads;
-    Switches.l2_heads): hpf = [tiles, then address, tile bytes, head bytes for each of HPF planes];
+    Switches.l2_heads): hp = (tiles, then for each plane its address, tile bytes and head bytes), HPF planes;
     thread i of program p issues `cp.async.bulk.prefetch.L2.global` (sm_90's bulk prefetch: an
     address and size in 16-byte units, no completion to wait for) for tiles p + nprog * (i + j *
     threads). Nothing is written: the weights are never written, so this may run before the wait."""
+    _l2_plane(hp[0], hp[1], hp[2], hp[3], NW)
+    if HPF > 1:
+        _l2_plane(hp[0], hp[4], hp[5], hp[6], NW)
+    if HPF > 2:
+        _l2_plane(hp[0], hp[7], hp[8], hp[9], NW)
+    if HPF > 3:
+        _l2_plane(hp[0], hp[10], hp[11], hp[12], NW)
+
+
+@gluon.jit
+def _l2_plane(tiles, base, run, head, NW: gl.constexpr):
     L: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
     i = gl.arange(0, 32 * NW, layout=L)
     pid = gl.program_id(0) + gl.program_id(1) * gl.num_programs(0)
     nprog = gl.num_programs(0) * gl.num_programs(1)
-    tiles = gl.load(hpf)
-    for pl in gl.static_range(HPF):
-        base = gl.load(hpf + 1 + 3 * pl)
-        run = gl.load(hpf + 2 + 3 * pl)
-        head = gl.load(hpf + 3 + 3 * pl)
-        for j in range(0, tiles, nprog * 32 * NW):
-            t = (j + pid + i * nprog).to(gl.int64)
-            go = (t < tiles).to(gl.int32)
-            a = base + t * run
-            n = (head + t * 0).to(gl.int32)
-            gl.inline_asm_elementwise(
-                "{ .reg .pred p; setp.ne.s32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; mov.u32 $0, 0; }",
-                "=r,r,l,r", [go, a, n], dtype=gl.int32, is_pure=False, pack=1)
+    for j in range(0, tiles, nprog * 32 * NW):
+        t = (j + pid + i * nprog).to(gl.int64)
+        go = (t < tiles).to(gl.int32)
+        a = base + t * run
+        n = (head + t * 0).to(gl.int32)
+        gl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.s32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; mov.u32 $0, 0; }",
+            "=r,r,l,r", [go, a, n], dtype=gl.int32, is_pure=False, pack=1)

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 MAX_REGIONS = 8
+MAX_HEAD_PLANES = 4                  # a Q6_K weight's planes (Q4_K: 3)
 _ALIGN = 16
 
 
@@ -109,7 +110,7 @@ class L2Plan:
         self.cycle: list | None = None
         self.index: dict = {}        # key -> position in the cycle
         self._regions: dict = {}     # (budget, small, big_next) -> [regions per cycle position]
-        self._heads: dict = {}       # (pos, h, device) -> the heads table (a device tensor) or None
+        self._heads: dict = {}       # (pos, h) -> the heads arguments or None
 
     def note(self, segs) -> int | None:
         """The launch's position in the cycle (None while the cycle is being learned, or for a
@@ -160,16 +161,16 @@ class L2Plan:
             out.append((p.data_ptr(), run, head))
         return out if len(out) > 1 else None
 
-    def heads(self, pos: int | None, h: int, device) -> "torch.Tensor | None":
-        """head_ranges as the kernel reads them: an int64 tensor on `device`, [tiles, then address,
-        tile bytes, head bytes per plane] (made once per position, so a CUDA graph finds it in place)."""
-        import torch
-
-        key = (pos, h, str(device))
+    def heads(self, pos: int | None, h: int) -> tuple | None:
+        """head_ranges as the Gluon kernel takes them, scalar arguments (a CUDA graph keeps them in its
+        nodes; no table to copy, which a capture would refuse): (planes, (tiles, then address, tile
+        bytes, head bytes for each of MAX_HEAD_PLANES planes, zeros past the real ones)); None when
+        none."""
+        key = (pos, h)
         if key not in self._heads:
             r = self.head_ranges(pos, h) if pos is not None else None
-            self._heads[key] = None if r is None else torch.tensor(
-                [r[0]] + [v for pl in r[1:] for v in pl], dtype=torch.int64, device=device)
+            self._heads[key] = None if r is None else (
+                len(r) - 1, tuple([r[0]] + [v for pl in r[1:] for v in pl] + [0] * 3 * (MAX_HEAD_PLANES + 1 - len(r))))
         return self._heads[key]
 
     def _plan(self, budget: int, small: int, big_next: bool) -> list:
