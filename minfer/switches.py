@@ -376,8 +376,14 @@ class Switches:
                         "and at least 4x its bytes (the 7B: o, then gate+up) fetches the first this-many K blocks "
                         "of every row tile of that GEMV's planes into L2 before its PDL wait, in the HBM-idle "
                         "window of the attention (ops/cuda/l2_prefetch.L2Plan.heads; tools/l2_head_probe.py: "
-                        "gate+up alone 19.4 -> 18.0 us with 4 of 14 blocks in L2, perf-log AN3; 0: none)",
+                        "gate+up alone 19.4 -> 18.0 us with 4 of 14 blocks in L2, perf-log AN3; 0: none; H200 7B graph, "
+                        "before the wait: 2 / 4 / 6 blocks -26 / -45 / -67 us at depth 100, the attention "
+                        "slowed 2.8 us a layer by the prefetch traffic, perf-log AN4)",
                         kind="tuning")
+    l2_heads_late: bool = _sw(False, "MINFER_L2_HEADS_LATE",
+                              "with l2_heads: the prefetches issued after the launch's dot products (o's window "
+                              "past its own loads and the attention) instead of before its PDL wait",
+                              kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
                           kind="tuning")

@@ -39,8 +39,8 @@ print(json.dumps(out))
 def test_heads_prefetch_build():
     from kernel_data import sm90_builds
 
-    ptx = sm90_builds(_COMPILE, {"off": 0, "3 planes": 3})
-    off, on = ptx["off"], ptx["3 planes"]
+    ptx = sm90_builds(_COMPILE, {"off": 0, "3 planes": 3, "late": 11})
+    off, on, late = ptx["off"], ptx["3 planes"], ptx["late"]
     pf = "cp.async.bulk.prefetch.L2.global"
     assert off.count(pf) == 0 and on.count(pf) == 3
 
@@ -52,3 +52,6 @@ def test_heads_prefetch_build():
     # issued after the weights' first loads and before the PDL wait
     first_w = on.index("evict_first")
     assert first_w < on.index(pf) < on.index("griddepcontrol.wait")
+    # Switches.l2_heads_late (HPF 8 + planes): the same prefetches after the last dot product, past the wait
+    assert late.count(pf) == 3 and loads(late) == loads(off)
+    assert late.index(pf) > late.rindex("dp4a") > late.index("griddepcontrol.wait")

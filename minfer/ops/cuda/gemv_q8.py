@@ -516,9 +516,11 @@ def _l2_heads(segs, ws, h: int, l2, device):
     the caller counts `gemv_q8.l2_heads` where its launch takes it), None when off (h 0, or the Triton kernel's l2 ranges, which learn
     the same plan), while the plan learns the step's order, or for any other launch. Every q8 GEMV
     launch notes itself, so the plan learns the whole cycle."""
-    if h <= 0 or ws is None or l2:
+    if h == 0 or ws is None or l2:
         return None
-    return ws.l2.heads(ws.l2.note(segs), h)
+    r = ws.l2.heads(ws.l2.note(segs), abs(h))
+    # (h < 0, Switches.l2_heads_late: issued after the dot products, the kernel's HPF 8 + planes)
+    return None if r is None else (r[0] + (8 if h < 0 else 0), r[1])
 
 
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,

@@ -161,7 +161,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if RQ == 2 and not IS_SPLIT:
         gv = _rq_weight(ng, pid_n, BN, NW)                            # no kernel writes it
-    if HPF:
+    if HPF > 0 and HPF < 8:
         _l2_heads(hpf, HPF, NW)     # the next GEMV's head blocks into L2, behind this step's own loads
     if PDL >= 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below; 4: its dots)
@@ -236,6 +236,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
+    if HPF >= 8:
+        _l2_heads(hpf, HPF - 8, NW)  # (HPF 8 + planes: after the dot products, the HBM-idle window past o's loads)
     if PDL == 4:
         _pdl_signal(ci)         # after the dot products, before the epilogue's loads and stores
     if NORM == 4 and RL:
@@ -347,7 +349,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
     measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
     slower rows start in the first wave and the first weight's fill any second one. PAD0..PAD2: an
     occupancy cap's shared memory (_occupancy_pad). HPF: planes of the next GEMV whose tiles' head
-    blocks the programs fetch into L2 before the wait (hpt: its tiles; ha_i, hr_i, hh_i: each plane's
+    blocks the programs fetch into L2 before the wait (8 + planes: after the dot products) (hpt: its tiles; ha_i, hr_i, hh_i: each plane's
     address, tile bytes, head bytes; l2_prefetch.L2Plan.heads; Switches.l2_heads)."""
     if TL:
         stamp(tlb, 0, NW)
