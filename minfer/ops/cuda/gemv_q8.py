@@ -342,9 +342,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if split < 0:               # stream-K over -split programs (gemv_q8_gluon_sk.py)
         from minfer.ops.cuda import gemv_q8_gluon_sk as SK
 
-        if _l2_heads(segs, ws, l2_heads, l2, xq.device) is not None:
+        if _l2_heads(segs, ws, l2_heads, l2) is not None:
             paths.fallback("gemv_q8.l2_heads", "stream-K takes the launch before a tile-major GEMV: nothing fetched")
-
         paths.count("gemv_q8.gluon.stream_k")
         part, cnt = SK.sk_scratch(n, bn, -split, ws, xq.device)
         SK.launch_sk(segs[0], xq, xf, resid, bias, out, part, cnt, -split, bn, bb, nwarps, pdl, prefetch,
@@ -355,7 +354,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     tiles = ta + (triton.cdiv(n - na, bn) if len(segs) == 2 else 0)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, out)
     grid = (tiles, split)
-    hp = _l2_heads(segs, ws, l2_heads, l2, xq.device)
+    hp = _l2_heads(segs, ws, l2_heads, l2)
     if hp is not None and not (use_g and (rope is None or rope_why)):
         paths.fallback("gemv_q8.l2_heads", "the launch before a tile-major GEMV is not the plain Gluon kernel's "
                        "(the q/k/v rope epilogue, stream-K or the Triton kernel): nothing fetched into L2")
@@ -448,7 +447,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
         return None
-    hp = _l2_heads((rw,), ws, l2_heads, None, xq.device)
+    hp = _l2_heads((rw,), ws, l2_heads, None)
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
     if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
         if refused is not None and (why or use_g):
@@ -510,12 +509,13 @@ def _l2_regions(segs, ws, l2, interpret: bool) -> list:
     return regs
 
 
-def _l2_heads(segs, ws, h: int, l2, device):
-    """The heads table this launch's programs fetch into L2 (l2_prefetch.L2Plan.heads: the next
-    GEMV's first h K blocks of every row tile, where that GEMV is tile-major and 4x this one's bytes;
-    the caller counts `gemv_q8.l2_heads` where its launch takes it), None when off (h 0, or the Triton kernel's l2 ranges, which learn
-    the same plan), while the plan learns the step's order, or for any other launch. Every q8 GEMV
-    launch notes itself, so the plan learns the whole cycle."""
+def _l2_heads(segs, ws, h: int, l2):
+    """What this launch's programs fetch into L2 (l2_prefetch.L2Plan.heads: the next GEMV's first |h|
+    K blocks of every row tile, where that GEMV is tile-major and 4x this one's bytes) as the Gluon
+    launch takes it, (HPF, 13 scalar arguments); None when off (h 0, or the Triton kernel's l2 ranges,
+    which learn the same plan), while the plan learns the step's order, or for any other launch. The
+    caller counts `gemv_q8.l2_heads` where its launch takes it. Every q8 GEMV launch notes itself, so
+    the plan learns the whole cycle."""
     if h == 0 or ws is None or l2:
         return None
     r = ws.l2.heads(ws.l2.note(segs), abs(h))
@@ -552,8 +552,8 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
         return None
 
     use_g, cfg, why = _choose((rw,), n, k, config, gluon and not l2, interpret, gluon_table, xq.device, pairs)
-    if _l2_heads((rw,), ws, l2_heads, l2, xq.device) is not None:      # (noted, for the plan's cycle)
-        paths.fallback("gemv_q8.l2_heads", "the SwiGLU GEMV takes no L2 heads table: nothing fetched")
+    if _l2_heads((rw,), ws, l2_heads, l2) is not None:      # (noted, for the plan's cycle)
+        paths.fallback("gemv_q8.l2_heads", "the SwiGLU GEMV takes no L2 heads ranges: nothing fetched")
     bn, bb, _, nwarps = cfg[:4]
     if kwarps(cfg):
         raise MinferError(f"gemv_q8_swiglu: config {tuple(cfg)} asks for warps along K (its eighth field), which "
