@@ -161,8 +161,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         bpre = gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
     if RQ == 2 and not IS_SPLIT:
         gv = _rq_weight(ng, pid_n, BN, NW)                            # no kernel writes it
-    if HPF > 0 and HPF < 8:
-        _l2_heads(hpf, HPF, NW)     # the next GEMV's head blocks into L2, behind this step's own loads
+    if HPF:
+        if HPF < 8:
+            _l2_heads(hpf, HPF, NW)  # the next GEMV's head blocks into L2, behind this step's own loads
     if PDL >= 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below; 4: its dots)
     elif PDL:
@@ -236,8 +237,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             a1 = d * (s2 >> 8).to(gl.float32)
             acc += a0 * (xd * i0 - 32.0 * xs0) + a1 * (xd * i1 - 32.0 * xs1)
     res = gl.sum(acc, axis=1)                                         # [BN]
-    if HPF >= 8:
-        _l2_heads(hpf, HPF - 8, NW)  # (HPF 8 + planes: after the dot products, the HBM-idle window past o's loads)
+    if HPF:
+        if HPF >= 8:
+            _l2_heads(hpf, HPF - 8, NW)  # (8 + planes: after the dot products, past o's own loads)
     if PDL == 4:
         _pdl_signal(ci)         # after the dot products, before the epilogue's loads and stores
     if NORM == 4 and RL:
