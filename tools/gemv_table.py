@@ -264,9 +264,7 @@ def kernel_time(fns, warm: int = 3) -> tuple[float, int, list[str]]:
     start and end stamps), each call's kernels' durations summed; (median seconds a call, kernels a
     call, their names). The launch's cost before its first program starts and the gap to the next
     launch are not in it -- that is the graphs' measure (graph_time); this is the kernel's."""
-    import os
     import statistics
-    import tempfile
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -277,6 +275,21 @@ def kernel_time(fns, warm: int = 3) -> tuple[float, int, list[str]]:
         for f in fns:
             f()
         torch.cuda.synchronize()
+    ks = trace_kernels(prof)
+    if not ks or len(ks) % len(fns):
+        raise RuntimeError(f"the profiler recorded {len(ks)} kernels for {len(fns)} calls")
+    per = len(ks) // len(fns)
+    durs = [sum(float(e["dur"]) for e in ks[i * per:(i + 1) * per]) for i in range(len(fns))]
+    names = list(dict.fromkeys(e["name"][:60] for e in ks[:per]))
+    return statistics.median(durs) * 1e-6, per, names
+
+
+def trace_kernels(prof) -> list[dict]:
+    """The GPU kernels a torch.profiler run recorded (its chrome trace's kernel events: name, CUPTI's
+    start ts and duration dur in us), in start order; a profile exports once."""
+    import os
+    import tempfile
+
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -285,13 +298,7 @@ def kernel_time(fns, warm: int = 3) -> tuple[float, int, list[str]]:
             trace = json.load(fh)
     finally:
         os.unlink(path)
-    ks = sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
-    if not ks or len(ks) % len(fns):
-        raise RuntimeError(f"the profiler recorded {len(ks)} kernels for {len(fns)} calls")
-    per = len(ks) // len(fns)
-    durs = [sum(float(e["dur"]) for e in ks[i * per:(i + 1) * per]) for i in range(len(fns))]
-    names = list(dict.fromkeys(e["name"][:60] for e in ks[:per]))
-    return statistics.median(durs) * 1e-6, per, names
+    return sorted((e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"), key=lambda e: e["ts"])
 
 
 def _compiled(fn) -> dict:

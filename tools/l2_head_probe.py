@@ -58,20 +58,10 @@ def prefetch_heads(rw, h: int) -> int:
 
 
 def _durations(prof, *names: str) -> list[list[float]]:
-    """Per name, the GPU durations (us) of the recorded kernels whose name holds it (the chrome
-    trace's kernel events: CUPTI's start / end stamps; a profile exports once)."""
-    import os
-    import tempfile
+    """Per name, the GPU durations (us) of the recorded kernels whose name holds it."""
+    from gemv_table import trace_kernels
 
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            trace = json.load(fh)
-    finally:
-        os.unlink(path)
-    ks = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    ks = trace_kernels(prof)
     return [[float(e["dur"]) for e in ks if name in e["name"]] for name in names]
 
 
