@@ -374,15 +374,17 @@ class Switches:
     l2_heads: int = _sw(0, "MINFER_L2_HEADS",
                         "one-row decode, the Gluon q8 GEMV: a launch whose next q8 GEMV in the step is tile-major "
                         "and at least 4x its bytes (the 7B: o, then gate+up) fetches the first this-many K blocks "
-                        "of every row tile of that GEMV's planes into L2 before its PDL wait, in the HBM-idle "
-                        "window of the attention (ops/cuda/l2_prefetch.L2Plan.heads; tools/l2_head_probe.py: "
+                        "of every row tile of that GEMV's planes into L2 before its PDL wait, during the "
+                        "attention (ops/cuda/l2_prefetch.L2Plan.heads; tools/l2_head_probe.py: "
                         "gate+up alone 19.4 -> 18.0 us with 4 of 14 blocks in L2, perf-log AN3; 0: none; H200 7B graph, "
                         "before the wait: 2 / 4 / 6 blocks -26 / -45 / -67 us at depth 100, the attention "
-                        "slowed 2.8 us a layer by the prefetch traffic, perf-log AN4)",
+                        "2.9 us a layer slower beside the prefetches, in-process bench --ab of 4 B/A 0.990 tg128, "
+                        "0.961 d3354, perf-log AN4)",
                         kind="tuning")
     l2_heads_late: bool = _sw(False, "MINFER_L2_HEADS_LATE",
                               "with l2_heads: the prefetches issued after the launch's dot products (o's window "
-                              "past its own loads and the attention) instead of before its PDL wait",
+                              "past its own loads and the attention) instead of before its PDL wait (H200 7B graph: "
+                              "2 / 4 blocks -22 / -40 us at depth 100, perf-log AN5)",
                               kind="tuning")
     scratch_mb: int = _sw(256, "MINFER_SCRATCH_MB",
                           "cap of the single dequant scratch (MiB); larger weights go in row chunks",
