@@ -42,19 +42,16 @@ def _heads(addr, tile_bytes, head_bytes):
 
 
 def prefetch_heads(rw, h: int) -> int:
-    """Bulk-prefetch blocks [0, h) of every tile of a tile-major Repacked's planes; the bytes asked."""
-    t, nb = rw.tile_rows, rw.k // 256
-    tiles = rw.n // t
-    asked = 0
-    for p in rw.planes:
-        per_block_row = p.numel() * p.element_size() // (rw.n * nb)     # bytes of one row's block in this plane
-        tile_bytes = t * nb * per_block_row
-        head = t * h * per_block_row
-        if head % 16 or tile_bytes % 16:
-            continue                                  # (bulk copies take multiples of 16 bytes)
-        _heads[(tiles,)](p.data_ptr(), tile_bytes, head, num_warps=1)
-        asked += head * tiles
-    return asked
+    """Bulk-prefetch blocks [0, h) of every tile of a tile-major Repacked's planes (the ranges the
+    engine's L2 heads prefetch takes: l2_prefetch.tile_heads); the bytes asked."""
+    from minfer.ops.cuda.l2_prefetch import tile_heads
+
+    r = tile_heads(rw, h)
+    if r is None:
+        return 0
+    for addr, run, head in r[1:]:
+        _heads[(r[0],)](addr, run, head, num_warps=1)
+    return r[0] * sum(head for _, _, head in r[1:])
 
 
 def _durations(prof, *names: str) -> list[list[float]]:

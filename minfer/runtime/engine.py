@@ -32,6 +32,8 @@ from minfer.models.base import Step
 from minfer.ops.context import Context
 from minfer.runtime.generate import (GenEvent, check_count, check_params, check_prompt_ids, check_stop, generate,
                                      sampling_from_kwargs)
+from minfer.runtime import cpu_calibration
+from minfer.runtime.cpu_calibration import CPU_CALIBRATION, CPU_INT4_KL_MAX, prepare_cpu_quant  # noqa: F401 (names kept here)
 from minfer.runtime.cuda_graphs import DecodeGraph, inference_scope
 from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
@@ -43,48 +45,6 @@ DEFAULT_CTX = 4096
 # GEMMs gain from large M (ANCHORS.md: dequant + cuBLAS at M=3354 runs ~1.5x the rate at M=512),
 # so a whole prompt of up to 4096 tokens goes in one pass.
 PREFILL_CHUNK = {"cpu": 512, "cuda": 4096}
-
-
-
-# The CPU int4 split (ops/cpu_quant.py) is a second rounding of the file's weights, and how much
-# it costs depends on the model: the mean next-token KL against float32 on CPU_CALIBRATION was
-# 0.025 for Qwen2.5-0.5B (perplexity +1.2% on textwrap.py), 0.071 for gemma-3-270m (+13%), 0.002
-# for SmolLM2-135M (its Q4_1 blocks fit int4). Above the bound the int4 matrices are packed
-# in int8 instead (KL 0.002-0.005 on all three), so no model loses more than that silently.
-CPU_INT4_KL_MAX = 0.04
-CPU_CALIBRATION = ("The history of the city begins in the Roman era, when a small settlement grew on the banks of the "
-                   "river. Over the centuries it became a center of trade, learning and government. Today it is known "
-                   "for its museums, its parks, its bridges and its food, and every year millions of visitors walk "
-                   "through its old streets.")
-
-
-def prepare_cpu_quant(model, tokenizer) -> dict:
-    """Pack a CPU model's matrices (cpu_quant.prepare_model) and check the int4 split against the
-    float32 model on CPU_CALIBRATION: above CPU_INT4_KL_MAX its int4 matrices become int8.
-    Returns {"kl": mean KL of what is kept, "kl_int4": the split's, "refused": bool}."""
-    from minfer.models.base import Step
-    from minfer.ops import cpu_quant
-
-    ids = tokenizer.encode(CPU_CALIBRATION)[:96]
-
-    def logits():
-        cache = KVCache.for_config(model.cfg, len(ids) + 8)
-        return model.forward(torch.tensor(ids), Step.at(0, len(ids), "cpu"), cache).double()
-
-    def kl(a, b):      # mean over positions past the first few of KL(a || b)
-        la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
-        return float((la.exp() * (la - lb)).sum(-1)[4:].mean())
-
-    ref = logits()
-    cpu_quant.prepare_model(model)
-    got = kl(ref, logits())
-    out = {"kl": got, "kl_int4": got, "refused": False}
-    if got > CPU_INT4_KL_MAX:
-        for w in model.qweights():
-            if isinstance(w.packed, cpu_quant.Int4Weight):
-                w.packed = cpu_quant.pack(w, w.packed.refine_top)      # from the blocks (no dense copy left)
-        out.update(kl=kl(ref, logits()), refused=True)
-    return out
 
 
 # Switches no captured graph reads (generate()'s draw): set_switches keeps the graphs if only these change
@@ -183,7 +143,7 @@ class Engine:
             import sys
 
             print(f"minfer: {gf.path.name}: int4 matrices would move the next-token distribution by KL "
-                  f"{quant_note['kl_int4']:.3f} on a calibration text (bound {CPU_INT4_KL_MAX}): int8 used instead "
+                  f"{quant_note['kl_int4']:.3f} on a calibration text (bound {cpu_calibration.CPU_INT4_KL_MAX}): int8 used instead "
                   f"(KL {quant_note['kl']:.4f}; MINFER_CPU_QUANT=0 keeps float32)", file=sys.stderr)
         if device == "cpu":  # a model whose first logits are NaN/inf is refused here (issue 15)
             from minfer.runtime.sampling import check_model_logits

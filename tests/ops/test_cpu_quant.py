@@ -282,7 +282,9 @@ def test_int4_split_refused_above_the_kl_bound(tiny_gguf, monkeypatch):
     kept = _tiny_engine(tiny_gguf, quant=True)
     assert kept.cpu_quant_report["refused"] is False and kept.cpu_quant_report["kl"] < E.CPU_INT4_KL_MAX
     assert any(isinstance(w.packed, cpu_quant.Int4Weight) for w in kept.model.qweights())
-    monkeypatch.setattr(E, "CPU_INT4_KL_MAX", 0.0)
+    import minfer.runtime.cpu_calibration as C
+
+    monkeypatch.setattr(C, "CPU_INT4_KL_MAX", 0.0)                      # (prepare_cpu_quant's module)
     eng = _tiny_engine(tiny_gguf, quant=True)
     rep = eng.cpu_quant_report
     assert rep["refused"] is True and rep["kl_int4"] == pytest.approx(kept.cpu_quant_report["kl_int4"])

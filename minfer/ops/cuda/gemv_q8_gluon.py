@@ -41,9 +41,6 @@ tools/skip_oracle.py); other shapes, and GPUs other than sm_90, keep the Triton 
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -56,6 +53,7 @@ from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
+from minfer.ops.cuda.gemv_q8g_table import _TABLE, CONFIGS, _table  # noqa: F401 (callers read GL._TABLE)
 
 
 @gluon.jit
@@ -400,33 +398,6 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
           GP=GP)
     if TL:
         stamp(tlb, 1, NW)
-
-
-# "<type> <N>x<K>" -> (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K]]]]) (late: with PDL the
-# next kernel launches when this one's programs end, as Switches.pdl_late does for all), from
-# `python -m minfer.bench.gemv_q8_sweep --gluon` and tools/skip_oracle.py's in-step variants
-CONFIGS: dict = {}
-_TABLE = os.path.join(os.path.dirname(__file__), "gemv_q8g_h200.json")
-if os.path.exists(_TABLE):
-    with open(_TABLE) as _f:
-        CONFIGS = {k_: tuple(v) for k_, v in json.load(_f)["configs"].items()}
-
-
-_OTHER_TABLES: dict = {}
-
-
-def _table(path: str) -> dict:
-    """The configs of a table file given by Switches.gemv_q8g_table (read once per path)."""
-    if path not in _OTHER_TABLES:
-        from minfer.errors import MinferError
-
-        try:
-            with open(path) as f:
-                _OTHER_TABLES[path] = {k_: tuple(v) for k_, v in json.load(f)["configs"].items()}
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MinferError(f"MINFER_GEMV_Q8G_TABLE={path}: not a Gluon GEMV table ({{\"configs\": "
-                              f"{{\"Q4_K NxK\": [BN, BB, SPLIT, warps, prefetch]}}}}): {e}") from None
-    return _OTHER_TABLES[path]
 
 
 def config_for(qtype: int, n: int, k: int, table: str = "") -> tuple | None:

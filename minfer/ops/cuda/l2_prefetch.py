@@ -101,6 +101,24 @@ def _key(segs) -> tuple:
     return tuple(r.planes[0].data_ptr() for r in segs)
 
 
+def tile_heads(rw, h: int) -> list | None:
+    """The first h K blocks of every row tile of a tile-major Repacked, per plane: [tiles, (address,
+    tile bytes, head bytes) per plane] (gemv_repack_layout.to_tiles: tile T's block b is the plane's
+    per-block entries ((T * NB + b) * t ..), so a tile is one run of t * NB entries and its first h
+    blocks the run's first t * h); planes whose runs are not whole 16 bytes (the bulk prefetch's
+    unit) are left out; None when none is left."""
+    t, nb = rw.tile_rows, rw.k // 256
+    h = min(h, nb)
+    out = [rw.n // t]
+    for p in rw.planes:
+        per = p.numel() * p.element_size() // (rw.n * nb)      # bytes of one row's block in this plane
+        run, head = t * nb * per, t * h * per
+        if run % _ALIGN or head % _ALIGN or p.data_ptr() % _ALIGN:
+            continue
+        out.append((p.data_ptr(), run, head))
+    return out if len(out) > 1 else None
+
+
 class L2Plan:
     """The decode's q8 GEMV launches in cycle order and, per launch, what it prefetches (module doc).
     One per engine workspace (gemv_repack.GemvWorkspace.l2)."""
@@ -137,29 +155,15 @@ class L2Plan:
 
     def head_ranges(self, pos: int, h: int, ratio: int = 4) -> list | None:
         """The launch at cycle position pos and the one after it: when that next launch is one
-        tile-major weight of at least `ratio` x this launch's bytes (the 7B: o, then gate+up), the
-        first h K blocks of every one of its row tiles, per plane: [tiles, (address, tile bytes,
-        head bytes) per plane] (gemv_repack_layout.to_tiles: tile T's block b is the plane's
-        per-block entries ((T * NB + b) * t ..), so a tile is one run of t * NB entries and its first
-        h blocks the run's first t * h); None otherwise. Planes whose runs are not whole 16 bytes
-        (the bulk prefetch's unit) are left out."""
+        tile-major weight of at least `ratio` x this launch's bytes (the 7B: o, then gate+up), its
+        tile_heads(.., h); None otherwise."""
         cyc = self.cycle or []
         if h <= 0 or not cyc or pos is None:
             return None
         nxt = cyc[(pos + 1) % len(cyc)]
         if len(nxt) != 1 or not nxt[0].tile_rows or _nbytes(nxt) < ratio * _nbytes(cyc[pos]):
             return None
-        rw = nxt[0]
-        t, nb = rw.tile_rows, rw.k // 256
-        h = min(h, nb)
-        out = [rw.n // t]
-        for p in rw.planes:
-            per = p.numel() * p.element_size() // (rw.n * nb)      # bytes of one row's block in this plane
-            run, head = t * nb * per, t * h * per
-            if run % _ALIGN or head % _ALIGN or p.data_ptr() % _ALIGN:
-                continue
-            out.append((p.data_ptr(), run, head))
-        return out if len(out) > 1 else None
+        return tile_heads(nxt[0], h)
 
     def heads(self, pos: int | None, h: int) -> tuple | None:
         """head_ranges as the Gluon kernel takes them, scalar arguments (a CUDA graph keeps them in its
