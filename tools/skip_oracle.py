@@ -15,6 +15,9 @@ it out saves here, and less by whatever work the neighbour takes over.
   -3        all three left out
   -combine  the decode attention's combine launch (the key splits' merge) left out: the bound for
             any way of merging the splits without that launch
+  -attn     the whole decode attention (its key-split kernel and any combine) left out: the bound for
+            any fold of the attention into its neighbours (e.g. o's programs computing their heads'
+            attention: perf-log AN7), and what the attention costs in the step at that depth
   combine_warps:N   the combine launch at N warps a program (decode_merge.COMBINE_WARPS; 4 shipped)
   -norm_attn / -norm_ffn   only the norm before q/k/v (before gate+up) left out
   early_attn_norm / early_ffn_norm   those norms launched in PDL mode 2 (the GEMV after them may
@@ -157,6 +160,7 @@ def variant(eng, pos: int, name: str):
     real_norm, real_swiglu = q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8
     real_linear = ops.linear
     real_merge = attn_mod.merge
+    real_attn = attn_mod.decode_attention
     real_cw = decode_merge.COMBINE_WARPS
     base_sw = eng.switches
     swapped = []
@@ -183,6 +187,7 @@ def variant(eng, pos: int, name: str):
         q8_rows.add_rms_norm_q8, q8_rows.swiglu_q8 = real_norm, real_swiglu
         ops.linear = real_linear
         attn_mod.merge = real_merge
+        attn_mod.decode_attention = real_attn
         decode_merge.COMBINE_WARPS = real_cw
         eng.cache.__dict__.pop("write_rotated", None)
         KEEP.extend(w.repacked for w in eng.model.qweights() if getattr(w, "repacked", None) is not None)
@@ -238,6 +243,8 @@ def _apply(eng, name: str, env: dict, cfgs: dict, lay: dict):
         decode_merge.COMBINE_WARPS = int(name.split(":")[1])
     if name == "-combine":
         attn_mod.merge = frozen(attn_mod.merge)
+    if name == "-attn":       # attention() calls this module global (ops/cuda/attention.py)
+        attn_mod.decode_attention = frozen(attn_mod.decode_attention)
     if name == "bf16_head":
         ops.linear = bf16_head(ops.linear)
     if name.startswith("cfg:"):
