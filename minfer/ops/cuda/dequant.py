@@ -27,7 +27,16 @@ dequantize_row_*; gguf-py quants.py is the executable reference the tests compar
   Q6_K (256, 210 B):       ql[128] | qh[64] | scales int8[16] | d
                            value 128h + 32g + l: low 4 bits from ql[64h + 32(g%2) + l] (nibble g//2),
                            high 2 bits at shift 2g of qh[32h + l]; scale index 8h + 2g + l//16
+  IQ4_NL (32, 18 B):       d f16 | qs[16] (nibbles as Q4_0);            w = d * kvalues_iq4nl[q]
+  IQ4_XS (256, 136 B):     d f16 | scales_h u16 | scales_l[4] | qs[128]; group g = value // 32:
+                           ls = ((scales_l[g/2] >> 4(g%2)) & 15) | (((scales_h >> 2g) & 3) << 4),
+                           value 32g + 16h + l: nibble h of qs[16g + l]; w = (d * (ls - 32)) * kvalues_iq4nl[q]
+  MXFP4 (32, 17 B):        e e8m0 | qs[16] (nibbles as Q4_0);   w = 2^(e - 128) * kvalues_mxfp4[q]
+                           (ggml-impl.h ggml_e8m0_to_fp32_half; the table is the e2m1 values doubled)
   F32/F16/BF16:            handled as 'blocks' of 16 values (64 / 32 / 32 bytes)
+The codebooks (ggml-common.h kvalues_iq4nl, kvalues_mxfp4) are computed in registers: _iq4nl
+reads the byte of a 64-bit constant, _mxfp4 does the e2m1 arithmetic. The CPU twin of every
+branch is minfer/quants (iquants.py for the last three), which tests/ops compare bit for bit.
 """
 
 from __future__ import annotations
@@ -47,6 +56,7 @@ def interpret() -> bool:
 # ggml type ids (ggml.h enum ggml_type; gguf.GGMLQuantizationType)
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+IQ4_NL, IQ4_XS, MXFP4 = 20, 23, 39
 
 
 
@@ -56,7 +66,7 @@ def _layout() -> dict:
     from minfer.quants import block_size, type_name, type_size
 
     out = {}
-    for q in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K):
+    for q in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4):
         bs, ts = block_size(q), type_size(q)
         out[q] = (type_name(q), 16, 16 * ts) if bs == 1 else (type_name(q), bs, ts)
     return out
@@ -93,6 +103,26 @@ def _kscale(bp, sub, m):
     sc = tl.where(lo, a & 63, (b & 15) | ((c >> 6) << 4))
     mn = tl.where(lo, b & 63, (b >> 4) | ((a >> 6) << 4))
     return sc.to(tl.float32), mn.to(tl.float32)
+
+
+@triton.jit
+def _iq4nl(q):
+    """kvalues_iq4nl[q] for codes q in 0..15 (int32): byte q % 8 of one of two 64-bit constants,
+    the low one holding kvalues[0..7] + 127, the high one kvalues[8..15] - 1 (every byte < 128,
+    so both constants are positive int64)."""
+    lo = q < 8
+    w = tl.where(lo, 0x75695C4E3E2C1700, 0x7058443425180C00)
+    b = ((w >> (8 * (q & 7)).to(tl.int64)) & 255).to(tl.int32)
+    return tl.where(lo, b - 127, b + 1)
+
+
+@triton.jit
+def _mxfp4(q):
+    """kvalues_mxfp4[q] (int32): bit 3 the sign, bits 0-2 the doubled e2m1 magnitude
+    0 1 2 3 4 6 8 12 (m < 4: m; else (2 + (m & 1)) << (m // 2 - 1))."""
+    mg = q & 7
+    mag = tl.where(mg < 4, mg, (2 + (mg & 1)) << tl.maximum((mg >> 1) - 1, 0))
+    return tl.where(q >= 8, -mag, mag)
 
 
 @triton.jit
@@ -182,7 +212,25 @@ def decode(QT: tl.constexpr, bp, e0, i, m):
         d = _ldh(bp, m)
         dmin = _ldh(bp + 2, m)
         v = (d * sc) * q.to(tl.float32) - dmin * mn
-    else:  # 14: Q6_K
+    elif QT == 20:  # IQ4_NL
+        d = _ldh(bp, m)
+        q = (_ld(bp + 2 + i, m) >> ((e0 // 16) * 4)) & 15
+        v = _iq4nl(q).to(tl.float32) * d
+    elif QT == 23:  # IQ4_XS
+        g = e0 // 32                                   # 32-value group, 0..7
+        q = (_ld(bp + 8 + 16 * g + i, m) >> (4 * ((e0 % 32) // 16))) & 15
+        lo4 = (_ld(bp + 4 + g // 2, m) >> (4 * (g % 2))) & 15
+        hi2 = (_ld(bp + 2 + g // 4, m) >> (2 * (g % 4))) & 3     # scales_h (u16 LE), bits 2g..2g+1
+        d = _ldh(bp, m)
+        v = (d * ((lo4 | (hi2 << 4)) - 32).to(tl.float32)) * _iq4nl(q).to(tl.float32)
+    elif QT == 39:  # MXFP4
+        e = _ld(bp, m)
+        d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)   # 2^(e - 128)
+        q = (_ld(bp + 1 + i, m) >> ((e0 // 16) * 4)) & 15
+        v = _mxfp4(q).to(tl.float32) * d
+    else:
+        tl.static_assert(QT == 14, "dequant.decode: no branch for this ggml type")
+        # 14: Q6_K
         h = e0 // 128
         g = (e0 % 128) // 32
         l0 = e0 % 32
