@@ -23,7 +23,7 @@ from minfer.switches import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-QTYPES = [12, 14, 6, 8, 2, 3, 13, 7, 10, 11, 1, 30, 0]
+QTYPES = [12, 14, 6, 8, 2, 3, 13, 7, 10, 11, 1, 30, 0, 20, 23, 39]
 DEV = "cuda"
 
 
@@ -34,7 +34,7 @@ def poison():
 
 
 def qk(qt):
-    return {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 0: 16, 1: 16, 30: 16}.get(qt, 256)
+    return {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 20: 32, 39: 32, 0: 16, 1: 16, 30: 16}.get(qt, 256)
 
 
 def make_weight(qt, n, k, seed, name="blk.0.w.weight"):

@@ -21,9 +21,13 @@ BLOCKS = {
     12: (256, 144, (0, 2)),     # Q4_K: d, dmin
     13: (256, 176, (0, 2)),     # Q5_K: d, dmin
     14: (256, 210, (208,)),     # Q6_K: d
+    20: (32, 18, (0,)),         # IQ4_NL: d
+    23: (256, 136, (0,)),       # IQ4_XS: d (the 6-bit group scales may be anything)
+    39: (32, 17, ()),           # MXFP4: its scale is the e8m0 byte 0, set below
 }
 QUANT_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
-               12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 0: "F32", 1: "F16", 30: "BF16"}
+               12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 0: "F32", 1: "F16", 30: "BF16",
+               20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4"}
 
 
 def random_weight(qtype: int, n: int, k: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
@@ -43,6 +47,11 @@ def random_weight(qtype: int, n: int, k: int, rng: np.random.Generator, scale: f
         # scales of either sign and a spread of magnitudes, like real files (dmin may be negative)
         v = (rng.standard_normal(nb) * scale).astype(np.float16)
         raw[:, off:off + 2] = v.view(np.uint8).reshape(nb, 2)
+    if qtype == 39:
+        # MXFP4's scale 2^(e - 128) (ggml-common.h block_mxfp4, ggml_e8m0_to_fp32_half) times codes up
+        # to 12: e near log2(scale / 4) + 128 keeps the values about `scale` (e 255 would be NaN)
+        e = int(np.round(np.log2(scale / 4))) + 128
+        raw[:, 0] = rng.integers(e - 2, e + 3, size=nb)
     return raw.reshape(n, -1)
 
 
