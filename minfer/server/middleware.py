@@ -55,7 +55,10 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         endpoint = endpoint_label(scope["path"])
-        status = {"code": 500}  # if the app dies before answering, the client sees a 500
+        # an app that raises before answering gives the client a 500; one that returns without
+        # answering saw its client leave (e.g. mid-body): 499, as the app labels such a request,
+        # never a server error on a dashboard
+        status: dict = {"code": None}
 
         async def send_and_note(message: dict) -> None:
             if message["type"] == "http.response.start":
@@ -67,10 +70,14 @@ class MetricsMiddleware:
             self.metrics.in_flight.inc()
         try:
             await self.app(scope, receive, send_and_note)
+        except Exception:  # not CancelledError: a task cancelled under a gone client stays 499
+            if status["code"] is None:
+                status["code"] = 500
+            raise
         finally:
             if tracked:
                 self.metrics.in_flight.dec()
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"])).inc()
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status["code"] or 499)).inc()
 
 
 class AuthMiddleware:

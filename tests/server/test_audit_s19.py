@@ -1,0 +1,113 @@
+"""Session 19's audit of the server as a hostile client and an operator sees it: what /metrics
+and the log say, beyond the answers themselves."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+from server_helpers import metric_value, wait_healthy
+
+CHAT = "/v1/chat/completions"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chat_counts(url: str) -> dict[str, float]:
+    """{status: count} of the chat endpoint's request counter."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            if s.name == "minfer_requests_total" and s.labels.get("endpoint") == CHAT:
+                out[s.labels["status"]] = s.value
+    return out
+
+
+def test_a_client_gone_before_its_body_ended_is_not_a_server_error(engine, make_server):
+    # a client that sends half a body and hangs up was counted as a 500: an alert on the 5xx rate
+    # fired for a client's network, not for the server
+    srv = make_server(lambda: engine)
+    srv.wait_ready()
+    before = _chat_counts(srv.url)
+    with socket.create_connection(("127.0.0.1", srv.port)) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n{\"messages\":")
+    deadline = time.monotonic() + 60   # hang guard: the server counts the request once it ends
+    while sum(_chat_counts(srv.url).values()) == sum(before.values()):
+        assert time.monotonic() < deadline, "the request was never counted"
+        time.sleep(0.05)
+    after = _chat_counts(srv.url)
+    assert after.get("500", 0) == before.get("500", 0), after
+    assert after.get("499", 0) == before.get("499", 0) + 1, after
+    # and the server still answers
+    r = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+
+
+def test_a_server_error_before_any_answer_is_still_a_500(engine, make_server):
+    from minfer.server.metrics import ServerMetrics
+    from minfer.server.middleware import MetricsMiddleware
+
+    import asyncio
+
+    async def broken(scope, receive, send):
+        raise RuntimeError("boom")
+
+    metrics = ServerMetrics()
+    mw = MetricsMiddleware(broken, metrics)
+
+    async def call():
+        try:
+            await mw({"type": "http", "path": CHAT}, None, None)
+        except RuntimeError:
+            pass
+
+    asyncio.run(call())
+    text = metrics.render().decode()
+    assert metric_value(text, "minfer_requests_total", {"endpoint": CHAT, "status": "500"}) == 1
+
+
+def test_one_request_at_a_time_reports_inter_token_gaps_and_its_slot(engine, make_server):
+    # the CPU's default server (-np 1) left minfer_inter_token_seconds empty and minfer_slots at 0
+    # while /health said 1: a dashboard showed no inter-token latency at all
+    srv = make_server(lambda: engine)
+    srv.wait_ready()
+    r = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "Count to ten"}],
+                                         "max_tokens": 5, "temperature": 0}, timeout=300)
+    assert r.status_code == 200, r.text
+    n = r.json()["usage"]["completion_tokens"]
+    assert n >= 2
+    text = httpx.get(srv.url + "/metrics", timeout=30).text
+    assert metric_value(text, "minfer_inter_token_seconds_count") == n - 1
+    assert metric_value(text, "minfer_slots") == httpx.get(srv.url + "/health", timeout=30).json()["slots"] == 1
+
+
+def test_serve_log_has_no_loading_bar_when_stderr_is_not_a_terminal(tmp_path):
+    # `minfer serve ... 2> server.log` kept every redraw of the tqdm loading bar ("\r" and all)
+    from helpers_cli import write_tiny_model
+
+    model = write_tiny_model(tmp_path)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "minfer", "serve", "-m", model, "--device", "cpu",
+                             "--port", str(port), "--ctx", "64"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "model ready" in err
+    assert "\r" not in err and "layer/s" not in err, err
