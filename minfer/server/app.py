@@ -109,6 +109,7 @@ class ServerState:
         """The FIFO Worker, or with parallel > 1 a BatchWorker over a BatchEngine (paged KV cache,
         continuous batching; minfer/server/worker.py)."""
         if self.parallel is None or self.parallel == 1:
+            self.metrics.slots.set(1)   # what /health says; a BatchEngine sets its own at each scrape
             return Worker(engine, on_finished=self._record, on_dequeue=self.metrics.queued.dec)
         from minfer.runtime.batch_engine import BatchEngine
         from minfer.server.worker import BatchWorker

@@ -48,7 +48,7 @@ class Finished:
     decode_seconds: float | None  # first token -> last token
     cancelled: bool = False
     skipped: bool = False  # cancelled while still queued: the engine never saw it
-    inter_token_seconds: list | None = None  # the gaps between consecutive tokens (BatchWorker)
+    inter_token_seconds: list | None = None  # the gaps between consecutive tokens
 
 
 class ShuttingDown(RuntimeError):
@@ -161,6 +161,7 @@ class Worker:
             return
         t0 = time.perf_counter()
         t_first = t_last = None
+        gaps: list[float] = []   # between consecutive tokens: /metrics' inter-token histogram
         n_gen = 0
         finish = None
         cancelled = False
@@ -175,6 +176,8 @@ class Worker:
                     n_gen += 1
                     if t_first is None:
                         t_first = now
+                    else:
+                        gaps.append(now - t_last)
                     t_last = now
                 job.put(ev)
                 if getattr(ev, "finish_reason", None):
@@ -202,7 +205,7 @@ class Worker:
             finish, n_prompt, n_gen,
             prompt_seconds=(t_first - t0) if t_first is not None else None,
             decode_seconds=(t_last - t_first) if t_first is not None and n_gen > 1 else None,
-            cancelled=cancelled))
+            cancelled=cancelled, inter_token_seconds=gaps))
 
     def _finish(self, job: Job, fin: Finished) -> None:
         if self._on_finished:
