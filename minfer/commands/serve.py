@@ -168,10 +168,25 @@ def main(args: argparse.Namespace) -> int:
     check_batch(gf, n_ctx, device, parallel, args.kv_memory, args.token_budget, warn)
 
     def load():
+        import logging
+        import sys
+
         from minfer.runtime.engine import Engine
 
-        eng = Engine.load(str(path), device=device, ctx=args.ctx)
+        # the loading bar only on a terminal: redirected to a file or a journal, each redraw of it
+        # was kept ("\r" and all); the load's notes then come as log lines instead
+        tty = sys.stderr.isatty()
+        eng = Engine.load(str(path), device=device, ctx=args.ctx, progress=tty)
         apply_threads(args)   # -t wins over the engine's MINFER_THREADS
+        if not tty:
+            log = logging.getLogger("minfer.server")
+            quant = getattr(eng, "cpu_quant_report", None) or {}
+            if quant.get("refused"):
+                log.warning("%s: int4 matrices would move the next-token distribution by KL %.3f on a "
+                            "calibration text: int8 used instead (KL %.4f; MINFER_CPU_QUANT=0 keeps float32)",
+                            path.name, quant["kl_int4"], quant["kl"])
+            if getattr(eng, "memory_report", None):
+                log.info("loaded %s: %s", path.name, eng.memory_report)
         return eng
 
     # bind before starting uvicorn, so a port in use is a clear error rather than a log line
