@@ -47,6 +47,7 @@ ONE_THREAD_MAX_WEIGHTS = 2_000_000
 INT4_MATRICES = ("ffn_", "output")   # prepare_model's default: the int4 matrices (docstring above)
 INT4_ROWS = 16      # _convert_weight_to_int4pack_for_cpu packs rows in blocks of 16
 INT4_GROUP = 32     # inputs per int4 scale/offset: the blocks of Q4_0..Q8_0 and Q4_K's sub-blocks
+PACK_CHUNK = 1 << 18   # weights per step of pack/pack4 (_row_chunks): 1 MiB of float32
 
 
 @dataclass(eq=False)
@@ -73,10 +74,16 @@ def pack(w, refine_top: int = 0) -> Int8Weight:
     The scale is rounded to bf16 first and q is computed against that rounded scale, so that
     q * scale (what the kernel computes with) is the closest int8 grid to the weights."""
     dense = _dense(w)
-    amax = dense.abs().amax(dim=1)
-    scale = (amax / 127.0).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
-    q = torch.round(dense / scale.float()[:, None]).clamp_(-128, 127).to(torch.int8)
-    return Int8Weight(q.contiguous(), scale.contiguous(), refine_top)
+    N, K = dense.shape
+    q = torch.empty(N, K, dtype=torch.int8)
+    scale = torch.empty(N, dtype=torch.bfloat16)
+    for r0, r1 in _row_chunks(N, K):
+        d = dense[r0:r1]
+        sc = (d.abs().amax(dim=1) / 127.0).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+        t = d / sc.float()[:, None]
+        q[r0:r1] = t.round_().clamp_(-128, 127).to(torch.int8)
+        scale[r0:r1] = sc
+    return Int8Weight(q, scale, refine_top)
 
 
 @dataclass(eq=False)
@@ -130,17 +137,32 @@ def pack4(w, group: int = INT4_GROUP, refine_top: int = 0) -> Int4Weight:
     if not int4_fits(w.shape, group):
         raise ValueError(f"{w.name}: int4 needs inputs in whole groups of {group} and rows in multiples "
                          f"of {INT4_ROWS}, not {N} x {K}")
-    g = dense.reshape(N, K // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
-    s = ((hi - lo) / 15).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
-    z = (lo + 8 * s.float()).to(torch.bfloat16)
-    q = torch.round((g - z.float()[..., None]) / s.float()[..., None] + 8).clamp_(0, 15).to(torch.uint8)
-    q = q.reshape(N, K)
+    s = torch.empty(N, K // group, dtype=torch.bfloat16)
+    z = torch.empty(N, K // group, dtype=torch.bfloat16)
+    q = torch.empty(N, K, dtype=torch.uint8)
+    for r0, r1 in _row_chunks(N, K):
+        g = dense[r0:r1].reshape(r1 - r0, K // group, group)
+        lo, hi = g.amin(-1), g.amax(-1)
+        sc = ((hi - lo) / 15).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+        zc = (lo + 8 * sc.float()).to(torch.bfloat16)
+        t = g - zc.float()[..., None]           # in place from here: the same float32 steps, fewer buffers
+        q[r0:r1] = t.div_(sc.float()[..., None]).add_(8).round_().clamp_(0, 15).view(r1 - r0, K)
+        s[r0:r1], z[r0:r1] = sc, zc
     nib = (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+    # one call for the whole matrix: the kernel's layout interleaves rows in blocks whose size
+    # depends on torch's CPU build (32-row chunks packed alone matched, 16 or 48 did not)
     packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
     sz = torch.stack((s.t(), z.t()), dim=-1).contiguous()
     refine = pack(w, refine_top) if refine_top else None
     return Int4Weight(packed, sz, nib, group, refine)
+
+
+def _row_chunks(N: int, K: int):
+    """Row ranges of about PACK_CHUNK weights: packing a matrix a chunk at a time keeps each
+    step's temporaries in the cache instead of several fresh N x K float32 buffers (the 151936 x 896 vocabulary: 545 MB each). Every value is
+    computed by the same elementwise/per-row steps either way, so the bytes do not change."""
+    step = max(1, PACK_CHUNK // max(K, 1))
+    return [(r0, min(N, r0 + step)) for r0 in range(0, N, step)]
 
 
 def int4_fits(shape, group: int = INT4_GROUP) -> bool:
@@ -198,25 +220,34 @@ def _refine(x: torch.Tensor, p: Int8Weight, y: torch.Tensor) -> torch.Tensor:
     return y.scatter(1, idx, exact)
 
 
-def prepare_model(model, int4=INT4_MATRICES) -> int:
+def prepare_model(model, int4=INT4_MATRICES, refused: bool = False, step=None) -> int:
     """Pack every matrix of a CPU model that a matmul reads and drop its dense float32 copy (an
     embedding's rows are then decoded from the file's blocks, exactly, as an untied embedding's
     always are). An untied embedding table, only gathered from, is left alone. int4: the prefixes
     of the kinds of matrix that take the int4 form (the kind: the GGUF name's part before
     ".weight", e.g. "ffn_" for ffn_gate/up/down; "output" is the vocabulary projection, tied or
     not; "" every matrix; () int8 everywhere); the others, and matrices of other shapes, take int8.
+    refused: the int4 matrices are packed in int8 from the file's blocks instead, the bytes the
+    calibration's refusal repacks them to (runtime/cpu_calibration.py, whose cache skips the
+    int4 form). step: called once per matrix (a progress bar's update).
     Returns the bytes held by the packed forms. The vocabulary projection gets the float32
     refinement of its top logits."""
     output = getattr(model, "output", None)
     embd = getattr(model, "token_embd", None)
     total = 0
     for w in model.qweights():
+        if step is not None:
+            step()
         if w is embd and w is not output:
             continue
         top = REFINE_TOP if w is output else 0
         kind = "output" if w is output else w.name.split(".")[-2]      # blk.3.ffn_up.weight -> ffn_up
         if any(kind.startswith(f) for f in int4) and int4_fits(w.shape):
-            w.packed = pack4(w, INT4_GROUP, top)
+            if refused:
+                w.dense = None          # from the blocks, as the refusal's repack (no dense copy left then)
+                w.packed = pack(w, top)
+            else:
+                w.packed = pack4(w, INT4_GROUP, top)
         else:
             w.packed = pack(w, top)
         w.dense = None

@@ -136,7 +136,7 @@ class Engine:
         tok = load_tokenizer(gf)
         quant_note = None
         if device == "cpu" and sw.cpu_quant:   # int4/int8 matrices for the CPU (ops/cpu_quant.py)
-            quant_note = prepare_cpu_quant(m, tok)
+            quant_note = prepare_cpu_quant(m, tok, gf.path, progress)   # (its outcome cached per file)
         eng = cls(m, tok, ctx, gf.path, switches=sw)
         eng.cpu_quant_report = quant_note
         if quant_note and quant_note.get("refused") and progress:
