@@ -55,6 +55,15 @@ def _engine_parent(ctx: bool) -> argparse.ArgumentParser:
 # change every other command's default too.
 
 
+def set_default(p: argparse.ArgumentParser, dest: str, value, help: str) -> None:
+    """A command's own default for a parent's flag, and that flag's help saying it: the parent's
+    help names the parent's default (chat's -n read "default 256" and used 512)."""
+    p.set_defaults(**{dest: value})
+    for action in p._actions:
+        if action.dest == dest:
+            action.help = help
+
+
 def engine_parent(ctx: bool = True) -> argparse.ArgumentParser:
     """-m, --device, -c/--ctx-size/--ctx (when ctx), -t/--threads, -ngl/--n-gpu-layers."""
     return _engine_parent(ctx)

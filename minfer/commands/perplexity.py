@@ -30,7 +30,11 @@ def parents() -> list[argparse.ArgumentParser]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text file to score (UTF-8); '-' reads standard input")
-    p.set_defaults(ctx=512)   # llama-perplexity's chunk size; -c sets it
+    from minfer.commands.common import set_default
+
+    # llama-perplexity's chunk size; -c sets it
+    set_default(p, "ctx", 512, "tokens per scored chunk, as llama-perplexity's -c (default 512); checked "
+                "against the memory the KV cache needs")
     p.add_argument("--chunks", type=int, default=-1,
                    help="score at most this many chunks (at least 1); -1 = all (default)")
 
