@@ -11,12 +11,14 @@ it is generated, where prompt_toolkit wants to own the terminal while a prompt i
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 HELP = "chat with a model, turn by turn (line editing and history in a terminal)"
 DESCRIPTION = """Talk to an instruction-tuned model. Each line you type is a user message; the
 reply streams back. The conversation is kept (the model's chat template renders it) until
-you type /reset; /exit or end of input (Ctrl-D) quits.
+you type /reset (or /clear); /exit or end of input (Ctrl-D) quits; /help lists the commands, and
+any other /word is an unknown command, not a message.
 
 Ctrl-C during a reply stops the reply (what was said so far stays in the conversation) and
 the prompt comes back; Ctrl-C at the prompt clears the line. When the conversation no longer
@@ -47,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a system message opening the conversation")
     p.add_argument("-p", "--prompt", dest="first", default=None, metavar="TEXT",
                    help="the first user message (then the chat goes on)")
-    p.set_defaults(max_tokens=512)
+    from minfer.commands.common import set_default
+
+    set_default(p, "max_tokens", 512, "stop a reply after N new tokens; -1 = until the context is full "
+                "(default 512)")
 
 
 class Chat:
@@ -234,7 +239,7 @@ def main(args) -> int:
         cmd = line.strip()
         if cmd in ("/exit", "/quit", "/bye"):
             break
-        if cmd == "/reset":
+        if cmd in ("/reset", "/clear"):   # /clear: ollama's and llama-cli's word for it
             chat.reset()
             chat.say("conversation cleared")
             continue
@@ -242,6 +247,11 @@ def main(args) -> int:
             chat.say(COMMANDS_HELP)
             continue
         if not cmd:
+            continue
+        if re.fullmatch(r"/[A-Za-z?]+", cmd):
+            # a mistyped command ("/rest", "/quti") was sent to the model as a message: the
+            # conversation went on instead of being reset or ended
+            chat.say(f"unknown command {cmd}: {COMMANDS_HELP}")
             continue
         try:
             check_text(line, "the message")  # invalid UTF-8 typed or piped in: one line, no traceback
