@@ -155,6 +155,16 @@ ARCHS = {
         norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[], qkv_bias=True, use_sliding_window=False,
         rms_norm_eps=1e-6, max_position_embeddings=256,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False)),
+    # gpt-oss: attention sinks, q/k/v/o biases, layers 0 and 2 sliding (window 8 < SEQ), 1 and 3 full;
+    # top-2 of 4 experts with router and expert biases, the clamped SwiGLU (alpha 1.702, limit 7:
+    # llama.cpp hard-codes both, the GGUF carries neither). Plain rope here: minfer/config.py
+    # refuses YaRN rope scaling (the released files' rope), see minfer/models/gpt_oss.py.
+    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 150000.0}, swiglu_alpha=1.702, swiglu_limit=7.0,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 
@@ -203,6 +213,10 @@ def randomize(model, seed: int) -> None:
             else:
                 fan_in = p.shape[-1]
                 p.copy_(torch.randn(p.shape, generator=g) * (1.5 / fan_in ** 0.5))
+            if name.endswith("self_attn.sinks"):     # gpt-oss: sinks spread around the scores' scale
+                p.copy_(2.0 * torch.randn(p.shape, generator=g))
+            if name.endswith("experts.gate_up_proj"):  # gpt-oss: gate/up values past the clamp at 7
+                p.mul_(6.0)
             p.copy_(p.half().float())
 
 

@@ -18,6 +18,7 @@ from minfer.models.gemma3 import Gemma3Model
 from minfer.models.glm4 import Glm4Model
 from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
+from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3 import Qwen3Model
@@ -26,7 +27,7 @@ from minfer.models.smollm3 import SmolLM3Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model)}
+    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, GptOssModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -101,12 +101,15 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
-              window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+              window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
     keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
     window > 0 (sliding-window layers, gemma3): a query at p sees keys p - window < j <= p.
     softcap > 0 (gemma2): the scaled scores s become softcap * tanh(s / softcap) before the
     mask and softmax (llama.cpp build_attn_mha attn_soft_cap; HF gemma2 eager_attention_forward).
+    sinks (H,) (gpt-oss): one more logit per query head in each softmax's denominator, with no
+    value: p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i)) (ggml_soft_max_add_sinks; HF gpt_oss
+    eager_attention_forward concatenates the sink to the scaled scores and drops its column).
 
     Grouped-query: query head h reads KV head h // (H / Hkv), as ggml's broadcast does.
     Returns (T, H, Dh).
@@ -114,7 +117,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     T, H, D = q.shape
     S = start_pos + T
     if T == 1 and isinstance(start_pos, int):
-        return decode_attention(q, k_cache, v_cache, S, window, softcap)
+        return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks)
     k = k_cache[:S].transpose(0, 1)  # (Hkv, S, Dh)
     v = v_cache[:S].transpose(0, 1)
     qh = q.transpose(0, 1)           # (H, T, Dh)
@@ -122,29 +125,33 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if T > 1 or window > 0:
         # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window)
         mask = window_mask(start_pos + torch.arange(T), S, window)   # (T, S)
-    if softcap > 0:   # SDPA has no score hook: the scores written out
-        return softcapped_attention(qh, k, v, mask, softcap).transpose(0, 1)
+    if softcap > 0 or sinks is not None:   # SDPA has no score hook: the scores written out
+        return softcapped_attention(qh, k, v, mask, softcap, sinks).transpose(0, 1)
     out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
                                          scale=1.0 / D ** 0.5, enable_gqa=k.shape[0] != H)
     return out.transpose(0, 1)  # (T, H, Dh)
 
 
-def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softcap: float) -> torch.Tensor:
+def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softcap: float,
+                         sinks: torch.Tensor | None = None) -> torch.Tensor:
     """qh (H, T, Dh) over k, v (Hkv, S, Dh) with (T, S) bool mask (None: all visible) ->
-    (H, T, Dh): softmax(cap * tanh(q k^T / sqrt(Dh) / cap), masked) v, GQA as ggml broadcasts."""
+    (H, T, Dh): softmax(cap * tanh(q k^T / sqrt(Dh) / cap), masked) v, GQA as ggml broadcasts
+    (softcap 0: no cap); sinks (H,): each head's extra denominator logit (attention())."""
     H, T, D = qh.shape
     Hkv = k.shape[0]
     qg = qh.reshape(Hkv, (H // Hkv) * T, D)                        # query heads grouped by KV head
     s = torch.bmm(qg, k.to(qh.dtype).transpose(1, 2)) * (1.0 / D ** 0.5)   # (Hkv, G*T, S)
-    s = (softcap * torch.tanh(s / softcap)).view(H, T, -1)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.view(H, T, -1)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
-    p = torch.softmax(s, dim=-1).view(Hkv, (H // Hkv) * T, -1)
+    p = _softmax(s, None if sinks is None else sinks.view(H, 1, 1)).view(Hkv, (H // Hkv) * T, -1)
     return torch.bmm(p, v.to(qh.dtype)).view(H, T, D)
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, S: int,
-                     window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query (1, H, Dh) at position S-1 over keys [0, S) (or the last `window`): two bmm's.
     The same math as the SDPA call above; on the CPU, SDPA spent ~1.5 ms (2 threads) to ~7 ms
     (1 thread, a busy machine) per call on this 14 x S problem and the bmm pair ~0.07-0.4 ms
@@ -159,16 +166,16 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         # another Python thread that starts meanwhile also runs on one thread (speed only).
         torch.set_num_threads(1)
         try:
-            return _decode_attention(q, k_cache, v_cache, S, lo, softcap)
+            return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks)
         finally:
             torch.set_num_threads(n)
-    return _decode_attention(q, k_cache, v_cache, S, lo, softcap)
+    return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks)
 
 
 ONE_THREAD_MAX_KEYS = 8192   # decode attention over at most this many keys runs on one thread
 
 
-def _decode_attention(q, k_cache, v_cache, S: int, lo: int, softcap: float = 0.0) -> torch.Tensor:
+def _decode_attention(q, k_cache, v_cache, S: int, lo: int, softcap: float = 0.0, sinks=None) -> torch.Tensor:
     _, H, D = q.shape
     k = k_cache[lo:S].transpose(0, 1).to(q.dtype)        # (Hkv, L, Dh)
     v = v_cache[lo:S].transpose(0, 1).to(q.dtype)
@@ -177,8 +184,17 @@ def _decode_attention(q, k_cache, v_cache, S: int, lo: int, softcap: float = 0.0
     s = torch.bmm(qg, k.transpose(1, 2)) * (1.0 / D ** 0.5)                           # (Hkv, G, L)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
-    p = torch.softmax(s, dim=-1)
+    p = _softmax(s, None if sinks is None else sinks.view(Hkv, H // Hkv, 1))
     return torch.bmm(p, v).reshape(1, H, D)
+
+
+def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of the scores s (..., L); with sinks (broadcast to (..., 1)) one
+    more logit per row in the denominator that takes no probability (attention()'s sinks)."""
+    if sinks is None:
+        return torch.softmax(s, dim=-1)
+    z = torch.cat((s, sinks.to(s.dtype).expand(*s.shape[:-1], 1)), dim=-1)
+    return torch.softmax(z, dim=-1)[..., :-1]
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

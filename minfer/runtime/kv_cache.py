@@ -125,9 +125,10 @@ class KVCache:
                                   softcap=softcap)
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
-               softcap: float = 0.0) -> torch.Tensor:
+               softcap: float = 0.0, sinks=None) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
         positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p;
-        softcap > 0: soft-capped scores (gemma2, ops.attention)."""
+        softcap > 0: soft-capped scores (gemma2); sinks (H,): gpt-oss's sink logits (ops.attention)."""
+        extra = {} if sinks is None else {"sinks": sinks}    # (only gpt-oss passes sinks)
         return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
-                             softcap=softcap)
+                             softcap=softcap, **extra)

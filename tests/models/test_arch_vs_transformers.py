@@ -18,10 +18,10 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3"]
+         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3", "gpt-oss"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "olmo2": "olmo2",
-               "olmo3": "olmo2"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
+               "olmo3": "olmo2", "gpt-oss": "gpt-oss"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -76,7 +76,8 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4",
+                                  "gpt-oss"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""

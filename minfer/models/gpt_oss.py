@@ -1,0 +1,213 @@
+"""gpt-oss (OpenAI's gpt-oss-20b / -120b): the GGUF arch `gpt-oss` (llama.cpp LLM_ARCH_OPENAI_MOE).
+
+    x_0 = E[tokens]                                                     token_embd (V, D)
+    for each layer l:
+        q, k, v = W_q n(x) + b_q, W_k n(x) + b_k, W_v n(x) + b_v        n  = RMSNorm(attn_norm)
+        a = W_o attn_l(rope(q), rope(k), v; sinks_l) + b_o
+        x = x + a
+        x = x + moe(n'(x))                                              n' = RMSNorm(post_attention_norm)
+    logits = W_out RMSNorm(x; output_norm)                              output (V, D), untied
+
+Each rule and its source (llama.cpp src/models/openai-moe.cpp, conversion/gpt_oss.py; HF
+transformers models/gpt_oss/modeling_gpt_oss.py):
+- Attention sinks: one learned logit per query head, `blk.N.attn_sinks.weight` (H,), added to
+  each softmax's denominator and given no value: p_j = exp(s_j) / (exp(sink) + sum_i exp(s_i)),
+  s the scaled scores 1/sqrt(Dh) q.k (llama-graph.cpp build_attn_mha ggml_soft_max_add_sinks;
+  HF eager_attention_forward concatenates the sink column to the scaled scores and drops it).
+- Biases on q, k, v and o (attn_{q,k,v,output}.bias; HF attention_bias=True).
+- Sliding window on alternating layers: load_swa_pattern(ml, 2), LLAMA_SWA_TYPE_STANDARD ->
+  layer l local when l % 2 == 0 (HF layer_types: 'sliding_attention' when (i + 1) % 2), window
+  `gpt-oss.attention.sliding_window` (required: openai-moe.cpp get_key without a default). A
+  `sliding_window_pattern` key, when present, overrides the pattern (load_swa_pattern). The local
+  layers' rope base is `rope.freq_base_swa`, default the global base (load_arch_hparams).
+- RoPE NEOX (llama_model_rope_type: LLM_ARCH_OPENAI_MOE; HF _apply_rotary_emb splits halves;
+  the converter does not permute q/k).
+- The FFN norm is `post_attention_norm` (LLM_TENSOR_ATTN_POST_NORM: HF post_attention_layernorm
+  is the pre-MLP norm here, not a norm of the attention's output).
+- MoE (build_moe_ffn with LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT, norm_w false; HF
+  GptOssTopKRouter): logits = W_r h + b_r (ffn_gate_inp weight and bias), the K largest kept,
+  their weights softmax over those K logits only (not over all experts, and no renormalisation).
+- Experts: g = W_gate[e] h + b_gate[e], u = W_up[e] h + b_up[e] (ffn_{gate,up}_exps weight and
+  bias; HF's interleaved gate_up_proj split [::2] / [1::2] by the converter),
+  y = W_down[e] swiglu_oai(g, u) + b_down[e], where (ggml_compute_forward_swiglu_oai_f32; HF
+  GptOssExperts._apply_gate)
+      g' = min(g, limit), u' = clamp(u, -limit, limit), swiglu_oai = g' * sigmoid(alpha g') * (u' + 1)
+  with alpha 1.702 and limit 7.0: constants in llama.cpp (build_moe_ffn LLM_FFN_SWIGLU_OAI_MOE),
+  not in the GGUF.
+- Not here: YaRN rope scaling. The released files carry rope.scaling.type yarn (factor 32,
+  original context 4096), which minfer/config.py refuses with a clear error, so those load only
+  once config and ops.rope take YaRN. Note for that work: HF gpt-oss uses YaRN with
+  truncate=False (fractional correction dims), llama.cpp's ggml_rope_yarn_corr_dims floors/ceils.
+- CUDA: the attention kernels have no sinks, so a CUDA load refuses at once (from_gguf below).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from minfer import ops
+from minfer.config import ModelConfig
+from minfer.errors import MinferError
+from minfer.models.base import Step
+from minfer.models.gemma3 import swa_layers
+from minfer.models.layers import Block, load_head, merge_heads, rope_and_write
+from minfer.models.qwen3moe import Qwen3MoeModel, load_experts
+from minfer.weights import QWeight, load_qweight, load_vector
+
+SWIGLU_ALPHA = 1.702      # llama-graph.cpp build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE (HF swiglu_alpha)
+SWIGLU_LIMIT = 7.0        # (HF swiglu_limit)
+DEFAULT_SWA_PATTERN = 2   # openai-moe.cpp load_swa_pattern(ml, 2)
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,
+               limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)."""
+    g = gate.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+
+
+@dataclass
+class OssMoe:
+    """One layer's router and experts, each with its bias."""
+
+    router: torch.Tensor       # (E, D) float32
+    router_bias: torch.Tensor  # (E,)
+    gate_exps: QWeight         # (E*Fe, D)
+    up_exps: QWeight           # (E*Fe, D)
+    down_exps: QWeight         # (E*D, Fe)
+    gate_bias: torch.Tensor    # (E, Fe)
+    up_bias: torch.Tensor      # (E, Fe)
+    down_bias: torch.Tensor    # (E, D)
+
+
+class GptOssModel(Qwen3MoeModel):
+    arch = "gpt-oss"
+    rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_OPENAI_MOE -> NEOX
+    qk_norm = False
+    qkv_bias = True
+    expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length", "attention.sliding_window")
+
+    @classmethod
+    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
+                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "GptOssModel":
+        if torch.device(device).type == "cuda":
+            # the CUDA attention kernels (ops/cuda/attention.py) have no sink logits: refuse
+            # rather than compute a different softmax
+            raise MinferError(f"{gf.path}: architecture 'gpt-oss' is not supported on CUDA yet: its attention "
+                              "sinks are missing from the CUDA attention kernels (run it with --device cpu)")
+        from tqdm import tqdm
+
+        cfg = cfg or ModelConfig.from_gguf(gf)
+        md = gf.metadata
+        for key in cls.expert_keys:
+            if f"{cls.arch}.{key}" not in md:
+                raise MinferError(f"{gf.path}: metadata key '{cls.arch}.{key}' is missing "
+                                  f"(needed to build the {cls.arch} model)")
+        V, D, Dh, H, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_heads, cfg.n_experts, cfg.expert_ffn
+        if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0:
+            raise MinferError(f"{gf.path}: {cls.arch}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
+                              f"expert_feed_forward_length={Fe}: expected 0 < used <= count and a positive length")
+        q_out, kv_out = H * Dh, cfg.n_kv_heads * Dh
+        bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
+                   disable=not progress, leave=False)
+        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
+        blocks, moe, o_bias, sinks = [], [], [], []
+        for i in range(cfg.n_layers):
+            p = f"blk.{i}."
+
+            def w(name, shape):
+                return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
+
+            def vec(name, n):
+                return load_vector(gf, p + name, device, n)
+
+            blocks.append(Block(
+                attn_norm=vec("attn_norm.weight", D),
+                attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
+                attn_output=w("attn_output", (D, q_out)),
+                ffn_norm=vec("post_attention_norm.weight", D),        # the pre-MLP norm (ATTN_POST_NORM)
+                ffn_gate=None, ffn_up=None, ffn_down=None,
+                attn_q_bias=vec("attn_q.bias", q_out), attn_k_bias=vec("attn_k.bias", kv_out),
+                attn_v_bias=vec("attn_v.bias", kv_out)))
+            o_bias.append(vec("attn_output.bias", D))
+            sinks.append(vec("attn_sinks.weight", H))                              # (H,)
+            moe.append(OssMoe(
+                router=vec("ffn_gate_inp.weight", E * D).view(E, D), router_bias=vec("ffn_gate_inp.bias", E),
+                gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
+                up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
+                down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype),
+                gate_bias=vec("ffn_gate_exps.bias", E * Fe).view(E, Fe),
+                up_bias=vec("ffn_up_exps.bias", E * Fe).view(E, Fe),
+                down_bias=vec("ffn_down_exps.bias", E * D).view(E, D)))
+            bar.update()
+        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
+        bar.update()
+        bar.close()
+        m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
+        m.moe, m.attn_output_bias, m.sinks = moe, o_bias, sinks
+        m.window = int(md[f"{cls.arch}.attention.sliding_window"])
+        pattern = cfg.swa_pattern if cfg.swa_pattern is not None else DEFAULT_SWA_PATTERN
+        m.is_local = swa_layers(cfg.n_layers, m.window, pattern)
+        rope_swa = replace(cfg.rope, theta=float(md[f"{cls.arch}.rope.freq_base_swa"])) \
+            if f"{cls.arch}.rope.freq_base_swa" in md else cfg.rope
+        m.layer_rope = [rope_swa if loc else cfg.rope for loc in m.is_local]
+        return m
+
+    def attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
+        """Layer i's attention of the normed input h (T, D) -> (T, D), o bias included."""
+        c = self.cfg
+        T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+        q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
+                                  (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
+        q = rope_and_write(cache, i, q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh), step,
+                           self.layer_rope[i], ctx)
+        o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0, sinks=self.sinks[i])
+        return ops.linear(merge_heads(o), blk.attn_output, self.attn_output_bias[i], ctx)
+
+    def ffn(self, h: torch.Tensor, e: OssMoe, ctx=None) -> torch.Tensor:
+        """The layer's MoE of the normed input h (T, D) -> (T, D), expert by expert over the tokens
+        routed to it."""
+        T, D = h.shape
+        E, K = e.router.shape[0], self.cfg.n_experts_used
+        logits = h.float() @ e.router.t() + e.router_bias                 # (T, E)
+        top, idx = torch.topk(logits, K, dim=-1)                          # (T, K)
+        w = torch.softmax(top, dim=-1)                                    # over the K chosen only
+        Fe = e.gate_bias.shape[1]
+        out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
+        for j in idx.unique().tolist():
+            tok, slot = (idx == j).nonzero(as_tuple=True)
+            x = h[tok].float()
+            g = F.linear(x, _rows(e.gate_exps, j, Fe), e.gate_bias[j])
+            u = F.linear(x, _rows(e.up_exps, j, Fe), e.up_bias[j])
+            y = F.linear(swiglu_oai(g, u), _rows(e.down_exps, j, D), e.down_bias[j])      # (n, D)
+            out.index_add_(0, tok, y * w[tok, slot, None])
+        return out.to(h.dtype)
+
+    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
+        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
+        act, eps = self.act_dtype, self.cfg.rms_eps
+        x = ops.embedding(tokens, self.token_embd)                         # (T, D) float32
+        for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
+            h = ops.rms_norm(x, blk.attn_norm, eps).to(act)
+            x, h = ops.add_rms_norm(x, self.attention(h, blk, i, cache, step, ctx).float(), blk.ffn_norm, eps, act,
+                                    ctx)
+            x = x + self.ffn(h, e, ctx).float()
+        h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)      # (R, D)
+        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+
+    def qweights(self) -> list[QWeight]:
+        ws = [self.token_embd]
+        for b, e in zip(self.blocks, self.moe):
+            ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
+        return ws + [self.output]
+
+
+def _rows(w: QWeight, e: int, n: int) -> torch.Tensor:
+    """Expert e's (n, K) float32 rows of a stacked expert QWeight: its dense matrix, or decoded
+    from the raw blocks (a packed or quantized-only weight)."""
+    if w.dense is not None:
+        return w.dense[e * n:(e + 1) * n].float()
+    return w.dequantize_rows(torch.arange(e * n, (e + 1) * n))
