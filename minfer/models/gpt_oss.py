@@ -43,6 +43,8 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -164,6 +166,7 @@ class GptOssModel(Qwen3MoeModel):
                                   (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
         q = rope_and_write(cache, i, q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh), step,
                            self.layer_rope[i], ctx)
+        _check_sinks(cache)
         o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0, sinks=self.sinks[i])
         return ops.linear(merge_heads(o), blk.attn_output, self.attn_output_bias[i], ctx)
 
@@ -203,6 +206,19 @@ class GptOssModel(Qwen3MoeModel):
         for b, e in zip(self.blocks, self.moe):
             ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
         return ws + [self.output]
+
+
+@functools.lru_cache(maxsize=None)
+def _takes_sinks(cache_type: type) -> bool:
+    return "sinks" in inspect.signature(cache_type.attend).parameters
+
+
+def _check_sinks(cache) -> None:
+    """A cache whose attend() has no sinks (the batch engine's paged cache, runtime/paged_kv.py)
+    cannot run this architecture: say so instead of a TypeError deep in the step."""
+    if not _takes_sinks(type(cache)):
+        raise MinferError(f"architecture 'gpt-oss' needs attention sinks, which {type(cache).__name__}.attend "
+                          "does not apply (the batch engine's paged cache); use the single-sequence engine")
 
 
 def _rows(w: QWeight, e: int, n: int) -> torch.Tensor:

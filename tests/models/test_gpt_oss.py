@@ -129,3 +129,19 @@ def test_missing_window_key_is_named(tmp_path):
     p = rewrite(DATA / "gpt-oss.gguf", tmp_path / "x.gguf", drop_keys=("gpt-oss.attention.sliding_window",))
     with pytest.raises(MinferError, match=r"gpt-oss\.attention\.sliding_window"):
         load(p)
+
+
+def test_a_cache_without_sinks_is_refused(eng):
+    """A cache whose attend() takes no sinks (as the batch engine's paged cache) stops with a
+    MinferError naming the architecture, never attends without them."""
+    from minfer.models.base import Step
+
+    class NoSinks:
+        def write(self, layer, k, v, step):
+            pass
+
+        def attend(self, layer, q, step, ctx=None, window=0, softcap=0.0):
+            return q
+
+    with pytest.raises(MinferError, match=r"gpt-oss.*sinks.*NoSinks"):
+        eng.model.forward(torch.tensor([5, 6]), Step.at(0, 2, "cpu"), NoSinks())
