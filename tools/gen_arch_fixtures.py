@@ -157,14 +157,24 @@ ARCHS = {
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=False)),
     # gpt-oss: attention sinks, q/k/v/o biases, layers 0 and 2 sliding (window 8 < SEQ), 1 and 3 full;
     # top-2 of 4 experts with router and expert biases, the clamped SwiGLU (alpha 1.702, limit 7:
-    # llama.cpp hard-codes both, the GGUF carries neither). Plain rope here: minfer/config.py
-    # refuses YaRN rope scaling (the released files' rope), see minfer/models/gpt_oss.py.
+    # llama.cpp hard-codes both, the GGUF carries neither). Plain rope here (minfer/config.py refuses
+    # YaRN); gpt-oss-yarn below has the released files' YaRN. randomize() spreads the sinks and
+    # scales the experts' gate/up so the sinks and the clamp both matter.
     "gpt-oss": ("GptOssConfig", "GptOssForCausalLM", dict(
         hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
         rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 150000.0}, swiglu_alpha=1.702, swiglu_limit=7.0,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # the same with the released files' YaRN (factor 32 over an original 4096, beta 32/1, truncate
+    # False: fractional correction dims 2.0 and 4.4 of the 8 frequencies)
+    "gpt-oss-yarn": ("GptOssConfig", "GptOssForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+        swiglu_alpha=1.702, swiglu_limit=7.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 

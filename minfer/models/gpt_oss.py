@@ -34,10 +34,17 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
       g' = min(g, limit), u' = clamp(u, -limit, limit), swiglu_oai = g' * sigmoid(alpha g') * (u' + 1)
   with alpha 1.702 and limit 7.0: constants in llama.cpp (build_moe_ffn LLM_FFN_SWIGLU_OAI_MOE),
   not in the GGUF.
-- Not here: YaRN rope scaling. The released files carry rope.scaling.type yarn (factor 32,
-  original context 4096), which minfer/config.py refuses with a clear error, so those load only
-  once config and ops.rope take YaRN. Note for that work: HF gpt-oss uses YaRN with
-  truncate=False (fractional correction dims), llama.cpp's ggml_rope_yarn_corr_dims floors/ceils.
+- YaRN rope scaling (the released files: rope.scaling.type yarn, factor 32, original context
+  4096, beta_fast 32, beta_slow 1). Written as rope frequency divisors plus a score scale
+  (yarn_rope below): per rotated pair i, with r_i = clamp((i - lo) / (hi - lo), 0, 1) and
+  lo, hi = the correction dims of beta_fast, beta_slow,
+      inv_freq_i = theta^(-2i/n) * ((1 - r_i) + r_i / factor)
+  and cos/sin both times mscale = (1 + 0.1 ln factor) * rope.scaling.attn_factor, i.e. the scores
+  times mscale^2 (ggml rope_yarn, llama-context.cpp yarn_attn_factor; HF _compute_yarn_parameters).
+  lo and hi are NOT rounded: HF gpt-oss sets truncate=False (OpenAI's reference); llama.cpp's
+  ggml_rope_yarn_corr_dims floors/ceils them (a small difference from this file). minfer/config.py
+  still refuses rope.scaling.type yarn before this class is reached, so such files load only
+  once config lets gpt-oss's yarn through (tests/models/test_gpt_oss.py does it by monkeypatch).
 - CUDA: the attention kernels have no sinks, so a CUDA load refuses at once (from_gguf below).
 """
 
@@ -69,6 +76,43 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA
     """min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)."""
     g = gate.clamp(max=limit)
     return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+
+
+def yarn_rope(gf, arch: str, rope, attn_factor: float = 1.0, truncate: bool = False):
+    """(rope with YaRN's per-frequency divisors, mscale) from the file's rope.scaling keys."""
+    import math
+
+    md = gf.metadata
+
+    def key(suffix, default=None):
+        v = md.get(f"{arch}.rope.scaling.{suffix}", default)
+        if v is None:
+            raise MinferError(f"{gf.path}: metadata key '{arch}.rope.scaling.{suffix}' is missing (YaRN needs it)")
+        return float(v)
+
+    factor, orig = key("factor"), key("original_context_length")
+    beta_fast, beta_slow = key("yarn_beta_fast", 32.0), key("yarn_beta_slow", 1.0)
+    if factor < 1 or orig <= 0:
+        raise MinferError(f"{gf.path}: {arch}.rope.scaling.factor={factor}, original_context_length={orig}: "
+                          "expected factor >= 1 and a positive context")
+    n = rope.n_rot
+
+    def corr_dim(rotations):   # the pair index that turns `rotations` times over the original context
+        return n * math.log(orig / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    lo, hi = corr_dim(beta_fast), corr_dim(beta_slow)
+    if truncate:
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0.0), min(hi, n - 1.0)
+    span = max(hi - lo, 0.001)
+    divisors = []
+    for i in range(n // 2):
+        r = min(1.0, max(0.0, (i - lo) / span))          # 0: extrapolate (as trained), 1: interpolate
+        divisors.append(1.0 / ((1.0 - r) + r / factor))
+    if rope.freq_factors is not None:
+        divisors = [a * b for a, b in zip(divisors, rope.freq_factors)]
+    mscale = (1.0 + 0.1 * math.log(factor)) * attn_factor if factor > 1 else attn_factor
+    return replace(rope, freq_factors=tuple(divisors)), mscale
 
 
 @dataclass
@@ -155,7 +199,12 @@ class GptOssModel(Qwen3MoeModel):
         m.is_local = swa_layers(cfg.n_layers, m.window, pattern)
         rope_swa = replace(cfg.rope, theta=float(md[f"{cls.arch}.rope.freq_base_swa"])) \
             if f"{cls.arch}.rope.freq_base_swa" in md else cfg.rope
-        m.layer_rope = [rope_swa if loc else cfg.rope for loc in m.is_local]
+        rope, m.q_scale = cfg.rope, 1.0
+        if md.get(f"{cls.arch}.rope.scaling.type") == "yarn":   # the same YaRN on every layer (HF, llama.cpp)
+            rope, mscale = yarn_rope(gf, cls.arch, cfg.rope, cfg.rope_attn_factor)
+            rope_swa = rope if rope_swa is cfg.rope else yarn_rope(gf, cls.arch, rope_swa, cfg.rope_attn_factor)[0]
+            m.q_scale = mscale * mscale
+        m.layer_rope = [rope_swa if loc else rope for loc in m.is_local]
         return m
 
     def attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
@@ -167,6 +216,8 @@ class GptOssModel(Qwen3MoeModel):
         q = rope_and_write(cache, i, q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh), step,
                            self.layer_rope[i], ctx)
         _check_sinks(cache)
+        if self.q_scale != 1.0:      # YaRN's mscale on cos and sin of both q and k
+            q = q * self.q_scale
         o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0, sinks=self.sinks[i])
         return ops.linear(merge_heads(o), blk.attn_output, self.attn_output_bias[i], ctx)
 

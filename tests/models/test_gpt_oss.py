@@ -145,3 +145,52 @@ def test_a_cache_without_sinks_is_refused(eng):
 
     with pytest.raises(MinferError, match=r"gpt-oss.*sinks.*NoSinks"):
         eng.model.forward(torch.tensor([5, 6]), Step.at(0, 2, "cpu"), NoSinks())
+
+
+@pytest.fixture
+def yarn_config(monkeypatch):
+    """minfer/config.py refuses rope.scaling.type yarn for every architecture; here it lets
+    gpt-oss's through with no linear scale (the model applies YaRN itself), as a config change
+    would."""
+    import minfer.config as C
+
+    real = C._freq_scale
+    monkeypatch.setattr(C, "_freq_scale", lambda gf, arch: 1.0 if arch == "gpt-oss" and
+                        gf.metadata.get(f"{arch}.rope.scaling.type") == "yarn" else real(gf, arch))
+
+
+def test_yarn_matches_transformers(yarn_config):
+    """The released files' YaRN (factor 32, original context 4096, beta 32/1) against transformers:
+    the whole sequence, the cache in pieces, and the mscale (1 + 0.1 ln 32)^2 on the scores."""
+    import math
+
+    r = ref("gpt-oss-yarn")
+    eng = engine("gpt-oss-yarn")
+    assert eng.model.q_scale == pytest.approx((1 + 0.1 * math.log(32)) ** 2)
+    ids = r["ids"].tolist()
+    assert rel_err(eng.logits(ids).numpy(), r["logits"]) < TOL
+    cuts = [0, 7, 19, len(ids)]
+    pieces = np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
+    assert rel_err(pieces, r["logits"]) < TOL
+
+
+@pytest.mark.parametrize("what", ["no_mscale", "truncate", "no_ramp"])
+def test_yarn_each_part_is_needed(yarn_config, monkeypatch, what):
+    """Without the mscale, with llama.cpp's rounded correction dims (HF gpt-oss: truncate=False),
+    or without the per-frequency ramp, the yarn fixture misses transformers' logits."""
+    from dataclasses import replace
+
+    from minfer.gguf_file import GGUFFile
+    from minfer.models.gpt_oss import yarn_rope
+
+    r = ref("gpt-oss-yarn")
+    eng = engine("gpt-oss-yarn")
+    m = eng.model
+    if what == "no_mscale":
+        monkeypatch.setattr(m, "q_scale", 1.0)
+    else:
+        plain = replace(m.layer_rope[0], freq_factors=None)
+        rope = plain if what == "no_ramp" else yarn_rope(GGUFFile(DATA / "gpt-oss-yarn.gguf"), "gpt-oss", plain,
+                                                          truncate=True)[0]
+        monkeypatch.setattr(m, "layer_rope", [rope] * len(m.layer_rope))
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
