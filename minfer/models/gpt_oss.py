@@ -45,7 +45,9 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
   ggml_rope_yarn_corr_dims floors/ceils them (a small difference from this file). minfer/config.py
   still refuses rope.scaling.type yarn before this class is reached, so such files load only
   once config lets gpt-oss's yarn through (tests/models/test_gpt_oss.py does it by monkeypatch).
-- CUDA: the attention kernels have no sinks, so a CUDA load refuses at once (from_gguf below).
+- CUDA: the attention carries the sinks (the decode kernel's SINK variant, T > 1 in torch:
+  tests/ops/test_sinks_attention_interpreted.py, Triton's interpreter only), but the MoE has no
+  CUDA path, so a CUDA load refuses at once (from_gguf below).
 """
 
 from __future__ import annotations
@@ -140,10 +142,12 @@ class GptOssModel(Qwen3MoeModel):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "GptOssModel":
         if torch.device(device).type == "cuda":
-            # the CUDA attention kernels (ops/cuda/attention.py) have no sink logits: refuse
-            # rather than compute a different softmax
-            raise MinferError(f"{gf.path}: architecture 'gpt-oss' is not supported on CUDA yet: its attention "
-                              "sinks are missing from the CUDA attention kernels (run it with --device cpu)")
+            # the CUDA attention has the sinks (ops/cuda/attention.py SINK, T > 1 in torch; proven in
+            # Triton's interpreter, never run on a GPU), but ops.moe_ffn has no biases, no top-k
+            # softmax and no clamped SwiGLU, and ffn() below syncs with the host (no CUDA graph)
+            raise MinferError(f"{gf.path}: architecture 'gpt-oss' is not supported on CUDA yet: its MoE (router "
+                              "and expert biases, softmax over the top-k, clamped SwiGLU) has no CUDA path "
+                              "(run it with --device cpu)")
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)

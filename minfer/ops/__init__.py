@@ -170,15 +170,12 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
     window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p.
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) before the softmax.
-    sinks (H,) float32 (gpt-oss): each head's extra softmax logit (reference.attention); the CPU
-    reference only: the CUDA kernels have none, so they refuse rather than drop them."""
+    sinks (H,) float32 (gpt-oss): each head's extra softmax logit (reference.attention; on CUDA the
+    decode kernel's SINK variant, T > 1 in torch: ops/cuda/attention.py)."""
     if q.device.type != "cuda":
         return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks)
-    if sinks is not None:
-        from minfer.errors import MinferError
-
-        raise MinferError("attention sinks (gpt-oss) are not implemented on CUDA; run on the CPU")
-    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap)
+    extra = {} if sinks is None else {"sinks": sinks}
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, **extra)
 
 
 def geglu(gate, up):

@@ -1,7 +1,7 @@
 """gpt-oss on the CPU reference: each rule of the architecture is needed to reach transformers'
 logits (fixture tests/data/arch/gpt-oss.*, tools/gen_arch_fixtures.py), decode token by token
 equals the whole forward, attention sinks against a hand-written softmax, and a CUDA load
-refuses at once (the CUDA attention kernels have no sinks)."""
+refuses at once (the MoE has no CUDA path)."""
 
 from __future__ import annotations
 
@@ -102,14 +102,15 @@ def test_reference_attention_sinks_by_hand(T, start, window):
 
 
 def test_cuda_load_refuses_at_once():
-    """No CUDA attention kernel has sinks: a CUDA load stops before reading any weight, naming
-    the architecture and what is missing (no GPU needed: nothing reaches the device)."""
+    """The MoE (biases, top-k softmax, clamped SwiGLU) has no CUDA path: a CUDA load stops before
+    reading any weight, naming the architecture and what is missing (no GPU needed: nothing
+    reaches the device)."""
     from minfer.config import ModelConfig
     from minfer.gguf_file import GGUFFile
     from minfer.models import model_class
 
     gf = GGUFFile(DATA / "gpt-oss.gguf")
-    with pytest.raises(MinferError, match=r"gpt-oss.*CUDA.*sinks"):
+    with pytest.raises(MinferError, match=r"gpt-oss.*CUDA.*MoE"):
         model_class("gpt-oss").from_gguf(gf, ModelConfig.from_gguf(gf), device="cuda", progress=False)
 
 

@@ -102,7 +102,7 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
                         DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
                         GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1,
-                        PIPE: tl.constexpr = False):
+                        PIPE: tl.constexpr = False, SINK: tl.constexpr = False, sinks=None):
     """VS (Switches.decode_attn_vsplit with one split, decode_attn_split_vs with several): program
     (kvh, sp * VS + vs) computes the scores of its keys over all their dims but the output's dims
     [vs * BD / VS, (vs + 1) * BD / VS) only, reading that slice of V: a key range spread over VS
@@ -135,7 +135,13 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     copies in the loop's prologue, before the wait (sm_90 PTX: tests/ops/
     test_decode_attn_pipeline_cpu.py), into the same shared-memory stages as the plain loop (unlike
     KVPRE's registers). q and row L - 1's key and value are read after the wait; that row is folded
-    in after the tiles (_fold_score)."""
+    in after the tiles (_fold_score).
+
+    SINK (gpt-oss): sinks (H,) float32, each query head's extra softmax logit with no value
+    (reference.attention's sinks). Split 0 starts its online softmax from it -- max = sink, sum =
+    exp(0) = 1, acc = 0 -- as if it were one more key, so every way out (the direct store, the
+    combine launch, the grid merge) divides by exp(sink) + sum exp(s_j) with no change; the
+    other splits start empty as before. Split 0 holds it even when the window leaves it no key."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -167,8 +173,12 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
         s = s0 + tl.arange(0, BS)
         sa = s < cend
         ka, va = _kv_tile(kc, vc, s, sa[:, None] & dm[None, :], kvh, d, stride_ks, stride_kh, stride_vs, stride_vh)
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
+    if SINK:
+        m_i = tl.load(sinks + qh, mask=gm & (sp == 0), other=float("-inf")).to(tl.float32)
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+    else:
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, DV], dtype=tl.float32)
     first = s0
     if PIPE:
@@ -264,10 +274,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
                      vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32,
-                     combine_pdl: int | None = None) -> torch.Tensor:
+                     combine_pdl: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
+    sinks (H,) (gpt-oss): each head's extra softmax logit (the kernel's SINK variant).
 
     n_keys: int, or an int32/int64 (1,) device tensor (graph capture: the value may change
     between replays; the grid covers the whole cache), plus n_keys_add (the kernel adds it: a
@@ -366,7 +377,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre or pipe), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
-        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, PIPE=pipe,
+        AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, PIPE=pipe, SINK=sinks is not None,
+        sinks=None if sinks is None else sinks.float().contiguous(),
         num_warps=(2 * warps if vs == 1 else warps) if direct else (max(8, warps) if ahead else warps),
         **launch_kw(pdl))
     if direct or grid_merge:
@@ -407,7 +419,7 @@ def one_split_rows(head_dim: int) -> int:
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
-              ctx: Context | None = None, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+              ctx: Context | None = None, window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
@@ -417,6 +429,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     softcap > 0 (gemma2's soft-capped scores): decode takes the same kernel with the cap
     (attention.softcap[.window].decode); T > 1 writes the scores out in torch
     (attention.softcap.torch: SDPA's fused kernels have no score hook).
+    sinks (H,) (gpt-oss's per-head sink logits): decode takes the same kernel's SINK variant;
+    T > 1 the torch path with the sinks (attention.sinks.torch), for the same reason.
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
@@ -436,7 +450,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 combine_chunk=sw.decode_combine_chunk,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
-                                and ctx.workspace is not None else None)
+                                and ctx.workspace is not None else None, sinks=sinks)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
@@ -444,8 +458,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     s = start_pos + t
     hkv = k_cache.shape[1]
     scale = 1.0 / dh ** 0.5
-    if softcap > 0:
-        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap)
+    if softcap > 0 or sinks is not None:
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks)
     if window > 0:
         return masked(q, k_cache, v_cache, start_pos, scale, window, "attention.window.masked")
     if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
@@ -482,8 +496,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
 SOFTCAP_SCORE_BYTES = 1 << 28   # the float32 (H, rows, S) scores of one chunk of query rows
 
 
-def _softcapped(q, k_cache, v_cache, start_pos: int, window: int, softcap: float):
-    """T > 1 with soft-capped scores (gemma2): reference.softcapped_attention on the device in
+def _softcapped(q, k_cache, v_cache, start_pos: int, window: int, softcap: float, sinks=None):
+    """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch):
+    reference.softcapped_attention on the device in
     float32, the query rows in chunks that keep the written-out scores under
     SOFTCAP_SCORE_BYTES. Slower than the fused kernels and counted apart
     (attention.softcap.torch); exact up to float32 rounding."""
@@ -503,7 +518,7 @@ def _softcapped(q, k_cache, v_cache, start_pos: int, window: int, softcap: float
         mask = j <= p                                        # (rows, S)
         if window > 0:
             mask = mask & (p - j < window)                   # llama.cpp is_masked_swa (STANDARD)
-        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap)   # (H, rows, Dh)
+        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks)   # (H, rows, Dh)
         out[r0:r1] = o.transpose(0, 1).to(q.dtype)
-    paths.count("attention.softcap.torch")
+    paths.count("attention.softcap.torch" if softcap > 0 else "attention.sinks.torch")
     return out
