@@ -10,8 +10,10 @@ repetition_penalty) use the names llama.cpp's server and vLLM accept.
 
 Unknown fields are kept (extra="allow") and then sorted by `unsupported_fields`: an OpenAI field
 that would change the answer and that minfer does not implement (audio, prediction, ...) is a 400
-`unsupported_value` naming it; bookkeeping fields that do not change the answer (user, store,
-metadata, ...) and other servers' extensions are ignored, as OpenAI-compatible servers commonly do.
+`unsupported_value` naming it, and so is one of llama.cpp's server's or vLLM's extensions that
+would change the answer (grammar, n_predict, mirostat, ignore_eos, ...: `_EXTENSIONS`, each with
+what to send instead); bookkeeping fields that do not change the answer (user, store, metadata,
+cache_prompt, ...) are ignored, as OpenAI-compatible servers commonly do.
 """
 
 from __future__ import annotations
@@ -253,11 +255,51 @@ _UNSUPPORTED = {
 }
 _OFF_VALUES = (None, False, [], ["text"], 1)
 
+# llama.cpp's server's and vLLM's request extensions that change the answer, which minfer does
+# not read: a client written for those servers ("grammar", "n_predict") silently got another
+# answer than it asked for. Each: (its values that change nothing, what to send instead).
+_SAME_AS = "not read by this server; send `{}` (its OpenAI name) instead"
+_NOT_HERE = "{} is not supported by this server"
+_EXTENSIONS = {
+    "n_predict": ((-1,), _SAME_AS.format("max_tokens")),
+    "repeat_penalty": ((1,), _SAME_AS.format("repetition_penalty")),
+    "n_probs": ((0,), _SAME_AS.format("logprobs")),
+    "json_schema": ((), _SAME_AS.format('response_format: {"type": "json_schema", "json_schema": {"schema": ...}}')),
+    "guided_json": ((), _SAME_AS.format('response_format: {"type": "json_schema", "json_schema": {"schema": ...}}')),
+    "grammar": (("",), _NOT_HERE.format("a GBNF grammar") + "; response_format json_schema constrains to JSON"),
+    "guided_grammar": (("",), _NOT_HERE.format("a guided grammar") + "; response_format json_schema constrains to JSON"),
+    "guided_regex": (("",), _NOT_HERE.format("guided_regex")),
+    "guided_choice": ((), _NOT_HERE.format("guided_choice")),
+    "repeat_last_n": ((64,), _NOT_HERE.format("repeat_last_n (the penalties look at the last 64 tokens)")),
+    "ignore_eos": ((), _NOT_HERE.format("ignore_eos")),
+    "min_tokens": ((0,), _NOT_HERE.format("min_tokens")),
+    "typical_p": ((1,), _NOT_HERE.format("typical sampling")),
+    "mirostat": ((0,), _NOT_HERE.format("mirostat sampling")),
+    "tfs_z": ((1,), _NOT_HERE.format("tail-free sampling")),
+    "dynatemp_range": ((0,), _NOT_HERE.format("dynamic temperature")),
+    "dry_multiplier": ((0,), _NOT_HERE.format("DRY sampling")),
+    "xtc_probability": ((0,), _NOT_HERE.format("XTC sampling")),
+    "top_n_sigma": ((-1,), _NOT_HERE.format("top-n-sigma sampling")),
+    "use_beam_search": ((), _NOT_HERE.format("beam search")),
+    "stop_token_ids": ((), _NOT_HERE.format("stop_token_ids; send `stop` strings")),
+    "bad_words": ((), _NOT_HERE.format("bad_words; `logit_bias` -100 bans a token")),
+}
+
+
+def _is_off(value: Any, offs: tuple) -> bool:
+    # bool is an int: true is not the value 1 here; 1 and 1.0 are the same number
+    return any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in offs)
+
 
 def unsupported_fields(req: BaseModel) -> list[tuple[str, str]]:
     """[(field, why)] of the sent fields minfer would otherwise have to ignore silently."""
     out = []
     for name, value in (req.model_extra or {}).items():
+        if name in _EXTENSIONS:
+            offs, why = _EXTENSIONS[name]
+            if not _is_off(value, (None, False, []) + offs):
+                out.append((name, why))
+            continue
         why = _UNSUPPORTED.get(name)
         if why is None or any(value == off and type(value) is type(off) for off in _OFF_VALUES):
             continue

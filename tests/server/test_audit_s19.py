@@ -111,3 +111,27 @@ def test_serve_log_has_no_loading_bar_when_stderr_is_not_a_terminal(tmp_path):
     assert proc.returncode == 0, err
     assert "model ready" in err
     assert "\r" not in err and "layer/s" not in err, err
+
+
+def test_other_servers_answer_changing_extensions_are_400s_naming_what_to_send(server):
+    # llama.cpp's server's and vLLM's fields were accepted and ignored: `grammar` gave an
+    # unconstrained answer, `n_predict` ran to the end of the context, with no word said
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
+    cases = [("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "grammar", 'root ::= "a"', "grammar"),
+             ("/v1/completions", {"prompt": "Hi"}, "n_predict", 2, "max_tokens"),
+             (CHAT, chat, "json_schema", {"type": "object"}, "response_format"),
+             (CHAT, chat, "repeat_penalty", 1.3, "repetition_penalty"),
+             (CHAT, chat, "ignore_eos", True, "ignore_eos"),
+             (CHAT, chat, "mirostat", 2, "mirostat"),
+             (CHAT, chat, "guided_json", {"type": "object"}, "response_format")]
+    for path, body, field, value, named in cases:
+        r = httpx.post(server.url + path, json={**body, field: value}, timeout=300)
+        assert r.status_code == 400, (field, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "unsupported_value" and err["param"] == field, err
+        assert named in err["message"], err
+    # their "off" values, and bookkeeping extensions, change nothing and pass
+    for extra in ({"repeat_penalty": 1.0}, {"n_predict": -1}, {"mirostat": 0}, {"ignore_eos": False},
+                  {"grammar": ""}, {"cache_prompt": True}, {"typical_p": 1.0}):
+        r = httpx.post(server.url + CHAT, json={**chat, **extra}, timeout=300)
+        assert r.status_code == 200, (extra, r.text)
