@@ -195,3 +195,28 @@ def test_yarn_each_part_is_needed(yarn_config, monkeypatch, what):
                                                           truncate=True)[0]
         monkeypatch.setattr(m, "layer_rope", [rope] * len(m.layer_rope))
     assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > 10 * TOL
+
+
+def test_router_softmax_over_the_top_k_only(eng, monkeypatch):
+    """qwen-style weights (softmax over all experts, then the top-k's probabilities, not
+    renormalised) instead of the softmax over the chosen logits miss transformers' by far."""
+    import torch.nn.functional as F
+
+    import minfer.models.gpt_oss as go
+
+    m = eng.model
+
+    def qwen_style(h, e, ctx=None):
+        p = torch.softmax(h.float() @ e.router.t() + e.router_bias, dim=-1)
+        w, idx = torch.topk(p, m.cfg.n_experts_used, dim=-1)
+        out, Fe, D = torch.zeros(h.shape), e.gate_bias.shape[1], h.shape[1]
+        for j in idx.unique().tolist():
+            tok, slot = (idx == j).nonzero(as_tuple=True)
+            g = F.linear(h[tok], go._rows(e.gate_exps, j, Fe), e.gate_bias[j])
+            u = F.linear(h[tok], go._rows(e.up_exps, j, Fe), e.up_bias[j])
+            y = F.linear(go.swiglu_oai(g, u), go._rows(e.down_exps, j, D), e.down_bias[j])
+            out.index_add_(0, tok, y * w[tok, slot, None])
+        return out
+
+    monkeypatch.setattr(m, "ffn", qwen_style)
+    assert err(eng) > 10 * TOL
