@@ -14,7 +14,10 @@ one list of supported architectures.
 Rope scaling: `{arch}.rope.scaling.type` none|linear (positions divided by
 `rope.scaling.factor`, llama.cpp: freq_scale = 1/factor); Llama-3.1-style scaling is stored
 by the converter as a per-frequency divisor tensor `rope_freqs.weight` (ggml_rope_ext's
-`freq_factors`), read here when present. yarn/longrope are refused with a clear error.
+`freq_factors`), read here when present. `yarn` is accepted only for the architectures in
+YARN_ARCHITECTURES, whose model class applies YaRN itself from the rope.scaling.* keys (gpt-oss:
+minfer/models/gpt_oss.py yarn_rope); here it then means no linear scale. For every other
+architecture yarn (and longrope) is refused with a clear error, never silently ignored.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minfer.errors import MinferError
+
+# architectures whose model class reads rope.scaling.type yarn and applies YaRN itself
+YARN_ARCHITECTURES = frozenset({"gpt-oss"})
 
 
 @dataclass(frozen=True)
@@ -144,8 +150,11 @@ def _freq_scale(gf, arch) -> float:
             raise MinferError(f"{gf.path}: {arch}.rope.scaling.type is linear but "
                               f"'{arch}.rope.scaling.factor' is missing")
         return 1.0 / float(factor)
+    if kind == "yarn" and arch in YARN_ARCHITECTURES:
+        return 1.0   # the model applies YaRN (per-frequency divisors, mscale), not a linear scale
+    yarn = f"; yarn only for {', '.join(sorted(YARN_ARCHITECTURES))}" if kind == "yarn" else ""
     raise MinferError(f"{gf.path}: {arch}.rope.scaling.type '{kind}' is not supported "
-                      "(supported: none, linear, and llama3-style rope_freqs.weight)")
+                      f"(supported: none, linear, and llama3-style rope_freqs.weight{yarn})")
 
 
 def _arch_extras(gf, arch, rope: RopeConfig) -> dict:

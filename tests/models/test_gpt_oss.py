@@ -148,19 +148,7 @@ def test_a_cache_without_sinks_is_refused(eng):
         eng.model.forward(torch.tensor([5, 6]), Step.at(0, 2, "cpu"), NoSinks())
 
 
-@pytest.fixture
-def yarn_config(monkeypatch):
-    """minfer/config.py refuses rope.scaling.type yarn for every architecture; here it lets
-    gpt-oss's through with no linear scale (the model applies YaRN itself), as a config change
-    would."""
-    import minfer.config as C
-
-    real = C._freq_scale
-    monkeypatch.setattr(C, "_freq_scale", lambda gf, arch: 1.0 if arch == "gpt-oss" and
-                        gf.metadata.get(f"{arch}.rope.scaling.type") == "yarn" else real(gf, arch))
-
-
-def test_yarn_matches_transformers(yarn_config):
+def test_yarn_matches_transformers():
     """The released files' YaRN (factor 32, original context 4096, beta 32/1) against transformers:
     the whole sequence, the cache in pieces, and the mscale (1 + 0.1 ln 32)^2 on the scores."""
     import math
@@ -176,7 +164,7 @@ def test_yarn_matches_transformers(yarn_config):
 
 
 @pytest.mark.parametrize("what", ["no_mscale", "truncate", "no_ramp"])
-def test_yarn_each_part_is_needed(yarn_config, monkeypatch, what):
+def test_yarn_each_part_is_needed(monkeypatch, what):
     """Without the mscale, with llama.cpp's rounded correction dims (HF gpt-oss: truncate=False),
     or without the per-frequency ramp, the yarn fixture misses transformers' logits."""
     from dataclasses import replace
