@@ -30,6 +30,17 @@ QWEN2_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p
 QWEN35_RE = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
              r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
              r"|\s+(?!\S)|\s+")
+# LLAMA_VOCAB_PRE_TYPE_GPT4O (pre "gpt-4o", "llama4", "kanana2", "talkie"; tiktoken's o200k):
+# llama.cpp's adapted form of the tokenizer.json regex, its \p{Lu}\p{Lt}.. classes written
+# with lookaheads: "upper" = a letter other than a-z, "lower" = a letter other than A-Z.
+# It differs from o200k on non-ASCII text: \p{M} is no longer part of a word (a combining
+# mark starts a new piece: "re" + U+0301 "sume" ...), and a non-ASCII letter counts as both
+# cases (Cyrillic/Greek case changes do not split). minfer follows llama.cpp.
+GPT4O_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+            r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+            r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK_LLM: latin/greek/cyrillic/... letters spelled as ranges
 # (\u escapes: several of these code points are canonical singletons that an editor's NFC
 # normalization would silently change, e.g. U+1F7D -> U+03CE)
@@ -71,6 +82,7 @@ class PreRules:
 _LLAMA3 = PreRules((LLAMA3_RE,), ignore_merges=True, add_bos=True)
 _QWEN2 = PreRules((QWEN2_RE,), clean_spaces=False)
 _GPT2 = PreRules((GPT2_RE,))
+_GPT4O = PreRules((GPT4O_RE,), clean_spaces=False)
 _DIGIT_THEN_GPT2 = (r"\p{N}", GPT2_RE)  # STARCODER, REFACT, COMMAND_R, SMOLLM, ...
 
 # tokenizer.ggml.pre -> rules, for the names llama.cpp maps to the pre types below. Any
@@ -82,6 +94,7 @@ PRE_TYPES: dict[str, PreRules] = {
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
     "megrez": PreRules((QWEN2_RE,)),  # QWEN2 rules, clean_spaces left on
     "qwen35": PreRules((QWEN35_RE,), clean_spaces=False),
+    "gpt-4o": _GPT4O, "llama4": _GPT4O, "kanana2": _GPT4O, "talkie": _GPT4O,
     "smollm": PreRules(_DIGIT_THEN_GPT2, clean_spaces=False),
     "starcoder": PreRules(_DIGIT_THEN_GPT2),
     "refact": PreRules(_DIGIT_THEN_GPT2),
