@@ -16,6 +16,7 @@ wake-up per region. The CLI is the process's owner, so it may set this; the libr
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import os
 import sys
@@ -129,8 +130,23 @@ def _unknown_command(word: str) -> str | None:
     return None
 
 
+# errors of writing the output (a full disk or quota, a failing or closed descriptor): one line
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG}
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null: what is still buffered for a pipe or disk that failed would
+    otherwise fail again, with a traceback, when the interpreter flushes it at exit."""
+    try:
+        sys.stdout = open(os.devnull, "w")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     set_process_env()
+    if sys.stdout is None:   # started with stdout closed (`minfer run ... >&-`): the text goes nowhere
+        _discard_stdout()
     parser = build_parser()
     words = sys.argv[1:] if argv is None else argv
     if words and words[0] == "help":   # `minfer help [COMMAND]`, as git and pip take it
@@ -157,11 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # output piped into `head` and closed: not an error of ours
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+        _discard_stdout()
         return 0
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        print(f"minfer: error: cannot write {e.filename or 'the output'}: {e.strerror}", file=sys.stderr)
+        _discard_stdout()
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ piped chat does with a slip of the keyboard."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -74,3 +77,19 @@ def test_an_unknown_chat_command_is_not_sent_as_a_message(capsys, monkeypatch, t
     assert sent == ["hi", "/usr/bin is a path"], sent
     assert "unknown command /rest" in err and "/reset" in err, err
     assert "conversation cleared" in err, err   # /clear is /reset, as in ollama and llama-cli
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(tiny):
+    # `minfer list > /dev/full` (a full disk) and `minfer tokenize ... >&-` printed tracebacks
+    for args in (["list"], ["tokenize", "-m", tiny, "hello"], ["inspect", tiny, "--json"]):
+        with open("/dev/full", "w") as full:
+            r = subprocess.run([sys.executable, "-m", "minfer", *args], stdout=full, stderr=subprocess.PIPE,
+                               text=True, timeout=300)
+        assert r.returncode == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines() == ["minfer: error: cannot write the output: No space left on device"]
+    # stdout closed before the start: the text goes nowhere, as into /dev/null
+    r = subprocess.run([sys.executable, "-m", "minfer", "tokenize", "-m", tiny, "hello"], stdout=None,
+                       stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
