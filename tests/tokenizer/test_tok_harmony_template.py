@@ -1,0 +1,102 @@
+"""gpt-oss's harmony chat template (tests/data/templates/openai-gpt-oss-120b.jinja, llama.cpp's
+copy of the released one) rendered by minfer's sandboxed renderer equals transformers'
+render_jinja_template (the apply_chat_template path) for the same variables: system + user,
+multi-turn with thinking, function tools with tool calls and results, a final assistant turn
+without a generation prompt, built-in tools with reasoning effort and model identity; the
+template's raise_exception surfaces as a TemplateError; strftime_now gives today's date."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from minfer.errors import MinferError
+from minfer.tokenizer.chat_template import render_chat
+from test_tok_gpt4o import trained  # noqa: F401  (the fixture: a vocab with harmony's tokens)
+
+T = (Path(__file__).resolve().parents[1] / "data" / "templates" / "openai-gpt-oss-120b.jinja").read_text()
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "The city"},
+        "unit": {"type": "string", "enum": ["c", "f"], "default": "c"},
+        "days": {"type": "integer"}, "hours": {"type": "array", "items": {"type": "number"}},
+        "tags": {"type": ["string", "null"]},
+        "where": {"oneOf": [{"type": "string"}, {"type": "object", "description": "coords"}]}}}}}]
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+CASES = {
+    "system_user": ([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}],
+                    True, {}),
+    "multi_turn": ([{"role": "user", "content": "2+2?"},
+                    {"role": "assistant", "content": "4", "thinking": "easy sum"},
+                    {"role": "user", "content": "and 3+3?"}], True, {}),
+    "tools": ([{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "thinking": "call the tool", "tool_calls": [CALL]},
+               {"role": "tool", "content": "{\"t\": 21}"}], True, {"tools": TOOLS}),
+    "tools_then_final": ([{"role": "user", "content": "Weather in Paris?"},
+                          {"role": "assistant", "content": "", "thinking": "call", "tool_calls": [CALL]},
+                          {"role": "tool", "content": "sunny"},
+                          {"role": "assistant", "content": "Sunny.", "thinking": "done"}], False, {"tools": TOOLS}),
+    "final_no_prompt": ([{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello!", "thinking": "greet"}], False, {}),
+    "builtin_tools": ([{"role": "developer", "content": "Use tools wisely"}, {"role": "user", "content": "search"}],
+                      True, {"builtin_tools": ["browser", "python"], "reasoning_effort": "high",
+                             "model_identity": "You are X."}),
+}
+
+
+def reference(messages, agp, extra) -> str:
+    extra = dict(extra)
+    tools = extra.pop("tools", None)
+    out = render_jinja_template([messages], tools=tools, chat_template=T, add_generation_prompt=agp, **extra)
+    return out[0][0]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_harmony_template_equals_transformers(case):
+    messages, agp, extra = CASES[case]
+    want = reference(messages, agp, extra)
+    assert render_chat(T, messages, add_generation_prompt=agp, **extra) == want
+    assert want.startswith("<|start|>system<|message|>")
+    assert want.endswith("<|start|>assistant") == agp
+
+
+def test_harmony_template_content():
+    """What the references above agree on is harmony, not an empty or generic render."""
+    import re
+
+    out = render_chat(T, *CASES["tools"][:2], **CASES["tools"][2])
+    assert re.search(r"\nCurrent date: 20\d\d-\d\d-\d\d\n", out)   # strftime_now("%Y-%m-%d")
+    assert "namespace functions {" in out and "type get_weather = (_: {" in out
+    assert "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" \
+           "{\"city\": \"Paris\"}<|call|>" in out
+    out = render_chat(T, *CASES["final_no_prompt"][:2])
+    assert out.endswith("<|start|>assistant<|channel|>final<|message|>Hello!<|return|>")
+
+
+def test_harmony_raise_exception():
+    with pytest.raises(MinferError, match="tool role, but there was no previous assistant message"):
+        render_chat(T, [{"role": "tool", "content": "x"}])
+    with pytest.raises(Exception, match="tool role, but there was no previous assistant message"):
+        reference([{"role": "tool", "content": "x"}], True, {})
+
+
+def test_harmony_prompt_ids(trained):  # noqa: F811
+    """The rendered prompt becomes ids with every harmony marker one token (the vocab of
+    test_tok_gpt4o.py holds them), the content plain BPE."""
+    from minfer.tokenizer.chat_template import chat_token_ids
+
+    tok, ref, tokens = trained
+    tok.chat_template = T
+    messages, agp, _ = CASES["system_user"]
+    ids = chat_token_ids(tok, messages, add_generation_prompt=agp)
+    text = reference(messages, agp, {})
+    want, at = [], 0
+    import re
+    for m in re.finditer(r"<\|(start|end|message|channel|return|call)\|>", text):
+        want += ref.encode(text[at:m.start()], add_special_tokens=False).ids + [tokens.index(m.group())]
+        at = m.end()
+    want += ref.encode(text[at:], add_special_tokens=False).ids
+    assert ids == want
