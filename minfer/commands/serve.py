@@ -24,8 +24,11 @@ at once and the model loads in the background, so poll /health before sending wo
 
 Requests take OpenAI's fields plus top_k, min_p and repetition_penalty. Sampling fields a
 request leaves out keep minfer's defaults (those of `minfer run`: temperature 0.8, top_k 40,
-top_p 0.95, min_p 0.05); send "temperature": 0 for greedy, repeatable answers. Without
-max_tokens an answer runs until the model ends its turn or the context is full.
+top_p 0.95, min_p 0.05); send "temperature": 0 for greedy answers. On the CPU's default
+int4/int8 matrices a prompt's tokens computed in one prefill and those after a prefix still in
+the KV cache round differently (bfloat16), so a repeated request can take another token at a
+near-tie; MINFER_CPU_QUANT=0 (float32) repeats exactly. Without max_tokens an answer runs until
+the model ends its turn or the context is full.
 
 Example:
   minfer serve -m smollm2-135m-instruct --port 8080

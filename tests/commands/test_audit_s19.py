@@ -93,3 +93,12 @@ def test_an_output_that_cannot_be_written_is_one_line_not_a_traceback(tiny):
     r = subprocess.run([sys.executable, "-m", "minfer", "tokenize", "-m", tiny, "hello"], stdout=None,
                        stderr=subprocess.PIPE, text=True, timeout=300, preexec_fn=lambda: os.close(1))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_serve_help_does_not_promise_repeatable_greedy_answers_on_the_int4_cpu(capsys):
+    # "send temperature 0 for greedy, repeatable answers": on the CPU's default int4 matrices the
+    # same request twice gave two answers (the second reuses the cached prefix, whose last tokens
+    # take the decode kernel, not the bf16 prefill); the help says so and how to repeat exactly
+    text = " ".join(_help(capsys, "serve").split())
+    assert "repeatable answers" not in text
+    assert "MINFER_CPU_QUANT=0" in text and "near-tie" in text
