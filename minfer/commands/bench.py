@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the markdown table (default) or the JSON record")
     p.add_argument("--out", metavar="FILE.json", default=None,
                    help="also write the JSON record to FILE.json and the markdown summary to FILE.md")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
     p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
                    help="interleaved A/B of two switch settings, e.g. 'MINFER_GEMV=1' "
                    "'MINFER_GEMV=0' (several: 'X=1 Y=2'; a bare X unsets it)")

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "with the same per-layer shapes")
     p.add_argument("--recipe", choices=list(RECIPES), default="q4_k_m",
                    help="quantization types of the 2-D weights (default: q4_k_m)")
-    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same file")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same file (default 0)")
     p.add_argument("--vocab", type=int, default=None, help="vocabulary rows (default: the preset's)")
     p.add_argument("--tokenizer-from", metavar="MODEL", default=None,
                    help="copy the tokenizer (tokens padded to the vocab with '[PAD<i>]', merges, "

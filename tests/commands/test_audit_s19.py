@@ -102,3 +102,8 @@ def test_serve_help_does_not_promise_repeatable_greedy_answers_on_the_int4_cpu(c
     text = " ".join(_help(capsys, "serve").split())
     assert "repeatable answers" not in text
     assert "MINFER_CPU_QUANT=0" in text and "near-tie" in text
+
+
+def test_every_seed_flag_states_its_default(capsys):
+    for command in ("bench", "synth"):
+        assert "(default 0)" in _flag_help(_help(capsys, command), "--seed SEED"), command
