@@ -498,7 +498,8 @@ _CONTROL_RE: dict[int, Any] = {}  # id(tokenizer) -> (tokenizer, compiled regex 
 
 
 def _control_pattern(tok):
-    """A regex matching the text of any control/unknown token of `tok` (cached per tokenizer)."""
+    """A regex matching the text of any control/unknown token or turn marker of `tok` (cached
+    per tokenizer)."""
     from minfer.tokenizer import vocab as V
 
     hit = _CONTROL_RE.get(id(tok))
@@ -506,6 +507,7 @@ def _control_pattern(tok):
         return hit[1]
     texts = {tok.token_text(i) for i in range(tok.n_vocab)
              if tok.token_attr(i) & (V.ATTR_CONTROL | V.ATTR_UNKNOWN)}
+    texts |= {tok.token_text(i) for i in getattr(tok, "turn_markers", ())}   # harmony's
     pat = re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True))) if texts else None
     if len(_CONTROL_RE) > 8:
         _CONTROL_RE.clear()

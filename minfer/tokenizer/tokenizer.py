@@ -115,6 +115,7 @@ class Tokenizer:
         self._ids = sp.ids
         self.eog_ids: set[int] = set(sp.eog)
         self._partition_order = [(i, self._texts[i]) for i in sp.partition_order]
+        self.turn_markers: frozenset[int] = sp.turn_markers   # vocab.SpecialIds.turn_markers
         # load(): per-type defaults, then the metadata (add_bos_token, add_eos_token,
         # add_space_prefix) overrides them
         rules: PreRules | None = PRE_TYPES.get(pre_name) if pre_name is not None else None
@@ -251,15 +252,16 @@ class Tokenizer:
         return self._texts[self.eos_id] if self.eos_id is not None else ""
 
     # ---- encode ----
-    def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """Cut text at special-token texts (llama-vocab.cpp: tokenizer_st_partition)."""
+    def _partition(self, text: str, parse_special: bool, plain: frozenset[int] = frozenset()) -> list[str | int]:
+        """Cut text at special-token texts (llama-vocab.cpp: tokenizer_st_partition); the ids
+        in `plain` stay text too when not parse_special."""
         frags: list[str | int] = [text] if text else []
         # every fragment is a piece of `text`: a token whose text `text` lacks is skipped in
         # one C-level search (Gemma 3 has 6,414 special tokens)
         present = [(tid, t) for tid, t in self._partition_order if t in text]
         for tid, ttext in present:
             attr = self._attrs[tid]
-            if not parse_special and attr & (V.ATTR_CONTROL | V.ATTR_UNKNOWN):
+            if not parse_special and (attr & (V.ATTR_CONTROL | V.ATTR_UNKNOWN) or tid in plain):
                 continue
             if not any(isinstance(f, str) and ttext in f for f in frags):
                 continue
@@ -292,12 +294,13 @@ class Tokenizer:
     def encode_segments(self, segments: list[tuple[str, bool]], add_bos: bool | None = None) -> list[int]:
         """encode() of the joined texts, where each (text, parse_special) segment decides alone
         whether control-token texts in it become control tokens (the server: a client's
-        message content stays text, the chat template's own markers are tokens). Plain text
+        message content stays text, the chat template's own markers are tokens; harmony's
+        user-defined turn markers, `turn_markers`, count as control tokens here). Plain text
         of neighbouring segments is joined before tokenizing, so the ids equal encode(joined)
         whenever no control-token text is in a parse_special=False segment."""
         frags: list[str | int] = []
         for text, special in segments:
-            for f in self._partition(text, special):
+            for f in self._partition(text, special, self.turn_markers):
                 if isinstance(f, str) and frags and isinstance(frags[-1], str):
                     frags[-1] += f
                 else:

@@ -78,6 +78,10 @@ class SpecialIds:
     eog: set[int]                  # end-of-generation ids
     partition_order: list[int]     # ids matched in text before BPE, longest text first
     by_text: dict[str, int]        # token text -> id (the last id of a duplicated text)
+    # harmony's turn markers (<|start|>, <|channel|>, <|message|>, <|constrain|>, and <|end|>
+    # where it leaves the EOG set): llama.cpp makes them USER_DEFINED so that they render and
+    # are always parsed; minfer's chat prompt still keeps a client's copy of them as text
+    turn_markers: frozenset[int] = frozenset()
 
 
 def token_texts(tokens: list[str]) -> list[str]:
@@ -140,9 +144,11 @@ def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
             eog.add(by_text[t])
             attrs[by_text[t]] |= ATTR_CONTROL
     # gpt-oss: these always render ("quick hack for gpt-oss", set before the sanity checks)
+    markers: set[int] = set()
     for t in ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"):
         if t in by_text:
             attrs[by_text[t]] = ATTR_USER_DEFINED
+            markers.add(by_text[t])
     for k in ("eos", "eot", "eom"):  # "sanity checks": these are always end-of-generation
         if ids[k] is not None:
             eog.add(ids[k])
@@ -154,6 +160,7 @@ def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
                                    or ((has("<|call|>") or has("<|calls|>")) and has("<|flush|>"))):
         eog.discard(eog_texts["<|end|>"])
         attrs[eog_texts["<|end|>"]] = ATTR_USER_DEFINED
+        markers.add(eog_texts["<|end|>"])
     # gemma4 and plamo have a normal </s> token: it leaves the EOG set and is plain text
     if "</s>" in eog_texts and (has("<|tool_response>") or has("<|plamo:eos|>")):
         eog.discard(eog_texts["</s>"])
@@ -175,4 +182,4 @@ def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
             if t in by_text:
                 attrs[by_text[t]] = attrs[by_text[t]] | ATTR_RSTRIP if on else \
                     attrs[by_text[t]] & ~ATTR_RSTRIP
-    return SpecialIds(ids, attrs, eog, order, by_text)
+    return SpecialIds(ids, attrs, eog, order, by_text, frozenset(markers))
