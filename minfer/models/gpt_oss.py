@@ -46,8 +46,11 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
   still refuses rope.scaling.type yarn before this class is reached, so such files load only
   once config lets gpt-oss's yarn through (tests/models/test_gpt_oss.py does it by monkeypatch).
 - CUDA: the attention carries the sinks (the decode kernel's SINK variant, T > 1 in torch:
-  tests/ops/test_sinks_attention_interpreted.py, Triton's interpreter only), but the MoE has no
-  CUDA path, so a CUDA load refuses at once (from_gguf below).
+  tests/ops/test_sinks_attention_interpreted.py) and the MoE is ops.moe_ffn with its gpt-oss
+  options (router bias, gating "topk_softmax", expert biases, act "swiglu_oai": ops/cuda/moe.py,
+  moe_act.py), with no host value, so the engine's decode CUDA graph can capture the step.
+  Proven in Triton's interpreter only (tests/ops/test_gpt_oss_interpreted.py), never yet on a
+  GPU. The batch engine's paged cache has no sinks: refused by name (_check_sinks).
 """
 
 from __future__ import annotations
@@ -57,7 +60,6 @@ import inspect
 from dataclasses import dataclass, replace
 
 import torch
-import torch.nn.functional as F
 
 from minfer import ops
 from minfer.config import ModelConfig
@@ -141,13 +143,6 @@ class GptOssModel(Qwen3MoeModel):
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "GptOssModel":
-        if torch.device(device).type == "cuda":
-            # the CUDA attention has the sinks (ops/cuda/attention.py SINK, T > 1 in torch; proven in
-            # Triton's interpreter, never run on a GPU), but ops.moe_ffn has no biases, no top-k
-            # softmax and no clamped SwiGLU, and ffn() below syncs with the host (no CUDA graph)
-            raise MinferError(f"{gf.path}: architecture 'gpt-oss' is not supported on CUDA yet: its MoE (router "
-                              "and expert biases, softmax over the top-k, clamped SwiGLU) has no CUDA path "
-                              "(run it with --device cpu)")
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)
@@ -226,23 +221,14 @@ class GptOssModel(Qwen3MoeModel):
         return ops.linear(merge_heads(o), blk.attn_output, self.attn_output_bias[i], ctx)
 
     def ffn(self, h: torch.Tensor, e: OssMoe, ctx=None) -> torch.Tensor:
-        """The layer's MoE of the normed input h (T, D) -> (T, D), expert by expert over the tokens
-        routed to it."""
-        T, D = h.shape
-        E, K = e.router.shape[0], self.cfg.n_experts_used
-        logits = h.float() @ e.router.t() + e.router_bias                 # (T, E)
-        top, idx = torch.topk(logits, K, dim=-1)                          # (T, K)
-        w = torch.softmax(top, dim=-1)                                    # over the K chosen only
-        Fe = e.gate_bias.shape[1]
-        out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
-        for j in idx.unique().tolist():
-            tok, slot = (idx == j).nonzero(as_tuple=True)
-            x = h[tok].float()
-            g = F.linear(x, _rows(e.gate_exps, j, Fe), e.gate_bias[j])
-            u = F.linear(x, _rows(e.up_exps, j, Fe), e.up_bias[j])
-            y = F.linear(swiglu_oai(g, u), _rows(e.down_exps, j, D), e.down_bias[j])      # (n, D)
-            out.index_add_(0, tok, y * w[tok, slot, None])
-        return out.to(h.dtype)
+        """The layer's MoE of the normed input h (T, D) -> (T, D): ops.moe_ffn with the router bias,
+        the softmax over the top-k logits, the experts' biases and the clamped SwiGLU (the
+        reference expert by expert; on CUDA with no host value, so a decode step is capturable).
+        The constants are read at call time (tests change SWIGLU_LIMIT)."""
+        return ops.moe_ffn(h, e.router, e.gate_exps, e.up_exps, e.down_exps, self.cfg.n_experts_used, False, ctx,
+                           router_bias=e.router_bias, gating="topk_softmax", gate_bias=e.gate_bias,
+                           up_bias=e.up_bias, down_bias=e.down_bias, act="swiglu_oai", alpha=SWIGLU_ALPHA,
+                           limit=SWIGLU_LIMIT)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""

@@ -214,29 +214,75 @@ def window_mask(q_pos: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
 
 
 def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
-            norm_weights: bool) -> torch.Tensor:
-    """Mixture of SwiGLU experts of the normed input h (T, D) -> (T, D) (llama.cpp build_moe_ffn
-    with softmax gating; HF Qwen3MoeSparseMoeBlock).
+            norm_weights: bool, *, router_bias=None, gating: str = "softmax", gate_bias=None, up_bias=None,
+            down_bias=None, act: str = "silu", alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """Mixture of gated experts of the normed input h (T, D) -> (T, D) (llama.cpp build_moe_ffn;
+    HF Qwen3MoeSparseMoeBlock, GptOssMLP).
 
     router (E, D) float32; gate_exps/up_exps: QWeights (E*Fe, D), down_exps (E*D, Fe), expert e's
-    rows at [e*N, (e+1)*N). p = softmax(router h) over all E experts, the k largest kept, their
-    weights divided by their sum when norm_weights; out = sum_k w_k down_e(silu(gate_e h) * up_e h).
+    rows at [e*N, (e+1)*N). Router logits l = router h (+ router_bias (E,)). gating "softmax"
+    (qwen3moe): p = softmax(l) over all E experts, the k largest kept, their weights divided by
+    their sum when norm_weights. gating "topk_softmax" (gpt-oss): the k largest logits kept, their
+    weights the softmax over those k only (norm_weights has nothing left to do).
+    out = sum_k w_k (down_e a + down_bias[e]), a = act(gate_e h + gate_bias[e], up_e h + up_bias[e]),
+    biases (E, N) float32 or None; act "silu": silu(g) * u; "swiglu_oai" (gpt-oss):
+    g' = min(g, limit), u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1).
     The reference goes expert by expert over the tokens routed to it."""
     T, D = h.shape
     E = router.shape[0]
-    probs = torch.softmax(h.float() @ router.float().t(), dim=-1)       # (T, E)
-    w, idx = torch.topk(probs, k, dim=-1)                               # (T, k)
-    if norm_weights:
-        w = w / w.sum(-1, keepdim=True)
+    w, idx = route(h, router, k, norm_weights, router_bias, gating)
     Fe = gate_exps.shape[0] // E
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
     for e in idx.unique().tolist():
         tok, slot = (idx == e).nonzero(as_tuple=True)                     # tokens routed to e
         g, u, d = _expert(gate_exps, e, Fe), _expert(up_exps, e, Fe), _expert(down_exps, e, D)
         x = h[tok].to(g.dtype)
-        y = F.linear(F.silu(F.linear(x, g)) * F.linear(x, u), d)          # (n, D)
-        out.index_add_(0, tok, y.float() * w[tok, slot, None])
+        a = moe_act(F.linear(x, g), F.linear(x, u), gate_bias, up_bias, e, act, alpha, limit)
+        y = F.linear(a.to(d.dtype), d).float()                            # (n, D)
+        if down_bias is not None:
+            y = y + down_bias[e].float()
+        out.index_add_(0, tok, y * w[tok, slot, None])
     return out.to(h.dtype)
+
+
+MOE_GATINGS = ("softmax", "topk_softmax")
+MOE_ACTS = ("silu", "swiglu_oai")
+
+
+def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
+          gating: str = "softmax"):
+    """moe_ffn's router: weights (T, k) float32 and expert ids (T, k) int64, on h's device with
+    torch ops only (no host value: the CUDA backend calls it too)."""
+    if gating not in MOE_GATINGS:
+        raise ValueError(f"moe_ffn: gating {gating!r} is not one of {MOE_GATINGS}")
+    logits = h.float() @ router.float().t()                               # (T, E)
+    if router_bias is not None:
+        logits = logits + router_bias.float()
+    if gating == "topk_softmax":
+        top, idx = torch.topk(logits, k, dim=-1)
+        return torch.softmax(top, dim=-1), idx
+    w, idx = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    if norm_weights:
+        w = w / w.sum(-1, keepdim=True)
+    return w, idx
+
+
+def moe_act(g: torch.Tensor, u: torch.Tensor, gate_bias, up_bias, e: int, act: str, alpha: float,
+            limit: float) -> torch.Tensor:
+    """Expert e's activation of its gate and up outputs (n, Fe), biases added first (float32)."""
+    if act not in MOE_ACTS:
+        raise ValueError(f"moe_ffn: act {act!r} is not one of {MOE_ACTS}")
+    if gate_bias is None and up_bias is None and act == "silu":
+        return F.silu(g) * u                                              # qwen3moe's, as it was
+    g, u = g.float(), u.float()
+    if gate_bias is not None:
+        g = g + gate_bias[e].float()
+    if up_bias is not None:
+        u = u + up_bias[e].float()
+    if act == "silu":
+        return F.silu(g) * u
+    g = g.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (u.clamp(-limit, limit) + 1)
 
 
 def _expert(w, e: int, n: int) -> torch.Tensor:

@@ -22,14 +22,18 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
-         "olmo3"]
+         "olmo3", "gpt-oss"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
             "granitemoe": ["moe.gather", "moe.grouped"], "granitemoeshared": ["moe.gather", "moe.grouped"],
             "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",
                        "geglu.triton"],
-            "olmo3": ["attention.window"]}
+            "olmo3": ["attention.window"],
+            # gpt-oss: the sinks (T > 1 in torch, the decode kernel's SINK variant on window and full
+            # layers) and the MoE's options (moe_act.py's biased clamped SwiGLU on both MoE paths)
+            "gpt-oss": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
+                        "moe.gather", "moe.grouped", "moe.act.triton"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

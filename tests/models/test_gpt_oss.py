@@ -1,7 +1,7 @@
 """gpt-oss on the CPU reference: each rule of the architecture is needed to reach transformers'
 logits (fixture tests/data/arch/gpt-oss.*, tools/gen_arch_fixtures.py), decode token by token
-equals the whole forward, attention sinks against a hand-written softmax, and a CUDA load
-refuses at once (the MoE has no CUDA path)."""
+equals the whole forward, attention sinks against a hand-written softmax, and a CUDA load is no
+longer refused at the architecture (the MoE's CUDA path: tests/ops/test_gpt_oss_interpreted.py)."""
 
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ def test_each_rule_is_needed(eng, monkeypatch, what):
     elif what == "window":
         monkeypatch.setattr(m, "window", 0)
     elif what == "clamp":
-        real = go.swiglu_oai
-        monkeypatch.setattr(go, "swiglu_oai", lambda g, u: real(g, u, limit=1e30))
+        monkeypatch.setattr(go, "SWIGLU_LIMIT", 1e30)       # read by GptOssModel.ffn at each call
     elif what == "o_bias":
         monkeypatch.setattr(m, "attn_output_bias", [torch.zeros_like(b) for b in m.attn_output_bias])
     else:
@@ -101,17 +100,27 @@ def test_reference_attention_sinks_by_hand(T, start, window):
     assert (got - plain).abs().max() > 1e-2            # the sinks change the result
 
 
-def test_cuda_load_refuses_at_once():
-    """The MoE (biases, top-k softmax, clamped SwiGLU) has no CUDA path: a CUDA load stops before
-    reading any weight, naming the architecture and what is missing (no GPU needed: nothing
-    reaches the device)."""
+def test_cuda_load_is_no_longer_refused(monkeypatch):
+    """The MoE has a CUDA path now (ops.moe_ffn's gpt-oss options; the fixture's forward through
+    the CUDA backend's code: tests/ops/test_gpt_oss_interpreted.py), so a CUDA load passes the
+    architecture and reaches the weights: here, with no GPU, the first weight copy to the device
+    is what stops it (a CUDA machine loads it)."""
+    import minfer.models.gpt_oss as go
     from minfer.config import ModelConfig
     from minfer.gguf_file import GGUFFile
     from minfer.models import model_class
 
+    reached = []
+
+    def stop(gf, name, *a, **kw):
+        reached.append(name)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(go, "load_qweight", stop)
     gf = GGUFFile(DATA / "gpt-oss.gguf")
-    with pytest.raises(MinferError, match=r"gpt-oss.*CUDA.*MoE"):
+    with pytest.raises(RuntimeError, match="stop here"):
         model_class("gpt-oss").from_gguf(gf, ModelConfig.from_gguf(gf), device="cuda", progress=False)
+    assert reached == ["token_embd.weight"]
 
 
 @pytest.mark.parametrize("tensor", ["blk.1.attn_sinks.weight", "blk.0.ffn_gate_inp.bias", "blk.2.ffn_down_exps.bias",

@@ -47,8 +47,14 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   attention.softcap[.window].decode  the decode kernel with gemma2's score soft-cap (its CAP variant)
   attention.softcap.torch        T > 1 with soft-capped scores: torch float32, query rows in chunks
                                  (no fused SDPA kernel takes a score soft-cap)
+  attention.sinks.torch          T > 1 with attention sinks (gpt-oss): torch float32, query rows in chunks;
+                                 one row takes the decode kernel's SINK variant (attention.decode.triton,
+                                 attention.window.decode)
   geglu.triton                   gelu_tanh(gate) * up (gemma3)
   moe.gather / moe.grouped       MoE experts: row-gather decode / grouped GEMM (ops/cuda/moe.py)
+  moe.gather.q8                  MoE decode: the int8 GEMV over the selected experts' repacked rows
+  moe.act.triton                 the experts' activation with per-expert gate/up biases, silu or the
+                                 clamped swiglu_oai (gpt-oss; ops/cuda/moe_act.py)
 """
 
 from __future__ import annotations

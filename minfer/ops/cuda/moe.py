@@ -24,6 +24,14 @@ minfer.ops.reference.moe_ffn (expert by expert, float32).
   Where torch._grouped_mm is missing or refuses (older torch, fp32 activations, other GPUs),
   a padded batched matmul over the experts takes its place (each expert's rows padded to the
   largest count, on the device: no host sync either).              fallback moe.grouped (bmm)
+
+Options (gpt-oss; ops.moe_ffn): a router bias and gating "topk_softmax" (the k largest logits,
+softmax over those k: reference.route, torch ops on the device), per-expert biases on gate / up
+(added in the activation launch, moe_act.py, the expert of each row read on the device) and down
+(a torch gather-add), and act "swiglu_oai" (the clamped SwiGLU, moe_act.py). The defaults keep
+the qwen3moe launches as they were; with any option each path runs its GEMMs as before and the
+activation in moe_act's kernel (path moe.act.triton); the int8 gather quantizes the activation
+rows in a launch of its own instead of the fused SwiGLU + int8 one.
 """
 
 from __future__ import annotations
@@ -32,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from minfer.errors import MinferError
-from minfer.ops import paths
-from minfer.ops.cuda import dequant, gemv_q8, gemv_q8_experts, gemv_repack
+from minfer.ops import paths, reference
+from minfer.ops.cuda import dequant, gemv_q8, gemv_q8_experts, gemv_repack, moe_act
 from minfer.ops.cuda.gemv_repack_layout import planes_of
 
 GATHER_MAX = 16     # T*k rows at most for the expert gather (a decode step: T=1, k<=8 -> 8)
@@ -52,7 +60,7 @@ def _decode_rows(w, rows: torch.Tensor, k: int, dtype) -> torch.Tensor:
     return dequant.dequantize_into(w.raw, w.qtype, rows.shape[0], k, out, idx=rows, interpret=dequant.interpret())
 
 
-def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx):
+def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx, opts=None):
     """Few rows: the T*k selected experts by the int8 GEMV over their repacked rows -> (T, D).
     One row uses the int8 form its producer attached (h.q8); more rows are quantized here and
     each (token, slot) pair gets its token's row."""
@@ -70,9 +78,28 @@ def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx):
     gx = gemv_q8_experts.gemv_q8_experts
     g = gx(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
     u = gx(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
-    _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
+    if opts is None:
+        _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
+    else:
+        qa = gemv_q8.quantize_rows(_act(g, u, sel, opts), interpret=interp)
     y = gx(qa, planes_of(down_exps), sel, D, per_slot_x=True, out_dtype=torch.float32, ws=ws, interpret=interp)
-    return (y.view(T, k, D) * w[..., None]).sum(1).to(h.dtype)
+    return (_down_bias(y, sel, opts).view(T, k, D) * w[..., None]).sum(1).to(h.dtype)
+
+
+def _act(g, u, rows_e, opts):
+    """The experts' activation of (R, Fe) gate / up rows, row r of expert rows_e[r]: silu(g) * u
+    in torch with the default options (as before them), moe_act's kernel with any."""
+    if opts is None:
+        return F.silu(g) * u
+    return moe_act.moe_act(g, u, rows_e, opts["gate_bias"], opts["up_bias"], opts["act"], opts["alpha"],
+                           opts["limit"])
+
+
+def _down_bias(y, rows_e, opts):
+    """y (R, D) float32 plus down_bias[rows_e] (E, D) when the options have one."""
+    if opts is None or opts["down_bias"] is None:
+        return y
+    return y + opts["down_bias"].float().index_select(0, rows_e)
 
 
 def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
@@ -80,23 +107,29 @@ def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
     return (experts[:, None] * n + torch.arange(n, device=experts.device)[None, :]).reshape(-1)
 
 
-def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool):
-    """softmax(router h) over the E experts, the k largest: weights (T, k) float32, ids (T, k)."""
-    probs = torch.softmax(h.float() @ router.float().t(), dim=-1)     # (T, E)
-    w, idx = torch.topk(probs, k, dim=-1)
-    if norm_weights:
-        w = w / w.sum(-1, keepdim=True)
-    return w, idx
+def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
+          gating: str = "softmax"):
+    """Weights (T, k) float32 and expert ids (T, k) on the device: reference.route's torch ops
+    (softmax over E then top-k, or top-k logits then their softmax), no host value."""
+    return reference.route(h, router, k, norm_weights, router_bias, gating)
 
 
 def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
-            norm_weights: bool, ctx=None) -> torch.Tensor:
-    """h (T, D) normed activations -> (T, D) in h's dtype; see minfer.ops.reference.moe_ffn."""
+            norm_weights: bool, ctx=None, *, router_bias=None, gating: str = "softmax", gate_bias=None,
+            up_bias=None, down_bias=None, act: str = "silu", alpha: float = 1.702,
+            limit: float = 7.0) -> torch.Tensor:
+    """h (T, D) normed activations -> (T, D) in h's dtype; see minfer.ops.reference.moe_ffn
+    (the options: ops.moe_ffn)."""
     T, D = h.shape
     E = router.shape[0]
     Fe = gate_exps.shape[0] // E
-    w, idx = route(h, router, k, norm_weights)
-    act = h.dtype
+    if act not in moe_act.ACTS:
+        raise ValueError(f"moe_ffn: act {act!r} is not one of {tuple(moe_act.ACTS)}")
+    opts = None
+    if gate_bias is not None or up_bias is not None or down_bias is not None or act != "silu":
+        opts = dict(gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, act=act, alpha=alpha, limit=limit)
+    w, idx = route(h, router, k, norm_weights, router_bias, gating)
+    adt = h.dtype
     planes = all(planes_of(t) is not None for t in (gate_exps, up_exps, down_exps))
     # (float32 activations keep the exact grouped path, as the dense layers keep their bf16-free GEMV)
     if planes and T * k <= GATHER_MAX and Fe % 256 == 0 and D % 256 == 0 and h.dtype != torch.float32:
@@ -104,17 +137,17 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
             paths.switched_off("moe.gather.q8", "MINFER_GEMV_Q8")      # the grouped path below
         else:
             paths.count("moe.gather.q8")
-            return _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx)
+            return _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx, opts)
     if T * k <= GATHER_MAX and not planes:
         paths.count("moe.gather")
         sel = idx.reshape(-1)                                              # (T*k,)
-        g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, act).view(T * k, Fe, D)
-        u = _decode_rows(up_exps, _expert_rows(sel, Fe), D, act).view(T * k, Fe, D)
-        d = _decode_rows(down_exps, _expert_rows(sel, D), Fe, act).view(T * k, D, Fe)
+        g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
+        u = _decode_rows(up_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
+        d = _decode_rows(down_exps, _expert_rows(sel, D), Fe, adt).view(T * k, D, Fe)
         x = h.repeat_interleave(k, dim=0).unsqueeze(-1)                   # (T*k, D, 1)
-        a = F.silu(torch.bmm(g, x)) * torch.bmm(u, x)                      # (T*k, Fe, 1)
-        y = torch.bmm(d, a).squeeze(-1).float()                            # (T*k, D)
-        return (y.view(T, k, D) * w[..., None]).sum(1).to(act)
+        a = _act(torch.bmm(g, x).squeeze(-1), torch.bmm(u, x).squeeze(-1), sel, opts)   # (T*k, Fe)
+        y = torch.bmm(d, a.unsqueeze(-1)).squeeze(-1).float()              # (T*k, D)
+        return (_down_bias(y, sel, opts).view(T, k, D) * w[..., None]).sum(1).to(adt)
     # grouped: (token, slot) pairs sorted by expert
     flat = idx.reshape(-1)                                                 # (T*k,)
     order = torch.argsort(flat, stable=True)
@@ -124,16 +157,16 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     counts = torch.zeros(E, dtype=torch.int64, device=h.device).scatter_add_(0, flat, torch.ones_like(flat))
     xs = h.index_select(0, tok)                                            # (T*k, D)
     all_e = torch.arange(E, device=h.device)
-    g = _decode_rows(gate_exps, _expert_rows(all_e, Fe), D, act).view(E, Fe, D)
-    u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, act).view(E, Fe, D)
-    d = _decode_rows(down_exps, _expert_rows(all_e, D), Fe, act).view(E, D, Fe)
-    a = _grouped(xs, g, counts, flat[order])
-    a = F.silu(a) * _grouped(xs, u, counts, flat[order])                   # (T*k, Fe)
-    y = _grouped(a, d, counts, flat[order]).float()                        # (T*k, D)
+    g = _decode_rows(gate_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
+    u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
+    d = _decode_rows(down_exps, _expert_rows(all_e, D), Fe, adt).view(E, D, Fe)
+    e_of = flat[order]                                                     # expert of each sorted pair
+    a = _act(_grouped(xs, g, counts, e_of), _grouped(xs, u, counts, e_of), e_of, opts)   # (T*k, Fe)
+    y = _down_bias(_grouped(a, d, counts, e_of).float(), e_of, opts)      # (T*k, D)
     y = y * w.reshape(-1)[order, None]
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
     out.index_add_(0, tok, y)
-    return out.to(act)
+    return out.to(adt)
 
 
 def _grouped(x: torch.Tensor, w: torch.Tensor, counts: torch.Tensor, expert_of_row: torch.Tensor) -> torch.Tensor:
