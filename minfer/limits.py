@@ -98,3 +98,15 @@ def request_texts(req) -> Iterable[tuple[str, str]]:
             stack.extend((f"{where}.{k}" if where else str(k), x) for k, x in reversed(list(v.items())))
         elif isinstance(v, (list, tuple)):
             stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+
+
+# A temperature this small is greedy in all but exact ties (vLLM's _SAMPLING_EPS); one below
+# float32's range (1e-38 and under) divided the logits into inf and NaN probabilities, which
+# the server answered with a 500 "generation failed" and the CLI with an error after the load.
+GREEDY_BELOW = 1e-5
+
+
+def effective_temperature(t):
+    """The temperature to sample with: 0 (greedy, the limit) for 0 < t < GREEDY_BELOW, else t
+    (a NaN or negative t is left for SamplingParams to refuse by name)."""
+    return 0.0 if isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < GREEDY_BELOW else t

@@ -107,3 +107,15 @@ def test_serve_help_does_not_promise_repeatable_greedy_answers_on_the_int4_cpu(c
 def test_every_seed_flag_states_its_default(capsys):
     for command in ("bench", "synth"):
         assert "(default 0)" in _flag_help(_help(capsys, command), "--seed SEED"), command
+
+
+def test_run_with_a_temperature_below_float32_is_greedy(capsys, tiny):
+    # --temp 1e-300 loaded the model, then failed: "the sampling parameters turned the logits into
+    # NaN probabilities"
+    from minfer import cli
+
+    argv = ["run", "-m", tiny, "--device", "cpu", "-n", "3", "--raw", "-s", "1", "Hello"]
+    assert cli.main([*argv, "--temp", "1e-300"]) == 0, capsys.readouterr().err
+    tiny_temp = capsys.readouterr().out
+    assert cli.main([*argv, "--temp", "0"]) == 0
+    assert capsys.readouterr().out == tiny_temp

@@ -135,3 +135,22 @@ def test_other_servers_answer_changing_extensions_are_400s_naming_what_to_send(s
                   {"grammar": ""}, {"cache_prompt": True}, {"typical_p": 1.0}):
         r = httpx.post(server.url + CHAT, json={**chat, **extra}, timeout=300)
         assert r.status_code == 200, (extra, r.text)
+
+
+def test_a_temperature_too_small_for_float32_is_greedy_not_a_500(server):
+    # 1e-300 divided the logits into inf: a 500 "generation failed: ... NaN probabilities" for a
+    # value the request schema accepts; a temperature this close to 0 is greedy (vLLM's rule)
+    for t in (1e-300, 1e-40, 5e-324):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2, "temperature": t},
+                       timeout=300)
+        assert r.status_code == 200, (t, r.text)
+        assert r.json()["usage"]["completion_tokens"] == 2
+    from minfer.limits import effective_temperature
+    from minfer.server.app import _sampling_params
+    from minfer.server.schemas import CompletionRequest
+    from minfer.runtime.sampling import SamplingParams
+
+    assert _sampling_params(CompletionRequest(prompt="x", temperature=1e-300), SamplingParams).greedy
+    assert _sampling_params(CompletionRequest(prompt="x", temperature=0.5), SamplingParams).temperature == 0.5
+    assert effective_temperature(float("nan")) != effective_temperature(float("nan"))  # left to be refused
+    assert effective_temperature(-1.0) == -1.0
