@@ -4,7 +4,7 @@ biases, the clamped "swiglu_oai" activation of moe_act.py) on both of its raw-bl
 expert gather of a decode step, the grouped prefill) against a float64 formula written here, the
 CPU reference's options against the same formula, and the gpt-oss fixture's prefill and decode
 step through the CUDA backend's code (attention sinks and MoE) against the CPU reference, with
-the MoE's decode step free of host reads (what a CUDA-graph capture needs)."""
+the whole decode step free of host reads (what the engine's CUDA-graph capture needs)."""
 
 from __future__ import annotations
 
@@ -154,13 +154,14 @@ class HostRead(AssertionError):
 
 def no_host_reads(monkeypatch):
     """Make the torch calls that read a device value back to the host raise (Tensor.item, .tolist,
-    .nonzero, .unique and their torch.* forms): what a CUDA-graph capture cannot take."""
+    .nonzero, .unique, bool/int/float/index of a tensor, and torch.nonzero/unique/bincount): what
+    a CUDA-graph capture cannot take."""
     def refuse(name):
         def f(*a, **kw):
             raise HostRead(name)
         return f
 
-    for name in ("item", "tolist", "nonzero", "unique"):
+    for name in ("item", "tolist", "nonzero", "unique", "__bool__", "__int__", "__float__", "__index__"):
         monkeypatch.setattr(torch.Tensor, name, refuse(name))
     for name in ("nonzero", "unique", "bincount"):
         monkeypatch.setattr(torch, name, refuse(name))
@@ -182,7 +183,8 @@ def test_host_read_guard_has_teeth(monkeypatch):
 def test_gpt_oss_through_cuda_backend_interpreted(monkeypatch):
     """The gpt-oss fixture (tests/data/arch/gpt-oss.gguf, F16 experts) through the CUDA backend's
     code, its MoE included: the prefill (grouped path) and a decode step given as a device
-    position (the expert gather, with no host read in the MoE) against the CPU reference."""
+    position, as the engine's CUDA graph runs it (the sink decode kernel, the expert gather),
+    the whole step with host reads refused, against the CPU reference."""
     from pathlib import Path
 
     from minfer.gguf_file import GGUFFile
@@ -220,15 +222,10 @@ def test_gpt_oss_through_cuda_backend_interpreted(monkeypatch):
         out = m.forward(toks, Step.at(0, T, "cpu"), cache, ctx)
         pre = paths.snapshot()
         paths.reset()
-        real_moe = C.moe_ffn
-
-        def guarded(h, *a, **kw):           # the decode step's MoE with host reads refused
-            with monkeypatch.context() as mp:
-                no_host_reads(mp)
-                return real_moe(h, *a, **kw)
-
-        monkeypatch.setattr(O, "moe_ffn", guarded)
-        dec = m.forward(torch.tensor([42]), Step(torch.tensor([T]), None, "all"), cache, ctx)
+        pos = torch.tensor([T])
+        with monkeypatch.context() as mp:   # the whole decode step with host reads refused
+            no_host_reads(mp)
+            dec = m.forward(torch.tensor([42]), Step(pos, None, "all"), cache, ctx)
         post = paths.snapshot()
         monkeypatch.undo()
     assert rel(out, ref) < 1e-5 and rel(dec, ref_dec) < 1e-5
