@@ -7,7 +7,10 @@ its outcome is a function of the file and this code, so it is kept in a small JS
 $MINFER_HOME/cache/cpu_calibration (cache_key says what it depends on). A later load of the same
 file packs straight into the recorded forms, the same bytes as the checked load. Deleting that
 folder forces the check again; an unreadable entry is recomputed, an unwritable home only means
-no cache."""
+no cache. Measured 2026-12-04 on the 2-core CI kind while other work held it (load average 3.4-4.6,
+so 2-3x a quiet machine's times), qwen2.5-coder-0.5b, fresh processes, medians of 4: api.load
+29.7 s before (10b18aa), 32.6 s with an empty cache, 17.3 s cached; prepare_cpu_quant alone
+26-34 s checked against 8.5-11 s cached (what is left: the packing)."""
 
 from __future__ import annotations
 
