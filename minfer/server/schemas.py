@@ -65,7 +65,9 @@ class _Sampling(BaseModel):
     min_p: Annotated[Float, Field(ge=0.0, le=1.0)] | None = None
     presence_penalty: Annotated[Float, Field(ge=-2.0, le=2.0)] | None = None
     frequency_penalty: Annotated[Float, Field(ge=-2.0, le=2.0)] | None = None
-    repetition_penalty: Annotated[Float, Field(gt=0.0)] | None = None
+    # logits are divided by it: one below float32's range (1e-300) made them inf, a 500 "NaN
+    # probabilities" after the request was accepted; 1e-6 already multiplies a logit by a million
+    repetition_penalty: Annotated[Float, Field(ge=1e-6)] | None = None
     seed: Int | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: Bool = False

@@ -154,3 +154,15 @@ def test_a_temperature_too_small_for_float32_is_greedy_not_a_500(server):
     assert _sampling_params(CompletionRequest(prompt="x", temperature=0.5), SamplingParams).temperature == 0.5
     assert effective_temperature(float("nan")) != effective_temperature(float("nan"))  # left to be refused
     assert effective_temperature(-1.0) == -1.0
+
+
+def test_a_repetition_penalty_below_float32_is_a_400_not_a_500(server):
+    # 1e-300 passed the schema (> 0), then divided the logits into inf: 500 "generation failed"
+    for rp in (1e-300, 1e-40):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi hi hi", "max_tokens": 2,
+                                                              "repetition_penalty": rp}, timeout=300)
+        assert r.status_code == 400, (rp, r.text)
+        assert r.json()["error"]["param"] == "repetition_penalty"
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi hi hi", "max_tokens": 2,
+                                                          "repetition_penalty": 1e-6}, timeout=300)
+    assert r.status_code == 200, r.text
