@@ -184,6 +184,38 @@ def test_moe_gpu_paths_match_reference():
             assert err < tol, (T, dt, err)
 
 
+def test_gpt_oss_moe_gpu_paths_match_reference():
+    """ops.moe_ffn's gpt-oss options (router bias, softmax over the top-k logits, expert biases,
+    clamped SwiGLU) on the GPU's gather and grouped paths against the reference, on the gpt-oss
+    fixture's first layer (as test_moe_gpu_paths_match_reference)."""
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import load_model
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import moe
+
+    gf = GGUFFile(DATA / "gpt-oss.gguf")
+    mc, mg = load_model(gf, device="cpu", progress=False), load_model(gf, device="cuda", progress=False)
+    k = mc.cfg.n_experts_used
+
+    def opts(e):
+        return dict(router_bias=e.router_bias, gating="topk_softmax", gate_bias=e.gate_bias, up_bias=e.up_bias,
+                    down_bias=e.down_bias, act="swiglu_oai", alpha=1.702, limit=7.0)
+
+    ec, eg = mc.moe[0], mg.moe[0]
+    g = torch.Generator().manual_seed(0)
+    paths.reset()
+    for T in (1, 5, 200):
+        h = 3 * torch.randn(T, mc.cfg.d_model, generator=g)      # large enough that the clamp acts
+        for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            hq = h.to(dt).float()
+            ref = reference.moe_ffn(hq, ec.router, ec.gate_exps, ec.up_exps, ec.down_exps, k, False, **opts(ec))
+            out = moe.moe_ffn(h.cuda().to(dt), eg.router, eg.gate_exps, eg.up_exps, eg.down_exps, k, False, **opts(eg))
+            d = out.float().cpu() - ref
+            err = float(d.abs().max() / ref.abs().max()) if dt == torch.float32 else float(d.norm() / ref.norm())
+            assert err < tol, (T, dt, err)
+    assert paths.snapshot()["counts"].get("moe.act.triton") == 6
+
+
 def test_window_attention_gpu_matches_reference():
     """Sliding-window attention (prefill from 0, after a prefix, and decode) against the reference."""
     import importlib
