@@ -35,6 +35,7 @@ CPU_CALIBRATION = ("The history of the city begins in the Roman era, when a smal
                    "for its museums, its parks, its bridges and its food, and every year millions of visitors walk "
                    "through its old streets.")
 CACHE_VERSION = 1
+CACHE_KEEP = 64     # entries kept (_prune), newest first
 # minfer's front ends, which never touch the check: left out of the source hash so that editing
 # them does not redo every model's check (anything else in the package may reach the forward)
 _NOT_IN_KEY = ("server", "commands", "bench", "cli.py", "__main__.py")
@@ -176,3 +177,16 @@ def _write(entry: Path | None, out: dict) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
+        return
+    _prune(entry.parent)
+
+
+def _prune(folder: Path) -> None:
+    """Keep the CACHE_KEEP newest entries: each edit of minfer's source, each moved or rewritten
+    file leaves an entry no key will name again (a pruned one that was still wanted costs one check)."""
+    try:
+        old = sorted(folder.glob("*.json"), key=lambda f: f.stat().st_mtime_ns)[:-CACHE_KEEP]
+        for f in old:
+            f.unlink(missing_ok=True)
+    except OSError:              # another load pruning at the same time, or a read-only folder
+        pass

@@ -155,6 +155,20 @@ def test_a_bad_entry_is_recomputed_and_rewritten(tiny_gguf, home, bad):
     assert load(tiny_gguf).cpu_quant_report["cached"] is True
 
 
+def test_old_entries_are_pruned(tiny_gguf, home, monkeypatch):
+    monkeypatch.setattr(C, "CACHE_KEEP", 3)
+    d = home / "cache" / "cpu_calibration"
+    d.mkdir(parents=True)
+    for i in range(5):                                                  # stale entries, oldest first
+        f = d / f"{i:064x}.json"
+        f.write_text("{}")
+        os.utime(f, ns=(10**18 + i, 10**18 + i))
+    load(tiny_gguf)
+    left = {f.name for f in entries(home)}
+    assert len(left) == 3 and {"3".zfill(64) + ".json", "4".zfill(64) + ".json"} < left
+    assert load(tiny_gguf).cpu_quant_report["cached"] is True          # the new entry is kept
+
+
 def test_an_unwritable_home_still_loads(tiny_gguf, tmp_path, monkeypatch):
     home = tmp_path / "a_file"
     home.write_text("not a folder")              # (root may write anywhere: a file cannot hold folders)
