@@ -10,7 +10,8 @@ common/sampling.cpp): penalties -> top-k -> top-p -> min-p -> temperature -> dra
   shortest prefix whose cumulative probability reaches p (the crossing token included).
 - min-p (llama_sampler_min_p_apply): keep tokens with p_i >= min_p * p_max, i.e.
   logit_i >= max_logit + log(min_p).
-- temperature: logits / T; T <= 0 means greedy (the argmax only).
+- temperature: logits / T; T <= 0 means greedy (the argmax only), and so does a T under
+  minfer.limits.GREEDY_BELOW (1e-5, vLLM's rule: SamplingParams stores it as 0).
 Filtering before temperature means top-p/min-p see the untempered distribution, as in llama.cpp.
 A removed token gets logit -inf. At least one token always survives.
 """
@@ -26,6 +27,7 @@ from typing import Sequence
 import torch
 
 from minfer.errors import MinferError
+from minfer.limits import GREEDY_BELOW
 
 # seeds are 64-bit: torch.Generator.manual_seed takes -2**63 .. 2**64 - 1
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
@@ -37,6 +39,10 @@ _FLAGS = {"temperature": "--temp", "top_k": "--top-k", "top_p": "--top-p", "min_
 
 class NonFiniteLogitsError(MinferError):
     """The model produced NaN or +inf logits: its weights or metadata are broken."""
+
+# under this a penalty divides a logit into float32's overflow (NaN probabilities after the load);
+# the server's schema has the same bound (server/schemas.py repetition_penalty)
+REPEAT_PENALTY_MIN = 1e-6
 
 
 @dataclass
@@ -67,12 +73,16 @@ class SamplingParams:
 
         if number("temperature") < 0:
             raise bad("temperature", "a number >= 0 (0 = greedy)")
+        if 0 < self.temperature < GREEDY_BELOW:
+            # greedy in all but exact ties; 1e-38 and under divided the logits into inf (NaN
+            # probabilities after the load) -- the library now does what the server and CLI do
+            self.temperature = 0.0
         if not 0 <= number("top_p") <= 1:
             raise bad("top_p", "a number in 0..1 (1 = off)")
         if not 0 <= number("min_p") <= 1:
             raise bad("min_p", "a number in 0..1 (0 = off)")
-        if number("repeat_penalty") <= 0:
-            raise bad("repeat_penalty", "a number > 0 (1 = off)")
+        if number("repeat_penalty") < REPEAT_PENALTY_MIN:
+            raise bad("repeat_penalty", f"a number >= {REPEAT_PENALTY_MIN:g} (1 = off)")
         number("presence_penalty")
         number("frequency_penalty")
         for field in ("top_k", "penalty_last_n"):

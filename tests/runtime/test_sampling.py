@@ -119,8 +119,8 @@ from minfer.runtime.sampling import NonFiniteLogitsError  # noqa: E402
 
 @pytest.mark.parametrize("field,value,expect", [
     ("temperature", float("nan"), "finite"), ("temperature", float("inf"), "finite"),
-    ("temperature", -0.5, ">= 0"), ("repeat_penalty", 0.0, "> 0"), ("repeat_penalty", float("nan"), "finite"),
-    ("repeat_penalty", -1.0, "> 0"), ("top_p", 2.0, "0..1"), ("top_p", float("nan"), "finite"),
+    ("temperature", -0.5, ">= 0"), ("repeat_penalty", 0.0, ">= 1e-06"), ("repeat_penalty", float("nan"), "finite"),
+    ("repeat_penalty", -1.0, ">= 1e-06"), ("top_p", 2.0, "0..1"), ("top_p", float("nan"), "finite"),
     ("min_p", -0.1, "0..1"), ("top_k", -5, ">= -1"), ("top_k", 2.5, "integer"),
     ("presence_penalty", float("inf"), "finite"), ("frequency_penalty", float("nan"), "finite"),
     ("penalty_last_n", -2, ">= -1"), ("seed", 2**70, "64 bits"), ("seed", -(2**63) - 1, "64 bits"),
@@ -160,5 +160,17 @@ def test_minus_inf_logits_are_masked_tokens_not_errors():
 
 
 def test_tiny_temperature_that_overflows_is_an_error_not_a_crash():
+    # (a temperature under GREEDY_BELOW is greedy now: 2e-5 is sampled, and 1e35-sized logits overflow)
     with pytest.raises(MinferError, match="NaN probabilities"):
-        sample(LOGITS * 1e30, SamplingParams(temperature=1e-30, top_k=0, top_p=1.0, min_p=0.0), make_generator(0))
+        sample(LOGITS * 1e35, SamplingParams(temperature=2e-5, top_k=0, top_p=1.0, min_p=0.0), make_generator(0))
+
+
+def test_a_temperature_under_greedy_below_is_greedy_and_a_tiny_repeat_penalty_is_refused():
+    # 1e-300 passed and divided the logits into inf: NaN probabilities after the model's load
+    p = SamplingParams(temperature=1e-300, top_k=0, top_p=1.0, min_p=0.0)
+    assert p.temperature == 0.0 and p.greedy
+    assert sample(LOGITS, p) == int(LOGITS.argmax())
+    assert not SamplingParams(temperature=1e-5).greedy
+    with pytest.raises(MinferError, match="repeat_penalty"):
+        SamplingParams(repeat_penalty=1e-300)
+    assert SamplingParams(repeat_penalty=1e-6).repeat_penalty == 1e-6
