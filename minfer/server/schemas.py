@@ -11,8 +11,9 @@ repetition_penalty) use the names llama.cpp's server and vLLM accept.
 Unknown fields are kept (extra="allow") and then sorted by `unsupported_fields`: an OpenAI field
 that would change the answer and that minfer does not implement (audio, prediction, ...) is a 400
 `unsupported_value` naming it, and so is one of llama.cpp's server's or vLLM's extensions that
-would change the answer (grammar, n_predict, mirostat, ignore_eos, ...: `_EXTENSIONS`, each with
-what to send instead); bookkeeping fields that do not change the answer (user, store, metadata,
+would change the answer (grammar, mirostat, ignore_eos, ...: `_EXTENSIONS`, each with what to send
+instead) -- those that name a field minfer has (n_predict, repeat_penalty, json_schema, guided_json)
+are read as that field (_Sampling._other_servers_names); bookkeeping fields that do not change the answer (user, store, metadata,
 cache_prompt, ...) are ignored, as OpenAI-compatible servers commonly do.
 """
 
@@ -75,6 +76,40 @@ class _Sampling(BaseModel):
     n: Int = 1
     # token id (as a string key, OpenAI's form) -> bias added to its logit, -100..100
     logit_bias: dict[str, Annotated[Float, Field(ge=-100.0, le=100.0)]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _other_servers_names(cls, data: Any) -> Any:
+        """llama.cpp's server's and vLLM's names of fields minfer has, read as those fields, so a
+        client written for them gets the answer it asked for (not a 400, not an ignored field):
+        n_predict -> max_tokens (-1, llama-server's "no limit", is no value), repeat_penalty ->
+        repetition_penalty, json_schema / guided_json (a schema object) -> response_format
+        json_schema. Both names with different values is an error naming both."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for other, ours in (("n_predict", "max_tokens"), ("repeat_penalty", "repetition_penalty")):
+            if other not in data:
+                continue
+            v = data.pop(other)
+            if v is None or (other == "n_predict" and v == -1 and not isinstance(v, bool)):
+                continue
+            if data.get(ours) is not None and data[ours] != v:
+                raise ValueError(f"{other} ({v!r}) and {ours} ({data[ours]!r}) disagree: send one of them")
+            data[ours] = v
+        for other in ("json_schema", "guided_json"):
+            if other not in data or data[other] is None:
+                data.pop(other, None)
+                continue
+            schema = data[other]
+            if not isinstance(schema, dict):
+                continue      # (a string or other: left for unsupported_fields to name)
+            data.pop(other)
+            rf = {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+            if data.get("response_format") is not None and data["response_format"] != rf:
+                raise ValueError(f"{other} and response_format both constrain the answer: send one of them")
+            data["response_format"] = rf
+        return data
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -263,11 +298,11 @@ _OFF_VALUES = (None, False, [], ["text"], 1)
 _SAME_AS = "not read by this server; send `{}` (its OpenAI name) instead"
 _NOT_HERE = "{} is not supported by this server"
 _EXTENSIONS = {
-    "n_predict": ((-1,), _SAME_AS.format("max_tokens")),
-    "repeat_penalty": ((1,), _SAME_AS.format("repetition_penalty")),
+    # (n_predict, repeat_penalty, json_schema and guided_json objects are read as OpenAI's fields:
+    # _Sampling._other_servers_names; a json_schema / guided_json that is not an object lands here)
     "n_probs": ((0,), _SAME_AS.format("logprobs")),
-    "json_schema": ((), _SAME_AS.format('response_format: {"type": "json_schema", "json_schema": {"schema": ...}}')),
-    "guided_json": ((), _SAME_AS.format('response_format: {"type": "json_schema", "json_schema": {"schema": ...}}')),
+    "json_schema": ((), "a JSON schema object is expected (or send response_format json_schema)"),
+    "guided_json": ((), "a JSON schema object is expected (or send response_format json_schema)"),
     "grammar": (("",), _NOT_HERE.format("a GBNF grammar") + "; response_format json_schema constrains to JSON"),
     "guided_grammar": (("",), _NOT_HERE.format("a guided grammar") + "; response_format json_schema constrains to JSON"),
     "guided_regex": (("",), _NOT_HERE.format("guided_regex")),

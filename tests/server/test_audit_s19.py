@@ -115,15 +115,13 @@ def test_serve_log_has_no_loading_bar_when_stderr_is_not_a_terminal(tmp_path):
 
 def test_other_servers_answer_changing_extensions_are_400s_naming_what_to_send(server):
     # llama.cpp's server's and vLLM's fields were accepted and ignored: `grammar` gave an
-    # unconstrained answer, `n_predict` ran to the end of the context, with no word said
+    # unconstrained answer, `mirostat` plain sampling, with no word said
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "temperature": 0}
     cases = [("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, "grammar", 'root ::= "a"', "grammar"),
-             ("/v1/completions", {"prompt": "Hi"}, "n_predict", 2, "max_tokens"),
-             (CHAT, chat, "json_schema", {"type": "object"}, "response_format"),
-             (CHAT, chat, "repeat_penalty", 1.3, "repetition_penalty"),
              (CHAT, chat, "ignore_eos", True, "ignore_eos"),
              (CHAT, chat, "mirostat", 2, "mirostat"),
-             (CHAT, chat, "guided_json", {"type": "object"}, "response_format")]
+             (CHAT, chat, "n_probs", 3, "logprobs"),
+             (CHAT, chat, "json_schema", '{"type": "object"}', "schema object")]
     for path, body, field, value, named in cases:
         r = httpx.post(server.url + path, json={**body, field: value}, timeout=300)
         assert r.status_code == 400, (field, r.text)
@@ -135,6 +133,38 @@ def test_other_servers_answer_changing_extensions_are_400s_naming_what_to_send(s
                   {"grammar": ""}, {"cache_prompt": True}, {"typical_p": 1.0}):
         r = httpx.post(server.url + CHAT, json={**chat, **extra}, timeout=300)
         assert r.status_code == 200, (extra, r.text)
+
+
+def test_other_servers_names_of_fields_minfer_has_give_the_openai_fields_answer(server):
+    # a client written for llama-server (n_predict, repeat_penalty, json_schema) or vLLM (guided_json)
+    # gets what the OpenAI names give: the same text at temperature 0, not a 400 or an ignored field
+    msgs = [{"role": "user", "content": "Give a JSON object"}]
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    rf = {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+    pairs = [("/v1/completions", {"prompt": "Hi", "n_predict": 3}, {"prompt": "Hi", "max_tokens": 3}),
+             (CHAT, {"messages": msgs, "max_tokens": 6, "repeat_penalty": 1.5},
+              {"messages": msgs, "max_tokens": 6, "repetition_penalty": 1.5}),
+             (CHAT, {"messages": msgs, "max_tokens": 12, "json_schema": schema},
+              {"messages": msgs, "max_tokens": 12, "response_format": rf}),
+             (CHAT, {"messages": msgs, "max_tokens": 12, "guided_json": schema},
+              {"messages": msgs, "max_tokens": 12, "response_format": rf})]
+    for path, theirs, ours in pairs:
+        got = [httpx.post(server.url + path, json={**b, "temperature": 0}, timeout=300) for b in (theirs, ours)]
+        assert [r.status_code for r in got] == [200, 200], [r.text for r in got]
+        a, b = (r.json() for r in got)
+        text = (lambda j: j["choices"][0].get("text") or j["choices"][0]["message"]["content"])
+        assert text(a) == text(b) and a["usage"] == b["usage"], (theirs, a, b)
+    assert got[0].json()["choices"][0]["message"]["content"].startswith("{")      # constrained to JSON
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "n_predict": 3}, timeout=300)
+    assert r.json()["usage"]["completion_tokens"] <= 3
+    # both names, different values: one 400 naming both
+    for body in ({"prompt": "Hi", "n_predict": 3, "max_tokens": 4},
+                 {"prompt": "Hi", "repeat_penalty": 1.2, "repetition_penalty": 1.3},
+                 {"prompt": "Hi", "json_schema": schema, "response_format": {"type": "json_object"}}):
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=300)
+        assert r.status_code == 400, (body, r.text)
+        names = [k for k in body if k != "prompt"]
+        assert all(n in r.json()["error"]["message"] for n in names[:1]), r.text
 
 
 def test_a_temperature_too_small_for_float32_is_greedy_not_a_500(server):
