@@ -161,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
     apply_threads(args)
     name = args.served_name or served_name_for(args.model, path)
     parallel = args.parallel if args.parallel is not None else (0 if device == "cuda" else 1)
+    parallel = _one_at_a_time_if_unpaged(gf, args.parallel, parallel, warn)
     for flag, value, what in (("--kv-memory", args.kv_memory, "sizes the paged KV cache"),
                               ("--token-budget", args.token_budget, "limits each step of the batch engine")):
         if value is not None and parallel == 1:
@@ -266,3 +267,21 @@ def main(args: argparse.Namespace) -> int:
         os._exit(0)
     print("minfer: server stopped", flush=True)
     return 0
+
+
+def _one_at_a_time_if_unpaged(gf, asked, parallel: int, warn) -> int:
+    """-np for an architecture the batch engine's paged KV cache cannot run (Model.paged_kv False,
+    gpt-oss): 1, said once, when -np was not given; a MinferError before the load when it asked
+    for more (the batch engine would refuse it only after the server had started)."""
+    from minfer.errors import MinferError
+    from minfer.models import ARCHITECTURES
+
+    cls = ARCHITECTURES.get(gf.architecture)
+    if cls is None or cls.paged_kv or parallel == 1:
+        return parallel
+    if asked is not None:
+        raise MinferError(f"-np {asked}: architecture '{gf.architecture}' cannot run in the batch engine (its "
+                          "paged KV cache does not apply this model's attention); give -np 1")
+    warn(f"architecture '{gf.architecture}' runs one request at a time (-np 1): the batch engine's paged KV "
+         "cache does not apply its attention")
+    return 1

@@ -73,6 +73,9 @@ class Model:
                   llama_model_rope_type for this architecture
       qkv_bias    blk.N.attn_{q,k,v}.bias present
       qk_norm     blk.N.attn_{q,k}_norm.weight: RMSNorm of each head of q and k before rope
+      paged_kv    the batch engine's paged KV cache (runtime/paged_kv.py) can run it (False:
+                  gpt-oss, whose attention sinks that cache does not apply; `minfer serve` then
+                  serves one request at a time, and BatchEngine refuses it by name)
     Instance attributes: cfg (minfer.config.ModelConfig), act_dtype (matmul inputs and KV
     cache dtype), device.
     """
@@ -81,6 +84,7 @@ class Model:
     rope_style: str = "normal"
     qkv_bias: bool = False
     qk_norm: bool = False
+    paged_kv: bool = True
 
     cfg = None
     act_dtype: torch.dtype = torch.float32

@@ -43,14 +43,14 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
   times mscale^2 (ggml rope_yarn, llama-context.cpp yarn_attn_factor; HF _compute_yarn_parameters).
   lo and hi are NOT rounded: HF gpt-oss sets truncate=False (OpenAI's reference); llama.cpp's
   ggml_rope_yarn_corr_dims floors/ceils them (a small difference from this file). minfer/config.py
-  still refuses rope.scaling.type yarn before this class is reached, so such files load only
-  once config lets gpt-oss's yarn through (tests/models/test_gpt_oss.py does it by monkeypatch).
+  lets yarn through for this architecture only (config.YARN_ARCHITECTURES, freq_scale 1).
 - CUDA: the attention carries the sinks (the decode kernel's SINK variant, T > 1 in torch:
   tests/ops/test_sinks_attention_interpreted.py) and the MoE is ops.moe_ffn with its gpt-oss
   options (router bias, gating "topk_softmax", expert biases, act "swiglu_oai": ops/cuda/moe.py,
   moe_act.py), with no host value, so the engine's decode CUDA graph can capture the step.
   Proven in Triton's interpreter only (tests/ops/test_gpt_oss_interpreted.py), never yet on a
-  GPU. The batch engine's paged cache has no sinks: refused by name (_check_sinks).
+  GPU. The batch engine's paged cache has no sinks: `paged_kv = False` (BatchEngine refuses it by
+  name, `minfer serve` serves one request at a time), and _check_sinks for any other such cache.
 """
 
 from __future__ import annotations
@@ -138,6 +138,7 @@ class GptOssModel(Qwen3MoeModel):
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_OPENAI_MOE -> NEOX
     qk_norm = False
     qkv_bias = True
+    paged_kv = False          # runtime/paged_kv.py's attend has no sinks
     expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length", "attention.sliding_window")
 
     @classmethod
