@@ -91,7 +91,8 @@ def test_cuda_attention_sinks_paths(A):
 def test_gpt_oss_through_cuda_backend_interpreted(monkeypatch):
     """The gpt-oss fixture (tests/data/arch/gpt-oss.gguf) through the CUDA backend's code: the
     prefill (T > 1 sinks path) and the host-free decode step (the SINK kernel, window and full
-    layers) against the CPU reference's logits. The MoE stays the model's own torch code."""
+    layers) against the CPU reference's logits. The MoE runs as ops.moe_ffn's CUDA side too (its
+    options are tested on their own in tests/ops/test_gpt_oss_interpreted.py)."""
     from pathlib import Path
 
     from minfer.gguf_file import GGUFFile
