@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers_cli import write_tiny_model
+from helpers_cli import write_tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from tests.models.test_arch_vs_transformers import DATA, TOL, engine, ref, rel_err
+from models.test_arch_vs_transformers import DATA, TOL, engine, ref, rel_err
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_cuda_load_is_no_longer_refused(monkeypatch):
 @pytest.mark.parametrize("tensor", ["blk.1.attn_sinks.weight", "blk.0.ffn_gate_inp.bias", "blk.2.ffn_down_exps.bias",
                                     "blk.3.post_attention_norm.weight", "blk.0.attn_output.bias"])
 def test_missing_tensor_is_named(tmp_path, tensor):
-    from tests.models.test_arch_vs_transformers import load, rewrite
+    from models.test_arch_vs_transformers import load, rewrite
 
     p = rewrite(DATA / "gpt-oss.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
@@ -134,7 +134,7 @@ def test_missing_tensor_is_named(tmp_path, tensor):
 
 
 def test_missing_window_key_is_named(tmp_path):
-    from tests.models.test_arch_vs_transformers import load, rewrite
+    from models.test_arch_vs_transformers import load, rewrite
 
     p = rewrite(DATA / "gpt-oss.gguf", tmp_path / "x.gguf", drop_keys=("gpt-oss.attention.sliding_window",))
     with pytest.raises(MinferError, match=r"gpt-oss\.attention\.sliding_window"):

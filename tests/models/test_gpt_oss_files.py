@@ -12,8 +12,8 @@ import pytest
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.gguf_file import GGUFFile
-from tests.models.test_arch_vs_transformers import DATA, TOL, engine, ref, rel_err
-from tests.models.test_config import _rewrite
+from models.test_arch_vs_transformers import DATA, TOL, engine, ref, rel_err
+from models.test_config import _rewrite
 from models.tiny import TinySpec, write_tiny_model
 
 YARN = {"rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
