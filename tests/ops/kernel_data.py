@@ -160,3 +160,19 @@ def sm90_builds(code: str, arg, timeout: int = 600):
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
+
+
+def route_to_cuda(monkeypatch, C):
+    """minfer.ops dispatches CPU tensors to the reference; send them to the CUDA backend C (the
+    interpreted minfer.ops.cuda of `interpreted_modules`), keyword arguments passed through."""
+    import minfer.ops as O
+
+    monkeypatch.setattr(O, "_backend", lambda x: C)
+    monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
+    monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
+    monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
+    monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
+                        C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
+    monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx, **kw))
+    monkeypatch.setattr(O, "moe_ffn", lambda h, *a, **kw: C.moe_ffn(h, *a, **kw))
+    monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))

@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as T
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from kernel_data import interpreted_modules  # noqa: E402
+from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -29,18 +29,7 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-def _route_to_cuda(monkeypatch, C):
-    """minfer.ops dispatches CPU tensors to the reference; send them to the CUDA backend."""
-    import minfer.ops as O
-
-    monkeypatch.setattr(O, "_backend", lambda x: C)
-    monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
-    monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
-    monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
-    monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
-                        C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
-    monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx))
-    monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))
+_route_to_cuda = route_to_cuda    # kernel_data's
 
 
 @pytest.mark.parametrize("arch,rope_in_attn", [("llama", True), ("qwen3", True), ("llama", False)])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules  # noqa: E402
+from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -112,15 +112,7 @@ def test_gpt_oss_through_cuda_backend_interpreted(monkeypatch):
                                      "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding",
                                      "minfer.ops.cuda.attention", "minfer.ops.cuda"]):
         C = mods["cuda"]
-        import minfer.ops as O
-
-        monkeypatch.setattr(O, "_backend", lambda x: C)
-        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None:
-                            C.linear(x, w, bias, ctx, out_dtype))
-        monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
-        monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx,
-                                                                                                      **kw))
-        monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx, **kw))
+        route_to_cuda(monkeypatch, C)
         ctx = Context(Switches(), C.Workspace.for_model(m))
         cache = KVCache.for_config(m.cfg, 32)
         paths.reset()
