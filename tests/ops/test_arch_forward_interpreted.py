@@ -38,9 +38,6 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-_route_to_cuda = route_to_cuda    # kernel_data's
-
-
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
@@ -62,7 +59,7 @@ def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, nam
     cache.v.copy_(ref_cache.v)
     ref_dec = m.forward(torch.tensor([7]), Step.at(T, 1, "cpu"), ref_cache)
 
-    _route_to_cuda(monkeypatch, C)
+    route_to_cuda(monkeypatch, C)
     ctx = Context(Switches(), C.Workspace.for_model(m))
     paths.reset()
     # DECODE_ONLY: the host-free decode step over the reference's prefilled cache (the masked

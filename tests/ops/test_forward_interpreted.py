@@ -29,9 +29,6 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-_route_to_cuda = route_to_cuda    # kernel_data's
-
-
 @pytest.mark.parametrize("arch,rope_in_attn", [("llama", True), ("qwen3", True), ("llama", False)])
 def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path, arch, rope_in_attn):
     """rope_in_attn: the decode step's rope + KV append inside the attention kernel
@@ -52,7 +49,7 @@ def test_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, tmp_path
     ref = m.forward(toks, Step.at(0, 40, "cpu"), ref_cache)
     ref_dec = m.forward(torch.tensor([7]), Step.at(40, 1, "cpu"), ref_cache)
 
-    _route_to_cuda(monkeypatch, C)
+    route_to_cuda(monkeypatch, C)
     ctx = Context(Switches(decode_attn_rope=rope_in_attn), C.Workspace.for_model(m))
     cache = KVCache.for_config(m.cfg, 64)
     paths.reset()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import ModelStub, interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import ModelStub, interpreted_modules, random_weight, reference_dequant, rel_err, route_to_cuda  # noqa: E402
 
 from minfer.errors import MinferError  # noqa: E402
 
@@ -255,7 +255,6 @@ def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
     from models.tiny import TinySpec, write_tiny_model
 
-    import minfer.ops as O
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
     from minfer.ops import paths
@@ -285,13 +284,7 @@ def test_model_forward_with_repacked_weights(monkeypatch, tmp_path):
         ref = m.forward(toks, Step.at(0, 6, "cpu"), ref_cache)
         ref_dec = m.forward(torch.tensor([7]), Step.at(6, 1, "cpu"), ref_cache)
         assert mods["gemv_repack"].repack_model(m) == 7 + 1                   # 7 matrices + the lm head
-        monkeypatch.setattr(O, "_backend", lambda x: C)
-        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
-        monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
-        monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
-        monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
-                            C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
-        monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx))
+        route_to_cuda(monkeypatch, C)
         ctx = Context(Switches(), C.Workspace.for_model(m))
         cache = KVCache.for_config(m.cfg, 64)
         paths.reset()

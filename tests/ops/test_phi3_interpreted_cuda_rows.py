@@ -18,7 +18,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules  # noqa: E402
+from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -49,15 +49,7 @@ def test_phi3_cuda_backend_with_cuda_cache_rows(cuda_ops, monkeypatch):
     assert rows == 128
     cache = KVCache.for_config(m.cfg, rows, context=32)
     # minfer.ops sends CPU tensors to the reference: route them to the CUDA backend's code
-    monkeypatch.setattr(O, "_backend", lambda x: C)
-    monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
-    monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
-    monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
-    monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
-                        C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
-    monkeypatch.setattr(O, "attention",
-                        lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
-                        C.attention(q, k, v, s, ctx, window=window, softcap=softcap))
+    route_to_cuda(monkeypatch, C)
     ctx = Context(Switches(), C.Workspace.for_model(m))
     paths.reset()
     ids = torch.tensor(r["ids"])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules  # noqa: E402
+from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
 
 from minfer.ops import reference  # noqa: E402
 
@@ -131,7 +131,6 @@ def test_gemma2_decode_step_through_cuda_backend_interpreted(monkeypatch):
     from minfer.runtime.kv_cache import KVCache
     from minfer.switches import Switches
 
-    import minfer.ops as O
 
     mods = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
             "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
@@ -149,14 +148,7 @@ def test_gemma2_decode_step_through_cuda_backend_interpreted(monkeypatch):
         ref = m.forward(torch.tensor([7]), Step.at(T, 1, "cpu"), cache)
         cache.k.copy_(k0)
         cache.v.copy_(v0)
-        monkeypatch.setattr(O, "_backend", lambda x: C)
-        monkeypatch.setattr(O, "linear", lambda x, w, bias=None, ctx=None, out_dtype=None: C.linear(x, w, bias, ctx, out_dtype))
-        monkeypatch.setattr(O, "linear_many", lambda x, ws, b, ctx=None: C.linear_many(x, ws, b, ctx))
-        monkeypatch.setattr(O, "add_rms_norm", lambda x, y, w, e, d, ctx=None, **kw: C.add_rms_norm(x, y, w, e, d, ctx, **kw))
-        monkeypatch.setattr(O, "linear_add_rms_norm", lambda a, w, x, g, e, d, ctx=None, **kw:
-                            C.linear_add_rms_norm(a, w, x, g, e, d, ctx, **kw))
-        monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, window=0, softcap=0.0:
-                            C.attention(q, k, v, s, ctx, window=window, softcap=softcap))
+        route_to_cuda(monkeypatch, C)
         ctx = Context(Switches(), C.Workspace.for_model(m))
         paths.reset()
         out = m.forward(torch.tensor([7]), Step(torch.tensor([T]), None, "all"), cache, ctx)
