@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 
 from .base import QK_K, QuantType, f16_to_f32, f32_to_f16_bytes, nearest_int, register, signed_absmax
+from .legacy import _inverse, _nibbles, _pack_nibbles
 
 QK = 32
 GROUP_MAX_EPS = np.float32(1e-15)  # ggml-quants.c: groups with a smaller |max| are all zeros
@@ -29,19 +30,6 @@ KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 3
 # ggml-common.h kvalues_mxfp4 (= kvalues_fp4): the e2m1 values doubled; index 8 is -0 -> 0
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
 _KV_NL_F32 = KVALUES_IQ4NL.astype(np.float32)
-
-
-def _codes(qs: np.ndarray) -> np.ndarray:
-    """(..., 16) bytes -> (..., 32) uint8 nibbles: [low nibbles (values 0..15), high (16..31)]."""
-    q = np.empty(qs.shape[:-1] + (32,), dtype=np.uint8)
-    np.bitwise_and(qs, np.uint8(0x0F), out=q[..., :16])
-    np.right_shift(qs, np.uint8(4), out=q[..., 16:])
-    return q
-
-
-def _pack_codes(q: np.ndarray) -> np.ndarray:
-    """(..., 32) uint8 in 0..15 -> (..., 16) bytes: value j low nibble, value j+16 high."""
-    return q[..., :16] | (q[..., 16:] << np.uint8(4))
 
 
 def e8m0_to_f32_half(e: np.ndarray) -> np.ndarray:
@@ -61,12 +49,6 @@ def best_index(x: np.ndarray) -> np.ndarray:
     idx = np.where(x - lo < hi - x, mu - 1, mu)
     idx = np.where(x <= _KV_NL_F32[0], 0, np.where(x >= _KV_NL_F32[15], 15, idx))
     return idx.astype(np.uint8)
-
-
-def _inv(d: np.ndarray) -> np.ndarray:
-    """`d ? 1/d : 0` in float32."""
-    with np.errstate(divide="ignore"):
-        return np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
 
 
 def _weighted_sums(x: np.ndarray, w: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -128,7 +110,7 @@ class IQ4_NL(QuantType):
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
         d = f16_to_f32(blocks[:, 0:2])  # (n, 1)
-        k = KVALUES_IQ4NL[_codes(blocks[:, 2:])]
+        k = KVALUES_IQ4NL[_nibbles(blocks[:, 2:])]
         return np.multiply(k, d, out=out, dtype=np.float32)
 
     @classmethod
@@ -136,7 +118,7 @@ class IQ4_NL(QuantType):
         # quantize_row_iq4_nl_ref: quantize_row_iq4_nl_impl(QK4_NL, 32, ..., ntry = -1): no trial
         # grids, and the codes stay those of the first pass (made with d = max / -127)
         d, codes = _iq4_groups(x, ntry=-1)
-        return np.concatenate([f32_to_f16_bytes(d), _pack_codes(codes)], axis=1)
+        return np.concatenate([f32_to_f16_bytes(d), _pack_nibbles(codes)], axis=1)
 
 
 @register
@@ -167,7 +149,7 @@ class IQ4_XS(QuantType):
         lo = np.stack([sl & np.uint8(15), sl >> np.uint8(4)], axis=2).reshape(n, 8)  # group 2i, 2i+1
         ls = (lo.astype(np.int16) | (hi.astype(np.int16) << 4)) - np.int16(32)
         dl = (d * ls.astype(np.float32)).reshape(n, 8, 1)                  # d * (ls - 32), float32
-        k = KVALUES_IQ4NL[_codes(blocks[:, 8:].reshape(n, 8, 16))]         # (n, 8, 32)
+        k = KVALUES_IQ4NL[_nibbles(blocks[:, 8:].reshape(n, 8, 16))]         # (n, 8, 32)
         if out is None:
             out = np.empty((n, QK_K), dtype=np.float32)
         np.multiply(k, dl, out=out.reshape(n, 8, 32), dtype=np.float32)
@@ -182,15 +164,15 @@ class IQ4_XS(QuantType):
         s = scales[..., 0]
         max_scale = signed_absmax(s)                                        # (n, 1), 0 if all 0
         d = -max_scale / np.float32(32)
-        l_ = np.clip(nearest_int(_inv(d) * s), -32, 31)                     # (n, 8)
+        l_ = np.clip(nearest_int(_inverse(d) * s), -32, 31)                     # (n, 8)
         dl = d * l_.astype(np.float32)
-        codes = best_index(xg * _inv(dl)[..., None])                       # (n, 8, 32)
+        codes = best_index(xg * _inverse(dl)[..., None])                       # (n, 8, 32)
         l_ = (l_ + 32).astype(np.uint8)
         lo, hi = l_ & np.uint8(15), (l_ >> np.uint8(4)).astype(np.uint16)
         sh = (hi << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1, dtype=np.uint16)
         sl = lo[:, 0::2] | (lo[:, 1::2] << np.uint8(4))
         return np.concatenate([f32_to_f16_bytes(d), sh.reshape(n, 1).view(np.uint8), sl,
-                               _pack_codes(codes).reshape(n, 128)], axis=1)
+                               _pack_nibbles(codes).reshape(n, 128)], axis=1)
 
 
 @register
@@ -213,7 +195,7 @@ class MXFP4(QuantType):
     @classmethod
     def dequantize_blocks(cls, blocks, out=None):
         d = e8m0_to_f32_half(blocks[:, 0:1])  # (n, 1)
-        k = KVALUES_MXFP4[_codes(blocks[:, 1:])]
+        k = KVALUES_MXFP4[_nibbles(blocks[:, 1:])]
         return np.multiply(k, d, out=out, dtype=np.float32)
 
     @classmethod
@@ -227,4 +209,4 @@ class MXFP4(QuantType):
         d = e8m0_to_f32_half(e)                                            # (n, 1)
         err = np.abs(d[:, :, None] * KVALUES_MXFP4.astype(np.float32) - x[:, :, None])  # (n, 32, 16)
         codes = err.argmin(axis=2).astype(np.uint8)
-        return np.concatenate([e, _pack_codes(codes)], axis=1)
+        return np.concatenate([e, _pack_nibbles(codes)], axis=1)

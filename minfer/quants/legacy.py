@@ -25,10 +25,10 @@ _SHIFT8 = np.arange(8, dtype=np.uint8).reshape(1, 1, 8)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(n, 16) uint8 -> (n, 32) uint8: [low nibbles, high nibbles] (values j and j+16)."""
-    q = np.empty((qs.shape[0], 32), dtype=np.uint8)
-    np.bitwise_and(qs, np.uint8(0x0F), out=q[:, :16])
-    np.right_shift(qs, np.uint8(4), out=q[:, 16:])
+    """(..., 16) uint8 -> (..., 32) uint8: [low nibbles, high nibbles] (values j and j+16)."""
+    q = np.empty(qs.shape[:-1] + (32,), dtype=np.uint8)
+    np.bitwise_and(qs, np.uint8(0x0F), out=q[..., :16])
+    np.right_shift(qs, np.uint8(4), out=q[..., 16:])
     return q
 
 
@@ -43,8 +43,8 @@ def _scaled(q: np.ndarray, d: np.ndarray, out: np.ndarray | None) -> np.ndarray:
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """(n, 32) uint8 in 0..15 (low 4 bits used) -> (n, 16) bytes: value j low, j+16 high."""
-    return (q[:, :16] & np.uint8(0x0F)) | (q[:, 16:] << np.uint8(4))
+    """(..., 32) uint8 in 0..15 (low 4 bits used) -> (..., 16) bytes: value j low, j+16 high."""
+    return (q[..., :16] & np.uint8(0x0F)) | (q[..., 16:] << np.uint8(4))
 
 
 def _pack_high_bits(q: np.ndarray) -> np.ndarray:
