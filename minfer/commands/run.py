@@ -41,10 +41,9 @@ def parents() -> list[argparse.ArgumentParser]:
 
 
 def sampling_from_args(args):
-    from minfer.limits import effective_temperature
     from minfer.runtime.sampling import SamplingParams
 
-    return SamplingParams(temperature=effective_temperature(args.temp), top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+    return SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                           repeat_penalty=args.repeat_penalty, presence_penalty=args.presence_penalty,
                           frequency_penalty=args.frequency_penalty,
                           # -1 is llama.cpp's "a random seed" (common/arg.cpp, --seed); as a literal

@@ -68,18 +68,12 @@ from minfer.models.base import Step
 from minfer.models.gemma3 import swa_layers
 from minfer.models.layers import Block, load_head, merge_heads, rope_and_write
 from minfer.models.qwen3moe import Qwen3MoeModel, load_experts
+from minfer.ops.reference import swiglu_oai  # noqa: F401  (the expert activation, by name for the tests)
 from minfer.weights import QWeight, load_qweight, load_vector
 
 SWIGLU_ALPHA = 1.702      # llama-graph.cpp build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE (HF swiglu_alpha)
 SWIGLU_LIMIT = 7.0        # (HF swiglu_limit)
 DEFAULT_SWA_PATTERN = 2   # openai-moe.cpp load_swa_pattern(ml, 2)
-
-
-def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = SWIGLU_ALPHA,
-               limit: float = SWIGLU_LIMIT) -> torch.Tensor:
-    """min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit, limit) + 1)."""
-    g = gate.clamp(max=limit)
-    return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
 
 
 def yarn_rope(gf, arch: str, rope, attn_factor: float = 1.0, truncate: bool = False):
@@ -262,10 +256,3 @@ def _check_sinks(cache) -> None:
         raise MinferError(f"architecture 'gpt-oss' needs attention sinks, which {type(cache).__name__}.attend "
                           "does not apply (the batch engine's paged cache); use the single-sequence engine")
 
-
-def _rows(w: QWeight, e: int, n: int) -> torch.Tensor:
-    """Expert e's (n, K) float32 rows of a stacked expert QWeight: its dense matrix, or decoded
-    from the raw blocks (a packed or quantized-only weight)."""
-    if w.dense is not None:
-        return w.dense[e * n:(e + 1) * n].float()
-    return w.dequantize_rows(torch.arange(e * n, (e + 1) * n))

@@ -174,8 +174,7 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     decode kernel's SINK variant, T > 1 in torch: ops/cuda/attention.py)."""
     if q.device.type != "cuda":
         return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks)
-    extra = {} if sinks is None else {"sinks": sinks}
-    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, **extra)
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks)
 
 
 def geglu(gate, up):

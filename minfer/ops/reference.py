@@ -281,8 +281,14 @@ def moe_act(g: torch.Tensor, u: torch.Tensor, gate_bias, up_bias, e: int, act: s
         u = u + up_bias[e].float()
     if act == "silu":
         return F.silu(g) * u
-    g = g.clamp(max=limit)
-    return g * torch.sigmoid(alpha * g) * (u.clamp(-limit, limit) + 1)
+    return swiglu_oai(g, u, alpha, limit)
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """gpt-oss's clamped SwiGLU: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u, -limit,
+    limit) + 1) (ggml_compute_forward_swiglu_oai_f32; HF GptOssExperts._apply_gate)."""
+    g = gate.clamp(max=limit)
+    return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
 
 
 def _expert(w, e: int, n: int) -> torch.Tensor:

@@ -129,6 +129,5 @@ class KVCache:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
         positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p;
         softcap > 0: soft-capped scores (gemma2); sinks (H,): gpt-oss's sink logits (ops.attention)."""
-        extra = {} if sinks is None else {"sinks": sinks}    # (only gpt-oss passes sinks)
         return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
-                             softcap=softcap, **extra)
+                             softcap=softcap, sinks=sinks)

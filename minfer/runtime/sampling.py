@@ -27,7 +27,7 @@ from typing import Sequence
 import torch
 
 from minfer.errors import MinferError
-from minfer.limits import GREEDY_BELOW
+from minfer.limits import effective_temperature
 
 # seeds are 64-bit: torch.Generator.manual_seed takes -2**63 .. 2**64 - 1
 SEED_MIN, SEED_MAX = -(1 << 63), (1 << 64) - 1
@@ -73,10 +73,9 @@ class SamplingParams:
 
         if number("temperature") < 0:
             raise bad("temperature", "a number >= 0 (0 = greedy)")
-        if 0 < self.temperature < GREEDY_BELOW:
-            # greedy in all but exact ties; 1e-38 and under divided the logits into inf (NaN
-            # probabilities after the load) -- the library now does what the server and CLI do
-            self.temperature = 0.0
+        # greedy in all but exact ties; 1e-38 and under divided the logits into inf (NaN
+        # probabilities after the load): the one rule for the library, the server and the CLI
+        self.temperature = effective_temperature(self.temperature)
         if not 0 <= number("top_p") <= 1:
             raise bad("top_p", "a number in 0..1 (1 = off)")
         if not 0 <= number("min_p") <= 1:

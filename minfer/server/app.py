@@ -29,7 +29,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from minfer.errors import MinferError
-from minfer.limits import effective_temperature, request_problem, request_texts
+from minfer.limits import request_problem, request_texts
 from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, JSONBodyMiddleware, MetricsMiddleware,
                                       error_payload)
@@ -186,9 +186,7 @@ def _sampling_params(req: _Sampling, SamplingParams: Any) -> Any:
             continue  # llama.cpp's server: seed -1 means a random seed, not the seed -1
         if field in sent and value is not None:
             kw[param] = max(value, 0) if field == "top_k" else value  # -1 (llama.cpp's 'off') -> 0
-    if "temperature" in kw:
-        kw["temperature"] = effective_temperature(kw["temperature"])
-    return SamplingParams(**kw)
+    return SamplingParams(**kw)      # (a temperature under limits.GREEDY_BELOW becomes greedy there)
 
 
 def _check_common(state: ServerState, req: _Sampling) -> Any:

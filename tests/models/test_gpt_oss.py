@@ -200,6 +200,7 @@ def test_router_softmax_over_the_top_k_only(eng, monkeypatch):
     import torch.nn.functional as F
 
     import minfer.models.gpt_oss as go
+    from minfer.ops.reference import _expert
 
     m = eng.model
 
@@ -209,9 +210,9 @@ def test_router_softmax_over_the_top_k_only(eng, monkeypatch):
         out, Fe, D = torch.zeros(h.shape), e.gate_bias.shape[1], h.shape[1]
         for j in idx.unique().tolist():
             tok, slot = (idx == j).nonzero(as_tuple=True)
-            g = F.linear(h[tok], go._rows(e.gate_exps, j, Fe), e.gate_bias[j])
-            u = F.linear(h[tok], go._rows(e.up_exps, j, Fe), e.up_bias[j])
-            y = F.linear(go.swiglu_oai(g, u), go._rows(e.down_exps, j, D), e.down_bias[j])
+            g = F.linear(h[tok], _expert(e.gate_exps, j, Fe).float(), e.gate_bias[j])
+            u = F.linear(h[tok], _expert(e.up_exps, j, Fe).float(), e.up_bias[j])
+            y = F.linear(go.swiglu_oai(g, u), _expert(e.down_exps, j, D).float(), e.down_bias[j])
             out.index_add_(0, tok, y * w[tok, slot, None])
         return out
 
