@@ -186,9 +186,9 @@ def main(args: argparse.Namespace) -> int:
             log = logging.getLogger("minfer.server")
             quant = getattr(eng, "cpu_quant_report", None) or {}
             if quant.get("refused"):
-                log.warning("%s: int4 matrices would move the next-token distribution by KL %.3f on a "
-                            "calibration text: int8 used instead (KL %.4f; MINFER_CPU_QUANT=0 keeps float32)",
-                            path.name, quant["kl_int4"], quant["kl"])
+                from minfer.runtime.cpu_calibration import refusal_note
+
+                log.warning("%s", refusal_note(path.name, quant))
             if getattr(eng, "memory_report", None):
                 log.info("loaded %s: %s", path.name, eng.memory_report)
         return eng

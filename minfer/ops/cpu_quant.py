@@ -163,8 +163,9 @@ def pack4(w, group: int = INT4_GROUP, refine_top: int = 0) -> Int4Weight:
 
 def _row_chunks(N: int, K: int):
     """Row ranges of about PACK_CHUNK weights: packing a matrix a chunk at a time keeps each
-    step's temporaries in the cache instead of several fresh N x K float32 buffers (the 151936 x 896 vocabulary: 545 MB each). Every value is
-    computed by the same elementwise/per-row steps either way, so the bytes do not change."""
+    step's temporaries in the cache instead of several fresh N x K float32 buffers (the
+    151936 x 896 vocabulary: 545 MB each). Every value is computed by the same elementwise /
+    per-row steps either way, so the bytes do not change."""
     step = max(1, PACK_CHUNK // max(K, 1))
     return [(r0, min(N, r0 + step)) for r0 in range(0, N, step)]
 

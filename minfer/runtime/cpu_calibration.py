@@ -96,6 +96,14 @@ def prepare_cpu_quant(model, tokenizer, path=None, progress: bool = False) -> di
     return {**out, "cached": False}
 
 
+def refusal_note(name: str, report: dict) -> str:
+    """The one line that says a load refused the int4 split (report: prepare_cpu_quant's); the
+    engine prints it under its progress bar, `minfer serve` logs it when its stderr is a file."""
+    return (f"{name}: int4 matrices would move the next-token distribution by KL {report['kl_int4']:.3f} on a "
+            f"calibration text (bound {CPU_INT4_KL_MAX}): int8 used instead (KL {report['kl']:.4f}; "
+            "MINFER_CPU_QUANT=0 keeps float32)")
+
+
 def cache_key(path, model) -> str:
     """What the check's outcome depends on, hashed: the file (resolved path, size, mtime and the
     sha256 of its first and last MiB, so a rewritten file misses even with the same size and

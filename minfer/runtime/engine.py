@@ -142,9 +142,7 @@ class Engine:
         if quant_note and quant_note.get("refused") and progress:
             import sys
 
-            print(f"minfer: {gf.path.name}: int4 matrices would move the next-token distribution by KL "
-                  f"{quant_note['kl_int4']:.3f} on a calibration text (bound {cpu_calibration.CPU_INT4_KL_MAX}): int8 used instead "
-                  f"(KL {quant_note['kl']:.4f}; MINFER_CPU_QUANT=0 keeps float32)", file=sys.stderr)
+            print(f"minfer: {cpu_calibration.refusal_note(gf.path.name, quant_note)}", file=sys.stderr)
         if device == "cpu":  # a model whose first logits are NaN/inf is refused here (issue 15)
             from minfer.runtime.sampling import check_model_logits
 
