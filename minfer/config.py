@@ -69,6 +69,12 @@ class ModelConfig:
     expert_ffn: int = 0                        # expert_feed_forward_length
     expert_weights_norm: bool | None = None    # expert_weights_norm (None: absent, the model's default)
     expert_shared_ffn: int = 0                 # expert_shared_feed_forward_length (qwen2moe)
+    expert_gating: str = "softmax"             # expert_gating_func: 1 softmax, 2 sigmoid (ops.moe_ffn gating)
+    expert_weights_scale: float = 1.0          # expert_weights_scale (0 or absent: 1, as llama.cpp)
+    expert_shared_count: int = 0               # expert_shared_count (deepseek2, glm4moe)
+    expert_groups: int = 1                     # expert_group_count (group-limited routing; 1: none)
+    expert_groups_used: int = 1                # expert_group_used_count
+    leading_dense_blocks: int = 0              # leading_dense_block_count: first layers with a dense FFN
 
     @property
     def rope_theta(self) -> float:
@@ -180,12 +186,33 @@ def _arch_extras(gf, arch, rope: RopeConfig) -> dict:
         expert_ffn=int(opt("expert_feed_forward_length", 0) or 0),
         expert_weights_norm=None if opt("expert_weights_norm", None) is None else bool(opt("expert_weights_norm", None)),
         expert_shared_ffn=int(opt("expert_shared_feed_forward_length", 0) or 0),
+        expert_weights_scale=float(opt("expert_weights_scale", 0.0) or 1.0),
+        expert_shared_count=int(opt("expert_shared_count", 0) or 0),
+        expert_groups=int(opt("expert_group_count", 1) or 1),
+        expert_groups_used=int(opt("expert_group_used_count", 1) or 1),
+        leading_dense_blocks=int(opt("leading_dense_block_count", 0) or 0),
     )
     pattern = opt("attention.sliding_window_pattern", None)
     out["swa_pattern"] = tuple(pattern) if isinstance(pattern, list) else pattern
+    # llama.cpp llama_expert_gating_func_type: SOFTMAX = 1, SIGMOID = 2 (SOFTMAX_WEIGHT = 3 and
+    # SQRT_SOFTPLUS = 4 belong to architectures minfer does not have). Each architecture names the
+    # gatings its graph has (Model.expert_gatings).
+    from minfer.models import ARCHITECTURES
+
     gating = opt("expert_gating_func", None)
-    if gating is not None and int(gating) != 1:   # llama.cpp LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX = 1
-        raise MinferError(f"{gf.path}: {arch}.expert_gating_func={gating} is not supported (only 1, softmax)")
+    if gating is not None:
+        name = {1: "softmax", 2: "sigmoid"}.get(int(gating))
+        allowed = ARCHITECTURES[arch].expert_gatings
+        if name not in allowed:
+            names = ", ".join(f"{i} ({g})" for i, g in ((1, "softmax"), (2, "sigmoid")) if g in allowed)
+            raise MinferError(f"{gf.path}: {arch}.expert_gating_func={gating} is not supported for {arch} "
+                              f"(supported: {names})")
+        out["expert_gating"] = name
+    groups, used = out["expert_groups"], out["expert_groups_used"]
+    if groups > 1 and (out["n_experts"] % groups or not 0 < used <= groups):
+        raise MinferError(f"{gf.path}: {arch}.expert_group_count={groups}, expert_group_used_count={used}, "
+                          f"expert_count={out['n_experts']}: expected groups that divide the experts and "
+                          f"0 < used <= groups")
     # phi3 LongRoPE: per-frequency divisors, short within the original context, long past it
     if "rope_factors_short.weight" in gf.tensors or "rope_factors_long.weight" in gf.tensors:
         short = _factor_tensor(gf, "rope_factors_short.weight", rope.n_rot)

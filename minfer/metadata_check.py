@@ -51,6 +51,16 @@ def _positive_float(hi: float = math.inf) -> Callable[[Any], str | None]:
     return check
 
 
+def _nonnegative_float() -> Callable[[Any], str | None]:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return f"expected a number, got a {_kind(v)}"
+        if not math.isfinite(v) or v < 0:
+            return "expected a finite number >= 0"
+        return None
+    return check
+
+
 def _of(typ: type, name: str) -> Callable[[Any], str | None]:
     def check(v):
         if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
@@ -92,6 +102,17 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "rope.scaling.factor": _positive_float(),
     "rope.scale_linear": _positive_float(),
     "rope.scaling.type": _of(str, "a string"),
+    # mixture of experts (gguf-py Keys.LLM EXPERT_*, LEADING_DENSE_BLOCK_COUNT)
+    "expert_count": _count(1, 1 << 16),
+    "expert_used_count": _count(1, 1 << 16),
+    "expert_feed_forward_length": _count(1, 1 << 22),
+    "expert_shared_feed_forward_length": _count(0, 1 << 22),
+    "expert_shared_count": _count(0, 1 << 16),
+    "expert_group_count": _count(1, 1 << 16),
+    "expert_group_used_count": _count(1, 1 << 16),
+    "expert_gating_func": _count(1, 255),
+    "expert_weights_scale": _nonnegative_float(),
+    "leading_dense_block_count": _count(0, 4096),
 }
 REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",
                       "feed_forward_length", "attention.layer_norm_rms_epsilon", "context_length")

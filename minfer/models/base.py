@@ -76,6 +76,8 @@ class Model:
       paged_kv    the batch engine's paged KV cache (runtime/paged_kv.py) can run it (False:
                   gpt-oss, whose attention sinks that cache does not apply; `minfer serve` then
                   serves one request at a time, and BatchEngine refuses it by name)
+      expert_gatings  the `expert_gating_func` values its MoE graph has, by ops.moe_ffn name
+                  ("softmax" = 1, "sigmoid" = 2); a file asking for another is refused by name
     Instance attributes: cfg (minfer.config.ModelConfig), act_dtype (matmul inputs and KV
     cache dtype), device.
     """
@@ -85,6 +87,7 @@ class Model:
     qkv_bias: bool = False
     qk_norm: bool = False
     paged_kv: bool = True
+    expert_gatings: tuple[str, ...] = ("softmax",)
 
     cfg = None
     act_dtype: torch.dtype = torch.float32

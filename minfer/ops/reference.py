@@ -215,7 +215,8 @@ def window_mask(q_pos: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
 
 def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
             norm_weights: bool, *, router_bias=None, gating: str = "softmax", gate_bias=None, up_bias=None,
-            down_bias=None, act: str = "silu", alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+            down_bias=None, act: str = "silu", alpha: float = 1.702, limit: float = 7.0,
+            select_bias=None, n_group: int = 1, topk_group: int = 1, weights_scale: float = 1.0) -> torch.Tensor:
     """Mixture of gated experts of the normed input h (T, D) -> (T, D) (llama.cpp build_moe_ffn;
     HF Qwen3MoeSparseMoeBlock, GptOssMLP).
 
@@ -223,14 +224,19 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     rows at [e*N, (e+1)*N). Router logits l = router h (+ router_bias (E,)). gating "softmax"
     (qwen3moe): p = softmax(l) over all E experts, the k largest kept, their weights divided by
     their sum when norm_weights. gating "topk_softmax" (gpt-oss): the k largest logits kept, their
-    weights the softmax over those k only (norm_weights has nothing left to do).
+    weights the softmax over those k only (norm_weights has nothing left to do). gating "sigmoid"
+    (deepseek2 V3, glm4moe): p = sigmoid(l); the experts are chosen on p + select_bias (E,) (the
+    file's exp_probs_b) but weighted by p. n_group > 1: the experts form n_group equal groups, each
+    scored by the sum of its two largest selection values; only the topk_group best groups stay
+    eligible. Weights are then divided by their sum (at least 2^-14) when norm_weights and multiplied by
+    weights_scale (llama.cpp build_moe_ffn's order).
     out = sum_k w_k (down_e a + down_bias[e]), a = act(gate_e h + gate_bias[e], up_e h + up_bias[e]),
     biases (E, N) float32 or None; act "silu": silu(g) * u; "swiglu_oai" (gpt-oss):
     g' = min(g, limit), u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1).
     The reference goes expert by expert over the tokens routed to it."""
     T, D = h.shape
     E = router.shape[0]
-    w, idx = route(h, router, k, norm_weights, router_bias, gating)
+    w, idx = route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group, weights_scale)
     Fe = gate_exps.shape[0] // E
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
     for e in idx.unique().tolist():
@@ -245,14 +251,18 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     return out.to(h.dtype)
 
 
-MOE_GATINGS = ("softmax", "topk_softmax")
+MOE_GATINGS = ("softmax", "topk_softmax", "sigmoid")
 MOE_ACTS = ("silu", "swiglu_oai")
 
 
 def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
-          gating: str = "softmax"):
+          gating: str = "softmax", select_bias=None, n_group: int = 1, topk_group: int = 1,
+          weights_scale: float = 1.0):
     """moe_ffn's router: weights (T, k) float32 and expert ids (T, k) int64, on h's device with
-    torch ops only (no host value: the CUDA backend calls it too)."""
+    torch ops only (no host value: the CUDA backend calls it too). The rules and their order are
+    llama.cpp's build_moe_ffn (src/llama-graph.cpp): gating, selection bias, group mask, top-k,
+    weights read from the unbiased probabilities, normalization (sum clamped to the smallest f16
+    normal, 6.103515625e-5), then the scale."""
     if gating not in MOE_GATINGS:
         raise ValueError(f"moe_ffn: gating {gating!r} is not one of {MOE_GATINGS}")
     logits = h.float() @ router.float().t()                               # (T, E)
@@ -261,9 +271,20 @@ def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, rou
     if gating == "topk_softmax":
         top, idx = torch.topk(logits, k, dim=-1)
         return torch.softmax(top, dim=-1), idx
-    w, idx = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+    probs = torch.softmax(logits, dim=-1) if gating == "softmax" else torch.sigmoid(logits)
+    sel = probs if select_bias is None else probs + select_bias.float()
+    if n_group > 1:
+        T, E = sel.shape
+        groups = sel.view(T, n_group, E // n_group)
+        score = groups.topk(2, dim=-1).values.sum(-1)                     # (T, G): the two best of each group
+        keep = torch.zeros_like(score, dtype=torch.bool).scatter_(1, score.topk(topk_group, dim=-1).indices, True)
+        sel = groups.masked_fill(~keep[..., None], float("-inf")).view(T, E)
+    idx = torch.topk(sel, k, dim=-1).indices
+    w = probs.gather(1, idx)
     if norm_weights:
-        w = w / w.sum(-1, keepdim=True)
+        w = w / w.sum(-1, keepdim=True).clamp(min=6.103515625e-5)
+    if weights_scale not in (0.0, 1.0):                                    # llama.cpp: 0 and 1 mean none
+        w = w * weights_scale
     return w, idx
 
 

@@ -145,7 +145,7 @@ def test_unknown_options_are_refused(M):
         with pytest.raises(ValueError, match="act"):
             f(h, router, *(w for w, _ in ws), K, False, act="gelu")
         with pytest.raises(ValueError, match="gating"):
-            f(h, router, *(w for w, _ in ws), K, False, gating="sigmoid")
+            f(h, router, *(w for w, _ in ws), K, False, gating="sqrt_softplus")
 
 
 class HostRead(AssertionError):

@@ -108,16 +108,20 @@ def _expert_rows(experts: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
-          gating: str = "softmax"):
+          gating: str = "softmax", select_bias=None, n_group: int = 1, topk_group: int = 1,
+          weights_scale: float = 1.0):
     """Weights (T, k) float32 and expert ids (T, k) on the device: reference.route's torch ops
-    (softmax over E then top-k, or top-k logits then their softmax), no host value."""
-    return reference.route(h, router, k, norm_weights, router_bias, gating)
+    (softmax over E then top-k, top-k logits then their softmax, or sigmoid with a selection
+    bias and group mask), no host value."""
+    return reference.route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group,
+                           weights_scale)
 
 
 def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
             norm_weights: bool, ctx=None, *, router_bias=None, gating: str = "softmax", gate_bias=None,
             up_bias=None, down_bias=None, act: str = "silu", alpha: float = 1.702,
-            limit: float = 7.0) -> torch.Tensor:
+            limit: float = 7.0, select_bias=None, n_group: int = 1, topk_group: int = 1,
+            weights_scale: float = 1.0) -> torch.Tensor:
     """h (T, D) normed activations -> (T, D) in h's dtype; see minfer.ops.reference.moe_ffn
     (the options: ops.moe_ffn)."""
     T, D = h.shape
@@ -128,7 +132,7 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     opts = None
     if gate_bias is not None or up_bias is not None or down_bias is not None or act != "silu":
         opts = dict(gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, act=act, alpha=alpha, limit=limit)
-    w, idx = route(h, router, k, norm_weights, router_bias, gating)
+    w, idx = route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group, weights_scale)
     adt = h.dtype
     planes = all(planes_of(t) is not None for t in (gate_exps, up_exps, down_exps))
     # (float32 activations keep the exact grouped path, as the dense layers keep their bf16-free GEMV)
