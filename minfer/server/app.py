@@ -380,7 +380,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         state.require_engine()
         return {"status": "ok", "slots": state.slots}
 
-    @app.get("/metrics")
+    @app.api_route("/metrics", methods=["GET", "HEAD"])
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
@@ -401,13 +401,14 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         return {"id": state.served_name, "object": "model", "created": state.created, "owned_by": "minfer",
                 "meta": meta}
 
-    @app.get("/v1/models")
-    @app.get("/models", include_in_schema=False)
+    # HEAD as well as GET: monitors and load balancers probe with HEAD (405 before)
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
+    @app.api_route("/models", methods=["GET", "HEAD"], include_in_schema=False)
     async def models() -> Any:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model_id:path}")
-    @app.get("/models/{model_id:path}", include_in_schema=False)
+    @app.api_route("/v1/models/{model_id:path}", methods=["GET", "HEAD"])
+    @app.api_route("/models/{model_id:path}", methods=["GET", "HEAD"], include_in_schema=False)
     async def model(model_id: str) -> Any:
         # OpenAI's retrieve; an alias answers with the served model's card
         state.check_model(model_id)

@@ -111,6 +111,16 @@ class _Sampling(BaseModel):
             data["response_format"] = rf
         return data
 
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, v: Any, info: Any) -> Any:
+        # OpenAI answers 400 to stream_options without stream (so does vLLM); accepting it
+        # silently left a client waiting for a usage chunk that a non-streamed answer never has.
+        # (`stream` is declared before it: info.data holds it when it was valid)
+        if v is not None and "stream" in info.data and not info.data["stream"]:
+            raise ValueError("only allowed when stream is true")
+        return v
+
     def stop_list(self) -> list[str]:
         if self.stop is None:
             return []

@@ -90,6 +90,9 @@ def template_messages(messages: list[Any]) -> list[dict]:
     return out
 
 
+MAX_PARALLEL_CALLS = 16   # tool calls in one constrained answer (tool_call_lark)
+
+
 def choose_tools(tools: list[Any], tool_choice: Any) -> tuple[list[Any], bool]:
     """(the tools the model may call, whether it must call one) for a tool_choice."""
     if tool_choice is None or tool_choice == "auto":
@@ -119,7 +122,9 @@ def tool_call_lark(tok: Any, tools: list[Any], parallel: bool, alternative: str 
     output may be instead (a response_format's %json, for tool_choice "auto")."""
     schemas = [_call_schema(t) for t in tools]
     body = lark_json(schemas[0] if len(schemas) == 1 else {"anyOf": schemas})
-    start = 'call ("\\n" call)*' if parallel else "call"
+    # at most MAX_PARALLEL_CALLS: unbounded, a small model under tool_choice "required" could
+    # answer call after call until max_tokens
+    start = f'call ("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if parallel else "call"
     if alternative is not None:
         start = f"calls | answer\ncalls: {start}\nanswer: {alternative}"
     return (f"start: {start}\n"

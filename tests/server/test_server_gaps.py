@@ -178,3 +178,27 @@ def test_completions_take_a_response_format_and_refuse_tools(client, server):
     r = httpx.post(server.url + "/v1/completions", timeout=30,
                    json={"model": MODEL, "prompt": "x", "max_tokens": 1, "tools": [{"type": "function"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools"
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/models", f"/v1/models/{MODEL}", "/metrics", "/health"])
+def test_head_is_answered_like_get(server, path):
+    # monitors and load balancers probe with HEAD; the model list answered 405
+    g = httpx.get(server.url + path, timeout=30)
+    h = httpx.head(server.url + path, timeout=30)
+    assert g.status_code == 200 and h.status_code == 200, (path, h.status_code)
+    assert h.content == b"" and h.headers["content-type"] == g.headers["content-type"]
+
+
+@pytest.mark.parametrize("endpoint, body", [("/v1/chat/completions", {"messages": MSG}),
+                                            ("/v1/completions", {"prompt": "x"})])
+def test_stream_options_without_stream_is_a_400(server, endpoint, body):
+    # OpenAI (and vLLM) refuse it; accepted, the client waited for a usage chunk that a
+    # non-streamed answer never sends
+    for extra in ({}, {"stream": False}):
+        r = httpx.post(server.url + endpoint, timeout=30,
+                       json={"model": MODEL, "max_tokens": 1, "stream_options": {"include_usage": True}, **body, **extra})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "stream_options" and "only allowed when stream is true" in err["message"], err
+    r = httpx.post(server.url + endpoint, timeout=30, json={"model": MODEL, "max_tokens": 1, "stream_options": None, **body})
+    assert r.status_code == 200, r.text

@@ -223,3 +223,28 @@ def test_a_tool_whose_schema_cannot_be_compiled_is_a_short_400_naming_the_tool(q
     assert body["param"] == "tools", body
     assert "\n" not in body["message"] and len(body["message"]) < 600, body["message"]
     assert "'lookup'" in body["message"] and "unclosed group" in body["message"], body["message"]
+
+
+def test_constrained_parallel_calls_are_bounded(engine):
+    """Under tool_choice "required" with parallel calls the grammar takes at most
+    MAX_PARALLEL_CALLS calls: after the last one only the end is allowed (a small model used to
+    answer call after call until max_tokens)."""
+    import torch
+
+    from minfer.server.schemas import Tool
+    from minfer.server.structured import GrammarConstraint, lark_grammar
+    from minfer.server.tools import MAX_PARALLEL_CALLS, tool_call_lark
+
+    tok = engine.tokenizer
+    tool = Tool(type="function", function={"name": "f", "parameters": {"type": "object", "properties": {}}})
+    one = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    c = GrammarConstraint(tok, lark_grammar(tool_call_lark(tok, [tool], parallel=True)))
+    zeros = torch.zeros(tok.n_vocab)
+    nl = tok.encode("\n", add_bos=False)
+    eog = sorted(tok.eog_ids)
+    for n in (1, MAX_PARALLEL_CALLS - 1, MAX_PARALLEL_CALLS):
+        ids = tok.encode("\n".join([one] * n), add_bos=False)
+        c = GrammarConstraint(tok, lark_grammar(tool_call_lark(tok, [tool], parallel=True)))
+        allowed = torch.isfinite(c(ids, zeros))
+        assert allowed[eog].all(), n
+        assert bool(allowed[nl[0]]) == (n < MAX_PARALLEL_CALLS), n
