@@ -51,7 +51,7 @@ class ModelConfig:
     head_dim: int
     ffn: int
     vocab: int
-    rms_eps: float
+    rms_eps: float               # the norms' epsilon: the key the model class names (Model.norm_eps_key)
     rope: RopeConfig
     context_length: int
     tied_output: bool            # no output.weight: the logits reuse token_embd.weight
@@ -96,7 +96,11 @@ class ModelConfig:
 
         from minfer import metadata_check
 
-        metadata_check.check(gf)  # every key typed and range-checked before any is read (issue 15)
+        # every key typed and range-checked before any is read (issue 15); the norm epsilon's key is the
+        # model class's (LayerNorm graphs: attention.layer_norm_epsilon)
+        eps_key = ARCHITECTURES[arch].norm_eps_key
+        metadata_check.check(gf, tuple(eps_key if k == "attention.layer_norm_rms_epsilon" else k
+                                       for k in metadata_check.REQUIRED_ARCH_KEYS))
 
         def req(suffix):
             key = f"{arch}.{suffix}"
@@ -113,7 +117,7 @@ class ModelConfig:
         n_heads = int(req("attention.head_count"))
         n_kv = int(opt("attention.head_count_kv", n_heads))
         ffn = int(req("feed_forward_length"))
-        rms_eps = float(req("attention.layer_norm_rms_epsilon"))
+        rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of "

@@ -98,6 +98,7 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "vocab_size": _count(1, 1 << 24),
     "rope.dimension_count": _count(1, 1 << 14),
     "attention.layer_norm_rms_epsilon": _positive_float(1.0),
+    "attention.layer_norm_epsilon": _positive_float(1.0),
     "rope.freq_base": _positive_float(),
     "rope.scaling.factor": _positive_float(),
     "rope.scale_linear": _positive_float(),

@@ -35,7 +35,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
 VOCAB = 320
-EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>")}   # conversion/glm.py Glm4Model.set_vocab looks them up
+EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py Glm4Model.set_vocab looks them up
+                  "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
 SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
@@ -175,6 +176,74 @@ ARCHS = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
                          "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
         swiglu_alpha=1.702, swiglu_limit=7.0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # GLM-4.5 (glm4moe): layer 0 dense, layers 1-2 top-2 of 8 sigmoid-gated experts chosen on
+    # score + e_score_correction_bias (randomized below: zeros at init), renormalized and scaled by
+    # 2.5, plus one shared expert; q/k/v biases, per-head q/k norms (the 355B's use_qk_norm), half of
+    # each head rotated (NEOX halves). HF's default num_mtp_layers=1 makes the converter count one
+    # NextN layer in block_count (4) without tensors; minfer must run 3. Group-limited choice: 4 groups
+    # of 2 experts, the best 2 groups eligible (the released configs have n_group 1; the converter
+    # writes n_group/topk_group as expert_group_count/expert_group_used_count, conversion/base.py).
+    "glm4moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, n_routed_experts=8, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, use_qk_norm=True, attention_bias=True, rms_norm_eps=1e-5, max_position_embeddings=256,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # DeepSeek-V2-Lite-like (deepseek2): MLA without q_lora (one q matrix), the latent kv (kv_lora 32 +
+    # 8 rope dims, v_head 24 != qk_nope 16), layer 0 dense, layers 1-2 top-2 of 8 softmax experts (no
+    # scoring_func: the converter writes no expert_gating_func, llama.cpp's deepseek2 default is
+    # softmax), not renormalized, plus 2 shared experts; V2-Lite's YaRN (mscale = mscale_all_dim 0.707:
+    # llama.cpp's special case for deepseek2) over a short original context
+    "deepseek2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+        first_k_dense_replace=1, routed_scaling_factor=1.0, topk_method="greedy", norm_topk_prob=False,
+        rms_norm_eps=1e-6, max_position_embeddings=2560, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 64},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # DeepSeek-V3-like (deepseek2 too): q_lora 48 (q_a, q_a_norm, q_b), kv_lora 32 + 16 rope dims;
+    # layer 0 dense, layers 1-2 top-2 of 8 sigmoid experts chosen on score + e_score_correction_bias
+    # (randomized: zeros at init) in 2 of 4 groups, renormalized, scaled by 2.5, one shared expert;
+    # V3's YaRN (factor 40, mscale = mscale_all_dim 1) over an original 256 (the ramp spans pairs 0-4
+    # of 8). scoring_func / topk_method as V3's config.json (the converter reads scoring_func)
+    "deepseek3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=16, v_head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, norm_topk_prob=True,
+        scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True,
+        rms_norm_eps=1e-6, max_position_embeddings=10240, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 256},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Cohere Command-R: LayerNorm (no bias), attention and MLP in parallel from one norm, adjacent-pair
+    # rope, tied embeddings, logits * logit_scale (far from 1 so a missed scale fails the test)
+    "command-r": ("CohereConfig", "CohereForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+        logit_scale=0.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, use_qk_norm=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Command-R+ style: per-head LayerNorms of q and k, a weight per head (llama.cpp loads them for
+    # n_layer >= 64 only; minfer takes them when the file has them)
+    "command-r-qknorm": ("CohereConfig", "CohereForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+        logit_scale=0.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, use_qk_norm=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Cohere2 (Command R7B): layers 0-2 sliding (window 8 < SEQ) with rope, layer 3 global without rope;
+    # rotary_pct: the converter reads it (conversion/command_r.py Cohere2Model), HF's config has no field
+    "cohere2": ("Cohere2Config", "Cohere2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
+        logit_scale=0.25, sliding_window=8, rotary_pct=1.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }
 
 
@@ -228,6 +297,9 @@ def randomize(model, seed: int) -> None:
             if name.endswith("experts.gate_up_proj"):  # gpt-oss: gate/up values past the clamp at 7
                 p.mul_(6.0)
             p.copy_(p.half().float())
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):   # glm4moe's selection bias: a zeros buffer at init
+                b.copy_((0.3 * torch.randn(b.shape, generator=g)).half().float())
 
 
 def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:

@@ -24,10 +24,13 @@ from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3 import Qwen3Model
 from minfer.models.qwen3moe import Qwen3MoeModel
 from minfer.models.smollm3 import SmolLM3Model
+from minfer.models.command_r import CommandRModel
+from minfer.models.cohere2 import Cohere2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, GptOssModel)}
+    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, GptOssModel,
+    CommandRModel, Cohere2Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -14,7 +14,7 @@ from minfer.ops import paths, reference
 from minfer.ops.context import DEFAULT, Context
 
 __all__ = ["Context", "LENGTH_BUCKET", "linear", "linear_many", "embedding", "rms_norm", "add_rms_norm",
-           "linear_add_rms_norm",
+           "linear_add_rms_norm", "layer_norm",
            "rope", "rope_kv_write", "linear_qkv_rope", "swiglu", "geglu", "attention", "moe_ffn"]
 
 # Prefill attention on CUDA rounds its length up to a multiple of this (one cuDNN plan per
@@ -89,6 +89,13 @@ def rms_norm_cast(x, weight, eps, out_dtype, ctx: Context | None = None):
     if x.device.type != "cuda":
         return reference.rms_norm(x, weight, eps).to(out_dtype)
     return _backend(x).rms_norm_cast(x, weight, eps, out_dtype, ctx)
+
+
+def layer_norm(x, weight, eps, out_dtype=None):
+    """x (N, D) -> (x - mean) / sqrt(var + eps) * weight in out_dtype (None: x's dtype), no bias
+    (command-r, cohere2). weight (D,), or (G, D): row r takes weight[r % G] (per-head q/k norms).
+    CPU: reference.layer_norm; CUDA: the Triton kernel ops/cuda/layer_norm.py (`layer_norm.triton`)."""
+    return _backend(x).layer_norm(x, weight, eps, out_dtype)
 
 
 def add_rms_norm(x, y, weight, eps, out_dtype, ctx: Context | None = None, into_linear: bool = False):

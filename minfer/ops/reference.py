@@ -41,6 +41,22 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     return s, rms_norm(s, weight, eps).to(out_dtype)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype=None) -> torch.Tensor:
+    """(N, D): (x - mean(x)) * rsqrt(var(x) + eps) * weight over the last dim, no bias (ggml_norm
+    followed by ggml_mul: llama.cpp build_norm LLM_NORM with a NULL bias; HF CohereLayerNorm), in
+    float32, returned in out_dtype (None: x's dtype). weight (D,), or (G, D) with N a multiple of G:
+    row r takes weight[r % G] (Command-R+'s q/k norms: rows (T * H) of heads, one weight per head)."""
+    xf = x.float()
+    c = xf - xf.mean(-1, keepdim=True)
+    y = c * torch.rsqrt(c.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dim() == 2:
+        n, d = y.shape
+        y = (y.view(n // weight.shape[0], weight.shape[0], d) * weight.float()).view(n, d)
+    else:
+        y = y * weight.float()
+    return y.to(out_dtype or x.dtype)
+
+
 @functools.lru_cache(maxsize=16)
 def inv_freq(cfg) -> torch.Tensor:
     """(n_rot/2,) float64: freq_scale * theta^(-2i/n_rot) / freq_factor_i (ggml rope's theta_scale

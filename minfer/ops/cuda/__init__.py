@@ -22,6 +22,7 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   prefetch.hit / .miss           next group dequantized on the side stream      (prefetch)
   embedding.<type>               decode of the requested rows only
   rms_norm.triton, rope.triton, swiglu.triton
+  layer_norm.triton              LayerNorm without bias (command-r, cohere2; layer_norm.py)
   rope_kv.triton                 rope(q), rope(k) and the KV cache append in one kernel (fused_rope_kv)
   qmatmul.qkv_rope               one decode row's q/k/v GEMV that also rotates q and k and writes the KV
                                  row (qkv_rope; gemv_q8_gluon_rope.py): gemv_q8.rope, or its fallback
@@ -62,12 +63,13 @@ from __future__ import annotations
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.decode_attn_rope import rope_attention
 from minfer.ops.cuda.embedding import embedding
+from minfer.ops.cuda.layer_norm import layer_norm
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
 from minfer.ops.cuda.qmatmul import linear, linear_add_rms_norm, linear_many, linear_qkv_rope, linear_swiglu
 from minfer.ops.cuda.workspace import Workspace
 
-__all__ = ["linear", "linear_many", "linear_qkv_rope", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
+__all__ = ["linear", "linear_many", "linear_qkv_rope", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "layer_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
            "decode_attention", "rope_attention", "prepare_weight", "memory_report", "Workspace"]
 
