@@ -77,6 +77,9 @@ class PreRules:
     byte_encode: bool = True
     # spaces become U+2581 before the BPE (SPM-style BPE vocabularies)
     escape_whitespace: bool = False
+    # no BOS id unless the file names one (load(): special_bos_id = LLAMA_TOKEN_NULL instead of
+    # the BPE default 11)
+    no_default_bos: bool = False
 
 
 _LLAMA3 = PreRules((LLAMA3_RE,), ignore_merges=True, add_bos=True)
@@ -92,6 +95,12 @@ PRE_TYPES: dict[str, PreRules] = {
     "default": PreRules((r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]")),
     "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3,
     "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2,
+    # LLAMA_VOCAB_PRE_TYPE_CHATGLM4 (GLM-4, GLM-4.5/4.6/4.7, GLM-5): llama3's regex, word by word
+    # (ignore_merges) for "glm4"/"glm5" but not "chatglm-bpe"; no BOS (special_bos_id is null
+    # unless the file names one; the chat template writes [gMASK]<sop> itself)
+    "glm4": PreRules((LLAMA3_RE,), ignore_merges=True, no_default_bos=True),
+    "glm5": PreRules((LLAMA3_RE,), ignore_merges=True, no_default_bos=True),
+    "chatglm-bpe": PreRules((LLAMA3_RE,), no_default_bos=True),
     "megrez": PreRules((QWEN2_RE,)),  # QWEN2 rules, clean_spaces left on
     "qwen35": PreRules((QWEN35_RE,), clean_spaces=False),
     "gpt-4o": _GPT4O, "llama4": _GPT4O, "kanana2": _GPT4O, "talkie": _GPT4O,

@@ -119,6 +119,8 @@ class Tokenizer:
         # load(): per-type defaults, then the metadata (add_bos_token, add_eos_token,
         # add_space_prefix) overrides them
         rules: PreRules | None = PRE_TYPES.get(pre_name) if pre_name is not None else None
+        if rules is not None and rules.no_default_bos and meta.get("bos_token_id") is None:
+            self._ids["bos"] = None
         default_bos = {"spm": True, "wpm": True, "bpe": bool(rules and rules.add_bos),
                        "gemma4": False}[kind]
         add_bos, add_eos = meta.get("add_bos_token"), meta.get("add_eos_token")
