@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
-         "olmo3", "gpt-oss"]
+         "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -30,6 +30,10 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",
                        "geglu.triton"],
             "olmo3": ["attention.window"],
+            # command-r / cohere2: the LayerNorm kernel (q/k norms too), cohere2's window layers and its
+            # rope-less global layer
+            "command-r": ["layer_norm.triton"], "command-r-qknorm": ["layer_norm.triton"],
+            "cohere2": ["layer_norm.triton", "attention.window", "attention.decode"],
             # gpt-oss: the sinks (T > 1 in torch, the decode kernel's SINK variant on window and full
             # layers) and the MoE's options (moe_act.py's biased clamped SwiGLU on both MoE paths)
             "gpt-oss": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",

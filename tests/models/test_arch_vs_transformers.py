@@ -18,10 +18,12 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3", "gpt-oss"]
+         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3", "gpt-oss",
+         "command-r", "command-r-qknorm", "cohere2"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "olmo2": "olmo2",
-               "olmo3": "olmo2", "gpt-oss": "gpt-oss"}   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
+               "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
+               "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -77,7 +79,7 @@ def test_arch_greedy_matches_transformers(name):
 
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4",
-                                  "gpt-oss"])
+                                  "gpt-oss", "command-r-qknorm", "cohere2"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
@@ -293,7 +295,9 @@ def test_unsupported_architecture_is_named(tmp_path):
                                       ("qwen3moe", "qwen3moe.expert_feed_forward_length"),
                                       ("gemma3", "gemma3.attention.layer_norm_rms_epsilon"),
                                       ("phi3", "phi3.block_count"), ("granitemoe", "granitemoe.expert_used_count"),
-                                      ("glm4", "glm4.attention.layer_norm_rms_epsilon")])
+                                      ("glm4", "glm4.attention.layer_norm_rms_epsilon"),
+                                      ("command-r", "command-r.attention.layer_norm_epsilon"),
+                                      ("cohere2", "cohere2.logit_scale"), ("cohere2", "cohere2.attention.sliding_window")])
 def test_missing_key_is_named(tmp_path, name, key):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
     with pytest.raises(MinferError, match=key.replace(".", r"\.")):
@@ -308,7 +312,9 @@ def test_missing_key_is_named(tmp_path, name, key):
                                          ("glm4", "blk.1.post_ffw_norm.weight"), ("glm4", "blk.0.attn_k.bias"),
                                          ("granitemoeshared", "blk.1.ffn_up_shexp.weight"),
                                          ("granite", "blk.0.ffn_gate.weight"), ("smollm3", "blk.3.attn_k.weight"),
-                                         ("ernie4_5", "blk.1.ffn_down.weight")])
+                                         ("ernie4_5", "blk.1.ffn_down.weight"),
+                                         ("command-r-qknorm", "blk.1.attn_k_norm.weight"),
+                                         ("command-r", "blk.1.attn_norm.weight"), ("cohere2", "blk.3.ffn_gate.weight")])
 def test_missing_tensor_is_named(tmp_path, name, tensor):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):

@@ -23,13 +23,15 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe", "minfer.ops.cuda"]
+         "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda"]
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "granitemoeshared": ["moe.gather"],
         "olmo3": ["attention.window.decode"],
-        "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"]}
+        "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"],
+        "command-r": ["layer_norm.triton"], "command-r-qknorm": ["layer_norm.triton"],
+        "cohere2": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -38,7 +40,8 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4"])
+@pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4",
+                                  "command-r", "command-r-qknorm", "cohere2"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model

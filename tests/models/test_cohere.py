@@ -1,0 +1,157 @@
+"""Command-R and Cohere2 (minfer/models/command_r.py, cohere2.py) beyond the shared transformers
+checks of test_arch_vs_transformers.py (logits, greedy, the KV cache in pieces): each rule of the
+graph is needed to meet transformers' logits -- with one taken away (monkeypatched) they miss by
+more than 10x the tolerance -- and what the models do not run is refused by name. Fixtures:
+tests/data/arch/command-r*.gguf, cohere2.gguf (tools/gen_arch_fixtures.py: transformers'
+CohereForCausalLM / Cohere2ForCausalLM converted by llama.cpp's convert_hf_to_gguf.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from minfer.errors import MinferError
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
+
+
+def miss(eng, name: str) -> float:
+    r = ref(name)
+    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+
+
+def test_cohere2_layer_pattern_from_the_file():
+    """Three window layers then a global one (llama.cpp load_swa_pattern(ml, 4); HF layer_types),
+    rope on the window layers only, the fixture's window and logit scale read from the GGUF."""
+    m = engine("cohere2").model
+    hf = json.loads((DATA / "cohere2.json").read_text())["config"]
+    assert m.is_local == tuple(t == "sliding_attention" for t in hf["layer_types"]) == (True, True, True, False)
+    assert m.use_rope == m.is_local
+    assert m.window == hf["sliding_window"] == 8
+    assert m.logit_scale == hf["logit_scale"] == 0.25
+    c = engine("command-r").model
+    assert c.use_rope == (True, True) and c.is_local == (False, False) and c.logit_scale == 0.5
+
+
+def _sequential_forward(self, tokens, step, cache, ctx=None):
+    """The llama order instead of the parallel block: x += attn(LN(x)); x += ffn(LN(x))."""
+    from minfer import ops
+    from minfer.models.layers import ffn_branch
+
+    eps = self.cfg.rms_eps
+    x = ops.embedding(tokens, self.token_embd)
+    for i, blk in enumerate(self.blocks):
+        x = x + self._attention(ops.layer_norm(x, blk.attn_norm, eps), blk, i, cache, step, ctx).float()
+        x = x + ffn_branch(ops.layer_norm(x, blk.attn_norm, eps), blk, ctx).float()
+    return ops.linear(ops.layer_norm(step.rows(x), self.output_norm, eps), self.output) * self.logit_scale
+
+
+def _rms_instead_of_layer_norm(x, weight, eps, out_dtype=None):
+    """RMSNorm (no mean subtracted) with the same weights, per-head weights included."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight.dim() == 2:
+        y = (y.view(-1, *weight.shape) * weight).view(y.shape)
+    else:
+        y = y * weight
+    return y.to(out_dtype or x.dtype)
+
+
+@pytest.mark.parametrize("name,what", [
+    ("command-r", "parallel_block"), ("command-r", "layer_norm"), ("command-r", "logit_scale"),
+    ("command-r", "adjacent_pairs"), ("command-r-qknorm", "qk_norm"), ("command-r-qknorm", "qk_norm_per_head"),
+    ("command-r-qknorm", "layer_norm"), ("cohere2", "parallel_block"), ("cohere2", "layer_norm"),
+    ("cohere2", "logit_scale"), ("cohere2", "rope_on_global_layers"), ("cohere2", "window"),
+    ("cohere2", "adjacent_pairs")])
+def test_each_rule_is_needed(monkeypatch, name, what):
+    from minfer import ops
+    from minfer.models.command_r import CommandRModel
+
+    eng = engine(name)
+    m = eng.model
+    assert miss(eng, name) < TOL
+    if what == "parallel_block":
+        monkeypatch.setattr(CommandRModel, "forward", _sequential_forward)
+    elif what == "layer_norm":
+        monkeypatch.setattr(ops, "layer_norm", _rms_instead_of_layer_norm)
+    elif what == "logit_scale":
+        monkeypatch.setattr(m, "logit_scale", 1.0)
+    elif what == "adjacent_pairs":      # the halves rotated (NEOX) instead of adjacent pairs (NORM)
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="neox"))    # (this engine's own cfg)
+    elif what == "qk_norm":
+        for b in m.blocks:
+            monkeypatch.setattr(b, "attn_q_norm", None)
+            monkeypatch.setattr(b, "attn_k_norm", None)
+    elif what == "qk_norm_per_head":    # every head with head 0's weight
+        for b in m.blocks:
+            monkeypatch.setattr(b, "attn_q_norm", b.attn_q_norm[:1].expand_as(b.attn_q_norm).contiguous())
+            monkeypatch.setattr(b, "attn_k_norm", b.attn_k_norm[:1].expand_as(b.attn_k_norm).contiguous())
+    elif what == "rope_on_global_layers":
+        monkeypatch.setattr(m, "use_rope", (True,) * m.cfg.n_layers)
+    elif what == "window":
+        monkeypatch.setattr(m, "window", 0)
+    assert miss(eng, name) > 10 * TOL
+
+
+def test_qk_norm_weights_are_per_head():
+    """Command-R+'s q/k LayerNorm weights: one (Dh,) row per head, ggml shape (Dh, H)."""
+    m = engine("command-r-qknorm").model
+    c = m.cfg
+    assert m.blocks[0].attn_q_norm.shape == (c.n_heads, c.head_dim)
+    assert m.blocks[0].attn_k_norm.shape == (c.n_kv_heads, c.head_dim)
+    assert engine("command-r").model.blocks[0].attn_q_norm is None
+
+
+def test_layer_norm_reference_is_ggml_norm():
+    """ops.layer_norm on the CPU: centred, divided by sqrt(variance + eps) (the biased variance, as
+    ggml_norm and HF CohereLayerNorm), times the weight; a (G, D) weight serves row r with row r % G.
+    Checked against numpy written from the formula."""
+    from minfer import ops
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 16, generator=g) * 3 + 1
+    w = torch.randn(3, 16, generator=g)
+    xn = x.double().numpy()
+    c = xn - xn.mean(-1, keepdims=True)
+    want = c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5)
+    got = ops.layer_norm(x, w, 1e-5).double().numpy()
+    assert np.abs(got - want * np.tile(w.double().numpy(), (2, 1))).max() < 1e-5
+    got1 = ops.layer_norm(x, w[0], 1e-5, torch.bfloat16)
+    assert got1.dtype == torch.bfloat16
+    assert np.abs(got1.double().numpy() - want * w[0].double().numpy()).max() < 3e-2
+
+
+def test_absent_optional_logit_scale_is_not_applied(tmp_path):
+    """command-r.logit_scale is optional in llama.cpp (get_key(..., false); applied only when
+    nonzero): without it the logits are the unscaled ones, which the 0.5 fixture's times 2 are."""
+    r = ref("command-r")
+    p = rewrite(DATA / "command-r.gguf", tmp_path / "x.gguf", drop_keys=("command-r.logit_scale",))
+    m = load(p)
+    assert m.logit_scale == 1.0
+    from minfer.runtime.engine import Engine
+    from models.test_arch_vs_transformers import reference_switches
+
+    eng = Engine.load(p, ctx=64, progress=False, switches=reference_switches())
+    got = eng.logits(r["ids"].tolist()).numpy()
+    assert rel_err(got * 0.5, r["logits"]) < TOL
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("command-r", dict(add_tensors={"output.weight": np.zeros((320, 64))}), "output.weight"),
+    ("command-r", dict(add_tensors={"blk.0.attn_qkv.weight": np.zeros((128, 64))}), "blk.0.attn_qkv.weight"),
+    ("command-r", dict(set_keys={"command-r.logit_scale": (float("inf"), gguf.GGUFValueType.FLOAT32)}),
+     "command-r.logit_scale"),
+    ("cohere2", dict(set_keys={"cohere2.attention.sliding_window": (0, gguf.GGUFValueType.UINT32)}),
+     "cohere2.attention.sliding_window"),
+    ("cohere2", dict(add_tensors={"blk.0.attn_q_norm.weight": np.ones((4, 16))}), "blk.0.attn_q_norm.weight"),
+    ("cohere2", dict(set_keys={"cohere2.attention.layer_norm_epsilon": (-1.0, gguf.GGUFValueType.FLOAT32)}),
+     "cohere2.attention.layer_norm_epsilon"),
+])
+def test_bad_input_is_named(tmp_path, name, kw, match):
+    p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
