@@ -114,6 +114,7 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "expert_gating_func": _count(1, 255),
     "expert_weights_scale": _nonnegative_float(),
     "leading_dense_block_count": _count(0, 4096),
+    "nextn_predict_layers": _count(0, 4096),
 }
 REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",
                       "feed_forward_length", "attention.layer_norm_rms_epsilon", "context_length")
@@ -184,6 +185,11 @@ def _check_blocks(gf, key: str, out: dict[str, str]) -> None:
         out[key] = (f"the tensors' blocks are not numbered 0..{present[-1]} without gaps "
                     f"(no blk.{missing[0]}.*)")
     elif n != len(present):
+        # NextN/MTP layers (glm4moe, deepseek2): block_count counts them, and a file may lack their
+        # tensors (llama.cpp glm4-moe.cpp load_arch_tensors: trunk_only)
+        nextn = gf.metadata.get(key[:-len("block_count")] + "nextn_predict_layers")
+        if isinstance(nextn, int) and not isinstance(nextn, bool) and 0 < nextn <= n and n - nextn == len(present):
+            return
         out[key] = f"expected {len(present)}: the file has tensors for blocks 0..{len(present) - 1}"
 
 

@@ -34,3 +34,20 @@ def test_separator_id_of_the_wrong_type_is_refused(key):
     assert metadata_check.problems(bad) == {key: "expected an integer token id, got a string"}
     with pytest.raises(MinferError, match=f"'{key}'"):
         metadata_check.check(bad, required=())
+
+
+def test_block_count_may_count_absent_nextn_layers():
+    """glm4moe/deepseek2 converters count the NextN (MTP) layers in block_count; a file without
+    their tensors (llama.cpp glm4-moe.cpp: trunk_only) is accepted when nextn_predict_layers says so."""
+    def f(meta):
+        return SimpleNamespace(path="m.gguf", metadata={"general.architecture": "glm4moe", **meta},
+                               tensors={"blk.0.attn_norm.weight": None, "blk.1.attn_norm.weight": None})
+
+    key = "glm4moe.block_count"
+    assert metadata_check.problems(f({key: 2})) == {}
+    assert key in metadata_check.problems(f({key: 3}))
+    assert metadata_check.problems(f({key: 3, "glm4moe.nextn_predict_layers": 1})) == {}
+    assert key in metadata_check.problems(f({key: 3, "glm4moe.nextn_predict_layers": 2}))
+    assert key in metadata_check.problems(f({key: 4, "glm4moe.nextn_predict_layers": 1}))
+    bad = metadata_check.problems(f({key: 3, "glm4moe.nextn_predict_layers": -1}))
+    assert "glm4moe.nextn_predict_layers" in bad

@@ -16,6 +16,7 @@ from minfer.models.ernie4_5 import Ernie45Model
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
 from minfer.models.glm4 import Glm4Model
+from minfer.models.glm4moe import Glm4MoeModel
 from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.gpt_oss import GptOssModel
@@ -29,7 +30,7 @@ from minfer.models.cohere2 import Cohere2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, GptOssModel,
+    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

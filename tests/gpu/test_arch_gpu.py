@@ -22,10 +22,11 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
-         "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2"]
+         "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
+            "glm4moe": ["moe.gather", "moe.grouped"],   # sigmoid gating, selection bias, groups, scale
             "granitemoe": ["moe.gather", "moe.grouped"], "granitemoeshared": ["moe.gather", "moe.grouped"],
             "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",
                        "geglu.triton"],

@@ -18,10 +18,10 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
-         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "olmo2", "olmo3", "gpt-oss",
+         "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
-               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "olmo2": "olmo2",
+               "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
                "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
@@ -78,7 +78,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4",
+@pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
@@ -296,6 +296,7 @@ def test_unsupported_architecture_is_named(tmp_path):
                                       ("gemma3", "gemma3.attention.layer_norm_rms_epsilon"),
                                       ("phi3", "phi3.block_count"), ("granitemoe", "granitemoe.expert_used_count"),
                                       ("glm4", "glm4.attention.layer_norm_rms_epsilon"),
+                                      ("glm4moe", "glm4moe.expert_shared_count"),
                                       ("command-r", "command-r.attention.layer_norm_epsilon"),
                                       ("cohere2", "cohere2.logit_scale"), ("cohere2", "cohere2.attention.sliding_window")])
 def test_missing_key_is_named(tmp_path, name, key):
@@ -310,6 +311,8 @@ def test_missing_key_is_named(tmp_path, name, key):
                                          ("phi3", "rope_factors_long.weight"),
                                          ("qwen3moe", "blk.0.ffn_gate_inp.weight"),
                                          ("glm4", "blk.1.post_ffw_norm.weight"), ("glm4", "blk.0.attn_k.bias"),
+                                         ("glm4moe", "blk.1.exp_probs_b.bias"), ("glm4moe", "blk.0.ffn_gate.weight"),
+                                         ("glm4moe", "blk.2.ffn_down_shexp.weight"),
                                          ("granitemoeshared", "blk.1.ffn_up_shexp.weight"),
                                          ("granite", "blk.0.ffn_gate.weight"), ("smollm3", "blk.3.attn_k.weight"),
                                          ("ernie4_5", "blk.1.ffn_down.weight"),
