@@ -155,3 +155,12 @@ def test_bad_input_is_named(tmp_path, name, kw, match):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)
+
+
+@pytest.mark.parametrize("name", ["command-r-qknorm", "cohere2"])
+def test_batch_engine_greedy_matches_transformers(name):
+    """Through the batch engine's paged cache (blocks of 4: cohere2's window of 8 spans blocks) next
+    to a second sequence (test_arch_vs_transformers' check, run on these fixtures)."""
+    from models import test_arch_vs_transformers as t
+
+    t.test_batch_engine_greedy_matches_transformers(name)
