@@ -164,3 +164,39 @@ def test_batch_engine_greedy_matches_transformers(name):
     from models import test_arch_vs_transformers as t
 
     t.test_batch_engine_greedy_matches_transformers(name)
+
+
+def test_command_r_plus_depth_requires_qk_norms(tmp_path):
+    """llama.cpp loads attn_q_norm / attn_k_norm for command-r files of 64 layers or more
+    (load_arch_tensors: `if (n_layer >= 64)`, required there): a 64-layer file without them is
+    refused naming the tensor; with them it loads (a tiny synthetic file, random weights)."""
+    rng = np.random.default_rng(0)
+    D, H, Dh, F, V, L = 8, 2, 4, 8, 16, 64
+
+    def write(path, qk_norm: bool):
+        w = gguf.GGUFWriter(str(path), "command-r")
+        for k, v in (("block_count", L), ("context_length", 32), ("embedding_length", D),
+                     ("feed_forward_length", F), ("attention.head_count", H), ("attention.head_count_kv", H)):
+            w.add_uint32(f"command-r.{k}", v)
+        w.add_float32("command-r.attention.layer_norm_epsilon", 1e-5)
+        w.add_float32("command-r.logit_scale", 0.0625)
+        t = {"token_embd.weight": (V, D), "output_norm.weight": (D,)}
+        for i in range(L):
+            t.update({f"blk.{i}.attn_norm.weight": (D,), f"blk.{i}.attn_q.weight": (H * Dh, D),
+                      f"blk.{i}.attn_k.weight": (H * Dh, D), f"blk.{i}.attn_v.weight": (H * Dh, D),
+                      f"blk.{i}.attn_output.weight": (D, H * Dh), f"blk.{i}.ffn_gate.weight": (F, D),
+                      f"blk.{i}.ffn_up.weight": (F, D), f"blk.{i}.ffn_down.weight": (D, F)})
+            if qk_norm:
+                t.update({f"blk.{i}.attn_q_norm.weight": (H, Dh), f"blk.{i}.attn_k_norm.weight": (H, Dh)})
+        for name, shape in t.items():
+            w.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path
+
+    with pytest.raises(MinferError, match=r"blk\.0\.attn_q_norm\.weight"):
+        load(write(tmp_path / "a.gguf", qk_norm=False))
+    m = load(write(tmp_path / "b.gguf", qk_norm=True))
+    assert m.blocks[63].attn_k_norm.shape == (H, Dh) and m.logit_scale == 0.0625
