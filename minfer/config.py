@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from minfer.errors import MinferError
 
 # architectures whose model class reads rope.scaling.type yarn and applies YaRN itself
-YARN_ARCHITECTURES = frozenset({"gpt-oss"})
+YARN_ARCHITECTURES = frozenset({"gpt-oss", "deepseek2"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,9 @@ class ModelConfig:
     expert_groups: int = 1                     # expert_group_count (group-limited routing; 1: none)
     expert_groups_used: int = 1                # expert_group_used_count
     leading_dense_blocks: int = 0              # leading_dense_block_count: first layers with a dense FFN
+    cache_v_in_k: int = 0                      # > 0: each cached V row is the first this-many dims of its K row,
+                                               # stored once (deepseek2's MLA latent: attention.value_length;
+                                               # runtime/kv_cache.py); 0: V apart, K's width
 
     @property
     def rope_theta(self) -> float:
@@ -196,13 +199,15 @@ def _arch_extras(gf, arch, rope: RopeConfig) -> dict:
         expert_groups_used=int(opt("expert_group_used_count", 1) or 1),
         leading_dense_blocks=int(opt("leading_dense_block_count", 0) or 0),
     )
+    from minfer.models import ARCHITECTURES
+
+    if getattr(ARCHITECTURES[arch], "value_in_key", False):   # deepseek2: V = the latent, K's first dims
+        out["cache_v_in_k"] = int(opt("attention.value_length", 0) or 0)
     pattern = opt("attention.sliding_window_pattern", None)
     out["swa_pattern"] = tuple(pattern) if isinstance(pattern, list) else pattern
     # llama.cpp llama_expert_gating_func_type: SOFTMAX = 1, SIGMOID = 2 (SOFTMAX_WEIGHT = 3 and
     # SQRT_SOFTPLUS = 4 belong to architectures minfer does not have). Each architecture names the
     # gatings its graph has (Model.expert_gatings).
-    from minfer.models import ARCHITECTURES
-
     gating = opt("expert_gating_func", None)
     if gating is not None:
         name = {1: "softmax", 2: "sigmoid"}.get(int(gating))

@@ -114,6 +114,13 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "expert_gating_func": _count(1, 255),
     "expert_weights_scale": _nonnegative_float(),
     "leading_dense_block_count": _count(0, 4096),
+    # deepseek2's MLA (gguf-py Keys.Attention Q_LORA_RANK, KV_LORA_RANK, KEY/VALUE_LENGTH_MLA; Keys.Rope
+    # SCALING_YARN_LOG_MUL)
+    "attention.q_lora_rank": _count(0, 1 << 20),
+    "attention.kv_lora_rank": _count(1, 1 << 20),
+    "attention.key_length_mla": _count(1, 1 << 14),
+    "attention.value_length_mla": _count(1, 1 << 14),
+    "rope.scaling.yarn_log_multiplier": _nonnegative_float(),
     "nextn_predict_layers": _count(0, 4096),
 }
 REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",

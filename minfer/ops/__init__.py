@@ -172,16 +172,20 @@ def swiglu(gate, up, ctx: Context | None = None):
 
 
 def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0,
-              softcap: float = 0.0, sinks=None):
+              softcap: float = 0.0, sinks=None, scale: float | None = None):
     """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
     start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
     window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p.
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) before the softmax.
     sinks (H,) float32 (gpt-oss): each head's extra softmax logit (reference.attention; on CUDA the
-    decode kernel's SINK variant, T > 1 in torch: ops/cuda/attention.py)."""
+    decode kernel's SINK variant, T > 1 in torch: ops/cuda/attention.py).
+    scale: the scores' factor (None: 1/sqrt(Dh), every architecture but deepseek2). v_cache may be
+    narrower than k_cache (S, Hkv, Dv): deepseek2's latent values -> (T, H, Dv) (on CUDA a counted
+    torch path, attention.mla.torch)."""
     if q.device.type != "cuda":
-        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks)
-    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks)
+        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale)
+    return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks,
+                                 scale=scale)
 
 
 def geglu(gate, up):

@@ -117,7 +117,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
-              window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+              window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+              scale: float | None = None) -> torch.Tensor:
     """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
     keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
     window > 0 (sliding-window layers, gemma3): a query at p sees keys p - window < j <= p.
@@ -127,13 +128,19 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     value: p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i)) (ggml_soft_max_add_sinks; HF gpt_oss
     eager_attention_forward concatenates the sink to the scaled scores and drops its column).
 
+    scale: the scores' factor, default 1/sqrt(Dh) (deepseek2: 1/sqrt(qk_nope + qk_rope) with YaRN's
+    mscale^2, not 1/sqrt of its latent key width: llama.cpp build_attn's kq_scale).
+    v_cache may be narrower than the keys (S, Hkv, Dv) (deepseek2's latent values: the first Dv
+    dims of each key row).
+
     Grouped-query: query head h reads KV head h // (H / Hkv), as ggml's broadcast does.
-    Returns (T, H, Dh).
+    Returns (T, H, Dv).
     """
     T, H, D = q.shape
     S = start_pos + T
+    scale = 1.0 / D ** 0.5 if scale is None else float(scale)
     if T == 1 and isinstance(start_pos, int):
-        return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks)
+        return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks, scale)
     k = k_cache[:S].transpose(0, 1)  # (Hkv, S, Dh)
     v = v_cache[:S].transpose(0, 1)
     qh = q.transpose(0, 1)           # (H, T, Dh)
@@ -142,32 +149,35 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
         # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window)
         mask = window_mask(start_pos + torch.arange(T), S, window)   # (T, S)
     if softcap > 0 or sinks is not None:   # SDPA has no score hook: the scores written out
-        return softcapped_attention(qh, k, v, mask, softcap, sinks).transpose(0, 1)
+        return softcapped_attention(qh, k, v, mask, softcap, sinks, scale).transpose(0, 1)
     out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
-                                         scale=1.0 / D ** 0.5, enable_gqa=k.shape[0] != H)
+                                         scale=scale, enable_gqa=k.shape[0] != H)
     return out.transpose(0, 1)  # (T, H, Dh)
 
 
 def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softcap: float,
-                         sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """qh (H, T, Dh) over k, v (Hkv, S, Dh) with (T, S) bool mask (None: all visible) ->
-    (H, T, Dh): softmax(cap * tanh(q k^T / sqrt(Dh) / cap), masked) v, GQA as ggml broadcasts
-    (softcap 0: no cap); sinks (H,): each head's extra denominator logit (attention())."""
+                         sinks: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """qh (H, T, Dh) over k (Hkv, S, Dh), v (Hkv, S, Dv) with (T, S) bool mask (None: all visible) ->
+    (H, T, Dv): softmax(cap * tanh(q k^T * scale / cap), masked) v, GQA as ggml broadcasts
+    (softcap 0: no cap; scale default 1/sqrt(Dh)); sinks (H,): each head's extra denominator logit
+    (attention())."""
     H, T, D = qh.shape
     Hkv = k.shape[0]
+    scale = 1.0 / D ** 0.5 if scale is None else scale
     qg = qh.reshape(Hkv, (H // Hkv) * T, D)                        # query heads grouped by KV head
-    s = torch.bmm(qg, k.to(qh.dtype).transpose(1, 2)) * (1.0 / D ** 0.5)   # (Hkv, G*T, S)
+    s = torch.bmm(qg, k.to(qh.dtype).transpose(1, 2)) * scale      # (Hkv, G*T, S)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     s = s.view(H, T, -1)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     p = _softmax(s, None if sinks is None else sinks.view(H, 1, 1)).view(Hkv, (H // Hkv) * T, -1)
-    return torch.bmm(p, v.to(qh.dtype)).view(H, T, D)
+    return torch.bmm(p, v.to(qh.dtype)).view(H, T, v.shape[-1])
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, S: int,
-                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                     scale: float | None = None) -> torch.Tensor:
     """One query (1, H, Dh) at position S-1 over keys [0, S) (or the last `window`): two bmm's.
     The same math as the SDPA call above; on the CPU, SDPA spent ~1.5 ms (2 threads) to ~7 ms
     (1 thread, a busy machine) per call on this 14 x S problem and the bmm pair ~0.07-0.4 ms
@@ -182,26 +192,28 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         # another Python thread that starts meanwhile also runs on one thread (speed only).
         torch.set_num_threads(1)
         try:
-            return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks)
+            return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks, scale)
         finally:
             torch.set_num_threads(n)
-    return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks)
+    return _decode_attention(q, k_cache, v_cache, S, lo, softcap, sinks, scale)
 
 
 ONE_THREAD_MAX_KEYS = 8192   # decode attention over at most this many keys runs on one thread
 
 
-def _decode_attention(q, k_cache, v_cache, S: int, lo: int, softcap: float = 0.0, sinks=None) -> torch.Tensor:
+def _decode_attention(q, k_cache, v_cache, S: int, lo: int, softcap: float = 0.0, sinks=None,
+                      scale: float | None = None) -> torch.Tensor:
     _, H, D = q.shape
+    scale = 1.0 / D ** 0.5 if scale is None else scale
     k = k_cache[lo:S].transpose(0, 1).to(q.dtype)        # (Hkv, L, Dh)
     v = v_cache[lo:S].transpose(0, 1).to(q.dtype)
     Hkv = k.shape[0]
     qg = q.reshape(Hkv, H // Hkv, D)                     # query heads grouped by their KV head
-    s = torch.bmm(qg, k.transpose(1, 2)) * (1.0 / D ** 0.5)                           # (Hkv, G, L)
+    s = torch.bmm(qg, k.transpose(1, 2)) * scale                                      # (Hkv, G, L)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     p = _softmax(s, None if sinks is None else sinks.view(Hkv, H // Hkv, 1))
-    return torch.bmm(p, v).reshape(1, H, D)
+    return torch.bmm(p, v).reshape(1, H, v.shape[-1])
 
 
 def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:

@@ -35,18 +35,29 @@ def cache_rows(n_ctx: int, device) -> int:
 
 
 class KVCache:
+    """v_in_k > 0 (deepseek2's MLA latent, ModelConfig.cache_v_in_k): V is no tensor of its own but
+    the view k[..., :v_in_k] -- each position's V row is the first v_in_k dims of its K row, stored
+    once, as llama.cpp's MLA cache does (a K-only cache, V a view of it: src/models/deepseek2.cpp);
+    a write of v then stores the same values again. attend() then gives (T, H, v_in_k)."""
+
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32, context: int | None = None):
+                 device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0):
         self.n_ctx = n_ctx
         self.context = context or n_ctx
         self.k = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
+        if v_in_k:
+            if not 0 < v_in_k <= head_dim:
+                raise MinferError(f"KVCache: V as the first {v_in_k} dims of K rows of {head_dim}")
+            self.v = self.k[..., :v_in_k]
+        else:
+            self.v = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
 
     @classmethod
     def for_config(cls, cfg, n_ctx: int, device="cpu", dtype=torch.float32,
                    context: int | None = None) -> "KVCache":
         """n_ctx rows (cache_rows); context: the positions a sequence may use, default n_ctx."""
-        return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context)
+        return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context,
+                   v_in_k=getattr(cfg, "cache_v_in_k", 0))
 
     def rows_view(self, rows: int) -> "KVCache":
         """The same cache seen as its first `rows` rows: k and v are views (writes land in this
@@ -61,6 +72,8 @@ class KVCache:
         return view
 
     def nbytes(self) -> int:
+        if self.v.data_ptr() == self.k.data_ptr():     # V is a view of K (v_in_k): stored once
+            return self.k.numel() * self.k.element_size()
         return 2 * self.k.numel() * self.k.element_size()
 
     def _check_room(self, step, T: int) -> None:
@@ -125,9 +138,10 @@ class KVCache:
                                   softcap=softcap)
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
-               softcap: float = 0.0, sinks=None) -> torch.Tensor:
+               softcap: float = 0.0, sinks=None, scale: float | None = None) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
-        positions [0, last + 1) -> (T, H, Dh); window > 0: only keys p - window < j <= p;
-        softcap > 0: soft-capped scores (gemma2); sinks (H,): gpt-oss's sink logits (ops.attention)."""
+        positions [0, last + 1) -> (T, H, Dv) (Dv = Dh unless v_in_k); window > 0: only keys
+        p - window < j <= p; softcap > 0: soft-capped scores (gemma2); sinks (H,): gpt-oss's sink
+        logits; scale: the scores' factor, default 1/sqrt(Dh) (deepseek2 passes its own: ops.attention)."""
         return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
-                             softcap=softcap, sinks=sinks)
+                             softcap=softcap, sinks=sinks, scale=scale)

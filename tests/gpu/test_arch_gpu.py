@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
-         "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2"]
+         "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -38,7 +38,11 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # gpt-oss: the sinks (T > 1 in torch, the decode kernel's SINK variant on window and full
             # layers) and the MoE's options (moe_act.py's biased clamped SwiGLU on both MoE paths)
             "gpt-oss": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
-                        "moe.gather", "moe.grouped", "moe.act.triton"]}
+                        "moe.gather", "moe.grouped", "moe.act.triton"],
+            # deepseek2: the latent attention (K of kv_lora + rope dims, V its first kv_lora) on the torch
+            # path at every T, the MoE (softmax / sigmoid + selection bias + groups + scale) on both paths
+            "deepseek2": ["attention.mla.torch", "moe.gather", "moe.grouped"],
+            "deepseek3": ["attention.mla.torch", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

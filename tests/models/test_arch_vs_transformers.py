@@ -19,11 +19,12 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
-         "command-r", "command-r-qknorm", "cohere2"]
+         "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
-               "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2"}
+               "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2",
+               "deepseek2": "deepseek2", "deepseek3": "deepseek2"}   # V3 converts to deepseek2 too
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -79,7 +80,7 @@ def test_arch_greedy_matches_transformers(name):
 
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
-                                  "gpt-oss", "command-r-qknorm", "cohere2"])
+                                  "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in three pieces through the KV cache (gemma3: pieces that straddle the
     sliding window of 8) gives transformers' logits too."""
@@ -298,7 +299,9 @@ def test_unsupported_architecture_is_named(tmp_path):
                                       ("glm4", "glm4.attention.layer_norm_rms_epsilon"),
                                       ("glm4moe", "glm4moe.expert_shared_count"),
                                       ("command-r", "command-r.attention.layer_norm_epsilon"),
-                                      ("cohere2", "cohere2.logit_scale"), ("cohere2", "cohere2.attention.sliding_window")])
+                                      ("cohere2", "cohere2.logit_scale"), ("cohere2", "cohere2.attention.sliding_window"),
+                                      ("deepseek2", "deepseek2.attention.kv_lora_rank"),
+                                      ("deepseek3", "deepseek2.expert_count")])
 def test_missing_key_is_named(tmp_path, name, key):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
     with pytest.raises(MinferError, match=key.replace(".", r"\.")):
@@ -317,7 +320,10 @@ def test_missing_key_is_named(tmp_path, name, key):
                                          ("granite", "blk.0.ffn_gate.weight"), ("smollm3", "blk.3.attn_k.weight"),
                                          ("ernie4_5", "blk.1.ffn_down.weight"),
                                          ("command-r-qknorm", "blk.1.attn_k_norm.weight"),
-                                         ("command-r", "blk.1.attn_norm.weight"), ("cohere2", "blk.3.ffn_gate.weight")])
+                                         ("command-r", "blk.1.attn_norm.weight"), ("cohere2", "blk.3.ffn_gate.weight"),
+                                         ("deepseek2", "blk.2.attn_k_b.weight"), ("deepseek2", "blk.0.ffn_gate.weight"),
+                                         ("deepseek2", "blk.1.ffn_up_shexp.weight"),
+                                         ("deepseek3", "blk.1.attn_q_a_norm.weight"), ("deepseek3", "blk.2.attn_kv_a_norm.weight")])
 def test_missing_tensor_is_named(tmp_path, name, tensor):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):

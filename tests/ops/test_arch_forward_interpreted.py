@@ -31,7 +31,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "olmo3": ["attention.window.decode"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"],
         "command-r": ["layer_norm.triton"], "command-r-qknorm": ["layer_norm.triton"],
-        "cohere2": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton"]}
+        "cohere2": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton"],
+        # deepseek2's latent attention (K of kv_lora + rope dims, V the first kv_lora) on the torch path
+        "deepseek2": ["attention.mla.torch", "attention.decode.triton", "moe.gather", "rope.triton"],
+        "deepseek3": ["attention.mla.torch", "attention.decode.triton", "moe.gather", "rope.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -41,7 +44,7 @@ def cuda_ops():
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
-                                  "command-r", "command-r-qknorm", "cohere2"])
+                                  "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model

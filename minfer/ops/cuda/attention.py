@@ -274,8 +274,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      kvpre: bool = False, direct: bool = True, warps: int = 4, ahead: bool = False,
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
                      vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32,
-                     combine_pdl: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh); with
+                     combine_pdl: int | None = None, sinks: torch.Tensor | None = None,
+                     scale: float | None = None) -> torch.Tensor:
+    """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh), scores times
+    `scale` (default 1/sqrt(Dh)); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
     sinks (H,) (gpt-oss): each head's extra softmax logit (the kernel's SINK variant).
@@ -373,7 +375,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         bar = part_m
     _decode_attn_kernel[(hkv, n_split * vs)](
         q2, kc, vc, nk, part_o, part_m, part_l, out, xq, xf, bar, q2.stride(0), kc.stride(0), kc.stride(1),
-        vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5, window if window > 0 else 1 << 30, n_keys_add,
+        vc.stride(0), vc.stride(1), h, g, 1.0 / dh ** 0.5 if scale is None else float(scale),
+        window if window > 0 else 1 << 30, n_keys_add,
         float(softcap) if softcap > 0 else 1.0,
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre or pipe), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
@@ -419,7 +422,8 @@ def one_split_rows(head_dim: int) -> int:
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
-              ctx: Context | None = None, window: int = 0, softcap: float = 0.0, sinks=None) -> torch.Tensor:
+              ctx: Context | None = None, window: int = 0, softcap: float = 0.0, sinks=None,
+              scale: float | None = None) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
@@ -431,9 +435,19 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     (attention.softcap.torch: SDPA's fused kernels have no score hook).
     sinks (H,) (gpt-oss's per-head sink logits): decode takes the same kernel's SINK variant;
     T > 1 the torch path with the sinks (attention.sinks.torch), for the same reason.
+    scale: the scores' factor (None: 1/sqrt(Dh)); the decode kernel and SDPA take it as is.
+    A v_cache narrower than the keys (deepseek2's latent cache: keys of kv_lora + rope dims, 576 in
+    V3, values their first kv_lora dims, one KV head for all 128 query heads) takes the torch path
+    (_softcapped; counted attention.mla.torch, and a fallback of attention.decode.triton at T = 1):
+    the decode kernel holds one output row of next_power_of_2(Dh) floats per query head of a KV
+    head (128 x 1024 here) and has K and V of one width; SDPA's fused kernels take at most 256 dims.
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
+    if v_cache.shape[-1] != dh:
+        if t == 1:
+            paths.fallback("attention.decode.triton", "the values are narrower than the keys (MLA latent)")
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, "attention.mla.torch")
     if t == 1 and sw.decode_attention:
         if softcap > 0:
             paths.count("attention.softcap.window.decode" if window > 0 else "attention.softcap.decode")
@@ -450,16 +464,16 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 combine_chunk=sw.decode_combine_chunk,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
-                                and ctx.workspace is not None else None, sinks=sinks)
+                                and ctx.workspace is not None else None, sinks=sinks, scale=scale)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
         start_pos = int(start_pos.item())
     s = start_pos + t
     hkv = k_cache.shape[1]
-    scale = 1.0 / dh ** 0.5
+    scale = 1.0 / dh ** 0.5 if scale is None else float(scale)
     if softcap > 0 or sinks is not None:
-        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks)
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale)
     if window > 0:
         return masked(q, k_cache, v_cache, start_pos, scale, window, "attention.window.masked")
     if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
@@ -496,29 +510,34 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
 SOFTCAP_SCORE_BYTES = 1 << 28   # the float32 (H, rows, S) scores of one chunk of query rows
 
 
-def _softcapped(q, k_cache, v_cache, start_pos: int, window: int, softcap: float, sinks=None):
-    """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch):
+def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sinks=None, scale=None,
+                path: str | None = None):
+    """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch), and any T
+    with values narrower than the keys (deepseek2, path attention.mla.torch):
     reference.softcapped_attention on the device in
     float32, the query rows in chunks that keep the written-out scores under
     SOFTCAP_SCORE_BYTES. Slower than the fused kernels and counted apart
-    (attention.softcap.torch); exact up to float32 rounding."""
+    (attention.softcap.torch); exact up to float32 rounding. start_pos a device tensor (one
+    decode row under a CUDA graph): every cache row, those past the position masked (no host value)."""
     from minfer.ops.reference import softcapped_attention
 
     t, h, dh = q.shape
-    s = start_pos + t
+    if isinstance(start_pos, torch.Tensor) and t > 1:
+        start_pos = int(start_pos.item())
+    s = k_cache.shape[0] if isinstance(start_pos, torch.Tensor) else start_pos + t
     k = k_cache[:s].transpose(0, 1).float()                  # (Hkv, S, Dh)
-    v = v_cache[:s].transpose(0, 1).float()
+    v = v_cache[:s].transpose(0, 1).float()                  # (Hkv, S, Dv)
     qh = q.transpose(0, 1).float()                           # (H, T, Dh)
     j = torch.arange(s, device=q.device)[None, :]
     rows = max(1, SOFTCAP_SCORE_BYTES // (4 * h * s))
-    out = torch.empty((t, h, dh), dtype=q.dtype, device=q.device)
+    out = torch.empty((t, h, v.shape[-1]), dtype=q.dtype, device=q.device)
     for r0 in range(0, t, rows):
         r1 = min(t, r0 + rows)
         p = (start_pos + torch.arange(r0, r1, device=q.device))[:, None]
         mask = j <= p                                        # (rows, S)
         if window > 0:
             mask = mask & (p - j < window)                   # llama.cpp is_masked_swa (STANDARD)
-        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks)   # (H, rows, Dh)
+        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks, scale)   # (H, rows, Dv)
         out[r0:r1] = o.transpose(0, 1).to(q.dtype)
-    paths.count("attention.softcap.torch" if softcap > 0 else "attention.sinks.torch")
+    paths.count(path or ("attention.softcap.torch" if softcap > 0 else "attention.sinks.torch"))
     return out
