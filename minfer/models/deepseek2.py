@@ -57,7 +57,10 @@ moe: ops.moe_ffn with gating `expert_gating_func` (absent: llama.cpp's deepseek2
 for the older V2 / V2.5 files, sigmoid for GLM-4.7-Flash's 47/48 layers with a vocabulary of
 154880: load_arch_hparams), selection bias exp_probs_b (V3),
 groups expert_group_count / expert_group_used_count, weights normalized when expert_weights_norm
-(default false) and times expert_weights_scale (HF routed_scaling_factor).
+(default false) and times expert_weights_scale (HF routed_scaling_factor). Groups are scored as
+llama.cpp does, by the sum of each group's two largest selection values (V3's noaux_tc); HF's
+DeepSeek-V2 (the 236B, topk_method group_limited_greedy, n_group 8 / topk_group 3) scores a group
+by its largest value instead -- a difference between the two references; this follows llama.cpp.
 
 Not supported, refused by name: files from before the MLA split (attn_kv_b, no key_length_mla:
 re-convert), llama.cpp's attention temperature tuning (attention.temperature_scale, mistral-large),
