@@ -78,6 +78,8 @@ class Model:
                   serves one request at a time, and BatchEngine refuses it by name)
       expert_gatings  the `expert_gating_func` values its MoE graph has, by ops.moe_ffn name
                   ("softmax" = 1, "sigmoid" = 2); a file asking for another is refused by name
+      value_in_key  the cache's V rows are the first `attention.value_length` dims of its K rows
+                  (deepseek2's MLA latent): ModelConfig.cache_v_in_k, KVCache stores K only
       norm_eps_key  the `{arch}.` key of its norms' epsilon, required, read into cfg.rms_eps:
                   attention.layer_norm_rms_epsilon (RMSNorm), or attention.layer_norm_epsilon for a
                   LayerNorm graph (command-r, cohere2: llama.cpp LLM_KV_ATTENTION_LAYERNORM_EPS)
@@ -91,6 +93,7 @@ class Model:
     qk_norm: bool = False
     paged_kv: bool = True
     expert_gatings: tuple[str, ...] = ("softmax",)
+    value_in_key: bool = False
     norm_eps_key: str = "attention.layer_norm_rms_epsilon"
 
     cfg = None
