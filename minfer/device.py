@@ -27,6 +27,32 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def available_memory(device: str) -> int | None:
+    """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU (None:
+    no figure). commands/preflight.py's checks (available_bytes) and the CPU load's weights
+    check (runtime/cpu_memory.py) read it."""
+    import os
+
+    if device == "cuda":
+        import torch
+
+        try:
+            return int(torch.cuda.mem_get_info()[0])
+        except Exception:  # noqa: BLE001 -- no figure is better than a crash here
+            return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def resolve_device(name: str | None) -> str:
     """'cuda' or 'cpu': the one asked for, else cuda when present, else cpu. Asking for cuda
     without a GPU, or choosing cuda while its backend cannot load, is a MinferError."""

@@ -8,8 +8,6 @@
 
 from __future__ import annotations
 
-import os
-
 from minfer.errors import MinferError
 
 DEFAULT_CTX_CAP = 4096   # the engine's default context: the model's trained length, at most this
@@ -65,25 +63,11 @@ def check_kv_fits(gf, n_ctx: int, device: str, what: str) -> None:
 
 
 def available_bytes(device: str) -> int | None:
-    """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU."""
-    if device == "cuda":
-        import torch
+    """Memory a new allocation can take: free GPU memory on cuda, MemAvailable on the CPU
+    (minfer.device.available_memory)."""
+    from minfer.device import available_memory
 
-        try:
-            return int(torch.cuda.mem_get_info()[0])
-        except Exception:  # noqa: BLE001 -- no figure is better than a crash here
-            return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    return available_memory(device)
 
 
 def kv_bytes_per_token(cfg, device: str) -> int:

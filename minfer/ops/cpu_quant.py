@@ -225,6 +225,20 @@ def _refine(x: torch.Tensor, p: Int8Weight, y: torch.Tensor) -> torch.Tensor:
     return y.scatter(1, idx, exact)
 
 
+def is_int4(p) -> bool:
+    """Whether a packed form is int4 (a matrix's Int4Weight, or stacked experts packed in int4)."""
+    return isinstance(p, Int4Weight) or getattr(p, "kind", None) == "int4"
+
+
+def repack_int8(w):
+    """The int8 form of an int4-packed QWeight, from its blocks (the calibration's refusal)."""
+    if getattr(w, "n_experts", None):
+        from minfer.ops.cpu_experts import pack_experts
+
+        return pack_experts(w, int4=False)
+    return pack(w, w.packed.refine_top)
+
+
 def prepare_model(model, int4=INT4_MATRICES, refused: bool = False, step=None) -> int:
     """Pack every matrix of a CPU model that a matmul reads and drop its dense float32 copy (an
     embedding's rows are then decoded from the file's blocks, exactly, as an untied embedding's
@@ -234,7 +248,10 @@ def prepare_model(model, int4=INT4_MATRICES, refused: bool = False, step=None) -
     not; "" every matrix; () int8 everywhere); the others, and matrices of other shapes, take int8.
     refused: the int4 matrices are packed in int8 from the file's blocks instead, the bytes the
     calibration's refusal repacks them to (runtime/cpu_calibration.py, whose cache skips the
-    int4 form). step: called once per matrix (a progress bar's update).
+    int4 form). step: called once per matrix (a progress bar's update). A stacked expert tensor
+    (a QWeight with n_experts, models/qwen3moe.py load_experts) is packed expert by expert from
+    its blocks (ops/cpu_experts.py: never a dense copy of the whole tensor), the same rule
+    picking int4 or int8.
     Returns the bytes held by the packed forms. The vocabulary projection gets the float32
     refinement of its top logits."""
     output = getattr(model, "output", None)
@@ -247,7 +264,12 @@ def prepare_model(model, int4=INT4_MATRICES, refused: bool = False, step=None) -
             continue
         top = REFINE_TOP if w is output else 0
         kind = "output" if w is output else w.name.split(".")[-2]      # blk.3.ffn_up.weight -> ffn_up
-        if any(kind.startswith(f) for f in int4) and int4_fits(w.shape):
+        if getattr(w, "n_experts", None):     # stacked experts: each packed alone, from its blocks
+            from minfer.ops.cpu_experts import pack_experts
+
+            w.dense = None
+            w.packed = pack_experts(w, int4=any(kind.startswith(f) for f in int4) and not refused)
+        elif any(kind.startswith(f) for f in int4) and int4_fits(w.shape):
             if refused:
                 w.dense = None          # from the blocks, as the refusal's repack (no dense copy left then)
                 w.packed = pack(w, top)

@@ -6,6 +6,7 @@ Every CUDA kernel is checked against these functions. Formulas follow ggml's CPU
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -267,15 +268,18 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     w, idx = route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group, weights_scale)
     Fe = gate_exps.shape[0] // E
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
-    for e in idx.unique().tolist():
-        tok, slot = (idx == e).nonzero(as_tuple=True)                     # tokens routed to e
-        g, u, d = _expert(gate_exps, e, Fe), _expert(up_exps, e, Fe), _expert(down_exps, e, D)
-        x = h[tok].to(g.dtype)
-        a = moe_act(F.linear(x, g), F.linear(x, u), gate_bias, up_bias, e, act, alpha, limit)
-        y = F.linear(a.to(d.dtype), d).float()                            # (n, D)
-        if down_bias is not None:
-            y = y + down_bias[e].float()
-        out.index_add_(0, tok, y * w[tok, slot, None])
+    packed = gate_exps.packed is not None and h.device.type == "cpu"
+    threads = _expert_threads(gate_exps) if packed else contextlib.nullcontext()
+    with threads:
+        for e in idx.unique().tolist():
+            tok, slot = (idx == e).nonzero(as_tuple=True)                 # tokens routed to e
+            x = h[tok]
+            a = moe_act(_expert_mm(gate_exps, e, Fe, x), _expert_mm(up_exps, e, Fe, x), gate_bias, up_bias, e, act,
+                        alpha, limit)
+            y = _expert_mm(down_exps, e, D, a).float()                    # (n, D)
+            if down_bias is not None:
+                y = y + down_bias[e].float()
+            out.index_add_(0, tok, y * w[tok, slot, None])
     return out.to(h.dtype)
 
 
@@ -338,6 +342,23 @@ def swiglu_oai(gate: torch.Tensor, up: torch.Tensor, alpha: float = 1.702, limit
     limit) + 1) (ggml_compute_forward_swiglu_oai_f32; HF GptOssExperts._apply_gate)."""
     g = gate.clamp(max=limit)
     return g * torch.sigmoid(alpha * g) * (up.clamp(-limit, limit) + 1)
+
+
+def _expert_mm(w, e: int, n: int, x: torch.Tensor) -> torch.Tensor:
+    """x (T, K) @ expert e's rows^T -> (T, n): on the CPU fast path the kernel of its packed
+    form (ops/cpu_experts.py, float32 out), else the float rows of _expert in their dtype."""
+    if w.packed is not None and x.device.type == "cpu":
+        return w.packed.linear(e, x.float())
+    r = _expert(w, e, n)
+    return F.linear(x.to(r.dtype), r)
+
+
+def _expert_threads(w):
+    """The thread count for packed experts' kernels (cpu_quant.linear's rule: a matrix of at
+    most ONE_THREAD_MAX_WEIGHTS runs on one thread), set once around the expert loop."""
+    from minfer.ops import cpu_experts
+
+    return cpu_experts.threads_for(w.packed)
 
 
 def _expert(w, e: int, n: int) -> torch.Tensor:

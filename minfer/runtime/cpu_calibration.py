@@ -85,11 +85,11 @@ def prepare_cpu_quant(model, tokenizer, path=None, progress: bool = False) -> di
         got = kl(ref, logits("int4"))
         out = {"kl": got, "kl_int4": got, "refused": False}
         if got > CPU_INT4_KL_MAX:
-            four = [w for w in model.qweights() if isinstance(w.packed, cpu_quant.Int4Weight)]
+            four = [w for w in model.qweights() if cpu_quant.is_int4(w.packed)]
             bar.total += len(four) + 1
             bar.set_description(f"packing {name}'s int4 matrices in int8")
             for w in four:
-                w.packed = cpu_quant.pack(w, w.packed.refine_top)      # from the blocks (no dense copy left)
+                w.packed = cpu_quant.repack_int8(w)                    # from the blocks (no dense copy left)
                 bar.update()
             out.update(kl=kl(ref, logits("int8")), refused=True)
     _write(entry, out)

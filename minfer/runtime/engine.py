@@ -130,6 +130,10 @@ class Engine:
             from minfer.catalog import resolve_model
 
             gf = GGUFFile(resolve_model(str(model)))
+        if device == "cpu":      # weights that cannot fit: one line, before any is read (runtime/cpu_memory.py)
+            from minfer.runtime.cpu_memory import check_cpu_memory
+
+            check_cpu_memory(gf, sw.cpu_quant, dtype)
         t0 = time.perf_counter()
         m = load_model(gf, device=device, dtype=dtype, progress=progress,
                        act_dtype=activation_dtype(device, sw.act_dtype))
