@@ -200,3 +200,23 @@ def test_command_r_plus_depth_requires_qk_norms(tmp_path):
         load(write(tmp_path / "a.gguf", qk_norm=False))
     m = load(write(tmp_path / "b.gguf", qk_norm=True))
     assert m.blocks[63].attn_k_norm.shape == (H, Dh) and m.logit_scale == 0.0625
+
+
+@pytest.mark.parametrize("name", ["command-r-qknorm", "cohere2"])
+def test_output_rows_only_in_the_last_layer(name):
+    """The last layer's MLP and adds run on the wanted rows only (command-r.cpp / cohere2.cpp:
+    ggml_get_rows before the FFN): Step.logits 'last' and a row tensor (the padded prefill graph's)
+    give the same rows as 'all'."""
+    from minfer.models import Step
+    from minfer.runtime.kv_cache import KVCache
+
+    m = engine(name).model
+    toks = torch.tensor(ref(name)["ids"][:20])
+    T = len(toks)
+
+    def run(logits):
+        return m.forward(toks, Step(torch.arange(T), 0, logits), KVCache.for_config(m.cfg, 32))
+
+    full = run("all")
+    assert torch.allclose(run("last"), full[-1:], atol=1e-5)
+    assert torch.allclose(run(torch.tensor([4, T - 1])), full[[4, T - 1]], atol=1e-5)
