@@ -27,7 +27,7 @@ Dv = value_length_mla:
 Q[h].K = q_nope[h].(Kb[h]^T c) + q_pe[h].k_pe: HF's decompressed score (k_nope = Kb^T c), exactly.
 
 The cache holds what llama.cpp's MLA cache holds: per token and layer ONE row K = [c, k_pe] of
-R + Dr values (V3/R1/Kimi-K2/V2: 512 + 64 = 576; V2-Lite: 512 + 64 = 576), V being its first R
+R + Dr values (DeepSeek-V2, V2-Lite, V3/R1, Kimi-K2: 512 + 64 = 576), V being its first R
 dims, a view, not stored again (runtime/kv_cache.py v_in_k, set from ModelConfig.cache_v_in_k =
 attention.value_length). bf16: 1152 bytes per token per layer: 30.4 KiB a token for V2-Lite's 27
 layers, 68.6 KiB for V3's 61 (an uncompressed MHA cache of V3: 128 heads x (192 + 128) x 2 bytes
@@ -38,14 +38,14 @@ Attention scale (llama.cpp deepseek2.cpp kq_scale; HF yarn_apply_mscale): not 1/
 but mscale^2 / sqrt(Dn + Dr), passed to cache.attend(scale=...). With YaRN (rope.scaling.type
 yarn, factor f, L = rope.scaling.yarn_log_multiplier / 0.1 = HF's mscale_all_dim, a = rope.scaling.
 attn_factor):
-    cos/sin of the rope part times  c = a * (1 if L != 0 else 1 + 0.1 ln f)
+    cos/sin of the rope part times  s = a * (1 if L != 0 else 1 + 0.1 ln f)
         (llama-context.cpp: yarn_attn_factor = get_mscale(f, m) / get_mscale(f, L) with m = L for
         deepseek2 (TAG_DEEPSEEK2_YARN_LOG_MUL_FIX), then divided by 1 + 0.1 ln f, which ggml's
         rope_yarn multiplies back)
-    mscale = c * (1 + 0.1 L ln f)
+    mscale = s * (1 + 0.1 L ln f)
 HF: cos/sin times get_mscale(f, mscale)/get_mscale(f, mscale_all_dim) and the softmax scale times
 get_mscale(f, mscale_all_dim)^2: the same for V2-Lite's (0.707, 0.707) and V3's (1, 1). Where they
-differ (no mscale_all_dim: HF leaves the softmax scale alone, llama.cpp multiplies it by c^2) this
+differ (no mscale_all_dim: HF leaves the softmax scale alone, llama.cpp multiplies it by s^2) this
 follows llama.cpp. The rope frequencies: YaRN's ramp with floored/ceiled correction dims
 (gpt_oss.yarn_rope(truncate=True): ggml_rope_yarn_corr_dims; HF truncate defaults True).
 
@@ -62,9 +62,10 @@ llama.cpp does, by the sum of each group's two largest selection values (V3's no
 DeepSeek-V2 (the 236B, topk_method group_limited_greedy, n_group 8 / topk_group 3) scores a group
 by its largest value instead -- a difference between the two references; this follows llama.cpp.
 
-Not supported, refused by name: files from before the MLA split (attn_kv_b, no key_length_mla:
-re-convert), llama.cpp's attention temperature tuning (attention.temperature_scale, mistral-large),
-NextN/MTP layers are not run (block_count minus nextn_predict_layers trunk layers are).
+Refused by name: files from before the MLA split (attn_kv_b, no key_length_mla: re-convert them),
+llama.cpp's attention temperature tuning (attention.temperature_scale: mistral-large), a YaRN
+ext_factor other than 1. NextN/MTP layers are not run (as llama.cpp's n_layer(): the first
+block_count - nextn_predict_layers layers are the model).
 CUDA: the projections through ops.linear, the absorption and Vb as torch bmm's on dense (H, R, Dn)
 / (H, Dv, R) matrices in the activation dtype, the attention on the torch path of ops/cuda/
 attention.py (attention.mla.torch: K of R+Dr dims, V of R), the MoE through ops.moe_ffn. The
@@ -75,7 +76,7 @@ request at a time).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
