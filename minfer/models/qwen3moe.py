@@ -34,9 +34,10 @@ from minfer.weights import QWeight, load_qweight, load_vector
 def load_experts(gf, name: str, device, shape: tuple[int, int, int], dtype=torch.float32) -> QWeight:
     """A stacked expert tensor (E, N, K) as one QWeight of shape (E*N, K): expert e's rows are
     [e*N, (e+1)*N) (ggml ne = {K, N, E}: rows of K values, N rows per expert). On the CPU it keeps
-    only the file's blocks, never a dense copy (Qwen3-30B-A3B's experts: 116 GB of float32):
-    the reference decodes the selected experts' rows per step (ops/reference.py _expert), and
-    MINFER_CPU_QUANT packs each expert from its blocks (ops/cpu_experts.py)."""
+    only the file's blocks, no dense copy (Qwen3-30B-A3B's experts: 116 GB of float32):
+    MINFER_CPU_QUANT packs each expert from its blocks (ops/cpu_experts.py); for the float32
+    reference Engine.load then makes them dense (cpu_experts.densify_experts), and a weight left
+    without one has the selected experts' rows decoded per step (ops/reference.py _expert)."""
     E, N, K = shape
     info = gf.tensor(name)
     if tuple(info.shape) != (E, N, K):

@@ -130,6 +130,23 @@ def _pack_one(w, e: int, N: int, int4: bool, a, b):
     return a, b
 
 
+def densify_experts(model, dtype=None) -> None:
+    """Give every stacked expert QWeight of a CPU model its dense copy (dtype: default float32),
+    decoded one expert at a time into it: the float32 reference's form (Engine.load with
+    MINFER_CPU_QUANT=0). Decoding the selected experts from the blocks at each step instead
+    (what _expert does for a weight with no dense copy) gives the same values but was 6x slower
+    a decode step (docs/perf-log.md "CPU MoE experts")."""
+    for w in model.qweights():
+        E = getattr(w, "n_experts", None)
+        if not E or w.dense is not None or w.raw.device.type != "cpu":
+            continue
+        N = w.shape[0] // E
+        dense = torch.empty(w.shape, dtype=dtype or torch.float32)
+        for e in range(E):
+            dense[e * N:(e + 1) * N] = expert_rows(w, e, N)
+        w.dense = dense
+
+
 def packed_bytes(shape: tuple[int, int, int], int4: bool) -> int:
     """Bytes pack_experts gives an (E, N, K) expert tensor (the memory check's estimate)."""
     E, N, K = shape

@@ -8,9 +8,9 @@ dequantized to a dense copy of the load's dtype (float32 by default) -- the unti
 embedding excepted, whose rows are decoded from the file's blocks -- and 1-D tensors in float32.
 With MINFER_CPU_QUANT the dense copies are packed (int4/int8) one at a time after the load, so
 the peak is still all of them, plus the largest matrix's int32 codes while pack4 runs. Stacked
-MoE experts never get a dense copy: with MINFER_CPU_QUANT each expert is packed from its blocks
-(ops/cpu_experts.py: int4 0.625 bytes a weight, int8 1 byte), without it the selected experts are
-decoded per step. The estimate takes the default split's forms (int4 for the ffn_ matrices and
+MoE experts get no dense copy at the load: with MINFER_CPU_QUANT each expert is packed from its
+blocks (ops/cpu_experts.py: int4 0.625 bytes a weight, int8 1 byte); without it (the float32
+reference) they are then made dense, one tensor at a time (cpu_experts.densify_experts). The estimate takes the default split's forms (int4 for the ffn_ matrices and
 experts); a load whose calibration refuses int4 repacks them in int8, one tensor at a time, which
 ends up to 0.375 bytes a weight larger (not known before the load: the check runs on the model). The file itself is memory-mapped: its pages are the page cache's, counted in
 the available memory and not here.
@@ -42,9 +42,9 @@ def cpu_load_bytes(gf, cpu_quant: bool, dtype=torch.float32) -> int:
     total = BASE_BYTES
     for name, t in gf.tensors.items():
         if _experts(name, t):
-            if cpu_quant:
-                kind = name.split(".")[-2]
-                total += cpu_experts.packed_bytes(t.shape, kind.startswith(cq.INT4_MATRICES))
+            kind = name.split(".")[-2]
+            total += (cpu_experts.packed_bytes(t.shape, kind.startswith(cq.INT4_MATRICES)) if cpu_quant
+                      else t.n_elements * elem)
         elif len(t.shape) >= 2:
             if not _untied_embedding(gf, name):
                 total += t.n_elements * elem
@@ -82,8 +82,7 @@ def check_cpu_memory(gf, cpu_quant: bool, dtype=None, available: int | None = No
         return
     other = cpu_load_bytes(gf, not cpu_quant, dtype)
     if cpu_quant:
-        alt = ("MINFER_CPU_QUANT=0 (float32 matrices; MoE experts decoded from the file at each step, slower) "
-               f"would need about {_gib(other)}")
+        alt = f"MINFER_CPU_QUANT=0 (the float32 reference) would need about {_gib(other)}"
     else:
         alt = f"MINFER_CPU_QUANT=1 (the default: int4/int8 matrices) would need about {_gib(other)}"
     how = (f"{alt}{'' if other <= free else ', also too much'}; or load it on a GPU (device='cuda', "

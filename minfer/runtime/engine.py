@@ -141,6 +141,10 @@ class Engine:
         quant_note = None
         if device == "cpu" and sw.cpu_quant:   # int4/int8 matrices for the CPU (ops/cpu_quant.py)
             quant_note = prepare_cpu_quant(m, tok, gf.path, progress)   # (its outcome cached per file)
+        elif device == "cpu":    # the float32 reference: MoE experts dense too (ops/cpu_experts.py)
+            from minfer.ops.cpu_experts import densify_experts
+
+            densify_experts(m, dtype)
         eng = cls(m, tok, ctx, gf.path, switches=sw)
         eng.cpu_quant_report = quant_note
         if quant_note and quant_note.get("refused") and progress:
