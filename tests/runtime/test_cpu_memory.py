@@ -70,11 +70,10 @@ def test_estimate_covers_what_the_load_holds(tmp_path, monkeypatch):
             # the float32 reference's experts dense (made after the load), the default's packed
             assert experts and all((w.dense is None) == quant for w in experts)
             assert held <= cpu_memory.cpu_load_bytes(gf, quant)
+            if not quant:
+                assert cpu_memory.expert_bytes(gf, False) == sum(w.dense.numel() * 4 for w in experts)
             if quant and not eng.cpu_quant_report["refused"]:
                 assert all(isinstance(w.packed, PackedExperts) and w.packed.kind == "int4" for w in experts)
-                f32 = sum(4 * t.n_elements for n, t in gf.tensors.items() if "_exps.weight" in n)
-                ex = (cpu_memory.cpu_load_bytes(gf, True) - cpu_memory.cpu_load_bytes(gf, False) + f32
-                      - cpu_memory.pack_overhead(gf))
-                assert ex == sum(w.packed.nbytes() for w in experts)
+                assert cpu_memory.expert_bytes(gf, True) == sum(w.packed.nbytes() for w in experts)
                 exact.append(name)
     assert exact == ["qwen2moe"]
