@@ -77,7 +77,7 @@ def _form(gf, name: str, t, cpu_quant: bool, elem: int) -> tuple[int, int, int]:
         return (0, packed, 0) if cpu_quant else (n * elem, n * elem, 0)
     if name == "token_embd.weight" and "output.weight" in gf.tensors:
         return 0, 0, 0                                          # untied embedding: rows decoded from blocks
-    if not cpu_quant:
+    if not cpu_quant or len(t.shape) != 2:                      # (3-D: deepseek2's attn_k_b / attn_v_b, kept dense)
         return n * elem, n * elem, 0
     N, K = t.shape
     output = name == "output.weight" or (name == "token_embd.weight" and "output.weight" not in gf.tensors)
