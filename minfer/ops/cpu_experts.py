@@ -57,7 +57,7 @@ class PackedExperts:
 
     def dequantize(self, e: int) -> torch.Tensor:
         """Expert e's (N, K) float32 weights as the kernel computes with them (tests; int4: read
-        back through the kernel with the identity, K rows at a time)."""
+        back through the kernel with the identity, so rounded to bf16 by its output)."""
         if self.kind == "int8":
             return self.a[e].float() * self.b[e].float()[:, None]
         K = self.shape[1]
