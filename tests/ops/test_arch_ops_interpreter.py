@@ -108,7 +108,8 @@ def test_moe_reference_is_a_plain_loop():
     E, D = e.gate_inp.shape
     Fe = e.gate_exps.shape[0] // E
     h = torch.randn(4, D, generator=torch.Generator().manual_seed(5))
-    G, U, Dn = (x.dense.double() for x in (e.gate_exps, e.up_exps, e.down_exps))
+    # the loader keeps the experts' file blocks only (no dense copy): decoded whole here
+    G, U, Dn = (x.dequantize_rows(torch.arange(x.shape[0])).double() for x in (e.gate_exps, e.up_exps, e.down_exps))
     want = torch.zeros(4, D, dtype=torch.float64)
     for t in range(4):
         p = torch.softmax(e.gate_inp.double() @ h[t].double(), 0)
