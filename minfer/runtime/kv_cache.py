@@ -38,7 +38,7 @@ class KVCache:
     """v_in_k > 0 (deepseek2's MLA latent, ModelConfig.cache_v_in_k): V is no tensor of its own but
     the view k[..., :v_in_k] -- each position's V row is the first v_in_k dims of its K row, stored
     once, as llama.cpp's MLA cache does (a K-only cache, V a view of it: src/models/deepseek2.cpp);
-    a write of v then stores the same values again. attend() then gives (T, H, v_in_k)."""
+    write() then stores K only (v must be those dims of k). attend() gives (T, H, v_in_k)."""
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
                  device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0):
@@ -71,10 +71,12 @@ class KVCache:
         view.k, view.v = self.k[:, :rows], self.v[:, :rows]
         return view
 
+    def v_is_view(self) -> bool:
+        """V is the view of K's first dims (v_in_k): stored, and written, once."""
+        return self.v.data_ptr() == self.k.data_ptr()
+
     def nbytes(self) -> int:
-        if self.v.data_ptr() == self.k.data_ptr():     # V is a view of K (v_in_k): stored once
-            return self.k.numel() * self.k.element_size()
-        return 2 * self.k.numel() * self.k.element_size()
+        return (1 if self.v_is_view() else 2) * self.k.numel() * self.k.element_size()
 
     def _check_room(self, step, T: int) -> None:
         """A step with a host start writing T rows must fit the cache (inside a graph: the caller's check)."""
@@ -88,14 +90,17 @@ class KVCache:
         With a host start: rows [start, start + T), bounds checked. Without one (a CUDA-graph
         decode step), index_copy_ at step.positions, with no host value involved (the caller
         checked the bound before the replay)."""
+        v_apart = not self.v_is_view()      # V a view of K (v_in_k): written with K
         if step.start is None:
             self.k[layer].index_copy_(0, step.positions, k.to(self.k.dtype))
-            self.v[layer].index_copy_(0, step.positions, v.to(self.v.dtype))
+            if v_apart:
+                self.v[layer].index_copy_(0, step.positions, v.to(self.v.dtype))
             return
         T = k.shape[0]
         self._check_room(step, T)
         self.k[layer, step.start:step.start + T] = k
-        self.v[layer, step.start:step.start + T] = v
+        if v_apart:
+            self.v[layer, step.start:step.start + T] = v
 
     def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
                       ctx=None) -> torch.Tensor:
