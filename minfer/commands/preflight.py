@@ -72,11 +72,12 @@ def available_bytes(device: str) -> int | None:
 
 def kv_bytes_per_token(cfg, device: str) -> int:
     """Keys + values of one position over all layers: float32 on the CPU (the reference), 2 bytes
-    on CUDA (bf16 activations, unless MINFER_ACT_DTYPE=float32)."""
+    on CUDA (bf16 activations, unless MINFER_ACT_DTYPE=float32). Keys only where the values are a
+    view of them (cfg.cache_v_in_k: deepseek2's latent cache, runtime/kv_cache.py)."""
     from minfer.switches import Switches
 
     elem = 4 if device != "cuda" or Switches.from_env().act_dtype in ("float32", "fp32") else 2
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+    return (1 if cfg.cache_v_in_k else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
 
 
 def _gib(n: float) -> str:

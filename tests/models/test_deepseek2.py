@@ -173,3 +173,20 @@ def test_reference_attention_narrow_values_and_scale(T, start, scale):
     want = torch.einsum("ths,sd->thd", p, v[:S, 0].double())
     assert got.shape == (T, H, Dv)
     assert torch.allclose(got.double(), want, atol=1e-5)
+
+
+def test_preflight_counts_the_latent_cache_once():
+    """The memory preflight's bytes per position equal what the cache allocates a row (V is a view
+    of K: counted once; it counted K and V apart, 1.9x)."""
+    import torch
+
+    from minfer.commands.preflight import kv_bytes_per_token
+    from minfer.config import ModelConfig
+    from minfer.gguf_file import GGUFFile
+    from minfer.runtime.kv_cache import KVCache
+
+    for name in ("deepseek2", "deepseek3"):
+        cfg = ModelConfig.from_gguf(GGUFFile(DATA / f"{name}.gguf"))
+        cache = KVCache.for_config(cfg, 16, dtype=torch.float32)
+        assert cache.v_is_view()
+        assert kv_bytes_per_token(cfg, "cpu") * 16 == cache.nbytes()
