@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minfer.ops import cpu_quant
+from minfer.ops import cpu_quant, reference
 
 
 @dataclass(eq=False)
@@ -93,14 +93,6 @@ class _Rows:
         self.name, self.dense, self.shape = name, dense, tuple(dense.shape)
 
 
-def expert_rows(w, e: int, n: int) -> torch.Tensor:
-    """Expert e's (n, K) float32 rows of a stacked expert QWeight (its dense matrix, or decoded
-    from the file's blocks: only these rows)."""
-    if w.dense is not None:
-        return w.dense[e * n:(e + 1) * n].float()
-    return w.dequantize_rows(torch.arange(e * n, (e + 1) * n))
-
-
 def pack_experts(w, int4: bool) -> PackedExperts:
     """The packed form of stacked expert QWeight w (shape (E*N, K), w.n_experts = E), one expert
     at a time from its blocks: int4 when asked and the expert's shape fits the kernel, else int8."""
@@ -116,7 +108,7 @@ def pack_experts(w, int4: bool) -> PackedExperts:
 
 def _pack_one(w, e: int, N: int, int4: bool, a, b):
     """Pack expert e into a[e], b[e] (allocated (E, ...) at the first expert); returns a, b."""
-    rows = _Rows(f"{w.name}[{e}]", expert_rows(w, e, N))
+    rows = _Rows(f"{w.name}[{e}]", reference._expert(w, e, N).float())
     if int4:
         p = cpu_quant.pack4(rows, cpu_quant.INT4_GROUP)
         pa, pb = p.packed, p.sz
@@ -143,7 +135,7 @@ def densify_experts(model, dtype=None) -> None:
         N = w.shape[0] // E
         dense = torch.empty(w.shape, dtype=dtype or torch.float32)
         for e in range(E):
-            dense[e * N:(e + 1) * N] = expert_rows(w, e, N)
+            dense[e * N:(e + 1) * N] = reference._expert(w, e, N)
         w.dense = dense
 
 
