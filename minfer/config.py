@@ -55,6 +55,7 @@ class ModelConfig:
     rope: RopeConfig
     context_length: int
     tied_output: bool            # no output.weight: the logits reuse token_embd.weight
+    # n_layers: the trunk's layers, block_count less nextn_predict_layers (the MTP layers no graph runs)
     # Architecture-specific values (read by _arch_extras; defaults = absent). Each model class
     # decides which it uses (e.g. llama.cpp ignores phi3's sliding_window, uses gemma3's).
     sliding_window: int = 0                    # attention.sliding_window (0: none)
@@ -116,6 +117,14 @@ class ModelConfig:
             return gf.metadata.get(f"{arch}.{suffix}", default)
 
         n_layers = int(req("block_count"))
+        # NextN/MTP layers (glm4moe, deepseek2): block_count counts them, but the model is the trunk,
+        # llama.cpp's n_layer() = n_layer_all - n_layer_nextn (src/llama-hparams.h); the KV cache, the
+        # memory preflight and inspect count the trunk's layers
+        nextn = int(opt("nextn_predict_layers", 0) or 0)
+        if not 0 <= nextn < n_layers:
+            raise MinferError(f"{gf.path}: {arch}.nextn_predict_layers={nextn} with block_count={n_layers}: "
+                              "expected 0 <= nextn_predict_layers < block_count")
+        n_layers -= nextn
         d_model = int(req("embedding_length"))
         n_heads = int(req("attention.head_count"))
         n_kv = int(opt("attention.head_count_kv", n_heads))

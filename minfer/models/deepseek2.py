@@ -181,8 +181,7 @@ class Deepseek2Model(LlamaModel):
                               "rope dims, value_length = kv_lora_rank and one kv head (the MLA latent cache)")
         if Q == 0 and "blk.0.attn_q_a.weight" in gf.tensors:
             raise MinferError(f"{gf.path}: metadata key '{a}.attention.q_lora_rank' is missing (the file has attn_q_a)")
-        n_layers, lead = cfg.n_layers, cfg.leading_dense_blocks
-        n_layers -= int(md.get(f"{a}.nextn_predict_layers", 0) or 0)   # llama.cpp n_layer(): the trunk only
+        n_layers, lead = cfg.n_layers, cfg.leading_dense_blocks   # the trunk (ModelConfig: less the NextN layers)
         E, Fe = cfg.n_experts, cfg.expert_ffn
         if lead < n_layers:
             for k in ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_count"):

@@ -87,18 +87,14 @@ class Glm4MoeModel(Qwen3MoeModel):
         if f"{a}.rope.dimension_sections" in md:
             raise MinferError(f"{gf.path}: metadata key '{a}.rope.dimension_sections' (M-RoPE, the vision "
                               "variant) is not supported")
-        nextn = int(md.get(f"{a}.nextn_predict_layers", 0) or 0)
-        if not 0 <= nextn < cfg.n_layers:
-            raise MinferError(f"{gf.path}: {a}.nextn_predict_layers={nextn} with block_count={cfg.n_layers}: "
-                              "expected 0 <= nextn_predict_layers < block_count")
         V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
         if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0 or cfg.expert_shared_count < 0:
             raise MinferError(f"{gf.path}: {a}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
                               f"expert_feed_forward_length={Fe}, expert_shared_count={cfg.expert_shared_count}: "
                               "expected 0 < used <= count, a positive length and a shared count >= 0")
         gating = cfg.expert_gating if f"{a}.expert_gating_func" in md else "sigmoid"
-        # the trunk only: llama.cpp's n_layer() = n_layer_all - n_layer_nextn (llama-hparams.cpp)
-        cfg = replace(cfg, n_layers=cfg.n_layers - nextn, expert_gating=gating)
+        # cfg.n_layers is the trunk (ModelConfig: block_count - nextn_predict_layers, llama.cpp's n_layer())
+        cfg = replace(cfg, expert_gating=gating)
         Fs = Fe * cfg.expert_shared_count
         q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
         bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",

@@ -129,6 +129,30 @@ def test_block_count_without_nextn_key_is_refused(tmp_path):
         load(p)
 
 
+def test_config_counts_the_trunk_for_the_preflight(tmp_path):
+    """ModelConfig (what the memory preflight, inspect and the KV cache read) counts the trunk's
+    layers, not block_count's NextN layer too: the preflight's KV bytes equal a cache of the loaded
+    model's layers (it over-counted one layer in four here, ~2% for GLM-4.5-Air). A count the file
+    cannot have is refused by key."""
+    import gguf
+    import torch
+
+    from minfer.commands.preflight import kv_bytes_per_token
+    from minfer.config import ModelConfig
+    from minfer.gguf_file import GGUFFile
+    from minfer.runtime.kv_cache import KVCache
+    from models.test_arch_vs_transformers import load
+
+    cfg = ModelConfig.from_gguf(GGUFFile(DATA / "glm4moe.gguf"))
+    assert cfg.n_layers == len(load(DATA / "glm4moe.gguf").blocks) == HF["num_hidden_layers"] == 3
+    cache = KVCache.for_config(cfg, 16, dtype=torch.float32)
+    assert kv_bytes_per_token(cfg, "cpu") * 16 == cache.nbytes()
+    p = rewrite(DATA / "glm4moe.gguf", tmp_path / "x.gguf",
+                set_keys={"glm4moe.nextn_predict_layers": (4, gguf.GGUFValueType.UINT32)})
+    with pytest.raises(MinferError, match=r"glm4moe\.(block_count|nextn_predict_layers)"):
+        ModelConfig.from_gguf(GGUFFile(p))
+
+
 def test_q_norm_without_k_norm_is_named(tmp_path):
     from models.test_arch_vs_transformers import load
 
