@@ -67,8 +67,10 @@ llama.cpp's attention temperature tuning (attention.temperature_scale: mistral-l
 ext_factor other than 1. NextN/MTP layers are not run (as llama.cpp's n_layer(): the first
 block_count - nextn_predict_layers layers are the model).
 CUDA: the projections through ops.linear, the absorption and Vb as torch bmm's on dense (H, R, Dn)
-/ (H, Dv, R) matrices in the activation dtype, the attention on the torch path of ops/cuda/
-attention.py (attention.mla.torch: K of R+Dr dims, V of R), the MoE through ops.moe_ffn. The
+/ (H, Dv, R) matrices in the activation dtype, the attention at T = 1 by ops/cuda/attention_mla.py's
+Triton kernel (attention.mla.decode.triton: one K tile serves a block of query heads, V its first R
+dims), at T > 1 on the torch path of ops/cuda/attention.py (attention.mla.torch: K of R+Dr dims, V
+of R), the MoE through ops.moe_ffn. The
 batch engine's paged cache has one K/V width and no scale: paged_kv = False (minfer serve runs one
 request at a time).
 """

@@ -40,9 +40,10 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "gpt-oss": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
                         "moe.gather", "moe.grouped", "moe.act.triton"],
             # deepseek2: the latent attention (K of kv_lora + rope dims, V its first kv_lora) on the torch
-            # path at every T, the MoE (softmax / sigmoid + selection bias + groups + scale) on both paths
-            "deepseek2": ["attention.mla.torch", "moe.gather", "moe.grouped"],
-            "deepseek3": ["attention.mla.torch", "moe.gather", "moe.grouped"]}
+            # path at T > 1, attention_mla.py's kernel at T = 1, the MoE (softmax / sigmoid + selection
+            # bias + groups + scale) on both paths
+            "deepseek2": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],
+            "deepseek3": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

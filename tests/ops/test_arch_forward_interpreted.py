@@ -32,9 +32,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"],
         "command-r": ["layer_norm.triton"], "command-r-qknorm": ["layer_norm.triton"],
         "cohere2": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton"],
-        # deepseek2's latent attention (K of kv_lora + rope dims, V the first kv_lora) on the torch path
-        "deepseek2": ["attention.mla.torch", "attention.decode.triton", "moe.gather", "rope.triton"],
-        "deepseek3": ["attention.mla.torch", "attention.decode.triton", "moe.gather", "rope.triton"]}
+        # deepseek2's latent attention (K of kv_lora + rope dims, V the first kv_lora): prefill on the torch
+        # path, the decode step by attention_mla.py's kernel
+        "deepseek2": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
+        "deepseek3": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 

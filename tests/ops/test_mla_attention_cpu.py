@@ -2,7 +2,7 @@
 kv_lora + rope dims, V their first kv_lora dims) -- the counted torch path attention.mla.torch of
 ops/cuda/attention.py -- run on CPU tensors (it is torch code): eager prefill after a prefix, and the
 host-free decode step (start a device tensor, as under a CUDA graph) over a cache whose rows past the
-position hold garbage. Expected: softmax(scale q k^T, causal) v written out here in float64."""
+position hold garbage (one row takes this path where the MLA decode kernel is switched off or refused). Expected: softmax(scale q k^T, causal) v written out here in float64."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def test_mla_torch_path(T, start, graph):
     import importlib
 
     from minfer.ops import paths
+    from minfer.ops.context import Context
 
     A = importlib.import_module("minfer.ops.cuda.attention")   # (minfer.ops.cuda.attention is also a function)
 
@@ -39,9 +40,13 @@ def test_mla_torch_path(T, start, graph):
     scale = 0.3 / math.sqrt(Dk)
     paths.reset()
     pos = torch.tensor([start]) if graph else start
-    got = A.attention(q, k, v, pos, scale=scale)
+    # one row: the torch path with the MLA decode kernel switched off (the kernel itself:
+    # test_attention_mla_interpreted.py)
+    ctx = Context().with_switches(decode_attention=False)
+    got = A.attention(q, k, v, pos, ctx, scale=scale)
     assert got.shape == (T, H, Dv)
     assert torch.allclose(got.double(), _want(q, k, v, start, scale), atol=1e-5)
     snap = paths.snapshot()
     assert snap["counts"].get("attention.mla.torch") == 1
-    assert any(f.startswith("attention.decode.triton") for f in snap["fallbacks"]) == (T == 1)
+    assert any(f.startswith("attention.mla.decode.triton") for f in snap["switched_off"]) == (T == 1)
+    assert not snap["fallbacks"]

@@ -23,6 +23,7 @@ import triton.language as tl
 from minfer.errors import MinferError
 from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
+from minfer.ops.cuda.attention_mla import mla_decode_or_none
 from minfer.ops.cuda.decode_merge import _grid_merge, grid_merge_ok, merge, nsp, outputs, partials
 from minfer.ops.cuda.q8_rows import _q8_chunks
 from minfer.ops.cuda.sdpa_prefill import cudnn_causal, masked
@@ -437,16 +438,18 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     T > 1 the torch path with the sinks (attention.sinks.torch), for the same reason.
     scale: the scores' factor (None: 1/sqrt(Dh)); the decode kernel and SDPA take it as is.
     A v_cache narrower than the keys (deepseek2's latent cache: keys of kv_lora + rope dims, 576 in
-    V3, values their first kv_lora dims, one KV head for all 128 query heads) takes the torch path
-    (_softcapped; counted attention.mla.torch, and a fallback of attention.decode.triton at T = 1):
-    the decode kernel holds one output row of next_power_of_2(Dh) floats per query head of a KV
-    head (128 x 1024 here) and has K and V of one width; SDPA's fused kernels take at most 256 dims.
+    V3, values their first kv_lora dims, one KV head for all 128 query heads): at T = 1 the MLA
+    kernel of attention_mla.py (attention.mla.decode.triton; what it refuses is a counted fallback),
+    T > 1 the torch path (_softcapped; counted attention.mla.torch): SDPA's fused kernels take at
+    most 256 dims.
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
     if v_cache.shape[-1] != dh:
-        if t == 1:
-            paths.fallback("attention.decode.triton", "the values are narrower than the keys (MLA latent)")
+        if t == 1:    # deepseek2's latent cache: attention_mla.py's kernel (attention.mla.decode.triton)
+            out = mla_decode_or_none(q, k_cache, v_cache, start_pos, sw, window, softcap, sinks, scale)
+            if out is not None:
+                return out
         return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, "attention.mla.torch")
     if t == 1 and sw.decode_attention:
         if softcap > 0:
