@@ -15,6 +15,12 @@ in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
     /tmp/llcpp/bin/python tools/gen_token_goldens.py llama-spm phi-3 gemma-4 bert-bge  # suite vocabs
     /tmp/llcpp/bin/python tools/gen_token_goldens.py --chat-builtin  # goldens/chat_builtin.json
     /tmp/llcpp/bin/python tools/gen_token_goldens.py --ids-only deepseek-llm ...  # <name>-ids.json
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py deepseek-llm-as-deepseek-v3  # a pre variant
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py pieces-as-deepseek-v3  # the split itself
+
+A pre variant (tests/tokenizer/vocab_files.py PRE_VARIANTS) is a suite vocab written under
+another tokenizer.ggml.pre; its golden adds PRE_CASES, llama.cpp's suite texts
+(tests/data/tokenizer/llama_cpp_vocab_texts.json) and a second fuzz set to the strings.
 
 --chat-builtin renders conversations with llama.cpp's built-in chat formats by name
 (llama_chat_apply_template("gemma", ...)), the formats minfer/tokenizer/templates.py gives
@@ -34,6 +40,8 @@ from pathlib import Path
 LLAMA_CPP_VERSION = "ggml-org/llama.cpp@0c1e57098 (llama-cpp-python 0.3.36 sdist)"
 MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]
 OUT_DIR = Path(__file__).resolve().parent.parent / "tests" / "tokenizer" / "goldens"
+# recorded in each golden
+COMMAND = " ".join([sys.executable, "tools/gen_token_goldens.py", *sys.argv[1:]])
 
 # Hand-written cases: each names a behaviour the pre-tokenizers or the special-token
 # partition must get right.
@@ -73,9 +81,9 @@ _ALPHABET = (list("abcXYZ019 \t\n'.,!?-_<|>") + list("éßøñ你好世界日本
              ["😀", "👍🏽", "\u0301", "\u200b", "\u00a0", "<|im_end|>", "<|im_start|>", "  ", "\r\n"])
 
 
-def fuzz_cases(n: int, seed: int = 1234) -> list[str]:
+def fuzz_cases(n: int, seed: int = 1234, alphabet: list[str] = _ALPHABET) -> list[str]:
     rng = random.Random(seed)
-    return ["".join(rng.choice(_ALPHABET) for _ in range(rng.randint(1, 40))) for _ in range(n)]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(n)]
 
 
 def sweep_cases() -> list[str]:
@@ -89,6 +97,49 @@ def sweep_cases() -> list[str]:
         cps = [c for c in range(st, st + 16) if not 0xD800 <= c < 0xE000]
         if cps:
             out.append("".join(f" {chr(c)}a{chr(c)}1{chr(c)}{chr(c)}\n'{chr(c)}s" for c in cps))
+    return out
+
+
+# For the pre types that split Han/kana runs, group digits, let punctuation lead an ASCII word,
+# ignore letter case or treat combining marks apart: texts at those boundaries.
+PRE_CASES = [
+    # Han and kana runs, range edges (U+9FA5/U+9FA6, Ext. A/B, compatibility ideographs), mixes
+    "中文ひらがなカタカナ漢字", "日本語のテキスト、カタカナ。", "龥龦鿿", "㐀㐁中", "𠀀𠀁字",
+    "\uf900\uf901\U0002f800\U0002f801",
+    "中文English混合123", "。，！？「引用」", "한국어와中文", "ㄅㄆㄇ", "ｱｲｳｴｵ", "ゟ゠ヿ・ー",
+    " 中文", "a中b", "中1文", "中'文", "\n中文\n", "中文 mixed ひらがな text カタカナ",
+    # digit runs and their neighbours
+    "1", "12", "123", "1234", "12345", "123456", "1234567", "a1234b5678", "x  1234", "  1234",
+    "a  12", "\n1234", "1,234,567.89", "٣٤٥٦٧", "²³⁴⁵", "ⅫⅢ", "12abc", "abc12", "abc  12345 def",
+    "...123", "v12345678", "x 1 22 333 4444 55555", "½1234", "１２３４５",
+    # punctuation before letters, symbols, quotes
+    ".net", " .net", "(hello)", "#include <stdio.h>", "__init__", "a.b.c", "-flag", "@user",
+    "$HOME", "+abc", "=value", "“quoted” ‘single’", "«ä»", "·x", ".é", "!Ab", "...and",
+    "¿Qué?", "a/b/c", "x/\ny", "€100 £5 ¥3", "∑x≤y", "<<a>>", "`cmd`x", "~/dir", "^caret|pipe",
+    # letter case, combining marks, scripts
+    "HelloWorld", "camelCaseWord", "XMLHttpRequest", "ПриветМир", "ΑβΓδ", "I'M WE'LL", "O'Neil's",
+    "e\u0301", "\u0301abc", " \u0301", "a\u0308b", "नमस्ते दुनिया", "ภาษาไทย", "ﷺ", "ǅungla",
+    # newlines and whitespace
+    "a\n\nb", "a \n b", "x.\n\ny", "!\n", "!\r\n", "a/\nb", "  \n\n  x", "\r\r\n",
+    "a\u3000b", "\u3000\u3000x", "\u00a0\u00a0", "\t\tx", "x   ", "x \t ", " \u2003y",
+    # emoji and contractions
+    "😀😀", "👍🏽ok", " 😀x", "😀123", "❤️", "#️⃣", "a😀b", "'S", "'Re", "x'", "x'l", "x'll",
+    "'ll", "it's", "IT'S", "we'Ve", "ab'dd",
+]
+
+# a second fuzz alphabet for those rules
+_ALPHABET2 = (list("aZ0123456789 \t\n'.,/-(\"#") + list("中文字龥龦㐀ひらカター、。「」！１２ｱ") +
+              ["\U00020000", "\uf900", "é", "\u0301", "Ω", "ß", "٣", "²", "😀", "€", "\u3000", "\u00a0", "  ",
+               "\r\n", "HTTP", "Word", "<|im_end|>"])
+
+
+def pre_extra_cases() -> list[str]:
+    texts = json.loads((OUT_DIR.parent.parent / "data" / "tokenizer" / "llama_cpp_vocab_texts.json")
+                       .read_text(encoding="utf-8"))
+    out = []
+    for t in PRE_CASES + texts + fuzz_cases(60, seed=4321, alphabet=_ALPHABET2):
+        if t not in out and t not in CASES:
+            out.append(t)
     return out
 
 
@@ -185,10 +236,10 @@ class LlamaVocab:
         return buf.raw[:n].decode("utf-8")
 
 
-def golden_for(path: Path) -> dict:
+def golden_for(path: Path, extra: list[str] = ()) -> dict:
     v = LlamaVocab(path)
     L = v.L
-    strings = CASES + fuzz_cases(60)
+    strings = CASES + fuzz_cases(60) + list(extra)
     cases = []
     used: set[int] = set()
     for s in strings:
@@ -216,6 +267,7 @@ def golden_for(path: Path) -> dict:
                           "text": v.chat(msgs, add_ass)})
     return {
         "llama_cpp": LLAMA_CPP_VERSION,
+        "command": COMMAND,
         "file": path.name,
         "n_vocab": v.n,
         "bos": opt(L.llama_vocab_bos(v.vocab)), "eos": opt(L.llama_vocab_eos(v.vocab)),
@@ -238,7 +290,20 @@ def lite_golden_for(path: Path) -> dict:
     cases = [{"text": s, "ids": v.tokenize(s, True, True), "ids_no_special": v.tokenize(s, False, False)}
              for s in CASES + fuzz_cases(60)]
     sweep = [{"text": s, "ids": v.tokenize(s, False, False)} for s in sweep_cases()]
-    return {"llama_cpp": LLAMA_CPP_VERSION, "file": path.name, "cases": cases, "sweep": sweep}
+    return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "file": path.name, "cases": cases,
+            "sweep": sweep}
+
+
+def piece_golden_for(pre: str) -> dict:
+    """llama.cpp's split itself: PRE_CASES and the short CASES on a vocab where each pre-token
+    is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials."""
+    from vocab_files import write_piece_vocab
+
+    texts = [t for t in dict.fromkeys(PRE_CASES + CASES) if 0 < len(t.encode("utf-8")) <= 48]
+    v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf"))
+    cases = [{"text": t, "ids": v.tokenize(t, False, False)} for t in texts]
+    return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "pre": pre, "n_vocab": v.n,
+            "cases": cases}
 
 
 def dump_golden(g: dict) -> str:
@@ -278,7 +343,24 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import fetch_llama_cpp  # llama.cpp's suite vocabs: goldens/<name>.json for e.g. 'llama-spm'
 
+    sys.path.insert(0, str(OUT_DIR.parent))
+    from vocab_files import PIECE_PRES, PRE_VARIANTS, write_pre_variant
+
+    extra: dict[str, list[str]] = {}
     for name in args.models or MODELS:
+        if name in PIECE_PRES:  # the split of a pre type, on a vocab that spells it out
+            g = piece_golden_for(PIECE_PRES[name])
+            (OUT_DIR / f"{name}.json").write_text(dump_golden(g), encoding="utf-8")
+            print(f"{OUT_DIR / name}.json: {len(g['cases'])} strings, vocab {g['n_vocab']}")
+            continue
+        if name in PRE_VARIANTS:  # a suite vocab under another pre (tests/tokenizer/vocab_files.py)
+            from minfer.gguf_file import GGUFFile
+
+            suite, pre = PRE_VARIANTS[name]
+            base = GGUFFile(fetch_llama_cpp.suite_dir() / f"ggml-vocab-{suite}.gguf").metadata
+            jobs.append((name, write_pre_variant(base, pre, Path(tempfile.mkdtemp()) / f"{name}.gguf")))
+            extra[name] = pre_extra_cases()
+            continue
         if name in fetch_llama_cpp.SUITE:
             jobs.append((name, fetch_llama_cpp.suite_dir() / f"ggml-vocab-{name}.gguf"))
             continue
@@ -301,7 +383,7 @@ def main() -> int:
             out.write_text(dump_golden(g), encoding="utf-8")
             print(f"{out}: {len(g['cases'])} strings, {len(g['sweep'])} sweep texts")
             continue
-        g = golden_for(path)
+        g = golden_for(path, extra.get(stem, ()))
         out = OUT_DIR / f"{stem}.json"
         out.write_text(dump_golden(g), encoding="utf-8")
         print(f"{out}: {len(g['cases'])} strings, {len(g['eog'])} eog ids, "

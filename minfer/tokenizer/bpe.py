@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 
 from minfer.errors import MinferError
-from minfer.tokenizer.pretok import PreRules
+from minfer.tokenizer.pretok import PreRules, with_llama_cpp_tables
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -100,7 +100,11 @@ class BPEModel:
         if self.rules.byte_encode:
             # each regex in turn; 'isolated' keeps the unmatched text as pieces of its own,
             # as llama.cpp's unicode_regex_split does
-            steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in self.rules.regexes]
+            # ('merged_with_previous' for a glued one: the match joins the text before it)
+            # (\p{..} classes cut to llama.cpp's Unicode 15.1 table: pretok.with_llama_cpp_tables)
+            steps = [pre_tokenizers.Split(Regex(with_llama_cpp_tables(r)), behavior="merged_with_previous"
+                                          if k in self.rules.glued else "isolated")
+                     for k, r in enumerate(self.rules.regexes)]
             steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
             hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
         # gemma4: no pre-tokenizer; encode() hands over one newline-free run at a time

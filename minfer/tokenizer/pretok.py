@@ -12,12 +12,17 @@ std::regex (ECMAScript): ASCII stays as is, every other code point becomes one b
 its category (non-ASCII whitespace becomes \\v). minfer runs them with Oniguruma (in
 `tokenizers`) on the real text; for the classes used here that matches the same code
 points: \\s is ASCII whitespace plus Unicode White_Space in both, and \\p{L}/\\p{N}/\\p{P}/
-\\p{M} are the Unicode general categories in both. ECMAScript's `$` (end of input) is
-written `\\z`, because Oniguruma's `$` also matches before a newline.
+\\p{M}/\\p{S} are the Unicode general categories in both -- but of different Unicode versions
+(llama.cpp's table is 15.1, Oniguruma's 16.0), so bpe.py compiles every regex through
+with_llama_cpp_tables, which takes the 5,185 code points new in 16.0 out of those classes.
+ECMAScript's `$` (end of input) is written `\\z`, because Oniguruma's `$` also matches before
+a newline. Pre types that llama.cpp splits with hand-written code (unicode_regex_split_custom_*)
+are written here as regexes that split the same way (kimi-k2, tiny_aya's digits).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # GPT-2's regex (llama.cpp runs its hand-written equivalent, unicode_regex_split_custom_gpt2)
@@ -63,6 +68,69 @@ _CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 # Gemma 4 (SPM-style BPE): only newline runs split the text (custom_newlines)
 NEWLINES_RE = r"[^\n]+|[\n]+"
 
+# case LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM (pre "deepseek-v3": DeepSeek-V3, V3.1, R1; llama.cpp's
+# HUNYUAN_DENSE, JOYAI_LLM and HY_V4 share the list): digits
+# in runs of at most three, then runs of Han (U+4E00-U+9FA5) and kana (U+3040-U+30FF), then a
+# word regex in which an ASCII punctuation mark starts an ASCII word ("[A-Za-z]+") and combining
+# marks stay in a word. llama.cpp runs the first and last on its collapsed text, the middle one
+# with std::wregex on the code points (no \p{..} class in it); its \p{S}/\p{P} are the Unicode
+# categories, as Oniguruma's.
+DEEPSEEK_V3_RES = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    # (written with C++'s escapes, so CR and LF stand in the classes as themselves, as there)
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+",
+)
+# Han as llama.cpp's unicode_cpt_is_han (unicode.cpp) counts it: CJK Unified Ideographs, Ext. A
+# to F, the compatibility ideographs and their supplement (whole blocks, unassigned points too)
+HAN = ("\u4e00-\u9fff\u3400-\u4dbf\U00020000-\U0002a6df\U0002a700-\U0002b73f\U0002b740-\U0002b81f"
+       "\U0002b820-\U0002ceaf\U0002ceb0-\U0002ebef\uf900-\ufaff\U0002f800-\U0002fa1f")
+# case LLAMA_VOCAB_PRE_TYPE_KIMI_K2 (pre "kimi-k2": Kimi-K2, Moonlight, Kimi-Linear): llama.cpp
+# lists the placeholder "\p{Han}+", which unicode_regex_split_custom hands to a hand-written
+# splitter (unicode_regex_split_custom_kimi_k2). That splitter, not Kimi's tokenizer.json regex,
+# is the reference; written as one Oniguruma regex it is: a Han run; else an optional lead
+# character (not CR/LF, letter or digit) and a run of non-Han letters -- upper/lower case play no
+# part and combining marks (\p{M}) are not letters there -- with an optional ASCII contraction;
+# else llama3's digit, punctuation and whitespace alternatives. (Its last resort, "one
+# character", is unreachable: every code point has a category flag in unicode-data.cpp.)
+KIMI_K2_RE = (rf"[{HAN}]+|[^\r\n\p{{L}}\p{{N}}]?[\p{{L}}&&[^{HAN}]]+"
+              r"(?:'[sS]|'[tT]|'[mM]|'[dD]|'[rR][eE]|'[vV][eE]|'[lL][lL])?"
+              r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_TINY_AYA (pre "tiny_aya", "cohere2moe"): two steps.
+# 1. "\d{1,3}(?=(?:\d{3})*\b)" is not run as a regex: unicode_regex_split_custom hands it to
+#    the AFMoE digit splitter, which cuts each run of \p{N} into groups of three counted from the
+#    right and glues the text before a run to the run's first group ("ab1234" -> "ab1" "234";
+#    the text after the last run stays a piece). That is this regex with HF's
+#    merged_with_previous behaviour (PreRules.glued).
+TINY_AYA_DIGITS_RE = r"\p{N}{1,3}(?=(?:\p{N}{3})*(?!\p{N}))"
+# 2. o200k's word regex, run on llama.cpp's collapsed text, where \p{Lu}, \p{Ll}, \p{Lt},
+#    \p{Lm} and \p{Lo} all stand for "any letter": "[Lu Lt Lm Lo M]*[Ll Lm Lo M]+" is then just
+#    a run of letters and marks, so a case change does not split ("HelloWorld" is one piece).
+TINY_AYA_RE = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+# Code points that Unicode 16.0 assigned (letters, digits, marks, punctuation, symbols) and that
+# llama.cpp's category table (unicode-data.cpp, Unicode 15.1) leaves undefined: there they are in
+# no \p{..} class (the collapsed text gives them the "other" byte), while the Oniguruma in
+# `tokenizers` 0.23 already knows Unicode 16. Ranges may span code points that are unassigned in
+# both. Measured by classifying every code point with both tables (2026-12-05): these 5,185 are
+# the only differences, and \s agrees everywhere.
+UNICODE16_ONLY = (
+    "\u0897\u1b4e-\u1b4f\u1b7f\u1c89-\u1c8a\u2427-\u2429\u31e4-\u31e5\ua7cb-\ua7cd\ua7da-\ua7dc"
+    "\U000105c0-\U000105f3\U00010d40-\U00010d8f\U00010ec2-\U00010efc\U00011380-\U000113e2"
+    "\U000116d0-\U000116e3\U00011bc0-\U00011bf9\U00011f5a\U00013460-\U000143fa\U00016100-\U00016139"
+    "\U00016d40-\U00016d79\U00018cff\U0001cc00-\U0001ceb3\U0001e5d0-\U0001e5ff\U0001f8b2-\U0001f8c1"
+    "\U0001fa89-\U0001fa8f\U0001fabe\U0001fac6\U0001fadc-\U0001fadf\U0001fae9\U0001fbcb-\U0001fbef")
+_CATEGORY = re.compile(r"\\p\{([LNMPS])\}")
+
+
+def with_llama_cpp_tables(regex: str) -> str:
+    """`regex` for Oniguruma with each \\p{L}, \\p{N}, \\p{M}, \\p{P}, \\p{S} cut down to the code
+    points llama.cpp's table puts in that category (a nested class, valid inside brackets too)."""
+    return _CATEGORY.sub(lambda m: f"[\\p{{{m[1]}}}&&[^{UNICODE16_ONLY}]]", regex)
+
 
 @dataclass(frozen=True)
 class PreRules:
@@ -80,6 +148,9 @@ class PreRules:
     # no BOS id unless the file names one (load(): special_bos_id = LLAMA_TOKEN_NULL instead of
     # the BPE default 11)
     no_default_bos: bool = False
+    # indices of regexes whose matches are glued to the unmatched text just before them
+    # (tokenizers' Split behaviour "merged_with_previous") instead of standing alone
+    glued: tuple[int, ...] = ()
 
 
 _LLAMA3 = PreRules((LLAMA3_RE,), ignore_merges=True, add_bos=True)
@@ -115,6 +186,11 @@ PRE_TYPES: dict[str, PreRules] = {
                              clean_spaces=False),
     "deepseek-coder": PreRules((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
                                clean_spaces=False),
+    # DEEPSEEK3_LLM, KIMI_K2, TINY_AYA: clean_spaces off, merges used, BOS per the file
+    "deepseek-v3": PreRules(DEEPSEEK_V3_RES, clean_spaces=False),
+    "kimi-k2": PreRules((KIMI_K2_RE,), clean_spaces=False),
+    "tiny_aya": PreRules((TINY_AYA_DIGITS_RE, TINY_AYA_RE), clean_spaces=False, glued=(0,)),
+    "cohere2moe": PreRules((TINY_AYA_DIGITS_RE, TINY_AYA_RE), clean_spaces=False, glued=(0,)),
     # tokenizer.ggml.model 'gemma4' sets this pre itself (load(): tokenizer_pre = "gemma4");
     # a 'gpt2' vocab may name it too
     "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True),

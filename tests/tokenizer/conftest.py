@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vocab_files import BASE_MODEL, VARIANT_PRES, write_vocab_variant
+from vocab_files import BASE_MODEL, PRE_VARIANTS, VARIANT_PRES, write_pre_variant, write_vocab_variant
 
 GOLDEN_DIR = Path(__file__).parent / "goldens"
 CHATML_MODELS = ["qwen2.5-coder-0.5b-instruct", "smollm2-135m-instruct"]  # ChatML templates
@@ -19,7 +19,7 @@ CATALOG_MODELS = CHATML_MODELS
 # vocabs of llama.cpp's suite (tools/fetch_llama_cpp.py) with goldens of their own: one of
 # each family that no catalog model covers
 SUITE_GOLDENS: list[str] = []
-ALL_VOCABS = CATALOG_MODELS + list(VARIANT_PRES) + SUITE_GOLDENS
+ALL_VOCABS = CATALOG_MODELS + list(VARIANT_PRES) + list(PRE_VARIANTS) + SUITE_GOLDENS
 
 _TOOL = Path(__file__).resolve().parents[2] / "tools" / "fetch_llama_cpp.py"
 _spec = importlib.util.spec_from_file_location("fetch_llama_cpp", _TOOL)
@@ -46,7 +46,11 @@ def gguf_files(tmp_path_factory):
             # tokenizers fixture keeps the Tokenizer; 15 files' metadata would hold ~400 MB)
             return GGUFFile(fetch.suite_dir() / f"ggml-vocab-{name}.gguf")
         if name not in cache:
-            if name in VARIANT_PRES:
+            if name in PRE_VARIANTS:  # a suite vocab under another pre (vocab_files.py)
+                suite, pre = PRE_VARIANTS[name]
+                base = GGUFFile(fetch.suite_dir() / f"ggml-vocab-{suite}.gguf")
+                cache[name] = GGUFFile(write_pre_variant(base.metadata, pre, tmp / f"{name}.gguf"))
+            elif name in VARIANT_PRES:
                 base = get(BASE_MODEL)
                 path = write_vocab_variant(base.metadata, VARIANT_PRES[name], tmp / f"{name}.gguf")
                 cache[name] = GGUFFile(path)

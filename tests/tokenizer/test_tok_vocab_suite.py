@@ -135,7 +135,7 @@ def test_wordpiece_decode(suite_tok):
     assert tok.decode(tok.encode("Hello"), skip_special=True) == " hello"
 
 
-@pytest.mark.parametrize("model, pre", [("t5", "default"), ("rwkv", None), ("gpt2", "kimi-k2"),
+@pytest.mark.parametrize("model, pre", [("t5", "default"), ("rwkv", None), ("gpt2", "afmoe"),
                                         ("gpt2", "tekken")])
 def test_unsupported_vocab_is_refused(tmp_path, model, pre):
     import gguf
