@@ -294,13 +294,14 @@ def lite_golden_for(path: Path) -> dict:
             "sweep": sweep}
 
 
-def piece_golden_for(pre: str) -> dict:
+def piece_golden_for(pre: str, with_merges: bool = True) -> dict:
     """llama.cpp's split itself: PRE_CASES and the short CASES on a vocab where each pre-token
     is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials."""
     from vocab_files import write_piece_vocab
 
     texts = [t for t in dict.fromkeys(PRE_CASES + CASES) if 0 < len(t.encode("utf-8")) <= 48]
-    v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf"))
+    v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf",
+                                     with_merges))
     cases = [{"text": t, "ids": v.tokenize(t, False, False)} for t in texts]
     return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "pre": pre, "n_vocab": v.n,
             "cases": cases}
@@ -349,7 +350,7 @@ def main() -> int:
     extra: dict[str, list[str]] = {}
     for name in args.models or MODELS:
         if name in PIECE_PRES:  # the split of a pre type, on a vocab that spells it out
-            g = piece_golden_for(PIECE_PRES[name])
+            g = piece_golden_for(PIECE_PRES[name], not name.endswith("-no-merges"))
             (OUT_DIR / f"{name}.json").write_text(dump_golden(g), encoding="utf-8")
             print(f"{OUT_DIR / name}.json: {len(g['cases'])} strings, vocab {g['n_vocab']}")
             continue

@@ -197,7 +197,11 @@ class Tokenizer:
                     f"{', '.join(sorted(PRE_TYPES))}); refusing to "
                     "guess its splitting rules")
             kind = "bpe"
-            kw.update(merges=list(g.require("tokenizer.ggml.merges")), pre_name=str(pre))
+            # load(): a kimi-k2 file may lack merges (then no pair merges, as llama.cpp's
+            # "Kimi-K2 tokenizer detected, skipping BPE merges")
+            merges = g.get("tokenizer.ggml.merges") if pre == "kimi-k2" else \
+                g.require("tokenizer.ggml.merges")
+            kw.update(merges=list(merges or []), pre_name=str(pre))
         elif model == "gemma4":
             # load(): the gemma4 model sets its own pre, whatever the file says
             kind = "gemma4"

@@ -80,3 +80,19 @@ def test_no_bos_unless_the_file_says_so(tokenizers):
     """Qwen2's file has no add_bos_token: llama.cpp adds none (kimi-k2 does not set add_bos)."""
     tok, g = tokenizers("qwen2-as-kimi-k2"), load_golden("qwen2-as-kimi-k2")
     assert not g["add_bos"] and not tok.add_bos
+
+
+def test_a_file_without_merges_loads_as_in_llama_cpp(tmp_path):
+    """llama.cpp loads a kimi-k2 vocab that has no tokenizer.ggml.merges (no pair is merged);
+    any other pre without merges is refused there ("cannot find tokenizer merges") and here."""
+    from minfer.errors import MinferError
+    from minfer.gguf_file import GGUFFile
+
+    g = load_golden("pieces-as-kimi-k2-no-merges")
+    texts = [c["text"] for c in g["cases"]]
+    f = GGUFFile(write_piece_vocab(texts, "kimi-k2", tmp_path / "a.gguf", with_merges=False))
+    assert "tokenizer.ggml.merges" not in f.metadata
+    assert golden_misses(f, "kimi-k2", g) == []
+    other = GGUFFile(write_piece_vocab(texts, "deepseek-v3", tmp_path / "b.gguf", with_merges=False))
+    with pytest.raises(MinferError, match="tokenizer.ggml.merges"):
+        golden_misses(other, "deepseek-v3", g)

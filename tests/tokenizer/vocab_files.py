@@ -55,7 +55,9 @@ def write_vocab_variant(base_metadata: dict, pre: str, out: Path) -> Path:
 
 # the same pre types on a vocab that makes llama.cpp's split visible (write_piece_vocab)
 PIECE_PRES = {"pieces-as-deepseek-v3": "deepseek-v3", "pieces-as-kimi-k2": "kimi-k2",
-              "pieces-as-tiny_aya": "tiny_aya"}
+              "pieces-as-tiny_aya": "tiny_aya",
+              # the same vocab without tokenizer.ggml.merges, which llama.cpp allows for kimi-k2
+              "pieces-as-kimi-k2-no-merges": "kimi-k2"}
 
 _COPIED_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
 
@@ -76,7 +78,8 @@ def write_pre_variant(base_metadata: dict, pre: str, out: Path) -> Path:
     w.add_tokenizer_pre(pre)
     w.add_token_list(base_metadata["tokenizer.ggml.tokens"])
     w.add_token_types(base_metadata["tokenizer.ggml.token_type"])
-    w.add_token_merges(base_metadata["tokenizer.ggml.merges"])
+    if "tokenizer.ggml.merges" in base_metadata:
+        w.add_token_merges(base_metadata["tokenizer.ggml.merges"])
     for k in _COPIED_KEYS:
         v = base_metadata.get(f"tokenizer.ggml.{k}")
         if isinstance(v, bool):
@@ -122,9 +125,11 @@ def piece_vocab(texts: list[str]) -> tuple[list[str], list[str]]:
     return list(tokens), list(merges)
 
 
-def write_piece_vocab(texts: list[str], pre: str, out: Path) -> Path:
-    """A vocab-only GGUF of piece_vocab(texts) under `pre` (all tokens NORMAL, no special ids)."""
+def write_piece_vocab(texts: list[str], pre: str, out: Path, with_merges: bool = True) -> Path:
+    """A vocab-only GGUF of piece_vocab(texts) under `pre` (all tokens NORMAL, no special ids;
+    with_merges=False: no tokenizer.ggml.merges key)."""
     tokens, merges = piece_vocab(texts)
-    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] * len(tokens),
-            "tokenizer.ggml.merges": merges}
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] * len(tokens)}
+    if with_merges:
+        meta["tokenizer.ggml.merges"] = merges
     return write_pre_variant(meta, pre, out)
