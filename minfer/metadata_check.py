@@ -122,6 +122,8 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "attention.value_length_mla": _count(1, 1 << 14),
     "rope.scaling.yarn_log_multiplier": _nonnegative_float(),
     "nextn_predict_layers": _count(0, 4096),
+    # mistral3's Llama-4 attention temperature (gguf-py Keys.Attention.TEMPERATURE_SCALE)
+    "attention.temperature_scale": _nonnegative_float(),
 }
 REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",
                       "feed_forward_length", "attention.layer_norm_rms_epsilon", "context_length")

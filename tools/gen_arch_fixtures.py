@@ -244,6 +244,35 @@ ARCHS = {
         logit_scale=0.25, sliding_window=8, rotary_pct=1.0,
         rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # Ministral 3 (converted as mistral3): YaRN (factor 8 over an original 16, so the ramp spans pairs 0-2
+    # of 12 with rope_theta 1000, mscale_all_dim 0.5 so the cos/sin factor is not 1) and Llama-4's
+    # attention temperature, q * (1 + beta ln(1 + floor(pos / 16))), beta 0.5: positions 16-39 of SEQ
+    # get 1.35 and 1.55. head_dim 24 != 64 / 4, GQA 4:1
+    "mistral3": ("Ministral3Config", "Ministral3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=24, rms_norm_eps=1e-5, max_position_embeddings=128,
+        sliding_window=None, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000.0, "factor": 8.0,
+                         "original_max_position_embeddings": 16, "max_position_embeddings": 128, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5, "llama_4_scaling_beta": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # ByteDance Seed-OSS: q/k/v biases, no o bias, NEOX rope, head_dim 24 != 64 / 4
+    "seed_oss": ("SeedOssConfig", "SeedOssForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6, max_position_embeddings=256,
+        attention_bias=True, attention_out_bias=False, mlp_bias=False, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    # LG EXAONE 4.0 (32B's shape): layers 0-2 sliding (window 8 < SEQ) with rope, layer 3 global without
+    # rope ("LLLG"), post-attention and post-MLP norms and no pre-norms, per-head q/k norms, Llama-3
+    # rope scaling (rope_freqs.weight; original context shrunk so each band holds some of the 8 pairs)
+    "exaone4": ("Exaone4Config", "Exaone4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=1024,
+        sliding_window=8, sliding_window_pattern=4, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 

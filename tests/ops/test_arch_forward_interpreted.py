@@ -35,7 +35,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # deepseek2's latent attention (K of kv_lora + rope dims, V the first kv_lora): prefill on the torch
         # path, the decode step by attention_mla.py's kernel
         "deepseek2": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
-        "deepseek3": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"]}
+        "deepseek3": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
+        # exaone4: window layers with rope, a rope-less global layer, per-head q/k norms, post-norms
+        "exaone4": ["attention.window.decode", "attention.decode.triton"],
+        # mistral3: YaRN's divisors through the rope kernel (the temperature past position 16:
+        # tests/models/test_mistral3.py)
+        "mistral3": ["rope.triton", "attention.decode.triton"], "seed_oss": ["rope.triton", "attention.decode.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -45,7 +50,8 @@ def cuda_ops():
 
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
-                                  "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3"])
+                                  "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
+                                  "mistral3", "seed_oss", "exaone4"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
