@@ -76,6 +76,8 @@ class ModelConfig:
     expert_groups: int = 1                     # expert_group_count (group-limited routing; 1: none)
     expert_groups_used: int = 1                # expert_group_used_count
     leading_dense_blocks: int = 0              # leading_dense_block_count: first layers with a dense FFN
+    kv_heads_per_layer: tuple | None = None    # attention.head_count_kv as an array (gemma4); n_kv_heads: its largest
+    ffn_per_layer: tuple | None = None         # feed_forward_length as an array (gemma4); ffn: its largest
     cache_v_in_k: int = 0                      # > 0: each cached V row is the first this-many dims of its K row,
                                                # stored once (deepseek2's MLA latent: attention.value_length;
                                                # runtime/kv_cache.py); 0: V apart, K's width
@@ -127,8 +129,11 @@ class ModelConfig:
         n_layers -= nextn
         d_model = int(req("embedding_length"))
         n_heads = int(req("attention.head_count"))
-        n_kv = int(opt("attention.head_count_kv", n_heads))
-        ffn = int(req("feed_forward_length"))
+        # one count per layer (gemma4: head_count_kv, feed_forward_length arrays) only for a model class
+        # that declares per_layer_counts; the config then holds the largest and the per-layer tuple
+        n_kv, kv_per_layer = _count_or_counts(gf, arch, "attention.head_count_kv", opt("attention.head_count_kv", n_heads),
+                                              n_layers)
+        ffn, ffn_per_layer = _count_or_counts(gf, arch, "feed_forward_length", req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
@@ -155,9 +160,29 @@ class ModelConfig:
         tied = "output.weight" not in gf.tensors
         extras = _arch_extras(gf, arch, rope)
         rope = extras.pop("rope_short", rope)
+        if kv_per_layer is not None and any(n_heads % h for h in kv_per_layer):
+            raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of each "
+                              f"head_count_kv {list(kv_per_layer)}")
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
                    head_dim=head_dim, ffn=ffn, vocab=vocab, rms_eps=rms_eps, rope=rope,
-                   context_length=ctx, tied_output=tied, **extras)
+                   context_length=ctx, tied_output=tied, kv_heads_per_layer=kv_per_layer,
+                   ffn_per_layer=ffn_per_layer, **extras)
+
+
+def _count_or_counts(gf, arch, suffix, value, n_layers) -> tuple[int, tuple[int, ...] | None]:
+    """(the count, None), or for an array of one count per layer (a model class with per_layer_counts)
+    (the largest, the tuple)."""
+    from minfer.models import ARCHITECTURES
+
+    if not isinstance(value, list):
+        return int(value), None
+    if not getattr(ARCHITECTURES[arch], "per_layer_counts", False):
+        raise MinferError(f"{gf.path}: {arch}.{suffix} is an array (one value per layer); "
+                          f"{arch} takes a single value")
+    if len(value) < n_layers:
+        raise MinferError(f"{gf.path}: {arch}.{suffix} has {len(value)} entries, expected one per layer ({n_layers})")
+    vals = tuple(int(v) for v in value[:n_layers])
+    return max(vals), vals
 
 
 def _freq_scale(gf, arch) -> float:

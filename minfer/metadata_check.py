@@ -41,6 +41,21 @@ def _count(lo: int, hi: int) -> Callable[[Any], str | None]:
     return check
 
 
+def _count_or_counts(lo: int, hi: int) -> Callable[[Any], str | None]:
+    """A count, or an array of counts (one per layer: gemma4's head_count_kv, feed_forward_length;
+    the model class says whether it takes one, ModelConfig.from_gguf)."""
+    one = _count(lo, hi)
+
+    def check(v):
+        if isinstance(v, list):
+            bad = next((i for i, x in enumerate(v) if one(x)), None)
+            if not v:
+                return "expected a count or a non-empty array of counts"
+            return None if bad is None else f"item {bad}: {one(v[bad])}"
+        return one(v)
+    return check
+
+
 def _positive_float(hi: float = math.inf) -> Callable[[Any], str | None]:
     def check(v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -90,10 +105,10 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "block_count": _count(1, 4096),
     "embedding_length": _count(1, 1 << 20),
     "attention.head_count": _count(1, 1 << 14),
-    "attention.head_count_kv": _count(1, 1 << 14),
+    "attention.head_count_kv": _count_or_counts(1, 1 << 14),
     "attention.key_length": _count(1, 1 << 14),
     "attention.value_length": _count(1, 1 << 14),
-    "feed_forward_length": _count(1, 1 << 22),
+    "feed_forward_length": _count_or_counts(1, 1 << 22),
     "context_length": _count(1, 1 << 30),
     "vocab_size": _count(1, 1 << 24),
     "rope.dimension_count": _count(1, 1 << 14),

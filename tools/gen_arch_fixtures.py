@@ -273,6 +273,22 @@ ARCHS = {
         rope_parameters={"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Google Gemma 4 dense (31B's shape): layers 0,1,3,4 sliding (window 8 < SEQ, head size 16, 2 kv heads,
+    # rope base 20000 on all 16 dims), 2 and 5 global (head size 32, 1 kv head, v_proj absent: k as v,
+    # proportional rope on a quarter of the head, base 1e6); q/k norms, weightless v norm, attention
+    # scale 1, a per-layer output scalar, final soft-cap small enough to bite
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, rms_norm_eps=1e-6, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0}},
+        final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0, enable_moe_block=False, tie_word_embeddings=True, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)),
 }
 
 
@@ -316,7 +332,8 @@ def randomize(model, seed: int) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.ndim == 1:        # RMSNorm weights (gemma3 stores w with y = x * (1 + w))
-                base = 0.0 if "gemma" in type(model).__name__.lower() else 1.0
+                cls = type(model).__name__.lower()
+                base = 0.0 if "gemma" in cls and "gemma4" not in cls else 1.0   # gemma4: y = x * w
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
             else:
                 fan_in = p.shape[-1]
@@ -329,6 +346,8 @@ def randomize(model, seed: int) -> None:
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):   # glm4moe's selection bias: a zeros buffer at init
                 b.copy_((0.3 * torch.randn(b.shape, generator=g)).half().float())
+            if name.endswith("layer_scalar"):             # gemma4's per-layer output scale: ones at init
+                b.copy_((0.5 + torch.rand(b.shape, generator=g)).half().float())
 
 
 def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:
@@ -341,6 +360,7 @@ def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:
         # Gemma2Model reads a sentencepiece tokenizer.model only; ours is a byte-level BPE
         "import conversion.gemma as gemma\n"
         "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        "gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']\n"
         "c.main()\n")

@@ -1,0 +1,256 @@
+"""Google Gemma 4 (text): the GGUF arch `gemma4` (31B dense; E2B/E4B's per-layer embeddings and
+shared-KV layers: minfer/models/gemma4_ple.py; the 26B-A4B MoE form is refused by name).
+
+    x_0 = E[tokens] * sqrt(D)                                             token_embd (V, D), tied lm head
+    for each layer l (head size Dh_l, kv heads Hkv_l, rope_l, window_l by the layer's kind):
+        q = rope_l(qn(W_q n(x)))                                          n  = RMSNorm(attn_norm)
+        k = rope_l(kn(W_k n(x)));   v = rms(W_v n(x))   (v = rms(W_k n(x)) where attn_v is absent)
+        a = W_o softmax(q k^T * 1.0 [+ window mask]) v
+        x = x + pn(a)                                                     pn = RMSNorm(post_attention_norm)
+        x = x + fn(W_down(gelu_tanh(W_gate n'(x)) * W_up n'(x)))          n' = ffn_norm, fn = post_ffw_norm
+        x = x * s_l                                                       s_l = layer_output_scale (if present)
+    logits = cap * tanh(W_out RMSNorm(x; output_norm) / cap)              cap = final_logit_softcapping
+
+Facts from llama.cpp src/models/gemma4.cpp (load_arch_hparams, load_arch_tensors, the graph),
+src/llama-hparams.cpp and the converter (conversion/gemma.py Gemma4Model):
+- Norm weights are stored as they are (Gemma4Model.norm_shift = 0: HF Gemma4RMSNorm is x * w, not
+  gemma3's x * (1 + w)). q/k norms are per head ((Dh_l,) weights); v gets an RMSNorm without a
+  weight (ggml_rms_norm; HF v_norm with_scale=False).
+- `attention.sliding_window_pattern` is an array, one bool per layer (true: sliding window of
+  `attention.sliding_window`, LLAMA_SWA_TYPE_STANDARD: a query at p sees p - W < j <= p).
+- Head sizes: `attention.key_length` for the global layers, `attention.key_length_swa` for the
+  window layers (llama.cpp requires key == value length for each kind, and so does minfer).
+  `attention.head_count_kv` may be an array (the 31B: 16 on window layers, 4 on global ones).
+- RoPE is NEOX. Window layers: base `rope.freq_base_swa`, `rope.dimension_count_swa` dims. Global
+  layers: base `rope.freq_base`, all Dh dims with the per-frequency divisors `rope_freqs.weight`
+  (the converter writes 1 for the rotated quarter and 1e30 for the rest: HF's "proportional"
+  rope, partial_rotary_factor 0.25).
+- The attention scale is 1.0 (hparams.f_attention_scale = 1; HF scaling = 1.0).
+- No v projection (attn_v absent, HF attention_k_eq_v): V is the k projection before the k
+  norm and rope, RMS-normed (gemma4.cpp: `Vcur = wv ? wv*cur : Kcur`).
+- `blk.N.layer_output_scale.weight` (1 value, optional) multiplies the layer's output.
+- FFN: GELU (tanh approximation), gate * up; final_logit_softcapping optional.
+
+The KV cache is one geometry for every layer (runtime/kv_cache.py): n_kv_heads and head_dim are the
+largest over the layers. A layer with fewer kv heads stores each head repeated (the grouped-query
+mapping of head h to kv head h // (H / Hkv) is kept); a narrower head is zero-padded, q too, so the
+scores and the attended values are exactly the layer's own (the padded dims add 0). The cost is
+memory: on the 31B the cache is ~2.2x what llama.cpp's per-layer cache holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from minfer import ops
+from minfer.config import ModelConfig, RopeConfig
+from minfer.errors import MinferError
+from minfer.models.base import Step
+from minfer.models.gemma3 import Gemma3Model
+from minfer.models.layers import Block, head_norm
+from minfer.weights import load_qweight, load_vector
+
+
+def _key(gf, arch: str, suffix: str, default=None):
+    key = f"{arch}.{suffix}"
+    if key in gf.metadata:
+        return gf.metadata[key]
+    if default is None:
+        raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model)")
+    return default
+
+
+class Gemma4Model(Gemma3Model):
+    arch = "gemma4"
+    rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_GEMMA4 -> NEOX
+    qk_norm = True
+    per_layer_counts = True   # head_count_kv / feed_forward_length may be arrays (ModelConfig)
+
+    @classmethod
+    def layer_geometry(cls, gf, cfg: ModelConfig) -> dict:
+        """Per-layer kinds and sizes from the metadata (refusing what minfer does not run, by name)."""
+        arch, L = cfg.arch, cfg.n_layers
+        pattern = _key(gf, arch, "attention.sliding_window_pattern")
+        if not isinstance(pattern, list) or len(pattern) < L:
+            raise MinferError(f"{gf.path}: {arch}.attention.sliding_window_pattern: expected one bool per layer ({L})")
+        is_local = tuple(bool(p) for p in pattern[:L])
+        window = int(_key(gf, arch, "attention.sliding_window"))
+        if window <= 0 and any(is_local):
+            raise MinferError(f"{gf.path}: {arch}.attention.sliding_window={window} with sliding-window layers")
+        dh_global = int(_key(gf, arch, "attention.key_length"))
+        dh_swa = int(_key(gf, arch, "attention.key_length_swa"))
+        for suffix, k in (("attention.value_length", dh_global), ("attention.value_length_swa", dh_swa)):
+            if int(_key(gf, arch, suffix, k)) != k:
+                raise MinferError(f"{gf.path}: {arch}.{suffix}={_key(gf, arch, suffix)} differs from the key length {k} "
+                                  "(llama.cpp requires them equal)")
+        if dh_swa > dh_global:
+            raise MinferError(f"{gf.path}: {arch}.attention.key_length_swa={dh_swa} exceeds key_length={dh_global}")
+        kv = cfg.kv_heads_per_layer or (cfg.n_kv_heads,) * L
+        if any(cfg.n_kv_heads % h for h in kv):
+            raise MinferError(f"{gf.path}: {arch}.attention.head_count_kv {list(kv)}: each must divide the largest")
+        n_rot_swa = int(_key(gf, arch, "rope.dimension_count_swa", dh_swa))
+        if not 0 < n_rot_swa <= dh_swa or n_rot_swa % 2:
+            raise MinferError(f"{gf.path}: {arch}.rope.dimension_count_swa={n_rot_swa}: expected an even number "
+                              f"of dims, at most key_length_swa {dh_swa}")
+        if cfg.rope.n_rot != dh_global:
+            raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={cfg.rope.n_rot}: expected key_length "
+                              f"{dh_global} (the global layers rotate every dim, rope_freqs.weight masks the rest)")
+        if any(not loc for loc in is_local) and cfg.rope.freq_factors is None:
+            raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' is missing (the global layers' proportional "
+                              "rope factors)")
+        rope_swa = RopeConfig(theta=float(_key(gf, arch, "rope.freq_base_swa", 10000.0)), style="neox",
+                              n_rot=n_rot_swa)
+        return dict(is_local=is_local, window=window, head_dims=tuple(dh_swa if loc else dh_global for loc in is_local),
+                    kv_heads=tuple(kv), layer_rope=[rope_swa if loc else cfg.rope for loc in is_local])
+
+    @classmethod
+    def check_supported(cls, gf, cfg: ModelConfig) -> None:
+        """The forms this class does not run, refused by the key or tensor that asks for them."""
+        arch = cfg.arch
+        if cfg.n_experts or "blk.0.ffn_gate_inp.weight" in gf.tensors:
+            raise MinferError(f"{gf.path}: {arch}.expert_count / blk.N.ffn_gate_inp.weight: the gemma4 MoE form "
+                              "(26B-A4B) is not supported yet")
+        if any(n.endswith("attn_qkv.weight") for n in gf.tensors):
+            raise MinferError(f"{gf.path}: tensor 'blk.N.attn_qkv.weight' (fused q/k/v) is not supported for gemma4")
+        if int(_key(gf, arch, "attention.shared_kv_layers", 0) or 0):
+            raise MinferError(f"{gf.path}: {arch}.attention.shared_kv_layers > 0 (shared-KV layers) is not supported yet")
+        if int(_key(gf, arch, "embedding_length_per_layer_input", 0) or 0):
+            raise MinferError(f"{gf.path}: {arch}.embedding_length_per_layer_input > 0 (per-layer embeddings) "
+                              "is not supported yet")
+        if cfg.ffn_per_layer is not None and len(set(cfg.ffn_per_layer)) > 1:
+            raise MinferError(f"{gf.path}: {arch}.feed_forward_length differs by layer (double-wide MLP): "
+                              "not supported yet")
+
+    @classmethod
+    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
+                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Gemma4Model":
+        cfg = cfg or ModelConfig.from_gguf(gf)
+        cls.check_supported(gf, cfg)
+        geo = cls.layer_geometry(gf, cfg)
+        cls._loading_geometry = geo          # read by load_block (called from LlamaModel.from_gguf)
+        try:
+            m = super(Gemma3Model, cls).from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress,
+                                                  act_dtype=act_dtype)
+        finally:
+            del cls._loading_geometry
+        c, D = m.cfg, m.cfg.d_model
+        for k, v in geo.items():
+            setattr(m, k, v)
+        m.post_attention_norm = [load_vector(gf, f"blk.{i}.post_attention_norm.weight", device, D)
+                                 for i in range(c.n_layers)]
+        m.post_ffw_norm = [load_vector(gf, f"blk.{i}.post_ffw_norm.weight", device, D) for i in range(c.n_layers)]
+        m.out_scale = [float(load_vector(gf, f"blk.{i}.layer_output_scale.weight", "cpu", 1)[0])
+                       if f"blk.{i}.layer_output_scale.weight" in gf.tensors else None for i in range(c.n_layers)]
+        m.attn_softcap = 0.0
+        m.final_softcap = c.final_logit_softcap or 0.0
+        m.embed_scale = math.sqrt(D)
+        m.kv_source = list(range(c.n_layers))      # the layer whose cache each layer reads (gemma4_ple: shared KV)
+        # attention scale 1: q is pre-scaled by sqrt(the cache's head size), which the attention's
+        # default 1/sqrt(Dh) undoes (every cache and kernel takes the default)
+        m.q_scale = math.sqrt(c.head_dim)
+        m.v_norm_ones = {dh: torch.ones(dh, device=device) for dh in set(geo["head_dims"])}
+        return m
+
+    @classmethod
+    def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
+        geo = cls._loading_geometry
+        p, D, F = f"blk.{i}.", cfg.d_model, (cfg.ffn_per_layer[i] if cfg.ffn_per_layer else cfg.ffn)
+        Dh, Hkv = geo["head_dims"][i], geo["kv_heads"][i]
+        q_out, kv_out = cfg.n_heads * Dh, Hkv * Dh
+
+        def w(name, shape):
+            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
+
+        has_v = p + "attn_v.weight" in gf.tensors
+        if not has_v and geo["is_local"][i]:
+            # llama.cpp takes attn_v as optional on every layer; HF uses k as v on global layers only
+            # (use_alternative_attention = attention_k_eq_v and not is_sliding): a window layer
+            # without it is a damaged file, not a form of the model
+            raise MinferError(f"{gf.path}: tensor '{p}attn_v.weight' is missing (a sliding-window layer has its own "
+                              "v projection; only global layers use k as v)")
+        return Block(
+            attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
+            attn_q=w("attn_q", (q_out, D)),
+            attn_k=w("attn_k", (kv_out, D)),
+            # absent: the k projection serves as v (HF attention_k_eq_v; gemma4.cpp TENSOR_NOT_REQUIRED)
+            attn_v=w("attn_v", (kv_out, D)) if has_v else None,
+            attn_output=w("attn_output", (D, q_out)),
+            ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+            ffn_gate=w("ffn_gate", (F, D)),
+            ffn_up=w("ffn_up", (F, D)),
+            ffn_down=w("ffn_down", (D, F)),
+            attn_q_norm=load_vector(gf, p + "attn_q_norm.weight", device, Dh),
+            attn_k_norm=load_vector(gf, p + "attn_k_norm.weight", device, Dh),
+        )
+
+    def linear_groups(self) -> list[tuple]:
+        return [tuple(w for w in (b.attn_q, b.attn_k, b.attn_v) if w is not None) for b in self.blocks]
+
+    # ---- the forward ----
+
+    def _to_cache(self, x: torch.Tensor) -> torch.Tensor:
+        """(T, Hkv_l, Dh_l) -> the cache's (T, Hkv, Dh): each head repeated Hkv / Hkv_l times, zero-padded."""
+        c = self.cfg
+        if x.shape[1] != c.n_kv_heads:
+            x = x.repeat_interleave(c.n_kv_heads // x.shape[1], dim=1)
+        if x.shape[2] != c.head_dim:
+            x = torch.nn.functional.pad(x, (0, c.head_dim - x.shape[2]))
+        return x
+
+    def _kv(self, h: torch.Tensor, blk: Block, i: int, step: Step, ctx) -> tuple:
+        """Layer i's rotated, normed keys and normed values (T, Hkv_l, Dh_l)."""
+        T, Dh, Hkv, eps = h.shape[0], self.head_dims[i], self.kv_heads[i], self.cfg.rms_eps
+        if blk.attn_v is None:
+            k = ops.linear(h, blk.attn_k, None, ctx)
+            v = k
+        else:
+            k, v = ops.linear_many(h, (blk.attn_k, blk.attn_v), (None, None), ctx)
+        k = ops.rope(head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, eps), step.positions, self.layer_rope[i])
+        v = head_norm(v.view(T, Hkv, Dh), self.v_norm_ones[Dh].to(v.dtype), eps)
+        return k, v
+
+    def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
+        """(T, D) normed input -> W_o attn(...) (T, D) at scale 1, this layer's head size, rope and window."""
+        c = self.cfg
+        T, H, Dh = h.shape[0], c.n_heads, self.head_dims[i]
+        q = ops.linear(h, blk.attn_q, None, ctx).view(T, H, Dh)
+        q = ops.rope(head_norm(q, blk.attn_q_norm, c.rms_eps), step.positions, self.layer_rope[i])
+        src = self.kv_source[i]
+        if src == i:
+            k, v = self._kv(h, blk, i, step, ctx)
+            cache.write(i, self._to_cache(k), self._to_cache(v), step)
+        if Dh != c.head_dim:
+            q = torch.nn.functional.pad(q, (0, c.head_dim - Dh))
+        o = cache.attend(src, q * self.q_scale, step, ctx, window=self.window if self.is_local[i] else 0)
+        return ops.linear(o[..., :Dh].reshape(T, H * Dh), blk.attn_output, None, ctx)
+
+    def _per_layer_inputs(self, tokens: torch.Tensor, x: torch.Tensor):
+        """None here; gemma4_ple's per-layer embeddings (T, L, P)."""
+        return None
+
+    def _per_layer_branch(self, x: torch.Tensor, i: int, ple, ctx) -> torch.Tensor:
+        return x
+
+    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
+        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
+        act, eps = self.act_dtype, self.cfg.rms_eps
+        x = ops.embedding(tokens, self.token_embd) * self.embed_scale        # (T, D) float32
+        ple = self._per_layer_inputs(tokens, x)
+        for i, blk in enumerate(self.blocks):
+            h = ops.rms_norm(x, blk.attn_norm, eps).to(act)
+            x = x + ops.rms_norm(self._attention(h, blk, i, cache, step, ctx).float(), self.post_attention_norm[i], eps)
+            h = ops.rms_norm(x, blk.ffn_norm, eps).to(act)
+            f = ops.linear(ops.geglu(ops.linear(h, blk.ffn_gate, None, ctx), ops.linear(h, blk.ffn_up, None, ctx)),
+                           blk.ffn_down, None, ctx)
+            x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
+            x = self._per_layer_branch(x, i, ple, ctx)
+            if self.out_scale[i] is not None:
+                x = x * self.out_scale[i]
+        h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
+        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)
+        cap = self.final_softcap
+        if cap:
+            logits = cap * torch.tanh(logits / cap)
+        return logits
