@@ -157,15 +157,15 @@ def n_splits(span: int, bn: int, head_blocks: int, programs: int, n_split: int |
 
 def mla_decode(q: torch.Tensor, k_cache: torch.Tensor, dv: int, n_keys, scale: float | None = None,
                n_keys_add: int = 0, programs: int = 264, n_split: int | None = None,
-               block: tuple[int, int, int] | None = None) -> torch.Tensor:
+               block: tuple | None = None) -> torch.Tensor:
     """q (1, H, Dk) over keys [0, n_keys + n_keys_add) of the cache (S, 1, Dk), values its first dv
     dims -> (1, H, dv) in q's dtype. scale: the scores' factor (None: 1/sqrt(Dk)). n_keys: int, or an
     int (1,) device tensor (the grid then covers the cache's S rows). n_split: the key splits (None:
     n_splits' choice; 1 writes the output directly, several go through the merge launch). block:
-    (BH, BN, warps), default tiles()."""
+    (BH, BN, warps[, stages]), default tiles() (Triton's default stages)."""
     _, h, dk = q.shape
     s_max = k_cache.shape[0]
-    bh, bn, warps = block or tiles(h, q.device)
+    bh, bn, warps, *stages = block or tiles(h, q.device)
     if isinstance(n_keys, torch.Tensor):
         span = s_max
         nk = n_keys.reshape(1)
@@ -195,7 +195,7 @@ def mla_decode(q: torch.Tensor, k_cache: torch.Tensor, dv: int, n_keys, scale: f
     _kernel(_mla_decode)[(hb, ns)](
         q2, k_cache, nk, part_o, part_m, part_l, out, q2.stride(0), k_cache.stride(0), h, scale * LOG2E, n_keys_add,
         R=dv, DR=dr, BR=br, BDR=bdr, BH=bh, BN=bn, IEEE=k_cache.dtype == torch.float32, DIRECT=direct,
-        num_warps=warps)
+        num_warps=warps, **({"num_stages": stages[0]} if stages else {}))
     if not direct:
         dc = min(br, 128)
         _kernel(_mla_merge)[(h, br // dc)](part_o, part_m, part_l, out, h, ns, R=dv, BR=br, DC=dc,
