@@ -1,5 +1,5 @@
-"""Google Gemma 4 (text): the GGUF arch `gemma4` (31B dense; E2B/E4B's per-layer embeddings and
-shared-KV layers: minfer/models/gemma4_ple.py; the 26B-A4B MoE form is refused by name).
+"""Google Gemma 4 (text): the GGUF arch `gemma4`: the 31B's dense form, and E2B/E4B's per-layer
+embeddings, shared-KV layers and double-wide MLPs (the 26B-A4B MoE form is refused by name).
 
     x_0 = E[tokens] * sqrt(D)                                             token_embd (V, D), tied lm head
     for each layer l (head size Dh_l, kv heads Hkv_l, rope_l, window_l by the layer's kind):
@@ -8,6 +8,7 @@ shared-KV layers: minfer/models/gemma4_ple.py; the 26B-A4B MoE form is refused b
         a = W_o softmax(q k^T * 1.0 [+ window mask]) v
         x = x + pn(a)                                                     pn = RMSNorm(post_attention_norm)
         x = x + fn(W_down(gelu_tanh(W_gate n'(x)) * W_up n'(x)))          n' = ffn_norm, fn = post_ffw_norm
+        x = x + pln(W_proj(gelu_tanh(W_gate' x) * ple[l]))             per-layer embeddings (if present, below)
         x = x * s_l                                                       s_l = layer_output_scale (if present)
     logits = cap * tanh(W_out RMSNorm(x; output_norm) / cap)              cap = final_logit_softcapping
 
@@ -29,13 +30,27 @@ src/llama-hparams.cpp and the converter (conversion/gemma.py Gemma4Model):
 - No v projection (attn_v absent, HF attention_k_eq_v): V is the k projection before the k
   norm and rope, RMS-normed (gemma4.cpp: `Vcur = wv ? wv*cur : Kcur`).
 - `blk.N.layer_output_scale.weight` (1 value, optional) multiplies the layer's output.
-- FFN: GELU (tanh approximation), gate * up; final_logit_softcapping optional.
+- FFN: GELU (tanh approximation), gate * up; final_logit_softcapping optional. feed_forward_length
+  may be an array (HF use_double_wide_mlp: twice the width on the shared-KV layers).
+- Shared KV (`attention.shared_kv_layers` = S > 0): the last S layers compute q only and attend
+  over the cache of an earlier layer, llama.cpp's reuse rule (llama-model.cpp, GEMMA3N/GEMMA4):
+  layer n_kv - 2 for a window layer, n_kv - 1 for a global one (n_kv = L - S). HF's rule is the
+  last earlier layer of the same kind (Gemma4TextConfig.kv_sharing_modes); a file where the two
+  differ is refused by the key. Their k/v tensors are not required (gemma4.cpp: kv_flags).
+- Per-layer embeddings (`embedding_length_per_layer_input` = P > 0; gemma4.cpp
+  build_inp_per_layer / project_per_layer_inputs and the per-layer block):
+      ple = (RMSNorm((W_plm x_0) / sqrt(D); per_layer_proj_norm) + E_pl[tokens] * sqrt(P)) / sqrt(2)
+  per_layer_model_proj W_plm (L*P, D), per_layer_token_embd E_pl (V, L*P), both (T, L, P) per
+  token; x_0 the scaled embedding. After each layer's FFN residual:
+      x = x + RMSNorm(W_proj(gelu_tanh(W_inp_gate x) * ple[:, l]); post_norm)
+  blk.N.inp_gate (P, D), blk.N.proj (D, P), blk.N.post_norm (D,).
 
 The KV cache is one geometry for every layer (runtime/kv_cache.py): n_kv_heads and head_dim are the
 largest over the layers. A layer with fewer kv heads stores each head repeated (the grouped-query
 mapping of head h to kv head h // (H / Hkv) is kept); a narrower head is zero-padded, q too, so the
 scores and the attended values are exactly the layer's own (the padded dims add 0). The cost is
-memory: on the 31B the cache is ~2.2x what llama.cpp's per-layer cache holds.
+memory: on the 31B the cache is ~2.2x what llama.cpp's per-layer cache holds. A shared-KV layer's own
+slot is allocated and never written (E2B: 20 of 35 layers' slots unused).
 """
 
 from __future__ import annotations
@@ -100,10 +115,33 @@ class Gemma4Model(Gemma3Model):
         if any(not loc for loc in is_local) and cfg.rope.freq_factors is None:
             raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' is missing (the global layers' proportional "
                               "rope factors)")
+        kv_source = cls.shared_kv_sources(gf, arch, is_local)
         rope_swa = RopeConfig(theta=float(_key(gf, arch, "rope.freq_base_swa", 10000.0)), style="neox",
                               n_rot=n_rot_swa)
         return dict(is_local=is_local, window=window, head_dims=tuple(dh_swa if loc else dh_global for loc in is_local),
-                    kv_heads=tuple(kv), layer_rope=[rope_swa if loc else cfg.rope for loc in is_local])
+                    kv_heads=tuple(kv), layer_rope=[rope_swa if loc else cfg.rope for loc in is_local],
+                    kv_source=kv_source)
+
+    @staticmethod
+    def shared_kv_sources(gf, arch: str, is_local: tuple) -> list[int]:
+        """The layer whose cache each layer attends over: itself, or for the last shared_kv_layers
+        layers llama.cpp's reuse choice, checked against HF's (the last earlier layer of that kind)."""
+        L = len(is_local)
+        key = f"{arch}.attention.shared_kv_layers"
+        S = int(gf.metadata.get(key, 0) or 0)
+        if S < 0 or L - 2 < S:
+            raise MinferError(f"{gf.path}: {key}={S} with {L} layers: expected 0, or at most {L - 2} "
+                              "(llama.cpp needs two layers with their own cache)")
+        n_kv = L - S
+        out = list(range(L))
+        for i in range(n_kv, L):
+            src = n_kv - (2 if is_local[i] else 1)                      # llama.cpp's layer_reuse_cb
+            hf = next((j for j in range(n_kv - 1, -1, -1) if is_local[j] == is_local[i]), None)
+            if src != hf:
+                raise MinferError(f"{gf.path}: {key}={S}: layer {i} would reuse layer {src}'s cache (llama.cpp) "
+                                  f"but {hf}'s is the last of its kind (HF); such a layer pattern is not supported")
+            out[i] = src
+        return out
 
     @classmethod
     def check_supported(cls, gf, cfg: ModelConfig) -> None:
@@ -114,14 +152,6 @@ class Gemma4Model(Gemma3Model):
                               "(26B-A4B) is not supported yet")
         if any(n.endswith("attn_qkv.weight") for n in gf.tensors):
             raise MinferError(f"{gf.path}: tensor 'blk.N.attn_qkv.weight' (fused q/k/v) is not supported for gemma4")
-        if int(_key(gf, arch, "attention.shared_kv_layers", 0) or 0):
-            raise MinferError(f"{gf.path}: {arch}.attention.shared_kv_layers > 0 (shared-KV layers) is not supported yet")
-        if int(_key(gf, arch, "embedding_length_per_layer_input", 0) or 0):
-            raise MinferError(f"{gf.path}: {arch}.embedding_length_per_layer_input > 0 (per-layer embeddings) "
-                              "is not supported yet")
-        if cfg.ffn_per_layer is not None and len(set(cfg.ffn_per_layer)) > 1:
-            raise MinferError(f"{gf.path}: {arch}.feed_forward_length differs by layer (double-wide MLP): "
-                              "not supported yet")
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -146,12 +176,32 @@ class Gemma4Model(Gemma3Model):
         m.attn_softcap = 0.0
         m.final_softcap = c.final_logit_softcap or 0.0
         m.embed_scale = math.sqrt(D)
-        m.kv_source = list(range(c.n_layers))      # the layer whose cache each layer reads (gemma4_ple: shared KV)
+        cls.load_per_layer_embeddings(m, gf, device, dtype)
         # attention scale 1: q is pre-scaled by sqrt(the cache's head size), which the attention's
         # default 1/sqrt(Dh) undoes (every cache and kernel takes the default)
         m.q_scale = math.sqrt(c.head_dim)
         m.v_norm_ones = {dh: torch.ones(dh, device=device) for dh in set(geo["head_dims"])}
         return m
+
+    @classmethod
+    def load_per_layer_embeddings(cls, m, gf, device, dtype) -> None:
+        """m.ple_dim (P; 0: none) and, when P > 0, the tables and each block's gate / projection / norm."""
+        c, D = m.cfg, m.cfg.d_model
+        P = int(gf.metadata.get(f"{c.arch}.embedding_length_per_layer_input", 0) or 0)
+        m.ple_dim, L = P, c.n_layers
+        m.ple_token_embd = m.ple_model_proj = m.ple_proj_norm = None
+        m.ple_gate, m.ple_proj, m.ple_post_norm = [None] * L, [None] * L, [None] * L
+        if not P:
+            return
+        # only gathered row by row: kept in the file's blocks, as an untied token_embd
+        m.ple_token_embd = load_qweight(gf, "per_layer_token_embd.weight", device, (c.vocab, L * P), dense=False,
+                                        dtype=dtype)
+        m.ple_model_proj = load_qweight(gf, "per_layer_model_proj.weight", device, (L * P, D), dtype=dtype)
+        m.ple_proj_norm = load_vector(gf, "per_layer_proj_norm.weight", device, P)
+        for i in range(L):
+            m.ple_gate[i] = load_qweight(gf, f"blk.{i}.inp_gate.weight", device, (P, D), dtype=dtype)
+            m.ple_proj[i] = load_qweight(gf, f"blk.{i}.proj.weight", device, (D, P), dtype=dtype)
+            m.ple_post_norm[i] = load_vector(gf, f"blk.{i}.post_norm.weight", device, D)
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
@@ -163,8 +213,9 @@ class Gemma4Model(Gemma3Model):
         def w(name, shape):
             return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
 
+        own_kv = geo["kv_source"][i] == i              # a shared-KV layer has q (and o) only
         has_v = p + "attn_v.weight" in gf.tensors
-        if not has_v and geo["is_local"][i]:
+        if own_kv and not has_v and geo["is_local"][i]:
             # llama.cpp takes attn_v as optional on every layer; HF uses k as v on global layers only
             # (use_alternative_attention = attention_k_eq_v and not is_sliding): a window layer
             # without it is a damaged file, not a form of the model
@@ -173,20 +224,27 @@ class Gemma4Model(Gemma3Model):
         return Block(
             attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
             attn_q=w("attn_q", (q_out, D)),
-            attn_k=w("attn_k", (kv_out, D)),
+            attn_k=w("attn_k", (kv_out, D)) if own_kv else None,
             # absent: the k projection serves as v (HF attention_k_eq_v; gemma4.cpp TENSOR_NOT_REQUIRED)
-            attn_v=w("attn_v", (kv_out, D)) if has_v else None,
+            attn_v=w("attn_v", (kv_out, D)) if own_kv and has_v else None,
             attn_output=w("attn_output", (D, q_out)),
             ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
             ffn_gate=w("ffn_gate", (F, D)),
             ffn_up=w("ffn_up", (F, D)),
             ffn_down=w("ffn_down", (D, F)),
             attn_q_norm=load_vector(gf, p + "attn_q_norm.weight", device, Dh),
-            attn_k_norm=load_vector(gf, p + "attn_k_norm.weight", device, Dh),
+            attn_k_norm=load_vector(gf, p + "attn_k_norm.weight", device, Dh) if own_kv else None,
         )
 
     def linear_groups(self) -> list[tuple]:
         return [tuple(w for w in (b.attn_q, b.attn_k, b.attn_v) if w is not None) for b in self.blocks]
+
+    def qweights(self) -> list:
+        extra = [w for w in (self.ple_model_proj, *self.ple_gate, *self.ple_proj) if w is not None]
+        return super().qweights() + extra + ([self.ple_token_embd] if self.ple_token_embd is not None else [])
+
+    def head_weights(self) -> list:
+        return super().head_weights() + ([self.ple_token_embd] if self.ple_token_embd is not None else [])
 
     # ---- the forward ----
 
@@ -226,24 +284,37 @@ class Gemma4Model(Gemma3Model):
         o = cache.attend(src, q * self.q_scale, step, ctx, window=self.window if self.is_local[i] else 0)
         return ops.linear(o[..., :Dh].reshape(T, H * Dh), blk.attn_output, None, ctx)
 
-    def _per_layer_inputs(self, tokens: torch.Tensor, x: torch.Tensor):
-        """None here; gemma4_ple's per-layer embeddings (T, L, P)."""
-        return None
+    def _per_layer_inputs(self, tokens: torch.Tensor, x0: torch.Tensor, ctx):
+        """The per-layer embeddings (T, L, P) float32 of the tokens and their scaled embedding x0 (T, D);
+        None without them."""
+        if not self.ple_dim:
+            return None
+        T, L, P, eps = tokens.shape[0], self.cfg.n_layers, self.ple_dim, self.cfg.rms_eps
+        proj = ops.linear(x0.to(self.act_dtype), self.ple_model_proj, None, ctx).float() / math.sqrt(self.cfg.d_model)
+        proj = ops.rms_norm(proj.reshape(T * L, P), self.ple_proj_norm, eps).view(T, L, P)
+        tok = ops.embedding(tokens, self.ple_token_embd).view(T, L, P) * math.sqrt(P)
+        return (proj + tok) * (1.0 / math.sqrt(2.0))
 
     def _per_layer_branch(self, x: torch.Tensor, i: int, ple, ctx) -> torch.Tensor:
-        return x
+        """x + RMSNorm(W_proj(gelu_tanh(W_inp_gate x) * ple[:, i]); post_norm) (gemma4.cpp's per-layer block)."""
+        if ple is None:
+            return x
+        g = ops.linear(x.to(self.act_dtype), self.ple_gate[i], None, ctx)
+        g = ops.geglu(g, ple[:, i].contiguous().to(g.dtype))
+        y = ops.linear(g, self.ple_proj[i], None, ctx).float()
+        return x + ops.rms_norm(y, self.ple_post_norm[i], self.cfg.rms_eps)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
         act, eps = self.act_dtype, self.cfg.rms_eps
         x = ops.embedding(tokens, self.token_embd) * self.embed_scale        # (T, D) float32
-        ple = self._per_layer_inputs(tokens, x)
+        ple = self._per_layer_inputs(tokens, x, ctx)
         for i, blk in enumerate(self.blocks):
             h = ops.rms_norm(x, blk.attn_norm, eps).to(act)
             x = x + ops.rms_norm(self._attention(h, blk, i, cache, step, ctx).float(), self.post_attention_norm[i], eps)
             h = ops.rms_norm(x, blk.ffn_norm, eps).to(act)
-            f = ops.linear(ops.geglu(ops.linear(h, blk.ffn_gate, None, ctx), ops.linear(h, blk.ffn_up, None, ctx)),
-                           blk.ffn_down, None, ctx)
+            gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
+            f = ops.linear(ops.geglu(gate, up), blk.ffn_down, None, ctx)
             x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
             x = self._per_layer_branch(x, i, ple, ctx)
             if self.out_scale[i] is not None:

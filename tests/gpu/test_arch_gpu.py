@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4"]
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -51,7 +51,10 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "exaone4": ["attention.window", "attention.decode"],
             # gemma4: window and global layers of different head sizes and kv heads in one padded cache,
             # proportional rope factors (rope_freqs 1e30), scale 1, GELU
-            "gemma4": ["attention.window", "attention.decode", "geglu.triton"]}
+            "gemma4": ["attention.window", "attention.decode", "geglu.triton"],
+            # gemma4-ple: per-layer embeddings (the per-layer table's gather, its GELU gate), shared-KV layers
+            # reading earlier layers' caches, double-wide MLPs
+            "gemma4-ple": ["attention.window", "attention.decode", "geglu.triton"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

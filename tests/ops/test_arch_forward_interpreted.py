@@ -43,7 +43,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "mistral3": ["rope.triton", "attention.decode.triton"], "seed_oss": ["rope.triton", "attention.decode.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (zero-padded into one cache geometry,
         # kv heads repeated), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
-        "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"]}
+        "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
+        # gemma4-ple: per-layer embeddings (a gather of the per-layer table, GELU gate), layers 3-5 attending
+        # over layers 1 and 2's caches, double-wide MLPs on those
+        "gemma4-ple": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -54,7 +57,7 @@ def cuda_ops():
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4"])
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
