@@ -305,6 +305,20 @@ ARCHS = {
         final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=16,
         vocab_size_per_layer_input=VOCAB, num_kv_shared_layers=3, use_double_wide_mlp=True,
         enable_moe_block=False, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Gemma 4 26B-A4B's form: every layer a shared GELU MLP plus 4 GELU experts (top 2; router on the
+    # weightless-normed residual times router.scale / sqrt(D), per-expert scales), the dense fixture's attention
+    "gemma4-moe": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        attention_k_eq_v=True, rms_norm_eps=1e-6, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1000000.0}},
+        final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 
 

@@ -1,5 +1,6 @@
-"""Google Gemma 4 (text): the GGUF arch `gemma4`: the 31B's dense form, and E2B/E4B's per-layer
-embeddings, shared-KV layers and double-wide MLPs (the 26B-A4B MoE form is refused by name).
+"""Google Gemma 4 (text): the GGUF arch `gemma4`: the 31B's dense form, E2B/E4B's per-layer
+embeddings, shared-KV layers and double-wide MLPs, and the 26B-A4B's MoE layers (minfer/models/
+gemma4_moe.py: the CPU reference only, a CUDA load of an MoE file is refused by name).
 
     x_0 = E[tokens] * sqrt(D)                                             token_embd (V, D), tied lm head
     for each layer l (head size Dh_l, kv heads Hkv_l, rope_l, window_l by the layer's kind):
@@ -8,6 +9,7 @@ embeddings, shared-KV layers and double-wide MLPs (the 26B-A4B MoE form is refus
         a = W_o softmax(q k^T * 1.0 [+ window mask]) v
         x = x + pn(a)                                                     pn = RMSNorm(post_attention_norm)
         x = x + fn(W_down(gelu_tanh(W_gate n'(x)) * W_up n'(x)))          n' = ffn_norm, fn = post_ffw_norm
+                                                   (MoE layers: fn(mlp + experts), gemma4_moe.py)
         x = x + pln(W_proj(gelu_tanh(W_gate' x) * ple[l]))             per-layer embeddings (if present, below)
         x = x * s_l                                                       s_l = layer_output_scale (if present)
     logits = cap * tanh(W_out RMSNorm(x; output_norm) / cap)              cap = final_logit_softcapping
@@ -64,6 +66,7 @@ from minfer.config import ModelConfig, RopeConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.gemma3 import Gemma3Model
+from minfer.models.gemma4_moe import load_moe, moe_branch
 from minfer.models.layers import Block, head_norm
 from minfer.weights import load_qweight, load_vector
 
@@ -147,9 +150,6 @@ class Gemma4Model(Gemma3Model):
     def check_supported(cls, gf, cfg: ModelConfig) -> None:
         """The forms this class does not run, refused by the key or tensor that asks for them."""
         arch = cfg.arch
-        if cfg.n_experts or "blk.0.ffn_gate_inp.weight" in gf.tensors:
-            raise MinferError(f"{gf.path}: {arch}.expert_count / blk.N.ffn_gate_inp.weight: the gemma4 MoE form "
-                              "(26B-A4B) is not supported yet")
         if any(n.endswith("attn_qkv.weight") for n in gf.tensors):
             raise MinferError(f"{gf.path}: tensor 'blk.N.attn_qkv.weight' (fused q/k/v) is not supported for gemma4")
 
@@ -158,6 +158,11 @@ class Gemma4Model(Gemma3Model):
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Gemma4Model":
         cfg = cfg or ModelConfig.from_gguf(gf)
         cls.check_supported(gf, cfg)
+        moe_layers = [i for i in range(cfg.n_layers) if f"blk.{i}.ffn_gate_inp.weight" in gf.tensors]
+        if moe_layers and torch.device(device).type != "cpu":
+            raise MinferError(f"{gf.path}: tensor 'blk.{moe_layers[0]}.ffn_gate_inp.weight' (the gemma4 MoE form): "
+                              "runs on the CPU reference only (ops.moe_ffn has no GELU experts nor a router input "
+                              "apart from theirs)")
         geo = cls.layer_geometry(gf, cfg)
         cls._loading_geometry = geo          # read by load_block (called from LlamaModel.from_gguf)
         try:
@@ -177,6 +182,7 @@ class Gemma4Model(Gemma3Model):
         m.final_softcap = c.final_logit_softcap or 0.0
         m.embed_scale = math.sqrt(D)
         cls.load_per_layer_embeddings(m, gf, device, dtype)
+        m.moe = [load_moe(gf, c, i, device, dtype) for i in range(c.n_layers)]
         # attention scale 1: q is pre-scaled by sqrt(the cache's head size), which the attention's
         # default 1/sqrt(Dh) undoes (every cache and kernel takes the default)
         m.q_scale = math.sqrt(c.head_dim)
@@ -241,6 +247,7 @@ class Gemma4Model(Gemma3Model):
 
     def qweights(self) -> list:
         extra = [w for w in (self.ple_model_proj, *self.ple_gate, *self.ple_proj) if w is not None]
+        extra += [w for moe in self.moe if moe is not None for w in moe.matrices()]
         return super().qweights() + extra + ([self.ple_token_embd] if self.ple_token_embd is not None else [])
 
     def head_weights(self) -> list:
@@ -315,7 +322,12 @@ class Gemma4Model(Gemma3Model):
             h = ops.rms_norm(x, blk.ffn_norm, eps).to(act)
             gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
             f = ops.linear(ops.geglu(gate, up), blk.ffn_down, None, ctx)
-            x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
+            f = f.float()
+            moe = self.moe[i]
+            if moe is not None:     # the MLP and the experts side by side on the attention's residual
+                f = ops.rms_norm(f, moe.post_norm_1, eps) + moe_branch(x, moe, self.cfg.n_experts_used,
+                                                                       self.cfg.expert_ffn, eps)
+            x = x + ops.rms_norm(f, self.post_ffw_norm[i], eps)
             x = self._per_layer_branch(x, i, ple, ctx)
             if self.out_scale[i] is not None:
                 x = x * self.out_scale[i]

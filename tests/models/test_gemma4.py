@@ -168,7 +168,6 @@ U32 = gguf.GGUFValueType.UINT32
 @pytest.mark.parametrize("keys,match", [
     ({"gemma4.attention.shared_kv_layers": (2, U32)}, "shared_kv_layers"),
     ({"gemma4.embedding_length_per_layer_input": (8, U32)}, r"per_layer_token_embd\.weight"),
-    ({"gemma4.expert_count": (4, U32)}, "expert_count"),
     ({"gemma4.attention.value_length_swa": (8, U32)}, "value_length_swa"),
     ({"gemma4.attention.key_length_swa": (64, U32), "gemma4.attention.value_length_swa": (64, U32)},
      "key_length_swa=64 exceeds"),
@@ -177,7 +176,7 @@ U32 = gguf.GGUFValueType.UINT32
 ])
 def test_unsupported_forms_are_refused_by_name(tmp_path, keys, match):
     """Forms this file does not hold or minfer does not run: a shared-KV pattern llama.cpp and HF read
-    differently, per-layer embeddings without their tensors, MoE, unequal k/v head sizes, window heads
+    differently, per-layer embeddings without their tensors, unequal k/v head sizes, window heads
     wider than global ones, MLP widths that do not match the tensors."""
     p = rewrite(DATA / "gemma4.gguf", tmp_path / "x.gguf", set_keys=keys)
     with pytest.raises(MinferError, match=match):
