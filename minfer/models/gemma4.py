@@ -149,7 +149,6 @@ class Gemma4Model(Gemma3Model):
     @classmethod
     def check_supported(cls, gf, cfg: ModelConfig) -> None:
         """The forms this class does not run, refused by the key or tensor that asks for them."""
-        arch = cfg.arch
         if any(n.endswith("attn_qkv.weight") for n in gf.tensors):
             raise MinferError(f"{gf.path}: tensor 'blk.N.attn_qkv.weight' (fused q/k/v) is not supported for gemma4")
 

@@ -189,3 +189,10 @@ def test_per_layer_counts_refused_for_other_architectures(tmp_path):
                 set_keys={"gemma3.attention.head_count_kv": ([1] * 6, gguf.GGUFValueType.ARRAY)})
     with pytest.raises(MinferError, match=r"gemma3\.attention\.head_count_kv"):
         load(p)
+
+
+def test_fused_qkv_is_refused_by_name(tmp_path):
+    """llama.cpp takes blk.N.attn_qkv.weight in place of q/k/v where present; minfer does not read it."""
+    p = rewrite(DATA / "gemma4.gguf", tmp_path / "x.gguf", add_tensors={"blk.0.attn_qkv.weight": np.zeros((128, 64))})
+    with pytest.raises(MinferError, match=r"attn_qkv\.weight"):
+        load(p)
