@@ -84,6 +84,25 @@ def test_gemv(K, qt, m, dtype, split):
     assert rel_err(out, ref) < (1e-5 if dtype == torch.float32 else 2e-3)
 
 
+@pytest.mark.parametrize("qt", [0, 1, 30], ids=lambda q: QUANT_NAMES[q])
+@pytest.mark.parametrize("k", [8, 24, 40])
+def test_float_rows_not_a_multiple_of_16(K, qt, k):
+    """Float weights are read in runs of 16 values; with K = 8, 24 or 40 a row ends inside a run.
+    The GEMV must not take the next row's values (nor read past the tensor), and the decoder must
+    not store them into the next output row (both did: gemma4's per-layer embedding of 8 dims)."""
+    rng = np.random.default_rng(10 * qt + k)
+    n = 7
+    raw = random_weight(qt, n, k, rng)
+    w = reference_dequant(raw, qt, n, k)
+    out = torch.full((n, k), float("nan"))
+    K.dq.dequantize_into(torch.from_numpy(raw), qt, n, k, out, interpret=True)
+    assert np.array_equal(out.numpy(), w)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(k))
+    for m in (1, 2):           # one row: the elementwise loop; two: the same kernel, one program a row
+        got = K.gemv.gemv(x[:m].contiguous(), torch.from_numpy(raw), qt, n, k, interpret=True)
+        assert rel_err(got, x[:m].double() @ torch.from_numpy(w).double().T) < 1e-5
+
+
 @pytest.mark.parametrize("m", [1, 4, 40])
 def test_linear_paths_and_switch(K, m, monkeypatch):
     from minfer.ops import paths

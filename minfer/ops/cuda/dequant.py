@@ -263,6 +263,10 @@ def _dequant_kernel(raw, out, idx, N, K, row_bytes, out_stride,
     m = (rmask & (k0 < K))[:, None]
     bp = (raw + src * row_bytes + (k0 // QK) * TS)[:, None]
     i = tl.arange(0, 16)[None, :]
+    if QT == 0 or QT == 1 or QT == 30:
+        # float rows read as runs of 16 (LAYOUT): with K no multiple of 16 the last run's values
+        # past K are neither read nor stored (they would land in the next output row)
+        m = m & ((k0[:, None] + i) < K)
     v = decode(QT, bp, (k0 % QK)[:, None], i, m)
     optr = out + (r.to(tl.int64) * out_stride + k0)[:, None] + i
     tl.store(optr, v.to(out.dtype.element_ty), mask=m)

@@ -52,6 +52,10 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     for t in range(t0, t1):
         k0 = t * BK + s16                                        # [R] first value of each run
         m = ((n_run < N) & (k0 < K))[:, None]
+        if QT == 0 or QT == 1 or QT == 30:
+            # float weights are read as runs of 16 values: a K that is no multiple of 16 ends a
+            # row inside a run, whose values past K (the next row's, or past the tensor) are masked
+            m = m & ((k0[:, None] + i) < K)
         bp = (rowp + (k0 // QK) * TS)[:, None]
         w = decode(QT, bp, (k0 % QK)[:, None], i, m)             # [R, 16] fp32
         if USE_DOT:
