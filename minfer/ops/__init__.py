@@ -180,8 +180,9 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     sinks (H,) float32 (gpt-oss): each head's extra softmax logit (reference.attention; on CUDA the
     decode kernel's SINK variant, T > 1 in torch: ops/cuda/attention.py).
     scale: the scores' factor (None: 1/sqrt(Dh), every architecture but deepseek2). v_cache may be
-    narrower than k_cache (S, Hkv, Dv): deepseek2's latent values -> (T, H, Dv) (on CUDA a counted
-    torch path, attention.mla.torch)."""
+    narrower than k_cache (S, Hkv, Dv): deepseek2's latent values -> (T, H, Dv) (on CUDA one token by
+    ops/cuda/attention_mla.py's kernel, attention.mla.decode.triton; T > 1 a counted torch path,
+    attention.mla.torch)."""
     if q.device.type != "cuda":
         return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale)
     return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks,
