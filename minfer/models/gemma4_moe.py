@@ -1,4 +1,4 @@
-"""Gemma 4's MoE feed-forward (the 26B-A4B form), the CPU float32 reference only.
+"""Gemma 4's MoE feed-forward (the 26B-A4B form), on both backends through ops.moe_ffn.
 
 Each MoE layer runs the dense MLP and the experts side by side on the attention's residual r
 (llama.cpp src/models/gemma4.cpp, the is_moe_layer branch; HF Gemma4TextDecoderLayer, Gemma4TextRouter):
@@ -14,8 +14,9 @@ Experts: ffn_gate_up_exps (E, 2 Fe, D), gate rows first (HF gate_up_proj .chunk(
 ffn_up_exps (E, Fe, D) apart; ffn_down_exps (E, D, Fe). The routing's order (softmax, top-k, the sum
 clamped to 2^-14 as ops.reference.route, then the per-expert scale) is build_moe_ffn's.
 
-ops.moe_ffn has no GELU experts and no router input apart from the experts', so there is no CUDA
-path: a CUDA load is refused by name (Gemma4Model.from_gguf).
+ops.moe_ffn takes it with gemma4's options: act "geglu", router_in (the router's input above, which
+differs from the experts' h2), down_scale (s), and the fused gate_up tensor passed as gate_exps with
+up_exps None. The router is kept as a float32 (E, D) matrix (qwen3moe's gate_inp).
 """
 
 from __future__ import annotations
@@ -28,15 +29,11 @@ import torch
 from minfer import ops
 from minfer.errors import MinferError
 from minfer.models.qwen3moe import load_experts
-from minfer.ops import reference
-from minfer.weights import QWeight, load_qweight, load_vector
-
-NORM_SUM_MIN = 6.103515625e-5     # ops.reference.route's clamp of the weights' sum (llama.cpp build_moe_ffn)
-
+from minfer.weights import QWeight, load_vector
 
 @dataclass
 class Gemma4Moe:
-    router: QWeight                  # (E, D)
+    router: torch.Tensor             # (E, D) float32
     router_scale: torch.Tensor       # (D,)
     gate_exps: QWeight | None        # (E*Fe, D) apart, or None with gate_up_exps
     up_exps: QWeight | None
@@ -48,8 +45,7 @@ class Gemma4Moe:
     post_norm_2: torch.Tensor        # (D,)
 
     def matrices(self) -> list[QWeight]:
-        return [w for w in (self.router, self.gate_exps, self.up_exps, self.gate_up_exps, self.down_exps)
-                if w is not None]
+        return [w for w in (self.gate_exps, self.up_exps, self.gate_up_exps, self.down_exps) if w is not None]
 
 
 def load_moe(gf, cfg, i: int, device, dtype) -> Gemma4Moe | None:
@@ -69,7 +65,7 @@ def load_moe(gf, cfg, i: int, device, dtype) -> Gemma4Moe | None:
         raise MinferError(f"{gf.path}: tensor '{p}ffn_gate_up_exps.weight' is missing (or '{p}ffn_gate_exps.weight' "
                           f"and '{p}ffn_up_exps.weight' apart): the experts of the MoE layer {i}")
     return Gemma4Moe(
-        router=load_qweight(gf, p + "ffn_gate_inp.weight", device, (E, D), dtype=dtype),
+        router=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
         router_scale=load_vector(gf, p + "ffn_gate_inp.scale", device, D),
         gate_exps=None if fused else load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
         up_exps=None if fused else load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
@@ -84,38 +80,27 @@ def load_moe(gf, cfg, i: int, device, dtype) -> Gemma4Moe | None:
     )
 
 
-def expert_act(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up (llama.cpp LLM_FFN_GELU with LLM_FFN_PAR; HF gelu_pytorch_tanh)."""
-    return reference.geglu(gate, up)
+EXPERT_ACT = "geglu"     # gelu_tanh(gate) * up (llama.cpp LLM_FFN_GELU with a gate; HF gelu_pytorch_tanh)
 
 
-def route(r: torch.Tensor, moe: Gemma4Moe, k: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weights (T, k) float32 and expert ids (T, k) of the residual r (T, D)."""
+def router_input(r: torch.Tensor, moe: Gemma4Moe, eps: float) -> torch.Tensor:
+    """The router's input (T, D) float32: rms(r) / sqrt(D) * router_scale (gemma4.cpp: ggml_rms_norm of
+    attn_out, ggml_scale by 1/sqrt(n_embd), ggml_mul by ffn_gate_inp_s)."""
     D = r.shape[1]
     ones = torch.ones(D, dtype=torch.float32, device=r.device)
-    z = ops.rms_norm(r.float(), ones, eps) * (moe.router_scale.float() / math.sqrt(D))
-    logits = ops.linear(z, moe.router, None).float()                             # (T, E)
-    p = torch.softmax(logits, dim=-1)
-    w, idx = torch.topk(p, k, dim=-1)
-    w = w / w.sum(-1, keepdim=True).clamp_min(NORM_SUM_MIN)
-    return w * moe.down_scale.float()[idx], idx
+    return ops.rms_norm(r.float(), ones, eps) * (moe.router_scale.float() / math.sqrt(D))
 
 
-def moe_branch(r: torch.Tensor, moe: Gemma4Moe, k: int, Fe: int, eps: float) -> torch.Tensor:
-    """The experts' normed output (T, D) float32 for the residual r (T, D) float32."""
-    T, D = r.shape
-    w, idx = route(r, moe, k, eps)
+def moe_branch(r: torch.Tensor, moe: Gemma4Moe, k: int, Fe: int, eps: float, ctx=None,
+               act: torch.dtype | None = None) -> torch.Tensor:
+    """The experts' normed output (T, D) float32 for the residual r (T, D) float32: ops.moe_ffn on the
+    experts' input h2 (in act, the model's matmul dtype, when given) with the router reading
+    router_input(r), then post_ffw_norm_2. Fe is the expert width (the weights carry it)."""
     h2 = ops.rms_norm(r, moe.pre_norm_2, eps)
-    out = torch.zeros(T, D, dtype=torch.float32, device=r.device)
-    for e in idx.unique().tolist():
-        tok, slot = (idx == e).nonzero(as_tuple=True)
-        x = h2[tok]
-        if moe.gate_up_exps is not None:
-            gu = reference._expert_mm(moe.gate_up_exps, e, 2 * Fe, x)
-            gate, up = gu[:, :Fe], gu[:, Fe:]
-        else:
-            gate = reference._expert_mm(moe.gate_exps, e, Fe, x)
-            up = reference._expert_mm(moe.up_exps, e, Fe, x)
-        y = reference._expert_mm(moe.down_exps, e, D, expert_act(gate, up)).float()
-        out.index_add_(0, tok, y * w[tok, slot, None])
-    return ops.rms_norm(out, moe.post_norm_2, eps)
+    if act is not None:
+        h2 = h2.to(act)
+    fused = moe.gate_up_exps is not None
+    out = ops.moe_ffn(h2, moe.router, moe.gate_up_exps if fused else moe.gate_exps, None if fused else moe.up_exps,
+                      moe.down_exps, k, True, ctx, act=EXPERT_ACT, router_in=router_input(r, moe, eps),
+                      down_scale=moe.down_scale)
+    return ops.rms_norm(out.float(), moe.post_norm_2, eps)

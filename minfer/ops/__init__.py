@@ -197,18 +197,20 @@ def geglu(gate, up):
 def moe_ffn(h, router, gate_exps, up_exps, down_exps, k: int, norm_weights: bool, ctx: Context | None = None, *,
             router_bias=None, gating: str = "softmax", gate_bias=None, up_bias=None, down_bias=None,
             act: str = "silu", alpha: float = 1.702, limit: float = 7.0, select_bias=None, n_group: int = 1,
-            topk_group: int = 1, weights_scale: float = 1.0):
+            topk_group: int = 1, weights_scale: float = 1.0, router_in=None, down_scale=None):
     """Mixture of gated experts: h (T, D) -> (T, D); router (E, D), stacked expert QWeights
     (E*F, D), (E*F, D), (E*D, F). Defaults (qwen3moe): softmax over E, top-k, weights
     renormalized when norm_weights, silu(gate) * up. gpt-oss: router_bias (E,), gating
     "topk_softmax" (the k largest logits, softmax over those k), per-expert biases (E, F), (E, F),
     (E, D), act "swiglu_oai" (the clamped SwiGLU with alpha, limit). deepseek2 / glm4moe: gating
     "sigmoid" with select_bias (E,) (choice only), n_group / topk_group (group-limited choice) and
-    weights_scale. minfer/ops/reference.py moe_ffn and route; CUDA with no host value
+    weights_scale. gemma4: act "geglu" (gelu_tanh(gate) * up), router_in (T, D) the router's own
+    input, down_scale (E,) per-expert output scale, and up_exps None with gate_exps the fused
+    (E*2F, D) gate_up tensor. minfer/ops/reference.py moe_ffn and route; CUDA with no host value
     (ops/cuda/moe.py)."""
     opts = dict(router_bias=router_bias, gating=gating, gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias,
                 act=act, alpha=alpha, limit=limit, select_bias=select_bias, n_group=n_group, topk_group=topk_group,
-                weights_scale=weights_scale)
+                weights_scale=weights_scale, router_in=router_in, down_scale=down_scale)
     if h.device.type != "cuda":
         return reference.moe_ffn(h, router, gate_exps, up_exps, down_exps, k, norm_weights, **opts)
     return _backend(h).moe_ffn(h, router, gate_exps, up_exps, down_exps, k, norm_weights, ctx, **opts)

@@ -245,9 +245,10 @@ def window_mask(q_pos: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
 def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps, k: int,
             norm_weights: bool, *, router_bias=None, gating: str = "softmax", gate_bias=None, up_bias=None,
             down_bias=None, act: str = "silu", alpha: float = 1.702, limit: float = 7.0,
-            select_bias=None, n_group: int = 1, topk_group: int = 1, weights_scale: float = 1.0) -> torch.Tensor:
+            select_bias=None, n_group: int = 1, topk_group: int = 1, weights_scale: float = 1.0,
+            router_in=None, down_scale=None) -> torch.Tensor:
     """Mixture of gated experts of the normed input h (T, D) -> (T, D) (llama.cpp build_moe_ffn;
-    HF Qwen3MoeSparseMoeBlock, GptOssMLP).
+    HF Qwen3MoeSparseMoeBlock, GptOssMLP, Gemma4TextExperts).
 
     router (E, D) float32; gate_exps/up_exps: QWeights (E*Fe, D), down_exps (E*D, Fe), expert e's
     rows at [e*N, (e+1)*N). Router logits l = router h (+ router_bias (E,)). gating "softmax"
@@ -261,12 +262,23 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     weights_scale (llama.cpp build_moe_ffn's order).
     out = sum_k w_k (down_e a + down_bias[e]), a = act(gate_e h + gate_bias[e], up_e h + up_bias[e]),
     biases (E, N) float32 or None; act "silu": silu(g) * u; "swiglu_oai" (gpt-oss):
-    g' = min(g, limit), u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1).
+    g' = min(g, limit), u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1);
+    "geglu" (gemma4): gelu_tanh(g) * u (build_moe_ffn's LLM_FFN_GELU with a gate: ggml_geglu_split).
+    gemma4's options: router_in (T, D) the router's own input (the logits are router router_in,
+    the experts still read h; gemma4.cpp feeds the router a scaled RMS norm of the residual),
+    down_scale (E,) each expert's output times down_scale[e] (build_moe_ffn's down_exps_s, applied
+    here to the routing weight: the same product), and up_exps None: gate_exps is the fused
+    (E*2Fe, D) gate_up tensor, expert e's Fe gate rows then its Fe up rows (build_moe_ffn's
+    gate_up_exps: one product, then the two halves).
     The reference goes expert by expert over the tokens routed to it."""
     T, D = h.shape
     E = router.shape[0]
-    w, idx = route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group, weights_scale)
-    Fe = gate_exps.shape[0] // E
+    w, idx = route(h if router_in is None else router_in, router, k, norm_weights, router_bias, gating, select_bias,
+                   n_group, topk_group, weights_scale)
+    if down_scale is not None:
+        w = w * down_scale.float()[idx]
+    fused = up_exps is None
+    Fe = gate_exps.shape[0] // E // (2 if fused else 1)
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
     packed = gate_exps.packed is not None and h.device.type == "cpu"
     threads = _expert_threads(gate_exps) if packed else contextlib.nullcontext()
@@ -274,8 +286,12 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
         for e in idx.unique().tolist():
             tok, slot = (idx == e).nonzero(as_tuple=True)                 # tokens routed to e
             x = h[tok]
-            a = moe_act(_expert_mm(gate_exps, e, Fe, x), _expert_mm(up_exps, e, Fe, x), gate_bias, up_bias, e, act,
-                        alpha, limit)
+            if fused:
+                gu = _expert_mm(gate_exps, e, 2 * Fe, x)
+                g, u = gu[:, :Fe], gu[:, Fe:]
+            else:
+                g, u = _expert_mm(gate_exps, e, Fe, x), _expert_mm(up_exps, e, Fe, x)
+            a = moe_act(g, u, gate_bias, up_bias, e, act, alpha, limit)
             y = _expert_mm(down_exps, e, D, a).float()                    # (n, D)
             if down_bias is not None:
                 y = y + down_bias[e].float()
@@ -284,7 +300,7 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
 
 
 MOE_GATINGS = ("softmax", "topk_softmax", "sigmoid")
-MOE_ACTS = ("silu", "swiglu_oai")
+MOE_ACTS = ("silu", "swiglu_oai", "geglu")
 
 
 def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
@@ -334,6 +350,8 @@ def moe_act(g: torch.Tensor, u: torch.Tensor, gate_bias, up_bias, e: int, act: s
         u = u + up_bias[e].float()
     if act == "silu":
         return F.silu(g) * u
+    if act == "geglu":
+        return geglu(g, u)
     return swiglu_oai(g, u, alpha, limit)
 
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple"]
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -54,7 +54,11 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "gemma4": ["attention.window", "attention.decode", "geglu.triton"],
             # gemma4-ple: per-layer embeddings (the per-layer table's gather, its GELU gate), shared-KV layers
             # reading earlier layers' caches, double-wide MLPs
-            "gemma4-ple": ["attention.window", "attention.decode", "geglu.triton"]}
+            "gemma4-ple": ["attention.window", "attention.decode", "geglu.triton"],
+            # gemma4-moe: the MLP and the experts side by side, the experts' GELU (moe_act.py) over the fused
+            # gate_up tensor, the router on its own input, on both MoE paths
+            "gemma4-moe": ["attention.window", "attention.decode", "geglu.triton", "moe.gather", "moe.grouped",
+                           "moe.act.triton"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -231,6 +235,36 @@ def test_gpt_oss_moe_gpu_paths_match_reference():
             hq = h.to(dt).float()
             ref = reference.moe_ffn(hq, ec.router, ec.gate_exps, ec.up_exps, ec.down_exps, k, False, **opts(ec))
             out = moe.moe_ffn(h.cuda().to(dt), eg.router, eg.gate_exps, eg.up_exps, eg.down_exps, k, False, **opts(eg))
+            d = out.float().cpu() - ref
+            err = float(d.abs().max() / ref.abs().max()) if dt == torch.float32 else float(d.norm() / ref.norm())
+            assert err < tol, (T, dt, err)
+    assert paths.snapshot()["counts"].get("moe.act.triton") == 6
+
+
+def test_gemma4_moe_gpu_paths_match_reference():
+    """ops.moe_ffn's gemma4 options (GELU experts over the fused gate_up tensor, the router on its own
+    input, the per-expert output scale) on the GPU's gather and grouped paths against the reference,
+    on the gemma4-moe fixture's first layer (as test_gpt_oss_moe_gpu_paths_match_reference)."""
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import load_model
+    from minfer.ops import paths, reference
+    from minfer.ops.cuda import moe
+
+    gf = GGUFFile(DATA / "gemma4-moe.gguf")
+    mc, mg = load_model(gf, device="cpu", progress=False), load_model(gf, device="cuda", progress=False)
+    k = mc.cfg.n_experts_used
+    ec, eg = mc.moe[0], mg.moe[0]
+    g = torch.Generator().manual_seed(0)
+    paths.reset()
+    for T in (1, 5, 200):
+        h = torch.randn(T, mc.cfg.d_model, generator=g)
+        z = torch.randn(T, mc.cfg.d_model, generator=g)
+        for dt, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+            hq = h.to(dt).float()
+            ref = reference.moe_ffn(hq, ec.router, ec.gate_up_exps, None, ec.down_exps, k, True, act="geglu",
+                                    router_in=z, down_scale=ec.down_scale)
+            out = moe.moe_ffn(h.cuda().to(dt), eg.router, eg.gate_up_exps, None, eg.down_exps, k, True, act="geglu",
+                              router_in=z.cuda(), down_scale=eg.down_scale)
             d = out.float().cpu() - ref
             err = float(d.abs().max() / ref.abs().max()) if dt == torch.float32 else float(d.norm() / ref.norm())
             assert err < tol, (T, dt, err)

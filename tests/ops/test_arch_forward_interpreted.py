@@ -23,7 +23,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda"]
+         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda"]
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
@@ -46,7 +46,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
         # gemma4-ple: per-layer embeddings (a gather of the per-layer table, GELU gate), layers 3-5 attending
         # over layers 1 and 2's caches, double-wide MLPs on those
-        "gemma4-ple": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"]}
+        "gemma4-ple": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
+        # gemma4-moe: the MLP and the experts side by side; the experts' GELU in moe_act's kernel, the fused
+        # gate_up tensor, the router on its own input (prefill 10 tokens x top 2 > 16 rows: grouped)
+        "gemma4-moe": ["attention.window.decode", "attention.decode.triton", "geglu.triton", "moe.gather",
+                       "moe.grouped", "moe.act.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -57,7 +61,7 @@ def cuda_ops():
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple"])
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model

@@ -32,6 +32,13 @@ softmax over those k: reference.route, torch ops on the device), per-expert bias
 the qwen3moe launches as they were; with any option each path runs its GEMMs as before and the
 activation in moe_act's kernel (path moe.act.triton); the int8 gather quantizes the activation
 rows in a launch of its own instead of the fused SwiGLU + int8 one.
+
+Options (gemma4's 26B-A4B; ops.moe_ffn): act "geglu" (gelu_tanh(gate) * up in moe_act's kernel),
+router_in (the router's own input: reference.route reads it instead of h), down_scale (E,) (each
+expert's output scale, folded into its routing weight on the device), and the fused gate_up
+experts (up_exps None, gate_exps (E*2Fe, D)): each path multiplies the 2Fe rows of an expert in
+one product (one int8 GEMV, one gather + bmm, one grouped GEMM) and the activation reads the two
+halves as strided views (build_moe_ffn's gate_up_exps).
 """
 
 from __future__ import annotations
@@ -76,8 +83,13 @@ def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx, opts=None):
         tok = torch.arange(T, device=h.device).repeat_interleave(k)    # slot -> its token's row
         q8 = (xq.index_select(0, tok).contiguous(), xf.index_select(0, tok).contiguous())
     gx = gemv_q8_experts.gemv_q8_experts
-    g = gx(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
-    u = gx(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
+    if up_exps is None:                                                # fused gate_up: one GEMV of 2Fe rows
+        gu = gx(q8, planes_of(gate_exps), sel, 2 * Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
+                interpret=interp)
+        g, u = gu[:, :Fe], gu[:, Fe:]
+    else:
+        g = gx(q8, planes_of(gate_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
+        u = gx(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
     if opts is None:
         _, qa = gemv_q8.swiglu_q8_rows(g, u, interpret=interp)
     else:
@@ -121,20 +133,25 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
             norm_weights: bool, ctx=None, *, router_bias=None, gating: str = "softmax", gate_bias=None,
             up_bias=None, down_bias=None, act: str = "silu", alpha: float = 1.702,
             limit: float = 7.0, select_bias=None, n_group: int = 1, topk_group: int = 1,
-            weights_scale: float = 1.0) -> torch.Tensor:
+            weights_scale: float = 1.0, router_in=None, down_scale=None) -> torch.Tensor:
     """h (T, D) normed activations -> (T, D) in h's dtype; see minfer.ops.reference.moe_ffn
     (the options: ops.moe_ffn)."""
     T, D = h.shape
     E = router.shape[0]
-    Fe = gate_exps.shape[0] // E
+    fused = up_exps is None
+    Fe = gate_exps.shape[0] // E // (2 if fused else 1)
     if act not in moe_act.ACTS:
         raise ValueError(f"moe_ffn: act {act!r} is not one of {tuple(moe_act.ACTS)}")
     opts = None
-    if gate_bias is not None or up_bias is not None or down_bias is not None or act != "silu":
+    if gate_bias is not None or up_bias is not None or down_bias is not None or act != "silu" or fused:
         opts = dict(gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias, act=act, alpha=alpha, limit=limit)
-    w, idx = route(h, router, k, norm_weights, router_bias, gating, select_bias, n_group, topk_group, weights_scale)
+    w, idx = route(h if router_in is None else router_in, router, k, norm_weights, router_bias, gating, select_bias,
+                   n_group, topk_group, weights_scale)
+    if down_scale is not None:
+        w = w * down_scale.float()[idx]
     adt = h.dtype
-    planes = all(planes_of(t) is not None for t in (gate_exps, up_exps, down_exps))
+    mats = (gate_exps, down_exps) if fused else (gate_exps, up_exps, down_exps)
+    planes = all(planes_of(t) is not None for t in mats)
     # (float32 activations keep the exact grouped path, as the dense layers keep their bf16-free GEMV)
     if planes and T * k <= GATHER_MAX and Fe % 256 == 0 and D % 256 == 0 and h.dtype != torch.float32:
         if ctx is not None and not ctx.switches.gemv_q8:
@@ -145,11 +162,16 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     if T * k <= GATHER_MAX and not planes:
         paths.count("moe.gather")
         sel = idx.reshape(-1)                                              # (T*k,)
-        g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
-        u = _decode_rows(up_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
-        d = _decode_rows(down_exps, _expert_rows(sel, D), Fe, adt).view(T * k, D, Fe)
         x = h.repeat_interleave(k, dim=0).unsqueeze(-1)                   # (T*k, D, 1)
-        a = _act(torch.bmm(g, x).squeeze(-1), torch.bmm(u, x).squeeze(-1), sel, opts)   # (T*k, Fe)
+        if fused:
+            gu = _decode_rows(gate_exps, _expert_rows(sel, 2 * Fe), D, adt).view(T * k, 2 * Fe, D)
+            gu = torch.bmm(gu, x).squeeze(-1)                              # (T*k, 2Fe)
+            a = _act(gu[:, :Fe], gu[:, Fe:], sel, opts)
+        else:
+            g = _decode_rows(gate_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
+            u = _decode_rows(up_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D)
+            a = _act(torch.bmm(g, x).squeeze(-1), torch.bmm(u, x).squeeze(-1), sel, opts)   # (T*k, Fe)
+        d = _decode_rows(down_exps, _expert_rows(sel, D), Fe, adt).view(T * k, D, Fe)
         y = torch.bmm(d, a.unsqueeze(-1)).squeeze(-1).float()              # (T*k, D)
         return (_down_bias(y, sel, opts).view(T, k, D) * w[..., None]).sum(1).to(adt)
     # grouped: (token, slot) pairs sorted by expert
@@ -161,11 +183,16 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     counts = torch.zeros(E, dtype=torch.int64, device=h.device).scatter_add_(0, flat, torch.ones_like(flat))
     xs = h.index_select(0, tok)                                            # (T*k, D)
     all_e = torch.arange(E, device=h.device)
-    g = _decode_rows(gate_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
-    u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
-    d = _decode_rows(down_exps, _expert_rows(all_e, D), Fe, adt).view(E, D, Fe)
     e_of = flat[order]                                                     # expert of each sorted pair
-    a = _act(_grouped(xs, g, counts, e_of), _grouped(xs, u, counts, e_of), e_of, opts)   # (T*k, Fe)
+    if fused:
+        gu = _decode_rows(gate_exps, _expert_rows(all_e, 2 * Fe), D, adt).view(E, 2 * Fe, D)
+        gu = _grouped(xs, gu, counts, e_of)                                # (T*k, 2Fe)
+        a = _act(gu[:, :Fe], gu[:, Fe:], e_of, opts)
+    else:
+        g = _decode_rows(gate_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
+        u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
+        a = _act(_grouped(xs, g, counts, e_of), _grouped(xs, u, counts, e_of), e_of, opts)   # (T*k, Fe)
+    d = _decode_rows(down_exps, _expert_rows(all_e, D), Fe, adt).view(E, D, Fe)
     y = _down_bias(_grouped(a, d, counts, e_of).float(), e_of, opts)      # (T*k, D)
     y = y * w.reshape(-1)[order, None]
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)

@@ -4,7 +4,9 @@
 
 act 0 "silu": silu(g) * u; act 1 "swiglu_oai" (gpt-oss): g' = min(g, limit),
 u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1) (llama.cpp
-ggml_compute_forward_swiglu_oai_f32; HF GptOssExperts). Arithmetic in float32, stored in the
+ggml_compute_forward_swiglu_oai_f32; HF GptOssExperts); act 2 "geglu" (gemma4's experts):
+gelu_tanh(g) * u, gelu_tanh(a) = 0.5 a (1 + tanh(c)) = a sigmoid(2c), c = sqrt(2/pi) (a + 0.044715 a^3)
+(ggml_gelu's tanh form, HF gelu_pytorch_tanh; llama.cpp build_moe_ffn LLM_FFN_GELU with a gate). Arithmetic in float32, stored in the
 output dtype. The expert ids stay on the device (no host value: CUDA-graph capturable). The
 reference is minfer.ops.reference.moe_act.                                      path moe.act.triton
 """
@@ -17,7 +19,7 @@ import triton.language as tl
 
 from minfer.ops import paths
 
-ACTS = {"silu": 0, "swiglu_oai": 1}
+ACTS = {"silu": 0, "swiglu_oai": 1, "geglu": 2}
 
 
 @triton.jit
@@ -39,6 +41,9 @@ def _moe_act_kernel(g, u, rows_e, gb, ub, out, n, F, sg, su, alpha, limit,
         a = tl.minimum(a, limit)
         b = tl.minimum(tl.maximum(b, -limit), limit)
         y = a / (1.0 + tl.exp(-alpha * a)) * (b + 1.0)
+    elif ACT == 2:
+        c = 0.7978845608028654 * (a + 0.044715 * a * a * a)
+        y = a / (1.0 + tl.exp(-2.0 * c)) * b
     else:
         y = a / (1.0 + tl.exp(-a)) * b
     tl.store(out + o, y.to(out.dtype.element_ty), mask=m)
