@@ -52,9 +52,7 @@ def check_kv_fits(gf, n_ctx: int, device: str, what: str) -> None:
     """A one-line MinferError when a KV cache of n_ctx positions cannot fit in the memory
     available. `what` starts the message: the flags that set n_ctx ("-p/-n/-d: the longest test
     needs a context of")."""
-    from minfer.config import ModelConfig
-
-    per = kv_bytes_per_token(ModelConfig.from_gguf(gf), device)
+    per = kv_bytes_per_token(cache_config(gf), device)
     free = available_bytes(device)
     if free is not None and n_ctx * per > free:
         raise MinferError(f"{what} {n_ctx} tokens, whose KV cache would need "
@@ -70,14 +68,29 @@ def available_bytes(device: str) -> int | None:
     return available_memory(device)
 
 
+def cache_config(gf):
+    """The file's ModelConfig as the model's caches see it: with the per-layer geometry a model
+    class declares (cache_config: gemma4's own head size and kv heads per layer, none for shared-KV
+    layers; runtime/kv_cache.py kv_layers), else the header's config as read."""
+    from minfer.config import ModelConfig
+    from minfer.models import model_class
+
+    cfg = ModelConfig.from_gguf(gf)
+    declare = getattr(model_class(gf.architecture), "cache_config", None)
+    return declare(gf, cfg) if declare is not None else cfg
+
+
 def kv_bytes_per_token(cfg, device: str) -> int:
     """Keys + values of one position over all layers: float32 on the CPU (the reference), 2 bytes
     on CUDA (bf16 activations, unless MINFER_ACT_DTYPE=float32). Keys only where the values are a
-    view of them (cfg.cache_v_in_k: deepseek2's latent cache, runtime/kv_cache.py)."""
+    view of them (cfg.cache_v_in_k: deepseek2's latent cache); with per-layer geometry (cfg from
+    cache_config) the sum over the layers that own a cache: runtime/kv_cache.py's
+    kv_bytes_per_position, what the caches allocate."""
+    from minfer.runtime.kv_cache import kv_bytes_per_position
     from minfer.switches import Switches
 
     elem = 4 if device != "cuda" or Switches.from_env().act_dtype in ("float32", "fp32") else 2
-    return (1 if cfg.cache_v_in_k else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+    return kv_bytes_per_position(cfg, elem)
 
 
 def _gib(n: float) -> str:
@@ -91,8 +104,6 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
     """The context the engine will get (ctx, or the default) for the open GGUFFile gf; a one-line
     MinferError when it is not positive or its KV cache cannot fit; warn(msg) when it is past
     the trained length."""
-    from minfer.config import ModelConfig
-
     if ctx is not None and ctx < 1:
         raise MinferError(f"-c/--ctx {ctx}: expected a positive number of tokens")
     from minfer.models import model_class
@@ -101,7 +112,7 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
         model_class(gf.architecture)   # the models registry decides what runs
     except MinferError as e:
         raise MinferError(f"{gf.path}: {e}") from None
-    cfg = ModelConfig.from_gguf(gf)
+    cfg = cache_config(gf)
     n = ctx if ctx is not None else min(cfg.context_length, DEFAULT_CTX_CAP)
     need = n * kv_bytes_per_token(cfg, device)
     free = available_bytes(device)
@@ -132,11 +143,10 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
     request at a time, which has no pool; 0: as many as the memory holds)."""
     if parallel == 1:
         return
-    from minfer.config import ModelConfig
     from minfer.runtime.batch_engine import BLOCK_SIZE, DEFAULT_SLOTS
 
     bs = BLOCK_SIZE
-    per_block = kv_bytes_per_token(ModelConfig.from_gguf(gf), device) * bs
+    per_block = kv_bytes_per_token(cache_config(gf), device) * bs
     ctx_blocks = -(-n_ctx // bs)
     # the slots the engine will make (BatchEngine.from_engine): on CUDA with -np 0 they come from
     # the free memory after the load, unknown here
@@ -183,10 +193,9 @@ def check_parallel_bench(gf, device: str, n_max: int, pp: int, tg: int, kv_memor
     largest batch) holds one whole sequence and fits in the memory available, checked before the
     load (--parallel 100000 was a 69 GiB allocation's traceback after it)."""
     from minfer.bench.parallel import default_kv_memory
-    from minfer.config import ModelConfig
     from minfer.runtime.batch_engine import BLOCK_SIZE
 
-    per_block = kv_bytes_per_token(ModelConfig.from_gguf(gf), device) * BLOCK_SIZE
+    per_block = kv_bytes_per_token(cache_config(gf), device) * BLOCK_SIZE
     seq_blocks = -(-(pp + tg + 1) // BLOCK_SIZE)
     if kv_memory is not None and kv_memory // per_block - 1 < seq_blocks:
         raise MinferError(f"--kv-memory {_size(kv_memory)} holds {max(kv_memory // per_block - 1, 0)} KV blocks of "

@@ -47,17 +47,18 @@ src/llama-hparams.cpp and the converter (conversion/gemma.py Gemma4Model):
       x = x + RMSNorm(W_proj(gelu_tanh(W_inp_gate x) * ple[:, l]); post_norm)
   blk.N.inp_gate (P, D), blk.N.proj (D, P), blk.N.post_norm (D,).
 
-The KV cache is one geometry for every layer (runtime/kv_cache.py): n_kv_heads and head_dim are the
-largest over the layers. A layer with fewer kv heads stores each head repeated (the grouped-query
-mapping of head h to kv head h // (H / Hkv) is kept); a narrower head is zero-padded, q too, so the
-scores and the attended values are exactly the layer's own (the padded dims add 0). The cost is
-memory: on the 31B the cache is ~2.2x what llama.cpp's per-layer cache holds. A shared-KV layer's own
-slot is allocated and never written (E2B: 20 of 35 layers' slots unused).
+The KV cache has per-layer geometry (runtime/kv_cache.py kv_layers, declared by the config this
+class builds: with_kv_layers below, cache_config): each layer that owns a cache holds its own (Hkv_l, Dh_l, Dh_l), a
+shared-KV layer none (it attends over its source layer's). No padding, no repeated heads: the
+bytes per position are sum over owning layers of Hkv_l * 2 * Dh_l * elem, what llama.cpp's
+per-layer cache holds for the same positions (llama.cpp's window layers keep only the last
+window + ubatch positions; minfer keeps every position on every layer).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -78,6 +79,23 @@ def _key(gf, arch: str, suffix: str, default=None):
     if default is None:
         raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model)")
     return default
+
+
+@dataclass(frozen=True)
+class KVLayersConfig(ModelConfig):
+    """A ModelConfig that declares per-layer cache geometry (runtime/kv_cache.py reads kv_layers):
+    kv_layers[l] = (Hkv_l, Dk_l, Dv_l), or None where layer l owns no cache. n_kv_heads / head_dim
+    stay the largest."""
+
+    kv_layers: tuple = ()
+
+
+def with_kv_layers(cfg: ModelConfig, layers) -> KVLayersConfig:
+    """cfg with per-layer cache geometry (one entry per layer: (Hkv, Dk, Dv) or None)."""
+    layers = tuple(None if g is None else tuple(int(x) for x in g) for g in layers)
+    if len(layers) != cfg.n_layers or all(g is None for g in layers):
+        raise MinferError(f"kv_layers: {len(layers)} entries for {cfg.n_layers} layers, at least one with a cache")
+    return KVLayersConfig(**{f.name: getattr(cfg, f.name) for f in fields(ModelConfig)}, kv_layers=layers)
 
 
 class Gemma4Model(Gemma3Model):
@@ -105,9 +123,7 @@ class Gemma4Model(Gemma3Model):
                                   "(llama.cpp requires them equal)")
         if dh_swa > dh_global:
             raise MinferError(f"{gf.path}: {arch}.attention.key_length_swa={dh_swa} exceeds key_length={dh_global}")
-        kv = cfg.kv_heads_per_layer or (cfg.n_kv_heads,) * L
-        if any(cfg.n_kv_heads % h for h in kv):
-            raise MinferError(f"{gf.path}: {arch}.attention.head_count_kv {list(kv)}: each must divide the largest")
+        kv = cfg.kv_heads_per_layer or (cfg.n_kv_heads,) * L   # each divides head_count (ModelConfig)
         n_rot_swa = int(_key(gf, arch, "rope.dimension_count_swa", dh_swa))
         if not 0 < n_rot_swa <= dh_swa or n_rot_swa % 2:
             raise MinferError(f"{gf.path}: {arch}.rope.dimension_count_swa={n_rot_swa}: expected an even number "
@@ -124,6 +140,19 @@ class Gemma4Model(Gemma3Model):
         return dict(is_local=is_local, window=window, head_dims=tuple(dh_swa if loc else dh_global for loc in is_local),
                     kv_heads=tuple(kv), layer_rope=[rope_swa if loc else cfg.rope for loc in is_local],
                     kv_source=kv_source)
+
+    @staticmethod
+    def kv_layers_of(geo: dict) -> tuple:
+        """The cache geometry per layer: (Hkv_l, Dh_l, Dh_l) where the layer owns its cache, None
+        for a shared-KV layer."""
+        return tuple((geo["kv_heads"][i], geo["head_dims"][i], geo["head_dims"][i]) if src == i else None
+                     for i, src in enumerate(geo["kv_source"]))
+
+    @classmethod
+    def cache_config(cls, gf, cfg: ModelConfig):
+        """cfg with the per-layer cache geometry the model's caches are built with (the memory
+        preflight's config, commands/preflight.py: its bytes are the allocation's)."""
+        return with_kv_layers(cfg, cls.kv_layers_of(cls.layer_geometry(gf, cfg)))
 
     @staticmethod
     def shared_kv_sources(gf, arch: str, is_local: tuple) -> list[int]:
@@ -169,6 +198,7 @@ class Gemma4Model(Gemma3Model):
                                                   act_dtype=act_dtype)
         finally:
             del cls._loading_geometry
+        m.cfg = with_kv_layers(m.cfg, cls.kv_layers_of(geo))     # the caches' per-layer geometry
         c, D = m.cfg, m.cfg.d_model
         for k, v in geo.items():
             setattr(m, k, v)
@@ -182,9 +212,9 @@ class Gemma4Model(Gemma3Model):
         m.embed_scale = math.sqrt(D)
         cls.load_per_layer_embeddings(m, gf, device, dtype)
         m.moe = [load_moe(gf, c, i, device, dtype) for i in range(c.n_layers)]
-        # attention scale 1: q is pre-scaled by sqrt(the cache's head size), which the attention's
+        # attention scale 1: q is pre-scaled by sqrt(the layer's head size), which the attention's
         # default 1/sqrt(Dh) undoes (every cache and kernel takes the default)
-        m.q_scale = math.sqrt(c.head_dim)
+        m.q_scale = tuple(math.sqrt(dh) for dh in geo["head_dims"])
         m.v_norm_ones = {dh: torch.ones(dh, device=device) for dh in set(geo["head_dims"])}
         return m
 
@@ -254,15 +284,6 @@ class Gemma4Model(Gemma3Model):
 
     # ---- the forward ----
 
-    def _to_cache(self, x: torch.Tensor) -> torch.Tensor:
-        """(T, Hkv_l, Dh_l) -> the cache's (T, Hkv, Dh): each head repeated Hkv / Hkv_l times, zero-padded."""
-        c = self.cfg
-        if x.shape[1] != c.n_kv_heads:
-            x = x.repeat_interleave(c.n_kv_heads // x.shape[1], dim=1)
-        if x.shape[2] != c.head_dim:
-            x = torch.nn.functional.pad(x, (0, c.head_dim - x.shape[2]))
-        return x
-
     def _kv(self, h: torch.Tensor, blk: Block, i: int, step: Step, ctx) -> tuple:
         """Layer i's rotated, normed keys and normed values (T, Hkv_l, Dh_l)."""
         T, Dh, Hkv, eps = h.shape[0], self.head_dims[i], self.kv_heads[i], self.cfg.rms_eps
@@ -284,11 +305,9 @@ class Gemma4Model(Gemma3Model):
         src = self.kv_source[i]
         if src == i:
             k, v = self._kv(h, blk, i, step, ctx)
-            cache.write(i, self._to_cache(k), self._to_cache(v), step)
-        if Dh != c.head_dim:
-            q = torch.nn.functional.pad(q, (0, c.head_dim - Dh))
-        o = cache.attend(src, q * self.q_scale, step, ctx, window=self.window if self.is_local[i] else 0)
-        return ops.linear(o[..., :Dh].reshape(T, H * Dh), blk.attn_output, None, ctx)
+            cache.write(i, k, v, step)
+        o = cache.attend(src, q * self.q_scale[i], step, ctx, window=self.window if self.is_local[i] else 0)
+        return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
 
     def _per_layer_inputs(self, tokens: torch.Tensor, x0: torch.Tensor, ctx):
         """The per-layer embeddings (T, L, P) float32 of the tokens and their scaled embedding x0 (T, D);

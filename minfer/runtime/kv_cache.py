@@ -2,6 +2,14 @@
 
 k, v: (n_layers, n_rows, n_kv_heads, head_dim). Position p of layer l lives at [l, p].
 
+Per-layer geometry (opt-in): a config that carries `kv_layers` (gemma4's: models/gemma4.py
+with_kv_layers, a ModelConfig with that one field more) gives each layer its own (kv heads, K head size, V head size),
+or None for a layer that owns no cache (a shared-KV layer reads an earlier layer's). k and v are
+then LayerViews: layer l's (n_rows, Hkv_l, Dk_l) / (n_rows, Hkv_l, Dv_l) views into one buffer
+each, k[l] None for a layer without storage. k[l], k[l, a:b] and k[:, :rows] read as on the one
+tensor, so the methods below are the same code for both. Every other architecture declares
+nothing: one (n_layers, n_rows, Hkv, Dh) tensor each, as before.
+
 The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees of any cache:
     cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
     cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
@@ -34,16 +42,91 @@ def cache_rows(n_ctx: int, device) -> int:
     return -(-n_ctx // b) * b
 
 
+def kv_layers(cfg) -> tuple | None:
+    """The config's per-layer geometry (its `kv_layers`: per layer (Hkv, Dk, Dv) or None for no
+    storage), or None: one geometry for every layer (the default)."""
+    return getattr(cfg, "kv_layers", None) or None
+
+
+def kv_bytes_per_position(cfg, elem: int) -> int:
+    """Bytes one position takes over all layers: what KVCache.for_config allocates per row and
+    PagedKVCache per slot (the memory preflight's number, commands/preflight.py)."""
+    layers = kv_layers(cfg)
+    if layers is None:
+        return (1 if getattr(cfg, "cache_v_in_k", 0) else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+    return sum(h * (dk + dv) for h, dk, dv in (g for g in layers if g is not None)) * elem
+
+
+class LayerViews:
+    """Per-layer tensors of one cache side: [l] -> layer l's (rows, Hkv_l, D_l) view (None: no
+    storage); [l, ...] indexes into it; [:, :rows] -> the first rows of every layer (LayerViews)."""
+
+    def __init__(self, views: list, buffer: torch.Tensor | None = None):
+        self.views, self.buffer = views, buffer
+        first = next(v for v in views if v is not None)
+        self.device, self.dtype = first.device, first.dtype
+
+    @classmethod
+    def zeros(cls, rows: int, shapes, device, dtype) -> "LayerViews":
+        """One zeroed buffer holding each layer's (rows, h, d) in turn; shapes[l] None: no storage."""
+        sizes = [0 if s is None else rows * s[0] * s[1] for s in shapes]
+        buf = torch.zeros(sum(sizes), device=device, dtype=dtype)
+        views, off = [], 0
+        for s, n in zip(shapes, sizes):
+            views.append(None if s is None else buf[off:off + n].view(rows, s[0], s[1]))
+            off += n
+        return cls(views, buf)
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def __getitem__(self, key):
+        if isinstance(key, tuple):
+            if key[0] == slice(None):
+                return LayerViews([None if v is None else v[key[1:]] for v in self.views])
+            return self.views[key[0]][key[1:]]
+        return self.views[key]
+
+    def __setitem__(self, key, value) -> None:
+        if not isinstance(key, tuple):
+            key = (key,)
+        self.views[key[0]][key[1:]] = value
+
+    def copy_(self, other: "LayerViews") -> "LayerViews":
+        for a, b in zip(self.views, other.views):
+            if a is not None:
+                a.copy_(b)
+        return self
+
+    def numel(self) -> int:
+        return sum(v.numel() for v in self.views if v is not None)
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def data_ptr(self) -> int:
+        return self.buffer.data_ptr() if self.buffer is not None else 0
+
+
 class KVCache:
     """v_in_k > 0 (deepseek2's MLA latent, ModelConfig.cache_v_in_k): V is no tensor of its own but
     the view k[..., :v_in_k] -- each position's V row is the first v_in_k dims of its K row, stored
     once, as llama.cpp's MLA cache does (a K-only cache, V a view of it: src/models/deepseek2.cpp);
-    write() then stores K only (v must be those dims of k). attend() gives (T, H, v_in_k)."""
+    write() then stores K only (v must be those dims of k). attend() gives (T, H, v_in_k).
+    layers (per-layer geometry, kv_layers): k, v are LayerViews of each layer's own size."""
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0):
+                 device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0,
+                 layers: tuple | None = None):
         self.n_ctx = n_ctx
         self.context = context or n_ctx
+        if layers is not None:
+            if v_in_k or len(layers) != n_layers:
+                raise MinferError(f"KVCache: per-layer geometry of {len(layers)} layers for {n_layers}"
+                                  + (" with V in K" if v_in_k else ""))
+            self.k = LayerViews.zeros(n_ctx, [g and (g[0], g[1]) for g in layers], device, dtype)
+            self.v = LayerViews.zeros(n_ctx, [g and (g[0], g[2]) for g in layers], device, dtype)
+            return
         self.k = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
         if v_in_k:
             if not 0 < v_in_k <= head_dim:
@@ -57,7 +140,7 @@ class KVCache:
                    context: int | None = None) -> "KVCache":
         """n_ctx rows (cache_rows); context: the positions a sequence may use, default n_ctx."""
         return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context,
-                   v_in_k=getattr(cfg, "cache_v_in_k", 0))
+                   v_in_k=getattr(cfg, "cache_v_in_k", 0), layers=kv_layers(cfg))
 
     def rows_view(self, rows: int) -> "KVCache":
         """The same cache seen as its first `rows` rows: k and v are views (writes land in this
@@ -76,7 +159,8 @@ class KVCache:
         return self.v.data_ptr() == self.k.data_ptr()
 
     def nbytes(self) -> int:
-        return (1 if self.v_is_view() else 2) * self.k.numel() * self.k.element_size()
+        k = self.k.numel() * self.k.element_size()
+        return k if self.v_is_view() else k + self.v.numel() * self.v.element_size()
 
     def _check_room(self, step, T: int) -> None:
         """A step with a host start writing T rows must fit the cache (inside a graph: the caller's check)."""

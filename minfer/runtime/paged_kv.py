@@ -15,6 +15,10 @@ calls `cache.write(layer, k, v, step)` (the step's keys/values go to their slots
   kernel after a cached prefix).
 Block 0 is the padding block: padded decode rows (CUDA graph buckets) write there and attend
 to its first slot only.
+
+Per-layer geometry (a config with kv_layers, runtime/kv_cache.py: gemma4): k, v are LayerViews,
+layer l's pool (n_blocks * block_size, Hkv_l, D_l), none for a layer that owns no cache; the same
+block tables and slots serve every layer. Other architectures: the one tensor above.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 from minfer import ops
 from minfer.ops import paths
 from minfer.errors import MinferError
+from minfer.runtime.kv_cache import LayerViews, kv_bytes_per_position, kv_layers
 
 
 @dataclass
@@ -96,29 +101,45 @@ class PagedStep:
 
 class PagedKVCache:
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32) -> None:
+                 device="cpu", dtype=torch.float32, layers: tuple | None = None) -> None:
+        """layers: per-layer (Hkv, Dk, Dv) or None (no storage), runtime/kv_cache.py's kv_layers."""
         self.n_layers, self.n_blocks, self.block_size = n_layers, n_blocks, block_size
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
-        shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.layers = layers
+        if layers is not None:
+            if len(layers) != n_layers:
+                raise MinferError(f"PagedKVCache: per-layer geometry of {len(layers)} layers for {n_layers}")
+            rows = n_blocks * block_size
+            self.k = LayerViews.zeros(rows, [g and (g[0], g[1]) for g in layers], device, dtype)
+            self.v = LayerViews.zeros(rows, [g and (g[0], g[2]) for g in layers], device, dtype)
+        else:
+            shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
+            self.k = torch.zeros(shape, device=device, dtype=dtype)
+            self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.step: PagedStep | None = None   # set by the engine before each forward
         self.decode_attention = None         # CUDA: the Triton kernel (set by the engine)
 
     @classmethod
     def for_config(cls, cfg, n_blocks: int, block_size: int, device="cpu", dtype=torch.float32) -> "PagedKVCache":
-        return cls(cfg.n_layers, n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, device, dtype)
+        return cls(cfg.n_layers, n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, device, dtype,
+                   layers=kv_layers(cfg))
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype=torch.float32) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
+        if kv_layers(cfg) is not None:
+            return kv_bytes_per_position(cfg, elem) * block_size
         return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * elem
 
     def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
     def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's pools as (n_blocks, block_size, Hkv, Dh) views."""
+        if self.layers is not None:
+            kl, vl = self.k[layer], self.v[layer]
+            return (kl.view(self.n_blocks, self.block_size, *kl.shape[1:]),
+                    vl.view(self.n_blocks, self.block_size, *vl.shape[1:]))
         shape = (self.n_blocks, self.block_size, self.n_kv_heads, self.head_dim)
         return self.k[layer].view(shape), self.v[layer].view(shape)
 
@@ -210,13 +231,13 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
     B, H, D = q.shape
     bs, hkv = k_pages.shape[1], k_pages.shape[2]
     g = H // hkv
-    out = torch.empty_like(q)
+    out = q.new_empty(B, H, v_pages.shape[-1])                           # (B, H, Dv)
     for b in range(B):
         n = int(context_lens[b])
         nb = -(-n // bs)
         blocks = block_tables[b, :nb].long()
         k = k_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()            # (n, Hkv, Dh)
-        v = v_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()
+        v = v_pages[blocks].reshape(nb * bs, hkv, -1)[:n].float()
         if window:
             k, v = k[max(0, n - window):], v[max(0, n - window):]
         k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)

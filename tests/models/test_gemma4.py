@@ -82,7 +82,8 @@ def test_layer_geometry_from_the_file():
     assert m.is_local == tuple(t == "sliding_attention" for t in hf["layer_types"]) == (True, True, False, True, True, False)
     assert m.window == hf["sliding_window"] == 8
     assert m.head_dims == (16, 16, 32, 16, 16, 32) and m.kv_heads == (2, 2, 1, 2, 2, 1)
-    assert (m.cfg.n_kv_heads, m.cfg.head_dim) == (2, 32)                       # the cache's geometry
+    assert (m.cfg.n_kv_heads, m.cfg.head_dim) == (2, 32)                       # the largest
+    assert m.cfg.kv_layers == ((2, 16, 16), (2, 16, 16), (1, 32, 32), (2, 16, 16), (2, 16, 16), (1, 32, 32))
     assert [r.theta for r in m.layer_rope] == [20000.0, 20000.0, 1e6, 20000.0, 20000.0, 1e6]
     assert [r.n_rot for r in m.layer_rope] == [16, 16, 32, 16, 16, 32]
     ff = m.cfg.rope.freq_factors
@@ -112,7 +113,7 @@ def test_each_rule_is_needed(monkeypatch, what):
     elif what == "proportional_rope":             # every dim of the global heads rotating
         monkeypatch.setattr(m, "layer_rope", [replace(r, freq_factors=None) for r in m.layer_rope])
     elif what == "attention_scale":               # 1/sqrt(Dh), every other architecture's
-        monkeypatch.setattr(m, "q_scale", 1.0)
+        monkeypatch.setattr(m, "q_scale", (1.0,) * m.cfg.n_layers)
     elif what in ("q_norm", "k_norm"):            # that per-head norm's weight dropped (RMS only)
         for b in m.blocks:
             w = b.attn_q_norm if what == "q_norm" else b.attn_k_norm
