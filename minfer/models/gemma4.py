@@ -186,11 +186,6 @@ class Gemma4Model(Gemma3Model):
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Gemma4Model":
         cfg = cfg or ModelConfig.from_gguf(gf)
         cls.check_supported(gf, cfg)
-        moe_layers = [i for i in range(cfg.n_layers) if f"blk.{i}.ffn_gate_inp.weight" in gf.tensors]
-        if moe_layers and torch.device(device).type != "cpu":
-            raise MinferError(f"{gf.path}: tensor 'blk.{moe_layers[0]}.ffn_gate_inp.weight' (the gemma4 MoE form): "
-                              "runs on the CPU reference only (ops.moe_ffn has no GELU experts nor a router input "
-                              "apart from theirs)")
         geo = cls.layer_geometry(gf, cfg)
         cls._loading_geometry = geo          # read by load_block (called from LlamaModel.from_gguf)
         try:
@@ -344,7 +339,7 @@ class Gemma4Model(Gemma3Model):
             moe = self.moe[i]
             if moe is not None:     # the MLP and the experts side by side on the attention's residual
                 f = ops.rms_norm(f, moe.post_norm_1, eps) + moe_branch(x, moe, self.cfg.n_experts_used,
-                                                                       self.cfg.expert_ffn, eps)
+                                                                       self.cfg.expert_ffn, eps, ctx, act)
             x = x + ops.rms_norm(f, self.post_ffw_norm[i], eps)
             x = self._per_layer_branch(x, i, ple, ctx)
             if self.out_scale[i] is not None:

@@ -41,8 +41,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # mistral3: YaRN's divisors through the rope kernel (the temperature past position 16:
         # tests/models/test_mistral3.py)
         "mistral3": ["rope.triton", "attention.decode.triton"], "seed_oss": ["rope.triton", "attention.decode.triton"],
-        # gemma4: window layers of head size 16 and global ones of 32 (zero-padded into one cache geometry,
-        # kv heads repeated), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
+        # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
+        # runtime/kv_cache.py's per-layer form), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
         "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
         # gemma4-ple: per-layer embeddings (a gather of the per-layer table, GELU gate), layers 3-5 attending
         # over layers 1 and 2's caches, double-wide MLPs on those
