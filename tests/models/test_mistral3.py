@@ -30,53 +30,6 @@ def miss(eng) -> float:
     return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
-def test_logits_match_transformers():
-    r = ref(NAME)
-    eng = engine(NAME)
-    assert eng.config.arch == "mistral3"
-    got = eng.logits(r["ids"].tolist()).numpy()
-    assert got.shape == r["logits"].shape
-    err = rel_err(got, r["logits"])
-    assert err < TOL, f"max relative logit error {err:.2e}"
-    assert (got.argmax(-1) == r["logits"].argmax(-1)).all()
-
-
-def test_greedy_matches_transformers():
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    out = [ev.token_id for ev in engine(NAME).generate(r["prompt"].tolist(), SamplingParams(temperature=0),
-                                                       max_new_tokens=len(r["greedy"]))]
-    assert out == r["greedy"].tolist()
-
-
-def test_cache_in_pieces_matches_transformers():
-    """Pieces that straddle the original context of 16 (the temperature's first step)."""
-    r = ref(NAME)
-    ids = r["ids"].tolist()
-    eng = engine(NAME)
-    cuts = [0, 5, 14, 17, 33, len(ids)]
-    got = np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
-    assert rel_err(got, r["logits"]) < TOL
-
-
-def test_batch_engine_greedy_matches_transformers():
-    """Through the paged cache (blocks of 4) next to a second sequence: the same YaRN rope and the
-    per-position temperature."""
-    from minfer.runtime.batch_engine import BatchEngine
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    eng = engine(NAME)
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
-    n = len(r["greedy"])
-    other = r["ids"][10:28].tolist()
-    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
-    assert [ev.token_id for ev in outs[0]] == r["greedy"].tolist()
-    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
-    assert [ev.token_id for ev in outs[1]] == single
-
-
 def test_values_read_from_the_file():
     """YaRN's factor, beta and original context, mscale_all_dim and the temperature's beta, as the
     fixture's HF config has them; c = get_mscale(8, 1) / get_mscale(8, 0.5)."""
