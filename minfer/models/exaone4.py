@@ -45,8 +45,9 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.gemma3 import swa_layers
-from minfer.models.layers import Block, ffn_branch, head_norm, merge_heads, rope_write_attend
+from minfer.models.layers import Block, head_norm, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
+from minfer.models.olmo2 import post_norm_forward
 from minfer.weights import load_qweight, load_vector
 
 DEFAULT_SWA_PATTERN = 4     # llama_model_exaone4::load_arch_hparams: load_swa_pattern(ml, 4)
@@ -117,14 +118,4 @@ class Exaone4Model(LlamaModel):
             o = cache.attend(i, q, step, ctx, window=window)                    # (T, H, Dh)
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps = self.act_dtype, self.cfg.rms_eps
-        x = ops.embedding(tokens, self.token_embd)                           # (T, D) float32
-        for i, blk in enumerate(self.blocks):
-            a = self._attention(x.to(act), blk, i, cache, step, ctx)
-            x = x + ops.rms_norm(a.float(), blk.attn_norm, eps)             # post_attention_norm
-            f = ffn_branch(x.to(act), blk, ctx)
-            x = x + ops.rms_norm(f.float(), blk.ffn_norm, eps)              # post_ffw_norm
-        h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)
+    forward = post_norm_forward    # olmo2.py's: post-norms only, this class's _attention

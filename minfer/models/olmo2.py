@@ -63,6 +63,21 @@ def load_olmo2_block(gf, cfg, i: int, device, dtype) -> Block:
     )
 
 
+def post_norm_forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
+    """The forward of a model with post-norms only (OLMo 2, EXAONE 4: Block.attn_norm / ffn_norm
+    hold post_attention_norm / post_ffw_norm): tokens (T,) int64 at step.positions -> logits (R, V)
+    float32 (R: step.logits' rows). self._attention is the model's own."""
+    act, eps = self.act_dtype, self.cfg.rms_eps
+    x = ops.embedding(tokens, self.token_embd)                           # (T, D) float32
+    for i, blk in enumerate(self.blocks):
+        a = self._attention(x.to(act), blk, i, cache, step, ctx)
+        x = x + ops.rms_norm(a.float(), blk.attn_norm, eps)             # post_attention_norm
+        f = ffn_branch(x.to(act), blk, ctx)
+        x = x + ops.rms_norm(f.float(), blk.ffn_norm, eps)              # post_ffw_norm
+    h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
+    return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)
+
+
 class Olmo2Model(LlamaModel):
     """Block.attn_norm / ffn_norm hold post_attention_norm / post_ffw_norm here (OLMo 2 has no
     pre-norms); attn_q_norm / attn_k_norm are whole-projection vectors, not per head."""
@@ -97,14 +112,4 @@ class Olmo2Model(LlamaModel):
                               window=self.window if self.is_local[i] else 0)             # (T, H, Dh)
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps = self.act_dtype, self.cfg.rms_eps
-        x = ops.embedding(tokens, self.token_embd)                           # (T, D) float32
-        for i, blk in enumerate(self.blocks):
-            a = self._attention(x.to(act), blk, i, cache, step, ctx)
-            x = x + ops.rms_norm(a.float(), blk.attn_norm, eps)             # post_attention_norm
-            f = ffn_branch(x.to(act), blk, ctx)
-            x = x + ops.rms_norm(f.float(), blk.ffn_norm, eps)              # post_ffw_norm
-        h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)
+    forward = post_norm_forward

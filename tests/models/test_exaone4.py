@@ -48,6 +48,7 @@ def test_layer_pattern_from_the_file():
 def test_each_rule_is_needed(monkeypatch, what):
     from minfer import ops
     from minfer.models import exaone4
+    from minfer.models.layers import ffn_branch
 
     eng = engine(NAME)
     m = eng.model
@@ -77,7 +78,7 @@ def test_each_rule_is_needed(monkeypatch, what):
             x = ops.embedding(tokens, self.token_embd)
             for i, blk in enumerate(self.blocks):
                 x = x + self._attention(ops.rms_norm(x, blk.attn_norm, eps), blk, i, cache, step, ctx)
-                x = x + exaone4.ffn_branch(ops.rms_norm(x, blk.ffn_norm, eps), blk, ctx)
+                x = x + ffn_branch(ops.rms_norm(x, blk.ffn_norm, eps), blk, ctx)
             return ops.linear(ops.rms_norm(step.rows(x), self.output_norm, eps), self.output)
         monkeypatch.setattr(exaone4.Exaone4Model, "forward", forward)
     assert miss(eng) > 10 * TOL
