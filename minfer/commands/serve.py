@@ -271,7 +271,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _one_at_a_time_if_unpaged(gf, asked, parallel: int, warn) -> int:
     """-np for an architecture the batch engine's paged KV cache cannot run (Model.paged_kv False,
-    gpt-oss): 1, said once, when -np was not given; a MinferError before the load when it asked
+    deepseek2): 1, said once, when -np was not given; a MinferError before the load when it asked
     for more (the batch engine would refuse it only after the server had started)."""
     from minfer.errors import MinferError
     from minfer.models import ARCHITECTURES

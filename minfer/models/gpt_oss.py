@@ -49,14 +49,13 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
   options (router bias, gating "topk_softmax", expert biases, act "swiglu_oai": ops/cuda/moe.py,
   moe_act.py), with no host value, so the engine's decode CUDA graph can capture the step.
   Proven in Triton's interpreter only (tests/ops/test_gpt_oss_interpreted.py), never yet on a
-  GPU. The batch engine's paged cache has no sinks: `paged_kv = False` (BatchEngine refuses it by
-  name, `minfer serve` serves one request at a time), and _check_sinks for any other such cache.
+  GPU. The batch engine's paged cache applies the sinks too (runtime/paged_kv.py: the paged decode
+  kernel's SINK variant, torch with the window), so `minfer serve` batches it (tests/runtime/
+  test_paged_sinks.py: batched greedy identical to single-sequence greedy).
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass, replace
 
 import torch
@@ -132,7 +131,6 @@ class GptOssModel(Qwen3MoeModel):
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_OPENAI_MOE -> NEOX
     qk_norm = False
     qkv_bias = True
-    paged_kv = False          # runtime/paged_kv.py's attend has no sinks
     expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length", "attention.sliding_window")
 
     @classmethod
@@ -209,7 +207,6 @@ class GptOssModel(Qwen3MoeModel):
                                   (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
         q = rope_and_write(cache, i, q.view(T, H, Dh), k.view(T, Hkv, Dh), v.view(T, Hkv, Dh), step,
                            self.layer_rope[i], ctx)
-        _check_sinks(cache)
         if self.q_scale != 1.0:      # YaRN's mscale on cos and sin of both q and k
             q = q * self.q_scale
         o = cache.attend(i, q, step, ctx, window=self.window if self.is_local[i] else 0, sinks=self.sinks[i])
@@ -242,17 +239,3 @@ class GptOssModel(Qwen3MoeModel):
         for b, e in zip(self.blocks, self.moe):
             ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
         return ws + [self.output]
-
-
-@functools.lru_cache(maxsize=None)
-def _takes_sinks(cache_type: type) -> bool:
-    return "sinks" in inspect.signature(cache_type.attend).parameters
-
-
-def _check_sinks(cache) -> None:
-    """A cache whose attend() has no sinks (the batch engine's paged cache, runtime/paged_kv.py)
-    cannot run this architecture: say so instead of a TypeError deep in the step."""
-    if not _takes_sinks(type(cache)):
-        raise MinferError(f"architecture 'gpt-oss' needs attention sinks, which {type(cache).__name__}.attend "
-                          "does not apply (the batch engine's paged cache); use the single-sequence engine")
-

@@ -179,8 +179,8 @@ class BatchEngine:
         model = engine.model
         if not getattr(model, "paged_kv", True):
             raise MinferError(f"architecture '{model.arch}' cannot run in the batch engine: its paged KV cache "
-                              "does not apply this model's attention (e.g. gpt-oss's sinks); serve it one request "
-                              "at a time (minfer serve -np 1)")
+                              "does not apply this model's attention (e.g. deepseek2's latent K/V); serve it one "
+                              "request at a time (minfer serve -np 1)")
         dev = model.device.type
         bs = kw.pop("block_size", BLOCK_SIZE)
         if dev == "cuda" and kw.get("dense_planes") is not False:

@@ -168,43 +168,58 @@ class PagedKVCache:
         return q
 
     def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0,
-               softcap: float = 0.0) -> torch.Tensor:
+               softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
         window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; that
         case runs the torch reference on every device. softcap > 0 (gemma2: scores s ->
-        softcap * tanh(s / softcap)) too, counted as attention.paged.softcap.torch."""
+        softcap * tanh(s / softcap)) too, counted as attention.paged.softcap.torch. sinks (H,)
+        (gpt-oss): each query head's extra softmax logit with no value, in every path: the decode
+        rows by the Triton kernel's SINK variant on CUDA (attention.paged_decode.sinks.triton) or
+        the torch reference (with a window: attention.paged.sinks.torch), the chunks by
+        ops.attention's sinks or windowed_attention."""
         st = self.step
         nd = st.n_decode
         parts = []
         if softcap > 0:
             paths.count("attention.paged.softcap.torch")
+        if sinks is not None and (window or softcap > 0):
+            paths.count("attention.paged.sinks.torch")
         if nd:
             kp, vp = self.pages(layer)
             if window or softcap > 0:
                 parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
-                                                 softcap))
+                                                 softcap, sinks))
             else:
                 if self.decode_attention is not None:
-                    paths.count("attention.paged_decode.triton")
-                    parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens))
+                    if sinks is None:
+                        paths.count("attention.paged_decode.triton")
+                        parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens))
+                    else:
+                        paths.count("attention.paged_decode.sinks.triton")
+                        parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens,
+                                                           sinks=sinks))
                 else:
-                    parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens))
+                    parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens,
+                                                     sinks=sinks))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
             kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
             qc = q[q0:q0 + n]
             if window or softcap > 0:
-                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap))
-            else:
+                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks))
+            elif sinks is None:
                 parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
+            else:
+                parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,
-                       softcap: float = 0.0) -> torch.Tensor:
+                       softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (T, H, Dh) at positions start.. over keys k/v (start + T, Hkv, Dh): query at p sees
     keys j with 0 <= p - j < window (llama.cpp's sliding-window mask; window 0: every j <= p),
-    scores soft-capped when softcap > 0. -> (T, H, Dh)"""
+    scores soft-capped when softcap > 0; sinks (H,): each head's extra softmax logit with no
+    value (_softmax_with_sinks). -> (T, H, Dh)"""
     T, H, D = q.shape
     S, hkv = k.shape[0], k.shape[1]
     p = start + torch.arange(T, device=q.device)[:, None]
@@ -216,17 +231,18 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start:
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~mask, float("-inf"))
-    return (torch.softmax(s, -1) @ vh).transpose(0, 1).to(q.dtype)
+    return (_softmax_with_sinks(s, sinks) @ vh).transpose(0, 1).to(q.dtype)
 
 
 def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                         block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0,
-                        softcap: float = 0.0) -> torch.Tensor:
+                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: each row's keys gathered through its block table, softmax(q k^T / sqrt(Dh)) v.
 
     q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
     (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
     window > 0: only the last `window` keys. softcap > 0: scores s -> softcap * tanh(s / softcap).
+    sinks (H,): each head's extra softmax logit with no value (_softmax_with_sinks).
     """
     B, H, D = q.shape
     bs, hkv = k_pages.shape[1], k_pages.shape[2]
@@ -245,5 +261,15 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         s = (k @ q[b].float()[:, :, None]).squeeze(-1) / D ** 0.5           # (H, n)
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
-        out[b] = (torch.softmax(s, -1)[:, None, :] @ v).squeeze(1).to(q.dtype)
+        out[b] = (_softmax_with_sinks(s, sinks)[:, None, :] @ v).squeeze(1).to(q.dtype)
     return out
+
+
+def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """softmax over the last dim of scores s (H, ..., S); sinks (H,): one more logit per head in
+    each denominator, its column dropped: p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i))
+    (minfer.ops.reference.attention's sinks; ggml_soft_max_add_sinks)."""
+    if sinks is None:
+        return torch.softmax(s, -1)
+    col = sinks.float().to(s.device).view(-1, *([1] * (s.dim() - 1))).expand(*s.shape[:-1], 1)
+    return torch.softmax(torch.cat((s, col), -1), -1)[..., :-1]

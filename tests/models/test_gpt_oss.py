@@ -141,22 +141,6 @@ def test_missing_window_key_is_named(tmp_path):
         load(p)
 
 
-def test_a_cache_without_sinks_is_refused(eng):
-    """A cache whose attend() takes no sinks (as the batch engine's paged cache) stops with a
-    MinferError naming the architecture, never attends without them."""
-    from minfer.models.base import Step
-
-    class NoSinks:
-        def write(self, layer, k, v, step):
-            pass
-
-        def attend(self, layer, q, step, ctx=None, window=0, softcap=0.0):
-            return q
-
-    with pytest.raises(MinferError, match=r"gpt-oss.*sinks.*NoSinks"):
-        eng.model.forward(torch.tensor([5, 6]), Step.at(0, 2, "cpu"), NoSinks())
-
-
 def test_yarn_matches_transformers():
     """The released files' YaRN (factor 32, original context 4096, beta 32/1) against transformers:
     the whole sequence, the cache in pieces, and the mscale (1 + 0.1 ln 32)^2 on the scores."""

@@ -45,19 +45,19 @@ def test_gpt_oss_other_scaling_types_still_refused(tmp_path):
         ModelConfig.from_gguf(GGUFFile(p))
 
 
-def test_gpt_oss_is_served_one_request_at_a_time_and_the_batch_engine_refuses_it_by_name():
-    # the paged KV cache has no sinks: the batch engine failed each request at its first step,
-    # after the server had started (a 500 per request); now serve picks -np 1 and the engine refuses
+def test_gpt_oss_is_batched_by_serve_and_the_batch_engine():
+    # the paged KV cache applies the sinks now (runtime/paged_kv.py; tests/runtime/test_paged_sinks.py):
+    # serve keeps the -np asked for gpt-oss, with no warning, and the batch engine takes it
     from minfer.commands.serve import _one_at_a_time_if_unpaged
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
 
     gf = GGUFFile(DATA / "gpt-oss.gguf")
     said = []
-    assert _one_at_a_time_if_unpaged(gf, None, 0, said.append) == 1 and "one request at a time" in said[0]
-    assert _one_at_a_time_if_unpaged(gf, 1, 1, said.append) == 1 and len(said) == 1
-    with pytest.raises(MinferError, match="-np 4: architecture 'gpt-oss' cannot run in the batch engine.*-np 1"):
-        _one_at_a_time_if_unpaged(gf, 4, 4, said.append)
-    llama = GGUFFile(DATA / "llama3.gguf")
-    assert _one_at_a_time_if_unpaged(llama, None, 0, said.append) == 0 and len(said) == 1
-    with pytest.raises(MinferError, match="'gpt-oss' cannot run in the batch engine.*-np 1"):
-        BatchEngine.from_engine(engine("gpt-oss"), max_seqs=2)
+    assert _one_at_a_time_if_unpaged(gf, None, 0, said.append) == 0
+    assert _one_at_a_time_if_unpaged(gf, 4, 4, said.append) == 4
+    assert said == []
+    eng = engine("gpt-oss")
+    be = BatchEngine.from_engine(eng, max_seqs=2)
+    outs = be.generate_many([[5, 77, 12, 140, 9], [11, 42, 7]], SamplingParams(temperature=0), 4)
+    assert [len(o) for o in outs] == [4, 4]

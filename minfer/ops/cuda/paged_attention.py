@@ -13,6 +13,12 @@ merges the splits with their log-sum-exp weights. The grid comes from the block 
 not from the lengths, so a CUDA graph captured once replays for any lengths; programs past a
 row's length write an empty partial (max -inf, weight 0 in the merge).
 
+SINK (gpt-oss): sinks (H,) float32, each query head's extra softmax logit with no value
+(minfer.ops.reference.attention's sinks). Split 0 starts its online softmax from it -- max = sink,
+sum = exp(0) = 1, acc = 0 -- as if it were one more key, so each way out (the one-split store, the
+in-kernel merge, the merge kernel) divides by exp(sink) + sum exp(s_j) with no change; the other
+splits start empty as before (the contiguous decode kernel's SINK variant, ops/cuda/attention.py).
+
 Caveats: the Triton interpreter computes tl.dot on bf16 wrongly, so the interpreter tests run
 fp32/fp16 (tests/runtime/test_paged_kv.py); fp32 inputs use IEEE dots. The reference is
 minfer.runtime.paged_kv.paged_attention_ref.
@@ -33,7 +39,8 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
                          out, stride_ob, stride_oh, cnt,
                          H, G, NS, sm_scale,
                          PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
-                         BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, MERGE: tl.constexpr):
+                         BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, MERGE: tl.constexpr,
+                         SINK: tl.constexpr = False, sinks=None):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -49,8 +56,12 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
     d = tl.arange(0, BD)
     dm = d < D
     qt = tl.load(q + b * stride_qb + qh[:, None] * stride_qh + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0)
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
+    if SINK:    # split 0 starts from the sink as from one more key with no value (the docstring)
+        m_i = tl.load(sinks + qh, mask=gm & (sp == 0), other=float("-inf")).to(tl.float32)
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+    else:
+        m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([GP], dtype=tl.float32)
     acc = tl.zeros([GP, BD], dtype=tl.float32)
     for start in range(s0, s1, BS):
         s = start + tl.arange(0, BS)
@@ -156,10 +167,12 @@ def _counters(device, need: int) -> torch.Tensor:
 def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            n_split: int | None = None, block_keys: int | None = None,
-                           target_programs: int = 264, merge_in_kernel: bool = True) -> torch.Tensor:
+                           target_programs: int = 264, merge_in_kernel: bool = True,
+                           sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
     int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row. With splits, the last
-    program of each (row, KV head) merges them (merge_in_kernel; False: the second kernel)."""
+    program of each (row, KV head) merges them (merge_in_kernel; False: the second kernel).
+    sinks (H,) (gpt-oss): each head's extra softmax logit (the SINK variant)."""
     b, h, dh = q.shape
     _, page, hkv, _ = k_pages.shape
     g = h // hkv
@@ -195,7 +208,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         out, out.stride(0), out.stride(1), cnt,
         h, g, n_split, 1.0 / dh ** 0.5,
         PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
-        IEEE=k_pages.dtype == torch.float32, DIRECT=direct, MERGE=merge, num_warps=4)
+        IEEE=k_pages.dtype == torch.float32, DIRECT=direct, MERGE=merge, num_warps=4,
+        SINK=sinks is not None, sinks=None if sinks is None else sinks.float().contiguous())
     if not direct and not merge:
         _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
                               D=dh, BD=bd, CH=16, num_warps=4)
