@@ -19,17 +19,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err, route_to_cuda  # noqa: E402
-from test_gpt_oss_interpreted import no_host_reads, x_hat  # noqa: E402
+from test_gpt_oss_interpreted import Q8, no_host_reads, rel, x_hat  # noqa: E402,F401  (Q8: the fixture)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
               # exp(-2c) of a very negative gate is inf in the interpreter's numpy: a / inf = -0, as on a GPU
               pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")]
 
 E, D, FE, K = 4, 64, 32, 2
-
-
-def rel(a, b):
-    return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -160,14 +156,6 @@ def test_fused_gate_up_order_is_gate_first(M):
     got = M["moe"].moe_ffn(h, router, *mats, K, True, act="geglu", router_in=z, down_scale=scale)
     assert rel(got, formula(h, z, router, (G, U, Dn), scale)) < 1e-5
     assert rel(got, formula(h, z, router, (U, G, Dn), scale)) > 1e-2
-
-
-@pytest.fixture(scope="module")
-def Q8():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
-                                     "minfer.ops.cuda.gemv_q8_experts", "minfer.ops.cuda.dequant",
-                                     "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe"]):
-        yield mods
 
 
 @pytest.mark.filterwarnings("ignore:divide by zero encountered:RuntimeWarning")

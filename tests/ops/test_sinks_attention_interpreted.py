@@ -28,7 +28,7 @@ def formula(q, k, v, start, window, sinks):
     dropped (HF gpt_oss eager_attention_forward; llama.cpp ggml_soft_max_add_sinks)."""
     T, H, D = q.shape
     g = H // k.shape[1]
-    out = torch.empty(T, H, D, dtype=torch.float64)
+    out = torch.empty(T, H, v.shape[-1], dtype=torch.float64)
     for t in range(T):
         p = start + t
         lo = max(0, p - window + 1) if window > 0 else 0

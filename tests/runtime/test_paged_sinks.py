@@ -22,6 +22,7 @@ from minfer.runtime.sequence import Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 from kernel_data import interpreted_modules  # noqa: E402
+from test_sinks_attention_interpreted import formula  # noqa: E402  (the float64 softmax with sinks)
 
 sys.path.insert(0, os.path.dirname(__file__))
 from test_paged_kv import _scatter  # noqa: E402
@@ -29,22 +30,6 @@ from test_paged_kv import _scatter  # noqa: E402
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
 SINKS = torch.tensor([2.5, -1.0, 0.5, 4.0, -3.0, 1.5, 0.0, 3.0])
-
-
-def formula(q, k, v, start, window, sinks):
-    """float64, query by query and head by head: softmax over [scores, sink], the sink's column
-    dropped (HF gpt_oss eager_attention_forward; llama.cpp ggml_soft_max_add_sinks)."""
-    T, H, D = q.shape
-    g = H // k.shape[1]
-    out = torch.empty(T, H, v.shape[-1], dtype=torch.float64)
-    for t in range(T):
-        p = start + t
-        lo = max(0, p - window + 1) if window > 0 else 0
-        for h in range(H):
-            s = (k[lo:p + 1, h // g].double() @ q[t, h].double()) / D ** 0.5
-            z = torch.cat((s, sinks[h].double().reshape(1)))
-            out[t, h] = torch.softmax(z, 0)[:-1] @ v[lo:p + 1, h // g].double()
-    return out
 
 
 @pytest.fixture(scope="module")
