@@ -93,12 +93,11 @@ class ModelConfig:
     @classmethod
     def from_gguf(cls, gf) -> "ModelConfig":
         """Build from a minfer.gguf_file.GGUFFile. Missing keys raise MinferError naming them."""
-        from minfer.models import ARCHITECTURES   # the one list of architectures (and their rope styles)
+        from minfer.models import ARCHITECTURES, unsupported   # the one list of architectures (and their rope styles)
 
         arch = gf.architecture
         if arch not in ARCHITECTURES:
-            raise MinferError(f"{gf.path}: architecture '{arch}' is not supported "
-                              f"(supported: {', '.join(ARCHITECTURES)})")
+            raise MinferError(f"{gf.path}: {unsupported(arch)}")
 
         from minfer import metadata_check
 

@@ -38,6 +38,9 @@ VOCAB = 320
 EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py Glm4Model.set_vocab looks them up
                   "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
 SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
+# biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
+# ~1 made one token win everywhere
+CENTERED_BIAS = {"qwen2vl"}
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
 
@@ -319,6 +322,26 @@ ARCHS = {
         final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=0,
         num_kv_shared_layers=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Qwen2.5-VL's language model (the converter writes `qwen2vl`; the vision tower goes to an mmproj
+    # only with --mmproj): Qwen2 with M-RoPE sections (2, 3, 3) of the 8 pairs; text-only positions
+    "qwen2vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           fullatt_block_indexes=[0]), tie_word_embeddings=False)),
+    # Qwen3-VL's language model (`qwen3vl`): Qwen3 (per-head q/k norms) with interleaved M-RoPE sections
+    # (6, 5, 5) of 16 pairs (the released (24, 20, 20) of 64 scaled down) and 2 deepstack layers, which
+    # add nothing without image embeddings
+    "qwen3vl": ("Qwen3VLConfig", "Qwen3VLForConditionalGeneration", dict(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5],
+                                          "mrope_interleaved": True},
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), tie_word_embeddings=False)),
 }
 
 
@@ -352,7 +375,7 @@ def make_spm_tokenizer(path: Path) -> None:
     (path / "tokenizer.model").write_bytes(buf.getvalue())
 
 
-def randomize(model, seed: int) -> None:
+def randomize(model, seed: int, centered_bias: bool = False) -> None:
     """Weights large enough that the logits are far from uniform (greedy has clear winners),
     norm weights away from their identity value (so a missed +1 or a skipped norm shows), and
     every float rounded to float16 (so the f16 GGUF holds exactly what transformers runs)."""
@@ -364,6 +387,8 @@ def randomize(model, seed: int) -> None:
             if p.ndim == 1:        # RMSNorm weights (gemma3 stores w with y = x * (1 + w))
                 cls = type(model).__name__.lower()
                 base = 0.0 if "gemma" in cls and "gemma4" not in cls else 1.0   # gemma4: y = x * w
+                if centered_bias and name.endswith(".bias"):
+                    base = 0.0
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))
             else:
                 fan_in = p.shape[-1]
@@ -412,9 +437,13 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
 
     cfg_name, cls_name, kw = ARCHS[name]
     torch.manual_seed(seed)
-    cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, **kw)
+    if "text_config" in kw:      # a vision-language model: the vocabulary is the text model's
+        kw = {**kw, "text_config": {**kw["text_config"], "vocab_size": VOCAB}}
+        cfg = getattr(transformers, cfg_name)(**kw)
+    else:
+        cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, **kw)
     model = getattr(transformers, cls_name)(cfg).float().eval()
-    randomize(model, seed)
+    randomize(model, seed, centered_bias=name in CENTERED_BIAS)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / name
         model.save_pretrained(d, safe_serialization=True)

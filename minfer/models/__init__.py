@@ -12,6 +12,8 @@ from minfer.models.base import Model, Step
 from minfer.models.llama import LlamaModel
 from minfer.models.qwen2 import Qwen2Model
 from minfer.models.qwen2moe import Qwen2MoeModel
+from minfer.models.qwen2vl import Qwen2VLModel
+from minfer.models.qwen3vl import Qwen3VLModel
 from minfer.models.ernie4_5 import Ernie45Model
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
@@ -37,14 +39,23 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
-    SeedOssModel, Exaone4Model, Gemma4Model)}
+    SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 
 
+def unsupported(arch: str) -> str:
+    """The message for an architecture minfer does not run."""
+    msg = f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})"
+    if arch == "clip":    # llama.cpp's mmproj files (convert_hf_to_gguf.py --mmproj; gguf-py MODEL_ARCH.MMPROJ)
+        msg += ("; this is a vision/audio projector (mmproj) file: load the language model's own GGUF "
+                "(e.g. qwen2vl, qwen3vl), text input only")
+    return msg
+
+
 def model_class(arch: str) -> type[Model]:
     if arch not in ARCHITECTURES:
-        raise MinferError(f"architecture '{arch}' is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise MinferError(unsupported(arch))
     return ARCHITECTURES[arch]
 
 

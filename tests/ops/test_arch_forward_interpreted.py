@@ -61,6 +61,7 @@ def cuda_ops():
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
+                                  "qwen2vl", "qwen3vl",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile

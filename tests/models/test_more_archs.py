@@ -1,0 +1,101 @@
+"""Architectures added after the first set: each rule of each, shown to be needed on its fixture
+(tests/data/arch: tiny random HF models converted by llama.cpp's converter; the logits and greedy
+checks are in test_arch_vs_transformers.py), and their bad inputs named.
+
+qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gguf
+import pytest
+
+from minfer.errors import MinferError
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
+
+
+def logits_err(eng, name: str) -> float:
+    r = ref(name)
+    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+
+
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl"])
+def test_batch_engine_greedy_matches_transformers(name):
+    """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
+    check on these fixtures)."""
+    from models import test_arch_vs_transformers as t
+
+    t.test_batch_engine_greedy_matches_transformers(name)
+
+
+# ---- qwen2vl / qwen3vl ----------------------------------------------------------------------
+
+def test_mrope_text_positions_are_plain_neox():
+    """Which rotary pairs llama.cpp turns by the t/h/w positions (the token's position for text)
+    rather than the 4th (0 for text): all of them for Qwen2(.5)-VL's sections (16, 24, 24) and the
+    fixtures'; for Qwen3-VL's interleaved (24, 20, 20) all but pairs 61 and 62, which HF rotates
+    by the position too (models/qwen3vl.py: minfer follows HF there)."""
+    from minfer.models.qwen2vl import text_position_pairs
+
+    assert all(text_position_pairs([16, 24, 24, 0], 64, interleaved=False))
+    assert all(text_position_pairs([2, 3, 3, 0], 8, interleaved=False))      # the qwen2vl fixture
+    assert all(text_position_pairs([6, 5, 5, 0], 16, interleaved=True))      # the qwen3vl fixture
+    q3 = text_position_pairs([24, 20, 20, 0], 64, interleaved=True)
+    assert [j for j, r in enumerate(q3) if not r] == [61, 62]
+    assert text_position_pairs([2, 3, 2, 1], 8, interleaved=False)[-1] is False   # a 4th section
+
+
+@pytest.mark.parametrize("name,what", [("qwen2vl", "adjacent_pairs"), ("qwen2vl", "no_qkv_bias"),
+                                       ("qwen3vl", "adjacent_pairs"), ("qwen3vl", "no_qk_norm")])
+def test_qwen_vl_each_rule_is_needed(name, what):
+    """M-RoPE on text is NEOX (halves), not adjacent pairs; qwen2vl's q/k/v biases; qwen3vl's
+    per-head q/k norms: with any one changed the logits miss transformers' by far."""
+    eng = engine(name)
+    m = eng.model
+    assert logits_err(eng, name) < TOL
+    if what == "adjacent_pairs":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    elif what == "no_qkv_bias":
+        for b in m.blocks:
+            b.attn_q_bias = b.attn_k_bias = b.attn_v_bias = None
+    else:
+        for b in m.blocks:
+            b.attn_q_norm = b.attn_k_norm = None
+    assert logits_err(eng, name) > 10 * TOL
+
+
+def test_qwen_vl_reads_sections_and_deepstack():
+    m2, m3 = engine("qwen2vl").model, engine("qwen3vl").model
+    assert m2.rope_sections == (2, 3, 3, 0) and m3.rope_sections == (6, 5, 5, 0)
+    assert m3.n_deepstack_layers == 2 and m2.cfg.rope.style == m3.cfg.rope.style == "neox"
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("qwen2vl", dict(drop_keys=("qwen2vl.rope.dimension_sections",)), "qwen2vl.rope.dimension_sections"),
+    ("qwen3vl", dict(drop_keys=("qwen3vl.rope.dimension_sections",)), "qwen3vl.rope.dimension_sections"),
+    ("qwen2vl", dict(drop_tensors=("blk.1.attn_v.bias",)), "blk.1.attn_v.bias"),
+    ("qwen3vl", dict(drop_tensors=("blk.0.attn_q_norm.weight",)), "blk.0.attn_q_norm.weight"),
+])
+def test_bad_input_is_named(tmp_path, name, kw, match):
+    p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl"])
+def test_mrope_fourth_section_is_refused(tmp_path, name):
+    """A 4th section's pairs take a position only image input sets (0 for text in llama.cpp, no
+    counterpart in HF): refused, not run as NEOX."""
+    secs = [2, 3, 2, 1] if name == "qwen2vl" else [6, 5, 4, 1]
+    p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf",
+                set_keys={f"{name}.rope.dimension_sections": (secs, gguf.GGUFValueType.ARRAY)})
+    with pytest.raises(MinferError, match="4th section"):
+        load(p)
+
+
+def test_mmproj_file_is_named(tmp_path):
+    """A vision projector file (general.architecture clip) gets a message saying what it is."""
+    p = rewrite(DATA / "qwen2vl.gguf", tmp_path / "mmproj.gguf", arch="clip")
+    with pytest.raises(MinferError, match="architecture 'clip' is not supported.*mmproj"):
+        load(p)
