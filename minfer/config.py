@@ -76,7 +76,7 @@ class ModelConfig:
     expert_groups: int = 1                     # expert_group_count (group-limited routing; 1: none)
     expert_groups_used: int = 1                # expert_group_used_count
     leading_dense_blocks: int = 0              # leading_dense_block_count: first layers with a dense FFN
-    kv_heads_per_layer: tuple | None = None    # attention.head_count_kv as an array (gemma4); n_kv_heads: its largest
+    kv_heads_per_layer: tuple | None = None    # attention.head_count_kv as an array (gemma4; lfm2: 0 on conv layers); n_kv_heads: its largest
     ffn_per_layer: tuple | None = None         # feed_forward_length as an array (gemma4); ffn: its largest
     cache_v_in_k: int = 0                      # > 0: each cached V row is the first this-many dims of its K row,
                                                # stored once (deepseek2's MLA latent: attention.value_length;
@@ -159,7 +159,11 @@ class ModelConfig:
         tied = "output.weight" not in gf.tensors
         extras = _arch_extras(gf, arch, rope)
         rope = extras.pop("rope_short", rope)
-        if kv_per_layer is not None and any(n_heads % h for h in kv_per_layer):
+        if kv_per_layer is not None and 0 in kv_per_layer and not getattr(ARCHITECTURES[arch], "attention_free_layers",
+                                                                          False):
+            raise MinferError(f"{gf.path}: {arch}.attention.head_count_kv {list(kv_per_layer)} has a 0 (a layer "
+                              f"without attention); every {arch} layer has attention")
+        if kv_per_layer is not None and any(h and n_heads % h for h in kv_per_layer):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of each "
                               f"head_count_kv {list(kv_per_layer)}")
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,

@@ -41,17 +41,21 @@ def _count(lo: int, hi: int) -> Callable[[Any], str | None]:
     return check
 
 
-def _count_or_counts(lo: int, hi: int) -> Callable[[Any], str | None]:
+def _count_or_counts(lo: int, hi: int, item_lo: int | None = None) -> Callable[[Any], str | None]:
     """A count, or an array of counts (one per layer: gemma4's head_count_kv, feed_forward_length;
-    the model class says whether it takes one, ModelConfig.from_gguf)."""
-    one = _count(lo, hi)
+    the model class says whether it takes one, ModelConfig.from_gguf). item_lo: the least an array
+    item may be (default lo; head_count_kv's 0 marks a layer without attention, lfm2's conv
+    layers, the model class says whether it has such layers), with at least one item >= lo."""
+    one, item = _count(lo, hi), _count(lo if item_lo is None else item_lo, hi)
 
     def check(v):
         if isinstance(v, list):
-            bad = next((i for i, x in enumerate(v) if one(x)), None)
+            bad = next((i for i, x in enumerate(v) if item(x)), None)
             if not v:
                 return "expected a count or a non-empty array of counts"
-            return None if bad is None else f"item {bad}: {one(v[bad])}"
+            if bad is not None:
+                return f"item {bad}: {item(v[bad])}"
+            return None if any(not one(x) for x in v) else f"expected at least one item in {lo}..{hi:,}"
         return one(v)
     return check
 
@@ -105,7 +109,7 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "block_count": _count(1, 4096),
     "embedding_length": _count(1, 1 << 20),
     "attention.head_count": _count(1, 1 << 14),
-    "attention.head_count_kv": _count_or_counts(1, 1 << 14),
+    "attention.head_count_kv": _count_or_counts(1, 1 << 14, item_lo=0),
     "attention.key_length": _count(1, 1 << 14),
     "attention.value_length": _count(1, 1 << 14),
     "feed_forward_length": _count_or_counts(1, 1 << 22),

@@ -322,6 +322,15 @@ ARCHS = {
         final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=0,
         num_kv_shared_layers=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Liquid LFM2: layers 0, 1, 3, 5 short-convolution blocks (in_proj -> B, C, x; a causal depthwise conv of
+    # 3 taps over B*x; C * conv; out_proj), 2 and 4 GQA attention with per-head q/k norms; SwiGLU everywhere,
+    # the final norm stored as token_embd_norm, tied lm head. block_auto_adjust_ff_dim off: the FFN is 96 wide
+    "lfm2": ("Lfm2Config", "Lfm2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, norm_eps=1e-5, max_position_embeddings=256, conv_L_cache=3, conv_bias=False,
+        block_auto_adjust_ff_dim=False, layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Qwen2.5-VL's language model (the converter writes `qwen2vl`; the vision tower goes to an mmproj
     # only with --mmproj): Qwen2 with M-RoPE sections (2, 3, 3) of the 8 pairs; text-only positions
     "qwen2vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(

@@ -34,12 +34,13 @@ from minfer.models.mistral3 import Mistral3Model
 from minfer.models.seed_oss import SeedOssModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.gemma4 import Gemma4Model
+from minfer.models.lfm2 import Lfm2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
-    SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel)}
+    SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

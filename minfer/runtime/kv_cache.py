@@ -14,6 +14,8 @@ The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees o
     cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
     cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
     cache.write_rotated / attend_rotated   # optional: rope + write (+ attend) in fewer launches
+    cache.write_window(layer, x, step, n)  # a short-convolution layer (lfm2): store the step's rows
+                                           # x (T, W) as its K rows, get each token's last n rows
     cache.n_ctx                            # rows: the largest position + 1 it can hold
     cache.context                          # positions a sequence may use (the engine's --ctx);
                                            # n_ctx may exceed it (CUDA rows rounded to 128).
@@ -40,6 +42,20 @@ def cache_rows(n_ctx: int, device) -> int:
         return n_ctx
     b = ops.LENGTH_BUCKET
     return -(-n_ctx // b) * b
+
+
+def window_rows(rows: torch.Tensor, index: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """rows (R, W); index, valid (T, n): rows[index] (T, n, W), zeros where not valid (a position
+    before 0). Device tensors only: no host value (a CUDA-graph decode step may run it)."""
+    T, n = index.shape
+    got = rows.index_select(0, index.reshape(-1)).view(T, n, rows.shape[-1])
+    return got * valid.unsqueeze(-1).to(got.dtype)
+
+
+def window_index(positions: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions p - n + 1 .. p of each token clamped at 0, which of them are >= 0): (T, n) each."""
+    p = positions.view(-1, 1) + torch.arange(1 - n, 1, device=positions.device).view(1, n)
+    return p.clamp(min=0), p >= 0
 
 
 def kv_layers(cfg) -> tuple | None:
@@ -225,6 +241,21 @@ class KVCache:
         self._check_room(step, 1)
         return ops.rope_attention(q, k, v, step.positions, rope, self.k[layer], self.v[layer], ctx, window=window,
                                   softcap=softcap)
+
+    def write_window(self, layer: int, x: torch.Tensor, step, n: int) -> torch.Tensor:
+        """A short-convolution layer (lfm2, whose kv_layers entry is (1, W, 0): K rows of W, no V):
+        store x (T, W) as the K rows of the step's positions and return each token's last n rows,
+        positions p - n + 1 .. p, (T, n, W) in the cache's dtype, zeros before position 0. The
+        rows of earlier steps are what the cache holds, so pieces, decode and reused prefixes
+        read the same rows the whole sequence would."""
+        T, W = x.shape
+        kl = self.k[layer]                                   # (rows, 1, W)
+        if step.start is None:
+            kl.index_copy_(0, step.positions, x.view(T, 1, W).to(kl.dtype))
+        else:
+            self._check_room(step, T)
+            kl[step.start:step.start + T] = x.view(T, 1, W)
+        return window_rows(kl.view(-1, W), *window_index(step.positions, n))
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
                softcap: float = 0.0, sinks=None, scale: float | None = None) -> torch.Tensor:

@@ -213,6 +213,29 @@ class PagedKVCache:
                 parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    def write_window(self, layer: int, x: torch.Tensor, step, n: int) -> torch.Tensor:
+        """A short-convolution layer (lfm2; kv_layers entry (1, W, 0)): x (T, W) stored at the step's
+        slots, each token's rows of positions p - n + 1 .. p (T, n, W) read back through its sequence's
+        pages (decode rows: their block tables; chunks: their key slots), zeros before position 0
+        (runtime/kv_cache.py KVCache.write_window)."""
+        from minfer.runtime.kv_cache import window_index, window_rows
+
+        st = self.step
+        T, W = x.shape
+        kl = self.k[layer]
+        kl.index_copy_(0, st.slots, x.view(T, 1, W).to(kl.dtype))
+        index, valid = window_index(st.positions, n)            # (T, n) positions, clamped at 0
+        slots = []
+        nd = st.n_decode
+        if nd:
+            p, bs = index[:nd], self.block_size
+            blocks = st.block_tables.long().gather(1, torch.div(p, bs, rounding_mode="floor"))
+            slots.append(blocks * bs + p % bs)
+        for q0, m, s0, key_slots in st.chunks:
+            slots.append(key_slots[index[q0:q0 + m]])
+        slots = slots[0] if len(slots) == 1 else torch.cat(slots)
+        return window_rows(kl.view(-1, W), slots, valid)
+
 
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,
                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"]
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -58,7 +58,10 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # gemma4-moe: the MLP and the experts side by side, the experts' GELU (moe_act.py) over the fused
             # gate_up tensor, the router on its own input, on both MoE paths
             "gemma4-moe": ["attention.window", "attention.decode", "geglu.triton", "moe.gather", "moe.grouped",
-                           "moe.act.triton"]}
+                           "moe.act.triton"],
+            # lfm2: the conv layers' B*x rows in the per-layer cache (torch ops, in the decode graph too), the
+            # attention layers' per-head q/k norms
+            "lfm2": ["shortconv.torch", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

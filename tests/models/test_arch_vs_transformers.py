@@ -21,7 +21,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "qwen2vl", "qwen3vl",
-         "gemma4", "gemma4-ple", "gemma4-moe"]
+         "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -29,14 +29,16 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "deepseek2": "deepseek2", "deepseek3": "deepseek2",   # V3 converts to deepseek2 too
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4"}
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
 TOL = 1e-3
 # test_arch_incremental_equals_whole's inner cuts where the default [5, 14] misses the feature
 CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 23], "gemma4-ple": [5, 14, 23],
-        "gemma4-moe": [5, 14, 23]}
+        "gemma4-moe": [5, 14, 23],
+        # lfm2: pieces of 1, 2 and 3 tokens, so a conv window (3 taps) reaches back over 1 or 2 earlier pieces
+        "lfm2": [1, 2, 4, 5, 14, 15, 23]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -90,7 +92,7 @@ def test_arch_greedy_matches_transformers(name):
 @pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "qwen2vl", "qwen3vl",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"])
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -129,11 +131,12 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
-@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gpt-oss"])
+@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gpt-oss", "lfm2"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position
-    temperature; gemma4's per-layer cache geometry; gpt-oss's sinks), next to a second sequence."""
+    temperature; gemma4's per-layer cache geometry; gpt-oss's sinks; lfm2's conv rows read back through
+    the block tables, across blocks), next to a second sequence."""
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.sampling import SamplingParams
 

@@ -50,7 +50,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # gemma4-moe: the MLP and the experts side by side; the experts' GELU in moe_act's kernel, the fused
         # gate_up tensor, the router on its own input (prefill 10 tokens x top 2 > 16 rows: grouped)
         "gemma4-moe": ["attention.window.decode", "attention.decode.triton", "geglu.triton", "moe.gather",
-                       "moe.grouped", "moe.act.triton"]}
+                       "moe.grouped", "moe.act.triton"],
+        # lfm2: conv layers (B*x rows in the per-layer cache, the conv in torch ops: shortconv.torch) around
+        # two attention layers with per-head q/k norms and NEOX rope
+        "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -62,7 +65,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "qwen2vl", "qwen3vl",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe"])
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
