@@ -351,6 +351,16 @@ ARCHS = {
                          pad_token_id=0, bos_token_id=1, eos_token_id=2),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
                            num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), tie_word_embeddings=False)),
+    # OLMoE (OLMoE-1B-7B's form): OLMo's q/k RMSNorm over the whole projection, pre-norm blocks, top-2 of 8
+    # softmax experts of intermediate_size, not renormalized (norm_topk_prob False, as the released config and
+    # llama.cpp's graph); MHA as released (llama.cpp loads attn_k_norm as n_embd wide); eps 1e-5 (the
+    # converter writes 1e-5 whatever the config says)
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False, rms_norm_eps=1e-5,
+        max_position_embeddings=256, clip_qkv=None, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }
 
 

@@ -78,6 +78,19 @@ def post_norm_forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -
     return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)
 
 
+def whole_qk_norm_attention(x: torch.Tensor, blk: Block, c: ModelConfig, i: int, cache, step: Step, rope, ctx,
+                            window: int = 0) -> torch.Tensor:
+    """Attention with q/k RMS-normalized over the whole projection (blk.attn_q_norm (H*Dh,),
+    attn_k_norm (Hkv*Dh,)) before the split into heads and rope (OLMo 2, OLMoE): the normed
+    input x (T, D) -> W_o attn(...) (T, D)."""
+    T, H, Hkv, Dh = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+    q, k, v = ops.linear_many(x, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
+    q = ops.rms_norm(q, blk.attn_q_norm, c.rms_eps).view(T, H, Dh)      # over H*Dh, then heads
+    k = ops.rms_norm(k, blk.attn_k_norm, c.rms_eps).view(T, Hkv, Dh)
+    o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, rope, ctx, window=window)   # (T, H, Dh)
+    return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+
+
 class Olmo2Model(LlamaModel):
     """Block.attn_norm / ffn_norm hold post_attention_norm / post_ffw_norm here (OLMo 2 has no
     pre-norms); attn_q_norm / attn_k_norm are whole-projection vectors, not per head."""
@@ -103,13 +116,7 @@ class Olmo2Model(LlamaModel):
 
     def _attention(self, x: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
         """(T, D) residual stream (act dtype) -> W_o attn(...) (T, D)."""
-        c = self.cfg
-        T, H, Hkv, Dh = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
-        q, k, v = ops.linear_many(x, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
-        q = ops.rms_norm(q, blk.attn_q_norm, c.rms_eps).view(T, H, Dh)      # over H*Dh, then heads
-        k = ops.rms_norm(k, blk.attn_k_norm, c.rms_eps).view(T, Hkv, Dh)
-        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.layer_rope[i], ctx,
-                              window=self.window if self.is_local[i] else 0)             # (T, H, Dh)
-        return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+        return whole_qk_norm_attention(x, blk, self.cfg, i, cache, step, self.layer_rope[i], ctx,
+                                       window=self.window if self.is_local[i] else 0)
 
     forward = post_norm_forward

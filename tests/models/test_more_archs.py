@@ -2,7 +2,8 @@
 (tests/data/arch: tiny random HF models converted by llama.cpp's converter; the logits and greedy
 checks are in test_arch_vs_transformers.py), and their bad inputs named.
 
-qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input only."""
+qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input only.
+olmoe: OLMoE (whole-projection q/k norms, a MoE whose weights are not renormalized)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def logits_err(eng, name: str) -> float:
     return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
-@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl"])
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
     check on these fixtures)."""
@@ -99,3 +100,57 @@ def test_mmproj_file_is_named(tmp_path):
     p = rewrite(DATA / "qwen2vl.gguf", tmp_path / "mmproj.gguf", arch="clip")
     with pytest.raises(MinferError, match="architecture 'clip' is not supported.*mmproj"):
         load(p)
+
+
+# ---- olmoe ----------------------------------------------------------------------------------
+
+def per_head_qk_norm(m):
+    """OLMoE's attention with the q/k norms applied per head (the qwen3 reading) instead of over the
+    whole projection: each head RMS-normalized, then scaled by its slice of the (H*Dh,) weight."""
+    import torch
+
+    from minfer import ops
+    from minfer.models.layers import merge_heads, rope_write_attend
+
+    c = m.cfg
+
+    def norm(x, w, heads):
+        T = x.shape[0]
+        y = ops.rms_norm(x.reshape(T * heads, c.head_dim), torch.ones(c.head_dim), c.rms_eps)
+        return (y.reshape(T, -1) * w).view(T, heads, c.head_dim)
+
+    def attention(h, blk, i, cache, step, ctx):
+        q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
+        q, k = norm(q, blk.attn_q_norm, c.n_heads), norm(k, blk.attn_k_norm, c.n_kv_heads)
+        o = rope_write_attend(cache, i, q, k, v.view(h.shape[0], c.n_kv_heads, c.head_dim), step, c.rope, ctx)
+        return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+
+    return attention
+
+
+@pytest.mark.parametrize("what", ["per_head_qk_norm", "renormalized", "adjacent_pairs"])
+def test_olmoe_each_rule_is_needed(what):
+    """The q/k norms over the whole projection (not per head), the top-k weights left as they
+    are (not renormalized) and NEOX rope: with any one changed the logits miss transformers'."""
+    eng = engine("olmoe")
+    m = eng.model
+    assert logits_err(eng, "olmoe") < TOL and m.weights_norm is False
+    if what == "per_head_qk_norm":
+        m.attention = per_head_qk_norm(m)
+    elif what == "renormalized":
+        m.weights_norm = True
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    assert logits_err(eng, "olmoe") > 10 * TOL
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.attn_k_norm.weight",)), "blk.1.attn_k_norm.weight"),
+    (dict(drop_keys=("olmoe.expert_used_count",)), "olmoe.expert_used_count"),
+    (dict(set_keys={"olmoe.expert_weights_scale": (2.5, gguf.GGUFValueType.FLOAT32)}), "olmoe.expert_weights_scale"),
+])
+def test_olmoe_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "olmoe.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
