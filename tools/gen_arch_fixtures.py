@@ -40,7 +40,7 @@ EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py G
 SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
-CENTERED_BIAS = {"qwen2vl"}
+CENTERED_BIAS = {"qwen2vl", "starcoder2"}
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
 
@@ -361,6 +361,15 @@ ARCHS = {
         max_position_embeddings=256, clip_qkv=None, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # StarCoder2: LayerNorm with bias, biases on every linear, a GELU-tanh MLP without gate, GQA, NEOX rope,
+    # tied head. The converter writes no sliding window (llama.cpp's graph has none); logits_window8 (below)
+    # is transformers' forward of the same weights with sliding_window 8, for a file that carries the key
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, norm_epsilon=1e-5, max_position_embeddings=256, use_bias=True, sliding_window=None,
+        hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }
 
 
@@ -483,6 +492,10 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
         ids_long = rng.integers(3, VOCAB, size=48).tolist()
         arrays["ids_long"] = np.array(ids_long, dtype=np.int64)
         arrays["logits_long"] = reference(model, ids_long)
+    if name == "starcoder2":   # the same weights with a window of 8 (HF reads config.sliding_window per call)
+        model.config.sliding_window = 8
+        arrays["logits_window8"] = reference(model, ids)
+        model.config.sliding_window = None
     prompt = ids[:PROMPT]
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,

@@ -20,6 +20,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
+         "starcoder2",
          "olmoe",
          "qwen2vl", "qwen3vl",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
@@ -29,6 +30,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2",
                "deepseek2": "deepseek2", "deepseek3": "deepseek2",   # V3 converts to deepseek2 too
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
+               "starcoder2": "starcoder2",
                "olmoe": "olmoe",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2"}
@@ -93,6 +95,7 @@ def test_arch_greedy_matches_transformers(name):
 
 @pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
+                                  "starcoder2",
                                   "olmoe",
                                   "qwen2vl", "qwen3vl",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])

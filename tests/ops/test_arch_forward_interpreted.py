@@ -41,6 +41,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # mistral3: YaRN's divisors through the rope kernel (the temperature past position 16:
         # tests/models/test_mistral3.py)
         "mistral3": ["rope.triton", "attention.decode.triton"], "seed_oss": ["rope.triton", "attention.decode.triton"],
+        # starcoder2: LayerNorm with bias, the ungated GELU MLP, every linear with a bias
+        "starcoder2": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         # olmoe: whole-projection q/k norms around the grouped (prefill) and gathered (decode) MoE
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
@@ -66,6 +68,7 @@ def cuda_ops():
 
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
+                                  "starcoder2",
                                   "olmoe",
                                   "qwen2vl", "qwen3vl",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
