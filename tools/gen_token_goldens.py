@@ -17,6 +17,9 @@ in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
     /tmp/llcpp/bin/python tools/gen_token_goldens.py --ids-only deepseek-llm ...  # <name>-ids.json
     /tmp/llcpp/bin/python tools/gen_token_goldens.py deepseek-llm-as-deepseek-v3  # a pre variant
     /tmp/llcpp/bin/python tools/gen_token_goldens.py pieces-as-deepseek-v3  # the split itself
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py $(python -c "import sys; sys.path.insert(0,
+        'tests/tokenizer'); from vocab_files import MORE_PRES; print(*('pieces-as-' + p for p in MORE_PRES))")
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py llama-bpe-as-tekken
 
 A pre variant (tests/tokenizer/vocab_files.py PRE_VARIANTS) is a suite vocab written under
 another tokenizer.ggml.pre; its golden adds PRE_CASES, llama.cpp's suite texts
@@ -294,16 +297,22 @@ def lite_golden_for(path: Path) -> dict:
             "sweep": sweep}
 
 
-def piece_golden_for(pre: str, with_merges: bool = True) -> dict:
+def piece_golden_for(pre: str, with_merges: bool = True, with_decode: bool = False) -> dict:
     """llama.cpp's split itself: PRE_CASES and the short CASES on a vocab where each pre-token
-    is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials."""
+    is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials;
+    with_decode: also each case's detokenized text and the pre's default add_bos."""
     from vocab_files import write_piece_vocab
 
     texts = [t for t in dict.fromkeys(PRE_CASES + CASES) if 0 < len(t.encode("utf-8")) <= 48]
     v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf",
                                      with_merges))
-    cases = [{"text": t, "ids": v.tokenize(t, False, False)} for t in texts]
+    cases = []
+    for t in texts:
+        ids = v.tokenize(t, False, False)
+        # decode (clean_spaces shows there) only where asked: the older piece goldens have none
+        cases.append({"text": t, "ids": ids, **({"decode": v.detokenize(ids, True)} if with_decode else {})})
     return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "pre": pre, "n_vocab": v.n,
+            **({"add_bos": bool(v.L.llama_vocab_get_add_bos(v.vocab))} if with_decode else {}),
             "cases": cases}
 
 
@@ -345,12 +354,13 @@ def main() -> int:
     import fetch_llama_cpp  # llama.cpp's suite vocabs: goldens/<name>.json for e.g. 'llama-spm'
 
     sys.path.insert(0, str(OUT_DIR.parent))
-    from vocab_files import PIECE_PRES, PRE_VARIANTS, write_pre_variant
+    from vocab_files import MORE_PRES, PIECE_PRES, PRE_VARIANTS, write_pre_variant
 
     extra: dict[str, list[str]] = {}
     for name in args.models or MODELS:
         if name in PIECE_PRES:  # the split of a pre type, on a vocab that spells it out
-            g = piece_golden_for(PIECE_PRES[name], not name.endswith("-no-merges"))
+            g = piece_golden_for(PIECE_PRES[name], not name.endswith("-no-merges"),
+                                 with_decode=PIECE_PRES[name] in MORE_PRES)
             (OUT_DIR / f"{name}.json").write_text(dump_golden(g), encoding="utf-8")
             print(f"{OUT_DIR / name}.json: {len(g['cases'])} strings, vocab {g['n_vocab']}")
             continue

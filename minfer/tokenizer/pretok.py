@@ -111,6 +111,45 @@ TINY_AYA_RE = (r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][e
                r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
+# case LLAMA_VOCAB_PRE_TYPE_TEKKEN (pre "tekken": Mistral NeMo, Mistral Small 3.x, Ministral,
+# Devstral): llama.cpp's adapted form of Tekken's tokenizer.json regex, with GPT4O_RE's lookahead
+# letter classes, single digits and no contractions
+TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+             r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+# case LLAMA_VOCAB_PRE_TYPE_SEED_CODER (pre "seed-coder"): qwen2's with no CR/LF in a punctuation run
+SEED_CODER_RE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_BAILINGMOE (pre "bailingmoe", "bailingmoe2", "llada-moe"): the
+# contractions after one apostrophe, and a newline run is one CR/LF (llama.cpp's greedy form of
+# the possessive tokenizer.json regex)
+BAILINGMOE_RE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_EXAONE_MOE (pre "exaone-moe"): words with their marks, joined by
+# single spaces into one piece
+EXAONE_MOE_RE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_MINICPM5 (pre "minicpm5"): digit runs of at most three, then llama3's
+# regex with whole digit runs
+MINICPM5_RES = (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# case LLAMA_VOCAB_PRE_TYPE_UFAKZEKA (pre "ufakzeka"): qwen2's regex without the contractions
+UFAKZEKA_RE = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# case LLAMA_VOCAB_PRE_TYPE_SPARK2_5 (pre "spark2_5"): deepseek-v3's three with one CR or LF a
+# piece, then single digits
+SPARK2_5_RES = (
+    r"\p{N}{1,3}",
+    "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+|[\r\n]|\\s+(?!\\S)|\\s+",
+    r"\p{N}",
+)
+# case LLAMA_VOCAB_PRE_TYPE_PORO / BLOOM / GPT3_FINNISH (and VIKING, then single digits): a run of
+# anything but whitespace and these punctuation marks (the parentheses and bars are class members)
+PORO_RE = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+
+
 # Code points that Unicode 16.0 assigned (letters, digits, marks, punctuation, symbols) and that
 # llama.cpp's category table (unicode-data.cpp, Unicode 15.1) leaves undefined: there they are in
 # no \p{..} class (the collapsed text gives them the "other" byte), while the Oniguruma in
@@ -196,3 +235,35 @@ PRE_TYPES: dict[str, PreRules] = {
     "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True),
 }
 PRE_TYPES["granite-embed-multi-311m"] = PRE_TYPES["gemma4"]
+# The other names of llama_vocab::impl::load's chain whose rules are one of the above (the same
+# regex list and flags); each has a llama.cpp golden (tests/tokenizer/test_tok_more_pres.py)
+for _names, _same in (
+        (("falcon-h1", "pixtral", "midm-2.0", "lfm2"), "llama3"),       # LLAMA3, ignore_merges, add_bos
+        (("gigachat", "a.x-4.0", "mellum", "exaone4", "olmo", "jais"), "gpt-2"),   # GPT2 / OLMO / JAIS
+        (("kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"), "qwen2"),   # QWEN2 regex, clean off
+        (("stablelm2",), "megrez"),                                        # QWEN2 regex, clean on
+        (("hunyuan-dense", "joyai-llm", "hy_v4"), "deepseek-v3"),          # DEEPSEEK3_LLM's regexes
+        (("codeshell", "exaone", "minerva-7b", "mellum2"), "starcoder"),   # STARCODER's two
+        (("minimax-m2",), "gpt-4o")):                                      # GPT4O's, clean off
+    for _n in _names:
+        PRE_TYPES[_n] = PRE_TYPES[_same]
+PRE_TYPES.update({
+    # DBRX / SMAUG: llama3's regex with llama.cpp's BPE defaults (merges used, no default BOS)
+    "dbrx": PreRules((LLAMA3_RE,)), "smaug-bpe": PreRules((LLAMA3_RE,)),
+    # TRILLION / GRANITE_DOCLING: GPT-2's regex, clean_spaces off
+    "trillion": PreRules((GPT2_RE,), clean_spaces=False),
+    "granite-docling": PreRules((GPT2_RE,), clean_spaces=False),
+    "tekken": PreRules((TEKKEN_RE,), clean_spaces=False, ignore_merges=True, add_bos=True),
+    "seed-coder": PreRules((SEED_CODER_RE,), clean_spaces=False),
+    "bailingmoe": PreRules((BAILINGMOE_RE,), clean_spaces=False),
+    "exaone-moe": PreRules((EXAONE_MOE_RE,)),
+    "minicpm5": PreRules(MINICPM5_RES, ignore_merges=True),
+    "ufakzeka": PreRules((UFAKZEKA_RE,), clean_spaces=False),
+    "spark2_5": PreRules(SPARK2_5_RES, clean_spaces=False),
+    # LAGUNA: newline runs apart first (unicode.cpp's custom newline splitter), then qwen2's regex
+    "laguna": PreRules((NEWLINES_RE, QWEN2_RE), clean_spaces=False),
+    "poro-chat": PreRules((PORO_RE,), clean_spaces=False),
+    "bloom": PreRules((PORO_RE,)), "gpt3-finnish": PreRules((PORO_RE,)),
+    "viking": PreRules((PORO_RE, r"\p{N}"), clean_spaces=False),
+})
+PRE_TYPES["bailingmoe2"] = PRE_TYPES["llada-moe"] = PRE_TYPES["bailingmoe"]

@@ -136,7 +136,7 @@ def test_wordpiece_decode(suite_tok):
 
 
 @pytest.mark.parametrize("model, pre", [("t5", "default"), ("rwkv", None), ("gpt2", "afmoe"),
-                                        ("gpt2", "tekken")])
+                                        ("gpt2", "superbpe")])
 def test_unsupported_vocab_is_refused(tmp_path, model, pre):
     import gguf
 

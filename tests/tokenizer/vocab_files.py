@@ -23,6 +23,9 @@ PRE_VARIANTS = {
     "deepseek-llm-as-deepseek-v3": ("deepseek-llm", "deepseek-v3"),
     "qwen2-as-kimi-k2": ("qwen2", "kimi-k2"),
     "command-r-as-tiny_aya": ("command-r", "tiny_aya"),
+    # Tekken (Mistral NeMo / Small 3.x) is tiktoken-style like Llama 3's vocab: its flags
+    # (ignore_merges, add_bos, clean_spaces off) on a real vocab
+    "llama-bpe-as-tekken": ("llama-bpe", "tekken"),
 }
 
 
@@ -58,6 +61,15 @@ PIECE_PRES = {"pieces-as-deepseek-v3": "deepseek-v3", "pieces-as-kimi-k2": "kimi
               "pieces-as-tiny_aya": "tiny_aya",
               # the same vocab without tokenizer.ggml.merges, which llama.cpp allows for kimi-k2
               "pieces-as-kimi-k2-no-merges": "kimi-k2"}
+# the pre names added after those (minfer/tokenizer/pretok.py: the other names of llama.cpp's
+# load() chain), each with a piece golden of its own (tests/tokenizer/test_tok_more_pres.py)
+MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "gigachat", "a.x-4.0", "mellum", "exaone4", "olmo",
+             "jais", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2", "stablelm2", "hunyuan-dense",
+             "joyai-llm", "hy_v4", "codeshell", "exaone", "minerva-7b", "mellum2", "minimax-m2", "dbrx",
+             "smaug-bpe", "trillion", "granite-docling", "tekken", "seed-coder", "bailingmoe", "bailingmoe2",
+             "llada-moe", "exaone-moe", "minicpm5", "ufakzeka", "spark2_5", "laguna", "poro-chat", "bloom",
+             "gpt3-finnish", "viking")
+PIECE_PRES.update({f"pieces-as-{p}": p for p in MORE_PRES})
 
 _COPIED_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
 
