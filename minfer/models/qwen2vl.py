@@ -72,10 +72,13 @@ def check_text_rope(gf, cfg: ModelConfig, interleaved: bool) -> list[int]:
     return secs
 
 
-class Qwen2VLModel(Qwen2Model):
-    arch = "qwen2vl"
-    rope_style = "neox"       # MROPE: NEOX halves; text positions equal in t/h/w (module docstring)
+class TextMRope:
+    """The loading step the VL language models share (mixed in before their text model's class):
+    the sections checked for text input (check_text_rope) and kept as `rope_sections`, plus each
+    multimodal key the subclass names in `recorded_keys` (attribute -> metadata key suffix; a key
+    that only matters for image input, kept for inspection)."""
     interleaved_mrope = False
+    recorded_keys: dict[str, str] = {}
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -84,4 +87,12 @@ class Qwen2VLModel(Qwen2Model):
         sections = check_text_rope(gf, cfg, cls.interleaved_mrope)
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         m.rope_sections = tuple(sections)
+        for attr, key in cls.recorded_keys.items():
+            setattr(m, attr, int(gf.metadata.get(f"{cfg.arch}.{key}", 0) or 0))
         return m
+
+
+class Qwen2VLModel(TextMRope, Qwen2Model):
+    arch = "qwen2vl"
+    rope_style = "neox"       # MROPE: NEOX halves; text positions equal in t/h/w (module docstring)
+    interleaved_mrope = False

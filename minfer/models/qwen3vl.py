@@ -23,25 +23,13 @@ src/models/qwen3vl.cpp) with two multimodal parts, neither of which acts on text
 
 from __future__ import annotations
 
-import torch
-
-from minfer.config import ModelConfig
-from minfer.models.qwen2vl import check_text_rope
+from minfer.models.qwen2vl import TextMRope
 from minfer.models.qwen3 import Qwen3Model
 
 
-class Qwen3VLModel(Qwen3Model):
+class Qwen3VLModel(TextMRope, Qwen3Model):
     arch = "qwen3vl"
     rope_style = "neox"       # IMROPE: NEOX halves; text positions equal in t/h/w (module docstring)
     interleaved_mrope = True
-
-    @classmethod
-    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
-                  progress: bool = True, act_dtype: torch.dtype = torch.float32):
-        cfg = cfg or ModelConfig.from_gguf(gf)
-        sections = check_text_rope(gf, cfg, cls.interleaved_mrope)
-        # recorded only: for text the deepstack slices are zeros (module docstring)
-        n_ds = int(gf.metadata.get(f"{cfg.arch}.n_deepstack_layers", 0) or 0)
-        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        m.rope_sections, m.n_deepstack_layers = tuple(sections), n_ds
-        return m
+    # recorded only: for text the deepstack slices are zeros (module docstring)
+    recorded_keys = {"n_deepstack_layers": "n_deepstack_layers"}
