@@ -207,9 +207,7 @@ class Gemma4Model(Gemma3Model):
         m.embed_scale = math.sqrt(D)
         cls.load_per_layer_embeddings(m, gf, device, dtype)
         m.moe = [load_moe(gf, c, i, device, dtype) for i in range(c.n_layers)]
-        # attention scale 1: q is pre-scaled by sqrt(the layer's head size), which the attention's
-        # default 1/sqrt(Dh) undoes (every cache and kernel takes the default)
-        m.q_scale = tuple(math.sqrt(dh) for dh in geo["head_dims"])
+        m.attn_scale = 1.0          # the scores' factor (not 1/sqrt(Dh)), passed to cache.attend(scale=)
         m.v_norm_ones = {dh: torch.ones(dh, device=device) for dh in set(geo["head_dims"])}
         return m
 
@@ -301,7 +299,7 @@ class Gemma4Model(Gemma3Model):
         if src == i:
             k, v = self._kv(h, blk, i, step, ctx)
             cache.write(i, k, v, step)
-        o = cache.attend(src, q * self.q_scale[i], step, ctx, window=self.window if self.is_local[i] else 0)
+        o = cache.attend(src, q, step, ctx, window=self.window if self.is_local[i] else 0, scale=self.attn_scale)
         return ops.linear(o.reshape(T, H * Dh), blk.attn_output, None, ctx)
 
     def _per_layer_inputs(self, tokens: torch.Tensor, x0: torch.Tensor, ctx):

@@ -9,7 +9,8 @@ position and slot, the decode rows' block tables and lengths, and each chunk's s
 calls `cache.write(layer, k, v, step)` (the step's keys/values go to their slots), then
 `cache.attend(layer, q, step, ctx)` (the Cache protocol of docs/interfaces.md):
 - decode rows: paged attention straight through the block tables (CPU: `paged_attention_ref`;
-  CUDA: the Triton kernel in minfer/ops/cuda/paged_attention.py);
+  CUDA: the Triton kernel in minfer/ops/cuda/paged_attention.py, with sliding windows, softcap,
+  sinks and the caller's scale);
 - prefill chunks: the chunk's pages gathered into contiguous keys/values and the causal
   attention of minfer.ops over them (on CUDA: cuDNN/flash SDPA from position 0, the masked
   kernel after a cached prefix).
@@ -168,49 +169,49 @@ class PagedKVCache:
         return q
 
     def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0,
-               softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+               softcap: float = 0.0, sinks: torch.Tensor | None = None,
+               scale: float | None = None) -> torch.Tensor:
         """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
-        window > 0 (sliding-window layers): a query at position p sees keys (p - window, p]; that
-        case runs the torch reference on every device. softcap > 0 (gemma2: scores s ->
-        softcap * tanh(s / softcap)) too, counted as attention.paged.softcap.torch. sinks (H,)
-        (gpt-oss): each query head's extra softmax logit with no value, in every path: the decode
-        rows by the Triton kernel's SINK variant on CUDA (attention.paged_decode.sinks.triton) or
-        the torch reference (with a window: attention.paged.sinks.torch), the chunks by
-        ops.attention's sinks or windowed_attention."""
+        window > 0 (sliding-window layers): a query at position p sees keys (p - window, p].
+        softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap). sinks (H,) (gpt-oss): each
+        query head's extra softmax logit with no value. scale: the scores' factor (None:
+        1/sqrt(Dh); gemma4 passes 1.0), in every path.
+        Decode rows: the Triton kernel where set (CUDA), with its WINDOW / CAP / SINK variants,
+        counted attention.paged_decode[.softcap][.window][.sinks].triton; else paged_attention_ref
+        (a loop over rows: the CPU's, counted attention.paged_decode.<variant>.torch when it has a
+        window or softcap). Chunks: windowed_attention with a window or softcap (torch, counted
+        attention.paged_prefill.<variant>.torch per chunk), else ops.attention (with the sinks)."""
         st = self.step
         nd = st.n_decode
         parts = []
-        if softcap > 0:
-            paths.count("attention.paged.softcap.torch")
-        if sinks is not None and (window or softcap > 0):
-            paths.count("attention.paged.sinks.torch")
+        variant = ((".softcap" if softcap > 0 else "") + (".window" if window else "")
+                   + (".sinks" if sinks is not None else ""))
         if nd:
             kp, vp = self.pages(layer)
-            if window or softcap > 0:
-                parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
-                                                 softcap, sinks))
+            if self.decode_attention is not None:
+                paths.count(f"attention.paged_decode{variant}.triton")
+                kw = {} if sinks is None else {"sinks": sinks}
+                if window:
+                    kw["window"] = window
+                if softcap > 0:
+                    kw["softcap"] = softcap
+                if scale is not None:
+                    kw["scale"] = scale
+                parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens, **kw))
             else:
-                if self.decode_attention is not None:
-                    if sinks is None:
-                        paths.count("attention.paged_decode.triton")
-                        parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens))
-                    else:
-                        paths.count("attention.paged_decode.sinks.triton")
-                        parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens,
-                                                           sinks=sinks))
-                else:
-                    parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens,
-                                                     sinks=sinks))
+                if window or softcap > 0:
+                    paths.count(f"attention.paged_decode{variant}.torch")
+                parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
+                                                 softcap, sinks, scale))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
             kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
             qc = q[q0:q0 + n]
             if window or softcap > 0:
-                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks))
-            elif sinks is None:
-                parts.append(ops.attention(qc, kc, vc, s0) if ctx is None else ops.attention(qc, kc, vc, s0, ctx))
+                paths.count(f"attention.paged_prefill{variant}.torch")
+                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks, scale))
             else:
-                parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks))
+                parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks, scale=scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def write_window(self, layer: int, x: torch.Tensor, step, n: int) -> torch.Tensor:
@@ -238,11 +239,12 @@ class PagedKVCache:
 
 
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,
-                       softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                       softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                       scale: float | None = None) -> torch.Tensor:
     """q (T, H, Dh) at positions start.. over keys k/v (start + T, Hkv, Dh): query at p sees
     keys j with 0 <= p - j < window (llama.cpp's sliding-window mask; window 0: every j <= p),
-    scores soft-capped when softcap > 0; sinks (H,): each head's extra softmax logit with no
-    value (_softmax_with_sinks). -> (T, H, Dh)"""
+    scores times scale (default 1/sqrt(Dh)), soft-capped when softcap > 0; sinks (H,): each head's
+    extra softmax logit with no value (_softmax_with_sinks). -> (T, H, Dh)"""
     T, H, D = q.shape
     S, hkv = k.shape[0], k.shape[1]
     p = start + torch.arange(T, device=q.device)[:, None]
@@ -250,7 +252,7 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start:
     mask = (j <= p) & (p - j < window) if window else j <= p                 # (T, S)
     kh = k.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)        # (H, S, Dh)
     vh = v.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)
-    s = (q.float().transpose(0, 1) @ kh.transpose(1, 2)) / D ** 0.5          # (H, T, S)
+    s = (q.float().transpose(0, 1) @ kh.transpose(1, 2)) * _scale(scale, D)   # (H, T, S)
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     s = s.masked_fill(~mask, float("-inf"))
@@ -259,8 +261,10 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start:
 
 def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                         block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0,
-                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """The reference: each row's keys gathered through its block table, softmax(q k^T / sqrt(Dh)) v.
+                        softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                        scale: float | None = None) -> torch.Tensor:
+    """The reference: each row's keys gathered through its block table, softmax(scale q k^T) v
+    (scale default 1/sqrt(Dh)).
 
     q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
     (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
@@ -281,11 +285,15 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
             k, v = k[max(0, n - window):], v[max(0, n - window):]
         k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)
         v = v.repeat_interleave(g, dim=1).transpose(0, 1)
-        s = (k @ q[b].float()[:, :, None]).squeeze(-1) / D ** 0.5           # (H, n)
+        s = (k @ q[b].float()[:, :, None]).squeeze(-1) * _scale(scale, D)   # (H, n)
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         out[b] = (_softmax_with_sinks(s, sinks)[:, None, :] @ v).squeeze(1).to(q.dtype)
     return out
+
+
+def _scale(scale: float | None, d: int) -> float:
+    return 1.0 / d ** 0.5 if scale is None else float(scale)
 
 
 def _softmax_with_sinks(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:

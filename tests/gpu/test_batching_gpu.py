@@ -1,7 +1,8 @@
 """Continuous batching on the GPU: the paged decode kernel, and results independent of batching.
 
 - The Triton paged decode-attention kernel (bf16, the 7B's GQA 28/4 and head size 128, long
-  contexts split over programs) against the torch reference through the same block tables.
+  contexts split over programs) against the torch reference through the same block tables; its
+  sliding-window, soft-cap, sink and scale variants (gemma2/3/4, gpt-oss shapes) likewise.
 - A synthetic model's greedy answers through the BatchEngine: each prompt alone against the
   same prompt among 31 others (different M for every linear layer, decode rows beside prefill
   chunks, CUDA graph buckets with padding rows). Batched kernels round differently (GEMV at
@@ -51,6 +52,43 @@ def test_paged_decode_kernel_matches_reference(B, H, hkv, dh, page, max_len):
     assert torch.isfinite(out).all()
     assert rel(out.float(), ref) < 1e-2
 
+
+
+@pytest.mark.parametrize("B,H,hkv,dh,page,max_len,window,softcap,scale,sinks", [
+    (37, 8, 4, 256, 16, 3000, 512, 50.0, None, False),    # gemma2's local layers: window + soft-cap
+    (37, 8, 4, 256, 16, 3000, 0, 50.0, None, False),      # its global layers: the soft-cap alone
+    (64, 16, 8, 128, 16, 1200, 128, 0.0, None, True),     # gpt-oss's sliding layers: window + sinks
+    (9, 32, 16, 128, 16, 5000, 1024, 0.0, None, False),   # long rows, a window of 1024: few of their tiles read
+    (20, 8, 2, 256, 16, 900, 500, 0.0, 1.0, False),       # gemma4: scale 1.0, a window mid-tile
+    (160, 8, 2, 512, 16, 400, 0, 0.0, 1.0, False),        # gemma4's global head size, one split
+])
+def test_paged_decode_kernel_window_softcap_scale_match_reference(B, H, hkv, dh, page, max_len, window, softcap,
+                                                                  scale, sinks):
+    """The WINDOW / CAP variants and the runtime scale (bf16; tests/runtime/test_paged_window.py
+    checks them in Triton's interpreter) against paged_attention_ref with the same arguments."""
+    from minfer.ops.cuda.paged_attention import paged_decode_attention
+    from minfer.runtime.paged_kv import paged_attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(B + window)
+    lens = torch.randint(1, max_len, (B,), generator=g, device="cuda").to(torch.int32)
+    width = (max_len + page - 1) // page + 1
+    n_blocks = int(sum((int(n) + page - 1) // page for n in lens)) + 8
+    kp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
+    vp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
+    perm = (torch.randperm(n_blocks - 1, device="cuda", generator=g) + 1).tolist()
+    bt = torch.zeros(B, width, dtype=torch.int32, device="cuda")
+    for b in range(B):
+        nb = (int(lens[b]) + page - 1) // page
+        bt[b, :nb] = torch.tensor([perm.pop() for _ in range(nb)], dtype=torch.int32)
+    amp = 20.0 if softcap else (0.1 if scale else 1.0)     # scores past the cap; scale 1.0 not saturating
+    q = (amp * torch.randn(B, H, dh, device="cuda", generator=g)).to(torch.bfloat16)
+    sk = torch.randn(H, device="cuda", generator=g) * 2 if sinks else None
+    out = paged_decode_attention(q, kp, vp, bt, lens, window=window, softcap=softcap, scale=scale, sinks=sk)
+    ref = paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens, window, softcap, sk, scale)
+    assert torch.isfinite(out).all()
+    assert rel(out.float(), ref) < 1e-2
+    full = paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens, sinks=sk)
+    assert rel(full, ref) > 5e-2                           # the variant's rules change the result
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):

@@ -67,7 +67,7 @@ def test_each_rule_is_needed(monkeypatch, what):
     elif what == "proportional_rope":             # every dim of the global heads rotating
         monkeypatch.setattr(m, "layer_rope", [replace(r, freq_factors=None) for r in m.layer_rope])
     elif what == "attention_scale":               # 1/sqrt(Dh), every other architecture's
-        monkeypatch.setattr(m, "q_scale", (1.0,) * m.cfg.n_layers)
+        monkeypatch.setattr(m, "attn_scale", None)      # None: the caches' default 1/sqrt(Dh)
     elif what in ("q_norm", "k_norm"):            # that per-head norm's weight dropped (RMS only)
         for b in m.blocks:
             w = b.attn_q_norm if what == "q_norm" else b.attn_k_norm

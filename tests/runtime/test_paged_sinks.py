@@ -3,8 +3,8 @@ paged KV cache: the Triton paged decode kernel's SINK variant in Triton's interp
 torch paths (paged_attention_ref, windowed_attention, PagedKVCache.attend's chunks) against a
 float64 formula / minfer.ops.reference.attention with sinks; then the batch engine on the gpt-oss
 fixture: batched greedy (concurrent prompts of different lengths, chunked prefill) identical to
-single-sequence greedy, on the CPU and with the interpreted SINK kernel for the decode rows, and
-different with the sinks dropped from the paged cache."""
+single-sequence greedy, on the CPU and with the interpreted SINK kernel (and its WINDOW + SINK
+variant) for the decode rows, and different with the sinks dropped from the paged cache."""
 
 from __future__ import annotations
 
@@ -120,7 +120,9 @@ def test_cache_attend_with_sinks_mixes_decode_rows_and_chunks(window):
     paths.reset()
     out = cache.attend(0, q, window=window, sinks=sinks)
     counts = paths.snapshot()["counts"]
-    assert counts.get("attention.paged.sinks.torch", 0) == (1 if window else 0)
+    # the torch paths counted where they run: the decode rows once, each of the 2 chunks once
+    assert counts.get("attention.paged_decode.window.sinks.torch", 0) == (1 if window else 0)
+    assert counts.get("attention.paged_prefill.window.sinks.torch", 0) == (2 if window else 0)
     t = 0
     for (nb, n), (k, v) in zip(specs, full):
         ref = reference.attention(q[t:t + n], k, v, nb, window, sinks=sinks)
@@ -165,7 +167,7 @@ def test_batch_engine_serves_gpt_oss_as_single_greedy(eng, singles):
     paths.reset()
     assert batched(eng) == singles
     counts = paths.snapshot()["counts"]
-    assert counts.get("attention.paged.sinks.torch", 0) > 0      # the sliding layers' torch path
+    assert counts.get("attention.paged_decode.window.sinks.torch", 0) > 0      # the sliding layers' torch path
 
 
 def test_batch_engine_needs_the_sinks(eng, singles, monkeypatch):
@@ -176,11 +178,14 @@ def test_batch_engine_needs_the_sinks(eng, singles, monkeypatch):
 
 
 def test_batch_engine_gpt_oss_with_the_interpreted_sink_kernel(eng, singles, PA):
-    """The decode rows of the full-attention layers through the Triton paged kernel's SINK variant
-    (Triton's interpreter, as the CUDA engine sets cache.decode_attention); the sliding layers by
-    paged_attention_ref, the prefill chunks by ops.attention with sinks (the CPU reference)."""
+    """The decode rows through the Triton paged kernel (Triton's interpreter, as the CUDA engine
+    sets cache.decode_attention): the full-attention layers' by its SINK variant, the sliding
+    layers' by WINDOW + SINK (tests/runtime/test_paged_window.py); the prefill chunks by
+    ops.attention with sinks / windowed_attention (the CPU references)."""
     paths.reset()
     assert batched(eng, PA.paged_decode_attention) == singles
     counts = paths.snapshot()["counts"]
     assert counts.get("attention.paged_decode.sinks.triton", 0) > 0
+    assert counts.get("attention.paged_decode.window.sinks.triton", 0) > 0
     assert counts.get("attention.paged_decode.triton", 0) == 0
+    assert counts.get("attention.paged_decode.window.sinks.torch", 0) == 0

@@ -19,6 +19,14 @@ sum = exp(0) = 1, acc = 0 -- as if it were one more key, so each way out (the on
 in-kernel merge, the merge kernel) divides by exp(sink) + sum exp(s_j) with no change; the other
 splits start empty as before (the contiguous decode kernel's SINK variant, ops/cuda/attention.py).
 
+WINDOW (sliding-window layers): a row at position p = L - 1 sees keys j with p - j < window, i.e.
+[lo, L), lo = max(L - window, 0) (llama.cpp's sliding-window mask). The programs divide the tiles
+from lo's tile (lo rounded down to BS) to L, so a row reads about window keys whatever its length;
+the first tile masks its keys before lo (it always holds lo, so no tile is wholly masked). With
+SINK, split 0 still starts from the sink. CAP (gemma2): the scaled scores s become
+softcap * tanh(s / softcap) before the mask (as the contiguous kernel's CAP). sm_scale is a runtime
+argument (the caller's scale, default 1/sqrt(Dh)). WINDOW / CAP off compile the loop as before.
+
 Caveats: the Triton interpreter computes tl.dot on bf16 wrongly, so the interpreter tests run
 fp32/fp16 (tests/runtime/test_paged_kv.py); fp32 inputs use IEEE dots. The reference is
 minfer.runtime.paged_kv.paged_attention_ref.
@@ -40,15 +48,22 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
                          H, G, NS, sm_scale,
                          PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
                          BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, MERGE: tl.constexpr,
-                         SINK: tl.constexpr = False, sinks=None):
+                         SINK: tl.constexpr = False, sinks=None, WINDOW: tl.constexpr = False, window=0,
+                         CAP: tl.constexpr = False, softcap=1.0):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     L = tl.load(context_lens + b)
     # the row's own length divided over the NS programs (whole key tiles each): the grid is fixed
     # (a CUDA graph's), the work of each program follows the length of this step
-    keys_per_split = tl.cdiv(tl.cdiv(L, NS), BS) * BS
-    s0 = sp * keys_per_split
+    if WINDOW:      # only keys [lo, L): the tiles from lo's (BS-aligned) tile on, divided over the splits
+        lo = tl.maximum(L - window, 0)
+        k0 = lo // BS * BS
+        keys_per_split = tl.cdiv(tl.cdiv(L - k0, NS), BS) * BS
+        s0 = k0 + sp * keys_per_split
+    else:
+        keys_per_split = tl.cdiv(tl.cdiv(L, NS), BS) * BS
+        s0 = sp * keys_per_split
     s1 = tl.minimum(s0 + keys_per_split, L)
     g = tl.arange(0, GP)
     gm = g < G
@@ -66,6 +81,8 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
     for start in range(s0, s1, BS):
         s = start + tl.arange(0, BS)
         sm = s < s1
+        if WINDOW:
+            sm = sm & (s >= lo)                                         # the first tile's keys before lo
         page = tl.load(block_tables + b * stride_bt + s // PAGE, mask=sm, other=0)
         slot = page.to(tl.int64) * PAGE + (s % PAGE)
         km = sm[:, None] & dm[None, :]
@@ -74,7 +91,11 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
             sc = tl.dot(qt, tl.trans(k), input_precision="ieee")
         else:
             sc = tl.dot(qt, tl.trans(k))
-        sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))       # [GP, BS]
+        if CAP:     # softcap * tanh(s / softcap) of the scaled scores, tanh(x) = 1 - 2 / (exp(2x) + 1)
+            sc = sc * (sm_scale * 2.0 / softcap)
+            sc = tl.where(sm[None, :], softcap - 2.0 * softcap / (tl.exp(sc) + 1.0), float("-inf"))
+        else:
+            sc = tl.where(sm[None, :], sc * sm_scale, float("-inf"))   # [GP, BS]
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
         p = tl.exp(sc - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
@@ -168,16 +189,22 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            block_tables: torch.Tensor, context_lens: torch.Tensor,
                            n_split: int | None = None, block_keys: int | None = None,
                            target_programs: int = 264, merge_in_kernel: bool = True,
-                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
+                           scale: float | None = None) -> torch.Tensor:
     """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
     int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row. With splits, the last
     program of each (row, KV head) merges them (merge_in_kernel; False: the second kernel).
-    sinks (H,) (gpt-oss): each head's extra softmax logit (the SINK variant)."""
+    sinks (H,) (gpt-oss): each head's extra softmax logit (the SINK variant). window > 0: only
+    the last `window` keys (the WINDOW variant; the splits divide those). softcap > 0: scores
+    s -> softcap * tanh(s / softcap) (the CAP variant). scale: the scores' factor (1/sqrt(Dh))."""
     b, h, dh = q.shape
     _, page, hkv, _ = k_pages.shape
     g = h // hkv
     bs = block_keys or (16 if q.device.type == "cpu" else 64)
     span = block_tables.shape[1] * page
+    window = max(0, int(window))
+    if window:      # a row reads at most window keys, from lo's tile on: at most window + bs - 1
+        span = min(span, window + bs - 1)
     if n_split is None:
         n_split = split_count(b, hkv, span, bs, target_programs)
     n_split = max(1, min(int(n_split), triton.cdiv(span, bs)))
@@ -206,10 +233,11 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         qq, kf, vf, bt, cl, part_o, part_m, part_l,
         qq.stride(0), qq.stride(1), kf.stride(0), kf.stride(1), vf.stride(0), vf.stride(1), bt.stride(0),
         out, out.stride(0), out.stride(1), cnt,
-        h, g, n_split, 1.0 / dh ** 0.5,
+        h, g, n_split, 1.0 / dh ** 0.5 if scale is None else float(scale),
         PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
         IEEE=k_pages.dtype == torch.float32, DIRECT=direct, MERGE=merge, num_warps=4,
-        SINK=sinks is not None, sinks=None if sinks is None else sinks.float().contiguous())
+        SINK=sinks is not None, sinks=None if sinks is None else sinks.float().contiguous(),
+        WINDOW=window > 0, window=window, CAP=softcap > 0, softcap=float(softcap) if softcap > 0 else 1.0)
     if not direct and not merge:
         _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
                               D=dh, BD=bd, CH=16, num_warps=4)
