@@ -71,8 +71,8 @@ CUDA: the projections through ops.linear, the absorption and Vb as torch bmm's o
 Triton kernel (attention.mla.decode.triton: one K tile serves a block of query heads, V its first R
 dims), at T > 1 on the torch path of ops/cuda/attention.py (attention.mla.torch: K of R+Dr dims, V
 of R), the MoE through ops.moe_ffn. The
-batch engine's paged cache has one K/V width and no scale: paged_kv = False (minfer serve runs one
-request at a time).
+batch engine's paged cache has one K/V width (it takes a scale now, but no V as a view of K, and
+its decode kernel is not the MLA one): paged_kv = False (minfer serve runs one request at a time).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def mla_scales(md, arch: str, cfg: ModelConfig, yarn: bool, path) -> tuple[float
 class Deepseek2Model(LlamaModel):
     arch = "deepseek2"
     rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_DEEPSEEK2 -> NORM
-    paged_kv = False          # runtime/paged_kv.py: one K/V width, no scale
+    paged_kv = False          # runtime/paged_kv.py: one K/V width, no MLA decode kernel
     expert_gatings = ("softmax", "sigmoid")
     value_in_key = True       # the cache's V rows are the first value_length dims of its K rows (config.py)
 

@@ -50,7 +50,7 @@ transformers models/gpt_oss/modeling_gpt_oss.py):
   moe_act.py), with no host value, so the engine's decode CUDA graph can capture the step.
   Proven in Triton's interpreter only (tests/ops/test_gpt_oss_interpreted.py), never yet on a
   GPU. The batch engine's paged cache applies the sinks too (runtime/paged_kv.py: the paged decode
-  kernel's SINK variant, torch with the window), so `minfer serve` batches it (tests/runtime/
+  kernel's SINK variant, its WINDOW + SINK variant on the sliding layers), so `minfer serve` batches it (tests/runtime/
   test_paged_sinks.py: batched greedy identical to single-sequence greedy).
 """
 
