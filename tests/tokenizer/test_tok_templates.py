@@ -75,3 +75,19 @@ def test_other_formats_render_as_llama_cpp(name, want):
     (markers, tmpl), = [(m, t) for n, m, t in FORMATS if n == name]
     assert fallback_template(set(markers)) == (name, tmpl)
     assert render_chat(tmpl, CONV, add_generation_prompt=True) == want
+
+
+def _builtin_cases():
+    from conftest import load_golden
+
+    return load_golden("chat_builtin")["cases"]
+
+
+@pytest.mark.parametrize("case", _builtin_cases(), ids=lambda c: f"{c['format']}-{len(c['messages'])}-"
+                         f"{int(c['add_generation_prompt'])}")
+def test_formats_equal_llama_cpps_builtin_renders(case):
+    """goldens/chat_builtin.json: llama.cpp's own llama_chat_apply_template(<format>, ...) of each
+    conversation (tools/gen_token_goldens.py --chat-builtin), with and without the generation
+    prompt; minfer's Jinja form of the same format must give the same text."""
+    (tmpl,) = [t for n, _, t in FORMATS if n == case["format"]]
+    assert render_chat(tmpl, case["messages"], add_generation_prompt=case["add_generation_prompt"]) == case["text"]
