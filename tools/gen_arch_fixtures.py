@@ -361,6 +361,16 @@ ARCHS = {
         max_position_embeddings=256, clip_qkv=None, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
+    # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
+    # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);
+    # head_dim explicit (the converter reads hparams["head_dim"])
+    "hunyuan-dense": ("HunYuanDenseV1Config", "HunYuanDenseV1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=32768,
+        attention_bias=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # StarCoder2: LayerNorm with bias, biases on every linear, a GELU-tanh MLP without gate, GQA, NEOX rope,
     # tied head. The converter writes no sliding window (llama.cpp's graph has none); logits_window8 (below)
     # is transformers' forward of the same weights with sliding_window 8, for a file that carries the key

@@ -13,6 +13,7 @@ from minfer.models.llama import LlamaModel
 from minfer.models.qwen2 import Qwen2Model
 from minfer.models.qwen2moe import Qwen2MoeModel
 from minfer.models.starcoder2 import Starcoder2Model
+from minfer.models.hunyuan_dense import HunyuanDenseModel
 from minfer.models.olmoe import OlmoeModel
 from minfer.models.qwen2vl import Qwen2VLModel
 from minfer.models.qwen3vl import Qwen3VLModel
@@ -42,7 +43,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
-    SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model)}
+    SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
+    HunyuanDenseModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

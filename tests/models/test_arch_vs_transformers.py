@@ -21,7 +21,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
-         "olmoe",
+         "olmoe", "hunyuan-dense",
          "qwen2vl", "qwen3vl",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
@@ -31,7 +31,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "deepseek2": "deepseek2", "deepseek3": "deepseek2",   # V3 converts to deepseek2 too
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
                "starcoder2": "starcoder2",
-               "olmoe": "olmoe",
+               "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
@@ -96,7 +96,7 @@ def test_arch_greedy_matches_transformers(name):
 @pytest.mark.parametrize("name", ["gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
-                                  "olmoe",
+                                  "olmoe", "hunyuan-dense",
                                   "qwen2vl", "qwen3vl",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_incremental_equals_whole(name):

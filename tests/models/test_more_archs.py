@@ -4,7 +4,8 @@ checks are in test_arch_vs_transformers.py), and their bad inputs named.
 
 qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input only.
 olmoe: OLMoE (whole-projection q/k norms, a MoE whose weights are not renormalized).
-starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-tanh MLP)."""
+starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-tanh MLP).
+hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def logits_err(eng, name: str) -> float:
     return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
-@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2"])
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
     check on these fixtures)."""
@@ -215,4 +216,54 @@ def test_starcoder2_window_from_the_file(tmp_path):
 def test_starcoder2_missing_tensor_is_named(tmp_path, tensor):
     p = rewrite(DATA / "starcoder2.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
+        load(p)
+
+# ---- hunyuan-dense --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["norm_before_rope", "no_qk_norm", "unscaled_base", "adjacent_pairs"])
+def test_hunyuan_dense_each_rule_is_needed(monkeypatch, what):
+    """The per-head q/k norms after rope (not before it, qwen3's order, and not left out), the base
+    the converter scaled by alpha^(Dh/(Dh-2)) (not the config's rope_theta 10000) and NEOX rope:
+    with any one changed the logits miss transformers' by far."""
+    import minfer.models.hunyuan_dense as hd
+    from minfer.models.layers import attention_heads
+
+    eng = engine("hunyuan-dense")
+    m = eng.model
+    assert logits_err(eng, "hunyuan-dense") < TOL and m.cfg.rope.theta > 2e7
+    if what == "norm_before_rope":
+        monkeypatch.setattr(hd, "rope_then_norm_heads", attention_heads)   # norms, then rope (qwen3)
+    elif what == "no_qk_norm":
+        monkeypatch.setattr(hd, "head_norm", lambda x, w, eps: x)
+    elif what == "unscaled_base":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, theta=10000.0))   # (this engine's own cfg)
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))
+    assert logits_err(eng, "hunyuan-dense") > 10 * TOL
+
+
+def test_hunyuan_dense_alpha_key_scales_the_base(tmp_path):
+    """A file with the unscaled base and `rope.scaling.alpha` (HunyuanVL's converter's form) gets
+    llama.cpp's load_arch_hparams rule, base * alpha^(Dh/(Dh-2)): transformers' logits again."""
+    from minfer.runtime.engine import Engine
+
+    from models.test_arch_vs_transformers import reference_switches
+
+    r = ref("hunyuan-dense")
+    p = rewrite(DATA / "hunyuan-dense.gguf", tmp_path / "a.gguf",
+                set_keys={"hunyuan-dense.rope.freq_base": (10000.0, gguf.GGUFValueType.FLOAT32),
+                          "hunyuan-dense.rope.scaling.alpha": (1000.0, gguf.GGUFValueType.FLOAT32)})
+    eng = Engine.load(p, ctx=64, progress=False, switches=reference_switches())
+    assert abs(eng.model.cfg.rope.theta / (10000.0 * 1000.0 ** (16 / 14)) - 1) < 1e-6
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) < TOL
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.attn_q_norm.weight",)), "blk.1.attn_q_norm.weight"),
+    (dict(add_tensors={"blk.0.attn_output.bias": [0.0] * 64}), "blk.0.attn_output.bias"),
+    (dict(add_tensors={"blk.1.attn_k.bias": [0.0] * 32}), "blk.1.attn_k.bias"),
+])
+def test_hunyuan_dense_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "hunyuan-dense.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

@@ -43,6 +43,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "mistral3": ["rope.triton", "attention.decode.triton"], "seed_oss": ["rope.triton", "attention.decode.triton"],
         # starcoder2: LayerNorm with bias, the ungated GELU MLP, every linear with a bias
         "starcoder2": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
+        "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # olmoe: whole-projection q/k norms around the grouped (prefill) and gathered (decode) MoE
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
@@ -69,7 +71,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
-                                  "olmoe",
+                                  "olmoe", "hunyuan-dense",
                                   "qwen2vl", "qwen3vl",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
