@@ -74,9 +74,8 @@ class Model:
       qkv_bias    blk.N.attn_{q,k,v}.bias present
       qk_norm     blk.N.attn_{q,k}_norm.weight: RMSNorm of each head of q and k before rope
       paged_kv    the batch engine's paged KV cache (runtime/paged_kv.py) can run it (False:
-                  deepseek2, whose latent cache has values narrower than its keys and its own
-                  scale, which that cache does not take; `minfer serve` then serves one request at
-                  a time, and BatchEngine refuses it by name)
+                  `minfer serve` then serves one request at a time, and BatchEngine refuses it by
+                  name; deepseek2's latent cache runs in it, V a view of K: its v_in_k)
       expert_gatings  the `expert_gating_func` values its MoE graph has, by ops.moe_ffn name
                   ("softmax" = 1, "sigmoid" = 2); a file asking for another is refused by name
       value_in_key  the cache's V rows are the first `attention.value_length` dims of its K rows

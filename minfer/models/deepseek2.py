@@ -70,9 +70,14 @@ CUDA: the projections through ops.linear, the absorption and Vb as torch bmm's o
 / (H, Dv, R) matrices in the activation dtype, the attention at T = 1 by ops/cuda/attention_mla.py's
 Triton kernel (attention.mla.decode.triton: one K tile serves a block of query heads, V its first R
 dims), at T > 1 on the torch path of ops/cuda/attention.py (attention.mla.torch: K of R+Dr dims, V
-of R), the MoE through ops.moe_ffn. The
-batch engine's paged cache has one K/V width (it takes a scale now, but no V as a view of K, and
-its decode kernel is not the MLA one): paged_kv = False (minfer serve runs one request at a time).
+of R), the MoE through ops.moe_ffn.
+The batch engine (minfer serve -np N): paged_kv = True. Its paged cache holds the same rows (runtime/
+paged_kv.py v_in_k: V the view of each slot's first R dims, stored and written once; the pool's
+blocks and the preflight count K only) and takes the scale; decode rows on CUDA by the paged MLA
+kernel (ops/cuda/paged_attention_mla.py, attention.paged_decode.mla.triton: rows through their
+block tables, one key tile for a block of query heads, V its latent part), on the CPU by
+paged_attention_ref (attention.paged_decode.mla.torch); prefill chunks by ops.attention over the
+gathered rows with V their first R dims (tests/runtime/test_paged_mla.py).
 """
 
 from __future__ import annotations
@@ -146,7 +151,7 @@ def mla_scales(md, arch: str, cfg: ModelConfig, yarn: bool, path) -> tuple[float
 class Deepseek2Model(LlamaModel):
     arch = "deepseek2"
     rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_DEEPSEEK2 -> NORM
-    paged_kv = False          # runtime/paged_kv.py: one K/V width, no MLA decode kernel
+    paged_kv = True           # runtime/paged_kv.py: V in K (v_in_k), the paged MLA decode kernel on CUDA
     expert_gatings = ("softmax", "sigmoid")
     value_in_key = True       # the cache's V rows are the first value_length dims of its K rows (config.py)
 

@@ -128,7 +128,13 @@ class BatchEngine:
             from minfer.ops.cuda.paged_attention import paged_decode_attention
 
             sw = getattr(ctx, "switches", None)
-            if sw is None or sw.decode_attention:
+            if (sw is None or sw.decode_attention) and self.cache.v_is_view():
+                # V in K (deepseek2's latent cache): the paged MLA kernel (ops/cuda/paged_attention_mla.py)
+                from minfer.ops.cuda.paged_attention_mla import paged_mla_decode
+
+                self.cache.decode_attention = paged_mla_decode if sw is None else functools.partial(
+                    paged_mla_decode, programs=sw.paged_attn_programs)
+            elif sw is None or sw.decode_attention:
                 self.cache.decode_attention = paged_decode_attention
                 if sw is not None:
                     self.cache.decode_attention = functools.partial(paged_decode_attention,

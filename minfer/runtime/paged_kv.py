@@ -20,6 +20,14 @@ to its first slot only.
 Per-layer geometry (a config with kv_layers, runtime/kv_cache.py: gemma4): k, v are LayerViews,
 layer l's pool (n_blocks * block_size, Hkv_l, D_l), none for a layer that owns no cache; the same
 block tables and slots serve every layer. Other architectures: the one tensor above.
+
+V in K (v_in_k > 0, ModelConfig.cache_v_in_k: deepseek2's MLA latent, one KV head of R + Dr dims,
+V its first R): v is the view k[..., :R], stored and written once (KVCache's layout; the block
+sizing and the preflight count K only: kv_bytes_per_position). Decode rows: on CUDA the paged MLA
+kernel (ops/cuda/paged_attention_mla.py, attention.paged_decode.mla.triton: one key tile serves a
+block of query heads, its latent part reused as V), on the CPU paged_attention_ref (V narrower
+than K, attention.paged_decode.mla.torch); chunks: ops.attention over the gathered keys and their
+first R dims as V (CUDA: attention.mla.torch, one-token chunks attention.mla.decode.triton).
 """
 
 from __future__ import annotations
@@ -102,38 +110,53 @@ class PagedStep:
 
 class PagedKVCache:
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32, layers: tuple | None = None) -> None:
-        """layers: per-layer (Hkv, Dk, Dv) or None (no storage), runtime/kv_cache.py's kv_layers."""
+                 device="cpu", dtype=torch.float32, layers: tuple | None = None, v_in_k: int = 0) -> None:
+        """layers: per-layer (Hkv, Dk, Dv) or None (no storage), runtime/kv_cache.py's kv_layers.
+        v_in_k > 0 (deepseek2's MLA latent, ModelConfig.cache_v_in_k): V is no tensor of its own
+        but the view k[..., :v_in_k] (each slot's V row the first v_in_k dims of its K row, stored
+        and written once, as KVCache's); attend() gives (T, H, v_in_k)."""
         self.n_layers, self.n_blocks, self.block_size = n_layers, n_blocks, block_size
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
         self.layers = layers
+        self.v_in_k = int(v_in_k or 0)
         if layers is not None:
-            if len(layers) != n_layers:
-                raise MinferError(f"PagedKVCache: per-layer geometry of {len(layers)} layers for {n_layers}")
+            if self.v_in_k or len(layers) != n_layers:
+                raise MinferError(f"PagedKVCache: per-layer geometry of {len(layers)} layers for {n_layers}"
+                                  + (" with V in K" if self.v_in_k else ""))
             rows = n_blocks * block_size
             self.k = LayerViews.zeros(rows, [g and (g[0], g[1]) for g in layers], device, dtype)
             self.v = LayerViews.zeros(rows, [g and (g[0], g[2]) for g in layers], device, dtype)
         else:
             shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
             self.k = torch.zeros(shape, device=device, dtype=dtype)
-            self.v = torch.zeros(shape, device=device, dtype=dtype)
+            if self.v_in_k:
+                if not 0 < self.v_in_k < head_dim:
+                    raise MinferError(f"PagedKVCache: V as the first {self.v_in_k} dims of K rows of {head_dim}")
+                self.v = self.k[..., :self.v_in_k]
+            else:
+                self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.step: PagedStep | None = None   # set by the engine before each forward
-        self.decode_attention = None         # CUDA: the Triton kernel (set by the engine)
+        self.decode_attention = None         # CUDA: the Triton kernel (set by the engine; with v_in_k
+                                             # ops/cuda/paged_attention_mla.paged_mla_decode)
 
     @classmethod
     def for_config(cls, cfg, n_blocks: int, block_size: int, device="cpu", dtype=torch.float32) -> "PagedKVCache":
         return cls(cfg.n_layers, n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, device, dtype,
-                   layers=kv_layers(cfg))
+                   layers=kv_layers(cfg), v_in_k=getattr(cfg, "cache_v_in_k", 0))
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype=torch.float32) -> int:
-        elem = torch.empty((), dtype=dtype).element_size()
-        if kv_layers(cfg) is not None:
-            return kv_bytes_per_position(cfg, elem) * block_size
-        return 2 * cfg.n_layers * block_size * cfg.n_kv_heads * cfg.head_dim * elem
+        """What one block allocates: kv_bytes_per_position (the preflight's number: K only where V
+        is a view of it) times the block's positions."""
+        return kv_bytes_per_position(cfg, torch.empty((), dtype=dtype).element_size()) * block_size
+
+    def v_is_view(self) -> bool:
+        """V is the view of K's first dims (v_in_k): stored, and written, once."""
+        return self.v_in_k > 0
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        k = self.k.numel() * self.k.element_size()
+        return k if self.v_is_view() else k + self.v.numel() * self.v.element_size()
 
     def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's pools as (n_blocks, block_size, Hkv, Dh) views."""
@@ -141,8 +164,8 @@ class PagedKVCache:
             kl, vl = self.k[layer], self.v[layer]
             return (kl.view(self.n_blocks, self.block_size, *kl.shape[1:]),
                     vl.view(self.n_blocks, self.block_size, *vl.shape[1:]))
-        shape = (self.n_blocks, self.block_size, self.n_kv_heads, self.head_dim)
-        return self.k[layer].view(shape), self.v[layer].view(shape)
+        shape = (self.n_blocks, self.block_size, self.n_kv_heads)
+        return self.k[layer].view(*shape, self.head_dim), self.v[layer].view(*shape, self.v.shape[-1])
 
     # ---- what the model calls ------------------------------------------------------------------
 
@@ -152,7 +175,8 @@ class PagedKVCache:
         st = self.step
         kl, vl = self.k[layer], self.v[layer]
         kl.index_copy_(0, st.slots, k.to(kl.dtype))
-        vl.index_copy_(0, st.slots, v.to(vl.dtype))
+        if not self.v_is_view():         # V a view of K (v_in_k): written with K (v must be those dims)
+            vl.index_copy_(0, st.slots, v.to(vl.dtype))
 
     def write_rotated(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step, rope,
                       ctx=None) -> torch.Tensor:
@@ -160,7 +184,7 @@ class PagedKVCache:
         method, as kv_cache.KVCache's): on CUDA one kernel (ops.rope_kv_write with rows = slots)
         where it applies, else rope, rope and write()."""
         st = self.step
-        if self.k.device.type == "cuda":
+        if self.k.device.type == "cuda" and not self.v_is_view():
             out = ops.rope_kv_write(q, k, v, st.positions, rope, self.k[layer], self.v[layer], ctx, rows=st.slots)
             if out is not None:
                 return out
@@ -171,7 +195,8 @@ class PagedKVCache:
     def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0,
                softcap: float = 0.0, sinks: torch.Tensor | None = None,
                scale: float | None = None) -> torch.Tensor:
-        """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dh), after write().
+        """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dv), after write()
+        (Dv = Dh unless v_in_k: decode rows by _mla_decode, chunks' V the keys' first dims).
         window > 0 (sliding-window layers): a query at position p sees keys (p - window, p].
         softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap). sinks (H,) (gpt-oss): each
         query head's extra softmax logit with no value. scale: the scores' factor (None:
@@ -188,7 +213,10 @@ class PagedKVCache:
                    + (".sinks" if sinks is not None else ""))
         if nd:
             kp, vp = self.pages(layer)
-            if self.decode_attention is not None:
+            mla = self._mla_decode(q[:nd], kp, vp, window, softcap, sinks, scale)
+            if mla is not None:
+                parts.append(mla)
+            elif self.decode_attention is not None:
                 paths.count(f"attention.paged_decode{variant}.triton")
                 kw = {} if sinks is None else {"sinks": sinks}
                 if window:
@@ -205,7 +233,9 @@ class PagedKVCache:
                                                  softcap, sinks, scale))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
-            kc, vc = kl.index_select(0, key_slots), vl.index_select(0, key_slots)   # (s0 + n, Hkv, Dh)
+            kc = kl.index_select(0, key_slots)                                   # (s0 + n, Hkv, Dh)
+            # v_in_k: the gathered keys' first dims, a view (ops.attention's MLA paths: V in K)
+            vc = kc[..., :self.v_in_k] if self.v_is_view() else vl.index_select(0, key_slots)
             qc = q[q0:q0 + n]
             if window or softcap > 0:
                 paths.count(f"attention.paged_prefill{variant}.torch")
@@ -213,6 +243,26 @@ class PagedKVCache:
             else:
                 parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks, scale=scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _mla_decode(self, q, kp, vp, window, softcap, sinks, scale) -> torch.Tensor | None:
+        """Decode rows over a V-in-K cache (v_in_k: deepseek2's latent): the paged MLA kernel where
+        the engine set one (CUDA: ops/cuda/paged_attention_mla.paged_mla_decode, counted
+        attention.paged_decode.mla.triton; a window, cap or sinks, which it has not, a counted
+        fallback), else paged_attention_ref (counted attention.paged_decode.mla.torch).
+        None: not a V-in-K cache (the caller's paths)."""
+        if not self.v_is_view():
+            return None
+        st = self.step
+        if self.decode_attention is not None:
+            from minfer.ops.cuda.paged_attention_mla import PATH, paged_mla_refusal
+
+            why = paged_mla_refusal(q, kp, vp, window, softcap, sinks)
+            if why is None:
+                paths.count(PATH)
+                return self.decode_attention(q, kp, vp, st.block_tables, st.context_lens, scale=scale)
+            paths.fallback(PATH, why)
+        paths.count("attention.paged_decode.mla.torch")
+        return paged_attention_ref(q, kp, vp, st.block_tables, st.context_lens, window, softcap, sinks, scale)
 
     def write_window(self, layer: int, x: torch.Tensor, step, n: int) -> torch.Tensor:
         """A short-convolution layer (lfm2; kv_layers entry (1, W, 0)): x (T, W) stored at the step's

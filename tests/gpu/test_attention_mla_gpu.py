@@ -121,3 +121,69 @@ def test_attention_dispatch_counts_the_kernel():
     check(got, want(q, k, R, 2000, scale), "dispatch")
     snap = paths.snapshot()
     assert snap["counts"] == {"attention.mla.decode.triton": 1} and not snap["fallbacks"], snap
+
+
+# ---- the paged variant (minfer/ops/cuda/paged_attention_mla.py: the batch engine's decode rows) ----
+
+def paged_case(B, h, page, max_len, seed=0, extra=1):
+    """B rows of random lengths 1..max_len scattered into shuffled bf16 pages (block 0 reserved,
+    every unused slot 1e4): (q (B, h, R + DR), pages, block tables, lengths, per-row keys)."""
+    g = torch.Generator(device="cuda").manual_seed(seed * 7919 + B * 31 + h)
+    lens = torch.randint(1, max_len + 1, (B,), generator=g, device="cuda").to(torch.int32)
+    width = -(-max_len // page) + extra
+    n_blocks = int(sum(-(-int(n) // page) for n in lens)) + 8
+    kp = torch.full((n_blocks, page, 1, R + DR), 1e4, device="cuda", dtype=torch.bfloat16)
+    perm = (torch.randperm(n_blocks - 1, device="cuda", generator=g) + 1).tolist()
+    bt = torch.zeros(B, width, dtype=torch.int32, device="cuda")
+    keys = []
+    for b in range(B):
+        n = int(lens[b])
+        nb = -(-n // page)
+        blocks = [perm.pop() for _ in range(nb)]
+        bt[b, :nb] = torch.tensor(blocks, dtype=torch.int32)
+        k = torch.randn(n, 1, R + DR, device="cuda", generator=g).to(torch.bfloat16)
+        flat = kp[torch.tensor(blocks, device="cuda")].view(nb * page, 1, R + DR)
+        flat[:n] = k
+        kp[torch.tensor(blocks, device="cuda")] = flat.view(nb, page, 1, R + DR)
+        keys.append(k)
+    q = torch.randn(B, h, R + DR, device="cuda", generator=g).to(torch.bfloat16)
+    return q, kp, bt, lens, keys
+
+
+@pytest.mark.parametrize("B,h,page,max_len,splits", [(1, 16, 16, 3000, None), (37, 16, 16, 700, None),
+                                                     (64, 128, 16, 300, None), (5, 128, 32, 1000, 1),
+                                                     (160, 16, 16, 900, None), (9, 128, 16, 4096, 7)])
+def test_paged_mla_decode_bf16(B, h, page, max_len, splits):
+    """The paged MLA kernel in bf16 (V2-Lite's 16 heads, V3's 128) against the float64 formula row
+    by row (tests/runtime/test_paged_mla.py checks it in Triton's interpreter)."""
+    from minfer.ops.cuda.paged_attention_mla import paged_mla_decode
+
+    q, kp, bt, lens, keys = paged_case(B, h, page, max_len)
+    scale = 1.0 / math.sqrt(192)
+    got = paged_mla_decode(q, kp, kp[..., :R], bt, lens, scale=scale, n_split=splits)
+    assert got.shape == (B, h, R) and got.dtype == torch.bfloat16
+    for b, k in enumerate(keys):
+        check(got[b:b + 1], want(q[b:b + 1], k, R, k.shape[0], scale), (B, h, b))
+
+
+@pytest.mark.parametrize("h", [16, 128])
+def test_paged_mla_decode_graph_replays_at_other_lengths(h):
+    """Captured once (the batch decode graph's step: the grid from the block table's width),
+    replayed right at other lengths with the same tables."""
+    from minfer.ops.cuda.paged_attention_mla import paged_mla_decode
+
+    q, kp, bt, lens, keys = paged_case(8, h, 16, 2000, seed=2, extra=4)
+    full = lens.clone()
+    scale = 1.0 / math.sqrt(192)
+    paged_mla_decode(q, kp, kp[..., :R], bt, lens, scale=scale)          # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = paged_mla_decode(q, kp, kp[..., :R], bt, lens, scale=scale)
+    for frac in (1.0, 0.5, 0.01):
+        lens.copy_(torch.clamp((full.float() * frac).to(torch.int32), min=1))
+        g.replay()
+        torch.cuda.synchronize()
+        for b, k in enumerate(keys):
+            n = int(lens[b])
+            check(out[b:b + 1], want(q[b:b + 1], k, R, n, scale), (h, frac, b))

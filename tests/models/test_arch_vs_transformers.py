@@ -137,12 +137,14 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
-@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gpt-oss", "lfm2"])
+@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gpt-oss", "lfm2",
+                                  "deepseek2", "deepseek3"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position
     temperature; gemma4's per-layer cache geometry; gpt-oss's sinks; lfm2's conv rows read back through
-    the block tables, across blocks), next to a second sequence."""
+    the block tables, across blocks; deepseek2's latent rows with V a view of K and its own scale),
+    next to a second sequence."""
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.sampling import SamplingParams
 

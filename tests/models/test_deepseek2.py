@@ -120,11 +120,25 @@ def test_fixture_keys_as_written():
     assert m2.kq_scale == pytest.approx((1 + 0.0707 * math.log(40)) ** 2 / math.sqrt(24), rel=1e-6)
 
 
-def test_batch_engine_refuses_by_name():
+def test_batch_engine_takes_it_with_the_latent_cache_once():
+    """The paged cache holds the latent rows as the contiguous one does (V a view of K's first
+    kv_lora dims, runtime/paged_kv.py v_in_k): serve keeps the -np asked, with no warning, the
+    batch engine takes the model and sizes its pool by K's bytes only (tests/runtime/test_paged_mla.py
+    checks the batched greedy)."""
+    from minfer.commands.serve import _one_at_a_time_if_unpaged
+    from minfer.gguf_file import GGUFFile
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.paged_kv import PagedKVCache
 
-    with pytest.raises(MinferError, match="architecture 'deepseek2' cannot run in the batch engine"):
-        BatchEngine.from_engine(engine("deepseek2"))
+    said = []
+    assert _one_at_a_time_if_unpaged(GGUFFile(DATA / "deepseek2.gguf"), 4, 4, said.append) == 4 and not said
+    eng = engine("deepseek2")
+    be = BatchEngine.from_engine(eng, max_seqs=2)
+    H, R, Dr, Dn, Dv = eng.model.dims
+    c, L = be.cache, eng.model.cfg.n_layers
+    assert c.v_is_view() and c.v.data_ptr() == c.k.data_ptr() and c.v.shape[-1] == R
+    assert PagedKVCache.bytes_per_block(eng.model.cfg, c.block_size) == L * c.block_size * (R + Dr) * 4
+    assert c.nbytes() == c.n_blocks * PagedKVCache.bytes_per_block(eng.model.cfg, c.block_size)
 
 
 def test_old_unsplit_file_is_refused(tmp_path):
