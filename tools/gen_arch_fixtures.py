@@ -351,6 +351,20 @@ ARCHS = {
                          pad_token_id=0, bos_token_id=1, eos_token_id=2),
         vision_config=dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
                            num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), tie_word_embeddings=False)),
+    # Qwen3-VL MoE's language model (`qwen3vlmoe`): Qwen3-MoE (per-head q/k norms, top-2 of 8 softmax experts,
+    # renormalized) with the interleaved M-RoPE sections (6, 5, 5) and 2 deepstack layers of the qwen3vl entry;
+    # moe_intermediate_size 24 so that the packed gate_up_proj (2F = 48) and hidden (64) differ in size (the
+    # converter splits HF's transposed packed experts by shape)
+    "qwen3vlmoe": ("Qwen3VLMoeConfig", "Qwen3VLMoeForConditionalGeneration", dict(
+        text_config=dict(hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8,
+                         num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+                         max_position_embeddings=256,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [6, 5, 5],
+                                          "mrope_interleaved": True},
+                         pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(depth=2, hidden_size=32, intermediate_size=32, num_heads=2, out_hidden_size=64,
+                           num_position_embeddings=16, deepstack_visual_indexes=[0, 1]), tie_word_embeddings=False)),
     # OLMoE (OLMoE-1B-7B's form): OLMo's q/k RMSNorm over the whole projection, pre-norm blocks, top-2 of 8
     # softmax experts of intermediate_size, not renormalized (norm_topk_prob False, as the released config and
     # llama.cpp's graph); MHA as released (llama.cpp loads attn_k_norm as n_embd wide); eps 1e-5 (the
@@ -381,6 +395,25 @@ ARCHS = {
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
 }
+
+# transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
+# them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py
+# Qwen3VLMoeTextModel.modify_tensors) have them transposed: (E, D, 2F), (E, F, D) (transformers'
+# conversion_mapping.py "qwen3_vl_moe": Transpose(1, 2) on load)
+EXPERTS_AS_RELEASED = {"qwen3vlmoe"}
+
+
+def experts_as_released(model_dir: Path) -> None:
+    """Transpose the saved packed expert tensors to the released checkpoints' layout (in place)."""
+    from safetensors.torch import load_file, save_file
+
+    for f in model_dir.glob("*.safetensors"):
+        ts = load_file(f)
+        for k in ts:
+            if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                ts[k] = ts[k].transpose(1, 2).contiguous()
+        save_file(ts, f, metadata={"format": "pt"})
+
 
 
 def make_tokenizer(path: Path, extra_specials=()) -> None:
@@ -492,6 +525,8 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             tc = json.loads((d / "tokenizer_config.json").read_text())
             tc["tokenizer_class"] = "GPT2Tokenizer"
             (d / "tokenizer_config.json").write_text(json.dumps(tc))
+        if name in EXPERTS_AS_RELEASED:
+            experts_as_released(d)
         convert(d, OUT / f"{name}.gguf", llamacpp)
 
     rng = np.random.default_rng(seed)

@@ -17,6 +17,7 @@ from minfer.models.hunyuan_dense import HunyuanDenseModel
 from minfer.models.olmoe import OlmoeModel
 from minfer.models.qwen2vl import Qwen2VLModel
 from minfer.models.qwen3vl import Qwen3VLModel
+from minfer.models.qwen3vlmoe import Qwen3VLMoeModel
 from minfer.models.ernie4_5 import Ernie45Model
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
@@ -44,7 +45,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel)}
+    HunyuanDenseModel, Qwen3VLMoeModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -22,7 +22,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
          "olmoe", "hunyuan-dense",
-         "qwen2vl", "qwen3vl",
+         "qwen2vl", "qwen3vl", "qwen3vlmoe",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
@@ -32,7 +32,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
                "starcoder2": "starcoder2",
                "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
-               "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl",
+               "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
@@ -97,7 +97,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "qwen2vl", "qwen3vl",
+                                  "qwen2vl", "qwen3vl", "qwen3vlmoe",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:

@@ -5,7 +5,8 @@ checks are in test_arch_vs_transformers.py), and their bad inputs named.
 qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input only.
 olmoe: OLMoE (whole-projection q/k norms, a MoE whose weights are not renormalized).
 starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-tanh MLP).
-hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base)."""
+hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base).
+qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def logits_err(eng, name: str) -> float:
     return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
-@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense"])
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
     check on these fixtures)."""
@@ -265,5 +266,44 @@ def test_hunyuan_dense_alpha_key_scales_the_base(tmp_path):
 ])
 def test_hunyuan_dense_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "hunyuan-dense.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- qwen3vlmoe -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["adjacent_pairs", "no_qk_norm", "not_renormalized"])
+def test_qwen3vlmoe_each_rule_is_needed(what):
+    """Interleaved M-RoPE on text is NEOX (halves), the per-head q/k norms, and the top-k weights
+    renormalized (qwen3vlmoe.cpp build_moe_ffn norm_w = true; HF Qwen3VLMoeTextTopKRouter divides
+    by their sum): with any one changed the logits miss transformers' by far."""
+    eng = engine("qwen3vlmoe")
+    m = eng.model
+    assert logits_err(eng, "qwen3vlmoe") < TOL and m.weights_norm is True
+    if what == "adjacent_pairs":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    elif what == "no_qk_norm":
+        for b in m.blocks:
+            b.attn_q_norm = b.attn_k_norm = None
+    else:
+        m.weights_norm = False
+    assert logits_err(eng, "qwen3vlmoe") > 10 * TOL
+
+
+def test_qwen3vlmoe_reads_sections_and_deepstack():
+    m = engine("qwen3vlmoe").model
+    assert m.rope_sections == (6, 5, 5, 0) and m.n_deepstack_layers == 2 and m.cfg.rope.style == "neox"
+    assert (m.cfg.n_experts, m.cfg.n_experts_used, m.cfg.expert_ffn) == (8, 2, 24)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_keys=("qwen3vlmoe.rope.dimension_sections",)), "qwen3vlmoe.rope.dimension_sections"),
+    (dict(set_keys={"qwen3vlmoe.rope.dimension_sections": ([6, 5, 4, 1], gguf.GGUFValueType.ARRAY)}), "4th section"),
+    (dict(drop_keys=("qwen3vlmoe.expert_feed_forward_length",)), "qwen3vlmoe.expert_feed_forward_length"),
+    (dict(drop_tensors=("blk.1.ffn_up_exps.weight",)), "blk.1.ffn_up_exps.weight"),
+    (dict(drop_tensors=("blk.0.attn_k_norm.weight",)), "blk.0.attn_k_norm.weight"),
+])
+def test_qwen3vlmoe_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "qwen3vlmoe.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

@@ -47,6 +47,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # olmoe: whole-projection q/k norms around the grouped (prefill) and gathered (decode) MoE
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
+        # qwen3vlmoe: qwen3moe's per-head q/k norms and renormalized top-k on both MoE paths
+        "qwen3vlmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
         # runtime/kv_cache.py's per-layer form), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
         "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
@@ -72,7 +74,7 @@ def cuda_ops():
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "qwen2vl", "qwen3vl",
+                                  "qwen2vl", "qwen3vl", "qwen3vlmoe",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
