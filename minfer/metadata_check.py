@@ -171,6 +171,16 @@ GENERAL_KEYS: dict[str, Callable[[Any], str | None]] = {
 }
 
 
+# Architectures whose dense files carry expert_count = expert_used_count = 0: granitehybrid's converter
+# writes HF's num_local_experts 0 for granite-4.0-h-micro (conversion/base.py set_gguf_parameters), and
+# llama.cpp reads n_expert 0 as a dense FFN (granite-hybrid.cpp load_arch_tensors: `if (n_expert > 0)`)
+DENSE_ZERO_EXPERTS = frozenset({"granitehybrid"})
+
+
+def _dense_zero(arch: str, suffix: str, v: Any) -> bool:
+    return arch in DENSE_ZERO_EXPERTS and suffix in ("expert_count", "expert_used_count") and type(v) is int and v == 0
+
+
 def blocks_present(gf) -> list[int]:
     """The N of every `blk.N.` tensor name, sorted."""
     return sorted({int(m.group(1)) for name in gf.tensors if (m := _BLOCK.match(name))})
@@ -187,7 +197,7 @@ def problems(gf) -> dict[str, str]:
     if isinstance(arch, str):
         for suffix, check in ARCH_KEYS.items():
             key = f"{arch}.{suffix}"
-            if key in meta and (msg := check(meta[key])):
+            if key in meta and (msg := check(meta[key])) and not _dense_zero(arch, suffix, meta[key]):
                 out[key] = msg
         _check_blocks(gf, f"{arch}.block_count", out)
         heads, kv = meta.get(f"{arch}.attention.head_count"), meta.get(f"{arch}.attention.head_count_kv")

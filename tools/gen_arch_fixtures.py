@@ -394,7 +394,31 @@ ARCHS = {
         hidden_act="gelu_pytorch_tanh", tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # IBM Granite 4.0 H (granitehybrid): Mamba-2 layers 0, 2, 3 (8 heads of 16, state 16, 2 groups, conv of 4
+    # taps with bias) and a GQA layer 1 without rope (the released "nope"; the converter writes rope off for
+    # every non-Bamba hybrid), Granite's four multipliers far from 1, a top-2-of-4 MoE with a shared expert
+    # (tiny/small) or the shared MLP alone (micro: num_local_experts 0). chunk_size 8: HF's chunked scan crosses
+    # chunks. The layer types go to the converter as released ("mamba"/"attention": LAYER_TYPES_AS_RELEASED)
+    "granitehybrid": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=True, position_embedding_type="nope",
+        layer_types=["mamba", "attention", "mamba", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=2,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, mamba_conv_bias=True,
+        mamba_proj_bias=False, embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8,
+        logits_scaling=1.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    "granitehybrid-dense": ("GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM", dict(
+        hidden_size=64, intermediate_size=48, shared_intermediate_size=48, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=0, num_experts_per_tok=0, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=True, position_embedding_type="nope",
+        layer_types=["mamba", "mamba", "attention", "mamba"], mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1,
+        mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, mamba_conv_bias=True,
+        mamba_proj_bias=False, embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8,
+        logits_scaling=1.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
+# transformers 5 saves layer_types as "linear_attention" / "full_attention"; llama.cpp's converter
+# (conversion/granite.py GraniteHybridModel.get_attn_layers) takes the released names "mamba" / "attention"
+LAYER_TYPES_AS_RELEASED = {"granitehybrid", "granitehybrid-dense"}
 
 # transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
 # them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py
@@ -413,7 +437,6 @@ def experts_as_released(model_dir: Path) -> None:
             if k.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
                 ts[k] = ts[k].transpose(1, 2).contiguous()
         save_file(ts, f, metadata={"format": "pt"})
-
 
 
 def make_tokenizer(path: Path, extra_specials=()) -> None:
@@ -525,6 +548,11 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             tc = json.loads((d / "tokenizer_config.json").read_text())
             tc["tokenizer_class"] = "GPT2Tokenizer"
             (d / "tokenizer_config.json").write_text(json.dumps(tc))
+        if name in LAYER_TYPES_AS_RELEASED:
+            c = json.loads((d / "config.json").read_text())
+            names = {"linear_attention": "mamba", "full_attention": "attention"}
+            c["layer_types"] = [names.get(t, t) for t in c["layer_types"]]
+            (d / "config.json").write_text(json.dumps(c))
         if name in EXPERTS_AS_RELEASED:
             experts_as_released(d)
         convert(d, OUT / f"{name}.gguf", llamacpp)

@@ -52,12 +52,13 @@ def check_kv_fits(gf, n_ctx: int, device: str, what: str) -> None:
     """A one-line MinferError when a KV cache of n_ctx positions cannot fit in the memory
     available. `what` starts the message: the flags that set n_ctx ("-p/-n/-d: the longest test
     needs a context of")."""
-    per = kv_bytes_per_token(cache_config(gf), device)
+    cfg = cache_config(gf)
+    per, fixed = kv_bytes_per_token(cfg, device), state_bytes(cfg)
     free = available_bytes(device)
-    if free is not None and n_ctx * per > free:
+    if free is not None and n_ctx * per + fixed > free:
         raise MinferError(f"{what} {n_ctx} tokens, whose KV cache would need "
-                          f"{_gib(n_ctx * per)} of {device} memory but {_gib(free)} is available; "
-                          f"at most {free // per} tokens fit")
+                          f"{_gib(n_ctx * per + fixed)} of {device} memory but {_gib(free)} is available; "
+                          f"at most {max(free - fixed, 0) // per} tokens fit")
 
 
 def available_bytes(device: str) -> int | None:
@@ -93,6 +94,14 @@ def kv_bytes_per_token(cfg, device: str) -> int:
     return kv_bytes_per_position(cfg, elem)
 
 
+def state_bytes(cfg) -> int:
+    """The recurrent state one sequence keeps next to its rows, whatever the context (float32;
+    granitehybrid's Mamba-2 layers: runtime/kv_cache.py state_bytes); 0 for other models."""
+    from minfer.runtime.kv_cache import state_bytes as sb
+
+    return sb(cfg)
+
+
 def _gib(n: float) -> str:
     # MiB below a GiB: a small model's or a test's cache read "needs 0.0 GiB but 0.0 GiB is available"
     if n < 2**30:
@@ -114,10 +123,10 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
         raise MinferError(f"{gf.path}: {e}") from None
     cfg = cache_config(gf)
     n = ctx if ctx is not None else min(cfg.context_length, DEFAULT_CTX_CAP)
-    need = n * kv_bytes_per_token(cfg, device)
+    need = n * kv_bytes_per_token(cfg, device) + state_bytes(cfg)
     free = available_bytes(device)
     if free is not None and need > free:
-        fits = free // kv_bytes_per_token(cfg, device)
+        fits = max(free - state_bytes(cfg), 0) // kv_bytes_per_token(cfg, device)
         raise MinferError(f"-c/--ctx {n}: the KV cache would need {_gib(need)} of {device} memory but "
                           f"{_gib(free)} is available; use -c {min(fits, cfg.context_length)} or less")
     if ctx is not None and ctx > cfg.context_length:

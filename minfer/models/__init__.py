@@ -25,6 +25,7 @@ from minfer.models.glm4 import Glm4Model
 from minfer.models.glm4moe import Glm4MoeModel
 from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
+from minfer.models.granitehybrid import GraniteHybridModel
 from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
@@ -42,7 +43,7 @@ from minfer.models.lfm2 import Lfm2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
+    Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel)}

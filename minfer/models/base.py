@@ -80,6 +80,9 @@ class Model:
                   ("softmax" = 1, "sigmoid" = 2); a file asking for another is refused by name
       value_in_key  the cache's V rows are the first `attention.value_length` dims of its K rows
                   (deepseek2's MLA latent): ModelConfig.cache_v_in_k, KVCache stores K only
+      recurrent   some layers carry state from position to position (granitehybrid's Mamba-2:
+                  the cache's recurrent_state), which holds the whole cached sequence: the engine
+                  re-uses a cached prefix only whole and never rewinds the cache (runtime/engine.py)
       norm_eps_key  the `{arch}.` key of its norms' epsilon, required, read into cfg.rms_eps:
                   attention.layer_norm_rms_epsilon (RMSNorm), or attention.layer_norm_epsilon for a
                   LayerNorm graph (command-r, cohere2: llama.cpp LLM_KV_ATTENTION_LAYERNORM_EPS)
@@ -94,6 +97,7 @@ class Model:
     paged_kv: bool = True
     expert_gatings: tuple[str, ...] = ("softmax",)
     value_in_key: bool = False
+    recurrent: bool = False
     norm_eps_key: str = "attention.layer_norm_rms_epsilon"
 
     cfg = None

@@ -13,7 +13,11 @@ iterator resumed after a later call on the same Engine, is a MinferError (not a 
 cache). For concurrent requests use `minfer serve --parallel N` (runtime/batch_engine.py).
 
 The engine remembers which tokens its cache holds: generate() re-uses the longest common
-prefix with the new prompt (multi-turn chat only computes the new turn).
+prefix with the new prompt (multi-turn chat only computes the new turn). A model with recurrent
+state (Model.recurrent: granitehybrid's Mamba-2 layers) holds the state after its last cached
+token only, which cannot be rewound: it re-uses the cached tokens only when all of them begin
+the new prompt (else it recomputes from position 0), and forward() may start at 0 or at the end
+of the cached tokens only.
 """
 
 from __future__ import annotations
@@ -269,6 +273,10 @@ class Engine:
     def _check(self, tokens: Sequence[int], start_pos: int) -> None:
         if start_pos < 0 or start_pos > len(self.tokens):
             raise MinferError(f"start_pos {start_pos} is past the {len(self.tokens)} cached tokens")
+        if 0 < start_pos < len(self.tokens) and getattr(self.model, "recurrent", False):
+            raise MinferError(f"start_pos {start_pos} is inside the {len(self.tokens)} cached tokens: {self.config.arch}'s "
+                              "recurrent state holds the whole cached sequence and cannot be rewound; continue at "
+                              f"{len(self.tokens)} or start again at 0")
         if start_pos + len(tokens) > self.n_ctx:
             raise MinferError(f"{start_pos + len(tokens)} tokens do not fit in the context of {self.n_ctx} "
                               f"tokens; use a larger --ctx (the model was trained on up to "
@@ -335,7 +343,7 @@ class Engine:
     def _use_prefill_graph(self, n: int) -> bool:
         """A short prompt's prefill from position 0 on CUDA replays a graph of its padded length
         unless Switches.prefill_graph is off; see runtime/prefill_graphs.py."""
-        if self.device.type != "cuda":
+        if self.device.type != "cuda" or getattr(self.model, "recurrent", False):   # padding would run through a recurrent state
             return False
         if not self.switches.prefill_graph:
             from minfer.ops import paths
@@ -403,6 +411,8 @@ class Engine:
         limit = min(len(self.tokens), len(prompt_ids) - 1)  # at least one token is recomputed
         while n < limit and self.tokens[n] == prompt_ids[n]:
             n += 1
+        if n < len(self.tokens) and getattr(self.model, "recurrent", False):
+            n = 0          # its state covers all cached tokens: a shorter prefix is recomputed (module doc)
         return self._run(prompt_ids[n:], n, last_only=True, on_device=on_device)[-1]
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:

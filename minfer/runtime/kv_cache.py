@@ -10,12 +10,19 @@ each, k[l] None for a layer without storage. k[l], k[l, a:b] and k[:, :rows] rea
 tensor, so the methods below are the same code for both. Every other architecture declares
 nothing: one (n_layers, n_rows, Hkv, Dh) tensor each, as before.
 
+Recurrent state (opt-in): a config that carries `state_layers` (granitehybrid's: per layer None, or
+the shapes of the float32 tensors that layer keeps for the sequence, whatever its length) gets
+them zeroed in `states`, read and written in place by the model through recurrent_state(layer);
+they do not grow with the context (state_bytes: the memory preflight adds them once).
+
 The cache protocol (docs/interfaces.md, "Cache protocol") is what a model sees of any cache:
     cache.write(layer, k, v, step)         # store the step's rotated keys/values (T, Hkv, Dh)
     cache.attend(layer, q, step, ctx)      # causal attention of q (T, H, Dh) -> (T, H, Dh)
     cache.write_rotated / attend_rotated   # optional: rope + write (+ attend) in fewer launches
     cache.write_window(layer, x, step, n)  # a short-convolution layer (lfm2): store the step's rows
                                            # x (T, W) as its K rows, get each token's last n rows
+    cache.recurrent_state(layer)           # a recurrent layer (granitehybrid's Mamba-2): the tuple
+                                           # of float32 tensors it keeps per sequence (opt-in, below)
     cache.n_ctx                            # rows: the largest position + 1 it can hold
     cache.context                          # positions a sequence may use (the engine's --ctx);
                                            # n_ctx may exceed it (CUDA rows rounded to 128).
@@ -26,6 +33,8 @@ Step that says which sequence each row belongs to.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -71,6 +80,18 @@ def kv_bytes_per_position(cfg, elem: int) -> int:
     if layers is None:
         return (1 if getattr(cfg, "cache_v_in_k", 0) else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
     return sum(h * (dk + dv) for h, dk, dv in (g for g in layers if g is not None)) * elem
+
+
+def state_layers(cfg) -> tuple | None:
+    """The config's recurrent state (its `state_layers`: per layer None or a tuple of tensor
+    shapes), or None: no layer keeps state (the default)."""
+    return getattr(cfg, "state_layers", None) or None
+
+
+def state_bytes(cfg) -> int:
+    """Bytes of one sequence's recurrent state over all layers (float32, whatever the context):
+    what KVCache.for_config allocates next to its rows (0 without state_layers)."""
+    return 4 * sum(math.prod(s) for g in (state_layers(cfg) or ()) if g is not None for s in g)
 
 
 class LayerViews:
@@ -133,9 +154,11 @@ class KVCache:
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
                  device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0,
-                 layers: tuple | None = None):
+                 layers: tuple | None = None, states: tuple | None = None):
         self.n_ctx = n_ctx
         self.context = context or n_ctx
+        self.states = None if states is None else [
+            None if g is None else tuple(torch.zeros(s, device=device, dtype=torch.float32) for s in g) for g in states]
         if layers is not None:
             if v_in_k or len(layers) != n_layers:
                 raise MinferError(f"KVCache: per-layer geometry of {len(layers)} layers for {n_layers}"
@@ -156,7 +179,7 @@ class KVCache:
                    context: int | None = None) -> "KVCache":
         """n_ctx rows (cache_rows); context: the positions a sequence may use, default n_ctx."""
         return cls(cfg.n_layers, n_ctx, cfg.n_kv_heads, cfg.head_dim, device, dtype, context,
-                   v_in_k=getattr(cfg, "cache_v_in_k", 0), layers=kv_layers(cfg))
+                   v_in_k=getattr(cfg, "cache_v_in_k", 0), layers=kv_layers(cfg), states=state_layers(cfg))
 
     def rows_view(self, rows: int) -> "KVCache":
         """The same cache seen as its first `rows` rows: k and v are views (writes land in this
@@ -168,6 +191,7 @@ class KVCache:
         view = object.__new__(type(self))
         view.n_ctx, view.context = rows, self.context
         view.k, view.v = self.k[:, :rows], self.v[:, :rows]
+        view.states = self.states          # the same tensors (not per row)
         return view
 
     def v_is_view(self) -> bool:
@@ -176,7 +200,8 @@ class KVCache:
 
     def nbytes(self) -> int:
         k = self.k.numel() * self.k.element_size()
-        return k if self.v_is_view() else k + self.v.numel() * self.v.element_size()
+        s = sum(t.numel() * 4 for g in (self.states or ()) if g is not None for t in g)
+        return s + (k if self.v_is_view() else k + self.v.numel() * self.v.element_size())
 
     def _check_room(self, step, T: int) -> None:
         """A step with a host start writing T rows must fit the cache (inside a graph: the caller's check)."""
@@ -256,6 +281,15 @@ class KVCache:
             self._check_room(step, T)
             kl[step.start:step.start + T] = x.view(T, 1, W)
         return window_rows(kl.view(-1, W), *window_index(step.positions, n))
+
+    def recurrent_state(self, layer: int) -> tuple:
+        """A recurrent layer's state tensors (float32, the shapes its state_layers entry gave),
+        which the model reads and updates in place (models/mamba2.py: a conv ring and an SSM
+        state ring, indexed by position so that a step at the same position can run again, as
+        a CUDA graph's warm-up does)."""
+        if self.states is None or self.states[layer] is None:
+            raise MinferError(f"KVCache: layer {layer} keeps no recurrent state (the config has no state_layers entry)")
+        return self.states[layer]
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
                softcap: float = 0.0, sinks=None, scale: float | None = None) -> torch.Tensor:

@@ -23,7 +23,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "starcoder2",
          "olmoe", "hunyuan-dense",
          "qwen2vl", "qwen3vl", "qwen3vlmoe",
-         "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"]
+         "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+         "granitehybrid", "granitehybrid-dense"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -33,7 +34,8 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "starcoder2": "starcoder2",
                "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2"}
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2",
+               "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -42,7 +44,11 @@ TOL = 1e-3
 CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 23], "gemma4-ple": [5, 14, 23],
         "gemma4-moe": [5, 14, 23],
         # lfm2: pieces of 1, 2 and 3 tokens, so a conv window (3 taps) reaches back over 1 or 2 earlier pieces
-        "lfm2": [1, 2, 4, 5, 14, 15, 23]}
+        "lfm2": [1, 2, 4, 5, 14, 15, 23],
+        # granitehybrid: pieces of 1-3 tokens inside the conv window (4 taps: the ring reaches back over 1-3 earlier
+        # pieces) and the SSM state carried from piece to piece (a piece of 26 crosses no chunk; 66 tokens in
+        # test_granitehybrid.py do)
+        "granitehybrid": [1, 2, 4, 5, 14, 15, 23], "granitehybrid-dense": [1, 2, 4, 5, 14, 15, 23]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -98,7 +104,8 @@ def test_arch_greedy_matches_transformers(name):
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+                                  "granitehybrid", "granitehybrid-dense"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;

@@ -61,7 +61,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
                        "moe.grouped", "moe.act.triton"],
         # lfm2: conv layers (B*x rows in the per-layer cache, the conv in torch ops: shortconv.torch) around
         # two attention layers with per-head q/k norms and NEOX rope
-        "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"]}
+        "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"],
+        # granitehybrid: Mamba-2 layers (conv ring and chunked scan in torch ops, the state in the cache) around a
+        # rope-less attention layer, MoE + shared expert; -dense: the shared MLP alone
+        "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
+        "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -75,7 +79,8 @@ def cuda_ops():
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2"])
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+                                  "granitehybrid", "granitehybrid-dense"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model

@@ -1,0 +1,261 @@
+"""The Mamba-2 mixer of a hybrid model's recurrent layers (granitehybrid: IBM Granite 4.0 H).
+
+    [z; xBC; dt] = W_in h                              ssm_in (2*di + 2*G*N + H, D)
+    xBC_p = silu(b + sum_k w[k] * xBC_{p-K+1+k})       ssm_conv1d.weight (conv_dim, K), .bias (conv_dim,);
+                                                       xBC_j = 0 for j < 0 (a causal depthwise conv)
+    [x; B; C] = xBC_p                                  x (H, P), B and C (G, N): head h reads group h // (H/G)
+    dt_p = softplus(dt_p + dt_bias)                    ssm_dt.bias (H,)
+    S_p = exp(dt_p * A) S_{p-1} + dt_p x_p B_p^T       per head: S (P, N); A = ssm_a (H,) < 0; S_{-1} = 0
+    y_p = S_p C_p + D x_p                              ssm_d (H,)
+    out = W_out (w * grouped_rmsnorm(y * silu(z)))     ssm_norm (G, di/G): RMS over each group of di/G
+                                                       channels; ssm_out (D, di)
+
+with di = ssm.inner_size, N = ssm.state_size, H = ssm.time_step_rank (the number of heads), P = di / H,
+G = ssm.group_count, K = ssm.conv_kernel, conv_dim = di + 2*G*N. Each rule and its source:
+- The projection's order z, xBC, dt and xBC's order x, B, C: llama.cpp src/models/mamba-base.cpp
+  build_mamba2_layer (its views of zxBCdt and xBC); HF modeling_granitemoehybrid
+  GraniteMoeHybridMambaLayer.forward (projected_states.split([di, conv_dim, H]), then [di, G*N, G*N]).
+- The conv: ggml_ssm_conv over [the K-1 previous rows; this step's rows], a cross-correlation with tap
+  K-1 on the current position (ggml/src/ggml-cpu/ops.cpp ssm_conv_f32: sumf += s[i0 + i1*ncs] * c[i0 +
+  i1*nc]), then the bias and SiLU (build_mamba2_layer; HF nn.Conv1d(groups=conv_dim, padding=K-1) cut
+  to the sequence, then the activation). The converter squeezes HF's (conv_dim, 1, K) to (conv_dim, K).
+- The scan: ggml ssm_scan_f32 (ops.cpp): dt_soft_plus = softplus(dt) (threshold 20, as torch's),
+  dA = exp(dt_soft_plus * A[h]), g = h / (nh / ng), state = s0 * dA + B[g] * x * dt_soft_plus,
+  y = sum(state * C[g]); HF mamba2_selective_state_update / mamba2_chunk_scan are the same with
+  A = -exp(A_log). The converter stores A itself: conversion/mamba.py Mamba2Model.modify_tensors
+  (`data_torch = -torch.exp(data_torch)` for A_log), so ssm_a holds negative values (checked at load).
+  dt_bias: the converter renames HF's dt_bias to ssm_dt.bias. HF's time_step_limit defaults to
+  (0, inf): no clamp (llama.cpp has none).
+- D: y + x * D (build_mamba2_layer ggml_mul(x, ssm_d); HF `D` skip in the scan).
+- The gate and the norm: ggml_swiglu_split(z, y) = silu(z) * y, then RMSNorm over groups of di/G
+  (build_mamba2_layer reshapes y to (di/G, G) before build_norm, eps = the model's
+  layer_norm_rms_epsilon); HF GraniteMoeHybridRMSNormGated(group_size = di / n_groups): the gate
+  multiplies before the norm. The converter reshapes ssm_norm to (G, di/G).
+
+The state a sequence keeps (the cache's recurrent_state(layer), runtime/kv_cache.py):
+- conv: a ring of K rows of xBC (float32), position p's row at slot p % K. A step first reads the
+  K-1 rows before its first position, then writes its own last min(T, K) rows.
+- ssm: a ring of 2 states S (H, P, N) (float32): the state after position p at slot p % 2. A step at
+  p0 reads slot (p0 - 1) % 2 (zero at p0 = 0) and writes the state after its last position.
+Both are indexed by device positions (no host value: a CUDA-graph decode step runs it), and a step
+repeated at the same position reads what it read the first time (its slots differ from the ones
+it reads), as the decode graph's warm-up runs do and a token computed ahead (device_draw) that is
+then dropped. The state before an earlier position is gone: a cache that holds positions [0, n)
+continues at n or starts again at 0 (Engine: `recurrent` models reuse a cached prefix only whole).
+
+The prefill's scan is chunked (the SSD form, CHUNK positions at a time: within a chunk the
+outputs are a masked (CHUNK, CHUNK) mixing of the chunk's inputs plus the carried state's
+contribution, then the state is carried on); it and the conv are torch ops on every device,
+counted on CUDA as `ssm.scan.torch` / `ssm.conv.torch` (no Triton kernel). scan_sequential below
+is the step-by-step recurrence, kept as the tests' reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minfer import ops
+from minfer.errors import MinferError
+from minfer.weights import QWeight, load_dense, load_qweight, load_vector
+
+CHUNK = 64      # positions per chunk of the prefill's scan: (CHUNK, CHUNK, H) float32 per chunk
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    d_inner: int     # di  ssm.inner_size
+    d_state: int     # N   ssm.state_size
+    n_heads: int     # H   ssm.time_step_rank
+    n_groups: int    # G   ssm.group_count
+    d_conv: int      # K   ssm.conv_kernel
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_inner // self.n_heads
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.d_state
+
+    @property
+    def in_dim(self) -> int:
+        return 2 * self.d_inner + 2 * self.n_groups * self.d_state + self.n_heads
+
+    def state_shapes(self) -> tuple:
+        """The cache's per-sequence state of one layer: the conv ring (K, conv_dim), the SSM ring (2, H, P, N)."""
+        return ((self.d_conv, self.conv_dim), (2, self.n_heads, self.head_dim, self.d_state))
+
+
+@dataclass
+class Mamba2Weights:
+    ssm_in: QWeight                  # (in_dim, D)
+    conv_w: torch.Tensor             # (K, conv_dim) float32: tap k on position p - K + 1 + k
+    conv_b: torch.Tensor | None      # (conv_dim,)
+    dt_bias: torch.Tensor            # (H,)
+    A: torch.Tensor                  # (H,), negative
+    D: torch.Tensor                  # (H,)
+    norm: torch.Tensor               # (di,): G groups of di / G
+    ssm_out: QWeight                 # (D, di)
+
+
+def read_dims(gf, arch: str, d_model: int) -> Mamba2Dims:
+    """The ssm.* keys (llama.cpp llama_model_granite_hybrid::load_arch_hparams reads all five as
+    required), checked against each other; a missing or wrong one is named."""
+    md = gf.metadata
+    vals = {}
+    for name, suffix in (("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
+                         ("n_heads", "time_step_rank"), ("n_groups", "group_count")):
+        key = f"{arch}.ssm.{suffix}"
+        if key not in md:
+            raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model's "
+                              "Mamba-2 layers)")
+        v = md[key]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 1 << 20:
+            raise MinferError(f"{gf.path}: metadata key '{key}' = {v!r}: expected a positive integer")
+        vals[name] = v
+    d = Mamba2Dims(**vals)
+    if d.d_inner % d.n_heads or d.n_heads % d.n_groups:
+        raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner}, time_step_rank={d.n_heads}, "
+                          f"group_count={d.n_groups}: the heads must divide the inner size and the groups the heads")
+    if d.d_conv < 2:
+        raise MinferError(f"{gf.path}: metadata key '{arch}.ssm.conv_kernel' = {d.d_conv}: expected at least 2")
+    if d.d_inner != 2 * d_model:      # llama.cpp: GGML_ASSERT(2 * n_embd == d_inner) (expansion 2 only)
+        raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner} is not twice embedding_length={d_model} "
+                          "(llama.cpp loads an expansion of 2 only)")
+    return d
+
+
+def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype) -> Mamba2Weights:
+    """blk.i's Mamba-2 tensors, each shape checked by name (llama.cpp load_arch_tensors' shapes)."""
+    p = f"blk.{i}."
+    conv = gf.tensor(p + "ssm_conv1d.weight")
+    if tuple(conv.shape) != (d.conv_dim, d.d_conv):
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_conv1d.weight' has shape {tuple(conv.shape)}, expected "
+                          f"({d.conv_dim}, {d.d_conv}) (ssm.inner_size + 2 * group_count * state_size, conv_kernel)")
+    conv_w = load_dense(gf, p + "ssm_conv1d.weight").reshape(d.conv_dim, d.d_conv).t().contiguous().to(device)
+    conv_b = (load_vector(gf, p + "ssm_conv1d.bias", device, d.conv_dim)
+              if p + "ssm_conv1d.bias" in gf.tensors else None)        # TENSOR_NOT_REQUIRED in llama.cpp
+    A = load_vector(gf, p + "ssm_a", device, d.n_heads)
+    if not bool((A < 0).all()):
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_a' has values >= 0: expected A = -exp(A_log) < 0, which "
+                          "llama.cpp's converter stores (a file holding A_log itself is not supported)")
+    norm = gf.tensor(p + "ssm_norm.weight")
+    if tuple(norm.shape) not in ((d.n_groups, d.d_inner // d.n_groups), (d.d_inner,)):
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_norm.weight' has shape {tuple(norm.shape)}, expected "
+                          f"({d.n_groups}, {d.d_inner // d.n_groups}) (ssm.group_count, inner_size / group_count)")
+    return Mamba2Weights(
+        ssm_in=load_qweight(gf, p + "ssm_in.weight", device, (d.in_dim, d_model), dtype=dtype),
+        conv_w=conv_w, conv_b=conv_b,
+        dt_bias=load_vector(gf, p + "ssm_dt.bias", device, d.n_heads), A=A,
+        D=load_vector(gf, p + "ssm_d", device, d.n_heads),
+        norm=load_vector(gf, p + "ssm_norm.weight", device, d.d_inner),
+        ssm_out=load_qweight(gf, p + "ssm_out.weight", device, (d_model, d.d_inner), dtype=dtype))
+
+
+def causal_conv(xbc: torch.Tensor, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """silu(conv(xBC) + b) of the step's rows xbc (T, conv_dim) float32 at the consecutive positions
+    `positions`, the K-1 rows before them read from the ring (zeros before position 0), this
+    step's last rows written to it. (T, conv_dim) float32."""
+    T, W = xbc.shape
+    K = w.conv_w.shape[0]
+    R = ring.shape[0]
+    prev_pos = positions[:1] + torch.arange(1 - K, 0, device=positions.device)        # (K-1,)
+    prev = ring.index_select(0, prev_pos.remainder(R)) * (prev_pos >= 0).unsqueeze(-1).to(ring.dtype)
+    m = min(T, R)                                      # read before written: the slots may coincide
+    ring.index_copy_(0, positions[T - m:].remainder(R), xbc[T - m:])
+    seq = torch.cat([prev, xbc], 0)                                                   # (K-1+T, W)
+    out = (seq.unfold(0, K, 1) * w.conv_w.t()).sum(-1)      # (T, W, K) * (W, K): tap K-1 on the current row
+    if w.conv_b is not None:
+        out = out + w.conv_b
+    return F.silu(out)
+
+
+def _initial_state(ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The state after position p0 - 1 (slot (p0 - 1) % 2), zero when p0 = 0: (H, P, N)."""
+    p0 = positions[:1]
+    s = ring.index_select(0, (p0 - 1).remainder(ring.shape[0]))[0]
+    return s * (p0 > 0).to(s.dtype).view(1, 1, 1)
+
+
+def _store_state(ring: torch.Tensor, s: torch.Tensor, positions: torch.Tensor) -> None:
+    ring.index_copy_(0, positions[-1:].remainder(ring.shape[0]), s.unsqueeze(0))
+
+
+def _discretize(x, dt_raw, B, C, w: Mamba2Weights):
+    """dt = softplus(dt_raw + dt_bias) (T, H); B, C repeated to one row per head (T, H, N)."""
+    H, G = x.shape[1], B.shape[1]
+    dt = F.softplus(dt_raw + w.dt_bias)          # ggml_compute_softplus_f32: x > 20 ? x : log1p(exp(x))
+    return dt, B.repeat_interleave(H // G, dim=1), C.repeat_interleave(H // G, dim=1)   # head h: group h // (H/G)
+
+
+def scan_sequential(x, dt_raw, B, C, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The recurrence one position at a time (ggml ssm_scan_f32): x (T, H, P), dt_raw (T, H), B, C
+    (T, G, N), all float32 -> y = S C (T, H, P), without D; the ring updated."""
+    dt, Bh, Ch = _discretize(x, dt_raw, B, C, w)
+    dA = torch.exp(dt * w.A)                                                   # (T, H)
+    s = _initial_state(ring, positions)
+    ys = []
+    for t in range(x.shape[0]):
+        s = s * dA[t].view(-1, 1, 1) + (x[t] * dt[t].unsqueeze(-1)).unsqueeze(-1) * Bh[t].unsqueeze(1)
+        ys.append((s * Ch[t].unsqueeze(1)).sum(-1))                            # (H, P)
+    _store_state(ring, s, positions)
+    return torch.stack(ys)
+
+
+def scan_chunked(x, dt_raw, B, C, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor,
+                 chunk: int = CHUNK) -> torch.Tensor:
+    """The same recurrence, `chunk` positions at a time (the SSD form of HF's mamba2_chunk_scan):
+    with a_t = dt_t * A and c_t = a_1 + ... + a_t inside a chunk,
+        y_t = exp(c_t) C_t S_0 + sum_{s<=t} exp(c_t - c_s) (C_t . B_s) dt_s x_s
+        S_L = exp(c_L) S_0 + sum_s exp(c_L - c_s) dt_s x_s B_s^T
+    (exp of non-positive numbers only: A < 0, dt > 0). Same shapes as scan_sequential."""
+    dt, Bh, Ch = _discretize(x, dt_raw, B, C, w)
+    a = dt * w.A                                                               # (T, H) <= 0
+    s = _initial_state(ring, positions)                                        # (H, P, N)
+    ys = []
+    for c0 in range(0, x.shape[0], chunk):
+        xc, dtc, Bc, Cc = x[c0:c0 + chunk], dt[c0:c0 + chunk], Bh[c0:c0 + chunk], Ch[c0:c0 + chunk]
+        L = xc.shape[0]
+        cum = a[c0:c0 + chunk].cumsum(0)                                       # (L, H)
+        diff = cum.unsqueeze(1) - cum.unsqueeze(0)                              # (t, s, H): c_t - c_s
+        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril().unsqueeze(-1)
+        decay = torch.exp(diff.masked_fill(~causal, float("-inf")))             # 0 above the diagonal
+        mix = decay * torch.einsum("thn,shn->tsh", Cc, Bc) * dtc.unsqueeze(0)   # (t, s, H)
+        y = torch.einsum("tsh,shp->thp", mix, xc)
+        y = y + torch.exp(cum).unsqueeze(-1) * torch.einsum("thn,hpn->thp", Cc, s)
+        to_end = torch.exp(cum[-1:] - cum) * dtc                               # (L, H): exp(c_L - c_s) dt_s
+        s = torch.exp(cum[-1]).view(-1, 1, 1) * s + torch.einsum("sh,shp,shn->hpn", to_end, xc, Bc)
+        ys.append(y)
+    _store_state(ring, s, positions)
+    return torch.cat(ys)
+
+
+def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple, positions: torch.Tensor,
+                 eps: float, ctx) -> torch.Tensor:
+    """The mixer of the normed input h (T, D) at the consecutive `positions` -> W_out(...) (T, D) in h's
+    dtype; state: the layer's (conv ring, ssm ring) from the cache, updated in place."""
+    T = h.shape[0]
+    H, P, G, N, di = d.n_heads, d.head_dim, d.n_groups, d.d_state, d.d_inner
+    conv_ring, ssm_ring = state
+    zxbcdt = ops.linear(h, w.ssm_in, None, ctx).float()                     # (T, in_dim)
+    z, xbc, dt = zxbcdt.split([di, d.conv_dim, H], dim=-1)
+    if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
+        ops.paths.count("ssm.conv.torch")
+        ops.paths.count("ssm.scan.torch")
+    xbc = causal_conv(xbc, w, conv_ring, positions)
+    x, B, C = xbc.split([di, G * N, G * N], dim=-1)
+    x = x.reshape(T, H, P)
+    y = scan_chunked(x, dt, B.reshape(T, G, N), C.reshape(T, G, N), w, ssm_ring, positions)
+    y = y + x * w.D.view(1, H, 1)                                            # the D skip
+    y = gated_group_norm(y.reshape(T, di), z, w.norm, G, eps)
+    return ops.linear(y.to(h.dtype), w.ssm_out, None, ctx)
+
+
+def gated_group_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
+    """weight * RMSNorm(y * silu(z)) over each of `groups` groups of channels: y, z (T, di) float32."""
+    T, di = y.shape
+    g = (y * F.silu(z)).view(T, groups, di // groups)
+    return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).reshape(T, di) * weight
