@@ -37,7 +37,7 @@ OUT = ROOT / "tests" / "data" / "arch"
 VOCAB = 320
 EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py Glm4Model.set_vocab looks them up
                   "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
-SPM = {"ernie4_5"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
+SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
 CENTERED_BIAS = {"qwen2vl", "starcoder2"}
@@ -133,6 +133,24 @@ ARCHS = {
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, use_bias=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # ERNIE 4.5 MoE (ERNIE-4.5-21B-A3B's form): layer 0 dense (moe_layer_start_index 1), then top-2 of 8 softmax
+    # experts chosen on probability + e_score_correction_bias (randomized below: zeros at init), weights
+    # renormalized, plus 2 shared experts (width 2 * 24 = intermediate_size // kv_heads, what the converter writes
+    # as expert_shared_feed_forward_length); adjacent-pair rope; the converter reads a SentencePiece model only
+    "ernie4_5-moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True, use_bias=False,
+        moe_intermediate_size=24, moe_k=2, moe_num_experts=8, moe_num_shared_experts=2, moe_layer_start_index=1,
+        moe_layer_end_index=-1, moe_layer_interval=1, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # the same with MoE layers every second layer (HF moe_layer_interval 2: layers 1 and 3 of 4; layer 0 dense
+    # as the leading one, layer 2 dense by the step) and no shared experts
+    "ernie4_5-moe-step2": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, use_bias=False,
+        moe_intermediate_size=24, moe_k=2, moe_num_experts=8, moe_num_shared_experts=0, moe_layer_start_index=1,
+        moe_layer_end_index=-1, moe_layer_interval=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # GLM-4 (0414): q/k/v biases, half the head rotated (adjacent pairs), post-attention and post-MLP
     # norms, the MLP's gate and up fused in one matrix
@@ -491,6 +509,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 p.copy_(2.0 * torch.randn(p.shape, generator=g))
             if name.endswith("experts.gate_up_proj"):  # gpt-oss: gate/up values past the clamp at 7
                 p.mul_(6.0)
+            if name.endswith("e_score_correction_bias"):   # ernie4_5-moe's selection bias (a parameter there)
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
             p.copy_(p.half().float())
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):   # glm4moe's selection bias: a zeros buffer at init

@@ -19,6 +19,7 @@ from minfer.models.qwen2vl import Qwen2VLModel
 from minfer.models.qwen3vl import Qwen3VLModel
 from minfer.models.qwen3vlmoe import Qwen3VLMoeModel
 from minfer.models.ernie4_5 import Ernie45Model
+from minfer.models.ernie4_5_moe import Ernie45MoeModel
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
 from minfer.models.glm4 import Glm4Model
@@ -46,7 +47,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel)}
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-         "qwen2vl", "qwen3vl", "qwen3vlmoe", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense"]
+         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -68,6 +68,9 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],
             # qwen3vlmoe: qwen3moe's MoE (softmax top-k, renormalized) on both paths
             "qwen3vlmoe": ["attention.decode", "moe.gather", "moe.grouped"],
+            # ernie4_5-moe: the softmax MoE chosen with the selection bias, shared experts, dense layers between
+            "ernie4_5-moe": ["attention.decode", "moe.gather", "moe.grouped"],
+            "ernie4_5-moe-step2": ["attention.decode", "moe.gather", "moe.grouped"],
             "starcoder2": ["layer_norm.triton", "attention.decode"],
             # hunyuan-dense: the per-head q/k norms after rope (rope kernel, norm, then the cache write)
             "hunyuan-dense": ["rope", "attention.decode"],

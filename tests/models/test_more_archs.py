@@ -6,7 +6,8 @@ qwen2vl / qwen3vl: the language models of Qwen2(.5)-VL and Qwen3-VL, text input 
 olmoe: OLMoE (whole-projection q/k norms, a MoE whose weights are not renormalized).
 starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-tanh MLP).
 hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base).
-qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE)."""
+qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE).
+ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def logits_err(eng, name: str) -> float:
     return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
-@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe"])
+@pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
+                                  "ernie4_5-moe", "ernie4_5-moe-step2"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
     check on these fixtures)."""
@@ -305,5 +307,76 @@ def test_qwen3vlmoe_reads_sections_and_deepstack():
 ])
 def test_qwen3vlmoe_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "qwen3vlmoe.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- ernie4_5-moe ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,what", [("ernie4_5-moe", "no_select_bias"), ("ernie4_5-moe", "not_renormalized"),
+                                       ("ernie4_5-moe", "no_shared_experts"), ("ernie4_5-moe", "neox"),
+                                       ("ernie4_5-moe-step2", "no_select_bias"), ("ernie4_5-moe-step2", "biased_weights")])
+def test_ernie4_5_moe_each_rule_is_needed(monkeypatch, name, what):
+    """The selection bias (choice only: weights from the unbiased probabilities), the renormalized
+    top-k weights, the shared experts and adjacent-pair rope: with any one changed the logits miss
+    transformers' by far."""
+    import torch
+
+    from minfer.ops import reference
+
+    eng = engine(name)
+    m = eng.model
+    assert logits_err(eng, name) < TOL and m.weights_norm is True
+    moe = [e for e in m.moe if e is not None]
+    if what == "no_select_bias":
+        for e in moe:
+            e.exp_probs_b = None
+    elif what == "not_renormalized":
+        m.weights_norm = False
+    elif what == "no_shared_experts":
+        assert all(e.gate_shexp is not None for e in moe)
+        for e in moe:
+            e.gate_shexp = None
+    elif what == "biased_weights":         # the weights read from p + b instead of p
+        route = reference.route
+
+        def biased(h, router, k, norm, router_bias=None, gating="softmax", select_bias=None, *a):
+            w, idx = route(h, router, k, norm, router_bias, gating, select_bias, *a)
+            if select_bias is not None:
+                w = (torch.softmax(h.float() @ router.float().t(), -1) + select_bias.float()).gather(1, idx)
+                w = w / w.sum(-1, keepdim=True)
+            return w, idx
+
+        monkeypatch.setattr(reference, "route", biased)
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="neox"))    # (this engine's own cfg)
+    assert logits_err(eng, name) > 10 * TOL
+
+
+def test_ernie4_5_moe_layer_kinds():
+    """Dense where l < leading_dense_block_count or (l + 1) % interleave_moe_layer_step != 0 (the graph's
+    is_moe_layer, HF's start index and interval): the fixtures' and the released configs'."""
+    from minfer.models.ernie4_5_moe import is_moe_layer
+
+    assert [e is None for e in engine("ernie4_5-moe").model.moe] == [True, False, False]
+    m2 = engine("ernie4_5-moe-step2").model
+    assert [e is None for e in m2.moe] == [True, False, True, False] and m2.moe_step == 2
+    assert [is_moe_layer(i, 1, 1) for i in range(28)] == [False] + [True] * 27      # ERNIE-4.5-21B-A3B
+    assert [is_moe_layer(i, 3, 1) for i in range(54)] == [False] * 3 + [True] * 51  # ERNIE-4.5-300B-A47B
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("ernie4_5-moe", dict(drop_keys=("ernie4_5-moe.interleave_moe_layer_step",)), "ernie4_5-moe.interleave_moe_layer_step"),
+    ("ernie4_5-moe", dict(set_keys={"ernie4_5-moe.interleave_moe_layer_step": (0, gguf.GGUFValueType.UINT32)}),
+     "ernie4_5-moe.interleave_moe_layer_step"),
+    ("ernie4_5-moe", dict(drop_keys=("ernie4_5-moe.expert_shared_feed_forward_length",)), "blk.1.ffn_\\w+_shexp.weight"),
+    ("ernie4_5-moe", dict(drop_tensors=("blk.2.ffn_gate_exps.weight",)), "blk.2.ffn_gate_exps.weight"),
+    ("ernie4_5-moe", dict(add_tensors={"blk.0.attn_output.bias": [0.0] * 64}), "blk.0.attn_output.bias"),
+    # llama.cpp's loader rule (MoE tensors in every layer past the leading ones) on the step-2 file
+    ("ernie4_5-moe-step2", dict(set_keys={"ernie4_5-moe.interleave_moe_layer_step": (1, gguf.GGUFValueType.UINT32)}),
+     "blk.2.ffn_gate_inp.weight"),
+])
+def test_ernie4_5_moe_bad_input_is_named(tmp_path, name, kw, match):
+    p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

@@ -49,6 +49,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # qwen3vlmoe: qwen3moe's per-head q/k norms and renormalized top-k on both MoE paths
         "qwen3vlmoe": ["moe.gather", "moe.grouped", "rope.triton"],
+        # ernie4_5-moe: a dense layer, then the softmax MoE with its selection bias and shared experts
+        "ernie4_5-moe": ["moe.gather", "moe.grouped", "rope.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
         # runtime/kv_cache.py's per-layer form), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
         "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
@@ -78,7 +80,7 @@ def cuda_ops():
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "qwen2vl", "qwen3vl", "qwen3vlmoe",
+                                  "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "granitehybrid", "granitehybrid-dense"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
