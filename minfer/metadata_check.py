@@ -181,6 +181,17 @@ def _dense_zero(arch: str, suffix: str, v: Any) -> bool:
     return arch in DENSE_ZERO_EXPERTS and suffix in ("expert_count", "expert_used_count") and type(v) is int and v == 0
 
 
+# Architectures whose feed_forward_length array has 0 on the layers without an MLP: nemotron_h's converter
+# writes n_ff on its MLP blocks only (conversion/nemotron.py NemotronHModel.set_gguf_parameters), and
+# llama.cpp reads n_ff(il) == 0 as a Mamba-2 or attention block (nemotron-h.cpp load_arch_hparams)
+ZERO_FFN_LAYERS = frozenset({"nemotron_h"})
+_ZERO_FFN_ITEMS = _count_or_counts(1, 1 << 22, item_lo=0)
+
+
+def _arch_check(arch: str, suffix: str, check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    return _ZERO_FFN_ITEMS if arch in ZERO_FFN_LAYERS and suffix == "feed_forward_length" else check
+
+
 def blocks_present(gf) -> list[int]:
     """The N of every `blk.N.` tensor name, sorted."""
     return sorted({int(m.group(1)) for name in gf.tensors if (m := _BLOCK.match(name))})
@@ -197,7 +208,8 @@ def problems(gf) -> dict[str, str]:
     if isinstance(arch, str):
         for suffix, check in ARCH_KEYS.items():
             key = f"{arch}.{suffix}"
-            if key in meta and (msg := check(meta[key])) and not _dense_zero(arch, suffix, meta[key]):
+            if key in meta and (msg := _arch_check(arch, suffix, check)(meta[key])) \
+                    and not _dense_zero(arch, suffix, meta[key]):
                 out[key] = msg
         _check_blocks(gf, f"{arch}.block_count", out)
         heads, kv = meta.get(f"{arch}.attention.head_count"), meta.get(f"{arch}.attention.head_count_kv")

@@ -433,10 +433,42 @@ ARCHS = {
         mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_chunk_size=8, mamba_conv_bias=True,
         mamba_proj_bias=False, embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8,
         logits_scaling=1.5, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # NVIDIA Nemotron-H (nemotron_h): the block pattern M-M*-M (Mamba-2, squared-ReLU MLP, attention without rope),
+    # each block one mixer after its RMSNorm. Mamba-2: 12 heads of 16 (inner 192, not twice the width of 64: Nemotron
+    # Nano 9B v2's form, 128 heads of 80 at a width of 4480), 2 groups, state 16, conv of 4 taps with bias;
+    # chunk_size 8: HF's chunked scan crosses chunks. The config goes to the converter as released
+    # (CONFIG_AS_RELEASED: the hybrid_override_pattern string)
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, layers_block_type=["linear_attention", "mlp", "linear_attention",
+                                                                 "full_attention", "mlp", "linear_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=12, mamba_head_dim=16, n_groups=2,
+        ssm_state_size=16, conv_kernel=4, chunk_size=8, use_conv_bias=True, use_bias=False, mlp_bias=False,
+        attention_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 # transformers 5 saves layer_types as "linear_attention" / "full_attention"; llama.cpp's converter
 # (conversion/granite.py GraniteHybridModel.get_attn_layers) takes the released names "mamba" / "attention"
 LAYER_TYPES_AS_RELEASED = {"granitehybrid", "granitehybrid-dense"}
+
+
+def nemotron_h_as_released(c: dict) -> dict:
+    """NemotronHConfig (transformers 5) saves the block pattern as layers_block_type, a list whose MLP blocks are
+    "mlp"; llama.cpp's converter (conversion/nemotron.py NemotronHModel) counts only "moe" as an MLP block in a
+    list and reads the released configs' hybrid_override_pattern string ("M", "-", "*", "E") as written. The
+    released config, read as config.json (raw_config below: transformers' AutoConfig would turn the string back
+    into the list)."""
+    marks = {"linear_attention": "M", "mlp": "-", "full_attention": "*", "moe": "E"}
+    pattern = "".join(marks[t] for t in c.pop("layers_block_type"))
+    c.pop("layer_types", None)
+    if "E" not in pattern:      # a dense release carries no MoE keys (the converter takes num_experts_per_tok as MoE)
+        for k in [k for k in c if k.startswith(("moe_", "n_routed", "n_shared", "num_experts", "mtp_", "num_nextn"))
+                  or k in ("routed_scaling_factor", "n_group", "topk_group", "norm_topk_prob")]:
+            del c[k]
+    return {**c, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}
+
+
+# configs rewritten to the released form, then read by the converter from config.json as written
+CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released}
 
 # transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
 # them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py
@@ -519,13 +551,18 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 b.copy_((0.5 + torch.rand(b.shape, generator=g)).half().float())
 
 
-def convert(model_dir: Path, out: Path, llamacpp: Path) -> None:
-    """llama.cpp's convert_hf_to_gguf.py with its own gguf-py, in a child process."""
+def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False) -> None:
+    """llama.cpp's convert_hf_to_gguf.py with its own gguf-py, in a child process. raw_config: the
+    converter reads config.json as written (what its load_hparams falls back to where transformers
+    does not know the model type) instead of transformers' AutoConfig.to_dict()."""
     code = (
         "import sys\n"
         f"sys.path[:0] = [{str(llamacpp)!r}, {str(llamacpp / 'gguf-py')!r}]\n"
         "import conversion.base as base\n"
         "base.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'gpt-2'\n"
+        + ("import json\n"
+           "base.ModelBase.load_hparams = staticmethod(lambda d, is_mistral_format=False: json.loads((d / 'config.json').read_text()))\n"
+           if raw_config else "") +
         # Gemma2Model reads a sentencepiece tokenizer.model only; ours is a byte-level BPE
         "import conversion.gemma as gemma\n"
         "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
@@ -573,9 +610,12 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             names = {"linear_attention": "mamba", "full_attention": "attention"}
             c["layer_types"] = [names.get(t, t) for t in c["layer_types"]]
             (d / "config.json").write_text(json.dumps(c))
+        if name in CONFIG_AS_RELEASED:
+            c = json.loads((d / "config.json").read_text())
+            (d / "config.json").write_text(json.dumps(CONFIG_AS_RELEASED[name](c)))
         if name in EXPERTS_AS_RELEASED:
             experts_as_released(d)
-        convert(d, OUT / f"{name}.gguf", llamacpp)
+        convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=name in CONFIG_AS_RELEASED)
 
     rng = np.random.default_rng(seed)
     seq_len = 24 if name.startswith("phi3") else SEQ   # phi3: inside the original context (short factors)

@@ -27,6 +27,7 @@ from minfer.models.glm4moe import Glm4MoeModel
 from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.granitehybrid import GraniteHybridModel
+from minfer.models.nemotron_h import NemotronHModel
 from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
@@ -47,7 +48,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel)}
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -1,4 +1,5 @@
-"""The Mamba-2 mixer of a hybrid model's recurrent layers (granitehybrid: IBM Granite 4.0 H).
+"""The Mamba-2 mixer of a hybrid model's recurrent layers (granitehybrid: IBM Granite 4.0 H; nemotron_h;
+falcon-h1).
 
     [z; xBC; dt] = W_in h                              ssm_in (2*di + 2*G*N + H, D)
     xBC_p = silu(b + sum_k w[k] * xBC_{p-K+1+k})       ssm_conv1d.weight (conv_dim, K), .bias (conv_dim,);
@@ -31,6 +32,12 @@ G = ssm.group_count, K = ssm.conv_kernel, conv_dim = di + 2*G*N. Each rule and i
   (build_mamba2_layer reshapes y to (di/G, G) before build_norm, eps = the model's
   layer_norm_rms_epsilon); HF GraniteMoeHybridRMSNormGated(group_size = di / n_groups): the gate
   multiplies before the norm. The converter reshapes ssm_norm to (G, di/G).
+- Options other archs need (the defaults are granitehybrid's): `inner_twice=False` in read_dims takes
+  an inner size other than 2 * D (nemotron_h: llama.cpp asserts 2 * n_embd == d_inner only in
+  granite-hybrid.cpp and jamba.cpp; Nemotron Nano 9B v2 has 128 heads of 80 at a width of 4480);
+  `norm_required=False` in load_mamba2 takes a layer without ssm_norm (falcon-h1: llama.cpp loads it
+  TENSOR_NOT_REQUIRED and build_mamba2_layer skips the norm when it is absent, leaving
+  y * silu(z); HF FalconH1Mixer with mamba_rms_norm false: `scan_output * act(gate)`).
 
 The state a sequence keeps (the cache's recurrent_state(layer), runtime/kv_cache.py):
 - conv: a ring of K rows of xBC (float32), position p's row at slot p % K. A step first reads the
@@ -97,13 +104,14 @@ class Mamba2Weights:
     dt_bias: torch.Tensor            # (H,)
     A: torch.Tensor                  # (H,), negative
     D: torch.Tensor                  # (H,)
-    norm: torch.Tensor               # (di,): G groups of di / G
+    norm: torch.Tensor | None        # (di,): G groups of di / G; None: no norm after the gate
     ssm_out: QWeight                 # (D, di)
 
 
-def read_dims(gf, arch: str, d_model: int) -> Mamba2Dims:
+def read_dims(gf, arch: str, d_model: int, inner_twice: bool = True) -> Mamba2Dims:
     """The ssm.* keys (llama.cpp llama_model_granite_hybrid::load_arch_hparams reads all five as
-    required), checked against each other; a missing or wrong one is named."""
+    required), checked against each other; a missing or wrong one is named. inner_twice: the inner
+    size must be 2 * d_model (granitehybrid's graph asserts it; module doc)."""
     md = gf.metadata
     vals = {}
     for name, suffix in (("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
@@ -122,14 +130,15 @@ def read_dims(gf, arch: str, d_model: int) -> Mamba2Dims:
                           f"group_count={d.n_groups}: the heads must divide the inner size and the groups the heads")
     if d.d_conv < 2:
         raise MinferError(f"{gf.path}: metadata key '{arch}.ssm.conv_kernel' = {d.d_conv}: expected at least 2")
-    if d.d_inner != 2 * d_model:      # llama.cpp: GGML_ASSERT(2 * n_embd == d_inner) (expansion 2 only)
+    if inner_twice and d.d_inner != 2 * d_model:   # granite-hybrid.cpp: GGML_ASSERT(2 * n_embd == d_inner)
         raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner} is not twice embedding_length={d_model} "
                           "(llama.cpp loads an expansion of 2 only)")
     return d
 
 
-def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype) -> Mamba2Weights:
-    """blk.i's Mamba-2 tensors, each shape checked by name (llama.cpp load_arch_tensors' shapes)."""
+def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype, norm_required: bool = True) -> Mamba2Weights:
+    """blk.i's Mamba-2 tensors, each shape checked by name (llama.cpp load_arch_tensors' shapes);
+    norm_required=False: ssm_norm may be absent (falcon-h1; module doc)."""
     p = f"blk.{i}."
     conv = gf.tensor(p + "ssm_conv1d.weight")
     if tuple(conv.shape) != (d.conv_dim, d.d_conv):
@@ -142,8 +151,9 @@ def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype) -> Mamba
     if not bool((A < 0).all()):
         raise MinferError(f"{gf.path}: tensor '{p}ssm_a' has values >= 0: expected A = -exp(A_log) < 0, which "
                           "llama.cpp's converter stores (a file holding A_log itself is not supported)")
-    norm = gf.tensor(p + "ssm_norm.weight")
-    if tuple(norm.shape) not in ((d.n_groups, d.d_inner // d.n_groups), (d.d_inner,)):
+    has_norm = norm_required or p + "ssm_norm.weight" in gf.tensors
+    norm = gf.tensor(p + "ssm_norm.weight") if has_norm else None
+    if norm is not None and tuple(norm.shape) not in ((d.n_groups, d.d_inner // d.n_groups), (d.d_inner,)):
         raise MinferError(f"{gf.path}: tensor '{p}ssm_norm.weight' has shape {tuple(norm.shape)}, expected "
                           f"({d.n_groups}, {d.d_inner // d.n_groups}) (ssm.group_count, inner_size / group_count)")
     return Mamba2Weights(
@@ -151,7 +161,7 @@ def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype) -> Mamba
         conv_w=conv_w, conv_b=conv_b,
         dt_bias=load_vector(gf, p + "ssm_dt.bias", device, d.n_heads), A=A,
         D=load_vector(gf, p + "ssm_d", device, d.n_heads),
-        norm=load_vector(gf, p + "ssm_norm.weight", device, d.d_inner),
+        norm=load_vector(gf, p + "ssm_norm.weight", device, d.d_inner) if has_norm else None,
         ssm_out=load_qweight(gf, p + "ssm_out.weight", device, (d_model, d.d_inner), dtype=dtype))
 
 
@@ -255,7 +265,10 @@ def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple,
 
 
 def gated_group_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:
-    """weight * RMSNorm(y * silu(z)) over each of `groups` groups of channels: y, z (T, di) float32."""
+    """weight * RMSNorm(y * silu(z)) over each of `groups` groups of channels: y, z (T, di) float32;
+    weight None: y * silu(z) alone (module doc)."""
     T, di = y.shape
+    if weight is None:
+        return y * F.silu(z)
     g = (y * F.silu(z)).view(T, groups, di // groups)
     return (g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + eps)).reshape(T, di) * weight

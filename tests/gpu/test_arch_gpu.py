@@ -24,7 +24,8 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense"]
+         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense",
+         "nemotron_h"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -78,7 +79,9 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # rings are indexed by position, so the graph's warm-up runs repeat a step harmlessly), the rope-less
             # attention layer, the MoE on both paths (-dense: the shared MLP alone)
             "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather", "moe.grouped"],
-            "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode"]}
+            "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode"],
+            # nemotron_h: Mamba-2 blocks, squared-ReLU MLP blocks (torch ops), a rope-less attention block
+            "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -67,7 +67,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # granitehybrid: Mamba-2 layers (conv ring and chunked scan in torch ops, the state in the cache) around a
         # rope-less attention layer, MoE + shared expert; -dense: the shared MLP alone
         "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
-        "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton"]}
+        "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton"],
+        # nemotron_h: Mamba-2, squared-ReLU MLP (torch ops) and rope-less attention blocks
+        "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -82,7 +84,7 @@ def cuda_ops():
                                   "olmoe", "hunyuan-dense",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-                                  "granitehybrid", "granitehybrid-dense"])
+                                  "granitehybrid", "granitehybrid-dense", "nemotron_h"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
