@@ -152,6 +152,17 @@ ARCHS = {
         moe_intermediate_size=24, moe_k=2, moe_num_experts=8, moe_num_shared_experts=0, moe_layer_start_index=1,
         moe_layer_end_index=-1, moe_layer_interval=2, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # EXAONE 3.5 (exaone): Llama's computation under LG's names; the released Llama-3 rope scaling (the converter
+    # writes rope_freqs.weight) with the original context shrunk so that each band holds some of the 8 frequencies
+    # (as the llama3 entry); untied head (7.8B/32B). transformers 5 runs it as LlamaForCausalLM; the converter gets
+    # the released config (CONFIG_AS_RELEASED)
+    "exaone": ("ExaoneConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, max_position_embeddings=1024, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # GLM-4 (0414): q/k/v biases, half the head rotated (adjacent pairs), post-attention and post-MLP
     # norms, the MLP's gate and up fused in one matrix
     "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(
@@ -467,8 +478,14 @@ def nemotron_h_as_released(c: dict) -> dict:
     return {**c, "hybrid_override_pattern": pattern, "num_hidden_layers": len(pattern)}
 
 
+def exaone_as_released(c: dict) -> dict:
+    """ExaoneConfig (transformers 5) saves the Llama names and LlamaForCausalLM; the released config.json
+    (EXAONE-3.5) names ExaoneForCausalLM, which llama.cpp's converter registers, and activation_function, which
+    conversion/exaone.py ExaoneModel asserts is silu (transformers' AutoConfig would drop the alias)."""
+    return {**c, "architectures": ["ExaoneForCausalLM"], "activation_function": c["hidden_act"]}
+
 # configs rewritten to the released form, then read by the converter from config.json as written
-CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released}
+CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "exaone": exaone_as_released}
 
 # transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
 # them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py

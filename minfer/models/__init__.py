@@ -39,6 +39,7 @@ from minfer.models.cohere2 import Cohere2Model
 from minfer.models.deepseek2 import Deepseek2Model
 from minfer.models.mistral3 import Mistral3Model
 from minfer.models.seed_oss import SeedOssModel
+from minfer.models.exaone import ExaoneModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
@@ -48,7 +49,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel)}
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, ExaoneModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

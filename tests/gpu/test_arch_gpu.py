@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense",
+         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense",
          "nemotron_h"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
@@ -72,6 +72,8 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # ernie4_5-moe: the softmax MoE chosen with the selection bias, shared experts, dense layers between
             "ernie4_5-moe": ["attention.decode", "moe.gather", "moe.grouped"],
             "ernie4_5-moe-step2": ["attention.decode", "moe.gather", "moe.grouped"],
+            # exaone: NEOX rope with the Llama-3 frequency divisors
+            "exaone": ["rope", "attention.decode"],
             "starcoder2": ["layer_norm.triton", "attention.decode"],
             # hunyuan-dense: the per-head q/k norms after rope (rope kernel, norm, then the cache write)
             "hunyuan-dense": ["rope", "attention.decode"],

@@ -22,7 +22,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
          "olmoe", "hunyuan-dense",
-         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2",
+         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
          "granitehybrid", "granitehybrid-dense", "nemotron_h"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
@@ -34,7 +34,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "starcoder2": "starcoder2",
                "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
-               "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe",
+               "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
@@ -105,7 +105,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2",
+                                  "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])
 def test_arch_incremental_equals_whole(name):

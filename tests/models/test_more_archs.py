@@ -7,7 +7,8 @@ olmoe: OLMoE (whole-projection q/k norms, a MoE whose weights are not renormaliz
 starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-tanh MLP).
 hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base).
 qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE).
-ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers)."""
+ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers).
+exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
-                                  "ernie4_5-moe", "ernie4_5-moe-step2"])
+                                  "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
     check on these fixtures)."""
@@ -378,5 +379,35 @@ def test_ernie4_5_moe_layer_kinds():
 ])
 def test_ernie4_5_moe_bad_input_is_named(tmp_path, name, kw, match):
     p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- exaone ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["adjacent_pairs", "no_rope_factors"])
+def test_exaone_each_rule_is_needed(what):
+    """NEOX rope (halves, not adjacent pairs) and EXAONE 3.5's Llama-3 frequency divisors
+    (rope_freqs.weight): with either changed the logits miss transformers' by far."""
+    eng = engine("exaone")
+    m = eng.model
+    assert logits_err(eng, "exaone") < TOL
+    assert m.cfg.rope.freq_factors is not None and {1.0, 8.0} <= set(m.cfg.rope.freq_factors)
+    if what == "adjacent_pairs":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, freq_factors=None))
+    assert logits_err(eng, "exaone") > 10 * TOL
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(add_tensors={"blk.0.attn_q.bias": [0.0] * 64}), "blk.0.attn_q.bias"),
+    (dict(add_tensors={"blk.1.attn_output.bias": [0.0] * 64}), "blk.1.attn_output.bias"),
+    (dict(set_keys={"exaone.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)}, drop_tensors=("rope_freqs.weight",)),
+     "rope.dimension_count 8"),
+    (dict(drop_tensors=("blk.1.ffn_gate.weight",)), "blk.1.ffn_gate.weight"),
+])
+def test_exaone_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "exaone.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

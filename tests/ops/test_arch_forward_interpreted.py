@@ -51,6 +51,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "qwen3vlmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # ernie4_5-moe: a dense layer, then the softmax MoE with its selection bias and shared experts
         "ernie4_5-moe": ["moe.gather", "moe.grouped", "rope.triton"],
+        # exaone: Llama with NEOX rope and the Llama-3 frequency divisors through the rope kernel
+        "exaone": ["rope.triton", "attention.decode.triton"],
         # gemma4: window layers of head size 16 and global ones of 32 (each layer its own cache geometry,
         # runtime/kv_cache.py's per-layer form), proportional rope factors, weightless v norm, k as v, scale 1, the GELU kernel
         "gemma4": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
@@ -82,7 +84,7 @@ def cuda_ops():
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe",
+                                  "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
