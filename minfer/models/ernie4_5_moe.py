@@ -49,9 +49,8 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.glm4moe import Glm4MoeBlock, Glm4MoeModel
+from minfer.models.glm4moe import Glm4MoeModel, load_moe_layer
 from minfer.models.layers import Block, load_head
-from minfer.models.qwen3moe import load_experts
 from minfer.weights import load_qweight, load_vector
 
 
@@ -118,21 +117,8 @@ class Ernie45MoeModel(Glm4MoeModel):
                 ffn_gate=None if sparse else w("ffn_gate", (F, D)),
                 ffn_up=None if sparse else w("ffn_up", (F, D)),
                 ffn_down=None if sparse else w("ffn_down", (D, F))))
-            if not sparse:
-                moe.append(None)
-            else:
-                e = Glm4MoeBlock(
-                    gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
-                    gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
-                    up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
-                    down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype),
-                    exp_probs_b=(load_vector(gf, p + "exp_probs_b.bias", device, E)
-                                 if p + "exp_probs_b.bias" in gf.tensors else None))
-                if Fs > 0:
-                    e.gate_shexp = w("ffn_gate_shexp", (Fs, D))
-                    e.up_shexp = w("ffn_up_shexp", (Fs, D))
-                    e.down_shexp = w("ffn_down_shexp", (D, Fs))
-                moe.append(e)
+            moe.append(load_moe_layer(gf, p, E, D, Fe, Fs, device, dtype, select_bias_optional=True)
+                       if sparse else None)
             bar.update()
         output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()

@@ -66,6 +66,25 @@ class Glm4MoeBlock(MoeBlock):
     exp_probs_b: torch.Tensor | None = None     # (E,) float32: added to the scores for the choice only
 
 
+def load_moe_layer(gf, p: str, E: int, D: int, Fe: int, Fs: int, device, dtype,
+                   select_bias_optional: bool = False) -> Glm4MoeBlock:
+    """Layer prefix p's router (E, D), experts (E, Fe, D) / (E, D, Fe), selection bias exp_probs_b (E,)
+    (select_bias_optional: None when the file has none) and, when Fs > 0, the ungated shared expert
+    of width Fs (the tensor names llama.cpp's loaders give these MoE layers: glm4moe, ernie4_5-moe)."""
+    e = Glm4MoeBlock(
+        gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
+        gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
+        up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
+        down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype),
+        exp_probs_b=(None if select_bias_optional and p + "exp_probs_b.bias" not in gf.tensors
+                     else load_vector(gf, p + "exp_probs_b.bias", device, E)))
+    if Fs > 0:
+        e.gate_shexp = load_qweight(gf, p + "ffn_gate_shexp.weight", device, (Fs, D), dtype=dtype)
+        e.up_shexp = load_qweight(gf, p + "ffn_up_shexp.weight", device, (Fs, D), dtype=dtype)
+        e.down_shexp = load_qweight(gf, p + "ffn_down_shexp.weight", device, (D, Fs), dtype=dtype)
+    return e
+
+
 class Glm4MoeModel(Qwen3MoeModel):
     arch = "glm4moe"
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_GLM4_MOE -> NEOX (no M-RoPE)
@@ -127,20 +146,7 @@ class Glm4MoeModel(Qwen3MoeModel):
                 have, miss = ("attn_q_norm", "attn_k_norm") if blocks[-1].attn_k_norm is None \
                     else ("attn_k_norm", "attn_q_norm")
                 raise MinferError(f"{gf.path}: tensor '{p}{miss}.weight' is missing ('{p}{have}.weight' is present)")
-            if dense:
-                moe.append(None)
-            else:
-                e = Glm4MoeBlock(
-                    gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
-                    gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
-                    up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
-                    down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype),
-                    exp_probs_b=load_vector(gf, p + "exp_probs_b.bias", device, E))
-                if Fs > 0:
-                    e.gate_shexp = w("ffn_gate_shexp", (Fs, D))
-                    e.up_shexp = w("ffn_up_shexp", (Fs, D))
-                    e.down_shexp = w("ffn_down_shexp", (D, Fs))
-                moe.append(e)
+            moe.append(None if dense else load_moe_layer(gf, p, E, D, Fe, Fs, device, dtype))
             bar.update()
         output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()
