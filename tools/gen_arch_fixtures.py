@@ -404,6 +404,16 @@ ARCHS = {
         max_position_embeddings=256, clip_qkv=None, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # Arcee AFM-4.5B (arcee): Llama's block with an ungated squared-ReLU MLP (hidden_act relu2), GQA, untied head;
+    # YaRN as the released config (factor 20 over an original 4096, beta 32 / 1): the low
+    # frequencies of head_dim 16 divided by 20, a ramp between, cos/sin times 1 + 0.1 ln 20
+    "arcee": ("ArceeConfig", "ArceeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=81920, tie_word_embeddings=False,
+        attention_bias=False, mlp_bias=False, hidden_act="relu2",
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 20.0,
+                         "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
     # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
     # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);

@@ -65,6 +65,23 @@ def yarn_cos_sin_factor(md, arch: str, rope_attn_factor: float) -> float:
     return c * rope_attn_factor
 
 
+def yarn_setup(gf, arch: str, cfg: ModelConfig) -> tuple:
+    """(the rope to apply, q's factor c^2): YaRN's when `rope.scaling.type` is yarn (module docstring),
+    else (cfg.rope, 1)."""
+    md = gf.metadata
+    if md.get(f"{arch}.rope.scaling.type") != "yarn":
+        return cfg.rope, 1.0
+    if f"{arch}.rope.scaling.factor" not in md:
+        raise MinferError(f"{gf.path}: metadata key '{arch}.rope.scaling.factor' is missing (YaRN needs it)")
+    rope = yarn_rope(gf, arch, cfg.rope, truncate=True)[0]
+    c = yarn_cos_sin_factor(md, arch, cfg.rope_attn_factor)
+    given = md.get(f"{arch}.rope.scaling.yarn_attn_factor")
+    if given is not None and abs(float(given) - c) > 1e-6:
+        raise MinferError(f"{gf.path}: metadata '{arch}.rope.scaling.yarn_attn_factor' = {given}: llama.cpp "
+                          f"ignores it (cos/sin factor {c:.6g}) and transformers applies it; not supported")
+    return rope, c * c
+
+
 class Mistral3Model(LlamaModel):
     arch = "mistral3"
     rope_style = "normal"     # llama_model_rope_type: LLM_ARCH_MISTRAL3 -> NORM
@@ -83,17 +100,7 @@ class Mistral3Model(LlamaModel):
                 raise MinferError(f"{gf.path}: tensor '{name}' is not supported for {a} (no released Mistral 3 "
                                   "has it; minfer runs the bias-free dense graph)")
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        m.rope, m.q_scale = cfg.rope, 1.0
-        if md.get(f"{a}.rope.scaling.type") == "yarn":
-            if f"{a}.rope.scaling.factor" not in md:
-                raise MinferError(f"{gf.path}: metadata key '{a}.rope.scaling.factor' is missing (YaRN needs it)")
-            m.rope = yarn_rope(gf, a, cfg.rope, truncate=True)[0]
-            c = yarn_cos_sin_factor(md, a, cfg.rope_attn_factor)
-            given = md.get(f"{a}.rope.scaling.yarn_attn_factor")
-            if given is not None and abs(float(given) - c) > 1e-6:
-                raise MinferError(f"{gf.path}: metadata '{a}.rope.scaling.yarn_attn_factor' = {given}: llama.cpp "
-                                  f"ignores it (cos/sin factor {c:.6g}) and transformers applies it; not supported")
-            m.q_scale = c * c
+        m.rope, m.q_scale = yarn_setup(gf, a, cfg)
         m.temp_beta = float(md.get(f"{a}.attention.temperature_scale", 0.0) or 0.0)
         m.temp_len = 0
         if m.temp_beta:

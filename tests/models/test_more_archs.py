@@ -8,6 +8,7 @@ starcoder2: StarCoder2 (LayerNorm with bias, biases everywhere, an ungated GELU-
 hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope base).
 qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE).
 ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers).
+arcee: Arcee AFM-4.5B (an ungated squared-ReLU MLP, YaRN).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
+                                  "arcee",
                                   "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
@@ -409,5 +411,51 @@ def test_exaone_each_rule_is_needed(what):
 ])
 def test_exaone_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "exaone.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- arcee ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["relu", "plain_rope", "no_yarn_factor", "neox"])
+def test_arcee_each_rule_is_needed(monkeypatch, what):
+    """The squared ReLU (not plain ReLU), YaRN's per-frequency divisors, its cos/sin factor (q * c^2) and
+    NORM rope: with any one changed the logits miss transformers' by far."""
+    import math
+
+    import torch
+
+    import minfer.models.arcee as arcee
+
+    eng = engine("arcee")
+    m = eng.model
+    assert logits_err(eng, "arcee") < TOL and abs(m.q_scale - (1 + 0.1 * math.log(20.0)) ** 2) < 1e-6
+    if what == "relu":
+        monkeypatch.setattr(arcee, "relu2", torch.relu)
+    elif what == "plain_rope":
+        m.rope = m.cfg.rope
+    elif what == "no_yarn_factor":
+        m.q_scale = 1.0
+    else:
+        m.rope = replace(m.rope, style="neox")
+    assert logits_err(eng, "arcee") > 10 * TOL
+
+
+def test_arcee_without_yarn_runs_plain_rope(tmp_path):
+    """A file without rope.scaling keys (no YaRN): the file's own rope, q unscaled."""
+    keys = ("type", "factor", "original_context_length", "yarn_beta_fast", "yarn_beta_slow")
+    p = rewrite(DATA / "arcee.gguf", tmp_path / "a.gguf", drop_keys=tuple(f"arcee.rope.scaling.{k}" for k in keys))
+    m = load(p)
+    assert m.rope is m.cfg.rope and m.rope.freq_factors is None and m.q_scale == 1.0
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.ffn_up.weight",)), "blk.1.ffn_up.weight"),
+    (dict(add_tensors={"blk.0.ffn_gate.weight": [[0.0] * 64] * 96}), "blk.0.ffn_gate.weight"),
+    (dict(add_tensors={"blk.1.attn_output.bias": [0.0] * 64}), "blk.1.attn_output.bias"),
+    (dict(add_tensors={"blk.0.attn_q.bias": [0.0] * 64}), "blk.0.attn_q.bias"),
+])
+def test_arcee_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "arcee.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

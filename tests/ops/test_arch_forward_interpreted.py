@@ -45,6 +45,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "starcoder2": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
+        # arcee: YaRN's divisors through the rope kernel, q * c^2, the squared-ReLU MLP in torch
+        "arcee": ["rope.triton", "attention.decode.triton", "relu2.torch"],
         # olmoe: whole-projection q/k norms around the grouped (prefill) and gathered (decode) MoE
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # qwen3vlmoe: qwen3moe's per-head q/k norms and renormalized top-k on both MoE paths
@@ -84,6 +86,7 @@ def cuda_ops():
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
+                                  "arcee",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])
