@@ -414,6 +414,18 @@ ARCHS = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 20.0,
                          "original_max_position_embeddings": 4096, "beta_fast": 32.0, "beta_slow": 1.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Swiss AI Apertus (apertus): Llama's block with per-head q/k RMSNorm before rope, NEOX rope (the converter
+    # does not permute), an ungated xIELU MLP whose alpha_p / alpha_n / beta / eps are per-layer values (the
+    # converter writes them as xielu.* arrays; beta randomized per layer in randomize()), untied head; the
+    # released Llama-3 rope scaling (theta 12M, factor 8) with the original context shrunk so that each band
+    # holds some of the 8 frequencies
+    "apertus": ("ApertusConfig", "ApertusForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=1024, tie_word_embeddings=False,
+        attention_bias=False, hidden_act="xielu",
+        rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
     # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
     # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);
@@ -576,6 +588,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 b.copy_((0.3 * torch.randn(b.shape, generator=g)).half().float())
             if name.endswith("layer_scalar"):             # gemma4's per-layer output scale: ones at init
                 b.copy_((0.5 + torch.rand(b.shape, generator=g)).half().float())
+            if name.endswith("act_fn.beta"):              # apertus's xIELU beta: 0.5 at init; one per layer here
+                b.copy_((0.3 + 0.4 * torch.rand(b.shape, generator=g)).half().float())
 
 
 def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False) -> None:

@@ -44,12 +44,13 @@ from minfer.models.exaone4 import Exaone4Model
 from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
 from minfer.models.arcee import ArceeModel
+from minfer.models.apertus import ApertusModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
-    ArceeModel,
+    ArceeModel, ApertusModel,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, ExaoneModel)}
 

@@ -87,6 +87,10 @@ class ArceeModel(Mistral3Model):
         m.temp_beta, m.temp_len = 0.0, 0            # no attention temperature (mistral3's)
         return m
 
+    def mlp_hidden(self, h: torch.Tensor, blk: Block, i: int, ctx) -> torch.Tensor:
+        """Layer i's MLP hidden row act(W_up h), (T, D) -> (T, F): relu(W_up h)^2 here."""
+        return relu2_mlp(h, blk, ctx)
+
     def linear_groups(self) -> list[tuple]:
         return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks]
 
@@ -97,7 +101,7 @@ class ArceeModel(Mistral3Model):
         h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)
         for i, blk in enumerate(blocks):
             x, h = self.attention_residual_norm(h, blk, i, cache, step, ctx, x, eps, act)
-            a = relu2_mlp(h, blk, ctx)
+            a = self.mlp_hidden(h, blk, i, ctx)
             if i + 1 < len(blocks):    # W_down, the residual add and the next layer's norm
                 x, h = ops.linear_add_rms_norm(a, blk.ffn_down, x, blocks[i + 1].attn_norm, eps, act, ctx,
                                                into_linear=True)

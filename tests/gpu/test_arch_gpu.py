@@ -25,7 +25,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "granitehybrid", "granitehybrid-dense",
-         "arcee",
+         "arcee", "apertus",
          "nemotron_h"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
@@ -80,6 +80,8 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "hunyuan-dense": ["rope", "attention.decode"],
             # arcee: YaRN's divisors through the rope kernel, the squared-ReLU MLP (torch ops)
             "arcee": ["rope", "attention.decode", "relu2.torch"],
+            # apertus: per-head q/k norms before rope, the per-layer xIELU MLP (torch ops)
+            "apertus": ["rope", "attention.decode", "xielu.torch"],
             # granitehybrid: the Mamba-2 layers' conv ring and scan (torch ops, in the decode graph too: the state
             # rings are indexed by position, so the graph's warm-up runs repeat a step harmlessly), the rope-less
             # attention layer, the MoE on both paths (-dense: the shared MLP alone)

@@ -22,7 +22,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
          "olmoe", "hunyuan-dense",
-         "arcee",
+         "arcee", "apertus",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
          "granitehybrid", "granitehybrid-dense", "nemotron_h"]
@@ -34,7 +34,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
                "starcoder2": "starcoder2",
                "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
-               "arcee": "arcee",
+               "arcee": "arcee", "apertus": "apertus",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2",
@@ -107,7 +107,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "arcee",
+                                  "arcee", "apertus",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])

@@ -9,6 +9,7 @@ hunyuan-dense: Hunyuan dense (per-head q/k norms after rope, the NTK-alpha rope 
 qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with text-only M-RoPE).
 ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers).
 arcee: Arcee AFM-4.5B (an ungated squared-ReLU MLP, YaRN).
+apertus: Swiss AI Apertus (per-layer xIELU, q/k norms before NEOX rope).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
-                                  "arcee",
+                                  "arcee", "apertus",
                                   "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
@@ -457,5 +458,72 @@ def test_arcee_without_yarn_runs_plain_rope(tmp_path):
 ])
 def test_arcee_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "arcee.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- apertus --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["raw_alphas", "no_negative_branch", "layer0_everywhere", "no_qk_norm",
+                                  "norm_after_rope", "adjacent_pairs", "no_rope_factors"])
+def test_apertus_each_rule_is_needed(monkeypatch, what):
+    """xIELU with softplus on the file's raw alpha_p / alpha_n (ggml_xielu), its negative branch, each layer's
+    own parameters, the per-head q/k norms before rope, NEOX and the Llama-3 factors: with any one changed
+    the logits miss transformers' by far."""
+    import minfer.models.layers as layers
+    from minfer.models.hunyuan_dense import rope_then_norm_heads
+
+    eng = engine("apertus")
+    m = eng.model
+    assert logits_err(eng, "apertus") < TOL
+    p = list(m.xielu)
+    if what == "raw_alphas":
+        md = load_meta("apertus")
+        m.xielu = [(an, ap, b, e) for an, ap, b, e in zip(md["xielu.alpha_n"], md["xielu.alpha_p"], md["xielu.beta"],
+                                                           md["xielu.eps"])]
+    elif what == "no_negative_branch":
+        m.xielu = [(0.0, ap, b, e) for _, ap, b, e in p]
+    elif what == "layer0_everywhere":
+        assert p[0] != p[1]
+        m.xielu = [p[0]] * len(p)
+    elif what == "no_qk_norm":
+        for b in m.blocks:
+            monkeypatch.setattr(b, "attn_q_norm", None)
+            monkeypatch.setattr(b, "attn_k_norm", None)
+    elif what == "norm_after_rope":
+        monkeypatch.setattr(layers, "attention_heads", rope_then_norm_heads)
+    elif what == "adjacent_pairs":
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, freq_factors=None))
+    assert logits_err(eng, "apertus") > 10 * TOL
+
+
+def load_meta(name: str) -> dict:
+    from minfer.gguf_file import GGUFFile
+
+    return GGUFFile(DATA / f"{name}.gguf").metadata
+
+
+def test_apertus_scalar_xielu_keys_stand_for_every_layer(tmp_path):
+    """A file with single numbers for the xielu.* keys (llama.cpp get_key_or_arr): every layer gets them."""
+    md = load_meta("apertus")
+    f32 = gguf.GGUFValueType.FLOAT32
+    p = rewrite(DATA / "apertus.gguf", tmp_path / "a.gguf",
+                set_keys={f"xielu.{k}": (float(md[f"xielu.{k}"][0]), f32) for k in ("alpha_n", "alpha_p", "beta", "eps")})
+    m = load(p)
+    assert len(m.xielu) == 2 and m.xielu[0] == m.xielu[1] and abs(m.xielu[0][2] - md["xielu.beta"][0]) < 1e-6
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_keys=("xielu.beta",)), "xielu.beta"),
+    (dict(set_keys={"xielu.alpha_p": ([1.0], gguf.GGUFValueType.ARRAY)}), "xielu.alpha_p"),
+    (dict(drop_tensors=("blk.1.attn_k_norm.weight",)), "blk.1.attn_k_norm.weight"),
+    (dict(add_tensors={"blk.0.attn_output.bias": [0.0] * 64}), "blk.0.attn_output.bias"),
+    (dict(add_tensors={"blk.1.attn_q_norm.bias": [0.0] * 16}), "blk.1.attn_q_norm.bias"),
+    (dict(add_tensors={"blk.0.ffn_gate.weight": [[0.0] * 64] * 96}), "blk.0.ffn_gate.weight"),
+])
+def test_apertus_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "apertus.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)
