@@ -478,6 +478,20 @@ ARCHS = {
         ssm_state_size=16, conv_kernel=4, chunk_size=8, use_conv_bias=True, use_bias=False, mlp_bias=False,
         attention_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Qwen3.5 dense (qwen35): gated DeltaNet linear attention on layers 0, 2, 3 (2 key heads and 4 value heads of
+    # 16: the converter reorders the value heads to ggml's tiled order; conv of 4 taps, no bias) and gated full
+    # attention on layer 1 (q projection twice as wide: query and output gate per head; per-head q/k norms;
+    # interleaved M-RoPE over half of each 32-wide head, sections 3/3/2 of its 8 pairs); the layer types given
+    # (attention.recurrent_layers), not the every-4th default. The converter adds 1 to the (1 + w) norms
+    "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                         "mrope_section": [3, 3, 2], "mrope_interleaved": True},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 # transformers 5 saves layer_types as "linear_attention" / "full_attention"; llama.cpp's converter
 # (conversion/granite.py GraniteHybridModel.get_attn_layers) takes the released names "mamba" / "attention"
@@ -505,6 +519,9 @@ def exaone_as_released(c: dict) -> dict:
     (EXAONE-3.5) names ExaoneForCausalLM, which llama.cpp's converter registers, and activation_function, which
     conversion/exaone.py ExaoneModel asserts is silu (transformers' AutoConfig would drop the alias)."""
     return {**c, "architectures": ["ExaoneForCausalLM"], "activation_function": c["hidden_act"]}
+
+# the Qwen3.5 / Qwen3-Next converters (conversion/qwen.py _QwenMtpMixin) expect MTP tensors unless told there are none
+NO_MTP = {"qwen35"}
 
 # configs rewritten to the released form, then read by the converter from config.json as written
 CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "exaone": exaone_as_released}
@@ -592,7 +609,7 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 b.copy_((0.3 + 0.4 * torch.rand(b.shape, generator=g)).half().float())
 
 
-def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False) -> None:
+def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False, no_mtp: bool = False) -> None:
     """llama.cpp's convert_hf_to_gguf.py with its own gguf-py, in a child process. raw_config: the
     converter reads config.json as written (what its load_hparams falls back to where transformers
     does not know the model type) instead of transformers' AutoConfig.to_dict()."""
@@ -609,7 +626,7 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "import convert_hf_to_gguf as c\n"
-        f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']\n"
+        f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']" + (" + ['--no-mtp']" if no_mtp else "") + "\n"
         "c.main()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=llamacpp)
     if r.returncode:
@@ -656,7 +673,8 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             (d / "config.json").write_text(json.dumps(CONFIG_AS_RELEASED[name](c)))
         if name in EXPERTS_AS_RELEASED:
             experts_as_released(d)
-        convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=name in CONFIG_AS_RELEASED)
+        convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=name in CONFIG_AS_RELEASED,
+                no_mtp=name in NO_MTP)
 
     rng = np.random.default_rng(seed)
     seq_len = 24 if name.startswith("phi3") else SEQ   # phi3: inside the original context (short factors)

@@ -43,6 +43,7 @@ from minfer.models.exaone import ExaoneModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
+from minfer.models.qwen35 import Qwen35Model
 from minfer.models.arcee import ArceeModel
 from minfer.models.apertus import ApertusModel
 
@@ -52,7 +53,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, ExaoneModel)}
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, ExaoneModel,
+    Qwen35Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -25,6 +25,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "arcee", "apertus",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+         "qwen35",
          "granitehybrid", "granitehybrid-dense", "nemotron_h"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
@@ -38,6 +39,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2",
+               "qwen35": "qwen35",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
@@ -51,6 +53,8 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 2
         # granitehybrid: pieces of 1-3 tokens inside the conv window (4 taps: the ring reaches back over 1-3 earlier
         # pieces) and the SSM state carried from piece to piece (a piece of 26 crosses no chunk; 66 tokens in
         # test_granitehybrid.py do)
+        # qwen35: pieces of 1-3 tokens inside the DeltaNet conv window (4 taps), the delta-rule state carried
+        "qwen35": [1, 2, 4, 5, 14, 15, 23],
         "granitehybrid": [1, 2, 4, 5, 14, 15, 23], "granitehybrid-dense": [1, 2, 4, 5, 14, 15, 23],
         "nemotron_h": [1, 2, 4, 5, 14, 15, 23]}
 
@@ -110,6 +114,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "arcee", "apertus",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+                                  "qwen35",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:

@@ -70,6 +70,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # lfm2: conv layers (B*x rows in the per-layer cache, the conv in torch ops: shortconv.torch) around
         # two attention layers with per-head q/k norms and NEOX rope
         "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"],
+        # qwen35: gated DeltaNet layers (conv ring and delta-rule scan in torch ops, the state in the cache) around
+        # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
+        "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton"],
         # granitehybrid: Mamba-2 layers (conv ring and chunked scan in torch ops, the state in the cache) around a
         # rope-less attention layer, MoE + shared expert; -dense: the shared MLP alone
         "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
@@ -91,6 +94,7 @@ def cuda_ops():
                                   "arcee", "apertus",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+                                  "qwen35",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile

@@ -1,0 +1,249 @@
+"""The gated DeltaNet linear attention of the Qwen3.5 family's recurrent layers (qwen35, qwen35moe,
+qwen3next: models/qwen35.py).
+
+    qkv = W_qkv h; z = W_z h                         attn_qkv (2*Hk*Dk + Hv*Dv, D), attn_gate (Hv*Dv, D)
+    beta = sigmoid(W_beta h)                         ssm_beta (Hv, D)
+    g = ssm_a * softplus(W_alpha h + dt_bias)        ssm_alpha (Hv, D), ssm_dt.bias (Hv,), ssm_a (Hv,) < 0
+    qkv_p = silu(sum_k w[k] qkv_{p-K+1+k})           ssm_conv1d.weight (conv_dim, K): causal, depthwise,
+                                                     no bias; qkv_j = 0 for j < 0
+    [q; k; v] = qkv_p                                q, k (Hk, Dk), v (Hv, Dv)
+    q = l2norm(q) / sqrt(Dk); k = l2norm(k)
+    per value head j (with key head kh(j)), S (Dk, Dv), S_{-1} = 0:
+        S = exp(g_p) S
+        S = S + k (beta_p (v - S^T k))^T
+        o_p = S^T q
+    out = W_out (w * RMSNorm(o) * silu(z))           per head of Dv; ssm_norm (Dv,), ssm_out (D, Hv*Dv)
+
+with Dk = ssm.state_size, Hk = ssm.group_count, Hv = ssm.time_step_rank, Hv*Dv = ssm.inner_size,
+K = ssm.conv_kernel.
+
+Each rule and its source (llama.cpp src/models/qwen35.cpp build_layer_attn_linear, qwen3next.cpp,
+delta-net-base.cpp build_delta_net_autoregressive / _chunking; the converter conversion/qwen.py
+Qwen3NextModel / _LinearAttentionVReorderBase; HF modeling_qwen3_5 Qwen3_5GatedDeltaNet and
+torch_recurrent_gated_delta_rule):
+- beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias) (HF forward; qwen35.cpp `beta_sigmoid`,
+  `alpha_softplus` times ssm_a). The converter stores ssm_a = -exp(A_log) (Qwen3NextModel.modify_tensors)
+  and renames dt_bias to ssm_dt.bias: ssm_a must be negative (checked at load).
+- The conv: HF nn.Conv1d(bias=False, groups=conv_dim, padding K-1) then silu; qwen35.cpp ggml_ssm_conv
+  + ggml_silu over the qkv channels (z, beta, alpha are not convolved). The converter squeezes the
+  weight to (conv_dim, K).
+- L2 norm of q and k per head: HF l2norm x * rsqrt(sum x^2 + 1e-6) (use_qk_l2norm_in_kernel=True);
+  llama.cpp build_gdn_l2_norm x / max(|x|, eps) with eps = the rms eps: the two differ only for
+  |x|^2 near 1e-6. minfer takes HF's.
+- The q scale 1/sqrt(Dk) after the norm (HF `query / query.shape[-1] ** 0.5`; delta-net-base.cpp
+  `scale = 1.0f / sqrtf(S_k)`).
+- The delta rule: HF torch_recurrent_gated_delta_rule (decay, kv_mem = S^T k, delta = (v - kv_mem)
+  beta, S += k delta^T, o = S^T q); build_delta_net_autoregressive is the same.
+- Which key head a value head reads (Hv > Hk): HF repeat_interleave (value head j reads key head
+  j // (Hv/Hk)). qwen3next.cpp does the same (its "repeat interleave" reshape). The Qwen3.5 converter
+  reorders the value heads to tiled order (_LinearAttentionVReorderBase._reorder_v_heads: rows of
+  in_proj_qkv's v part, in_proj_z, in_proj_a/b, A_log, dt_bias, the conv's v channels and out_proj's
+  columns) so that qwen35.cpp's ggml_repeat_4d (value head j reads key head j % Hk) is HF's: the
+  `tiled` switch (True for qwen35 / qwen35moe).
+- The output norm: HF Qwen3_5RMSNormGated (norm first, times the weight, then silu(z); eps = the rms
+  eps), qwen35.cpp build_norm_gated; per value head of Dv. ssm_norm is used as stored (no +1: the
+  converter adds 1 only to the other norms).
+
+The state a sequence keeps (the cache's recurrent_state(layer), runtime/kv_cache.py), float32: a
+conv ring (K, conv_dim) of qkv rows, position p at slot p % K (mamba2.causal_conv's ring), and a
+ring of two states (2, Hv, Dk, Dv), the state after position p at slot p % 2 (mamba2's), so a step
+repeated at its position reads what it read before (CUDA-graph warm-up, a token computed ahead).
+
+The prefill runs the chunked form (CHUNK positions at a time; scan_chunked, the WY form of HF's
+torch_chunk_gated_delta_rule written out below); scan_sequential is the recurrence, the tests'
+reference. Both are torch ops on every device, counted on CUDA as `deltanet.conv.torch` and
+`deltanet.scan.torch` (no Triton kernel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from minfer import ops
+from minfer.errors import MinferError
+from minfer.models.mamba2 import _initial_state, _store_state, causal_conv
+from minfer.weights import QWeight, load_dense, load_qweight, load_vector
+
+CHUNK = 64      # positions per chunk of the prefill's scan (delta-net-base.cpp: CS = 64)
+L2_EPS = 1e-6   # HF l2norm
+
+
+@dataclass(frozen=True)
+class DeltaNetDims:
+    d_conv: int      # K   ssm.conv_kernel
+    d_inner: int     # Hv * Dv   ssm.inner_size
+    d_state: int     # Dk  ssm.state_size (the key head size)
+    n_v_heads: int   # Hv  ssm.time_step_rank
+    n_k_heads: int   # Hk  ssm.group_count
+
+    @property
+    def v_dim(self) -> int:
+        return self.d_inner // self.n_v_heads
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.d_state
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.d_inner
+
+    def state_shapes(self) -> tuple:
+        """One layer's per-sequence state: the conv ring (K, conv_dim), the state ring (2, Hv, Dk, Dv)."""
+        return ((self.d_conv, self.conv_dim), (2, self.n_v_heads, self.d_state, self.v_dim))
+
+
+@dataclass
+class DeltaNetWeights:
+    attn_qkv: QWeight              # (conv_dim, D)
+    attn_gate: QWeight             # z: (Hv*Dv, D)
+    ssm_beta: QWeight              # (Hv, D)
+    ssm_alpha: QWeight             # (Hv, D)
+    conv_w: torch.Tensor           # (K, conv_dim) float32: tap k on position p - K + 1 + k
+    dt_bias: torch.Tensor          # (Hv,)
+    A: torch.Tensor                # (Hv,) < 0
+    norm: torch.Tensor             # (Dv,)
+    ssm_out: QWeight               # (D, Hv*Dv)
+    conv_b = None                  # no conv bias (mamba2.causal_conv reads it)
+
+
+def read_dims(gf, arch: str) -> DeltaNetDims:
+    """The ssm.* keys (llama.cpp load_arch_hparams of qwen35 / qwen35moe / qwen3next reads all five as
+    required), checked; a missing or wrong one is named."""
+    md, vals = gf.metadata, {}
+    for name, suffix in (("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
+                         ("n_v_heads", "time_step_rank"), ("n_k_heads", "group_count")):
+        key = f"{arch}.ssm.{suffix}"
+        if key not in md:
+            raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model's "
+                              "linear-attention layers)")
+        v = md[key]
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 1 << 20:
+            raise MinferError(f"{gf.path}: metadata key '{key}' = {v!r}: expected a positive integer")
+        vals[name] = v
+    d = DeltaNetDims(**vals)
+    if d.d_inner % d.n_v_heads or d.n_v_heads % d.n_k_heads:
+        raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner}, time_step_rank={d.n_v_heads}, "
+                          f"group_count={d.n_k_heads}: the value heads must divide the inner size and the key "
+                          "heads the value heads")
+    if d.v_dim != d.d_state:      # delta-net-base.cpp: GGML_ASSERT(S_k == S_v)
+        raise MinferError(f"{gf.path}: {arch}.ssm.state_size={d.d_state} differs from the value head size "
+                          f"inner_size / time_step_rank = {d.v_dim} (llama.cpp asserts they are equal)")
+    if d.d_conv < 2:
+        raise MinferError(f"{gf.path}: metadata key '{arch}.ssm.conv_kernel' = {d.d_conv}: expected at least 2")
+    return d
+
+
+def load_deltanet(gf, i: int, d: DeltaNetDims, d_model: int, device, dtype) -> DeltaNetWeights:
+    """blk.i's linear-attention tensors, each shape checked by name (qwen35.cpp load_arch_tensors)."""
+    p = f"blk.{i}."
+    conv = gf.tensor(p + "ssm_conv1d.weight")
+    if tuple(conv.shape) != (d.conv_dim, d.d_conv):
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_conv1d.weight' has shape {tuple(conv.shape)}, expected "
+                          f"({d.conv_dim}, {d.d_conv}) (2 * group_count * state_size + inner_size, conv_kernel)")
+    if p + "ssm_conv1d.bias" in gf.tensors:
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_conv1d.bias': the Qwen3.5 family's conv has no bias")
+    A = load_vector(gf, p + "ssm_a", device, d.n_v_heads)
+    if not bool((A < 0).all()):
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_a' has values >= 0: expected -exp(A_log) < 0, which "
+                          "llama.cpp's converter stores (a file holding A_log itself is not supported)")
+
+    def w(name, rows):
+        return load_qweight(gf, p + name + ".weight", device, (rows, d_model), dtype=dtype)
+
+    return DeltaNetWeights(
+        attn_qkv=w("attn_qkv", d.conv_dim), attn_gate=w("attn_gate", d.d_inner),
+        ssm_beta=w("ssm_beta", d.n_v_heads), ssm_alpha=w("ssm_alpha", d.n_v_heads),
+        conv_w=load_dense(gf, p + "ssm_conv1d.weight").reshape(d.conv_dim, d.d_conv).t().contiguous().to(device),
+        dt_bias=load_vector(gf, p + "ssm_dt.bias", device, d.n_v_heads), A=A,
+        norm=load_vector(gf, p + "ssm_norm.weight", device, d.v_dim),
+        ssm_out=load_qweight(gf, p + "ssm_out.weight", device, (d_model, d.d_inner), dtype=dtype))
+
+
+def l2norm(x: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The gated delta rule one position at a time (HF torch_recurrent_gated_delta_rule): q, k (T, H, Dk)
+    (normed, q scaled, one per value head), v (T, H, Dv), g, beta (T, H), float32 -> o (T, H, Dv); the
+    state ring updated."""
+    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    out = []
+    for t in range(q.shape[0]):
+        s = s * torch.exp(g[t]).view(-1, 1, 1)
+        kv = torch.einsum("hkv,hk->hv", s, k[t])                              # S^T k
+        delta = (v[t] - kv) * beta[t].unsqueeze(-1)
+        s = s + k[t].unsqueeze(-1) * delta.unsqueeze(1)                       # S += k delta^T
+        out.append(torch.einsum("hkv,hk->hv", s, q[t]))                       # S^T q
+    _store_state(ring, s, positions)
+    return torch.stack(out)
+
+
+def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+    """The same recurrence `chunk` positions at a time. With c_t = g_1 + ... + g_t inside a chunk and
+    S_0 the carried state, the values written u_s = beta_s (v_s - (decayed S before s)^T k_s) solve
+        (I + A) U = beta V - (beta exp(c) K) S_0,   A_sr = beta_s exp(c_s - c_r) (k_s . k_r), r < s
+    (unit lower-triangular: torch.linalg.solve_triangular), then
+        o_t = exp(c_t) S_0^T q_t + sum_{s<=t} exp(c_t - c_s) (q_t . k_s) u_s
+        S_L = exp(c_L) S_0 + sum_s exp(c_L - c_s) k_s u_s^T
+    (HF torch_chunk_gated_delta_rule's form; exp of non-positive numbers only: g <= 0). Shapes as
+    scan_sequential."""
+    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    outs = []
+    for c0 in range(0, q.shape[0], chunk):
+        qc, kc, vc = (t[c0:c0 + chunk].transpose(0, 1) for t in (q, k, v))      # (H, L, .)
+        gc, bc = g[c0:c0 + chunk].t(), beta[c0:c0 + chunk].t()                 # (H, L)
+        L = qc.shape[1]
+        cum = gc.cumsum(-1)                                                     # (H, L)
+        diff = cum.unsqueeze(-1) - cum.unsqueeze(-2)                            # (H, t, s): c_t - c_s
+        low = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+        decay = torch.exp(diff.masked_fill(~low, float("-inf")))                # 0 above the diagonal
+        strict = torch.ones(L, L, dtype=torch.bool, device=q.device).tril(-1)
+        A = (bc.unsqueeze(-1) * decay * (kc @ kc.transpose(-1, -2))).masked_fill(~strict, 0.0)   # r < s only
+        eye = torch.eye(L, dtype=q.dtype, device=q.device)
+        rhs = bc.unsqueeze(-1) * vc - (bc * torch.exp(cum)).unsqueeze(-1) * (kc @ s)   # (H, L, Dv)
+        u = torch.linalg.solve_triangular(eye + A, rhs, upper=False, unitriangular=True)
+        o = torch.exp(cum).unsqueeze(-1) * (qc @ s) + (decay * (qc @ kc.transpose(-1, -2))) @ u
+        s = torch.exp(cum[:, -1:]).unsqueeze(-1) * s + (kc * torch.exp(cum[:, -1:] - cum).unsqueeze(-1)).transpose(
+            -1, -2) @ u
+        outs.append(o.transpose(0, 1))
+    _store_state(ring, s, positions)
+    return torch.cat(outs)
+
+
+def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state: tuple, positions: torch.Tensor,
+                   eps: float, tiled: bool, ctx) -> torch.Tensor:
+    """The layer's linear attention of the normed input h (T, D) at the consecutive `positions` -> (T, D)
+    in h's dtype; state: (conv ring, state ring) from the cache, updated in place; tiled: value head j
+    reads key head j % Hk (qwen35's reordered heads), else j // (Hv/Hk) (module doc)."""
+    T = h.shape[0]
+    Hk, Hv, Dk, Dv = d.n_k_heads, d.n_v_heads, d.d_state, d.v_dim
+    conv_ring, s_ring = state
+    qkv, z, b, a = (ops.linear(h, m, None, ctx).float() for m in (w.attn_qkv, w.attn_gate, w.ssm_beta, w.ssm_alpha))
+    if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
+        ops.paths.count("deltanet.conv.torch")
+        ops.paths.count("deltanet.scan.torch")
+    beta = torch.sigmoid(b)                                                    # (T, Hv)
+    g = F.softplus(a + w.dt_bias) * w.A                                        # (T, Hv) <= 0
+    qkv = causal_conv(qkv, w, conv_ring, positions)
+    q, k, v = qkv.split([d.key_dim, d.key_dim, d.d_inner], dim=-1)
+    q, k = l2norm(q.reshape(T, Hk, Dk)) * Dk ** -0.5, l2norm(k.reshape(T, Hk, Dk))
+    if Hv != Hk:
+        r = Hv // Hk
+        q, k = (q.repeat(1, r, 1), k.repeat(1, r, 1)) if tiled else \
+               (q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1))
+    v = v.reshape(T, Hv, Dv)
+    scan = scan_sequential if T == 1 else scan_chunked
+    o = scan(q, k, v, g, beta, s_ring, positions)                               # (T, Hv, Dv)
+    o = gated_head_norm(o, z.view(T, Hv, Dv), w.norm, eps)
+    return ops.linear(o.reshape(T, Hv * Dv).to(h.dtype), w.ssm_out, None, ctx)
+
+
+def gated_head_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * RMSNorm(o) * silu(z) per head: o, z (T, Hv, Dv) float32 (the norm before the gate: HF
+    Qwen3_5RMSNormGated, qwen35.cpp build_norm_gated)."""
+    return o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * weight * F.silu(z)
