@@ -426,6 +426,19 @@ ARCHS = {
         rope_parameters={"rope_type": "llama3", "rope_theta": 12000000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # rednote dots.llm1 (dots1): Qwen3's attention (per-head q/k RMSNorm before NEOX rope; as many kv heads as
+    # heads, which llama.cpp's loader assumes) and DeepSeek-V3's MoE: layer 0 dense (first_k_dense_replace 1),
+    # then sigmoid scores chosen on score + e_score_correction_bias (randomized below: zeros at init), 2 groups
+    # of which the best 1 stays eligible (released: 1 group), top-2 of 8, weights renormalized and times
+    # routed_scaling_factor 2.5, plus 2 shared experts (width 2 * 24); scoring_func as the released config (the
+    # converter writes it as expert_gating_func); no sliding window (llama.cpp's graph has none)
+    "dots1": ("Dots1Config", "Dots1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2,
+        n_group=2, topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        scoring_func="sigmoid", sliding_window=None, rms_norm_eps=1e-6, max_position_embeddings=256,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
     # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
     # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);

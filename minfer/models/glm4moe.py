@@ -92,6 +92,9 @@ class Glm4MoeModel(Qwen3MoeModel):
     qk_norm = True            # optional per tensor (TENSOR_NOT_REQUIRED)
     expert_gatings = ("sigmoid", "softmax")   # build_moe_ffn takes the file's expert_gating_func
     expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_count")
+    ffn_norm_tensor = "post_attention_norm.weight"   # the FFN's norm (LLM_TENSOR_ATTN_POST_NORM here)
+    qk_norm_required = False                        # dots1: both per-head norms required
+    select_bias_optional = False                    # dots1: exp_probs_b.bias TENSOR_NOT_REQUIRED
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -135,18 +138,21 @@ class Glm4MoeModel(Qwen3MoeModel):
                 attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
                 attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
                 attn_output=w("attn_output", (D, q_out)),
-                ffn_norm=load_vector(gf, p + "post_attention_norm.weight", device, D),   # ATTN_POST_NORM
+                ffn_norm=load_vector(gf, p + cls.ffn_norm_tensor, device, D),
                 ffn_gate=w("ffn_gate", (F, D)) if dense else None,
                 ffn_up=w("ffn_up", (F, D)) if dense else None,
                 ffn_down=w("ffn_down", (D, F)) if dense else None,
                 attn_q_bias=opt_vec("attn_q.bias", q_out), attn_k_bias=opt_vec("attn_k.bias", kv_out),
                 attn_v_bias=opt_vec("attn_v.bias", kv_out),
                 attn_q_norm=opt_vec("attn_q_norm.weight", Dh), attn_k_norm=opt_vec("attn_k_norm.weight", Dh)))
+            if cls.qk_norm_required and blocks[-1].attn_q_norm is None:
+                raise MinferError(f"{gf.path}: tensor '{p}attn_q_norm.weight' is missing")
             if (blocks[-1].attn_q_norm is None) != (blocks[-1].attn_k_norm is None):
                 have, miss = ("attn_q_norm", "attn_k_norm") if blocks[-1].attn_k_norm is None \
                     else ("attn_k_norm", "attn_q_norm")
                 raise MinferError(f"{gf.path}: tensor '{p}{miss}.weight' is missing ('{p}{have}.weight' is present)")
-            moe.append(None if dense else load_moe_layer(gf, p, E, D, Fe, Fs, device, dtype))
+            moe.append(None if dense else load_moe_layer(gf, p, E, D, Fe, Fs, device, dtype,
+                                                         select_bias_optional=cls.select_bias_optional))
             bar.update()
         output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
         bar.update()

@@ -10,6 +10,7 @@ qwen3vlmoe: the language model of Qwen3-VL-30B-A3B / 235B-A22B (Qwen3-MoE with t
 ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts, interleaved dense layers).
 arcee: Arcee AFM-4.5B (an ungated squared-ReLU MLP, YaRN).
 apertus: Swiss AI Apertus (per-layer xIELU, q/k norms before NEOX rope).
+dots1: rednote dots.llm1 (Qwen3 attention, DeepSeek-V3 MoE: sigmoid, groups, bias, scale, shared experts).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
-                                  "arcee", "apertus",
+                                  "arcee", "apertus", "dots1",
                                   "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
@@ -525,5 +526,60 @@ def test_apertus_scalar_xielu_keys_stand_for_every_layer(tmp_path):
 ])
 def test_apertus_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "apertus.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- dots1 ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["one_group", "no_select_bias", "softmax", "not_renormalized", "unscaled",
+                                  "no_shared_expert", "moe_on_layer0"])
+def test_dots1_each_rule_is_needed(monkeypatch, what):
+    """The 2 groups (best 1 eligible), the selection bias, sigmoid scores, the renormalized weights, the
+    routed scale 2.5, the shared expert and the leading dense layer: with any one changed the logits miss
+    transformers' by far."""
+    eng = engine("dots1")
+    m = eng.model
+    c = m.cfg
+    assert logits_err(eng, "dots1") < TOL
+    assert (c.expert_groups, c.expert_groups_used, c.expert_gating, c.expert_weights_scale) == (2, 1, "sigmoid", 2.5)
+    moe = [e for e in m.moe if e is not None]
+    if what == "one_group":
+        monkeypatch.setattr(m, "cfg", replace(c, expert_groups=1, expert_groups_used=1))
+    elif what == "no_select_bias":
+        for e in moe:
+            monkeypatch.setattr(e, "exp_probs_b", None)
+    elif what == "softmax":
+        monkeypatch.setattr(m, "cfg", replace(c, expert_gating="softmax"))
+    elif what == "not_renormalized":
+        monkeypatch.setattr(m, "weights_norm", False)
+    elif what == "unscaled":
+        monkeypatch.setattr(m, "cfg", replace(c, expert_weights_scale=1.0))
+    elif what == "no_shared_expert":
+        for e in moe:
+            monkeypatch.setattr(e, "gate_shexp", None)
+    else:                                  # layer 0's dense MLP replaced by layer 1's MoE
+        monkeypatch.setattr(m, "moe", [moe[0]] + m.moe[1:])
+    assert logits_err(eng, "dots1") > 10 * TOL
+
+
+def test_dots1_without_select_bias_loads(tmp_path):
+    """exp_probs_b.bias is optional (dots1.cpp: TENSOR_NOT_REQUIRED): without it the choice is on the scores."""
+    p = rewrite(DATA / "dots1.gguf", tmp_path / "a.gguf", drop_tensors=("blk.1.exp_probs_b.bias", "blk.2.exp_probs_b.bias"))
+    m = load(p)
+    assert all(e.exp_probs_b is None for e in m.moe if e is not None)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.attn_q_norm.weight",)), "blk.1.attn_q_norm.weight"),
+    (dict(drop_tensors=("blk.2.attn_k_norm.weight",)), "blk.2.attn_k_norm.weight"),
+    (dict(drop_tensors=("blk.0.ffn_norm.weight",)), "blk.0.ffn_norm.weight"),
+    (dict(drop_tensors=("blk.1.ffn_up_shexp.weight",)), "blk.1.ffn_up_shexp.weight"),
+    (dict(drop_keys=("dots1.expert_shared_count",)), "dots1.expert_shared_count"),
+    (dict(set_keys={"dots1.expert_shared_count": (0, gguf.GGUFValueType.UINT32)}), "dots1.expert_shared_count"),
+    (dict(set_keys={"dots1.expert_gating_func": (3, gguf.GGUFValueType.UINT32)}), "dots1.expert_gating_func"),
+])
+def test_dots1_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "dots1.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)
