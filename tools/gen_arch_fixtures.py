@@ -491,6 +491,33 @@ ARCHS = {
         ssm_state_size=16, conv_kernel=4, chunk_size=8, use_conv_bias=True, use_bias=False, mlp_bias=False,
         attention_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # TII Falcon-H1 (falcon-h1): attention (NEOX rope) and Mamba-2 side by side on the same normed input in every
+    # layer, then a SwiGLU MLP. Every muP multiplier away from 1, each a power of two: llama.cpp's converter folds
+    # them into the f16 weights (conversion/falcon_h1.py), so the file holds exactly what transformers runs.
+    # Mamba-2: 6 heads of 16 (inner 96, 1.5 x the width: the released 0.5B's ratio), 2 groups, state 16, conv of 4
+    # with bias, the gated group norm on (mamba_rms_norm, gate first: norm_before_gate false); chunk_size 8
+    "falcon-h1": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        mamba_d_ssm=96, mamba_n_heads=6, mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4,
+        mamba_chunk_size=8, mamba_conv_bias=True, mamba_proj_bias=False, mamba_rms_norm=True,
+        mamba_norm_before_gate=False, projectors_bias=False, attention_bias=False, mlp_bias=False,
+        embedding_multiplier=4.0, lm_head_multiplier=0.25, mlp_multipliers=[2.0, 0.5], key_multiplier=0.25,
+        attention_in_multiplier=2.0, attention_out_multiplier=0.5, ssm_in_multiplier=0.5, ssm_out_multiplier=2.0,
+        ssm_multipliers=[0.5, 2.0, 0.25, 4.0, 0.5], pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # the released 0.5B/1.5B form: no norm after the gate (mamba_rms_norm false: y * silu(z)), one group, inner
+    # twice the width
+    "falcon-h1-nonorm": ("FalconH1Config", "FalconH1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        mamba_d_ssm=128, mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4,
+        mamba_chunk_size=8, mamba_conv_bias=True, mamba_proj_bias=False, mamba_rms_norm=False,
+        mamba_norm_before_gate=False, projectors_bias=False, attention_bias=False, mlp_bias=False,
+        embedding_multiplier=2.0, lm_head_multiplier=0.5, mlp_multipliers=[0.5, 2.0], key_multiplier=2.0,
+        attention_in_multiplier=0.5, attention_out_multiplier=2.0, ssm_in_multiplier=2.0, ssm_out_multiplier=0.5,
+        ssm_multipliers=[2.0, 0.5, 4.0, 0.25, 2.0], pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Qwen3.5 dense (qwen35): gated DeltaNet linear attention on layers 0, 2, 3 (2 key heads and 4 value heads of
     # 16: the converter reorders the value heads to ggml's tiled order; conv of 4 taps, no bias) and gated full
     # attention on layer 1 (q projection twice as wide: query and output gate per head; per-head q/k norms;

@@ -28,6 +28,7 @@ from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.granitehybrid import GraniteHybridModel
 from minfer.models.nemotron_h import NemotronHModel
+from minfer.models.falcon_h1 import FalconH1Model
 from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
@@ -54,7 +55,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, ExaoneModel,
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, FalconH1Model, ExaoneModel,
     Qwen35Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -26,7 +26,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1",
-         "nemotron_h"]
+         "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -93,7 +93,10 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather", "moe.grouped"],
             "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode"],
             # nemotron_h: Mamba-2 blocks, squared-ReLU MLP blocks (torch ops), a rope-less attention block
-            "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode"]}
+            "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode"],
+            # falcon-h1: attention (NEOX rope) and Mamba-2 side by side in every layer
+            "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"],
+            "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -180,3 +180,128 @@ def test_zero_ffn_items_accepted_for_nemotron_h_only():
     assert metadata_check._arch_check("nemotron_h", "feed_forward_length", check)([0, 96, 0]) is None
     assert metadata_check._arch_check("gemma4", "feed_forward_length", check)([0, 96, 0]) is not None
     assert metadata_check._arch_check("nemotron_h", "feed_forward_length", check)([0, 0]) is not None
+
+
+# ---- falcon-h1 ------------------------------------------------------------------------------
+# fixtures: 3 layers, attention (4 heads, 2 kv, head 16, NEOX rope) and Mamba-2 in each; falcon-h1: 6 heads
+# of 16 (inner 96), 2 groups, the gated group norm; falcon-h1-nonorm: 8 heads of 16, 1 group, no norm (y * silu(z)).
+# Every muP multiplier away from 1 (folded into the weights by the converter).
+
+def test_falcon_h1_cache_geometry_and_preflight():
+    from minfer.commands import preflight
+    from minfer.gguf_file import GGUFFile
+
+    m = engine("falcon-h1").model
+    d = m.dims
+    assert (d.d_inner, d.d_state, d.n_heads, d.n_groups, d.d_conv, d.head_dim) == (96, 16, 6, 2, 4, 16)
+    assert m.cfg.state_layers == (((4, 160), (2, 6, 16, 16)),) * 3          # conv ring (K, di + 2GN), SSM ring
+    assert getattr(m.cfg, "kv_layers", None) is None                        # one geometry: every layer attends
+    assert all(w.norm is not None for w in m.mamba)
+    assert all(w.norm is None for w in engine("falcon-h1-nonorm").model.mamba)
+    assert not m.paged_kv and m.recurrent and m.rope_style == "neox"
+    cfg = preflight.cache_config(GGUFFile(DATA / "falcon-h1.gguf"))
+    per, fixed = preflight.kv_bytes_per_token(cfg, "cpu"), preflight.state_bytes(cfg)
+    assert per == 3 * 2 * 2 * 16 * 4 and fixed == 3 * (4 * 160 + 2 * 6 * 16 * 16) * 4
+    assert engine("falcon-h1", ctx=100).cache.nbytes() == 100 * per + fixed
+
+
+def _falcon_perturb(monkeypatch, m, what: str) -> None:
+    import dataclasses
+
+    import torch.nn.functional as F
+
+    from minfer import ops
+    from minfer.models import mamba2
+
+    if what == "adjacent_pairs":           # rope on adjacent pairs (NORM) instead of halves
+        monkeypatch.setattr(m, "cfg", dataclasses.replace(m.cfg, rope=dataclasses.replace(m.cfg.rope, style="normal")))
+    elif what == "no_rope":
+        monkeypatch.setattr(m, "cfg", dataclasses.replace(m.cfg, rope=dataclasses.replace(m.cfg.rope, theta=1e30)))
+    elif what == "no_ssm_branch":          # the state still updated, the branch not added
+        real = type(m).ssm
+        monkeypatch.setattr(m, "ssm", lambda h, i, cache, step, ctx: real(m, h, i, cache, step, ctx) * 0)
+    elif what == "no_attention_branch":
+        real = type(m).attention
+        monkeypatch.setattr(m, "attention", lambda h, i, cache, step, ctx: real(m, h, i, cache, step, ctx) * 0)
+    elif what == "ssm_after_attention":    # sequential (Jamba-like): Mamba-2 on the norm of x + attention
+        from minfer.models.layers import ffn_branch
+
+        def sequential(tokens, step, cache, ctx=None):
+            eps, x = m.cfg.rms_eps, ops.embedding(tokens, m.token_embd)
+            for i, blk in enumerate(m.blocks):
+                x = x + m.attention(ops.rms_norm(x, blk.attn_norm, eps), i, cache, step, ctx)
+                x = x + m.ssm(ops.rms_norm(x, blk.attn_norm, eps), i, cache, step, ctx)
+                x = x + ffn_branch(ops.rms_norm(x, blk.ffn_norm, eps), blk, ctx)
+            return ops.linear(ops.rms_norm(step.rows(x), m.output_norm, eps), m.output, None, ctx)
+        monkeypatch.setattr(m, "forward", sequential)
+    elif what == "ffn_norm_as_attn_norm":  # the MLP's input normed by attn_norm
+        for b in m.blocks:
+            b.ffn_norm = b.attn_norm
+    elif what == "norm_skipped":           # the gated group norm left out where ssm_norm is present
+        monkeypatch.setattr(mamba2, "gated_group_norm", lambda y, z, wt, g, eps: y * F.silu(z))
+    elif what == "gate_after_norm":        # HF's norm_before_gate=True reading
+        real = mamba2.gated_group_norm
+        monkeypatch.setattr(mamba2, "gated_group_norm",
+                            lambda y, z, wt, g, eps: real(y, torch.full_like(z, 30.0), wt, g, eps) * F.silu(z))
+    elif what == "no_gate":                # y alone (nonorm fixture: what is left without the gate)
+        monkeypatch.setattr(mamba2, "gated_group_norm", lambda y, z, wt, g, eps: y)
+    else:
+        raise AssertionError(what)
+
+
+FALCON_RULES = [("falcon-h1", "adjacent_pairs"), ("falcon-h1", "no_rope"), ("falcon-h1", "no_ssm_branch"),
+                ("falcon-h1", "no_attention_branch"), ("falcon-h1", "ssm_after_attention"),
+                ("falcon-h1", "ffn_norm_as_attn_norm"), ("falcon-h1", "norm_skipped"), ("falcon-h1", "gate_after_norm"),
+                ("falcon-h1-nonorm", "no_gate"), ("falcon-h1-nonorm", "no_ssm_branch")]
+
+
+@pytest.mark.parametrize("name,what", FALCON_RULES)
+def test_falcon_h1_each_rule_is_needed(monkeypatch, name, what):
+    eng = engine(name)
+    assert miss(eng, name) < TOL
+    _falcon_perturb(monkeypatch, eng.model, what)
+    eng.reset()
+    err = miss(eng, name)
+    assert not err < 10 * TOL, (what, err)
+
+
+def test_falcon_h1_prefix_reused_only_whole(monkeypatch):
+    ids = ref("falcon-h1")["ids"].tolist()
+    other = ids[:25] + [7, 8, 9]
+    fresh = engine("falcon-h1").logits(other)[-1]
+    eng = engine("falcon-h1")
+    eng.prefill(ids[:30])
+    assert rel_err(eng.prefill(other)[None].numpy(), fresh[None].numpy()) < 1e-6
+    eng = engine("falcon-h1")
+    eng.prefill(ids[:30])
+    monkeypatch.setattr(eng.model, "recurrent", False)
+    assert rel_err(eng.prefill(other)[None].numpy(), fresh[None].numpy()) > 10 * TOL
+
+
+def test_falcon_h1_batch_engine_refuses_by_name():
+    from minfer.runtime.batch_engine import BatchEngine
+
+    with pytest.raises(MinferError, match="'falcon-h1' cannot run in the batch engine"):
+        BatchEngine.from_engine(engine("falcon-h1"), max_seqs=2)
+
+
+@pytest.mark.parametrize("tensor", ["blk.1.ffn_norm", "blk.0.ssm_in.weight", "blk.2.ssm_conv1d.weight",
+                                    "blk.1.ssm_dt.bias", "blk.0.attn_q.weight", "blk.2.ffn_gate.weight"])
+def test_falcon_h1_missing_tensor_is_named(tmp_path, tensor):
+    p = rewrite(DATA / "falcon-h1.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
+    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
+        load(p)
+
+
+@pytest.mark.parametrize("key", ["falcon-h1.ssm.inner_size", "falcon-h1.ssm.time_step_rank",
+                                 "falcon-h1.attention.layer_norm_rms_epsilon"])
+def test_falcon_h1_missing_key_is_named(tmp_path, key):
+    p = rewrite(DATA / "falcon-h1.gguf", tmp_path / "x.gguf", drop_keys=(key,))
+    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
+        load(p)
+
+
+def test_falcon_h1_bias_refused(tmp_path):
+    p = rewrite(DATA / "falcon-h1.gguf", tmp_path / "b.gguf", add_tensors={"blk.2.ffn_down.bias": np.zeros(64)})
+    with pytest.raises(MinferError, match=r"blk\.2\.ffn_down\.bias.*bias tensors are not supported"):
+        load(p)

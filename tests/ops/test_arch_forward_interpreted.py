@@ -80,7 +80,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
         "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton"],
         # nemotron_h: Mamba-2, squared-ReLU MLP (torch ops) and rope-less attention blocks
-        "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode.triton"]}
+        "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode.triton"],
+        # falcon-h1: attention with NEOX rope and Mamba-2 in every layer; -nonorm: no group norm after the gate
+        "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"],
+        "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"]}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
 
 
@@ -97,7 +100,8 @@ def cuda_ops():
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "qwen35",
-                                  "granitehybrid", "granitehybrid-dense", "nemotron_h"])
+                                  "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
+                                  "falcon-h1-nonorm"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
