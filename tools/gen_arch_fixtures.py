@@ -439,6 +439,18 @@ ARCHS = {
         scoring_func="sigmoid", sliding_window=None, rms_norm_eps=1e-6, max_position_embeddings=256,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Hunyuan-A13B (hunyuan-moe): hunyuan-dense's attention (per-head q/k RMSNorm AFTER NEOX rope, GQA) and, in
+    # every layer, a softmax top-2 of 8 MoE, renormalized, plus an ungated shared SwiGLU MLP; experts and shared
+    # MLP both intermediate_size wide (HF's experts take intermediate_size; the converter reads the released
+    # per-layer lists moe_intermediate_size / num_shared_expert / moe_topk, kept in config.json as extra keys).
+    # Plain rope (theta 1e6): the converter's NTK-alpha branch asserts head size 128 and writes a scaled
+    # rope.freq_base, a plain number to the loader (hunyuan-dense's fixture covers the alpha rule)
+    "hunyuan-moe": ("HunYuanMoEV1Config", "HunYuanMoEV1ForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, num_experts=8, moe_topk=[2, 2], moe_intermediate_size=[32, 32], num_shared_expert=[1, 1],
+        rms_norm_eps=1e-5, max_position_embeddings=256, attention_bias=False, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
     # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
     # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);
@@ -665,6 +677,9 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         "import conversion.gemma as gemma\n"
         "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        # HunYuanMoEModel.set_vocab reads a tiktoken tokenizer's mergeable_ranks only
+        "import conversion.hunyuan as hunyuan\n"
+        "hunyuan.HunYuanMoEModel.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']" + (" + ['--no-mtp']" if no_mtp else "") + "\n"
         "c.main()\n")

@@ -11,6 +11,7 @@ ernie4_5-moe: ERNIE 4.5 MoE (biased choice, renormalized weights, shared experts
 arcee: Arcee AFM-4.5B (an ungated squared-ReLU MLP, YaRN).
 apertus: Swiss AI Apertus (per-layer xIELU, q/k norms before NEOX rope).
 dots1: rednote dots.llm1 (Qwen3 attention, DeepSeek-V3 MoE: sigmoid, groups, bias, scale, shared experts).
+hunyuan-moe: Hunyuan-A13B (hunyuan-dense attention, a renormalized softmax MoE plus a shared expert).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
-                                  "arcee", "apertus", "dots1",
+                                  "arcee", "apertus", "dots1", "hunyuan-moe",
                                   "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
@@ -581,5 +582,52 @@ def test_dots1_without_select_bias_loads(tmp_path):
 ])
 def test_dots1_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "dots1.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- hunyuan-moe ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["norm_before_rope", "not_renormalized", "no_shared_expert", "adjacent_pairs"])
+def test_hunyuan_moe_each_rule_is_needed(monkeypatch, what):
+    """The per-head q/k norms after rope (not qwen3's order), the renormalized top-k weights, the shared
+    expert and NEOX rope: with any one changed the logits miss transformers' by far."""
+    import torch
+
+    import minfer.models.hunyuan_dense as hd
+    from minfer.models.layers import attention_heads
+
+    eng = engine("hunyuan-moe")
+    m = eng.model
+    assert logits_err(eng, "hunyuan-moe") < TOL and m.weights_norm
+    if what == "norm_before_rope":
+        monkeypatch.setattr(hd, "rope_then_norm_heads", attention_heads)   # norms, then rope (qwen3)
+    elif what == "not_renormalized":
+        monkeypatch.setattr(m, "weights_norm", False)
+    elif what == "no_shared_expert":
+        monkeypatch.setattr(m, "shared_expert", lambda h, e, ctx: torch.zeros_like(h))
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="normal"))   # (this engine's own cfg)
+    assert logits_err(eng, "hunyuan-moe") > 10 * TOL
+
+
+def test_hunyuan_moe_weights_norm_key_is_not_read(tmp_path):
+    """llama.cpp's graph renormalizes whatever the file says (build_moe_ffn(..., true, ...))."""
+    p = rewrite(DATA / "hunyuan-moe.gguf", tmp_path / "a.gguf",
+                set_keys={"hunyuan-moe.expert_weights_norm": (False, gguf.GGUFValueType.BOOL)})
+    assert load(p).weights_norm is True
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(add_tensors={"blk.0.attn_output.bias": [0.0] * 64}), "blk.0.attn_output.bias"),
+    (dict(drop_tensors=("blk.1.attn_k_norm.weight",)), "blk.1.attn_k_norm.weight"),
+    (dict(drop_tensors=("blk.0.ffn_up_shexp.weight",)), "blk.0.ffn_up_shexp.weight"),
+    (dict(drop_keys=("hunyuan-moe.expert_shared_feed_forward_length",)), "hunyuan-moe.expert_shared_feed_forward_length"),
+    (dict(set_keys={"hunyuan-moe.expert_feed_forward_length": (16, gguf.GGUFValueType.UINT32)}),
+     "hunyuan-moe.expert_feed_forward_length"),
+    (dict(set_keys={"hunyuan-moe.expert_gating_func": (2, gguf.GGUFValueType.UINT32)}), "hunyuan-moe.expert_gating_func"),
+])
+def test_hunyuan_moe_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "hunyuan-moe.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)
