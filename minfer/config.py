@@ -104,8 +104,12 @@ class ModelConfig:
         # every key typed and range-checked before any is read (issue 15); the norm epsilon's key is the
         # model class's (LayerNorm graphs: attention.layer_norm_epsilon)
         eps_key = ARCHITECTURES[arch].norm_eps_key
+        # a model class whose files carry no dense FFN width (qwen35moe, qwen3next: experts only; llama.cpp's
+        # loaders read expert_feed_forward_length there) declares ffn_key_optional: cfg.ffn is then 0 when absent
+        ffn_opt = getattr(ARCHITECTURES[arch], "ffn_key_optional", False)
         metadata_check.check(gf, tuple(eps_key if k == "attention.layer_norm_rms_epsilon" else k
-                                       for k in metadata_check.REQUIRED_ARCH_KEYS))
+                                       for k in metadata_check.REQUIRED_ARCH_KEYS
+                                       if not (ffn_opt and k == "feed_forward_length")))
 
         def req(suffix):
             key = f"{arch}.{suffix}"
@@ -132,7 +136,8 @@ class ModelConfig:
         # that declares per_layer_counts; the config then holds the largest and the per-layer tuple
         n_kv, kv_per_layer = _count_or_counts(gf, arch, "attention.head_count_kv", opt("attention.head_count_kv", n_heads),
                                               n_layers)
-        ffn, ffn_per_layer = _count_or_counts(gf, arch, "feed_forward_length", req("feed_forward_length"), n_layers)
+        ffn, ffn_per_layer = _count_or_counts(gf, arch, "feed_forward_length",
+                                              opt("feed_forward_length", 0) if ffn_opt else req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:

@@ -188,11 +188,10 @@ class Qwen35Model(Qwen2MoeModel):
             blk.ffn_gate, blk.ffn_up, blk.ffn_down = w("ffn_gate", (F, D)), w("ffn_up", (F, D)), w("ffn_down", (D, F))
             return blk, None
         E, Fe = cfg.n_experts, cls.expert_width(cfg)
-        e = MoeBlock()
-        e.gate_inp = load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D)
-        e.gate_exps = load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype)
-        e.up_exps = load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype)
-        e.down_exps = load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype)
+        e = MoeBlock(gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
+                     gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype),
+                     up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype),
+                     down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype))
         cls.load_shared(gf, cfg, e, i, device, dtype)
         return blk, e
 

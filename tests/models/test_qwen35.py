@@ -1,10 +1,12 @@
-"""qwen35 (Qwen3.5 dense): each rule of the gated DeltaNet and gated attention layers is needed to meet
+"""qwen35 (Qwen3.5 dense) and qwen35moe (Qwen3.5 MoE): each rule of the gated DeltaNet and gated attention layers is needed to meet
 transformers' logits, the chunked delta rule is the recurrence, the recurrent state in the cache (rings,
 the engine's prefix rule, the preflight's bytes), and malformed files refused by name.
 
 The fixture (tests/data/arch/qwen35.gguf, tools/gen_arch_fixtures.py): 4 layers, linear attention on 0,
 2, 3 (2 key heads, 4 value heads of 16, conv of 4 taps), gated full attention on 1 (4 heads of 32, 2 kv
-heads, rope on 16 of 32 dims). Logits, greedy and the cache in pieces: test_arch_vs_transformers.py.
+heads, rope on 16 of 32 dims). qwen35moe.gguf: linear attention on 0, 1, 3 (2 key heads, 6 value heads),
+full attention on 2, a top-2-of-4 MoE with the gated shared expert in every layer, tied head. Logits,
+greedy and the cache in pieces: test_arch_vs_transformers.py.
 """
 
 from __future__ import annotations
@@ -309,4 +311,79 @@ def test_fourth_rope_section_is_refused(tmp_path):
     p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(key,),
                 set_keys={key: ([2, 2, 2, 2], gguf.GGUFValueType.ARRAY)})
     with pytest.raises(MinferError, match=r"dimension_sections=\[2, 2, 2, 2\]"):
+        load(p)
+
+
+# ---- qwen35moe: the MoE and the gated shared expert ----------------------------------------------
+
+MOE = "qwen35moe"
+
+
+def _perturb_moe(monkeypatch, m, what: str) -> None:
+    from minfer.models.qwen3moe import Qwen3MoeModel
+
+    if what == "shared_gate":          # the shared expert added ungated
+        monkeypatch.setattr(m, "ffn", lambda h, e, ctx: (Qwen3MoeModel.ffn(m, h, e, ctx).float()
+                                                         + m.shared_expert(h, e, ctx).float()).to(h.dtype))
+    elif what == "shared_expert":      # routed experts only
+        monkeypatch.setattr(m, "ffn", lambda h, e, ctx: Qwen3MoeModel.ffn(m, h, e, ctx))
+    elif what == "renormalize":        # the top-k softmax weights not renormalized
+        m.weights_norm = False
+    elif what == "v_heads_grouped":    # 3 value heads per key head read in HF's grouped order
+        m.tiled_v_heads = False
+    else:
+        raise AssertionError(what)
+
+
+@pytest.mark.parametrize("what", ["shared_gate", "shared_expert", "renormalize", "v_heads_grouped"])
+def test_each_moe_rule_is_needed(monkeypatch, what):
+    eng = engine(MOE)
+    assert miss(eng, MOE) < TOL
+    _perturb_moe(monkeypatch, eng.model, what)
+    eng.reset()
+    assert not miss(eng, MOE) < 10 * TOL, what
+
+
+def test_moe_layers_and_preflight():
+    from minfer.commands import preflight
+    from minfer.gguf_file import GGUFFile
+
+    m = engine(MOE).model
+    assert m.is_recurrent == (True, True, False, True) and m.cfg.ffn == 0
+    assert (m.cfg.n_experts, m.cfg.n_experts_used, m.cfg.expert_ffn, m.cfg.expert_shared_ffn) == (4, 2, 32, 48)
+    assert all(e is not None and e.gate_inp_shexp is not None for e in m.moe)
+    cfg = preflight.cache_config(GGUFFile(DATA / f"{MOE}.gguf"))
+    assert preflight.kv_bytes_per_token(cfg, "cpu") == 2 * 64 * 4
+    assert preflight.state_bytes(cfg) == 3 * (4 * 160 + 2 * 6 * 16 * 16) * 4
+
+
+@pytest.mark.parametrize("key", [f"{MOE}.expert_count", f"{MOE}.expert_used_count",
+                                 f"{MOE}.expert_feed_forward_length", f"{MOE}.expert_shared_feed_forward_length"])
+def test_moe_missing_key_is_named(tmp_path, key):
+    p = rewrite(DATA / f"{MOE}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
+    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
+        load(p)
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ffn_gate_inp.weight", "blk.2.ffn_up_exps.weight",
+                                    "blk.3.ffn_gate_inp_shexp.weight", "blk.1.ffn_down_shexp.weight"])
+def test_moe_missing_tensor_is_named(tmp_path, tensor):
+    p = rewrite(DATA / f"{MOE}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
+    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
+        load(p)
+
+
+def test_feed_forward_length_optional_only_for_experts(tmp_path):
+    """qwen35moe files carry no feed_forward_length (ffn_key_optional); the dense qwen35 needs it."""
+    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(f"{NAME}.feed_forward_length",))
+    with pytest.raises(MinferError, match=r"qwen35\.feed_forward_length' is missing"):
+        load(p)
+
+
+def test_moe_expert_weights_scale_refused(tmp_path):
+    import gguf
+
+    key = f"{MOE}.expert_weights_scale"
+    p = rewrite(DATA / f"{MOE}.gguf", tmp_path / "x.gguf", set_keys={key: (2.5, gguf.GGUFValueType.FLOAT32)})
+    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
         load(p)
