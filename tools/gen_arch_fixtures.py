@@ -451,6 +451,17 @@ ARCHS = {
         rms_norm_eps=1e-5, max_position_embeddings=256, attention_bias=False, tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # MiniMax-M2 (minimax-m2): q/k RMSNorm over the whole projection (OLMo 2's), then NEOX rope on the first
+    # rotary_dim 8 of each 16-dim head (released: 64 of 128), GQA, untied head; every layer a MoE of sigmoid scores
+    # chosen on score + e_score_correction_bias (randomized below: zeros at init), top 2 of 8, renormalized, no
+    # shared expert, experts intermediate_size wide; scoring_func as the released config (the converter writes it
+    # as expert_gating_func); rotary_dim kept in config.json (the converter reads it)
+    "minimax-m2": ("MiniMaxM2Config", "MiniMaxM2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rotary_dim=8, num_local_experts=8, num_experts_per_tok=2, scoring_func="sigmoid",
+        rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Hunyuan dense (0.5B-7B's form): per-head q/k RMSNorm AFTER rope, NEOX, GQA, tied head, and the released
     # NTK-alpha rope ("dynamic" with alpha 1000, factor 1, theta 10000, max_position_embeddings 32k: the
     # converter asserts theta and that length, and writes theta * alpha^(Dh/(Dh-2)) as rope.freq_base);

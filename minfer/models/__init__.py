@@ -50,12 +50,13 @@ from minfer.models.arcee import ArceeModel
 from minfer.models.apertus import ApertusModel
 from minfer.models.dots1 import Dots1Model
 from minfer.models.hunyuan_moe import HunyuanMoeModel
+from minfer.models.minimax_m2 import MinimaxM2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
-    ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel,
+    ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, FalconH1Model, ExaoneModel,
     Qwen35Model, Qwen35MoeModel)}

@@ -25,7 +25,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "granitehybrid", "granitehybrid-dense",
-         "arcee", "apertus", "dots1", "hunyuan-moe",
+         "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
@@ -86,6 +86,8 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "dots1": ["attention.decode", "moe.gather", "moe.grouped"],
             # hunyuan-moe: q/k norms after the rope kernel, the softmax MoE and the shared expert on both paths
             "hunyuan-moe": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
+            # minimax-m2: whole-projection q/k norms, partial rope, the sigmoid MoE with its selection bias
+            "minimax-m2": ["attention.decode", "moe.gather", "moe.grouped"],
             # qwen35: the DeltaNet layers' conv ring and delta-rule scan (torch ops, in the decode graph too: the
             # state rings are indexed by position), the gated full-attention layer
             "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode"],

@@ -12,6 +12,7 @@ arcee: Arcee AFM-4.5B (an ungated squared-ReLU MLP, YaRN).
 apertus: Swiss AI Apertus (per-layer xIELU, q/k norms before NEOX rope).
 dots1: rednote dots.llm1 (Qwen3 attention, DeepSeek-V3 MoE: sigmoid, groups, bias, scale, shared experts).
 hunyuan-moe: Hunyuan-A13B (hunyuan-dense attention, a renormalized softmax MoE plus a shared expert).
+minimax-m2: MiniMax-M2 (whole-projection q/k norms, partial NEOX rope, a biased sigmoid MoE).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def logits_err(eng, name: str) -> float:
 
 
 @pytest.mark.parametrize("name", ["qwen2vl", "qwen3vl", "olmoe", "starcoder2", "hunyuan-dense", "qwen3vlmoe",
-                                  "arcee", "apertus", "dots1", "hunyuan-moe",
+                                  "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "ernie4_5-moe", "ernie4_5-moe-step2", "exaone"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache next to a second sequence (test_arch_vs_transformers'
@@ -629,5 +630,54 @@ def test_hunyuan_moe_weights_norm_key_is_not_read(tmp_path):
 ])
 def test_hunyuan_moe_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "hunyuan-moe.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- minimax-m2 -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["softmax", "no_select_bias", "not_renormalized", "full_rotation", "adjacent_pairs"])
+def test_minimax_m2_each_rule_is_needed(monkeypatch, what):
+    """Sigmoid scores, the selection bias, the renormalized weights, rope on the first 8 of 16 dims and NEOX:
+    with any one changed the logits miss transformers' by far."""
+    eng = engine("minimax-m2")
+    m = eng.model
+    c = m.cfg
+    assert logits_err(eng, "minimax-m2") < TOL and c.expert_gating == "sigmoid" and c.rope.n_rot == 8
+    if what == "softmax":
+        monkeypatch.setattr(m, "cfg", replace(c, expert_gating="softmax"))
+    elif what == "no_select_bias":
+        for e in m.moe:
+            monkeypatch.setattr(e, "exp_probs_b", None)
+    elif what == "not_renormalized":
+        monkeypatch.setattr(m, "weights_norm", False)
+    elif what == "full_rotation":
+        monkeypatch.setattr(m, "cfg", replace(c, rope=replace(c.rope, n_rot=16)))
+    else:
+        monkeypatch.setattr(m, "cfg", replace(c, rope=replace(c.rope, style="normal")))
+    assert logits_err(eng, "minimax-m2") > 10 * TOL
+
+
+def test_minimax_m2_without_gating_key_is_sigmoid(tmp_path):
+    """No expert_gating_func: sigmoid (HF's only scoring; llama.cpp has no default for minimax-m2)."""
+    from minfer.runtime.engine import Engine
+
+    from models.test_arch_vs_transformers import reference_switches
+
+    p = rewrite(DATA / "minimax-m2.gguf", tmp_path / "a.gguf", drop_keys=("minimax-m2.expert_gating_func",))
+    eng = Engine.load(p, ctx=64, progress=False, switches=reference_switches())
+    assert eng.model.cfg.expert_gating == "sigmoid" and logits_err(eng, "minimax-m2") < TOL
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "blk.1.exp_probs_b.bias"),
+    (dict(drop_tensors=("blk.0.attn_q_norm.weight",)), "blk.0.attn_q_norm.weight"),
+    (dict(add_tensors={"blk.1.attn_output.bias": [0.0] * 64}), "blk.1.attn_output.bias"),
+    (dict(set_keys={"minimax-m2.expert_feed_forward_length": (16, gguf.GGUFValueType.UINT32)}),
+     "minimax-m2.expert_feed_forward_length"),
+    (dict(set_keys={"minimax-m2.expert_gating_func": (3, gguf.GGUFValueType.UINT32)}), "minimax-m2.expert_gating_func"),
+])
+def test_minimax_m2_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "minimax-m2.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

@@ -53,6 +53,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "dots1": ["moe.gather", "moe.grouped", "rope.triton"],
         # hunyuan-moe: per-head q/k norms after rope, the softmax MoE plus the ungated shared expert
         "hunyuan-moe": ["moe.gather", "moe.grouped", "rope.triton"],
+        # minimax-m2: whole-projection q/k norms, partial NEOX rope, the sigmoid MoE with its selection bias
+        "minimax-m2": ["moe.gather", "moe.grouped", "rope.triton"],
         # olmoe: whole-projection q/k norms around the grouped (prefill) and gathered (decode) MoE
         "olmoe": ["moe.gather", "moe.grouped", "rope.triton"],
         # qwen3vlmoe: qwen3moe's per-head q/k norms and renormalized top-k on both MoE paths
@@ -99,7 +101,7 @@ def cuda_ops():
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "olmoe", "hunyuan-dense",
-                                  "arcee", "apertus", "dots1", "hunyuan-moe",
+                                  "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
                                   "qwen35", "qwen35moe",
