@@ -568,6 +568,18 @@ ARCHS = {
         num_experts_per_tok=2,
         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"],
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Qwen3-Next (qwen3next): linear attention on 0-2 (2 key heads, 4 value heads of 16 in HF's grouped order;
+    # beta/alpha from one in_proj_ba) and gated full attention on 3 (the every-4th default), plain NEOX rope on half
+    # of each 32-wide head, a softmax top-2-of-4 MoE (norm_topk_prob) plus the sigmoid-gated shared expert
+    "qwen3next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=32, shared_expert_intermediate_size=48, num_experts=4,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
 # transformers 5 saves layer_types as "linear_attention" / "full_attention"; llama.cpp's converter
 # (conversion/granite.py GraniteHybridModel.get_attn_layers) takes the released names "mamba" / "attention"
@@ -597,10 +609,11 @@ def exaone_as_released(c: dict) -> dict:
     return {**c, "architectures": ["ExaoneForCausalLM"], "activation_function": c["hidden_act"]}
 
 # the Qwen3.5 / Qwen3-Next converters (conversion/qwen.py _QwenMtpMixin) expect MTP tensors unless told there are none
-NO_MTP = {"qwen35", "qwen35moe"}
+NO_MTP = {"qwen35", "qwen35moe", "qwen3next"}
 # transformers loads the tokenizer of model_type qwen3_5_moe_text as Qwen3_5Tokenizer, which adds <|endoftext|>
 # past the vocabulary unless it is there
 EXTRA_SPECIALS["qwen35moe"] = ("<|endoftext|>",)
+EXTRA_SPECIALS["qwen3next"] = ("<|endoftext|>",)
 
 # configs rewritten to the released form, then read by the converter from config.json as written
 CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "exaone": exaone_as_released}

@@ -46,6 +46,7 @@ from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
 from minfer.models.qwen35 import Qwen35Model
 from minfer.models.qwen35moe import Qwen35MoeModel
+from minfer.models.qwen3next import Qwen3NextModel
 from minfer.models.arcee import ArceeModel
 from minfer.models.apertus import ApertusModel
 from minfer.models.dots1 import Dots1Model
@@ -59,7 +60,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, FalconH1Model, ExaoneModel,
-    Qwen35Model, Qwen35MoeModel)}
+    Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

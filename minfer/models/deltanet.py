@@ -100,13 +100,14 @@ class DeltaNetDims:
 class DeltaNetWeights:
     attn_qkv: QWeight              # (conv_dim, D)
     attn_gate: QWeight             # z: (Hv*Dv, D)
-    ssm_beta: QWeight              # (Hv, D)
-    ssm_alpha: QWeight             # (Hv, D)
+    ssm_beta: QWeight | None       # (Hv, D); None with ssm_ba
+    ssm_alpha: QWeight | None      # (Hv, D)
     conv_w: torch.Tensor           # (K, conv_dim) float32: tap k on position p - K + 1 + k
     dt_bias: torch.Tensor          # (Hv,)
     A: torch.Tensor                # (Hv,) < 0
     norm: torch.Tensor             # (Dv,)
     ssm_out: QWeight               # (D, Hv*Dv)
+    ssm_ba: QWeight | None = None  # qwen3next: (2 Hv, D), per key head r beta rows then r alpha rows
     conv_b = None                  # no conv bias (mamba2.causal_conv reads it)
 
 
@@ -137,9 +138,14 @@ def read_dims(gf, arch: str) -> DeltaNetDims:
     return d
 
 
-def load_deltanet(gf, i: int, d: DeltaNetDims, d_model: int, device, dtype) -> DeltaNetWeights:
-    """blk.i's linear-attention tensors, each shape checked by name (qwen35.cpp load_arch_tensors)."""
+def load_deltanet(gf, i: int, d: DeltaNetDims, d_model: int, device, dtype, fused_ba: bool = False) -> DeltaNetWeights:
+    """blk.i's linear-attention tensors, each shape checked by name (qwen35.cpp load_arch_tensors);
+    fused_ba: beta and alpha in one ssm_ba matrix (qwen3next.cpp ssm_beta_alpha: HF in_proj_ba as is)."""
     p = f"blk.{i}."
+    if p + "ssm_in.weight" in gf.tensors and p + "attn_qkv.weight" not in gf.tensors:
+        raise MinferError(f"{gf.path}: tensor '{p}ssm_in.weight': the older Qwen3-Next layout (one interleaved "
+                          "qkvz projection) is not supported; files from the current converter have attn_qkv and "
+                          "attn_gate")
     conv = gf.tensor(p + "ssm_conv1d.weight")
     if tuple(conv.shape) != (d.conv_dim, d.d_conv):
         raise MinferError(f"{gf.path}: tensor '{p}ssm_conv1d.weight' has shape {tuple(conv.shape)}, expected "
@@ -156,11 +162,22 @@ def load_deltanet(gf, i: int, d: DeltaNetDims, d_model: int, device, dtype) -> D
 
     return DeltaNetWeights(
         attn_qkv=w("attn_qkv", d.conv_dim), attn_gate=w("attn_gate", d.d_inner),
-        ssm_beta=w("ssm_beta", d.n_v_heads), ssm_alpha=w("ssm_alpha", d.n_v_heads),
+        ssm_beta=None if fused_ba else w("ssm_beta", d.n_v_heads),
+        ssm_alpha=None if fused_ba else w("ssm_alpha", d.n_v_heads),
+        ssm_ba=w("ssm_ba", 2 * d.n_v_heads) if fused_ba else None,
         conv_w=load_dense(gf, p + "ssm_conv1d.weight").reshape(d.conv_dim, d.d_conv).t().contiguous().to(device),
         dt_bias=load_vector(gf, p + "ssm_dt.bias", device, d.n_v_heads), A=A,
         norm=load_vector(gf, p + "ssm_norm.weight", device, d.v_dim),
         ssm_out=load_qweight(gf, p + "ssm_out.weight", device, (d_model, d.d_inner), dtype=dtype))
+
+
+def split_ba(ba: torch.Tensor, Hk: int, Hv: int) -> tuple:
+    """(T, 2 Hv) of ssm_ba -> beta's and alpha's inputs (T, Hv) each: per key head its Hv/Hk beta values then
+    its Hv/Hk alpha values (HF Qwen3NextGatedDeltaNet.fix_query_key_value_ordering; qwen3next.cpp's views
+    of mixed_ba)."""
+    T, r = ba.shape[0], Hv // Hk
+    ba = ba.view(T, Hk, 2 * r)
+    return ba[..., :r].reshape(T, Hv), ba[..., r:].reshape(T, Hv)
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -223,7 +240,11 @@ def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state: 
     T = h.shape[0]
     Hk, Hv, Dk, Dv = d.n_k_heads, d.n_v_heads, d.d_state, d.v_dim
     conv_ring, s_ring = state
-    qkv, z, b, a = (ops.linear(h, m, None, ctx).float() for m in (w.attn_qkv, w.attn_gate, w.ssm_beta, w.ssm_alpha))
+    qkv, z = (ops.linear(h, m, None, ctx).float() for m in (w.attn_qkv, w.attn_gate))
+    if w.ssm_ba is None:
+        b, a = (ops.linear(h, m, None, ctx).float() for m in (w.ssm_beta, w.ssm_alpha))
+    else:
+        b, a = split_ba(ops.linear(h, w.ssm_ba, None, ctx).float(), Hk, Hv)
     if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
         ops.paths.count("deltanet.conv.torch")
         ops.paths.count("deltanet.scan.torch")

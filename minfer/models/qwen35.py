@@ -122,6 +122,7 @@ class Qwen35Model(Qwen2MoeModel):
     mrope = True              # rope.dimension_sections required and checked
     tiled_v_heads = True      # deltanet.py: the converter's value-head reorder
     has_experts = False
+    fused_ba = False          # deltanet.py: beta and alpha in one matrix (qwen3next)
 
     @classmethod
     def cache_config(cls, gf, cfg: ModelConfig) -> HybridCacheConfig:
@@ -153,7 +154,7 @@ class Qwen35Model(Qwen2MoeModel):
             blk, e = cls.load_layer(gf, cfg, i, rec[i], device, dtype)
             blocks.append(blk)
             moe.append(e)
-            linear.append(load_deltanet(gf, i, dims, D, device, dtype) if rec[i] else None)
+            linear.append(load_deltanet(gf, i, dims, D, device, dtype, cls.fused_ba) if rec[i] else None)
             bar.update()
         output_norm = load_vector(gf, "output_norm.weight", device, D)
         output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
@@ -202,7 +203,8 @@ class Qwen35Model(Qwen2MoeModel):
         for b, e, lw in zip(self.blocks, self.moe, self.linear):
             ws += b.matrices()
             if lw is not None:
-                ws += [lw.attn_qkv, lw.attn_gate, lw.ssm_beta, lw.ssm_alpha, lw.ssm_out]
+                ws += [x for x in (lw.attn_qkv, lw.attn_gate, lw.ssm_beta, lw.ssm_alpha, lw.ssm_ba, lw.ssm_out)
+                       if x is not None]
             if e is not None:
                 ws += [x for x in (e.gate_exps, e.up_exps, e.down_exps, e.gate_shexp, e.up_shexp, e.down_shexp)
                        if x is not None]

@@ -24,7 +24,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "granitehybrid", "granitehybrid-dense",
+         "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -92,6 +92,8 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # state rings are indexed by position), the gated full-attention layer
             "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode"],
             "qwen35moe": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode", "moe.gather",
+                          "moe.grouped"],
+            "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode", "moe.gather",
                           "moe.grouped"],
             # granitehybrid: the Mamba-2 layers' conv ring and scan (torch ops, in the decode graph too: the state
             # rings are indexed by position, so the graph's warm-up runs repeat a step harmlessly), the rope-less

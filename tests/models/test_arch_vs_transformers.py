@@ -25,7 +25,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
          "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-         "qwen35", "qwen35moe",
+         "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
@@ -40,7 +40,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
                "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2",
-               "qwen35": "qwen35", "qwen35moe": "qwen35moe",
+               "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h",
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
@@ -57,6 +57,7 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 2
         # test_granitehybrid.py do)
         # qwen35: pieces of 1-3 tokens inside the DeltaNet conv window (4 taps), the delta-rule state carried
         "qwen35": [1, 2, 4, 5, 14, 15, 23], "qwen35moe": [1, 2, 4, 5, 14, 15, 23],
+        "qwen3next": [1, 2, 4, 5, 14, 15, 23],
         "granitehybrid": [1, 2, 4, 5, 14, 15, 23], "granitehybrid-dense": [1, 2, 4, 5, 14, 15, 23],
         "nemotron_h": [1, 2, 4, 5, 14, 15, 23], "falcon-h1": [1, 2, 4, 5, 14, 15, 23],
         "falcon-h1-nonorm": [1, 2, 4, 5, 14, 15, 23]}
@@ -117,7 +118,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
                                   "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-                                  "qwen35", "qwen35moe",
+                                  "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
 def test_arch_incremental_equals_whole(name):

@@ -1,11 +1,12 @@
-"""qwen35 (Qwen3.5 dense) and qwen35moe (Qwen3.5 MoE): each rule of the gated DeltaNet and gated attention layers is needed to meet
-transformers' logits, the chunked delta rule is the recurrence, the recurrent state in the cache (rings,
+"""qwen35 (Qwen3.5 dense), qwen35moe (Qwen3.5 MoE) and qwen3next (Qwen3-Next): each rule of the gated
+DeltaNet and gated attention layers is needed to meet transformers' logits, the chunked delta rule is the recurrence, the recurrent state in the cache (rings,
 the engine's prefix rule, the preflight's bytes), and malformed files refused by name.
 
 The fixture (tests/data/arch/qwen35.gguf, tools/gen_arch_fixtures.py): 4 layers, linear attention on 0,
 2, 3 (2 key heads, 4 value heads of 16, conv of 4 taps), gated full attention on 1 (4 heads of 32, 2 kv
 heads, rope on 16 of 32 dims). qwen35moe.gguf: linear attention on 0, 1, 3 (2 key heads, 6 value heads),
-full attention on 2, a top-2-of-4 MoE with the gated shared expert in every layer, tied head. Logits,
+full attention on 2, a top-2-of-4 MoE with the gated shared expert in every layer, tied head.
+qwen3next.gguf: linear attention on 0-2 (ssm_ba, grouped value heads), full attention on 3. Logits,
 greedy and the cache in pieces: test_arch_vs_transformers.py.
 """
 
@@ -386,4 +387,73 @@ def test_moe_expert_weights_scale_refused(tmp_path):
     key = f"{MOE}.expert_weights_scale"
     p = rewrite(DATA / f"{MOE}.gguf", tmp_path / "x.gguf", set_keys={key: (2.5, gguf.GGUFValueType.FLOAT32)})
     with pytest.raises(MinferError, match=key.replace(".", r"\.")):
+        load(p)
+
+
+# ---- qwen3next: plain NEOX rope, beta/alpha in one matrix, value heads in HF's grouped order ------
+
+NEXT = "qwen3next"
+
+
+def _perturb_next(monkeypatch, m, what: str) -> None:
+    from minfer.models import deltanet
+
+    if what == "v_heads_tiled":        # the Qwen3.5 converter's order: wrong for Qwen3-Next files
+        m.tiled_v_heads = True
+    elif what == "ba_order":           # alpha's rows read first
+        real = deltanet.split_ba
+        monkeypatch.setattr(deltanet, "split_ba", lambda ba, hk, hv: real(ba, hk, hv)[::-1])
+    elif what == "ba_halves":          # all beta rows then all alpha rows (not per key head)
+        monkeypatch.setattr(deltanet, "split_ba", lambda ba, hk, hv: (ba[:, :hv], ba[:, hv:]))
+    elif what == "norms_plus_one":     # HF's (1 + w) applied to what the converter already shifted
+        for b in m.blocks:
+            b.attn_norm = b.attn_norm + 1
+    elif what == "partial_rope":
+        m.cfg = dataclasses.replace(m.cfg, rope=dataclasses.replace(m.cfg.rope, n_rot=m.cfg.head_dim))
+    elif what in ("shared_gate", "renormalize"):
+        _perturb_moe(monkeypatch, m, what)
+    else:
+        raise AssertionError(what)
+
+
+@pytest.mark.parametrize("what", ["v_heads_tiled", "ba_order", "ba_halves", "norms_plus_one", "partial_rope",
+                                  "shared_gate", "renormalize"])
+def test_each_qwen3next_rule_is_needed(monkeypatch, what):
+    eng = engine(NEXT)
+    assert miss(eng, NEXT) < TOL
+    _perturb_next(monkeypatch, eng.model, what)
+    eng.reset()
+    assert not miss(eng, NEXT) < 10 * TOL, what
+
+
+def test_qwen3next_layers():
+    m = engine(NEXT).model
+    assert m.is_recurrent == (True, True, True, False)
+    assert not m.tiled_v_heads and not m.mrope and m.cfg.rope.n_rot == 16
+    assert all(w.ssm_ba is not None and w.ssm_beta is None for w in m.linear if w is not None)
+    assert m.cfg.kv_layers == (None, None, None, (2, 32, 32))
+
+
+def test_qwen3next_default_interval_matches_the_array(tmp_path):
+    """Without attention.recurrent_layers the every-4th default gives the same layers here."""
+    r = ref(NEXT)
+    p = rewrite(DATA / f"{NEXT}.gguf", tmp_path / "x.gguf", drop_keys=(f"{NEXT}.attention.recurrent_layers",))
+    from minfer.runtime.engine import Engine
+    from tests.models.test_arch_vs_transformers import reference_switches
+
+    eng = Engine.load(p, ctx=64, progress=False, switches=reference_switches())
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) < TOL
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.ssm_ba.weight", "blk.3.attn_q.weight", "blk.1.ffn_gate_inp_shexp.weight"])
+def test_qwen3next_missing_tensor_is_named(tmp_path, tensor):
+    p = rewrite(DATA / f"{NEXT}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
+    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
+        load(p)
+
+
+def test_qwen3next_legacy_qkvz_layout_refused(tmp_path):
+    p = rewrite(DATA / f"{NEXT}.gguf", tmp_path / "x.gguf", drop_tensors=("blk.1.attn_qkv.weight",),
+                add_tensors={"blk.1.ssm_in.weight": np.zeros((192, 64))})
+    with pytest.raises(MinferError, match=r"blk\.1\.ssm_in\.weight.*older Qwen3-Next layout"):
         load(p)

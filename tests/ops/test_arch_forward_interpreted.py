@@ -80,6 +80,7 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
         "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton"],
         "qwen35moe": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
+        "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
         # granitehybrid: Mamba-2 layers (conv ring and chunked scan in torch ops, the state in the cache) around a
         # rope-less attention layer, MoE + shared expert; -dense: the shared MLP alone
         "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
@@ -104,7 +105,7 @@ def cuda_ops():
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
-                                  "qwen35", "qwen35moe",
+                                  "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
