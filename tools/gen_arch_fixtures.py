@@ -360,6 +360,17 @@ ARCHS = {
         block_auto_adjust_ff_dim=False, layer_types=["conv", "conv", "full_attention", "conv", "full_attention", "conv"],
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Liquid LFM2-8B-A1B (`lfm2moe`): lfm2's conv / attention layers (conv, attn, conv, attn; GQA 4:2), layer 0's FFN
+    # a dense SwiGLU of intermediate_size (num_dense_layers 1), the others a MoE of 8 experts of
+    # moe_intermediate_size 24, top 2 by sigmoid(router) + expert_bias (randomize() gives the zeros buffer values),
+    # weights the unbiased sigmoids renormalized, routed_scaling_factor 1 (the released config)
+    "lfm2moe": ("Lfm2MoeConfig", "Lfm2MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, norm_eps=1e-5, max_position_embeddings=256, conv_L_cache=3, conv_bias=False,
+        num_dense_layers=1, num_experts=8, num_experts_per_tok=2, use_expert_bias=True, norm_topk_prob=True,
+        routed_scaling_factor=1.0, layer_types=["conv", "full_attention", "conv", "full_attention"],
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Qwen2.5-VL's language model (the converter writes `qwen2vl`; the vision tower goes to an mmproj
     # only with --mmproj): Qwen2 with M-RoPE sections (2, 3, 3) of the 8 pairs; text-only positions
     "qwen2vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(
@@ -694,6 +705,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
             p.copy_(p.half().float())
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):   # glm4moe's selection bias: a zeros buffer at init
+                b.copy_((0.3 * torch.randn(b.shape, generator=g)).half().float())
+            if name.endswith("feed_forward.expert_bias"):  # lfm2moe's selection bias: a zeros buffer at init
                 b.copy_((0.3 * torch.randn(b.shape, generator=g)).half().float())
             if name.endswith("layer_scalar"):             # gemma4's per-layer output scale: ones at init
                 b.copy_((0.5 + torch.rand(b.shape, generator=g)).half().float())

@@ -13,6 +13,7 @@ apertus: Swiss AI Apertus (per-layer xIELU, q/k norms before NEOX rope).
 dots1: rednote dots.llm1 (Qwen3 attention, DeepSeek-V3 MoE: sigmoid, groups, bias, scale, shared experts).
 hunyuan-moe: Hunyuan-A13B (hunyuan-dense attention, a renormalized softmax MoE plus a shared expert).
 minimax-m2: MiniMax-M2 (whole-projection q/k norms, partial NEOX rope, a biased sigmoid MoE).
+lfm2moe: LFM2-8B-A1B (lfm2's conv / attention layers, a biased sigmoid MoE past a dense lead).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -679,5 +680,55 @@ def test_minimax_m2_without_gating_key_is_sigmoid(tmp_path):
 ])
 def test_minimax_m2_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "minimax-m2.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- lfm2moe --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["softmax", "no_select_bias", "not_renormalized", "moe_on_layer0"])
+def test_lfm2moe_each_rule_is_needed(monkeypatch, what):
+    """Sigmoid scores, the selection bias (choice only), the renormalized weights and the leading dense
+    layer: with any one changed the logits miss transformers' by far."""
+    eng = engine("lfm2moe")
+    m = eng.model
+    c = m.cfg
+    assert logits_err(eng, "lfm2moe") < TOL
+    assert (c.expert_gating, c.leading_dense_blocks, m.weights_norm) == ("sigmoid", 1, True)
+    moe = [e for e in m.moe if e is not None]
+    if what == "softmax":
+        monkeypatch.setattr(m, "cfg", replace(c, expert_gating="softmax"))
+    elif what == "no_select_bias":
+        for e in moe:
+            monkeypatch.setattr(e, "exp_probs_b", None)
+    elif what == "not_renormalized":
+        monkeypatch.setattr(m, "weights_norm", False)
+    else:                                  # layer 0's dense MLP replaced by layer 1's MoE
+        monkeypatch.setattr(m, "moe", [moe[0]] + m.moe[1:])
+    assert logits_err(eng, "lfm2moe") > 10 * TOL
+
+
+def test_lfm2moe_layer_kinds():
+    """Conv layers where head_count_kv is 0 (0 and 2), attention on 1 and 3; a dense FFN on layer 0 only
+    (leading_dense_block_count 1), no dense FFN tensors on the MoE layers."""
+    m = engine("lfm2moe").model
+    assert m.is_conv == (True, False, True, False)
+    assert [e is None for e in m.moe] == [True, False, False, False]
+    assert m.blocks[0].ffn_up is not None and all(b.ffn_up is None for b in m.blocks[1:])
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_tensors=("blk.1.exp_probs_b.bias",)), "blk.1.exp_probs_b.bias"),
+    (dict(drop_tensors=("blk.2.ffn_gate_inp.weight",)), "blk.2.ffn_gate_inp.weight"),
+    (dict(drop_tensors=("blk.0.ffn_up.weight",)), "blk.0.ffn_up.weight"),
+    (dict(drop_tensors=("blk.3.attn_k_norm.weight",)), "blk.3.attn_k_norm.weight"),
+    (dict(drop_keys=("lfm2moe.expert_gating_func",)), "lfm2moe.expert_gating_func"),
+    (dict(drop_keys=("lfm2moe.expert_feed_forward_length",)), "lfm2moe.expert_feed_forward_length"),
+    (dict(set_keys={"lfm2moe.expert_weights_scale": (2.5, gguf.GGUFValueType.FLOAT32)}),
+     "lfm2moe.expert_weights_scale"),
+    (dict(set_keys={"lfm2moe.expert_gating_func": (3, gguf.GGUFValueType.UINT32)}), "lfm2moe.expert_gating_func"),
+])
+def test_lfm2moe_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "lfm2moe.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

@@ -76,6 +76,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # lfm2: conv layers (B*x rows in the per-layer cache, the conv in torch ops: shortconv.torch) around
         # two attention layers with per-head q/k norms and NEOX rope
         "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"],
+        # lfm2moe: lfm2's layers with the sigmoid / biased / renormalized MoE on both paths
+        "lfm2moe": ["shortconv.torch", "attention.decode.triton", "moe.gather", "moe.grouped"],
         # qwen35: gated DeltaNet layers (conv ring and delta-rule scan in torch ops, the state in the cache) around
         # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
         "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton"],
@@ -104,7 +106,7 @@ def cuda_ops():
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2",
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2", "lfm2moe",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
