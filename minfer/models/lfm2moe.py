@@ -44,7 +44,7 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.glm4moe import Glm4MoeBlock, load_moe_layer
-from minfer.models.layers import Block, ffn_branch
+from minfer.models.layers import Block, attention_heads, ffn_branch
 from minfer.models.lfm2 import Lfm2Model
 from minfer.weights import QWeight, load_qweight, load_vector
 
@@ -124,6 +124,18 @@ class Lfm2MoeModel(Lfm2Model):
         return ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, c.n_experts_used, self.weights_norm,
                            ctx, gating=c.expert_gating, select_bias=e.exp_probs_b, n_group=c.expert_groups,
                            topk_group=c.expert_groups_used)
+
+    def attention_residual_norm(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx, x: torch.Tensor,
+                                eps: float, act) -> tuple:
+        """lfm2's, except that a MoE layer's FFN norm is made whole (into_linear False): the router and
+        ops.moe_ffn read h themselves, where the CUDA one-row GEMV path would leave it to the next GEMV."""
+        if self.moe[i] is None:
+            return super().attention_residual_norm(h, blk, i, cache, step, ctx, x, eps, act)
+        if self.is_conv[i]:
+            a, w = self.short_conv(h, i, cache, step, ctx), self.conv_out[i]
+        else:
+            a, w = attention_heads(h, blk, self.cfg, cache, i, step, ctx), blk.attn_output
+        return ops.linear_add_rms_norm(a, w, x, blk.ffn_norm, eps, act, ctx, into_linear=False, role="ffn_norm")
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""

@@ -732,3 +732,23 @@ def test_lfm2moe_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "lfm2moe.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)
+
+
+def test_lfm2moe_moe_layers_norm_is_not_deferred(monkeypatch):
+    """A MoE layer's FFN norm is made whole before the router reads it: ops.linear_add_rms_norm without
+    into_linear there (on CUDA a one-row decode would leave h to the next GEMV), with it on the dense layer."""
+    from minfer import ops
+
+    eng = engine("lfm2moe")
+    m = eng.model
+    seen = []
+    real = ops.linear_add_rms_norm
+
+    def spy(*a, **kw):
+        if kw.get("role") == "ffn_norm":
+            seen.append(kw.get("into_linear", False))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ops, "linear_add_rms_norm", spy)
+    assert logits_err(eng, "lfm2moe") < TOL
+    assert seen == [True, False, False, False]
