@@ -351,6 +351,23 @@ ARCHS = {
         final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=0,
         num_kv_shared_layers=0, enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32,
         tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Google Gemma 3n E2B/E4B's text model: 4 AltUp streams (stream 0 active; predict / correct with router
+    # modalities, the corrected active stream scaled), a LAuReL branch of rank 16, per-layer embeddings of 16 per
+    # layer (the CUDA GEMV reads K in runs of 16), layers 0, 1, 3, 4 sliding (window 8 < SEQ, rope base 20000),
+    # 2 and 5 global (base 1e6), layers 3-5 reusing the caches of layers 1 (window) and 2 (global)
+    # (num_kv_shared_layers 3: llama.cpp's reuse rule and HF's agree), activation sparsity 0.95 on layers 0 and
+    # 1 (llama.cpp's 10 released sparse layers, scaled down), a final soft-cap small enough to bite
+    "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512, sliding_window=8,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 20000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh", hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=VOCAB, altup_num_inputs=4, altup_active_idx=0, altup_correct_scale=True,
+        laurel_rank=16, num_kv_shared_layers=3, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Liquid LFM2: layers 0, 1, 3, 5 short-convolution blocks (in_proj -> B, C, x; a causal depthwise conv of
     # 3 taps over B*x; C * conv; out_proj), 2 and 4 GQA attention with per-head q/k norms; SwiGLU everywhere,
     # the final norm stored as token_embd_norm, tied lm head. block_auto_adjust_ff_dim off: the FFN is 96 wide
@@ -689,7 +706,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
         for name, p in model.named_parameters():
             if p.ndim == 1:        # RMSNorm weights (gemma3 stores w with y = x * (1 + w))
                 cls = type(model).__name__.lower()
-                base = 0.0 if "gemma" in cls and "gemma4" not in cls else 1.0   # gemma4: y = x * w
+                # gemma4 and gemma3n: y = x * w (gemma3n's altup correct_output_scale too: ones around 1)
+                base = 0.0 if "gemma" in cls and "gemma4" not in cls and "gemma3n" not in cls else 1.0
                 if centered_bias and name.endswith(".bias"):
                     base = 0.0
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=g))

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2", "lfm2moe",
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
@@ -62,6 +62,9 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             # gate_up tensor, the router on its own input, on both MoE paths
             "gemma4-moe": ["attention.window", "attention.decode", "geglu.triton", "moe.gather", "moe.grouped",
                            "moe.act.triton"],
+            # gemma3n: gemma4-ple's attention, per-layer embeddings and shared-KV layers around AltUp's streams
+            # (float32 torch matmuls), LAuReL, the sparsified GELU gate on layers 0 and 1
+            "gemma3n": ["attention.window", "attention.decode", "geglu.triton"],
             # lfm2: the conv layers' B*x rows in the per-layer cache (torch ops, in the decode graph too), the
             # attention layers' per-head q/k norms
             "lfm2": ["shortconv.torch", "attention.decode"],

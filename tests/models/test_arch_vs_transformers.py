@@ -24,7 +24,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "olmoe", "hunyuan-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-         "gemma4", "gemma4-ple", "gemma4-moe", "lfm2", "lfm2moe",
+         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
@@ -39,7 +39,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "minimax-m2": "minimax-m2",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "lfm2": "lfm2", "lfm2moe": "lfm2moe",
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe",
                "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h",
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1"}
@@ -49,7 +49,7 @@ CTX = {"phi3": 32, "phi3partial": 32}
 TOL = 1e-3
 # test_arch_incremental_equals_whole's inner cuts where the default [5, 14] misses the feature
 CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 23], "gemma4-ple": [5, 14, 23],
-        "gemma4-moe": [5, 14, 23],
+        "gemma4-moe": [5, 14, 23], "gemma3n": [5, 14, 23],
         # lfm2: pieces of 1, 2 and 3 tokens, so a conv window (3 taps) reaches back over 1 or 2 earlier pieces
         "lfm2": [1, 2, 4, 5, 14, 15, 23], "lfm2moe": [1, 2, 4, 5, 14, 15, 23],
         # granitehybrid: pieces of 1-3 tokens inside the conv window (4 taps: the ring reaches back over 1-3 earlier
@@ -117,7 +117,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2", "lfm2moe",
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
@@ -159,7 +159,7 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
-@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gpt-oss", "lfm2", "lfm2moe",
+@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe",
                                   "deepseek2", "deepseek3"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the

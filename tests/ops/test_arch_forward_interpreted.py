@@ -73,6 +73,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # gate_up tensor, the router on its own input (prefill 10 tokens x top 2 > 16 rows: grouped)
         "gemma4-moe": ["attention.window.decode", "attention.decode.triton", "geglu.triton", "moe.gather",
                        "moe.grouped", "moe.act.triton"],
+        # gemma3n: gemma4-ple's attention / per-layer embeddings / shared-KV layers around AltUp's four streams
+        # (float32 torch matmuls), LAuReL's rank-16 GEMMs, the sparsified GELU gate on layers 0 and 1
+        "gemma3n": ["attention.window.decode", "attention.decode.triton", "rope.triton", "geglu.triton"],
         # lfm2: conv layers (B*x rows in the per-layer cache, the conv in torch ops: shortconv.torch) around
         # two attention layers with per-head q/k norms and NEOX rope
         "lfm2": ["shortconv.torch", "attention.decode.triton", "rope.triton"],
@@ -106,7 +109,7 @@ def cuda_ops():
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "lfm2", "lfm2moe",
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
