@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from tests.models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
 
 
 def miss(eng, name: str) -> float:

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from tests.models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
 
 NAME = "qwen35"
 
@@ -439,7 +439,7 @@ def test_qwen3next_default_interval_matches_the_array(tmp_path):
     r = ref(NEXT)
     p = rewrite(DATA / f"{NEXT}.gguf", tmp_path / "x.gguf", drop_keys=(f"{NEXT}.attention.recurrent_layers",))
     from minfer.runtime.engine import Engine
-    from tests.models.test_arch_vs_transformers import reference_switches
+    from models.test_arch_vs_transformers import reference_switches
 
     eng = Engine.load(p, ctx=64, progress=False, switches=reference_switches())
     assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) < TOL
