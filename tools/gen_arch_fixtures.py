@@ -388,6 +388,21 @@ ARCHS = {
         routed_scaling_factor=1.0, layer_types=["conv", "full_attention", "conv", "full_attention"],
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, tie_word_embeddings=True,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Llama 4 (`llama4`, the text model): 4 layers, interleave_moe_layer_step 2 (Maverick's form: layers 1 and 3 a
+    # top-1 sigmoid MoE of 4 experts of intermediate_size 24 plus a shared expert as wide, the router's sigmoid
+    # scaling the experts' input; layers 0 and 2 a SwiGLU MLP of intermediate_size_mlp 96); layer 3 without rope
+    # (no_rope_layer_interval 4) and with the temperature tuning, layers 0-2 rope'd with the weightless q/k RMSNorm
+    # after rope and chunked attention; Scout's llama3 rope factors (16, low = high = 1, original 8192: both factor
+    # sets in 8 pairs). Chunk 8192 and floor_scale 8192 as released (llama.cpp hard-codes both): build() adds the
+    # logits and greedy tokens of chunk 8 / floor_scale 4 (logits_local, greedy_local), whose rules then show
+    "llama4": ("Llama4TextConfig", "Llama4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=24, intermediate_size_mlp=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, num_local_experts=4,
+        num_experts_per_tok=1, interleave_moe_layer_step=2, use_qk_norm=True, no_rope_layer_interval=4,
+        attention_chunk_size=8192, attn_temperature_tuning=True, floor_scale=8192, attn_scale=0.1,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Qwen2.5-VL's language model (the converter writes `qwen2vl`; the vision tower goes to an mmproj
     # only with --mmproj): Qwen2 with M-RoPE sections (2, 3, 3) of the 8 pairs; text-only positions
     "qwen2vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(
@@ -820,6 +835,15 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
                              pad_token_id=0, eos_token_id=None)
     arrays["prompt"] = np.array(prompt, dtype=np.int64)
     arrays["greedy"] = out[0, PROMPT:].numpy().astype(np.int64)
+    if name == "llama4":   # chunk 8 and temperature floor 4 (released: 8192 both, llama.cpp's constants)
+        model.config.attention_chunk_size = 8
+        for layer in model.model.layers:
+            layer.self_attn.floor_scale = 4
+        arrays["logits_local"] = reference(model, ids)
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW,
+                                 pad_token_id=0, eos_token_id=None)
+        arrays["greedy_local"] = out[0, PROMPT:].numpy().astype(np.int64)
     np.savez_compressed(OUT / f"{name}.npz", **arrays)
     (OUT / f"{name}.json").write_text(json.dumps({
         "transformers": transformers.__version__, "class": cls_name, "seed": seed,

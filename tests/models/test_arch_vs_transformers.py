@@ -24,7 +24,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "olmoe", "hunyuan-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
+         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
@@ -39,7 +39,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "minimax-m2": "minimax-m2",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe",
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe", "llama4": "llama4",
                "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h",
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1"}
@@ -117,7 +117,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe",
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])

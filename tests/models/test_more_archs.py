@@ -14,6 +14,7 @@ dots1: rednote dots.llm1 (Qwen3 attention, DeepSeek-V3 MoE: sigmoid, groups, bia
 hunyuan-moe: Hunyuan-A13B (hunyuan-dense attention, a renormalized softmax MoE plus a shared expert).
 minimax-m2: MiniMax-M2 (whole-projection q/k norms, partial NEOX rope, a biased sigmoid MoE).
 lfm2moe: LFM2-8B-A1B (lfm2's conv / attention layers, a biased sigmoid MoE past a dense lead).
+llama4: Llama 4 text (chunked attention, NoPE layers with temperature, a top-1 sigmoid MoE on its input).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -752,3 +753,143 @@ def test_lfm2moe_moe_layers_norm_is_not_deferred(monkeypatch):
     monkeypatch.setattr(ops, "linear_add_rms_norm", spy)
     assert logits_err(eng, "lfm2moe") < TOL
     assert seen == [True, False, False, False]
+
+
+# ---- llama4 ---------------------------------------------------------------------------------
+
+def llama4_local():
+    """The llama4 engine with chunk 8 and temperature floor 4 (llama.cpp's constants 8192, scaled down as
+    the fixture's logits_local / greedy_local were made by transformers)."""
+    eng = engine("llama4")
+    m = eng.model
+    assert (m.chunk, m.temp_floor, m.temp_scale) == (8192, 8192, 0.1)     # llama4.cpp's constants
+    m.chunk, m.temp_floor = 8, 4
+    return eng
+
+
+def test_llama4_chunks_and_temperature_match_transformers():
+    """With chunk 8 and floor 4: transformers' logits at every position (5 chunks of 8), in pieces that
+    cross the chunk boundaries (the first query of a chunk sees one key), greedy identical (decode across
+    chunks 1 and 2), and the host-free step (the masked torch path of a CUDA-graph decode) equal to the
+    host-side one."""
+    import numpy as np
+    import torch
+
+    from minfer.models import Step
+    from minfer.runtime.kv_cache import KVCache
+    from minfer.runtime.sampling import SamplingParams
+
+    r = ref("llama4")
+    eng = llama4_local()
+    ids = r["ids"].tolist()
+    assert rel_err(eng.logits(ids).numpy(), r["logits_local"]) < TOL
+    assert rel_err(eng.logits(ids).numpy(), r["logits"]) > 10 * TOL        # the rules bite at this size
+    cuts = [0, 1, 7, 9, 15, 16, 17, 23, 31, 33, len(ids)]
+    got = np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
+    assert rel_err(got, r["logits_local"]) < TOL
+    out = [ev.token_id for ev in eng.generate(r["prompt"].tolist(), SamplingParams(temperature=0),
+                                              max_new_tokens=len(r["greedy_local"]))]
+    assert out == r["greedy_local"].tolist()
+    m = eng.model
+    cache = KVCache.for_config(m.cfg, 64)
+    m.forward(torch.tensor(ids[:20]), Step.at(0, 20, "cpu"), cache)
+    host = m.forward(torch.tensor(ids[20:21]), Step.at(20, 1, "cpu"), cache)
+    free = m.forward(torch.tensor(ids[20:21]), Step(torch.tensor([20]), None, "all"), cache)
+    assert float((host - free).abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("what", ["no_chunks", "sliding_window", "no_temperature", "no_qk_norm", "rope_everywhere",
+                                  "weight_after_experts", "no_shared_expert", "neox"])
+def test_llama4_each_rule_is_needed(monkeypatch, what):
+    """The chunked mask (not none, not a sliding window of the chunk's size), the NoPE layer's temperature, the
+    weightless q/k norm on the rope layers, no rope on every 4th layer, the router's sigmoid on the experts'
+    input, the shared expert and adjacent-pair rope: with any one changed the logits miss transformers' (chunk 8,
+    floor 4) by far."""
+    import torch
+
+    from minfer import ops
+
+    eng = llama4_local()
+    m = eng.model
+    assert logits_err_local(eng) < TOL
+    if what == "no_chunks":
+        m.chunk = 10 ** 6
+    elif what == "sliding_window":
+        monkeypatch.setattr(m, "attend_chunked", lambda cache, i, q, step, ctx: cache.attend(i, q, step, ctx, window=8))
+    elif what == "no_temperature":
+        m.temp_floor = 10 ** 6
+    elif what == "no_qk_norm":
+        m.kq_norm = False
+    elif what == "rope_everywhere":
+        m.use_rope = (True,) * len(m.use_rope)
+    elif what == "weight_after_experts":
+        def after(h, e, ctx):
+            logits = h.float() @ e.gate_inp.float().t()
+            s = torch.sigmoid(logits.max(-1, keepdim=True).values)
+            routed = ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, 1, False, ctx,
+                                 gating="topk_softmax")
+            return routed * s + m.shared_expert(h, e, ctx)
+        monkeypatch.setattr(m, "moe_ffn", after)
+    elif what == "no_shared_expert":
+        monkeypatch.setattr(m, "shared_expert", lambda h, e, ctx: torch.zeros_like(h))
+    else:
+        object.__setattr__(m.cfg, "rope", replace(m.cfg.rope, style="neox"))   # (this engine's own cfg)
+    assert logits_err_local(eng) > 10 * TOL
+
+
+def logits_err_local(eng) -> float:
+    r = ref("llama4")
+    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits_local"])
+
+
+def test_llama4_layer_kinds_and_temperature():
+    """Rope and chunks on layers 0-2, neither on layer 3 (every 4th); MoE on layers 1 and 3
+    (interleave_moe_layer_step 2); the q/k norm (4 experts, not 128); the temperature formula at llama.cpp's
+    floor 8192: 1 below position 8191, then log(floor((p + 1) / 8192) + 1) * 0.1 + 1 (HF log1p)."""
+    import math
+
+    import torch
+
+    from minfer.models.llama4 import chunk_pieces, temperature
+
+    m = engine("llama4").model
+    assert m.use_rope == (True, True, True, False) and m.is_chunked == (True, True, True, False)
+    assert [e is None for e in m.moe] == [True, False, True, False] and m.kq_norm
+    assert m.moe[1].gate_shexp is not None and m.moe[1].exp_probs_b is None
+    p = torch.tensor([0, 8190, 8191, 16382, 16383, 100000])
+    want = [math.log1p(math.floor((x + 1) / 8192)) * 0.1 + 1 for x in p.tolist()]
+    assert torch.allclose(temperature(p, 8192, 0.1), torch.tensor(want), atol=1e-6)
+    assert temperature(p, 8192, 0.1)[:2].tolist() == [1.0, 1.0]
+    assert chunk_pieces(5, 12, 8) == [(5, 8, 0), (8, 16, 8), (16, 17, 16)]
+
+
+def test_llama4_batch_engine_refuses_by_name():
+    """The paged cache has no chunked mask: BatchEngine.from_engine (minfer serve's) names the architecture."""
+    from minfer.runtime.batch_engine import BatchEngine
+
+    eng = engine("llama4")
+    with pytest.raises(MinferError, match="'llama4' cannot run in the batch engine"):
+        BatchEngine.from_engine(eng, max_seqs=2)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(drop_keys=("llama4.interleave_moe_layer_step",)), "llama4.interleave_moe_layer_step"),
+    (dict(drop_keys=("llama4.expert_feed_forward_length",)), "llama4.expert_feed_forward_length"),
+    (dict(set_keys={"llama4.expert_used_count": (2, gguf.GGUFValueType.UINT32)}), "llama4.expert_used_count"),
+    (dict(set_keys={"llama4.expert_weights_scale": (2.5, gguf.GGUFValueType.FLOAT32)}), "llama4.expert_weights_scale"),
+    (dict(set_keys={"llama4.attention.sliding_window": (0, gguf.GGUFValueType.UINT32)}),
+     "llama4.attention.sliding_window"),
+    (dict(set_keys={"llama4.attention.sliding_window_pattern": (2, gguf.GGUFValueType.UINT32)}),
+     "llama4.attention.sliding_window_pattern"),
+    (dict(set_keys={"llama4.rope.freq_base_swa": (10000.0, gguf.GGUFValueType.FLOAT32)}), "llama4.rope.freq_base_swa"),
+    (dict(drop_tensors=("blk.1.ffn_gate_shexp.weight",)), "blk.1.ffn_gate_shexp.weight"),
+    (dict(drop_tensors=("blk.3.ffn_gate_inp.weight",)), "blk.3.ffn_gate_inp.weight"),
+    (dict(drop_tensors=("blk.2.ffn_up.weight",)), "blk.2.ffn_up.weight"),
+    (dict(add_tensors={"blk.0.attn_q.bias": [0.0] * 64}), "blk.0.attn_q.bias"),
+    (dict(set_keys={"llama4.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)}, drop_tensors=("rope_freqs.weight",)),
+     "llama4.rope.dimension_count"),
+])
+def test_llama4_bad_input_is_named(tmp_path, kw, match):
+    p = rewrite(DATA / "llama4.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
