@@ -185,6 +185,8 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
                           f"decode token per running sequence; give --token-budget {slots} or more")
     pool = kv_memory if kv_memory is not None else (
         (slots * ctx_blocks + 1) * per_block if device != "cuda" else None)   # CUDA: sized after the load
+    if pool is not None and slots is not None:
+        pool += (slots + 1) * state_bytes(cache_config(gf))   # recurrent state slots (runtime/paged_state.py)
     free = available_bytes(device)
     if pool is not None and free is not None and pool > free:
         if kv_memory is not None:
@@ -211,6 +213,7 @@ def check_parallel_bench(gf, device: str, n_max: int, pp: int, tg: int, kv_memor
                           f"{BLOCK_SIZE} positions, but one sequence of -p {pp} + -n {tg} needs {seq_blocks}: give "
                           f"--kv-memory {_size((seq_blocks + 1) * per_block)} or more")
     pool = kv_memory if kv_memory is not None else default_kv_memory(per_block, n_max, pp, tg)
+    pool += (n_max + 1) * state_bytes(cache_config(gf))   # recurrent state slots (runtime/paged_state.py)
     free = available_bytes(device)
     if free is not None and pool > free:
         if kv_memory is not None:

@@ -39,7 +39,8 @@ FalconH1Model on conversion/mamba.py Mamba2Model; HF modeling_falcon_h1):
   attention_bias / mlp_bias / projectors_bias / mamba_proj_bias false).
 
 The cache: every layer keeps K/V rows (one geometry) and its Mamba-2 state (runtime/kv_cache.py
-`state_layers`); `recurrent = True` (the engine's prefix rule) and `paged_kv = False`, as granitehybrid.
+`state_layers`); `recurrent = True` (the engine's prefix rule) and `paged_kv = True` (the batch
+engine's state slots, runtime/paged_state.py), as granitehybrid.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class FalconH1Model(LlamaModel):
 
     arch = "falcon-h1"
     rope_style = "neox"            # llama_model_rope_type: LLM_ARCH_FALCON_H1 -> NEOX
-    paged_kv = False               # the paged cache keeps no recurrent state
+    paged_kv = True                # the paged cache's state slots (runtime/paged_state.py)
     recurrent = True               # the engine's prefix rule (granitehybrid's)
 
     @classmethod
@@ -151,7 +152,7 @@ class FalconH1Model(LlamaModel):
 
     def ssm(self, h: torch.Tensor, i: int, cache, step: Step, ctx) -> torch.Tensor:
         state = getattr(cache, "recurrent_state", None)
-        if state is None:              # the batch engine's paged cache (BatchEngine.from_engine refuses it first)
+        if state is None:              # a cache without the optional method
             raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
                               f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
                               "(minfer serve -np 1)")

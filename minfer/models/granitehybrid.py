@@ -40,8 +40,9 @@ geometry); a Mamba-2 layer keeps no rows, only its per-sequence state (state_lay
 and an SSM state ring, float32; mamba2.py), so its memory does not grow with the context. That
 state cannot be rewound: `recurrent = True` makes the engine reuse a cached prefix only when it is
 the whole cached sequence (else it recomputes from position 0) and refuse a forward that starts
-inside the cached tokens. paged_kv = False: the batch engine's paged cache has no state per
-sequence, so `minfer serve` serves one request at a time and BatchEngine refuses it by name.
+inside the cached tokens. paged_kv = True: the batch engine (`minfer serve -np N`) keeps the state
+in a pool of per-sequence slots beside its paged cache (runtime/paged_state.py; decode rows batched
+by slot, mamba2.py conv_scan_batch) and shares no prefix blocks for it.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ class GraniteHybridModel(GraniteMoeModel):
     rope_style = "normal"          # llama_model_rope_type: LLM_ARCH_GRANITE_HYBRID -> NORM (unused: no rope)
     per_layer_counts = True        # head_count_kv is an array (0: a Mamba-2 layer)
     attention_free_layers = True   # ... whose zeros ModelConfig accepts for this class
-    paged_kv = False               # the paged cache keeps no recurrent state
+    paged_kv = True                # the paged cache's state slots (runtime/paged_state.py)
     recurrent = True               # the engine's prefix rule (module doc)
     expert_keys = ("expert_count", "expert_used_count")
 
@@ -220,7 +221,7 @@ class GraniteHybridModel(GraniteMoeModel):
         (the query scaled by q_scale, so the kernels keep their 1/sqrt(head_dim))."""
         if self.is_ssm[i]:
             state = getattr(cache, "recurrent_state", None)
-            if state is None:          # the batch engine's paged cache (BatchEngine.from_engine refuses it first)
+            if state is None:          # a cache without the optional method
                 raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
                                   f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
                                   "(minfer serve -np 1)")

@@ -50,6 +50,12 @@ it reads), as the decode graph's warm-up runs do and a token computed ahead (dev
 then dropped. The state before an earlier position is gone: a cache that holds positions [0, n)
 continues at n or starts again at 0 (Engine: `recurrent` models reuse a cached prefix only whole).
 
+The batch engine (minfer serve -np N; runtime/paged_state.py): the same two rings per state slot
+of a pool, one slot per running sequence (zeroed when a sequence takes it, so nothing is masked
+at position 0 there), handed to the mixer as a BatchState: decode rows gathered, stepped and
+scattered back by their device slot indices in one set of ops (conv_scan_batch; a CUDA graph
+replays it), prefill chunks by the single-sequence code on their slot's rings.
+
 The prefill's scan is chunked (the SSD form, CHUNK positions at a time: within a chunk the
 outputs are a masked (CHUNK, CHUNK) mixing of the chunk's inputs plus the carried state's
 contribution, then the state is carried on); it and the conv are torch ops on every device,
@@ -165,15 +171,20 @@ def load_mamba2(gf, i: int, d: Mamba2Dims, d_model: int, device, dtype, norm_req
         ssm_out=load_qweight(gf, p + "ssm_out.weight", device, (d_model, d.d_inner), dtype=dtype))
 
 
-def causal_conv(xbc: torch.Tensor, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def causal_conv(xbc: torch.Tensor, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor,
+                masked: bool = True) -> torch.Tensor:
     """silu(conv(xBC) + b) of the step's rows xbc (T, conv_dim) float32 at the consecutive positions
     `positions`, the K-1 rows before them read from the ring (zeros before position 0), this
-    step's last rows written to it. (T, conv_dim) float32."""
+    step's last rows written to it. (T, conv_dim) float32. masked=False: the rows before position
+    0 are read from the ring as they are (the batch engine's slots, zeroed when a sequence takes
+    one: runtime/paged_state.py)."""
     T, W = xbc.shape
     K = w.conv_w.shape[0]
     R = ring.shape[0]
     prev_pos = positions[:1] + torch.arange(1 - K, 0, device=positions.device)        # (K-1,)
-    prev = ring.index_select(0, prev_pos.remainder(R)) * (prev_pos >= 0).unsqueeze(-1).to(ring.dtype)
+    prev = ring.index_select(0, prev_pos.remainder(R))
+    if masked:
+        prev = prev * (prev_pos >= 0).unsqueeze(-1).to(ring.dtype)
     m = min(T, R)                                      # read before written: the slots may coincide
     ring.index_copy_(0, positions[T - m:].remainder(R), xbc[T - m:])
     seq = torch.cat([prev, xbc], 0)                                                   # (K-1+T, W)
@@ -183,11 +194,12 @@ def causal_conv(xbc: torch.Tensor, w: Mamba2Weights, ring: torch.Tensor, positio
     return F.silu(out)
 
 
-def _initial_state(ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The state after position p0 - 1 (slot (p0 - 1) % 2), zero when p0 = 0: (H, P, N)."""
+def _initial_state(ring: torch.Tensor, positions: torch.Tensor, masked: bool = True) -> torch.Tensor:
+    """The state after position p0 - 1 (slot (p0 - 1) % 2), zero when p0 = 0 (masked=False: the
+    slot as it is, zeroed by the batch engine's state pool): (H, P, N)."""
     p0 = positions[:1]
     s = ring.index_select(0, (p0 - 1).remainder(ring.shape[0]))[0]
-    return s * (p0 > 0).to(s.dtype).view(1, 1, 1)
+    return s * (p0 > 0).to(s.dtype).view(1, 1, 1) if masked else s
 
 
 def _store_state(ring: torch.Tensor, s: torch.Tensor, positions: torch.Tensor) -> None:
@@ -216,15 +228,16 @@ def scan_sequential(x, dt_raw, B, C, w: Mamba2Weights, ring: torch.Tensor, posit
 
 
 def scan_chunked(x, dt_raw, B, C, w: Mamba2Weights, ring: torch.Tensor, positions: torch.Tensor,
-                 chunk: int = CHUNK) -> torch.Tensor:
+                 chunk: int = CHUNK, masked: bool = True) -> torch.Tensor:
     """The same recurrence, `chunk` positions at a time (the SSD form of HF's mamba2_chunk_scan):
     with a_t = dt_t * A and c_t = a_1 + ... + a_t inside a chunk,
         y_t = exp(c_t) C_t S_0 + sum_{s<=t} exp(c_t - c_s) (C_t . B_s) dt_s x_s
         S_L = exp(c_L) S_0 + sum_s exp(c_L - c_s) dt_s x_s B_s^T
-    (exp of non-positive numbers only: A < 0, dt > 0). Same shapes as scan_sequential."""
+    (exp of non-positive numbers only: A < 0, dt > 0). Same shapes as scan_sequential; masked as
+    _initial_state's."""
     dt, Bh, Ch = _discretize(x, dt_raw, B, C, w)
     a = dt * w.A                                                               # (T, H) <= 0
-    s = _initial_state(ring, positions)                                        # (H, P, N)
+    s = _initial_state(ring, positions, masked)                                # (H, P, N)
     ys = []
     for c0 in range(0, x.shape[0], chunk):
         xc, dtc, Bc, Cc = x[c0:c0 + chunk], dt[c0:c0 + chunk], Bh[c0:c0 + chunk], Ch[c0:c0 + chunk]
@@ -246,22 +259,83 @@ def scan_chunked(x, dt_raw, B, C, w: Mamba2Weights, ring: torch.Tensor, position
 def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple, positions: torch.Tensor,
                  eps: float, ctx) -> torch.Tensor:
     """The mixer of the normed input h (T, D) at the consecutive `positions` -> W_out(...) (T, D) in h's
-    dtype; state: the layer's (conv ring, ssm ring) from the cache, updated in place."""
+    dtype; state: the layer's (conv ring, ssm ring) from the cache, updated in place, or the batch
+    engine's slots of several sequences (runtime/paged_state.py BatchState: conv_scan_batch)."""
     T = h.shape[0]
-    H, P, G, N, di = d.n_heads, d.head_dim, d.n_groups, d.d_state, d.d_inner
-    conv_ring, ssm_ring = state
+    H, G, di = d.n_heads, d.n_groups, d.d_inner
     zxbcdt = ops.linear(h, w.ssm_in, None, ctx).float()                     # (T, in_dim)
     z, xbc, dt = zxbcdt.split([di, d.conv_dim, H], dim=-1)
     if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
         ops.paths.count("ssm.conv.torch")
         ops.paths.count("ssm.scan.torch")
-    xbc = causal_conv(xbc, w, conv_ring, positions)
-    x, B, C = xbc.split([di, G * N, G * N], dim=-1)
-    x = x.reshape(T, H, P)
-    y = scan_chunked(x, dt, B.reshape(T, G, N), C.reshape(T, G, N), w, ssm_ring, positions)
+    if isinstance(state, tuple):
+        x, y = conv_scan(xbc, dt, w, d, state, positions)
+    else:
+        x, y = conv_scan_batch(xbc, dt, w, d, state, positions)
     y = y + x * w.D.view(1, H, 1)                                            # the D skip
     y = gated_group_norm(y.reshape(T, di), z, w.norm, G, eps)
     return ops.linear(y.to(h.dtype), w.ssm_out, None, ctx)
+
+
+def conv_scan(xbc, dt, w: Mamba2Weights, d: Mamba2Dims, state: tuple, positions: torch.Tensor,
+              masked: bool = True) -> tuple:
+    """One sequence's conv and scan at the consecutive `positions`: xbc (T, conv_dim), dt (T, H)
+    float32, state its (conv ring, ssm ring) -> x (T, H, P), y = S C (T, H, P), the rings updated."""
+    T = xbc.shape[0]
+    G, N, di = d.n_groups, d.d_state, d.d_inner
+    conv_ring, ssm_ring = state
+    kw = {} if masked else {"masked": False}          # the single-sequence calls as they were
+    xbc = causal_conv(xbc, w, conv_ring, positions, **kw)
+    x, B, C = xbc.split([di, G * N, G * N], dim=-1)
+    x = x.reshape(T, d.n_heads, d.head_dim)
+    return x, scan_chunked(x, dt, B.reshape(T, G, N), C.reshape(T, G, N), w, ssm_ring, positions, **kw)
+
+
+def conv_scan_batch(xbc, dt, w: Mamba2Weights, d: Mamba2Dims, state, positions: torch.Tensor) -> tuple:
+    """conv_scan over the batch engine's ragged step (runtime/paged_state.py BatchState): state.conv
+    (S, K, conv_dim) and state.ssm (S, 2, H, P, N) hold one ring each per state slot. The decode rows
+    (tokens [0, n_decode), one per sequence, slots state.decode_slots on the device) in one set of
+    batched ops (gather by slot, the recurrence's step, scatter), so a CUDA graph replays them; each
+    prefill chunk (q0, n, slot) by conv_scan on its slot's rings. Nothing is masked at position 0:
+    a slot is zeroed when a sequence takes it."""
+    xs, ys = [], []
+    nd = state.n_decode
+    if nd:
+        x, y = _decode_rows(xbc[:nd], dt[:nd], w, d, state.conv, state.ssm, state.decode_slots, positions[:nd])
+        xs.append(x)
+        ys.append(y)
+    for q0, n, slot in state.chunks:
+        x, y = conv_scan(xbc[q0:q0 + n], dt[q0:q0 + n], w, d, (state.conv[slot], state.ssm[slot]),
+                         positions[q0:q0 + n], masked=False)
+        xs.append(x)
+        ys.append(y)
+    return (xs[0], ys[0]) if len(xs) == 1 else (torch.cat(xs), torch.cat(ys))
+
+
+def _decode_rows(xbc, dt_raw, w: Mamba2Weights, d: Mamba2Dims, conv, ssm, slots, positions) -> tuple:
+    """One token per row b at positions[b] of the sequence in slots[b]: the conv reads the slot's
+    ring rows of positions p-K+1 .. p-1 and writes row p % K; the scan reads the state after p - 1
+    (ring slot (p - 1) % 2) and writes the state after p at p % 2 (the single-sequence layout, so a
+    repeated step reads what it read before). xbc (B, conv_dim), dt_raw (B, H) -> x, y (B, H, P)."""
+    Bn = xbc.shape[0]
+    K = conv.shape[1]
+    H, P, G, N, di = d.n_heads, d.head_dim, d.n_groups, d.d_state, d.d_inner
+    prev_idx = (positions.unsqueeze(1) + torch.arange(1 - K, 0, device=positions.device)).remainder(K)
+    prev = conv[slots.unsqueeze(1), prev_idx]                                 # (B, K-1, W)
+    conv[slots, positions.remainder(K)] = xbc                                 # read before written
+    seq = torch.cat([prev, xbc.unsqueeze(1)], 1)                               # (B, K, W)
+    out = (seq.transpose(1, 2) * w.conv_w.t()).sum(-1)                         # tap K-1 on the current row
+    if w.conv_b is not None:
+        out = out + w.conv_b
+    x, B, C = F.silu(out).split([di, G * N, G * N], dim=-1)
+    x = x.reshape(Bn, H, P)
+    dt = F.softplus(dt_raw + w.dt_bias)                                        # (B, H)
+    Bh = B.reshape(Bn, G, N).repeat_interleave(H // G, dim=1)                  # (B, H, N)
+    Ch = C.reshape(Bn, G, N).repeat_interleave(H // G, dim=1)
+    s = ssm[slots, (positions - 1).remainder(ssm.shape[1])]                    # (B, H, P, N)
+    s = s * torch.exp(dt * w.A).view(Bn, H, 1, 1) + (x * dt.unsqueeze(-1)).unsqueeze(-1) * Bh.unsqueeze(2)
+    ssm[slots, positions.remainder(ssm.shape[1])] = s
+    return x, (s * Ch.unsqueeze(2)).sum(-1)
 
 
 def gated_group_norm(y: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, groups: int, eps: float) -> torch.Tensor:

@@ -36,8 +36,8 @@ NemotronHModel on conversion/granite.py GraniteHybridModel; HF modeling_nemotron
   architecture), a file with no attention block.
 
 The cache and the engine: as granitehybrid (runtime/kv_cache.py `state_layers`, `recurrent = True`,
-`paged_kv = False`): attention blocks keep K/V rows, Mamba-2 blocks their per-sequence state, MLP
-blocks nothing.
+`paged_kv = True`: the batch engine's state slots, runtime/paged_state.py): attention blocks keep
+K/V rows, Mamba-2 blocks their per-sequence state, MLP blocks nothing.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class NemotronHModel(LlamaModel):
     rope_style = "normal"          # llama_model_rope_type: NEMOTRON_H -> NONE (unused: no rope)
     per_layer_counts = True        # head_count_kv and feed_forward_length are arrays (0: not this kind)
     attention_free_layers = True
-    paged_kv = False               # the paged cache keeps no recurrent state
+    paged_kv = True                # the paged cache's state slots (runtime/paged_state.py)
     recurrent = True               # the engine's prefix rule (granitehybrid's)
     norm_eps_key = "attention.layer_norm_epsilon"   # the converter's one key (module doc)
 
@@ -181,7 +181,7 @@ class NemotronHModel(LlamaModel):
         kind, blk = self.kinds[i], self.blocks[i]
         if kind == MAMBA:
             state = getattr(cache, "recurrent_state", None)
-            if state is None:          # the batch engine's paged cache (BatchEngine.from_engine refuses it first)
+            if state is None:          # a cache without the optional method
                 raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
                                   f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
                                   "(minfer serve -np 1)")

@@ -53,7 +53,9 @@ from minfer.runtime.batch_sampling import chosen_logprobs, sample_rows, token_lo
 from minfer.runtime.block_manager import BlockManager
 from minfer.runtime.dense_planes import attach_dense_planes, detach_dense_planes
 from minfer.runtime.generate import GenEvent, StopMatcher
+from minfer.runtime.kv_cache import state_bytes
 from minfer.runtime.paged_kv import PagedKVCache, PagedStep
+from minfer.runtime.paged_state import plan_state_slots
 from minfer.runtime.sampling import make_generator
 from minfer.runtime.scheduler import Scheduler, StepItem
 from minfer.runtime.sequence import Sequence, SeqStatus
@@ -114,10 +116,12 @@ class BatchEngine:
         self.max_seqs = int(max_seqs)
         budget = max(int(token_budget or TOKEN_BUDGET.get(dev, 512)), self.max_seqs)
         self.cache = PagedKVCache.for_config(self.config, n_blocks, block_size, self.device,
-                                             dtype=getattr(model, "act_dtype", torch.float32))
+                                             dtype=getattr(model, "act_dtype", torch.float32), n_seqs=self.max_seqs)
         self.cache.context = self.n_ctx   # the cache protocol's context (phi3 picks its rope factors by it)
-        self.blocks = BlockManager(n_blocks, block_size, prefix_cache)
+        # recurrent state (runtime/paged_state.py): a shared prefix's blocks cannot restore it, so no prefix cache
+        self.blocks = BlockManager(n_blocks, block_size, prefix_cache and self.cache.states is None)
         self.scheduler = Scheduler(self.blocks, self.max_seqs, budget)
+        self.scheduler.states = self.cache.states
         self.max_blocks = -(-self.n_ctx // block_size)   # block-table width of a full context
         self._eog = set(tokenizer.eog_ids) if tokenizer is not None else set()
         self._cancel: set[int] = set()
@@ -196,6 +200,8 @@ class BatchEngine:
         free = None
         if dev == "cuda" and (kv_memory is None or max_seqs is None):
             free, _ = torch.cuda.mem_get_info(model.device)
+            if state_bytes(model.cfg):       # the state slots first (runtime/paged_state.py)
+                max_seqs, free = plan_state_slots(free, state_bytes(model.cfg), max_seqs, DEFAULT_SLOTS["cuda"])
         slots, n_blocks = plan_pool(engine.n_ctx, bs, per_block, max_seqs, kv_memory, free,
                                     DEFAULT_SLOTS.get(dev, 4), str(model.device))
         return cls(model, engine.tokenizer, n_ctx=engine.n_ctx, max_seqs=slots, n_blocks=n_blocks,
@@ -305,7 +311,7 @@ class BatchEngine:
             if logits is not None:
                 self.stats["graph_steps"] += 1
         if logits is None:
-            pstep = PagedStep.build(items, self.cache.block_size, self.device)
+            pstep = PagedStep.build(items, self.cache.block_size, self.device, states=self.cache.states is not None)
             tt = tokens if torch.is_tensor(tokens) else torch.tensor(tokens, dtype=torch.long, device=self.device)
             logits = self._forward(tt, pstep)
         self.stats["steps"] += 1

@@ -6,8 +6,12 @@ alone (paged_kv.py), and their logits are ignored. Everything a step changes liv
 bucket's static device tensors (tokens, positions, slots, block tables, lengths), and no
 kernel's grid depends on them (the paged decode kernel's grid comes from the block-table width,
 a full context), so the graph captured at the first step of a bucket replays for every later
-one. The linear layers see M = bucket rows: the GEMV up to the ops' gemv_max_m, dequantize +
-cuBLAS above it, both captured inside the graph.
+one. A recurrent model's decode rows read and write their state slots through the bucket's
+static `state_slots` tensor (padding rows: slot 0), gathered and scattered by device indices
+(models/mamba2.py conv_scan_batch), so the same holds for them; the warm-up runs before a capture
+repeat a step at its positions, which the state rings allow (mamba2.py). The linear layers see
+M = bucket rows: the GEMV up to the ops' gemv_max_m, dequantize + cuBLAS above it, both captured
+inside the graph.
 
 Off-switches: MINFER_CUDA_GRAPH=0 (Switches.cuda_graph) or BatchEngine(cuda_graphs=False) run
 every step eagerly; a bucket whose capture fails runs eagerly from then on, counted as the fallback
@@ -23,7 +27,7 @@ from minfer.runtime.paged_kv import PagedStep
 
 
 class _Bucket:
-    def __init__(self, n: int, max_blocks: int, device) -> None:
+    def __init__(self, n: int, max_blocks: int, device, states: bool = False) -> None:
         self.n = n
         self.tokens = torch.zeros(n, dtype=torch.long, device=device)
         self.step = PagedStep(
@@ -33,7 +37,9 @@ class _Bucket:
             block_tables=torch.zeros((n, max_blocks), dtype=torch.int32, device=device),
             context_lens=torch.ones(n, dtype=torch.int32, device=device),
             chunks=[],
-            logit_rows=torch.arange(n, dtype=torch.long, device=device))
+            logit_rows=torch.arange(n, dtype=torch.long, device=device),
+            # recurrent state slots (paged_state.py), only where the cache keeps them
+            state_slots=torch.zeros(n, dtype=torch.long, device=device) if states else None)
         self.graph = None
         self.logits = None
         self.failed = False
@@ -42,18 +48,21 @@ class _Bucket:
         """The step's inputs into the static tensors, stream-ordered without a host wait (pinned
         copies): a held step may still be running (batch_engine.py). tokens: a host list, or a
         device tensor (a chained step's tokens, sampled by the step before)."""
-        host = PagedStep.build(items, block_size, "cpu", pad_decode_to=self.n, max_blocks=max_blocks)
+        s = self.step
+        host = PagedStep.build(items, block_size, "cpu", pad_decode_to=self.n, max_blocks=max_blocks,
+                               states=s.state_slots is not None)
         if torch.is_tensor(tokens):
             if len(items) < self.n:
                 self.tokens.zero_()
             self.tokens[:len(items)].copy_(tokens)
         else:
             _h2d(self.tokens, torch.tensor(tokens + [0] * (self.n - len(tokens)), dtype=torch.long))
-        s = self.step
         _h2d(s.positions, host.positions)
         _h2d(s.slots, host.slots)
         _h2d(s.block_tables, host.block_tables)
         _h2d(s.context_lens, host.context_lens)
+        if s.state_slots is not None:
+            _h2d(s.state_slots, host.state_slots)
 
 
 def _h2d(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -115,7 +124,8 @@ class BatchDecodeGraphs:
     def _get(self, size: int) -> _Bucket:
         b = self._by_size.get(size)
         if b is None:
-            b = self._by_size[size] = _Bucket(size, self.engine.max_blocks, self.engine.device)
+            b = self._by_size[size] = _Bucket(size, self.engine.max_blocks, self.engine.device,
+                                              self.engine.cache.states is not None)
         return b
 
     def _try_capture(self, b: _Bucket) -> bool:

@@ -28,6 +28,11 @@ kernel (ops/cuda/paged_attention_mla.py, attention.paged_decode.mla.triton: one 
 block of query heads, its latent part reused as V), on the CPU paged_attention_ref (V narrower
 than K, attention.paged_decode.mla.torch); chunks: ops.attention over the gathered keys and their
 first R dims as V (CUDA: attention.mla.torch, one-token chunks attention.mla.decode.triton).
+
+Recurrent state (a config with state_layers: granitehybrid, nemotron_h, falcon-h1's Mamba-2 layers):
+`states`, a pool of per-sequence state slots (runtime/paged_state.py); PagedStep carries each decode
+row's slot (`state_slots`, on the device) and each chunk's (`chunk_state_slots`), and
+`recurrent_state(layer)` gives the model the layer's pools with them (a BatchState).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import torch
 from minfer import ops
 from minfer.ops import paths
 from minfer.errors import MinferError
-from minfer.runtime.kv_cache import LayerViews, kv_bytes_per_position, kv_layers
+from minfer.runtime.kv_cache import LayerViews, kv_bytes_per_position, kv_layers, state_layers
 
 
 @dataclass
@@ -54,21 +59,26 @@ class PagedStep:
     context_lens: torch.Tensor     # (n_decode,) int32: keys each decode row attends (incl. itself)
     chunks: list                   # [(q_start, n, start_pos, slots_of_all_keys (start_pos + n,) int64)]
     logit_rows: torch.Tensor       # (R,) int64: rows whose logits are wanted, in item order
+    # recurrent state slots (runtime/paged_state.py; 0 for a sequence without one, the padding slot)
+    state_slots: torch.Tensor | None = None   # (n_decode,) int64: each decode row's sequence's slot
+    chunk_state_slots: tuple = ()             # each chunk's sequence's slot
 
     @classmethod
     def build(cls, items, block_size: int, device, pad_decode_to: int | None = None,
-              max_blocks: int | None = None, key_round: int | None = None) -> "PagedStep":
+              max_blocks: int | None = None, key_round: int | None = None, states: bool = False) -> "PagedStep":
         """items: scheduler StepItems (decode rows first). pad_decode_to: a batch bucket (a
         decode-only step under a CUDA graph): extra rows write to and read block 0.
         key_round (default 128 on CUDA, 1 on the CPU): a chunk's gathered keys are padded (with
         slot 0) to a multiple of it, so the prefill attention sees few distinct lengths (cuDNN
         builds a plan per length; minfer/ops/cuda/attention.py); causal masking keeps the
-        padding keys, which come after every real one, out of every real row."""
+        padding keys, which come after every real one, out of every real row. states: the
+        cache keeps recurrent state slots (the decode rows' state_slots tensor is made)."""
         if key_round is None:
             key_round = 128 if torch.device(device).type == "cuda" else 1
         bs = block_size
         positions, slots, logit_rows = [], [], []
         tables, lens, chunks = [], [], []
+        row_slots, chunk_slots = [], []
         n_decode = 0
         t = 0
         for it in items:
@@ -80,11 +90,13 @@ class PagedStep:
                 n_decode += 1
                 tables.append(table)
                 lens.append(it.start + 1)
+                row_slots.append(getattr(it.seq, "state_slot", 0))
             else:
                 n_keys = it.start + it.n
                 key_slots = [table[p // bs] * bs + p % bs for p in range(n_keys)]
                 key_slots += [0] * (-n_keys % key_round)
                 chunks.append((t, it.n, it.start, key_slots))
+                chunk_slots.append(getattr(it.seq, "state_slot", 0))
             t += it.n
             if it.sample:
                 logit_rows.append(t - 1)
@@ -96,6 +108,7 @@ class PagedStep:
             slots += [0] * extra
             tables += [[0]] * extra
             lens += [1] * extra
+            row_slots += [0] * extra
             logit_rows += list(range(n_decode, pad_decode_to))
             n_decode = pad_decode_to
         width = max_blocks or max((len(tb) for tb in tables), default=1)
@@ -105,16 +118,20 @@ class PagedStep:
         lt = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
         return cls(positions=lt(positions), slots=lt(slots), n_decode=n_decode,
                    block_tables=bt.to(device), context_lens=torch.tensor(lens, dtype=torch.int32, device=device),
-                   chunks=[(q0, n, s0, lt(ks)) for q0, n, s0, ks in chunks], logit_rows=lt(logit_rows))
+                   chunks=[(q0, n, s0, lt(ks)) for q0, n, s0, ks in chunks], logit_rows=lt(logit_rows),
+                   state_slots=lt(row_slots) if states else None, chunk_state_slots=tuple(chunk_slots))
 
 
 class PagedKVCache:
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 device="cpu", dtype=torch.float32, layers: tuple | None = None, v_in_k: int = 0) -> None:
+                 device="cpu", dtype=torch.float32, layers: tuple | None = None, v_in_k: int = 0,
+                 states: tuple | None = None, n_seqs: int = 0) -> None:
         """layers: per-layer (Hkv, Dk, Dv) or None (no storage), runtime/kv_cache.py's kv_layers.
         v_in_k > 0 (deepseek2's MLA latent, ModelConfig.cache_v_in_k): V is no tensor of its own
         but the view k[..., :v_in_k] (each slot's V row the first v_in_k dims of its K row, stored
-        and written once, as KVCache's); attend() gives (T, H, v_in_k)."""
+        and written once, as KVCache's); attend() gives (T, H, v_in_k).
+        states (kv_cache.state_layers: per layer None or its recurrent state's shapes): a pool of
+        n_seqs + 1 state slots (runtime/paged_state.py), self.states; None: no recurrent state."""
         self.n_layers, self.n_blocks, self.block_size = n_layers, n_blocks, block_size
         self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
         self.layers = layers
@@ -135,14 +152,22 @@ class PagedKVCache:
                 self.v = self.k[..., :self.v_in_k]
             else:
                 self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.states = None
+        if states is not None:
+            from minfer.runtime.paged_state import PagedStatePool
+
+            self.states = PagedStatePool(states, int(n_seqs) + 1, device)
         self.step: PagedStep | None = None   # set by the engine before each forward
         self.decode_attention = None         # CUDA: the Triton kernel (set by the engine; with v_in_k
                                              # ops/cuda/paged_attention_mla.paged_mla_decode)
 
     @classmethod
-    def for_config(cls, cfg, n_blocks: int, block_size: int, device="cpu", dtype=torch.float32) -> "PagedKVCache":
+    def for_config(cls, cfg, n_blocks: int, block_size: int, device="cpu", dtype=torch.float32,
+                   n_seqs: int = 1) -> "PagedKVCache":
+        """n_seqs: the sequences that run at once (the state pool's slots, with state_layers)."""
         return cls(cfg.n_layers, n_blocks, block_size, cfg.n_kv_heads, cfg.head_dim, device, dtype,
-                   layers=kv_layers(cfg), v_in_k=getattr(cfg, "cache_v_in_k", 0))
+                   layers=kv_layers(cfg), v_in_k=getattr(cfg, "cache_v_in_k", 0),
+                   states=state_layers(cfg), n_seqs=n_seqs)
 
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype=torch.float32) -> int:
@@ -156,7 +181,8 @@ class PagedKVCache:
 
     def nbytes(self) -> int:
         k = self.k.numel() * self.k.element_size()
-        return k if self.v_is_view() else k + self.v.numel() * self.v.element_size()
+        s = self.states.nbytes() if self.states is not None else 0
+        return s + (k if self.v_is_view() else k + self.v.numel() * self.v.element_size())
 
     def pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's pools as (n_blocks, block_size, Hkv, Dh) views."""
@@ -286,6 +312,14 @@ class PagedKVCache:
             slots.append(key_slots[index[q0:q0 + m]])
         slots = slots[0] if len(slots) == 1 else torch.cat(slots)
         return window_rows(kl.view(-1, W), slots, valid)
+
+    def recurrent_state(self, layer: int):
+        """A recurrent layer's state for the current step (the Cache protocol's optional method;
+        runtime/paged_state.py BatchState: the layer's slot pools and each decode row's / chunk's
+        slot), which models/mamba2.py conv_scan_batch reads and updates in place."""
+        if self.states is None:
+            raise MinferError(f"PagedKVCache: layer {layer} keeps no recurrent state (the config has no state_layers)")
+        return self.states.view(layer, self.step)
 
 
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,

@@ -14,6 +14,10 @@ A step that would otherwise be empty while sequences run (all blocked on blocks)
 newest, so the engine always makes progress. Finished and cancelled sequences free their
 blocks at once (`finish`).
 
+Recurrent models (`states`: the paged cache's state pool, runtime/paged_state.py): an admitted
+sequence takes a zeroed state slot; finishing or preemption gives it back (a preempted sequence
+is recomputed from position 0 into a fresh slot).
+
 `decode_only_next` predicts, without changing anything, whether the next step would be a given
 set of decode rows alone (the held batch engine chains such a step before it reads the
 previous one: batch_engine.py `_chain`).
@@ -59,6 +63,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []    # in admission order: the newest last
         self.n_preemptions = 0
+        self.states = None                   # the recurrent state pool (PagedStatePool) of a recurrent model
         # benchmarks (bench/parallel.py, llama-batched-bench's phases): no decode row while a
         # sequence waits or has not had its first token, so all prompts are prefilled first and
         # then every sequence decodes in the same steps (unless nothing else can run: a prompt
@@ -85,12 +90,16 @@ class Scheduler:
             except ValueError:
                 pass
         self.blocks.free(seq)
+        if self.states is not None:
+            self.states.release(seq)
         seq.status = SeqStatus.FINISHED
         seq.finish_reason = reason
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
+        if self.states is not None:
+            self.states.release(seq)      # recomputed from position 0 into a fresh, zeroed slot
         seq.n_computed = 0
         seq.status = SeqStatus.WAITING
         seq.n_preempted += 1
@@ -229,6 +238,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
+            if self.states is not None:
+                self.states.assign(seq)
             bm.grow(seq, seq.n_computed + n)
             prefill.append(StepItem(seq, seq.n_computed, n, n == seq.n_pending))
             scheduled.add(seq.seq_id)

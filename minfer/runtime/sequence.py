@@ -40,6 +40,7 @@ class Sequence:
     n_cached: int = 0                # prompt tokens found in the prefix cache at the last admission
     block_table: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)   # content hash of each full block
+    state_slot: int = 0              # recurrent models: its slot of the state pool (runtime/paged_state.py; 0: none)
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # 'stop' | 'length' | 'cancel'
     n_preempted: int = 0

@@ -34,7 +34,7 @@ def test_layer_kinds_and_cache_geometry():
     assert m.cfg.state_layers[0] == ((4, 192), (2, 8, 16, 16))     # conv ring (K, di + 2GN), SSM ring (2, H, P, N)
     assert (m.q_scale, m.embed_scale, m.residual_scale, m.logit_scale) == pytest.approx(
         (0.3 * 4, 1.5, 0.8, 1.5))
-    assert not m.paged_kv and m.recurrent
+    assert m.paged_kv and m.recurrent
 
 
 def test_preflight_counts_rows_and_state():
@@ -257,15 +257,23 @@ def test_forward_inside_the_cached_tokens_is_refused():
     assert len(eng.logits(ids[:3])) == 3                 # position 0: starts again
 
 
-def test_batch_engine_refuses_by_name():
-    """paged_kv = False: BatchEngine.from_engine (what `minfer serve -np N` builds) refuses it by name,
-    and a paged cache handed to the model directly is a MinferError, not a silently stateless run."""
+def test_batch_engine_serves_it():
+    """paged_kv = True: BatchEngine.from_engine (what `minfer serve -np N` builds) runs two prompts at
+    once with per-sequence state slots (runtime/paged_state.py; tests/runtime/test_paged_recurrent.py
+    has the chunked, held, preempted and reused-slot cases), each equal to its single greedy; a cache
+    without recurrent_state handed to the model is a MinferError, not a silently stateless run."""
     from minfer.models import Step
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
 
     eng = engine("granitehybrid")
-    with pytest.raises(MinferError, match="'granitehybrid' cannot run in the batch engine"):
-        BatchEngine.from_engine(eng, max_seqs=2)
+    ids = ref("granitehybrid")["ids"].tolist()
+    g = SamplingParams(temperature=0)
+    be = BatchEngine.from_engine(eng, max_seqs=2)
+    assert be.cache.states is not None and not be.blocks.prefix_cache
+    outs = be.generate_many([ids[:20], ids[3:14]], g, 6)
+    for p, out in zip([ids[:20], ids[3:14]], outs):
+        assert [ev.token_id for ev in out] == [ev.token_id for ev in eng.generate(p, g, max_new_tokens=6)]
 
     class NoState:        # a cache with the attention calls only (runtime/paged_kv.py's PagedKVCache)
         pass

@@ -33,7 +33,7 @@ def test_nemotron_h_layer_kinds_and_cache_geometry():
     assert m.cfg.state_layers[1] is None and m.cfg.state_layers[3] is None
     assert m.cfg.state_layers[0] == ((4, 256), (2, 12, 16, 16))     # conv ring (K, di + 2GN), SSM ring (2, H, P, N)
     assert m.cfg.rms_eps == pytest.approx(1e-5)                     # attention.layer_norm_epsilon
-    assert not m.paged_kv and m.recurrent
+    assert m.paged_kv and m.recurrent
 
 
 def test_nemotron_h_preflight_counts_rows_and_state():
@@ -133,11 +133,22 @@ def test_nemotron_h_prefix_reused_only_whole(monkeypatch):
     assert rel_err(eng.prefill(other)[None].numpy(), fresh[None].numpy()) > 10 * TOL
 
 
-def test_nemotron_h_batch_engine_refuses_by_name():
+def _batch_equals_single(name):
+    """BatchEngine.from_engine (`minfer serve -np N`) runs two prompts at once, each equal to its
+    single greedy (runtime/paged_state.py; tests/runtime/test_paged_recurrent.py has the rest)."""
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
 
-    with pytest.raises(MinferError, match="'nemotron_h' cannot run in the batch engine"):
-        BatchEngine.from_engine(engine("nemotron_h"), max_seqs=2)
+    eng, ids, g = engine(name), ref(name)["ids"].tolist(), SamplingParams(temperature=0)
+    be = BatchEngine.from_engine(eng, max_seqs=2)
+    prompts = [ids[:20], ids[3:14]]
+    assert be.cache.states is not None and not be.blocks.prefix_cache
+    for p, out in zip(prompts, be.generate_many(prompts, g, 6)):
+        assert [ev.token_id for ev in out] == [ev.token_id for ev in eng.generate(p, g, max_new_tokens=6)]
+
+
+def test_nemotron_h_batch_engine_serves_it():
+    _batch_equals_single("nemotron_h")
 
 
 @pytest.mark.parametrize("tensor", ["blk.0.ssm_in.weight", "blk.2.ssm_norm.weight", "blk.5.ssm_a",
@@ -198,7 +209,7 @@ def test_falcon_h1_cache_geometry_and_preflight():
     assert getattr(m.cfg, "kv_layers", None) is None                        # one geometry: every layer attends
     assert all(w.norm is not None for w in m.mamba)
     assert all(w.norm is None for w in engine("falcon-h1-nonorm").model.mamba)
-    assert not m.paged_kv and m.recurrent and m.rope_style == "neox"
+    assert m.paged_kv and m.recurrent and m.rope_style == "neox"
     cfg = preflight.cache_config(GGUFFile(DATA / "falcon-h1.gguf"))
     per, fixed = preflight.kv_bytes_per_token(cfg, "cpu"), preflight.state_bytes(cfg)
     assert per == 3 * 2 * 2 * 16 * 4 and fixed == 3 * (4 * 160 + 2 * 6 * 16 * 16) * 4
@@ -278,11 +289,8 @@ def test_falcon_h1_prefix_reused_only_whole(monkeypatch):
     assert rel_err(eng.prefill(other)[None].numpy(), fresh[None].numpy()) > 10 * TOL
 
 
-def test_falcon_h1_batch_engine_refuses_by_name():
-    from minfer.runtime.batch_engine import BatchEngine
-
-    with pytest.raises(MinferError, match="'falcon-h1' cannot run in the batch engine"):
-        BatchEngine.from_engine(engine("falcon-h1"), max_seqs=2)
+def test_falcon_h1_batch_engine_serves_it():
+    _batch_equals_single("falcon-h1")
 
 
 @pytest.mark.parametrize("tensor", ["blk.1.ffn_norm", "blk.0.ssm_in.weight", "blk.2.ssm_conv1d.weight",
