@@ -140,6 +140,20 @@ class ModelConfig:
                                               opt("feed_forward_length", 0) if ffn_opt else req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
+        if getattr(ARCHITECTURES[arch], "attention_free", False):
+            # no attention and no MLP in any layer (mamba2: the converter writes head_count 0 and
+            # feed_forward_length 0, which llama.cpp never reads): no heads, no rope
+            if n_heads or n_kv:
+                raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads}: {arch} has no attention layers "
+                                  "(expected 0)")
+            emb = gf.tensor("token_embd.weight")
+            vocab = int(opt("vocab_size", emb.shape[0]))
+            if emb.shape != (vocab, d_model):
+                raise MinferError(f"{gf.path}: tensor 'token_embd.weight' has shape {emb.shape}, "
+                                  f"expected ({vocab}, {d_model})")
+            return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=0, n_kv_heads=0, head_dim=0, ffn=ffn,
+                       vocab=vocab, rms_eps=rms_eps, rope=RopeConfig(theta=10000.0, style="normal", n_rot=0),
+                       context_length=ctx, tied_output="output.weight" not in gf.tensors)
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of "
                               f"head_count_kv={n_kv}")

@@ -188,7 +188,16 @@ ZERO_FFN_LAYERS = frozenset({"nemotron_h"})
 _ZERO_FFN_ITEMS = _count_or_counts(1, 1 << 22, item_lo=0)
 
 
+# Architectures with no attention and no MLP at all: mamba2's converter writes head_count 0 and
+# feed_forward_length 0 ("unused, but seemingly required when loading": conversion/mamba.py
+# Mamba2Model.set_gguf_parameters); llama.cpp's mamba2 loader reads neither
+ATTENTION_FREE = frozenset({"mamba2"})
+_ZERO_COUNT = _count(0, 1 << 22)
+
+
 def _arch_check(arch: str, suffix: str, check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    if arch in ATTENTION_FREE and suffix in ("attention.head_count", "feed_forward_length"):
+        return _ZERO_COUNT
     return _ZERO_FFN_ITEMS if arch in ZERO_FFN_LAYERS and suffix == "feed_forward_length" else check
 
 

@@ -403,6 +403,14 @@ ARCHS = {
         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 16.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Mamba-2 (`mamba2`, Mamba-Codestral-7B's form): 3 layers of x + mixer(RMSNorm(x)), no attention and no MLP; the
+    # mixer of minfer/models/mamba2.py with 8 heads of 16 (inner 128 = expand 2 * 64), 2 groups of state 16, conv
+    # kernel 4 with bias, the grouped gated RMSNorm; untied head. The converter writes head_count 0 and
+    # feed_forward_length 0 ("unused, but seemingly required when loading")
+    "mamba2": ("Mamba2Config", "Mamba2ForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, num_heads=8, head_dim=16, expand=2, state_size=16, n_groups=2,
+        conv_kernel=4, use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-5, chunk_size=16,
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Qwen2.5-VL's language model (the converter writes `qwen2vl`; the vision tower goes to an mmproj
     # only with --mmproj): Qwen2 with M-RoPE sections (2, 3, 3) of the 8 pairs; text-only positions
     "qwen2vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLForConditionalGeneration", dict(

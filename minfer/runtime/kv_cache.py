@@ -100,8 +100,9 @@ class LayerViews:
 
     def __init__(self, views: list, buffer: torch.Tensor | None = None):
         self.views, self.buffer = views, buffer
-        first = next(v for v in views if v is not None)
-        self.device, self.dtype = first.device, first.dtype
+        # (no layer with storage, an attention-free model's: the buffer's, or none for a view of it)
+        first = next((v for v in views if v is not None), buffer)
+        self.device, self.dtype = (None, None) if first is None else (first.device, first.dtype)
 
     @classmethod
     def zeros(cls, rows: int, shapes, device, dtype) -> "LayerViews":

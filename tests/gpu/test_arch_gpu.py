@@ -23,7 +23,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
@@ -72,6 +72,8 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "lfm2moe": ["shortconv.torch", "attention.decode", "moe.gather", "moe.grouped"],
             # llama4: rope layers with the weightless q/k norms and chunks, the NoPE layer, the top-1 MoE
             "llama4": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
+            # mamba2: the Mamba-2 mixer alone (conv ring and scan in torch ops, in the decode graph too)
+            "mamba2": ["ssm.conv.torch", "ssm.scan.torch"],
             # olmoe: whole-projection q/k norms, the MoE (softmax top-k, no renormalization) on both paths;
             # starcoder2: LayerNorm with bias (the kernel, then + bias), biases on every linear
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],

@@ -24,7 +24,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "olmoe", "hunyuan-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
+         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
@@ -39,7 +39,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma3"
                "minimax-m2": "minimax-m2",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe", "llama4": "llama4",
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe", "llama4": "llama4", "mamba2": "mamba2",
                "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h",
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1"}
@@ -52,6 +52,8 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 2
         "gemma4-moe": [5, 14, 23], "gemma3n": [5, 14, 23],
         # lfm2: pieces of 1, 2 and 3 tokens, so a conv window (3 taps) reaches back over 1 or 2 earlier pieces
         "lfm2": [1, 2, 4, 5, 14, 15, 23], "lfm2moe": [1, 2, 4, 5, 14, 15, 23],
+        # mamba2: pieces of 1-3 tokens inside the conv window (4 taps), the SSM state carried
+        "mamba2": [1, 2, 4, 5, 14, 15, 23],
         # granitehybrid: pieces of 1-3 tokens inside the conv window (4 taps: the ring reaches back over 1-3 earlier
         # pieces) and the SSM state carried from piece to piece (a piece of 26 crosses no chunk; 66 tokens in
         # test_granitehybrid.py do)
@@ -117,7 +119,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])

@@ -15,6 +15,7 @@ hunyuan-moe: Hunyuan-A13B (hunyuan-dense attention, a renormalized softmax MoE p
 minimax-m2: MiniMax-M2 (whole-projection q/k norms, partial NEOX rope, a biased sigmoid MoE).
 lfm2moe: LFM2-8B-A1B (lfm2's conv / attention layers, a biased sigmoid MoE past a dense lead).
 llama4: Llama 4 text (chunked attention, NoPE layers with temperature, a top-1 sigmoid MoE on its input).
+mamba2: pure Mamba-2 (the hybrids' mixer in every layer, no attention, no MLP).
 exaone: EXAONE 3.0 / 3.5 (Llama under LG's names: NEOX rope, Llama-3 rope factors)."""
 
 from __future__ import annotations
@@ -891,5 +892,63 @@ def test_llama4_batch_engine_refuses_by_name():
 ])
 def test_llama4_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / "llama4.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
+        load(p)
+
+
+# ---- mamba2 ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["one_norm_group", "no_conv_bias", "no_D", "tied_head"])
+def test_mamba2_each_rule_is_needed(monkeypatch, what):
+    """The mixer's norm over 2 groups (not the whole inner size), the conv bias (required here), the D skip and the
+    untied head: with any one changed the logits miss transformers' by far."""
+    import torch
+
+    import minfer.models.mamba2 as mm
+
+    eng = engine("mamba2")
+    m = eng.model
+    assert logits_err(eng, "mamba2") < TOL and m.dims.n_groups == 2
+    if what == "one_norm_group":
+        real = mm.gated_group_norm
+        monkeypatch.setattr(mm, "gated_group_norm", lambda y, z, w, groups, eps: real(y, z, w, 1, eps))
+    elif what == "no_conv_bias":
+        for mb in m.mamba:
+            monkeypatch.setattr(mb, "conv_b", None)
+    elif what == "no_D":
+        for mb in m.mamba:
+            monkeypatch.setattr(mb, "D", torch.zeros_like(mb.D))
+    else:
+        monkeypatch.setattr(m, "output", m.token_embd)
+    assert logits_err(eng, "mamba2") > 10 * TOL
+
+
+def test_mamba2_cache_holds_state_only():
+    """No K/V rows (every layer's kv_layers entry None: 0 bytes per position), each layer's conv ring (K,
+    conv_dim) and SSM ring (2, H, P, N) as its state; the converter's head_count / feed_forward_length 0 read as no
+    heads; the batch engine refuses it by name (the paged cache keeps no recurrent state)."""
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.kv_cache import kv_bytes_per_position, state_bytes
+
+    eng = engine("mamba2")
+    c = eng.model.cfg
+    assert (c.n_heads, c.n_kv_heads, c.ffn) == (0, 0, 0)
+    assert c.kv_layers == (None, None, None) and c.state_layers == (((4, 192), (2, 8, 16, 16)),) * 3
+    assert kv_bytes_per_position(c, 4) == 0 and state_bytes(c) == 3 * 4 * (4 * 192 + 2 * 8 * 16 * 16)
+    with pytest.raises(MinferError, match="'mamba2' cannot run in the batch engine"):
+        BatchEngine.from_engine(eng, max_seqs=2)
+
+
+@pytest.mark.parametrize("name,kw,match", [
+    ("mamba2", dict(drop_tensors=("blk.1.ssm_conv1d.bias",)), "blk.1.ssm_conv1d.bias"),
+    ("mamba2", dict(drop_tensors=("blk.2.ssm_norm.weight",)), "blk.2.ssm_norm.weight"),
+    ("mamba2", dict(drop_keys=("mamba2.ssm.group_count",)), "mamba2.ssm.group_count"),
+    ("mamba2", dict(set_keys={"mamba2.attention.head_count": (4, gguf.GGUFValueType.UINT32)}),
+     "mamba2.attention.head_count"),
+    # head_count 0 stays refused for an architecture with attention
+    ("qwen3", dict(set_keys={"qwen3.attention.head_count": (0, gguf.GGUFValueType.UINT32)}), "qwen3.attention.head_count"),
+])
+def test_mamba2_bad_input_is_named(tmp_path, name, kw, match):
+    p = rewrite(DATA / f"{name}.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match.replace(".", r"\.")):
         load(p)

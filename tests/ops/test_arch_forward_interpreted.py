@@ -84,6 +84,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # llama4 (chunk 8 set below): prefill across the chunk boundary through the kernels per chunk, the
         # host-free decode step through the masked torch path; the NoPE layer's decode kernel, the MoE (top 1
         # of 10 rows: the gather path; the grouped one in the GPU test's 40-token prefill)
+        # mamba2: the Mamba-2 mixer alone in every layer (conv ring and scan in torch ops, the state in the cache)
+        "mamba2": ["ssm.conv.torch", "ssm.scan.torch"],
         "llama4": ["attention.chunked.torch", "attention.decode.triton", "rope.triton", "moe.gather"],
         # qwen35: gated DeltaNet layers (conv ring and delta-rule scan in torch ops, the state in the cache) around
         # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
@@ -115,7 +117,7 @@ def cuda_ops():
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4",
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm"])
