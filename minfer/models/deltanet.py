@@ -49,6 +49,13 @@ conv ring (K, conv_dim) of qkv rows, position p at slot p % K (mamba2.causal_con
 ring of two states (2, Hv, Dk, Dv), the state after position p at slot p % 2 (mamba2's), so a step
 repeated at its position reads what it read before (CUDA-graph warm-up, a token computed ahead).
 
+The batch engine (minfer serve -np N; runtime/paged_state.py, as mamba2.py's): the same two rings
+per state slot of a pool, one slot per running sequence (zeroed when a sequence takes it, so nothing
+is masked at position 0 there), handed to the mixer as a BatchState: the decode rows gathered by
+their device slot indices, stepped once and scattered back in one set of batched ops (a CUDA graph
+replays it: no host value), each prefill chunk by the single-sequence conv and chunked scan on its
+slot's rings (conv_scan_batch).
+
 The prefill runs the chunked form (CHUNK positions at a time; scan_chunked, the WY form of HF's
 torch_chunk_gated_delta_rule written out below); scan_sequential is the recurrence, the tests'
 reference. Both are torch ops on every device, counted on CUDA as `deltanet.conv.torch` and
@@ -184,11 +191,13 @@ def l2norm(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor,
+                    masked: bool = True) -> torch.Tensor:
     """The gated delta rule one position at a time (HF torch_recurrent_gated_delta_rule): q, k (T, H, Dk)
     (normed, q scaled, one per value head), v (T, H, Dv), g, beta (T, H), float32 -> o (T, H, Dv); the
-    state ring updated."""
-    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    state ring updated. masked=False: the state before position 0 read from the ring as it is (the
+    batch engine's zeroed slot; mamba2._initial_state)."""
+    s = _initial_state(ring, positions, masked)                               # (H, Dk, Dv)
     out = []
     for t in range(q.shape[0]):
         s = s * torch.exp(g[t]).view(-1, 1, 1)
@@ -200,16 +209,17 @@ def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tenso
     return torch.stack(out)
 
 
-def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK,
+                 masked: bool = True) -> torch.Tensor:
     """The same recurrence `chunk` positions at a time. With c_t = g_1 + ... + g_t inside a chunk and
     S_0 the carried state, the values written u_s = beta_s (v_s - (decayed S before s)^T k_s) solve
         (I + A) U = beta V - (beta exp(c) K) S_0,   A_sr = beta_s exp(c_s - c_r) (k_s . k_r), r < s
     (unit lower-triangular: torch.linalg.solve_triangular), then
         o_t = exp(c_t) S_0^T q_t + sum_{s<=t} exp(c_t - c_s) (q_t . k_s) u_s
         S_L = exp(c_L) S_0 + sum_s exp(c_L - c_s) k_s u_s^T
-    (HF torch_chunk_gated_delta_rule's form; exp of non-positive numbers only: g <= 0). Shapes as
-    scan_sequential."""
-    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    (HF torch_chunk_gated_delta_rule's form; exp of non-positive numbers only: g <= 0). Shapes and
+    masked as scan_sequential's."""
+    s = _initial_state(ring, positions, masked)                               # (H, Dk, Dv)
     outs = []
     for c0 in range(0, q.shape[0], chunk):
         qc, kc, vc = (t[c0:c0 + chunk].transpose(0, 1) for t in (q, k, v))      # (H, L, .)
@@ -232,14 +242,14 @@ def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, 
     return torch.cat(outs)
 
 
-def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state: tuple, positions: torch.Tensor,
+def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state, positions: torch.Tensor,
                    eps: float, tiled: bool, ctx) -> torch.Tensor:
     """The layer's linear attention of the normed input h (T, D) at the consecutive `positions` -> (T, D)
-    in h's dtype; state: (conv ring, state ring) from the cache, updated in place; tiled: value head j
+    in h's dtype; state: (conv ring, state ring) from the cache, updated in place, or the batch engine's
+    slots of several sequences (runtime/paged_state.py BatchState: conv_scan_batch); tiled: value head j
     reads key head j % Hk (qwen35's reordered heads), else j // (Hv/Hk) (module doc)."""
     T = h.shape[0]
-    Hk, Hv, Dk, Dv = d.n_k_heads, d.n_v_heads, d.d_state, d.v_dim
-    conv_ring, s_ring = state
+    Hk, Hv, Dv = d.n_k_heads, d.n_v_heads, d.v_dim
     qkv, z = (ops.linear(h, m, None, ctx).float() for m in (w.attn_qkv, w.attn_gate))
     if w.ssm_ba is None:
         b, a = (ops.linear(h, m, None, ctx).float() for m in (w.ssm_beta, w.ssm_alpha))
@@ -250,18 +260,77 @@ def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state: 
         ops.paths.count("deltanet.scan.torch")
     beta = torch.sigmoid(b)                                                    # (T, Hv)
     g = F.softplus(a + w.dt_bias) * w.A                                        # (T, Hv) <= 0
-    qkv = causal_conv(qkv, w, conv_ring, positions)
+    if isinstance(state, tuple):
+        o = conv_scan(qkv, g, beta, w, d, state, positions, tiled)             # (T, Hv, Dv)
+    else:
+        o = conv_scan_batch(qkv, g, beta, w, d, state, positions, tiled)
+    o = gated_head_norm(o, z.view(T, Hv, Dv), w.norm, eps)
+    return ops.linear(o.reshape(T, Hv * Dv).to(h.dtype), w.ssm_out, None, ctx)
+
+
+def _heads(qkv: torch.Tensor, d: DeltaNetDims, tiled: bool) -> tuple:
+    """The conv's output (T, conv_dim) -> q (normed, scaled), k (normed) (T, Hv, Dk), one per value
+    head (tiled: value head j reads key head j % Hk, else j // (Hv/Hk)), and v (T, Hv, Dv)."""
+    T = qkv.shape[0]
+    Hk, Hv, Dk = d.n_k_heads, d.n_v_heads, d.d_state
     q, k, v = qkv.split([d.key_dim, d.key_dim, d.d_inner], dim=-1)
     q, k = l2norm(q.reshape(T, Hk, Dk)) * Dk ** -0.5, l2norm(k.reshape(T, Hk, Dk))
     if Hv != Hk:
         r = Hv // Hk
         q, k = (q.repeat(1, r, 1), k.repeat(1, r, 1)) if tiled else \
                (q.repeat_interleave(r, dim=1), k.repeat_interleave(r, dim=1))
-    v = v.reshape(T, Hv, Dv)
-    scan = scan_sequential if T == 1 else scan_chunked
-    o = scan(q, k, v, g, beta, s_ring, positions)                               # (T, Hv, Dv)
-    o = gated_head_norm(o, z.view(T, Hv, Dv), w.norm, eps)
-    return ops.linear(o.reshape(T, Hv * Dv).to(h.dtype), w.ssm_out, None, ctx)
+    return q, k, v.reshape(T, Hv, d.v_dim)
+
+
+def conv_scan(qkv, g, beta, w: DeltaNetWeights, d: DeltaNetDims, state: tuple, positions: torch.Tensor,
+              tiled: bool, masked: bool = True) -> torch.Tensor:
+    """One sequence's conv and delta rule at the consecutive `positions`: qkv (T, conv_dim), g, beta
+    (T, Hv) float32, state its (conv ring, state ring), updated -> o (T, Hv, Dv)."""
+    conv_ring, s_ring = state
+    kw = {} if masked else {"masked": False}          # the single-sequence calls as they were
+    q, k, v = _heads(causal_conv(qkv, w, conv_ring, positions, **kw), d, tiled)
+    scan = scan_sequential if qkv.shape[0] == 1 else scan_chunked
+    return scan(q, k, v, g, beta, s_ring, positions, **kw)
+
+
+def conv_scan_batch(qkv, g, beta, w: DeltaNetWeights, d: DeltaNetDims, state, positions: torch.Tensor,
+                    tiled: bool) -> torch.Tensor:
+    """conv_scan over the batch engine's ragged step (runtime/paged_state.py BatchState): state.conv
+    (S, K, conv_dim) and state.ssm (S, 2, Hv, Dk, Dv) hold one ring each per state slot. The decode
+    rows (tokens [0, n_decode), one per sequence, slots state.decode_slots on the device) in one set
+    of batched ops (_decode_rows), so a CUDA graph replays them; each prefill chunk (q0, n, slot) by
+    conv_scan on its slot's rings. Nothing is masked at position 0: a slot is zeroed when a sequence
+    takes it. -> o (T, Hv, Dv)."""
+    os = []
+    nd = state.n_decode
+    if nd:
+        os.append(_decode_rows(qkv[:nd], g[:nd], beta[:nd], w, d, state.conv, state.ssm, state.decode_slots,
+                               positions[:nd], tiled))
+    for q0, n, slot in state.chunks:
+        os.append(conv_scan(qkv[q0:q0 + n], g[q0:q0 + n], beta[q0:q0 + n], w, d, (state.conv[slot], state.ssm[slot]),
+                            positions[q0:q0 + n], tiled, masked=False))
+    return os[0] if len(os) == 1 else torch.cat(os)
+
+
+def _decode_rows(qkv, g, beta, w: DeltaNetWeights, d: DeltaNetDims, conv, ssm, slots, positions,
+                 tiled: bool) -> torch.Tensor:
+    """One token per row b at positions[b] of the sequence in slots[b]: the conv reads the slot's ring
+    rows of positions p-K+1 .. p-1 and writes row p % K; the delta rule reads the state after p - 1
+    (ring slot (p - 1) % 2) and writes the state after p at p % 2 (the single-sequence layout, so a
+    repeated step reads what it read before). Device indices only (no host value: a CUDA graph's
+    decode step). qkv (B, conv_dim), g, beta (B, Hv) -> o (B, Hv, Dv)."""
+    K = conv.shape[1]
+    prev_idx = (positions.unsqueeze(1) + torch.arange(1 - K, 0, device=positions.device)).remainder(K)
+    prev = conv[slots.unsqueeze(1), prev_idx]                                 # (B, K-1, W)
+    conv[slots, positions.remainder(K)] = qkv                                 # read before written
+    seq = torch.cat([prev, qkv.unsqueeze(1)], 1)                               # (B, K, W)
+    q, k, v = _heads(F.silu((seq * w.conv_w).sum(1)), d, tiled)               # tap K-1 on the current row
+    R = ssm.shape[1]
+    s = ssm[slots, (positions - 1).remainder(R)] * torch.exp(g).unsqueeze(-1).unsqueeze(-1)   # (B, Hv, Dk, Dv)
+    delta = (v - torch.einsum("bhkv,bhk->bhv", s, k)) * beta.unsqueeze(-1)    # beta (v - S^T k)
+    s = s + k.unsqueeze(-1) * delta.unsqueeze(2)                               # S += k delta^T
+    ssm[slots, positions.remainder(R)] = s
+    return torch.einsum("bhkv,bhk->bhv", s, q)                                 # S^T q
 
 
 def gated_head_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -43,8 +43,10 @@ Qwen3_5TextModel <- Qwen3NextModel; HF modeling_qwen3_5 Qwen3_5Attention / Qwen3
 The cache (runtime/kv_cache.py): full-attention layers keep K/V rows ((Hkv, Dh, Dh) per-layer
 geometry); a linear-attention layer keeps no rows, only its per-sequence state (state_layers:
 deltanet.py's conv ring and state ring, float32), which cannot be rewound: `recurrent = True` (the
-engine reuses a cached prefix only whole; granitehybrid's rule), paged_kv = False (`minfer serve`
-serves one request at a time).
+engine reuses a cached prefix only whole; granitehybrid's rule), paged_kv = True: the batch engine
+(`minfer serve -np N`) keeps that state in a pool of per-sequence slots beside its paged cache
+(runtime/paged_state.py; decode rows batched by slot, deltanet.py conv_scan_batch) and shares no
+prefix blocks for it. qwen35moe and qwen3next inherit both.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class Qwen35Model(Qwen2MoeModel):
     rope_style = "neox"       # llama_model_rope_type: QWEN35 -> IMROPE; text positions make it NEOX (doc)
     qk_norm = True
     qkv_bias = False
-    paged_kv = False          # the paged cache keeps no recurrent state
+    paged_kv = True           # the paged cache's state slots (runtime/paged_state.py)
     recurrent = True          # the engine's prefix rule (module doc)
     mrope = True              # rope.dimension_sections required and checked
     tiled_v_heads = True      # deltanet.py: the converter's value-head reorder
@@ -226,7 +228,7 @@ class Qwen35Model(Qwen2MoeModel):
         c = self.cfg
         if self.is_recurrent[i]:
             state = getattr(cache, "recurrent_state", None)
-            if state is None:          # the batch engine's paged cache (BatchEngine.from_engine refuses it first)
+            if state is None:          # a cache without the optional method
                 raise MinferError(f"{self.arch}: the linear-attention layers need a cache that keeps their "
                                   f"recurrent state (KVCache); {type(cache).__name__} keeps none: serve one "
                                   "request at a time (minfer serve -np 1)")

@@ -1,10 +1,12 @@
 """Per-sequence recurrent state for the batch engine: a pool of state slots beside the paged KV cache.
 
 A config with `state_layers` (runtime/kv_cache.py: granitehybrid, nemotron_h, falcon-h1's Mamba-2
-layers: per layer None or the shapes of the float32 tensors one sequence keeps, whatever its
-length) gets, in the PagedKVCache, one tensor per such shape with a leading slot dimension:
+layers, qwen35, qwen35moe, qwen3next's gated DeltaNet layers: per layer None or the shapes of the
+float32 tensors one sequence keeps, whatever its length) gets, in the PagedKVCache, one tensor per
+such shape with a leading slot dimension:
 
     layers[l] = (conv (S, K, conv_dim), ssm (S, 2, H, P, N))      S = max_seqs + 1 slots
+                (deltanet: conv (S, K, conv_dim), ssm (S, 2, Hv, Dk, Dv))
 
 Slot 0 is the padding slot (as block 0 is the padding block): a CUDA graph bucket's padding rows
 read and write it, and its contents mean nothing. A sequence takes a slot when the scheduler
@@ -15,9 +17,9 @@ and PagedStep carries it: `state_slots` (n_decode,) on the device for the decode
 static tensor), `chunk_state_slots` one int per prefill chunk.
 
 The model asks `cache.recurrent_state(layer)` (the Cache protocol's optional method) and gets a
-BatchState: the layer's pools and the step's slots; models/mamba2.py conv_scan_batch runs the
-decode rows in batched ops (gather by slot, one recurrence step, scatter back) and each chunk on
-its slot's rings.
+BatchState: the layer's pools and the step's slots; models/mamba2.py conv_scan_batch (and
+models/deltanet.py's, the same way) runs the decode rows in batched ops (gather by slot, one
+recurrence step, scatter back) and each chunk on its slot's rings.
 
 Prefix sharing of KV blocks (block_manager.py) cannot restore a recurrent state (the state after a
 shared prefix is not kept), so the batch engine turns the prefix cache off for these models.
@@ -45,7 +47,7 @@ class BatchState:
     """A recurrent layer's view of one ragged step (what PagedKVCache.recurrent_state returns)."""
 
     conv: torch.Tensor             # (S, K, conv_dim) float32: every slot's conv ring
-    ssm: torch.Tensor              # (S, 2, H, P, N) float32: every slot's SSM state ring
+    ssm: torch.Tensor              # (S, 2, H, P, N) float32: every slot's SSM state ring (deltanet: (S, 2, Hv, Dk, Dv))
     n_decode: int                  # decode rows: tokens [0, n_decode)
     decode_slots: torch.Tensor     # (n_decode,) int64 on the device
     chunks: list                   # [(q_start, n, slot)] of the prefill chunks

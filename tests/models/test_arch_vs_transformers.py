@@ -163,13 +163,14 @@ def test_gemma3_layer_pattern_and_local_rope():
 
 @pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe",
                                   "deepseek2", "deepseek3", "granitehybrid", "granitehybrid-dense", "nemotron_h",
-                                  "falcon-h1", "falcon-h1-nonorm"])
+                                  "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position
     temperature; gemma4's per-layer cache geometry; gpt-oss's sinks; lfm2's conv rows read back through
     the block tables, across blocks; deepseek2's latent rows with V a view of K and its own scale; the
-    Mamba-2 hybrids' per-sequence state slots, runtime/paged_state.py), next to a second sequence."""
+    Mamba-2 hybrids' and the Qwen3.5 family's gated DeltaNet per-sequence state slots,
+    runtime/paged_state.py), next to a second sequence."""
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.sampling import SamplingParams
 

@@ -1,6 +1,7 @@
 """qwen35 (Qwen3.5 dense), qwen35moe (Qwen3.5 MoE) and qwen3next (Qwen3-Next): each rule of the gated
 DeltaNet and gated attention layers is needed to meet transformers' logits, the chunked delta rule is the recurrence, the recurrent state in the cache (rings,
-the engine's prefix rule, the preflight's bytes), and malformed files refused by name.
+the engine's prefix rule, the preflight's bytes), the batch engine's state slots, and malformed files
+refused by name.
 
 The fixture (tests/data/arch/qwen35.gguf, tools/gen_arch_fixtures.py): 4 layers, linear attention on 0,
 2, 3 (2 key heads, 4 value heads of 16, conv of 4 taps), gated full attention on 1 (4 heads of 32, 2 kv
@@ -37,7 +38,7 @@ def test_layer_kinds_and_cache_geometry():
     assert m.cfg.kv_layers == (None, (2, 32, 32), None, None)
     assert m.cfg.state_layers[0] == ((4, 128), (2, 4, 16, 16)) and m.cfg.state_layers[1] is None
     assert m.cfg.rope.n_rot == 16 and m.cfg.rope.style == "neox"
-    assert not m.paged_kv and m.recurrent and m.tiled_v_heads
+    assert m.paged_kv and m.recurrent and m.tiled_v_heads
 
 
 def test_preflight_counts_rows_and_state():
@@ -237,15 +238,27 @@ def test_prefix_reused_only_whole_and_needed(monkeypatch):
     assert rel_err(eng.prefill(other)[None].numpy(), fresh[None].numpy()) > 10 * TOL
 
 
-def test_batch_engine_refuses_by_name():
+@pytest.mark.parametrize("name", ["qwen35", "qwen35moe", "qwen3next"])
+def test_batch_engine_serves_them(name):
+    """paged_kv = True: BatchEngine.from_engine (what `minfer serve -np N` builds) runs two prompts at
+    once with per-sequence state slots (runtime/paged_state.py, deltanet.py conv_scan_batch;
+    tests/runtime/test_paged_deltanet.py has the chunked, reused-slot and graph-bucket cases), each
+    equal to its single greedy; a cache without recurrent_state handed to the model is a MinferError,
+    not a silently stateless run."""
     from minfer.models import Step
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
 
-    eng = engine(NAME)
-    with pytest.raises(MinferError, match="'qwen35' cannot run in the batch engine"):
-        BatchEngine.from_engine(eng, max_seqs=2)
+    eng = engine(name)
+    ids = ref(name)["ids"].tolist()
+    g = SamplingParams(temperature=0)
+    be = BatchEngine.from_engine(eng, max_seqs=2)
+    assert be.cache.states is not None and not be.blocks.prefix_cache
+    outs = be.generate_many([ids[:20], ids[3:14]], g, 6)
+    for p, out in zip([ids[:20], ids[3:14]], outs):
+        assert [ev.token_id for ev in out] == [ev.token_id for ev in eng.generate(p, g, max_new_tokens=6)]
 
-    class NoState:
+    class NoState:        # a cache with the attention calls only
         pass
     with pytest.raises(MinferError, match="keeps their recurrent state.*NoState keeps none"):
         eng.model.forward(torch.tensor([3, 4]), Step.at(0, 2, "cpu"), NoState())
