@@ -53,6 +53,11 @@ class PackedExperts:
         xb = x.to(torch.bfloat16).contiguous()
         if self.kind == "int4":
             return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.a[e], self.group, self.b[e]).float()
+        if not cpu_quant.int8_kernel_fits(self.shape[1]):       # the kernel's K rule (cpu_quant.INT8_KERNEL_K)
+            from minfer.ops import paths
+
+            paths.count("cpu.int8.unaligned_bf16")
+            return (xb @ (self.a[e].to(torch.bfloat16) * self.b[e].to(torch.bfloat16)[:, None]).t()).float()
         return torch.ops.aten._weight_int8pack_mm(xb, self.a[e], self.b[e]).float()
 
     def dequantize(self, e: int) -> torch.Tensor:

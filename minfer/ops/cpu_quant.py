@@ -170,6 +170,17 @@ def _row_chunks(N: int, K: int):
     return [(r0, min(N, r0 + step)) for r0 in range(0, N, step)]
 
 
+# torch 2.13's aten._weight_int8pack_mm reads past its rows when K is not a multiple of this with
+# 4 or more rows: a segmentation fault (measured here: K 24 and 40 at M 4 and 8; K 32 and 48 fine).
+# Such matrices (tiny test models; no released model's widths) take the dequantized bf16 matmul.
+INT8_KERNEL_K = 16
+
+
+def int8_kernel_fits(K: int) -> bool:
+    """Whether aten._weight_int8pack_mm can take an input width K (INT8_KERNEL_K)."""
+    return K % INT8_KERNEL_K == 0
+
+
 def int4_fits(shape, group: int = INT4_GROUP) -> bool:
     """Whether an (N, K) matrix has the int4 kernel's shape (its packing takes N in 16s)."""
     return shape[1] % group == 0 and shape[0] % INT4_ROWS == 0
@@ -194,6 +205,11 @@ def linear(x: torch.Tensor, p, bias: torch.Tensor | None = None) -> torch.Tensor
         else:
             paths.count(f"cpu.{kind}.prefill_bf16")
             y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
+    elif kind == "int8" and not int8_kernel_fits(p.q.shape[1]):     # the kernel's K rule (INT8_KERNEL_K)
+        paths.count("cpu.int8.unaligned_bf16")
+        y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
+        if p.refine_top:
+            y = _refine(x.float(), p, y)
     else:
         paths.count(f"cpu.{kind}.decode")
         n = torch.get_num_threads()

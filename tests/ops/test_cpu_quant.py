@@ -54,6 +54,36 @@ def test_linear_matches_float32_on_the_int8_rows(T):
     assert float((y.double() - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
 
 
+@pytest.mark.parametrize("K", [24, 40])
+@pytest.mark.parametrize("T", [1, 4, 8, 16])
+def test_int8_inputs_not_in_16s_take_the_bf16_matmul(K, T):
+    """torch 2.13's _weight_int8pack_mm crashes (segfault) at K 24 / 40 with 4+ rows
+    (cpu_quant.INT8_KERNEL_K): such matrices, dense and expert, take the dequantized bf16
+    matmul, counted, with the kernel's numerics (bf16 inputs, the int8 rows times their scale)."""
+    from minfer.ops.cpu_experts import pack_experts
+
+    w = weight(64, K, seed=4)
+    p = cpu_quant.pack(w)
+    x = torch.randn(T, K, generator=torch.Generator().manual_seed(5))
+    ref = x.to(torch.bfloat16).double() @ p.dequantize(torch.float64).T
+    paths.reset()
+    y = cpu_quant.linear(x, p)
+    rec = paths.snapshot()["counts"]
+    assert rec.get("cpu.int8.unaligned_bf16") == 1 and "cpu.int8.decode" not in rec
+    assert float((y.double() - ref).abs().max()) <= 2 ** -7 * float(ref.abs().max())
+    g = torch.Generator().manual_seed(6)
+    ex = QWeight("blk.0.ffn_up_exps.weight", 0, (2 * 32, K), torch.zeros(1, dtype=torch.uint8),
+                 torch.randn(2 * 32, K, generator=g) * 0.05)
+    ex.n_experts = 2
+    pe = pack_experts(ex, int4=False)
+    assert pe.kind == "int8"
+    paths.reset()
+    ye = pe.linear(1, x)
+    assert paths.snapshot()["counts"].get("cpu.int8.unaligned_bf16") == 1
+    refe = x.to(torch.bfloat16).double() @ pe.dequantize(1).double().T
+    assert float((ye.double() - refe).abs().max()) <= 2 ** -7 * float(refe.abs().max())
+
+
 @pytest.mark.parametrize("T", [1, 4, 20])
 def test_vocabulary_projection_top_logits_are_float32_exact(T):
     w = weight(3000, 256, seed=3)
