@@ -231,6 +231,7 @@ def test_starcoder2_missing_tensor_is_named(tmp_path, tensor):
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
         load(p)
 
+
 # ---- hunyuan-dense --------------------------------------------------------------------------
 
 @pytest.mark.parametrize("what", ["norm_before_rope", "no_qk_norm", "unscaled_base", "adjacent_pairs"])
