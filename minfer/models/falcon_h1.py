@@ -55,7 +55,7 @@ from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import Block, ffn_branch, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
-from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims
+from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
 from minfer.weights import QWeight, load_qweight, load_vector
 
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down", "ssm_in", "ssm_out")
@@ -151,11 +151,7 @@ class FalconH1Model(LlamaModel):
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
     def ssm(self, h: torch.Tensor, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        state = getattr(cache, "recurrent_state", None)
-        if state is None:              # a cache without the optional method
-            raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
-                              f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
-                              "(minfer serve -np 1)")
+        state = recurrent_state(cache, self.arch)
         return mamba2_mixer(h, self.mamba[i], self.dims, state(i), step.positions, self.cfg.rms_eps, ctx)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:

@@ -59,7 +59,7 @@ from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
 from minfer.models.granite import _BIASES, _scale
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.layers import Block, ffn_branch, merge_heads
-from minfer.models.mamba2 import Mamba2Dims, load_mamba2, mamba2_mixer, read_dims
+from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
 from minfer.models.qwen3moe import MoeBlock, load_experts
 from minfer.weights import QWeight, load_qweight, load_vector
 
@@ -220,11 +220,7 @@ class GraniteHybridModel(GraniteMoeModel):
         """Layer i's mixer of the normed input h (T, D) -> (T, D): Mamba-2, or attention without rope
         (the query scaled by q_scale, so the kernels keep their 1/sqrt(head_dim))."""
         if self.is_ssm[i]:
-            state = getattr(cache, "recurrent_state", None)
-            if state is None:          # a cache without the optional method
-                raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
-                                  f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
-                                  "(minfer serve -np 1)")
+            state = recurrent_state(cache, self.arch)
             return mamba2_mixer(h, self.mamba[i], self.dims, state(i), step.positions, self.cfg.rms_eps, ctx)
         c = self.cfg
         T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim

@@ -114,6 +114,17 @@ class Mamba2Weights:
     ssm_out: QWeight                 # (D, di)
 
 
+def recurrent_state(cache, arch: str, layers: str = "Mamba-2"):
+    """cache.recurrent_state (layer -> that layer's state: KVCache's tuple, or the paged cache's
+    BatchState), or a MinferError naming the cache: the recurrent layers keep state only in a cache
+    made for it (granitehybrid, nemotron_h, falcon-h1, mamba2, the qwen35 family)."""
+    state = getattr(cache, "recurrent_state", None)
+    if state is None:
+        raise MinferError(f"{arch}: the {layers} layers need a cache that keeps their recurrent state (KVCache, or the "
+                          f"batch engine's PagedKVCache with state slots); {type(cache).__name__} keeps none")
+    return state
+
+
 def read_dims(gf, arch: str, d_model: int, inner_twice: bool = True) -> Mamba2Dims:
     """The ssm.* keys (llama.cpp llama_model_granite_hybrid::load_arch_hparams reads all five as
     required), checked against each other; a missing or wrong one is named. inner_twice: the inner

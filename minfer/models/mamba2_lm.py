@@ -41,7 +41,7 @@ from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.granitehybrid import HybridCacheConfig
 from minfer.models.llama import LlamaModel
-from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims
+from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
 from minfer.weights import QWeight, load_qweight, load_vector
 
 
@@ -95,11 +95,7 @@ class Mamba2Model(LlamaModel):
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
         act, eps, n = self.act_dtype, self.cfg.rms_eps, len(self.mamba)
-        state = getattr(cache, "recurrent_state", None)
-        if state is None:                  # the batch engine's paged cache (BatchEngine.from_engine refuses it first)
-            raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
-                              f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
-                              "(minfer serve -np 1)")
+        state = recurrent_state(cache, self.arch)
         x = ops.embedding(tokens, self.token_embd)                           # (T, D) float32
         h = ops.rms_norm_cast(x, self.norms[0], eps, act, ctx)
         for i in range(n):

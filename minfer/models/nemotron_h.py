@@ -55,7 +55,7 @@ from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
 from minfer.models.granitehybrid import HybridCacheConfig
 from minfer.models.layers import Block, merge_heads
 from minfer.models.llama import LlamaModel
-from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims
+from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
 from minfer.weights import QWeight, load_qweight, load_vector
 
 MAMBA, ATTENTION, MLP = "mamba2", "attention", "mlp"
@@ -180,11 +180,7 @@ class NemotronHModel(LlamaModel):
         """Block i's mixer of its normed input h (T, D) -> (T, D)."""
         kind, blk = self.kinds[i], self.blocks[i]
         if kind == MAMBA:
-            state = getattr(cache, "recurrent_state", None)
-            if state is None:          # a cache without the optional method
-                raise MinferError(f"{self.arch}: the Mamba-2 layers need a cache that keeps their recurrent state "
-                                  f"(KVCache); {type(cache).__name__} keeps none: serve one request at a time "
-                                  "(minfer serve -np 1)")
+            state = recurrent_state(cache, self.arch)
             return mamba2_mixer(h, self.mamba[i], self.dims, state(i), step.positions, self.cfg.rms_eps, ctx)
         if kind == MLP:                # W_down relu(W_up h)^2 (LLM_FFN_RELU_SQR), the square in float32
             if ops._backend(h) is not ops.reference:

@@ -62,6 +62,7 @@ from minfer.models.base import Step
 from minfer.models.deltanet import deltanet_mixer, load_deltanet, read_dims
 from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
 from minfer.models.granitehybrid import HybridCacheConfig
+from minfer.models.mamba2 import recurrent_state
 from minfer.models.layers import Block, ffn_branch, head_norm, merge_heads, rope_write_attend
 from minfer.models.qwen2moe import Qwen2MoeModel
 from minfer.models.qwen2vl import rope_sections, text_position_pairs
@@ -227,11 +228,7 @@ class Qwen35Model(Qwen2MoeModel):
         """Layer i's mixer of the normed input h (T, D) -> (T, D): linear attention or gated full attention."""
         c = self.cfg
         if self.is_recurrent[i]:
-            state = getattr(cache, "recurrent_state", None)
-            if state is None:          # a cache without the optional method
-                raise MinferError(f"{self.arch}: the linear-attention layers need a cache that keeps their "
-                                  f"recurrent state (KVCache); {type(cache).__name__} keeps none: serve one "
-                                  "request at a time (minfer serve -np 1)")
+            state = recurrent_state(cache, self.arch, "linear-attention")
             return deltanet_mixer(h, self.linear[i], self.dims, state(i), step.positions, c.rms_eps,
                                   self.tiled_v_heads, ctx)
         T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
