@@ -155,7 +155,7 @@ def check_batch(gf, n_ctx: int, device: str, parallel: int, kv_memory: int | Non
     from minfer.runtime.batch_engine import BLOCK_SIZE, DEFAULT_SLOTS
 
     bs = BLOCK_SIZE
-    per_block = kv_bytes_per_token(cache_config(gf), device) * bs
+    per_block = max(1, kv_bytes_per_token(cache_config(gf), device) * bs)   # PagedKVCache.bytes_per_block's floor
     ctx_blocks = -(-n_ctx // bs)
     # the slots the engine will make (BatchEngine.from_engine): on CUDA with -np 0 they come from
     # the free memory after the load, unknown here

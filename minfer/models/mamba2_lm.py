@@ -25,8 +25,9 @@ Mamba2Model; HF transformers models/mamba2/modeling_mamba2.py Mamba2Block, Mamba
 
 The cache: no K/V rows (every layer's kv_layers entry None), each layer's per-sequence state in the cache's
 recurrent_state (state_layers: the mixer's conv ring and SSM ring), as the hybrids' Mamba-2 layers
-(granitehybrid.py HybridCacheConfig). recurrent: the engine reuses a cached prefix only whole. The paged
-cache keeps no recurrent state: paged_kv False (the batch engine refuses it by name).
+(granitehybrid.py HybridCacheConfig). recurrent: the engine reuses a cached prefix only whole. The batch
+engine keeps the state in per-sequence slots as for the hybrids (runtime/paged_state.py): paged_kv True;
+its KV blocks hold nothing (PagedKVCache.bytes_per_block counts 1 byte so the pool sizing holds).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class Mamba2Model(LlamaModel):
     arch = "mamba2"
     rope_style = "normal"          # llama_model_rope_type: LLM_ARCH_MAMBA2 -> NONE (unused: no rope)
     attention_free = True          # head_count / feed_forward_length 0 (ModelConfig, metadata_check)
-    paged_kv = False               # the paged cache keeps no recurrent state
+    paged_kv = True                # the batch engine keeps its state in per-sequence slots (runtime/paged_state.py)
     recurrent = True               # the engine's prefix rule (granitehybrid's)
 
     @classmethod

@@ -172,8 +172,10 @@ class PagedKVCache:
     @staticmethod
     def bytes_per_block(cfg, block_size: int, dtype=torch.float32) -> int:
         """What one block allocates: kv_bytes_per_position (the preflight's number: K only where V
-        is a view of it) times the block's positions."""
-        return kv_bytes_per_position(cfg, torch.empty((), dtype=dtype).element_size()) * block_size
+        is a view of it) times the block's positions; at least 1, so that the pool's arithmetic
+        (plan_pool, the preflight) holds for a model with no K/V rows at all (mamba2: its blocks
+        allocate nothing, its per-sequence state is sized apart, runtime/paged_state.py)."""
+        return max(1, kv_bytes_per_position(cfg, torch.empty((), dtype=dtype).element_size()) * block_size)
 
     def v_is_view(self) -> bool:
         """V is the view of K's first dims (v_in_k): stored, and written, once."""

@@ -527,7 +527,8 @@ def test_mamba2_each_rule_is_needed(monkeypatch, what):
 def test_mamba2_cache_holds_state_only():
     """No K/V rows (every layer's kv_layers entry None: 0 bytes per position), each layer's conv ring (K,
     conv_dim) and SSM ring (2, H, P, N) as its state; the converter's head_count / feed_forward_length 0 read as no
-    heads; the batch engine refuses it by name (the paged cache keeps no recurrent state)."""
+    heads; the batch engine sizes its pool (KV blocks of no bytes, the state in slots: batched greedy in
+    tests/runtime/test_paged_recurrent.py)."""
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.kv_cache import kv_bytes_per_position, state_bytes
 
@@ -536,8 +537,8 @@ def test_mamba2_cache_holds_state_only():
     assert (c.n_heads, c.n_kv_heads, c.ffn) == (0, 0, 0)
     assert c.kv_layers == (None, None, None) and c.state_layers == (((4, 192), (2, 8, 16, 16)),) * 3
     assert kv_bytes_per_position(c, 4) == 0 and state_bytes(c) == 3 * 4 * (4 * 192 + 2 * 8 * 16 * 16)
-    with pytest.raises(MinferError, match="'mamba2' cannot run in the batch engine"):
-        BatchEngine.from_engine(eng, max_seqs=2)
+    be = BatchEngine.from_engine(eng, max_seqs=2)       # the default pool sizing: blocks of no bytes
+    assert be.cache.states is not None and be.blocks.prefix_cache is False
 
 
 @pytest.mark.parametrize("name,kw,match", [
