@@ -87,10 +87,15 @@ def prepare_weight(w) -> None:
     qmatmul.check_supported(w)
     n, k = w.shape
     _, qk, ts = dequant.LAYOUT[w.qtype]
-    if k % qk:
+    if w.qtype in dequant.FLOAT_TYPES:
+        # float rows are read in runs of 16 values with the last run masked per value (gemv.py,
+        # dequant.py), so any width is taken: a row is k values
+        want = (n, k * (ts // qk))
+    elif k % qk:
         raise MinferError(f"tensor '{w.name}': {k} columns is not a multiple of the "
                           f"{dequant.type_name(w.qtype)} block size {qk}")
-    want = (n, k // qk * ts)
+    else:
+        want = (n, k // qk * ts)
     if tuple(w.raw.shape) != want or w.raw.stride(-1) != 1:
         raise MinferError(f"tensor '{w.name}': raw blocks have shape {tuple(w.raw.shape)}, expected {want} "
                           f"(rows of {dequant.type_name(w.qtype)} blocks, contiguous)")
