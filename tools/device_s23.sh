@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-05 twenty-third session: the GPU tests that failed on 2026-12-05's H100
+# call, the bf16 diagnosis of three fixtures (tools/bf16_diag.py), then tools/device_s4.sh's steps.
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s23.sh ftests diag bench; cp /tmp/minfer-out/* $OUT/",
+#       carry=[".whl"])
+set -u
+STEPS=${*:-ftests diag}
+source tools/device_setup.sh >/dev/null
+Q7=/tmp/q7.gguf
+[ -f $Q7 ] || (python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
+rest=""
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    ftests)
+      timeout ${FTESTS_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_arch_gpu.py \
+        -k "${FTESTS_K:-dots1 or lfm2moe or llama4 or qwen3vlmoe or ernie4_5 or hunyuan or qwen3next or gemma4}" \
+        tests/gpu/test_batching_gpu.py::test_deepseek2_fixture_batched_equals_alone >"$OUT/pytest-ftests.log" 2>&1
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-ftests.log" | head -30
+      echo "ftests: $(tail -1 "$OUT/pytest-ftests.log")";;
+    diag)
+      timeout ${DIAG_TIMEOUT:-200} python3 tools/bf16_diag.py ${DIAG_NAMES:-hunyuan-moe qwen3next gemma4} \
+        >"$OUT/bf16-diag.log" 2>&1
+      grep -v Warning "$OUT/bf16-diag.log" | tail -30;;
+    *) rest="$rest $step";;
+  esac
+  case $step in ftests|diag) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+done
+[ -n "$rest" ] && OUT=$OUT bash tools/device_s4.sh $rest
+exit 0
