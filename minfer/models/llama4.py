@@ -48,12 +48,16 @@ Llama4TextMoe, Llama4Router, Llama4TextDecoderLayer, Llama4TextModel; configurat
 Where minfer stops: expert_used_count must be 1 (the released models; with k experts each would take its own
 scaled input); a file with attention.sliding_window 0 (llama.cpp's all-full-attention MobileLLM form),
 attention.sliding_window_pattern, rope.freq_base_swa other than rope.freq_base, attention.scale, a rope
-dimension count other than the head size (GGML_ASSERT there) or attention biases are refused by the key. The paged cache has no chunked mask: paged_kv False (the batch engine refuses it by name).
+dimension count other than the head size (GGML_ASSERT there) or attention biases are refused by the key.
 
 The chunked attention: with a host-side start (prefill, eager decode) the step's queries are cut at the chunk
 boundaries and each piece attends through ops.attention to the cache rows from its chunk's start (plain
 causal attention within the chunk: the kernels of every other model); a CUDA-graph decode step (no host
-position) masks the whole cache in torch (counted `attention.chunked.torch`).
+position) masks the whole cache in torch (counted `attention.chunked.torch`). In the batch engine (paged_kv True:
+`minfer serve -np N`) the paged cache applies the same mask (runtime/paged_kv.py attend(chunk=)): decode rows by
+the paged decode kernel's CHUNK variant on CUDA (each row reads only its own chunk's tiles; counted
+`attention.paged_decode.chunked.triton`) or paged_attention_ref on the CPU, prefill chunks cut at the chunk
+boundaries, each piece through ops.attention over its own chunk's keys (`attention.paged_prefill.chunked.pieces`).
 """
 
 from __future__ import annotations
@@ -106,7 +110,7 @@ def chunked_attention_masked(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 class Llama4Model(LlamaModel):
     arch = "llama4"
     rope_style = "normal"          # llama_model_rope_type: LLM_ARCH_LLAMA4 -> NORM
-    paged_kv = False               # paged_kv.py has no chunked mask
+    paged_kv = True                # the paged cache's attend(chunk=) applies the chunked mask
     expert_gatings = ("sigmoid", "softmax")   # not read: llama4.cpp passes SIGMOID whatever the file says
     # llama4.cpp's constants (load_arch_hparams; hparams.n_no_rope_layer_step's default 4)
     chunk = 8192                   # n_swa of the chunked layers
@@ -208,6 +212,8 @@ class Llama4Model(LlamaModel):
 
     def attend_chunked(self, cache, layer: int, q: torch.Tensor, step: Step, ctx) -> torch.Tensor:
         """A chunked layer's attention of q (T, H, Dh) over the keys of each query's own chunk."""
+        if getattr(cache, "attend_takes_chunk", False):       # the paged cache (the batch engine)
+            return cache.attend(layer, q, step, ctx, chunk=self.chunk)
         kc, vc = getattr(cache, "k", None), getattr(cache, "v", None)
         if kc is None:
             raise MinferError("llama4: chunked attention needs the contiguous KV cache (runtime/kv_cache.py)")

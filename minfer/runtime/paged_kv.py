@@ -9,8 +9,8 @@ position and slot, the decode rows' block tables and lengths, and each chunk's s
 calls `cache.write(layer, k, v, step)` (the step's keys/values go to their slots), then
 `cache.attend(layer, q, step, ctx)` (the Cache protocol of docs/interfaces.md):
 - decode rows: paged attention straight through the block tables (CPU: `paged_attention_ref`;
-  CUDA: the Triton kernel in minfer/ops/cuda/paged_attention.py, with sliding windows, softcap,
-  sinks and the caller's scale);
+  CUDA: the Triton kernel in minfer/ops/cuda/paged_attention.py, with sliding windows, chunks,
+  softcap, sinks and the caller's scale);
 - prefill chunks: the chunk's pages gathered into contiguous keys/values and the causal
   attention of minfer.ops over them (on CUDA: cuDNN/flash SDPA from position 0, the masked
   kernel after a cached prefix).
@@ -123,6 +123,8 @@ class PagedStep:
 
 
 class PagedKVCache:
+    attend_takes_chunk = True       # attend(..., chunk=): llama4's chunked layers (models/llama4.py asks)
+
     def __init__(self, n_layers: int, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
                  device="cpu", dtype=torch.float32, layers: tuple | None = None, v_in_k: int = 0,
                  states: tuple | None = None, n_seqs: int = 0) -> None:
@@ -222,26 +224,32 @@ class PagedKVCache:
 
     def attend(self, layer: int, q: torch.Tensor, step=None, ctx=None, window: int = 0,
                softcap: float = 0.0, sinks: torch.Tensor | None = None,
-               scale: float | None = None) -> torch.Tensor:
+               scale: float | None = None, chunk: int = 0) -> torch.Tensor:
         """q (T, H, Dh) of the step's tokens -> attention output (T, H, Dv), after write()
         (Dv = Dh unless v_in_k: decode rows by _mla_decode, chunks' V the keys' first dims).
         window > 0 (sliding-window layers): a query at position p sees keys (p - window, p].
+        chunk > 0 (llama4's chunked layers): a query at p sees keys [p // chunk * chunk, p]
+        (llama.cpp llama-hparams.cpp is_masked_swa, LLAMA_SWA_TYPE_CHUNKED).
         softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap). sinks (H,) (gpt-oss): each
         query head's extra softmax logit with no value. scale: the scores' factor (None:
         1/sqrt(Dh); gemma4 passes 1.0), in every path.
-        Decode rows: the Triton kernel where set (CUDA), with its WINDOW / CAP / SINK variants,
-        counted attention.paged_decode[.softcap][.window][.sinks].triton; else paged_attention_ref
-        (a loop over rows: the CPU's, counted attention.paged_decode.<variant>.torch when it has a
-        window or softcap). Chunks: windowed_attention with a window or softcap (torch, counted
-        attention.paged_prefill.<variant>.torch per chunk), else ops.attention (with the sinks)."""
+        Decode rows: the Triton kernel where set (CUDA), with its WINDOW / CHUNK / CAP / SINK
+        variants, counted attention.paged_decode[.softcap][.window][.chunked][.sinks].triton; else
+        paged_attention_ref (a loop over rows: the CPU's, counted attention.paged_decode.<variant>.torch
+        when it has a window, chunk or softcap). Chunks: windowed_attention with a window or softcap
+        (torch, counted attention.paged_prefill.<variant>.torch per chunk); with a chunk alone the
+        step's chunk cut at the attention-chunk boundaries, each piece through ops.attention over its
+        own attention chunk's keys (the contiguous llama4 path's kernels; counted
+        attention.paged_prefill.chunked.pieces per step chunk); else ops.attention (with the sinks)."""
         st = self.step
         nd = st.n_decode
         parts = []
+        chunk = max(0, int(chunk))
         variant = ((".softcap" if softcap > 0 else "") + (".window" if window else "")
-                   + (".sinks" if sinks is not None else ""))
+                   + (".chunked" if chunk else "") + (".sinks" if sinks is not None else ""))
         if nd:
             kp, vp = self.pages(layer)
-            mla = self._mla_decode(q[:nd], kp, vp, window, softcap, sinks, scale)
+            mla = self._mla_decode(q[:nd], kp, vp, window, softcap, sinks, scale, chunk)
             if mla is not None:
                 parts.append(mla)
             elif self.decode_attention is not None:
@@ -251,14 +259,16 @@ class PagedKVCache:
                     kw["window"] = window
                 if softcap > 0:
                     kw["softcap"] = softcap
+                if chunk:
+                    kw["chunk"] = chunk
                 if scale is not None:
                     kw["scale"] = scale
                 parts.append(self.decode_attention(q[:nd], kp, vp, st.block_tables, st.context_lens, **kw))
             else:
-                if window or softcap > 0:
+                if window or softcap > 0 or chunk:
                     paths.count(f"attention.paged_decode{variant}.torch")
                 parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
-                                                 softcap, sinks, scale))
+                                                 softcap, sinks, scale, chunk))
         kl, vl = self.k[layer], self.v[layer]
         for q0, n, s0, key_slots in st.chunks:
             kc = kl.index_select(0, key_slots)                                   # (s0 + n, Hkv, Dh)
@@ -267,12 +277,15 @@ class PagedKVCache:
             qc = q[q0:q0 + n]
             if window or softcap > 0:
                 paths.count(f"attention.paged_prefill{variant}.torch")
-                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks, scale))
+                parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks, scale, chunk))
+            elif chunk:
+                paths.count("attention.paged_prefill.chunked.pieces")
+                parts += _chunk_pieces(qc, kc, vc, s0, chunk, ctx, sinks, scale)
             else:
                 parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks, scale=scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
-    def _mla_decode(self, q, kp, vp, window, softcap, sinks, scale) -> torch.Tensor | None:
+    def _mla_decode(self, q, kp, vp, window, softcap, sinks, scale, chunk=0) -> torch.Tensor | None:
         """Decode rows over a V-in-K cache (v_in_k: deepseek2's latent): the paged MLA kernel where
         the engine set one (CUDA: ops/cuda/paged_attention_mla.paged_mla_decode, counted
         attention.paged_decode.mla.triton; a window, cap or sinks, which it has not, a counted
@@ -284,13 +297,14 @@ class PagedKVCache:
         if self.decode_attention is not None:
             from minfer.ops.cuda.paged_attention_mla import PATH, paged_mla_refusal
 
-            why = paged_mla_refusal(q, kp, vp, window, softcap, sinks)
-            if why is None:
+            why = paged_mla_refusal(q, kp, vp, window, softcap, sinks) or (chunk and "chunked attention")
+            if not why:
                 paths.count(PATH)
                 return self.decode_attention(q, kp, vp, st.block_tables, st.context_lens, scale=scale)
             paths.fallback(PATH, why)
         paths.count("attention.paged_decode.mla.torch")
-        return paged_attention_ref(q, kp, vp, st.block_tables, st.context_lens, window, softcap, sinks, scale)
+        return paged_attention_ref(q, kp, vp, st.block_tables, st.context_lens, window, softcap, sinks, scale,
+                                   chunk)
 
     def write_window(self, layer: int, x: torch.Tensor, step, n: int) -> torch.Tensor:
         """A short-convolution layer (lfm2; kv_layers entry (1, W, 0)): x (T, W) stored at the step's
@@ -324,18 +338,45 @@ class PagedKVCache:
         return self.states.view(layer, self.step)
 
 
+def _chunk_pieces(q, k, v, start: int, chunk: int, ctx, sinks, scale) -> list:
+    """q (T, H, Dh) at positions start.. over keys k/v (start + T or more, Hkv, Dh; any keys past
+    the last query are causally masked) with llama4's chunks: the queries cut at the multiples of
+    chunk, each piece causal over its own chunk's keys, from cs = p // chunk * chunk (ops.attention
+    at start p - cs over k[cs:]; models/llama4.py's contiguous path likewise) -> the pieces' outputs."""
+    out, p, end = [], start, start + q.shape[0]
+    while p < end:
+        cs = p // chunk * chunk
+        b = min(end, cs + chunk)
+        out.append(ops.attention(q[p - start:b - start], k[cs:], v[cs:], p - cs, ctx, sinks=sinks, scale=scale))
+        p = b
+    return out
+
+
+def _visible(p: torch.Tensor, j: torch.Tensor, window: int, chunk: int) -> torch.Tensor:
+    """Key positions j visible from query positions p (broadcast): causal, within the window
+    (p - j < window) and the chunk (j >= p // chunk * chunk: llama.cpp is_masked_swa's
+    LLAMA_SWA_TYPE_STANDARD and _CHUNKED) where those are > 0."""
+    mask = j <= p
+    if window:
+        mask = mask & (p - j < window)
+    if chunk:
+        mask = mask & (j >= torch.div(p, chunk, rounding_mode="floor") * chunk)
+    return mask
+
+
 def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, window: int,
                        softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                       scale: float | None = None) -> torch.Tensor:
+                       scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """q (T, H, Dh) at positions start.. over keys k/v (start + T, Hkv, Dh): query at p sees
-    keys j with 0 <= p - j < window (llama.cpp's sliding-window mask; window 0: every j <= p),
-    scores times scale (default 1/sqrt(Dh)), soft-capped when softcap > 0; sinks (H,): each head's
-    extra softmax logit with no value (_softmax_with_sinks). -> (T, H, Dh)"""
+    keys j with 0 <= p - j < window (llama.cpp's sliding-window mask; window 0: every j <= p)
+    and, with chunk > 0, j >= p // chunk * chunk (its own chunk), scores times scale (default
+    1/sqrt(Dh)), soft-capped when softcap > 0; sinks (H,): each head's extra softmax logit with
+    no value (_softmax_with_sinks). -> (T, H, Dh)"""
     T, H, D = q.shape
     S, hkv = k.shape[0], k.shape[1]
     p = start + torch.arange(T, device=q.device)[:, None]
     j = torch.arange(S, device=q.device)[None, :]
-    mask = (j <= p) & (p - j < window) if window else j <= p                 # (T, S)
+    mask = _visible(p, j, window, chunk)                                      # (T, S)
     kh = k.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)        # (H, S, Dh)
     vh = v.float().repeat_interleave(H // hkv, dim=1).transpose(0, 1)
     s = (q.float().transpose(0, 1) @ kh.transpose(1, 2)) * _scale(scale, D)   # (H, T, S)
@@ -348,13 +389,14 @@ def windowed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start:
 def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor,
                         block_tables: torch.Tensor, context_lens: torch.Tensor, window: int = 0,
                         softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                        scale: float | None = None) -> torch.Tensor:
+                        scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """The reference: each row's keys gathered through its block table, softmax(scale q k^T) v
     (scale default 1/sqrt(Dh)).
 
     q (B, H, Dh); pages (n_blocks, block_size, Hkv, Dh); block_tables (B, M) int; context_lens
     (B,) int -> (B, H, Dh). Query head h reads KV head h // (H / Hkv) (GQA, as ggml broadcasts).
-    window > 0: only the last `window` keys. softcap > 0: scores s -> softcap * tanh(s / softcap).
+    window > 0: only the last `window` keys. chunk > 0: only the keys of the row's own chunk, from
+    (n - 1) // chunk * chunk (llama4). softcap > 0: scores s -> softcap * tanh(s / softcap).
     sinks (H,): each head's extra softmax logit with no value (_softmax_with_sinks).
     """
     B, H, D = q.shape
@@ -367,8 +409,10 @@ def paged_attention_ref(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.T
         blocks = block_tables[b, :nb].long()
         k = k_pages[blocks].reshape(nb * bs, hkv, D)[:n].float()            # (n, Hkv, Dh)
         v = v_pages[blocks].reshape(nb * bs, hkv, -1)[:n].float()
-        if window:
-            k, v = k[max(0, n - window):], v[max(0, n - window):]
+        lo = max(0, n - window) if window else 0
+        if chunk:
+            lo = max(lo, (n - 1) // chunk * chunk)
+        k, v = k[lo:], v[lo:]
         k = k.repeat_interleave(g, dim=1).transpose(0, 1)                   # (H, n, Dh)
         v = v.repeat_interleave(g, dim=1).transpose(0, 1)
         s = (k @ q[b].float()[:, :, None]).squeeze(-1) * _scale(scale, D)   # (H, n)

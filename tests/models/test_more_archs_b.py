@@ -465,13 +465,20 @@ def test_llama4_layer_kinds_and_temperature():
     assert chunk_pieces(5, 12, 8) == [(5, 8, 0), (8, 16, 8), (16, 17, 16)]
 
 
-def test_llama4_batch_engine_refuses_by_name():
-    """The paged cache has no chunked mask: BatchEngine.from_engine (minfer serve's) names the architecture."""
+def test_llama4_batch_engine_serves_it():
+    """The paged cache applies the chunked mask (attend(chunk=)): BatchEngine.from_engine (minfer serve's) runs
+    two prompts at once (chunk 8) with the single-sequence greedy answers (tests/runtime/test_paged_chunked.py
+    checks the paths, the kernel and the mask being needed)."""
     from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
 
-    eng = engine("llama4")
-    with pytest.raises(MinferError, match="'llama4' cannot run in the batch engine"):
-        BatchEngine.from_engine(eng, max_seqs=2)
+    eng = llama4_local()
+    ids = ref("llama4")["ids"].tolist()
+    prompts = [ids[:19], ids[7:20]]
+    outs = BatchEngine.from_engine(eng, max_seqs=2).generate_many(prompts, SamplingParams(temperature=0), 6)
+    for p, o in zip(prompts, outs):
+        assert [ev.token_id for ev in o] == [ev.token_id for ev in eng.generate(p, SamplingParams(temperature=0),
+                                                                                 max_new_tokens=6)]
 
 
 @pytest.mark.parametrize("kw,match", [

@@ -27,6 +27,13 @@ SINK, split 0 still starts from the sink. CAP (gemma2): the scaled scores s beco
 softcap * tanh(s / softcap) before the mask (as the contiguous kernel's CAP). sm_scale is a runtime
 argument (the caller's scale, default 1/sqrt(Dh)). WINDOW / CAP off compile the loop as before.
 
+CHUNK (llama4's chunked layers): a row at position p = L - 1 sees keys j with j // chunk == p // chunk
+and j <= p, i.e. [lo, L), lo = p // chunk * chunk (llama.cpp llama-hparams.cpp is_masked_swa,
+LLAMA_SWA_TYPE_CHUNKED; HF Llama4's chunked attention mask). Read as WINDOW reads: the splits divide
+the tiles from lo's tile on (a row reads at most chunk + BS - 1 keys, never the earlier chunks' tiles),
+the first tile masks its keys before lo; lo need not be tile- or page-aligned (any chunk size). With
+both WINDOW and CHUNK lo is the larger of the two.
+
 Caveats: the Triton interpreter computes tl.dot on bf16 wrongly, so the interpreter tests run
 fp32/fp16 (tests/runtime/test_paged_kv.py); fp32 inputs use IEEE dots. The reference is
 minfer.runtime.paged_kv.paged_attention_ref.
@@ -49,15 +56,19 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
                          PAGE: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, GP: tl.constexpr,
                          BS: tl.constexpr, IEEE: tl.constexpr, DIRECT: tl.constexpr, MERGE: tl.constexpr,
                          SINK: tl.constexpr = False, sinks=None, WINDOW: tl.constexpr = False, window=0,
-                         CAP: tl.constexpr = False, softcap=1.0):
+                         CAP: tl.constexpr = False, softcap=1.0, CHUNK: tl.constexpr = False, chunk=1):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     sp = tl.program_id(2)
     L = tl.load(context_lens + b)
     # the row's own length divided over the NS programs (whole key tiles each): the grid is fixed
     # (a CUDA graph's), the work of each program follows the length of this step
-    if WINDOW:      # only keys [lo, L): the tiles from lo's (BS-aligned) tile on, divided over the splits
-        lo = tl.maximum(L - window, 0)
+    if WINDOW or CHUNK:     # only keys [lo, L): the tiles from lo's (BS-aligned) tile on, divided over the splits
+        lo = L * 0
+        if WINDOW:
+            lo = tl.maximum(L - window, 0)
+        if CHUNK:           # the row's own chunk: from (L - 1) // chunk * chunk (LLAMA_SWA_TYPE_CHUNKED)
+            lo = tl.maximum(lo, (L - 1) // chunk * chunk)
         k0 = lo // BS * BS
         keys_per_split = tl.cdiv(tl.cdiv(L - k0, NS), BS) * BS
         s0 = k0 + sp * keys_per_split
@@ -81,7 +92,7 @@ def _paged_decode_kernel(q, kp, vp, block_tables, context_lens, part_o, part_m, 
     for start in range(s0, s1, BS):
         s = start + tl.arange(0, BS)
         sm = s < s1
-        if WINDOW:
+        if WINDOW or CHUNK:
             sm = sm & (s >= lo)                                         # the first tile's keys before lo
         page = tl.load(block_tables + b * stride_bt + s // PAGE, mask=sm, other=0)
         slot = page.to(tl.int64) * PAGE + (s % PAGE)
@@ -190,13 +201,15 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
                            n_split: int | None = None, block_keys: int | None = None,
                            target_programs: int = 264, merge_in_kernel: bool = True,
                            sinks: torch.Tensor | None = None, window: int = 0, softcap: float = 0.0,
-                           scale: float | None = None) -> torch.Tensor:
+                           scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """q (B, H, Dh); pages (n_blocks, page, Hkv, Dh); block_tables (B, M) int32; context_lens (B,)
     int32 (each >= 1) -> (B, H, Dh). The grid spans M * page keys per row. With splits, the last
     program of each (row, KV head) merges them (merge_in_kernel; False: the second kernel).
     sinks (H,) (gpt-oss): each head's extra softmax logit (the SINK variant). window > 0: only
     the last `window` keys (the WINDOW variant; the splits divide those). softcap > 0: scores
-    s -> softcap * tanh(s / softcap) (the CAP variant). scale: the scores' factor (1/sqrt(Dh))."""
+    s -> softcap * tanh(s / softcap) (the CAP variant). scale: the scores' factor (1/sqrt(Dh)).
+    chunk > 0 (llama4's chunked layers): only the keys of the row's own chunk, from
+    (L - 1) // chunk * chunk to L - 1 (the CHUNK variant; the splits divide those)."""
     b, h, dh = q.shape
     _, page, hkv, _ = k_pages.shape
     g = h // hkv
@@ -205,6 +218,9 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     window = max(0, int(window))
     if window:      # a row reads at most window keys, from lo's tile on: at most window + bs - 1
         span = min(span, window + bs - 1)
+    chunk = max(0, int(chunk))
+    if chunk:       # likewise at most chunk keys (its chunk's start to the row's position)
+        span = min(span, chunk + bs - 1)
     if n_split is None:
         n_split = split_count(b, hkv, span, bs, target_programs)
     n_split = max(1, min(int(n_split), triton.cdiv(span, bs)))
@@ -237,7 +253,8 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
         PAGE=page, D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs,
         IEEE=k_pages.dtype == torch.float32, DIRECT=direct, MERGE=merge, num_warps=4,
         SINK=sinks is not None, sinks=None if sinks is None else sinks.float().contiguous(),
-        WINDOW=window > 0, window=window, CAP=softcap > 0, softcap=float(softcap) if softcap > 0 else 1.0)
+        WINDOW=window > 0, window=window, CAP=softcap > 0, softcap=float(softcap) if softcap > 0 else 1.0,
+        CHUNK=chunk > 0, chunk=max(chunk, 1))
     if not direct and not merge:
         _merge_kernel[(b, h)](part_o, part_m, part_l, out, out.stride(0), out.stride(1), h, n_split,
                               D=dh, BD=bd, CH=16, num_warps=4)
