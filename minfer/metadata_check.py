@@ -131,6 +131,7 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "expert_group_count": _count(1, 1 << 16),
     "expert_group_used_count": _count(1, 1 << 16),
     "expert_gating_func": _count(1, 255),
+    "moe_latent_size": _count(0, 1 << 20),           # nemotron_h_moe (Nemotron-3 Super): 0 or absent, none
     "expert_weights_scale": _nonnegative_float(),
     "leading_dense_block_count": _count(0, 4096),
     # deepseek2's MLA (gguf-py Keys.Attention Q_LORA_RANK, KV_LORA_RANK, KEY/VALUE_LENGTH_MLA; Keys.Rope
@@ -184,7 +185,7 @@ def _dense_zero(arch: str, suffix: str, v: Any) -> bool:
 # Architectures whose feed_forward_length array has 0 on the layers without an MLP: nemotron_h's converter
 # writes n_ff on its MLP blocks only (conversion/nemotron.py NemotronHModel.set_gguf_parameters), and
 # llama.cpp reads n_ff(il) == 0 as a Mamba-2 or attention block (nemotron-h.cpp load_arch_hparams)
-ZERO_FFN_LAYERS = frozenset({"nemotron_h"})
+ZERO_FFN_LAYERS = frozenset({"nemotron_h", "nemotron_h_moe"})   # nemotron_h_moe: its MoE blocks
 _ZERO_FFN_ITEMS = _count_or_counts(1, 1 << 22, item_lo=0)
 
 

@@ -591,3 +591,7 @@ ARCHS = {
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
+
+from arch_fixture_configs_b import ARCHS_B  # noqa: E402  (part two: each file under 600 lines)
+
+ARCHS.update(ARCHS_B)

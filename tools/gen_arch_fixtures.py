@@ -81,7 +81,8 @@ EXTRA_SPECIALS["qwen35moe"] = ("<|endoftext|>",)
 EXTRA_SPECIALS["qwen3next"] = ("<|endoftext|>",)
 
 # configs rewritten to the released form, then read by the converter from config.json as written
-CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "exaone": exaone_as_released}
+CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "nemotron_h_moe": nemotron_h_as_released,
+                      "nemotron_h_moe-latent": nemotron_h_as_released, "exaone": exaone_as_released}
 
 # transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
 # them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py

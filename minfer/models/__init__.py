@@ -28,6 +28,7 @@ from minfer.models.granite import GraniteModel
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.granitehybrid import GraniteHybridModel
 from minfer.models.nemotron_h import NemotronHModel
+from minfer.models.nemotron_h_moe import NemotronHMoeModel
 from minfer.models.falcon_h1 import FalconH1Model
 from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo2 import Olmo2Model
@@ -63,7 +64,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba2Model, OlmoeModel, Starcoder2Model,
-    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, FalconH1Model, ExaoneModel,
+    HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -206,8 +206,8 @@ def moe_ffn(h, router, gate_exps, up_exps, down_exps, k: int, norm_weights: bool
     "sigmoid" with select_bias (E,) (choice only), n_group / topk_group (group-limited choice) and
     weights_scale. gemma4: act "geglu" (gelu_tanh(gate) * up), router_in (T, D) the router's own
     input, down_scale (E,) per-expert output scale, and up_exps None with gate_exps the fused
-    (E*2F, D) gate_up tensor. minfer/ops/reference.py moe_ffn and route; CUDA with no host value
-    (ops/cuda/moe.py)."""
+    (E*2F, D) gate_up tensor. nemotron_h_moe: act "relu2" with gate_exps None (ungated experts,
+    relu(up)^2). minfer/ops/reference.py moe_ffn and route; CUDA with no host value (ops/cuda/moe.py)."""
     opts = dict(router_bias=router_bias, gating=gating, gate_bias=gate_bias, up_bias=up_bias, down_bias=down_bias,
                 act=act, alpha=alpha, limit=limit, select_bias=select_bias, n_group=n_group, topk_group=topk_group,
                 weights_scale=weights_scale, router_in=router_in, down_scale=down_scale)

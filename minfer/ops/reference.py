@@ -263,7 +263,9 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     out = sum_k w_k (down_e a + down_bias[e]), a = act(gate_e h + gate_bias[e], up_e h + up_bias[e]),
     biases (E, N) float32 or None; act "silu": silu(g) * u; "swiglu_oai" (gpt-oss):
     g' = min(g, limit), u' = clamp(u, -limit, limit), a = g' sigmoid(alpha g') (u' + 1);
-    "geglu" (gemma4): gelu_tanh(g) * u (build_moe_ffn's LLM_FFN_GELU with a gate: ggml_geglu_split).
+    "geglu" (gemma4): gelu_tanh(g) * u (build_moe_ffn's LLM_FFN_GELU with a gate: ggml_geglu_split);
+    "relu2" (nemotron_h_moe): ungated experts, gate_exps None, a = relu(up_e h + up_bias[e])^2
+    (build_moe_ffn's LLM_FFN_RELU_SQR without a gate: ggml_relu then ggml_sqr; HF NemotronHExperts).
     gemma4's options: router_in (T, D) the router's own input (the logits are router router_in,
     the experts still read h; gemma4.cpp feeds the router a scaled RMS norm of the residual),
     down_scale (E,) each expert's output times down_scale[e] (build_moe_ffn's down_exps_s, applied
@@ -277,16 +279,20 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
                    n_group, topk_group, weights_scale)
     if down_scale is not None:
         w = w * down_scale.float()[idx]
+    ungated = check_gate(gate_exps, act)
     fused = up_exps is None
-    Fe = gate_exps.shape[0] // E // (2 if fused else 1)
+    first = up_exps if ungated else gate_exps
+    Fe = first.shape[0] // E // (2 if fused else 1)
     out = torch.zeros(T, D, dtype=torch.float32, device=h.device)
-    packed = gate_exps.packed is not None and h.device.type == "cpu"
-    threads = _expert_threads(gate_exps) if packed else contextlib.nullcontext()
+    packed = first.packed is not None and h.device.type == "cpu"
+    threads = _expert_threads(first) if packed else contextlib.nullcontext()
     with threads:
         for e in idx.unique().tolist():
             tok, slot = (idx == e).nonzero(as_tuple=True)                 # tokens routed to e
             x = h[tok]
-            if fused:
+            if ungated:
+                g = u = _expert_mm(up_exps, e, Fe, x)
+            elif fused:
                 gu = _expert_mm(gate_exps, e, 2 * Fe, x)
                 g, u = gu[:, :Fe], gu[:, Fe:]
             else:
@@ -300,7 +306,19 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
 
 
 MOE_GATINGS = ("softmax", "topk_softmax", "sigmoid")
-MOE_ACTS = ("silu", "swiglu_oai", "geglu")
+MOE_ACTS = ("silu", "swiglu_oai", "geglu", "relu2")
+UNGATED_ACTS = ("relu2",)      # experts with up and down only (gate_exps None)
+
+
+def check_gate(gate_exps, act: str) -> bool:
+    """True for an ungated act (gate_exps must be None then; the gated acts need one)."""
+    if act not in MOE_ACTS:
+        raise ValueError(f"moe_ffn: act {act!r} is not one of {MOE_ACTS}")
+    ungated = act in UNGATED_ACTS
+    if ungated != (gate_exps is None):
+        raise ValueError(f"moe_ffn: act {act!r} " + ("takes no gate_exps (ungated experts)" if ungated
+                                                      else "needs gate_exps"))
+    return ungated
 
 
 def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, router_bias=None,
@@ -338,9 +356,15 @@ def route(h: torch.Tensor, router: torch.Tensor, k: int, norm_weights: bool, rou
 
 def moe_act(g: torch.Tensor, u: torch.Tensor, gate_bias, up_bias, e: int, act: str, alpha: float,
             limit: float) -> torch.Tensor:
-    """Expert e's activation of its gate and up outputs (n, Fe), biases added first (float32)."""
+    """Expert e's activation of its gate and up outputs (n, Fe), biases added first (float32);
+    "relu2" reads u only (ungated: relu(u + up_bias[e])^2)."""
     if act not in MOE_ACTS:
         raise ValueError(f"moe_ffn: act {act!r} is not one of {MOE_ACTS}")
+    if act == "relu2":
+        if gate_bias is not None:
+            raise ValueError("moe_ffn: act 'relu2' (ungated experts) takes no gate_bias")
+        u = u.float() if up_bias is None else u.float() + up_bias[e].float()
+        return torch.relu(u).square()
     if gate_bias is None and up_bias is None and act == "silu":
         return F.silu(g) * u                                              # qwen3moe's, as it was
     g, u = g.float(), u.float()

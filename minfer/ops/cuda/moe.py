@@ -39,6 +39,10 @@ expert's output scale, folded into its routing weight on the device), and the fu
 experts (up_exps None, gate_exps (E*2Fe, D)): each path multiplies the 2Fe rows of an expert in
 one product (one int8 GEMV, one gather + bmm, one grouped GEMM) and the activation reads the two
 halves as strided views (build_moe_ffn's gate_up_exps).
+
+Option (nemotron_h_moe): act "relu2", ungated experts (gate_exps None): each path multiplies only the up
+rows (one int8 GEMV, one gather + bmm, one grouped GEMM) and moe_act's kernel squares relu(up) (build_moe_ffn's
+LLM_FFN_RELU_SQR without a gate).
 """
 
 from __future__ import annotations
@@ -83,7 +87,9 @@ def _decode_q8(h, w, idx, gate_exps, up_exps, down_exps, Fe, ctx, opts=None):
         tok = torch.arange(T, device=h.device).repeat_interleave(k)    # slot -> its token's row
         q8 = (xq.index_select(0, tok).contiguous(), xf.index_select(0, tok).contiguous())
     gx = gemv_q8_experts.gemv_q8_experts
-    if up_exps is None:                                                # fused gate_up: one GEMV of 2Fe rows
+    if gate_exps is None:                                              # ungated (relu2): up only
+        g = u = gx(q8, planes_of(up_exps), sel, Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws, interpret=interp)
+    elif up_exps is None:                                              # fused gate_up: one GEMV of 2Fe rows
         gu = gx(q8, planes_of(gate_exps), sel, 2 * Fe, per_slot_x=per_slot, out_dtype=h.dtype, ws=ws,
                 interpret=interp)
         g, u = gu[:, :Fe], gu[:, Fe:]
@@ -138,8 +144,9 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     (the options: ops.moe_ffn)."""
     T, D = h.shape
     E = router.shape[0]
+    ungated = reference.check_gate(gate_exps, act)
     fused = up_exps is None
-    Fe = gate_exps.shape[0] // E // (2 if fused else 1)
+    Fe = (up_exps if ungated else gate_exps).shape[0] // E // (2 if fused else 1)
     if act not in moe_act.ACTS:
         raise ValueError(f"moe_ffn: act {act!r} is not one of {tuple(moe_act.ACTS)}")
     opts = None
@@ -150,7 +157,7 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     if down_scale is not None:
         w = w * down_scale.float()[idx]
     adt = h.dtype
-    mats = (gate_exps, down_exps) if fused else (gate_exps, up_exps, down_exps)
+    mats = (up_exps, down_exps) if ungated else (gate_exps, down_exps) if fused else (gate_exps, up_exps, down_exps)
     planes = all(planes_of(t) is not None for t in mats)
     # (float32 activations keep the exact grouped path, as the dense layers keep their bf16-free GEMV)
     if planes and T * k <= GATHER_MAX and Fe % 256 == 0 and D % 256 == 0 and h.dtype != torch.float32:
@@ -163,7 +170,10 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
         paths.count("moe.gather")
         sel = idx.reshape(-1)                                              # (T*k,)
         x = h.repeat_interleave(k, dim=0).unsqueeze(-1)                   # (T*k, D, 1)
-        if fused:
+        if ungated:
+            u = torch.bmm(_decode_rows(up_exps, _expert_rows(sel, Fe), D, adt).view(T * k, Fe, D), x).squeeze(-1)
+            a = _act(None, u, sel, opts)                                   # (T*k, Fe)
+        elif fused:
             gu = _decode_rows(gate_exps, _expert_rows(sel, 2 * Fe), D, adt).view(T * k, 2 * Fe, D)
             gu = torch.bmm(gu, x).squeeze(-1)                              # (T*k, 2Fe)
             a = _act(gu[:, :Fe], gu[:, Fe:], sel, opts)
@@ -184,7 +194,10 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
     xs = h.index_select(0, tok)                                            # (T*k, D)
     all_e = torch.arange(E, device=h.device)
     e_of = flat[order]                                                     # expert of each sorted pair
-    if fused:
+    if ungated:
+        u = _decode_rows(up_exps, _expert_rows(all_e, Fe), D, adt).view(E, Fe, D)
+        a = _act(None, _grouped(xs, u, counts, e_of), e_of, opts)         # (T*k, Fe)
+    elif fused:
         gu = _decode_rows(gate_exps, _expert_rows(all_e, 2 * Fe), D, adt).view(E, 2 * Fe, D)
         gu = _grouped(xs, gu, counts, e_of)                                # (T*k, 2Fe)
         a = _act(gu[:, :Fe], gu[:, Fe:], e_of, opts)

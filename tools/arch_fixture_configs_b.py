@@ -1,0 +1,33 @@
+"""The Hugging Face configs of tools/gen_arch_fixtures.py's tiny random models, part two (part one,
+tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each file under 600 lines):
+name -> (config class, model class, config keywords)."""
+
+ARCHS_B = {
+    # NVIDIA Nemotron-3 Nano 30B-A3B style (nemotron_h_moe): the block pattern M E M * E M (Mamba-2, MoE,
+    # attention without rope), each block one mixer after its RMSNorm. MoE: 8 ungated squared-ReLU experts of 32,
+    # sigmoid scores chosen on score + e_score_correction_bias (random: the selection bias matters), top 2,
+    # renormalized (norm_topk_prob), routed_scaling_factor 2.5 (the release's), plus one ungated squared-ReLU
+    # shared expert of 48; n_group 1 (the release's; the converter writes no expert_group_used_count, so llama.cpp
+    # loads no grouped file). Mamba-2: 12 heads of 16 (inner 192), 2 groups, state 16, conv of 4 with bias,
+    # chunk_size 8. The config goes to the converter as released (CONFIG_AS_RELEASED: the pattern string)
+    "nemotron_h_moe": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, layers_block_type=["linear_attention", "moe", "linear_attention",
+                                                                 "full_attention", "moe", "linear_attention"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=12, mamba_head_dim=16, n_groups=2,
+        ssm_state_size=16, conv_kernel=4, chunk_size=8, use_conv_bias=True, use_bias=False, mlp_bias=False,
+        attention_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, moe_shared_expert_intermediate_size=48,
+        n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+        num_nextn_predict_layers=0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Nemotron-3 Super style: the same with moe_latent_size 32, the routed experts run in a 32-wide latent
+    # (fc1_latent_proj before them, fc2_latent_proj after; the router and the shared expert read the full width)
+    "nemotron_h_moe-latent": ("NemotronHConfig", "NemotronHForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, layers_block_type=["linear_attention", "moe", "full_attention",
+                                                                 "linear_attention", "moe"],
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, mamba_num_heads=12, mamba_head_dim=16, n_groups=2,
+        ssm_state_size=16, conv_kernel=4, chunk_size=8, use_conv_bias=True, use_bias=False, mlp_bias=False,
+        attention_bias=False, layer_norm_epsilon=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, moe_shared_expert_intermediate_size=32,
+        moe_latent_size=32, n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True,
+        routed_scaling_factor=2.0, num_nextn_predict_layers=0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}
