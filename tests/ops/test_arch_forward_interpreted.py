@@ -100,7 +100,14 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode.triton"],
         # falcon-h1: attention with NEOX rope and Mamba-2 in every layer; -nonorm: no group norm after the gate
         "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"],
-        "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"]}
+        "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"],
+        # nemotron_h_moe: nemotron_h's Mamba-2 and attention blocks, MoE blocks of ungated squared-ReLU experts
+        # (moe_act's relu2; prefill 10 tokens x top 2 or 3 > 16 rows: grouped, decode: the gather) plus the
+        # squared-ReLU shared expert in torch; -latent: the experts between the latent projections
+        "nemotron_h_moe": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather", "moe.grouped",
+                           "moe.act.triton", "relu2.torch"],
+        "nemotron_h_moe-latent": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather",
+                                  "moe.grouped", "moe.act.triton", "relu2.torch"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -120,7 +127,7 @@ def cuda_ops():
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
-                                  "falcon-h1-nonorm"])
+                                  "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
