@@ -26,7 +26,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
-         "nemotron_h", "falcon-h1", "falcon-h1-nonorm"]
+         "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -113,7 +113,14 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode"],
             # falcon-h1: attention (NEOX rope) and Mamba-2 side by side in every layer
             "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"],
-            "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"]}
+            "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"],
+            # nemotron_h_moe: Mamba-2 and rope-less attention blocks, MoE blocks of ungated squared-ReLU experts
+            # (moe_act.py's relu2 on both MoE paths) plus the squared-ReLU shared expert (torch ops); -latent: the
+            # experts between the latent projections
+            "nemotron_h_moe": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather", "moe.grouped",
+                               "moe.act.triton", "relu2.torch"],
+            "nemotron_h_moe-latent": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather",
+                                      "moe.grouped", "moe.act.triton", "relu2.torch"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
