@@ -117,6 +117,11 @@ class DeltaNetWeights:
     ssm_ba: QWeight | None = None  # qwen3next: (2 Hv, D), per key head r beta rows then r alpha rows
     conv_b = None                  # no conv bias (mamba2.causal_conv reads it)
 
+    def matrices(self) -> list[QWeight]:
+        """The layer's matrices that exist."""
+        return [w for w in (self.attn_qkv, self.attn_gate, self.ssm_beta, self.ssm_alpha, self.ssm_ba, self.ssm_out)
+                if w is not None]
+
 
 def read_dims(gf, arch: str) -> DeltaNetDims:
     """The ssm.* keys (llama.cpp load_arch_hparams of qwen35 / qwen35moe / qwen3next reads all five as

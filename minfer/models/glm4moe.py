@@ -56,7 +56,7 @@ from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import Block, attention_branch, ffn_branch, load_head
 from minfer.models.qwen3moe import MoeBlock, Qwen3MoeModel, load_experts
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.weights import load_qweight, load_vector
 
 
 @dataclass
@@ -186,19 +186,3 @@ class Glm4MoeModel(Qwen3MoeModel):
         x, f = step.rows(x), step.rows(f)                          # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
         return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
-
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, e in zip(self.blocks, self.moe):
-            ws += b.matrices()
-            if e is not None:
-                ws += [w for w in (e.gate_exps, e.up_exps, e.down_exps, e.gate_shexp, e.up_shexp, e.down_shexp)
-                       if w is not None]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
-
-    def head_weights(self) -> list:
-        # the stacked experts never go through ops.linear's scratch (ops.moe_ffn decodes the rows it needs)
-        return [self.token_embd, self.output] + [w for e in self.moe if e is not None
-                                                 for w in (e.gate_exps, e.up_exps, e.down_exps)]

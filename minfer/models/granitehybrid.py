@@ -193,26 +193,11 @@ class GraniteHybridModel(GraniteMoeModel):
 
     # ---- declarations ----
 
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, e, mb in zip(self.blocks, self.moe, self.mamba):
-            ws += [w for w in (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down)
-                   if w is not None]
-            if mb is not None:
-                ws += [mb.ssm_in, mb.ssm_out]
-            if e is not None:
-                ws += [w for w in (e.gate_exps, e.up_exps, e.down_exps, e.gate_shexp, e.up_shexp, e.down_shexp)
-                       if w is not None]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
-
-    def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks if b.attn_q is not None]
-
-    def head_weights(self) -> list:
-        return [self.token_embd, self.output] + [w for e in self.moe if e is not None
-                                                 for w in (e.gate_exps, e.up_exps, e.down_exps)]
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        """A Mamba-2 layer's in/out projections before the experts (qweights, linear_groups and
+        head_weights: LlamaModel's and Qwen3MoeModel's)."""
+        mb = self.mamba[i]
+        return ([mb.ssm_in, mb.ssm_out] if mb is not None else []) + super().layer_matrices(i)
 
     # ---- the forward (GraniteScales.forward: the multipliers; these give each layer's branches) ----
 

@@ -153,9 +153,6 @@ class Lfm2Model(LlamaModel):
     def qweights(self) -> list[QWeight]:
         return super().qweights() + [w for w in (*self.conv_in, *self.conv_out) if w is not None]
 
-    def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks if b.attn_q is not None]
-
     # ---- the forward ----
 
     def short_conv(self, h: torch.Tensor, i: int, cache, step: Step, ctx) -> torch.Tensor:

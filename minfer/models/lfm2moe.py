@@ -46,6 +46,7 @@ from minfer.models.base import Step
 from minfer.models.glm4moe import Glm4MoeBlock, load_moe_layer
 from minfer.models.layers import Block, attention_heads, ffn_branch
 from minfer.models.lfm2 import Lfm2Model
+from minfer.models.qwen3moe import stacked_experts
 from minfer.weights import QWeight, load_qweight, load_vector
 
 
@@ -108,13 +109,10 @@ class Lfm2MoeModel(Lfm2Model):
     # ---- declarations ----
 
     def qweights(self) -> list[QWeight]:
-        return super().qweights() + [w for e in self.moe if e is not None for w in (e.gate_exps, e.up_exps,
-                                                                                      e.down_exps)]
+        return super().qweights() + stacked_experts(self.moe)      # after lfm2's conv matrices
 
     def head_weights(self) -> list:
-        # the stacked experts never go through ops.linear's scratch (ops.moe_ffn decodes the rows it needs)
-        return super().head_weights() + [w for e in self.moe if e is not None
-                                         for w in (e.gate_exps, e.up_exps, e.down_exps)]
+        return super().head_weights() + stacked_experts(self.moe)
 
     # ---- the forward ----
 

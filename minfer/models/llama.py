@@ -70,15 +70,21 @@ class LlamaModel(Model):
     # ---- declarations (minfer.models.base.Model) ----
 
     def qweights(self) -> list[QWeight]:
+        """The embedding, each layer's Block matrices then its layer_matrices, the untied lm head."""
         ws = [self.token_embd]
-        for b in self.blocks:
-            ws += b.matrices()
+        for i, b in enumerate(self.blocks):
+            ws += b.matrices() + self.layer_matrices(i)
         if self.output is not self.token_embd:
             ws.append(self.output)
         return ws
 
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        """Layer i's matrices outside its Block (a recurrent mixer's, the MoE experts); none here."""
+        return []
+
     def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks]
+        # a hybrid's recurrent / conv layers have no attn_q, hence no q/k/v group
+        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks if b.attn_q is not None]
 
     def head_weights(self) -> list:
         return [self.token_embd, self.output]

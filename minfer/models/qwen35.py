@@ -201,26 +201,11 @@ class Qwen35Model(Qwen2MoeModel):
 
     # ---- declarations ----
 
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, e, lw in zip(self.blocks, self.moe, self.linear):
-            ws += b.matrices()
-            if lw is not None:
-                ws += [x for x in (lw.attn_qkv, lw.attn_gate, lw.ssm_beta, lw.ssm_alpha, lw.ssm_ba, lw.ssm_out)
-                       if x is not None]
-            if e is not None:
-                ws += [x for x in (e.gate_exps, e.up_exps, e.down_exps, e.gate_shexp, e.up_shexp, e.down_shexp)
-                       if x is not None]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
-
-    def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks if b.attn_q is not None]
-
-    def head_weights(self) -> list:
-        return [self.token_embd, self.output] + [w for e in self.moe if e is not None
-                                                 for w in (e.gate_exps, e.up_exps, e.down_exps)]
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        """A linear-attention layer's matrices before the experts (qweights, linear_groups and
+        head_weights: LlamaModel's and Qwen3MoeModel's)."""
+        lw = self.linear[i]
+        return (lw.matrices() if lw is not None else []) + super().layer_matrices(i)
 
     # ---- the forward ----
 

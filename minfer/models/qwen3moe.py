@@ -73,6 +73,18 @@ class MoeBlock:
     up_shexp: QWeight | None = None              # (F_s, D)
     down_shexp: QWeight | None = None            # (D, F_s)
 
+    def matrices(self) -> list[QWeight]:
+        """The stacked experts, then the shared expert's matrices that exist."""
+        return [w for w in (self.gate_exps, self.up_exps, self.down_exps, self.gate_shexp, self.up_shexp,
+                            self.down_shexp) if w is not None]
+
+
+def stacked_experts(moe: list) -> list[QWeight]:
+    """Every layer's stacked experts (moe: per layer a block with gate/up/down_exps, or None). ops.moe_ffn
+    decodes the rows it needs itself, so they never go through ops.linear's scratch nor size it
+    (Model.head_weights)."""
+    return [w for e in moe if e is not None for w in (e.gate_exps, e.up_exps, e.down_exps)]
+
 
 class Qwen3MoeModel(LlamaModel):
     arch = "qwen3moe"
@@ -155,22 +167,12 @@ class Qwen3MoeModel(LlamaModel):
         return ops.linear(ops.swiglu(ops.linear(h, e.gate_shexp, None, ctx), ops.linear(h, e.up_shexp, None, ctx)),
                           e.down_shexp, None, ctx)
 
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, e in zip(self.blocks, self.moe):
-            ws += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, e.gate_exps, e.up_exps, e.down_exps]
-            ws += [w for w in (e.gate_shexp, e.up_shexp, e.down_shexp) if w is not None]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
-
-    def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks]
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        e = self.moe[i]      # None: a dense layer (its FFN in the Block)
+        return super().layer_matrices(i) + ([] if e is None else e.matrices())
 
     def head_weights(self) -> list:
-        # the stacked experts never go through ops.linear's scratch (ops.moe_ffn decodes the
-        # rows it needs itself), so they do not size it either
-        return [self.token_embd, self.output] + [w for e in self.moe for w in (e.gate_exps, e.up_exps, e.down_exps)]
+        return super().head_weights() + stacked_experts(self.moe)
 
     def attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
         """Layer i's attention branch of the normed input h (T, D) -> (T, D) (olmoe: its own q/k norms)."""
