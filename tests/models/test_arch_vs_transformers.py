@@ -164,7 +164,7 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
-@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe",
+@pytest.mark.parametrize("name", ["gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe", "llama4",
                                   "deepseek2", "deepseek3", "granitehybrid", "granitehybrid-dense", "nemotron_h",
                                   "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next",
                                   "nemotron_h_moe", "nemotron_h_moe-latent"])
@@ -174,7 +174,8 @@ def test_batch_engine_greedy_matches_transformers(name):
     temperature; gemma4's per-layer cache geometry; gpt-oss's sinks; lfm2's conv rows read back through
     the block tables, across blocks; deepseek2's latent rows with V a view of K and its own scale; the
     Mamba-2 hybrids' and the Qwen3.5 family's gated DeltaNet per-sequence state slots,
-    runtime/paged_state.py), next to a second sequence."""
+    runtime/paged_state.py; llama4 through attend(chunk=) at its released chunk 8192, which these lengths never
+    cross: tests/runtime/test_paged_chunked.py serves it at chunk 8), next to a second sequence."""
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.sampling import SamplingParams
 
