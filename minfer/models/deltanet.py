@@ -71,7 +71,7 @@ import torch.nn.functional as F
 
 from minfer import ops
 from minfer.errors import MinferError
-from minfer.models.mamba2 import _initial_state, _store_state, causal_conv
+from minfer.models.mamba2 import _initial_state, _store_state, causal_conv, read_ssm_keys
 from minfer.weights import QWeight, load_dense, load_qweight, load_vector
 
 CHUNK = 64      # positions per chunk of the prefill's scan (delta-net-base.cpp: CS = 64)
@@ -126,18 +126,9 @@ class DeltaNetWeights:
 def read_dims(gf, arch: str) -> DeltaNetDims:
     """The ssm.* keys (llama.cpp load_arch_hparams of qwen35 / qwen35moe / qwen3next reads all five as
     required), checked; a missing or wrong one is named."""
-    md, vals = gf.metadata, {}
-    for name, suffix in (("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
-                         ("n_v_heads", "time_step_rank"), ("n_k_heads", "group_count")):
-        key = f"{arch}.ssm.{suffix}"
-        if key not in md:
-            raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model's "
-                              "linear-attention layers)")
-        v = md[key]
-        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 1 << 20:
-            raise MinferError(f"{gf.path}: metadata key '{key}' = {v!r}: expected a positive integer")
-        vals[name] = v
-    d = DeltaNetDims(**vals)
+    d = DeltaNetDims(**read_ssm_keys(gf, arch, (("d_conv", "conv_kernel"), ("d_inner", "inner_size"),
+                                                ("d_state", "state_size"), ("n_v_heads", "time_step_rank"),
+                                                ("n_k_heads", "group_count")), "linear-attention"))
     if d.d_inner % d.n_v_heads or d.n_v_heads % d.n_k_heads:
         raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner}, time_step_rank={d.n_v_heads}, "
                           f"group_count={d.n_k_heads}: the value heads must divide the inner size and the key "

@@ -125,23 +125,30 @@ def recurrent_state(cache, arch: str, layers: str = "Mamba-2"):
     return state
 
 
-def read_dims(gf, arch: str, d_model: int, inner_twice: bool = True) -> Mamba2Dims:
-    """The ssm.* keys (llama.cpp llama_model_granite_hybrid::load_arch_hparams reads all five as
-    required), checked against each other; a missing or wrong one is named. inner_twice: the inner
-    size must be 2 * d_model (granitehybrid's graph asserts it; module doc)."""
-    md = gf.metadata
-    vals = {}
-    for name, suffix in (("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
-                         ("n_heads", "time_step_rank"), ("n_groups", "group_count")):
+def read_ssm_keys(gf, arch: str, fields: tuple, layers: str) -> dict:
+    """{field: value of `{arch}.ssm.{suffix}`} for fields' (field, suffix) pairs, each required and a
+    positive integer (at most 2^20); a missing or wrong one is named with the file (layers: what needs
+    them, for the message). The recurrent mixers' read_dims (here and deltanet.py)."""
+    md, vals = gf.metadata, {}
+    for name, suffix in fields:
         key = f"{arch}.ssm.{suffix}"
         if key not in md:
             raise MinferError(f"{gf.path}: metadata key '{key}' is missing (needed to build the {arch} model's "
-                              "Mamba-2 layers)")
+                              f"{layers} layers)")
         v = md[key]
         if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= 1 << 20:
             raise MinferError(f"{gf.path}: metadata key '{key}' = {v!r}: expected a positive integer")
         vals[name] = v
-    d = Mamba2Dims(**vals)
+    return vals
+
+
+def read_dims(gf, arch: str, d_model: int, inner_twice: bool = True) -> Mamba2Dims:
+    """The ssm.* keys (llama.cpp llama_model_granite_hybrid::load_arch_hparams reads all five as
+    required), checked against each other; a missing or wrong one is named. inner_twice: the inner
+    size must be 2 * d_model (granitehybrid's graph asserts it; module doc)."""
+    d = Mamba2Dims(**read_ssm_keys(gf, arch, (("d_conv", "conv_kernel"), ("d_inner", "inner_size"),
+                                              ("d_state", "state_size"), ("n_heads", "time_step_rank"),
+                                              ("n_groups", "group_count")), "Mamba-2"))
     if d.d_inner % d.n_heads or d.n_heads % d.n_groups:
         raise MinferError(f"{gf.path}: {arch}.ssm.inner_size={d.d_inner}, time_step_rank={d.n_heads}, "
                           f"group_count={d.n_groups}: the heads must divide the inner size and the groups the heads")
