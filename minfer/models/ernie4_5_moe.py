@@ -49,9 +49,7 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.glm4moe import Glm4MoeModel, load_moe_layer
-from minfer.models.layers import Block, load_head
-from minfer.weights import load_qweight, load_vector
+from minfer.models.glm4moe import Glm4MoeModel
 
 
 def is_moe_layer(i: int, lead: int, step: int) -> bool:
@@ -65,22 +63,27 @@ class Ernie45MoeModel(Glm4MoeModel):
     qkv_bias = False
     qk_norm = False
     expert_keys = ("expert_count", "expert_used_count", "expert_feed_forward_length", "interleave_moe_layer_step")
+    ffn_norm_tensor = "ffn_norm.weight"
+    select_bias_optional = True         # exp_probs_b.bias: absent = no bias (module doc)
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Ernie45MoeModel":
-        from tqdm import tqdm
+        """glm4moe's loader (its check_moe / moe_layer hooks below); no biases or q/k norms (qkv_bias,
+        qk_norm False)."""
+        m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
+        m.moe_step = gf.metadata[f"{cls.arch}.interleave_moe_layer_step"]
+        m.weights_norm = True      # ernie4-5-moe.cpp: build_moe_ffn(..., norm_w = true, ...)
+        return m
 
-        cfg = cfg or ModelConfig.from_gguf(gf)
+    @classmethod
+    def check_moe(cls, gf, cfg: ModelConfig) -> tuple:
         md, a = gf.metadata, cls.arch
-        for key in cls.expert_keys:
-            if f"{a}.{key}" not in md:
-                raise MinferError(f"{gf.path}: metadata key '{a}.{key}' is missing (needed to build the {a} model)")
         step = md[f"{a}.interleave_moe_layer_step"]
         if not isinstance(step, int) or isinstance(step, bool) or step < 1:
             raise MinferError(f"{gf.path}: metadata key '{a}.interleave_moe_layer_step' is {step!r}: "
                               "expected an integer >= 1")
-        V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
+        E, Fe = cfg.n_experts, cfg.expert_ffn
         if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0:
             raise MinferError(f"{gf.path}: {a}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
                               f"expert_feed_forward_length={Fe}: expected 0 < used <= count and a positive length")
@@ -95,36 +98,8 @@ class Ernie45MoeModel(Glm4MoeModel):
                 raise MinferError(f"{gf.path}: tensor '{stray[0]}' is present but metadata key "
                                   f"'{a}.expert_shared_feed_forward_length' is missing or 0")
         # the graph's constants: softmax gating, no groups, always renormalized (module docstring)
-        cfg = replace(cfg, expert_gating="softmax", expert_groups=1, expert_groups_used=1)
-        lead = cfg.leading_dense_blocks
-        q_out, kv_out, F = cfg.n_heads * Dh, cfg.n_kv_heads * Dh, cfg.ffn
-        bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
-                   disable=not progress, leave=False)
-        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
-        blocks, moe = [], []
-        for i in range(cfg.n_layers):
-            p = f"blk.{i}."
+        return replace(cfg, expert_gating="softmax", expert_groups=1, expert_groups_used=1), Fs
 
-            def w(name, shape):
-                return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-            sparse = is_moe_layer(i, lead, step)
-            blocks.append(Block(
-                attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
-                attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
-                attn_output=w("attn_output", (D, q_out)),
-                ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
-                ffn_gate=None if sparse else w("ffn_gate", (F, D)),
-                ffn_up=None if sparse else w("ffn_up", (F, D)),
-                ffn_down=None if sparse else w("ffn_down", (D, F))))
-            moe.append(load_moe_layer(gf, p, E, D, Fe, Fs, device, dtype, select_bias_optional=True)
-                       if sparse else None)
-            bar.update()
-        output_norm, output = load_head(gf, cfg, token_embd, device, dtype)
-        bar.update()
-        bar.close()
-        m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
-        m.moe = moe
-        m.moe_step = step
-        m.weights_norm = True      # ernie4-5-moe.cpp: build_moe_ffn(..., norm_w = true, ...)
-        return m
+    @classmethod
+    def moe_layer(cls, gf, cfg: ModelConfig, i: int) -> bool:
+        return is_moe_layer(i, cfg.leading_dense_blocks, gf.metadata[f"{cls.arch}.interleave_moe_layer_step"])

@@ -106,18 +106,8 @@ class Glm4MoeModel(Qwen3MoeModel):
         for key in cls.expert_keys:
             if f"{a}.{key}" not in md:
                 raise MinferError(f"{gf.path}: metadata key '{a}.{key}' is missing (needed to build the {a} model)")
-        if f"{a}.rope.dimension_sections" in md:
-            raise MinferError(f"{gf.path}: metadata key '{a}.rope.dimension_sections' (M-RoPE, the vision "
-                              "variant) is not supported")
+        cfg, Fs = cls.check_moe(gf, cfg)
         V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
-        if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0 or cfg.expert_shared_count < 0:
-            raise MinferError(f"{gf.path}: {a}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
-                              f"expert_feed_forward_length={Fe}, expert_shared_count={cfg.expert_shared_count}: "
-                              "expected 0 < used <= count, a positive length and a shared count >= 0")
-        gating = cfg.expert_gating if f"{a}.expert_gating_func" in md else "sigmoid"
-        # cfg.n_layers is the trunk (ModelConfig: block_count - nextn_predict_layers, llama.cpp's n_layer())
-        cfg = replace(cfg, expert_gating=gating)
-        Fs = Fe * cfg.expert_shared_count
         q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
         bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
                    disable=not progress, leave=False)
@@ -129,10 +119,10 @@ class Glm4MoeModel(Qwen3MoeModel):
             def w(name, shape):
                 return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
 
-            def opt_vec(name, n):     # a TENSOR_NOT_REQUIRED vector: None when the file has none
-                return load_vector(gf, p + name, device, n) if p + name in gf.tensors else None
+            def opt_vec(name, n, wanted):     # a TENSOR_NOT_REQUIRED vector: None when the file has none
+                return load_vector(gf, p + name, device, n) if wanted and p + name in gf.tensors else None
 
-            dense = i < cfg.leading_dense_blocks
+            dense = not cls.moe_layer(gf, cfg, i)
             F = cfg.ffn
             blocks.append(Block(
                 attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
@@ -142,9 +132,11 @@ class Glm4MoeModel(Qwen3MoeModel):
                 ffn_gate=w("ffn_gate", (F, D)) if dense else None,
                 ffn_up=w("ffn_up", (F, D)) if dense else None,
                 ffn_down=w("ffn_down", (D, F)) if dense else None,
-                attn_q_bias=opt_vec("attn_q.bias", q_out), attn_k_bias=opt_vec("attn_k.bias", kv_out),
-                attn_v_bias=opt_vec("attn_v.bias", kv_out),
-                attn_q_norm=opt_vec("attn_q_norm.weight", Dh), attn_k_norm=opt_vec("attn_k_norm.weight", Dh)))
+                attn_q_bias=opt_vec("attn_q.bias", q_out, cls.qkv_bias),
+                attn_k_bias=opt_vec("attn_k.bias", kv_out, cls.qkv_bias),
+                attn_v_bias=opt_vec("attn_v.bias", kv_out, cls.qkv_bias),
+                attn_q_norm=opt_vec("attn_q_norm.weight", Dh, cls.qk_norm),
+                attn_k_norm=opt_vec("attn_k_norm.weight", Dh, cls.qk_norm)))
             if cls.qk_norm_required and blocks[-1].attn_q_norm is None:
                 raise MinferError(f"{gf.path}: tensor '{p}attn_q_norm.weight' is missing")
             if (blocks[-1].attn_q_norm is None) != (blocks[-1].attn_k_norm is None):
@@ -161,6 +153,27 @@ class Glm4MoeModel(Qwen3MoeModel):
         m.moe = moe
         m.weights_norm = bool(cfg.expert_weights_norm)       # llama.cpp: false when the key is absent
         return m
+
+    @classmethod
+    def check_moe(cls, gf, cfg: ModelConfig) -> tuple:
+        """The MoE keys checked (after expert_keys' presence): (the config the graph runs, the shared
+        expert's width; 0: none)."""
+        md, a, E, Fe = gf.metadata, cls.arch, cfg.n_experts, cfg.expert_ffn
+        if f"{a}.rope.dimension_sections" in md:
+            raise MinferError(f"{gf.path}: metadata key '{a}.rope.dimension_sections' (M-RoPE, the vision "
+                              "variant) is not supported")
+        if E <= 0 or not 0 < cfg.n_experts_used <= E or Fe <= 0 or cfg.expert_shared_count < 0:
+            raise MinferError(f"{gf.path}: {a}.expert_count={E}, expert_used_count={cfg.n_experts_used}, "
+                              f"expert_feed_forward_length={Fe}, expert_shared_count={cfg.expert_shared_count}: "
+                              "expected 0 < used <= count, a positive length and a shared count >= 0")
+        gating = cfg.expert_gating if f"{a}.expert_gating_func" in md else "sigmoid"
+        # cfg.n_layers is the trunk (ModelConfig: block_count - nextn_predict_layers, llama.cpp's n_layer())
+        return replace(cfg, expert_gating=gating), Fe * cfg.expert_shared_count
+
+    @classmethod
+    def moe_layer(cls, gf, cfg: ModelConfig, i: int) -> bool:
+        """Whether layer i's FFN is the MoE (else the dense ffn_gate/up/down): past the dense lead."""
+        return i >= cfg.leading_dense_blocks
 
     def ffn(self, h: torch.Tensor, e: Glm4MoeBlock, ctx) -> torch.Tensor:
         """A MoE layer's FFN of the normed input h (T, D) -> (T, D): the routed experts plus the
