@@ -270,17 +270,20 @@ class PagedKVCache:
                 parts.append(paged_attention_ref(q[:nd], kp, vp, st.block_tables, st.context_lens, window,
                                                  softcap, sinks, scale, chunk))
         kl, vl = self.k[layer], self.v[layer]
+        pieces = chunk and not (window or softcap > 0)
         for q0, n, s0, key_slots in st.chunks:
-            kc = kl.index_select(0, key_slots)                                   # (s0 + n, Hkv, Dh)
+            base = s0 // chunk * chunk if pieces else 0      # pieces: no key before the first one's chunk
+            key_slots = key_slots[base:]
+            kc = kl.index_select(0, key_slots)                                   # (s0 + n - base, Hkv, Dh)
             # v_in_k: the gathered keys' first dims, a view (ops.attention's MLA paths: V in K)
             vc = kc[..., :self.v_in_k] if self.v_is_view() else vl.index_select(0, key_slots)
             qc = q[q0:q0 + n]
             if window or softcap > 0:
                 paths.count(f"attention.paged_prefill{variant}.torch")
                 parts.append(windowed_attention(qc, kc, vc, s0, window, softcap, sinks, scale, chunk))
-            elif chunk:
+            elif pieces:
                 paths.count("attention.paged_prefill.chunked.pieces")
-                parts += _chunk_pieces(qc, kc, vc, s0, chunk, ctx, sinks, scale)
+                parts += _chunk_pieces(qc, kc, vc, s0, chunk, ctx, sinks, scale, base)
             else:
                 parts.append(ops.attention(qc, kc, vc, s0, ctx, sinks=sinks, scale=scale))
         return parts[0] if len(parts) == 1 else torch.cat(parts)
@@ -338,16 +341,18 @@ class PagedKVCache:
         return self.states.view(layer, self.step)
 
 
-def _chunk_pieces(q, k, v, start: int, chunk: int, ctx, sinks, scale) -> list:
-    """q (T, H, Dh) at positions start.. over keys k/v (start + T or more, Hkv, Dh; any keys past
-    the last query are causally masked) with llama4's chunks: the queries cut at the multiples of
-    chunk, each piece causal over its own chunk's keys, from cs = p // chunk * chunk (ops.attention
-    at start p - cs over k[cs:]; models/llama4.py's contiguous path likewise) -> the pieces' outputs."""
+def _chunk_pieces(q, k, v, start: int, chunk: int, ctx, sinks, scale, base: int = 0) -> list:
+    """q (T, H, Dh) at positions start.. over the keys k/v of positions base.. (base <= start's
+    chunk start; through start + T or more, Hkv, Dh: any keys past the last query are causally
+    masked) with llama4's chunks: the queries cut at the multiples of chunk, each piece causal over
+    its own chunk's keys, from cs = p // chunk * chunk (ops.attention at start p - cs over the keys
+    from cs; models/llama4.py's contiguous path likewise) -> the pieces' outputs."""
     out, p, end = [], start, start + q.shape[0]
     while p < end:
         cs = p // chunk * chunk
         b = min(end, cs + chunk)
-        out.append(ops.attention(q[p - start:b - start], k[cs:], v[cs:], p - cs, ctx, sinks=sinks, scale=scale))
+        out.append(ops.attention(q[p - start:b - start], k[cs - base:], v[cs - base:], p - cs, ctx, sinks=sinks,
+                                 scale=scale))
         p = b
     return out
 
