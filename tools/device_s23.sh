@@ -4,6 +4,9 @@
 #   run(command="MINFER_COMMIT=<sha> bash tools/device_s23.sh ftests diag bench; cp /tmp/minfer-out/* $OUT/",
 #       carry=[".whl"])
 set -u
+# .head.tgz (untracked, made here by `git archive HEAD minfer tools tests/gpu ... | gzip`): the committed code
+# over whatever a helper's uncommitted edits left in the copied working tree
+[ -f .head.tgz ] && tar xzf .head.tgz
 STEPS=${*:-ftests diag}
 source tools/device_setup.sh >/dev/null
 Q7=/tmp/q7.gguf
@@ -14,8 +17,10 @@ for step in $STEPS; do
   case $step in
     ftests)
       timeout ${FTESTS_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_arch_gpu.py \
-        -k "${FTESTS_K:-dots1 or lfm2moe or llama4 or qwen3vlmoe or ernie4_5 or hunyuan or qwen3next or gemma4}" \
-        tests/gpu/test_batching_gpu.py::test_deepseek2_fixture_batched_equals_alone >"$OUT/pytest-ftests.log" 2>&1
+        -k "${FTESTS_K:-dots1 or lfm2moe or llama4 or qwen3vlmoe or ernie4_5 or hunyuan or qwen3next or gemma4 or nemotron}" \
+        tests/gpu/test_batching_gpu.py::test_deepseek2_fixture_batched_equals_alone \
+        tests/gpu/test_batching_gpu.py::test_paged_decode_kernel_chunk_matches_reference \
+        tests/gpu/test_batching_gpu.py::test_llama4_fixture_batched_equals_alone >"$OUT/pytest-ftests.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-ftests.log" | head -30
       echo "ftests: $(tail -1 "$OUT/pytest-ftests.log")";;
     diag)
