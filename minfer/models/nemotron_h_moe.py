@@ -44,8 +44,10 @@ NemotronHMoE, NemotronHTopkRouter, NemotronHExperts):
   file's tensors then), build_ffn(..., LLM_FFN_RELU_SQR, LLM_FFN_PAR): W_down_s relu(W_up_s h)^2, added to the
   routed output (HF shared_experts = NemotronHMLP of moe_shared_expert_intermediate_size).
 - Refused by name: per-layer expert counts or widths (arrays: the Nemotron Puzzle form; metadata_check),
-  the bias tensors nemotron_h refuses, and the MTP head (nextn_predict_layers: ModelConfig counts the trunk
-  only; its blk.{n_layer} tensors are never loaded, as llama.cpp's trunk graph).
+  the bias tensors nemotron_h refuses and MoE bias tensors (router, experts, shared expert, latent: HF
+  mlp_bias; llama.cpp's loader has no slot for them).
+- The MTP head (nextn_predict_layers, conversion/nemotron.py's folded trailing block) is not refused but never
+  loaded: ModelConfig counts the trunk only, as llama.cpp's trunk graph runs n_layer() blocks.
 
 The cache and the engine: nemotron_h's (attention blocks keep K/V rows, Mamba-2 blocks their per-sequence
 state, MoE blocks nothing; served batched through the paged cache's state slots).
@@ -65,6 +67,11 @@ from minfer.models.layers import Block
 from minfer.models.nemotron_h import MLP, NemotronHModel, relu2
 from minfer.models.qwen3moe import load_experts
 from minfer.weights import QWeight, load_qweight, load_vector
+
+# bias tensors llama.cpp's nemotron_h_moe loader has no slot for (HF mlp_bias on the shared expert and the latent
+# projections); a file with one is refused rather than run without it
+_MOE_BIASES = ("ffn_gate_inp", "ffn_up_exps", "ffn_down_exps", "ffn_up_shexp", "ffn_down_shexp", "ffn_latent_down",
+               "ffn_latent_up")
 
 
 @dataclass
@@ -116,6 +123,10 @@ class NemotronHMoeModel(NemotronHModel):
         if Fe <= 0 or Fs <= 0:
             raise MinferError(f"{gf.path}: {a}.expert_feed_forward_length={Fe}, expert_shared_feed_forward_length="
                               f"{Fs}: expected positive widths")
+        for t in gf.tensors:
+            parts = t.split(".")
+            if len(parts) == 4 and parts[0] == "blk" and parts[2] in _MOE_BIASES and parts[3] == "bias":
+                raise MinferError(f"{gf.path}: tensor '{t}': {a} files with MoE bias tensors are not supported")
         if cfg.expert_groups > 1 and f"{a}.expert_group_used_count" not in md:
             raise MinferError(f"{gf.path}: metadata key '{a}.expert_group_used_count' is missing ({a}."
                               f"expert_group_count={cfg.expert_groups}: llama.cpp asserts a used count > 0)")

@@ -123,6 +123,8 @@ A = "nemotron_h_moe"
     (dict(set_keys={f"{A}.moe_latent_size": (32, gguf.GGUFValueType.UINT32)}), "blk.1.ffn_latent_down.weight"),
     (dict(set_keys={f"{A}.moe_latent_size": (-1, gguf.GGUFValueType.INT32)}), f"{A}.moe_latent_size"),
     (dict(set_keys={f"{A}.expert_used_count": ([2] * 6, gguf.GGUFValueType.ARRAY)}), f"{A}.expert_used_count"),
+    (dict(add_tensors={"blk.4.ffn_up_shexp.bias": np.zeros(48)}), "blk.4.ffn_up_shexp.bias"),
+    (dict(add_tensors={"blk.1.ffn_down_exps.bias": np.zeros((8, 64))}), "blk.1.ffn_down_exps.bias"),
 ])
 def test_bad_input_is_named(tmp_path, kw, match):
     p = rewrite(DATA / f"{A}.gguf", tmp_path / "x.gguf", **kw)
