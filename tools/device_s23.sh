@@ -6,7 +6,10 @@
 set -u
 # .head.tgz (untracked, made here by `git archive HEAD minfer tools tests/gpu ... | gzip`): the committed code
 # over whatever a helper's uncommitted edits left in the copied working tree
-[ -f .head.tgz ] && tar xzf .head.tgz
+if [ -f .head.tgz ]; then
+  tar xzf .head.tgz
+  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
+fi
 STEPS=${*:-ftests diag}
 source tools/device_setup.sh >/dev/null
 Q7=/tmp/q7.gguf
