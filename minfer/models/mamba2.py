@@ -281,11 +281,11 @@ def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple,
     engine's slots of several sequences (runtime/paged_state.py BatchState: conv_scan_batch)."""
     T = h.shape[0]
     H, G, di = d.n_heads, d.n_groups, d.d_inner
+    be = ops._backend(h)
+    if be is not ops.reference:                  # the CUDA backend (or the tests' interpreted one)
+        return _mixer_cuda(h, w, d, state, positions, eps, ctx, be)
     zxbcdt = ops.linear(h, w.ssm_in, None, ctx).float()                     # (T, in_dim)
     z, xbc, dt = zxbcdt.split([di, d.conv_dim, H], dim=-1)
-    if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
-        ops.paths.count("ssm.conv.torch")
-        ops.paths.count("ssm.scan.torch")
     if isinstance(state, tuple):
         x, y = conv_scan(xbc, dt, w, d, state, positions)
     else:
@@ -293,6 +293,39 @@ def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple,
     y = y + x * w.D.view(1, H, 1)                                            # the D skip
     y = gated_group_norm(y.reshape(T, di), z, w.norm, G, eps)
     return ops.linear(y.to(h.dtype), w.ssm_out, None, ctx)
+
+
+def _mixer_cuda(h, w: Mamba2Weights, d: Mamba2Dims, state, positions: torch.Tensor, eps: float, ctx, be):
+    """mamba2_mixer on the CUDA backend `be`: the decode rows (a single sequence's one-token step, the
+    batch engine's decode rows) through ops/cuda/ssm_step.py's kernel, one launch for the conv and the
+    state update of every row and head (`ssm.step.triton`); prefill rows through conv_scan's torch ops
+    (`ssm.conv.torch`, `ssm.scan.torch`); then the gate and the group norm in one kernel
+    (`ssm.norm.triton`). The in-projection's rows are read in their dtype (float32 inside)."""
+    T = h.shape[0]
+    H, di = d.n_heads, d.d_inner
+    zxbcdt = ops.linear(h, w.ssm_in, None, ctx)                              # (T, in_dim)
+    single = isinstance(state, tuple)
+    nd = (1 if T == 1 else 0) if single else state.n_decode                  # host values only
+    y = torch.empty((T, di), dtype=torch.float32, device=h.device) if nd < T else None
+    if nd:
+        conv, ssm = state if single else (state.conv, state.ssm)
+        yd = be.ssm_step(zxbcdt[:nd], w.conv_w, w.conv_b, w.dt_bias, w.A, w.D, conv, ssm, positions[:nd],
+                         None if single else state.decode_slots)
+        if y is None:
+            y = yd
+        else:
+            y[:nd] = yd
+    if nd < T:
+        ops.paths.count("ssm.conv.torch")
+        ops.paths.count("ssm.scan.torch")
+        _, xbc, dt = zxbcdt.float().split([di, d.conv_dim, H], dim=-1)
+        pieces = [(0, T, state, True)] if single else [(q0, n, (state.conv[slot], state.ssm[slot]), False)
+                                                       for q0, n, slot in state.chunks]
+        for q0, n, st, masked in pieces:
+            x, yc = conv_scan(xbc[q0:q0 + n], dt[q0:q0 + n], w, d, st, positions[q0:q0 + n], masked=masked)
+            y[q0:q0 + n] = (yc + x * w.D.view(1, H, 1)).reshape(n, di)
+    y = be.ssm_gate_norm(y, zxbcdt, w.norm, d.n_groups, eps, h.dtype)
+    return ops.linear(y, w.ssm_out, None, ctx)
 
 
 def conv_scan(xbc, dt, w: Mamba2Weights, d: Mamba2Dims, state: tuple, positions: torch.Tensor,

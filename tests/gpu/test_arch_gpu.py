@@ -28,6 +28,9 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma3", "phi3", "phi3partial", "qwen3mo
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent"]
 CTX = {"phi3": 32, "phi3partial": 32}
+# the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
+# too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
+SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
             "glm4moe": ["moe.gather", "moe.grouped"],   # sigmoid gating, selection bias, groups, scale
@@ -72,8 +75,9 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "lfm2moe": ["shortconv.torch", "attention.decode", "moe.gather", "moe.grouped"],
             # llama4: rope layers with the weightless q/k norms and chunks, the NoPE layer, the top-1 MoE
             "llama4": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
-            # mamba2: the Mamba-2 mixer alone (conv ring and scan in torch ops, in the decode graph too)
-            "mamba2": ["ssm.conv.torch", "ssm.scan.torch"],
+            # mamba2: the Mamba-2 mixer alone (prefill: conv ring and scan in torch ops; the decode step, in the
+            # graph too: ops/cuda/ssm_step.py's kernel; the gate and group norm: its norm kernel)
+            "mamba2": SSM,
             # olmoe: whole-projection q/k norms, the MoE (softmax top-k, no renormalization) on both paths;
             # starcoder2: LayerNorm with bias (the kernel, then + bias), biases on every linear
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],
@@ -104,22 +108,23 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
                           "moe.grouped"],
             "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode", "moe.gather",
                           "moe.grouped"],
-            # granitehybrid: the Mamba-2 layers' conv ring and scan (torch ops, in the decode graph too: the state
-            # rings are indexed by position, so the graph's warm-up runs repeat a step harmlessly), the rope-less
+            # granitehybrid: the Mamba-2 layers' conv ring and scan (prefill: torch ops; decode, in the graph too:
+            # the ssm_step kernel; the state rings are indexed by position, so the graph's warm-up runs repeat a
+            # step harmlessly), the rope-less
             # attention layer, the MoE on both paths (-dense: the shared MLP alone)
-            "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather", "moe.grouped"],
-            "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode"],
+            "granitehybrid": [*SSM, "attention.decode", "moe.gather", "moe.grouped"],
+            "granitehybrid-dense": [*SSM, "attention.decode"],
             # nemotron_h: Mamba-2 blocks, squared-ReLU MLP blocks (torch ops), a rope-less attention block
-            "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode"],
+            "nemotron_h": [*SSM, "relu2.torch", "attention.decode"],
             # falcon-h1: attention (NEOX rope) and Mamba-2 side by side in every layer
-            "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"],
-            "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "rope", "attention.decode"],
+            "falcon-h1": [*SSM, "rope", "attention.decode"],
+            "falcon-h1-nonorm": [*SSM, "rope", "attention.decode"],
             # nemotron_h_moe: Mamba-2 and rope-less attention blocks, MoE blocks of ungated squared-ReLU experts
             # (moe_act.py's relu2 on both MoE paths) plus the squared-ReLU shared expert (torch ops); -latent: the
             # experts between the latent projections
-            "nemotron_h_moe": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather", "moe.grouped",
+            "nemotron_h_moe": [*SSM, "attention.decode", "moe.gather", "moe.grouped",
                                "moe.act.triton", "relu2.torch"],
-            "nemotron_h_moe-latent": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode", "moe.gather",
+            "nemotron_h_moe-latent": [*SSM, "attention.decode", "moe.gather",
                                       "moe.grouped", "moe.act.triton", "relu2.torch"]}
 
 

@@ -23,8 +23,12 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda"]
+         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda.ssm_step",
+         "minfer.ops.cuda"]
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
+# the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the one-token decode step in
+# ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
+SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
 # the launch paths each model must take (beyond the common ones)
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "granitemoeshared": ["moe.gather"], "glm4moe": ["moe.gather", "moe.grouped", "rope.triton"],
@@ -84,30 +88,32 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # llama4 (chunk 8 set below): prefill across the chunk boundary through the kernels per chunk, the
         # host-free decode step through the masked torch path; the NoPE layer's decode kernel, the MoE (top 1
         # of 10 rows: the gather path; the grouped one in the GPU test's 40-token prefill)
-        # mamba2: the Mamba-2 mixer alone in every layer (conv ring and scan in torch ops, the state in the cache)
-        "mamba2": ["ssm.conv.torch", "ssm.scan.torch"],
+        # mamba2: the Mamba-2 mixer alone in every layer (prefill: conv ring and scan in torch ops; the decode step:
+        # ssm_step.py's kernel; the gate and group norm: its norm kernel; the state in the cache)
+        "mamba2": SSM,
         "llama4": ["attention.chunked.torch", "attention.decode.triton", "rope.triton", "moe.gather"],
         # qwen35: gated DeltaNet layers (conv ring and delta-rule scan in torch ops, the state in the cache) around
         # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
         "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton"],
         "qwen35moe": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
         "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
-        # granitehybrid: Mamba-2 layers (conv ring and chunked scan in torch ops, the state in the cache) around a
-        # rope-less attention layer, MoE + shared expert; -dense: the shared MLP alone
-        "granitehybrid": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather"],
-        "granitehybrid-dense": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton"],
+        # granitehybrid: Mamba-2 layers (prefill: conv ring and chunked scan in torch ops; decode: the ssm_step
+        # kernel; the state in the cache) around a rope-less attention layer, MoE + shared expert; -dense: the
+        # shared MLP alone. Every Mamba-2 model below: the prefill's torch ops, the decode's kernel, the norm kernel
+        "granitehybrid": [*SSM, "attention.decode.triton", "moe.gather"],
+        "granitehybrid-dense": [*SSM, "attention.decode.triton"],
         # nemotron_h: Mamba-2, squared-ReLU MLP (torch ops) and rope-less attention blocks
-        "nemotron_h": ["ssm.conv.torch", "ssm.scan.torch", "relu2.torch", "attention.decode.triton"],
+        "nemotron_h": [*SSM, "relu2.torch", "attention.decode.triton"],
         # falcon-h1: attention with NEOX rope and Mamba-2 in every layer; -nonorm: no group norm after the gate
-        "falcon-h1": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"],
-        "falcon-h1-nonorm": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "rope.triton"],
+        "falcon-h1": [*SSM, "attention.decode.triton", "rope.triton"],
+        "falcon-h1-nonorm": [*SSM, "attention.decode.triton", "rope.triton"],
         # nemotron_h_moe: nemotron_h's Mamba-2 and attention blocks, MoE blocks of ungated squared-ReLU experts
         # (moe_act's relu2; prefill 10 tokens x top 2 or 3 > 16 rows: grouped, decode: the gather) plus the
         # squared-ReLU shared expert in torch; -latent: the experts between the latent projections
-        "nemotron_h_moe": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather", "moe.grouped",
-                           "moe.act.triton", "relu2.torch"],
-        "nemotron_h_moe-latent": ["ssm.conv.torch", "ssm.scan.torch", "attention.decode.triton", "moe.gather",
-                                  "moe.grouped", "moe.act.triton", "relu2.torch"]}
+        "nemotron_h_moe": [*SSM, "attention.decode.triton", "moe.gather", "moe.grouped", "moe.act.triton",
+                           "relu2.torch"],
+        "nemotron_h_moe-latent": [*SSM, "attention.decode.triton", "moe.gather", "moe.grouped", "moe.act.triton",
+                                  "relu2.torch"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
