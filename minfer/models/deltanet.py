@@ -59,7 +59,12 @@ slot's rings (conv_scan_batch).
 The prefill runs the chunked form (CHUNK positions at a time; scan_chunked, the WY form of HF's
 torch_chunk_gated_delta_rule written out below); scan_sequential is the recurrence, the tests'
 reference. Both are torch ops on every device, counted on CUDA as `deltanet.conv.torch` and
-`deltanet.scan.torch` (no Triton kernel).
+`deltanet.scan.torch`. On CUDA the decode rows (one token each: the single sequence's T = 1 step,
+the batch engine's n_decode rows) take one Triton launch instead (ops/cuda/deltanet_step.py,
+`deltanet.step.triton`): the conv ring update + conv + SiLU, the q/k norms, beta and the decay, the
+delta rule of every value head on the same rings, and the gated output norm, reading the
+projections' rows in their dtype and writing the out projection's input; the torch step here
+(_decode_rows, scan_sequential) stays the CPU's and the kernel's reference.
 """
 
 from __future__ import annotations
@@ -243,25 +248,42 @@ def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state, 
     """The layer's linear attention of the normed input h (T, D) at the consecutive `positions` -> (T, D)
     in h's dtype; state: (conv ring, state ring) from the cache, updated in place, or the batch engine's
     slots of several sequences (runtime/paged_state.py BatchState: conv_scan_batch); tiled: value head j
-    reads key head j % Hk (qwen35's reordered heads), else j // (Hv/Hk) (module doc)."""
+    reads key head j % Hk (qwen35's reordered heads), else j // (Hv/Hk) (module doc). On CUDA the decode
+    rows (T = 1 of one sequence; a BatchState's first n_decode) by ops/cuda/deltanet_step.py's kernel,
+    the other rows by the torch ops."""
     T = h.shape[0]
     Hk, Hv, Dv = d.n_k_heads, d.n_v_heads, d.v_dim
-    qkv, z = (ops.linear(h, m, None, ctx).float() for m in (w.attn_qkv, w.attn_gate))
+    qkv, z = (ops.linear(h, m, None, ctx) for m in (w.attn_qkv, w.attn_gate))
     if w.ssm_ba is None:
-        b, a = (ops.linear(h, m, None, ctx).float() for m in (w.ssm_beta, w.ssm_alpha))
+        b, a = (ops.linear(h, m, None, ctx) for m in (w.ssm_beta, w.ssm_alpha))
     else:
-        b, a = split_ba(ops.linear(h, w.ssm_ba, None, ctx).float(), Hk, Hv)
-    if ops._backend(h) is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
-        ops.paths.count("deltanet.conv.torch")
-        ops.paths.count("deltanet.scan.torch")
-    beta = torch.sigmoid(b)                                                    # (T, Hv)
-    g = F.softplus(a + w.dt_bias) * w.A                                        # (T, Hv) <= 0
-    if isinstance(state, tuple):
-        o = conv_scan(qkv, g, beta, w, d, state, positions, tiled)             # (T, Hv, Dv)
-    else:
-        o = conv_scan_batch(qkv, g, beta, w, d, state, positions, tiled)
-    o = gated_head_norm(o, z.view(T, Hv, Dv), w.norm, eps)
-    return ops.linear(o.reshape(T, Hv * Dv).to(h.dtype), w.ssm_out, None, ctx)
+        b, a = ops.linear(h, w.ssm_ba, None, ctx), None
+    single = isinstance(state, tuple)
+    C = ops._backend(h)
+    nd = 0                     # the rows of one token each that the CUDA kernel steps (rows [0, nd))
+    if C is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
+        nd = (1 if T == 1 else 0) if single else state.n_decode
+    ys = []
+    if nd:
+        conv, ssm, slots = (state[0], state[1], None) if single else (state.conv, state.ssm, state.decode_slots)
+        ys.append(C.deltanet_step(qkv[:nd], z[:nd], b[:nd], None if a is None else a[:nd], positions[:nd], conv,
+                                  w.conv_w, ssm, w.dt_bias, w.A, w.norm, n_k_heads=Hk, tiled=tiled, eps=eps,
+                                  slots=slots, fused_ba=a is None, out_dtype=h.dtype))
+    if nd < T:
+        if C is not ops.reference:
+            ops.paths.count("deltanet.conv.torch")
+            ops.paths.count("deltanet.scan.torch")
+        qkv, z, b = qkv.float(), z.float(), b.float()
+        b, a = split_ba(b, Hk, Hv) if a is None else (b, a.float())
+        beta = torch.sigmoid(b)                                                # (T, Hv)
+        g = F.softplus(a + w.dt_bias) * w.A                                    # (T, Hv) <= 0
+        if single:
+            o = conv_scan(qkv, g, beta, w, d, state, positions, tiled)         # (T, Hv, Dv)
+        else:                                                                  # rows [nd, T)
+            o = conv_scan_batch(qkv, g, beta, w, d, state, positions, tiled, decode=nd == 0)
+        o = gated_head_norm(o, z[nd:].view(T - nd, Hv, Dv), w.norm, eps)
+        ys.append(o.reshape(T - nd, Hv * Dv).to(h.dtype))
+    return ops.linear(ys[0] if len(ys) == 1 else torch.cat(ys), w.ssm_out, None, ctx)
 
 
 def _heads(qkv: torch.Tensor, d: DeltaNetDims, tiled: bool) -> tuple:
@@ -290,16 +312,17 @@ def conv_scan(qkv, g, beta, w: DeltaNetWeights, d: DeltaNetDims, state: tuple, p
 
 
 def conv_scan_batch(qkv, g, beta, w: DeltaNetWeights, d: DeltaNetDims, state, positions: torch.Tensor,
-                    tiled: bool) -> torch.Tensor:
+                    tiled: bool, decode: bool = True) -> torch.Tensor:
     """conv_scan over the batch engine's ragged step (runtime/paged_state.py BatchState): state.conv
     (S, K, conv_dim) and state.ssm (S, 2, Hv, Dk, Dv) hold one ring each per state slot. The decode
     rows (tokens [0, n_decode), one per sequence, slots state.decode_slots on the device) in one set
     of batched ops (_decode_rows), so a CUDA graph replays them; each prefill chunk (q0, n, slot) by
     conv_scan on its slot's rings. Nothing is masked at position 0: a slot is zeroed when a sequence
-    takes it. -> o (T, Hv, Dv)."""
+    takes it. -> o (T, Hv, Dv); decode=False: the decode rows left out (stepped by the CUDA kernel) -> o
+    of rows [n_decode, T)."""
     os = []
     nd = state.n_decode
-    if nd:
+    if nd and decode:
         os.append(_decode_rows(qkv[:nd], g[:nd], beta[:nd], w, d, state.conv, state.ssm, state.decode_slots,
                                positions[:nd], tiled))
     for q0, n, slot in state.chunks:
