@@ -65,12 +65,6 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
                                  launch (deltanet_step.py; models/deltanet.py); prefill rows:
                                  deltanet.conv.torch, deltanet.scan.torch (torch ops)
   deltanet.norm.triton           that gated RMSNorm as its own launch (deltanet_step's block_v < Dv)
-  deltanet.step.triton           the gated DeltaNet mixer's decode rows (qwen35, qwen35moe, qwen3next): the
-                                 conv ring + conv + SiLU, the q/k L2 norms, beta and the decay, the delta
-                                 rule of every value head (state rings in place) and the gated RMSNorm in one
-                                 launch (deltanet_step.py; models/deltanet.py); prefill rows:
-                                 deltanet.conv.torch, deltanet.scan.torch (torch ops)
-  deltanet.norm.triton           that gated RMSNorm as its own launch (deltanet_step's block_v < Dv)
   moe.act.triton                 the experts' activation with per-expert gate/up biases, silu or the
                                  clamped swiglu_oai (gpt-oss; ops/cuda/moe_act.py)
 """
@@ -79,7 +73,6 @@ from __future__ import annotations
 
 from minfer.ops.cuda.attention import attention, decode_attention
 from minfer.ops.cuda.decode_attn_rope import rope_attention
-from minfer.ops.cuda.deltanet_step import deltanet_step
 from minfer.ops.cuda.deltanet_step import deltanet_step
 from minfer.ops.cuda.embedding import embedding
 from minfer.ops.cuda.layer_norm import layer_norm
@@ -91,7 +84,7 @@ from minfer.ops.cuda.workspace import Workspace
 
 __all__ = ["linear", "linear_many", "linear_qkv_rope", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "layer_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
-           "decode_attention", "rope_attention", "deltanet_step", "deltanet_step", "ssm_step", "ssm_gate_norm", "prepare_weight", "memory_report", "Workspace"]
+           "decode_attention", "rope_attention", "deltanet_step", "ssm_step", "ssm_gate_norm", "prepare_weight", "memory_report", "Workspace"]
 
 
 def prepare_weight(w) -> None:
