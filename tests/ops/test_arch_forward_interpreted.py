@@ -92,11 +92,14 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # ssm_step.py's kernel; the gate and group norm: its norm kernel; the state in the cache)
         "mamba2": SSM,
         "llama4": ["attention.chunked.torch", "attention.decode.triton", "rope.triton", "moe.gather"],
-        # qwen35: gated DeltaNet layers (conv ring and delta-rule scan in torch ops, the state in the cache) around
-        # a gated full-attention layer (per-head q/k norms, partial NEOX rope)
-        "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton"],
-        "qwen35moe": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
-        "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "attention.decode.triton", "moe.gather"],
+        # qwen35: gated DeltaNet layers (prefill: conv ring and chunked delta rule in torch ops; decode: the
+        # deltanet_step kernel; the state in the cache) around a gated full-attention layer (per-head q/k norms,
+        # partial NEOX rope)
+        "qwen35": ["deltanet.conv.torch", "deltanet.scan.torch", "deltanet.step.triton", "attention.decode.triton"],
+        "qwen35moe": ["deltanet.conv.torch", "deltanet.scan.torch", "deltanet.step.triton", "attention.decode.triton",
+                      "moe.gather"],
+        "qwen3next": ["deltanet.conv.torch", "deltanet.scan.torch", "deltanet.step.triton", "attention.decode.triton",
+                      "moe.gather"],
         # granitehybrid: Mamba-2 layers (prefill: conv ring and chunked scan in torch ops; decode: the ssm_step
         # kernel; the state in the cache) around a rope-less attention layer, MoE + shared expert; -dense: the
         # shared MLP alone. Every Mamba-2 model below: the prefill's torch ops, the decode's kernel, the norm kernel
