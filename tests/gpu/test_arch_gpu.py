@@ -5,18 +5,25 @@ random HF models converted by llama.cpp's convert_hf_to_gguf.py, F16 weights).
 - act_dtype float32: every position's logits within 1e-3 of transformers, greedy identical.
 - the default bf16 against the CPU engine's float32 reference (MINFER_CPU_QUANT=0), prefill and
   decode steps, by tests/gpu/test_model_gpu.py's criterion ||gpu - cpu|| / ||cpu|| < 1e-2 (see
-  BF16_TOL for when a fixture's own bf16 rounding floor raises it), and the launch paths say the
-  architecture's own kernels ran (window attention, GELU, MoE).
+  BF16_TOL for when a fixture's own bf16 rounding floor raises it), every MoE layer's expert choices
+  pinned to the float32 run's (route_pins.py), and the launch paths say the architecture's own
+  kernels ran (window attention, GELU, MoE).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from route_pins import RoutePins  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -164,9 +171,10 @@ def rel(got, ref) -> float:
 BF16_TOL = 1e-2
 
 
-def bf16_floor(name: str, prefill: list[int], decode: list[int]) -> list[float]:
+def bf16_floor(name: str, prefill: list[int], decode: list[int], pins=None) -> list[float]:
     """rel(reference with bf16 activations, reference in float32) for the prefill and each
-    following one-token decode step: the fixture's bf16 rounding floor."""
+    following one-token decode step: the fixture's bf16 rounding floor. pins: (RoutePins, the
+    float32 engine's choices per forward) -- both runs take those expert choices (route_pins.py)."""
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
     from minfer.runtime.kv_cache import KVCache
@@ -178,11 +186,43 @@ def bf16_floor(name: str, prefill: list[int], decode: list[int]) -> list[float]:
         m = load_model(gf, device="cpu", progress=False, act_dtype=dt)
         cache = KVCache.for_config(m.cfg, n_ctx, dtype=dt, context=n_ctx)
         n = len(prefill)
-        outs = [m.forward(torch.tensor(prefill), Step.at(0, n, "cpu"), cache).float().numpy()]
-        for i, tok in enumerate(decode):
-            outs.append(m.forward(torch.tensor([tok]), Step.at(n + i, 1, "cpu"), cache).float().numpy())
+        with pinned(pins, n, "cpu") as load:
+            load(0)
+            outs = [m.forward(torch.tensor(prefill), Step.at(0, n, "cpu"), cache).float().numpy()]
+            for i, tok in enumerate(decode):
+                load(i + 1)
+                outs.append(m.forward(torch.tensor([tok]), Step.at(n + i, 1, "cpu"), cache).float().numpy())
         runs.append(outs)
     return [rel(b, a) for a, b in zip(*runs)]
+
+
+@contextlib.contextmanager
+def pinned(pins, rows: int, device):
+    """Inside: every route call takes the recorded float32 choices; yields load(step) to call
+    before each forward (a no-op for a model without MoE)."""
+    if pins is None:
+        yield lambda step: None
+        return
+    rp, steps = pins
+    k = {p.shape[1] for s in steps for p in s}
+    assert len(k) == 1, k                   # one top-k per model (the pin buffer's width)
+    with rp.pinning(len(steps[0]), rows, k.pop(), device):
+        yield lambda step: rp.load(steps[step])
+
+
+def float32_choices(cpu, ids: list[int]):
+    """The CPU float32 engine's logits for the prefill ids[:30] and the decode steps ids[30:34],
+    and its MoE choices per forward ((RoutePins, [[(T, k) per call] per forward]); None without
+    MoE)."""
+    rp = RoutePins()
+    with rp.recording():
+        outs = [cpu.forward(ids[:30], 0).numpy()]
+        calls = len(rp.recorded)
+        steps = [rp.take(calls)]
+        for i, tok in enumerate(ids[30:34]):
+            outs.append(cpu.forward([tok], 30 + i).numpy())
+            steps.append(rp.take(calls))
+    return outs, ((rp, steps) if calls else None)
 
 
 def bf16_tol(floor: float) -> float:
@@ -218,25 +258,32 @@ def test_arch_gpu_float32_matches_transformers(name):
 
 @pytest.mark.parametrize("name", ARCHS)
 def test_arch_gpu_bf16_matches_cpu(name):
+    """bf16 on the GPU against the CPU float32 engine, prefill and decode steps, every MoE layer's
+    expert choices pinned to the float32 engine's (route_pins.py: an unpinned comparison of a
+    near-tie measures where each side rounds, not the kernels)."""
     from minfer.ops import paths
 
     r = np.load(DATA / f"{name}.npz")
     ids = r["ids"].tolist()
-    # one floor per fixture, the largest over the steps: a single step's floor is itself one
-    # draw of the rounding noise (0.007-0.015 over qwen3's five), too noisy to scale alone
-    tol = bf16_tol(max(bf16_floor(name, ids[:30], ids[30:34])))
     cpu = engine(name, "cpu")
     assert cpu.switches.cpu_quant is False
+    ref, pins = float32_choices(cpu, ids)
+    # one floor per fixture, the largest over the steps: a single step's floor is itself one
+    # draw of the rounding noise (0.007-0.015 over qwen3's five), too noisy to scale alone
+    tol = bf16_tol(max(bf16_floor(name, ids[:30], ids[30:34], pins)))
     gpu = engine(name, "cuda")
     paths.reset()
-    lc = cpu.forward(ids[:30], 0).numpy()
-    lg = gpu.forward(ids[:30], 0).numpy()
-    assert np.isfinite(lg).all()
-    assert rel(lg, lc) < tol, (rel(lg, lc), tol)
-    for i, tok in enumerate(ids[30:34]):           # decode steps (CUDA graphs) through the cache
-        dc = cpu.forward([tok], 30 + i).numpy()
-        dg = gpu.forward([tok], 30 + i).numpy()
-        assert rel(dg, dc) < tol, (i, rel(dg, dc), tol)
+    with pinned(pins, 30, "cuda") as load:
+        load(0)
+        lg = gpu.forward(ids[:30], 0).numpy()
+        assert np.isfinite(lg).all()
+        assert rel(lg, ref[0]) < tol, (rel(lg, ref[0]), tol)
+        for i, tok in enumerate(ids[30:34]):       # decode steps (CUDA graphs) through the cache
+            load(i + 1)
+            dg = gpu.forward([tok], 30 + i).numpy()
+            assert rel(dg, ref[i + 1]) < tol, (i, rel(dg, ref[i + 1]), tol)
+    if pins is not None:
+        assert pins[0].pinned_calls + pins[0].unpinned >= 5 * len(pins[1][0])
     counts = paths.snapshot()["counts"]
     for p in MUST_RUN.get(name, []):
         assert any(k.startswith(p) for k in counts), (p, counts)
