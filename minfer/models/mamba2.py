@@ -59,8 +59,13 @@ replays it), prefill chunks by the single-sequence code on their slot's rings.
 The prefill's scan is chunked (the SSD form, CHUNK positions at a time: within a chunk the
 outputs are a masked (CHUNK, CHUNK) mixing of the chunk's inputs plus the carried state's
 contribution, then the state is carried on); it and the conv are torch ops on every device,
-counted on CUDA as `ssm.scan.torch` / `ssm.conv.torch` (no Triton kernel). scan_sequential below
-is the step-by-step recurrence, kept as the tests' reference.
+counted on CUDA as `ssm.scan.torch` / `ssm.conv.torch`. On CUDA the decode rows (a single
+sequence's one-token step, the batch engine's decode rows) take ops/cuda/ssm_step.py's kernel
+instead: the conv ring, conv, SiLU, dt, the state update and the D skip of every row and head in
+one launch on the same rings (`ssm.step.triton`), and every row's gate and group norm one more
+(`ssm.norm.triton`): two launches between the projections where the torch step ran 61 ops (one
+sequence) or 38 (batch rows). scan_sequential below is the step-by-step recurrence, kept as the
+tests' reference.
 """
 
 from __future__ import annotations
