@@ -17,7 +17,7 @@ for step in $STEPS; do
   case $step in
     tests)
       xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
-      timeout ${TESTS_TIMEOUT:-220} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${TESTS:-tests/gpu} \
+      timeout ${TESTS_TIMEOUT:-220} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${PYTEST_ARGS:-} ${TESTS:-tests/gpu} \
         >"$OUT/pytest-gpu.log" 2>&1
       grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | head -20
       grep -E "^E |^>|Error" "$OUT/pytest-gpu.log" | head -${FAIL_LINES:-30}
