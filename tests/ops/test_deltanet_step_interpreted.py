@@ -216,3 +216,54 @@ def test_mixer_batch_decode_rows_beside_a_chunk(cuda_ops, monkeypatch, name):
     assert _close(conv, rc) and _close(ssm, rs, 1e-4)
     counts = paths.snapshot()["counts"]
     assert counts.get("deltanet.step.triton") == 1 and counts.get("deltanet.scan.torch") == 1
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_decode_mixer_core_is_the_kernel_alone(cuda_ops, monkeypatch, batch):
+    """Between the projections, the CUDA path's decode mixer (qwen3next's layer, bf16 rows) runs no torch
+    compute op: only the interpreter's argument staging (empty / new_empty / set_ / copy_) around the one
+    launch, where the torch step ran ~60 (single) / ~54 (3 batch rows) ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from minfer import ops
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import load_model
+    from minfer.models.deltanet import deltanet_mixer
+    from minfer.ops import paths
+    from minfer.runtime.paged_state import BatchState
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, f, types, args=(), kwargs=None):
+            self.names.add(f.__name__.split(".")[0])
+            return f(*args, **(kwargs or {}))
+
+    m = load_model(GGUFFile(DATA / "qwen3next.gguf"), progress=False)
+    i = next(j for j, lw in enumerate(m.linear) if lw is not None)
+    d, lw = m.dims, m.linear[i]
+    B = 3 if batch else 1
+    outs = {}
+
+    def lin(x, w, b=None, ctx=None, out_dtype=None):          # the projections left out of the count
+        if id(w) not in outs:
+            outs[id(w)] = torch.randn(x.shape[0], w.shape[0]).to(torch.bfloat16)
+        return outs[id(w)]
+
+    monkeypatch.setattr(ops, "_backend", lambda x: cuda_ops["cuda"])
+    monkeypatch.setattr(ops, "linear", lin)
+    if batch:
+        st = BatchState(torch.zeros(4, d.d_conv, d.conv_dim), torch.zeros(4, 2, d.n_v_heads, d.d_state, d.v_dim), B,
+                        torch.tensor([1, 2, 3]), [])
+    else:
+        st = (torch.zeros(d.d_conv, d.conv_dim), torch.zeros(2, d.n_v_heads, d.d_state, d.v_dim))
+    h, pos = torch.randn(B, lw.attn_qkv.shape[1]).to(torch.bfloat16), torch.tensor([5] * B)
+    deltanet_mixer(h, lw, d, st, pos, 1e-6, m.tiled_v_heads, None)
+    paths.reset()
+    with Ops() as mode:
+        deltanet_mixer(h, lw, d, st, pos, 1e-6, m.tiled_v_heads, None)
+    views = {"view", "_unsafe_view", "slice", "select", "unsqueeze", "alias", "as_strided", "detach"}
+    assert mode.names - views <= {"empty", "new_empty", "set_", "copy_"}, mode.names
+    assert paths.snapshot()["counts"] == {"deltanet.step.triton": 1}
