@@ -53,11 +53,14 @@ dimension count other than the head size (GGML_ASSERT there) or attention biases
 The chunked attention: with a host-side start (prefill, eager decode) the step's queries are cut at the chunk
 boundaries and each piece attends through ops.attention to the cache rows from its chunk's start (plain
 causal attention within the chunk: the kernels of every other model); a CUDA-graph decode step (no host
-position) masks the whole cache in torch (counted `attention.chunked.torch`). In the batch engine (paged_kv True:
-`minfer serve -np N`) the paged cache applies the same mask (runtime/paged_kv.py attend(chunk=)): decode rows by
-the paged decode kernel's CHUNK variant on CUDA (each row reads only its own chunk's tiles; counted
-`attention.paged_decode.chunked.triton`) or paged_attention_ref on the CPU, prefill chunks cut at the chunk
-boundaries, each piece through ops.attention over its own chunk's keys (`attention.paged_prefill.chunked.pieces`).
+position) takes ops.attention(chunk=): on CUDA the decode kernel's CHUNK variant (ops/cuda/attention.py; the
+chunk's start computed in the kernel from the position tensor, only that chunk's keys read; counted
+`attention.chunked.decode`), on the CPU the masked torch form here (chunked_attention_masked). In the batch
+engine (paged_kv True: `minfer serve -np N`) the paged cache applies the same mask (runtime/paged_kv.py
+attend(chunk=)): decode rows by the paged decode kernel's CHUNK variant on CUDA (each row reads only its own
+chunk's tiles; counted `attention.paged_decode.chunked.triton`) or paged_attention_ref on the CPU, prefill
+chunks cut at the chunk boundaries, each piece through ops.attention over its own chunk's keys
+(`attention.paged_prefill.chunked.pieces`).
 """
 
 from __future__ import annotations
@@ -218,9 +221,9 @@ class Llama4Model(LlamaModel):
         if kc is None:
             raise MinferError("llama4: chunked attention needs the contiguous KV cache (runtime/kv_cache.py)")
         kc, vc = kc[layer], vc[layer]
-        if step.start is None:            # a CUDA-graph step: the mask from the device positions
-            if ops._backend(q) is not ops.reference:
-                ops.paths.count("attention.chunked.torch")
+        if step.start is None:            # a CUDA-graph step: the chunk's start from the device position
+            if ops._backend(q) is not ops.reference:     # the decode kernel's CHUNK variant (attention.chunked.decode)
+                return ops.attention(q, kc, vc, step.attn_start, ctx, chunk=self.chunk)
             return chunked_attention_masked(q, kc, vc, step.positions, self.chunk, 1.0 / math.sqrt(q.shape[-1]))
         outs = [ops.attention(q[a - step.start:b - step.start], kc[cs:], vc[cs:], a - cs, ctx)
                 for a, b, cs in chunk_pieces(step.start, q.shape[0], self.chunk)]

@@ -172,7 +172,7 @@ def swiglu(gate, up, ctx: Context | None = None):
 
 
 def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0,
-              softcap: float = 0.0, sinks=None, scale: float | None = None):
+              softcap: float = 0.0, sinks=None, scale: float | None = None, chunk: int = 0):
     """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
     start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
     window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p.
@@ -182,11 +182,13 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     scale: the scores' factor (None: 1/sqrt(Dh), every architecture but deepseek2). v_cache may be
     narrower than k_cache (S, Hkv, Dv): deepseek2's latent values -> (T, H, Dv) (on CUDA one token by
     ops/cuda/attention_mla.py's kernel, attention.mla.decode.triton; T > 1 a counted torch path,
-    attention.mla.torch)."""
+    attention.mla.torch).
+    chunk > 0 (llama4's chunked layers): a query at p sees keys p // chunk * chunk <= j <= p (on CUDA the
+    one-token step by the decode kernel's CHUNK variant, attention.chunked.decode)."""
     if q.device.type != "cuda":
-        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale)
+        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, chunk)
     return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks,
-                                 scale=scale)
+                                 scale=scale, chunk=chunk)
 
 
 def geglu(gate, up):

@@ -119,7 +119,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
               window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
     keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
     window > 0 (sliding-window layers, gemma3): a query at p sees keys p - window < j <= p.
@@ -128,6 +128,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     sinks (H,) (gpt-oss): one more logit per query head in each softmax's denominator, with no
     value: p_j = exp(s_j) / (exp(sink_h) + sum_i exp(s_i)) (ggml_soft_max_add_sinks; HF gpt_oss
     eager_attention_forward concatenates the sink to the scaled scores and drops its column).
+    chunk > 0 (llama4's chunked layers): a query at p sees keys p // chunk * chunk <= j <= p
+    (llama.cpp is_masked_swa, LLAMA_SWA_TYPE_CHUNKED).
 
     scale: the scores' factor, default 1/sqrt(Dh) (deepseek2: 1/sqrt(qk_nope + qk_rope) with YaRN's
     mscale^2, not 1/sqrt of its latent key width: llama.cpp build_attn's kq_scale).
@@ -141,14 +143,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     S = start_pos + T
     scale = 1.0 / D ** 0.5 if scale is None else float(scale)
     if T == 1 and isinstance(start_pos, int):
-        return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks, scale)
+        return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks, scale, chunk)
     k = k_cache[:S].transpose(0, 1)  # (Hkv, S, Dh)
     v = v_cache[:S].transpose(0, 1)
     qh = q.transpose(0, 1)           # (H, T, Dh)
     mask = None
-    if T > 1 or window > 0:
-        # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window)
-        mask = window_mask(start_pos + torch.arange(T), S, window)   # (T, S)
+    if T > 1 or window > 0 or chunk > 0:
+        # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window / chunk)
+        mask = window_mask(start_pos + torch.arange(T), S, window, chunk)   # (T, S)
     if softcap > 0 or sinks is not None:   # SDPA has no score hook: the scores written out
         return softcapped_attention(qh, k, v, mask, softcap, sinks, scale).transpose(0, 1)
     out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
@@ -178,13 +180,16 @@ def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, S: int,
                      window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-                     scale: float | None = None) -> torch.Tensor:
-    """One query (1, H, Dh) at position S-1 over keys [0, S) (or the last `window`): two bmm's.
+                     scale: float | None = None, chunk: int = 0) -> torch.Tensor:
+    """One query (1, H, Dh) at position S-1 over keys [0, S) (or the last `window`, or from its chunk's
+    start (S - 1) // chunk * chunk): two bmm's.
     The same math as the SDPA call above; on the CPU, SDPA spent ~1.5 ms (2 threads) to ~7 ms
     (1 thread, a busy machine) per call on this 14 x S problem and the bmm pair ~0.07-0.4 ms
     (issue 14; Qwen2.5-0.5B shapes, S=600). Query head h reads KV head h // (H / Hkv)."""
     _, H, D = q.shape
     lo = max(0, S - window) if window > 0 else 0
+    if chunk > 0:
+        lo = max(lo, (S - 1) // chunk * chunk)
     n = torch.get_num_threads()
     if n > 1 and S - lo <= ONE_THREAD_MAX_KEYS and q.device.type == "cpu":
         # a second thread costs more to wake than it saves here (passive OpenMP waiting: the
@@ -231,14 +236,17 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return F.gelu(gate, approximate="tanh") * up
 
 
-def window_mask(q_pos: torch.Tensor, n_keys: int, window: int) -> torch.Tensor:
+def window_mask(q_pos: torch.Tensor, n_keys: int, window: int, chunk: int = 0) -> torch.Tensor:
     """(T, n_keys) bool: key j visible to the query at position p when j <= p and, with a
-    window W > 0, p - j < W (llama.cpp llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
+    window W > 0, p - j < W (llama.cpp llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD), with
+    a chunk C > 0, j // C == p // C (LLAMA_SWA_TYPE_CHUNKED)."""
     j = torch.arange(n_keys, device=q_pos.device)[None, :]
     p = q_pos[:, None]
     mask = j <= p
     if window > 0:
         mask = mask & (p - j < window)
+    if chunk > 0:
+        mask = mask & (j >= torch.div(p, chunk, rounding_mode="floor") * chunk)
     return mask
 
 

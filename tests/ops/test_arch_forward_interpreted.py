@@ -86,12 +86,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # lfm2moe: lfm2's layers with the sigmoid / biased / renormalized MoE on both paths
         "lfm2moe": ["shortconv.torch", "attention.decode.triton", "moe.gather", "moe.grouped"],
         # llama4 (chunk 8 set below): prefill across the chunk boundary through the kernels per chunk, the
-        # host-free decode step through the masked torch path; the NoPE layer's decode kernel, the MoE (top 1
-        # of 10 rows: the gather path; the grouped one in the GPU test's 40-token prefill)
+        # host-free decode step through the decode kernel's CHUNK variant; the NoPE layer's decode kernel, the
+        # MoE (top 1 of 10 rows: the gather path; the grouped one in the GPU test's 40-token prefill)
         # mamba2: the Mamba-2 mixer alone in every layer (prefill: conv ring and scan in torch ops; the decode step:
         # ssm_step.py's kernel; the gate and group norm: its norm kernel; the state in the cache)
         "mamba2": SSM,
-        "llama4": ["attention.chunked.torch", "attention.decode.triton", "rope.triton", "moe.gather"],
+        "llama4": ["attention.chunked.decode", "attention.decode.triton", "rope.triton", "moe.gather"],
         # qwen35: gated DeltaNet layers (prefill: conv ring and chunked delta rule in torch ops; decode: the
         # deltanet_step kernel; the state in the cache) around a gated full-attention layer (per-head q/k norms,
         # partial NEOX rope)

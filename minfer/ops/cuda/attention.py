@@ -103,7 +103,8 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
                         PRE: tl.constexpr = False, KVPRE: tl.constexpr = False,
                         DIRECT: tl.constexpr = False, Q8: tl.constexpr = False, AHEAD: tl.constexpr = False,
                         GM: tl.constexpr = False, NSP: tl.constexpr = 16, VS: tl.constexpr = 1,
-                        PIPE: tl.constexpr = False, SINK: tl.constexpr = False, sinks=None):
+                        PIPE: tl.constexpr = False, SINK: tl.constexpr = False, sinks=None,
+                        CHUNK: tl.constexpr = False, chunk=1):
     """VS (Switches.decode_attn_vsplit with one split, decode_attn_split_vs with several): program
     (kvh, sp * VS + vs) computes the scores of its keys over all their dims but the output's dims
     [vs * BD / VS, (vs + 1) * BD / VS) only, reading that slice of V: a key range spread over VS
@@ -142,7 +143,11 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     (reference.attention's sinks). Split 0 starts its online softmax from it -- max = sink, sum =
     exp(0) = 1, acc = 0 -- as if it were one more key, so every way out (the direct store, the
     combine launch, the grid merge) divides by exp(sink) + sum exp(s_j) with no change; the
-    other splits start empty as before. Split 0 holds it even when the window leaves it no key."""
+    other splits start empty as before. Split 0 holds it even when the window leaves it no key.
+
+    CHUNK (llama4's chunked layers): the row at p = L - 1 sees keys [lo, L), lo = p // chunk * chunk
+    (and L - window: the larger), computed here from the key count (a graph replays at any
+    position); the splits divide [lo, L) instead of [0, L), so no program visits a tile before lo."""
     if not PRE:
         pdl_enter(PDL)   # ops/cuda/pdl.py: q and the cache rows come from the kernels just before
     kvh = tl.program_id(0)
@@ -159,9 +164,15 @@ def _decode_attn_kernel(q, kc, vc, n_keys, part_o, part_m, part_l, out, xq, xf, 
     # the keys split evenly over the grid's programs at THIS length (a graph's grid is sized for
     # the whole cache; a split fixed at capture would leave most programs empty at short
     # lengths and few, long ones at depth), whole BS tiles per program
-    kps = tl.cdiv(tl.cdiv(L, n_splits), BS) * BS
-    s1 = tl.minimum(sp * kps + kps, L)
-    s0 = tl.maximum(sp * kps, L - window)                # sliding window: the last `window` keys
+    if CHUNK:     # the row's own chunk (llama.cpp is_masked_swa, LLAMA_SWA_TYPE_CHUNKED) split from its start
+        lo = tl.maximum((L - 1) // chunk * chunk, L - window)
+        kps = tl.cdiv(tl.cdiv(L - lo, n_splits), BS) * BS
+        s0 = lo + sp * kps
+        s1 = tl.minimum(s0 + kps, L)
+    else:
+        kps = tl.cdiv(tl.cdiv(L, n_splits), BS) * BS
+        s1 = tl.minimum(sp * kps + kps, L)
+        s0 = tl.maximum(sp * kps, L - window)            # sliding window: the last `window` keys
     g = tl.arange(0, GP)
     gm = g < G
     qh = kvh * G + g
@@ -276,10 +287,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      tiles: int = 2, grid_merge: bool = False, bar: torch.Tensor | None = None,
                      vsplit: int = 4, split_vs: int = 1, pipe: bool = False, combine_chunk: int = 32,
                      combine_pdl: int | None = None, sinks: torch.Tensor | None = None,
-                     scale: float | None = None) -> torch.Tensor:
+                     scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """q (1, H, Dh) attending keys [0, n_keys) of the caches (S, Hkv, Dh) -> (1, H, Dh), scores times
     `scale` (default 1/sqrt(Dh)); with
     window > 0 only keys [n_keys - window, n_keys) (splits below it are empty and weigh 0);
+    chunk > 0 (llama4) only keys [(n_keys - 1) // chunk * chunk, n_keys), the splits dividing those
+    (the kernel's CHUNK variant: the start from the device count, no host value);
     softcap > 0 (gemma2): scores s -> softcap * tanh(s / softcap) (the kernel's CAP variant).
     sinks (H,) (gpt-oss): each head's extra softmax logit (the kernel's SINK variant).
 
@@ -331,7 +344,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         span = int(n_keys) + n_keys_add
         n_keys_add = 0
         nk = torch.full((1,), span, dtype=torch.int32, device=q.device)
-    n_split = _n_split(span, bs, hkv, programs, n_split, tiles)
+    chunk = max(0, int(chunk))
+    # a chunked row reads at most chunk keys (its chunk's start to its position): the splits cover those
+    n_split = _n_split(min(span, chunk) if chunk else span, bs, hkv, programs, n_split, tiles)
     bd = triton.next_power_of_2(dh)
     direct = n_split == 1 and direct
     if vsplit not in (1, 2, 4):
@@ -382,7 +397,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         D=dh, BD=bd, GP=max(16, triton.next_power_of_2(g)), BS=bs, IEEE=kc.dtype == torch.float32, PDL=pdl,
         CAP=softcap > 0, PRE=bool(pre or kvpre or pipe), KVPRE=bool(kvpre), DIRECT=direct, Q8=(direct or grid_merge) and q8,
         AHEAD=bool(ahead), GM=grid_merge, NSP=nsp(n_split), VS=vs, PIPE=pipe, SINK=sinks is not None,
-        sinks=None if sinks is None else sinks.float().contiguous(),
+        sinks=None if sinks is None else sinks.float().contiguous(), CHUNK=chunk > 0, chunk=max(chunk, 1),
         num_warps=(2 * warps if vs == 1 else warps) if direct else (max(8, warps) if ahead else warps),
         **launch_kw(pdl))
     if direct or grid_merge:
@@ -424,7 +439,7 @@ def one_split_rows(head_dim: int) -> int:
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
               ctx: Context | None = None, window: int = 0, softcap: float = 0.0, sinks=None,
-              scale: float | None = None) -> torch.Tensor:
+              scale: float | None = None, chunk: int = 0) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
@@ -437,6 +452,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     sinks (H,) (gpt-oss's per-head sink logits): decode takes the same kernel's SINK variant;
     T > 1 the torch path with the sinks (attention.sinks.torch), for the same reason.
     scale: the scores' factor (None: 1/sqrt(Dh)); the decode kernel and SDPA take it as is.
+    chunk > 0 (llama4's chunked layers): a query at p sees keys p // chunk * chunk <= j <= p; decode
+    takes the same kernel's CHUNK variant (attention.chunked.decode: only the row's chunk is read, the
+    start from the device position), T > 1 the torch path (attention.chunked.torch; llama4 cuts its
+    host-positioned steps at the chunk boundaries instead, models/llama4.py).
     A v_cache narrower than the keys (deepseek2's latent cache: keys of kv_lora + rope dims, 576 in
     V3, values their first kv_lora dims, one KV head for all 128 query heads): at T = 1 the MLA
     kernel of attention_mla.py (attention.mla.decode.triton; what it refuses is a counted fallback),
@@ -452,10 +471,11 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                 return out
         return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, "attention.mla.torch")
     if t == 1 and sw.decode_attention:
-        if softcap > 0:
-            paths.count("attention.softcap.window.decode" if window > 0 else "attention.softcap.decode")
+        if softcap > 0 or window > 0 or chunk > 0:
+            paths.count("attention" + ".softcap" * (softcap > 0) + ".window" * (window > 0) + ".chunked" * (chunk > 0)
+                        + ".decode")
         else:
-            paths.count("attention.window.decode" if window > 0 else "attention.decode.triton")
+            paths.count("attention.decode.triton")
         q8 = q.dtype != torch.float32 and sw.gemv_q8
         pdl = pdl_enabled(sw, q.device, "decode_attention", early_ok=True)
         return decode_attention(q, k_cache, v_cache, start_pos, window=window, q8=q8, n_keys_add=1,
@@ -467,7 +487,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
                                 combine_chunk=sw.decode_combine_chunk,
                                 grid_merge=sw.decode_attn_grid_merge,
                                 bar=ctx.workspace.attn_barrier() if sw.decode_attn_grid_merge and ctx is not None
-                                and ctx.workspace is not None else None, sinks=sinks, scale=scale)
+                                and ctx.workspace is not None else None, sinks=sinks, scale=scale, chunk=chunk)
     if t == 1:
         paths.switched_off("attention.decode.triton", "MINFER_DECODE_ATTN")
     if isinstance(start_pos, torch.Tensor):
@@ -475,8 +495,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     s = start_pos + t
     hkv = k_cache.shape[1]
     scale = 1.0 / dh ** 0.5 if scale is None else float(scale)
-    if softcap > 0 or sinks is not None:
-        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale)
+    if softcap > 0 or sinks is not None or chunk > 0:
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale,
+                           "attention.chunked.torch" if chunk > 0 else None, chunk)
     if window > 0:
         return masked(q, k_cache, v_cache, start_pos, scale, window, "attention.window.masked")
     if start_pos == 0 and q.dtype in (torch.float16, torch.bfloat16) and sw.cudnn_attention:
@@ -514,8 +535,9 @@ SOFTCAP_SCORE_BYTES = 1 << 28   # the float32 (H, rows, S) scores of one chunk o
 
 
 def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sinks=None, scale=None,
-                path: str | None = None):
-    """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch), and any T
+                path: str | None = None, chunk: int = 0):
+    """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch) or a chunk
+    (llama4, attention.chunked.torch), and any T
     with values narrower than the keys (deepseek2, path attention.mla.torch):
     reference.softcapped_attention on the device in
     float32, the query rows in chunks that keep the written-out scores under
@@ -540,6 +562,8 @@ def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sin
         mask = j <= p                                        # (rows, S)
         if window > 0:
             mask = mask & (p - j < window)                   # llama.cpp is_masked_swa (STANDARD)
+        if chunk > 0:
+            mask = mask & (j >= torch.div(p, chunk, rounding_mode="floor") * chunk)      # (CHUNKED)
         o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks, scale)   # (H, rows, Dv)
         out[r0:r1] = o.transpose(0, 1).to(q.dtype)
     paths.count(path or ("attention.softcap.torch" if softcap > 0 else "attention.sinks.torch"))
