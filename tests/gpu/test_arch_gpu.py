@@ -81,8 +81,9 @@ MUST_RUN = {"gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.ga
             "lfm2": ["shortconv.torch", "attention.decode"],
             # lfm2moe: lfm2's layers, the sigmoid / biased MoE on both paths
             "lfm2moe": ["shortconv.torch", "attention.decode", "moe.gather", "moe.grouped"],
-            # llama4: rope layers with the weightless q/k norms and chunks, the NoPE layer, the top-1 MoE
-            "llama4": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
+            # llama4: rope layers with the weightless q/k norms and chunks (the graphed decode's chunked layers by
+            # the decode kernel's CHUNK variant), the NoPE layer, the top-1 MoE
+            "llama4": ["rope", "attention.decode", "attention.chunked.decode", "moe.gather", "moe.grouped"],
             # mamba2: the Mamba-2 mixer alone (prefill: conv ring and scan in torch ops; the decode step, in the
             # graph too: ops/cuda/ssm_step.py's kernel; the gate and group norm: its norm kernel)
             "mamba2": SSM,
