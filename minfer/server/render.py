@@ -46,6 +46,9 @@ class Accumulator:
         self.n_chars = 0
         self.logprobs: list[dict] = []  # chat: entries; completions: one dict per token
         self._piece_cache: dict[int, bytes] = {}
+        # tokens whose text the engine still holds back (a possible stop string's start): their
+        # logprobs go out with that text, and are dropped with it when it was a stop string
+        self._pending: list[tuple[Any, int]] = []
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's own bytes (a piece of a multi-byte character stays a piece)."""
@@ -69,12 +72,23 @@ class Accumulator:
             return "bytes:" + "".join(f"\\x{x:02x}" for x in b)
 
     def add(self, ev: Any) -> tuple[str, list[dict]] | None:
-        """Fold one GenEvent in; returns (new text, new logprob entries) or None if nothing new."""
+        """Fold one GenEvent in; returns (new text, new logprob entries) or None if nothing new.
+
+        A token's logprob entry is released with the text it produced: a token whose text is held
+        back (it may start a stop string) waits, and one whose text turned out to be the stop
+        string is dropped with that text, as llama.cpp's server does, so the tokens and
+        text_offset always describe the text returned (they listed the stop string's tokens,
+        past the text's end, and gave held-back tokens the offset of an earlier one)."""
         text = getattr(ev, "text", "") or ""
-        entries = []
         tid = getattr(ev, "token_id", None)
         if self.n_top is not None and tid is not None:
-            entries.append(self._entry(ev, tid))
+            self._pending.append((ev, tid))
+        finish = getattr(ev, "finish_reason", None)
+        entries: list[dict] = []
+        if self._pending and (text or finish is not None):
+            if text or finish != "stop" or tid in getattr(self.tok, "eog_ids", ()):
+                entries = self._release(len(text))
+            self._pending = []   # at a stop string with no text: the stop string's tokens
         if text:
             self.text_parts.append(text)
             self.n_chars += len(text)
@@ -83,7 +97,15 @@ class Accumulator:
             return None
         return text, entries
 
-    def _entry(self, ev: Any, tid: int) -> dict:
+    def _release(self, n_text: int) -> list[dict]:
+        """The pending tokens' entries, placed in the next n_text characters of the answer."""
+        out, pos = [], 0
+        for ev, tid in self._pending:
+            out.append(self._entry(ev, tid, self.base_offset + self.n_chars + min(pos, n_text)))
+            pos += len(self.token_str(tid))
+        return out
+
+    def _entry(self, ev: Any, tid: int, offset: int) -> dict:
         lp = getattr(ev, "logprob", None)
         lp = float(lp) if lp is not None else None
         alts = _alternatives(ev)[: self.n_top]
@@ -92,7 +114,7 @@ class Accumulator:
             return {"token": s, "logprob": lp, "bytes": list(self.token_bytes(tid)),
                     "top_logprobs": [{"token": self.token_str(i), "logprob": v,
                                       "bytes": list(self.token_bytes(i))} for i, v in alts]}
-        return {"token": self.completion_token(tid), "logprob": lp, "offset": self.base_offset + self.n_chars,
+        return {"token": self.completion_token(tid), "logprob": lp, "offset": offset,
                 "top": {self.completion_token(i): v for i, v in alts}}
 
     @property

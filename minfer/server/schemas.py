@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict, field_validator,
+                      model_validator)
 
 from minfer.limits import MAX_MESSAGES  # more messages get a 400 before any rendering
 
@@ -47,6 +48,15 @@ Float = Annotated[float, BeforeValidator(_json_number)]
 Bool = Annotated[bool, Strict()]   # true or false only, not "yes", 1 or "true"
 
 
+def _seed_64_bits(v: int) -> int:
+    """A seed is 64 bits, as SamplingParams takes it (sampling.SEED_MIN/SEED_MAX; that module
+    imports torch): a larger one was a 400 naming no param and the CLI's --seed flag."""
+    if not -(1 << 63) <= v <= (1 << 64) - 1:
+        shown = f"a {v.bit_length()}-bit integer" if abs(v) >= 1 << 70 else str(v)
+        raise ValueError(f"{shown} is outside 64 bits: expected an integer in {-(1 << 63)}..{(1 << 64) - 1}")
+    return v
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: Bool = False
@@ -69,7 +79,7 @@ class _Sampling(BaseModel):
     # logits are divided by it: one below float32's range (1e-300) made them inf, a 500 "NaN
     # probabilities" after the request was accepted; 1e-6 already multiplies a logit by a million
     repetition_penalty: Annotated[Float, Field(ge=1e-6)] | None = None
-    seed: Int | None = None
+    seed: Annotated[Int, AfterValidator(_seed_64_bits)] | None = None
     stop: str | Annotated[list[str], Field(max_length=MAX_STOP)] | None = None
     stream: Bool = False
     stream_options: StreamOptions | None = None
