@@ -143,6 +143,17 @@ def _discard_stdout() -> None:
         pass
 
 
+def _close_bars() -> None:
+    """Close the progress bars an error left open (a load that failed mid-way): the error line
+    was written at the end of the bar's line ("loading m.gguf:   0%|...| 0/6minfer: error: ...")."""
+    tqdm = sys.modules.get("tqdm")   # (no bar without tqdm imported)
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", ()) or ()):
+        try:
+            bar.close()
+        except Exception:   # noqa: BLE001 -- a bar that cannot close must not hide the error
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     set_process_env()
     if sys.stdout is None:   # started with stdout closed (`minfer run ... >&-`): the text goes nowhere
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._main(args) or 0)
     except MinferError as e:
+        _close_bars()
         print(f"minfer: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

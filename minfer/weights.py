@@ -64,12 +64,23 @@ def _raw_tensor(info) -> torch.Tensor:
         return torch.from_numpy(arr)
 
 
+def check_type(gf, name: str, info) -> None:
+    """A tensor of a ggml type minfer cannot decode (IQ2_XXS, TQ1_0, I32, ...) is a one-line
+    error naming the file and the tensor (it named the type alone)."""
+    from minfer.quants import is_supported, supported_types, type_name
+
+    if not is_supported(info.qtype):
+        raise MinferError(f"{gf.path}: tensor '{name}' has ggml type {type_name(info.qtype)}, which minfer "
+                          f"cannot run (supported: {', '.join(t.name for t in supported_types())})")
+
+
 def load_dense(gf, name: str, dtype=torch.float32) -> torch.Tensor:
     """A tensor dequantized to a float CPU tensor of its numpy-order shape."""
     from minfer.quants import dequantize
 
     info = gf.tensor(name)
-    out = dequantize(info.data, info.qtype, info.shape)
+    check_type(gf, name, info)
+    out = dequantize(info.data, info.qtype, info.shape, name)
     t = torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32))
     return t if dtype == torch.float32 else t.to(dtype)
 
@@ -88,6 +99,7 @@ def load_qweight(gf, name: str, device, shape: tuple[int, int], dense: bool = Tr
     info = gf.tensor(name)
     if tuple(info.shape) != tuple(shape):
         raise MinferError(f"{gf.path}: tensor '{name}' has shape {tuple(info.shape)}, expected {tuple(shape)}")
+    check_type(gf, name, info)
     raw = _raw_tensor(info)
     device = torch.device(device)
     if device.type == "cpu":

@@ -8,6 +8,10 @@
   server trims them too).
 - A request's seed past 64 bits was a 400 with `param: null` whose message named the CLI's
   `--seed` flag; it is now the schema's 400 naming `seed`.
+- A tensor of a ggml type minfer cannot decode (a file with an I32 or IQ2_XXS tensor) was
+  "ggml type I32 is not supported by minfer", naming neither the file nor the tensor; and an
+  error during a load with a progress bar (`minfer bench`) was written at the end of the bar's
+  line, since the bar was never closed.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from types import SimpleNamespace
 
 import pytest
 from fastapi.testclient import TestClient
+
+from helpers_cli import one_error_line, write_tiny_model
+from helpers_gguf import layout
 
 CHAT = "/v1/chat/completions"
 COMPL = "/v1/completions"
@@ -152,3 +159,34 @@ def test_a_seed_past_64_bits_is_a_400_naming_seed(smol, path, body, seed):
     assert err["param"] == "seed" and "seed" in err["message"] and "--seed" not in err["message"], err
     ok = smol.post(path, json={**body, "max_tokens": 1, "seed": (1 << 64) - 1})
     assert ok.status_code == 200, ok.text
+
+
+# ---- a tensor type minfer cannot run names the file and the tensor ----------------------------
+
+@pytest.fixture(scope="module")
+def i32_model(tmp_path_factory):
+    """The tiny model with its first norm's type id F32 (0) rewritten as I32 (26): the same 4
+    bytes a value, a type minfer cannot decode."""
+    import struct
+
+    d = tmp_path_factory.mktemp("i32")
+    path = write_tiny_model(d)
+    at = layout(path)["type_at"]["blk.0.attn_norm.weight"]
+    b = bytearray(open(path, "rb").read())
+    assert struct.unpack_from("<I", b, at) == (0,)
+    struct.pack_into("<I", b, at, 26)
+    out = d / "i32.gguf"
+    out.write_bytes(bytes(b))
+    return str(out)
+
+
+def test_an_unsupported_tensor_type_names_the_file_and_the_tensor(capsys, i32_model):
+    line = one_error_line(capsys, ["run", "-m", i32_model, "--device", "cpu", "-n", "1", "hi"])
+    assert line.startswith(f"minfer: error: {i32_model}: tensor 'blk.0.attn_norm.weight' has ggml type I32"), line
+    assert "Q4_K" in line, line      # what it can run
+
+
+def test_a_load_error_under_a_progress_bar_is_a_line_of_its_own(capsys, i32_model):
+    # bench shows its loading bar also when stderr is not a terminal; the error was appended to it
+    line = one_error_line(capsys, ["bench", "-m", i32_model, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1"])
+    assert line.startswith("minfer: error: "), repr(line)
