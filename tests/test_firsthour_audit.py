@@ -8,6 +8,7 @@
   server trims them too).
 - A request's seed past 64 bits was a 400 with `param: null` whose message named the CLI's
   `--seed` flag; it is now the schema's 400 naming `seed`.
+- `minfer serve --host ""` (an unset shell variable) listened on every interface; it is an error.
 - A tensor of a ggml type minfer cannot decode (a file with an I32 or IQ2_XXS tensor) was
   "ggml type I32 is not supported by minfer", naming neither the file nor the tensor; and an
   error during a load with a progress bar (`minfer bench`) was written at the end of the bar's
@@ -190,3 +191,12 @@ def test_a_load_error_under_a_progress_bar_is_a_line_of_its_own(capsys, i32_mode
     # bench shows its loading bar also when stderr is not a terminal; the error was appended to it
     line = one_error_line(capsys, ["bench", "-m", i32_model, "--device", "cpu", "-p", "8", "-n", "0", "-r", "1"])
     assert line.startswith("minfer: error: "), repr(line)
+
+
+# ---- `minfer serve --host ""` is refused, not every interface ---------------------------------
+
+@pytest.mark.parametrize("host", ["", " "])
+def test_an_empty_host_is_refused_not_every_interface(capsys, host):
+    # the socket bound "" as 0.0.0.0: `--host "$HOST"` with HOST unset served the network
+    line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", "--host", host])
+    assert line.startswith("minfer: error: --host is empty") and "127.0.0.1" in line, line

@@ -122,6 +122,10 @@ def main(args: argparse.Namespace) -> int:
 
     if args.max_body is not None and args.max_body < 1024:
         raise MinferError(f"--max-body {args.max_body}: expected at least 1024 bytes")
+    if not args.host.strip():
+        # the socket takes "" as every interface: `--host "$HOST"` with HOST unset exposed the server
+        raise MinferError("--host is empty: give the address to listen on, e.g. 127.0.0.1 (this machine "
+                          "only, the default) or 0.0.0.0 (every interface)")
     if "://" in args.host or "/" in args.host:
         raise MinferError(f"--host {args.host}: expected an address or host name to listen on (e.g. 127.0.0.1, "
                           "0.0.0.0 or localhost), not a URL; the port goes in --port")
