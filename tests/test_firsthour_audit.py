@@ -12,13 +12,15 @@
 - A tensor of a ggml type minfer cannot decode (a file with an I32 or IQ2_XXS tensor) was
   "ggml type I32 is not supported by minfer", naming neither the file nor the tensor; and an
   error during a load with a progress bar (`minfer bench`) was written at the end of the bar's
-  line, since the bar was never closed.
+  line, since the bar was never closed. `minfer inspect` listed such a type like any other; it
+  marks it now (and --json lists it in unsupported_tensor_types).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -200,3 +202,16 @@ def test_an_empty_host_is_refused_not_every_interface(capsys, host):
     # the socket bound "" as 0.0.0.0: `--host "$HOST"` with HOST unset served the network
     line = one_error_line(capsys, ["serve", "-m", "/no/model.gguf", "--host", host])
     assert line.startswith("minfer: error: --host is empty") and "127.0.0.1" in line, line
+
+
+def test_inspect_marks_a_tensor_type_minfer_cannot_run(capsys, i32_model):
+    # inspect listed I32 like any other type; the load then stopped at that tensor
+    from minfer import cli
+
+    assert cli.main(["inspect", i32_model]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.split()[:1] == ["I32"]]
+    assert len(row) == 1 and row[0].endswith("<-- minfer cannot run this type"), row
+    assert cli.main(["inspect", i32_model, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unsupported_tensor_types"] == ["I32"]
+    assert cli.main(["inspect", write_tiny_model(Path(i32_model).parent / "ok"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["unsupported_tensor_types"] == []

@@ -14,8 +14,8 @@ DESCRIPTION = """\
 Show what a GGUF model file holds: architecture, name, parameter count, file type
 (llama.cpp's quantization mix, e.g. Q4_K_M), file size, context length, every
 hyper-parameter of the architecture, the tokenizer, and a table of the tensors grouped
-by ggml type (count, bytes, share of all tensor bytes). Nothing is loaded into memory:
-the file is validated and memory-mapped.
+by ggml type (count, bytes, share of all tensor bytes; a type minfer cannot run is marked).
+Nothing is loaded into memory: the file is validated and memory-mapped.
 
 Works on any architecture, including ones minfer cannot run yet. Names and values come
 from the file, so they are shown escaped (control characters as \\x1b ...) and cut; metadata
@@ -80,6 +80,10 @@ def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
         row["params"] += t.n_elements
     for row in by_type.values():
         row["share"] = row["bytes"] / total if total else 0.0
+    from minfer.quants import is_supported
+
+    # the types minfer cannot decode (IQ2_XXS, TQ1_0, I32, ...): the load would stop at such a tensor
+    unsupported = sorted({t.type_name for t in g.tensors.values() if not is_supported(t.qtype)})
     tokens = g.get("tokenizer.ggml.tokens")
     merges = g.get("tokenizer.ggml.merges")
     tok_scalars = {k.removeprefix("tokenizer.ggml."): _plain(v) for k, v in g.metadata.items()
@@ -108,6 +112,7 @@ def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
         "tensor_bytes": total,
         "n_tensors": len(g.tensors),
         "tensor_types": dict(sorted(by_type.items(), key=lambda kv: -kv[1]["bytes"])),
+        "unsupported_tensor_types": unsupported,
         "problems": _problems(g),
     }
     if with_tensors:
@@ -174,10 +179,12 @@ def render_text(s: dict[str, Any]) -> str:
     lines += [f"  {line}" for line in format_table(tok_rows, set())]
     lines += ["", f"tensors: {s['n_tensors']}, {human_bytes(s['tensor_bytes'])} ({s['tensor_bytes']:,} bytes)"]
     rows = [["type", "count", "params", "bytes", "share"]]
+    unsupported = s.get("unsupported_tensor_types", [])
     for name, r in s["tensor_types"].items():
         rows.append([name, str(r["count"]), human_count(r["params"]), human_bytes(r["bytes"]),
                      f"{100 * r['share']:.1f}%"])
-    lines += [f"  {line}" for line in format_table(rows, {1, 2, 3, 4})]
+    lines += [f"  {line}" + ("  <-- minfer cannot run this type" if name in unsupported else "")
+              for line, name in zip(format_table(rows, {1, 2, 3, 4}), ["", *s["tensor_types"]])]
     if "tensors" in s:
         lines += ["", "every tensor:"]
         rows = [["name", "type", "shape", "bytes"]]
