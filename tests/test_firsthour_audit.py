@@ -14,6 +14,7 @@
   error during a load with a progress bar (`minfer bench`) was written at the end of the bar's
   line, since the bar was never closed. `minfer inspect` listed such a type like any other; it
   marks it now (and --json lists it in unsupported_tensor_types).
+- `minfer run -j FILE` with a FILE that is not UTF-8 was a UnicodeDecodeError traceback.
 """
 
 from __future__ import annotations
@@ -215,3 +216,14 @@ def test_inspect_marks_a_tensor_type_minfer_cannot_run(capsys, i32_model):
     assert json.loads(capsys.readouterr().out)["unsupported_tensor_types"] == ["I32"]
     assert cli.main(["inspect", write_tiny_model(Path(i32_model).parent / "ok"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["unsupported_tensor_types"] == []
+
+
+# ---- run -j FILE with a file that is not UTF-8 ----------------------------------------------
+
+def test_a_json_schema_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    # was a UnicodeDecodeError traceback (-f FILE, tokenize -f and perplexity -f said it in one line)
+    bad = tmp_path / "schema.json"
+    bad.write_bytes(b'\xa6{"type": "object"}')
+    tiny = write_tiny_model(tmp_path)
+    line = one_error_line(capsys, ["run", "-m", tiny, "--device", "cpu", "-j", str(bad), "-n", "1", "hi"])
+    assert line.startswith(f"minfer: error: {bad}: ") and "not UTF-8" in line, line

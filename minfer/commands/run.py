@@ -184,6 +184,8 @@ def read_json_schema(arg: str) -> dict:
         try:
             with open(arg, encoding="utf-8") as f:
                 text, where = f.read(), arg
+        except UnicodeDecodeError as e:   # (was a traceback)
+            raise MinferError(f"{arg}: the JSON schema file is not UTF-8 text ({e.reason} at byte {e.start})") from e
         except OSError as e:
             try:   # not a file: inline JSON that is not an object ('[1]', '"x"') gets that error below
                 json.loads(arg)
