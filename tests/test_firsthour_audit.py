@@ -14,7 +14,8 @@
   error during a load with a progress bar (`minfer bench`) was written at the end of the bar's
   line, since the bar was never closed. `minfer inspect` listed such a type like any other; it
   marks it now (and --json lists it in unsupported_tensor_types).
-- `minfer run -j FILE` with a FILE that is not UTF-8 was a UnicodeDecodeError traceback.
+- `minfer run -j FILE` and `minfer bench --plot DIR` with a file that is not UTF-8 were a
+  UnicodeDecodeError traceback.
 """
 
 from __future__ import annotations
@@ -227,3 +228,10 @@ def test_a_json_schema_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
     tiny = write_tiny_model(tmp_path)
     line = one_error_line(capsys, ["run", "-m", tiny, "--device", "cpu", "-j", str(bad), "-n", "1", "hi"])
     assert line.startswith(f"minfer: error: {bad}: ") and "not UTF-8" in line, line
+
+
+def test_bench_plot_of_a_json_file_that_is_not_utf8_is_one_line(capsys, tmp_path):
+    # was a UnicodeDecodeError traceback from bench/plot.py's load_runs
+    (tmp_path / "run.json").write_bytes(b'\xa6{"format": 1}')
+    line = one_error_line(capsys, ["bench", "--plot", str(tmp_path), "--plot-out", str(tmp_path / "p.png")])
+    assert line.startswith(f"minfer: error: {tmp_path / 'run.json'}: not a readable JSON file"), line

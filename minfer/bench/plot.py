@@ -29,8 +29,8 @@ def load_runs(paths: list[str]) -> list[dict]:
     runs = []
     for f in files:
         try:
-            rec = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:   # ValueError: bad JSON, or bytes that are not UTF-8 (was a traceback)
             raise MinferError(f"{f}: not a readable JSON file: {e}") from e
         if isinstance(rec, dict) and rec.get("format") == FORMAT:
             rec["_file"] = str(f)
