@@ -15,7 +15,7 @@
   line, since the bar was never closed. `minfer inspect` listed such a type like any other; it
   marks it now (and --json lists it in unsupported_tensor_types).
 - `minfer run -j FILE` and `minfer bench --plot DIR` with a file that is not UTF-8 were a
-  UnicodeDecodeError traceback.
+  UnicodeDecodeError traceback; a hand-edited bench record missing a field was a KeyError one.
 """
 
 from __future__ import annotations
@@ -235,3 +235,21 @@ def test_bench_plot_of_a_json_file_that_is_not_utf8_is_one_line(capsys, tmp_path
     (tmp_path / "run.json").write_bytes(b'\xa6{"format": 1}')
     line = one_error_line(capsys, ["bench", "--plot", str(tmp_path), "--plot-out", str(tmp_path / "p.png")])
     assert line.startswith(f"minfer: error: {tmp_path / 'run.json'}: not a readable JSON file"), line
+
+
+@pytest.mark.parametrize("record,expect", [
+    ({}, "machine.date"),
+    ({"machine": {"date": "2026-12-05"}, "model": {"desc": "m"}, "results": [1]}, "results[0]"),
+])
+def test_bench_plot_of_an_incomplete_record_is_one_line(capsys, tmp_path, record, expect):
+    # a hand-edited record was a KeyError / AttributeError traceback
+    (tmp_path / "run.json").write_text(json.dumps({"format": "minfer-bench/1", **record}))
+    line = one_error_line(capsys, ["bench", "--plot", str(tmp_path), "--plot-out", str(tmp_path / "p.png")])
+    assert line.startswith(f"minfer: error: {tmp_path / 'run.json'}: not a complete minfer-bench/1 record") \
+        and expect in line, line
+
+
+def test_the_recorded_runs_are_complete_records():
+    from minfer.bench.plot import load_runs
+
+    assert load_runs([str(Path(__file__).parent.parent / "bench" / "results")])

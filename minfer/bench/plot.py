@@ -33,9 +33,30 @@ def load_runs(paths: list[str]) -> list[dict]:
         except (OSError, ValueError) as e:   # ValueError: bad JSON, or bytes that are not UTF-8 (was a traceback)
             raise MinferError(f"{f}: not a readable JSON file: {e}") from e
         if isinstance(rec, dict) and rec.get("format") == FORMAT:
+            bad = _record_problem(rec)
+            if bad:   # (a hand-edited record was a KeyError or AttributeError traceback)
+                raise MinferError(f"{f}: not a complete {FORMAT} record: {bad}")
             rec["_file"] = str(f)
             runs.append(rec)
     return sorted(runs, key=lambda r: r["machine"]["date"])
+
+
+def _record_problem(rec: dict) -> str | None:
+    """What a record lacks of the fields series() and plot_runs() read, or None."""
+    m, model, results = rec.get("machine"), rec.get("model"), rec.get("results", [])
+    if not isinstance(m, dict) or not isinstance(m.get("date"), str):
+        return "machine.date (a string) is missing"
+    if not isinstance(model, dict) or not isinstance(model.get("desc"), str):
+        return "model.desc (a string) is missing"
+    if not isinstance(results, list):
+        return "results is not a list"
+    for i, r in enumerate(results):
+        if not isinstance(r, dict) or not all(isinstance(r.get(k), str) for k in ("runner", "test")) \
+                or not all(isinstance(r.get(k), (int, float)) for k in ("avg_ts", "stdev_ts")):
+            return f"results[{i}] needs runner and test (strings), avg_ts and stdev_ts (numbers)"
+        if not isinstance(r.get("env", {}), dict):
+            return f"results[{i}].env is not an object"
+    return None
 
 
 def series(runs: list[dict]) -> dict[tuple[str, str, str], list[dict]]:
