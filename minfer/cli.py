@@ -43,9 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="minfer",
-        description="Run GGUF language models (llama.cpp's file format) on NVIDIA GPUs and the CPU. "
-        "MODEL arguments (-m) take a path to a .gguf file or a catalog name (see `minfer list`); "
+        description="Run GGUF language models (llama.cpp's file format) on NVIDIA GPUs and the CPU.\n"
+        "MODEL arguments (-m) take a path to a .gguf file or a catalog name (see `minfer list`);\n"
         "a catalog model not yet on disk is pulled first.",
+        # the top level had no example: a first user saw ten commands and no first line to type
+        epilog="examples:\n"
+        "  minfer run \"Write a haiku about GPUs\"                  # the default model, pulled on first use\n"
+        "  minfer chat smollm2-135m-instruct                      # a conversation\n"
+        "  minfer serve -m smollm2-135m-instruct --port 8080      # an OpenAI-compatible server\n"
+        "  minfer inspect model.gguf                              # what a GGUF file holds\n"
+        "  minfer COMMAND --help                                  # each command's flags and examples",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"minfer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

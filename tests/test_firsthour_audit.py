@@ -16,6 +16,7 @@
   marks it now (and --json lists it in unsupported_tensor_types).
 - `minfer run -j FILE` and `minfer bench --plot DIR` with a file that is not UTF-8 were a
   UnicodeDecodeError traceback; a hand-edited bench record missing a field was a KeyError one.
+- `minfer --help` had no example (every command's help has some).
 """
 
 from __future__ import annotations
@@ -253,3 +254,19 @@ def test_the_recorded_runs_are_complete_records():
     from minfer.bench.plot import load_runs
 
     assert load_runs([str(Path(__file__).parent.parent / "bench" / "results")])
+
+
+# ---- `minfer --help` shows a first line to type ------------------------------------------------
+
+def test_top_level_help_has_examples(capsys):
+    # each command's help had examples, the top level none
+    from minfer import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    assert e.value.code == 0
+    examples = out.split("examples:\n", 1)[1].splitlines()
+    assert any(ln.strip().startswith('minfer run "') for ln in examples), out
+    assert any("minfer COMMAND --help" in ln for ln in examples), out
+    assert max(len(ln) for ln in out.splitlines()) <= 100, out   # (the raw formatter does not wrap)
