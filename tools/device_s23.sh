@@ -14,7 +14,6 @@ STEPS=${*:-ftests diag}
 source tools/device_setup.sh >/dev/null
 Q7=/tmp/q7.gguf
 [ -f $Q7 ] || (python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
-rest=""
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
@@ -30,9 +29,8 @@ for step in $STEPS; do
       timeout ${DIAG_TIMEOUT:-200} python3 tools/bf16_diag.py ${DIAG_NAMES:-hunyuan-moe qwen3next gemma4} \
         >"$OUT/bf16-diag.log" 2>&1
       grep -v Warning "$OUT/bf16-diag.log" | tail -30;;
-    *) rest="$rest $step";;
+    *) OUT=$OUT bash tools/device_s4.sh $step;;      # in the order given
   esac
   case $step in ftests|diag) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
-[ -n "$rest" ] && OUT=$OUT bash tools/device_s4.sh $rest
 exit 0

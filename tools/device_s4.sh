@@ -8,7 +8,7 @@ STEPS=${*:-tests bench prof}
 source tools/device_setup.sh >/dev/null
 M="python3 -m minfer"
 Q7=/tmp/q7.gguf
-[ -f $Q7 ] || ($M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
+[ -f $Q7 ] || pgrep -f "^python3? -m minfer synth" >/dev/null || ($M synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
 # (anchored: an unanchored pattern also matches the shell whose command line starts the synth, perf-log AJ3 / AK7)
 waitq7() { sleep 1; while [ ! -f $Q7 ] || pgrep -f "^python3? -m minfer synth" >/dev/null; do sleep 2; done; }
 summary=""

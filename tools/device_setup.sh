@@ -3,6 +3,8 @@
 # At most 8 files come back from $OUT: the pip log stays in /tmp unless the install fails.
 OUT=${OUT:-/tmp/minfer-out}
 mkdir -p "$OUT"
+# a script that already ran this (tools/device_s23.sh handing a step to device_s4.sh) skips the installs
+[ -n "${MINFER_SETUP_DONE:-}" ] && return 0
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -16,3 +18,4 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-install.
   nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv
   python3 -c 'import torch, triton, numpy; print("torch", torch.__version__, "triton", triton.__version__, "numpy", numpy.__version__, "cuda", torch.cuda.is_available())'
 } 2>&1 | tee "$OUT/env.txt"
+export MINFER_SETUP_DONE=1
