@@ -17,13 +17,14 @@ Q7=/tmp/q7.gguf
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
-    ftests)
-      timeout ${FTESTS_TIMEOUT:-240} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_arch_gpu.py \
-        -k "${FTESTS_K:-dots1 or lfm2moe or llama4 or qwen3vlmoe or ernie4_5 or hunyuan or qwen3next or gemma4 or nemotron}" \
-        tests/gpu/test_batching_gpu.py::test_deepseek2_fixture_batched_equals_alone \
-        tests/gpu/test_batching_gpu.py::test_paged_decode_kernel_chunk_matches_reference \
-        tests/gpu/test_batching_gpu.py::test_llama4_fixture_batched_equals_alone >"$OUT/pytest-ftests.log" 2>&1
+    ftests)   # the failed tests of the last GPU run and the never-run kernels' tests, in parallel
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+      timeout ${FTESTS_TIMEOUT:-240} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${PYTEST_ARGS:-} \
+        tests/gpu/test_arch_gpu.py -k "${FTESTS_K:-(dots1 or lfm2moe or llama4 or qwen3vlmoe or ernie4_5 or hunyuan or qwen3next or gemma4 or nemotron or mamba2 or granitehybrid or qwen35 or falcon or deepseek or chunk or batching or ssm or deltanet) and not (among_31 or graphed_batch_decode or dense_planes or w4_gemm or held_steps)}" \
+        tests/gpu/test_batching_gpu.py tests/gpu/test_ssm_step_gpu.py tests/gpu/test_deltanet_step_gpu.py \
+        tests/gpu/test_chunked_attention_gpu.py >"$OUT/pytest-ftests.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-ftests.log" | head -30
+      grep -E "^bf16 " "$OUT/pytest-ftests.log" | sort -t' ' -k10 | tail -12
       echo "ftests: $(tail -1 "$OUT/pytest-ftests.log")";;
     diag)
       timeout ${DIAG_TIMEOUT:-200} python3 tools/bf16_diag.py ${DIAG_NAMES:-hunyuan-moe qwen3next gemma4} \
