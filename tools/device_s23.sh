@@ -13,7 +13,7 @@ fi
 STEPS=${*:-ftests diag}
 source tools/device_setup.sh >/dev/null
 Q7=/tmp/q7.gguf
-[ -f $Q7 ] || (python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &)
+case " $STEPS " in *" bench "*) [ -f $Q7 ] || (python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1 &);; esac
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
