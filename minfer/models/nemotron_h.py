@@ -161,18 +161,9 @@ class NemotronHModel(LlamaModel):
 
     # ---- declarations ----
 
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, mb in zip(self.blocks, self.mamba):
-            ws += b.matrices()
-            if mb is not None:
-                ws += [mb.ssm_in, mb.ssm_out]
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
-
-    def linear_groups(self) -> list[tuple]:
-        return [(b.attn_q, b.attn_k, b.attn_v) for b in self.blocks if b.attn_q is not None]
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        mb = self.mamba[i]
+        return [mb.ssm_in, mb.ssm_out] if mb is not None else []
 
     # ---- the forward ----
 

@@ -65,7 +65,7 @@ from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import Block
 from minfer.models.nemotron_h import MLP, NemotronHModel, relu2
-from minfer.models.qwen3moe import load_experts
+from minfer.models.qwen3moe import load_experts, stacked_experts
 from minfer.weights import QWeight, load_qweight, load_vector
 
 # bias tensors llama.cpp's nemotron_h_moe loader has no slot for (HF mlp_bias on the shared expert and the latent
@@ -177,21 +177,12 @@ class NemotronHMoeModel(NemotronHModel):
 
     # ---- declarations ----
 
-    def qweights(self) -> list[QWeight]:
-        ws = [self.token_embd]
-        for b, mb, e in zip(self.blocks, self.mamba, self.moe):
-            ws += b.matrices()
-            if mb is not None:
-                ws += [mb.ssm_in, mb.ssm_out]
-            if e is not None:
-                ws += e.matrices()
-        if self.output is not self.token_embd:
-            ws.append(self.output)
-        return ws
+    def layer_matrices(self, i: int) -> list[QWeight]:
+        e = self.moe[i]
+        return super().layer_matrices(i) + (e.matrices() if e is not None else [])
 
     def head_weights(self) -> list:
-        # the stacked experts never go through ops.linear's scratch (ops.moe_ffn decodes the rows it needs)
-        return [self.token_embd, self.output] + [w for e in self.moe if e is not None for w in (e.up_exps, e.down_exps)]
+        return super().head_weights() + stacked_experts(self.moe)
 
     # ---- the forward ----
 

@@ -83,7 +83,8 @@ def stacked_experts(moe: list) -> list[QWeight]:
     """Every layer's stacked experts (moe: per layer a block with gate/up/down_exps, or None). ops.moe_ffn
     decodes the rows it needs itself, so they never go through ops.linear's scratch nor size it
     (Model.head_weights)."""
-    return [w for e in moe if e is not None for w in (e.gate_exps, e.up_exps, e.down_exps)]
+    return [w for e in moe if e is not None for w in (getattr(e, "gate_exps", None), e.up_exps, e.down_exps)
+            if w is not None]                                  # ungated experts (nemotron_h_moe) have no gate
 
 
 class Qwen3MoeModel(LlamaModel):
