@@ -30,6 +30,19 @@ import torch
 PIN = 1e4
 
 
+@contextlib.contextmanager
+def _wrapped_route(wrap):
+    """reference.route replaced by wrap(the real route) inside, restored after."""
+    from minfer.ops import reference
+
+    real = reference.route
+    reference.route = wrap(real)
+    try:
+        yield
+    finally:
+        reference.route = real
+
+
 class RoutePins:
     def __init__(self):
         self.recorded: list[torch.Tensor] = []      # record mode: every call's (T, k) ids, CPU
@@ -41,19 +54,14 @@ class RoutePins:
 
     @contextlib.contextmanager
     def recording(self):
-        from minfer.ops import reference
-
-        real = reference.route
-
-        def route(*a, **kw):
-            w, idx = real(*a, **kw)
-            self.recorded.append(idx.detach().cpu())
-            return w, idx
-        reference.route = route
-        try:
+        def wrap(real):
+            def route(*a, **kw):
+                w, idx = real(*a, **kw)
+                self.recorded.append(idx.detach().cpu())
+                return w, idx
+            return route
+        with _wrapped_route(wrap):
             yield self
-        finally:
-            reference.route = real
 
     def take(self, n_calls: int) -> list[torch.Tensor]:
         """The last forward's n_calls recorded choices (older ones dropped)."""
@@ -62,12 +70,12 @@ class RoutePins:
 
     @contextlib.contextmanager
     def pinning(self, calls: int, rows: int, k: int, device):
-        from minfer.ops import reference
-
-        real = reference.route
         self.calls, self.n = calls, 0
         self.buf = torch.zeros((calls, rows, k), dtype=torch.long, device=device)
+        with _wrapped_route(self._pinned):
+            yield self
 
+    def _pinned(self, real):
         def route(h, router, k_, norm_weights, router_bias=None, gating="softmax", select_bias=None, *a, **kw):
             j = self.n % self.calls
             self.n += 1
@@ -82,11 +90,7 @@ class RoutePins:
             if not (idx.is_cuda and torch.cuda.is_current_stream_capturing()):   # eager: the pins were taken
                 assert torch.equal(idx.sort(-1).values, self.buf[j, :T].sort(-1).values), (j, idx, self.buf[j, :T])
             return w, idx
-        reference.route = route
-        try:
-            yield self
-        finally:
-            reference.route = real
+        return route
 
     def load(self, pins: list[torch.Tensor]) -> None:
         """Pin the next forward's calls to `pins` (one (T, k) tensor per call, in call order)."""
