@@ -176,3 +176,22 @@ def route_to_cuda(monkeypatch, C):
     monkeypatch.setattr(O, "attention", lambda q, k, v, s, ctx=None, **kw: C.attention(q, k, v, s, ctx, **kw))
     monkeypatch.setattr(O, "moe_ffn", lambda h, *a, **kw: C.moe_ffn(h, *a, **kw))
     monkeypatch.setattr(O, "rope_attention", lambda *a, **kw: C.rope_attention(*a, **kw))
+
+
+def interpreted_loads(monkeypatch, fn) -> int:
+    """How many loads (tl.load calls: masked or not, whole tiles) Triton's interpreter issues while
+    fn() runs: a kernel that skips tiles issues fewer (the window / chunk tests)."""
+    from triton.runtime import interpreter
+
+    b = interpreter.interpreter_builder
+    real, calls = b.create_masked_load, [0]
+
+    def counted(*a, **kw):
+        calls[0] += 1
+        return real(*a, **kw)
+    monkeypatch.setattr(b, "create_masked_load", counted)
+    try:
+        fn()
+    finally:
+        monkeypatch.setattr(b, "create_masked_load", real)
+    return calls[0]

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
+from kernel_data import interpreted_loads, interpreted_modules, route_to_cuda  # noqa: E402
 
 from minfer.ops import paths, reference  # noqa: E402
 
@@ -122,19 +122,9 @@ def test_chunk_is_needed_and_is_not_a_window(A):
 
 def _load_count(A, monkeypatch, p, chunk, S=320):
     """Loads (tl.load calls: q, and K and V per tile) the interpreted kernel issues for a row at p."""
-    from triton.runtime import interpreter
-
     q, k, v = data(1, S=S, H=4, Hkv=2)
-    b = interpreter.interpreter_builder
-    real, calls = b.create_masked_load, [0]
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(b, "create_masked_load", counted)
-    A.decode_attention(q, k, v, torch.tensor([p]), n_keys_add=1, n_split=1, chunk=chunk)
-    monkeypatch.setattr(b, "create_masked_load", real)
-    return calls[0]
+    return interpreted_loads(monkeypatch, lambda: A.decode_attention(q, k, v, torch.tensor([p]), n_keys_add=1, n_split=1,
+                                                                     chunk=chunk))
 
 
 def test_chunk_reads_only_its_own_tiles(A, monkeypatch):

@@ -20,6 +20,7 @@ from minfer.runtime.paged_kv import PagedKVCache, PagedStep, paged_attention_ref
 from minfer.runtime.sampling import SamplingParams
 from minfer.runtime.scheduler import StepItem
 from minfer.runtime.sequence import Sequence
+from ops.kernel_data import interpreted_loads
 from runtime.test_paged_kv import _scatter
 from runtime.test_paged_sinks import PA, SINKS  # noqa: F401  (PA: a fixture)
 
@@ -115,19 +116,9 @@ def test_chunk_is_not_a_window(PA):
 
 def _load_count(PA, monkeypatch, n, chunk):
     """Loads (tl.load calls, whole tiles) the interpreted kernel issues for one row of n keys."""
-    from triton.runtime import interpreter
-
     q, kp, vp, bt, cl, _ = _data([n], 4, 4, 2, seed=1)
-    b = interpreter.interpreter_builder
-    real, calls = b.create_masked_load, [0]
-
-    def counted(*a, **kw):
-        calls[0] += 1
-        return real(*a, **kw)
-    monkeypatch.setattr(b, "create_masked_load", counted)
-    PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=1, block_keys=4, chunk=chunk)
-    monkeypatch.setattr(b, "create_masked_load", real)
-    return calls[0]
+    return interpreted_loads(monkeypatch, lambda: PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=1, block_keys=4,
+                                                                            chunk=chunk))
 
 
 def test_chunk_reads_only_its_own_tiles(PA, monkeypatch):
