@@ -30,4 +30,12 @@ ARCHS_B = {
         n_routed_experts=8, num_experts_per_tok=3, moe_intermediate_size=48, moe_shared_expert_intermediate_size=32,
         moe_latent_size=32, n_shared_experts=1, n_group=1, topk_group=1, norm_topk_prob=True,
         routed_scaling_factor=2.0, num_nextn_predict_layers=0, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # OLMo 1 (olmo; OLMo-1B/7B-0424 style): non-parametric LayerNorm (no weight, no bias), GQA (the released are
+    # MHA: 2 kv heads check the converter's k permutation by n_kv_head), clip_qkv 2.0 (OLMo-1.7-7B's 8.0 scaled to
+    # these activations: about a fifth of the q/k/v values clipped), SwiGLU, untied head
+    "olmo": ("OlmoConfig", "OlmoForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False, clip_qkv=2.0,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }

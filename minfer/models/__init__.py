@@ -31,6 +31,7 @@ from minfer.models.nemotron_h import NemotronHModel
 from minfer.models.nemotron_h_moe import NemotronHMoeModel
 from minfer.models.falcon_h1 import FalconH1Model
 from minfer.models.gpt_oss import GptOssModel
+from minfer.models.olmo import OlmoModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3 import Qwen3Model
@@ -60,7 +61,7 @@ from minfer.models.minimax_m2 import MinimaxM2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
+    OlmoModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba2Model, OlmoeModel, Starcoder2Model,

@@ -116,7 +116,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "nemotron_h_moe": [*SSM, "attention.decode.triton", "moe.gather", "moe.grouped", "moe.act.triton",
                            "relu2.torch"],
         "nemotron_h_moe-latent": [*SSM, "attention.decode.triton", "moe.gather", "moe.grouped", "moe.act.triton",
-                                  "relu2.torch"]}
+                                  "relu2.torch"],
+        # olmo: weightless LayerNorms (the kernel with a weight of ones), q/k/v clamped before the rope kernel
+        "olmo": ["layer_norm.triton", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -136,7 +138,7 @@ def cuda_ops():
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
-                                  "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent"])
+                                  "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
