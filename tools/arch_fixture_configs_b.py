@@ -38,4 +38,12 @@ ARCHS_B = {
         max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False, clip_qkv=2.0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # Gemma 1 / CodeGemma (gemma): MQA as the 2B (one kv head), head_dim 32 != hidden / heads (as the 7B's 256 of
+    # 3072 / 16), (1 + w) RMSNorms (random w around 0), the sqrt(D)-scaled embedding, GELU-tanh GeGLU, tied head;
+    # rope_theta 10000: the converter writes no rope.freq_base (llama.cpp's default, the released value)
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256, hidden_act="gelu_pytorch_tanh",
+        attention_bias=False, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -185,6 +185,7 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         # Gemma2Model reads a sentencepiece tokenizer.model only; ours is a byte-level BPE
         "import conversion.gemma as gemma\n"
         "gemma.Gemma2Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        "gemma.GemmaModel.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         "gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()\n"
         # HunYuanMoEModel.set_vocab reads a tiktoken tokenizer's mergeable_ranks only
         "import conversion.hunyuan as hunyuan\n"

@@ -20,6 +20,7 @@ from minfer.models.qwen3vl import Qwen3VLModel
 from minfer.models.qwen3vlmoe import Qwen3VLMoeModel
 from minfer.models.ernie4_5 import Ernie45Model
 from minfer.models.ernie4_5_moe import Ernie45MoeModel
+from minfer.models.gemma import GemmaModel
 from minfer.models.gemma2 import Gemma2Model
 from minfer.models.gemma3 import Gemma3Model
 from minfer.models.glm4 import Glm4Model
@@ -60,7 +61,7 @@ from minfer.models.hunyuan_moe import HunyuanMoeModel
 from minfer.models.minimax_m2 import MinimaxM2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
-    LlamaModel, Qwen2Model, Qwen3Model, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
+    LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
     OlmoModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
