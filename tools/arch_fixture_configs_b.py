@@ -3,6 +3,29 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_B = {
+    # Falcon-7B style (falcon): multi-query (one kv head: num_kv_heads 1, what the converter reads; HF takes 1 for
+    # multi_query whatever the key), attention and MLP in parallel from one LayerNorm (input_layernorm), no linear
+    # biases, exact-erf GELU MLP of 4 * hidden, tied head; rope_theta 10000: the converter writes no rope.freq_base
+    "falcon": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=1, multi_query=True,
+        new_decoder_architecture=False, parallel_attn=True, bias=False, alibi=False, layer_norm_epsilon=1e-5,
+        max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Falcon-40B / 180B style (falcon): the new decoder architecture, 2 kv groups of 2 query heads (HF's grouped
+    # q/k/v rows, which the converter regroups as q, k, v), two LayerNorms (ln_attn -> attn_norm_2 for the
+    # attention, ln_mlp -> attn_norm for the MLP)
+    "falcon-40b": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True,
+        parallel_attn=True, bias=False, alibi=False, layer_norm_epsilon=1e-5, max_position_embeddings=256,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    # Falcon2-11B style (falcon): the new decoder architecture with num_ln_in_parallel_attn 1 (one LayerNorm feeds
+    # both branches, as the 7B) and grouped kv
+    "falcon-11b": ("FalconConfig", "FalconForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2, new_decoder_architecture=True,
+        num_ln_in_parallel_attn=1, parallel_attn=True, bias=False, alibi=False, layer_norm_epsilon=1e-5,
+        max_position_embeddings=256, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # NVIDIA Nemotron-3 Nano 30B-A3B style (nemotron_h_moe): the block pattern M E M * E M (Mamba-2, MoE,
     # attention without rope), each block one mixer after its RMSNorm. MoE: 8 ungated squared-ReLU experts of 32,
     # sigmoid scores chosen on score + e_score_correction_bias (random: the selection bias matters), top 2,

@@ -33,6 +33,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi3", "phi3partial",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
+         "falcon", "falcon-40b", "falcon-11b",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -98,6 +99,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "gemma3": ["attention
             # exaone: NEOX rope with the Llama-3 frequency divisors
             "exaone": ["rope", "attention.decode"],
             "starcoder2": ["layer_norm.triton", "attention.decode"],
+            # falcon: LayerNorm with bias, the fused q/k/v split, NEOX rope (-40b: the second LayerNorm, grouped kv)
+            "falcon": ["layer_norm.triton", "rope", "attention.decode"],
+            "falcon-40b": ["layer_norm.triton", "rope", "attention.decode"],
+            "falcon-11b": ["layer_norm.triton", "rope", "attention.decode"],
             # hunyuan-dense: the per-head q/k norms after rope (rope kernel, norm, then the cache write)
             "hunyuan-dense": ["rope", "attention.decode"],
             # arcee: YaRN's divisors through the rope kernel, the squared-ReLU MLP (torch ops)

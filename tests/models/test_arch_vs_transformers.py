@@ -21,6 +21,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi3", "phi3partial",
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
+         "falcon", "falcon-40b", "falcon-11b",
          "olmoe", "hunyuan-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
@@ -35,6 +36,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "deepseek2": "deepseek2", "deepseek3": "deepseek2",   # V3 converts to deepseek2 too
                "mistral3": "mistral3", "seed_oss": "seed_oss", "exaone4": "exaone4",
                "starcoder2": "starcoder2",
+               "falcon": "falcon", "falcon-40b": "falcon", "falcon-11b": "falcon",
                "olmoe": "olmoe", "hunyuan-dense": "hunyuan-dense",
                "arcee": "arcee", "apertus": "apertus", "dots1": "dots1", "hunyuan-moe": "hunyuan-moe",
                "minimax-m2": "minimax-m2",
@@ -119,6 +121,7 @@ def test_arch_greedy_matches_transformers(name):
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
+                                  "falcon", "falcon-40b", "falcon-11b",
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
@@ -342,8 +345,8 @@ def load(path):
 
 
 def test_unsupported_architecture_is_named(tmp_path):
-    p = rewrite(DATA / "qwen3.gguf", tmp_path / "x.gguf", arch="falcon")
-    with pytest.raises(MinferError, match="architecture 'falcon' is not supported"):
+    p = rewrite(DATA / "qwen3.gguf", tmp_path / "x.gguf", arch="rwkv6")
+    with pytest.raises(MinferError, match="architecture 'rwkv6' is not supported"):
         load(p)
 
 
