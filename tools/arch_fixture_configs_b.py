@@ -69,4 +69,14 @@ ARCHS_B = {
         head_dim=32, rms_norm_eps=1e-6, max_position_embeddings=256, hidden_act="gelu_pytorch_tanh",
         attention_bias=False, tie_word_embeddings=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Phi-2 style (phi2): attention and MLP in parallel from one LayerNorm with bias, biases on every linear and the
+    # lm head (drawn around 0: CENTERED_BIAS), partial rotary 0.5 (8 of 16 dims, NEOX), GELU-tanh MLP of 4 * hidden
+    # (the converter writes feed_forward_length 4 D, head_count_kv = head_count), untied head; rope_theta 10000: the
+    # converter writes no rope.freq_base
+    "phi2": ("PhiConfig", "PhiForCausalLM", dict(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+        layer_norm_eps=1e-5, max_position_embeddings=256, hidden_act="gelu_new", qk_layernorm=False,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

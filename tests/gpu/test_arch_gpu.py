@@ -28,7 +28,7 @@ from route_pins import RoutePins  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
+ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
@@ -41,7 +41,7 @@ CTX = {"phi3": 32, "phi3partial": 32}
 SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
 DELTANET = ["deltanet.conv.torch", "deltanet.scan.torch", "deltanet.step.triton"]
 # the launch paths each architecture must show on the GPU
-MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
+MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.triton", "attention.decode"], "gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
             "glm4moe": ["moe.gather", "moe.grouped"],   # sigmoid gating, selection bias, groups, scale
             "granitemoe": ["moe.gather", "moe.grouped"], "granitemoeshared": ["moe.gather", "moe.grouped"],
             "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode",

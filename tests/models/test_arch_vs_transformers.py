@@ -17,7 +17,7 @@ import pytest
 from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
-ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
+ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "granite",
          "granitemoe", "granitemoeshared", "smollm3", "ernie4_5", "glm4", "glm4moe", "olmo2", "olmo3", "gpt-oss",
          "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3", "seed_oss", "exaone4",
          "starcoder2",
@@ -29,7 +29,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi3", "phi3partial",
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm",
          "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"]
-EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi3": "phi3", "phi3partial": "phi3",
+EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
                "command-r": "command-r", "command-r-qknorm": "command-r", "cohere2": "cohere2",
@@ -118,7 +118,7 @@ def test_arch_greedy_matches_transformers(name):
     assert out == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3moe", "qwen2moe", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3moe", "qwen2moe", "phi2", "phi3", "gemma2", "olmo3", "granite", "smollm3", "granitemoeshared", "glm4", "glm4moe",
                                   "gpt-oss", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3", "mistral3",
                                   "starcoder2",
                                   "falcon", "falcon-40b", "falcon-11b",
@@ -167,7 +167,7 @@ def test_gemma3_layer_pattern_and_local_rope():
     assert [r.theta for r in m.layer_rope] == [20000.0] * 5 + [1000000.0]
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe", "llama4",
+@pytest.mark.parametrize("name", ["gemma", "phi2", "gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe", "llama4",
                                   "deepseek2", "deepseek3", "granitehybrid", "granitehybrid-dense", "nemotron_h",
                                   "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next",
                                   "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"])

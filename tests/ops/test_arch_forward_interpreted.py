@@ -33,6 +33,8 @@ SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # gemma: the scaled embedding, one kv head, the GELU kernel on the gate/up pair
         "gemma": ["geglu.triton", "rope.triton", "attention.decode.triton"],
+        # phi2: the parallel block from one LayerNorm with bias, partial NEOX rope, biases, the lm head bias
+        "phi2": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         "phi3partial": ["rope.triton"], "qwen3moe": ["moe.gather"], "granitemoeshared": ["moe.gather"], "glm4moe": ["moe.gather", "moe.grouped", "rope.triton"],
         "olmo3": ["attention.window.decode"],
         "gemma2": ["attention.softcap.torch", "attention.softcap.window.decode", "attention.softcap.decode"],
@@ -136,7 +138,7 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "phi2", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
                                   "falcon", "falcon-40b", "falcon-11b",
