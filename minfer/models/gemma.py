@@ -24,8 +24,10 @@ and its source (llama.cpp src/models/gemma.cpp; conversion/gemma.py GemmaModel; 
 - The lm head is token_embd (gemma.cpp: output = token_embd, TENSOR_DUPLICATED; the converter
   drops lm_head.weight): a file with `output.weight` is refused by name, as llama.cpp's loader
   refuses a tensor it did not create.
-- No biases: gemma.cpp loads none (build_ffn / build_attn with NULL biases; HF attention_bias is
-  false in every release); a bias tensor is refused by name.
+- No biases: the released models have none (HF attention_bias false). llama.cpp's loader would take
+  q/k/v biases as optional (create_tensor_qkv, TENSOR_NOT_REQUIRED) but no attn_output or MLP bias
+  (HF attention_bias writes o_proj's too, a file llama.cpp refuses), so any bias tensor is refused
+  by name.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def check_gemma_tensors(gf, arch: str) -> None:
                           "token_embd.weight (llama.cpp's gemma graph; the converter drops lm_head)")
     for name in gf.tensors:
         if name.endswith(".bias"):
-            raise MinferError(f"{gf.path}: tensor '{name}' is not supported for {arch} (llama.cpp's gemma "
-                              "loader creates no biases; the released models have none)")
+            raise MinferError(f"{gf.path}: tensor '{name}' is not supported for {arch} (the released models "
+                              "have no biases; llama.cpp's gemma loader takes no output or MLP bias)")
 
 
 class GemmaModel(LlamaModel):

@@ -79,8 +79,8 @@ def test_missing_tensor_is_named(tmp_path, tensor):
 @pytest.mark.parametrize("tensor,shape", [("output.weight", (320, 64)), ("blk.0.attn_q.bias", (128,)),
                                           ("blk.1.attn_output.bias", (64,)), ("blk.0.ffn_up.bias", (96,))])
 def test_tensors_it_does_not_run_are_refused_by_name(tmp_path, tensor, shape):
-    """llama.cpp's gemma loader creates no lm head of its own and no biases (a file with one fails its
-    tensor count); HF's attention_bias would write q/k/v/o biases."""
+    """llama.cpp's gemma loader creates no lm head of its own and no attn_output / MLP bias (a file with
+    one fails its tensor count); HF's attention_bias would write q/k/v/o biases, none released."""
     p = rewrite(DATA / "gemma.gguf", tmp_path / "x.gguf", add_tensors={tensor: np.zeros(shape)})
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
         load(p)
