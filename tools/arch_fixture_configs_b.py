@@ -3,6 +3,12 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_B = {
+    # StarCoder 1 / SantaCoder (starcoder; GPTBigCodeForCausalLM): learned absolute position embeddings (wpe, no
+    # rope), multi-query attention (one kv head) from one fused c_attn with bias, LayerNorms with bias, an ungated
+    # GELU-tanh MLP of 4 * n_embd with biases, tied head. Biases drawn around 0 (CENTERED_BIAS)
+    "starcoder": ("GPTBigCodeConfig", "GPTBigCodeForCausalLM", dict(
+        n_embd=64, n_layer=2, n_head=4, n_positions=128, multi_query=True, activation_function="gelu_pytorch_tanh",
+        layer_norm_epsilon=1e-5, tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Falcon-7B style (falcon): multi-query (one kv head: num_kv_heads 1, what the converter reads; HF takes 1 for
     # multi_query whatever the key), attention and MLP in parallel from one LayerNorm (input_layernorm), no linear
     # biases, exact-erf GELU MLP of 4 * hidden, tied head; rope_theta 10000: the converter writes no rope.freq_base

@@ -56,6 +56,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "falcon": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         "falcon-40b": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         "falcon-11b": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        # starcoder: learned positions (the embedding kernel on the position table), no rope, LayerNorm with bias,
+        # the fused q/k/v matrix with its bias, the GELU MLP in torch
+        "starcoder": ["layer_norm.triton", "attention.decode.triton"],
         # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # arcee: YaRN's divisors through the rope kernel, q * c^2, the squared-ReLU MLP in torch
@@ -141,7 +144,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "phi2", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
-                                  "falcon", "falcon-40b", "falcon-11b",
+                                  "falcon", "falcon-40b", "falcon-11b", "starcoder",
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
