@@ -85,4 +85,20 @@ ARCHS_B = {
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                     "partial_rotary_factor": 0.5},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # StableLM 2 1.6B style (stablelm): LayerNorm with bias, q/k/v biases, NEOX rope on half of each head
+    # (partial_rotary_factor 0.5; the released 0.25), GQA, sequential residual (post_attention_layernorm -> ffn_norm)
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, use_qkv_bias=True,
+        qk_layernorm=False, use_parallel_residual=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # StableLM 2 12B style (stablelm-12b): per-head q/k LayerNorms (weight, no bias), the parallel residual (no
+    # ffn_norm: the MLP reads the attention's input norm), no q/k/v biases, rope on a quarter of each head
+    "stablelm-12b": ("StableLmConfig", "StableLmForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, use_qkv_bias=False,
+        qk_layernorm=True, use_parallel_residual=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -42,7 +42,7 @@ EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py G
 SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
-CENTERED_BIAS = {"qwen2vl", "starcoder2", "phi2"}
+CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "phi2"}
 CENTERED_BIAS |= {"starcoder"}   # StarCoder 1: biases on every linear and norm
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
@@ -191,6 +191,15 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         # HunYuanMoEModel.set_vocab reads a tiktoken tokenizer's mergeable_ranks only
         "import conversion.hunyuan as hunyuan\n"
         "hunyuan.HunYuanMoEModel.set_vocab = lambda self: self._set_vocab_gpt2()\n"
+        # StableLMModel.modify_tensors `return`s the stacked per-head q/k norms (_stack_qk_norm's generator) from
+        # inside a generator, which drops it ("Unprocessed norms" for StableLM 2 12B): yield it, as meant
+        "import conversion.stablelm as stablelm\n"
+        "_slm_mt = stablelm.StableLMModel.modify_tensors\n"
+        "def _slm_fixed(self, *a):\n"
+        "    r = yield from _slm_mt(self, *a)\n"
+        "    if r is not None:\n"
+        "        yield from r\n"
+        "stablelm.StableLMModel.modify_tensors = _slm_fixed\n"
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']" + (" + ['--no-mtp']" if no_mtp else "") + "\n"
         "c.main()\n")

@@ -34,7 +34,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder",
-         "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"]
+         "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
+         "stablelm", "stablelm-12b"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
 # too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
@@ -141,7 +142,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "nemotron_h_moe-latent": [*SSM, "attention.decode", "moe.gather",
                                       "moe.grouped", "moe.act.triton", "relu2.torch"],
             # olmo: weightless LayerNorms (the kernel with a weight of ones), the clamped q/k/v through rope
-            "olmo": ["layer_norm.triton", "rope", "attention.decode"]}
+            "olmo": ["layer_norm.triton", "rope", "attention.decode"],
+            # stablelm: LayerNorms with bias, partial NEOX rope; -12b: per-head q/k LayerNorms, parallel residual
+            "stablelm": ["layer_norm.triton", "rope", "attention.decode"],
+            "stablelm-12b": ["layer_norm.triton", "rope", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -130,7 +130,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "nemotron_h_moe-latent": [*SSM, "attention.decode.triton", "moe.gather", "moe.grouped", "moe.act.triton",
                                   "relu2.torch"],
         # olmo: weightless LayerNorms (the kernel with a weight of ones), q/k/v clamped before the rope kernel
-        "olmo": ["layer_norm.triton", "rope.triton", "attention.decode.triton"]}
+        "olmo": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        # stablelm: LayerNorms with bias, partial NEOX rope, q/k/v biases; -12b: per-head q/k LayerNorms (a
+        # (H, Dh) weight) before the rope kernel, the parallel residual
+        "stablelm": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        "stablelm-12b": ["layer_norm.triton", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -151,7 +155,8 @@ def cuda_ops():
                                   "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
-                                  "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo"])
+                                  "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
+                                  "stablelm", "stablelm-12b"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
