@@ -101,4 +101,19 @@ ARCHS_B = {
         qk_layernorm=True, use_parallel_residual=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Nemotron-4 / Minitron style (nemotron): LayerNorm1P (y = LN(x) * (1 + w) + b; the converter stores 1 + w), the
+    # ungated squared-ReLU MLP, NEOX rope on half of each head (partial_rotary_factor 0.5, the releases'), GQA, no
+    # biases, untied head; a SentencePiece vocabulary (conversion/nemotron.py reads tokenizer.model only)
+    "nemotron": ("NemotronConfig", "NemotronForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False, mlp_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # the same with attention_bias (q/k/v/o biases) and mlp_bias (up/down biases), which llama.cpp's loader takes
+    # optionally, and rope on a quarter of each head
+    "nemotron-bias": ("NemotronConfig", "NemotronForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

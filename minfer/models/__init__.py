@@ -13,6 +13,7 @@ from minfer.models.llama import LlamaModel
 from minfer.models.qwen2 import Qwen2Model
 from minfer.models.qwen2moe import Qwen2MoeModel
 from minfer.models.stablelm import StablelmModel
+from minfer.models.nemotron import NemotronModel
 from minfer.models.starcoder2 import Starcoder2Model
 from minfer.models.hunyuan_dense import HunyuanDenseModel
 from minfer.models.olmoe import OlmoeModel
@@ -66,7 +67,7 @@ from minfer.models.starcoder import StarcoderModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
-    OlmoModel, StablelmModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
+    OlmoModel, StablelmModel, NemotronModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba2Model, OlmoeModel, Starcoder2Model,
