@@ -116,4 +116,14 @@ ARCHS_B = {
         norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Phi-3.5-MoE style (phimoe): biased norms (llama.cpp: RMSNorm + bias; the reference runs HF with llama.cpp's rules,
+    # gen_arch_fixtures.LLAMACPP_RULES), q/k/v/o biases, lm head bias, 4 experts of 32, top 2 (softmax, renormalized),
+    # GQA, NEOX rope without LongRoPE factors (phi3's fixture has them)
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, max_position_embeddings=256,
+        attention_bias=True, lm_head_bias=True, tie_word_embeddings=False, router_jitter_noise=0.01,
+        input_jitter_noise=0.0, sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "original_max_position_embeddings": 256},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
