@@ -191,8 +191,8 @@ _ZERO_FFN_ITEMS = _count_or_counts(1, 1 << 22, item_lo=0)
 
 # Architectures with no attention and no MLP at all: mamba2's converter writes head_count 0 and
 # feed_forward_length 0 ("unused, but seemingly required when loading": conversion/mamba.py
-# Mamba2Model.set_gguf_parameters); llama.cpp's mamba2 loader reads neither
-ATTENTION_FREE = frozenset({"mamba2"})
+# Mamba2Model.set_gguf_parameters; MambaModel's the same for `mamba`); llama.cpp's loaders read neither
+ATTENTION_FREE = frozenset({"mamba", "mamba2"})
 _ZERO_COUNT = _count(0, 1 << 22)
 
 
