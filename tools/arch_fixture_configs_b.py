@@ -116,19 +116,14 @@ ARCHS_B = {
         norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True, mlp_bias=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
-    # Mamba-1 (`mamba`, state-spaces/mamba-*-hf's form): 3 layers of x + mixer(RMSNorm(x)), no attention and no MLP;
-    # the selective-scan mixer of minfer/models/mamba1.py: inner 128 = 2 * 64 (llama.cpp loads expand 2 only), state
-    # 16, dt_rank 16, conv kernel 4 with bias, no in/out-projection bias; untied head. The converter writes
-    # head_count 0 and feed_forward_length 0
-    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
-        hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
-        use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
-    # Falcon-Mamba (the converter writes arch `mamba` with ssm.dt_b_c_rms true): Mamba-1 with weightless RMSNorms on
-    # dt (before dt_proj), B and C; llama.cpp uses the one layer_norm_rms_epsilon for them (HF mixer_rms_eps: set
-    # equal here)
-    "falcon-mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
-        hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
-        use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-6, mixer_rms_eps=1e-6, tie_word_embeddings=False,
+    # Phi-3.5-MoE style (phimoe): biased norms (llama.cpp: RMSNorm + bias; the reference runs HF with llama.cpp's rules,
+    # gen_arch_fixtures.LLAMACPP_RULES), q/k/v/o biases, lm head bias, 4 experts of 32, top 2 (softmax, renormalized),
+    # GQA, NEOX rope without LongRoPE factors (phi3's fixture has them)
+    "phimoe": ("PhimoeConfig", "PhimoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=4, num_experts_per_tok=2, rms_norm_eps=1e-5, max_position_embeddings=256,
+        attention_bias=True, lm_head_bias=True, tie_word_embeddings=False, router_jitter_noise=0.01,
+        input_jitter_noise=0.0, sliding_window=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "original_max_position_embeddings": 256},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -208,6 +208,33 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         raise SystemExit(f"conversion of {model_dir} failed:\n{r.stderr[-4000:]}")
 
 
+def phimoe_llamacpp_rules(model) -> None:
+    """Phi-3.5-MoE as llama.cpp computes it (src/models/phi3.cpp, which phimoe's graph is): each
+    nn.LayerNorm as RMSNorm * weight + bias (LLM_NORM_RMS with the bias), the router as softmax top-k
+    renormalized (build_moe_ffn norm_w = true), not HF's LayerNorm and sparsemixer."""
+    import torch
+
+    def rms_bias(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight + self.bias
+
+    def softmax_topk(self, h):
+        logits = torch.nn.functional.linear(h, self.weight)
+        w, idx = torch.topk(logits.softmax(-1), self.top_k, dim=-1)
+        return logits, w / w.sum(-1, keepdim=True), idx
+
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.LayerNorm):
+            mod.forward = rms_bias.__get__(mod)
+        if type(mod).__name__ == "PhimoeTopKRouter":
+            mod.forward = softmax_topk.__get__(mod)
+
+
+# transformers' modules swapped for llama.cpp's rules before the reference is computed
+LLAMACPP_RULES = {"phimoe": phimoe_llamacpp_rules}
+# the released Phi-3.5-MoE names its class PhiMoEForCausalLM (llama.cpp's converter registers that spelling)
+CONFIG_AS_RELEASED |= {"phimoe": lambda c: {**c, "architectures": ["PhiMoEForCausalLM"]}}
+
+
 def reference(model, ids: list[int]) -> np.ndarray:
     import torch
 
@@ -228,13 +255,15 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
         cfg = getattr(transformers, cfg_name)(vocab_size=VOCAB, **kw)
     model = getattr(transformers, cls_name)(cfg).float().eval()
     randomize(model, seed, centered_bias=name in CENTERED_BIAS)
+    if name in LLAMACPP_RULES:
+        LLAMACPP_RULES[name](model)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp) / name
         model.save_pretrained(d, safe_serialization=True)
         make_tokenizer(d, EXTRA_SPECIALS.get(name, ()))
         if name in SPM:
             make_spm_tokenizer(d)
-        if name.startswith("phi3"):   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
+        if name.startswith(("phi3", "phimoe")):   # llama.cpp's Phi3 converter takes a byte-level BPE only under this class name
             tc = json.loads((d / "tokenizer_config.json").read_text())
             tc["tokenizer_class"] = "GPT2Tokenizer"
             (d / "tokenizer_config.json").write_text(json.dumps(tc))

@@ -38,6 +38,7 @@ from minfer.models.olmo import OlmoModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi2 import Phi2Model
 from minfer.models.phi3 import Phi3Model
+from minfer.models.phimoe import PhimoeModel
 from minfer.models.qwen3 import Qwen3Model
 from minfer.models.qwen3moe import Qwen3MoeModel
 from minfer.models.smollm3 import SmolLM3Model
@@ -53,7 +54,6 @@ from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
 from minfer.models.lfm2moe import Lfm2MoeModel
 from minfer.models.llama4 import Llama4Model
-from minfer.models.mamba1 import Mamba1Model
 from minfer.models.mamba2_lm import Mamba2Model
 from minfer.models.qwen35 import Qwen35Model
 from minfer.models.qwen35moe import Qwen35MoeModel
@@ -67,11 +67,11 @@ from minfer.models.falcon import FalconModel
 from minfer.models.starcoder import StarcoderModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
-    LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, Qwen3MoeModel, Qwen2MoeModel,
+    LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, PhimoeModel, Qwen3MoeModel, Qwen2MoeModel,
     OlmoModel, StablelmModel, NemotronModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
-    SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba1Model, Mamba2Model, OlmoeModel, Starcoder2Model,
+    SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     FalconModel, StarcoderModel,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}

@@ -75,9 +75,9 @@ class StarcoderModel(LlamaModel):
         cfg = cfg or ModelConfig.from_gguf(gf)
         if "blk.0.attn_q.weight" in gf.tensors:
             raise MinferError(f"{gf.path}: tensor 'blk.0.attn_q.weight': separate q/k/v matrices: llama.cpp's "
-                              f"starcoder loader takes the fused attn_qkv only")
+                              f"{cls.arch} loader takes the fused attn_qkv only")
         if cfg.head_dim * cfg.n_heads != cfg.d_model:
-            raise MinferError(f"{gf.path}: starcoder needs head_count * head size == embedding_length (the output "
+            raise MinferError(f"{gf.path}: {cls.arch} needs head_count * head size == embedding_length (the output "
                               f"projection is (D, D)); got {cfg.n_heads} x {cfg.head_dim} != {cfg.d_model}")
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         m.output_norm_b = load_vector(gf, "output_norm.bias", device, cfg.d_model)
@@ -119,12 +119,12 @@ class StarcoderModel(LlamaModel):
         """MinferError when the cache's context (--ctx) or, on the CPU, a position is past the position table."""
         context = getattr(cache, "context", None)
         if context is not None and context > self.n_pos:
-            raise MinferError(f"starcoder: a context of {context} positions is past the model's learned position "
-                              f"table (position_embd.weight, starcoder.context_length {self.n_pos}): use --ctx "
+            raise MinferError(f"{self.arch}: a context of {context} positions is past the model's learned position "
+                              f"table (position_embd.weight, {self.arch}.context_length {self.n_pos}): use --ctx "
                               f"{self.n_pos} or less")
         pos = step.positions
         if pos.device.type == "cpu" and pos.numel() and int(pos.max()) >= self.n_pos:
-            raise MinferError(f"starcoder: position {int(pos.max())} is past the model's learned position table "
+            raise MinferError(f"{self.arch}: position {int(pos.max())} is past the model's learned position table "
                               f"(position_embd.weight, {self.n_pos} rows)")
 
     def attention(self, h: torch.Tensor, blk: StarcoderBlock, i: int, cache, step: Step, ctx) -> torch.Tensor:

@@ -30,12 +30,12 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2",
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias"]
+         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
 # too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
@@ -89,9 +89,6 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # mamba2: the Mamba-2 mixer alone (prefill: conv ring and scan in torch ops; the decode step, in the
             # graph too: ops/cuda/ssm_step.py's kernel; the gate and group norm: its norm kernel)
             "mamba2": SSM,
-            # mamba / falcon-mamba: the Mamba-1 mixer alone (conv ring and selective scan in torch ops, in the
-            # decode graph too)
-            "mamba": ["ssm1.conv.torch", "ssm1.scan.torch"], "falcon-mamba": ["ssm1.conv.torch", "ssm1.scan.torch"],
             # olmoe: whole-projection q/k norms, the MoE (softmax top-k, no renormalization) on both paths;
             # starcoder2: LayerNorm with bias (the kernel, then + bias), biases on every linear
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],
@@ -151,7 +148,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "stablelm-12b": ["layer_norm.triton", "rope", "attention.decode"],
             # nemotron: LayerNorms with bias, partial NEOX rope, the squared-ReLU MLP (torch ops); -bias: every bias
             "nemotron": ["layer_norm.triton", "rope", "attention.decode", "relu2.torch"],
-            "nemotron-bias": ["layer_norm.triton", "rope", "attention.decode", "relu2.torch"]}
+            "nemotron-bias": ["layer_norm.triton", "rope", "attention.decode", "relu2.torch"],
+            # phimoe: RMSNorm plus bias, biases, the softmax top-2 renormalized MoE on both paths
+            "phimoe": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
