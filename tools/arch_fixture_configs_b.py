@@ -126,4 +126,19 @@ ARCHS_B = {
         input_jitter_noise=0.0, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "original_max_position_embeddings": 256},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Mamba-1 (`mamba`, state-spaces/mamba-*-hf's form): 3 layers of x + mixer(RMSNorm(x)), no attention and no MLP;
+    # the selective-scan mixer of minfer/models/mamba1.py: inner 128 = 2 * 64 (llama.cpp loads expand 2 only), state
+    # 16, dt_rank 16, conv kernel 4 with bias, no in/out-projection bias; untied head. The converter writes
+    # head_count 0 and feed_forward_length 0
+    "mamba": ("MambaConfig", "MambaForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
+        use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-5, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Falcon-Mamba (the converter writes arch `mamba` with ssm.dt_b_c_rms true): Mamba-1 with weightless RMSNorms on
+    # dt (before dt_proj), B and C; llama.cpp uses the one layer_norm_rms_epsilon for them (HF mixer_rms_eps: set
+    # equal here)
+    "falcon-mamba": ("FalconMambaConfig", "FalconMambaForCausalLM", dict(
+        hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
+        use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-6, mixer_rms_eps=1e-6, tie_word_embeddings=False,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }
