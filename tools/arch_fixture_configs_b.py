@@ -3,6 +3,29 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_B = {
+    # Pythia style (gptneox; GPTNeoXForCausalLM): parallel residual (use_parallel_residual, the default), partial
+    # rotary NEOX on a quarter of each head (4 of 16 dims: rotary_pct 0.25, Pythia's), LayerNorms with bias, the fused
+    # query_key_value with bias in HF's per-head (q, k, v) rows (the converter regroups them as q, k, v), biases on
+    # every linear (CENTERED_BIAS), an exact-erf GELU MLP of 4 * hidden, untied head (embed_out); rope_theta 10000:
+    # the converter writes no rope.freq_base. The config as released (rotary_pct): gen_arch_fixtures CONFIG_AS_RELEASED
+    "gptneox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu",
+        layer_norm_eps=1e-5, max_position_embeddings=256, use_parallel_residual=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # GPT-NeoX with sequential residuals (gptneox; use_parallel_residual False, as some RedPajama-INCITE / StableLM
+    # alpha style conversions): x + attn(ln1(x)), then + mlp(ln2(.)); rotary on half of each head (8 of 16)
+    "gptneox-seq": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(
+        hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, hidden_act="gelu",
+        layer_norm_eps=1e-5, max_position_embeddings=256, use_parallel_residual=False, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # GPT-2 (gpt2; GPT2LMHeadModel): learned absolute positions (wpe, n_positions 128), LayerNorms with bias, Conv1D
+    # c_attn / c_proj / c_fc (in, out) that the converter transposes, MHA, biases everywhere (CENTERED_BIAS), a
+    # GELU-tanh MLP (gelu_new) of 4 * n_embd, tied head. The config as released (n_ctx): CONFIG_AS_RELEASED
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", dict(
+        n_embd=64, n_layer=2, n_head=4, n_positions=128, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+        tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # StarCoder 1 / SantaCoder (starcoder; GPTBigCodeForCausalLM): learned absolute position embeddings (wpe, no
     # rope), multi-query attention (one kv head) from one fused c_attn with bias, LayerNorms with bias, an ungated
     # GELU-tanh MLP of 4 * n_embd with biases, tied head. Biases drawn around 0 (CENTERED_BIAS)

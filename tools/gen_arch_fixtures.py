@@ -44,6 +44,7 @@ SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2", "nemotron", "nemotron-b
 # ~1 made one token win everywhere
 CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "nemotron-bias", "phi2"}
 CENTERED_BIAS |= {"starcoder"}   # StarCoder 1: biases on every linear and norm
+CENTERED_BIAS |= {"gptneox", "gptneox-seq", "gpt2"}   # GPT-NeoX, GPT-2: biases on every linear and norm
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
 
@@ -81,9 +82,24 @@ NO_MTP = {"qwen35", "qwen35moe", "qwen3next"}
 EXTRA_SPECIALS["qwen35moe"] = ("<|endoftext|>",)
 EXTRA_SPECIALS["qwen3next"] = ("<|endoftext|>",)
 
+def gptneox_as_released(c: dict) -> dict:
+    """GPTNeoXConfig (transformers 5) saves the rotary fraction and base in rope_parameters; the released
+    config.json (Pythia) has rotary_pct and rotary_emb_base, and conversion/gptneox.py reads rotary_pct."""
+    rp = c.get("rope_parameters") or {}
+    return {**c, "rotary_pct": rp.get("partial_rotary_factor", 0.25), "rotary_emb_base": rp.get("rope_theta", 10000)}
+
+
+def gpt2_as_released(c: dict) -> dict:
+    """GPT2Config (transformers 5) saves no n_ctx; the released config.json has it (= n_positions), and
+    conversion/gpt2.py writes context_length from it."""
+    return {**c, "n_ctx": c["n_positions"]}
+
+
 # configs rewritten to the released form, then read by the converter from config.json as written
 CONFIG_AS_RELEASED = {"nemotron_h": nemotron_h_as_released, "nemotron_h_moe": nemotron_h_as_released,
                       "nemotron_h_moe-latent": nemotron_h_as_released, "exaone": exaone_as_released}
+CONFIG_AS_RELEASED |= {"gptneox": gptneox_as_released, "gptneox-seq": gptneox_as_released,
+                       "gpt2": gpt2_as_released}
 
 # transformers 5 keeps Qwen3-VL-MoE's packed experts as gate_up_proj (E, 2F, D), down_proj (E, D, F) and saves
 # them so; the released checkpoints (and llama.cpp's converter, conversion/qwen3vl.py

@@ -66,6 +66,8 @@ from minfer.models.hunyuan_moe import HunyuanMoeModel
 from minfer.models.minimax_m2 import MinimaxM2Model
 from minfer.models.falcon import FalconModel
 from minfer.models.starcoder import StarcoderModel
+from minfer.models.gptneox import GptneoxModel
+from minfer.models.gpt2 import Gpt2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, PhimoeModel, Qwen3MoeModel, Qwen2MoeModel,
@@ -74,7 +76,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
     SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba1Model, Mamba2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
-    FalconModel, StarcoderModel,
+    FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

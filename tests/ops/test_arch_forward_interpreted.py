@@ -59,6 +59,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # starcoder: learned positions (the embedding kernel on the position table), no rope, LayerNorm with bias,
         # the fused q/k/v matrix with its bias, the GELU MLP in torch
         "starcoder": ["layer_norm.triton", "attention.decode.triton"],
+        # gptneox: partial NEOX rope (a quarter / half of each head), LayerNorm with bias, parallel or sequential
+        # residual; gpt2: learned positions, no rope (starcoder's graph with MHA)
+        "gptneox": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        "gptneox-seq": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+        "gpt2": ["layer_norm.triton", "attention.decode.triton"],
         # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # arcee: YaRN's divisors through the rope kernel, q * c^2, the squared-ReLU MLP in torch
@@ -157,7 +162,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "phi2", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
-                                  "falcon", "falcon-40b", "falcon-11b", "starcoder",
+                                  "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2",
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
