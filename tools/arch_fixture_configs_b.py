@@ -164,4 +164,11 @@ ARCHS_B = {
         hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
         use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-6, mixer_rms_eps=1e-6, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # DBRX style (dbrx): LayerNorms without bias, one fused Wqkv clamped to [-clip_qkv, clip_qkv] (0.3: binds on the
+    # fixture's projections), GQA, NEOX rope, 4 experts of 32, top 2, softmax renormalized (L1, as released), untied head
+    "dbrx": ("DbrxConfig", "DbrxForCausalLM", dict(
+        d_model=64, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
+        ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2, "moe_normalize_expert_weights": 1.0},
+        tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

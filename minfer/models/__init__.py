@@ -39,6 +39,7 @@ from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi2 import Phi2Model
 from minfer.models.phi3 import Phi3Model
 from minfer.models.phimoe import PhimoeModel
+from minfer.models.dbrx import DbrxModel
 from minfer.models.qwen3 import Qwen3Model
 from minfer.models.qwen3moe import Qwen3MoeModel
 from minfer.models.smollm3 import SmolLM3Model
@@ -70,7 +71,7 @@ from minfer.models.gptneox import GptneoxModel
 from minfer.models.gpt2 import Gpt2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
-    LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, PhimoeModel, Qwen3MoeModel, Qwen2MoeModel,
+    LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, PhimoeModel, DbrxModel, Qwen3MoeModel, Qwen2MoeModel,
     OlmoModel, StablelmModel, NemotronModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,

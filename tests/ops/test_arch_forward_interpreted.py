@@ -148,7 +148,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "nemotron-bias": ["layer_norm.triton", "rope.triton", "attention.decode.triton", "relu2.torch"],
         # phimoe: RMSNorm plus bias, q/k/v/o biases, NEOX rope, the softmax top-2 renormalized MoE on the grouped
         # (prefill) and gathered (decode) paths, the lm head bias
-        "phimoe": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
+        "phimoe": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"],
+        # dbrx: LayerNorms without bias, the fused q/k/v clamped, NEOX rope, the softmax top-2 renormalized MoE
+        "dbrx": ["layer_norm.triton", "moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -170,7 +172,7 @@ def cuda_ops():
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe"])
+                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
