@@ -204,6 +204,12 @@ class Switches:
                             "CUDA batch engine: a decode step whose rows all continue is launched from the "
                             "previous step's tokens on the device before that step's results are read, so "
                             "the host's per-step work (events, text, scheduling) overlaps the GPU's")
+    recurrent_step_kernels: bool = _sw(True, "MINFER_RECURRENT_STEP_KERNELS",
+                                       "CUDA decode rows of the Mamba-2 and gated DeltaNet mixers (granitehybrid, "
+                                       "nemotron_h(_moe), falcon-h1, mamba2, qwen35(moe), qwen3next): one Triton "
+                                       "launch a layer (ops/cuda/ssm_step.py, deltanet_step.py: ssm.step.triton, "
+                                       "deltanet.step.triton); off: the torch ops of the prefill path "
+                                       "(ssm.conv.torch / deltanet.conv.torch ...), as before 2026-12-05")
     prefill_graph: bool = _sw(True, "MINFER_PREFILL_GRAPH",
                               "prompts of gemv_max_m+1 .. prefill_graph_max tokens from position 0 "
                               "replay a CUDA graph of their padded length")

@@ -261,8 +261,8 @@ def deltanet_mixer(h: torch.Tensor, w: DeltaNetWeights, d: DeltaNetDims, state, 
     single = isinstance(state, tuple)
     C = ops._backend(h)
     nd = 0                     # the rows of one token each that the CUDA kernel steps (rows [0, nd))
-    if C is not ops.reference:     # the CUDA backend (or the tests' interpreted one)
-        nd = (1 if T == 1 else 0) if single else state.n_decode
+    if C is not ops.reference and (ctx is None or ctx.switches.recurrent_step_kernels):
+        nd = (1 if T == 1 else 0) if single else state.n_decode      # the CUDA backend (or the interpreted one)
     ys = []
     if nd:
         conv, ssm, slots = (state[0], state[1], None) if single else (state.conv, state.ssm, state.decode_slots)

@@ -288,7 +288,10 @@ def mamba2_mixer(h: torch.Tensor, w: Mamba2Weights, d: Mamba2Dims, state: tuple,
     H, G, di = d.n_heads, d.n_groups, d.d_inner
     be = ops._backend(h)
     if be is not ops.reference:                  # the CUDA backend (or the tests' interpreted one)
-        return _mixer_cuda(h, w, d, state, positions, eps, ctx, be)
+        if ctx is None or ctx.switches.recurrent_step_kernels:
+            return _mixer_cuda(h, w, d, state, positions, eps, ctx, be)
+        ops.paths.count("ssm.conv.torch")        # Switches.recurrent_step_kernels off: every row by torch ops
+        ops.paths.count("ssm.scan.torch")
     zxbcdt = ops.linear(h, w.ssm_in, None, ctx).float()                     # (T, in_dim)
     z, xbc, dt = zxbcdt.split([di, d.conv_dim, H], dim=-1)
     if isinstance(state, tuple):
