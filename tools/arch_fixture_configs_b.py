@@ -164,6 +164,17 @@ ARCHS_B = {
         hidden_size=64, num_hidden_layers=3, state_size=16, expand=2, conv_kernel=4, time_step_rank=16,
         use_conv_bias=True, use_bias=False, layer_norm_epsilon=1e-6, mixer_rms_eps=1e-6, tie_word_embeddings=False,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Jamba (jamba; JambaForCausalLM, Jamba 1.5 / Mini's form): 5 layers, attention on layers 1 and 4 (attn_layer_period
+    # 3, offset 1: the converter writes head_count_kv 0 on the Mamba layers), MoE on layers 1 and 3 (expert_layer_period
+    # 2, offset 1), so each of mamba/attention meets both MoE and dense SwiGLU; GQA without rope; Mamba-1 mixer with
+    # weighted RMSNorms on dt, B and C, inner 128 = 2 * 64, state 16, dt_rank 16, conv 4 with bias; 4 experts of 32,
+    # top 2, softmax weights not renormalized; untied head
+    "jamba": ("JambaConfig", "JambaForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2,
+        num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1, attn_layer_period=3,
+        attn_layer_offset=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=16,
+        mamba_conv_bias=True, mamba_proj_bias=False, use_mamba_kernels=False, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # DBRX style (dbrx): LayerNorms without bias, one fused Wqkv clamped to [-clip_qkv, clip_qkv] (0.3: binds on the
     # fixture's projections), GQA, NEOX rope, 4 experts of 32, top 2, softmax renormalized (L1, as released), untied head
     "dbrx": ("DbrxConfig", "DbrxForCausalLM", dict(

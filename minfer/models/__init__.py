@@ -56,6 +56,7 @@ from minfer.models.lfm2 import Lfm2Model
 from minfer.models.lfm2moe import Lfm2MoeModel
 from minfer.models.llama4 import Llama4Model
 from minfer.models.mamba1 import Mamba1Model
+from minfer.models.jamba import JambaModel
 from minfer.models.mamba2_lm import Mamba2Model
 from minfer.models.qwen35 import Qwen35Model
 from minfer.models.qwen35moe import Qwen35MoeModel
@@ -75,7 +76,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     OlmoModel, StablelmModel, NemotronModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,
     ArceeModel, ApertusModel, Dots1Model, HunyuanMoeModel, MinimaxM2Model,
-    SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba1Model, Mamba2Model, OlmoeModel, Starcoder2Model,
+    SeedOssModel, Exaone4Model, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba1Model, JambaModel, Mamba2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}

@@ -11,6 +11,7 @@ tiiuae/falcon-mamba-7b): the GGUF arch `mamba`.
     x_p = silu(b + sum_k w[k] * x_{p-K+1+k})               ssm_conv1d.weight (di, K), .bias (di,); x_j = 0, j < 0
     [dt; B; C] = W_x x_p                                   ssm_x (R + 2N, di): dt (R,), B, C (N,)
     (dt, B, C = rms(dt), rms(B), rms(C) when ssm.dt_b_c_rms: Falcon-Mamba, weightless)
+    (dt, B, C = rms(dt) w_dt, rms(B) w_B, rms(C) w_C with the weights set: jamba's ssm_{dt,b,c}_norm, models/jamba.py)
     dt_p = softplus(W_dt dt + dt_b)                        ssm_dt.weight (di, R), .bias (di,)
     S_p = exp(dt_p A) * S_{p-1} + (dt_p x_p) B_p^T         per channel c: S (di, N), A = ssm_a (di, N) < 0
     y_p = S_p C_p + D * x_p                                ssm_d (di,)
@@ -99,6 +100,9 @@ class Mamba1Weights:
     A: torch.Tensor          # (di, N), negative
     D: torch.Tensor          # (di,)
     ssm_out: QWeight         # (D, di)
+    dt_norm: torch.Tensor | None = None   # (R,) jamba's weighted dt/B/C RMSNorms (models/jamba.py); None: none
+    b_norm: torch.Tensor | None = None    # (N,)
+    c_norm: torch.Tensor | None = None    # (N,)
 
 
 def read_dims(gf, arch: str, d_model: int) -> Mamba1Dims:
@@ -251,7 +255,9 @@ def mamba1_mixer(h: torch.Tensor, w: Mamba1Weights, d: Mamba1Dims, state, positi
         xc.append(conv_seq(x[q0:q0 + n], w, st[0], positions[q0:q0 + n], masked))
     x = xc[0] if len(xc) == 1 else torch.cat(xc)                                            # (T, di)
     dt, B, C = ops.linear(x.to(h.dtype), w.ssm_x, None, ctx).float().split([R, N, N], dim=-1)
-    if d.dt_b_c_rms:
+    if w.dt_norm is not None:        # jamba: weighted (mamba-base.cpp build_norm(dt, ssm_dt_norm, ...))
+        dt, B, C = _rms(dt, eps) * w.dt_norm, _rms(B, eps) * w.b_norm, _rms(C, eps) * w.c_norm
+    elif d.dt_b_c_rms:
         dt, B, C = _rms(dt, eps), _rms(B, eps), _rms(C, eps)
     dt = F.softplus(ops.linear(dt.to(h.dtype), w.ssm_dt, None, ctx).float() + w.dt_b)       # (T, di)
     ys = []

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.gpu
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3partial", "qwen3moe", "qwen2moe", "gemma2", "olmo2", "granite", "smollm3", "granitemoe", "granitemoeshared", "ernie4_5", "glm4",
          "glm4moe", "olmo3", "gpt-oss", "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
-         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2",
+         "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2", "jamba",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2",
@@ -92,6 +92,8 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # mamba / falcon-mamba: the Mamba-1 mixer alone (conv ring and selective scan in torch ops, in the
             # decode graph too)
             "mamba": ["ssm1.conv.torch", "ssm1.scan.torch"], "falcon-mamba": ["ssm1.conv.torch", "ssm1.scan.torch"],
+            # jamba: the Mamba-1 mixer on its layers, rope-less attention, the MoE on both paths
+            "jamba": ["ssm1.conv.torch", "ssm1.scan.torch", "attention.decode", "moe.gather", "moe.grouped"],
             # olmoe: whole-projection q/k norms, the MoE (softmax top-k, no renormalization) on both paths;
             # starcoder2: LayerNorm with bias (the kernel, then + bias), biases on every linear
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],

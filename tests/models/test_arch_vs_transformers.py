@@ -25,7 +25,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "olmoe", "hunyuan-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2",
+         "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2", "jamba",
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm",
          "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
@@ -44,7 +44,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "minimax-m2": "minimax-m2",
                "qwen2vl": "qwen2vl", "qwen3vl": "qwen3vl", "qwen3vlmoe": "qwen3vlmoe",
                "ernie4_5-moe": "ernie4_5-moe", "ernie4_5-moe-step2": "ernie4_5-moe", "exaone": "exaone",
-               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe", "llama4": "llama4", "mamba": "mamba", "falcon-mamba": "mamba", "mamba2": "mamba2",
+               "gemma4": "gemma4", "gemma4-ple": "gemma4", "gemma4-moe": "gemma4", "gemma3n": "gemma3n", "lfm2": "lfm2", "lfm2moe": "lfm2moe", "llama4": "llama4", "mamba": "mamba", "falcon-mamba": "mamba", "mamba2": "mamba2", "jamba": "jamba",
                "qwen35": "qwen35", "qwen35moe": "qwen35moe", "qwen3next": "qwen3next",
                "granitehybrid": "granitehybrid", "granitehybrid-dense": "granitehybrid", "nemotron_h": "nemotron_h",
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1",
@@ -65,6 +65,8 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "gemma4": [5, 14, 2
         # mamba / falcon-mamba: pieces of 1-3 tokens inside the conv window (4 taps), a piece of 18 across a scan
         # chunk boundary (16), the state carried
         "mamba": [1, 2, 4, 5, 23, 24, 26], "falcon-mamba": [1, 2, 4, 5, 23, 24, 26],
+        # jamba: mamba's cuts (the Mamba-1 conv window and a scan chunk crossed; the attention layers' rows)
+        "jamba": [1, 2, 4, 5, 23, 24, 26],
         # granitehybrid: pieces of 1-3 tokens inside the conv window (4 taps: the ring reaches back over 1-3 earlier
         # pieces) and the SSM state carried from piece to piece (a piece of 26 crosses no chunk; 66 tokens in
         # test_granitehybrid.py do)
@@ -132,7 +134,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone",
-                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2",
+                                  "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2", "jamba",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
@@ -177,7 +179,7 @@ def test_gemma3_layer_pattern_and_local_rope():
 
 @pytest.mark.parametrize("name", ["gemma", "phi2", "gemma2", "olmo3", "mistral3", "exaone4", "gemma4", "gemma4-ple", "gemma3n", "gpt-oss", "lfm2", "lfm2moe", "llama4",
                                   "deepseek2", "deepseek3", "granitehybrid", "granitehybrid-dense", "nemotron_h",
-                                  "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next", "mamba", "falcon-mamba",
+                                  "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next", "mamba", "falcon-mamba", "jamba",
                                   "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
                                   "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx"])
 def test_batch_engine_greedy_matches_transformers(name):

@@ -111,6 +111,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # mamba / falcon-mamba: the Mamba-1 mixer alone (conv ring and selective scan in torch ops, prefill and
         # decode; the state in the cache)
         "mamba": ["ssm1.conv.torch", "ssm1.scan.torch"], "falcon-mamba": ["ssm1.conv.torch", "ssm1.scan.torch"],
+        # jamba: the Mamba-1 mixer (torch ops) on Mamba layers, rope-less attention, the softmax top-2 MoE
+        "jamba": ["ssm1.conv.torch", "ssm1.scan.torch", "attention.decode.triton", "moe.gather"],
         "llama4": ["attention.chunked.decode", "attention.decode.triton", "rope.triton", "moe.gather"],
         # qwen35: gated DeltaNet layers (prefill: conv ring and chunked delta rule in torch ops; decode: the
         # deltanet_step kernel; the state in the cache) around a gated full-attention layer (per-head q/k norms,
@@ -168,7 +170,7 @@ def cuda_ops():
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
-                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2",
+                                  "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2", "jamba",
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",

@@ -23,7 +23,7 @@ from minfer.runtime.paged_kv import PagedKVCache
 from minfer.runtime.paged_state import PagedStatePool, plan_state_slots, pool_state_bytes
 from minfer.runtime.sampling import SamplingParams
 
-NAMES = ["granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "mamba2", "mamba", "falcon-mamba", "nemotron_h_moe",
+NAMES = ["granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "mamba2", "mamba", "falcon-mamba", "jamba", "nemotron_h_moe",
          "nemotron_h_moe-latent"]
 GREEDY = SamplingParams(temperature=0)
 N_NEW = 8
