@@ -182,4 +182,19 @@ ARCHS_B = {
         attn_config={"kv_n_heads": 2, "clip_qkv": 0.3, "rope_theta": 10000.0},
         ffn_config={"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2, "moe_normalize_expert_weights": 1.0},
         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # LG K-EXAONE style (exaone-moe): pre-norm blocks, per-head q/k norms, layers 0 and 2 sliding (window 8 < SEQ)
+    # with NEOX rope, 1 and 3 global without rope (pattern 2, released 4: a global layer mid-stack, whose missing
+    # rope shows in the logits), layer 0 dense (first_k_dense_replace 1), then sigmoid scores chosen on score +
+    # e_score_correction_bias (randomized: zeros at init) within the best 1 of 2 groups, top-2 of 8 experts of 32,
+    # renormalized, times 2.5, plus one shared expert (32); scoring_func in config.json so the converter writes
+    # expert_gating_func (llama.cpp's loader requires it); Llama-3 rope factors over base 10000
+    "exaone-moe": ("ExaoneMoeConfig", "ExaoneMoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, num_shared_experts=1, n_group=2,
+        topk_group=1, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5, scoring_func="sigmoid",
+        sliding_window=8, sliding_window_pattern=2, rms_norm_eps=1e-5, max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                         "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -35,7 +35,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx"]
+         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"]
 CTX = {"phi3": 32, "phi3partial": 32}
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
 # too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
@@ -161,7 +161,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # phimoe: RMSNorm plus bias, biases, the softmax top-2 renormalized MoE on both paths
             "phimoe": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
             # dbrx: LayerNorms without bias, the clamped fused q/k/v, the softmax top-2 renormalized MoE on both paths
-            "dbrx": ["layer_norm.triton", "rope", "attention.decode", "moe.gather", "moe.grouped"]}
+            "dbrx": ["layer_norm.triton", "rope", "attention.decode", "moe.gather", "moe.grouped"],
+            # exaone-moe: window layers with rope, rope-less global layers, the sigmoid / grouped / biased MoE
+            # with the shared expert on both paths
+            "exaone-moe": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -152,7 +152,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # (prefill) and gathered (decode) paths, the lm head bias
         "phimoe": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"],
         # dbrx: LayerNorms without bias, the fused q/k/v clamped, NEOX rope, the softmax top-2 renormalized MoE
-        "dbrx": ["layer_norm.triton", "moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
+        "dbrx": ["layer_norm.triton", "moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"],
+        # exaone-moe: window layers with rope, rope-less global layers, per-head q/k norms, a dense layer, then the
+        # sigmoid / grouped / biased MoE with the shared expert on both MoE paths
+        "exaone-moe": ["attention.window.decode", "attention.decode.triton", "rope.triton", "moe.gather",
+                       "moe.grouped"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -174,7 +178,7 @@ def cuda_ops():
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx"])
+                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
