@@ -3,6 +3,13 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_B = {
+    # BLOOM (bloom; BloomForCausalLM): ALiBi (no positions, no rope) over 6 heads (not a power of two: the slopes of
+    # heads 4-5 take ggml's / HF's second base), LayerNorm with bias on the embeddings, before attention and before
+    # the MLP, the fused query_key_value with bias in HF's per-head (q, k, v) rows (the converter regroups them),
+    # biases on every linear (CENTERED_BIAS), a GELU-tanh MLP of 4 * hidden, tied head
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(
+        hidden_size=96, n_layer=2, n_head=6, layer_norm_epsilon=1e-5, tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # Pythia style (gptneox; GPTNeoXForCausalLM): parallel residual (use_parallel_residual, the default), partial
     # rotary NEOX on a quarter of each head (4 of 16 dims: rotary_pct 0.25, Pythia's), LayerNorms with bias, the fused
     # query_key_value with bias in HF's per-head (q, k, v) rows (the converter regroups them as q, k, v), biases on

@@ -43,6 +43,7 @@ SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2", "nemotron", "nemotron-b
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
 CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "nemotron-bias", "phi2"}
+CENTERED_BIAS |= {"bloom"}   # BLOOM: biases on every linear and norm
 CENTERED_BIAS |= {"starcoder"}   # StarCoder 1: biases on every linear and norm
 CENTERED_BIAS |= {"gptneox", "gptneox-seq", "gpt2"}   # GPT-NeoX, GPT-2: biases on every linear and norm
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)

@@ -172,7 +172,7 @@ def swiglu(gate, up, ctx: Context | None = None):
 
 
 def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0,
-              softcap: float = 0.0, sinks=None, scale: float | None = None, chunk: int = 0):
+              softcap: float = 0.0, sinks=None, scale: float | None = None, chunk: int = 0, alibi=None):
     """q (T, H, Dh) at positions start_pos.., caches (S, Hkv, Dh) -> (T, H, Dh), causal.
     start_pos: an int, or a (1,) int64 device tensor (decode under a CUDA graph).
     window > 0: sliding-window layers (gemma3), a query at p sees keys p - window < j <= p.
@@ -184,11 +184,14 @@ def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window
     ops/cuda/attention_mla.py's kernel, attention.mla.decode.triton; T > 1 a counted torch path,
     attention.mla.torch).
     chunk > 0 (llama4's chunked layers): a query at p sees keys p // chunk * chunk <= j <= p (on CUDA the
-    one-token step by the decode kernel's CHUNK variant, attention.chunked.decode)."""
+    one-token step by the decode kernel's CHUNK variant, attention.chunked.decode).
+    alibi (H,) float32 (bloom, mpt): per-head ALiBi slopes (reference.alibi_slopes), - m_h |p - j| added to
+    the scaled scores; on CUDA a counted torch path for any T (attention.alibi.torch)."""
     if q.device.type != "cuda":
-        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, chunk)
+        return reference.attention(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, chunk, alibi)
+    kw = {} if alibi is None else {"alibi": alibi}
     return _backend(q).attention(q, k_cache, v_cache, start_pos, ctx, window=window, softcap=softcap, sinks=sinks,
-                                 scale=scale, chunk=chunk)
+                                 scale=scale, chunk=chunk, **kw)
 
 
 def geglu(gate, up):

@@ -119,7 +119,7 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos: int,
               window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-              scale: float | None = None, chunk: int = 0) -> torch.Tensor:
+              scale: float | None = None, chunk: int = 0, alibi: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q (T, H, Dh) at positions start_pos..start_pos+T-1 over the cached
     keys/values of positions [0, start_pos + T): caches (S, Hkv, Dh), S >= start_pos + T.
     window > 0 (sliding-window layers, gemma3): a query at p sees keys p - window < j <= p.
@@ -130,6 +130,9 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     eager_attention_forward concatenates the sink to the scaled scores and drops its column).
     chunk > 0 (llama4's chunked layers): a query at p sees keys p // chunk * chunk <= j <= p
     (llama.cpp is_masked_swa, LLAMA_SWA_TYPE_CHUNKED).
+    alibi (H,) float32 (bloom, mpt): each head's ALiBi slope m_h; the scaled score of the query at p
+    and the key at j gets - m_h |p - j| added (alibi_bias; llama.cpp's kq_mask -|p0 - p1| times
+    ggml_soft_max_ext's slope; HF adds m_h j, the same softmax).
 
     scale: the scores' factor, default 1/sqrt(Dh) (deepseek2: 1/sqrt(qk_nope + qk_rope) with YaRN's
     mscale^2, not 1/sqrt of its latent key width: llama.cpp build_attn's kq_scale).
@@ -142,7 +145,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     T, H, D = q.shape
     S = start_pos + T
     scale = 1.0 / D ** 0.5 if scale is None else float(scale)
-    if T == 1 and isinstance(start_pos, int):
+    if T == 1 and isinstance(start_pos, int) and alibi is None:
         return decode_attention(q, k_cache, v_cache, S, window, softcap, sinks, scale, chunk)
     k = k_cache[:S].transpose(0, 1)  # (Hkv, S, Dh)
     v = v_cache[:S].transpose(0, 1)
@@ -151,19 +154,21 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     if T > 1 or window > 0 or chunk > 0:
         # query i (absolute position start_pos + i) sees keys j <= start_pos + i (and in the window / chunk)
         mask = window_mask(start_pos + torch.arange(T), S, window, chunk)   # (T, S)
-    if softcap > 0 or sinks is not None:   # SDPA has no score hook: the scores written out
-        return softcapped_attention(qh, k, v, mask, softcap, sinks, scale).transpose(0, 1)
+    if softcap > 0 or sinks is not None or alibi is not None:   # SDPA has no score hook: the scores written out
+        bias = None if alibi is None else alibi_bias(alibi, start_pos + torch.arange(T, device=q.device), S)
+        return softcapped_attention(qh, k, v, mask, softcap, sinks, scale, bias).transpose(0, 1)
     out = F.scaled_dot_product_attention(qh, k.to(qh.dtype), v.to(qh.dtype), attn_mask=mask,
                                          scale=scale, enable_gqa=k.shape[0] != H)
     return out.transpose(0, 1)  # (T, H, Dh)
 
 
 def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, softcap: float,
-                         sinks: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+                         sinks: torch.Tensor | None = None, scale: float | None = None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
     """qh (H, T, Dh) over k (Hkv, S, Dh), v (Hkv, S, Dv) with (T, S) bool mask (None: all visible) ->
-    (H, T, Dv): softmax(cap * tanh(q k^T * scale / cap), masked) v, GQA as ggml broadcasts
+    (H, T, Dv): softmax(cap * tanh(q k^T * scale / cap) + bias, masked) v, GQA as ggml broadcasts
     (softcap 0: no cap; scale default 1/sqrt(Dh)); sinks (H,): each head's extra denominator logit
-    (attention())."""
+    (attention()); bias (H, T, S): added to the (capped) scores (ALiBi: alibi_bias)."""
     H, T, D = qh.shape
     Hkv = k.shape[0]
     scale = 1.0 / D ** 0.5 if scale is None else scale
@@ -172,6 +177,8 @@ def softcapped_attention(qh: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     if softcap > 0:
         s = softcap * torch.tanh(s / softcap)
     s = s.view(H, T, -1)
+    if bias is not None:
+        s = s + bias.to(s.dtype)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     p = _softmax(s, None if sinks is None else sinks.view(H, 1, 1)).view(Hkv, (H // Hkv) * T, -1)
@@ -229,6 +236,27 @@ def _softmax(s: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
         return torch.softmax(s, dim=-1)
     z = torch.cat((s, sinks.to(s.dtype).expand(*s.shape[:-1], 1)), dim=-1)
     return torch.softmax(z, dim=-1)[..., :-1]
+
+
+def alibi_slopes(n_head: int, max_bias: float) -> torch.Tensor:
+    """(n_head,) float32: ALiBi's per-head slopes as ggml computes them (ggml-cpu ggml_compute_forward_soft_max:
+    n_head_log2 = 2^floor(log2(n_head)), m0 = 2^(-max_bias / n_head_log2), m1 = 2^(-max_bias / 2 / n_head_log2);
+    head h < n_head_log2 takes m0^(h + 1), the rest m1^(2 (h - n_head_log2) + 1)). With max_bias 8 these are HF
+    bloom's build_alibi_tensor slopes, the extra heads of a head count that is not a power of two included."""
+    n_log2 = 1 << (int(n_head).bit_length() - 1)
+    m0 = 2.0 ** (-max_bias / n_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_log2)
+    return torch.tensor([m0 ** (h + 1) if h < n_log2 else m1 ** (2 * (h - n_log2) + 1) for h in range(n_head)],
+                        dtype=torch.float32)
+
+
+def alibi_bias(slopes: torch.Tensor, q_pos: torch.Tensor, n_keys: int) -> torch.Tensor:
+    """(H, T, n_keys) float32: - slopes[h] * |p - j| for the query at position p (q_pos (T,)) and key j
+    (llama.cpp llama_kv_cache set_input_kq_mask with use_alibi: -|p0 - p1|, scaled by the head's slope in
+    ggml_soft_max_ext)."""
+    j = torch.arange(n_keys, device=q_pos.device)
+    d = (q_pos[:, None] - j[None, :]).abs().float()                       # (T, S)
+    return -slopes.float().to(q_pos.device)[:, None, None] * d[None]
 
 
 def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -293,10 +293,12 @@ class KVCache:
         return self.states[layer]
 
     def attend(self, layer: int, q: torch.Tensor, step, ctx=None, window: int = 0,
-               softcap: float = 0.0, sinks=None, scale: float | None = None) -> torch.Tensor:
+               softcap: float = 0.0, sinks=None, scale: float | None = None, alibi=None) -> torch.Tensor:
         """Causal attention of q (T, H, Dh) at the step's positions over this layer's cached
         positions [0, last + 1) -> (T, H, Dv) (Dv = Dh unless v_in_k); window > 0: only keys
         p - window < j <= p; softcap > 0: soft-capped scores (gemma2); sinks (H,): gpt-oss's sink
-        logits; scale: the scores' factor, default 1/sqrt(Dh) (deepseek2 passes its own: ops.attention)."""
+        logits; scale: the scores' factor, default 1/sqrt(Dh) (deepseek2 passes its own: ops.attention);
+        alibi (H,): ALiBi slopes (bloom, mpt; the paged cache has none: those models' paged_kv is False)."""
+        kw = {} if alibi is None else {"alibi": alibi}
         return ops.attention(q, self.k[layer], self.v[layer], step.attn_start, ctx, window=window,
-                             softcap=softcap, sinks=sinks, scale=scale)
+                             softcap=softcap, sinks=sinks, scale=scale, **kw)

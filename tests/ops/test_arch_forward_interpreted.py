@@ -64,6 +64,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "gptneox": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         "gptneox-seq": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
         "gpt2": ["layer_norm.triton", "attention.decode.triton"],
+        # bloom: ALiBi (every attention step the counted torch path), the embedding LayerNorm, no rope
+        "bloom": ["layer_norm.triton", "attention.alibi.torch"],
         # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # arcee: YaRN's divisors through the rope kernel, q * c^2, the squared-ReLU MLP in torch
@@ -170,7 +172,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "phi2", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
-                                  "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2",
+                                  "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom",
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",

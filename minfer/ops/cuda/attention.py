@@ -439,7 +439,7 @@ def one_split_rows(head_dim: int) -> int:
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start_pos,
               ctx: Context | None = None, window: int = 0, softcap: float = 0.0, sinks=None,
-              scale: float | None = None, chunk: int = 0) -> torch.Tensor:
+              scale: float | None = None, chunk: int = 0, alibi=None) -> torch.Tensor:
     """q (T, H, Dh) at positions start_pos.. over caches (S, Hkv, Dh), causal -> (T, H, Dh).
 
     start_pos: int, or (decode under a CUDA graph) a (1,) int device tensor holding it.
@@ -461,9 +461,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, sta
     kernel of attention_mla.py (attention.mla.decode.triton; what it refuses is a counted fallback),
     T > 1 the torch path (_softcapped; counted attention.mla.torch): SDPA's fused kernels take at
     most 256 dims.
+    alibi (H,) (bloom, mpt: ALiBi slopes, - m_h |p - j| added to the scores): any T in torch, counted
+    attention.alibi.torch (no kernel has the bias yet).
     """
     sw = (ctx or DEFAULT).switches
     t, h, dh = q.shape
+    if alibi is not None:
+        return _softcapped(q, k_cache, v_cache, start_pos, window, softcap, sinks, scale, "attention.alibi.torch",
+                           chunk, alibi)
     if v_cache.shape[-1] != dh:
         if t == 1:    # deepseek2's latent cache: attention_mla.py's kernel (attention.mla.decode.triton)
             out = mla_decode_or_none(q, k_cache, v_cache, start_pos, sw, window, softcap, sinks, scale)
@@ -535,7 +540,7 @@ SOFTCAP_SCORE_BYTES = 1 << 28   # the float32 (H, rows, S) scores of one chunk o
 
 
 def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sinks=None, scale=None,
-                path: str | None = None, chunk: int = 0):
+                path: str | None = None, chunk: int = 0, alibi=None):
     """T > 1 with soft-capped scores (gemma2) or sinks (gpt-oss, attention.sinks.torch) or a chunk
     (llama4, attention.chunked.torch), and any T
     with values narrower than the keys (deepseek2, path attention.mla.torch):
@@ -544,7 +549,7 @@ def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sin
     SOFTCAP_SCORE_BYTES. Slower than the fused kernels and counted apart
     (attention.softcap.torch); exact up to float32 rounding. start_pos a device tensor (one
     decode row under a CUDA graph): every cache row, those past the position masked (no host value)."""
-    from minfer.ops.reference import softcapped_attention
+    from minfer.ops.reference import alibi_bias, softcapped_attention
 
     t, h, dh = q.shape
     if isinstance(start_pos, torch.Tensor) and t > 1:
@@ -564,7 +569,8 @@ def _softcapped(q, k_cache, v_cache, start_pos, window: int, softcap: float, sin
             mask = mask & (p - j < window)                   # llama.cpp is_masked_swa (STANDARD)
         if chunk > 0:
             mask = mask & (j >= torch.div(p, chunk, rounding_mode="floor") * chunk)      # (CHUNKED)
-        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks, scale)   # (H, rows, Dv)
+        bias = None if alibi is None else alibi_bias(alibi, p[:, 0], s)     # ALiBi (H, rows, S)
+        o = softcapped_attention(qh[:, r0:r1], k, v, mask, softcap, sinks, scale, bias)   # (H, rows, Dv)
         out[r0:r1] = o.transpose(0, 1).to(q.dtype)
     paths.count(path or ("attention.softcap.torch" if softcap > 0 else "attention.sinks.torch"))
     return out
