@@ -3,6 +3,13 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_B = {
+    # MPT (mpt; MptForCausalLM): ALiBi (max 8) over 6 heads (HF's MPT slopes for a head count not a power of two),
+    # clip_qkv 0.3 (binds on the fused projection), no biases anywhere (no_bias), LayerNorms without bias, an
+    # exact-erf GELU MLP of 4 * d_model, tied head
+    "mpt": ("MptConfig", "MptForCausalLM", dict(
+        d_model=96, n_heads=6, n_layers=2, expansion_ratio=4, max_seq_len=128, no_bias=True, layer_norm_epsilon=1e-5,
+        attn_config=dict(alibi=True, alibi_bias_max=8, clip_qkv=0.3), tie_word_embeddings=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # BLOOM (bloom; BloomForCausalLM): ALiBi (no positions, no rope) over 6 heads (not a power of two: the slopes of
     # heads 4-5 take ggml's / HF's second base), LayerNorm with bias on the embeddings, before attention and before
     # the MLP, the fused query_key_value with bias in HF's per-head (q, k, v) rows (the converter regroups them),

@@ -249,6 +249,7 @@ def phimoe_llamacpp_rules(model) -> None:
 # transformers' modules swapped for llama.cpp's rules before the reference is computed
 LLAMACPP_RULES = {"phimoe": phimoe_llamacpp_rules}
 # the released Phi-3.5-MoE names its class PhiMoEForCausalLM (llama.cpp's converter registers that spelling)
+CONFIG_AS_RELEASED |= {"mpt": lambda c: {**c, "architectures": ["MPTForCausalLM"]}}   # conversion/mpt.py
 CONFIG_AS_RELEASED |= {"phimoe": lambda c: {**c, "architectures": ["PhiMoEForCausalLM"]}}
 
 

@@ -72,9 +72,10 @@ from minfer.models.starcoder import StarcoderModel
 from minfer.models.gptneox import GptneoxModel
 from minfer.models.gpt2 import Gpt2Model
 from minfer.models.bloom import BloomModel
+from minfer.models.mpt import MptModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
-    BloomModel,
+    BloomModel, MptModel,
     LlamaModel, Qwen2Model, Qwen3Model, GemmaModel, Gemma2Model, Gemma3Model, Phi2Model, Phi3Model, PhimoeModel, DbrxModel, Qwen3MoeModel, Qwen2MoeModel,
     OlmoModel, StablelmModel, NemotronModel, Olmo2Model, GraniteModel, GraniteMoeModel, GraniteHybridModel, SmolLM3Model, Ernie45Model, Glm4Model, Glm4MoeModel, GptOssModel,
     CommandRModel, Cohere2Model, Deepseek2Model, Mistral3Model,

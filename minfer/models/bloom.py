@@ -81,12 +81,13 @@ class BloomModel(StarcoderModel):
         max_bias = cls.max_alibi_bias(gf)
         m = super(StarcoderModel, cls).from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress,
                                                  act_dtype=act_dtype)
-        m.output_norm_b = load_vector(gf, "output_norm.bias", device, cfg.d_model)
         m.load_embd_norm(gf, cfg, device)
         m.alibi = alibi_slopes(cfg.n_heads, max_bias).to(device)                   # (H,)
         return m
 
     def load_embd_norm(self, gf, cfg: ModelConfig, device) -> None:
+        """The embedding LayerNorm and the output norm's bias (both required)."""
+        self.output_norm_b = load_vector(gf, "output_norm.bias", device, cfg.d_model)
         self.embd_norm = load_vector(gf, "token_embd_norm.weight", device, cfg.d_model)
         self.embd_norm_b = load_vector(gf, "token_embd_norm.bias", device, cfg.d_model)
 

@@ -33,7 +33,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mistral3", "seed_oss", "exaone4", "gemma4", "gemma4-ple", "gemma4-moe", "gemma3n", "lfm2", "lfm2moe", "llama4", "mamba", "falcon-mamba", "mamba2", "jamba",
          "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "ernie4_5-moe-step2", "exaone", "olmoe", "starcoder2", "hunyuan-dense", "qwen35", "qwen35moe", "qwen3next", "granitehybrid", "granitehybrid-dense",
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
-         "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom",
+         "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom", "mpt",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"]
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -117,6 +117,7 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "gpt2": ["layer_norm.triton", "attention.decode"],
             # bloom: ALiBi in the counted torch path (prefill and decode), the embedding LayerNorm
             "bloom": ["layer_norm.triton", "attention.alibi.torch"],
+            "mpt": ["layer_norm.triton", "attention.alibi.torch"],
             # hunyuan-dense: the per-head q/k norms after rope (rope kernel, norm, then the cache write)
             "hunyuan-dense": ["rope", "attention.decode"],
             # arcee: YaRN's divisors through the rope kernel, the squared-ReLU MLP (torch ops)

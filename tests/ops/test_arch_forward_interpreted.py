@@ -66,6 +66,8 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "gpt2": ["layer_norm.triton", "attention.decode.triton"],
         # bloom: ALiBi (every attention step the counted torch path), the embedding LayerNorm, no rope
         "bloom": ["layer_norm.triton", "attention.alibi.torch"],
+        # mpt: ALiBi, the clamped fused q/k/v, LayerNorms without bias
+        "mpt": ["layer_norm.triton", "attention.alibi.torch"],
         # hunyuan-dense: the per-head q/k norms after rope (ops.rope, then the norm, then the cache write)
         "hunyuan-dense": ["rope.triton", "attention.decode.triton"],
         # arcee: YaRN's divisors through the rope kernel, q * c^2, the squared-ReLU MLP in torch
@@ -172,7 +174,7 @@ def cuda_ops():
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "phi2", "phi3partial", "qwen3moe", "olmo2", "olmo3", "gemma2", "granite", "smollm3", "granitemoeshared", "ernie4_5", "glm4", "glm4moe",
                                   "command-r", "command-r-qknorm", "cohere2", "deepseek2", "deepseek3",
                                   "starcoder2",
-                                  "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom",
+                                  "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom", "mpt",
                                   "olmoe", "hunyuan-dense",
                                   "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
                                   "qwen2vl", "qwen3vl", "qwen3vlmoe", "ernie4_5-moe", "exaone",
