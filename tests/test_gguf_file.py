@@ -87,10 +87,10 @@ def test_unsupported_architecture_opens_but_does_not_load(tmp_path):
     """Opening any architecture works; the models registry (the one list) refuses to run it."""
     from minfer.config import ModelConfig
 
-    p = write_tiny_gguf(tmp_path / "gemma.gguf", arch="mamba")
+    p = write_tiny_gguf(tmp_path / "gemma.gguf", arch="rwkv6")
     g = GGUFFile(p)
-    assert g.architecture == "mamba"
-    with pytest.raises(MinferError, match="architecture 'mamba' is not supported"):
+    assert g.architecture == "rwkv6"
+    with pytest.raises(MinferError, match="architecture 'rwkv6' is not supported"):
         ModelConfig.from_gguf(g)
 
 

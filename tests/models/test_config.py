@@ -69,8 +69,8 @@ def test_missing_key_names_file_and_key(tmp_path, tiny):
 
 
 def test_unsupported_arch(tmp_path, tiny):
-    p = _rewrite(tiny, tmp_path / "g.gguf", arch="gpt2")
-    with pytest.raises(MinferError, match="architecture 'gpt2' is not supported"):
+    p = _rewrite(tiny, tmp_path / "g.gguf", arch="rwkv6")
+    with pytest.raises(MinferError, match="architecture 'rwkv6' is not supported"):
         ModelConfig.from_gguf(GGUFFile(p))
 
 
