@@ -208,8 +208,10 @@ class Switches:
                                        "CUDA decode rows of the Mamba-2 and gated DeltaNet mixers (granitehybrid, "
                                        "nemotron_h(_moe), falcon-h1, mamba2, qwen35(moe), qwen3next): one Triton "
                                        "launch a layer (ops/cuda/ssm_step.py, deltanet_step.py: ssm.step.triton, "
-                                       "deltanet.step.triton); off: the torch ops of the prefill path "
-                                       "(ssm.conv.torch / deltanet.conv.torch ...), as before 2026-12-05")
+                                       "deltanet.step.triton); of the Mamba-1 mixer (mamba, jamba): two "
+                                       "(ops/cuda/ssm1_step.py: ssm1.conv.triton, ssm1.scan.triton); off: the torch "
+                                       "ops of the prefill path (ssm.conv.torch / deltanet.conv.torch / "
+                                       "ssm1.conv.torch ...), as before 2026-12-05")
     prefill_graph: bool = _sw(True, "MINFER_PREFILL_GRAPH",
                               "prompts of gemv_max_m+1 .. prefill_graph_max tokens from position 0 "
                               "replay a CUDA graph of their padded length")

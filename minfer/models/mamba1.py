@@ -52,8 +52,11 @@ state after p at slot p % 2, read at (p0 - 1) % 2 (zero at p0 = 0). Device posit
 decode step runs it; a repeated step reads what it read). The batch engine (runtime/paged_state.py): the
 same rings per state slot, decode rows gathered / stepped / scattered by slot, prefill chunks on their
 slot's rings unmasked (a slot is zeroed when a sequence takes it). recurrent: a cached prefix reused only
-whole. Every step is torch ops on each device (the prefill scan chunked, CHUNK positions at a time: an
-(L, L, di, N) masked decay per chunk); on CUDA counted as `ssm1.conv.torch` / `ssm1.scan.torch`.
+whole. Prefill rows are torch ops on each device (the scan chunked, CHUNK positions at a time: an
+(L, L, di, N) masked decay per chunk; on CUDA counted as `ssm1.conv.torch` / `ssm1.scan.torch`). On CUDA the
+decode rows take ops/cuda/ssm1_step.py's two kernels (`ssm1.conv.triton`: the conv ring and conv;
+`ssm1.scan.triton`: dt's softplus, B's and C's norms, the state rings, D and the gate), with the x and dt
+projections between them (Switches.recurrent_step_kernels off: the torch ops for every row, as before).
 scan_sequential is the plain recurrence, the tests' reference.
 """
 
@@ -239,9 +242,12 @@ def mamba1_mixer(h: torch.Tensor, w: Mamba1Weights, d: Mamba1Dims, state, positi
     """The mixer of the normed input h (T, D) at `positions` -> (T, D) in h's dtype. state: the layer's
     (conv ring, ssm ring) of one sequence (updated in place), or the batch engine's BatchState (decode
     rows [0, n_decode) on state.decode_slots, then each prefill chunk (q0, n, slot) on its slot's rings)."""
-    T, di, N, R = h.shape[0], d.d_inner, d.d_state, d.dt_rank
-    if ops._backend(h) is not ops.reference:
-        ops.paths.count("ssm1.conv.torch")
+    T, di = h.shape[0], d.d_inner
+    be = ops._backend(h)
+    if be is not ops.reference:                  # the CUDA backend (or the tests' interpreted one)
+        if ctx is None or ctx.switches.recurrent_step_kernels:
+            return _mixer_cuda(h, w, d, state, positions, eps, ctx, be)
+        ops.paths.count("ssm1.conv.torch")       # Switches.recurrent_step_kernels off: every row by torch ops
         ops.paths.count("ssm1.scan.torch")
     x, z = ops.linear(h, w.ssm_in, None, ctx).float().split([di, di], dim=-1)
     single = isinstance(state, tuple)
@@ -254,11 +260,7 @@ def mamba1_mixer(h: torch.Tensor, w: Mamba1Weights, d: Mamba1Dims, state, positi
     for q0, n, st, masked in pieces:
         xc.append(conv_seq(x[q0:q0 + n], w, st[0], positions[q0:q0 + n], masked))
     x = xc[0] if len(xc) == 1 else torch.cat(xc)                                            # (T, di)
-    dt, B, C = ops.linear(x.to(h.dtype), w.ssm_x, None, ctx).float().split([R, N, N], dim=-1)
-    if w.dt_norm is not None:        # jamba: weighted (mamba-base.cpp build_norm(dt, ssm_dt_norm, ...))
-        dt, B, C = _rms(dt, eps) * w.dt_norm, _rms(B, eps) * w.b_norm, _rms(C, eps) * w.c_norm
-    elif d.dt_b_c_rms:
-        dt, B, C = _rms(dt, eps), _rms(B, eps), _rms(C, eps)
+    dt, B, C = _dt_b_c(ops.linear(x.to(h.dtype), w.ssm_x, None, ctx).float(), w, d, eps)
     dt = F.softplus(ops.linear(dt.to(h.dtype), w.ssm_dt, None, ctx).float() + w.dt_b)       # (T, di)
     ys = []
     if nd:
@@ -269,6 +271,62 @@ def mamba1_mixer(h: torch.Tensor, w: Mamba1Weights, d: Mamba1Dims, state, positi
     y = ys[0] if len(ys) == 1 else torch.cat(ys)
     y = (y + x * w.D) * F.silu(z)
     return ops.linear(y.to(h.dtype), w.ssm_out, None, ctx)
+
+
+def _dt_b_c(xdbc: torch.Tensor, w: Mamba1Weights, d: Mamba1Dims, eps: float) -> tuple:
+    """The x projection's rows (T, R + 2N) float32 -> dt, B, C after their norms (module doc)."""
+    dt, B, C = xdbc.split([d.dt_rank, d.d_state, d.d_state], dim=-1)
+    if w.dt_norm is not None:        # jamba: weighted (mamba-base.cpp build_norm(dt, ssm_dt_norm, ...))
+        return _rms(dt, eps) * w.dt_norm, _rms(B, eps) * w.b_norm, _rms(C, eps) * w.c_norm
+    if d.dt_b_c_rms:
+        return _rms(dt, eps), _rms(B, eps), _rms(C, eps)
+    return dt, B, C
+
+
+def _mixer_cuda(h, w: Mamba1Weights, d: Mamba1Dims, state, positions: torch.Tensor, eps: float, ctx, be):
+    """mamba1_mixer on the CUDA backend `be`: the decode rows (a single sequence's one-token step, the batch
+    engine's decode rows) through ops/cuda/ssm1_step.py's kernels, the conv (`ssm1.conv.triton`) and the
+    state update with dt's softplus, B's and C's norms, D and the z gate (`ssm1.scan.triton`); prefill rows
+    through the torch conv and chunked scan (`ssm1.conv.torch`, `ssm1.scan.torch`). The x and dt
+    projections are GEMVs between them; dt's norm (when the file asks) stays torch."""
+    T, di = h.shape[0], d.d_inner
+    xz = ops.linear(h, w.ssm_in, None, ctx)                                                 # (T, 2 di)
+    single = isinstance(state, tuple)
+    nd = (1 if T == 1 else 0) if single else state.n_decode                                  # host values only
+    conv, ssm = state if single else (state.conv, state.ssm)
+    slots = None if single else state.decode_slots
+    pieces = [] if nd == T else ([(0, T, state, True)] if single else
+                                 [(q0, n, (state.conv[slot], state.ssm[slot]), False) for q0, n, slot in state.chunks])
+    if pieces:
+        ops.paths.count("ssm1.conv.torch")
+        ops.paths.count("ssm1.scan.torch")
+    x = be.ssm1_conv_step(xz[:nd], w.conv_w, w.conv_b, conv, positions[:nd], slots) if nd else None
+    if pieces:
+        xf = xz[:, :di].float()
+        xp = [conv_seq(xf[q0:q0 + n], w, st[0], positions[q0:q0 + n], masked) for q0, n, st, masked in pieces]
+        x = torch.cat(([x] if nd else []) + xp) if nd or len(xp) > 1 else xp[0]
+    xdbc = ops.linear(x.to(h.dtype), w.ssm_x, None, ctx).float()
+    folded = nd == T                                                   # decode rows only: B/C norms in the kernel
+    norm = folded and (w.dt_norm is not None or d.dt_b_c_rms)
+    if folded:
+        dt, B, C = xdbc.split([d.dt_rank, d.d_state, d.d_state], dim=-1)
+        if norm:
+            dt = _rms(dt, eps) if w.dt_norm is None else _rms(dt, eps) * w.dt_norm
+    else:
+        dt, B, C = _dt_b_c(xdbc, w, d, eps)
+    dtr = ops.linear(dt.to(h.dtype), w.ssm_dt, None, ctx)                                  # (T, di), no bias yet
+    ys = []
+    if nd:
+        ys.append(be.ssm1_scan_step(x[:nd], dtr[:nd], w.dt_b, B[:nd], C[:nd], w.A, w.D, xz[:nd], ssm,
+                                    positions[:nd], slots, h.dtype, norm_eps=eps if norm else None,
+                                    b_norm=w.b_norm if norm else None, c_norm=w.c_norm if norm else None))
+    for q0, n, st, masked in pieces:
+        sl = slice(q0, q0 + n)
+        dtp = F.softplus(dtr[sl].float() + w.dt_b)
+        y = scan_chunked(x[sl], dtp, B[sl], C[sl], w.A, st[1], positions[sl], masked)
+        ys.append(((y + x[sl] * w.D) * F.silu(xz[sl, di:].float())).to(h.dtype))
+    y = ys[0] if len(ys) == 1 else torch.cat(ys)
+    return ops.linear(y, w.ssm_out, None, ctx)
 
 
 class Mamba1Model(LlamaModel):

@@ -40,6 +40,7 @@ CTX = {"phi3": 32, "phi3partial": 32}
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
 # too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
 SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
+SSM1 = ["ssm1.conv.torch", "ssm1.scan.torch", "ssm1.conv.triton", "ssm1.scan.triton"]
 DELTANET = ["deltanet.conv.torch", "deltanet.scan.torch", "deltanet.step.triton"]
 # the launch paths each architecture must show on the GPU
 MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.triton", "attention.decode"], "gemma3": ["attention.window", "geglu.triton"], "qwen3moe": ["moe.gather", "moe.grouped"],
@@ -89,11 +90,11 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # mamba2: the Mamba-2 mixer alone (prefill: conv ring and scan in torch ops; the decode step, in the
             # graph too: ops/cuda/ssm_step.py's kernel; the gate and group norm: its norm kernel)
             "mamba2": SSM,
-            # mamba / falcon-mamba: the Mamba-1 mixer alone (conv ring and selective scan in torch ops, in the
-            # decode graph too)
-            "mamba": ["ssm1.conv.torch", "ssm1.scan.torch"], "falcon-mamba": ["ssm1.conv.torch", "ssm1.scan.torch"],
+            # mamba / falcon-mamba: the Mamba-1 mixer alone (prefill: conv ring and selective scan in torch ops; the
+            # decode step, in the graph too: ops/cuda/ssm1_step.py's conv and scan kernels)
+            "mamba": SSM1, "falcon-mamba": SSM1,
             # jamba: the Mamba-1 mixer on its layers, rope-less attention, the MoE on both paths
-            "jamba": ["ssm1.conv.torch", "ssm1.scan.torch", "attention.decode", "moe.gather", "moe.grouped"],
+            "jamba": [*SSM1, "attention.decode", "moe.gather", "moe.grouped"],
             # olmoe: whole-projection q/k norms, the MoE (softmax top-k, no renormalization) on both paths;
             # starcoder2: LayerNorm with bias (the kernel, then + bias), biases on every linear
             "olmoe": ["attention.decode", "moe.gather", "moe.grouped"],
@@ -197,14 +198,20 @@ def rel(got, ref) -> float:
 # engine pins float32 there), lands 0.7-1.6% from its float32 run on the dense ones and 3-5% on
 # the MoE ones (a bf16 router flips an expert choice now and then) -- measured on the CPU when
 # this test was written. That floor is what the format costs this model whatever the kernels do,
-# so the bar is test_model_gpu's 1e-2, raised to twice the fixture's measured floor (its largest
+# so the bar is test_model_gpu's 1e-2, raised to BF16_FACTOR times the fixture's measured floor (its largest
 # over the prefill and decode steps) where the floor is above half of it. The GPU rounds at other
 # points than the reference (fused kernels, cuDNN's bf16 probabilities), so its error is of the
 # floor's order, not below it: on the H200 run that failed the old bar, qwen3/llama3/mistral's
 # per-position max errors were 1.4-1.5x the bf16 reference's. A literal 1e-2 would fail the
 # reference's own bf16 run on most of these fixtures. A wrong kernel is 10-100x the floor: the
 # LongRoPE factor bug this file caught (phi3, cache rows read as the context) was 1.2-1.5.
+# The factor is 2.5: on the 2026-12-05 H100 run (bench/results/raw/2026-12-05-s24/pytest-gpu.log, `bf16`
+# lines) the 81 fixtures' ratios of the GPU's worst step to the floor ran 0.12-2.06, gemma4 the highest
+# (2.06, twice in two runs), granitemoe 1.83, the rest <= 1.71; gemma4's float32 GPU run equals the CPU's
+# (tools/bf16_diag.py: 0.0000 over every row) and its bf16 rows' median is 1.3x the CPU bf16 run's, so its
+# worst step is where bf16 rounds, not a wrong rule. The routing flips this test now pins were 2.1-7x.
 BF16_TOL = 1e-2
+BF16_FACTOR = 2.5
 
 
 def bf16_floor(name: str, prefill: list[int], decode: list[int], pins=None) -> list[float]:
@@ -262,7 +269,7 @@ def float32_choices(cpu, ids: list[int]):
 
 
 def bf16_tol(floor: float) -> float:
-    return max(BF16_TOL, 2 * floor)
+    return max(BF16_TOL, BF16_FACTOR * floor)
 
 
 def engine(name, device, act_dtype=None, ctx=None):

@@ -16,6 +16,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -268,18 +270,27 @@ def test_held_steps_equal_synchronous_steps_bitwise(model_path):
 @pytest.mark.parametrize("name", ["deepseek2", "deepseek3"])
 def test_deepseek2_fixture_batched_equals_alone(name):
     """deepseek2's latent cache in the paged pool (V a view of K, runtime/paged_kv.py v_in_k): the
-    fixtures' greedy answers, bf16, each prompt alone against among 11 others, decode rows by the
-    paged MLA kernel (attention.paged_decode.mla.triton) under the batch decode graphs, chunks by
-    ops.attention's MLA paths; differences only at near-ties (tests/runtime/test_paged_mla.py
-    checks the same on the CPU and with the kernel in Triton's interpreter)."""
+    fixtures' greedy answers, float32, each prompt alone against among 11 others, decode rows by the
+    paged MLA kernel (attention.paged_decode.mla.triton, its IEEE form) under the batch decode graphs,
+    chunks by ops.attention's MLA paths; logits within 1e-3 up to the first differing token, which must
+    be a near-tie (tests/runtime/test_paged_mla.py checks the same on the CPU and with the kernel in
+    Triton's interpreter). Float32, not bf16: the 2026-12-05 H100 run in bf16 found single steps 0.55 /
+    1.2 apart with the same tokens before them (bench/results/raw/2026-12-05-s24/pytest-gpu.log) --
+    alone and crowd take different MoE paths (gather / grouped) and these fixtures' bf16 routers flip
+    expert choices at near-ties (tools/bf16_diag.py: 1-3 flips per prefill on the MoE fixtures, rows 0.6-1.1
+    off), which measures the rounding, not the paging; float32 leaves the paging and the kernel exposed
+    (a page read from another sequence, a missed mask: ~1 off). The bf16 form of the kernel is held to
+    1e-2 against float32 on random data (test_attention_mla_gpu.py)."""
     from pathlib import Path
 
     from minfer.ops import paths
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
 
     path = Path(__file__).resolve().parents[1] / "data" / "arch" / f"{name}.gguf"
-    eng = Engine.load(str(path), device="cuda", ctx=256, progress=False)
+    sw = replace(Switches.from_env(), act_dtype="float32")
+    eng = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=sw)
     prompts = [p[:60] for p in _prompts(12, eng.config.vocab, seed=5)]
     n = 16
     alone = []
@@ -293,39 +304,10 @@ def test_deepseek2_fixture_batched_equals_alone(name):
     assert snap["counts"].get("attention.paged_decode.mla.triton", 0) > 0, snap["counts"]
     assert snap["counts"].get("graph.batch_decode.replay", 0) > 0, snap["counts"]
     assert not [f for f in snap["fallbacks"] if f.startswith("attention.paged_decode.mla")], snap["fallbacks"]
-    tol = fixture_tol(name)
-    differ = _check_same_or_near_tie(alone, crowd, tol)
-    print(f"{name} (tol {tol:.3g}): alone vs among 11 others: {differ} of 12 answers flipped at a near-tie")
-
-
-@pytest.mark.parametrize("B,H,hkv,dh,page,max_len,chunk,n_split", [
-    (37, 40, 8, 128, 16, 3000, 512, None),    # Scout's heads, chunks of 512 (8192 scaled down): rows cross several
-    (20, 40, 8, 128, 16, 2000, 333, 4),       # a chunk aligned to neither the pages nor the key tiles
-    (160, 40, 8, 128, 16, 900, 100, None),    # many rows, short chunks
-])
-def test_paged_decode_kernel_chunk_matches_reference(B, H, hkv, dh, page, max_len, chunk, n_split):
-    """llama4's CHUNK variant (bf16; tests/runtime/test_paged_chunked.py checks it in Triton's
-    interpreter) against paged_attention_ref(chunk=); the chunk changes the result."""
-    from minfer.ops.cuda.paged_attention import paged_decode_attention
-    from minfer.runtime.paged_kv import paged_attention_ref
-
-    g = torch.Generator(device="cuda").manual_seed(B + chunk)
-    lens = torch.randint(1, max_len, (B,), generator=g, device="cuda").to(torch.int32)
-    width = (max_len + page - 1) // page + 1
-    n_blocks = int(sum((int(n) + page - 1) // page for n in lens)) + 8
-    kp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
-    vp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
-    perm = (torch.randperm(n_blocks - 1, device="cuda", generator=g) + 1).tolist()
-    bt = torch.zeros(B, width, dtype=torch.int32, device="cuda")
-    for b in range(B):
-        nb = (int(lens[b]) + page - 1) // page
-        bt[b, :nb] = torch.tensor([perm.pop() for _ in range(nb)], dtype=torch.int32)
-    q = torch.randn(B, H, dh, device="cuda", generator=g).to(torch.bfloat16)
-    out = paged_decode_attention(q, kp, vp, bt, lens, n_split=n_split, chunk=chunk)
-    ref = paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens, chunk=chunk)
-    assert torch.isfinite(out).all()
-    assert rel(out.float(), ref) < 1e-2
-    assert rel(paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens), ref) > 5e-2
+    worst = max(rel(lb[i], la[i]) for (_, la), (_, lb) in zip(alone, crowd) for i in range(min(len(la), len(lb))))
+    differ = _check_same_or_near_tie(alone, crowd, 1e-3)
+    print(f"{name} float32: alone vs among 11 others: {differ} of 12 answers flipped at a near-tie; "
+          f"worst step (any) {worst:.3g}")
 
 
 def test_llama4_fixture_batched_equals_alone():

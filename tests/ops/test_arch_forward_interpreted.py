@@ -23,13 +23,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda.ssm_step",
+         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda.ssm_step", "minfer.ops.cuda.ssm1_step",
          "minfer.ops.cuda"]
 DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the one-token decode step in
 # ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
 SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
 # the launch paths each model must take (beyond the common ones)
+SSM1 = ["ssm1.conv.torch", "ssm1.scan.torch", "ssm1.conv.triton", "ssm1.scan.triton"]
 MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # gemma: the scaled embedding, one kv head, the GELU kernel on the gate/up pair
         "gemma": ["geglu.triton", "rope.triton", "attention.decode.triton"],
@@ -112,11 +113,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # mamba2: the Mamba-2 mixer alone in every layer (prefill: conv ring and scan in torch ops; the decode step:
         # ssm_step.py's kernel; the gate and group norm: its norm kernel; the state in the cache)
         "mamba2": SSM,
-        # mamba / falcon-mamba: the Mamba-1 mixer alone (conv ring and selective scan in torch ops, prefill and
-        # decode; the state in the cache)
-        "mamba": ["ssm1.conv.torch", "ssm1.scan.torch"], "falcon-mamba": ["ssm1.conv.torch", "ssm1.scan.torch"],
-        # jamba: the Mamba-1 mixer (torch ops) on Mamba layers, rope-less attention, the softmax top-2 MoE
-        "jamba": ["ssm1.conv.torch", "ssm1.scan.torch", "attention.decode.triton", "moe.gather"],
+        # mamba / falcon-mamba: the Mamba-1 mixer alone (prefill: conv ring and selective scan in torch ops; the
+        # decode step: ssm1_step.py's conv and scan kernels, falcon-mamba's B/C norms in the scan; the state in the cache)
+        "mamba": SSM1, "falcon-mamba": SSM1,
+        # jamba: the Mamba-1 mixer on Mamba layers (its weighted B/C norms in the scan kernel), rope-less attention,
+        # the softmax top-2 MoE
+        "jamba": [*SSM1, "attention.decode.triton", "moe.gather"],
         "llama4": ["attention.chunked.decode", "attention.decode.triton", "rope.triton", "moe.gather"],
         # qwen35: gated DeltaNet layers (prefill: conv ring and chunked delta rule in torch ops; decode: the
         # deltanet_step kernel; the state in the cache) around a gated full-attention layer (per-head q/k norms,

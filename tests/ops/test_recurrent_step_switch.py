@@ -1,7 +1,8 @@
 """Switches.recurrent_step_kernels (MINFER_RECURRENT_STEP_KERNELS): on, the CUDA backend's decode step of
-a Mamba-2 / gated DeltaNet layer is one Triton launch (ssm.step.triton, deltanet.step.triton); off, the
+a Mamba-2 / gated DeltaNet layer is one Triton launch (ssm.step.triton, deltanet.step.triton), a Mamba-1
+layer's two (ssm1.conv.triton, ssm1.scan.triton); off, the
 torch ops of the prefill path step it, as before those kernels. Both through the CUDA backend's code
-in Triton's interpreter, against the reference forward, on the mamba2 and qwen35 fixtures."""
+in Triton's interpreter, against the reference forward, on the mamba2, qwen35 and falcon-mamba fixtures."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "arch"
 _MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
          "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
          "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda.layer_norm", "minfer.ops.cuda.ssm_step",
-         "minfer.ops.cuda.deltanet_step", "minfer.ops.cuda"]
-KERNEL = {"mamba2": "ssm.step.triton", "qwen35": "deltanet.step.triton"}
-TORCH = {"mamba2": "ssm.scan.torch", "qwen35": "deltanet.scan.torch"}
+         "minfer.ops.cuda.deltanet_step", "minfer.ops.cuda.ssm1_step", "minfer.ops.cuda"]
+KERNEL = {"mamba2": "ssm.step.triton", "qwen35": "deltanet.step.triton", "falcon-mamba": "ssm1.scan.triton"}
+TORCH = {"mamba2": "ssm.scan.torch", "qwen35": "deltanet.scan.torch", "falcon-mamba": "ssm1.scan.torch"}
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def cuda_ops():
     yield from interpreted_modules(_MODS)
 
 
-@pytest.mark.parametrize("name", ["mamba2", "qwen35"])
+@pytest.mark.parametrize("name", ["mamba2", "qwen35", "falcon-mamba"])
 @pytest.mark.parametrize("on", [True, False])
 def test_decode_step_by_the_kernel_or_the_torch_ops(cuda_ops, monkeypatch, name, on):
     from minfer.gguf_file import GGUFFile

@@ -59,6 +59,10 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
                                  place (ssm_step.py; models/mamba2.py); prefill rows: ssm.conv.torch,
                                  ssm.scan.torch (torch ops)
   ssm.norm.triton                the Mamba-2 gate and group RMSNorm, every row (ssm_step.py ssm_gate_norm)
+  ssm1.conv.triton               the Mamba-1 mixer's decode rows: the conv ring + conv + SiLU (ssm1_step.py;
+                                 models/mamba1.py, jamba); prefill rows: ssm1.conv.torch, ssm1.scan.torch
+  ssm1.scan.triton               the Mamba-1 decode rows' state update: dt's softplus, B/C's norms, the
+                                 state rings in place, D and the z gate in one launch (ssm1_step.py)
   deltanet.step.triton           the gated DeltaNet mixer's decode rows (qwen35, qwen35moe, qwen3next): the
                                  conv ring + conv + SiLU, the q/k L2 norms, beta and the decay, the delta
                                  rule of every value head (state rings in place) and the gated RMSNorm in one
@@ -79,12 +83,13 @@ from minfer.ops.cuda.layer_norm import layer_norm
 from minfer.ops.cuda.moe import moe_ffn
 from minfer.ops.cuda.norm_rope_act import add_rms_norm, geglu, rms_norm, rms_norm_cast, rope, rope_kv_write, swiglu
 from minfer.ops.cuda.qmatmul import linear, linear_add_rms_norm, linear_many, linear_qkv_rope, linear_swiglu
+from minfer.ops.cuda.ssm1_step import ssm1_conv_step, ssm1_scan_step
 from minfer.ops.cuda.ssm_step import ssm_gate_norm, ssm_step
 from minfer.ops.cuda.workspace import Workspace
 
 __all__ = ["linear", "linear_many", "linear_qkv_rope", "linear_swiglu", "linear_add_rms_norm", "embedding", "rms_norm", "rms_norm_cast", "add_rms_norm", "layer_norm", "rope", "rope_kv_write", "swiglu", "geglu", "moe_ffn",
            "attention",
-           "decode_attention", "rope_attention", "deltanet_step", "ssm_step", "ssm_gate_norm", "prepare_weight", "memory_report", "Workspace"]
+           "decode_attention", "rope_attention", "deltanet_step", "ssm_step", "ssm_gate_norm", "ssm1_conv_step", "ssm1_scan_step", "prepare_weight", "memory_report", "Workspace"]
 
 
 def prepare_weight(w) -> None:
