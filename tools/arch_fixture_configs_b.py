@@ -211,4 +211,21 @@ ARCHS_B = {
         rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # MiniCPM3-4B style (minicpm3; MiniCPM3ForCausalLM): MLA with q_lora (q_a 32, q_a_norm, q_b) and the latent kv
+    # (kv_lora 24 + 8 rope dims; qk_nope 12, so keys of 20 and values of 16 = hidden / heads: the converter writes no
+    # value_length, llama.cpp takes n_embd / n_head), NEOX rope on the trailing 8 dims of each head with LongRoPE
+    # factors (short / long, original context 32 = max_position_embeddings: HF's attention factor 1, as the release,
+    # whose converter writes no attn_factor), the embeddings times scale_emb 12, each residual branch times
+    # scale_depth 1.4 / sqrt(3), the normed output times dim_model_base / hidden = 256 / 64 before the head
+    # (llama.cpp's graph hard-codes 12, 1.4 and 256: the released values), an untied head (tied, the input token
+    # dominates the scaled embedding and greedy repeats it); rms_norm_eps 1e-6 (HF's latent norms
+    # are DeepseekV2RMSNorm at 1e-6 whatever the config, llama.cpp's take the config's eps)
+    "minicpm3": ("MiniCPM3Config", "MiniCPM3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+        q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, scale_emb=12,
+        scale_depth=1.4, dim_model_base=256, rms_norm_eps=1e-6, max_position_embeddings=32, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 32,
+                         "short_factor": [1.0 + 0.05 * i for i in range(4)],
+                         "long_factor": [1.0 + 1.5 * i for i in range(4)]},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

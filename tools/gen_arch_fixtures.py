@@ -40,6 +40,7 @@ OUT = ROOT / "tests" / "data" / "arch"
 EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py Glm4Model.set_vocab looks them up
                   "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
 SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2", "nemotron", "nemotron-bias", "jamba"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
+SPM |= {"minicpm3"}   # conversion/minicpm.py MiniCPM3Model.set_vocab: _set_vocab_sentencepiece
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
 CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "nemotron-bias", "phi2"}
@@ -48,6 +49,8 @@ CENTERED_BIAS |= {"starcoder"}   # StarCoder 1: biases on every linear and norm
 CENTERED_BIAS |= {"gptneox", "gptneox-seq", "gpt2"}   # GPT-NeoX, GPT-2: biases on every linear and norm
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
+# LongRoPE fixtures: a reference inside the original context (24 tokens: short factors) and one past it (long)
+LONGROPE = ("phi3", "minicpm3")
 
 # transformers 5 saves layer_types as "linear_attention" / "full_attention"; llama.cpp's converter
 # (conversion/granite.py GraniteHybridModel.get_attn_layers) takes the released names "mamba" / "attention"
@@ -299,10 +302,10 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
                 no_mtp=name in NO_MTP)
 
     rng = np.random.default_rng(seed)
-    seq_len = 24 if name.startswith("phi3") else SEQ   # phi3: inside the original context (short factors)
+    seq_len = 24 if name.startswith(LONGROPE) else SEQ   # phi3: inside the original context (short factors)
     ids = rng.integers(3, VOCAB, size=seq_len).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(model, ids)}
-    if name.startswith("phi3"):  # past original_max_position_embeddings: transformers switches to long factors
+    if name.startswith(LONGROPE):  # past original_max_position_embeddings: transformers switches to long factors
         ids_long = rng.integers(3, VOCAB, size=48).tolist()
         arrays["ids_long"] = np.array(ids_long, dtype=np.int64)
         arrays["logits_long"] = reference(model, ids_long)

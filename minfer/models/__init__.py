@@ -51,6 +51,7 @@ from minfer.models.seed_oss import SeedOssModel
 from minfer.models.exaone import ExaoneModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.exaone_moe import ExaoneMoeModel
+from minfer.models.minicpm3 import MiniCPM3Model
 from minfer.models.gemma3n import Gemma3nModel
 from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
@@ -83,7 +84,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     SeedOssModel, Exaone4Model, ExaoneMoeModel, Gemma3nModel, Gemma4Model, Qwen2VLModel, Qwen3VLModel, Lfm2Model, Lfm2MoeModel, Llama4Model, Mamba1Model, JambaModel, Mamba2Model, OlmoeModel, Starcoder2Model,
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
-    Qwen35Model, Qwen35MoeModel, Qwen3NextModel)}
+    Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
+    MiniCPM3Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -270,9 +270,11 @@ class Deepseek2Model(LlamaModel):
 
     # ---- the forward ----
 
-    def attention(self, h: torch.Tensor, b: MlaBlock, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """Layer i's multi-head latent attention of the normed input h (T, D) -> (T, D)."""
+    def attention(self, h: torch.Tensor, b: MlaBlock, i: int, cache, step: Step, ctx, rope=None) -> torch.Tensor:
+        """Layer i's multi-head latent attention of the normed input h (T, D) -> (T, D); rope: the
+        RopeConfig of q_pe / k_pe (default self.rope; minicpm3: its LongRoPE factors per context)."""
         H, R, Dr, Dn, Dv = self.dims
+        rope = rope or self.rope
         T, eps, act = h.shape[0], self.cfg.rms_eps, self.act_dtype
         if b.attn_q_a is not None:
             qa = ops.rms_norm(ops.linear(h, b.attn_q_a, None, ctx).float(), b.attn_q_a_norm, eps).to(act)
@@ -282,8 +284,8 @@ class Deepseek2Model(LlamaModel):
         q = q.view(T, H, Dn + Dr)
         kv = ops.linear(h, b.attn_kv_a_mqa, None, ctx)                              # (T, R + Dr)
         c = ops.rms_norm(kv[:, :R].float(), b.attn_kv_a_norm, eps).to(act)          # (T, R), norm in float32
-        q_pe = ops.rope(q[..., Dn:].contiguous(), step.positions, self.rope)        # (T, H, Dr)
-        k_pe = ops.rope(kv[:, R:].reshape(T, 1, Dr).contiguous(), step.positions, self.rope)   # (T, 1, Dr)
+        q_pe = ops.rope(q[..., Dn:].contiguous(), step.positions, rope)             # (T, H, Dr)
+        k_pe = ops.rope(kv[:, R:].reshape(T, 1, Dr).contiguous(), step.positions, rope)        # (T, 1, Dr)
         if self.rope_scale != 1.0:            # YaRN's cos/sin factor (llama.cpp's attn_factor)
             q_pe, k_pe = q_pe * self.rope_scale, k_pe * self.rope_scale
         q_abs = torch.bmm(q[..., :Dn].transpose(0, 1).to(act), b.attn_k_b.transpose(1, 2))   # (H, T, R)

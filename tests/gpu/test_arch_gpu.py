@@ -35,8 +35,9 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom", "mpt",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"]
+         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3"]
 CTX = {"phi3": 32, "phi3partial": 32}
+CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
 # too) in ops/cuda/ssm_step.py's kernel, the gate and group norm in its norm kernel
 SSM = ["ssm.conv.torch", "ssm.scan.torch", "ssm.step.triton", "ssm.norm.triton"]
@@ -168,7 +169,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "dbrx": ["layer_norm.triton", "rope", "attention.decode", "moe.gather", "moe.grouped"],
             # exaone-moe: window layers with rope, rope-less global layers, the sigmoid / grouped / biased MoE
             # with the shared expert on both paths
-            "exaone-moe": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"]}
+            "exaone-moe": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"],
+            # minicpm3: the latent attention with q_lora (torch prefill, the MLA decode kernel), LongRoPE
+            "minicpm3": ["attention.mla.torch", "attention.mla.decode.triton", "rope"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -29,7 +29,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "qwen35", "qwen35moe", "qwen3next",
          "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1", "falcon-h1-nonorm",
          "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"]
+         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -50,10 +50,12 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "falcon-h1": "falcon-h1", "falcon-h1-nonorm": "falcon-h1",
                "nemotron_h_moe": "nemotron_h_moe", "nemotron_h_moe-latent": "nemotron_h_moe", "olmo": "olmo",
                "stablelm": "stablelm", "stablelm-12b": "stablelm",
-               "nemotron": "nemotron", "nemotron-bias": "nemotron", "phimoe": "phimoe", "dbrx": "dbrx", "exaone-moe": "exaone-moe"}
+               "nemotron": "nemotron", "nemotron-bias": "nemotron", "phimoe": "phimoe", "dbrx": "dbrx", "exaone-moe": "exaone-moe",
+               "minicpm3": "minicpm3"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
+CTX |= {"minicpm3": 32}   # minicpm3: LongRoPE, the original context 32 as phi3's
 TOL = 1e-3
 # test_arch_incremental_equals_whole's inner cuts where the default [5, 14] misses the feature
 CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "exaone-moe": [5, 14, 23], "gemma4": [5, 14, 23], "gemma4-ple": [5, 14, 23],
@@ -138,7 +140,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"])
+                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -181,7 +183,7 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "deepseek2", "deepseek3", "granitehybrid", "granitehybrid-dense", "nemotron_h",
                                   "falcon-h1", "falcon-h1-nonorm", "qwen35", "qwen35moe", "qwen3next", "mamba", "falcon-mamba", "jamba",
                                   "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe"])
+                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position
@@ -195,7 +197,8 @@ def test_batch_engine_greedy_matches_transformers(name):
 
     r = ref(name)
     eng = engine(name)
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
+    # n_ctx: minicpm3's LongRoPE factors are chosen by it (CTX: the short ones, transformers' for these lengths)
+    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=CTX.get(name, 64), max_seqs=2, n_blocks=40, block_size=4)
     n = len(r["greedy"])
     other = r["ids"][10:25].tolist()
     outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
