@@ -228,4 +228,19 @@ ARCHS_B = {
                          "short_factor": [1.0 + 0.05 * i for i in range(4)],
                          "long_factor": [1.0 + 1.5 * i for i in range(4)]},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Arcee Trinity style (afmoe; AfmoeForCausalLM): 4 layers, layers 0-2 sliding (window 8 < SEQ) with NEOX rope,
+    # layer 3 global without rope (global_attn_every_n_layers 4, llama.cpp's default pattern and its
+    # n_no_rope_layer_step 4), per-head q/k RMSNorm, the
+    # attention output gated by sigmoid(W_gate h) before o_proj, pre and post norms around the attention and the
+    # FFN, the embeddings times sqrt(hidden) (mup_enabled: llama.cpp's graph always scales), layer 0 dense
+    # (num_dense_layers 1), then sigmoid scores chosen on score + expert_bias (randomized: zeros at init), top-2 of
+    # 8 experts of 24, renormalized (route_norm: what the converter writes as expert_weights_norm; HF's router
+    # always renormalizes), times route_scale 2.5, plus one shared expert (24); GQA 4 / 2, untied head
+    "afmoe": ("AfmoeConfig", "AfmoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=4, num_dense_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        num_shared_experts=1, route_scale=2.5, route_norm=True, global_attn_every_n_layers=4, sliding_window=8,
+        mup_enabled=True, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

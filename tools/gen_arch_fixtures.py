@@ -179,6 +179,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 p.mul_(6.0)
             if name.endswith("e_score_correction_bias"):   # ernie4_5-moe's selection bias (a parameter there)
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            if name.endswith("mlp.expert_bias"):          # afmoe's selection bias (a parameter, zeros at init)
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
             p.copy_(p.half().float())
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):   # glm4moe's selection bias: a zeros buffer at init
