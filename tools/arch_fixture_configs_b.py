@@ -243,4 +243,13 @@ ARCHS_B = {
         mup_enabled=True, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Jais-2 style (jais2; Jais2ForCausalLM): LayerNorms with weight and bias (pre-attention, pre-MLP, final), q/k/v
+    # and output-projection biases (attention_bias), the ungated squared-ReLU MLP with up / down biases (mlp_bias,
+    # hidden_act relu2), NEOX rope over the whole head, GQA 4 / 2, untied head; biases drawn around 0
+    # (CENTERED_BIAS)
+    "jais2": ("Jais2Config", "Jais2ForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        layer_norm_eps=1e-5, max_position_embeddings=256, attention_bias=True, mlp_bias=True,
+        tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -47,6 +47,7 @@ CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "nemotron-
 CENTERED_BIAS |= {"bloom"}   # BLOOM: biases on every linear and norm
 CENTERED_BIAS |= {"starcoder"}   # StarCoder 1: biases on every linear and norm
 CENTERED_BIAS |= {"gptneox", "gptneox-seq", "gpt2"}   # GPT-NeoX, GPT-2: biases on every linear and norm
+CENTERED_BIAS |= {"jais2"}   # Jais-2: biases on every linear and norm
 SEQ = 40          # tokens of the logits reference (past gemma3's sliding window of 8)
 PROMPT, NEW = 8, 16
 # LongRoPE fixtures: a reference inside the original context (24 tokens: short factors) and one past it (long)

@@ -53,6 +53,7 @@ from minfer.models.exaone4 import Exaone4Model
 from minfer.models.exaone_moe import ExaoneMoeModel
 from minfer.models.minicpm3 import MiniCPM3Model
 from minfer.models.afmoe import AfmoeModel
+from minfer.models.jais2 import Jais2Model
 from minfer.models.gemma3n import Gemma3nModel
 from minfer.models.gemma4 import Gemma4Model
 from minfer.models.lfm2 import Lfm2Model
@@ -86,7 +87,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
-    MiniCPM3Model, AfmoeModel)}
+    MiniCPM3Model, AfmoeModel, Jais2Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 
