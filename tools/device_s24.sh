@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-05 twenty-fourth session: the GPU tests of what changed since 5af4935's run
+# (tests/gpu/test_ssm1_step_gpu.py, the deepseek2/3 batched test in float32, the new architectures' and the
+# Mamba-1 fixtures' test_arch_gpu entries, gemma4 under the 2.5x bar), then tools/device_s23.sh's steps.
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s24.sh new [bench ...]; true", carry=[".whl"])
+set -u
+if [ -f .head.tgz ]; then
+  tar xzf .head.tgz
+  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
+fi
+STEPS=${*:-new}
+source tools/device_setup.sh >/dev/null
+export MINFER_SETUP_DONE=1
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    new)
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+      timeout ${NEW_TIMEOUT:-300} python3 -m pytest -m gpu -q $xd -p no:cacheprovider -rP \
+        tests/gpu/test_ssm1_step_gpu.py tests/gpu/test_batching_gpu.py tests/gpu/test_arch_gpu.py \
+        -k "${NEW_K:-ssm1 or deepseek2_fixture or gemma4 or mamba or jamba or minicpm3 or afmoe or jais2}" \
+        >"$OUT/pytest-new.log" 2>&1
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-new.log" | head -30
+      grep -E "^bf16 |float32: alone" "$OUT/pytest-new.log" | head -30
+      echo "new: $(tail -1 "$OUT/pytest-new.log")";;
+    *) OUT=$OUT bash tools/device_s23.sh $step;;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
+exit 0
