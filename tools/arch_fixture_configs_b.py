@@ -252,4 +252,27 @@ ARCHS_B = {
         layer_norm_eps=1e-5, max_position_embeddings=256, attention_bias=True, mlp_bias=True,
         tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Cohere2 MoE (cohere2moe; Cohere2MoeForCausalLM, North-Mini style): Cohere's parallel block (one norm feeds
+    # attention and the MLP), here RMSNorm (rms_norm_eps set), layer 0 a dense SwiGLU of 96 (first_k_dense_replace
+    # 1: full attention WITH rope, the prefix's forced rope), then sliding_window_pattern 2 on the MoE layers (1 and
+    # 3 local with rope over a window of 8 < SEQ, 2 global without rope), sigmoid router (expert_selection_fn)
+    # over top-2 of 8 experts of 32, renormalized (norm_topk_prob), plus one shared expert averaged with the routed
+    # output ("average"), logit_scale 0.5, tied head, GQA 2:1, head_dim 16
+    "cohere2moe": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, prefix_dense_intermediate_size=96, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, layer_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=True, logit_scale=0.5, sliding_window=8,
+        sliding_window_pattern=2, first_k_dense_replace=1, num_experts=8, num_experts_per_tok=2,
+        num_shared_experts=1, expert_selection_fn="sigmoid", norm_topk_prob=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    # Cohere2 MoE, the other options: LayerNorm (no rms_norm_eps: the converter writes only layer_norm_epsilon),
+    # softmax router (top-2 of 8, i.e. softmax over the chosen two), no shared expert, no dense prefix,
+    # the default pattern 4 (layers 0-2 local with rope, 3 global without)
+    "cohere2moe-ln": ("Cohere2MoeConfig", "Cohere2MoeForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, layer_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True, logit_scale=0.5,
+        sliding_window=8, num_experts=8, num_experts_per_tok=2, num_shared_experts=0, expert_selection_fn="softmax",
+        norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0,
+        bos_token_id=1, eos_token_id=2)),
 }

@@ -35,7 +35,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "arcee", "apertus", "dots1", "hunyuan-moe", "minimax-m2",
          "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom", "mpt",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2"]
+         "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
+         "cohere2moe", "cohere2moe-ln"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -176,7 +177,12 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # the sigmoid / biased MoE with the shared expert on both paths
             "afmoe": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"],
             # jais2: LayerNorms with bias, NEOX rope, every bias, the squared-ReLU MLP (torch ops)
-            "jais2": ["layer_norm.triton", "rope", "attention.decode", "relu2.torch"]}
+            "jais2": ["layer_norm.triton", "rope", "attention.decode", "relu2.torch"],
+            # cohere2moe: the parallel block around the window / dense-prefix / rope-less global attention and the
+            # sigmoid MoE with its averaged shared expert (RMSNorm); -ln: LayerNorm and the softmax MoE
+            "cohere2moe": ["rms_norm.triton", "attention.window", "attention.decode", "moe.gather", "moe.grouped"],
+            "cohere2moe-ln": ["layer_norm.triton", "attention.window", "attention.decode", "moe.gather",
+                              "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

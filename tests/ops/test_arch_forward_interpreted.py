@@ -170,7 +170,11 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # output, post norms, a dense layer, then the sigmoid / biased MoE with the shared expert on both MoE paths
         "afmoe": ["attention.window.decode", "attention.decode.triton", "rope.triton", "moe.gather", "moe.grouped"],
         # jais2: LayerNorms with bias, NEOX rope on the whole head, every bias, the squared-ReLU MLP in torch
-        "jais2": ["layer_norm.triton", "rope.triton", "attention.decode.triton", "relu2.torch"]}
+        "jais2": ["layer_norm.triton", "rope.triton", "attention.decode.triton", "relu2.torch"],
+        # cohere2moe: RMSNorm, window layers with rope, the dense prefix's full attention with rope, a rope-less
+        # global layer, the sigmoid MoE with the averaged shared expert; -ln: LayerNorm, the softmax MoE
+        "cohere2moe": ["rms_norm.triton", "attention.window.decode", "attention.decode.triton", "moe.gather"],
+        "cohere2moe-ln": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton", "moe.gather"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -192,7 +196,8 @@ def cuda_ops():
                                   "qwen35", "qwen35moe", "qwen3next",
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
-                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2"])
+                                  "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
+                                  "cohere2moe", "cohere2moe-ln"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
