@@ -275,4 +275,27 @@ ARCHS_B = {
         sliding_window=8, num_experts=8, num_experts_per_tok=2, num_shared_experts=0, expert_selection_fn="softmax",
         norm_topk_prob=True, rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0,
         bos_token_id=1, eos_token_id=2)),
+    # IBM Granite SWA (granite_swa; GraniteSWAForCausalLM, granite-swash style): Granite's four multipliers, a learned
+    # per-head attention sink on every layer (randomized: gen_arch_fixtures gives `self_attn.sinks` a spread), the
+    # window of 8 < SEQ on layers 1 and 2 (layer_types), full attention on 0 and 3, layer 3 without rope
+    # (layer_rope_theta 0; the converter reads no_rope_layers, which gen_arch_fixtures adds from it: NOPE_LAYERS),
+    # GQA 2:1, tied head
+    "granite_swa": ("GraniteSWAConfig", "GraniteSWAForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=True, sliding_window=8,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        layer_rope_theta=[10000.0, 10000.0, 10000.0, 0], rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        embedding_multiplier=1.5, attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5,
+        attention_bias=False, mlp_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # IBM Granite MoE SWA (granite_swa too: GraniteMoeSWAForCausalLM converts to the same arch): granitemoe's softmax
+    # top-2 of 8 experts of 32 (renormalized) with their gate/up kept fused by the converter (ffn_gate_up_exps), the
+    # shared expert of 48 fused likewise (ffn_up_shexp: gate rows then up rows), the multipliers, sinks, the default
+    # layer_types (layer 0 full, 1-2 sliding over 8), rope everywhere, untied head
+    "granitemoe_swa": ("GraniteMoeSWAConfig", "GraniteMoeSWAForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, shared_intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False, sliding_window=8,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
+        attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }

@@ -259,6 +259,16 @@ CONFIG_AS_RELEASED |= {"mpt": lambda c: {**c, "architectures": ["MPTForCausalLM"
 CONFIG_AS_RELEASED |= {"phimoe": lambda c: {**c, "architectures": ["PhiMoEForCausalLM"]}}
 
 
+def nope_layers(c: dict) -> dict:
+    """GraniteSWAConfig (transformers 5.25) marks a rope-less layer by layer_rope_theta 0; llama.cpp's converter
+    (conversion/granite.py GraniteSWAModel) writes attention.rope_pattern from no_rope_layers (1 = rope) only:
+    the same layers, in the key it reads."""
+    return {**c, "no_rope_layers": [int(bool(t)) for t in c["layer_rope_theta"]]}
+
+
+CONFIG_AS_RELEASED |= {"granite_swa": nope_layers}
+
+
 def reference(model, ids: list[int]) -> np.ndarray:
     import torch
 

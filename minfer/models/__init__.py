@@ -77,6 +77,7 @@ from minfer.models.gpt2 import Gpt2Model
 from minfer.models.bloom import BloomModel
 from minfer.models.mpt import MptModel
 from minfer.models.cohere2moe import Cohere2MoeModel
+from minfer.models.granite_swa import GraniteSwaModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -88,7 +89,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     HunyuanDenseModel, Qwen3VLMoeModel, Ernie45MoeModel, NemotronHModel, NemotronHMoeModel, FalconH1Model, ExaoneModel,
     FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
-    MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel)}
+    MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
+    GraniteSwaModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -36,7 +36,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "falcon", "falcon-40b", "falcon-11b", "starcoder", "gptneox", "gptneox-seq", "gpt2", "bloom", "mpt",
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
-         "cohere2moe", "cohere2moe-ln"]
+         "cohere2moe", "cohere2moe-ln",
+         "granite_swa", "granitemoe_swa"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -182,7 +183,12 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # sigmoid MoE with its averaged shared expert (RMSNorm); -ln: LayerNorm and the softmax MoE
             "cohere2moe": ["rms_norm.triton", "attention.window", "attention.decode", "moe.gather", "moe.grouped"],
             "cohere2moe-ln": ["layer_norm.triton", "attention.window", "attention.decode", "moe.gather",
-                              "moe.grouped"]}
+                              "moe.grouped"],
+            # granite_swa: the sinks (T > 1 in torch, the decode kernel's SINK variant on window and full layers), a
+            # rope-less layer; granitemoe_swa: the softmax MoE over fused gate/up experts on both MoE paths
+            "granite_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton"],
+            "granitemoe_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
+                               "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

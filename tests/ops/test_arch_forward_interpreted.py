@@ -174,7 +174,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # cohere2moe: RMSNorm, window layers with rope, the dense prefix's full attention with rope, a rope-less
         # global layer, the sigmoid MoE with the averaged shared expert; -ln: LayerNorm, the softmax MoE
         "cohere2moe": ["rms_norm.triton", "attention.window.decode", "attention.decode.triton", "moe.gather"],
-        "cohere2moe-ln": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton", "moe.gather"]}
+        "cohere2moe-ln": ["layer_norm.triton", "attention.window.decode", "attention.decode.triton", "moe.gather"],
+        # granite_swa: the sinks on window and full layers (T > 1 in torch, the decode kernel's SINK variant), a
+        # rope-less layer; granitemoe_swa: the softmax MoE over fused gate/up experts, the fused shared expert
+        "granite_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton"],
+        "granitemoe_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
+                           "moe.gather"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -197,7 +202,8 @@ def cuda_ops():
                                   "granitehybrid", "granitehybrid-dense", "nemotron_h", "falcon-h1",
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
                                   "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
-                                  "cohere2moe", "cohere2moe-ln"])
+                                  "cohere2moe", "cohere2moe-ln",
+                                  "granite_swa", "granitemoe_swa"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
