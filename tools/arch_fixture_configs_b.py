@@ -298,4 +298,22 @@ ARCHS_B = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
         attention_multiplier=0.3, residual_multiplier=0.8, logits_scaling=1.5, pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # InternLM3 (InternLM3ForCausalLM, internlm3-8b style; transformers 5.25 runs it as LlamaForCausalLM, the converter
+    # (conversion/internlm.py InternLM3Model) writes the arch `llama`, q/k permuted as Llama's): GQA 4:1, head_dim 24
+    # != 64 / 4 (rope over the whole head), rope_theta 5e7 (the release's) with the release's dynamic-NTK scaling
+    # (factor 6), which transformers applies only past max_position_embeddings (256 > SEQ) and the converter does
+    # not write, no biases (qkv_bias = bias = false as released), untied head, a SentencePiece vocabulary (the
+    # converter reads tokenizer.model only); config.json names InternLM3ForCausalLM as released (CONFIG_AS_RELEASED)
+    "internlm3": ("InternLM3Config", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+        head_dim=24, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "dynamic", "rope_theta": 50000000.0, "factor": 6.0}, attention_bias=False,
+        mlp_bias=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # InternLM3 with qkv_bias = bias = true (HF: biases on q/k/v/o and on the MLP's gate/up/down; llama.cpp's llama
+    # loader takes each optionally: create_tensor_qkv, wo_b, ffn_*_b)
+    "internlm3-bias": ("InternLM3Config", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attention_bias=True, mlp_bias=True,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

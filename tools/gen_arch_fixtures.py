@@ -267,6 +267,11 @@ def nope_layers(c: dict) -> dict:
 
 
 CONFIG_AS_RELEASED |= {"granite_swa": nope_layers}
+# transformers 5.25 saves InternLM3 as LlamaForCausalLM; the released config.json names InternLM3ForCausalLM, which
+# llama.cpp's converter registers (conversion/internlm.py); its vocabulary is read from tokenizer.model only
+CONFIG_AS_RELEASED |= {n: (lambda c: {**c, "architectures": ["InternLM3ForCausalLM"]}) for n in ("internlm3", "internlm3-bias")}
+SPM |= {"internlm3", "internlm3-bias"}
+CENTERED_BIAS |= {"internlm3-bias"}
 
 
 def reference(model, ids: list[int]) -> np.ndarray:

@@ -46,6 +46,12 @@ class LlamaModel(Model):
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)
+        if cls is LlamaModel:       # llama.cpp's llama loader takes bias tensors optionally (models/llama_bias.py)
+            from minfer.models.llama_bias import LlamaBiasModel, has_biases
+
+            if has_biases(gf, cfg.n_layers):
+                return LlamaBiasModel.from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress,
+                                                act_dtype=act_dtype)
         V, D = cfg.vocab, cfg.d_model
         bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
                    disable=not progress, leave=False)

@@ -37,7 +37,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "nemotron_h", "falcon-h1", "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
          "cohere2moe", "cohere2moe-ln",
-         "granite_swa", "granitemoe_swa"]
+         "granite_swa", "granitemoe_swa",
+         "internlm3", "internlm3-bias"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -188,7 +189,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # rope-less layer; granitemoe_swa: the softmax MoE over fused gate/up experts on both MoE paths
             "granite_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton"],
             "granitemoe_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
-                               "moe.gather", "moe.grouped"]}
+                               "moe.gather", "moe.grouped"],
+            # internlm3: the llama graph as converted; -bias: q/k/v, o and MLP biases (models/llama_bias.py)
+            "internlm3": ["rope", "attention.decode"], "internlm3-bias": ["rope", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -179,7 +179,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # rope-less layer; granitemoe_swa: the softmax MoE over fused gate/up experts, the fused shared expert
         "granite_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton"],
         "granitemoe_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
-                           "moe.gather"]}
+                           "moe.gather"],
+        # internlm3: the llama graph (head_dim 24, one kv head); -bias: q/k/v, o and MLP biases (llama_bias.py)
+        "internlm3": ["rope.triton", "attention.decode.triton"],
+        "internlm3-bias": ["rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -203,7 +206,8 @@ def cuda_ops():
                                   "falcon-h1-nonorm", "nemotron_h_moe", "nemotron_h_moe-latent", "olmo",
                                   "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
                                   "cohere2moe", "cohere2moe-ln",
-                                  "granite_swa", "granitemoe_swa"])
+                                  "granite_swa", "granitemoe_swa",
+                                  "internlm3", "internlm3-bias"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
