@@ -316,4 +316,16 @@ ARCHS_B = {
         head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, attention_bias=True, mlp_bias=True,
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # OLMo 3 long-context style (olmo3-yarn; Olmo3ForCausalLM, converted as olmo2): the olmo3 fixture's layers (1-3
+    # of 4 windowed over 8, the 4th global) with YaRN on the full-attention layers only (rope_parameters
+    # full_attention: factor 8 over an original 16 = 128 / 8, beta 32 / 1; the window layers unscaled), HF's default
+    # attention_factor 1 + 0.1 ln 8; the converter writes the full-attention entry as rope.scaling.*
+    "olmo3-yarn": ("Olmo3Config", "Olmo3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        rms_norm_eps=1e-6, max_position_embeddings=128, tie_word_embeddings=False, sliding_window=8,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                            "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                            "beta_slow": 1.0}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -24,6 +24,15 @@ Each rule and its source:
   writes `attention.sliding_window_pattern` per layer; default load_swa_pattern(ml, 4): three
   local, one global) attend the last W keys (LLAMA_SWA_TYPE_STANDARD) and rotate with the
   global base and no scaling (olmo2.cpp: freq_scale 1, ext_factor 0 on is_swa layers).
+- OLMo 3's long-context YaRN (HF rope_parameters["full_attention"] rope_type yarn; the converter writes the
+  full-attention entry as `rope.scaling.type` yarn, factor, original_context_length, yarn_beta_fast/slow): on the
+  global layers only (olmo2.cpp passes freq_scale, ext_factor and attn_factor there; HF Olmo3RotaryEmbedding
+  scales only the full_attention type), gpt_oss.yarn_rope's frequencies with the correction range floored /
+  ceiled (ggml_rope_yarn_corr_dims; HF truncate defaults true) and cos/sin times mscale = (1 + 0.1 ln factor)
+  * rope.scaling.attn_factor (llama_context: yarn_attn_factor reset to get_mscale / (1 + 0.1 ln factor), the
+  kernel multiplying by (1 + 0.1 ln factor); HF's attention_factor, get_mscale(factor) by default), here the
+  global layers' q times mscale^2 (the same scores). The window layers rotate unscaled. A file without a window
+  takes it on every layer (swa_type NONE: no is_swa layer).
 """
 
 from __future__ import annotations
@@ -79,13 +88,15 @@ def post_norm_forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -
 
 
 def whole_qk_norm_attention(x: torch.Tensor, blk: Block, c: ModelConfig, i: int, cache, step: Step, rope, ctx,
-                            window: int = 0) -> torch.Tensor:
+                            window: int = 0, q_scale: float = 1.0) -> torch.Tensor:
     """Attention with q/k RMS-normalized over the whole projection (blk.attn_q_norm (H*Dh,),
     attn_k_norm (Hkv*Dh,)) before the split into heads and rope (OLMo 2, OLMoE): the normed
-    input x (T, D) -> W_o attn(...) (T, D)."""
+    input x (T, D) -> W_o attn(...) (T, D). q_scale: the normed q's factor (OLMo 3's YaRN mscale^2)."""
     T, H, Hkv, Dh = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
     q, k, v = ops.linear_many(x, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
     q = ops.rms_norm(q, blk.attn_q_norm, c.rms_eps).view(T, H, Dh)      # over H*Dh, then heads
+    if q_scale != 1.0:
+        q = q * q_scale
     k = ops.rms_norm(k, blk.attn_k_norm, c.rms_eps).view(T, Hkv, Dh)
     o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, rope, ctx, window=window)   # (T, H, Dh)
     return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
@@ -111,12 +122,19 @@ class Olmo2Model(LlamaModel):
         m.window = cfg.sliding_window
         pattern = cfg.swa_pattern if cfg.swa_pattern is not None else DEFAULT_SWA_PATTERN
         m.is_local = swa_layers(cfg.n_layers, m.window, pattern)
-        m.layer_rope = [replace(rope, freq_scale=1.0) if loc else rope for loc in m.is_local]
+        local_rope, m.q_scale = replace(rope, freq_scale=1.0), 1.0
+        if gf.metadata.get(f"{cls.arch}.rope.scaling.type") == "yarn":      # OLMo 3: the global layers only
+            from minfer.models.gpt_oss import yarn_rope
+
+            rope, mscale = yarn_rope(gf, cls.arch, rope, cfg.rope_attn_factor, truncate=True)
+            m.q_scale = mscale * mscale
+        m.layer_rope = [local_rope if loc else rope for loc in m.is_local]
         return m
 
     def _attention(self, x: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
         """(T, D) residual stream (act dtype) -> W_o attn(...) (T, D)."""
         return whole_qk_norm_attention(x, blk, self.cfg, i, cache, step, self.layer_rope[i], ctx,
-                                       window=self.window if self.is_local[i] else 0)
+                                       window=self.window if self.is_local[i] else 0,
+                                       q_scale=1.0 if self.is_local[i] else self.q_scale)
 
     forward = post_norm_forward

@@ -38,7 +38,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
          "cohere2moe", "cohere2moe-ln",
          "granite_swa", "granitemoe_swa",
-         "internlm3", "internlm3-bias"]
+         "internlm3", "internlm3-bias",
+         "olmo3-yarn"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -191,7 +192,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "granitemoe_swa": ["attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
                                "moe.gather", "moe.grouped"],
             # internlm3: the llama graph as converted; -bias: q/k/v, o and MLP biases (models/llama_bias.py)
-            "internlm3": ["rope", "attention.decode"], "internlm3-bias": ["rope", "attention.decode"]}
+            "internlm3": ["rope", "attention.decode"], "internlm3-bias": ["rope", "attention.decode"],
+            # olmo3-yarn: the window layers' plain rope, the global layer's YaRN divisors and mscale^2
+            "olmo3-yarn": ["attention.window", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

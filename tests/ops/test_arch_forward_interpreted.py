@@ -182,7 +182,9 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
                            "moe.gather"],
         # internlm3: the llama graph (head_dim 24, one kv head); -bias: q/k/v, o and MLP biases (llama_bias.py)
         "internlm3": ["rope.triton", "attention.decode.triton"],
-        "internlm3-bias": ["rope.triton", "attention.decode.triton"]}
+        "internlm3-bias": ["rope.triton", "attention.decode.triton"],
+        # olmo3-yarn: the window layers' plain rope, the global layer's YaRN divisors and mscale^2
+        "olmo3-yarn": ["attention.window.decode", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -207,7 +209,8 @@ def cuda_ops():
                                   "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
                                   "cohere2moe", "cohere2moe-ln",
                                   "granite_swa", "granitemoe_swa",
-                                  "internlm3", "internlm3-bias"])
+                                  "internlm3", "internlm3-bias",
+                                  "olmo3-yarn"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
