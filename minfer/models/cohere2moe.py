@@ -45,7 +45,9 @@ conversion/command_r.py Cohere2MoeModel; HF transformers models/cohere2_moe/modu
       sigmoid gating (2, also when the key is absent: load_arch_hparams maps NONE to SIGMOID):
           p = sigmoid(W_r h), the K largest, w / sum(w) when expert_weights_norm (HF norm_topk_prob);
       times expert_weights_scale when not 0 or 1 (build_moe_ffn; the converter writes none).
-  expert_weights_norm absent: false (llama.cpp's default). With `expert_shared_count` > 0 a shared
+  expert_weights_norm absent: false (llama.cpp's default). HF's softmax router renormalizes whatever
+  norm_topk_prob says; a softmax file with expert_weights_norm false runs as llama.cpp (not renormalized).
+  With `expert_shared_count` > 0 a shared
   SwiGLU of `expert_shared_feed_forward_length` (absent or 0: expert_feed_forward_length * count) whose
   output is averaged with the routed one: (routed + shared) * 0.5 (the graph; HF
   shared_expert_combination_strategy "average", the only one the converter accepts).

@@ -22,7 +22,9 @@ transformers 5.25 models/granite_swa/modular_granite_swa.py, models/granitemoe_s
 - RoPE NORM (llama_model_rope_type: LLM_ARCH_GRANITE_SWA; q/k permuted by the Llama converter), on the layers
   `attention.rope_pattern` flags (optional, default every layer: llama_hparams::has_rope; the converter writes
   it from a config's no_rope_layers; HF 5.25 marks such a layer by layer_rope_theta 0), over the whole head
-  (the graph asserts n_rot == head size), the file's freq_base for every rotated layer.
+  (the graph asserts n_rot == head size), the file's freq_base for every rotated layer (HF's layer_rope_theta
+  may give rotated layers different bases; the converter writes none of them, so such a model is not what any
+  file holds).
 - FFN (build_layer_ffn): with `expert_count` 0 or absent the SwiGLU of ffn_{gate,up,down}; else
   build_moe_ffn(softmax, norm_w = true) over `expert_used_count` of `expert_count` experts of
   `feed_forward_length` rows (granite's rule: n_ff is the experts'), gate and up either fused
