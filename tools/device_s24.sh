@@ -27,6 +27,10 @@ for step in $STEPS; do
       timeout ${PATHS_TIMEOUT:-150} python3 tools/diag_paths.py ${PATHS_NAMES:-minicpm3 deepseek2} --ctx 32 64 \
         >"$OUT/diag-paths.log" 2>&1
       grep -v Warning "$OUT/diag-paths.log" | tail -30;;
+    oracle)  # perf-log AQ0's oracle: the graphed 7B step's GPU time with the attention / combine launches left
+             # out and with the SwiGLU-2 variant (tools/skip_oracle.py); no A/B (PICK_MIN past any gain)
+      SWEEP_VARIANTS=${SWEEP_VARIANTS:-"-attn -combine env:MINFER_GEMV_SWIGLU=2"} PICK_MIN=${PICK_MIN:-100000} \
+        ORACLE_TIMEOUT=${ORACLE_TIMEOUT:-240} OUT=$OUT bash tools/device_s9.sh sweepab;;
     *) OUT=$OUT bash tools/device_s23.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"
