@@ -46,7 +46,6 @@ from __future__ import annotations
 import torch
 
 from minfer.config import ModelConfig
-from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import merge_heads
 from minfer.models.starcoder import StarcoderBlock, StarcoderModel
@@ -72,12 +71,7 @@ class BloomModel(StarcoderModel):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "BloomModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        if "blk.0.attn_q.weight" in gf.tensors:
-            raise MinferError(f"{gf.path}: tensor 'blk.0.attn_q.weight': separate q/k/v matrices: llama.cpp's "
-                              f"{cls.arch} loader takes the fused attn_qkv only")
-        if cfg.head_dim * cfg.n_heads != cfg.d_model:
-            raise MinferError(f"{gf.path}: {cls.arch} needs head_count * head size == embedding_length (the output "
-                              f"projection is (D, D)); got {cfg.n_heads} x {cfg.head_dim} != {cfg.d_model}")
+        cls.check_fused_qkv(gf, cfg)
         max_bias = cls.max_alibi_bias(gf)
         m = super(StarcoderModel, cls).from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress,
                                                  act_dtype=act_dtype)

@@ -50,9 +50,9 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, merge_heads, rope_write_attend
+from minfer.models.layers import Block, BlockTensors, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.weights import QWeight, load_vector
 
 # tensors of Falcon variants llama.cpp's falcon graph does not run: name -> why
 REFUSED = {
@@ -106,21 +106,13 @@ class FalconModel(LlamaModel):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw = cfg.d_model, cfg.ffn
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name):
-            return load_vector(gf, p + name, device, D)
-
-        norm2 = p + "attn_norm_2.weight" in gf.tensors
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, D, Fw, q_out, kv_out = t.w, t.v, t.D, t.F, t.q_out, t.kv_out
+        norm2 = t.has("attn_norm_2.weight")
         return FalconBlock(
-            attn_norm=v("attn_norm.weight"), attn_norm_b=v("attn_norm.bias"),
-            attn_norm_2=v("attn_norm_2.weight") if norm2 else None,
-            attn_norm_2_b=v("attn_norm_2.bias") if norm2 and p + "attn_norm_2.bias" in gf.tensors else None,
+            attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
+            attn_norm_2=v("attn_norm_2.weight", D) if norm2 else None,
+            attn_norm_2_b=t.opt("attn_norm_2.bias", D) if norm2 else None,
             attn_q=None, attn_k=None, attn_v=None, attn_qkv=w("attn_qkv", (q_out + 2 * kv_out, D)),
             attn_output=w("attn_output", (D, q_out)), ffn_norm=None, ffn_gate=None,
             ffn_up=w("ffn_up", (Fw, D)), ffn_down=w("ffn_down", (D, Fw)))

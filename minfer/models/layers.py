@@ -40,32 +40,59 @@ class Block:
                             self.ffn_down) if w is not None]
 
 
+def optional_vector(gf, name: str, device, n: int, zero: bool = False) -> torch.Tensor | None:
+    """load_vector of tensor `name` when the file has it; else zeros (n,) when zero, else None."""
+    if name in gf.tensors:
+        return load_vector(gf, name, device, n)
+    return torch.zeros(n, dtype=torch.float32, device=device) if zero else None
+
+
+class BlockTensors:
+    """Layer i's tensors by their name after `blk.{i}.` (the shared part of every load_block):
+    w(name, shape) the matrix `blk.i.<name>.weight`, v(name, n) the vector `blk.i.<name>`,
+    opt(name, n) that vector or None when the file lacks it, has(name). The widths: D, F (ffn),
+    Dh, q_out (H * Dh), kv_out (Hkv * Dh). Loading goes through weights.load_qweight /
+    load_vector, whose errors name the file and the full tensor name."""
+
+    def __init__(self, gf, cfg, i: int, device, dtype):
+        self.gf, self.p, self.device, self.dtype = gf, f"blk.{i}.", device, dtype
+        self.D, self.F, self.Dh = cfg.d_model, cfg.ffn, cfg.head_dim
+        self.q_out, self.kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+
+    def has(self, name: str) -> bool:
+        return self.p + name in self.gf.tensors
+
+    def w(self, name: str, shape: tuple[int, int]) -> QWeight:
+        return load_qweight(self.gf, self.p + name + ".weight", self.device, shape, dtype=self.dtype)
+
+    def v(self, name: str, n: int) -> torch.Tensor:
+        return load_vector(self.gf, self.p + name, self.device, n)
+
+    def opt(self, name: str, n: int, zero: bool = False) -> torch.Tensor | None:
+        return optional_vector(self.gf, self.p + name, self.device, n, zero)
+
+
 def load_block(gf, cfg, i: int, device, dtype, qkv_bias: bool = False, qk_norm: bool = False) -> Block:
-    p = f"blk.{i}."
-    D, F, Dh = cfg.d_model, cfg.ffn, cfg.head_dim
-    q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
-
-    def w(name, shape):
-        return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
+    t = BlockTensors(gf, cfg, i, device, dtype)
+    D, F, Dh, q_out, kv_out = t.D, t.F, t.Dh, t.q_out, t.kv_out
     blk = Block(
-        attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
-        attn_q=w("attn_q", (q_out, D)),
-        attn_k=w("attn_k", (kv_out, D)),
-        attn_v=w("attn_v", (kv_out, D)),
-        attn_output=w("attn_output", (D, q_out)),
-        ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
-        ffn_gate=w("ffn_gate", (F, D)),
-        ffn_up=w("ffn_up", (F, D)),
-        ffn_down=w("ffn_down", (D, F)),
+        attn_norm=t.v("attn_norm.weight", D),
+        attn_q=t.w("attn_q", (q_out, D)),
+        attn_k=t.w("attn_k", (kv_out, D)),
+        attn_v=t.w("attn_v", (kv_out, D)),
+        attn_output=t.w("attn_output", (D, q_out)),
+        ffn_norm=t.v("ffn_norm.weight", D),
+        ffn_gate=t.w("ffn_gate", (F, D)),
+        ffn_up=t.w("ffn_up", (F, D)),
+        ffn_down=t.w("ffn_down", (D, F)),
     )
     if qkv_bias:
-        blk.attn_q_bias = load_vector(gf, p + "attn_q.bias", device, q_out)
-        blk.attn_k_bias = load_vector(gf, p + "attn_k.bias", device, kv_out)
-        blk.attn_v_bias = load_vector(gf, p + "attn_v.bias", device, kv_out)
+        blk.attn_q_bias = t.v("attn_q.bias", q_out)
+        blk.attn_k_bias = t.v("attn_k.bias", kv_out)
+        blk.attn_v_bias = t.v("attn_v.bias", kv_out)
     if qk_norm:
-        blk.attn_q_norm = load_vector(gf, p + "attn_q_norm.weight", device, Dh)
-        blk.attn_k_norm = load_vector(gf, p + "attn_k_norm.weight", device, Dh)
+        blk.attn_q_norm = t.v("attn_q_norm.weight", Dh)
+        blk.attn_k_norm = t.v("attn_k_norm.weight", Dh)
     return blk
 
 

@@ -42,10 +42,9 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.bloom import BloomModel
-from minfer.models.layers import Block, merge_heads
+from minfer.models.layers import Block, BlockTensors, merge_heads, optional_vector
 from minfer.models.starcoder import StarcoderBlock
 from minfer.models.starcoder2 import layer_norm
-from minfer.weights import load_qweight, load_vector
 
 UNSUPPORTED = ("position_embd.weight", "blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight",
                "blk.0.ffn_act.scales")
@@ -79,34 +78,20 @@ class MptModel(BloomModel):
         m.clamp_kqv = float(clamp) if clamp is not None and float(clamp) > 0 else 0.0
         return m
 
-    @classmethod
-    def optional_vector(cls, gf, name: str, device, n: int, zero: bool = False):
-        if name in gf.tensors:
-            return load_vector(gf, name, device, n)
-        return torch.zeros(n, dtype=torch.float32, device=device) if zero else None
-
     def load_embd_norm(self, gf, cfg: ModelConfig, device) -> None:
         self.embd_norm = self.embd_norm_b = None
-        self.output_norm_b = self.optional_vector(gf, "output_norm.bias", device, cfg.d_model, zero=True)
+        self.output_norm_b = optional_vector(gf, "output_norm.bias", device, cfg.d_model, zero=True)
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw = cfg.d_model, cfg.ffn
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name, n, zero=False):
-            return cls.optional_vector(gf, p + name, device, n, zero)
-
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, D, Fw, q_out, kv_out = t.w, t.opt, t.D, t.F, t.q_out, t.kv_out
         return StarcoderBlock(
-            attn_norm=load_vector(gf, p + "attn_norm.weight", device, D), attn_norm_b=v("attn_norm.bias", D, True),
+            attn_norm=t.v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D, True),
             attn_q=None, attn_k=None, attn_v=None,
             attn_qkv=w("attn_qkv", (q_out + 2 * kv_out, D)), attn_qkv_b=v("attn_qkv.bias", q_out + 2 * kv_out),
             attn_output=w("attn_output", (D, q_out)), attn_output_b=v("attn_output.bias", D),
-            ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D), ffn_norm_b=v("ffn_norm.bias", D, True),
+            ffn_norm=t.v("ffn_norm.weight", D), ffn_norm_b=v("ffn_norm.bias", D, True),
             ffn_gate=None, ffn_up=w("ffn_up", (Fw, D)), ffn_up_b=v("ffn_up.bias", Fw),
             ffn_down=w("ffn_down", (D, Fw)), ffn_down_b=v("ffn_down.bias", D))
 

@@ -38,9 +38,8 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.arcee import relu2
-from minfer.models.layers import Block
+from minfer.models.layers import Block, BlockTensors
 from minfer.models.starcoder2 import Starcoder2Block, Starcoder2Model
-from minfer.weights import load_qweight, load_vector
 
 
 class NemotronModel(Starcoder2Model):
@@ -69,19 +68,8 @@ class NemotronModel(Starcoder2Model):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw = cfg.d_model, cfg.ffn
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name, n):
-            return load_vector(gf, p + name, device, n)
-
-        def opt(name, n):
-            return v(name, n) if p + name in gf.tensors else None
-
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, opt, D, Fw, q_out, kv_out = t.w, t.v, t.opt, t.D, t.F, t.q_out, t.kv_out
         return Starcoder2Block(
             attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
             attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),

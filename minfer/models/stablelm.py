@@ -45,10 +45,10 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, attention_heads, ffn_branch, merge_heads, rope_write_attend
+from minfer.models.layers import Block, BlockTensors, attention_heads, ffn_branch, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
 from minfer.models.starcoder2 import layer_norm
-from minfer.weights import load_qweight, load_vector
+from minfer.weights import load_vector
 
 
 @dataclass
@@ -101,21 +101,10 @@ class StablelmModel(LlamaModel):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw, Dh, H, Hkv = cfg.d_model, cfg.ffn, cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        q_out, kv_out = H * Dh, Hkv * Dh
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name, n):
-            return load_vector(gf, p + name, device, n)
-
-        def opt(name, n):
-            return v(name, n) if p + name in gf.tensors else None
-
-        sequential = p + "ffn_norm.weight" in gf.tensors
-        qk_norm = p + "attn_q_norm.weight" in gf.tensors
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, opt, D, Fw, q_out, kv_out = t.w, t.v, t.opt, t.D, t.F, t.q_out, t.kv_out
+        Dh, H, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+        sequential, qk_norm = t.has("ffn_norm.weight"), t.has("attn_q_norm.weight")
         return StablelmBlock(
             attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
             attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),

@@ -43,7 +43,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, merge_heads
+from minfer.models.layers import Block, BlockTensors, merge_heads
 from minfer.models.llama import LlamaModel
 from minfer.models.starcoder2 import layer_norm
 from minfer.weights import QWeight, load_qweight, load_vector
@@ -70,15 +70,21 @@ class StarcoderModel(LlamaModel):
     norm_eps_key = "attention.layer_norm_epsilon"
 
     @classmethod
-    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
-                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "StarcoderModel":
-        cfg = cfg or ModelConfig.from_gguf(gf)
+    def check_fused_qkv(cls, gf, cfg: ModelConfig) -> None:
+        """MinferError for separate q/k/v matrices or heads that do not span the embedding (starcoder, gpt2,
+        bloom, mpt: the fused (D + 2 Hkv Dh, D) attn_qkv and a (D, D) output projection)."""
         if "blk.0.attn_q.weight" in gf.tensors:
             raise MinferError(f"{gf.path}: tensor 'blk.0.attn_q.weight': separate q/k/v matrices: llama.cpp's "
                               f"{cls.arch} loader takes the fused attn_qkv only")
         if cfg.head_dim * cfg.n_heads != cfg.d_model:
             raise MinferError(f"{gf.path}: {cls.arch} needs head_count * head size == embedding_length (the output "
                               f"projection is (D, D)); got {cfg.n_heads} x {cfg.head_dim} != {cfg.d_model}")
+
+    @classmethod
+    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
+                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "StarcoderModel":
+        cfg = cfg or ModelConfig.from_gguf(gf)
+        cls.check_fused_qkv(gf, cfg)
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         m.output_norm_b = load_vector(gf, "output_norm.bias", device, cfg.d_model)
         m.n_pos = cfg.context_length
@@ -88,16 +94,8 @@ class StarcoderModel(LlamaModel):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw = cfg.d_model, cfg.ffn
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name, n):
-            return load_vector(gf, p + name, device, n)
-
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, D, Fw, q_out, kv_out = t.w, t.v, t.D, t.F, t.q_out, t.kv_out
         return StarcoderBlock(
             attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
             attn_q=None, attn_k=None, attn_v=None,

@@ -34,9 +34,9 @@ import torch.nn.functional as F
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.models.base import Step
-from minfer.models.layers import Block, merge_heads, rope_write_attend
+from minfer.models.layers import Block, BlockTensors, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
-from minfer.weights import load_qweight, load_vector
+from minfer.weights import load_vector
 
 
 @dataclass
@@ -60,16 +60,8 @@ class Starcoder2Model(LlamaModel):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, Fw = cfg.d_model, cfg.ffn
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        def v(name, n):
-            return load_vector(gf, p + name, device, n)
-
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, v, D, Fw, q_out, kv_out = t.w, t.v, t.D, t.F, t.q_out, t.kv_out
         return Starcoder2Block(
             attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
             attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
