@@ -58,7 +58,7 @@ from minfer.models.base import Step
 from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
 from minfer.models.granite import _BIASES, _scale
 from minfer.models.granitemoe import GraniteMoeModel
-from minfer.models.layers import Block, ffn_branch, merge_heads
+from minfer.models.layers import Block, BlockTensors, ffn_branch, merge_heads
 from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
 from minfer.models.qwen3moe import MoeBlock, load_experts
 from minfer.weights import QWeight, load_qweight, load_vector
@@ -89,6 +89,13 @@ def check_supported(gf, cfg: ModelConfig) -> None:
         raise MinferError(f"{gf.path}: metadata key '{a}.rope.scaling.finetuned' is "
                           f"{md.get(f'{a}.rope.scaling.finetuned', 'absent (true)')}: rope on the attention layers "
                           "(Bamba's form) is not supported; Granite 4.0 H's files have it false (no rope)")
+    check_biases_and_scale(gf, cfg)
+
+
+def check_biases_and_scale(gf, cfg: ModelConfig) -> None:
+    """Refuse bias tensors on attention or the FFN (granite.py's rule) and an expert_weights_scale other
+    than 0 or 1 (granitehybrid and jamba)."""
+    a, md = cfg.arch, gf.metadata
     for i in range(cfg.n_layers):
         for name in _BIASES:
             t = f"blk.{i}.{name}.bias"
@@ -112,14 +119,52 @@ class GraniteHybridModel(GraniteMoeModel):
     paged_kv = True                # the paged cache's state slots (runtime/paged_state.py)
     recurrent = True               # the engine's prefix rule (module doc)
     expert_keys = ("expert_count", "expert_used_count")
+    mixer_kind = "Mamba-2"         # the recurrent layers' name (recurrent_state's error)
+
+    # ---- the recurrent mixer's hooks (jamba.py: Mamba-1 in their place) ----
+
+    @staticmethod
+    def mixer_dims(gf, cfg: ModelConfig):
+        return read_dims(gf, cfg.arch, cfg.d_model)
+
+    @staticmethod
+    def load_mixer(gf, i: int, dims, D: int, device, dtype):
+        return load_mamba2(gf, i, dims, D, device, dtype)
+
+    @staticmethod
+    def mixer_matrices(mb) -> list[QWeight]:
+        return [mb.ssm_in, mb.ssm_out]
+
+    def mixer(self, h: torch.Tensor, i: int, state, step: Step, ctx) -> torch.Tensor:
+        return mamba2_mixer(h, self.mamba[i], self.dims, state, step.positions, self.cfg.rms_eps, ctx)
+
+    # ---- the file's hooks ----
+
+    @classmethod
+    def check_file(cls, gf, cfg: ModelConfig) -> None:
+        check_supported(gf, cfg)
+
+    @classmethod
+    def moe_layer(cls, gf, cfg: ModelConfig, i: int) -> bool:
+        """Whether layer i's FFN is the experts (else the dense SwiGLU): every layer when expert_count > 0."""
+        return cfg.n_experts > 0
+
+    def load_scales(self, gf, cfg: ModelConfig) -> None:
+        """Granite's multipliers (module doc) and the router's renormalization."""
+        self.weights_norm = True                                                     # norm_w = true
+        self.embed_scale = _scale(gf, f"{cfg.arch}.embedding_scale") or 1.0
+        attn = _scale(gf, f"{cfg.arch}.attention.scale")
+        self.q_scale = attn * cfg.head_dim ** 0.5 if attn else 1.0
+        self.residual_scale = _scale(gf, f"{cfg.arch}.residual_scale") or 1.0
+        self.logit_scale = _scale(gf, f"{cfg.arch}.logit_scale") or 1.0      # optional here (load_arch_hparams)
 
     @classmethod
     def cache_config(cls, gf, cfg: ModelConfig) -> HybridCacheConfig:
-        """cfg with the caches' geometry: (Hkv, Dh, Dh) rows on attention layers, none on Mamba-2
+        """cfg with the caches' geometry: (Hkv, Dh, Dh) rows on attention layers, none on recurrent
         layers, whose state_layers entry is their per-sequence state (the memory preflight's config,
         commands/preflight.py)."""
         is_ssm = ssm_layers(gf, cfg)
-        dims = read_dims(gf, cfg.arch, cfg.d_model)
+        dims = cls.mixer_dims(gf, cfg)
         kv = with_kv_layers(cfg, [None if s else (cfg.n_kv_heads, cfg.head_dim, cfg.head_dim) for s in is_ssm])
         return HybridCacheConfig(**{f.name: getattr(kv, f.name) for f in fields(KVLayersConfig)},
                                  state_layers=tuple(dims.state_shapes() if s else None for s in is_ssm))
@@ -130,9 +175,9 @@ class GraniteHybridModel(GraniteMoeModel):
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)
-        check_supported(gf, cfg)
+        cls.check_file(gf, cfg)
         cache_cfg = cls.cache_config(gf, cfg)
-        is_ssm, dims = ssm_layers(gf, cfg), read_dims(gf, cfg.arch, cfg.d_model)
+        is_ssm, dims = ssm_layers(gf, cfg), cls.mixer_dims(gf, cfg)
         E = cfg.n_experts
         if E > 0:
             for key in cls.expert_keys:
@@ -151,40 +196,33 @@ class GraniteHybridModel(GraniteMoeModel):
             blk, e = cls.load_layer(gf, cfg, i, is_ssm[i], device, dtype)
             blocks.append(blk)
             moe.append(e)
-            mamba.append(load_mamba2(gf, i, dims, D, device, dtype) if is_ssm[i] else None)
+            mamba.append(cls.load_mixer(gf, i, dims, D, device, dtype) if is_ssm[i] else None)
             bar.update()
         output_norm = load_vector(gf, "output_norm.weight", device, D)
         output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
         bar.close()
         m = cls(cache_cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
-        m.moe, m.mamba, m.is_ssm, m.dims, m.weights_norm = moe, mamba, is_ssm, dims, True   # norm_w = true
-        m.embed_scale = _scale(gf, f"{cfg.arch}.embedding_scale") or 1.0
-        attn = _scale(gf, f"{cfg.arch}.attention.scale")
-        m.q_scale = attn * cfg.head_dim ** 0.5 if attn else 1.0
-        m.residual_scale = _scale(gf, f"{cfg.arch}.residual_scale") or 1.0
-        m.logit_scale = _scale(gf, f"{cfg.arch}.logit_scale") or 1.0     # optional here (load_arch_hparams)
+        m.moe, m.mamba, m.is_ssm, m.dims = moe, mamba, is_ssm, dims
+        m.load_scales(gf, cfg)
         return m
 
     @classmethod
     def load_layer(cls, gf, cfg: ModelConfig, i: int, ssm: bool, device, dtype) -> tuple:
-        """blk.i's norms, attention (attention layers) and FFN: (Block, MoeBlock or None)."""
-        p, D, F, Dh = f"blk.{i}.", cfg.d_model, cfg.ffn, cfg.head_dim
-        q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        blk = Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D), attn_q=None, attn_k=None,
-                    attn_v=None, attn_output=None, ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+        """blk.i's norms, attention (attention layers) and FFN: (Block, MoeBlock or None), the experts
+        where moe_layer says (with the shared expert, load_shared), else the dense SwiGLU."""
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, p, D, F, q_out, kv_out = t.w, t.p, t.D, t.F, t.q_out, t.kv_out
+        blk = Block(attn_norm=t.v("attn_norm.weight", D), attn_q=None, attn_k=None,
+                    attn_v=None, attn_output=None, ffn_norm=t.v("ffn_norm.weight", D),
                     ffn_gate=None, ffn_up=None, ffn_down=None)
         if not ssm:
             blk.attn_q, blk.attn_k = w("attn_q", (q_out, D)), w("attn_k", (kv_out, D))
             blk.attn_v, blk.attn_output = w("attn_v", (kv_out, D)), w("attn_output", (D, q_out))
-        E = cfg.n_experts
-        if E == 0:                # dense (granite-4.0-h-micro): llama.cpp's ffn_{gate,up,down} of n_ff
+        if not cls.moe_layer(gf, cfg, i):     # dense (granite-4.0-h-micro): llama.cpp's ffn_{gate,up,down} of n_ff
             blk.ffn_gate, blk.ffn_up, blk.ffn_down = w("ffn_gate", (F, D)), w("ffn_up", (F, D)), w("ffn_down", (D, F))
             return blk, None
-        e = MoeBlock(gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
+        E = cfg.n_experts
+        e = MoeBlock(gate_inp=t.v("ffn_gate_inp.weight", E * D).view(E, D),
                      gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, F, D), dtype),
                      up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, F, D), dtype),
                      down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, F), dtype))
@@ -194,19 +232,18 @@ class GraniteHybridModel(GraniteMoeModel):
     # ---- declarations ----
 
     def layer_matrices(self, i: int) -> list[QWeight]:
-        """A Mamba-2 layer's in/out projections before the experts (qweights, linear_groups and
-        head_weights: LlamaModel's and Qwen3MoeModel's)."""
+        """A recurrent layer's projections (mixer_matrices) before the experts (qweights, linear_groups
+        and head_weights: LlamaModel's and Qwen3MoeModel's)."""
         mb = self.mamba[i]
-        return ([mb.ssm_in, mb.ssm_out] if mb is not None else []) + super().layer_matrices(i)
+        return (self.mixer_matrices(mb) if mb is not None else []) + super().layer_matrices(i)
 
     # ---- the forward (GraniteScales.forward: the multipliers; these give each layer's branches) ----
 
     def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """Layer i's mixer of the normed input h (T, D) -> (T, D): Mamba-2, or attention without rope
-        (the query scaled by q_scale, so the kernels keep their 1/sqrt(head_dim))."""
+        """Layer i's mixer of the normed input h (T, D) -> (T, D): the recurrent mixer (Mamba-2 here), or
+        attention without rope (the query scaled by q_scale, so the kernels keep their 1/sqrt(head_dim))."""
         if self.is_ssm[i]:
-            state = recurrent_state(cache, self.arch)
-            return mamba2_mixer(h, self.mamba[i], self.dims, state(i), step.positions, self.cfg.rms_eps, ctx)
+            return self.mixer(h, i, recurrent_state(cache, self.arch, self.mixer_kind)(i), step, ctx)
         c = self.cfg
         T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
         q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)

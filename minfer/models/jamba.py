@@ -44,34 +44,19 @@ runtime/paged_state.py, mamba1_mixer's decode rows / prefill chunks).
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
-from minfer.models.granite import _BIASES
-from minfer.models.granitehybrid import GraniteHybridModel, HybridCacheConfig, ssm_layers
-from minfer.models.layers import Block
+from minfer.models.granitehybrid import GraniteHybridModel, check_biases_and_scale
 from minfer.models.mamba1 import load_mamba1, mamba1_mixer, read_dims
-from minfer.models.mamba2 import recurrent_state
-from minfer.models.qwen3moe import MoeBlock, load_experts
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.weights import QWeight, load_vector
 
 
 def check_supported(gf, cfg: ModelConfig) -> None:
     a, md = cfg.arch, gf.metadata
-    for i in range(cfg.n_layers):
-        for name in _BIASES:
-            t = f"blk.{i}.{name}.bias"
-            if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': {a} files with bias tensors are not supported")
-    ws = md.get(f"{a}.expert_weights_scale")
-    if ws is not None and float(ws) not in (0.0, 1.0):
-        raise MinferError(f"{gf.path}: metadata key '{a}.expert_weights_scale' is {ws}, which is not supported "
-                          "(0 or 1)")
+    check_biases_and_scale(gf, cfg)
     for key in ("expert_count", "expert_used_count"):
         if f"{a}.{key}" not in md:
             raise MinferError(f"{gf.path}: metadata key '{a}.{key}' is missing (needed to build the {a} model)")
@@ -81,8 +66,9 @@ def check_supported(gf, cfg: ModelConfig) -> None:
 
 
 class JambaModel(GraniteHybridModel):
-    """granitehybrid's layer structure and forward with every multiplier 1; mamba[i]: a Mamba-1 layer's
-    weights (None on attention layers); moe[i]: the experts (None on a dense layer)."""
+    """granitehybrid's layer plan, cache and forward (its hooks: Mamba-1 as the recurrent mixer, the
+    experts where the file has a router, every multiplier 1); mamba[i]: a Mamba-1 layer's weights
+    (None on attention layers); moe[i]: the experts (None on a dense layer)."""
 
     arch = "jamba"
     rope_style = "normal"          # llama_model_rope_type: LLM_ARCH_JAMBA -> NONE (unused: no rope)
@@ -90,38 +76,11 @@ class JambaModel(GraniteHybridModel):
     attention_free_layers = True
     paged_kv = True
     recurrent = True
+    mixer_kind = "Mamba"
 
-    @classmethod
-    def cache_config(cls, gf, cfg: ModelConfig) -> HybridCacheConfig:
-        """(Hkv, Dh, Dh) rows on attention layers; the Mamba-1 layers' per-sequence state."""
-        is_ssm = ssm_layers(gf, cfg)
-        dims = read_dims(gf, cfg.arch, cfg.d_model)
-        kv = with_kv_layers(cfg, [None if s else (cfg.n_kv_heads, cfg.head_dim, cfg.head_dim) for s in is_ssm])
-        return HybridCacheConfig(**{f.name: getattr(kv, f.name) for f in fields(KVLayersConfig)},
-                                 state_layers=tuple(dims.state_shapes() if s else None for s in is_ssm))
-
-    @classmethod
-    def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
-                  progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "JambaModel":
-        cfg = cfg or ModelConfig.from_gguf(gf)
-        check_supported(gf, cfg)
-        cache_cfg = cls.cache_config(gf, cfg)
-        is_ssm, dims = ssm_layers(gf, cfg), read_dims(gf, cfg.arch, cfg.d_model)
-        V, D = cfg.vocab, cfg.d_model
-        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
-        blocks, moe, mamba = [], [], []
-        for i in range(cfg.n_layers):
-            blk, e = cls.load_layer(gf, cfg, i, is_ssm[i], device, dtype)
-            blocks.append(blk)
-            moe.append(e)
-            mamba.append(cls.load_mixer(gf, i, dims, D, device, dtype) if is_ssm[i] else None)
-        output_norm = load_vector(gf, "output_norm.weight", device, D)
-        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
-        m = cls(cache_cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
-        m.moe, m.mamba, m.is_ssm, m.dims = moe, mamba, is_ssm, dims
-        m.weights_norm = False                   # build_moe_ffn(..., norm_w = false, ...)
-        m.embed_scale = m.q_scale = m.residual_scale = m.logit_scale = 1.0
-        return m
+    @staticmethod
+    def mixer_dims(gf, cfg: ModelConfig):
+        return read_dims(gf, cfg.arch, cfg.d_model)
 
     @staticmethod
     def load_mixer(gf, i: int, dims, D: int, device, dtype):
@@ -135,39 +94,26 @@ class JambaModel(GraniteHybridModel):
         w.c_norm = load_vector(gf, f"blk.{i}.ssm_c_norm.weight", device, dims.d_state)
         return w
 
+    @staticmethod
+    def mixer_matrices(mb) -> list[QWeight]:
+        return [mb.ssm_in, mb.ssm_x, mb.ssm_dt, mb.ssm_out]
+
+    def mixer(self, h: torch.Tensor, i: int, state, step: Step, ctx) -> torch.Tensor:
+        return mamba1_mixer(h, self.mamba[i], self.dims, state, step.positions, self.cfg.rms_eps, ctx)
+
     @classmethod
-    def load_layer(cls, gf, cfg: ModelConfig, i: int, ssm: bool, device, dtype) -> tuple:
-        """blk.i's norms, attention (attention layers) and FFN: MoE where ffn_gate_inp is present, else dense."""
-        p, D, F, Dh, E = f"blk.{i}.", cfg.d_model, cfg.ffn, cfg.head_dim, cfg.n_experts
-        q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
+    def check_file(cls, gf, cfg: ModelConfig) -> None:
+        check_supported(gf, cfg)
 
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
+    @classmethod
+    def moe_layer(cls, gf, cfg: ModelConfig, i: int) -> bool:
+        """The experts where the file has the router (load_arch_tensors: ffn_gate_inp TENSOR_NOT_REQUIRED)."""
+        return f"blk.{i}.ffn_gate_inp.weight" in gf.tensors
 
-        blk = Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D), attn_q=None, attn_k=None,
-                    attn_v=None, attn_output=None, ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
-                    ffn_gate=None, ffn_up=None, ffn_down=None)
-        if not ssm:
-            blk.attn_q, blk.attn_k = w("attn_q", (q_out, D)), w("attn_k", (kv_out, D))
-            blk.attn_v, blk.attn_output = w("attn_v", (kv_out, D)), w("attn_output", (D, q_out))
-        if p + "ffn_gate_inp.weight" not in gf.tensors:
-            blk.ffn_gate, blk.ffn_up, blk.ffn_down = w("ffn_gate", (F, D)), w("ffn_up", (F, D)), w("ffn_down", (D, F))
-            return blk, None
-        e = MoeBlock(gate_inp=load_vector(gf, p + "ffn_gate_inp.weight", device, E * D).view(E, D),
-                     gate_exps=load_experts(gf, p + "ffn_gate_exps.weight", device, (E, F, D), dtype),
-                     up_exps=load_experts(gf, p + "ffn_up_exps.weight", device, (E, F, D), dtype),
-                     down_exps=load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, F), dtype))
-        return blk, e
+    @classmethod
+    def load_shared(cls, gf, cfg, e, i: int, device, dtype) -> None:
+        """No shared expert in jamba."""
 
-    def layer_matrices(self, i: int) -> list[QWeight]:
-        """A Mamba-1 layer's four projections before the experts."""
-        mb = self.mamba[i]
-        extra = [] if self.moe[i] is None else self.moe[i].matrices()
-        return ([mb.ssm_in, mb.ssm_x, mb.ssm_dt, mb.ssm_out] if mb is not None else []) + extra
-
-    def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """Layer i's mixer of the normed input h (T, D): Mamba-1, or granitehybrid's rope-less attention."""
-        if self.is_ssm[i]:
-            state = recurrent_state(cache, self.arch, "Mamba")
-            return mamba1_mixer(h, self.mamba[i], self.dims, state(i), step.positions, self.cfg.rms_eps, ctx)
-        return super()._attention(h, blk, i, cache, step, ctx)
+    def load_scales(self, gf, cfg: ModelConfig) -> None:
+        self.weights_norm = False                # build_moe_ffn(..., norm_w = false, ...)
+        self.embed_scale = self.q_scale = self.residual_scale = self.logit_scale = 1.0
