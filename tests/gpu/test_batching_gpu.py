@@ -29,14 +29,9 @@ def rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("B,H,hkv,dh,page,max_len", [(1, 28, 4, 128, 16, 3000), (37, 28, 4, 128, 16, 700),
-                                                     (128, 14, 2, 64, 16, 300), (5, 8, 8, 128, 32, 1000),
-                                                     (160, 28, 4, 128, 16, 900)])   # one split: no merge
-def test_paged_decode_kernel_matches_reference(B, H, hkv, dh, page, max_len):
-    from minfer.ops.cuda.paged_attention import paged_decode_attention
-    from minfer.runtime.paged_kv import paged_attention_ref
-
-    g = torch.Generator(device="cuda").manual_seed(B)
+def paged_data(g, B, hkv, dh, page, max_len):
+    """B rows of 1 .. max_len keys (bf16, from generator g) on pages of `page` placed at random blocks (block 0
+    unused) -> lengths (B,) int32, k pages, v pages (n_blocks, page, hkv, dh), block table (B, width) int32."""
     lens = torch.randint(1, max_len, (B,), generator=g, device="cuda").to(torch.int32)
     width = (max_len + page - 1) // page + 1
     n_blocks = int(sum((int(n) + page - 1) // page for n in lens)) + 8
@@ -47,6 +42,18 @@ def test_paged_decode_kernel_matches_reference(B, H, hkv, dh, page, max_len):
     for b in range(B):
         nb = (int(lens[b]) + page - 1) // page
         bt[b, :nb] = torch.tensor([perm.pop() for _ in range(nb)], dtype=torch.int32)
+    return lens, kp, vp, bt
+
+
+@pytest.mark.parametrize("B,H,hkv,dh,page,max_len", [(1, 28, 4, 128, 16, 3000), (37, 28, 4, 128, 16, 700),
+                                                     (128, 14, 2, 64, 16, 300), (5, 8, 8, 128, 32, 1000),
+                                                     (160, 28, 4, 128, 16, 900)])   # one split: no merge
+def test_paged_decode_kernel_matches_reference(B, H, hkv, dh, page, max_len):
+    from minfer.ops.cuda.paged_attention import paged_decode_attention
+    from minfer.runtime.paged_kv import paged_attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(B)
+    lens, kp, vp, bt = paged_data(g, B, hkv, dh, page, max_len)
     q = torch.randn(B, H, dh, device="cuda", generator=g).to(torch.bfloat16)
     out = torch.full((B, H, dh), float("nan"), device="cuda", dtype=torch.bfloat16)
     out = paged_decode_attention(q, kp, vp, bt, lens)
@@ -72,16 +79,7 @@ def test_paged_decode_kernel_window_softcap_scale_match_reference(B, H, hkv, dh,
     from minfer.runtime.paged_kv import paged_attention_ref
 
     g = torch.Generator(device="cuda").manual_seed(B + window)
-    lens = torch.randint(1, max_len, (B,), generator=g, device="cuda").to(torch.int32)
-    width = (max_len + page - 1) // page + 1
-    n_blocks = int(sum((int(n) + page - 1) // page for n in lens)) + 8
-    kp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
-    vp = torch.randn(n_blocks, page, hkv, dh, device="cuda", generator=g).to(torch.bfloat16)
-    perm = (torch.randperm(n_blocks - 1, device="cuda", generator=g) + 1).tolist()
-    bt = torch.zeros(B, width, dtype=torch.int32, device="cuda")
-    for b in range(B):
-        nb = (int(lens[b]) + page - 1) // page
-        bt[b, :nb] = torch.tensor([perm.pop() for _ in range(nb)], dtype=torch.int32)
+    lens, kp, vp, bt = paged_data(g, B, hkv, dh, page, max_len)
     amp = 20.0 if softcap else (0.1 if scale else 1.0)     # scores past the cap; scale 1.0 not saturating
     q = (amp * torch.randn(B, H, dh, device="cuda", generator=g)).to(torch.bfloat16)
     sk = torch.randn(H, device="cuda", generator=g) * 2 if sinks else None
@@ -308,6 +306,27 @@ def test_deepseek2_fixture_batched_equals_alone(name):
     differ = _check_same_or_near_tie(alone, crowd, 1e-3)
     print(f"{name} float32: alone vs among 11 others: {differ} of 12 answers flipped at a near-tie; "
           f"worst step (any) {worst:.3g}")
+
+
+@pytest.mark.parametrize("B,H,hkv,dh,page,max_len,chunk,n_split", [
+    (37, 40, 8, 128, 16, 3000, 512, None),    # Scout's heads, chunks of 512 (8192 scaled down): rows cross several
+    (20, 40, 8, 128, 16, 2000, 333, 4),       # a chunk aligned to neither the pages nor the key tiles
+    (160, 40, 8, 128, 16, 900, 100, None),    # many rows, short chunks
+])
+def test_paged_decode_kernel_chunk_matches_reference(B, H, hkv, dh, page, max_len, chunk, n_split):
+    """llama4's CHUNK variant (bf16; tests/runtime/test_paged_chunked.py checks it in Triton's
+    interpreter) against paged_attention_ref(chunk=); the chunk changes the result."""
+    from minfer.ops.cuda.paged_attention import paged_decode_attention
+    from minfer.runtime.paged_kv import paged_attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(B + chunk)
+    lens, kp, vp, bt = paged_data(g, B, hkv, dh, page, max_len)
+    q = torch.randn(B, H, dh, device="cuda", generator=g).to(torch.bfloat16)
+    out = paged_decode_attention(q, kp, vp, bt, lens, n_split=n_split, chunk=chunk)
+    ref = paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens, chunk=chunk)
+    assert torch.isfinite(out).all()
+    assert rel(out.float(), ref) < 1e-2
+    assert rel(paged_attention_ref(q.float(), kp.float(), vp.float(), bt, lens), ref) > 5e-2
 
 
 def test_llama4_fixture_batched_equals_alone():

@@ -16,7 +16,8 @@ import torch
 
 from minfer.errors import MinferError
 from minfer.ops.reference import alibi_bias, alibi_slopes, attention
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, rewrite
+from models.arch_checks import assert_refused, drop_bias_group
+from models.test_arch_vs_transformers import TOL, engine
 from models.test_more_archs import logits_err
 
 A = "bloom"
@@ -107,19 +108,9 @@ def test_each_rule_is_needed(monkeypatch, what):
         orig = bl.layer_norm
         monkeypatch.setattr(bl, "layer_norm", lambda x, w, b, eps, dt: x.to(dt) if w is m.embd_norm else
                             orig(x, w, b, eps, dt))
-    elif what == "norm_biases":
-        m.output_norm_b = torch.zeros_like(m.output_norm_b)
     elif what == "gelu_erf":
         monkeypatch.setattr(sc, "F", types.SimpleNamespace(gelu=lambda x, approximate: torch.nn.functional.gelu(x)))
-    for b in m.blocks:
-        if what == "qkv_bias":
-            b.attn_qkv_b = None
-        elif what == "output_bias":
-            b.attn_output_b = None
-        elif what == "mlp_biases":
-            b.ffn_up_b = b.ffn_down_b = None
-        elif what == "norm_biases":
-            b.attn_norm_b = b.ffn_norm_b = torch.zeros_like(b.attn_norm_b)
+    drop_bias_group(m, what)
     err = logits_err(eng, A)
     if what == "gelu_erf":
         assert err > 20 * base, (err, base)
@@ -151,6 +142,4 @@ def test_batch_engine_is_refused_by_name():
 def test_bad_files_are_named(tmp_path, kw, match):
     """A missing required tensor or key, separate q/k/v (llama.cpp's loader takes the fused matrix only): one
     MinferError naming it."""
-    p = rewrite(DATA / f"{A}.gguf", tmp_path / "x.gguf", **kw)
-    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
-        load(p)
+    assert_refused(A, tmp_path, kw, match)

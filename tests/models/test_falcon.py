@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
+from models.arch_checks import cpu_quant_kl
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, rel_err, rewrite
 from models.test_more_archs import logits_err
 
 NAMES = ["falcon", "falcon-40b", "falcon-11b"]
@@ -96,17 +97,9 @@ def test_default_cpu_path_stays_close(tmp_path, monkeypatch):
     """MINFER_CPU_QUANT on (the CPU's default): the fused q/k/v matrix and the rest run packed, the mean
     next-token KL against transformers within the calibration's bound (runtime/cpu_calibration.py)."""
     from minfer.runtime.cpu_calibration import CPU_INT4_KL_MAX
-    from minfer.runtime.engine import Engine
-    from minfer.switches import Switches
 
-    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
     for name in NAMES:
-        r = ref(name)
-        eng = Engine.load(DATA / f"{name}.gguf", ctx=64, progress=False, switches=Switches(cpu_quant=True))
-        got = eng.logits(r["ids"].tolist()).numpy()
-        a = torch.log_softmax(torch.from_numpy(r["logits"]).double(), -1)
-        b = torch.log_softmax(torch.from_numpy(got).double(), -1)
-        kl = float((a.exp() * (a - b)).sum(-1).mean())
+        got, kl = cpu_quant_kl(name, tmp_path, monkeypatch)
         assert np.isfinite(got).all() and kl < CPU_INT4_KL_MAX, (name, kl)
 
 

@@ -26,6 +26,7 @@ import gguf
 import pytest
 
 from minfer.errors import MinferError
+from models.arch_checks import drop_bias_group
 from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
 
 
@@ -189,17 +190,7 @@ def test_starcoder2_each_rule_is_needed(monkeypatch, what):
     m = eng.model
     base = logits_err(eng, "starcoder2")
     assert base < TOL and m.window == 0
-    for b in m.blocks:
-        if what == "qkv_bias":
-            b.attn_q_bias = b.attn_k_bias = b.attn_v_bias = None
-        elif what == "output_bias":
-            b.attn_output_b = None
-        elif what == "mlp_biases":
-            b.ffn_up_b = b.ffn_down_b = None
-        elif what == "norm_biases":
-            b.attn_norm_b = b.ffn_norm_b = torch.zeros_like(b.attn_norm_b)
-    if what == "norm_biases":
-        m.output_norm_b = torch.zeros_like(m.output_norm_b)
+    drop_bias_group(m, what)
     if what == "gelu_erf":
         monkeypatch.setattr(sc2, "F", types.SimpleNamespace(gelu=lambda x, approximate: torch.nn.functional.gelu(x)))
     if what == "adjacent_pairs":

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rewrite
+from models.arch_checks import assert_refused, cpu_quant_kl, drop_bias_group
+from models.test_arch_vs_transformers import TOL, engine
 from models.test_more_archs import logits_err
 
 A = "starcoder"
@@ -41,17 +42,7 @@ def test_each_rule_is_needed(monkeypatch, what):
     m = eng.model
     base = logits_err(eng, A)
     assert base < TOL
-    for b in m.blocks:
-        if what == "qkv_bias":
-            b.attn_qkv_b = None
-        elif what == "output_bias":
-            b.attn_output_b = None
-        elif what == "mlp_biases":
-            b.ffn_up_b = b.ffn_down_b = None
-        elif what == "norm_biases":
-            b.attn_norm_b = b.ffn_norm_b = torch.zeros_like(b.attn_norm_b)
-    if what == "norm_biases":
-        m.output_norm_b = torch.zeros_like(m.output_norm_b)
+    drop_bias_group(m, what)
     if what == "no_positions":
         orig = sc.ops.embedding
         monkeypatch.setattr(sc.ops, "embedding", lambda ids, w: orig(ids, w) * (0.0 if w is m.position_embd else 1.0))
@@ -80,16 +71,8 @@ def test_default_cpu_path_stays_close(tmp_path, monkeypatch):
     """MINFER_CPU_QUANT on (the CPU's default): the mean next-token KL against transformers within the
     calibration's bound (runtime/cpu_calibration.py)."""
     from minfer.runtime.cpu_calibration import CPU_INT4_KL_MAX
-    from minfer.runtime.engine import Engine
-    from minfer.switches import Switches
 
-    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
-    r = ref(A)
-    eng = Engine.load(DATA / f"{A}.gguf", ctx=64, progress=False, switches=Switches(cpu_quant=True))
-    got = eng.logits(r["ids"].tolist()).numpy()
-    a = torch.log_softmax(torch.from_numpy(r["logits"]).double(), -1)
-    b = torch.log_softmax(torch.from_numpy(got).double(), -1)
-    kl = float((a.exp() * (a - b)).sum(-1).mean())
+    got, kl = cpu_quant_kl(A, tmp_path, monkeypatch)
     assert np.isfinite(got).all() and kl < CPU_INT4_KL_MAX, kl
 
 
@@ -108,6 +91,4 @@ def test_default_cpu_path_stays_close(tmp_path, monkeypatch):
 def test_bad_files_are_named(tmp_path, kw, match):
     """A missing required tensor or key, separate q/k/v (llama.cpp's loader takes the fused matrix only): one
     MinferError naming it."""
-    p = rewrite(DATA / f"{A}.gguf", tmp_path / "x.gguf", **kw)
-    with pytest.raises(MinferError, match=match.replace(".", r"\.")):
-        load(p)
+    assert_refused(A, tmp_path, kw, match)

@@ -16,12 +16,9 @@ import pytest
 import torch
 
 from minfer.ops import paths
-from minfer.runtime.paged_kv import PagedKVCache, PagedStep, paged_attention_ref, windowed_attention
+from minfer.runtime.paged_kv import paged_attention_ref, windowed_attention
 from minfer.runtime.sampling import SamplingParams
-from minfer.runtime.scheduler import StepItem
-from minfer.runtime.sequence import Sequence
-from ops.kernel_data import interpreted_loads
-from runtime.test_paged_kv import _scatter
+from runtime.paged_helpers import batched_logits, kernel_loads, paged_data, ragged_step
 from runtime.test_paged_sinks import PA, SINKS  # noqa: F401  (PA: a fixture)
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
@@ -51,13 +48,6 @@ def formula(q, k, v, p, chunk, window=0, softcap=0.0, scale=None, sinks=None):
     return out
 
 
-def _data(lens, page, H, hkv, dh=16, seed=0, amp=2.0):
-    kp, vp, bt, conts = _scatter(lens, page, hkv, dh, n_blocks=sum(-(-n // page) for n in lens) + 4, seed=seed)
-    kp, vp = kp.nan_to_num(0.0), vp.nan_to_num(0.0)   # masked loads still read in the interpreter
-    q = amp * torch.randn(len(lens), H, dh, generator=torch.Generator().manual_seed(seed + 1))
-    return q, kp, vp, bt, torch.tensor(lens, dtype=torch.int32), conts
-
-
 def _check(out, q, conts, chunk, **kw):
     for i, (k, v) in enumerate(conts):
         torch.testing.assert_close(out[i].double(), formula(q[i], k, v, k.shape[0] - 1, chunk, **kw),
@@ -77,7 +67,7 @@ CHUNKS = [3, 5, 6, 8, 16, 40, 64]
                          ids=["G1-bs4-1split", "G2-bs8-3splits", "G4-page8-2splits-merge_kernel",
                               "G4-bs16-6splits"])
 def test_chunk_kernel_matches_formula(PA, page, block_keys, H, hkv, n_split, merge):
-    q, kp, vp, bt, cl, conts = _data(LENS, page, H, hkv, seed=page + H)
+    q, kp, vp, bt, cl, conts = paged_data(LENS, page, H, hkv, seed=page + H)
     for chunk in CHUNKS:
         out = PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=n_split, block_keys=block_keys, chunk=chunk,
                                         merge_in_kernel=merge)
@@ -97,7 +87,7 @@ def test_chunk_is_not_a_window(PA):
     """The first query of a chunk sees one key (a window of the chunk's size would see chunk keys);
     with CHUNK and WINDOW both, the later start wins; CAP, a scale and sinks compose with CHUNK."""
     lens = [17, 24, 25, 30]                               # p = 16 (a chunk's first key at 8), 23, 24, 29
-    q, kp, vp, bt, cl, conts = _data(lens, 4, 8, 2, seed=3, amp=6.0)
+    q, kp, vp, bt, cl, conts = paged_data(lens, 4, 8, 2, seed=3, amp=6.0)
     kw = dict(n_split=2, block_keys=4)
     chunked = PA.paged_decode_attention(q, kp, vp, bt, cl, chunk=8, **kw)
     _check(chunked, q, conts, 8)
@@ -114,21 +104,15 @@ def test_chunk_is_not_a_window(PA):
                                rtol=1e-4, atol=1e-4)
 
 
-def _load_count(PA, monkeypatch, n, chunk):
-    """Loads (tl.load calls, whole tiles) the interpreted kernel issues for one row of n keys."""
-    q, kp, vp, bt, cl, _ = _data([n], 4, 4, 2, seed=1)
-    return interpreted_loads(monkeypatch, lambda: PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=1, block_keys=4,
-                                                                            chunk=chunk))
-
-
 def test_chunk_reads_only_its_own_tiles(PA, monkeypatch):
     """A chunked layer's row reads its own chunk's tiles, not the earlier chunks': rows of 30 and 302
     keys (chunk 8: keys 24..29 / 296..301, two tiles of 4 each) issue the same loads, the full row's
     grow with its length; chunk 6 (not tile-aligned) from key 294 reads its tiles from 292."""
-    c30, c302 = _load_count(PA, monkeypatch, 30, 8), _load_count(PA, monkeypatch, 302, 8)
+    c30, c302 = kernel_loads(PA, monkeypatch, 30, chunk=8), kernel_loads(PA, monkeypatch, 302, chunk=8)
     assert c30 == c302
-    assert _load_count(PA, monkeypatch, 302, 0) > 10 * c302
-    assert _load_count(PA, monkeypatch, 298, 6) == _load_count(PA, monkeypatch, 22, 6)   # 294..297 / 18..21
+    assert kernel_loads(PA, monkeypatch, 302, chunk=0) > 10 * c302
+    # 294..297 / 18..21
+    assert kernel_loads(PA, monkeypatch, 298, chunk=6) == kernel_loads(PA, monkeypatch, 22, chunk=6)
 
 
 # ---- the torch paths and PagedKVCache.attend --------------------------------------------------------
@@ -146,30 +130,6 @@ def test_windowed_attention_with_chunk_matches_formula():
     assert (windowed_attention(q, k, v, 3, 0) - windowed_attention(q, k, v, 3, 0, chunk=5)).abs().max() > 1e-2
 
 
-def _ragged_step(bs, hkv, dh, specs, seed=3):
-    """A cache of one layer holding sequences (n_before cached, n new): a decode row for n = 1, a
-    chunk else; the step written. -> cache, step's token count, [(k, v) of each sequence]."""
-    cache = PagedKVCache(1, 40, bs, hkv, dh)
-    g = torch.Generator().manual_seed(seed)
-    items, full = [], []
-    free = list(range(39, 0, -1))
-    for n_before, n in specs:
-        s = Sequence(list(range(n_before + (n if n > 1 else 0))), SamplingParams(temperature=0), 4)
-        if n == 1:
-            s.tokens.append(0)
-        s.block_table = [free.pop() for _ in range(-(-(n_before + n) // bs))]
-        k, v = torch.randn(n_before + n, hkv, dh, generator=g), torch.randn(n_before + n, hkv, dh, generator=g)
-        for p in range(n_before):
-            slot = s.block_table[p // bs] * bs + p % bs
-            cache.k[0, slot], cache.v[0, slot] = k[p], v[p]
-        items.append(StepItem(s, n_before, n, True, n == 1))
-        full.append((k, v))
-    cache.step = PagedStep.build(items, bs, "cpu", key_round=8)     # padded keys, as CUDA's 128
-    cache.write(0, torch.cat([k[nb:] for (k, _), (nb, _) in zip(full, specs)]),
-                torch.cat([v[nb:] for (_, v), (nb, _) in zip(full, specs)]))
-    return cache, sum(n for _, n in specs), full
-
-
 # decode rows at a chunk's first position (10 with chunk 5), mid-chunk and at its last; a fresh prompt
 # of 13 crossing two boundaries; a chunk from 7 to 18 (after a cached prefix, mid-chunk start) crossing two
 SPECS = [(10, 1), (17, 1), (4, 1), (0, 13), (7, 12)]
@@ -182,7 +142,7 @@ def test_cache_attend_with_chunk(PA, kernel, chunk):
     rows by paged_attention_ref or (as on CUDA) the interpreted kernel, the prefill chunks cut into
     pieces; each path counted where it ran; without the chunk the output differs."""
     H, hkv, dh = 8, 2, 8
-    cache, T, full = _ragged_step(4, hkv, dh, SPECS)
+    cache, T, full = ragged_step(4, hkv, dh, SPECS, key_round=8)      # padded keys, as CUDA's 128
     cache.decode_attention = PA.paged_decode_attention if kernel else None
     q = 3 * torch.randn(T, H, dh, generator=torch.Generator().manual_seed(8))
     paths.reset()
@@ -221,28 +181,12 @@ def llama4():
     return eng, prompts, singles
 
 
-def _run(eng, prompts, decode_attention=None):
-    """The prompts together (blocks of 4, a token budget of 8: the prompts prefill in chunks beside
-    decode rows), each sampled row's logits kept -> (tokens of each prompt, logits (3, N_NEW, V))."""
-    from minfer.runtime.batch_engine import BatchEngine
-
-    assert eng.model.paged_kv
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=3, n_blocks=48, block_size=4, token_budget=8)
-    be.cache.decode_attention = decode_attention
-    be.keep_logits = True
-    seqs = [be.add(p, SamplingParams(temperature=0), N_NEW) for p in prompts]
-    while be.has_work:
-        be.step()
-    return ([s.tokens[len(p):] for s, p in zip(seqs, prompts)],
-            torch.stack([torch.stack(s.state.logits) for s in seqs]))
-
-
 def test_batch_engine_llama4_equals_single_greedy(llama4):
     """3 concurrent prompts, chunked prefill: the single-sequence greedy tokens, the chunked layers'
     decode rows by paged_attention_ref(chunk=), their prefill chunks in pieces."""
     eng, prompts, singles = llama4
     paths.reset()
-    toks, _ = _run(eng, prompts)
+    toks, _ = batched_logits(eng, prompts, N_NEW)
     assert toks == singles
     counts = paths.snapshot()["counts"]
     assert counts.get("attention.paged_decode.chunked.torch", 0) > 0
@@ -254,7 +198,7 @@ def test_batch_engine_llama4_needs_the_chunked_mask(llama4, monkeypatch):
     the batched greedy answers differ from the single-sequence ones (the mask is needed at this size)."""
     eng, prompts, singles = llama4
     monkeypatch.setattr(eng.model, "chunk", 10 ** 6)
-    assert _run(eng, prompts)[0] != singles
+    assert batched_logits(eng, prompts, N_NEW)[0] != singles
 
 
 def test_batch_engine_llama4_with_the_interpreted_chunk_kernel(llama4, PA):
@@ -262,9 +206,9 @@ def test_batch_engine_llama4_with_the_interpreted_chunk_kernel(llama4, PA):
     NoPE layer's plain): greedy equal to single, logits equal to the CPU torch path's; with the
     kernel's chunk dropped they differ."""
     eng, prompts, singles = llama4
-    _, ref = _run(eng, prompts)
+    _, ref = batched_logits(eng, prompts, N_NEW)
     paths.reset()
-    toks, got = _run(eng, prompts, PA.paged_decode_attention)
+    toks, got = batched_logits(eng, prompts, N_NEW, PA.paged_decode_attention)
     assert toks == singles
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     counts = paths.snapshot()["counts"]
@@ -272,4 +216,4 @@ def test_batch_engine_llama4_with_the_interpreted_chunk_kernel(llama4, PA):
     assert counts.get("attention.paged_decode.triton", 0) > 0
     assert not [p for p in counts if p.startswith("attention.paged_decode") and p.endswith(".torch")]
     no_chunk = lambda *a, **kw: PA.paged_decode_attention(*a, **{k: x for k, x in kw.items() if k != "chunk"})  # noqa: E731
-    assert (_run(eng, prompts, no_chunk)[1] - ref).abs().max() > 1e-2
+    assert (batched_logits(eng, prompts, N_NEW, no_chunk)[1] - ref).abs().max() > 1e-2

@@ -15,11 +15,9 @@ import pytest
 import torch
 
 from minfer.ops import paths, reference
-from minfer.runtime.paged_kv import PagedKVCache, PagedStep, paged_attention_ref, windowed_attention
+from minfer.runtime.paged_kv import paged_attention_ref, windowed_attention
 from minfer.runtime.sampling import SamplingParams
-from minfer.runtime.scheduler import StepItem
-from minfer.runtime.sequence import Sequence
-from ops.kernel_data import interpreted_loads
+from runtime.paged_helpers import batched_logits, kernel_loads, paged_data, ragged_step
 from runtime.test_paged_kv import _scatter
 from runtime.test_paged_sinks import PA, PROMPTS, N_NEW, SINKS  # noqa: F401  (PA: a fixture)
 
@@ -48,13 +46,6 @@ def formula(q, k, v, window=0, softcap=0.0, scale=None, sinks=None):
     return out
 
 
-def _data(lens, page, H, hkv, dh=16, seed=0, amp=2.0):
-    kp, vp, bt, conts = _scatter(lens, page, hkv, dh, n_blocks=sum(-(-n // page) for n in lens) + 4, seed=seed)
-    kp, vp = kp.nan_to_num(0.0), vp.nan_to_num(0.0)   # masked loads still read in the interpreter
-    q = amp * torch.randn(len(lens), H, dh, generator=torch.Generator().manual_seed(seed + 1))
-    return q, kp, vp, bt, torch.tensor(lens, dtype=torch.int32), conts
-
-
 def _check(out, q, conts, **kw):
     for i, (k, v) in enumerate(conts):
         torch.testing.assert_close(out[i].double(), formula(q[i], k, v, **kw), rtol=1e-4, atol=1e-4)
@@ -73,7 +64,7 @@ WINDOWS = [1, 5, 8, 16, 40, 64]
                                                            (4, 16, 4, 1, 4)],
                          ids=["G1-bs4-1split", "G2-bs8-3splits", "G4-page8-2splits", "G4-bs16-4splits"])
 def test_window_kernel_matches_formula(PA, page, block_keys, H, hkv, n_split):
-    q, kp, vp, bt, cl, conts = _data(LENS, page, H, hkv, seed=page + H)
+    q, kp, vp, bt, cl, conts = paged_data(LENS, page, H, hkv, seed=page + H)
     for window in WINDOWS:
         out = PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=n_split, block_keys=block_keys, window=window)
         _check(out, q, conts, window=window)
@@ -88,7 +79,7 @@ def test_window_kernel_matches_formula(PA, page, block_keys, H, hkv, n_split):
 def test_softcap_and_scale_in_the_kernel(PA, window, n_split, merge_in_kernel):
     """CAP (scores 3x larger than the cap, so it bites) and a runtime scale, with and without a
     window, over 1 and 3 splits merged either way; each needed."""
-    q, kp, vp, bt, cl, conts = _data(LENS, 4, 8, 2, seed=5, amp=6.0)
+    q, kp, vp, bt, cl, conts = paged_data(LENS, 4, 8, 2, seed=5, amp=6.0)
     kw = dict(n_split=n_split, block_keys=4, merge_in_kernel=merge_in_kernel, window=window)
     capped = PA.paged_decode_attention(q, kp, vp, bt, cl, softcap=3.0, **kw)
     _check(capped, q, conts, window=window, softcap=3.0)
@@ -107,7 +98,7 @@ def test_softcap_and_scale_in_the_kernel(PA, window, n_split, merge_in_kernel):
 def test_window_with_sinks_in_the_kernel(PA, H, hkv, n_split, merge_in_kernel):
     """gpt-oss: WINDOW + SINK, split 0 starting from the sink, the splits dividing the window's
     tiles (some of them empty); soft-capped too at window 8."""
-    q, kp, vp, bt, cl, conts = _data(LENS, 4, H, hkv, seed=H + hkv)
+    q, kp, vp, bt, cl, conts = paged_data(LENS, 4, H, hkv, seed=H + hkv)
     sinks = SINKS[:H]
     for window in (1, 8, 64):
         out = PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=n_split, block_keys=4, window=window,
@@ -118,20 +109,13 @@ def test_window_with_sinks_in_the_kernel(PA, H, hkv, n_split, merge_in_kernel):
     assert (out - no_sink).abs().max() > 1e-2
 
 
-def _load_count(PA, monkeypatch, n, window):
-    """Loads (tl.load calls, whole tiles) the interpreted kernel issues for one row of n keys."""
-    q, kp, vp, bt, cl, _ = _data([n], 4, 4, 2, seed=1)
-    return interpreted_loads(monkeypatch, lambda: PA.paged_decode_attention(q, kp, vp, bt, cl, n_split=1, block_keys=4,
-                                                                            window=window))
-
-
 def test_window_skips_the_tiles_before_it(PA, monkeypatch):
     """A window layer reads about `window` keys, not the whole row: the interpreted kernel issues
     as many loads for a row of 302 keys as for one of 30 (window 8 from key 22 / 294: the tiles
     of 4 from 20 / 292, 3 each), while the full row's loads grow with its length."""
-    w30, w302 = _load_count(PA, monkeypatch, 30, 8), _load_count(PA, monkeypatch, 302, 8)
+    w30, w302 = kernel_loads(PA, monkeypatch, 30, window=8), kernel_loads(PA, monkeypatch, 302, window=8)
     assert w30 == w302
-    assert _load_count(PA, monkeypatch, 302, 0) > 10 * w302
+    assert kernel_loads(PA, monkeypatch, 302, window=0) > 10 * w302
 
 
 # ---- the torch paths with scale ------------------------------------------------------------------
@@ -157,30 +141,6 @@ def test_torch_paths_with_scale_match_reference(window, softcap):
     assert (got - windowed_attention(qc, k, v, 8, window, softcap)).abs().max() > 1e-2
 
 
-def _ragged_step(bs, hkv, dh, specs, seed=3):
-    """A cache of one layer holding sequences (n_before cached, n new): a decode row for n = 1, a
-    chunk else; the step written. -> cache, step's token count, [(k, v) of each sequence]."""
-    cache = PagedKVCache(1, 40, bs, hkv, dh)
-    g = torch.Generator().manual_seed(seed)
-    items, full = [], []
-    free = list(range(39, 0, -1))
-    for n_before, n in specs:
-        s = Sequence(list(range(n_before + (n if n > 1 else 0))), SamplingParams(temperature=0), 4)
-        if n == 1:
-            s.tokens.append(0)
-        s.block_table = [free.pop() for _ in range(-(-(n_before + n) // bs))]
-        k, v = torch.randn(n_before + n, hkv, dh, generator=g), torch.randn(n_before + n, hkv, dh, generator=g)
-        for p in range(n_before):
-            slot = s.block_table[p // bs] * bs + p % bs
-            cache.k[0, slot], cache.v[0, slot] = k[p], v[p]
-        items.append(StepItem(s, n_before, n, True, n == 1))
-        full.append((k, v))
-    cache.step = PagedStep.build(items, bs, "cpu")
-    cache.write(0, torch.cat([k[nb:] for (k, _), (nb, _) in zip(full, specs)]),
-                torch.cat([v[nb:] for (_, v), (nb, _) in zip(full, specs)]))
-    return cache, sum(n for _, n in specs), full
-
-
 SPECS = [(6, 1), (17, 1), (0, 7), (8, 5)]         # 2 decode rows, a fresh prompt, a chunk after a prefix
 
 
@@ -192,7 +152,7 @@ def test_cache_attend_with_scale(PA, window, softcap, sinks, kernel):
     scale, sequence by sequence, with the decode rows by paged_attention_ref or (as on CUDA) the
     interpreted kernel; each path counted where it ran."""
     H, hkv, dh = 8, 2, 8
-    cache, T, full = _ragged_step(4, hkv, dh, SPECS)
+    cache, T, full = ragged_step(4, hkv, dh, SPECS)
     cache.decode_attention = PA.paged_decode_attention if kernel else None
     q = 3 * torch.randn(T, H, dh, generator=torch.Generator().manual_seed(8))
     sk = SINKS[:H] if sinks else None
@@ -241,20 +201,6 @@ def _without(PA, what):
     return lambda *a, **kw: PA.paged_decode_attention(*a, **{k: x for k, x in kw.items() if k != what})
 
 
-def _logits(eng, decode_attention):
-    """`batched`'s run (test_paged_sinks: 3 prompts, chunked prefill at budget 8, blocks of 4), each
-    sampled row's logits kept -> (tokens of each prompt, their logits (N_NEW, V) stacked)."""
-    from minfer.runtime.batch_engine import BatchEngine
-
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=3, n_blocks=48, block_size=4, token_budget=8)
-    be.cache.decode_attention = decode_attention
-    be.keep_logits = True
-    seqs = [be.add(p, SamplingParams(temperature=0), N_NEW) for p in PROMPTS]
-    while be.has_work:
-        be.step()
-    return [s.tokens[len(p):] for s, p in zip(seqs, PROMPTS)], torch.stack([torch.stack(s.state.logits) for s in seqs])
-
-
 def test_batch_engine_gemma2_with_the_interpreted_window_softcap_kernel(gemma2, PA):
     """Every decode row through the interpreted kernel: the local layers' by WINDOW + CAP, the
     global layers' by CAP; the chunks by windowed_attention (the CPU reference). Batched greedy
@@ -263,11 +209,11 @@ def test_batch_engine_gemma2_with_the_interpreted_window_softcap_kernel(gemma2, 
     fixture's greedy answers repeat one token, so the logits show it)."""
     eng, singles = gemma2
     paths.reset()
-    toks, ref = _logits(eng, None)                                         # the CPU's torch paths
+    toks, ref = batched_logits(eng, PROMPTS, N_NEW, None)                         # the CPU's torch paths
     assert toks == singles
     assert paths.snapshot()["counts"].get("attention.paged_decode.softcap.window.torch", 0) > 0
     paths.reset()
-    toks, got = _logits(eng, PA.paged_decode_attention)
+    toks, got = batched_logits(eng, PROMPTS, N_NEW, PA.paged_decode_attention)
     assert toks == singles
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     counts = paths.snapshot()["counts"]
@@ -275,7 +221,7 @@ def test_batch_engine_gemma2_with_the_interpreted_window_softcap_kernel(gemma2, 
     assert counts.get("attention.paged_decode.softcap.triton", 0) > 0
     assert not [p for p in counts if p.startswith("attention.paged_decode") and p.endswith(".torch")]
     for what in ("window", "softcap"):
-        assert (_logits(eng, _without(PA, what))[1] - ref).abs().max() > 1e-2, what
+        assert (batched_logits(eng, PROMPTS, N_NEW, _without(PA, what))[1] - ref).abs().max() > 1e-2, what
 
 
 def test_batch_engine_gemma4_scale_through_the_kernel(gemma4, PA):
@@ -283,13 +229,13 @@ def test_batch_engine_gemma4_scale_through_the_kernel(gemma4, PA):
     with the interpreted kernel equals single greedy, its logits the CPU torch path's; with the
     kernel's default scale they differ."""
     eng, singles = gemma4
-    toks, ref = _logits(eng, None)
+    toks, ref = batched_logits(eng, PROMPTS, N_NEW, None)
     assert toks == singles
     paths.reset()
-    toks, got = _logits(eng, PA.paged_decode_attention)
+    toks, got = batched_logits(eng, PROMPTS, N_NEW, PA.paged_decode_attention)
     assert toks == singles
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
     counts = paths.snapshot()["counts"]
     assert counts.get("attention.paged_decode.window.triton", 0) > 0
     assert counts.get("attention.paged_decode.triton", 0) > 0
-    assert (_logits(eng, _without(PA, "scale"))[1] - ref).abs().max() > 1e-2
+    assert (batched_logits(eng, PROMPTS, N_NEW, _without(PA, "scale"))[1] - ref).abs().max() > 1e-2
