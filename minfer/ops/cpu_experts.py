@@ -33,6 +33,7 @@ class PackedExperts:
     b: torch.Tensor
     shape: tuple[int, int]     # (N, K) of one expert
     group: int = cpu_quant.INT4_GROUP
+    kernel: bool = True        # int8: aten._weight_int8pack_mm takes it (decided by pack_experts)
 
     @property
     def n_experts(self) -> int:
@@ -53,7 +54,7 @@ class PackedExperts:
         xb = x.to(torch.bfloat16).contiguous()
         if self.kind == "int4":
             return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.a[e], self.group, self.b[e]).float()
-        if not cpu_quant.int8_kernel_fits(self.shape[1]):       # the kernel's K rule (cpu_quant.INT8_KERNEL_K)
+        if not self.kernel:       # refused at pack time (cpu_quant.int8_kernel_refused)
             from minfer.ops import paths
 
             paths.count("cpu.int8.unaligned_bf16")
@@ -100,7 +101,8 @@ class _Rows:
 
 def pack_experts(w, int4: bool) -> PackedExperts:
     """The packed form of stacked expert QWeight w (shape (E*N, K), w.n_experts = E), one expert
-    at a time from its blocks: int4 when asked and the expert's shape fits the kernel, else int8."""
+    at a time from its blocks: int4 when asked and the expert's shape fits the kernel, else int8
+    (a width the int8 kernel cannot take refused for it here, once for the tensor)."""
     E = w.n_experts
     N, K = w.shape[0] // E, w.shape[1]
     int4 = int4 and cpu_quant.int4_fits((N, K))
@@ -108,7 +110,8 @@ def pack_experts(w, int4: bool) -> PackedExperts:
     with _threads(N * K):
         for e in range(E):
             a, b = _pack_one(w, e, N, int4, a, b)
-    return PackedExperts("int4" if int4 else "int8", a, b, (N, K))
+    kernel = int4 or not cpu_quant.int8_kernel_refused(w.name, K)
+    return PackedExperts("int4" if int4 else "int8", a, b, (N, K), kernel=kernel)
 
 
 def _pack_one(w, e: int, N: int, int4: bool, a, b):
@@ -118,8 +121,7 @@ def _pack_one(w, e: int, N: int, int4: bool, a, b):
         p = cpu_quant.pack4(rows, cpu_quant.INT4_GROUP)
         pa, pb = p.packed, p.sz
     else:
-        p = cpu_quant.pack(rows)
-        pa, pb = p.q, p.scale
+        pa, pb = cpu_quant.int8_rows(rows.dense)
     if a is None:
         a = torch.empty((w.n_experts, *pa.shape), dtype=pa.dtype)
         b = torch.empty((w.n_experts, *pb.shape), dtype=pb.dtype)

@@ -61,6 +61,7 @@ class Int8Weight:
     q: torch.Tensor            # (N, K) int8
     scale: torch.Tensor        # (N,) bfloat16, what the kernel multiplies by
     refine_top: int = 0        # > 0 on the vocabulary projection (see the module docstring)
+    kernel: bool = True        # aten._weight_int8pack_mm takes it (int8_kernel_fits, decided by pack)
 
     def nbytes(self) -> int:
         return self.q.numel() + 2 * self.scale.numel()
@@ -76,8 +77,15 @@ def pack(w, refine_top: int = 0) -> Int8Weight:
     """The int8 form of QWeight w, from its dense float32 matrix (or its blocks when it has none).
 
     The scale is rounded to bf16 first and q is computed against that rounded scale, so that
-    q * scale (what the kernel computes with) is the closest int8 grid to the weights."""
+    q * scale (what the kernel computes with) is the closest int8 grid to the weights. A width K
+    the int8 kernel cannot take is refused for it here, once (int8_kernel_refused)."""
     dense = _dense(w)
+    q, scale = int8_rows(dense)
+    return Int8Weight(q, scale, refine_top, not int8_kernel_refused(w.name, dense.shape[1]))
+
+
+def int8_rows(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, K) float32 -> q (N, K) int8, scale (N,) bfloat16: pack's per-row grid."""
     N, K = dense.shape
     q = torch.empty(N, K, dtype=torch.int8)
     scale = torch.empty(N, dtype=torch.bfloat16)
@@ -87,7 +95,7 @@ def pack(w, refine_top: int = 0) -> Int8Weight:
         t = d / sc.float()[:, None]
         q[r0:r1] = t.round_().clamp_(-128, 127).to(torch.int8)
         scale[r0:r1] = sc
-    return Int8Weight(q, scale, refine_top)
+    return q, scale
 
 
 @dataclass(eq=False)
@@ -181,6 +189,19 @@ def int8_kernel_fits(K: int) -> bool:
     return K % INT8_KERNEL_K == 0
 
 
+def int8_kernel_refused(name: str, K: int) -> bool:
+    """At pack time: whether tensor `name`'s input width K is one the int8 kernel cannot take; if so
+    the refusal is recorded once, naming the tensor (paths.fallback, MINFER_DEBUG_PATHS's report),
+    and its matmuls take the dequantized bf16 one (linear, cpu_experts.PackedExperts.linear)."""
+    if int8_kernel_fits(K):
+        return False
+    from minfer.ops import paths
+
+    paths.fallback("cpu.int8.decode", f"tensor '{name}' has an input width of {K}, not a multiple of "
+                                      f"{INT8_KERNEL_K} (torch's _weight_int8pack_mm reads past its rows there)")
+    return True
+
+
 def int4_fits(shape, group: int = INT4_GROUP) -> bool:
     """Whether an (N, K) matrix has the int4 kernel's shape (its packing takes N in 16s)."""
     return shape[1] % group == 0 and shape[0] % INT4_ROWS == 0
@@ -205,7 +226,7 @@ def linear(x: torch.Tensor, p, bias: torch.Tensor | None = None) -> torch.Tensor
         else:
             paths.count(f"cpu.{kind}.prefill_bf16")
             y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
-    elif kind == "int8" and not int8_kernel_fits(p.q.shape[1]):     # the kernel's K rule (INT8_KERNEL_K)
+    elif kind == "int8" and not p.kernel:       # refused at pack time (int8_kernel_refused)
         paths.count("cpu.int8.unaligned_bf16")
         y = F.linear(x.to(torch.bfloat16), p.dequantize(torch.bfloat16)).float()
         if p.refine_top:

@@ -84,6 +84,58 @@ def test_int8_inputs_not_in_16s_take_the_bf16_matmul(K, T):
     assert float((ye.double() - refe).abs().max()) <= 2 ** -7 * float(refe.abs().max())
 
 
+def test_int8_kernel_is_refused_at_pack_time_naming_the_tensor(monkeypatch):
+    """The K rule is decided when a weight is packed, not at each call: a width of 24 is refused for the int8
+    kernel once, the refusal naming the tensor (paths' fallbacks: one entry per tensor, a stacked expert tensor
+    too, not one per expert), and the packed form carries the decision; a call then does not check K again
+    (the rule made to raise) and takes the bf16 matmul, counted. A width of 32 keeps the kernel, nothing
+    recorded."""
+    from minfer.ops.cpu_experts import pack_experts
+
+    paths.reset()
+    w = QWeight("blk.0.attn_q.weight", 0, (64, 24), torch.zeros(1, dtype=torch.uint8), weight(64, 24, seed=4).dense)
+    p = cpu_quant.pack(w)
+    ex = QWeight("blk.0.ffn_up_exps.weight", 0, (2 * 32, 24), torch.zeros(1, dtype=torch.uint8),
+                 torch.randn(2 * 32, 24, generator=torch.Generator().manual_seed(6)) * 0.05)
+    ex.n_experts = 2
+    pe = pack_experts(ex, int4=False)
+    fb = paths.snapshot()["fallbacks"]
+    assert p.kernel is False and pe.kernel is False and len(fb) == 2, fb
+    assert all(n == 1 and k.startswith("cpu.int8.decode") for k, n in fb.items())
+    assert any("tensor 'blk.0.attn_q.weight' has an input width of 24" in k for k in fb)
+    assert any("tensor 'blk.0.ffn_up_exps.weight' has an input width of 24" in k for k in fb)
+
+    def rule(K):
+        raise AssertionError("the K rule checked at call time")
+
+    monkeypatch.setattr(cpu_quant, "int8_kernel_fits", rule)
+    x = torch.randn(4, 24, generator=torch.Generator().manual_seed(5))
+    paths.reset()
+    cpu_quant.linear(x, p)
+    pe.linear(1, x)
+    snap = paths.snapshot()
+    assert snap["counts"] == {"cpu.int8.unaligned_bf16": 2} and not snap["fallbacks"]
+    monkeypatch.undo()
+    ok = cpu_quant.pack(QWeight("blk.0.attn_k.weight", 0, (64, 32), torch.zeros(1, dtype=torch.uint8),
+                                weight(64, 32, seed=7).dense))
+    assert ok.kernel is True and not paths.snapshot()["fallbacks"]
+
+
+def test_engine_load_refuses_the_int8_kernel_for_a_bad_width_by_name(tmp_path, monkeypatch):
+    """At load (MINFER_CPU_QUANT on): the llama4 fixture's shared-expert down projections take 24 inputs, which the
+    int8 kernel cannot; Engine.load records the refusal for each, naming it, before any forward runs."""
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    data = Path(__file__).parents[1] / "data" / "arch"
+    monkeypatch.setenv("MINFER_HOME", str(tmp_path / "home"))
+    paths.reset()
+    Engine.load(data / "llama4.gguf", ctx=64, progress=False, switches=Switches(cpu_quant=True))
+    fb = [k for k in paths.snapshot()["fallbacks"] if k.startswith("cpu.int8.decode")]
+    assert any("tensor 'blk.1.ffn_down_shexp.weight' has an input width of 24" in k for k in fb), fb
+    assert any("tensor 'blk.3.ffn_down_shexp.weight' has an input width of 24" in k for k in fb), fb
+
+
 @pytest.mark.parametrize("T", [1, 4, 20])
 def test_vocabulary_projection_top_logits_are_float32_exact(T):
     w = weight(3000, 256, seed=3)
