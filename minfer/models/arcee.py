@@ -30,10 +30,9 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block
+from minfer.models.layers import Block, BlockTensors
 from minfer.models.llama import LlamaModel
 from minfer.models.mistral3 import Mistral3Model, yarn_setup
-from minfer.weights import load_qweight, load_vector
 
 _REFUSED_TENSORS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias", "ffn_up.bias",
                     "ffn_down.bias", "ffn_gate.weight")
@@ -59,17 +58,12 @@ class ArceeModel(Mistral3Model):
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
-        p = f"blk.{i}."
-        D, F, Dh = cfg.d_model, cfg.ffn, cfg.head_dim
-        q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        return Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, D, F, q_out, kv_out = t.w, t.D, t.F, t.q_out, t.kv_out
+        return Block(attn_norm=t.v("attn_norm.weight", D),
                      attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
                      attn_output=w("attn_output", (D, q_out)),
-                     ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+                     ffn_norm=t.v("ffn_norm.weight", D),
                      ffn_gate=None, ffn_up=w("ffn_up", (F, D)), ffn_down=w("ffn_down", (D, F)))
 
     @classmethod

@@ -51,8 +51,8 @@ import torch
 
 from minfer import ops
 from minfer.config import ModelConfig
-from minfer.errors import MinferError
 from minfer.models.base import Step
+from minfer.models.granite import refuse_biases
 from minfer.models.layers import Block, ffn_branch, merge_heads, rope_write_attend
 from minfer.models.llama import LlamaModel
 from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
@@ -70,11 +70,7 @@ class StateCacheConfig(ModelConfig):
 
 
 def check_supported(gf, cfg: ModelConfig) -> None:
-    for i in range(cfg.n_layers):
-        for name in _BIASES:
-            t = f"blk.{i}.{name}.bias"
-            if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': {cfg.arch} files with bias tensors are not supported")
+    refuse_biases(gf, cfg, _BIASES)
 
 
 class FalconH1Model(LlamaModel):

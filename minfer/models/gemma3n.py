@@ -91,13 +91,7 @@ class Gemma3nModel(Gemma4Model):
     def layer_geometry(cls, gf, cfg: ModelConfig) -> dict:
         """Layer kinds, one head size, per-layer kv heads and ropes, the KV sources (gemma4.py's dict)."""
         arch, L = cfg.arch, cfg.n_layers
-        pattern = _key(gf, arch, "attention.sliding_window_pattern")
-        if not isinstance(pattern, list) or len(pattern) < L:
-            raise MinferError(f"{gf.path}: {arch}.attention.sliding_window_pattern: expected one bool per layer ({L})")
-        is_local = tuple(bool(p) for p in pattern[:L])
-        window = int(_key(gf, arch, "attention.sliding_window"))
-        if window <= 0 and any(is_local):
-            raise MinferError(f"{gf.path}: {arch}.attention.sliding_window={window} with sliding-window layers")
+        is_local, window = cls.local_layers(gf, cfg)
         dh = cfg.head_dim
         if cfg.rope.n_rot != dh:
             raise MinferError(f"{gf.path}: {arch}.rope.dimension_count={cfg.rope.n_rot}: expected the head size {dh} "

@@ -104,9 +104,10 @@ class Gemma4Model(Gemma3Model):
     qk_norm = True
     per_layer_counts = True   # head_count_kv / feed_forward_length may be arrays (ModelConfig)
 
-    @classmethod
-    def layer_geometry(cls, gf, cfg: ModelConfig) -> dict:
-        """Per-layer kinds and sizes from the metadata (refusing what minfer does not run, by name)."""
+    @staticmethod
+    def local_layers(gf, cfg: ModelConfig) -> tuple[tuple, int]:
+        """(per layer: whether it is a sliding-window layer, the window) from sliding_window_pattern (one bool
+        per layer) and sliding_window, refused by the key when either does not fit."""
         arch, L = cfg.arch, cfg.n_layers
         pattern = _key(gf, arch, "attention.sliding_window_pattern")
         if not isinstance(pattern, list) or len(pattern) < L:
@@ -115,6 +116,13 @@ class Gemma4Model(Gemma3Model):
         window = int(_key(gf, arch, "attention.sliding_window"))
         if window <= 0 and any(is_local):
             raise MinferError(f"{gf.path}: {arch}.attention.sliding_window={window} with sliding-window layers")
+        return is_local, window
+
+    @classmethod
+    def layer_geometry(cls, gf, cfg: ModelConfig) -> dict:
+        """Per-layer kinds and sizes from the metadata (refusing what minfer does not run, by name)."""
+        arch, L = cfg.arch, cfg.n_layers
+        is_local, window = cls.local_layers(gf, cfg)
         dh_global = int(_key(gf, arch, "attention.key_length"))
         dh_swa = int(_key(gf, arch, "attention.key_length_swa"))
         for suffix, k in (("attention.value_length", dh_global), ("attention.value_length_swa", dh_swa)):

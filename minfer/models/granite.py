@@ -49,14 +49,20 @@ from minfer.models.llama import LlamaModel
 _BIASES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
+def refuse_biases(gf, cfg: ModelConfig, names: tuple = _BIASES) -> None:
+    """MinferError naming the first `blk.N.<name>.bias` tensor the file has, for each name of `names` (the
+    matrices these models run without bias: granite, granitehybrid, jamba, falcon-h1, nemotron_h)."""
+    for i in range(cfg.n_layers):
+        for name in names:
+            t = f"blk.{i}.{name}.bias"
+            if t in gf.tensors:
+                raise MinferError(f"{gf.path}: tensor '{t}': {cfg.arch} files with bias tensors are not supported")
+
+
 def check_supported(gf, cfg: ModelConfig) -> None:
     """Refuse what this model does not run, naming the tensor or key (module doc)."""
     a = cfg.arch
-    for i in range(cfg.n_layers):
-        for name in _BIASES:
-            t = f"blk.{i}.{name}.bias"
-            if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': {a} files with bias tensors are not supported")
+    refuse_biases(gf, cfg)
     md = gf.metadata
     if md.get(f"{a}.rope.scaling.finetuned", True) is False:
         raise MinferError(f"{gf.path}: metadata key '{a}.rope.scaling.finetuned' is false (no rope), "

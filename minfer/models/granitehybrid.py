@@ -56,7 +56,7 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
-from minfer.models.granite import _BIASES, _scale
+from minfer.models.granite import _scale, refuse_biases
 from minfer.models.granitemoe import GraniteMoeModel
 from minfer.models.layers import Block, BlockTensors, ffn_branch, merge_heads
 from minfer.models.mamba2 import load_mamba2, mamba2_mixer, read_dims, recurrent_state
@@ -96,11 +96,7 @@ def check_biases_and_scale(gf, cfg: ModelConfig) -> None:
     """Refuse bias tensors on attention or the FFN (granite.py's rule) and an expert_weights_scale other
     than 0 or 1 (granitehybrid and jamba)."""
     a, md = cfg.arch, gf.metadata
-    for i in range(cfg.n_layers):
-        for name in _BIASES:
-            t = f"blk.{i}.{name}.bias"
-            if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': {a} files with bias tensors are not supported")
+    refuse_biases(gf, cfg)
     ws = md.get(f"{a}.expert_weights_scale")
     if ws is not None and float(ws) not in (0.0, 1.0):
         raise MinferError(f"{gf.path}: metadata key '{a}.expert_weights_scale' is {ws}, which is not supported "

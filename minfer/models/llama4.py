@@ -75,9 +75,9 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.glm4moe import Glm4MoeBlock, load_moe_layer
-from minfer.models.layers import Block, ffn_branch, head_norm, load_head, merge_heads
+from minfer.models.layers import Block, BlockTensors, ffn_branch, head_norm, load_head, merge_heads
 from minfer.models.llama import LlamaModel
-from minfer.weights import QWeight, load_qweight, load_vector
+from minfer.weights import QWeight, load_qweight
 
 
 def temperature(positions: torch.Tensor, floor: int, scale: float, offset: float = 1.0) -> torch.Tensor:
@@ -186,16 +186,12 @@ class Llama4Model(LlamaModel):
     @classmethod
     def load_llama4_block(cls, gf, cfg: ModelConfig, i: int, moe: bool, device, dtype) -> Block:
         """blk.i's attention and norms, and the SwiGLU MLP on a dense layer (the MoE: from_gguf)."""
-        p, D, F, Dh = f"blk.{i}.", cfg.d_model, cfg.ffn, cfg.head_dim
-        q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
-
-        def w(name, shape):
-            return load_qweight(gf, p + name + ".weight", device, shape, dtype=dtype)
-
-        return Block(attn_norm=load_vector(gf, p + "attn_norm.weight", device, D),
+        t = BlockTensors(gf, cfg, i, device, dtype)
+        w, D, F, q_out, kv_out = t.w, t.D, t.F, t.q_out, t.kv_out
+        return Block(attn_norm=t.v("attn_norm.weight", D),
                      attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
                      attn_output=w("attn_output", (D, q_out)),
-                     ffn_norm=load_vector(gf, p + "ffn_norm.weight", device, D),
+                     ffn_norm=t.v("ffn_norm.weight", D),
                      ffn_gate=None if moe else w("ffn_gate", (F, D)), ffn_up=None if moe else w("ffn_up", (F, D)),
                      ffn_down=None if moe else w("ffn_down", (D, F)))
 

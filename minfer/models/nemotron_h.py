@@ -52,6 +52,7 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.gemma4 import KVLayersConfig, with_kv_layers
+from minfer.models.granite import refuse_biases
 from minfer.models.granitehybrid import HybridCacheConfig
 from minfer.models.layers import Block, merge_heads
 from minfer.models.llama import LlamaModel
@@ -82,11 +83,7 @@ def layer_kinds(gf, cfg: ModelConfig) -> tuple:
 
 
 def check_supported(gf, cfg: ModelConfig) -> None:
-    for i in range(cfg.n_layers):
-        for name in _BIASES:
-            t = f"blk.{i}.{name}.bias"
-            if t in gf.tensors:
-                raise MinferError(f"{gf.path}: tensor '{t}': {cfg.arch} files with bias tensors are not supported")
+    refuse_biases(gf, cfg, _BIASES)
 
 
 class NemotronHModel(LlamaModel):
