@@ -74,6 +74,25 @@ def load_exaone4_block(gf, cfg, i: int, device, dtype) -> Block:
     )
 
 
+def qk_norm_window_attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
+    """A model's _attention (exaone4, exaone-moe): h (T, D) -> W_o attn(...) (T, D); q/k/v with the block's
+    biases where it has them, per-head q/k RMSNorms, layer i's rope where self.use_rope[i] (else none) and
+    self.window where self.is_local[i] (else every key)."""
+    c = self.cfg
+    T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+    q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
+                              (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
+    q, k, v = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), \
+        head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps), v.view(T, Hkv, Dh)
+    window = self.window if self.is_local[i] else 0
+    if self.use_rope[i]:
+        o = rope_write_attend(cache, i, q, k, v, step, c.rope, ctx, window=window)
+    else:
+        cache.write(i, k, v, step)
+        o = cache.attend(i, q, step, ctx, window=window)                        # (T, H, Dh)
+    return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+
+
 class Exaone4Model(LlamaModel):
     """Block.attn_norm / ffn_norm hold post_attention_norm / post_ffw_norm (EXAONE 4 has no pre-norms)."""
 
@@ -102,20 +121,6 @@ class Exaone4Model(LlamaModel):
         m.use_rope = is_local if window > 0 else (True,) * cfg.n_layers
         return m
 
-    def _attention(self, x: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """(T, D) residual stream (act dtype) -> W_o attn(...) (T, D): per-head q/k norms, this layer's
-        rope (or none) and window."""
-        c = self.cfg
-        T, H, Hkv, Dh = x.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
-        q, k, v = ops.linear_many(x, (blk.attn_q, blk.attn_k, blk.attn_v), (None, None, None), ctx)
-        q, k, v = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), \
-            head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps), v.view(T, Hkv, Dh)
-        window = self.window if self.is_local[i] else 0
-        if self.use_rope[i]:
-            o = rope_write_attend(cache, i, q, k, v, step, c.rope, ctx, window=window)
-        else:
-            cache.write(i, k, v, step)
-            o = cache.attend(i, q, step, ctx, window=window)                    # (T, H, Dh)
-        return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+    _attention = qk_norm_window_attention    # (T, D) residual stream (act dtype) -> W_o attn(...) (T, D)
 
     forward = post_norm_forward    # olmo2.py's: post-norms only, this class's _attention

@@ -56,9 +56,10 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
+from minfer.models.exaone4 import qk_norm_window_attention
 from minfer.models.gemma3 import swa_layers
 from minfer.models.glm4moe import Glm4MoeModel
-from minfer.models.layers import Block, ffn_branch, head_norm, merge_heads, rope_write_attend
+from minfer.models.layers import ffn_branch
 
 DEFAULT_SWA_PATTERN = 4     # llama_model_exaone_moe::load_arch_hparams: load_swa_pattern(ml, 4)
 
@@ -108,22 +109,7 @@ class ExaoneMoeModel(Glm4MoeModel):
             raise MinferError(f"{gf.path}: {cls.arch}.expert_shared_feed_forward_length={fs}: expected >= 0")
         return cfg, (fs if fs > 0 else cfg.expert_ffn)
 
-    def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
-        """The normed input h (T, D) -> W_o attn(...) (T, D): per-head q/k norms, rope and the window on a
-        local layer, neither on a global one."""
-        c = self.cfg
-        T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
-        q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
-                                  (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
-        q, k, v = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), \
-            head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps), v.view(T, Hkv, Dh)
-        window = self.window if self.is_local[i] else 0
-        if self.use_rope[i]:
-            o = rope_write_attend(cache, i, q, k, v, step, c.rope, ctx, window=window)
-        else:
-            cache.write(i, k, v, step)
-            o = cache.attend(i, q, step, ctx, window=window)                    # (T, H, Dh)
-        return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
+    _attention = qk_norm_window_attention    # exaone4's: rope and the window on a local layer, neither on a global one
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
