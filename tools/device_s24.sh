@@ -24,7 +24,7 @@ for step in $STEPS; do
       grep -E "^bf16 |float32: alone" "$OUT/pytest-new.log" | head -30
       echo "new: $(tail -1 "$OUT/pytest-new.log")";;
     paths)   # which attention paths and fallbacks a fixture's GPU run takes (minicpm3: no MLA decode kernel)
-      timeout ${PATHS_TIMEOUT:-150} python3 tools/diag_paths.py ${PATHS_NAMES:-minicpm3 deepseek2} --ctx 32 64 \
+      timeout ${PATHS_TIMEOUT:-150} python3 tools/diag_paths.py ${PATHS_NAMES:-minicpm3 deepseek2} --ctx ${PATHS_CTX:-64} \
         >"$OUT/diag-paths.log" 2>&1
       grep -v Warning "$OUT/diag-paths.log" | tail -30;;
     oracle)  # perf-log AQ0's oracle: the graphed 7B step's GPU time with the attention / combine launches left

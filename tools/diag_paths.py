@@ -35,14 +35,14 @@ def main() -> None:
                                   progress=False, switches=sw)
                 paths.reset()
                 eng.forward(ids[:30], 0)
-                for i, tok in enumerate(ids[30:34]):
+                print(f"{name} ctx {ctx} graphs {graph}, prefill: {paths.snapshot()['counts']}")
+                for i, tok in enumerate(ids[30:30 + min(4, ctx - 30)]):
                     eng.forward([tok], 30 + i)
                 snap = paths.snapshot()
-                att = {k: v for k, v in snap["counts"].items() if "att" in k or "graph" in k}
-                print(f"{name} ctx {ctx} graphs {graph}: {att}")
+                print(f"{name} ctx {ctx} graphs {graph}: {snap['counts']}")
                 for f in snap["fallbacks"]:
                     print(f"    fallback: {f}")
-                for f in snap.get("switched_off", []) or []:
+                for f in snap["switched_off"]:
                     print(f"    switched off: {f}")
     sys.stdout.flush()
 
