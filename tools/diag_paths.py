@@ -1,6 +1,6 @@
 """Which launch paths a fixture's GPU run takes, and every fallback with its reason: the bf16 test's
-flow (tests/gpu/test_arch_gpu.py test_arch_gpu_bf16_matches_cpu: a 30-token prefill, then 4 graphed decode
-steps) at the given contexts, with the decode graphs on and off.
+flow (tests/gpu/test_arch_gpu.py test_arch_gpu_bf16_matches_cpu: a prefill of up to 30 tokens, then 4 graphed
+decode steps) at the given contexts, with the decode graphs on and off.
 
     python tools/diag_paths.py minicpm3 --ctx 32 64
 """
@@ -34,10 +34,11 @@ def main() -> None:
                 eng = Engine.load(ROOT / "tests" / "data" / "arch" / f"{name}.gguf", device="cuda", ctx=ctx,
                                   progress=False, switches=sw)
                 paths.reset()
-                eng.forward(ids[:30], 0)
+                n = min(30, len(ids) - 4)                # test_arch_gpu.split_ids
+                eng.forward(ids[:n], 0)
                 print(f"{name} ctx {ctx} graphs {graph}, prefill: {paths.snapshot()['counts']}")
-                for i, tok in enumerate(ids[30:30 + min(4, ctx - 30)]):
-                    eng.forward([tok], 30 + i)
+                for i, tok in enumerate(ids[n:n + min(4, ctx - n)]):
+                    eng.forward([tok], n + i)
                 snap = paths.snapshot()
                 print(f"{name} ctx {ctx} graphs {graph}: {snap['counts']}")
                 for f in snap["fallbacks"]:

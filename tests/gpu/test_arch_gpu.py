@@ -279,17 +279,26 @@ def pinned(pins, rows: int, device):
         yield lambda step: rp.load(steps[step])
 
 
+def split_ids(ids: list[int]) -> tuple[list[int], list[int]]:
+    """The bf16 test's prefill and its four decode steps: 30 + 4 tokens, or fewer prefill tokens where the
+    fixture has fewer ids (phi3, phi3partial and minicpm3 hold 24: their LongRoPE references stay inside the
+    original context of 32), so every fixture's decode is stepped."""
+    n = min(30, len(ids) - 4)
+    assert n >= 8, (len(ids), "too few ids for a prefill and four decode steps")
+    return ids[:n], ids[n:n + 4]
+
+
 def float32_choices(cpu, ids: list[int]):
-    """The CPU float32 engine's logits for the prefill ids[:30] and the decode steps ids[30:34],
-    and its MoE choices per forward ((RoutePins, [[(T, k) per call] per forward]); None without
-    MoE)."""
+    """The CPU float32 engine's logits for the prefill and the four decode steps of split_ids(ids), and its
+    MoE choices per forward ((RoutePins, [[(T, k) per call] per forward]); None without MoE)."""
+    pre, dec = split_ids(ids)
     rp = RoutePins()
     with rp.recording():
-        outs = [cpu.forward(ids[:30], 0).numpy()]
+        outs = [cpu.forward(pre, 0).numpy()]
         calls = len(rp.recorded)
         steps = [rp.take(calls)]
-        for i, tok in enumerate(ids[30:34]):
-            outs.append(cpu.forward([tok], 30 + i).numpy())
+        for i, tok in enumerate(dec):
+            outs.append(cpu.forward([tok], len(pre) + i).numpy())
             steps.append(rp.take(calls))
     return outs, ((rp, steps) if calls else None)
 
@@ -339,19 +348,21 @@ def test_arch_gpu_bf16_matches_cpu(name):
     ref, pins = float32_choices(cpu, ids)
     # one floor per fixture, the largest over the steps: a single step's floor is itself one
     # draw of the rounding noise (0.007-0.015 over qwen3's five), too noisy to scale alone
-    floor = max(bf16_floor(name, ids[:30], ids[30:34], pins))
+    pre, dec = split_ids(ids)
+    floor = max(bf16_floor(name, pre, dec, pins))
     tol = bf16_tol(floor)
     gpu = engine(name, "cuda")
     paths.reset()
     errs = []
-    with pinned(pins, 30, "cuda") as load:
+    with pinned(pins, len(pre), "cuda") as load:
         load(0)
-        lg = gpu.forward(ids[:30], 0).numpy()
+        lg = gpu.forward(pre, 0).numpy()
         assert np.isfinite(lg).all()
         errs.append(rel(lg, ref[0]))
-        for i, tok in enumerate(ids[30:34]):       # decode steps (CUDA graphs) through the cache
+        for i, tok in enumerate(dec):              # decode steps (CUDA graphs) through the cache
             load(i + 1)
-            errs.append(rel(gpu.forward([tok], 30 + i).numpy(), ref[i + 1]))
+            errs.append(rel(gpu.forward([tok], len(pre) + i).numpy(), ref[i + 1]))
+    assert len(errs) == 5                          # the prefill and four decode steps, on every fixture
     # one line per fixture (pytest -rP shows it): the GPU's worst step against the floor
     print(f"bf16 {name}: worst step {max(errs):.4f}, floor {floor:.4f}, ratio {max(errs) / floor:.2f}, tol {tol:.4f}")
     for i, e in enumerate(errs):                   # 0: the prefill, then the decode steps
