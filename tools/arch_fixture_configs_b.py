@@ -328,4 +328,26 @@ ARCHS_B = {
                                             "original_max_position_embeddings": 16, "beta_fast": 32.0,
                                             "beta_slow": 1.0}},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Tencent Hy3 (hy_v3; HYV3ForCausalLM): per-head q/k RMSNorm before NEOX rope over the whole head, GQA 4 / 2,
+    # layer 0 dense (mlp_layer_types' default: the first dense), then sigmoid scores chosen on score +
+    # e_score_correction_bias (a zeros buffer at init: randomized), top-2 of 8 experts of 24, renormalized, times
+    # router_scaling_factor 2.5, plus one shared expert (24 = moe_intermediate_size x num_shared_experts), untied head
+    "hy_v3": ("HYV3Config", "HYV3ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, num_shared_experts=1,
+        router_scaling_factor=2.5, rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
+    # JetBrains Mellum 2 (mellum; MellumForCausalLM): Qwen3-MoE's attention (per-head q/k RMSNorm, NEOX rope over the
+    # whole head) with the window of 8 < SEQ on layers 0-2 (layer_types) and full attention on layer 3, the rope
+    # base per layer type (full 500000, sliding 10000: rope.freq_base_swa), softmax top-2 of 8 experts of 32,
+    # renormalized (norm_topk_prob), every layer MoE, GQA 4 / 2, untied head
+    "mellum": ("MellumConfig", "MellumForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"], rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

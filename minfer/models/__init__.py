@@ -78,6 +78,7 @@ from minfer.models.bloom import BloomModel
 from minfer.models.mpt import MptModel
 from minfer.models.cohere2moe import Cohere2MoeModel
 from minfer.models.granite_swa import GraniteSwaModel
+from minfer.models.hy_v3 import HyV3Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -90,7 +91,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     FalconModel, StarcoderModel, GptneoxModel, Gpt2Model,
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
-    GraniteSwaModel)}
+    GraniteSwaModel,
+    HyV3Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

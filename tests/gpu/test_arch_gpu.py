@@ -39,7 +39,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "cohere2moe", "cohere2moe-ln",
          "granite_swa", "granitemoe_swa",
          "internlm3", "internlm3-bias",
-         "olmo3-yarn"]
+         "olmo3-yarn",
+         "hy_v3"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -194,7 +195,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # internlm3: the llama graph as converted; -bias: q/k/v, o and MLP biases (models/llama_bias.py)
             "internlm3": ["rope", "attention.decode"], "internlm3-bias": ["rope", "attention.decode"],
             # olmo3-yarn: the window layers' plain rope, the global layer's YaRN divisors and mscale^2
-            "olmo3-yarn": ["attention.window", "attention.decode"]}
+            "olmo3-yarn": ["attention.window", "attention.decode"],
+            # hy_v3: q/k norms before the rope kernel, a dense layer, the sigmoid / biased MoE with the shared expert
+            # on both MoE paths
+            "hy_v3": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

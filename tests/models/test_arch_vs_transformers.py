@@ -33,7 +33,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "cohere2moe", "cohere2moe-ln",
          "granite_swa", "granitemoe_swa",
          "internlm3", "internlm3-bias",
-         "olmo3-yarn"]
+         "olmo3-yarn",
+         "hy_v3"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -58,7 +59,8 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "minicpm3": "minicpm3", "afmoe": "afmoe", "jais2": "jais2",
                "cohere2moe": "cohere2moe", "cohere2moe-ln": "cohere2moe",
                "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa",
-               "internlm3": "llama", "internlm3-bias": "llama", "olmo3-yarn": "olmo2"}   # conversion/internlm.py InternLM3Model writes llama
+               "internlm3": "llama", "internlm3-bias": "llama", "olmo3-yarn": "olmo2",
+               "hy_v3": "hy_v3"}   # conversion/internlm.py InternLM3Model writes llama
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -153,7 +155,8 @@ def test_arch_greedy_matches_transformers(name):
                                   "cohere2moe", "cohere2moe-ln",
                                   "granite_swa", "granitemoe_swa",
                                   "internlm3", "internlm3-bias",
-                                  "olmo3-yarn"])
+                                  "olmo3-yarn",
+                                  "hy_v3"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -200,7 +203,8 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "cohere2moe", "cohere2moe-ln",
                                   "granite_swa", "granitemoe_swa",
                                   "internlm3", "internlm3-bias",
-                                  "olmo3-yarn"])
+                                  "olmo3-yarn",
+                                  "hy_v3"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position

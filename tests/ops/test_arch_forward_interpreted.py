@@ -184,7 +184,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "internlm3": ["rope.triton", "attention.decode.triton"],
         "internlm3-bias": ["rope.triton", "attention.decode.triton"],
         # olmo3-yarn: the window layers' plain rope, the global layer's YaRN divisors and mscale^2
-        "olmo3-yarn": ["attention.window.decode", "attention.decode.triton"]}
+        "olmo3-yarn": ["attention.window.decode", "attention.decode.triton"],
+        # hy_v3: per-head q/k norms before NEOX rope, a dense layer (no router), then the sigmoid / biased MoE
+        # (blk.N.exp_probs_b) with the shared expert on both MoE paths
+        "hy_v3": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -210,7 +213,8 @@ def cuda_ops():
                                   "cohere2moe", "cohere2moe-ln",
                                   "granite_swa", "granitemoe_swa",
                                   "internlm3", "internlm3-bias",
-                                  "olmo3-yarn"])
+                                  "olmo3-yarn",
+                                  "hy_v3"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
