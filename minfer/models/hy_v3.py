@@ -18,8 +18,8 @@ HYV3Model; HF transformers models/hy_v3: HYV3Attention = ApertusAttention, HYV3T
 - Dense or MoE is per layer, by the file's tensors: the graph runs the dense SwiGLU of feed_forward_length where
   blk.N.ffn_gate_inp.weight is absent (HF mlp_layer_types "dense"; the converter writes no
   leading_dense_block_count), else the MoE (build_moe_ffn): p = sigmoid(W_r h) (expert_gating_func; sigmoid when
-  absent, hy-v3.cpp's default; config.py refuses the value 0, NONE, by name), the choice on p + blk.N.exp_probs_b (the tensor has no `.bias` suffix
-  here: tn(LLM_TENSOR_FFN_EXP_PROBS_B, i); optional, TENSOR_NOT_REQUIRED; HF e_score_correction_bias), weights
+  absent, hy-v3.cpp's default; config.py refuses the value 0, NONE, by name), the choice on p + blk.N.exp_probs_b
+  (the tensor has no `.bias` suffix here: tn(LLM_TENSOR_FFN_EXP_PROBS_B, i); optional, TENSOR_NOT_REQUIRED; HF e_score_correction_bias), weights
   p[top], renormalized when expert_weights_norm (the converter writes HF's route_norm, default true; llama.cpp:
   false when absent), times expert_weights_scale (HF router_scaling_factor), expert groups when the file has
   expert_group_count > 1 (llama.cpp's generic loader; HF Hy3 has none), plus the ungated shared expert of width

@@ -40,7 +40,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "granite_swa", "granitemoe_swa",
          "internlm3", "internlm3-bias",
          "olmo3-yarn",
-         "hy_v3"]
+         "hy_v3", "mellum"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -196,9 +196,11 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "internlm3": ["rope", "attention.decode"], "internlm3-bias": ["rope", "attention.decode"],
             # olmo3-yarn: the window layers' plain rope, the global layer's YaRN divisors and mscale^2
             "olmo3-yarn": ["attention.window", "attention.decode"],
-            # hy_v3: q/k norms before the rope kernel, a dense layer, the sigmoid / biased MoE with the shared expert
-            # on both MoE paths
-            "hy_v3": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}
+            # hy_v3 (dots1's paths): q/k norms before rope, a dense layer, the sigmoid / biased MoE with the shared
+            # expert on both MoE paths
+            "hy_v3": ["attention.decode", "moe.gather", "moe.grouped"],
+            # mellum: window layers with the SWA rope base, a full layer, the softmax MoE on both paths
+            "mellum": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -1,0 +1,151 @@
+"""JetBrains Mellum 2 (minfer/models/mellum.py) on the CPU's float32 reference: the layer pattern and the rope
+base per layer type read from the file, each rule needed (with one changed the logits miss transformers' by more
+than 10x the tolerance; among them llama.cpp's graph's choice of the full-attention base on the window layers),
+absent optional keys taking llama.cpp's values, what the model needs refused by name. The logits, greedy
+continuation, KV cache in pieces and paged cache are test_arch_vs_transformers' (name "mellum"). Fixture:
+tests/data/arch/mellum.gguf (tools/gen_arch_fixtures.py: transformers' MellumForCausalLM converted by llama.cpp's
+convert_hf_to_gguf.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from minfer import ops
+from minfer.errors import MinferError
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, reference_switches, rel_err, rewrite
+
+NAME = "mellum"
+
+
+def miss(eng) -> float:
+    r = ref(NAME)
+    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+
+
+def test_layout_read_from_the_file():
+    m = engine(NAME).model
+    c = m.cfg
+    assert (c.head_dim, c.n_heads, c.n_kv_heads, c.d_model, c.n_layers) == (16, 4, 2, 64, 4)
+    assert m.is_local == (True, True, True, False) and m.window == 8
+    assert c.rope.theta == 500000.0 and m.rope_local.theta == 10000.0
+    assert c.rope.style == "neox" and c.rope.n_rot == 16 and m.rope_local.freq_scale == 1.0
+    assert (c.n_experts, c.n_experts_used, c.expert_ffn) == (8, 2, 32)
+    assert c.expert_gating == "softmax" and m.weights_norm and all(e.gate_shexp is None for e in m.moe)
+    b = m.blocks[3]
+    assert b.attn_q_norm.shape == (16,) and b.attn_k_norm.shape == (16,) and b.attn_q_bias is None
+    assert miss(engine(NAME)) < TOL
+
+
+@pytest.mark.parametrize("what", ["no_window", "window_everywhere", "full_base_on_local", "local_base_on_full",
+                                  "adjacent_pairs", "no_q_norm", "no_k_norm", "no_renorm", "sigmoid"])
+def test_each_rule_is_needed(what):
+    """full_base_on_local is what llama.cpp's mellum.cpp graph does (the context's freq_base on every layer):
+    transformers rotates the window layers with rope_parameters["sliding_attention"]."""
+    eng = engine(NAME)
+    m = eng.model
+    c = m.cfg
+    if what == "no_window":
+        m.window = 0
+    elif what == "window_everywhere":
+        m.is_local = (True,) * c.n_layers
+    elif what == "full_base_on_local":
+        m.rope_local = c.rope
+    elif what == "local_base_on_full":
+        m.cfg = replace(c, rope=m.rope_local)
+    elif what == "adjacent_pairs":
+        m.cfg = replace(c, rope=replace(c.rope, style="normal"))
+        m.rope_local = replace(m.rope_local, style="normal")
+    elif what == "no_q_norm":
+        for b in m.blocks:
+            b.attn_q_norm = torch.ones_like(b.attn_q_norm)
+    elif what == "no_k_norm":
+        for b in m.blocks:
+            b.attn_k_norm = torch.ones_like(b.attn_k_norm)
+    elif what == "no_renorm":
+        m.weights_norm = False
+    else:                                  # the same top-k over sigmoid scores instead of the softmax
+        m.ffn = lambda h, e, ctx: ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, c.n_experts_used,
+                                              True, ctx, gating="sigmoid")
+    assert miss(eng) > 10 * TOL, what
+
+
+def test_moe_is_softmax_topk_renormalized_in_float64():
+    """build_moe_ffn(softmax, norm_w = true, no scale), in float64."""
+    m = engine(NAME).model
+    e, c = m.moe[1], m.cfg
+    E, F, D = c.n_experts, c.expert_ffn, c.d_model
+    torch.manual_seed(3)
+    h = torch.randn(5, D)
+    gate = e.gate_exps.dense.double().view(E, F, D)
+    up = e.up_exps.dense.double().view(E, F, D)
+    down = e.down_exps.dense.double().view(E, D, F)
+    p = torch.softmax(h.double() @ e.gate_inp.double().T, -1)
+    w, idx = p.topk(c.n_experts_used, dim=-1)
+    w = w / w.sum(-1, keepdim=True)
+    want = torch.zeros(5, D, dtype=torch.float64)
+    for t in range(5):
+        x = h[t].double()
+        for j in range(c.n_experts_used):
+            k = idx[t, j]
+            want[t] += w[t, j] * (down[k] @ (torch.nn.functional.silu(gate[k] @ x) * (up[k] @ x)))
+    got = m.ffn(h, e, None).double()
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.attn_q_norm.weight", "blk.3.attn_k_norm.weight", "blk.2.ffn_gate_inp.weight",
+                                    "blk.1.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight", "blk.0.ffn_norm.weight",
+                                    "output.weight", "output_norm.weight"])
+def test_missing_tensor_is_named(tmp_path, tensor):
+    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
+    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
+        load(p)
+
+
+@pytest.mark.parametrize("key", ["mellum.expert_count", "mellum.expert_used_count", "mellum.expert_feed_forward_length"])
+def test_missing_key_is_named(tmp_path, key):
+    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
+    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
+        load(p)
+
+
+def test_absent_optional_keys_take_llamacpps_values(tmp_path):
+    """No sliding_window: no window anywhere (swa_type NONE), which misses; no pattern: load_swa_pattern's default
+    4 (three local, one global: the fixture's own, so the logits hold); no freq_base_swa: the local layers take
+    freq_base, which misses; expert_weights_norm false: still renormalized (the graph's norm_w = true)."""
+    from minfer.runtime.engine import Engine
+
+    def eng(**kw):
+        return Engine.load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw), ctx=64, progress=False,
+                           switches=reference_switches())
+
+    e = eng(drop_keys=("mellum.attention.sliding_window",))
+    assert e.model.is_local == (False,) * 4 and miss(e) > 10 * TOL
+    e = eng(drop_keys=("mellum.attention.sliding_window_pattern",))
+    assert e.model.is_local == (True, True, True, False) and miss(e) < TOL
+    e = eng(set_keys={"mellum.attention.sliding_window_pattern": (2, gguf.GGUFValueType.UINT32)})
+    assert e.model.is_local == (True, False, True, False) and miss(e) > 10 * TOL
+    e = eng(drop_keys=("mellum.rope.freq_base_swa",))
+    assert e.model.rope_local.theta == 500000.0 and miss(e) > 10 * TOL
+    e = eng(set_keys={"mellum.expert_weights_norm": (False, gguf.GGUFValueType.BOOL)})
+    assert e.model.weights_norm and miss(e) < TOL
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(add_tensors={"blk.0.attn_q.bias": np.zeros(64, np.float32)}), r"blk\.0\.attn_q\.bias"),
+    (dict(add_tensors={"blk.1.attn_qkv.weight": np.zeros((128, 64), np.float32)}), r"blk\.1\.attn_qkv\.weight"),
+    (dict(set_keys={"mellum.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)}), r"mellum\.rope\.dimension_count"),
+    (dict(set_keys={"mellum.expert_gating_func": (2, gguf.GGUFValueType.UINT32)}), r"mellum\.expert_gating_func"),
+    (dict(set_keys={"mellum.expert_weights_scale": (2.5, gguf.GGUFValueType.FLOAT32)}), r"mellum\.expert_weights_scale"),
+    (dict(set_keys={"mellum.attention.sliding_window_pattern": ([True, False], gguf.GGUFValueType.ARRAY)}),
+     r"mellum\.attention\.sliding_window_pattern"),
+    (dict(set_keys={"mellum.expert_used_count": (9, gguf.GGUFValueType.UINT32)}), r"expert_used_count=9"),
+])
+def test_unsupported_input_refused_by_name(tmp_path, kw, match):
+    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw)
+    with pytest.raises(MinferError, match=match):
+        load(p)
