@@ -350,4 +350,21 @@ ARCHS_B = {
         rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Xiaomi MiMo-V2-Flash (mimo_v2_flash; MiMoV2FlashForCausalLM): layers 1-2 sliding over 8 < SEQ with twice the kv
+    # heads (4) and a learned per-head sink, layers 0 and 3 full attention (2 kv heads, no sinks), q/k head 24 and v
+    # head 16 (head_dim != v_head_dim), NEOX rope on 8 of 24 dims (partial_rotary_factor 0.334, as released) with the
+    # base per layer type (full 5e6, sliding 1e4), the attention output times attention_value_scale 0.707, no q/k
+    # norms, layer 0 dense (mlp_layer_types' default), then sigmoid scores chosen on score + e_score_correction_bias
+    # (randomized), top-2 of 8 experts of 24, renormalized, times routed_scaling_factor (1.0 as released: the
+    # converter writes no scale), no shared expert; untied head; config.json as released (CONFIG_AS_RELEASED)
+    "mimo_v2_flash": ("MiMoV2FlashConfig", "MiMoV2FlashForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, v_head_dim=16, n_routed_experts=8, num_experts_per_tok=2, n_group=1,
+        topk_group=1, norm_topk_prob=True, routed_scaling_factor=1.0, sliding_window=8, attention_value_scale=0.707,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5000000.0, "partial_rotary_factor": 0.334},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.334}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

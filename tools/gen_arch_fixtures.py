@@ -274,6 +274,26 @@ SPM |= {"internlm3", "internlm3-bias"}
 CENTERED_BIAS |= {"internlm3-bias"}
 
 
+def mimo_v2_as_released(c: dict) -> dict:
+    """MiMoV2FlashConfig (transformers 5.25) saves layer_types and a rope_parameters entry per layer type; the released
+    config.json (XiaomiMiMo/MiMo-V2-Flash), which llama.cpp's converter (conversion/mimo.py MimoV2Model) reads, has
+    hybrid_layer_pattern (1 = sliding), the swa_* head geometry (SWA layers: twice the kv heads, as HF's attention
+    builds them), topk_method, layernorm_epsilon and rope_theta / swa_rope_theta / partial_rotary_factor."""
+    rp = c.pop("rope_parameters")
+    full, swa = rp["full_attention"], rp["sliding_attention"]
+    assert full.get("partial_rotary_factor") == swa.get("partial_rotary_factor")
+    return {**c, "hybrid_layer_pattern": [int(t == "sliding_attention") for t in c.pop("layer_types")],
+            "moe_layer_freq": [int(t == "sparse") for t in c["mlp_layer_types"]],
+            "swa_head_dim": c["head_dim"], "swa_num_attention_heads": c["num_attention_heads"],
+            "swa_v_head_dim": c["v_head_dim"], "swa_num_key_value_heads": 2 * c["num_key_value_heads"],
+            "topk_method": "noaux_tc", "scoring_func": "sigmoid", "layernorm_epsilon": c["rms_norm_eps"],
+            "rope_theta": full["rope_theta"], "swa_rope_theta": swa["rope_theta"],
+            "partial_rotary_factor": full["partial_rotary_factor"]}
+
+
+CONFIG_AS_RELEASED |= {"mimo_v2_flash": mimo_v2_as_released}
+
+
 def reference(model, ids: list[int]) -> np.ndarray:
     import torch
 

@@ -40,7 +40,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "granite_swa", "granitemoe_swa",
          "internlm3", "internlm3-bias",
          "olmo3-yarn",
-         "hy_v3", "mellum"]
+         "hy_v3", "mellum", "mimo_v2_flash"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -200,7 +200,11 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # expert on both MoE paths
             "hy_v3": ["attention.decode", "moe.gather", "moe.grouped"],
             # mellum: window layers with the SWA rope base, a full layer, the softmax MoE on both paths
-            "mellum": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"]}
+            "mellum": ["attention.window", "attention.decode", "moe.gather", "moe.grouped"],
+            # mimo_v2_flash: per-layer kv heads, V padded to K's width, the sinks on the window layers (torch for T > 1,
+            # the window decode kernel's SINK variant), partial rope, the sigmoid / biased MoE on both paths
+            "mimo_v2_flash": ["attention.sinks.torch", "attention.window.decode", "attention.decode", "moe.gather",
+                              "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -190,7 +190,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "hy_v3": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"],
         # mellum: per-head q/k norms before NEOX rope, window layers (the SWA base) and a full layer, the softmax
         # top-k renormalized MoE on both paths
-        "mellum": ["rope.triton", "attention.window.decode", "attention.decode.triton", "moe.gather", "moe.grouped"]}
+        "mellum": ["rope.triton", "attention.window.decode", "attention.decode.triton", "moe.gather", "moe.grouped"],
+        # mimo_v2_flash: per-layer kv heads and geometry (V padded to K's width), partial NEOX rope, the sinks on the
+        # window layers (T > 1 in torch, the window decode kernel's SINK variant), full layers without, a dense
+        # layer, then the sigmoid / biased MoE on both paths
+        "mimo_v2_flash": ["rope.triton", "attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
+                          "moe.gather", "moe.grouped"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -217,7 +222,7 @@ def cuda_ops():
                                   "granite_swa", "granitemoe_swa",
                                   "internlm3", "internlm3-bias",
                                   "olmo3-yarn",
-                                  "hy_v3", "mellum"])
+                                  "hy_v3", "mellum", "mimo_v2_flash"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
