@@ -76,6 +76,7 @@ class ModelConfig:
     expert_groups: int = 1                     # expert_group_count (group-limited routing; 1: none)
     expert_groups_used: int = 1                # expert_group_used_count
     leading_dense_blocks: int = 0              # leading_dense_block_count: first layers with a dense FFN
+    heads_per_layer: tuple | None = None       # attention.head_count as an array (laguna); n_heads: its largest
     kv_heads_per_layer: tuple | None = None    # attention.head_count_kv as an array (gemma4; lfm2: 0 on conv layers); n_kv_heads: its largest
     ffn_per_layer: tuple | None = None         # feed_forward_length as an array (gemma4); ffn: its largest
     cache_v_in_k: int = 0                      # > 0: each cached V row is the first this-many dims of its K row,
@@ -131,7 +132,9 @@ class ModelConfig:
                               "expected 0 <= nextn_predict_layers < block_count")
         n_layers -= nextn
         d_model = int(req("embedding_length"))
-        n_heads = int(req("attention.head_count"))
+        # head_count may be an array too (laguna: more query heads on its sliding-window layers); n_heads: the largest
+        n_heads, heads_per_layer = _count_or_counts(gf, arch, "attention.head_count", req("attention.head_count"),
+                                                    n_layers)
         # one count per layer (gemma4: head_count_kv, feed_forward_length arrays) only for a model class
         # that declares per_layer_counts; the config then holds the largest and the per-layer tuple
         n_kv, kv_per_layer = _count_or_counts(gf, arch, "attention.head_count_kv", opt("attention.head_count_kv", n_heads),
@@ -182,13 +185,17 @@ class ModelConfig:
                                                                           False):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count_kv {list(kv_per_layer)} has a 0 (a layer "
                               f"without attention); every {arch} layer has attention")
+        if heads_per_layer is not None and any(h <= 0 or h % (kv_per_layer[i] if kv_per_layer else n_kv)
+                                               for i, h in enumerate(heads_per_layer)):
+            raise MinferError(f"{gf.path}: {arch}.attention.head_count {list(heads_per_layer)}: each layer's count must "
+                              f"be a positive multiple of its head_count_kv")
         if kv_per_layer is not None and any(h and n_heads % h for h in kv_per_layer):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of each "
                               f"head_count_kv {list(kv_per_layer)}")
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
                    head_dim=head_dim, ffn=ffn, vocab=vocab, rms_eps=rms_eps, rope=rope,
                    context_length=ctx, tied_output=tied, kv_heads_per_layer=kv_per_layer,
-                   ffn_per_layer=ffn_per_layer, **extras)
+                   ffn_per_layer=ffn_per_layer, heads_per_layer=heads_per_layer, **extras)
 
 
 def _count_or_counts(gf, arch, suffix, value, n_layers) -> tuple[int, tuple[int, ...] | None]:

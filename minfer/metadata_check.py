@@ -196,7 +196,15 @@ ATTENTION_FREE = frozenset({"mamba", "mamba2"})
 _ZERO_COUNT = _count(0, 1 << 22)
 
 
+# Architectures whose converter writes head_count as one count per layer (conversion/laguna.py LagunaModel: HF
+# num_attention_heads_per_layer, the sliding-window layers with more query heads; llama.cpp hparams.n_head(il))
+PER_LAYER_HEADS = frozenset({"laguna"})
+_HEAD_COUNTS = _count_or_counts(1, 1 << 14)
+
+
 def _arch_check(arch: str, suffix: str, check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    if arch in PER_LAYER_HEADS and suffix == "attention.head_count":
+        return _HEAD_COUNTS
     if arch in ATTENTION_FREE and suffix in ("attention.head_count", "feed_forward_length"):
         return _ZERO_COUNT
     return _ZERO_FFN_ITEMS if arch in ZERO_FFN_LAYERS and suffix == "feed_forward_length" else check

@@ -367,4 +367,31 @@ ARCHS_B = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.334}},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # poolside Laguna (laguna; LagunaForCausalLM, XS.2 style): layer 0 full attention with 4 query heads and NEOX rope
+    # on 8 of 16 dims (partial_rotary_factor 0.5, base 500000), layers 1-3 sliding over 8 < SEQ with 8 query heads
+    # and rope on all 16 (base 10000) -- the converter writes no window pattern, llama.cpp's dense-first default 4
+    # is this layout; 2 kv heads everywhere, per-head q/k RMSNorm, the attention output times softplus(g_proj h)
+    # per head (gating True), layer 0 dense, then sigmoid scores chosen on score + e_score_correction_bias
+    # (randomized), top-2 of 8 experts of 24, renormalized, times moe_routed_scaling_factor 2.5, plus the shared
+    # expert of 32; untied head
+    "laguna": ("LagunaConfig", "LagunaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, shared_expert_intermediate_size=32,
+        num_hidden_layers=4, num_attention_heads=4, num_attention_heads_per_layer=[4, 8, 8, 8], num_key_value_heads=2,
+        head_dim=16, num_experts=8, num_experts_per_tok=2, moe_routed_scaling_factor=2.5, gating=True,
+        sliding_window=8, layer_types=["full_attention"] + ["sliding_attention"] * 3, rms_norm_eps=1e-6,
+        max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 1.0}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Laguna, M.1 style: every layer full attention (sliding_window 0: the converter writes no key), 4 query heads each, the per-element
+    # softplus gate (gating "per-element"), rope on 8 of 16 dims; otherwise the laguna fixture's
+    "laguna-elem": ("LagunaConfig", "LagunaForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=24, shared_expert_intermediate_size=32,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+        num_experts_per_tok=2, moe_routed_scaling_factor=2.5, gating="per-element", sliding_window=0,
+        layer_types=["full_attention"] * 3, rms_norm_eps=1e-6, max_position_embeddings=256,
+        tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 500000.0, "partial_rotary_factor": 0.5}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

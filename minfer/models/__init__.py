@@ -81,6 +81,7 @@ from minfer.models.granite_swa import GraniteSwaModel
 from minfer.models.hy_v3 import HyV3Model
 from minfer.models.mellum import MellumModel
 from minfer.models.mimo2 import Mimo2Model
+from minfer.models.laguna import LagunaModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -94,7 +95,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
-    HyV3Model, MellumModel, Mimo2Model)}
+    HyV3Model, MellumModel, Mimo2Model, LagunaModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

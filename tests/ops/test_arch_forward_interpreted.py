@@ -195,7 +195,12 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # window layers (T > 1 in torch, the window decode kernel's SINK variant), full layers without, a dense
         # layer, then the sigmoid / biased MoE on both paths
         "mimo_v2_flash": ["rope.triton", "attention.sinks.torch", "attention.window.decode", "attention.decode.triton",
-                          "moe.gather", "moe.grouped"]}
+                          "moe.gather", "moe.grouped"],
+        # laguna: per-layer query heads (4 full, 8 window), per-head q/k norms, partial NEOX rope on the full layer and
+        # whole-head rope on the window layers, the softplus gate per head (-elem: per element, no window), a dense
+        # layer, then the sigmoid / biased MoE with the shared expert on both paths
+        "laguna": ["rope.triton", "attention.window.decode", "attention.decode.triton", "moe.gather", "moe.grouped"],
+        "laguna-elem": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -222,7 +227,7 @@ def cuda_ops():
                                   "granite_swa", "granitemoe_swa",
                                   "internlm3", "internlm3-bias",
                                   "olmo3-yarn",
-                                  "hy_v3", "mellum", "mimo_v2_flash"])
+                                  "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
