@@ -26,8 +26,12 @@ LagunaSparseMoeBlock, LagunaRotaryEmbedding):
 - Rope, NEOX (llama_model_rope_type: LLM_ARCH_LAGUNA -> NEOX) per layer type: full layers rotate the first
   rope.dimension_count dims (HF partial_rotary_factor 0.5 of the full_attention rope) with rope.freq_base and the
   file's linear scale; local layers rope.dimension_count_swa dims (absent: rope.dimension_count) with
-  rope.freq_base_swa (absent: freq_base), unscaled. YaRN on the full layers (XS.2's release) is refused by name
-  (config.py: rope.scaling.type).
+  rope.freq_base_swa (absent: freq_base), unscaled (laguna.cpp: freq_scale 1, ext_factor 0, attn_factor 1 there).
+  YaRN on the full layers (XS.2's release: rope.scaling.type yarn, factor, original_context_length,
+  yarn_beta_fast/slow from HF's full_attention rope): gpt_oss.yarn_rope's divisors over the rotated dims with the
+  correction range floored / ceiled (ggml_rope_yarn_corr_dims; HF truncate), and mscale = (1 + 0.1 ln factor) *
+  rope.scaling.attn_factor on the rotated dims only (ggml scales the rotated pairs, the pass-through dims are
+  copied; HF multiplies cos and sin, which touch only q[..., :rot]): here the rotated dims of q times mscale^2.
 - The gate: softplus(W_g h) of the attention's input, W_g = blk.N.attn_gate.weight (required) of H_l rows (one
   gate per head, broadcast over its dims: HF gating true / "per-head") or H_l * head size rows (per element: HF
   "per-element", M.1); any other width is refused by name (the loader's GGML_ABORT). It multiplies the attention's
@@ -128,7 +132,8 @@ class LagunaModel(Glm4MoeModel):
 
     @classmethod
     def geometry(cls, gf, cfg: ModelConfig) -> dict:
-        """heads, kv_heads, is_local, window, rope_local read from the file."""
+        """heads, kv_heads, is_local, window, rope_local, rope_full (YaRN's divisors when the file has
+        rope.scaling.type yarn), q_rot_scale (YaRN's mscale^2 on the full layers' rotated q dims) from the file."""
         a, md, L, Dh = cls.arch, gf.metadata, cfg.n_layers, cfg.head_dim
         Dv = int(md.get(f"{a}.attention.value_length", Dh))
         if Dv != Dh:
@@ -156,9 +161,16 @@ class LagunaModel(Glm4MoeModel):
             raise MinferError(f"{gf.path}: {a}.rope.dimension_count_swa={n_rot_swa}: expected an even count <= {Dh}")
         rope_local = replace(cfg.rope, theta=float(md.get(f"{a}.rope.freq_base_swa", cfg.rope.theta)),
                              n_rot=n_rot_swa, freq_scale=1.0)
+        rope_full, q_rot_scale = cfg.rope, 1.0
+        if md.get(f"{a}.rope.scaling.type") == "yarn":          # XS.2: YaRN on the full layers only
+            from minfer.models.gpt_oss import yarn_rope
+
+            rope_full, mscale = yarn_rope(gf, a, cfg.rope, cfg.rope_attn_factor, truncate=True)
+            q_rot_scale = mscale * mscale
         heads = cfg.heads_per_layer or (cfg.n_heads,) * L
         kv = cfg.kv_heads_per_layer or (cfg.n_kv_heads,) * L
-        return dict(heads=tuple(heads), kv_heads=tuple(kv), is_local=is_local, window=window, rope_local=rope_local)
+        return dict(heads=tuple(heads), kv_heads=tuple(kv), is_local=is_local, window=window, rope_local=rope_local,
+                    rope_full=rope_full, q_rot_scale=q_rot_scale)
 
     @classmethod
     def cache_config(cls, gf, cfg: ModelConfig):
@@ -177,8 +189,11 @@ class LagunaModel(Glm4MoeModel):
         q, k = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), head_norm(k.view(T, Hkv, Dh),
                                                                                   blk.attn_k_norm, c.rms_eps)
         local = self.is_local[i]
-        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.rope_local if local else c.rope, ctx,
-                              window=self.window if local else 0)               # (T, H, Dh)
+        if not local and self.q_rot_scale != 1.0:   # YaRN's mscale on the rotated dims of q and k: mscale^2 on q's
+            n = self.rope_full.n_rot
+            q = torch.cat([q[..., :n] * self.q_rot_scale, q[..., n:]], dim=-1)
+        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.rope_local if local else self.rope_full,
+                              ctx, window=self.window if local else 0)          # (T, H, Dh)
         return ops.linear(self.gated(o, gate).to(h.dtype), blk.attn_output, None, ctx)
 
     @staticmethod

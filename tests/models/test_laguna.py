@@ -33,6 +33,7 @@ def test_layout_read_from_the_file():
     assert m.kv_heads == (2,) * 4 and c.kv_layers == ((2, 16, 16),) * 4
     assert m.is_local == (False, True, True, True) and m.window == 8        # no pattern key: dense-first 4
     assert c.rope.n_rot == 8 and c.rope.theta == 5e5 and m.rope_local.n_rot == 16 and m.rope_local.theta == 1e4
+    assert m.rope_full == c.rope and m.q_rot_scale == 1.0                                  # no YaRN here
     assert [g.shape for g in m.attn_gate] == [(4, 64), (8, 64), (8, 64), (8, 64)]          # per head
     assert m.blocks[1].attn_q.shape == (128, 64) and m.blocks[1].attn_output.shape == (64, 128)
     assert [e is None for e in m.moe] == [True, False, False, False]
@@ -85,11 +86,11 @@ def test_each_rule_is_needed(what):
         m.is_local = (True,) * c.n_layers
         m.rope_local = c.rope                  # the window only: layer 0 keeps its rope
     elif what == "one_rope":                   # the full layers' rope (8 dims, 5e5) on the window layers too
-        m.rope_local = c.rope
+        m.rope_local = m.rope_full
     elif what == "full_rope_everywhere":       # the window layers' rope (16 dims, 1e4) on layer 0 too
-        m.cfg = replace(c, rope=m.rope_local)
+        m.rope_full = m.rope_local
     elif what == "adjacent_pairs":
-        m.cfg = replace(c, rope=replace(c.rope, style="normal"))
+        m.rope_full = replace(m.rope_full, style="normal")
         m.rope_local = replace(m.rope_local, style="normal")
     elif what == "no_gate":
         m.gated = lambda o, gate: o.float().reshape(o.shape[0], -1)
@@ -180,7 +181,8 @@ def test_absent_optional_keys_take_llamacpps_values(tmp_path):
      r"laguna\.attention\.head_count"),
     (dict(set_keys={"laguna.attention.head_count": ([4, 8], gguf.GGUFValueType.ARRAY)}), r"laguna\.attention\.head_count"),
     (dict(set_keys={"laguna.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING),
-                    "laguna.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)}), r"laguna\.rope\.scaling"),
+                    "laguna.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)}),
+     r"laguna\.rope\.scaling\.original_context_length"),
     (dict(set_keys={"laguna.expert_used_count": (9, gguf.GGUFValueType.UINT32)}), r"expert_used_count=9"),
 ])
 def test_unsupported_input_refused_by_name(tmp_path, kw, match):
@@ -206,3 +208,28 @@ def test_metadata_check_takes_the_head_count_array_for_laguna_only(tmp_path):
     p = rewrite(DATA / "mellum.gguf", tmp_path / "x.gguf",
                 set_keys={"mellum.attention.head_count": ([4, 4, 4, 4], gguf.GGUFValueType.ARRAY)})
     assert "mellum.attention.head_count" in problems(GGUFFile(p))
+
+
+# ---- laguna-yarn: XS.2's YaRN on the full layers -------------------------------------------------------------------
+
+def test_yarn_on_the_full_layer_only():
+    m = engine("laguna-yarn").model
+    assert m.rope_full.freq_factors is not None and m.rope_local.freq_factors is None and m.cfg.rope.freq_scale == 1.0
+    assert abs(m.q_rot_scale - (1 + 0.1 * np.log(8.0)) ** 2) < 1e-9
+    assert miss(engine("laguna-yarn"), "laguna-yarn") < TOL
+
+
+@pytest.mark.parametrize("what", ["no_yarn", "no_mscale", "mscale_on_every_dim", "yarn_on_window_layers"])
+def test_yarn_rules_are_needed(what):
+    eng = engine("laguna-yarn")
+    m = eng.model
+    if what == "no_yarn":
+        m.rope_full, m.q_rot_scale = m.cfg.rope, 1.0
+    elif what == "no_mscale":
+        m.q_rot_scale = 1.0
+    elif what == "mscale_on_every_dim":       # mscale^2 on the whole q (olmo2's whole-head rope), not its rotated dims
+        m.blocks[0].attn_q_norm = m.blocks[0].attn_q_norm * m.q_rot_scale
+        m.q_rot_scale = 1.0
+    else:
+        m.rope_local = replace(m.rope_local, freq_factors=(8.0,) * 8)
+    assert miss(eng, "laguna-yarn") > 10 * TOL, what
