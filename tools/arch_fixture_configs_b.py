@@ -409,4 +409,17 @@ ARCHS_B = {
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 1.0}},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Mellum 2's layer-selective YaRN: the mellum fixture's layout with YaRN on the full layer (rope_parameters
+    # full_attention: factor 8 over an original 16 = 128 / 8, beta 32 / 1; HF's default attention_factor 1 + 0.1 ln 8),
+    # the window layers unscaled
+    "mellum-yarn": ("MellumConfig", "MellumForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+        sliding_window=8, layer_types=["sliding_attention"] * 3 + ["full_attention"], rms_norm_eps=1e-6,
+        max_position_embeddings=128, tie_word_embeddings=False,
+        rope_parameters={"full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0,
+                                            "original_max_position_embeddings": 16, "beta_fast": 32.0,
+                                            "beta_slow": 1.0},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

@@ -21,7 +21,12 @@ Qwen3MoeSparseMoeBlock, MellumRotaryEmbedding = LagunaRotaryEmbedding, one rope 
   create_sliding_window_causal_mask on the sliding layers).
 - The rope base per layer type: rope.freq_base on the full layers (with the file's linear scale), and
   rope.freq_base_swa (absent: freq_base) unscaled on the local ones -- HF rope_parameters["sliding_attention"],
-  which the converter writes as freq_base_swa and llama.cpp's loader reads (rope_freq_base_train_swa). Where
+  which the converter writes as freq_base_swa and llama.cpp's loader reads (rope_freq_base_train_swa). Mellum 2's
+  layer-selective YaRN (HF rope_parameters["full_attention"] yarn; the converter writes rope.scaling.{type, factor,
+  original_context_length, yarn_beta_fast/slow}): the full layers only (mellum.cpp passes freq_scale, ext_factor,
+  attn_factor there and 1 / 0 / 1 on the local ones), gpt_oss.yarn_rope's divisors (ggml's floor / ceil correction
+  dims, HF truncate) and mscale = (1 + 0.1 ln factor) * rope.scaling.attn_factor on cos / sin, here q times
+  mscale^2 (the whole head rotates). Where
   llama.cpp's graph differs: mellum.cpp rotates the local layers with the context's freq_base, not the SWA base
   it loaded; this follows HF (the two agree when the bases are equal).
 - Every layer a MoE (build_moe_ffn; the loader requires ffn_gate_inp on each: HF's "dense" mlp_layer_types
@@ -86,6 +91,12 @@ class MellumModel(Qwen3MoeModel):
         m.window, m.is_local = cfg.sliding_window, is_local
         swa_base = float(md.get(f"{a}.rope.freq_base_swa", cfg.rope.theta))
         m.rope_local = replace(cfg.rope, theta=swa_base, freq_scale=1.0)   # the local layers: no rope scaling
+        m.rope_full, m.q_scale = cfg.rope, 1.0
+        if md.get(f"{a}.rope.scaling.type") == "yarn":          # Mellum 2's layer-selective YaRN: full layers only
+            from minfer.models.gpt_oss import yarn_rope
+
+            m.rope_full, mscale = yarn_rope(gf, a, cfg.rope, cfg.rope_attn_factor, truncate=True)
+            m.q_scale = mscale * mscale
         return m
 
     def attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
@@ -97,6 +108,8 @@ class MellumModel(Qwen3MoeModel):
         q, k = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), head_norm(k.view(T, Hkv, Dh),
                                                                                   blk.attn_k_norm, c.rms_eps)
         local = self.is_local[i]
-        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.rope_local if local else c.rope, ctx,
-                              window=self.window if local else 0)                # (T, H, Dh)
+        if not local and self.q_scale != 1.0:       # YaRN's mscale on q and k (whole-head rope): mscale^2 on q
+            q = q * self.q_scale
+        o = rope_write_attend(cache, i, q, k, v.view(T, Hkv, Dh), step, self.rope_local if local else self.rope_full,
+                              ctx, window=self.window if local else 0)           # (T, H, Dh)
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)

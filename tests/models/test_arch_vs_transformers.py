@@ -34,7 +34,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "granite_swa", "granitemoe_swa",
          "internlm3", "internlm3-bias",
          "olmo3-yarn",
-         "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn"]
+         "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
+         "mellum-yarn"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -61,7 +62,8 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "granite_swa": "granite_swa", "granitemoe_swa": "granite_swa",
                "internlm3": "llama", "internlm3-bias": "llama", "olmo3-yarn": "olmo2",   # conversion/internlm.py InternLM3Model writes llama
                "hy_v3": "hy_v3", "mellum": "mellum", "mimo_v2_flash": "mimo2",   # conversion/mimo.py writes mimo2
-               "laguna": "laguna", "laguna-elem": "laguna", "laguna-yarn": "laguna"}
+               "laguna": "laguna", "laguna-elem": "laguna", "laguna-yarn": "laguna",
+               "mellum-yarn": "mellum"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -71,7 +73,7 @@ TOL = 1e-3
 CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "exaone-moe": [5, 14, 23], "afmoe": [5, 14, 23],
         "cohere2moe": [5, 14, 23], "cohere2moe-ln": [5, 14, 23], "gemma4": [5, 14, 23], "gemma4-ple": [5, 14, 23],
         "granite_swa": [5, 14, 23], "granitemoe_swa": [5, 14, 23], "mellum": [5, 14, 23], "mimo_v2_flash": [5, 14, 23],
-        "laguna": [5, 14, 23], "laguna-yarn": [5, 14, 23],
+        "laguna": [5, 14, 23], "laguna-yarn": [5, 14, 23], "mellum-yarn": [5, 14, 23],
         "gemma4-moe": [5, 14, 23], "gemma3n": [5, 14, 23],
         # lfm2: pieces of 1, 2 and 3 tokens, so a conv window (3 taps) reaches back over 1 or 2 earlier pieces
         "lfm2": [1, 2, 4, 5, 14, 15, 23], "lfm2moe": [1, 2, 4, 5, 14, 15, 23],
@@ -159,7 +161,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "internlm3", "internlm3-bias",
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
-                                  "laguna-yarn"])
+                                  "laguna-yarn", "mellum-yarn"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -208,7 +210,7 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "internlm3", "internlm3-bias",
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
-                                  "laguna-yarn"])
+                                  "laguna-yarn", "mellum-yarn"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position

@@ -32,7 +32,7 @@ def test_layout_read_from_the_file():
     c = m.cfg
     assert (c.head_dim, c.n_heads, c.n_kv_heads, c.d_model, c.n_layers) == (16, 4, 2, 64, 4)
     assert m.is_local == (True, True, True, False) and m.window == 8
-    assert c.rope.theta == 500000.0 and m.rope_local.theta == 10000.0
+    assert c.rope.theta == 500000.0 and m.rope_local.theta == 10000.0 and m.rope_full == c.rope and m.q_scale == 1.0
     assert c.rope.style == "neox" and c.rope.n_rot == 16 and m.rope_local.freq_scale == 1.0
     assert (c.n_experts, c.n_experts_used, c.expert_ffn) == (8, 2, 32)
     assert c.expert_gating == "softmax" and m.weights_norm and all(e.gate_shexp is None for e in m.moe)
@@ -56,9 +56,9 @@ def test_each_rule_is_needed(what):
     elif what == "full_base_on_local":
         m.rope_local = c.rope
     elif what == "local_base_on_full":
-        m.cfg = replace(c, rope=m.rope_local)
+        m.rope_full = m.rope_local
     elif what == "adjacent_pairs":
-        m.cfg = replace(c, rope=replace(c.rope, style="normal"))
+        m.rope_full = replace(m.rope_full, style="normal")
         m.rope_local = replace(m.rope_local, style="normal")
     elif what == "no_q_norm":
         for b in m.blocks:
@@ -144,8 +144,38 @@ def test_absent_optional_keys_take_llamacpps_values(tmp_path):
     (dict(set_keys={"mellum.attention.sliding_window_pattern": ([True, False], gguf.GGUFValueType.ARRAY)}),
      r"mellum\.attention\.sliding_window_pattern"),
     (dict(set_keys={"mellum.expert_used_count": (9, gguf.GGUFValueType.UINT32)}), r"expert_used_count=9"),
+    (dict(set_keys={"mellum.rope.scaling.type": ("yarn", gguf.GGUFValueType.STRING),
+                    "mellum.rope.scaling.factor": (4.0, gguf.GGUFValueType.FLOAT32)}),
+     r"mellum\.rope\.scaling\.original_context_length"),
 ])
 def test_unsupported_input_refused_by_name(tmp_path, kw, match):
     p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw)
     with pytest.raises(MinferError, match=match):
         load(p)
+
+
+# ---- mellum-yarn: Mellum 2's layer-selective YaRN ------------------------------------------------------------------
+
+def test_yarn_on_the_full_layer_only():
+    m = engine("mellum-yarn").model
+    assert m.rope_full.freq_factors is not None and m.rope_local.freq_factors is None and m.cfg.rope.freq_scale == 1.0
+    assert abs(m.q_scale - (1 + 0.1 * np.log(8.0)) ** 2) < 1e-9
+    r = ref("mellum-yarn")
+    assert rel_err(engine("mellum-yarn").logits(r["ids"].tolist()).numpy(), r["logits"]) < TOL
+
+
+@pytest.mark.parametrize("what", ["no_yarn", "no_mscale", "yarn_on_window_layers"])
+def test_yarn_rules_are_needed(what):
+    eng = engine("mellum-yarn")
+    m = eng.model
+    if what == "no_yarn":
+        m.rope_full, m.q_scale = m.cfg.rope, 1.0
+    elif what == "no_mscale":
+        m.q_scale = 1.0
+    else:
+        m.rope_local = replace(m.rope_local, freq_factors=m.rope_full.freq_factors)
+    r = ref("mellum-yarn")
+    # no_mscale: one full layer (the last) with its attention temperature off by 1.46 misses by 5.6e-3 (1600x the
+    # 3.4e-6 it matches with), under the 10x bar the others clear
+    bar = (5 if what == "no_mscale" else 10) * TOL
+    assert rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"]) > bar, what
