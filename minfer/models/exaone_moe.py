@@ -52,14 +52,11 @@ from __future__ import annotations
 
 import torch
 
-from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.base import Step
 from minfer.models.exaone4 import qk_norm_window_attention
 from minfer.models.gemma3 import swa_layers
 from minfer.models.glm4moe import Glm4MoeModel
-from minfer.models.layers import ffn_branch
 
 DEFAULT_SWA_PATTERN = 4     # llama_model_exaone_moe::load_arch_hparams: load_swa_pattern(ml, 4)
 
@@ -110,17 +107,3 @@ class ExaoneMoeModel(Glm4MoeModel):
         return cfg, (fs if fs > 0 else cfg.expert_ffn)
 
     _attention = qk_norm_window_attention    # exaone4's: rope and the window on a local layer, neither on a global one
-
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps = self.act_dtype, self.cfg.rms_eps
-        x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
-        h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
-        for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
-            x, h = ops.add_rms_norm(x, self._attention(h, blk, i, cache, step, ctx), blk.ffn_norm, eps, act, ctx)
-            f = ffn_branch(h, blk, ctx) if e is None else self.ffn(h, e, ctx)      # (T, D)
-            if i + 1 < len(self.blocks):
-                x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
-        x, f = step.rows(x), step.rows(f)                          # (R, D)
-        _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)

@@ -186,13 +186,18 @@ class Glm4MoeModel(Qwen3MoeModel):
             return routed
         return (routed.float() + self.shared_expert(h, e, ctx).float()).to(h.dtype)
 
+    def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
+        """Block i's attention branch (layers.attention_branch); laguna, mimo2 and exaone_moe replace it with
+        their own and keep this forward."""
+        return attention_branch(h, blk, self.cfg, cache, i, step, ctx)
+
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        c, act, eps = self.cfg, self.act_dtype, self.cfg.rms_eps
+        act, eps = self.act_dtype, self.cfg.rms_eps
         x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
         h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
         for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
-            x, h = ops.add_rms_norm(x, attention_branch(h, blk, c, cache, i, step, ctx), blk.ffn_norm, eps, act, ctx)
+            x, h = ops.add_rms_norm(x, self._attention(h, blk, i, cache, step, ctx), blk.ffn_norm, eps, act, ctx)
             f = ffn_branch(h, blk, ctx) if e is None else self.ffn(h, e, ctx)      # (T, D)
             if i + 1 < len(self.blocks):
                 x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)

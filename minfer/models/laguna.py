@@ -59,7 +59,7 @@ from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.gemma4 import with_kv_layers
 from minfer.models.glm4moe import Glm4MoeModel, load_moe_layer
-from minfer.models.layers import Block, ffn_branch, head_norm, load_head, rope_write_attend
+from minfer.models.layers import Block, head_norm, load_head, rope_write_attend
 from minfer.weights import QWeight, load_qweight, load_vector
 
 DEFAULT_SWA_PATTERN = 4     # llama_model_laguna::load_arch_hparams: load_swa_pattern(ml, 4, dense_first = true)
@@ -205,17 +205,3 @@ class LagunaModel(Glm4MoeModel):
         if g.shape[1] == H:
             return (o.float() * g.unsqueeze(-1)).reshape(T, H * Dh)
         return o.float().reshape(T, H * Dh) * g
-
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps = self.act_dtype, self.cfg.rms_eps
-        x = ops.embedding(tokens, self.token_embd)                 # (T, D) float32
-        h = ops.rms_norm(x, self.blocks[0].attn_norm, eps).to(act)
-        for i, (blk, e) in enumerate(zip(self.blocks, self.moe)):
-            x, h = ops.add_rms_norm(x, self._attention(h, blk, i, cache, step, ctx), blk.ffn_norm, eps, act, ctx)
-            f = ffn_branch(h, blk, ctx) if e is None else self.ffn(h, e, ctx)      # (T, D)
-            if i + 1 < len(self.blocks):
-                x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
-        x, f = step.rows(x), step.rows(f)                          # (R, D)
-        _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
