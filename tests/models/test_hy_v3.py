@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from minfer.errors import MinferError
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, reference_switches, rel_err, rewrite
+from models.arch_checks import (assert_refused, break_rule, logits_miss, max_rel, rewritten_engine,
+                                sigmoid_biased_choice, swiglu_moe_f64)
+from models.test_arch_vs_transformers import DATA, TOL, engine
 
 NAME = "hy_v3"
 
 
 def miss(eng) -> float:
-    r = ref(NAME)
-    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+    return logits_miss(NAME, eng)
 
 
 def tensor(name: str) -> np.ndarray:
@@ -54,30 +54,13 @@ def test_moe_in_float64():
     """build_moe_ffn(sigmoid, exp_probs_b, norm_w, scale) plus the shared expert, in float64."""
     m = engine(NAME).model
     e, c = m.moe[2], m.cfg
-    E, F, D = c.n_experts, c.expert_ffn, c.d_model
     torch.manual_seed(5)
-    h = torch.randn(6, D)
-    gate = e.gate_exps.dense.double().view(E, F, D)
-    up = e.up_exps.dense.double().view(E, F, D)
-    down = e.down_exps.dense.double().view(E, D, F)
-    p = torch.sigmoid(h.double() @ e.gate_inp.double().T)                     # (T, E)
-    idx = (p + e.exp_probs_b.double()).topk(c.n_experts_used, dim=-1)[1]
-    w = p.gather(1, idx)
-    w = w / w.sum(-1, keepdim=True) * c.expert_weights_scale
-    want = torch.zeros(6, D, dtype=torch.float64)
-    for t in range(6):
-        x = h[t].double()
-        for j in range(c.n_experts_used):
-            k = idx[t, j]
-            want[t] += w[t, j] * (down[k] @ (torch.nn.functional.silu(gate[k] @ x) * (up[k] @ x)))
-        z = torch.nn.functional.silu(e.gate_shexp.dense.double() @ x) * (e.up_shexp.dense.double() @ x)
-        want[t] += e.down_shexp.dense.double() @ z
-    got = m.ffn(h, e, None).double()
-    err = ((got - want).abs().max() / want.abs().max()).item()
+    h = torch.randn(6, c.d_model)
+    want = swiglu_moe_f64(e, c, h, *sigmoid_biased_choice(e, c, h))
+    err = max_rel(m.ffn(h, e, None), want)
     assert err < 1e-5, err
     e.exp_probs_b = None                      # the choice without the selection bias misses the formula
-    got = m.ffn(h, e, None).double()
-    assert ((got - want).abs().max() / want.abs().max()).item() > 0.05
+    assert max_rel(m.ffn(h, e, None), want) > 0.05
 
 
 @pytest.mark.parametrize("what", ["no_q_norm", "no_k_norm", "adjacent_pairs", "softmax", "no_select_bias",
@@ -85,29 +68,8 @@ def test_moe_in_float64():
 def test_each_rule_is_needed(what):
     eng = engine(NAME)
     m = eng.model
-    c = m.cfg
-    if what == "no_q_norm":
-        for b in m.blocks:
-            b.attn_q_norm = torch.ones_like(b.attn_q_norm)
-    elif what == "no_k_norm":
-        for b in m.blocks:
-            b.attn_k_norm = torch.ones_like(b.attn_k_norm)
-    elif what == "adjacent_pairs":
-        m.cfg = replace(c, rope=replace(c.rope, style="normal"))
-    elif what == "softmax":
-        m.cfg = replace(c, expert_gating="softmax")
-    elif what == "no_select_bias":
-        for e in m.moe[1:]:
-            e.exp_probs_b = None
-    elif what == "no_renorm":
-        m.weights_norm = False
-    elif what == "no_scale":
-        m.cfg = replace(c, expert_weights_scale=1.0)
-    elif what == "no_shared":
-        for e in m.moe[1:]:
-            e.gate_shexp = None
-    else:                                  # layer 0's dense MLP replaced by layer 1's MoE
-        m.moe = [m.moe[1]] + m.moe[1:]
+    if not break_rule(m, what):               # adjacent_pairs
+        m.cfg = replace(m.cfg, rope=replace(m.cfg.rope, style="normal"))
     assert miss(eng) > 10 * TOL, what
 
 
@@ -116,34 +78,25 @@ def test_each_rule_is_needed(what):
                                          "blk.2.ffn_down_shexp.weight", "blk.2.ffn_down_exps.weight",
                                          "blk.1.ffn_gate_exps.weight", "output_norm.weight"])
 def test_missing_tensor_is_named(tmp_path, tensor_name):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor_name,))
-    with pytest.raises(MinferError, match=tensor_name.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_tensors=(tensor_name,)), tensor_name)
 
 
 def test_a_layer_without_its_router_is_read_as_dense(tmp_path):
     """hy-v3.cpp decides dense or MoE by ffn_gate_inp alone: without it, layer 1 asks for the dense FFN."""
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=("blk.1.ffn_gate_inp.weight",))
-    with pytest.raises(MinferError, match=r"blk\.1\.ffn_gate\.weight"):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_tensors=("blk.1.ffn_gate_inp.weight",)), "blk.1.ffn_gate.weight")
 
 
 @pytest.mark.parametrize("key", ["hy_v3.expert_count", "hy_v3.expert_used_count", "hy_v3.expert_feed_forward_length"])
 def test_missing_key_is_named(tmp_path, key):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
-    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_keys=(key,)), key)
 
 
 def test_absent_optional_keys_and_tensors_take_llamacpps_values(tmp_path):
     """No expert_gating_func: sigmoid (hy-v3.cpp's default), the logits unchanged; no expert_weights_norm: not
     renormalized (llama.cpp's hparams default), which misses; no expert_shared_feed_forward_length: the shared
     expert is expert_feed_forward_length wide (as the fixture's); no exp_probs_b: the choice on the scores."""
-    from minfer.runtime.engine import Engine
-
     def eng(**kw):
-        return Engine.load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw), ctx=64, progress=False,
-                           switches=reference_switches())
+        return rewritten_engine(NAME, tmp_path, **kw)
 
     e = eng(drop_keys=("hy_v3.expert_gating_func", "hy_v3.expert_shared_feed_forward_length"))
     assert e.model.cfg.expert_gating == "sigmoid" and e.model.moe[1].gate_shexp.shape == (24, 64)
@@ -159,28 +112,21 @@ def test_absent_optional_keys_and_tensors_take_llamacpps_values(tmp_path):
 
 def test_selection_bias_under_another_name_refused(tmp_path):
     """blk.N.exp_probs_b.bias is other archs' name (tn(..., "bias", i)); hy-v3.cpp loads blk.N.exp_probs_b."""
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=("blk.1.exp_probs_b",),
-                add_tensors={"blk.1.exp_probs_b.bias": tensor("blk.1.exp_probs_b")})
-    with pytest.raises(MinferError, match=r"blk\.1\.exp_probs_b\.bias"):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_tensors=("blk.1.exp_probs_b",),
+                                        add_tensors={"blk.1.exp_probs_b.bias": tensor("blk.1.exp_probs_b")}),
+                   "blk.1.exp_probs_b.bias")
 
 
 def test_dense_and_moe_on_one_layer_refused(tmp_path):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf",
-                add_tensors={"blk.1.ffn_gate.weight": np.zeros((96, 64), np.float32)})
-    with pytest.raises(MinferError, match=r"blk\.1\.ffn_gate\.weight"):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(add_tensors={"blk.1.ffn_gate.weight": np.zeros((96, 64), np.float32)}),
+                   "blk.1.ffn_gate.weight")
 
 
 def test_partial_rope_refused(tmp_path):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf",
-                set_keys={"hy_v3.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)})
-    with pytest.raises(MinferError, match=r"hy_v3\.rope\.dimension_count"):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(set_keys={"hy_v3.rope.dimension_count": (8, gguf.GGUFValueType.UINT32)}),
+                   "hy_v3.rope.dimension_count")
 
 
 def test_bad_expert_counts_named(tmp_path):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf",
-                set_keys={"hy_v3.expert_used_count": (9, gguf.GGUFValueType.UINT32)})
-    with pytest.raises(MinferError, match=r"expert_used_count=9"):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(set_keys={"hy_v3.expert_used_count": (9, gguf.GGUFValueType.UINT32)}),
+                   "expert_used_count=9")

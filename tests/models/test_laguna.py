@@ -16,14 +16,15 @@ import pytest
 import torch
 
 from minfer.errors import MinferError
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, reference_switches, rel_err, rewrite
+from models.arch_checks import (assert_refused, break_rule, logits_miss, max_rel, rewritten_engine,
+                                sigmoid_biased_choice, swiglu_moe_f64)
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, rewrite
 
 NAME = "laguna"
 
 
 def miss(eng, name: str = NAME) -> float:
-    r = ref(name)
-    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+    return logits_miss(name, eng)
 
 
 def test_layout_read_from_the_file():
@@ -49,26 +50,10 @@ def test_moe_in_float64():
     """build_moe_ffn(sigmoid, exp_probs_b, norm_w, scale) plus the shared expert, in float64."""
     m = engine(NAME).model
     e, c = m.moe[2], m.cfg
-    E, Fe, D = c.n_experts, c.expert_ffn, c.d_model
     torch.manual_seed(4)
-    h = torch.randn(6, D)
-    gate = e.gate_exps.dense.double().view(E, Fe, D)
-    up = e.up_exps.dense.double().view(E, Fe, D)
-    down = e.down_exps.dense.double().view(E, D, Fe)
-    p = torch.sigmoid(h.double() @ e.gate_inp.double().T)
-    idx = (p + e.exp_probs_b.double()).topk(c.n_experts_used, dim=-1)[1]
-    w = p.gather(1, idx)
-    w = w / w.sum(-1, keepdim=True) * c.expert_weights_scale
-    want = torch.zeros(6, D, dtype=torch.float64)
-    for t in range(6):
-        x = h[t].double()
-        for j in range(c.n_experts_used):
-            k = idx[t, j]
-            want[t] += w[t, j] * (down[k] @ (torch.nn.functional.silu(gate[k] @ x) * (up[k] @ x)))
-        z = torch.nn.functional.silu(e.gate_shexp.dense.double() @ x) * (e.up_shexp.dense.double() @ x)
-        want[t] += e.down_shexp.dense.double() @ z
-    got = m.ffn(h, e, None).double()
-    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    h = torch.randn(6, c.d_model)
+    want = swiglu_moe_f64(e, c, h, *sigmoid_biased_choice(e, c, h))
+    assert max_rel(m.ffn(h, e, None), want) < 1e-5
 
 
 @pytest.mark.parametrize("what", ["no_window", "window_on_layer0", "one_rope", "full_rope_everywhere",
@@ -80,8 +65,8 @@ def test_each_rule_is_needed(what):
     eng = engine(name)
     m = eng.model
     c = m.cfg
-    if what == "no_window":
-        m.window = 0
+    if break_rule(m, what):
+        pass
     elif what == "window_on_layer0":
         m.is_local = (True,) * c.n_layers
         m.rope_local = c.rope                  # the window only: layer 0 keeps its rope
@@ -96,28 +81,10 @@ def test_each_rule_is_needed(what):
         m.gated = lambda o, gate: o.float().reshape(o.shape[0], -1)
     elif what == "sigmoid_gate":
         m.gated = lambda o, gate: (o.float() * torch.sigmoid(gate.float()).unsqueeze(-1)).reshape(o.shape[0], -1)
-    elif what == "gate_per_element_as_head":   # laguna-elem's gate read per head (its first H columns)
+    else:                       # gate_per_element_as_head: laguna-elem's gate read per head (its first H columns)
         H = m.heads[0]
         m.gated = lambda o, gate: (o.float() * torch.nn.functional.softplus(gate[:, :H].float()).unsqueeze(-1)
                                    ).reshape(o.shape[0], -1)
-    elif what == "no_q_norm":
-        for b in m.blocks:
-            b.attn_q_norm = torch.ones_like(b.attn_q_norm)
-    elif what == "no_k_norm":
-        for b in m.blocks:
-            b.attn_k_norm = torch.ones_like(b.attn_k_norm)
-    elif what == "softmax":
-        m.cfg = replace(c, expert_gating="softmax")
-    elif what == "no_select_bias":
-        for e in m.moe[1:]:
-            e.exp_probs_b = None
-    elif what == "no_scale":
-        m.cfg = replace(c, expert_weights_scale=1.0)
-    elif what == "no_shared":
-        for e in m.moe[1:]:
-            e.gate_shexp = None
-    else:
-        m.moe = [m.moe[1]] + m.moe[1:]
     assert miss(eng, name) > 10 * TOL, what
 
 
@@ -125,17 +92,13 @@ def test_each_rule_is_needed(what):
                                     "blk.3.exp_probs_b.bias", "blk.1.ffn_up_shexp.weight", "blk.0.ffn_down.weight",
                                     "blk.2.ffn_gate_exps.weight", "blk.3.ffn_gate_inp.weight", "output_norm.weight"])
 def test_missing_tensor_is_named(tmp_path, tensor):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
-    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_tensors=(tensor,)), tensor)
 
 
 @pytest.mark.parametrize("key", ["laguna.leading_dense_block_count", "laguna.expert_count",
                                  "laguna.expert_used_count", "laguna.expert_feed_forward_length"])
 def test_missing_key_is_named(tmp_path, key):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
-    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_keys=(key,)), key)
 
 
 def test_absent_optional_keys_take_llamacpps_values(tmp_path):
@@ -143,11 +106,8 @@ def test_absent_optional_keys_take_llamacpps_values(tmp_path):
     expert_shared_count (here 24 != the file's 32: the shared tensors' shape is named); no
     rope.dimension_count_swa: the full layers' count on every layer; no freq_base_swa: freq_base; no
     expert_weights_norm: not renormalized (llama.cpp's default); a window pattern key overrides the default."""
-    from minfer.runtime.engine import Engine
-
     def eng(**kw):
-        return Engine.load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw), ctx=64, progress=False,
-                           switches=reference_switches())
+        return rewritten_engine(NAME, tmp_path, **kw)
 
     e = eng(drop_keys=("laguna.expert_gating_func",))
     assert e.model.cfg.expert_gating == "sigmoid" and miss(e) < TOL

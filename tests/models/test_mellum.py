@@ -17,14 +17,14 @@ import torch
 
 from minfer import ops
 from minfer.errors import MinferError
-from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, reference_switches, rel_err, rewrite
+from models.arch_checks import assert_refused, break_rule, logits_miss, max_rel, rewritten_engine, swiglu_moe_f64
+from models.test_arch_vs_transformers import DATA, TOL, engine, load, ref, rel_err, rewrite
 
 NAME = "mellum"
 
 
 def miss(eng) -> float:
-    r = ref(NAME)
-    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
+    return logits_miss(NAME, eng)
 
 
 def test_layout_read_from_the_file():
@@ -49,25 +49,15 @@ def test_each_rule_is_needed(what):
     eng = engine(NAME)
     m = eng.model
     c = m.cfg
-    if what == "no_window":
-        m.window = 0
+    if break_rule(m, what):
+        pass
     elif what == "window_everywhere":
         m.is_local = (True,) * c.n_layers
-    elif what == "full_base_on_local":
-        m.rope_local = c.rope
     elif what == "local_base_on_full":
         m.rope_full = m.rope_local
     elif what == "adjacent_pairs":
         m.rope_full = replace(m.rope_full, style="normal")
         m.rope_local = replace(m.rope_local, style="normal")
-    elif what == "no_q_norm":
-        for b in m.blocks:
-            b.attn_q_norm = torch.ones_like(b.attn_q_norm)
-    elif what == "no_k_norm":
-        for b in m.blocks:
-            b.attn_k_norm = torch.ones_like(b.attn_k_norm)
-    elif what == "no_renorm":
-        m.weights_norm = False
     else:                                  # the same top-k over sigmoid scores instead of the softmax
         m.ffn = lambda h, e, ctx: ops.moe_ffn(h, e.gate_inp, e.gate_exps, e.up_exps, e.down_exps, c.n_experts_used,
                                               True, ctx, gating="sigmoid")
@@ -78,50 +68,32 @@ def test_moe_is_softmax_topk_renormalized_in_float64():
     """build_moe_ffn(softmax, norm_w = true, no scale), in float64."""
     m = engine(NAME).model
     e, c = m.moe[1], m.cfg
-    E, F, D = c.n_experts, c.expert_ffn, c.d_model
     torch.manual_seed(3)
-    h = torch.randn(5, D)
-    gate = e.gate_exps.dense.double().view(E, F, D)
-    up = e.up_exps.dense.double().view(E, F, D)
-    down = e.down_exps.dense.double().view(E, D, F)
+    h = torch.randn(5, c.d_model)
     p = torch.softmax(h.double() @ e.gate_inp.double().T, -1)
     w, idx = p.topk(c.n_experts_used, dim=-1)
-    w = w / w.sum(-1, keepdim=True)
-    want = torch.zeros(5, D, dtype=torch.float64)
-    for t in range(5):
-        x = h[t].double()
-        for j in range(c.n_experts_used):
-            k = idx[t, j]
-            want[t] += w[t, j] * (down[k] @ (torch.nn.functional.silu(gate[k] @ x) * (up[k] @ x)))
-    got = m.ffn(h, e, None).double()
-    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    want = swiglu_moe_f64(e, c, h, idx, w / w.sum(-1, keepdim=True))       # no shared expert (gate_shexp None)
+    assert max_rel(m.ffn(h, e, None), want) < 1e-5
 
 
 @pytest.mark.parametrize("tensor", ["blk.0.attn_q_norm.weight", "blk.3.attn_k_norm.weight", "blk.2.ffn_gate_inp.weight",
                                     "blk.1.ffn_up_exps.weight", "blk.3.ffn_down_exps.weight", "blk.0.ffn_norm.weight",
                                     "output.weight", "output_norm.weight"])
 def test_missing_tensor_is_named(tmp_path, tensor):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
-    with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_tensors=(tensor,)), tensor)
 
 
 @pytest.mark.parametrize("key", ["mellum.expert_count", "mellum.expert_used_count", "mellum.expert_feed_forward_length"])
 def test_missing_key_is_named(tmp_path, key):
-    p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_keys=(key,))
-    with pytest.raises(MinferError, match=key.replace(".", r"\.")):
-        load(p)
+    assert_refused(NAME, tmp_path, dict(drop_keys=(key,)), key)
 
 
 def test_absent_optional_keys_take_llamacpps_values(tmp_path):
     """No sliding_window: no window anywhere (swa_type NONE), which misses; no pattern: load_swa_pattern's default
     4 (three local, one global: the fixture's own, so the logits hold); no freq_base_swa: the local layers take
     freq_base, which misses; expert_weights_norm false: still renormalized (the graph's norm_w = true)."""
-    from minfer.runtime.engine import Engine
-
     def eng(**kw):
-        return Engine.load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **kw), ctx=64, progress=False,
-                           switches=reference_switches())
+        return rewritten_engine(NAME, tmp_path, **kw)
 
     e = eng(drop_keys=("mellum.attention.sliding_window",))
     assert e.model.is_local == (False,) * 4 and miss(e) > 10 * TOL
