@@ -110,6 +110,15 @@ def swiglu_moe_f64(e, c, h: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) ->
     return want
 
 
+def sigmoid_moe_case(m, layer: int, seed: int):
+    """Layer `layer`'s MoE of model m (sigmoid gating, a selection bias, the weights renormalized and scaled, a
+    shared expert) on 6 rows of torch.manual_seed(seed)'s randn, and its float64 formula: (e, h, want)."""
+    e, c = m.moe[layer], m.cfg
+    torch.manual_seed(seed)
+    h = torch.randn(6, c.d_model)
+    return e, h, swiglu_moe_f64(e, c, h, *sigmoid_biased_choice(e, c, h))
+
+
 def max_rel(got: torch.Tensor, want: torch.Tensor) -> float:
     """max |got - want| / max |want|."""
     return ((got.double() - want).abs().max() / want.abs().max()).item()

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.arch_checks import (assert_refused, break_rule, logits_miss, max_rel, rewritten_engine,
-                                sigmoid_biased_choice, swiglu_moe_f64)
+from models.arch_checks import assert_refused, break_rule, logits_miss, max_rel, rewritten_engine, sigmoid_moe_case
 from models.test_arch_vs_transformers import DATA, TOL, engine
 
 NAME = "hy_v3"
@@ -53,10 +52,7 @@ def test_layout_read_from_the_file():
 def test_moe_in_float64():
     """build_moe_ffn(sigmoid, exp_probs_b, norm_w, scale) plus the shared expert, in float64."""
     m = engine(NAME).model
-    e, c = m.moe[2], m.cfg
-    torch.manual_seed(5)
-    h = torch.randn(6, c.d_model)
-    want = swiglu_moe_f64(e, c, h, *sigmoid_biased_choice(e, c, h))
+    e, h, want = sigmoid_moe_case(m, 2, seed=5)
     err = max_rel(m.ffn(h, e, None), want)
     assert err < 1e-5, err
     e.exp_probs_b = None                      # the choice without the selection bias misses the formula
