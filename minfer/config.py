@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from minfer.errors import MinferError
 
 # architectures whose model class reads rope.scaling.type yarn and applies YaRN itself
-YARN_ARCHITECTURES = frozenset({"gpt-oss", "deepseek2", "mistral3", "arcee", "olmo2", "laguna", "mellum"})
+YARN_ARCHITECTURES = frozenset({"gpt-oss", "deepseek2", "mistral3", "arcee", "olmo2", "laguna", "mellum",
+                                "mistral4"})
 
 
 @dataclass(frozen=True)

@@ -422,4 +422,20 @@ ARCHS_B = {
                                             "beta_slow": 1.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Mistral Small 4 style (mistral4; Mistral4ForCausalLM): deepseek2's MLA with q_lora 32 (q_a, q_a_norm, q_b),
+    # kv_lora 24 + 8 rope dims (interleaved: NORM), qk_nope 16, v_head 20; layer 0 dense, layers 1-2 top-2 of 8
+    # softmax experts in 2 of 4 groups (a group by its two best scores), renormalized, times 1.5, plus one shared
+    # expert; the release's YaRN (mscale = mscale_all_dim 1) at factor 16 over an original 16 < SEQ (the ramp and
+    # mscale both matter); llama_4_scaling_beta 0 (HF's q temperature off: llama.cpp's HF converter for mistral4
+    # writes no attention.temperature_* key, so a file carries none and runs without it, as in llama.cpp)
+    "mistral4": ("Mistral4Config", "Mistral4ForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+        v_head_dim=20, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=4, topk_group=2,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, norm_topk_prob=True, rope_interleave=True,
+        rms_norm_eps=1e-6, max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

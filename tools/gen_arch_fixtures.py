@@ -292,6 +292,10 @@ def mimo_v2_as_released(c: dict) -> dict:
 
 
 CONFIG_AS_RELEASED |= {"mimo_v2_flash": mimo_v2_as_released}
+# llama.cpp's converter takes Mistral 4 under Ministral3ForCausalLM / Mistral3ForConditionalGeneration only
+# (conversion/mistral3.py: Mistral3Model picks its Mistral4Model impl by model_type "mistral4"); the text model's
+# config.json as written, under the registered class name
+CONFIG_AS_RELEASED |= {"mistral4": lambda c: {**c, "architectures": ["Ministral3ForCausalLM"]}}
 
 
 def reference(model, ids: list[int]) -> np.ndarray:

@@ -52,6 +52,7 @@ from minfer.models.exaone import ExaoneModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.exaone_moe import ExaoneMoeModel
 from minfer.models.minicpm3 import MiniCPM3Model
+from minfer.models.mistral4 import Mistral4Model
 from minfer.models.afmoe import AfmoeModel
 from minfer.models.jais2 import Jais2Model
 from minfer.models.gemma3n import Gemma3nModel
@@ -95,7 +96,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
-    HyV3Model, MellumModel, Mimo2Model, LagunaModel)}
+    HyV3Model, MellumModel, Mimo2Model, LagunaModel,
+    Mistral4Model)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

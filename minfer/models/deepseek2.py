@@ -50,7 +50,8 @@ follows llama.cpp. The rope frequencies: YaRN's ramp with floored/ceiled correct
 (gpt_oss.yarn_rope(truncate=True): ggml_rope_yarn_corr_dims; HF truncate defaults True).
 
 FFN: the first `leading_dense_block_count` layers a SwiGLU MLP (ffn_{gate,up,down}); the others
-MoE (llama.cpp build_moe_ffn) plus shared experts, no shared gate:
+MoE (llama.cpp build_moe_ffn; the experts ffn_gate_exps / ffn_up_exps, or fused ffn_gate_up_exps as
+mistral4's converter writes: create_tensor_gate_up_exps) plus shared experts, no shared gate:
     ffn(h) = moe(h) + W_down_s(silu(W_gate_s h) * W_up_s h)    ffn_{gate,up,down}_shexp, width
                                                                expert_feed_forward_length * expert_shared_count
 moe: ops.moe_ffn with gating `expert_gating_func` (absent: llama.cpp's deepseek2 default, softmax
@@ -118,8 +119,8 @@ class MlaBlock:
     ffn_down: QWeight | None = None    # (D, F)
     router: torch.Tensor | None = None           # (E, D) float32   MoE layers
     select_bias: torch.Tensor | None = None      # (E,) exp_probs_b.bias (V3)
-    gate_exps: QWeight | None = None   # (E * Fe, D)
-    up_exps: QWeight | None = None
+    gate_exps: QWeight | None = None   # (E * Fe, D), or the fused (E * 2Fe, D) gate_up_exps
+    up_exps: QWeight | None = None     # None with the fused gate_up_exps (ops.moe_ffn: up_exps None)
     down_exps: QWeight | None = None   # (E * D, Fe)
     gate_shexp: QWeight | None = None  # (Fs, D)
     up_shexp: QWeight | None = None
@@ -232,8 +233,16 @@ class Deepseek2Model(LlamaModel):
                 b.router = vec("ffn_gate_inp.weight", E * D).view(E, D)
                 if p + "exp_probs_b.bias" in gf.tensors:
                     b.select_bias = vec("exp_probs_b.bias", E)
-                b.gate_exps = load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype)
-                b.up_exps = load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype)
+                if p + "ffn_gate_up_exps.weight" in gf.tensors:     # fused (mistral4's converter; llama.cpp
+                    # create_tensor_gate_up_exps: (E, 2 Fe, D), expert e's gate rows then its up rows)
+                    b.gate_exps = load_experts(gf, p + "ffn_gate_up_exps.weight", device, (E, 2 * Fe, D), dtype)
+                else:
+                    if p + "ffn_gate_exps.weight" not in gf.tensors:
+                        raise MinferError(f"{gf.path}: tensor '{p}ffn_gate_up_exps.weight' is missing (or "
+                                          f"'{p}ffn_gate_exps.weight' and '{p}ffn_up_exps.weight' apart): the "
+                                          f"experts of the MoE layer {i}")
+                    b.gate_exps = load_experts(gf, p + "ffn_gate_exps.weight", device, (E, Fe, D), dtype)
+                    b.up_exps = load_experts(gf, p + "ffn_up_exps.weight", device, (E, Fe, D), dtype)
                 b.down_exps = load_experts(gf, p + "ffn_down_exps.weight", device, (E, D, Fe), dtype)
                 if Fs:
                     b.gate_shexp, b.up_shexp = w("ffn_gate_shexp", (Fs, D)), w("ffn_up_shexp", (Fs, D))

@@ -41,7 +41,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "internlm3", "internlm3-bias",
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
-         "mellum-yarn"]
+         "mellum-yarn",
+         "mistral4"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -213,7 +214,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # laguna-yarn: the full layer's YaRN divisors and mscale^2 on q's rotated dims, the window layers unscaled
             "laguna-yarn": ["attention.window", "attention.decode", "moe.gather"],
             # mellum-yarn: the full layer's YaRN divisors and mscale^2, the window layers unscaled
-            "mellum-yarn": ["attention.window", "attention.decode", "moe.gather"]}
+            "mellum-yarn": ["attention.window", "attention.decode", "moe.gather"],
+            # mistral4: the latent attention with q_lora and YaRN (torch prefill, the MLA decode kernel), the grouped
+            # softmax MoE on the fused gate_up experts with the shared expert on both paths
+            "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

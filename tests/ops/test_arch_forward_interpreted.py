@@ -204,7 +204,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # laguna-yarn: the full layer's YaRN divisors through the rope kernel and its mscale^2 on q's rotated dims
         "laguna-yarn": ["rope.triton", "attention.window.decode", "attention.decode.triton"],
         # mellum-yarn: the full layer's YaRN divisors through the rope kernel and mscale^2 on its q
-        "mellum-yarn": ["rope.triton", "attention.window.decode", "attention.decode.triton"]}
+        "mellum-yarn": ["rope.triton", "attention.window.decode", "attention.decode.triton"],
+        # mistral4: deepseek2's latent attention with q_lora and YaRN (prefill on the torch path, decode the MLA
+        # kernel), the grouped softmax MoE on the fused gate_up experts with the shared expert
+        "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -232,7 +235,8 @@ def cuda_ops():
                                   "internlm3", "internlm3-bias",
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
-                                  "laguna-yarn", "mellum-yarn"])
+                                  "laguna-yarn", "mellum-yarn",
+                                  "mistral4"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
