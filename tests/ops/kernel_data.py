@@ -195,3 +195,41 @@ def interpreted_loads(monkeypatch, fn) -> int:
     finally:
         monkeypatch.setattr(b, "create_masked_load", real)
     return calls[0]
+
+
+# ops that move no data (views, allocations): left out of an OpCounter's count
+VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "split", "split_with_sizes", "unsqueeze", "squeeze", "t",
+                      "transpose", "select", "slice", "expand", "alias", "as_strided", "detach", "empty", "new_empty",
+                      "empty_like"})
+
+
+def op_counter():
+    """A torch dispatch mode counting the compute ops run under it by name (`.c`, a Counter; VIEW_OPS left
+    out), and its `quiet(f, name)`: f wrapped so that its own ops are not counted and each call counts once as
+    `name` (a kernel launch, a GEMV) -- the recurrent step tests' "what runs between the projections"."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpCounter(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.on, self.c = True, Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.on and func.overloadpacket.__name__ not in VIEW_OPS:
+                self.c[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+        def quiet(self, f, name=None):
+            def g(*a, **k):
+                self.on = False
+                try:
+                    return f(*a, **k)
+                finally:
+                    self.on = True
+                    if name:
+                        self.c[name] += 1
+            return g
+
+    return OpCounter()

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules  # noqa: E402
+from kernel_data import interpreted_modules, op_counter  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -208,36 +208,13 @@ def test_decode_mixer_core_launches(cuda_ops, monkeypatch):
     """Between the in- and out-projection, a Falcon-Mamba decode step of the mixer on the CUDA path runs the
     two kernels, the two GEMVs between them and dt's norm as torch ops (B's and C's are in the scan kernel);
     counted by a dispatch mode (views and allocations aside). The torch step it replaces ran dozens."""
-    from collections import Counter
     from dataclasses import replace
-
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     import minfer.ops as O
     from minfer.models.mamba1 import mamba1_mixer
 
-    free = {"view", "_unsafe_view", "reshape", "split", "split_with_sizes", "unsqueeze", "squeeze", "t", "transpose",
-            "select", "slice", "expand", "alias", "as_strided", "detach", "empty", "new_empty", "empty_like"}
-
-    class Count(TorchDispatchMode):
-        on, c = True, Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if self.on and func.overloadpacket.__name__ not in free:
-                self.c[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    mode = Count()
-
-    def quiet(f, name):
-        def g(*a, **k):
-            mode.on = False
-            try:
-                return f(*a, **k)
-            finally:
-                mode.on = True
-                mode.c[name] += 1
-        return g
+    mode = op_counter()
+    quiet = mode.quiet
 
     S = cuda_ops["ssm1_step"]
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
+from kernel_data import interpreted_modules, op_counter, route_to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
@@ -195,37 +195,12 @@ def test_decode_mixer_core_is_two_launches(cuda_ops, monkeypatch):
     """Between the in- and out-projection, a decode step of the mixer on the CUDA path runs the two
     kernels and no torch compute op (counted by a dispatch mode, views and allocations aside); the
     torch step it replaces ran 61 ops for one sequence and 38 for the batch engine's rows (float32)."""
-    from collections import Counter
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     import minfer.ops as O
     from minfer.models.mamba2 import mamba2_mixer
     from minfer.runtime.paged_state import BatchState
 
-    free = {"view", "_unsafe_view", "reshape", "split", "split_with_sizes", "unsqueeze", "squeeze", "t", "transpose",
-            "select", "slice", "expand", "alias", "as_strided", "detach", "empty", "new_empty", "empty_like"}
-
-    class Count(TorchDispatchMode):
-        on, c = True, Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if self.on and func.overloadpacket.__name__ not in free:
-                self.c[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    mode = Count()
-
-    def quiet(f, name=None):
-        def g(*a, **k):
-            mode.on = False
-            try:
-                return f(*a, **k)
-            finally:
-                mode.on = True
-                if name:
-                    mode.c[name] += 1
-        return g
+    mode = op_counter()
+    quiet = mode.quiet
 
     class Backend:
         ssm_step = staticmethod(quiet(cuda_ops["ssm_step"].ssm_step, "ssm_step"))
