@@ -35,10 +35,12 @@ and real variants, timed the same way (an in-step A/B of configs with the graph'
   short                        the graph over the cache's first two key tiles of rows (128), as the
                                engine replays below that position (Switches.decode_short_graph)
   A&B                          variants A and B together (one table for all cfg: parts)
-    python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile]
+    python tools/skip_oracle.py Q7.gguf [depth ...] [-- variant ...] [--profile] [--check]
 (default depths 16 3354; default variants base -norm addonly -swiglu -rope -3). --profile: also
 each variant's graph replayed once under torch's profiler, in prof_decode's chain view (what each
-kernel adds to the step's end), to see which kernel a variant slows down."""
+kernel adds to the step's end), to see which kernel a variant slows down. --check: each variant's
+graph replayed once and synchronised right after its capture, its name printed before (a CUDA fault
+names the variant that made it; 2026-12-05's H100 call died in the timing loop unnamed)."""
 import importlib
 import json
 import statistics
@@ -284,7 +286,7 @@ def time_graph(g, n: int = 20) -> float:
 @torch.inference_mode()
 def main():
     path = sys.argv[1]
-    args = [a for a in sys.argv[2:] if a != "--profile"]
+    args = [a for a in sys.argv[2:] if a not in ("--profile", "--check")]
     prof = "--profile" in sys.argv[2:]
     cut = args.index("--") if "--" in args else len(args)
     depths = [int(a) for a in args[:cut]] or [16, 3354]
@@ -293,7 +295,16 @@ def main():
     eng = Engine.load(path, device="cuda", ctx=4096, progress=False)
     for depth in depths:
         _, pos = warm(eng, depth)
-        graphs = {k: variant(eng, pos, k) for k in names}
+        graphs = {}
+        check = "--check" in sys.argv[2:]
+        for k in names:
+            if check:   # a variant that faults is named: the fault kills the process after this line
+                print(f"(capturing {k} at depth {depth} ...)", flush=True)
+            graphs[k] = variant(eng, pos, k)
+            if graphs[k] is not None and check:
+                graphs[k].replay()
+                torch.cuda.synchronize()
+                print(f"(replayed {k} once: ok)", flush=True)
         names_d = [k for k in names if graphs[k] is not None]
         res = {k: [] for k in names_d}
         for _ in range(7):
