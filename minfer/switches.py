@@ -90,13 +90,24 @@ class Switches:
                            "GEMV program reads one contiguous run (ops/cuda/plane_layout.py; applied at load and "
                            "again when an A/B changes it; H200 7B, with the x-ahead loads: in-process bench --ab "
                            "tg128 1.013, d3354 1.011, perf-log AF6; the gate+up group 1.031 / 1.036, AM5; off: row-major planes)")
+    gemv_raw_fuse: bool = _sw(True, "MINFER_GEMV_RAW_FUSE",
+                              "one-row decode: a q/k/v or gate/up group whose weights stay raw blocks (types "
+                              "without repacked planes, e.g. the Q5_0 / Q8_0 of a model whose hidden size is no "
+                              "multiple of 256: Qwen2.5-0.5B, SmolLM2) in one raw GEMV launch over the rows "
+                              "stacked at load (ops/cuda/gemv.py fuse_raw_group; each weight a row view, the "
+                              "same memory); off: one launch a weight")
+    gemv_one_pass: bool = _sw(True, "MINFER_GEMV_ONE_PASS",
+                              "one-row raw-block GEMV with K <= 1024 in one K tile, no K split (ops/cuda/gemv.py "
+                              "one_pass_tile): one launch instead of the GEMV plus its split-K reduce; off: "
+                              "4 K tiles of 256 in up to 4 splits and a reduce launch")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
                            "Gluon kernel where its table has the shape). 1: the second program of a gate / up "
                            "tile pair to finish does it (an atomic ticket; H200 7B graph -33 us at depth 100 and "
                            "3354, perf-log AK6); 2: each program holds the gate and the up rows of its h values "
-                           "and does it without a ticket (gemv_q8g_norm._glu_local; not yet run on the GPU); "
+                           "and does it without a ticket (gemv_q8g_norm._glu_local; H100 7B graph -34 / -32 us at depth "
+                           "100 / 3354, perf-log AU0); "
                            "0 (default): the GEMV, then swiglu_q8", kind="tuning")
     o_signal: int = _sw(1, "MINFER_O_SIGNAL",
                         "one-row decode, norm_into_gemv 4, with PDL: when the o projection (whose epilogue "

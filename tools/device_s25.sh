@@ -18,6 +18,14 @@ source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1
 Q7=/tmp/q7.gguf
 [ -f $Q7 ] || python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/tmp/synth.log 2>&1
+build_llama() {   # llama-bench from .lcpp.tar.xz, in the background; /tmp/lc/done when it ends
+  [ -f /tmp/lc/started ] && return 0
+  mkdir -p /tmp/lc && tar xJf .lcpp.tar.xz -C /tmp/lc && touch /tmp/lc/started
+  ( cmake -S /tmp/lc/llama.cpp -B /tmp/lc/build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/tmp/lc/cmake.log 2>&1 \
+    && cmake --build /tmp/lc/build -j16 --target llama-bench >/tmp/lc/build.log 2>&1; echo "build rc $?" >/tmp/lc/done ) &
+}
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
@@ -32,11 +40,7 @@ for step in $STEPS; do
       done;;
     side)
       V=/tmp/lc/llama.cpp/ggml-vocab-qwen2.gguf
-      mkdir -p /tmp/lc && tar xJf .lcpp.tar.xz -C /tmp/lc
-      ( cmake -S /tmp/lc/llama.cpp -B /tmp/lc/build -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
-          -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
-          -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF >/tmp/lc/cmake.log 2>&1 \
-        && cmake --build /tmp/lc/build -j16 --target llama-bench >/tmp/lc/build.log 2>&1; echo "build rc $?" >/tmp/lc/done ) &
+      build_llama
       for p in ${SIDE_MODELS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
         [ -f /tmp/side-$p.gguf ] || python3 -m minfer synth /tmp/side-$p.gguf --preset $p --recipe q4_k_m \
           --tokenizer-from $V --no-progress >>/tmp/synth-side.log 2>&1
@@ -57,6 +61,30 @@ for step in $STEPS; do
         cp /tmp/side-$p-minfer.json "$OUT/" 2>/dev/null
         echo "== $p"; grep -E "tg128" "$OUT/side-$p.log"; grep -iE "fell back|fallback" "$OUT/side-$p.log" | head -3
       done;;
+    small)   # perf-log AU2: the small models' raw-block decode (one pass, stacked groups): GPU tests while
+             # llama.cpp builds, then the 0.5B side by side (llama.cpp, minfer, minfer with both switches off,
+             # llama.cpp) and an in-process A/B of the switches
+      build_llama
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+      timeout ${SMALL_TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q $xd -p no:cacheprovider \
+        tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_kernels_gpu.py tests/gpu/test_arch_gpu.py \
+        tests/gpu/test_cuda_graphs.py tests/gpu/test_batching_gpu.py >"$OUT/pytest-small.log" 2>&1
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest-small.log" | head -20
+      echo "small tests: $(tail -1 "$OUT/pytest-small.log")"
+      V=/tmp/lc/llama.cpp/ggml-vocab-qwen2.gguf
+      while [ ! -f /tmp/lc/done ]; do sleep 2; done; cat /tmp/lc/done
+      M5=/tmp/side-qwen2.5-0.5b.gguf
+      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --tokenizer-from $V --no-progress >/dev/null 2>&1
+      L=$OUT/small-0.5b.log
+      timeout 120 /tmp/lc/build/bin/llama-bench -m $M5 -ngl 99 -fa 1 -p 0 -n 128 -r 3 >>$L 2>&1
+      MINFER_DEBUG_PATHS=1 timeout 150 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 3 --out /tmp/small-on.json --no-progress >>$L 2>&1
+      MINFER_GEMV_RAW_FUSE=0 MINFER_GEMV_ONE_PASS=0 timeout 150 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 3 \
+        --out /tmp/small-off.json --no-progress >>$L 2>&1
+      timeout 120 /tmp/lc/build/bin/llama-bench -m $M5 -ngl 99 -fa 1 -p 0 -n 128 -r 3 >>$L 2>&1
+      timeout 240 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_RAW_FUSE=0,MINFER_GEMV_ONE_PASS=0" \
+        "MINFER_GEMV_RAW_FUSE=1,MINFER_GEMV_ONE_PASS=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/small-ab.log" 2>&1
+      cp /tmp/small-on.json "$OUT/"
+      grep "tg128" $L; grep -E "B/A|pair " "$OUT/small-ab.log" | tail -6;;
     *) OUT=$OUT bash tools/device_s24.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"

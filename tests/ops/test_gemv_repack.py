@@ -233,13 +233,14 @@ def test_qmatmul_wiring(QM):
     x = torch.randn(1, 256, generator=g)
     assert rel_err(qm.linear(x, emb), x.double() @ we.double().T) < 1e-5
     snap = paths.snapshot()
-    assert snap["counts"] == {"qmatmul.Q4_K.decode": 1} and not snap["fallbacks"] and not snap["switched_off"]
+    # (K = 256: the raw GEMV in one pass, gemv.one_pass_tile)
+    assert snap["counts"] == {"qmatmul.Q4_K.decode.one_pass": 1} and not snap["fallbacks"] and not snap["switched_off"]
     raw_q = QWeight("blk.1.attn_q.weight", 12, (8, 256), torch.from_numpy(random_weight(12, 8, 256, rng)))
     paths.reset()                                                          # never repacked: a fallback
     qm.linear(x, raw_q)
     qm.linear(x, raw_q, None, Context(Switches(gemv_repack=False)))        # switched off: told apart
     snap = paths.snapshot()
-    assert snap["counts"] == {"qmatmul.Q4_K.decode": 2}
+    assert snap["counts"] == {"qmatmul.Q4_K.decode.one_pass": 2}
     assert list(snap["fallbacks"]) == ["qmatmul.Q4_K.decode.repacked (fell back because the weight was not "
                                        "repacked at load (not built by an Engine))"]
     assert len(snap["switched_off"]) == 1 and "MINFER_GEMV_REPACK" in next(iter(snap["switched_off"]))

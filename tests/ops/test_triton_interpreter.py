@@ -118,7 +118,9 @@ def test_linear_paths_and_switch(K, m, monkeypatch):
     out = K.qm.linear(x, w)
     assert rel_err(out, ref) < 1e-5
     snap = paths.snapshot()["counts"]
-    assert snap == ({"qmatmul.Q4_K.decode": 1} if m <= 32 else {"qmatmul.Q4_K.prefill": 1})
+    # one row over K = 512 <= gemv.ONE_PASS_MAX_K: the one-pass config (Switches.gemv_one_pass)
+    assert snap == ({"qmatmul.Q4_K.decode.one_pass": 1} if m == 1 else {"qmatmul.Q4_K.decode": 1} if m <= 32
+                    else {"qmatmul.Q4_K.prefill": 1})
     paths.reset()
     out = K.qm.linear(x, w, None, Context(Switches(gemv=False)))
     assert rel_err(out, ref) < 1e-5

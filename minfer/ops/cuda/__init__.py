@@ -9,6 +9,9 @@ switches is `minfer switches` (generated from minfer/switches.py).
 
 Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   qmatmul.<type>.decode          GEMV on the raw blocks, M <= gemv_max_m        (gemv)
+  qmatmul.<type>.decode.one_pass the same for one row with K <= 1024: one K tile, no split-K reduce launch
+  qmatmul.group<n>.decode.raw[.one_pass]  a decode group left in raw blocks (q/k/v, gate/up: Q5_0 / Q8_0 ...)
+                                 as one GEMV over its rows stacked at load (gemv.fuse_raw_group)
   qmatmul.<type>.decode.repacked GEMV on the Q4_K/Q6_K planes made at load     (gemv_repack; gemv_repack.py)
   qmatmul.<type>.decode.q8       one row with its int8 form: dp4a GEMV on the planes (gemv_q8; gemv_q8.py)
   qmatmul.group<n>.decode.q8 / .repacked  a decode group (q/k/v, gate/up) as one GEMV over shared planes

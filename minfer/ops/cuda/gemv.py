@@ -109,8 +109,33 @@ def _splitk_reduce_kernel(part, bias, out, MN, N, SPLIT, HAS_BIAS: tl.constexpr,
 _TARGET_PROGRAMS = 132 * 4
 
 
-def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool):
+# One-pass rows (Switches.gemv_one_pass): a one-row GEMV over at most this K takes the whole row
+# in one K tile, without a split: no partial-sum buffer and no reduce launch after it.
+ONE_PASS_MAX_K = 1024
+
+
+def one_pass_tile(m: int, n: int, k: int):
+    """(BN, BK) of the one-pass config, or None when the shape is not one (M > 1 or K past
+    ONE_PASS_MAX_K). The small models' rows (hidden 576-1024: SmolLM2, Qwen2.5-0.5B, gemma-3-270m)
+    took 4 K tiles of 256 in 4 splits and a reduce launch after each GEMV: a layer's seven GEMVs
+    were eleven launches. BK: K rounded up to a power of two (the tail masked); BN 4 rows where
+    8 would leave fewer than two programs an SM (132 SMs), so the few rows still spread."""
+    if m != 1 or k > ONE_PASS_MAX_K:
+        return None
+    bk = max(16, triton.next_power_of_2(k))
+    return (4 if triton.cdiv(n, 8) < 264 else 8), bk
+
+
+def pass_suffix(m: int, n: int, k: int, one_pass: bool) -> str:
+    """The launch path's suffix: '.one_pass' where this shape runs in one pass, else ''."""
+    return ".one_pass" if one_pass and one_pass_tile(m, n, k) is not None else ""
+
+
+def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool, one_pass: bool = False):
     """(BN, BK, MP, USE_DOT, SPLIT) for this shape."""
+    tile = one_pass_tile(m, n, k) if one_pass else None
+    if tile is not None:
+        return tile[0], tile[1], 1, False, 1
     if interpret:
         bn, bk = 16, 64
     else:
@@ -133,14 +158,15 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
-         tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+         tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
+    one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
     _, qk, ts = LAYOUT[qtype]
-    bn, bk, mp, use_dot, auto_split = gemv_config(qtype, m, n, k, interpret)
+    bn, bk, mp, use_dot, auto_split = gemv_config(qtype, m, n, k, interpret, one_pass)
     if tile is not None:
         bn, bk = tile
         auto_split = gemv_config_split(m, n, k, bn, bk, mp, use_dot)
@@ -162,3 +188,40 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
         _splitk_reduce_kernel[(triton.cdiv(mn, blk),)](part, bias if bias is not None else part, out, mn, n, split,
                                                        HAS_BIAS=bias is not None, BLOCK=blk, num_warps=4)
     return out
+
+
+def fuse_raw_group(ws: tuple) -> bool:
+    """One raw block tensor for a decode group (q/k/v, gate/up: Model.decode_groups) whose weights
+    were not repacked and share a quantized type and K, so the one-row decode multiplies them in
+    one GEMV launch (qmatmul.linear_many, Switches.gemv_raw_fuse). A row of ggml blocks depends
+    on nothing outside it, so the rows stacked are the group's matrix; each weight keeps a row
+    view (`w.raw`), and the memory is the same. Where the last weight has another type (a Q8_0
+    attn_v after Q5_0 q/k, the Q4_K_M rule's fallback), the leading run is fused alone. The first
+    weight holds `raw_group = (fused weights, stacked blocks)`; returns whether it fused."""
+    from minfer.ops.cuda.dequant import FLOAT_TYPES
+    from minfer.ops.cuda.gemv_repack_layout import planes_of
+
+    ws = tuple(ws)
+
+    def rawable(w):
+        return (w.qtype not in FLOAT_TYPES and w.qtype in LAYOUT and planes_of(w) is None
+                and w.raw.dim() == 2 and w.raw.shape[0] == w.shape[0] and w.raw.is_contiguous())
+
+    if len(ws) < 2 or not all(rawable(w) for w in ws) or len({w.shape[1] for w in ws}) != 1:
+        return False
+    lead = ws if len({w.qtype for w in ws}) == 1 else ws[:-1]
+    if len(lead) < 2 or len({w.qtype for w in lead}) != 1 or len({w.raw.shape[1] for w in lead}) != 1:
+        return False
+    cat = torch.cat([w.raw for w in lead])
+    r0 = 0
+    for w in lead:
+        w.raw = cat[r0:r0 + w.shape[0]]
+        r0 += w.shape[0]
+    lead[0].raw_group = (lead, cat)
+    return True
+
+
+def fuse_raw_groups(model) -> int:
+    """fuse_raw_group over the model's decode groups (at load on CUDA); returns how many fused."""
+    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
+    return sum(fuse_raw_group(tuple(g)) for g in groups())

@@ -252,8 +252,8 @@ def _linear(x, w, bias, sw, ws, out_dtype=None):
                     paths.switched_off(path + ".repacked", "MINFER_GEMV_REPACK")
                 else:
                     paths.fallback(path + ".repacked", "the weight was not repacked at load (not built by an Engine)")
-            paths.count(path)
-            return gemv.gemv(x, w.raw, w.qtype, n, k, bias=bias, interpret=interpret())
+            paths.count(path + gemv.pass_suffix(m, n, k, sw.gemv_one_pass))
+            return gemv.gemv(x, w.raw, w.qtype, n, k, bias=bias, interpret=interpret(), one_pass=sw.gemv_one_pass)
         paths.switched_off(path, "MINFER_GEMV")
     direct = w.qtype in dequant.FLOAT_TYPES and _float_view(w).dtype == x.dtype
     if ws.runner_on(sw) and not direct:
@@ -335,6 +335,28 @@ def _w4(x, wts, biases, planes, path, sw, ws):
     paths.count(path)
     return qgemm_w4_mma.qgemm_w4_mma(x, planes, bias=ws.group_bias(wts, biases, torch.float32), ws=ws.gemv_counters(),
                                      ring=sw.qgemm_w4_ring)
+
+
+def _raw_group(x, wts, biases, rg, sw, ws):
+    """The decode rows of a group whose leading weights share one raw block tensor
+    (gemv.fuse_raw_group: q/k/v or gate/up not repacked, e.g. Q5_0 at a hidden size that is no
+    multiple of 256) in one raw GEMV launch, the rest weight by weight; None where the group's
+    rows go elsewhere (Switches.gemv_raw_fuse off, or the batch engine's dense planes)."""
+    lead, cat = rg
+    path = f"qmatmul.group{len(lead)}.decode.raw"
+    if not sw.gemv_raw_fuse:
+        paths.switched_off(path, "MINFER_GEMV_RAW_FUSE")
+        return None
+    if any(_dense_plane(x, w, getattr(w, "batch_dense", None), sw) is not None for w in lead):
+        return None
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    n, k = sum(w.shape[0] for w in lead), lead[0].shape[1]
+    paths.count(path + gemv.pass_suffix(x.shape[0], n, k, sw.gemv_one_pass))
+    out = gemv.gemv(x, cat, lead[0].qtype, n, k, bias=ws.group_bias(lead, biases[:len(lead)], torch.float32),
+                    interpret=interpret(), one_pass=sw.gemv_one_pass)
+    rest = [_linear(x, w, b, sw, ws) for w, b in zip(wts[len(lead):], biases[len(lead):])]
+    return list(torch.split(out, [w.shape[0] for w in lead], dim=1)) + rest
 
 
 def _dense_plane(x, w, plane, sw):
@@ -561,6 +583,11 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.dense_plane")
         out = F.linear(x, dg[1], ws.group_bias(wts, biases, x.dtype))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
+    rg = getattr(wts[0], "raw_group", None)
+    if rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv:
+        outs = _raw_group(x, wts, biases, rg, sw, ws)
+        if outs is not None:
+            return outs
     if (len(wts) == 1 or (x.shape[0] <= sw.gemv_max_m and sw.gemv) or wts not in ws.groups
             or getattr(wts[0], "batch_dense", None) is not None):
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
