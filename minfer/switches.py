@@ -100,6 +100,11 @@ class Switches:
                               "one-row raw-block GEMV with K <= 1024 in one K tile, no K split (ops/cuda/gemv.py "
                               "one_pass_tile): one launch instead of the GEMV plus its split-K reduce; off: "
                               "4 K tiles of 256 in up to 4 splits and a reduce launch")
+    gemv_raw_pdl: bool = _sw(True, "MINFER_GEMV_RAW_PDL",
+                             "one-row raw-block GEMV launched with PDL (ops/cuda/pdl.py, under MINFER_PDL): it "
+                             "launches during the kernel before it, the one-pass config decoding its weights "
+                             "before its wait, and lets the kernel after it launch; off: a plain launch, which "
+                             "breaks the decode chain's PDL at every raw GEMV")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

@@ -85,6 +85,20 @@ for step in $STEPS; do
         "MINFER_GEMV_RAW_FUSE=1,MINFER_GEMV_ONE_PASS=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/small-ab.log" 2>&1
       cp /tmp/small-on.json "$OUT/"
       grep "tg128" $L; grep -E "B/A|pair " "$OUT/small-ab.log" | tail -6;;
+    rawpdl)  # perf-log AU3: the raw GEMV with PDL -- its GPU tests, the 0.5B in-process A/B of the switch,
+             # then the broader GPU tests the raw paths touch
+      timeout 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_gemv_raw_group_gpu.py \
+        >"$OUT/pytest-rawpdl.log" 2>&1
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest-rawpdl.log" | head; echo "raw tests: $(tail -1 "$OUT/pytest-rawpdl.log")"
+      M5=/tmp/side-qwen2.5-0.5b.gguf
+      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
+      MINFER_DEBUG_PATHS=1 timeout 150 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_RAW_PDL=0" \
+        "MINFER_GEMV_RAW_PDL=1" --pairs ${PAIRS:-4} --out /tmp/rawpdl-ab.json --no-progress >"$OUT/rawpdl-ab.log" 2>&1
+      grep -E "B/A|pair |tg128" "$OUT/rawpdl-ab.log" | tail -8; grep -E "gemv_raw|Traceback|Error" "$OUT/rawpdl-ab.log" | head -5
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+      timeout ${RAW_TESTS_TIMEOUT:-110} python3 -m pytest -m gpu -q $xd -p no:cacheprovider tests/gpu/test_arch_gpu.py \
+        tests/gpu/test_cuda_graphs.py tests/gpu/test_kernels_gpu.py >"$OUT/pytest-rawpdl-wide.log" 2>&1
+      grep -E "^(FAILED|ERROR)" "$OUT/pytest-rawpdl-wide.log" | head; echo "wide: $(tail -1 "$OUT/pytest-rawpdl-wide.log")";;
     *) OUT=$OUT bash tools/device_s24.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"

@@ -28,14 +28,15 @@ DEV = "cuda"
 @pytest.mark.parametrize("qt", [T.Q5_0, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_1])
 @pytest.mark.parametrize("n,k", [(896, 896), (128, 896), (4864, 896), (1536, 576), (333, 1024)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_pass_gemv(qt, n, k, dtype):
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_one_pass_gemv(qt, n, k, dtype, pdl):
     from minfer.ops.cuda import gemv
 
     w, ref_w = make_weight(int(qt), n, k, seed=n + k)
     x = torch.randn(1, k, device=DEV, dtype=dtype)
     ref = x.double().cpu() @ ref_w.double().T
     poison()
-    out = gemv.gemv(x, w.raw, int(qt), n, k, one_pass=True)
+    out = gemv.gemv(x, w.raw, int(qt), n, k, one_pass=True, pdl=pdl)
     assert rel_err(out.cpu(), ref) < (1e-5 if dtype == torch.float32 else 1e-2)
 
 
@@ -73,15 +74,16 @@ def test_small_model_greedy_same_with_and_without(tmp_path):
     subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
                     "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
     toks = {}
-    for name, sw in (("on", Switches()), ("off", Switches(gemv_raw_fuse=False, gemv_one_pass=False))):
+    off = Switches(gemv_raw_fuse=False, gemv_one_pass=False, gemv_raw_pdl=False)
+    for name, sw in (("on", Switches()), ("off", off)):
         eng = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=sw)
         paths.reset()
         toks[name] = [e.token_id for e in eng.generate([1, 2, 3, 4, 5], max_new_tokens=24, temperature=0)]
         counts = paths.snapshot()["counts"]
         if name == "on":
             assert counts.get("qmatmul.group3.decode.raw.one_pass", 0) + counts.get(
-                "qmatmul.group2.decode.raw.one_pass", 0) > 0, counts
+                "qmatmul.group2.decode.raw.one_pass", 0) > 0 and counts.get("pdl.gemv_raw", 0) > 0, counts
         else:
-            assert not any(".raw" in k or "one_pass" in k for k in counts), counts
+            assert not any(".raw" in k or "one_pass" in k or "gemv_raw" in k for k in counts), counts
         eng.close()
     assert toks["on"] == toks["off"]

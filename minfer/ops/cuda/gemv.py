@@ -19,15 +19,21 @@ import triton
 import triton.language as tl
 
 from minfer.ops.cuda.dequant import LAYOUT, decode
+from minfer.ops.cuda.pdl import enabled as pdl_enabled
+from minfer.ops.cuda.pdl import enter as pdl_enter
+from minfer.ops.cuda.pdl import launch_kw
 
 
 @triton.jit
 def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
-                 SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr):
+                 SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
+                 PDL: tl.constexpr = 0, ONE: tl.constexpr = False):
     # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
     # program's rows, values s*16.. (s = q % S) of the current K tile.
+    # PDL (pdl.py): ONE (one K tile, one row, no split) decodes its weights before the wait,
+    # the other configs wait first.
     S: tl.constexpr = BK // 16
     R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
@@ -41,11 +47,23 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     n_tiles = tl.cdiv(K, BK)
     t0 = pid_s * tiles_per_split
     t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
+    if ONE:
+        k0 = s16
+        m = ((n_run < N) & (k0 < K))[:, None]
+        if QT == 0 or QT == 1 or QT == 30:
+            m = m & ((k0[:, None] + i) < K)
+        w = decode(QT, (rowp + (k0 // QK) * TS)[:, None], (k0 % QK)[:, None], i, m)   # weights: before the wait
+        pdl_enter(PDL)
+        xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + k0[:, None] + i, mask=m, other=0.0)
+        acc2 = w * xv.to(tl.float32)
+        t1 = t0                                                  # the loop below does nothing
+    else:
+        pdl_enter(PDL)
     if USE_DOT:
         mrow = pid_m * MP + tl.arange(0, MP)
         mmask = mrow < M
         acc = tl.zeros([BN, MP], dtype=tl.float32)
-    else:
+    elif not ONE:
         # elementwise partial products, reduced once after the loop (a reduction per
         # iteration costs warp shuffles every tile)
         acc2 = tl.zeros([R, 16], dtype=tl.float32)
@@ -126,6 +144,12 @@ def one_pass_tile(m: int, n: int, k: int):
     return (4 if triton.cdiv(n, 8) < 264 else 8), bk
 
 
+def raw_pdl(sw, x) -> int:
+    """The launch's PDL mode for one row x (Switches.gemv_raw_pdl; pdl.enabled's rules, counted
+    `pdl.gemv_raw`); 0 for more rows."""
+    return pdl_enabled(sw, x.device, "gemv_raw") if x.shape[0] == 1 and sw.gemv_raw_pdl else 0
+
+
 def pass_suffix(m: int, n: int, k: int, one_pass: bool) -> str:
     """The launch path's suffix: '.one_pass' where this shape runs in one pass, else ''."""
     return ".one_pass" if one_pass and one_pass_tile(m, n, k) is not None else ""
@@ -158,10 +182,13 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
-         tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False) -> torch.Tensor:
+         tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
+         pdl: int = 0) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
     one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
+    pdl: launched with programmatic dependent launch (pdl.py; one row only), the one-pass
+    config's weights decoded before its wait.
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
@@ -177,11 +204,13 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)
+    pdl = pdl if m == 1 and not interpret else 0
     _gemv_kernel[grid](raw, x, out, part, bias if bias is not None else out, m, n, k, raw.stride(0),
                        x.stride(0), out.stride(0), tiles_per_split,
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
-                       num_warps=num_warps)
+                       PDL=pdl, ONE=(not use_dot and split == 1 and n_tiles == 1),
+                       num_warps=num_warps, **launch_kw(pdl))
     if split > 1:
         mn = m * n
         blk = 1024 if not interpret else 64

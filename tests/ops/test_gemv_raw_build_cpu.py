@@ -1,0 +1,55 @@
+"""ops/cuda/gemv.py's raw-block GEMV through Triton's sm_90 compiler on this CPU machine (the build only,
+kernel_data.sm90_builds) in the small models' one-row configs: the one-pass tile (K <= 1024 in one tile,
+weights decoded before the PDL wait) and the split config, PDL on and off, for Q5_0 / Q8_0 / Q4_K. With
+PDL the PTX must hold griddepcontrol's wait and launch_dependents (off: neither), and no build may spill
+registers to local memory."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from kernel_data import sm90_builds  # noqa: E402
+
+_COMPILE = r"""
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from minfer.ops.cuda import gemv as G
+from minfer.ops.cuda.dequant import LAYOUT
+
+T = GPUTarget("cuda", 90, 32)
+names = ["raw", "x", "out", "part", "bias", "M", "N", "K", "row_bytes", "stride_xm", "stride_om", "tiles_per_split"]
+types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7
+out = {}
+for qt, qn in ((6, "Q5_0"), (8, "Q8_0"), (12, "Q4_K")):
+    _, qk, ts = LAYOUT[qt]
+    for one, bn, bk, split in ((True, 4, 1024, 1), (True, 8, 1024, 1), (False, 8, 256, 4)):
+        for pdl in (0, 1):
+            cex = dict(QT=qt, QK=qk, TS=ts, BN=bn, BK=bk, MP=1, SPLIT=split, HAS_BIAS=True, USE_DOT=False,
+                       IEEE=False, PDL=pdl, ONE=one)
+            sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+            k = triton.compile(ASTSource(G._gemv_kernel, sig, cex), target=T, options={"num_warps": 4})
+            ptx = k.asm["ptx"]
+            out[f"{qn}_{'one' if one else 'split'}_{bn}_{pdl}"] = [ptx.count("st.local"),
+                                                                 "griddepcontrol.wait" in ptx,
+                                                                 "griddepcontrol.launch_dependents" in ptx]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def builds():
+    return sm90_builds(_COMPILE, None)
+
+
+def test_raw_gemv_builds_for_sm90(builds):
+    assert len(builds) == 18, builds
+    for name, (spills, wait, signal) in builds.items():
+        assert spills == 0, (name, spills)
+        pdl = name.endswith("_1")
+        assert wait == pdl and signal == pdl, (name, wait, signal)
