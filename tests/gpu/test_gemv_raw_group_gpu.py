@@ -58,7 +58,9 @@ def test_qkv_group_one_launch(v_type):
     for o, r, b in zip(outs, refs, biases):
         assert rel_err(o.cpu(), x.double().cpu() @ r.double().T + b.double().cpu()) < 1e-2
     counts = paths.snapshot()["counts"]
-    assert counts[f"qmatmul.group{lead}.decode.raw.one_pass"] == 1 and sum(counts.values()) == 1 + (3 - lead)
+    launches = {p: c for p, c in counts.items() if not p.startswith("pdl.")}   # pdl.*: launch modes
+    assert launches[f"qmatmul.group{lead}.decode.raw.one_pass"] == 1 and sum(launches.values()) == 1 + (3 - lead)
+    assert counts["pdl.gemv_raw"] == 1 + (3 - lead)                         # each one-row raw launch with PDL
 
 
 def test_small_model_greedy_same_with_and_without(tmp_path):

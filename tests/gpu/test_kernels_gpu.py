@@ -84,7 +84,8 @@ def test_linear(qt, m, dtype):
     assert out.dtype == dtype and out.shape == (m, n)
     err = rel_err(out, ref)
     assert err < (1e-4 if dtype == torch.float32 else 1e-2), err
-    counts = paths.snapshot()["counts"]
+    # the launch paths (pdl.* counts a launch mode: a one-row raw GEMV's pdl.gemv_raw)
+    counts = {p: c for p, c in paths.snapshot()["counts"].items() if not p.startswith("pdl.")}
     assert sum(counts.values()) == 1 and any(QUANT_NAMES[qt] in p for p in counts)
 
 
@@ -102,7 +103,8 @@ def test_gemv_switch_gives_same_result(qt, monkeypatch):
     b = linear(x, w, None, Context(Switches(gemv=False)))
     name = QUANT_NAMES[qt]
     snap = paths.snapshot()
-    assert snap["counts"] == {f"qmatmul.{name}.decode": 1, f"qmatmul.{name}.prefill": 1}
+    assert {p: c for p, c in snap["counts"].items() if not p.startswith("pdl.")} == \
+        {f"qmatmul.{name}.decode": 1, f"qmatmul.{name}.prefill": 1}
     assert snap["switched_off"] == {f"qmatmul.{name}.decode (switched off by MINFER_GEMV=0)": 1}
     assert rel_err(a, ref) < 1e-2 and rel_err(b, ref) < 1e-2
 
