@@ -130,7 +130,8 @@ class Model:
 
     def decode_groups(self) -> list[tuple]:
         """Weights the one-row decode multiplies as ONE GEMV when their repacked planes agree
-        in type and K (gemv_repack_layout.fuse_group; the memory stays the same): by default the
+        in type and K (gemv_repack_layout.fuse_group), or their raw blocks do where they stay raw
+        (ops/cuda/gemv.fuse_raw_group; the memory stays the same either way): by default the
         linear groups, plus each block's (ffn_gate, ffn_up) where the model has them (ffn_branch
         passes them to ops.linear_many). Prefill still runs them apart."""
         out = list(self.linear_groups())

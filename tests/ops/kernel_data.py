@@ -162,6 +162,13 @@ def sm90_builds(code: str, arg, timeout: int = 600):
 
 
 
+# the CUDA backend's modules a dense model's forward runs through, for interpreted_modules (tests that
+# route a model or linear_many to the interpreted backend)
+DENSE_MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
+              "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
+              "minfer.ops.cuda"]
+
+
 def route_to_cuda(monkeypatch, C):
     """minfer.ops dispatches CPU tensors to the reference; send them to the CUDA backend C (the
     interpreted minfer.ops.cuda of `interpreted_modules`), keyword arguments passed through."""

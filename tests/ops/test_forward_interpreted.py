@@ -15,13 +15,11 @@ from gguf import GGMLQuantizationType as T
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from kernel_data import interpreted_modules, route_to_cuda  # noqa: E402
+from kernel_data import DENSE_MODS, interpreted_modules, route_to_cuda  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
 
-_MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
-         "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda"]
+_MODS = DENSE_MODS
 
 
 @pytest.fixture(scope="module")

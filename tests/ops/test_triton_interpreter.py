@@ -16,14 +16,13 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import QUANT_NAMES, interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
+from kernel_data import (DENSE_MODS, QUANT_NAMES, interpreted_modules, random_weight,  # noqa: E402
+                         reference_dequant, rel_err)
 
 from minfer.ops.context import Context  # noqa: E402
 from minfer.switches import Switches  # noqa: E402
 
-_MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
-         "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda"]
+_MODS = DENSE_MODS
 
 # Triton 3.6's interpreter trips numpy's scalar-conversion deprecation on every index
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
