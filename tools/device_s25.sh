@@ -3,7 +3,7 @@
 # --check: each variant replayed once after its capture, so a CUDA fault names its variant; the attention
 # variants and the SwiGLU-2 switch in separate processes), then tools/device_s24.sh's steps (bench, tests ...).
 #   run(command="MINFER_COMMIT=<sha> bash tools/device_s25.sh oracle bench; true", carry=[".whl"])
-# side: llama.cpp side by side on the card that came (perf-log AU1): .lcpp.tar.xz (untracked, made from the
+# side: llama.cpp side by side on the card that came (perf-log AU1): .lcpp.tar.xz (untracked; tools/lcpp_trim.sh makes it from the
 # llama-cpp-python 0.3.36 sdist's vendor/llama.cpp trimmed to src, common, ggml-cpu/-cuda, vendor, llama-bench
 # and batched-bench, with models/ggml-vocab-qwen2.gguf) built with CUDA for sm_90 in the background while
 # minfer synthesizes the 0.5B, 1.5B and 7B geometries (Q4_K_M, the qwen2 vocab copied in so llama.cpp loads
