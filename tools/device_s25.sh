@@ -42,8 +42,9 @@ for step in $STEPS; do
       V=/tmp/lc/llama.cpp/ggml-vocab-qwen2.gguf
       build_llama
       for p in ${SIDE_MODELS:-qwen2.5-0.5b qwen2.5-1.5b qwen2.5-7b}; do
+        Vp=$V; case $p in llama*) Vp=/tmp/lc/llama.cpp/ggml-vocab-llama-bpe.gguf;; esac   # lcpp_trim.sh qwen2 llama-bpe
         [ -f /tmp/side-$p.gguf ] || python3 -m minfer synth /tmp/side-$p.gguf --preset $p --recipe q4_k_m \
-          --tokenizer-from $V --no-progress >>/tmp/synth-side.log 2>&1
+          --tokenizer-from $Vp --no-progress >>/tmp/synth-side.log 2>&1
       done
       while [ ! -f /tmp/lc/done ]; do sleep 2; done
       cat /tmp/lc/done; tail -3 /tmp/lc/build.log; cp /tmp/lc/build.log "$OUT/llama-build.log" 2>/dev/null
