@@ -45,6 +45,8 @@ MambaMixer.slow_forward, models/falcon_mamba/modeling_falcon_mamba.py):
 - One epsilon (attention.layer_norm_rms_epsilon) for the layer norms, the final norm and dt/B/C's norms.
 - The converter writes attention.head_count 0 and feed_forward_length 0: read as no heads (attention_free,
   as mamba2's; metadata_check ATTENTION_FREE).
+- The model around the mixer is mamba2_lm.py's (load_mixer_lm, state_cache_config, mixer_lm_forward) with
+  this file's read_dims, load_mamba1 and mamba1_mixer: the two models differ in the mixer alone.
 
 The state a sequence keeps (the cache's recurrent_state(layer), as models/mamba2.py's): a conv ring of K
 rows of the in-projection's x (float32), position p at slot p % K; an SSM ring of 2 states (di, N), the
@@ -62,7 +64,7 @@ scan_sequential is the plain recurrence, the tests' reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,7 @@ from minfer.models.base import Step
 from minfer.models.granitehybrid import HybridCacheConfig
 from minfer.models.llama import LlamaModel
 from minfer.models.mamba2 import read_ssm_keys, recurrent_state
+from minfer.models.mamba2_lm import load_mixer_lm, mixer_lm_forward, state_cache_config
 from minfer.weights import QWeight, load_dense, load_qweight, load_vector
 
 CHUNK = 16      # positions per chunk of the prefill's scan: (CHUNK, CHUNK, di, N) float32 per chunk
@@ -341,24 +344,14 @@ class Mamba1Model(LlamaModel):
     @classmethod
     def cache_config(cls, gf, cfg: ModelConfig) -> HybridCacheConfig:
         """cfg with no K/V rows and each layer's per-sequence Mamba state (the preflight's config)."""
-        dims = read_dims(gf, cfg.arch, cfg.d_model)
-        return HybridCacheConfig(**{f.name: getattr(cfg, f.name) for f in fields(ModelConfig)},
-                                 kv_layers=(None,) * cfg.n_layers, state_layers=(dims.state_shapes(),) * cfg.n_layers)
+        return state_cache_config(cfg, read_dims(gf, cfg.arch, cfg.d_model))
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "Mamba1Model":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        dims = read_dims(gf, cfg.arch, cfg.d_model)
-        V, D = cfg.vocab, cfg.d_model
-        token_embd = load_qweight(gf, "token_embd.weight", device, (V, D), dense=cfg.tied_output, dtype=dtype)
-        norms = [load_vector(gf, f"blk.{i}.attn_norm.weight", device, D) for i in range(cfg.n_layers)]
-        mamba = [load_mamba1(gf, i, dims, D, device, dtype) for i in range(cfg.n_layers)]
-        output_norm = load_vector(gf, "output_norm.weight", device, D)
-        output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
-        m = cls(cls.cache_config(gf, cfg), token_embd, [], output_norm, output, act_dtype=act_dtype)
-        m.norms, m.mamba, m.dims = norms, mamba, dims
-        return m
+        return load_mixer_lm(cls, gf, cfg, read_dims(gf, cfg.arch, cfg.d_model), load_mamba1, device, dtype,
+                             act_dtype)
 
     def qweights(self) -> list[QWeight]:
         ws = [self.token_embd] + [q for mb in self.mamba for q in (mb.ssm_in, mb.ssm_x, mb.ssm_dt, mb.ssm_out)]
@@ -369,14 +362,4 @@ class Mamba1Model(LlamaModel):
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
-        act, eps, n = self.act_dtype, self.cfg.rms_eps, len(self.mamba)
-        state = recurrent_state(cache, self.arch, "Mamba")
-        x = ops.embedding(tokens, self.token_embd)                                         # (T, D) float32
-        h = ops.rms_norm_cast(x, self.norms[0], eps, act, ctx)
-        for i in range(n):
-            a = mamba1_mixer(h, self.mamba[i], self.dims, state(i), step.positions, eps, ctx).float()
-            if i + 1 < n:
-                x, h = ops.add_rms_norm(x, a, self.norms[i + 1], eps, act, ctx)
-        x, a = step.rows(x), step.rows(a)
-        _, h = ops.add_rms_norm(x, a, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)
+        return mixer_lm_forward(self, tokens, step, recurrent_state(cache, self.arch, "Mamba"), mamba1_mixer, ctx)
