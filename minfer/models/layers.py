@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from minfer import ops
+from minfer.errors import MinferError
 from minfer.weights import QWeight, load_qweight, load_vector
 
 
@@ -71,6 +72,33 @@ class BlockTensors:
     def opt(self, name: str, n: int, zero: bool = False) -> torch.Tensor | None:
         return optional_vector(self.gf, self.p + name, self.device, n, zero)
 
+    def ln_attention(self) -> dict:
+        """A LayerNorm-with-bias block's attention tensors (nemotron, stablelm) as Block keyword
+        arguments, loaded in this order: attn_norm.weight and attn_norm.bias (required), attn_q / k / v,
+        their biases when present, attn_output (no bias: the caller adds attn_output_b if it has one)."""
+        w, v, opt, D, q_out, kv_out = self.w, self.v, self.opt, self.D, self.q_out, self.kv_out
+        return dict(
+            attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
+            attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
+            attn_q_bias=opt("attn_q.bias", q_out), attn_k_bias=opt("attn_k.bias", kv_out),
+            attn_v_bias=opt("attn_v.bias", kv_out), attn_output=w("attn_output", (D, q_out)))
+
+
+def each_block(gf, cfg, blocks: list, device, dtype):
+    """(layer i's BlockTensors, blocks[i]) for every layer: where a subclass loads its extra tensors
+    onto the Blocks its parent's from_gguf built (olmoe, phimoe)."""
+    for i, blk in enumerate(blocks):
+        yield BlockTensors(gf, cfg, i, device, dtype), blk
+
+
+def refuse_expert_weights_scale(gf, arch: str) -> None:
+    """Refuse `<arch>.expert_weights_scale` other than 0 or 1 (absent is fine): llama.cpp's build_moe_ffn
+    would scale the routing weights by it, and the MoE FFN of models/qwen3moe.py does not (olmoe, phimoe)."""
+    ws = gf.metadata.get(f"{arch}.expert_weights_scale")
+    if ws is not None and float(ws) not in (0.0, 1.0):
+        raise MinferError(f"{gf.path}: metadata key '{arch}.expert_weights_scale' is {ws}, which is not "
+                          "supported (0 or 1)")
+
 
 def load_block(gf, cfg, i: int, device, dtype, qkv_bias: bool = False, qk_norm: bool = False) -> Block:
     t = BlockTensors(gf, cfg, i, device, dtype)
@@ -102,6 +130,14 @@ def load_head(gf, cfg, token_embd: QWeight, device, dtype) -> tuple[torch.Tensor
     output_norm = load_vector(gf, "output_norm.weight", device, D)
     output = token_embd if cfg.tied_output else load_qweight(gf, "output.weight", device, (V, D), dtype=dtype)
     return output_norm, output
+
+
+def require_output(gf, cfg, arch: str) -> None:
+    """Refuse a file without `output.weight` where the lm head is never tied (llama.cpp's
+    load_arch_tensors: output with flag 0; nemotron, stablelm)."""
+    if cfg.tied_output:
+        raise MinferError(f"{gf.path}: tensor 'output.weight' is missing ({arch}'s lm head is its own: "
+                          "llama.cpp's loader requires it)")
 
 
 def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -38,7 +38,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.arcee import relu2
-from minfer.models.layers import Block, BlockTensors
+from minfer.models.layers import Block, BlockTensors, require_output
 from minfer.models.starcoder2 import Starcoder2Block, Starcoder2Model
 
 
@@ -54,9 +54,7 @@ class NemotronModel(Starcoder2Model):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "NemotronModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        if cfg.tied_output:
-            raise MinferError(f"{gf.path}: tensor 'output.weight' is missing (nemotron's lm head is its own: "
-                              "llama.cpp's loader requires it)")
+        require_output(gf, cfg, "nemotron")
         for i in range(cfg.n_layers):
             for name in ("attn_qkv.weight", "ffn_gate.weight", "ffn_gate.bias"):
                 if f"blk.{i}.{name}" in gf.tensors:
@@ -69,13 +67,9 @@ class NemotronModel(Starcoder2Model):
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> Block:
         t = BlockTensors(gf, cfg, i, device, dtype)
-        w, v, opt, D, Fw, q_out, kv_out = t.w, t.v, t.opt, t.D, t.F, t.q_out, t.kv_out
+        w, v, opt, D, Fw = t.w, t.v, t.opt, t.D, t.F
         return Starcoder2Block(
-            attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
-            attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
-            attn_q_bias=opt("attn_q.bias", q_out), attn_k_bias=opt("attn_k.bias", kv_out),
-            attn_v_bias=opt("attn_v.bias", kv_out),
-            attn_output=w("attn_output", (D, q_out)), attn_output_b=opt("attn_output.bias", D),
+            **t.ln_attention(), attn_output_b=opt("attn_output.bias", D),
             ffn_norm=v("ffn_norm.weight", D), ffn_norm_b=v("ffn_norm.bias", D),
             ffn_gate=None, ffn_up=w("ffn_up", (Fw, D)), ffn_up_b=opt("ffn_up.bias", Fw),
             ffn_down=w("ffn_down", (D, Fw)), ffn_down_b=opt("ffn_down.bias", D))

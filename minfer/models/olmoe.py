@@ -33,12 +33,10 @@ from __future__ import annotations
 import torch
 
 from minfer.config import ModelConfig
-from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block
+from minfer.models.layers import Block, each_block, refuse_expert_weights_scale
 from minfer.models.olmo2 import whole_qk_norm_attention
 from minfer.models.qwen3moe import Qwen3MoeModel
-from minfer.weights import load_vector
 
 
 class OlmoeModel(Qwen3MoeModel):
@@ -58,15 +56,11 @@ class OlmoeModel(Qwen3MoeModel):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "OlmoeModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        ws = gf.metadata.get("olmoe.expert_weights_scale")
-        if ws is not None and float(ws) not in (0.0, 1.0):
-            raise MinferError(f"{gf.path}: metadata key 'olmoe.expert_weights_scale' is {ws}, which is not "
-                              "supported (0 or 1)")
+        refuse_expert_weights_scale(gf, "olmoe")
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        q_out, kv_out = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        for i, blk in enumerate(m.blocks):
-            blk.attn_q_norm = load_vector(gf, f"blk.{i}.attn_q_norm.weight", device, q_out)     # (H*Dh,)
-            blk.attn_k_norm = load_vector(gf, f"blk.{i}.attn_k_norm.weight", device, kv_out)    # (Hkv*Dh,)
+        for t, blk in each_block(gf, cfg, m.blocks, device, dtype):
+            blk.attn_q_norm = t.v("attn_q_norm.weight", t.q_out)      # (H*Dh,)
+            blk.attn_k_norm = t.v("attn_k_norm.weight", t.kv_out)     # (Hkv*Dh,)
         return m
 
     def attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:

@@ -43,7 +43,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, merge_heads
+from minfer.models.layers import Block, each_block, merge_heads, refuse_expert_weights_scale
 from minfer.models.phi3 import Phi3Model
 from minfer.models.qwen3moe import Qwen3MoeModel
 from minfer.weights import load_vector
@@ -69,27 +69,17 @@ class PhimoeModel(Qwen3MoeModel):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "PhimoeModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        ws = gf.metadata.get("phimoe.expert_weights_scale")
-        if ws is not None and float(ws) not in (0.0, 1.0):
-            raise MinferError(f"{gf.path}: metadata key 'phimoe.expert_weights_scale' is {ws}, which is not "
-                              "supported (0 or 1)")
+        refuse_expert_weights_scale(gf, "phimoe")
         if "blk.0.attn_qkv.weight" in gf.tensors:
             raise MinferError(f"{gf.path}: tensor 'blk.0.attn_qkv.weight' (fused q/k/v) is not supported for "
                               "phimoe: expected attn_q / attn_k / attn_v (what llama.cpp's converter writes)")
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
-        D, q_out, kv_out = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-
-        def opt(name, n):
-            return load_vector(gf, name, device, n) if name in gf.tensors else None
-
-        for i, blk in enumerate(m.blocks):
-            p = f"blk.{i}."
-            blk.attn_norm_b = load_vector(gf, p + "attn_norm.bias", device, D)
-            blk.ffn_norm_b = load_vector(gf, p + "ffn_norm.bias", device, D)
-            blk.attn_output_b = load_vector(gf, p + "attn_output.bias", device, D)
-            blk.attn_q_bias = opt(p + "attn_q.bias", q_out)
-            blk.attn_k_bias = opt(p + "attn_k.bias", kv_out)
-            blk.attn_v_bias = opt(p + "attn_v.bias", kv_out)
+        D = cfg.d_model
+        for t, blk in each_block(gf, cfg, m.blocks, device, dtype):
+            blk.attn_norm_b, blk.ffn_norm_b = t.v("attn_norm.bias", D), t.v("ffn_norm.bias", D)
+            blk.attn_output_b = t.v("attn_output.bias", D)
+            blk.attn_q_bias, blk.attn_k_bias = t.opt("attn_q.bias", t.q_out), t.opt("attn_k.bias", t.kv_out)
+            blk.attn_v_bias = t.opt("attn_v.bias", t.kv_out)
         m.output_norm_b = load_vector(gf, "output_norm.bias", device, D)
         m.output_b = load_vector(gf, "output.bias", device, cfg.vocab)
         m.rope_scale = None

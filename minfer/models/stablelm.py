@@ -45,7 +45,8 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, BlockTensors, attention_heads, ffn_branch, merge_heads, rope_write_attend
+from minfer.models.layers import (Block, BlockTensors, attention_heads, ffn_branch, merge_heads, require_output,
+                                  rope_write_attend)
 from minfer.models.llama import LlamaModel
 from minfer.models.starcoder2 import layer_norm
 from minfer.weights import load_vector
@@ -91,9 +92,7 @@ class StablelmModel(LlamaModel):
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "StablelmModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
-        if cfg.tied_output:
-            raise MinferError(f"{gf.path}: tensor 'output.weight' is missing (stablelm's lm head is its own: "
-                              "llama.cpp's loader requires it)")
+        require_output(gf, cfg, "stablelm")
         _check_layout(gf, cfg)
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         m.output_norm_b = load_vector(gf, "output_norm.bias", device, m.cfg.d_model)
@@ -106,10 +105,7 @@ class StablelmModel(LlamaModel):
         Dh, H, Hkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
         sequential, qk_norm = t.has("ffn_norm.weight"), t.has("attn_q_norm.weight")
         return StablelmBlock(
-            attn_norm=v("attn_norm.weight", D), attn_norm_b=v("attn_norm.bias", D),
-            attn_q=w("attn_q", (q_out, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
-            attn_q_bias=opt("attn_q.bias", q_out), attn_k_bias=opt("attn_k.bias", kv_out),
-            attn_v_bias=opt("attn_v.bias", kv_out), attn_output=w("attn_output", (D, q_out)),
+            **t.ln_attention(),
             attn_q_norm=v("attn_q_norm.weight", q_out).view(H, Dh) if qk_norm else None,
             attn_k_norm=v("attn_k_norm.weight", kv_out).view(Hkv, Dh) if qk_norm else None,
             ffn_norm=v("ffn_norm.weight", D) if sequential else None,
