@@ -25,6 +25,17 @@ from minfer.ops.cuda.pdl import launch_kw
 
 
 @triton.jit
+def _weight_runs(rowp, n_run, k0, i, N, K, QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr):
+    """The runs' mask [R, 16] and their decoded weights [R, 16] fp32 at K offsets k0 [R]."""
+    m = ((n_run < N) & (k0 < K))[:, None]
+    if QT == 0 or QT == 1 or QT == 30:
+        # float weights are read as runs of 16 values: a K that is no multiple of 16 ends a
+        # row inside a run, whose values past K (the next row's, or past the tensor) are masked
+        m = m & ((k0[:, None] + i) < K)
+    return m, decode(QT, (rowp + (k0 // QK) * TS)[:, None], (k0 % QK)[:, None], i, m)
+
+
+@triton.jit
 def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
@@ -48,13 +59,9 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     t0 = pid_s * tiles_per_split
     t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
     if ONE:
-        k0 = s16
-        m = ((n_run < N) & (k0 < K))[:, None]
-        if QT == 0 or QT == 1 or QT == 30:
-            m = m & ((k0[:, None] + i) < K)
-        w = decode(QT, (rowp + (k0 // QK) * TS)[:, None], (k0 % QK)[:, None], i, m)   # weights: before the wait
+        m, w = _weight_runs(rowp, n_run, s16, i, N, K, QT, QK, TS)   # weights: before the wait
         pdl_enter(PDL)
-        xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + k0[:, None] + i, mask=m, other=0.0)
+        xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + s16[:, None] + i, mask=m, other=0.0)
         acc2 = w * xv.to(tl.float32)
         t1 = t0                                                  # the loop below does nothing
     else:
@@ -69,13 +76,7 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
         acc2 = tl.zeros([R, 16], dtype=tl.float32)
     for t in range(t0, t1):
         k0 = t * BK + s16                                        # [R] first value of each run
-        m = ((n_run < N) & (k0 < K))[:, None]
-        if QT == 0 or QT == 1 or QT == 30:
-            # float weights are read as runs of 16 values: a K that is no multiple of 16 ends a
-            # row inside a run, whose values past K (the next row's, or past the tensor) are masked
-            m = m & ((k0[:, None] + i) < K)
-        bp = (rowp + (k0 // QK) * TS)[:, None]
-        w = decode(QT, bp, (k0 % QK)[:, None], i, m)             # [R, 16] fp32
+        m, w = _weight_runs(rowp, n_run, k0, i, N, K, QT, QK, TS)
         if USE_DOT:
             kk = t * BK + tl.arange(0, BK)
             xt = tl.load(x + mrow[None, :].to(tl.int64) * stride_xm + kk[:, None],
