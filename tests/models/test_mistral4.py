@@ -15,15 +15,10 @@ import gguf
 import pytest
 import torch
 
-from models.arch_checks import assert_refused
-from models.test_arch_vs_transformers import TOL, engine, ref, rel_err
+from models.arch_checks import assert_refused, logits_miss
+from models.test_arch_vs_transformers import TOL, engine
 
 NAME = "mistral4"
-
-
-def miss(eng) -> float:
-    r = ref(NAME)
-    return rel_err(eng.logits(r["ids"].tolist()).numpy(), r["logits"])
 
 
 def test_layout_read_from_the_file():
@@ -63,7 +58,7 @@ def test_each_rule_is_needed(what):
     eng = engine(NAME)
     m = eng.model
     c = m.cfg
-    assert miss(eng) < TOL
+    assert logits_miss(NAME, eng) < TOL
     if what == "neox_pairs":             # HF rope_interleave: adjacent pairs (NORM), not halves
         m.rope = replace(m.rope, style="neox")
     elif what == "no_yarn_ramp":         # the plain frequencies, not YaRN's ramp over the original 16
@@ -80,7 +75,7 @@ def test_each_rule_is_needed(what):
         m.cfg = replace(c, expert_groups=1, expert_groups_used=1)
     else:                                # HF Mistral4TopkRouter: softmax scores
         m.gating = "sigmoid"
-    assert miss(eng) > 10 * TOL, what
+    assert logits_miss(NAME, eng) > 10 * TOL, what
 
 
 @pytest.mark.parametrize("tensor", ["blk.1.ffn_gate_up_exps.weight", "blk.0.attn_q_a_norm.weight",
