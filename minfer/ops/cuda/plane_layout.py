@@ -22,6 +22,7 @@ are held twice."""
 from __future__ import annotations
 
 from minfer.ops.cuda import gemv_q8_gluon as GL
+from minfer.ops.cuda.gemv_q8g_table import table_arg
 from minfer.ops.cuda.gemv_repack_layout import planes_of, to_rows, to_tiles
 
 
@@ -43,7 +44,7 @@ def wanted(rw, switches, device, n: int = 0) -> int:
     launch they are read in, when more than theirs: a mixed pair's, keyed by its first type)."""
     if not switches.gemv_tiles or GL.device_unsupported(device) is not None:
         return 0
-    return tile_rows_for(rw.qtype, n or rw.n, rw.k, switches.gemv_q8g_table)
+    return tile_rows_for(rw.qtype, n or rw.n, rw.k, table_arg(switches))
 
 
 def apply(weights, switches, device) -> int:

@@ -33,6 +33,7 @@ from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda import dequant, gemv, gemv_q8, gemv_repack, qgemm_q8, qgemm_repack
 from minfer.ops.cuda.dequant import interpret
+from minfer.ops.cuda.gemv_q8g_table import table_arg
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.workspace import Workspace
 
@@ -49,7 +50,7 @@ def _q8_kw(sw, x, late: bool = False, glu: bool = False) -> dict:
     if sw.l2_prefetch_mb > 0 or sw.l2_big_next:
         l2 = (sw.l2_prefetch_mb << 20, sw.l2_small_mb << 20, sw.l2_big_next)
     kw = {"pdl": mode, "pdl_prefetch": sw.pdl_prefetch if mode else 1, "l2": l2, "gluon": sw.gemv_q8_gluon,
-          "gluon_table": sw.gemv_q8g_table, "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1))),
+          "gluon_table": table_arg(sw), "pdl_late": bool(mode and (sw.pdl_late >= 2 or (late and sw.pdl_late >= 1))),
           "l2_heads": -sw.l2_heads if sw.l2_heads_late else sw.l2_heads}     # (gemv_q8._l2_heads: < 0 late)
     if not glu:
         kw["preload"] = sw.pdl_preload

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-05 twenty-sixth session (perf-log AV):
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s26.sh rule; true", carry=[".whl"])
+# rule: the Gluon q8 GEMV's shape rule (ops/cuda/gemv_q8g_table.py shape_rule) -- its GPU tests and the GPU tests
+#   of the kernels and fusions it routes more shapes to, while the 1.5B / Llama-3.1-8B / Qwen3-8B geometries
+#   are synthesized (Q4_K_M) in the background; then per model an in-process A/B of MINFER_GEMV_Q8G_RULE 0 -> 1
+#   (tg128, interleaved pairs).
+# gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
+# Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
+set -u
+if [ -f .head.tgz ]; then
+  tar xzf .head.tgz
+  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
+fi
+STEPS=${*:-rule}
+source tools/device_setup.sh >/dev/null
+export MINFER_SETUP_DONE=1
+RULE_MODELS=${RULE_MODELS:-qwen2.5-1.5b llama3.1-8b qwen3-8b}
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    rule)
+      ( for p in $RULE_MODELS; do
+          s=$(date +%s)
+          [ -f /tmp/rule-$p.gguf ] || python3 -m minfer synth /tmp/rule-$p.gguf --preset $p --recipe q4_k_m --no-progress \
+            >>/tmp/synth-rule.log 2>&1
+          echo "synth $p: $(( $(date +%s) - s )) s" >>/tmp/synth-times.txt
+        done; touch /tmp/synth-rule.done ) &
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-6}"
+      timeout ${RULE_TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${PYTEST_ARGS:-} \
+        tests/gpu/test_gemv_q8g_rule_gpu.py tests/gpu/test_gemv_q8_gpu.py tests/gpu/test_model_gpu.py \
+        tests/gpu/test_qkv_rope_gpu.py tests/gpu/test_norm_into_gemv_gpu.py tests/gpu/test_gemv_q8_tiles_gpu.py \
+        tests/gpu/test_cuda_graphs.py >"$OUT/pytest-rule.log" 2>&1
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rule.log" | head -30
+      echo "rule tests: $(tail -1 "$OUT/pytest-rule.log") [$(( $(date +%s) - t0 )) s]"
+      while [ ! -f /tmp/synth-rule.done ]; do sleep 2; done; cat /tmp/synth-times.txt
+      for p in $RULE_MODELS; do
+        s=$(date +%s)
+        MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m /tmp/rule-$p.gguf -p 0 -n 128 -r 2 \
+          --ab "MINFER_GEMV_Q8G_RULE=0" "MINFER_GEMV_Q8G_RULE=1" --pairs ${PAIRS:-3} --out /tmp/rule-ab-$p.json \
+          --no-progress >"$OUT/rule-ab-$p.log" 2>&1
+        echo "== $p: rc $? [$(( $(date +%s) - s )) s]"
+        grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rule-ab-$p.log"
+        grep -iE "fell back|fallback|Traceback|Error" "$OUT/rule-ab-$p.log" | head -5
+        cp /tmp/rule-ab-$p.json "$OUT/" 2>/dev/null
+      done;;
+    gsync)
+      timeout ${GSYNC_TIMEOUT:-120} python3 tools/grid_sync_probe.py --json "$OUT/gsync.json" >"$OUT/gsync.log" 2>&1
+      echo "gsync: rc $?"; tail -25 "$OUT/gsync.log";;
+    *) OUT=$OUT bash tools/device_s25.sh $step;;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
+exit 0
