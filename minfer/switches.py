@@ -83,11 +83,12 @@ class Switches:
                               "minfer.bench.gemv_q8_sweep --gluon --table F` "
                               "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
                               "the shipped one (for an in-process A/B of two tables)", kind="tuning")
-    gemv_q8g_rule: bool = _sw(True, "MINFER_GEMV_Q8G_RULE",
+    gemv_q8g_rule: bool = _sw(False, "MINFER_GEMV_Q8G_RULE",
                               "a Q4_K / Q6_K decode shape missing from the shipped Gluon table (every model but the "
                               "7B) takes the Gluon q8 GEMV with the 7B config of the role its proportions say "
                               "(down, o, q/k/v, gate+up; ops/cuda/gemv_q8g_table.py shape_rule), and with it the "
-                              "7B's fusions; off: those shapes keep the Triton q8 kernel (a table file given by "
+                              "7B's fusions; off (the default until its GPU tests and A/B have run, perf-log AV0): "
+                              "those shapes keep the Triton q8 kernel (a table file given by "
                               "MINFER_GEMV_Q8G_TABLE is taken as it is, without the rule)", kind="tuning")
     gemv_tiles: bool = _sw(True, "MINFER_GEMV_TILES",
                            "repacked planes stored tile-major (a tile's rows block after block) for the shapes whose "

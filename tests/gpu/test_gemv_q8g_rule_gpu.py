@@ -43,7 +43,9 @@ def test_rule_configs_match_the_reference(qt, n, k):
     from minfer.ops.cuda import gemv_q8_gluon as GL
     from minfer.ops.cuda.gemv_repack import GemvWorkspace
 
-    cfg = GL.config_for(qt, n, k)
+    from minfer.ops.cuda.gemv_q8g_table import RULE
+
+    cfg = GL.config_for(qt, n, k, RULE)
     assert cfg is not None and f"{'Q4_K' if qt == 12 else 'Q6_K'} {n}x{k}" not in GL.CONFIGS
     rw, w = _weight(qt, n, k, seed=n + k + qt)
     ws = GemvWorkspace("cuda")
@@ -53,7 +55,8 @@ def test_rule_configs_match_the_reference(qt, n, k):
         ref = Q.dequantize_q8(q8, k).double() @ w.T
         paths.reset()
         for pdl in (0, 1):
-            out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, ws=ws, gluon=True, pdl=pdl, pdl_prefetch=2 if pdl else 1)
+            out = Q.gemv_q8(q8, rw, out_dtype=torch.float32, ws=ws, gluon=True, gluon_table=RULE, pdl=pdl,
+                             pdl_prefetch=2 if pdl else 1)
             assert rel_err(out, ref) < 1e-5, (cfg, pdl)
         snap = paths.snapshot()
         assert snap["counts"].get("gemv_q8.gluon", 0) == 2 and not snap["fallbacks"], snap
@@ -79,7 +82,7 @@ def test_models_decode_on_the_rule(tmp_path, preset, arch):
     path = tmp_path / f"{preset}.gguf"
     write_synth(path, p, "q4_k_m", seed=3, progress=False)
     cpu = Engine.load(str(path), device="cpu", ctx=256, progress=False, switches=CPU_REFERENCE)
-    gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False)
+    gpu = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(gemv_q8g_rule=True))
     off = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(gemv_q8g_rule=False))
     prompt = torch.randint(0, p.vocab, (24,), generator=torch.Generator().manual_seed(5)).tolist()
     cpu.forward(prompt, 0)

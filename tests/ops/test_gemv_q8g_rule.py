@@ -54,7 +54,7 @@ def _launch_checks(cfg, n: int, k: int) -> None:
 def test_each_role_gets_its_config(name):
     for role, (n, k) in roles(name).items():
         for qt in (Q4_K, Q6_K):
-            cfg = GL.config_for(qt, n, k)
+            cfg = GL.config_for(qt, n, k, T.RULE)
             if n % 32 or k % 256:              # granite's vocab 49159; glm4's FFN 13696 (no K-quant blocks)
                 assert cfg is None, (name, role, n, k)
                 continue
@@ -85,29 +85,29 @@ def test_the_rule_keeps_the_7b_programs_and_sizes_steps_to_k():
         assert T.shape_rule(True, n, k) is None, (n, k)
 
 
-def test_shipped_shapes_are_the_table_and_the_switch_turns_the_rule_off(tmp_path):
+def test_shipped_shapes_are_the_table_and_the_switch_turns_the_rule_on(tmp_path):
     for key, cfg in GL.CONFIGS.items():
         qt = Q4_K if key.startswith("Q4_K") else Q6_K
         n, k = map(int, key.split()[1].split("x"))
         assert GL.config_for(qt, n, k) == tuple(cfg)
-        assert GL.config_for(qt, n, k, T.EXACT) == tuple(cfg)
-    assert GL.config_for(Q4_K, 6144, 4096) is not None
-    assert GL.config_for(Q4_K, 6144, 4096, T.EXACT) is None
+        assert GL.config_for(qt, n, k, T.RULE) == tuple(cfg)
+    assert GL.config_for(Q4_K, 6144, 4096, T.RULE) is not None
+    assert GL.config_for(Q4_K, 6144, 4096) is None
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"configs": {"Q4_K 3584x3584": [16, 8, 3, 4, False]}}))
     assert GL.config_for(Q4_K, 6144, 4096, str(f)) is None                 # a table file: its shapes only
-    assert T.table_arg(Switches()) == ""
-    assert T.table_arg(Switches.from_env({"MINFER_GEMV_Q8G_RULE": "0"})) == T.EXACT
-    assert T.table_arg(Switches(gemv_q8g_table=str(f))) == str(f)
+    assert T.table_arg(Switches()) == ""                                   # off by default (not yet run on a GPU)
+    assert T.table_arg(Switches.from_env({"MINFER_GEMV_Q8G_RULE": "1"})) == T.RULE
+    assert T.table_arg(Switches(gemv_q8g_rule=True, gemv_q8g_table=str(f))) == str(f)
 
 
 def test_plane_layout_follows_the_rule(monkeypatch):
     from minfer.ops.cuda import plane_layout as PL
 
     monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
-    on, off = Switches(), Switches(gemv_q8g_rule=False)
+    on, off = Switches(gemv_q8g_rule=True), Switches()
     down = Repacked(Q4_K, 4096, 14336, (torch.zeros(1),))
     qkv = Repacked(Q4_K, 6144, 4096, (torch.zeros(1),))
     assert PL.wanted(down, on, "cuda") == 32 and PL.wanted(down, off, "cuda") == 0
     assert PL.wanted(qkv, on, "cuda") == 0 == PL.wanted(qkv, off, "cuda")
-    assert PL.wanted(down, Switches(gemv_tiles=False), "cuda") == 0
+    assert PL.wanted(down, Switches(gemv_q8g_rule=True, gemv_tiles=False), "cuda") == 0

@@ -53,7 +53,7 @@ from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
 from minfer.ops.cuda.gemv_repack_layout import Q4_K, Q6_K, common_tile_rows
-from minfer.ops.cuda.gemv_q8g_table import _TABLE, CONFIGS, EXACT, _table, shape_rule  # noqa: F401 (callers read GL._TABLE)
+from minfer.ops.cuda.gemv_q8g_table import _TABLE, CONFIGS, RULE, _table, shape_rule  # noqa: F401 (callers read GL._TABLE)
 
 
 @gluon.jit
@@ -401,14 +401,14 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
 
 
 def config_for(qtype: int, n: int, k: int, table: str = "") -> tuple | None:
-    """The swept config of this shape; for a shape the shipped table lacks, the shape rule's
-    (gemv_q8g_table.shape_rule: the 7B config of the shape's role); None: the Triton kernel. table:
-    a table file instead of the shipped one (Switches.gemv_q8g_table; its shapes only), empty: the
-    shipped one with the rule, EXACT: the shipped one without it (gemv_q8g_table.table_arg)."""
-    hit = (_table(table) if table and table != EXACT else CONFIGS).get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
+    """The swept config of this shape, or None: the Triton kernel. table: a table file instead of
+    the shipped one (Switches.gemv_q8g_table; its shapes only); empty: the shipped one; RULE: the
+    shipped one and, for a shape it lacks, the shape rule's config (gemv_q8g_table.shape_rule: the 7B
+    config of the shape's role; Switches.gemv_q8g_rule, gemv_q8g_table.table_arg)."""
+    hit = (_table(table) if table and table != RULE else CONFIGS).get(f"{'Q4_K' if qtype == Q4_K else 'Q6_K'} {n}x{k}")
     if hit:
         return tuple(hit)
-    return shape_rule(qtype == Q4_K, n, k) if not table else None
+    return shape_rule(qtype == Q4_K, n, k) if table == RULE else None
 
 
 def kernel_planes(rw) -> tuple:

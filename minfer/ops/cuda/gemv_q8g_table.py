@@ -17,7 +17,9 @@ its proportions say it has, with the K split and step sized for its K (perf-log 
   takes at most two 8-block steps (K <= 4096), else 16-block steps with one in flight;
 - N > 3 K, gate+up (or one of them, or an lm head): 32-row tile-major tiles of one block, x ahead.
 Shapes with N or K under 1,024 or N not a multiple of 32 keep the Triton kernel (the tests' tiny
-models; the raw-type models' small shapes). Switches.gemv_q8g_rule turns the rule off (table_arg)."""
+models; the raw-type models' small shapes). Switches.gemv_q8g_rule turns the rule on (table_arg); it is
+off by default until its GPU tests (tests/gpu/test_gemv_q8g_rule_gpu.py) and an A/B have run: written
+in a session without a GPU, it has been checked on the CPU only (the launch checks, sm_90 builds)."""
 
 from __future__ import annotations
 
@@ -35,14 +37,15 @@ if os.path.exists(_TABLE):
 
 
 _OTHER_TABLES: dict = {}
-# Switches.gemv_q8g_rule off: the shipped table's own shapes only (table_arg; not a file name)
-EXACT = "<shipped table, no shape rule>"
+# Switches.gemv_q8g_rule on: the shipped table, and the shape rule for the shapes it lacks (table_arg; not a
+# file name)
+RULE = "<shipped table with the shape rule>"
 
 
 def table_arg(switches) -> str:
     """The table argument of config_for under these switches: a table file (Switches.gemv_q8g_table,
-    taken as it is: no rule), the shipped table with the shape rule (""), or without it (EXACT)."""
-    return switches.gemv_q8g_table or ("" if switches.gemv_q8g_rule else EXACT)
+    taken as it is: no rule), the shipped table with the shape rule (RULE), or without it ("")."""
+    return switches.gemv_q8g_table or (RULE if switches.gemv_q8g_rule else "")
 
 
 def shape_rule(q4: bool, n: int, k: int) -> tuple | None:
