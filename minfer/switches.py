@@ -112,6 +112,13 @@ class Switches:
                              "launches during the kernel before it, the one-pass config decoding its weights "
                              "before its wait, and lets the kernel after it launch; off: a plain launch, which "
                              "breaks the decode chain's PDL at every raw GEMV")
+    gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
+                              "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "
+                              "one-pass GEMVs (hidden <= 1024 in Q5_0 / Q8_0 ...: Qwen2.5-0.5B, SmolLM2): the "
+                              "residual add + RMSNorm before each group made by the group's own GEMV programs "
+                              "(ops/cuda/gemv.py _norm_runs; program 0 stores the residual and the normed row), "
+                              "one launch fewer before q/k/v and before gate/up; off (the default until its GPU "
+                              "A/B has run, perf-log AV1): the add + norm kernel, then the GEMV", kind="tuning")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "
@@ -311,7 +318,7 @@ class Switches:
                               "scale): no norm launch between the GEMVs, nothing serial (perf-log AI1; H200 "
                               "graph -450 us as launched: gate+up's programs pile onto the SMs o leaves free, "
                               "AI3; so with PDL the o projection then signals gate+up at its programs' end, "
-                              "ops/cuda/qmatmul.linear_add_rms_norm); 4 is the default (H200, with norm_rstd_late "
+                              "ops/cuda/linear_norm.linear_add_rms_norm); 4 is the default (H200, with norm_rstd_late "
                               "and rq_smem, against 5: graph +2 / +10 us at depth 100 / 3354, in-process bench "
                               "--ab B/A tg128 1.0061 +- 0.0125, d3354 1.0141 +- 0.0129, 6 pairs, perf-log AL3); 5: "
                               "4 for the norm before q/k/v only (the FFN norm kernel kept; the default from "

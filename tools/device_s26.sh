@@ -5,6 +5,8 @@
 #   of the kernels and fusions it routes more shapes to, while the 1.5B / Llama-3.1-8B / Qwen3-8B geometries
 #   are synthesized (Q4_K_M) in the background; then per model an in-process A/B of MINFER_GEMV_Q8G_RULE 0 -> 1
 #   (tg128, interleaved pairs).
+# rawnorm: the residual add + RMSNorm in the small models' raw group GEMVs (Switches.gemv_raw_norm): its GPU tests,
+#   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1.
 # gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
 # Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
 set -u
@@ -44,6 +46,18 @@ for step in $STEPS; do
         grep -iE "fell back|fallback|Traceback|Error" "$OUT/rule-ab-$p.log" | head -5
         cp /tmp/rule-ab-$p.json "$OUT/" 2>/dev/null
       done;;
+    rawnorm)   # perf-log AV1: the norms in the small models' raw group GEMVs -- GPU tests, then the 0.5B A/B
+      timeout ${RAWNORM_TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_model_gpu.py -k "raw or norm or 0.5b or one_pass" \
+        >"$OUT/pytest-rawnorm.log" 2>&1
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rawnorm.log" | head -20
+      echo "rawnorm tests: $(tail -1 "$OUT/pytest-rawnorm.log")"
+      M5=/tmp/side-qwen2.5-0.5b.gguf
+      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
+      MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_RAW_NORM=0" \
+        "MINFER_GEMV_RAW_NORM=1" --pairs ${PAIRS:-4} --out /tmp/rawnorm-ab.json --no-progress >"$OUT/rawnorm-ab.log" 2>&1
+      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rawnorm-ab.log"; grep -iE "raw_norm|fell back|Traceback|Error" "$OUT/rawnorm-ab.log" | head -5
+      cp /tmp/rawnorm-ab.json "$OUT/" 2>/dev/null;;
     gsync)
       timeout ${GSYNC_TIMEOUT:-120} python3 tools/grid_sync_probe.py --json "$OUT/gsync.json" >"$OUT/gsync.log" 2>&1
       echo "gsync: rc $?"; tail -25 "$OUT/gsync.log";;

@@ -1,4 +1,4 @@
-"""The small models' raw-block decode on the GPU (perf-log AU2): the one-pass GEMV at Qwen2.5-0.5B's
+"""The small models' raw-block decode on the GPU (perf-log AU2, AV1): the one-pass GEMV at Qwen2.5-0.5B's
 shapes (hidden 896: its Q5_0 / Q8_0 weights) and the stacked q/k/v and gate/up groups, against the
 gguf package's dequantized weights in float64, with the launch paths counted; and a synthetic
 0.5B geometry model's greedy tokens the same on CUDA with the groups fused as without (the
@@ -89,3 +89,43 @@ def test_small_model_greedy_same_with_and_without(tmp_path):
             assert not any(".raw" in k or "one_pass" in k or "gemv_raw" in k for k in counts), counts
         eng.close()
     assert toks["on"] == toks["off"]
+
+
+def test_norm_in_the_raw_groups_gives_the_same_decode(tmp_path):
+    """Switches.gemv_raw_norm on a synthetic Qwen2.5-0.5B-geometry file (2 layers, the real file's type
+    mix): the engine marks the model (every decode group a raw one-pass GEMV), the norms before q/k/v
+    (after the first layer) and before gate/up are made by those launches (2 L - 1 a step, counted),
+    nothing falls back, the greedy tokens equal the switch off's and each step's logits agree to the
+    bf16 rounding of h (the sum of squares in another order may move one value by a bf16 step)."""
+    import subprocess
+
+    from minfer.ops import paths
+    from minfer.runtime.engine import Engine
+
+    path = tmp_path / "s.gguf"
+    subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
+                    "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
+    engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(gemv_raw_norm=on))
+               for on in (False, True)}
+    assert engines[True].ctx.workspace.raw_prenorm
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    la, lb = engines[True].prefill(prompt), engines[False].prefill(prompt)
+    assert torch.equal(la, lb)                                # (prefill rows: not one row, no deferral)
+    t = int(lb.argmax())
+    paths.reset()
+    for step in range(16):
+        pos = len(prompt) + step
+        la, lb = engines[True].forward([t], pos)[-1], engines[False].forward([t], pos)[-1]
+        assert rel_err(la, lb.double()) < 2e-2, step
+        assert int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    snap = paths.snapshot()
+    counts = snap["counts"]
+    # 2 L - 1 = 3 a step, counted where a step's launches are made (the decode graph's captures)
+    assert counts["gemv.raw_norm"] == counts["add_rms_norm.into_raw_gemv"] > 0 and counts["gemv.raw_norm"] % 3 == 0, counts
+    assert not [k for k in snap["fallbacks"] if "raw" in k], snap["fallbacks"]
+    # the greedy generate() path (graphed decode) agrees too
+    toks = [[e.token_id for e in eng.generate(prompt, max_new_tokens=24, temperature=0)] for eng in engines.values()]
+    assert toks[0] == toks[1]
+    for eng in engines.values():
+        eng.close()

@@ -23,8 +23,9 @@ from minfer.ops.cuda import gemv as G
 from minfer.ops.cuda.dequant import LAYOUT
 
 T = GPUTarget("cuda", 90, 32)
-names = ["raw", "x", "out", "part", "bias", "M", "N", "K", "row_bytes", "stride_xm", "stride_om", "tiles_per_split"]
-types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7
+names = ["raw", "x", "out", "part", "bias", "M", "N", "K", "row_bytes", "stride_xm", "stride_om", "tiles_per_split",
+         "nx", "ny", "ng", "s_out", "eps"]
+types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32"]
 out = {}
 for qt, qn in ((6, "Q5_0"), (8, "Q8_0"), (12, "Q4_K")):
     _, qk, ts = LAYOUT[qt]
@@ -38,6 +39,19 @@ for qt, qn in ((6, "Q5_0"), (8, "Q8_0"), (12, "Q4_K")):
             out[f"{qn}_{'one' if one else 'split'}_{bn}_{pdl}"] = [ptx.count("st.local"),
                                                                  "griddepcontrol.wait" in ptx,
                                                                  "griddepcontrol.launch_dependents" in ptx]
+# the one-pass tile with the norm prologue (Switches.gemv_raw_norm): Q5_0 / Q8_0, PDL on and off
+for qt, qn in ((6, "Q5_0"), (8, "Q8_0")):
+    _, qk, ts = LAYOUT[qt]
+    for bn in (4, 8):
+        for pdl in (0, 1):
+            cex = dict(QT=qt, QK=qk, TS=ts, BN=bn, BK=1024, MP=1, SPLIT=1, HAS_BIAS=True, USE_DOT=False,
+                       IEEE=False, PDL=pdl, ONE=True, NORM=True)
+            sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+            k = triton.compile(ASTSource(G._gemv_kernel, sig, cex), target=T, options={"num_warps": 4})
+            ptx = k.asm["ptx"]
+            out[f"{qn}_norm_{bn}_{pdl}"] = [ptx.count("st.local"), "griddepcontrol.wait" in ptx,
+                                            "griddepcontrol.launch_dependents" in ptx, ptx.count("st.global"),
+                                            ptx.count("sqrt")]
 print(json.dumps(out))
 """
 
@@ -48,8 +62,18 @@ def builds():
 
 
 def test_raw_gemv_builds_for_sm90(builds):
-    assert len(builds) == 18, builds
-    for name, (spills, wait, signal) in builds.items():
+    assert len(builds) == 18 + 8, builds
+    for name, (spills, wait, signal, *_) in builds.items():
         assert spills == 0, (name, spills)
         pdl = name.endswith("_1")
         assert wait == pdl and signal == pdl, (name, wait, signal)
+
+
+def test_norm_prologue_builds_with_its_stores(builds):
+    """The norm prologue's builds (the one-pass tile only): no spills, the PDL markers as the others,
+    a square root, and stores beyond the plain build's output store (s and h from program 0)."""
+    for name in [n for n in builds if "_norm_" in n]:
+        spills, wait, signal, stores, sqrt = builds[name]
+        plain = builds[name.replace("_norm_", "_one_")]
+        assert spills == 0 and sqrt > 0, (name, builds[name])
+        assert stores > 0 and wait == plain[1] and signal == plain[2], (name, builds[name], plain)

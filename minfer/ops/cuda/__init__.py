@@ -33,6 +33,8 @@ Launch paths (MINFER_DEBUG_PATHS=1 prints the counts at exit):
   add_rms_norm.triton            residual add + RMSNorm + cast in one kernel    (fused_add_norm)
   add_rms_norm.q8, swiglu.q8     one decode row: the same kernel also writes the row's int8 form (gemv_q8)
   add_rms_norm.into_gemv         that row left to the q/k/v GEMV (norm_into_gemv): gemv_q8.norm_prologue
+  add_rms_norm.into_raw_gemv     that row (s and h) left to the raw group GEMV that reads it (gemv_raw_norm,
+                                 off): gemv.raw_norm, its programs make h, program 0 stores s and h
   qmatmul.residual_norm          the residual add and its sums of squares in the down GEMV's epilogue
                                  (gemv_q8.residual_sumsq; norm_into_gemv = 2), the norm left to q/k/v
   gemv_q8.norm_tail              norm_into_gemv = 3: that GEMV's last row tile also makes the normed row

@@ -36,15 +36,34 @@ def _weight_runs(rowp, n_run, k0, i, N, K, QT: tl.constexpr, QK: tl.constexpr, T
 
 
 @triton.jit
+def _norm_runs(nx, ny, ng, s_out, h_out, eps, kk, first_row, K, store):
+    """x_hat [R, 16] at K offsets kk [R, 16] (NORM): h = rms_norm(nx + ny) * ng rounded to h_out's
+    dtype -- norm_rope_act._add_rms_norm_kernel's operations, the row's sum of squares taken over
+    the first row's runs (first_row [R, 1]: each of the tile's rows covers the whole K once); where
+    `store` (program 0), s = nx + ny and h are stored too."""
+    km = kk < K
+    v = tl.load(nx + kk, mask=km, other=0.0).to(tl.float32) + tl.load(ny + kk, mask=km, other=0.0).to(tl.float32)
+    r = 1.0 / tl.sqrt(tl.sum(tl.sum(tl.where(first_row & km, v * v, 0.0), axis=1), axis=0) / K + eps)
+    g = tl.load(ng + kk, mask=km, other=0.0).to(tl.float32)
+    h = (v * r * g).to(h_out.dtype.element_ty)
+    tl.store(s_out + kk, v.to(s_out.dtype.element_ty), mask=km & first_row & store)
+    tl.store(h_out + kk, h, mask=km & first_row & store)
+    return h.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
+                 nx, ny, ng, s_out, eps,
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-                 PDL: tl.constexpr = 0, ONE: tl.constexpr = False):
+                 PDL: tl.constexpr = 0, ONE: tl.constexpr = False, NORM: tl.constexpr = False):
     # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
     # program's rows, values s*16.. (s = q % S) of the current K tile.
     # PDL (pdl.py): ONE (one K tile, one row, no split) decodes its weights before the wait,
     # the other configs wait first.
+    # NORM (ONE only; Switches.gemv_raw_norm): x is not read; the row is made from the residual nx
+    # and the previous GEMV's output ny (_norm_runs), x receiving h and s_out s from program 0.
     S: tl.constexpr = BK // 16
     R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
@@ -61,8 +80,11 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     if ONE:
         m, w = _weight_runs(rowp, n_run, s16, i, N, K, QT, QK, TS)   # weights: before the wait
         pdl_enter(PDL)
-        xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + s16[:, None] + i, mask=m, other=0.0)
-        acc2 = w * xv.to(tl.float32)
+        if NORM:
+            x1 = _norm_runs(nx, ny, ng, s_out, x, eps, s16[:, None] + i, (run // S == 0)[:, None], K, pid_n == 0)
+        else:
+            x1 = tl.load(x + pid_m.to(tl.int64) * stride_xm + s16[:, None] + i, mask=m, other=0.0).to(tl.float32)
+        acc2 = w * x1
         t1 = t0                                                  # the loop below does nothing
     else:
         pdl_enter(PDL)
@@ -184,12 +206,16 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
          tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
-         pdl: int = 0) -> torch.Tensor:
+         pdl: int = 0, norm=None) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
     one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
     pdl: launched with programmatic dependent launch (pdl.py; one row only), the one-pass
     config's weights decoded before its wait.
+    norm (one pass only; Switches.gemv_raw_norm): (nx float32 (1, K), ny (1, K), weight (K,), eps,
+    s_out float32 (1, K)) -- x is then not read but written: the programs multiply h =
+    rms_norm(nx + ny) * weight in x's dtype (norm_rope_act's add_rms_norm, one launch less), and
+    program 0 stores h into x and nx + ny into s_out.
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
@@ -202,15 +228,20 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     split = max(1, min(split or auto_split, n_tiles))
     tiles_per_split = triton.cdiv(n_tiles, split)
     split = triton.cdiv(n_tiles, tiles_per_split)          # no empty splits
+    one = not use_dot and split == 1 and n_tiles == 1
+    if norm is not None and not (one and m == 1 and x.is_contiguous()):
+        raise ValueError(f"gemv: the norm prologue needs one row in one pass ({m} x {k} in {n_tiles} K tiles, "
+                         f"{split} splits)")
+    nx, ny, ng, eps, s_out = norm if norm is not None else (x, x, x, 0.0, x)
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)
     pdl = pdl if m == 1 and not interpret else 0
     _gemv_kernel[grid](raw, x, out, part, bias if bias is not None else out, m, n, k, raw.stride(0),
-                       x.stride(0), out.stride(0), tiles_per_split,
+                       x.stride(0), out.stride(0), tiles_per_split, nx, ny, ng, s_out, float(eps),
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
-                       PDL=pdl, ONE=(not use_dot and split == 1 and n_tiles == 1),
+                       PDL=pdl, ONE=one, NORM=norm is not None,
                        num_warps=num_warps, **launch_kw(pdl))
     if split > 1:
         mn = m * n
@@ -255,3 +286,18 @@ def fuse_raw_groups(model) -> int:
     """fuse_raw_group over the model's decode groups (at load on CUDA); returns how many fused."""
     groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
     return sum(fuse_raw_group(tuple(g)) for g in groups())
+
+
+def raw_prenorm_ok(model) -> bool:
+    """Whether every decode group of the model (q/k/v, gate/up) is a fused raw group (fuse_raw_group)
+    whose one-row GEMV runs in one pass: the model on which add_rms_norm leaves the norm before a
+    group to the group's launch (Switches.gemv_raw_norm; the workspace's raw_prenorm, set at load)."""
+    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
+    groups = [tuple(g) for g in groups()]
+
+    def folds(g) -> bool:
+        rg = getattr(g[0], "raw_group", None)
+        return (rg is not None and g[:len(rg[0])] == rg[0]
+                and one_pass_tile(1, sum(w.shape[0] for w in rg[0]), g[0].shape[1]) is not None)
+
+    return bool(groups) and all(folds(g) for g in groups)

@@ -44,8 +44,33 @@ def _add_rms_norm_kernel(x, y, w, s_out, h_out, D, stride_x, stride_y, stride_s,
     tl.store(h_out + row * stride_h + d, (v * r * g).to(h_out.dtype.element_ty), mask=dm)
 
 
+class RawNorm:
+    """A decode row's residual add + RMSNorm left to the raw-block GEMV group that reads it
+    (Switches.gemv_raw_norm; h.raw_prenorm): s and h are allocated, not written. The group's
+    one-pass launch (gemv.gemv's norm) makes h in its programs and stores s and h from program 0;
+    any other consumer calls materialize(), which runs _add_rms_norm_kernel into s and h once (a
+    counted fallback: qmatmul._realized)."""
+
+    __slots__ = ("x", "y", "weight", "eps", "s", "h", "done")
+
+    def __init__(self, x, y, weight, eps: float, s, h):
+        self.x, self.y, self.weight, self.eps, self.s, self.h, self.done = x, y, weight, float(eps), s, h, False
+
+    def materialize(self) -> None:
+        if not self.done:
+            _add_rms_norm_launch(self.x, self.y, self.weight, self.eps, self.s, self.h)
+            self.done = True
+
+
+def _add_rms_norm_launch(x, y, weight, eps: float, s, h) -> None:
+    t, d = x.shape
+    bd = triton.next_power_of_2(d)
+    _add_rms_norm_kernel[(t,)](x, y, weight, s, h, d, x.stride(0), y.stride(0), s.stride(0), h.stride(0),
+                               float(eps), BD=bd, num_warps=4 if bd <= 2048 else 8)
+
+
 def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                 ctx: Context | None = None, into_linear: bool = False, role: str = ""):
+                 ctx: Context | None = None, into_linear: bool = False, role: str = "", raw_ok: bool = False):
     """(s, h): s = x + y in x's dtype (the float32 residual), h = rms_norm(s) * weight in
     out_dtype, in one pass over the rows (one kernel instead of add + norm + cast; H200 A/B in
     docs/perf-log.md section 10). Switches.fused_add_norm=False runs the add, rms_norm and
@@ -55,7 +80,11 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     Switches.norm_into_gemv, one decode row's s and h are left to the q8 GEMV that reads h
     (h.prenorm: q8_rows.PreNorm; counted `add_rms_norm.into_gemv`); the GEMV computes them in
     its programs, or runs this kernel first where it cannot (a counted fallback). role: the call's
-    name for Switches.pdl_early_sites besides the site's (pdl.enabled; attn_norm: before q/k/v)."""
+    name for Switches.pdl_early_sites besides the site's (pdl.enabled; attn_norm: before q/k/v).
+    raw_ok (the caller passes h to ops.linear / linear_many only): with Switches.gemv_raw_norm, on a
+    model whose decode groups are all raw-block one-pass GEMVs (the workspace's raw_prenorm, set at
+    load: gemv.raw_prenorm_ok), one decode row's s and h are left to that group's GEMV (h.raw_prenorm:
+    RawNorm; counted `add_rms_norm.into_raw_gemv`)."""
     sw = (ctx or DEFAULT).switches
     if not sw.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
@@ -66,6 +95,13 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     if y.stride(-1) != 1:
         y = y.contiguous()
     t, d = x.shape
+    if (raw_ok and t == 1 and sw.gemv_raw_norm and getattr((ctx or DEFAULT).workspace, "raw_prenorm", False)
+            and x.dtype == torch.float32 and x.is_contiguous() and y.is_contiguous()):
+        paths.count("add_rms_norm.into_raw_gemv")
+        s = torch.empty((1, d), dtype=torch.float32, device=x.device)
+        h = torch.empty((1, d), dtype=out_dtype, device=x.device)
+        h.raw_prenorm = RawNorm(x, y, weight, eps, s, h)
+        return s, h
     if t == 1 and q8_row_ok(d, out_dtype, sw):
         # one decode row: also its int8 form for the q8 GEMV (q8_rows.py, gemv_q8.py), in the same launch
         from minfer.ops.cuda import q8_rows
@@ -78,7 +114,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
             if sw.norm_into_gemv == 0:
                 paths.switched_off("add_rms_norm.into_gemv", "MINFER_NORM_INTO_GEMV")
             # (modes 4 and 5 leave the norm to the GEMV before, not to this kernel's consumer:
-            # qmatmul.linear_add_rms_norm; where that GEMV cannot, this kernel runs)
+            # linear_norm.linear_add_rms_norm; where that GEMV cannot, this kernel runs)
 
         paths.count("add_rms_norm.q8")
         s, h, q8 = q8_rows.add_rms_norm_q8(x, y, weight, eps, out_dtype, interpret=_interp(),
@@ -97,9 +133,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     paths.count("add_rms_norm.triton")
     s = torch.empty((t, d), dtype=torch.promote_types(x.dtype, y.dtype), device=x.device)
     h = torch.empty((t, d), dtype=out_dtype, device=x.device)
-    bd = triton.next_power_of_2(d)
-    _add_rms_norm_kernel[(t,)](x, y, weight, s, h, d, x.stride(0), y.stride(0), s.stride(0), h.stride(0),
-                               float(eps), BD=bd, num_warps=4 if bd <= 2048 else 8)
+    _add_rms_norm_launch(x, y, weight, eps, s, h)
     return s, h
 
 

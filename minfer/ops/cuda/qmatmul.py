@@ -186,12 +186,17 @@ def _check(x, w):
 
 
 def _realized(x: torch.Tensor, why: str) -> torch.Tensor:
-    """x itself, its deferred norm (x.prenorm: norm_rope_act.add_rms_norm's into_linear) run
-    first when this consumer cannot do it (a counted fallback of `add_rms_norm.into_gemv`)."""
+    """x itself, its deferred norm (x.prenorm / x.raw_prenorm: norm_rope_act.add_rms_norm's into_linear /
+    raw_ok) run first when this consumer cannot do it (a counted fallback of `add_rms_norm.into_gemv` /
+    `add_rms_norm.into_raw_gemv`)."""
     pre = getattr(x, "prenorm", None)
     if pre is not None and pre.q8 is None:
         paths.fallback("add_rms_norm.into_gemv", why)
         pre.materialize()
+    raw = getattr(x, "raw_prenorm", None)
+    if raw is not None and not raw.done:
+        paths.fallback("add_rms_norm.into_raw_gemv", why)
+        raw.materialize()
     return x
 
 
@@ -343,7 +348,9 @@ def _raw_group(x, wts, biases, rg, sw, ws):
     """The decode rows of a group whose leading weights share one raw block tensor
     (gemv.fuse_raw_group: q/k/v or gate/up not repacked, e.g. Q5_0 at a hidden size that is no
     multiple of 256) in one raw GEMV launch, the rest weight by weight; None where the group's
-    rows go elsewhere (Switches.gemv_raw_fuse off, or the batch engine's dense planes)."""
+    rows go elsewhere (Switches.gemv_raw_fuse off, or the batch engine's dense planes). x's deferred
+    norm (x.raw_prenorm) is made by that launch's programs where it runs in one pass (counted
+    `gemv.raw_norm`; h and s stored by it, so the rest read h), else run first (_realized)."""
     lead, cat = rg
     path = f"qmatmul.group{len(lead)}.decode.raw"
     if not sw.gemv_raw_fuse:
@@ -351,12 +358,18 @@ def _raw_group(x, wts, biases, rg, sw, ws):
         return None
     if any(_dense_plane(x, w, getattr(w, "batch_dense", None), sw) is not None for w in lead):
         return None
+    n, k = sum(w.shape[0] for w in lead), lead[0].shape[1]
+    raw, norm = getattr(x, "raw_prenorm", None), None
+    if raw is not None and not raw.done and sw.gemv_one_pass and gemv.one_pass_tile(x.shape[0], n, k) is not None:
+        paths.count("gemv.raw_norm")
+        norm, raw.done = (raw.x, raw.y, raw.weight, raw.eps, raw.s), True
+    if norm is None:
+        _realized(x, "the raw group's GEMV does not run in one pass")
     if x.stride(-1) != 1:
         x = x.contiguous()
-    n, k = sum(w.shape[0] for w in lead), lead[0].shape[1]
     paths.count(path + gemv.pass_suffix(x.shape[0], n, k, sw.gemv_one_pass))
     out = gemv.gemv(x, cat, lead[0].qtype, n, k, bias=ws.group_bias(lead, biases[:len(lead)], torch.float32),
-                    interpret=interpret(), one_pass=sw.gemv_one_pass, pdl=gemv.raw_pdl(sw, x))
+                    interpret=interpret(), one_pass=sw.gemv_one_pass, pdl=gemv.raw_pdl(sw, x), norm=norm)
     rest = [_linear(x, w, b, sw, ws) for w, b in zip(wts[len(lead):], biases[len(lead):])]
     return list(torch.split(out, [w.shape[0] for w in lead], dim=1)) + rest
 
@@ -385,7 +398,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
     sw, ws = _ctx(ctx, x.device)
     grp = getattr(wts[0], "repacked_group", None)
     pre = getattr(x, "prenorm", None)
-    if pre is not None and pre.q8 is None and not sw.gemv_swiglu:
+    if (pre is not None and pre.q8 is None and not sw.gemv_swiglu) or grp is None:
         return None         # (the pair's GEMV in linear_many takes the deferred norm; nothing run here)
     _realized(x, "the gate/up SwiGLU GEMV has no norm prologue")
     q8 = getattr(x, "q8", None)
@@ -410,70 +423,6 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
                                    paired=int(sw.gemv_swiglu) == 2, **_q8_kw(sw, x, late=True, glu=True))
     h.q8 = hq
     return h
-
-
-def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                        ctx: Context | None = None, into_linear: bool = False, role: str = "attn_norm") -> tuple:
-    """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). role: "attn_norm"
-    (the down projection, then the next layer's attention norm) or "ffn_norm" (the o projection,
-    then the layer's FFN norm: only mode 4 below takes it; otherwise linear, then add_rms_norm).
-    With Switches.norm_into_gemv = 3, one decode row on the q8 Gluon GEMV: its epilogue stores s and the
-    program finishing its last row tile makes h and h's q8 form (gemv_q8g_norm._norm_tail; h is
-    whole, so any consumer may read it). With 2 and into_linear: its epilogue
-    stores s (float32) and each row tile's sum of s^2 (gemv_q8.gemv_q8_residual), and h is left to
-    the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
-    `qmatmul.residual_norm`). With 4 and into_linear, for either role: that epilogue also makes
-    the q8 form of s * weight tile by tile (rstd left out, gemv_q8g_norm._rss_q8), and the next
-    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs; on the
-    FFN side (o, then gate+up directly) o signals gate+up when its programs end (with PDL): launched
-    at o's wait, gate+up's programs would pile onto the SMs o leaves free (perf-log AI2, AL3). 5:
-    4 for the attention norm (the down before q/k/v) only.
-    Otherwise, and where that GEMV does not apply (counted as a fallback), linear then
-    norm_rope_act.add_rms_norm, as before."""
-    from minfer.ops.cuda import norm_rope_act
-
-    _check(a, w)
-    sw, ws = _ctx(ctx, a.device)
-    ffn = role != "attn_norm"
-    mode = sw.norm_into_gemv
-    if ffn:
-        mode = 4 if mode == 4 else -1       # (5: mode 4 for the attention norm only)
-    elif mode == 5:
-        mode = 4
-    tail = mode == 3
-    if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
-        rw = gemv_repack.planes_of(w) if sw.gemv else None
-        r, refused = None, []
-        if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
-                x.shape[1], out_dtype, sw):
-            kw = _q8_kw(sw, a)
-            r = gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                         pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
-                                         preload=kw["preload"], tail=(weight, eps) if tail else None,
-                                         rq=weight if mode == 4 else None, refused=refused,
-                                         rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0,
-                                         l2_heads=kw["l2_heads"])
-        if r is not None:
-            paths.count("qmatmul.residual_norm")
-            if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
-                return r[0], r[2]
-            s, ssp = r[0], r[1]
-            q8u = r[2] if mode == 4 else None
-            if mode == 4 and q8u is None:
-                paths.fallback("gemv_q8.residual_q8", f"{w.name}: the GEMV's row tiles are not whole 32-value q8 "
-                               "chunks (its config's BN): the next GEMV's programs or the norm kernel make the row")
-            return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp, q8u=q8u)
-        if mode != 4 or refused:
-            # (mode 4 / 5, the default: a shape outside the Gluon kernel's table or the interpreter takes the
-            # two launches as the GEMV itself takes the Triton kernel there -- not a fallback; a refusal is)
-            paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row ("
-                           + (refused[0] if refused else "no repacked planes, no int8 row, a shape outside its table, "
-                              "or the interpreter") + ")")
-    y = _linear(a, w, None, sw, ws)
-    # (modes 3 and 4, and the FFN norm (mode -1): the norm kernel; modes 1 and 2: mode 1's norm in the
-    # q/k/v programs; 0: the norm kernel, the deferral counted as switched off)
-    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and mode in (0, 1, 2),
-                                      role=role)
 
 
 def _prenorm_group(x, wts, biases, pre, sw, ws) -> list | None:
@@ -537,6 +486,13 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         if outs is not None:
             return outs
         _realized(x, "the group has no one-launch q8 GEMV (fused planes) for this row")
+    rg = getattr(wts[0], "raw_group", None)
+    if getattr(x, "raw_prenorm", None) is not None:       # (a raw group's launch makes the norm: _raw_group)
+        ok = rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv
+        outs = _raw_group(x, wts, biases, rg, sw, ws) if ok else None
+        if outs is not None:
+            return outs
+        _realized(x, "the group is not one raw-block GEMV launch")
     if x.stride(-1) != 1:
         x = x.contiguous()
     grp = getattr(wts[0], "repacked_group", None)
@@ -585,7 +541,6 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.dense_plane")
         out = F.linear(x, dg[1], ws.group_bias(wts, biases, x.dtype))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
-    rg = getattr(wts[0], "raw_group", None)
     if rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv:
         outs = _raw_group(x, wts, biases, rg, sw, ws)
         if outs is not None:
@@ -598,3 +553,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.switched_off(path, "MINFER_FUSE_GROUPS")
         return [_linear(x, w, b, sw, ws) for w, b in zip(wts, biases)]
     return run_group(x, wts, biases, path, sw, ws)
+
+
+# ops.linear_add_rms_norm lives in linear_norm.py (this module's size); the name stays here for its callers
+from minfer.ops.cuda.linear_norm import linear_add_rms_norm  # noqa: E402,F401

@@ -1,0 +1,75 @@
+"""ops.linear_add_rms_norm on CUDA: a layer's last GEMV, the residual add and the next norm, with
+the norm made by the GEMV's epilogue or left to the next GEMV where Switches.norm_into_gemv asks
+(moved out of qmatmul.py, which it uses, to keep that module under the size rule)."""
+
+from __future__ import annotations
+
+import torch
+
+from minfer.ops import paths
+from minfer.ops.context import Context
+
+
+def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
+                        ctx: Context | None = None, into_linear: bool = False, role: str = "attn_norm") -> tuple:
+    """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). role: "attn_norm"
+    (the down projection, then the next layer's attention norm) or "ffn_norm" (the o projection,
+    then the layer's FFN norm: only mode 4 below takes it; otherwise linear, then add_rms_norm).
+    With Switches.norm_into_gemv = 3, one decode row on the q8 Gluon GEMV: its epilogue stores s and the
+    program finishing its last row tile makes h and h's q8 form (gemv_q8g_norm._norm_tail; h is
+    whole, so any consumer may read it). With 2 and into_linear: its epilogue
+    stores s (float32) and each row tile's sum of s^2 (gemv_q8.gemv_q8_residual), and h is left to
+    the q/k/v GEMV that reads it (h.prenorm: q8_rows.PreNorm with those sums; counted
+    `qmatmul.residual_norm`). With 4 and into_linear, for either role: that epilogue also makes
+    the q8 form of s * weight tile by tile (rstd left out, gemv_q8g_norm._rss_q8), and the next
+    q8 GEMV scales its row sums by rstd (PreNorm.q8u): no norm launch between the two GEMVs; on the
+    FFN side (o, then gate+up directly) o signals gate+up when its programs end (with PDL): launched
+    at o's wait, gate+up's programs would pile onto the SMs o leaves free (perf-log AI2, AL3). 5:
+    4 for the attention norm (the down before q/k/v) only.
+    Otherwise, and where that GEMV does not apply (counted as a fallback), linear then
+    norm_rope_act.add_rms_norm, as before."""
+    from minfer.ops.cuda import norm_rope_act
+    from minfer.ops.cuda import qmatmul as QM    # (its helpers read at call time: a reload or a test's patch applies)
+
+    QM._check(a, w)
+    sw, ws = QM._ctx(ctx, a.device)
+    ffn = role != "attn_norm"
+    mode = sw.norm_into_gemv
+    if ffn:
+        mode = 4 if mode == 4 else -1       # (5: mode 4 for the attention norm only)
+    elif mode == 5:
+        mode = 4
+    tail = mode == 3
+    if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
+        rw = QM.gemv_repack.planes_of(w) if sw.gemv else None
+        r, refused = None, []
+        if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
+                x.shape[1], out_dtype, sw):
+            kw = QM._q8_kw(sw, a)
+            r = QM.gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=QM.interpret(),
+                                         pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
+                                         preload=kw["preload"], tail=(weight, eps) if tail else None,
+                                         rq=weight if mode == 4 else None, refused=refused,
+                                         rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0,
+                                         l2_heads=kw["l2_heads"])
+        if r is not None:
+            paths.count("qmatmul.residual_norm")
+            if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
+                return r[0], r[2]
+            s, ssp = r[0], r[1]
+            q8u = r[2] if mode == 4 else None
+            if mode == 4 and q8u is None:
+                paths.fallback("gemv_q8.residual_q8", f"{w.name}: the GEMV's row tiles are not whole 32-value q8 "
+                               "chunks (its config's BN): the next GEMV's programs or the norm kernel make the row")
+            return s, norm_rope_act.deferred_norm(s, None, weight, eps, s, out_dtype, sw, ssp=ssp, q8u=q8u)
+        if mode != 4 or refused:
+            # (mode 4 / 5, the default: a shape outside the Gluon kernel's table or the interpreter takes the
+            # two launches as the GEMV itself takes the Triton kernel there -- not a fallback; a refusal is)
+            paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row ("
+                           + (refused[0] if refused else "no repacked planes, no int8 row, a shape outside its table, "
+                              "or the interpreter") + ")")
+    y = QM._linear(a, w, None, sw, ws)
+    # (modes 3 and 4, and the FFN norm (mode -1): the norm kernel; modes 1 and 2: mode 1's norm in the
+    # q/k/v programs; 0: the norm kernel, the deferral counted as switched off)
+    return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and mode in (0, 1, 2),
+                                      role=role, raw_ok=into_linear)
