@@ -4,12 +4,7 @@
 #   run(command="MINFER_COMMIT=<sha> bash tools/device_s23.sh ftests diag bench; cp /tmp/minfer-out/* $OUT/",
 #       carry=[".whl"])
 set -u
-# .head.tgz (untracked, made here by `git archive HEAD minfer tools tests/gpu ... | gzip`): the committed code
-# over whatever a helper's uncommitted edits left in the copied working tree
-if [ -f .head.tgz ]; then
-  tar xzf .head.tgz
-  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
-fi
+# (.head.tgz, the committed code over the copied working tree: tools/device_setup.sh)
 STEPS=${*:-ftests diag}
 source tools/device_setup.sh >/dev/null
 Q7=/tmp/q7.gguf

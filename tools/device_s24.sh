@@ -4,10 +4,6 @@
 # Mamba-1 fixtures' test_arch_gpu entries, gemma4 under the 2.5x bar), then tools/device_s23.sh's steps.
 #   run(command="MINFER_COMMIT=<sha> bash tools/device_s24.sh new [bench ...]; true", carry=[".whl"])
 set -u
-if [ -f .head.tgz ]; then
-  tar xzf .head.tgz
-  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
-fi
 STEPS=${*:-new}
 source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1

@@ -9,10 +9,6 @@
 # minfer synthesizes the 0.5B, 1.5B and 7B geometries (Q4_K_M, the qwen2 vocab copied in so llama.cpp loads
 # them); then, per model, llama-bench / minfer bench / llama-bench (-p 0 -n 128, -fa 1; the 7B also -d 3354).
 set -u
-if [ -f .head.tgz ]; then
-  tar xzf .head.tgz
-  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
-fi
 STEPS=${*:-oracle}
 source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1

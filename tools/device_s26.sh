@@ -4,16 +4,12 @@
 # rule: the Gluon q8 GEMV's shape rule (ops/cuda/gemv_q8g_table.py shape_rule) -- its GPU tests and the GPU tests
 #   of the kernels and fusions it routes more shapes to, while the 1.5B / Llama-3.1-8B / Qwen3-8B geometries
 #   are synthesized (Q4_K_M) in the background; then per model an in-process A/B of MINFER_GEMV_Q8G_RULE 0 -> 1
-#   (tg128, interleaved pairs).
+#   (tg128, 4 interleaved pairs).
 # rawnorm: the residual add + RMSNorm in the small models' raw group GEMVs (Switches.gemv_raw_norm): its GPU tests,
-#   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1.
+#   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1, and of MINFER_DECODE_ATTN_ROPE 0 -> 1 with it on.
 # gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
 # Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
 set -u
-if [ -f .head.tgz ]; then
-  tar xzf .head.tgz
-  for f in tests/gpu/*.py; do tar tzf .head.tgz | grep -qx "$f" || rm -f "$f"; done   # uncommitted test files
-fi
 STEPS=${*:-rule}
 source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1
@@ -39,7 +35,7 @@ for step in $STEPS; do
       for p in $RULE_MODELS; do
         s=$(date +%s)
         MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m /tmp/rule-$p.gguf -p 0 -n 128 -r 2 \
-          --ab "MINFER_GEMV_Q8G_RULE=0" "MINFER_GEMV_Q8G_RULE=1" --pairs ${PAIRS:-3} --out /tmp/rule-ab-$p.json \
+          --ab "MINFER_GEMV_Q8G_RULE=0" "MINFER_GEMV_Q8G_RULE=1" --pairs ${PAIRS:-4} --out /tmp/rule-ab-$p.json \
           --no-progress >"$OUT/rule-ab-$p.log" 2>&1
         echo "== $p: rc $? [$(( $(date +%s) - s )) s]"
         grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rule-ab-$p.log"
@@ -57,7 +53,12 @@ for step in $STEPS; do
       MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_RAW_NORM=0" \
         "MINFER_GEMV_RAW_NORM=1" --pairs ${PAIRS:-4} --out /tmp/rawnorm-ab.json --no-progress >"$OUT/rawnorm-ab.log" 2>&1
       grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rawnorm-ab.log"; grep -iE "raw_norm|fell back|Traceback|Error" "$OUT/rawnorm-ab.log" | head -5
-      cp /tmp/rawnorm-ab.json "$OUT/" 2>/dev/null;;
+      cp /tmp/rawnorm-ab.json "$OUT/" 2>/dev/null
+      # the rope + KV append in the decode attention (Switches.decode_attn_rope; off: the 7B's q/k/v Gluon epilogue
+      # takes the rope, which the raw groups have not) on top of the raw norms
+      MINFER_GEMV_RAW_NORM=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_DECODE_ATTN_ROPE=0" \
+        "MINFER_DECODE_ATTN_ROPE=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/attnrope-ab.log" 2>&1
+      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/attnrope-ab.log"; grep -iE "Traceback|Error" "$OUT/attnrope-ab.log" | head -3;;
     gsync)
       timeout ${GSYNC_TIMEOUT:-120} python3 tools/grid_sync_probe.py --json "$OUT/gsync.json" >"$OUT/gsync.log" 2>&1
       echo "gsync: rc $?"; tail -25 "$OUT/gsync.log";;
