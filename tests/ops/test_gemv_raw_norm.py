@@ -168,6 +168,10 @@ def test_raw_prenorm_ok_needs_every_group_fused_in_one_pass(K, tmp_path):
     m4 = _tiny(tmp_path, T.Q4_0, seed=6, name="b")
     K["gemv"].fuse_raw_groups(m4)
     assert K["gemv"].raw_prenorm_ok(m4)
+    q = m4.decode_groups()[0][0]
+    q.batch_dense = object()                                # the batch engine's dense plane takes its rows
+    assert not K["gemv"].raw_prenorm_ok(m4)
+    del q.batch_dense
     monkey = K["gemv"].ONE_PASS_MAX_K
     try:
         K["gemv"].ONE_PASS_MAX_K = 16                       # a K past one pass: the groups do not fold

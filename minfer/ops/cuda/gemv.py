@@ -291,13 +291,17 @@ def fuse_raw_groups(model) -> int:
 def raw_prenorm_ok(model) -> bool:
     """Whether every decode group of the model (q/k/v, gate/up) is a fused raw group (fuse_raw_group)
     whose one-row GEMV runs in one pass: the model on which add_rms_norm leaves the norm before a
-    group to the group's launch (Switches.gemv_raw_norm; the workspace's raw_prenorm, set at load)."""
+    group to the group's launch (Switches.gemv_raw_norm; the workspace's raw_prenorm, set at load and
+    again by a BatchEngine after its dense planes)."""
     groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
     groups = [tuple(g) for g in groups()]
 
     def folds(g) -> bool:
         rg = getattr(g[0], "raw_group", None)
         return (rg is not None and g[:len(rg[0])] == rg[0]
-                and one_pass_tile(1, sum(w.shape[0] for w in rg[0]), g[0].shape[1]) is not None)
+                and one_pass_tile(1, sum(w.shape[0] for w in rg[0]), g[0].shape[1]) is not None
+                # (the batch engine's dense planes take such rows to cuBLAS: nothing to fold into)
+                and all(getattr(w, "batch_dense", None) is None for w in g)
+                and getattr(g[0], "batch_dense_group", None) is None)
 
     return bool(groups) and all(folds(g) for g in groups)
