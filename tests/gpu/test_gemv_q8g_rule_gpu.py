@@ -103,7 +103,8 @@ def test_models_decode_on_the_rule(tmp_path, preset, arch):
     on, rule_off = seen["on"]["counts"], seen["off"]["counts"]
     assert on.get("gemv_q8.gluon", 0) > 0 and on.get("gemv_q8.triton", 0) == 0, on
     assert rule_off.get("gemv_q8.triton", 0) > 0, rule_off
-    assert on.get("gemv_q8.residual_q8", 0) > 0, on                 # the o / down epilogues make the next q8 row
+    if arch != "gemma3":                    # (gemma3's post-norms keep the residual adds out of the GEMVs)
+        assert on.get("gemv_q8.residual_q8", 0) > 0, on             # the o / down epilogues make the next q8 row
     if arch in ("qwen2", "llama"):                                   # (qwen3 / gemma3 norm q and k first)
         assert on.get("qmatmul.qkv_rope", 0) == 8, on                # 2 layers x 4 steps
     assert not seen["on"]["fallbacks"] and not seen["off"]["fallbacks"], (seen["on"]["fallbacks"], seen["off"]["fallbacks"])
