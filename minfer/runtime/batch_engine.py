@@ -172,9 +172,9 @@ class BatchEngine:
             detach_dense_planes(model)
             paths.switched_off("qmatmul.dense_plane", "dense_planes=False")
         if dev == "cuda" and getattr(ctx, "workspace", None) is not None:
-            from minfer.ops.cuda.gemv import raw_prenorm_ok
+            from minfer.ops.cuda.gemv import raw_prenorm_roles
 
-            ctx.workspace.raw_prenorm = raw_prenorm_ok(model)   # (dense planes take the raw groups' rows)
+            ctx.workspace.raw_prenorm = raw_prenorm_roles(model)   # (dense planes take the raw groups' rows)
         # held_steps: sampled on the device and held; chained_steps: launched from a held step's tokens
         self.stats = {"steps": 0, "decode_rows": 0, "prefill_tokens": 0, "graph_steps": 0,
                       "held_steps": 0, "chained_steps": 0}

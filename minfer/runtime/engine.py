@@ -83,10 +83,10 @@ class Engine:
 
                 repack_model(model)
                 self._plane_layout()
-            from minfer.ops.cuda.gemv import fuse_raw_groups, raw_prenorm_ok
+            from minfer.ops.cuda.gemv import fuse_raw_groups, raw_prenorm_roles
 
             fuse_raw_groups(model)   # groups left in raw blocks: one stacked tensor (row views), one GEMV
-            workspace.raw_prenorm = raw_prenorm_ok(model)     # (Switches.gemv_raw_norm: the norms into them)
+            workspace.raw_prenorm = raw_prenorm_roles(model)  # (Switches.gemv_raw_norm: the norms into them)
         self.ctx = Context(self.switches, workspace)
         self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
                                         dtype=model.act_dtype, context=self.n_ctx)

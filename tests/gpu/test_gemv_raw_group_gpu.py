@@ -107,7 +107,7 @@ def test_norm_in_the_raw_groups_gives_the_same_decode(tmp_path):
                     "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
     engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=Switches(gemv_raw_norm=on))
                for on in (False, True)}
-    assert engines[True].ctx.workspace.raw_prenorm
+    assert engines[True].ctx.workspace.raw_prenorm == {"attn_norm", "ffn_norm"}
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     la, lb = engines[True].prefill(prompt), engines[False].prefill(prompt)
     assert torch.equal(la, lb)                                # (prefill rows: not one row, no deferral)

@@ -86,7 +86,7 @@ def _tiny(tmp_path, qtype, arch="qwen2", seed=5, name="m"):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_model_decode_with_the_norms_in_the_raw_groups(K, monkeypatch, tmp_path, arch):
     """A tiny model in Q8_0 with its decode groups fused as the engine fuses them on CUDA, the
-    workspace marked as the engine marks it (gemv.raw_prenorm_ok): a decode step with the switch on
+    workspace marked as the engine marks it (gemv.raw_prenorm_roles): a decode step with the switch on
     equals the CPU reference forward and the step with it off; every norm before a group is made by
     the group's launch (2 L - 1 a step: the first layer's norm is the embedding's, the last one the
     output norm's) and no add + norm kernel runs for them; nothing falls back."""
@@ -107,8 +107,8 @@ def test_model_decode_with_the_norms_in_the_raw_groups(K, monkeypatch, tmp_path,
     route_to_cuda(monkeypatch, C)
     ws = C.Workspace.for_model(m)
     assert not ws.raw_prenorm
-    ws.raw_prenorm = K["gemv"].raw_prenorm_ok(m)
-    assert ws.raw_prenorm
+    ws.raw_prenorm = K["gemv"].raw_prenorm_roles(m)
+    assert ws.raw_prenorm == {"attn_norm", "ffn_norm"}
     decs, snaps = {}, {}
     for on in (False, True):
         ctx = Context(Switches(gemv_raw_norm=on), ws)
@@ -149,7 +149,7 @@ def test_a_consumer_that_cannot_fold_runs_the_norm_first(K, monkeypatch, tmp_pat
     K["gemv"].fuse_raw_groups(m)
     route_to_cuda(monkeypatch, C)
     ws = C.Workspace.for_model(m)
-    ws.raw_prenorm = True
+    ws.raw_prenorm = frozenset({"attn_norm", "ffn_norm"})
     ctx = Context(Switches(gemv_raw_norm=True, gemv_raw_fuse=False), ws)
     cache = KVCache.for_config(m.cfg, 32)
     m.forward(toks, Step.at(0, 4, "cpu"), cache, ctx)
@@ -160,21 +160,27 @@ def test_a_consumer_that_cannot_fold_runs_the_norm_first(K, monkeypatch, tmp_pat
     assert [key for key in fb if key.startswith("add_rms_norm.into_raw_gemv") and "raw-block GEMV launch" in key], fb
 
 
-def test_raw_prenorm_ok_needs_every_group_fused_in_one_pass(K, tmp_path):
+def test_raw_prenorm_roles_need_every_layers_group_fused_in_one_pass(K, tmp_path):
+    roles = K["gemv"].raw_prenorm_roles
     m = _tiny(tmp_path, T.Q8_0)
-    assert not K["gemv"].raw_prenorm_ok(m)                  # nothing fused yet
+    assert roles(m) == frozenset()                          # nothing fused yet
     K["gemv"].fuse_raw_groups(m)
-    assert K["gemv"].raw_prenorm_ok(m)
+    assert roles(m) == {"attn_norm", "ffn_norm"}
     m4 = _tiny(tmp_path, T.Q4_0, seed=6, name="b")
     K["gemv"].fuse_raw_groups(m4)
-    assert K["gemv"].raw_prenorm_ok(m4)
+    assert roles(m4) == {"attn_norm", "ffn_norm"}
     q = m4.decode_groups()[0][0]
     q.batch_dense = object()                                # the batch engine's dense plane takes its rows
-    assert not K["gemv"].raw_prenorm_ok(m4)
+    assert roles(m4) == {"ffn_norm"}
     del q.batch_dense
+    gate = next(g for g in m4.decode_groups() if g[0].name.endswith("ffn_gate.weight"))[0]
+    rg = gate.raw_group
+    del gate.raw_group                                      # one layer's gate/up not one launch: no FFN fold
+    assert roles(m4) == {"attn_norm"}
+    gate.raw_group = rg
     monkey = K["gemv"].ONE_PASS_MAX_K
     try:
         K["gemv"].ONE_PASS_MAX_K = 16                       # a K past one pass: the groups do not fold
-        assert not K["gemv"].raw_prenorm_ok(m4)
+        assert roles(m4) == frozenset()
     finally:
         K["gemv"].ONE_PASS_MAX_K = monkey

@@ -14,6 +14,8 @@ bytes are the traffic, so each weight is read once per call, decoded in register
 
 from __future__ import annotations
 
+import re
+
 import torch
 import triton
 import triton.language as tl
@@ -288,13 +290,19 @@ def fuse_raw_groups(model) -> int:
     return sum(fuse_raw_group(tuple(g)) for g in groups())
 
 
-def raw_prenorm_ok(model) -> bool:
-    """Whether every decode group of the model (q/k/v, gate/up) is a fused raw group (fuse_raw_group)
-    whose one-row GEMV runs in one pass: the model on which add_rms_norm leaves the norm before a
-    group to the group's launch (Switches.gemv_raw_norm; the workspace's raw_prenorm, set at load and
-    again by a BatchEngine after its dense planes)."""
+# the decode groups whose input is a norm's output, by their first weight's name: the attention norm's (q/k/v)
+# and the FFN norm's (gate/up) -- not a shared expert's (ffn_gate_shexp), whose input is the MoE block's
+_ROLE_GROUPS = (("attn_norm", re.compile(r"(^|\.)attn_q\.weight$")), ("ffn_norm", re.compile(r"(^|\.)ffn_gate\.weight$")))
+
+
+def raw_prenorm_roles(model) -> frozenset:
+    """The norms ("attn_norm" before q/k/v, "ffn_norm" before gate/up) whose every layer's group (found by
+    name, one a layer) is a fused raw group (fuse_raw_group) whose one-row GEMV runs in one pass: the
+    norms add_rms_norm may leave to the group's launch (Switches.gemv_raw_norm; the workspace's
+    raw_prenorm, set at load and again by a BatchEngine after its dense planes)."""
     groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
     groups = [tuple(g) for g in groups()]
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
 
     def folds(g) -> bool:
         rg = getattr(g[0], "raw_group", None)
@@ -304,4 +312,9 @@ def raw_prenorm_ok(model) -> bool:
                 and all(getattr(w, "batch_dense", None) is None for w in g)
                 and getattr(g[0], "batch_dense_group", None) is None)
 
-    return bool(groups) and all(folds(g) for g in groups)
+    roles = set()
+    for role, pattern in _ROLE_GROUPS:
+        mine = [g for g in groups if pattern.search(str(getattr(g[0], "name", "")))]
+        if mine and len(mine) == n_layers and all(folds(g) for g in mine):
+            roles.add(role)
+    return frozenset(roles)

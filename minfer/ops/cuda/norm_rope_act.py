@@ -81,10 +81,11 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     (h.prenorm: q8_rows.PreNorm; counted `add_rms_norm.into_gemv`); the GEMV computes them in
     its programs, or runs this kernel first where it cannot (a counted fallback). role: the call's
     name for Switches.pdl_early_sites besides the site's (pdl.enabled; attn_norm: before q/k/v).
-    raw_ok (the caller passes h to ops.linear / linear_many only): with Switches.gemv_raw_norm, on a
-    model whose decode groups are all raw-block one-pass GEMVs (the workspace's raw_prenorm, set at
-    load: gemv.raw_prenorm_ok), one decode row's s and h are left to that group's GEMV (h.raw_prenorm:
-    RawNorm; counted `add_rms_norm.into_raw_gemv`)."""
+    raw_ok (the caller passes h to ops.linear / linear_many only): with Switches.gemv_raw_norm, where
+    every layer's group after this norm (role: q/k/v after attn_norm, gate/up after ffn_norm) is a
+    raw-block one-pass GEMV (the workspace's raw_prenorm, set at load: gemv.raw_prenorm_roles), one
+    decode row's s and h are left to that group's GEMV (h.raw_prenorm: RawNorm; counted
+    `add_rms_norm.into_raw_gemv`)."""
     sw = (ctx or DEFAULT).switches
     if not sw.fused_add_norm:
         paths.switched_off("add_rms_norm.triton", "MINFER_FUSED_ADD_NORM")
@@ -95,7 +96,7 @@ def add_rms_norm(x: torch.Tensor, y: torch.Tensor, weight: torch.Tensor, eps: fl
     if y.stride(-1) != 1:
         y = y.contiguous()
     t, d = x.shape
-    if (raw_ok and t == 1 and sw.gemv_raw_norm and getattr((ctx or DEFAULT).workspace, "raw_prenorm", False)
+    if (raw_ok and t == 1 and sw.gemv_raw_norm and role in getattr((ctx or DEFAULT).workspace, "raw_prenorm", ())
             and x.dtype == torch.float32 and x.is_contiguous() and y.is_contiguous()):
         paths.count("add_rms_norm.into_raw_gemv")
         s = torch.empty((1, d), dtype=torch.float32, device=x.device)

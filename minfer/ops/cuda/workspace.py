@@ -42,7 +42,7 @@ class Workspace:
         self._bias: dict = {}        # (weights, dtype) -> (the source biases, converted/concatenated)
         self._gemv = None            # gemv_repack.GemvWorkspace: split-K ticket counters, made once
         self._bar = None             # the decode attention's grid-merge barrier (attn_barrier)
-        self.raw_prenorm = False     # every decode group a raw one-pass GEMV (gemv.raw_prenorm_ok; set at load)
+        self.raw_prenorm = frozenset()   # the norms left to raw one-pass group GEMVs (gemv.raw_prenorm_roles; at load)
 
     @classmethod
     def for_model(cls, model) -> "Workspace":
