@@ -134,6 +134,14 @@ def interpreted_modules(names: list[str]):
         importlib.reload(sys.modules[name])
 
 
+# ops/cuda/gemv_q8_gluon.py _gemv_q8g_kernel's runtime arguments after its eight plane pointers, as Triton's
+# compile signature types, for the CPU builds of tests/ops/test_gemv_q8_gluon_configs_cpu.py,
+# test_gemv_q8g_rule_build_cpu.py and test_l2_heads_cpu.py (each passes it to its build script)
+GEMV_Q8G_TAIL = (["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6
+                 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
+                    "*fp32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"])
+
+
 # ops/cuda/attention.py _decode_attn_kernel's runtime arguments as Triton's compile signature
 # (name, type), for the CPU builds of tests/ops/test_pdl_preload_cpu.py and
 # test_decode_attn_pipeline_cpu.py (bf16 q and caches, float32 partials)

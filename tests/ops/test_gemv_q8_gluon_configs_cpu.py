@@ -22,7 +22,7 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import sm90_builds  # noqa: E402
+from kernel_data import GEMV_Q8G_TAIL, sm90_builds  # noqa: E402
 
 from minfer.errors import MinferError
 
@@ -38,11 +38,10 @@ names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]   # t
 q4 = ["*i32", "*i32", "*i32", "*i32"]
 q6 = ["*i32", "*i16", "*i16", "*fp16"]
 out = {}
-for name, (mixed, pf, wk, bn, bb, split, *sf) in json.loads(sys.argv[1]).items():
+arg = json.loads(sys.argv[1])
+for name, (mixed, pf, wk, bn, bb, split, *sf) in arg["cases"].items():
     planes = q4 + (q6 if mixed else q4)
-    types = planes + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
-        ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
-        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
+    types = planes + arg["tail"]
     cex = dict(QT=12, QTB=14 if mixed else 12, MIXED=bool(mixed), BN=bn, BB=bb, NW=4, IS_SPLIT=split > 1,
                HAS_BIAS=True, HAS_RESID=False, PDL=1, PF=2 if pf == 2 else bool(pf), PRE=False, NORM=0, KP2=1,
                NCHP=1, RSS=False, WK=bool(wk), SF=bool(sf and sf[0]))
@@ -56,9 +55,10 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def ptx():
     # name: (mixed, prefetch, warps along K, BN, BB, SPLIT[, the second weight's tiles first])
-    return sm90_builds(_COMPILE, {"0 1": (0, 1, 0, 32, 2, 4), "0 2": (0, 2, 0, 32, 2, 4), "1 1": (1, 1, 0, 32, 2, 4),
-                                  "1 2": (1, 2, 0, 32, 2, 4), "wk": (0, 2, 1, 8, 8, 1), "wk 1": (1, 2, 1, 8, 8, 1),
-                                  "rows": (0, 2, 0, 8, 8, 1), "wk 1 sf": (1, 2, 1, 8, 8, 1, 1)})
+    cases = {"0 1": (0, 1, 0, 32, 2, 4), "0 2": (0, 2, 0, 32, 2, 4), "1 1": (1, 1, 0, 32, 2, 4),
+             "1 2": (1, 2, 0, 32, 2, 4), "wk": (0, 2, 1, 8, 8, 1), "wk 1": (1, 2, 1, 8, 8, 1),
+             "rows": (0, 2, 0, 8, 8, 1), "wk 1 sf": (1, 2, 1, 8, 8, 1, 1)}
+    return sm90_builds(_COMPILE, {"tail": GEMV_Q8G_TAIL, "cases": cases})
 
 
 def _segments(src: str) -> list:

@@ -21,11 +21,10 @@ from minfer.ops.cuda import gemv_q8_gluon as GL
 
 names = [p.name for p in GL._gemv_q8g_kernel.params if not p.is_constexpr]
 q4 = ["*i32", "*i16", "*i32", "*i32"]
-types = q4 * 2 + ["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6 + \
-    ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32", "*fp32",
-        "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"]
+arg = json.loads(sys.argv[1])
+types = q4 * 2 + arg["tail"]
 out = {}
-for name, hpf in json.loads(sys.argv[1]).items():
+for name, hpf in arg["cases"].items():
     # the 7B's o launch: [32, 16, 1, 8], one step before the wait, the residual epilogue with its q8 row
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=16, NW=8, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
                PDL=3, PF=False, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=True, RQ=2, WK=False, SF=False, TM=0, HPF=hpf)
@@ -37,9 +36,9 @@ print(json.dumps(out))
 
 
 def test_heads_prefetch_build():
-    from kernel_data import sm90_builds
+    from kernel_data import GEMV_Q8G_TAIL, sm90_builds
 
-    ptx = sm90_builds(_COMPILE, {"off": 0, "3 planes": 3, "late": 11})
+    ptx = sm90_builds(_COMPILE, {"tail": GEMV_Q8G_TAIL, "cases": {"off": 0, "3 planes": 3, "late": 11}})
     off, on, late = ptx["off"], ptx["3 planes"], ptx["late"]
     pf = "cp.async.bulk.prefetch.L2.global"
     assert off.count(pf) == 0 and on.count(pf) == 3

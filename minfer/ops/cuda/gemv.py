@@ -284,10 +284,15 @@ def fuse_raw_group(ws: tuple) -> bool:
     return True
 
 
+def _decode_groups(model) -> list[tuple]:
+    """The model's decode groups (Model.decode_groups; its linear groups where it declares no more)."""
+    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
+    return [tuple(g) for g in groups()]
+
+
 def fuse_raw_groups(model) -> int:
     """fuse_raw_group over the model's decode groups (at load on CUDA); returns how many fused."""
-    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
-    return sum(fuse_raw_group(tuple(g)) for g in groups())
+    return sum(fuse_raw_group(g) for g in _decode_groups(model))
 
 
 # the decode groups whose input is a norm's output, by their first weight's name: the attention norm's (q/k/v)
@@ -300,8 +305,7 @@ def raw_prenorm_roles(model) -> frozenset:
     name, one a layer) is a fused raw group (fuse_raw_group) whose one-row GEMV runs in one pass: the
     norms add_rms_norm may leave to the group's launch (Switches.gemv_raw_norm; the workspace's
     raw_prenorm, set at load and again by a BatchEngine after its dense planes)."""
-    groups = getattr(model, "decode_groups", None) or getattr(model, "linear_groups", lambda: [])
-    groups = [tuple(g) for g in groups()]
+    groups = _decode_groups(model)
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
 
     def folds(g) -> bool:

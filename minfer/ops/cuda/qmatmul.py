@@ -487,9 +487,9 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
             return outs
         _realized(x, "the group has no one-launch q8 GEMV (fused planes) for this row")
     rg = getattr(wts[0], "raw_group", None)
+    rg_rows = rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv
     if getattr(x, "raw_prenorm", None) is not None:       # (a raw group's launch makes the norm: _raw_group)
-        ok = rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv
-        outs = _raw_group(x, wts, biases, rg, sw, ws) if ok else None
+        outs = _raw_group(x, wts, biases, rg, sw, ws) if rg_rows else None
         if outs is not None:
             return outs
         _realized(x, "the group is not one raw-block GEMV launch")
@@ -541,7 +541,7 @@ def linear_many(x: torch.Tensor, wts, biases, ctx: Context | None = None) -> lis
         paths.count(f"qmatmul.group{len(wts)}.dense_plane")
         out = F.linear(x, dg[1], ws.group_bias(wts, biases, x.dtype))
         return list(torch.split(out, [w.shape[0] for w in wts], dim=1))
-    if rg is not None and wts[:len(rg[0])] == rg[0] and x.shape[0] <= sw.gemv_max_m and sw.gemv:
+    if rg_rows:
         outs = _raw_group(x, wts, biases, rg, sw, ws)
         if outs is not None:
             return outs
