@@ -7,6 +7,7 @@
 #   (tg128, 4 interleaved pairs).
 # rawnorm: the residual add + RMSNorm in the small models' raw group GEMVs (Switches.gemv_raw_norm): its GPU tests,
 #   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1, and of MINFER_DECODE_ATTN_ROPE 0 -> 1 with it on.
+# cold: the first `minfer run` on an empty Triton cache, then twice warm (the compile's cost on a fresh machine).
 # gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
 # Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
 set -u
@@ -59,6 +60,18 @@ for step in $STEPS; do
       MINFER_GEMV_RAW_NORM=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_DECODE_ATTN_ROPE=0" \
         "MINFER_DECODE_ATTN_ROPE=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/attnrope-ab.log" 2>&1
       grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/attnrope-ab.log"; grep -iE "Traceback|Error" "$OUT/attnrope-ab.log" | head -3;;
+    cold)      # first-run cost on a fresh machine: the Triton kernels' compile (empty TRITON_CACHE_DIR), then warm
+      M5=/tmp/side-qwen2.5-0.5b.gguf
+      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
+      TC=/tmp/triton-cold; rm -rf $TC
+      for i in 1 2 3; do
+        s=$(date +%s.%N)
+        TRITON_CACHE_DIR=$TC timeout 400 python3 -m minfer run -m $M5 --raw "Once upon a time" -n 64 --temp 0 \
+          >"$OUT/cold-$i.log" 2>&1
+        echo "cold run $i: rc $? wall $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
+        grep -E "^minfer: loaded|^prompt:" "$OUT/cold-$i.log" | cut -c1-200
+      done
+      echo "triton cache: $(find $TC -name '*.cubin' | wc -l) cubins";;
     gsync)
       timeout ${GSYNC_TIMEOUT:-120} python3 tools/grid_sync_probe.py --json "$OUT/gsync.json" >"$OUT/gsync.log" 2>&1
       echo "gsync: rc $?"; tail -25 "$OUT/gsync.log";;
