@@ -45,7 +45,7 @@ for step in $STEPS; do
       done;;
     rawnorm)   # perf-log AV1: the norms in the small models' raw group GEMVs -- GPU tests, then the 0.5B A/B
       timeout ${RAWNORM_TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_model_gpu.py -k "raw or norm or 0.5b or one_pass" \
+        tests/gpu/test_compile_watch_gpu.py tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_model_gpu.py -k "raw or norm or 0.5b or one_pass or compile" \
         >"$OUT/pytest-rawnorm.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rawnorm.log" | head -20
       echo "rawnorm tests: $(tail -1 "$OUT/pytest-rawnorm.log")"
@@ -69,7 +69,7 @@ for step in $STEPS; do
         TRITON_CACHE_DIR=$TC timeout 400 python3 -m minfer run -m $M5 --raw "Once upon a time" -n 64 --temp 0 \
           >"$OUT/cold-$i.log" 2>&1
         echo "cold run $i: rc $? wall $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
-        grep -E "^minfer: loaded|^prompt:" "$OUT/cold-$i.log" | cut -c1-200
+        grep -E "^minfer: (loaded|compiling)|^prompt:" "$OUT/cold-$i.log" | cut -c1-200
       done
       echo "triton cache: $(find $TC -name '*.cubin' | wc -l) cubins";;
     gsync)

@@ -97,13 +97,18 @@ def finish_reason(finish: str | None, stats: dict, n_ctx: int, max_tokens: int |
     return finish or "length"
 
 
+COMPILE_NOTE_S = 1.0   # compile seconds worth a word in the timing line
+
+
 def format_timings(stats: dict, finish: str | None) -> str:
     pt, ps = stats.get("prompt_tokens", 0), stats.get("prompt_s", 0.0)
     gt, gs = stats.get("gen_tokens", 0), stats.get("gen_s", 0.0)
     prate = f"{pt / ps:.1f}" if ps > 0 else "-"
     grate = f"{gt / gs:.1f}" if gs > 0 else "-"
+    cs = stats.get("compile_s", 0.0)      # Triton's compiles within those times (runtime/compile_watch.py)
+    compiled = f" | {cs:.1f} s of it compiling GPU kernels (once per machine)" if cs >= COMPILE_NOTE_S else ""
     return (f"prompt: {pt} tokens in {ps:.2f} s ({prate} tok/s) | generated: {gt} tokens in "
-            f"{gs:.2f} s ({grate} tok/s) | finish: {finish}")
+            f"{gs:.2f} s ({grate} tok/s){compiled} | finish: {finish}")
 
 
 def stream(eng, ids, params, max_tokens, stop, out=None, **gen_kw) -> tuple[str, str | None]:

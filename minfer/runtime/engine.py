@@ -36,7 +36,7 @@ from minfer.models.base import Step
 from minfer.ops.context import Context
 from minfer.runtime.generate import (GenEvent, check_count, check_params, check_prompt_ids, check_stop, generate,
                                      sampling_from_kwargs)
-from minfer.runtime import cpu_calibration
+from minfer.runtime import compile_watch, cpu_calibration
 from minfer.runtime.cpu_calibration import CPU_CALIBRATION, CPU_INT4_KL_MAX, prepare_cpu_quant  # noqa: F401 (names kept here)
 from minfer.runtime.cuda_graphs import DecodeGraph, inference_scope
 from minfer.runtime.kv_cache import KVCache, cache_rows
@@ -164,8 +164,11 @@ class Engine:
 
             check_model_logits(eng)
         if device == "cuda":
+            import sys
+
             from minfer.device import cuda_backend
 
+            compile_watch.install(sys.stderr if progress else None)   # a note when kernels compile (first run)
             torch.cuda.synchronize()
             eng.stats["load_s"] = time.perf_counter() - t0
             eng.memory_report = (f"{cuda_backend().memory_report(m.qweights(), eng.ctx.workspace, sw, m.act_dtype)}, "
@@ -467,7 +470,7 @@ class Engine:
         return self._generate(prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors)
 
     def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), compile_watch.seconds()
         # CUDA: the next token chosen on the GPU, only it read back (device_draw.py);
         # a logits processor (a grammar's mask) works on the host's copy of the logits
         device_draw = self.device.type == "cuda" and self.switches.device_sampling and not logits_processors
@@ -481,7 +484,7 @@ class Engine:
         n_new = room if max_new_tokens is None else min(max_new_tokens, room)
         # finish_reason: what complete()/chat() callers, who see only the text, can ask afterwards
         self.stats = {"prompt_tokens": len(prompt_ids), "prompt_s": t1 - t0, "gen_tokens": 0, "gen_s": 0.0,
-                      "finish_reason": "length" if n_new == 0 else None}
+                      "compile_s": compile_watch.seconds() - c0, "finish_reason": "length" if n_new == 0 else None}
 
         def step(tok: int) -> torch.Tensor:
             self._live()
@@ -529,6 +532,7 @@ class Engine:
                            eog_ids=eog, top_logprobs=top_logprobs, logits_processors=logits_processors, draw=draw):
             self.stats["gen_tokens"] += 1
             self.stats["gen_s"] = time.perf_counter() - t1
+            self.stats["compile_s"] = compile_watch.seconds() - c0   # Triton's compiles within the times
             if ev.finish_reason:
                 self.stats["finish_reason"] = ev.finish_reason
             yield ev
