@@ -69,7 +69,7 @@ for step in $STEPS; do
         TRITON_CACHE_DIR=$TC timeout 400 python3 -m minfer run -m $M5 --raw "Once upon a time" -n 64 --temp 0 \
           >"$OUT/cold-$i.log" 2>&1
         echo "cold run $i: rc $? wall $(python3 -c "print(round($(date +%s.%N) - $s, 2))") s"
-        grep -E "^minfer: (loaded|compiling)|^prompt:" "$OUT/cold-$i.log" | cut -c1-200
+        grep -E "^minfer: (loaded|compiling)|^prompt:" "$OUT/cold-$i.log" | cut -c1-320
       done
       echo "triton cache: $(find $TC -name '*.cubin' | wc -l) cubins";;
     gsync)
