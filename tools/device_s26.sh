@@ -27,9 +27,9 @@ for step in $STEPS; do
         done; touch /tmp/synth-rule.done ) &
       xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-6}"
       timeout ${RULE_TESTS_TIMEOUT:-300} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${PYTEST_ARGS:-} \
-        tests/gpu/test_gemv_q8g_rule_gpu.py tests/gpu/test_gemv_q8_gpu.py tests/gpu/test_model_gpu.py \
+        ${RULE_TESTS:-tests/gpu/test_gemv_q8g_rule_gpu.py tests/gpu/test_gemv_q8_gpu.py tests/gpu/test_model_gpu.py \
         tests/gpu/test_qkv_rope_gpu.py tests/gpu/test_norm_into_gemv_gpu.py tests/gpu/test_gemv_q8_tiles_gpu.py \
-        tests/gpu/test_cuda_graphs.py >"$OUT/pytest-rule.log" 2>&1
+        tests/gpu/test_cuda_graphs.py} >"$OUT/pytest-rule.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rule.log" | head -30
       echo "rule tests: $(tail -1 "$OUT/pytest-rule.log") [$(( $(date +%s) - t0 )) s]"
       while [ ! -f /tmp/synth-rule.done ]; do sleep 2; done; cat /tmp/synth-times.txt
@@ -45,7 +45,8 @@ for step in $STEPS; do
       done;;
     rawnorm)   # perf-log AV1: the norms in the small models' raw group GEMVs -- GPU tests, then the 0.5B A/B
       timeout ${RAWNORM_TESTS_TIMEOUT:-200} python3 -m pytest -m gpu -q -p no:cacheprovider \
-        tests/gpu/test_compile_watch_gpu.py tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_model_gpu.py -k "raw or norm or 0.5b or one_pass or compile" \
+        ${RAWNORM_TESTS:-tests/gpu/test_compile_watch_gpu.py tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_model_gpu.py} \
+        -k "${RAWNORM_K:-raw or norm or 0.5b or one_pass or compile}" \
         >"$OUT/pytest-rawnorm.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rawnorm.log" | head -20
       echo "rawnorm tests: $(tail -1 "$OUT/pytest-rawnorm.log")"
@@ -55,16 +56,18 @@ for step in $STEPS; do
         "MINFER_GEMV_RAW_NORM=1" --pairs ${PAIRS:-4} --out /tmp/rawnorm-ab.json --no-progress >"$OUT/rawnorm-ab.log" 2>&1
       grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rawnorm-ab.log"; grep -iE "raw_norm|fell back|Traceback|Error" "$OUT/rawnorm-ab.log" | head -5
       cp /tmp/rawnorm-ab.json "$OUT/" 2>/dev/null
-      # the rope + KV append in the decode attention (Switches.decode_attn_rope; off: the 7B's q/k/v Gluon epilogue
-      # takes the rope, which the raw groups have not) on top of the raw norms
-      MINFER_GEMV_RAW_NORM=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_DECODE_ATTN_ROPE=0" \
-        "MINFER_DECODE_ATTN_ROPE=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/attnrope-ab.log" 2>&1
-      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/attnrope-ab.log"; grep -iE "Traceback|Error" "$OUT/attnrope-ab.log" | head -3;;
+      if [ "${ATTNROPE:-1}" = 1 ]; then
+        # the rope + KV append in the decode attention (Switches.decode_attn_rope; off: the 7B's q/k/v Gluon epilogue
+        # takes the rope, which the raw groups have not) on top of the raw norms
+        MINFER_GEMV_RAW_NORM=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_DECODE_ATTN_ROPE=0" \
+          "MINFER_DECODE_ATTN_ROPE=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/attnrope-ab.log" 2>&1
+        grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/attnrope-ab.log"; grep -iE "Traceback|Error" "$OUT/attnrope-ab.log" | head -3
+      fi;;
     cold)      # first-run cost on a fresh machine: the Triton kernels' compile (empty TRITON_CACHE_DIR), then warm
       M5=/tmp/side-qwen2.5-0.5b.gguf
       [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
       TC=/tmp/triton-cold; rm -rf $TC
-      for i in 1 2 3; do
+      for i in $(seq ${COLD_RUNS:-3}); do
         s=$(date +%s.%N)
         TRITON_CACHE_DIR=$TC timeout 400 python3 -m minfer run -m $M5 --raw "Once upon a time" -n 64 --temp 0 \
           >"$OUT/cold-$i.log" 2>&1
