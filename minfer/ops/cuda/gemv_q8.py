@@ -30,7 +30,7 @@ from minfer.ops.cuda.gemv_q8_fields import extras, kwarps, second_first, x_ahead
 from minfer.ops.cuda.gemv_repack_layout import common_tile_rows
 from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import launch_kw
-from minfer.ops.cuda.q8_rows import (_q8_chunks, add_rms_norm_q8, dequantize_q8, quantize,  # noqa: F401
+from minfer.ops.cuda.q8_rows import (_glu_q8_words, _q8_chunks, add_rms_norm_q8, dequantize_q8, quantize,  # noqa: F401
                                      quantize_rows, swiglu_q8, swiglu_q8_rows)
 
 # ---------------------------------------------------------------- the GEMV
@@ -91,12 +91,16 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
             wq, hq, sa, sb = _tile_loads(p0, p1, p2, p3, row2, blk, b_hi, NB, w4, ci, BN, C, QT, TM)
         kc = blk * 8 + ci                                             # [C] chunk index in the row
         kmask = kc < b_hi * 8
-        xo = (kc * 8)[:, None] + wi[None, :]                          # [C, 4]
-        xlo = tl.load(xq + xo, mask=kmask[:, None], other=0)[None, :, :]
-        xhi = tl.load(xq + xo + 4, mask=kmask[:, None], other=0)[None, :, :]
-        xd = tl.load(xf + kc * 4, mask=kmask, other=0.0)[None, :]
-        xs0 = tl.load(xf + kc * 4 + 1, mask=kmask, other=0.0)[None, :]
-        xs1 = tl.load(xf + kc * 4 + 2, mask=kmask, other=0.0)[None, :]
+        if GLU == 2:          # the GLU prologue: xq / xf are the gate / up rows, quantized here as swiglu_q8 does
+            xlo, xhi, xd, xs0, xs1 = _glu_q8_words(xq, xf, kc, kmask)
+            xlo, xhi, xd, xs0, xs1 = xlo[None, :, :], xhi[None, :, :], xd[None, :], xs0[None, :], xs1[None, :]
+        else:
+            xo = (kc * 8)[:, None] + wi[None, :]                      # [C, 4]
+            xlo = tl.load(xq + xo, mask=kmask[:, None], other=0)[None, :, :]
+            xhi = tl.load(xq + xo + 4, mask=kmask[:, None], other=0)[None, :, :]
+            xd = tl.load(xf + kc * 4, mask=kmask, other=0.0)[None, :]
+            xs0 = tl.load(xf + kc * 4 + 1, mask=kmask, other=0.0)[None, :]
+            xs1 = tl.load(xf + kc * 4 + 2, mask=kmask, other=0.0)[None, :]
         lo = wq & 0x0F0F0F0F                                          # nibbles 0,2,4,6: values w, w+8, ...
         hi = (wq >> 4) & 0x0F0F0F0F                                   # nibbles 1,3,5,7: w+4, w+12, ...
         if QT == 12:
@@ -129,7 +133,7 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     res = tl.sum(acc, axis=1)[:, None]                                # [BN, 1]
     mcol = tl.arange(0, 1)
     mmask = mcol < 1
-    if GLU:
+    if GLU == 1:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN)
     elif not IS_SPLIT:
         _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
@@ -245,7 +249,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
             pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None,
-            rstd_late: bool = False, l2_heads: int = 0) -> torch.Tensor:
+            rstd_late: bool = False, l2_heads: int = 0, glu=None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -270,8 +274,16 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     gemv_q8_gluon_rope.Rope): q rotated in out, rope(k) and v into the caches (module gemv_q8_gluon_rope;
     counted `gemv_q8.rope`, or its fallback: this GEMV, then the rope_kv kernel). l2_heads
     (Switches.l2_heads): the Gluon launch fetches that many head blocks of every row tile of the next
-    GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads)."""
+    GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads). glu: (gate, up),
+    one contiguous row of K each, instead of q8 (None): x_hat is the q8 form of silu(gate) * up, made by the
+    Triton kernel's programs as swiglu_q8 makes it (the GLU prologue, Switches.gemv_glu_prologue; one weight;
+    glu_refused says where the launch would not be the Triton kernel's)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
+    if glu is not None:
+        q8, gluon = glu, False
+        if len(segs) != 1 or prenorm is not None or rope is not None or any(
+                t.shape != (1, segs[0].k) or not t.is_contiguous() for t in glu):
+            raise MinferError(f"gemv_q8: the GLU prologue takes one weight and (gate, up) rows of (1, {segs[0].k})")
     rscale = None
     if prenorm is not None:
         if prenorm.q8 is not None:
@@ -290,7 +302,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     for r in segs:
         if r.qtype not in (Q4_K, Q6_K):
             raise MinferError(f"gemv_q8: type {r.qtype} has no int8 path (Q4_K and Q6_K only)")
-    if prenorm is None and xq.numel() * 4 != k:
+    if prenorm is None and glu is None and xq.numel() * 4 != k:
         raise MinferError(f"gemv_q8: activations have {xq.numel() * 4} values, the weight expects {k}")
     if resid is not None and (tuple(resid.shape) != (1, n) or resid.stride(1) != 1):
         raise MinferError(f"gemv_q8: resid has shape {tuple(resid.shape)}, expected (1, {n})")
@@ -384,13 +396,21 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
                           bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
                           resid.stride(0) if resid is not None else 0, bps, split, *pf, NPF=npf, NT=32 * nwarps,
-                          GLU=False,
+                          GLU=2 if glu is not None else 0,
                           QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb,
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
                           PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=common_tile_rows(segs),
                           num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return _rope_after(out, rope, pdl)
+
+
+def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> str | None:
+    """Why gemv_q8(glu=...) would not be this weight's launch as gemv_q8 chooses it (the Gluon kernel,
+    which has no GLU prologue, takes the shape), or None."""
+    if _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)[0]:
+        return f"the Gluon kernel takes {rw.n}x{rw.k} (no GLU prologue there)"
+    return None
 
 
 def _rope_after(out, rope, pdl):
@@ -420,78 +440,6 @@ def _choose(segs, n: int, k: int, config, gluon: bool, interpret: bool, gluon_ta
                 return True, cfg, None
             return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), why
     return False, tuple(config) if config else config_for(segs[0].qtype, n, k, interpret), None
-
-
-def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
-                     interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
-                     preload: bool = True, config=None, tail=None, rq=None, refused=None,
-                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0) -> tuple | None:
-    """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
-    layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
-    row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
-    Switches.norm_into_gemv = 2). config: an explicit (BN, BB, SPLIT, warps[, prefetch]) instead
-    of the table's. None where the Gluon kernel does not take this launch (the interpreter, a
-    shape not in its table, another GPU): the caller runs the GEMV and the add + norm kernel.
-    tail: (weight (N,), eps) -- the program that finishes the last row tile also makes h =
-    rms_norm(s) * weight in act_dtype with its q8 form (Switches.norm_into_gemv = 3,
-    gemv_q8g_norm._norm_tail); the result is then (s, ssp, h) with h.q8 set. rq: weight (N,) -- each
-    tile's program also makes the q8 form of its rows of s * weight, rstd left to the next GEMV
-    (Switches.norm_into_gemv = 4, gemv_q8g_norm._rss_q8); the result is then (s, ssp, (hq, hf)), or
-    (s, ssp, None) where the config's tiles are not whole q8 chunks (BN not a multiple of 32); rq_smem:
-    that q8 form made from the values in registers (Switches.rq_smem, gemv_q8g_norm._rss_q8_regs). late:
-    with PDL, 1 signals the next kernel when the programs end (as the config's late field does), 2
-    after their dot products, before the epilogue (Switches.o_signal). l2_heads: as gemv_q8's (the 7B's o
-    before gate+up).
-    refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
-    xq, xf = q8
-    n, k = rw.n, rw.k
-    if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
-        return None
-    hp = _l2_heads((rw,), ws, l2_heads, None)
-    use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
-    if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
-        if refused is not None and (why or use_g):
-            refused.append(why or f"its config {tuple(cfg)} is stream-K, which has no residual epilogue")
-        if hp is not None:
-            paths.fallback("gemv_q8.l2_heads", "the GEMV before a tile-major one is not the Gluon kernel's residual "
-                           "launch: nothing fetched into L2")
-        return None
-    from minfer.ops.cuda import gemv_q8_gluon as GL
-
-    bn, bb, split, nwarps = cfg[:4]
-    prefetch, regs, cfg_late = extras(cfg)
-    late = late or cfg_late
-    paths.count("gemv_q8.gluon")
-    paths.count("gemv_q8.residual_sumsq")
-    if hp is not None:
-        paths.count("gemv_q8.l2_heads")
-    nb = k // 256
-    tiles = triton.cdiv(n, bn)
-    s = torch.empty((1, n), dtype=torch.float32, device=xq.device)
-    ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
-    bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
-    ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
-    tl_args = h = q8u = None
-    if tail is not None:
-        paths.count("gemv_q8.norm_tail")
-        # the tile tickets and the tail's (cnt[tiles]), zeros between launches, also without a split
-        cnt = ws.counters(tiles + 1) if ws is not None else torch.zeros(tiles + 1, dtype=torch.int32, device=xq.device)
-        h = torch.empty((1, n), dtype=act_dtype, device=xq.device)
-        hq = torch.empty(n // 4, dtype=torch.int32, device=xq.device)
-        hf = torch.empty(n // 8, dtype=torch.float32, device=xq.device)
-        tl_args = (tail[0], float(tail[1]), h, hq, hf)
-        h.q8 = (hq, hf)
-    if rq is not None and tail is None and bn % 32 == 0 and n % bn == 0:
-        paths.count("gemv_q8.residual_q8")
-        q8u = (torch.empty(n // 4, dtype=torch.int32, device=xq.device), torch.empty(n // 8, dtype=torch.float32,
-                                                                                    device=xq.device))
-    GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
-              prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
-              x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
-              rq_smem=rq_smem, l2_heads=hp)
-    if tail is not None:
-        return s, ssp, h
-    return (s, ssp, q8u) if rq is not None else (s, ssp)
 
 
 def _l2_regions(segs, ws, l2, interpret: bool) -> list:
@@ -592,3 +540,6 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
                                 PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=rw.tile_rows,
                                 num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return h, (gq, gf)
+
+
+from minfer.ops.cuda.gemv_q8_residual import gemv_q8_residual  # noqa: E402,F401  (moved there; the name kept here)

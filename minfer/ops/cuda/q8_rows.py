@@ -29,8 +29,8 @@ from minfer.ops.cuda.pdl import launch_kw
 
 
 @triton.jit
-def _q8_chunks(v, c, cmask, xq, xf):
-    """Quantize a [CB, 32] fp32 tile (chunks c) and store its words and (d, s0, s1, 0)."""
+def _q8_quant(v):
+    """The q8 form of a [CB, 32] fp32 tile: (words [CB, 8] int32, d, s0, s1 [CB] fp32)."""
     CB: tl.constexpr = v.shape[0]
     amax = tl.max(tl.abs(v), axis=1)                                   # [CB]
     d = amax / 127.0
@@ -44,11 +44,33 @@ def _q8_chunks(v, c, cmask, xq, xf):
     q4 = tl.reshape(q & 255, (CB, 4, 8))                               # [c, b, 4h + w]
     sh = (tl.arange(0, 4) * 8)[None, :, None]
     words = tl.sum(q4 << sh, axis=1)                                   # [CB, 8]
+    return words, d, s0, s1
+
+
+@triton.jit
+def _q8_chunks(v, c, cmask, xq, xf):
+    """Quantize a [CB, 32] fp32 tile (chunks c) and store its words and (d, s0, s1, 0)."""
+    words, d, s0, s1 = _q8_quant(v)
     j = tl.arange(0, 8)
     tl.store(xq + c[:, None] * 8 + j[None, :], words, mask=cmask[:, None])
     f = tl.arange(0, 4)[None, :]
     vals = tl.where(f == 0, d[:, None], tl.where(f == 1, s0[:, None], tl.where(f == 2, s1[:, None], 0.0)))
     tl.store(xf + c[:, None] * 4 + f, vals, mask=cmask[:, None])
+
+
+@triton.jit
+def _glu_q8_words(g, u, kc, kmask):
+    """The q8 form of chunks kc [C] of silu(g) * u (g, u: one row each, in the activations' dtype),
+    made as swiglu_q8 makes it (its formula in float32, then _q8_quant): (lo words [C, 4] -- words
+    0-3 of each chunk --, hi words [C, 4], d, s0, s1 [C]), for the q8 GEMV's GLU prologue; masked
+    chunks come out zero."""
+    C: tl.constexpr = kc.shape[0]
+    k = kc[:, None] * 32 + tl.arange(0, 32)[None, :]
+    a = tl.load(g + k, mask=kmask[:, None], other=0.0).to(tl.float32)
+    b = tl.load(u + k, mask=kmask[:, None], other=0.0).to(tl.float32)
+    words, d, s0, s1 = _q8_quant(a / (1.0 + tl.exp(-a)) * b)
+    lo, hi = tl.split(tl.permute(tl.reshape(words, (C, 2, 4)), (0, 2, 1)))   # word 4h + w -> [c, w] of h
+    return lo, hi, d, s0, s1
 
 
 @triton.jit
