@@ -119,6 +119,12 @@ class Switches:
                               "(ops/cuda/gemv.py _norm_runs; program 0 stores the residual and the normed row), "
                               "one launch fewer before q/k/v and before gate/up; off (the default until its GPU "
                               "A/B has run, perf-log AV1): the add + norm kernel, then the GEMV", kind="tuning")
+    gemv_glu_prologue: bool = _sw(False, "MINFER_GEMV_GLU_PROLOGUE",
+                                  "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue (raw-block "
+                                  "groups: Qwen2.5-0.5B's Q5_0 gate/up) and whose down projection takes the Triton q8 "
+                                  "GEMV: the down's programs make silu(gate) * up and its int8 form from the gate/up "
+                                  "rows themselves (ops/cuda/q8_rows.py _glu_q8_words), one launch fewer a layer; "
+                                  "off (the default until its GPU A/B has run): swiglu_q8, then the GEMV", kind="tuning")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

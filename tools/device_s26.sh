@@ -7,6 +7,7 @@
 #   (tg128, 4 interleaved pairs).
 # rawnorm: the residual add + RMSNorm in the small models' raw group GEMVs (Switches.gemv_raw_norm): its GPU tests,
 #   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1, and of MINFER_DECODE_ATTN_ROPE 0 -> 1 with it on.
+# glu: the GLU prologue of the Triton q8 down GEMV (Switches.gemv_glu_prologue): GPU tests, the 0.5B's A/B.
 # cold: the first `minfer run` on an empty Triton cache, then twice warm (the compile's cost on a fresh machine).
 # gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
 # Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
@@ -63,6 +64,17 @@ for step in $STEPS; do
           "MINFER_DECODE_ATTN_ROPE=1" --pairs ${PAIRS:-4} --no-progress >"$OUT/attnrope-ab.log" 2>&1
         grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/attnrope-ab.log"; grep -iE "Traceback|Error" "$OUT/attnrope-ab.log" | head -3
       fi;;
+    glu)       # perf-log AW1: the GLU prologue in the Triton q8 down GEMV -- GPU tests, then the 0.5B A/B
+      timeout ${GLU_TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q -p no:cacheprovider \
+        tests/gpu/test_gemv_glu_prologue_gpu.py >"$OUT/pytest-glu.log" 2>&1
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-glu.log" | head -20
+      echo "glu tests: $(tail -1 "$OUT/pytest-glu.log")"
+      M5=/tmp/side-qwen2.5-0.5b.gguf
+      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
+      MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_GLU_PROLOGUE=0" \
+        "MINFER_GEMV_GLU_PROLOGUE=1" --pairs ${PAIRS:-4} --out /tmp/glu-ab.json --no-progress >"$OUT/glu-ab.log" 2>&1
+      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/glu-ab.log"; grep -iE "q8glu|into_gemv|fell back|Traceback|Error" "$OUT/glu-ab.log" | head -5
+      cp /tmp/glu-ab.json "$OUT/" 2>/dev/null;;
     cold)      # first-run cost on a fresh machine: the Triton kernels' compile (empty TRITON_CACHE_DIR), then warm
       M5=/tmp/side-qwen2.5-0.5b.gguf
       [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1

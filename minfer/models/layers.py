@@ -216,20 +216,21 @@ def merge_heads(o: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def ffn_hidden(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:
-    """The SwiGLU MLP's hidden row silu(W_gate h) * W_up h, (T, D) -> (T, F)."""
+def ffn_hidden(h: torch.Tensor, blk: Block, ctx, into_linear: bool = False) -> torch.Tensor:
+    """The SwiGLU MLP's hidden row silu(W_gate h) * W_up h, (T, D) -> (T, F). into_linear: the
+    caller passes it to the down projection only (ops.swiglu's)."""
     # one GEMV in decode when the two share repacked planes (Model.decode_groups), SwiGLU in its
     # epilogue (ops.linear_swiglu); apart in prefill
     a = ops.linear_swiglu(h, blk.ffn_gate, blk.ffn_up, ctx)
     if a is None:
         gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
-        a = ops.swiglu(gate, up, ctx)
+        a = ops.swiglu(gate, up, ctx, into_linear=into_linear)
     return a
 
 
 def ffn_branch(h: torch.Tensor, blk: Block, ctx) -> torch.Tensor:
     """SwiGLU MLP of the normed input: W_down(silu(W_gate h) * W_up h). (T, D) -> (T, D)."""
-    return ops.linear(ffn_hidden(h, blk, ctx), blk.ffn_down, None, ctx)
+    return ops.linear(ffn_hidden(h, blk, ctx, into_linear=True), blk.ffn_down, None, ctx)
 
 
 def ffn_residual_norm(h: torch.Tensor, blk: Block, x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
@@ -237,5 +238,5 @@ def ffn_residual_norm(h: torch.Tensor, blk: Block, x: torch.Tensor, norm_weight:
     """(x + ffn(h), its RMSNorm by norm_weight in out_dtype): the block's MLP with the residual
     add and the next layer's attention norm (ops.linear_add_rms_norm). The norm's output goes
     to that layer's q/k/v GEMV only (into_linear), which may do the norm itself on CUDA."""
-    return ops.linear_add_rms_norm(ffn_hidden(h, blk, ctx), blk.ffn_down, x, norm_weight, eps, out_dtype, ctx,
-                                   into_linear=True)
+    return ops.linear_add_rms_norm(ffn_hidden(h, blk, ctx, into_linear=True), blk.ffn_down, x, norm_weight, eps,
+                                   out_dtype, ctx, into_linear=True)

@@ -33,6 +33,7 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
 
     QM._check(a, w)
     sw, ws = QM._ctx(ctx, a.device)
+    QM.glu_planes(a, w, sw)        # (a deferred SwiGLU row the GLU prologue cannot take is made here: a.q8 below)
     ffn = role != "attn_norm"
     mode = sw.norm_into_gemv
     if ffn:

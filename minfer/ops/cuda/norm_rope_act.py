@@ -367,16 +367,23 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None) -> torch.Tensor:
+def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, into_linear: bool = False) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
-    (`.q8`, for the down projection's q8 GEMV) from the same launch."""
+    (`.q8`, for the down projection's q8 GEMV) from the same launch. into_linear (the caller passes
+    the result to ops.linear / linear_add_rms_norm only): with Switches.gemv_glu_prologue, one row is
+    left to the down GEMV (h.glu_row: q8_rows.GluRow; counted `swiglu.into_gemv`)."""
     sw = (ctx or DEFAULT).switches
     if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, sw):
         from minfer.ops.cuda import q8_rows
 
+        pdl = pdl_enabled(sw, gate.device, "swiglu", early_ok=True)
+        if into_linear and sw.gemv_glu_prologue and gate.is_contiguous() and up.is_contiguous():
+            paths.count("swiglu.into_gemv")
+            h = torch.empty_like(gate)
+            h.glu_row = q8_rows.GluRow(gate, up, h, _interp(), pdl)
+            return h
         paths.count("swiglu.q8")
-        h, q8 = q8_rows.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(),   # dense rows
-                                  pdl=pdl_enabled(sw, gate.device, "swiglu", early_ok=True))
+        h, q8 = q8_rows.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(), pdl=pdl)   # dense rows
         h.q8 = q8
         return h
     if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, sw):

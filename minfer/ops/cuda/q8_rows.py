@@ -206,12 +206,31 @@ class PreNorm:
         return self.q8
 
 
-def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False):
-    """(h, q8): h = silu(gate) * up in gate's dtype, and its q8 form (from the float32 value)."""
+def swiglu_q8(gate, up, interpret: bool = False, pdl: bool = False, h_out=None):
+    """(h, q8): h = silu(gate) * up in gate's dtype (into h_out when given), and its q8 form (from
+    the float32 value)."""
     if up.shape != gate.shape or up.stride() != gate.stride():
         raise MinferError(f"gemv_q8: up {tuple(up.shape)} does not match gate {tuple(gate.shape)}")
-    _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret, pdl=pdl)
+    _, h, q8 = _q8_launch(gate, None, up, None, 0.0, gate.dtype, interpret, pdl=pdl, h_out=h_out)
     return h, q8
+
+
+class GluRow:
+    """A decode row's silu(gate) * up and its q8 form left to the down projection's q8 GEMV
+    (Switches.gemv_glu_prologue; norm_rope_act.swiglu with into_linear; h.glu_row): h is allocated,
+    not written. The GEMV's GLU prologue (gemv_q8(glu=(gate, up))) makes x_hat in its programs;
+    any other consumer calls materialize(), which runs swiglu_q8 into h once and attaches the q8
+    form to h (a counted fallback: qmatmul)."""
+
+    __slots__ = ("gate", "up", "h", "interpret", "pdl", "done")
+
+    def __init__(self, gate, up, h, interpret: bool, pdl: bool):
+        self.gate, self.up, self.h, self.interpret, self.pdl, self.done = gate, up, h, interpret, pdl, False
+
+    def materialize(self) -> None:
+        if not self.done:
+            _, self.h.q8 = swiglu_q8(self.gate, self.up, interpret=self.interpret, pdl=self.pdl, h_out=self.h)
+            self.done = True
 
 
 def quantize_rows(x: torch.Tensor, interpret: bool = False) -> tuple:

@@ -185,10 +185,14 @@ def _check(x, w):
         raise MinferError(f"tensor '{w.name}': input has {x.shape[-1]} features, the weight expects {w.shape[1]}")
 
 
-def _realized(x: torch.Tensor, why: str) -> torch.Tensor:
+def _realized(x: torch.Tensor, why: str, glu_ok: bool = False) -> torch.Tensor:
     """x itself, its deferred norm (x.prenorm / x.raw_prenorm: norm_rope_act.add_rms_norm's into_linear /
-    raw_ok) run first when this consumer cannot do it (a counted fallback of `add_rms_norm.into_gemv` /
-    `add_rms_norm.into_raw_gemv`)."""
+    raw_ok) or SwiGLU (x.glu_row, unless glu_ok: _linear decides) run first when this consumer cannot do it
+    (a counted fallback of `add_rms_norm.into_gemv` / `add_rms_norm.into_raw_gemv` / `swiglu.into_gemv`)."""
+    glu = getattr(x, "glu_row", None)
+    if glu is not None and not glu.done and not glu_ok:
+        paths.fallback("swiglu.into_gemv", why)
+        glu.materialize()
     pre = getattr(x, "prenorm", None)
     if pre is not None and pre.q8 is None:
         paths.fallback("add_rms_norm.into_gemv", why)
@@ -206,14 +210,39 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, ctx: Context | 
     q8 GEMV stores out_dtype itself (the lm head's float32 logits: no conversion launch after
     it); the other paths convert their result."""
     _check(x, w)
-    _realized(x, "a single weight's linear (only the q/k/v group's GEMV takes the norm)")
+    _realized(x, "a single weight's linear (only the q/k/v group's GEMV takes the norm)", glu_ok=True)
     sw, ws = _ctx(ctx, x.device)
     out = _linear(x, w, bias, sw, ws, out_dtype)
     return out if out_dtype is None else out.to(out_dtype)
 
 
+def glu_planes(x, w, sw):
+    """The repacked planes whose Triton q8 GEMV takes x's deferred SwiGLU (x.glu_row) in its GLU
+    prologue, or None -- the row then made first (a counted `swiglu.into_gemv` fallback) unless none
+    is pending."""
+    glu = getattr(x, "glu_row", None)
+    if glu is None or glu.done:
+        return None
+    rw = gemv_repack.planes_of(w) if sw.gemv else None
+    why = ("no repacked planes" if rw is None else "rows the batch engine's dense plane takes"
+           if not _gemv_rows(x, w, sw) else gemv_q8.glu_refused(rw, sw.gemv_q8_gluon, table_arg(sw), x.device,
+                                                                 interpret()))
+    if why is None:
+        return rw
+    paths.fallback("swiglu.into_gemv", f"{w.name}: {why}")
+    glu.materialize()
+    return None
+
+
 def _linear(x, w, bias, sw, ws, out_dtype=None):
     n, k = w.shape
+    rw = glu_planes(x, w, sw)
+    if rw is not None:        # (one row: silu(gate) * up made in the down GEMV's programs)
+        paths.count(f"qmatmul.{dequant.type_name(w.qtype)}.decode.q8glu")
+        glu = x.glu_row
+        return gemv_q8.gemv_q8(None, rw, bias=ws.group_bias((w,), (bias,), torch.float32) if bias is not None
+                               else None, out_dtype=out_dtype or x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
+                               glu=(glu.gate, glu.up), **_q8_kw(sw, x))
     if x.stride(-1) != 1:
         x = x.contiguous()
     tname = dequant.type_name(w.qtype)
