@@ -16,6 +16,14 @@ STEPS=${*:-rule}
 source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1
 RULE_MODELS=${RULE_MODELS:-qwen2.5-1.5b llama3.1-8b qwen3-8b}
+M5=/tmp/side-qwen2.5-0.5b.gguf
+ab05() {   # NAME SWITCH PATTERN: the 0.5B's in-process A/B of SWITCH 0 -> 1 (tg128), the log's lines matching PATTERN
+  [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
+  MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "$2=0" "$2=1" \
+    --pairs ${PAIRS:-4} --out /tmp/$1-ab.json --no-progress >"$OUT/$1-ab.log" 2>&1
+  grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/$1-ab.log"; grep -iE "$3|fell back|Traceback|Error" "$OUT/$1-ab.log" | head -5
+  cp /tmp/$1-ab.json "$OUT/" 2>/dev/null
+}
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
@@ -51,12 +59,7 @@ for step in $STEPS; do
         >"$OUT/pytest-rawnorm.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rawnorm.log" | head -20
       echo "rawnorm tests: $(tail -1 "$OUT/pytest-rawnorm.log")"
-      M5=/tmp/side-qwen2.5-0.5b.gguf
-      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
-      MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_RAW_NORM=0" \
-        "MINFER_GEMV_RAW_NORM=1" --pairs ${PAIRS:-4} --out /tmp/rawnorm-ab.json --no-progress >"$OUT/rawnorm-ab.log" 2>&1
-      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/rawnorm-ab.log"; grep -iE "raw_norm|fell back|Traceback|Error" "$OUT/rawnorm-ab.log" | head -5
-      cp /tmp/rawnorm-ab.json "$OUT/" 2>/dev/null
+      ab05 rawnorm MINFER_GEMV_RAW_NORM "raw_norm"
       if [ "${ATTNROPE:-1}" = 1 ]; then
         # the rope + KV append in the decode attention (Switches.decode_attn_rope; off: the 7B's q/k/v Gluon epilogue
         # takes the rope, which the raw groups have not) on top of the raw norms
@@ -69,14 +72,8 @@ for step in $STEPS; do
         tests/gpu/test_gemv_glu_prologue_gpu.py >"$OUT/pytest-glu.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-glu.log" | head -20
       echo "glu tests: $(tail -1 "$OUT/pytest-glu.log")"
-      M5=/tmp/side-qwen2.5-0.5b.gguf
-      [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
-      MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "MINFER_GEMV_GLU_PROLOGUE=0" \
-        "MINFER_GEMV_GLU_PROLOGUE=1" --pairs ${PAIRS:-4} --out /tmp/glu-ab.json --no-progress >"$OUT/glu-ab.log" 2>&1
-      grep -E "^\| [0-9]+ \| tg|^\| tg128" "$OUT/glu-ab.log"; grep -iE "q8glu|into_gemv|fell back|Traceback|Error" "$OUT/glu-ab.log" | head -5
-      cp /tmp/glu-ab.json "$OUT/" 2>/dev/null;;
+      ab05 glu MINFER_GEMV_GLU_PROLOGUE "q8glu|into_gemv";;
     cold)      # first-run cost on a fresh machine: the Triton kernels' compile (empty TRITON_CACHE_DIR), then warm
-      M5=/tmp/side-qwen2.5-0.5b.gguf
       [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
       TC=/tmp/triton-cold; rm -rf $TC
       for i in $(seq ${COLD_RUNS:-3}); do

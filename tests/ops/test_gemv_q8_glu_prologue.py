@@ -14,28 +14,11 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import interpreted_modules, random_weight, reference_dequant, rel_err  # noqa: E402
-from test_gemv_q8 import x_hat  # noqa: E402
+from kernel_data import random_weight, reference_dequant, rel_err  # noqa: E402
+from test_gemv_q8 import NAMES, Q, _weight, pytestmark, x_hat  # noqa: E402,F401  (the interpreted modules' fixture)
+from test_norm_into_gemv_cpu import M  # noqa: E402,F401
 
 from minfer.errors import MinferError  # noqa: E402
-
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning",
-                                        "ignore:overflow encountered:RuntimeWarning",
-                                        "ignore:divide by zero encountered:RuntimeWarning")
-NAMES = {12: "Q4_K", 14: "Q6_K"}
-
-
-@pytest.fixture(scope="module")
-def Q():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows", "minfer.ops.cuda.gemv_q8",
-                                     "minfer.ops.cuda.gemv_q8_experts"]):
-        yield mods["gemv_q8"], mods["gemv_repack"]
-
-
-def _weight(G, qt, n, k, seed):
-    raw = random_weight(qt, n, k, np.random.default_rng(seed))
-    rw = G.repack(torch.from_numpy(raw), qt, n, k)
-    return rw, torch.from_numpy(reference_dequant(raw, qt, n, k)).double()
 
 
 @pytest.mark.parametrize("qt", [12, 14], ids=NAMES.get)
@@ -66,14 +49,6 @@ def test_glu_prologue_refuses_what_it_cannot_take(Q):
         q8m.gemv_q8(None, (rw, rw), interpret=True, glu=(gate, up))
     with pytest.raises(MinferError, match="GLU prologue"):
         q8m.gemv_q8(None, rw, interpret=True, glu=(torch.randn(1, 1024)[:, ::2], up))
-
-
-@pytest.fixture(scope="module")
-def M():
-    for mods in interpreted_modules(["minfer.ops.cuda.gemv_repack", "minfer.ops.cuda.q8_rows",
-                                     "minfer.ops.cuda.gemv_q8", "minfer.ops.cuda.norm_rope_act",
-                                     "minfer.ops.cuda.qmatmul"]):
-        yield mods
 
 
 def _down(M, qt, n, k, seed):
