@@ -40,6 +40,7 @@ for step in $STEPS; do
         tests/gpu/test_qkv_rope_gpu.py tests/gpu/test_norm_into_gemv_gpu.py tests/gpu/test_gemv_q8_tiles_gpu.py \
         tests/gpu/test_cuda_graphs.py} >"$OUT/pytest-rule.log" 2>&1
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-rule.log" | head -30
+      grep -E "^rule-err " "$OUT/pytest-rule.log" | head -24
       echo "rule tests: $(tail -1 "$OUT/pytest-rule.log") [$(( $(date +%s) - t0 )) s]"
       while [ ! -f /tmp/synth-rule.done ]; do sleep 2; done; cat /tmp/synth-times.txt
       for p in $RULE_MODELS; do

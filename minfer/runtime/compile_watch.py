@@ -6,7 +6,7 @@ the first time in a process (before it is compiled, or loaded from Triton's on-d
 `jit_post_compile_hook` once it is ready (triton/runtime/jit.py `_do_compile`, Triton 3.6). The
 time between the two is a compile (seconds: every kernel of a model's shapes, the first time on
 a machine) or a cache load (milliseconds). The watch adds them up and prints one note on stderr
-at the first slow one; Engine.generate puts the seconds spent during a call in
+once the compiles have taken a second; Engine.generate puts the seconds spent during a call in
 `stats["compile_s"]`, which `minfer run` / `minfer chat` print beside their timings.
 
 The hooks chain to any hook already set, and return what it returns (a truthy value from a
@@ -18,18 +18,22 @@ import sys
 import threading
 import time
 
-NOTE_AFTER_S = 0.5   # a specialization ready later than this was compiled, not loaded from the cache
+SLOW_S = 0.1          # a specialization ready later than this was compiled, not loaded from the cache (~ms)
+NOTE_AFTER_S = 1.0    # the note once compiles have taken this long (an H100's first run: 26 kernels in 7.9 s)
 
 
 class CompileWatch:
     """Counts and times the kernel specializations Triton prepares in this process."""
 
-    def __init__(self, stream=None, note_after_s: float = NOTE_AFTER_S, cache_dir: str | None = None):
+    def __init__(self, stream=None, note_after_s: float = NOTE_AFTER_S, cache_dir: str | None = None,
+                 slow_s: float = SLOW_S):
         self.stream = stream              # where the one note goes (None: no note)
         self.note_after_s = note_after_s
+        self.slow_s = slow_s
         self.cache_dir = cache_dir
         self.count = 0                    # specializations prepared (compiled or loaded)
-        self.slow = 0                     # of which took note_after_s or longer (compiled)
+        self.slow = 0                     # of which took slow_s or longer (compiled)
+        self.slow_seconds = 0.0           # the time those took
         self.seconds = 0.0                # the time they all took
         self.noted = False
         self._lock = threading.Lock()
@@ -63,9 +67,11 @@ class CompileWatch:
         with self._lock:
             self.count += 1
             self.seconds += dt
-            slow = dt >= self.note_after_s
+            slow = dt >= self.slow_s
             self.slow += slow
-            note = slow and not self.noted and self.stream is not None
+            self.slow_seconds += dt if slow else 0.0
+            note = (slow and self.slow_seconds >= self.note_after_s and not self.noted
+                    and self.stream is not None)
             self.noted = self.noted or note
         if note:
             where = f" in {self.cache_dir}" if self.cache_dir else ""
