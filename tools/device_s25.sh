@@ -34,6 +34,8 @@ for step in $STEPS; do
         echo "oracle group $i ($group): rc $?"
         grep -E "^\||^depth|left out|^\(capturing|^\(replayed|Error" "$OUT/oracle-$i.log" | grep -v "^|---" | tail -20
       done;;
+    build)   # llama-bench's build started in the background (a later `side`, in this call, waits for it)
+      build_llama;;
     side)
       V=/tmp/lc/llama.cpp/ggml-vocab-qwen2.gguf
       build_llama

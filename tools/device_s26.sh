@@ -16,7 +16,7 @@ STEPS=${*:-rule}
 source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1
 RULE_MODELS=${RULE_MODELS:-qwen2.5-1.5b llama3.1-8b qwen3-8b}
-M5=/tmp/side-qwen2.5-0.5b.gguf
+M5=/tmp/ab-qwen2.5-0.5b.gguf     # (not side's file, which carries llama.cpp's vocab)
 ab05() {   # NAME SWITCH PATTERN: the 0.5B's in-process A/B of SWITCH 0 -> 1 (tg128), the log's lines matching PATTERN
   [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1
   MINFER_DEBUG_PATHS=1 timeout 200 python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 --ab "$2=0" "$2=1" \
