@@ -83,13 +83,14 @@ class Switches:
                               "minfer.bench.gemv_q8_sweep --gluon --table F` "
                               "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
                               "the shipped one (for an in-process A/B of two tables)", kind="tuning")
-    gemv_q8g_rule: bool = _sw(False, "MINFER_GEMV_Q8G_RULE",
+    gemv_q8g_rule: bool = _sw(True, "MINFER_GEMV_Q8G_RULE",
                               "a Q4_K / Q6_K decode shape missing from the shipped Gluon table (every model but the "
                               "7B) takes the Gluon q8 GEMV with the 7B config of the role its proportions say "
                               "(down, o, q/k/v, gate+up; ops/cuda/gemv_q8g_table.py shape_rule), and with it the "
-                              "7B's fusions; off (the default until its GPU tests and A/B have run, perf-log AV0): "
-                              "those shapes keep the Triton q8 kernel (a table file given by "
-                              "MINFER_GEMV_Q8G_TABLE is taken as it is, without the rule)", kind="tuning")
+                              "7B's fusions (H100 tg128 in-process B/A: 1.5B 1.188, Llama-3.1-8B 1.196, Qwen3-8B "
+                              "1.197, every pair above 1, perf-log AW0 / AW2); off: those shapes keep the Triton q8 "
+                              "kernel (a table file given by MINFER_GEMV_Q8G_TABLE is taken as it is, without the "
+                              "rule)")
     gemv_tiles: bool = _sw(True, "MINFER_GEMV_TILES",
                            "repacked planes stored tile-major (a tile's rows block after block) for the shapes whose "
                            "Gluon q8 GEMV config asks for it (its tenth field: the 7B's down projections and its fused "
@@ -125,7 +126,9 @@ class Switches:
                                   "groups: Qwen2.5-0.5B's Q5_0 gate/up) and whose down projection takes the Triton q8 "
                                   "GEMV: the down's programs make silu(gate) * up and its int8 form from the gate/up "
                                   "rows themselves (ops/cuda/q8_rows.py _glu_q8_words), one launch fewer a layer; "
-                                  "off (the default until its GPU A/B has run): swiglu_q8, then the GEMV", kind="tuning")
+                                  "off (the default: the 0.5B's H100 A/B, 10 pairs in two calls, ranged 0.95-1.18 "
+                                  "around ~1.03, not every pair above 1, perf-log AW2): swiglu_q8, then the GEMV",
+                                  kind="tuning")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

@@ -96,7 +96,8 @@ def test_shipped_shapes_are_the_table_and_the_switch_turns_the_rule_on(tmp_path)
     f = tmp_path / "t.json"
     f.write_text(json.dumps({"configs": {"Q4_K 3584x3584": [16, 8, 3, 4, False]}}))
     assert GL.config_for(Q4_K, 6144, 4096, str(f)) is None                 # a table file: its shapes only
-    assert T.table_arg(Switches()) == ""                                   # off by default (not yet run on a GPU)
+    assert T.table_arg(Switches()) == T.RULE                               # on by default (perf-log AW2)
+    assert T.table_arg(Switches.from_env({"MINFER_GEMV_Q8G_RULE": "0"})) == ""
     assert T.table_arg(Switches.from_env({"MINFER_GEMV_Q8G_RULE": "1"})) == T.RULE
     assert T.table_arg(Switches(gemv_q8g_rule=True, gemv_q8g_table=str(f))) == str(f)
 
@@ -105,7 +106,7 @@ def test_plane_layout_follows_the_rule(monkeypatch):
     from minfer.ops.cuda import plane_layout as PL
 
     monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
-    on, off = Switches(gemv_q8g_rule=True), Switches()
+    on, off = Switches(gemv_q8g_rule=True), Switches(gemv_q8g_rule=False)
     down = Repacked(Q4_K, 4096, 14336, (torch.zeros(1),))
     qkv = Repacked(Q4_K, 6144, 4096, (torch.zeros(1),))
     assert PL.wanted(down, on, "cuda") == 32 and PL.wanted(down, off, "cuda") == 0
