@@ -9,6 +9,7 @@
 #   then the 0.5B's in-process A/B of MINFER_GEMV_RAW_NORM 0 -> 1, and of MINFER_DECODE_ATTN_ROPE 0 -> 1 with it on.
 # glu: the GLU prologue of the Triton q8 down GEMV (Switches.gemv_glu_prologue): GPU tests, the 0.5B's A/B.
 # cold: the first `minfer run` on an empty Triton cache, then twice warm (the compile's cost on a fresh machine).
+# flip: the rule's decode errors (serial), then path-counting GPU tests with the rule on by default.
 # gsync: tools/grid_sync_probe.py (a launch chain against one persistent kernel with grid barriers).
 # Other steps go to tools/device_s25.sh (side, small, oracle, ...; side takes SIDE_MODELS).
 set -u
@@ -85,6 +86,15 @@ for step in $STEPS; do
         grep -E "^minfer: (loaded|compiling)|^prompt:" "$OUT/cold-$i.log" | cut -c1-320
       done
       echo "triton cache: $(find $TC -name '*.cubin' | wc -l) cubins";;
+    flip)      # perf-log AW3: the rule's decode errors printed (serial: xdist's workers swallow -s), then the GPU tests
+               # most likely to count kernel paths, with the rule on by default
+      timeout ${FLIP_RULE_TIMEOUT:-120} python3 -m pytest -m gpu -q -s -p no:cacheprovider -p no:xdist \
+        tests/gpu/test_gemv_q8g_rule_gpu.py -k models_decode >"$OUT/rule-serial.log" 2>&1
+      echo "rule serial: rc $?"; grep -E "^rule-err |passed|failed" "$OUT/rule-serial.log" | tail -16
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-6}"
+      timeout ${FLIP_TESTS_TIMEOUT:-170} python3 -m pytest -m gpu -q $xd -p no:cacheprovider ${FLIP_TESTS:-tests/gpu/test_model_gpu.py \
+        tests/gpu/test_cuda_graphs.py tests/gpu/test_qkv_rope_gpu.py tests/gpu/test_norm_into_gemv_gpu.py} >"$OUT/flip.log" 2>&1
+      echo "flip tests: rc $?"; grep -E "^(FAILED|ERROR)" "$OUT/flip.log" | head -20; tail -1 "$OUT/flip.log";;
     gsync)
       timeout ${GSYNC_TIMEOUT:-120} python3 tools/grid_sync_probe.py --json "$OUT/gsync.json" >"$OUT/gsync.log" 2>&1
       echo "gsync: rc $?"; tail -25 "$OUT/gsync.log";;
