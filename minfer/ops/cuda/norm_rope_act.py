@@ -376,14 +376,16 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, int
     if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, sw):
         from minfer.ops.cuda import q8_rows
 
-        pdl = pdl_enabled(sw, gate.device, "swiglu", early_ok=True)
+        def pdl() -> int:        # (counted `pdl.swiglu` only where the swiglu kernel launches)
+            return pdl_enabled(sw, gate.device, "swiglu", early_ok=True)
+
         if into_linear and sw.gemv_glu_prologue and gate.is_contiguous() and up.is_contiguous():
             paths.count("swiglu.into_gemv")
             h = torch.empty_like(gate)
             h.glu_row = q8_rows.GluRow(gate, up, h, _interp(), pdl)
             return h
         paths.count("swiglu.q8")
-        h, q8 = q8_rows.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(), pdl=pdl)   # dense rows
+        h, q8 = q8_rows.swiglu_q8(gate.contiguous(), up.contiguous(), interpret=_interp(), pdl=pdl())   # dense rows
         h.q8 = q8
         return h
     if _q8_rows_ok(gate.shape[0], gate.shape[1], gate.dtype, sw):

@@ -220,16 +220,17 @@ class GluRow:
     (Switches.gemv_glu_prologue; norm_rope_act.swiglu with into_linear; h.glu_row): h is allocated,
     not written. The GEMV's GLU prologue (gemv_q8(glu=(gate, up))) makes x_hat in its programs;
     any other consumer calls materialize(), which runs swiglu_q8 into h once and attaches the q8
-    form to h (a counted fallback: qmatmul)."""
+    form to h (a counted fallback: qmatmul). pdl: a callable giving that launch's PDL mode, asked
+    only when it runs (pdl.enabled counts the site)."""
 
     __slots__ = ("gate", "up", "h", "interpret", "pdl", "done")
 
-    def __init__(self, gate, up, h, interpret: bool, pdl: bool):
+    def __init__(self, gate, up, h, interpret: bool, pdl):
         self.gate, self.up, self.h, self.interpret, self.pdl, self.done = gate, up, h, interpret, pdl, False
 
     def materialize(self) -> None:
         if not self.done:
-            _, self.h.q8 = swiglu_q8(self.gate, self.up, interpret=self.interpret, pdl=self.pdl, h_out=self.h)
+            _, self.h.q8 = swiglu_q8(self.gate, self.up, interpret=self.interpret, pdl=self.pdl(), h_out=self.h)
             self.done = True
 
 
