@@ -110,3 +110,16 @@ def test_a_mixed_pair_takes_one_layout(monkeypatch):
     for m in (q, k, v):
         assert m.repacked.tile_rows == 0 and all(torch.equal(a, b) for a, b in zip(m.repacked.planes, orig[id(m)]))
     assert [r.tile_rows for r in q.repacked_segments[1]] == [0, 0]
+
+
+def test_stacked_experts_stay_row_major(monkeypatch):
+    """A stacked expert weight ((E*N, K), n_experts set by load_experts) keeps row-major planes even
+    where the Gluon table's shape rule gives its stacked shape tiles: gemv_q8_experts reads them
+    row-major (the GPU suite of 2026-12-06 failed Qwen3-30B-A3B's decode on exactly this). A plain
+    weight of the same shape is tiled, so the rule does ask for tiles here."""
+    monkeypatch.setattr(GL, "device_unsupported", lambda device: None)
+    plain, exps = _w(L.Q4_K, 4096, 1024, 12), _w(L.Q4_K, 4096, 1024, 13)
+    assert PL.wanted(plain.repacked, Switches(), "cuda") > 0          # the rule: a gate+up-like shape
+    exps.n_experts = 4
+    assert PL.apply([plain, exps], Switches(), "cuda") == 1
+    assert plain.repacked.tile_rows > 0 and exps.repacked.tile_rows == 0

@@ -32,6 +32,13 @@ def tile_rows_for(qtype: int, n: int, k: int, table: str = "") -> int:
     return int(cfg[0]) if cfg is not None and len(cfg) > 9 and cfg[9] else 0
 
 
+def _experts(w) -> bool:
+    """A stacked expert weight (load_experts: (E*N, K), n_experts set): gemv_q8_experts and the
+    batched experts' w4 builder read its planes row-major, whatever shape class the Gluon table's
+    rule puts (E*N) x K in (Qwen3-30B-A3B's gate experts, 98304 x 2048, look like a gate+up)."""
+    return bool(getattr(w, "n_experts", 0))
+
+
 def _owns_planes(rw) -> bool:
     """Whether the planes are whole tensors (not row views of a fused group's planes, whose
     layout is the group's)."""
@@ -59,7 +66,7 @@ def apply(weights, switches, device) -> int:
     paired = {id(m) for w in weights for m in getattr(w, "repacked_segments", ((),))[0]}
     for w in weights:
         rw = planes_of(w)
-        if rw is None or not _owns_planes(rw) or id(w) in paired:
+        if rw is None or not _owns_planes(rw) or id(w) in paired or _experts(w):
             continue
         t = wanted(rw, switches, device)
         if rw.tile_rows == t:
