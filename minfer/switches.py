@@ -122,10 +122,12 @@ class Switches:
                               "0.926x on an H100, every program re-summing the row before its first product, "
                               "perf-log AW0): the add + norm kernel, then the GEMV", kind="tuning")
     gemv_glu_prologue: bool = _sw(False, "MINFER_GEMV_GLU_PROLOGUE",
-                                  "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue (raw-block "
-                                  "groups: Qwen2.5-0.5B's Q5_0 gate/up) and whose down projection takes the Triton q8 "
-                                  "GEMV: the down's programs make silu(gate) * up and its int8 form from the gate/up "
-                                  "rows themselves (ops/cuda/q8_rows.py _glu_q8_words), one launch fewer a layer; "
+                                  "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue: the down "
+                                  "projection's programs make silu(gate) * up and its int8 form from the gate/up rows "
+                                  "themselves, one launch fewer a layer -- on the Triton q8 GEMV (Qwen2.5-0.5B's raw "
+                                  "Q5_0 gate/up, ops/cuda/q8_rows.py _glu_q8_words) and on the Gluon one where a "
+                                  "program's K range is at most 32 q8 chunks (the shape rule's 1.5B / 3B downs; the "
+                                  "7B's are refused by name, gemv_q8.GLU_MAX_CHUNKS); "
                                   "off (the default: the 0.5B's H100 A/B, 10 pairs in two calls, ranged 0.95-1.18 "
                                   "around ~1.03, not every pair above 1, perf-log AW2): swiglu_q8, then the GEMV",
                                   kind="tuning")

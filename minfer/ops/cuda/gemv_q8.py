@@ -276,11 +276,11 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     (Switches.l2_heads): the Gluon launch fetches that many head blocks of every row tile of the next
     GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads). glu: (gate, up),
     one contiguous row of K each, instead of q8 (None): x_hat is the q8 form of silu(gate) * up, made by the
-    Triton kernel's programs as swiglu_q8 makes it (the GLU prologue, Switches.gemv_glu_prologue; one weight;
-    glu_refused says where the launch would not be the Triton kernel's)."""
+    kernel's programs as swiglu_q8 makes it (the GLU prologue, Switches.gemv_glu_prologue; one weight; either
+    kernel, but not a Gluon config with warps along K or stream-K: glu_refused says where)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if glu is not None:
-        q8, gluon = glu, False
+        q8 = glu
         if len(segs) != 1 or prenorm is not None or rope is not None or any(
                 t.shape != (1, segs[0].k) or not t.is_contiguous() for t in glu):
             raise MinferError(f"gemv_q8: the GLU prologue takes one weight and (gate, up) rows of (1, {segs[0].k})")
@@ -310,6 +310,9 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
     wk = kwarps(cfg)
+    if glu is not None and use_g and _glu_cfg_refused(cfg, k):
+        raise MinferError(f"gemv_q8: the GLU prologue cannot take {n}x{k}: the Gluon config {tuple(cfg)} "
+                          f"{_glu_cfg_refused(cfg, k)} (glu_refused)")
     if rscale is not None:
         if use_g and cfg[2] >= 0:
             paths.count("gemv_q8.norm_scale")
@@ -388,7 +391,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
                   (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale,
-                  rstd_late=rstd_late)
+                  rstd_late=rstd_late, glu=glu)
         return _rope_after(out, rope, pdl)
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
@@ -406,10 +409,29 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
 
 
 def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> str | None:
-    """Why gemv_q8(glu=...) would not be this weight's launch as gemv_q8 chooses it (the Gluon kernel,
-    which has no GLU prologue, takes the shape), or None."""
-    if _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)[0]:
-        return f"the Gluon kernel takes {rw.n}x{rw.k} (no GLU prologue there)"
+    """Why gemv_q8(glu=...) (and gemv_q8_residual's) cannot take this weight's launch as gemv_q8 chooses
+    it (a Gluon config whose prologue-less form the GLU cannot ride: warps along K, stream-K), or None."""
+    use_g, cfg, _ = _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)
+    why = _glu_cfg_refused(cfg, rw.k) if use_g else None
+    return f"the Gluon config {tuple(cfg)} for {rw.n}x{rw.k} {why}" if why else None
+
+
+# The Gluon GLU prologue makes a program's whole K range at once (gemv_q8g_norm._norm_q8_smem): up to 32 q8
+# chunks the values fit beside the step in flight (sm_90 builds, ptxas: the 7B's Q4_K down at 128 chunks spilled
+# 152 bytes at its 72-register cap, its Q6_K down took 128 registers against 96; at 32: no spill, 72 / 80).
+GLU_MAX_CHUNKS = 32
+
+
+def _glu_cfg_refused(cfg, k: int) -> str | None:
+    """What in a Gluon config for K leaves no room for the GLU prologue (its NORM 1 path), or None."""
+    if kwarps(cfg):
+        return "splits its warps along K (no prologue there)"
+    if cfg[2] < 0:
+        return "is stream-K (no prologue there)"
+    bps = splits(k // 256, cfg[2], cfg[1])[0]
+    if bps * 8 > GLU_MAX_CHUNKS:
+        return (f"gives a program {bps * 8} q8 chunks of K, more than the prologue's {GLU_MAX_CHUNKS} (their values "
+                "would not fit its registers)")
     return None
 
 

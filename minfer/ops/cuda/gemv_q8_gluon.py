@@ -18,6 +18,10 @@ SwiGLU epilogue (`launch_swiglu`, gemv_q8.gemv_q8_swiglu with gluon=True): the s
 GEMV without K split; the second of a gate/up tile pair to finish (an atomic ticket) computes
 h = silu(g) * u and its q8 chunks, swiglu_q8's operations (one launch instead of two).
 
+GLU prologue (`launch(..., glu=(gate, up))`, Switches.gemv_glu_prologue): the norm prologue's shared-memory q8
+row made from silu(gate) * up instead (_tile's GX), so the down needs no SwiGLU launch before it; K ranges of
+at most gemv_q8.GLU_MAX_CHUNKS chunks a program (registers).
+
 RMSNorm prologue (`launch(..., norm=...)`, gemv_q8.gemv_q8's prenorm, Switches.norm_into_gemv,
 off): the q/k/v GEMV makes its q8 row itself from the residual x and the previous GEMV's output
 y -- every program sums the squares of the whole row, quantizes its own chunks of
@@ -66,7 +70,8 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           TAIL: gl.constexpr = False, SK: gl.constexpr = False, sk_lo=0, sk_hi=0, sk_slot=0, sk_first=0,
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
           RQ: gl.constexpr = 0, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
-          nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False, hpf=0, HPF: gl.constexpr = 0):
+          nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False, hpf=0, HPF: gl.constexpr = 0,
+          GX: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -80,6 +85,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     shared memory, and its K loop reads them there; program (0, 0) also stores s (s_out, the next
     residual). One launch instead of the add + RMSNorm + q8 kernel and the GEMV. (Packing each
     step's words in registers instead took 213 registers a thread, 2 programs an SM: 4x slower.)
+    GX (with NORM == 1; the GLU prologue, Switches.gemv_glu_prologue): nx / ny are the gate / up rows
+    and the program's chunks of silu(nx) * ny go into shared memory as swiglu_q8 would quantize them
+    (no norm, nothing stored): the down projection without the SwiGLU launch before it.
     NORM == 2: nx is the residual s itself, already summed by the GEMV before (RSS below), and ny
     its nss per-tile sums of squares: the program adds those up (KP2: nss rounded up to a power
     of two) instead of reading the whole row; nothing is stored.
@@ -171,7 +179,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     xres = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
     if RSS:
         xres = gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)     # written kernels ago
-    if NORM == 1:
+    if NORM == 1 and GX:
+        wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, 1.0, b_lo * 8, b_hi * 8, C, NCHP, NW, True, True)
+    elif NORM == 1:
         rstd = _norm_rstd(nx, ny, s_out, eps, NB * 256, (pid_n == 0) & (pid_s == 0), KP2, NW)
         wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, True)
     elif NORM == 4 and RL:
@@ -341,10 +351,11 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
                      XP: gl.constexpr = False, RQ: gl.constexpr = 0, PAD0: gl.constexpr = 0,
                      PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, RL: gl.constexpr = False,
-                     HPF: gl.constexpr = 0):
+                     HPF: gl.constexpr = 0, GX: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
-    NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile).
+    NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile); with GX
+    (one weight) from the gate / up rows nx / ny instead (the GLU prologue).
     TL: the program's start, release from the PDL wait, end and SM into tlb (timeline.py; a
     measuring aid). SF (MIXED): the second weight's tiles take the lowest program ids, so its
     slower rows start in the first wave and the first weight's fill any second one. PAD0..PAD2: an
@@ -375,7 +386,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ, RL=RL, hpf=hp, HPF=HPF)
+              RQ=RQ, RL=RL, hpf=hp, HPF=HPF, GX=GX)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -460,7 +471,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
            rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False,
-           l2_heads=None):
+           l2_heads=None, glu=None):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -481,7 +492,9 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     form of out * weight (RQ). l2_heads: (planes, 13 ints) of the next GEMV's tile heads the programs
     fetch into L2 before their wait (l2_prefetch.L2Plan.heads). per_sm: at most this many programs an SM (the config's twelfth field,
     shared memory reserved for it: _occupancy_pad). rstd_late (with rscale): the tile sums summed after
-    the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem)."""
+    the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem).
+    glu: (gate (1, K), up (1, K)), one weight -- x_hat is the q8 form of silu(gate) * up, made by the
+    programs as swiglu_q8 makes it (_tile's NORM 1 with GX: the GLU prologue); xq / xf are not read."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -489,13 +502,19 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     if rss_q8 is not None and (rss is None or len(segs) != 1 or tail is not None or bn % 32 or n % bn):
         raise ValueError("the q8 epilogue needs the RSS epilogue of one weight, no tail, and tiles of a multiple "
                          "of 32 rows that divide N")
-    if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None):
+    if glu is not None and (len(segs) != 1 or norm is not None or norm_ss is not None or rscale is not None
+                            or tail is not None):
+        raise ValueError("the GLU prologue takes one weight and no norm prologue, rstd scale or norm tail")
+    if kwarps and (bb * 8 < 16 * nwarps or norm is not None or norm_ss is not None or glu is not None):
         from minfer.errors import MinferError
 
         raise MinferError(f"gemv_q8 Gluon config for {n}x{nb * 256}: warps along K need a step of at least 16 "
-                          f"chunks a warp ({bb} blocks = {bb * 8} chunks for {nwarps} warps) and no norm prologue")
+                          f"chunks a warp ({bb} blocks = {bb * 8} chunks for {nwarps} warps) and no norm or GLU "
+                          "prologue")
     mode, nx, ny, ng, eps, s_out, nss, kp2 = 0, out, out, out, 0.0, out, 0, 1
-    if norm is not None:
+    if glu is not None:
+        (nx, ny), mode = glu, 1
+    elif norm is not None:
         (nx, ny, ng, eps, s_out), mode = norm, 1
         kp2 = max(32 * nwarps, 1 << (nb * 256 - 1).bit_length())
     elif norm_ss is not None:
@@ -529,7 +548,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            RL=bool(rstd_late) and mode == 4,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-                           XP=bool(x_ahead) and mode in (0, 4), **dict(zip(("PAD0", "PAD1", "PAD2"),
+                           XP=bool(x_ahead) and mode in (0, 4), GX=glu is not None, **dict(zip(("PAD0", "PAD1", "PAD2"),
                                                                            _pads(per_sm, f"{n}x{nb * 256}"))),
                            num_warps=nwarps, **_opts(pdl, regs))
 

@@ -7,14 +7,14 @@ import torch
 import triton
 
 from minfer.ops import paths
-from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choose, _l2_heads, _split_scratch, extras,
-                                      kwarps, x_ahead)
+from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choose, _glu_cfg_refused, _l2_heads,
+                                      _split_scratch, extras, kwarps, x_ahead)
 
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
                      preload: bool = True, config=None, tail=None, rq=None, refused=None,
-                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0) -> tuple | None:
+                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0, glu=None) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -31,16 +31,21 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     with PDL, 1 signals the next kernel when the programs end (as the config's late field does), 2
     after their dot products, before the epilogue (Switches.o_signal). l2_heads: as gemv_q8's (the 7B's o
     before gate+up).
-    refused (a list): receives why, where the Gluon kernel has the shape but cannot take it."""
-    xq, xf = q8
+    refused (a list): receives why, where the Gluon kernel has the shape but cannot take it. glu: (gate,
+    up) rows (1, K) instead of q8 (None): x_hat made from them in the programs (gemv_q8's GLU prologue)."""
+    xq, xf = q8 if glu is None else glu
     n, k = rw.n, rw.k
-    if rw.qtype not in (Q4_K, Q6_K) or xq.numel() * 4 != k or tuple(x.shape) != (1, n) or x.dtype != torch.float32:
+    if rw.qtype not in (Q4_K, Q6_K) or tuple(x.shape) != (1, n) or x.dtype != torch.float32 or (
+            xq.numel() * 4 != k if glu is None else any(t.shape != (1, k) or not t.is_contiguous() for t in glu)):
         return None
     hp = _l2_heads((rw,), ws, l2_heads, None)
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
-    if not use_g or cfg[2] < 0:         # (stream-K configs have no RSS epilogue)
+    glu_why = (_glu_cfg_refused(cfg, k) or ("with the norm tail (norm_into_gemv 3), which has no GLU prologue"
+                                         if tail is not None else None)) if glu is not None and use_g else None
+    if not use_g or cfg[2] < 0 or glu_why:         # (stream-K configs have no RSS epilogue)
         if refused is not None and (why or use_g):
-            refused.append(why or f"its config {tuple(cfg)} is stream-K, which has no residual epilogue")
+            refused.append(why or (f"its config {tuple(cfg)} {glu_why}" if glu_why else
+                                   f"its config {tuple(cfg)} is stream-K, which has no residual epilogue"))
         if hp is not None:
             paths.fallback("gemv_q8.l2_heads", "the GEMV before a tile-major one is not the Gluon kernel's residual "
                            "launch: nothing fetched into L2")
@@ -77,7 +82,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
               x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
-              rq_smem=rq_smem, l2_heads=hp)
+              rq_smem=rq_smem, l2_heads=hp, glu=glu)
     if tail is not None:
         return s, ssp, h
     return (s, ssp, q8u) if rq is not None else (s, ssp)

@@ -56,9 +56,13 @@ def _ss_sum_rstd(v, eps, K):
 
 
 @gluon.jit
-def _norm_v(nx, ny, ng, rstd, off, m, HAS_Y: gl.constexpr = True):
-    """(nx [+ ny]) * rstd * ng at offsets off (masked: 0), in float32: q8_rows._q8_kernel's v."""
+def _norm_v(nx, ny, ng, rstd, off, m, HAS_Y: gl.constexpr = True, GX: gl.constexpr = False):
+    """(nx [+ ny]) * rstd * ng at offsets off (masked: 0), in float32: q8_rows._q8_kernel's v. GX (the
+    GLU prologue): silu(nx) * ny instead, in q8_rows._q8_kernel's SWIGLU formula (ng, rstd unused)."""
     v = gl.load(nx + off, mask=m, other=0.0).to(gl.float32)
+    if GX:
+        u = gl.load(ny + off, mask=m, other=0.0).to(gl.float32)
+        return v / (1.0 + gl.exp(-v)) * u
     if HAS_Y:
         v += gl.load(ny + off, mask=m, other=0.0).to(gl.float32)
     return v * rstd * gl.load(ng + off, mask=m, other=0.0).to(gl.float32)
@@ -66,13 +70,14 @@ def _norm_v(nx, ny, ng, rstd, off, m, HAS_Y: gl.constexpr = True):
 
 @gluon.jit
 def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr, NW: gl.constexpr,
-                  HAS_Y: gl.constexpr):
+                  HAS_Y: gl.constexpr, GX: gl.constexpr = False):
     """The q8 form of chunks [c0, c1) of the normed row ((nx [+ ny]) * rstd * ng; chunks past c1
     are zero) in shared memory, by step (C chunks an index): the low words [NCHP / C, C, 4]
     (word w: values w, w+8, w+16, w+24 as bytes), the high words (values 4 + w, ...), and d, s0,
     s1 [NCHP / C, C]; the operations of gemv_q8's _q8_chunks (d = amax / 127, q = v * 127 / amax
     rounded half away from zero, s0 / s1 = d * the sums of q over values 0..15 / 16..31). Layout
-    LQ = [chunk, byte b, word w]: a word's 4 bytes in one thread, the chunk over 4 lanes."""
+    LQ = [chunk, byte b, word w]: a word's 4 bytes in one thread, the chunk over 4 lanes. GX: the row
+    is silu(nx) * ny instead (the GLU prologue; swiglu_q8's values and q8 form, bit for bit)."""
     LQ: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4, 1], threads_per_warp=[8, 1, 4],
                                         warps_per_cta=[NW, 1, 1], order=[2, 1, 0])
     LC: gl.constexpr = gl.SliceLayout(2, LQ)                         # [NCHP, 4]: per chunk, byte
@@ -83,8 +88,8 @@ def _norm_q8_smem(nx, ny, ng, rstd, c0, c1, C: gl.constexpr, NCHP: gl.constexpr,
     kc = c0 + c3
     m = (kc < c1) & (b3 < 4) & (w3 < 4)
     off = kc * 32 + b3 * 8 + w3
-    vl = _norm_v(nx, ny, ng, rstd, off, m, HAS_Y)                   # values 8b + w
-    vh = _norm_v(nx, ny, ng, rstd, off + 4, m, HAS_Y)               # values 8b + 4 + w
+    vl = _norm_v(nx, ny, ng, rstd, off, m, HAS_Y, GX)               # values 8b + w
+    vh = _norm_v(nx, ny, ng, rstd, off + 4, m, HAS_Y, GX)           # values 8b + 4 + w
     amax = gl.maximum(gl.max(gl.max(gl.abs(vl), axis=1), axis=1), gl.max(gl.max(gl.abs(vh), axis=1), axis=1))
     d = amax / 127.0
     inv = gl.expand_dims(gl.expand_dims(gl.where(amax > 0, 127.0 / amax, 0.0), 1), 1)

@@ -33,7 +33,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
 
     QM._check(a, w)
     sw, ws = QM._ctx(ctx, a.device)
-    QM.glu_planes(a, w, sw)        # (a deferred SwiGLU row the GLU prologue cannot take is made here: a.q8 below)
+    # a deferred SwiGLU row (a.glu_row): the GLU prologue of the GEMV below, or made here where that cannot take it
+    glu = a.glu_row if QM.glu_planes(a, w, sw) is not None else None
     ffn = role != "attn_norm"
     mode = sw.norm_into_gemv
     if ffn:
@@ -41,20 +42,23 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
     elif mode == 5:
         mode = 4
     tail = mode == 3
-    if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and getattr(a, "q8", None) is not None:
+    if (into_linear or tail) and mode >= 2 and a.shape[0] == 1 and (getattr(a, "q8", None) is not None or glu):
         rw = QM.gemv_repack.planes_of(w) if sw.gemv else None
         r, refused = None, []
         if rw is not None and x.dtype == torch.float32 and x.is_contiguous() and norm_rope_act.q8_row_ok(
                 x.shape[1], out_dtype, sw):
             kw = QM._q8_kw(sw, a)
-            r = QM.gemv_q8.gemv_q8_residual(a.q8, rw, x, out_dtype, ws=ws.gemv_counters(), interpret=QM.interpret(),
+            r = QM.gemv_q8.gemv_q8_residual(None if glu else a.q8, rw, x, out_dtype, ws=ws.gemv_counters(),
+                                         interpret=QM.interpret(),
                                          pdl=kw["pdl"], gluon=kw["gluon"] and not kw["l2"], gluon_table=kw["gluon_table"],
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
                                          rq=weight if mode == 4 else None, refused=refused,
                                          rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0,
-                                         l2_heads=kw["l2_heads"])
+                                         l2_heads=kw["l2_heads"], glu=(glu.gate, glu.up) if glu else None)
         if r is not None:
             paths.count("qmatmul.residual_norm")
+            if glu:
+                paths.count(f"qmatmul.{QM.dequant.type_name(w.qtype)}.decode.q8glu")
             if tail:     # h and its q8 form made by the GEMV's last tile: a whole tensor, no deferred norm
                 return r[0], r[2]
             s, ssp = r[0], r[1]
