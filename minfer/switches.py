@@ -127,7 +127,8 @@ class Switches:
                                   "themselves, one launch fewer a layer -- on the Triton q8 GEMV (Qwen2.5-0.5B's raw "
                                   "Q5_0 gate/up, ops/cuda/q8_rows.py _glu_q8_words) and on the Gluon one where a "
                                   "program's K range is at most 32 q8 chunks (the shape rule's 1.5B / 3B downs; the "
-                                  "7B's are refused by name, gemv_q8.GLU_MAX_CHUNKS); "
+                                  "7B's are refused by name, gemv_q8.GLU_MAX_CHUNKS; that Gluon form is checked by "
+                                  "its sm_90 builds only, its GPU tests not yet run, perf-log AX2); "
                                   "off (the default: the 0.5B's H100 A/B, 10 pairs in two calls, ranged 0.95-1.18 "
                                   "around ~1.03, not every pair above 1, perf-log AW2): swiglu_q8, then the GEMV",
                                   kind="tuning")
