@@ -16,12 +16,12 @@ import os
 import sys
 import types
 
-import numpy as np
 import pytest
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from kernel_data import GEMV_Q8G_TAIL, random_weight, sm90_builds  # noqa: E402
+from kernel_data import GEMV_Q8G_TAIL, sm90_builds  # noqa: E402
+from test_gemv_q8_glu_prologue import _down  # noqa: E402
 from test_norm_into_gemv_cpu import M  # noqa: E402,F401  (the interpreted modules' fixture)
 
 from minfer.errors import MinferError  # noqa: E402
@@ -114,15 +114,6 @@ def test_glu_refused_only_where_the_gluon_config_has_no_prologue(monkeypatch):
         gemv_q8.gemv_q8(None, _rw(512, 1024), gluon=True, glu=(g, g))
 
 
-def _down(M, qt, n, k, seed):
-    from minfer.weights import QWeight
-
-    raw = random_weight(qt, n, k, np.random.default_rng(seed))
-    w = QWeight(name="blk.0.ffn_down.weight", qtype=qt, shape=(n, k), raw=torch.from_numpy(raw))
-    w.repacked = M["gemv_repack"].repack(torch.from_numpy(raw), qt, n, k)
-    return w
-
-
 def test_the_residual_gemv_gets_the_deferred_row(M, monkeypatch):
     """linear_add_rms_norm (the down, then the next layer's attention norm, mode 4) passes a deferred
     SwiGLU row to gemv_q8_residual as glu=(gate, up) with no q8 row, and counts the prologue; where that
@@ -135,7 +126,7 @@ def test_the_residual_gemv_gets_the_deferred_row(M, monkeypatch):
 
     N, Q = M["norm_rope_act"], M["gemv_q8"]
     n, k = 256, 768
-    w = _down(M, 12, n, k, seed=21)
+    w, _ = _down(M, 12, n, k, seed=21)
     g = torch.Generator().manual_seed(5)
     gate, up = (torch.randn(1, k, generator=g) * 2).to(torch.bfloat16), torch.randn(1, k, generator=g).to(torch.bfloat16)
     x, nw = torch.randn(1, n, generator=g), torch.rand(n, generator=g) + 0.5

@@ -281,8 +281,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if glu is not None:
         q8 = glu
-        if len(segs) != 1 or prenorm is not None or rope is not None or any(
-                t.shape != (1, segs[0].k) or not t.is_contiguous() for t in glu):
+        if len(segs) != 1 or prenorm is not None or rope is not None or not glu_rows_ok(glu, segs[0].k):
             raise MinferError(f"gemv_q8: the GLU prologue takes one weight and (gate, up) rows of (1, {segs[0].k})")
     rscale = None
     if prenorm is not None:
@@ -310,9 +309,10 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     if why is not None:
         paths.fallback("gemv_q8.gluon", why)
     wk = kwarps(cfg)
-    if glu is not None and use_g and _glu_cfg_refused(cfg, k):
-        raise MinferError(f"gemv_q8: the GLU prologue cannot take {n}x{k}: the Gluon config {tuple(cfg)} "
-                          f"{_glu_cfg_refused(cfg, k)} (glu_refused)")
+    glu_why = _glu_cfg_refused(cfg, k) if glu is not None and use_g else None
+    if glu_why:
+        raise MinferError(f"gemv_q8: the GLU prologue cannot take {n}x{k}: the Gluon config {tuple(cfg)} {glu_why} "
+                          "(glu_refused)")
     if rscale is not None:
         if use_g and cfg[2] >= 0:
             paths.count("gemv_q8.norm_scale")
@@ -414,6 +414,11 @@ def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: 
     use_g, cfg, _ = _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)
     why = _glu_cfg_refused(cfg, rw.k) if use_g else None
     return f"the Gluon config {tuple(cfg)} for {rw.n}x{rw.k} {why}" if why else None
+
+
+def glu_rows_ok(glu, k: int) -> bool:
+    """Whether (gate, up) are the GLU prologue's rows for K: one contiguous (1, K) row each."""
+    return all(t.shape == (1, k) and t.is_contiguous() for t in glu)
 
 
 # The Gluon GLU prologue makes a program's whole K range at once (gemv_q8g_norm._norm_q8_smem): up to 32 q8

@@ -8,7 +8,7 @@ import triton
 
 from minfer.ops import paths
 from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choose, _glu_cfg_refused, _l2_heads,
-                                      _split_scratch, extras, kwarps, x_ahead)
+                                      _split_scratch, extras, glu_rows_ok, kwarps, x_ahead)
 
 
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
@@ -36,12 +36,15 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     xq, xf = q8 if glu is None else glu
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or tuple(x.shape) != (1, n) or x.dtype != torch.float32 or (
-            xq.numel() * 4 != k if glu is None else any(t.shape != (1, k) or not t.is_contiguous() for t in glu)):
+            xq.numel() * 4 != k if glu is None else not glu_rows_ok(glu, k)):
         return None
     hp = _l2_heads((rw,), ws, l2_heads, None)
     use_g, cfg, why = _choose((rw,), n, k, config, gluon, interpret, gluon_table, xq.device)
-    glu_why = (_glu_cfg_refused(cfg, k) or ("with the norm tail (norm_into_gemv 3), which has no GLU prologue"
-                                         if tail is not None else None)) if glu is not None and use_g else None
+    glu_why = None
+    if glu is not None and use_g:
+        glu_why = _glu_cfg_refused(cfg, k)
+        if glu_why is None and tail is not None:
+            glu_why = "with the norm tail (norm_into_gemv 3), which has no GLU prologue"
     if not use_g or cfg[2] < 0 or glu_why:         # (stream-K configs have no RSS epilogue)
         if refused is not None and (why or use_g):
             refused.append(why or (f"its config {tuple(cfg)} {glu_why}" if glu_why else

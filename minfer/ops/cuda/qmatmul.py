@@ -218,8 +218,8 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, ctx: Context | 
 
 def glu_planes(x, w, sw):
     """The repacked planes whose q8 GEMV (Triton, or Gluon where gemv_q8.glu_refused allows) takes x's
-    deferred SwiGLU (x.glu_row) in its GLU prologue, or None -- the row then made first (a counted `swiglu.into_gemv` fallback) unless none
-    is pending."""
+    deferred SwiGLU (x.glu_row) in its GLU prologue, or None -- the row then made first (a counted
+    `swiglu.into_gemv` fallback) unless none is pending."""
     glu = getattr(x, "glu_row", None)
     if glu is None or glu.done:
         return None
