@@ -121,17 +121,17 @@ class Switches:
                               "one launch fewer before q/k/v and before gate/up; off (the default: the 0.5B's tg128 "
                               "0.926x on an H100, every program re-summing the row before its first product, "
                               "perf-log AW0): the add + norm kernel, then the GEMV", kind="tuning")
-    gemv_glu_prologue: bool = _sw(False, "MINFER_GEMV_GLU_PROLOGUE",
-                                  "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue: the down "
-                                  "projection's programs make silu(gate) * up and its int8 form from the gate/up rows "
-                                  "themselves, one launch fewer a layer -- on the Triton q8 GEMV (Qwen2.5-0.5B's raw "
-                                  "Q5_0 gate/up, ops/cuda/q8_rows.py _glu_q8_words) and on the Gluon one where a "
-                                  "program's K range is at most 32 q8 chunks (the shape rule's 1.5B / 3B downs; the "
-                                  "7B's are refused by name, gemv_q8.GLU_MAX_CHUNKS; that Gluon form is checked by "
-                                  "its sm_90 builds only, its GPU tests not yet run, perf-log AX2); "
-                                  "off (the default: the 0.5B's H100 A/B, 10 pairs in two calls, ranged 0.95-1.18 "
-                                  "around ~1.03, not every pair above 1, perf-log AW2): swiglu_q8, then the GEMV",
-                                  kind="tuning")
+    gemv_glu_prologue: int = _sw(1, "MINFER_GEMV_GLU_PROLOGUE",
+                                 "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue: the down "
+                                 "projection's programs make silu(gate) * up and its int8 form from the gate/up rows "
+                                 "themselves, one launch fewer a layer. 1 (the default): where the down runs on the "
+                                 "Triton q8 GEMV (Qwen2.5-0.5B's Q4_K / Q6_K downs after its raw Q5_0 gate/up, "
+                                 "ops/cuda/q8_rows.py _glu_q8_words; H100 A/B 1.047 +- 0.037, 11 of 12 pairs above 1, "
+                                 "perf-log AY1); a down on the Gluon kernel keeps the swiglu launch; 2: the Gluon "
+                                 "kernel's downs too, where a program's K range is at most 32 q8 chunks (the shape "
+                                 "rule's 1.5B / 3B downs; the 7B's are refused by name, gemv_q8.GLU_MAX_CHUNKS): "
+                                 "bit-identical on the H100 but slower (1.5B A/B 0.970, perf-log AY0); 0: swiglu_q8, "
+                                 "then the GEMV", kind="tuning")
     gemv_swiglu: int = _sw(0, "MINFER_GEMV_SWIGLU",
                            "one-row decode: SwiGLU (and its int8 form) in the epilogue of the fused gate+up "
                            "q8 GEMV, one launch instead of two (ops/cuda/gemv_q8.py gemv_q8_swiglu, on the "

@@ -224,7 +224,7 @@ def ffn_hidden(h: torch.Tensor, blk: Block, ctx, into_linear: bool = False) -> t
     a = ops.linear_swiglu(h, blk.ffn_gate, blk.ffn_up, ctx)
     if a is None:
         gate, up = ops.linear_many(h, (blk.ffn_gate, blk.ffn_up), (None, None), ctx)
-        a = ops.swiglu(gate, up, ctx, into_linear=into_linear)
+        a = ops.swiglu(gate, up, ctx, into_linear=into_linear, down=blk.ffn_down if into_linear else None)
     return a
 
 

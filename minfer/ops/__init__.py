@@ -164,12 +164,13 @@ def rope_attention(q, k, v, positions, cfg, k_cache, v_cache, ctx: Context | Non
                                       softcap=softcap)
 
 
-def swiglu(gate, up, ctx: Context | None = None, into_linear: bool = False):
+def swiglu(gate, up, ctx: Context | None = None, into_linear: bool = False, down=None):
     """silu(gate) * up, (T, F). into_linear: the caller passes the result only to ops.linear /
-    linear_add_rms_norm (CUDA: the row may be left to the down GEMV, Switches.gemv_glu_prologue)."""
+    linear_add_rms_norm (CUDA: the row may be left to the down GEMV, Switches.gemv_glu_prologue;
+    down: that linear's weight, whose kernel the switch's default asks about)."""
     if gate.device.type != "cuda":
         return _backend(gate).swiglu(gate, up)
-    return _backend(gate).swiglu(gate, up, ctx, into_linear=into_linear)
+    return _backend(gate).swiglu(gate, up, ctx, into_linear=into_linear, down=down)
 
 
 def attention(q, k_cache, v_cache, start_pos, ctx: Context | None = None, window: int = 0,

@@ -7,8 +7,8 @@ down taking the prologue (counted), no swiglu launch and no fallback. The Gluon 
 with GX, perf-log AX2): the 1.5B's and SmolLM3-3B's downs as the shape rule configures and lays them out, Q4_K and
 Q6_K, plain and with the residual epilogue the engine uses (s, the tile sums and the next q8 row), give the
 bits of swiglu_q8 + the same Gluon launch; a 1.5B-geometry model decodes bit-identically with the switch
-on and off, every down on the Gluon kernel's prologue; the 7B's downs (a longer K range a program) are
-refused by name."""
+at 2 and 0, every down on the Gluon kernel's prologue at 2, and at the default 1 (the Gluon downs keep their
+swiglu launch, no fallback, perf-log AY1); the 7B's downs (a longer K range a program) are refused by name."""
 
 from __future__ import annotations
 
@@ -153,10 +153,11 @@ def test_gluon_models_decode_with_the_glu_prologue(tmp_path, preset):
     subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", preset, "--layers", "2",
                     "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
     engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False,
-                               switches=Switches(gemv_glu_prologue=on)) for on in (False, True)}
+                               switches=Switches(gemv_glu_prologue=on)) for on in (0, 1, 2)}
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    engines[True].prefill(prompt)
-    t = int(engines[False].prefill(prompt).argmax())
+    engines[2].prefill(prompt)
+    engines[1].prefill(prompt)
+    t = int(engines[0].prefill(prompt).argmax())
     snaps = {}
     for on, eng in engines.items():
         paths.reset()
@@ -167,16 +168,19 @@ def test_gluon_models_decode_with_the_glu_prologue(tmp_path, preset):
         snaps[on] = paths.snapshot()
     for step in range(12):
         pos = len(prompt) + 12 + step
-        la, lb = engines[True].forward([t], pos)[-1], engines[False].forward([t], pos)[-1]
+        la, lb = engines[2].forward([t], pos)[-1], engines[0].forward([t], pos)[-1]
         assert torch.equal(la, lb), step                      # the same q8 rows, the same launches: the same bits
+        assert torch.equal(engines[1].forward([t], pos)[-1], lb), step       # the default: the swiglu launch
         t = int(lb.argmax())
-    c = snaps[True]["counts"]
+    c = snaps[2]["counts"]
     glu = sum(v for key, v in c.items() if key.endswith(".decode.q8glu"))
     assert c.get("swiglu.into_gemv", 0) == glu > 0 and "swiglu.q8" not in c, c
     assert c.get("gemv_q8.triton", 0) == 0 and c.get("gemv_q8.gluon", 0) > 0, c
-    assert snaps[False]["counts"].get("swiglu.q8", 0) > 0
-    assert not [key for key in snaps[True]["fallbacks"] if "swiglu" in key], snaps[True]["fallbacks"]
+    assert snaps[0]["counts"].get("swiglu.q8", 0) > 0
+    assert not [key for key in snaps[2]["fallbacks"] if "swiglu" in key], snaps[2]["fallbacks"]
+    d = snaps[1]["counts"]         # the default (1): these Gluon downs get no deferred row, and nothing falls back
+    assert d.get("swiglu.q8", 0) > 0 and "swiglu.into_gemv" not in d and not snaps[1]["fallbacks"], snaps[1]
     toks = [[e.token_id for e in eng.generate(prompt, max_new_tokens=16, temperature=0)] for eng in engines.values()]
-    assert toks[0] == toks[1]
+    assert toks[0] == toks[1] == toks[2]
     for eng in engines.values():
         eng.close()

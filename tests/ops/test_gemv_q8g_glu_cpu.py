@@ -168,3 +168,39 @@ def test_a_residual_launch_with_the_norm_tail_declines_the_glu(monkeypatch):
     assert gemv_q8_residual(None, _rw(256, 1024), torch.zeros(1, 256), torch.bfloat16, gluon=True,
                             tail=(torch.ones(256), 1e-6), refused=refused, glu=(g, g)) is None
     assert refused and "norm tail" in refused[0], refused
+
+
+@pytest.mark.parametrize("on_gluon", [False, True])
+def test_the_default_leaves_a_gluon_down_its_swiglu_launch(M, monkeypatch, on_gluon):
+    """Switches.gemv_glu_prologue 1 (the default, perf-log AY1): swiglu(into_linear, down=w) leaves the row to
+    a down that runs on the Triton q8 GEMV, and makes it at once (`swiglu.q8`, no deferral) for a down on the
+    Gluon kernel (gemv_q8.glu_route, faked here: the interpreter has no Gluon kernel); 2 defers it to either.
+    A row deferred anyway (no down named) that meets a Gluon down at 1 is made first as a counted fallback
+    naming the switch."""
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.ops.cuda import qmatmul
+    from minfer.switches import Switches
+
+    N, Q = M["norm_rope_act"], M["gemv_q8"]
+    monkeypatch.setattr(Q, "glu_route", lambda rw, *a, **kw: (on_gluon, None))
+    w, _ = _down(M, 12, 256, 768, seed=3)
+    g = torch.Generator().manual_seed(9)
+    gate, up = torch.randn(1, 768, generator=g).to(torch.bfloat16), torch.randn(1, 768, generator=g).to(torch.bfloat16)
+    for level, deferred in ((0, False), (1, not on_gluon), (2, True)):
+        ctx = Context(Switches(gemv_glu_prologue=level), None)
+        paths.reset()
+        h = N.swiglu(gate, up, ctx, into_linear=True, down=w)
+        c = paths.snapshot()["counts"]
+        assert (getattr(h, "glu_row", None) is not None) == deferred, level
+        assert c.get("swiglu.into_gemv", 0) == int(deferred) and c.get("swiglu.q8", 0) == int(not deferred), c
+    paths.reset()
+    h = N.swiglu(gate, up, Context(Switches(), None), into_linear=True)          # no down named: deferred
+    assert h.glu_row is not None
+    planes = qmatmul.glu_planes(h, w, Switches())
+    snap = paths.snapshot()
+    if on_gluon:
+        assert planes is None and h.glu_row.done and h.q8 is not None
+        assert [k for k in snap["fallbacks"] if k.startswith("swiglu.into_gemv") and "MINFER_GEMV_GLU_PROLOGUE=1" in k], snap
+    else:
+        assert planes is not None and not h.glu_row.done and not snap["fallbacks"], snap

@@ -408,12 +408,19 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     return _rope_after(out, rope, pdl)
 
 
-def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> str | None:
-    """Why gemv_q8(glu=...) (and gemv_q8_residual's) cannot take this weight's launch as gemv_q8 chooses
-    it (a Gluon config whose prologue-less form the GLU cannot ride: warps along K, stream-K), or None."""
+def glu_route(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> tuple:
+    """(on_gluon, why) for this weight's launch as gemv_q8 chooses it: whether it runs on the Gluon kernel
+    (Switches.gemv_glu_prologue 1 leaves those downs their swiglu launch), and why gemv_q8(glu=...) (and
+    gemv_q8_residual's) cannot take it (a Gluon config whose prologue-less form the GLU cannot ride: warps
+    along K, stream-K, too many q8 chunks a program), or None."""
     use_g, cfg, _ = _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)
     why = _glu_cfg_refused(cfg, rw.k) if use_g else None
-    return f"the Gluon config {tuple(cfg)} for {rw.n}x{rw.k} {why}" if why else None
+    return use_g, (f"the Gluon config {tuple(cfg)} for {rw.n}x{rw.k} {why}" if why else None)
+
+
+def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> str | None:
+    """glu_route's why alone."""
+    return glu_route(rw, gluon, gluon_table, device, interpret)[1]
 
 
 def glu_rows_ok(glu, k: int) -> bool:

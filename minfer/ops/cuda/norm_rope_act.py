@@ -367,11 +367,19 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, into_linear: bool = False) -> torch.Tensor:
+def _glu_on_gluon(x, w, sw) -> bool:
+    from minfer.ops.cuda import qmatmul
+
+    return qmatmul.glu_on_gluon(x, w, sw)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, into_linear: bool = False,
+           down=None) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
     (`.q8`, for the down projection's q8 GEMV) from the same launch. into_linear (the caller passes
     the result to ops.linear / linear_add_rms_norm only): with Switches.gemv_glu_prologue, one row is
-    left to the down GEMV (h.glu_row: q8_rows.GluRow; counted `swiglu.into_gemv`)."""
+    left to the down GEMV (h.glu_row: q8_rows.GluRow; counted `swiglu.into_gemv`) -- at 1 not where
+    that GEMV (down: its weight) runs on the Gluon kernel (qmatmul.glu_on_gluon; perf-log AY0)."""
     sw = (ctx or DEFAULT).switches
     if gate.shape[0] == 1 and q8_row_ok(gate.shape[1], gate.dtype, sw):
         from minfer.ops.cuda import q8_rows
@@ -379,7 +387,8 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, int
         def pdl() -> int:        # (counted `pdl.swiglu` only where the swiglu kernel launches)
             return pdl_enabled(sw, gate.device, "swiglu", early_ok=True)
 
-        if into_linear and sw.gemv_glu_prologue and gate.is_contiguous() and up.is_contiguous():
+        if into_linear and sw.gemv_glu_prologue and gate.is_contiguous() and up.is_contiguous() and (
+                down is None or sw.gemv_glu_prologue >= 2 or not _glu_on_gluon(gate, down, sw)):
             paths.count("swiglu.into_gemv")
             h = torch.empty_like(gate)
             h.glu_row = q8_rows.GluRow(gate, up, h, _interp(), pdl)

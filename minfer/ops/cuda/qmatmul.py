@@ -216,17 +216,27 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, ctx: Context | 
     return out if out_dtype is None else out.to(out_dtype)
 
 
+def glu_on_gluon(x, w, sw) -> bool:
+    """Whether x's one-row q8 GEMV by w runs on the Gluon kernel (gemv_q8.glu_route; norm_rope_act.swiglu
+    leaves no row to such a down at Switches.gemv_glu_prologue 1)."""
+    rw = gemv_repack.planes_of(w) if sw.gemv else None
+    return rw is not None and _gemv_rows(x, w, sw) and gemv_q8.glu_route(rw, sw.gemv_q8_gluon, table_arg(sw),
+                                                                         x.device, interpret())[0]
+
+
 def glu_planes(x, w, sw):
-    """The repacked planes whose q8 GEMV (Triton, or Gluon where gemv_q8.glu_refused allows) takes x's
-    deferred SwiGLU (x.glu_row) in its GLU prologue, or None -- the row then made first (a counted
-    `swiglu.into_gemv` fallback) unless none is pending."""
+    """The repacked planes whose q8 GEMV (Triton; Gluon at Switches.gemv_glu_prologue 2 where
+    gemv_q8.glu_route allows) takes x's deferred SwiGLU (x.glu_row) in its GLU prologue, or None -- the
+    row then made first (a counted `swiglu.into_gemv` fallback) unless none is pending."""
     glu = getattr(x, "glu_row", None)
     if glu is None or glu.done:
         return None
     rw = gemv_repack.planes_of(w) if sw.gemv else None
-    why = ("no repacked planes" if rw is None else "rows the batch engine's dense plane takes"
-           if not _gemv_rows(x, w, sw) else gemv_q8.glu_refused(rw, sw.gemv_q8_gluon, table_arg(sw), x.device,
-                                                                 interpret()))
+    on_g, why = False, "no repacked planes" if rw is None else "rows the batch engine's dense plane takes"
+    if rw is not None and _gemv_rows(x, w, sw):
+        on_g, why = gemv_q8.glu_route(rw, sw.gemv_q8_gluon, table_arg(sw), x.device, interpret())
+        if on_g and why is None and sw.gemv_glu_prologue < 2:
+            why = "a Gluon launch, whose GLU prologue is off at MINFER_GEMV_GLU_PROLOGUE=1"
     if why is None:
         return rw
     paths.fallback("swiglu.into_gemv", f"{w.name}: {why}")
