@@ -113,6 +113,13 @@ class Switches:
                              "launches during the kernel before it, the one-pass config decoding its weights "
                              "before its wait, and lets the kernel after it launch; off: a plain launch, which "
                              "breaks the decode chain's PDL at every raw GEMV")
+    gemv_raw_halfwords: bool = _sw(False, "MINFER_GEMV_RAW_HALFWORDS",
+                                   "raw-block GEMV over Q4_0 / Q5_0 / Q8_0 (every field of their blocks at an even "
+                                   "offset): a run's 16 quant bytes read as 8 halfwords and Q5_0's 16 high bits as "
+                                   "one (ops/cuda/dequant.py decode_hw; the same values). The 0.5B's Q5_0 gate/up "
+                                   "took 13.2 us a layer on an H100 (0.46 TB/s; sm_90 PTX: 32 byte loads a run, 254 "
+                                   "registers, perf-log AY3); off (the default until measured): byte loads",
+                                   kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "
                               "one-pass GEMVs (hidden <= 1024 in Q5_0 / Q8_0 ...: Qwen2.5-0.5B, SmolLM2): the "

@@ -1,8 +1,9 @@
 """ops/cuda/gemv.py's raw-block GEMV through Triton's sm_90 compiler on this CPU machine (the build only,
 kernel_data.sm90_builds) in the small models' one-row configs: the one-pass tile (K <= 1024 in one tile,
-weights decoded before the PDL wait) and the split config, PDL on and off, for Q5_0 / Q8_0 / Q4_K. With
-PDL the PTX must hold griddepcontrol's wait and launch_dependents (off: neither), and no build may spill
-registers to local memory."""
+weights decoded before the PDL wait) and the split config, PDL on and off, for Q5_0 / Q8_0 / Q4_K, and the
+halfword reads of Q4_0 / Q5_0 / Q8_0 (Switches.gemv_raw_halfwords) beside their byte builds. With PDL the PTX
+must hold griddepcontrol's wait and launch_dependents (off: neither), and no build may spill registers to
+local memory; the halfword builds hold no one-byte global load."""
 
 from __future__ import annotations
 
@@ -52,6 +53,21 @@ for qt, qn in ((6, "Q5_0"), (8, "Q8_0")):
             out[f"{qn}_norm_{bn}_{pdl}"] = [ptx.count("st.local"), "griddepcontrol.wait" in ptx,
                                             "griddepcontrol.launch_dependents" in ptx, ptx.count("st.global"),
                                             ptx.count("sqrt")]
+# the halfword reads (Switches.gemv_raw_halfwords): Q4_0 / Q5_0 / Q8_0, the one-pass tiles and the split config
+import re
+for qt, qn in ((2, "Q4_0"), (6, "Q5_0"), (8, "Q8_0")):
+    _, qk, ts = LAYOUT[qt]
+    for one, bn, bk, split in ((True, 4, 1024, 1), (True, 8, 1024, 1), (False, 8, 256, 4)):
+        for pdl in (0, 1):
+            for hw in (False, True):
+                cex = dict(QT=qt, QK=qk, TS=ts, BN=bn, BK=bk, MP=1, SPLIT=split, HAS_BIAS=True, USE_DOT=False,
+                           IEEE=False, PDL=pdl, ONE=one, HW=hw)
+                sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+                k = triton.compile(ASTSource(G._gemv_kernel, sig, cex), target=T, options={"num_warps": 4})
+                ptx = k.asm["ptx"]
+                out[f"{qn}_{'one' if one else 'split'}_{bn}_hw{int(hw)}_{pdl}"] = [
+                    ptx.count("st.local"), "griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx,
+                    len(re.findall(r"ld\.global(?:\.nc)?\.(?:v\d\.)?b8", ptx)), len(re.findall(r"ld\.global", ptx))]
 print(json.dumps(out))
 """
 
@@ -62,7 +78,7 @@ def builds():
 
 
 def test_raw_gemv_builds_for_sm90(builds):
-    assert len(builds) == 18 + 8, builds
+    assert len(builds) == 18 + 8 + 36, builds
     for name, (spills, wait, signal, *_) in builds.items():
         assert spills == 0, (name, spills)
         pdl = name.endswith("_1")
@@ -77,3 +93,14 @@ def test_norm_prologue_builds_with_its_stores(builds):
         plain = builds[name.replace("_norm_", "_one_")]
         assert spills == 0 and sqrt > 0, (name, builds[name])
         assert stores > 0 and wait == plain[1] and signal == plain[2], (name, builds[name], plain)
+
+
+def test_halfword_builds_read_no_single_bytes(builds):
+    """The halfword builds (Switches.gemv_raw_halfwords) issue no one-byte global load and fewer global
+    loads than the byte builds of the same config, whose Q5_0 runs take 32 one-byte loads each."""
+    hw = [n for n in builds if "_hw1_" in n]
+    assert len(hw) == 18
+    for name in hw:
+        spills, wait, signal, b8, loads = builds[name]
+        _, _, _, b8_old, loads_old = builds[name.replace("_hw1_", "_hw0_")]
+        assert b8 == 0 and b8_old > 0 and loads < loads_old, (name, builds[name], builds[name.replace("_hw1_", "_hw0_")])

@@ -125,6 +125,40 @@ def _mxfp4(q):
     return tl.where(q >= 8, -mag, mag)
 
 
+# Q4_0 / Q5_0 / Q8_0: block sizes 18 / 22 / 34 bytes, the f16 scale first, every field at an even
+# offset (ggml-common.h's block_q4_0 / block_q5_0 / block_q8_0), so their quant bytes are halfword-aligned
+HALFWORD_TYPES = (2, 6, 8)
+
+
+@triton.jit
+def decode_hw(QT: tl.constexpr, bp, e0, m):
+    """A Q4_0 / Q5_0 / Q8_0 run (HALFWORD_TYPES) as decode() gives it, split in its even and odd values
+    ([R, 8] fp32 each: value 2j, value 2j + 1), its 16 quant bytes read as 8 halfwords (byte 2j is
+    halfword j's low byte, little-endian) and Q5_0's 16 fifth bits as one: a thread's run costs 8 or 9
+    two-byte loads, not 16 or 32 one-byte loads, and no shuffle of the values (the caller reads x's even
+    and odd values to match). bp, e0, m: [R, 1]."""
+    j = tl.arange(0, 8)[None, :]
+    d = _ldh(bp, m)
+    if QT == 8:  # Q8_0: int8 values
+        h = tl.load((bp + 2 + e0).to(tl.pointer_type(tl.int16)) + j, mask=m, other=0).to(tl.int32)
+        return ((h << 24) >> 24).to(tl.float32) * d, (h >> 8).to(tl.float32) * d
+    if QT == 6:
+        h = tl.load((bp + 6).to(tl.pointer_type(tl.int16)) + j, mask=m, other=0).to(tl.int32)
+    else:
+        h = tl.load((bp + 2).to(tl.pointer_type(tl.int16)) + j, mask=m, other=0).to(tl.int32)
+    sh = (e0 // 16) * 4               # qs[b] holds value b (low nibble) and b + 16 (high nibble)
+    lo = (h >> sh) & 15
+    hi = (h >> (sh + 8)) & 15
+    if QT == 6:  # Q5_0: qh (32 bits, little-endian) bit e is value e's fifth bit
+        qh = tl.load((bp + 2 + e0 // 8).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
+        lo = (lo | ((qh >> (2 * j)) << 4 & 16)) - 16
+        hi = (hi | ((qh >> (2 * j)) << 3 & 16)) - 16
+    else:
+        lo = lo - 8
+        hi = hi - 8
+    return lo.to(tl.float32) * d, hi.to(tl.float32) * d
+
+
 @triton.jit
 def decode(QT: tl.constexpr, bp, e0, i, m):
     """Values of runs of 16 inside blocks.

@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from minfer.ops.cuda.dequant import LAYOUT, decode
+from minfer.ops import paths
+from minfer.ops.cuda.dequant import HALFWORD_TYPES, LAYOUT, decode, decode_hw
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
@@ -35,6 +36,21 @@ def _weight_runs(rowp, n_run, k0, i, N, K, QT: tl.constexpr, QK: tl.constexpr, T
         # row inside a run, whose values past K (the next row's, or past the tensor) are masked
         m = m & ((k0[:, None] + i) < K)
     return m, decode(QT, (rowp + (k0 // QK) * TS)[:, None], (k0 % QK)[:, None], i, m)
+
+
+@triton.jit
+def _runs_dot_hw(rowp, n_run, k0, xrow, N, K, QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr, PDL: tl.constexpr):
+    """HW (HALFWORD_TYPES, one row): the runs at K offsets k0 [R] multiplied by x's values (xrow: x's row),
+    [R, 8] fp32 (dequant.decode_hw's even and odd values against x's even and odd ones). PDL: the weights
+    are decoded before pdl_enter (the one-pass tile's contract; 0: the caller waited)."""
+    m = ((n_run < N) & (k0 < K))[:, None]
+    we, wo = decode_hw(QT, (rowp + (k0 // QK) * TS)[:, None], (k0 % QK)[:, None], m)
+    pdl_enter(PDL)
+    if xrow.dtype.element_ty == tl.bfloat16:     # x's values 2j and 2j + 1 as one 32-bit word: a bf16 is an fp32's top half
+        xw = tl.load((xrow + k0[:, None]).to(tl.pointer_type(tl.int32)) + tl.arange(0, 8)[None, :], mask=m, other=0)
+        return we * (xw << 16).to(tl.float32, bitcast=True) + wo * (xw & -65536).to(tl.float32, bitcast=True)
+    xp = xrow + k0[:, None] + 2 * tl.arange(0, 8)[None, :]
+    return we * tl.load(xp, mask=m, other=0.0).to(tl.float32) + wo * tl.load(xp + 1, mask=m, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -59,7 +75,8 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
-                 PDL: tl.constexpr = 0, ONE: tl.constexpr = False, NORM: tl.constexpr = False):
+                 PDL: tl.constexpr = 0, ONE: tl.constexpr = False, NORM: tl.constexpr = False,
+                 HW: tl.constexpr = False):
     # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
     # program's rows, values s*16.. (s = q % S) of the current K tile.
     # PDL (pdl.py): ONE (one K tile, one row, no split) decodes its weights before the wait,
@@ -79,7 +96,10 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     n_tiles = tl.cdiv(K, BK)
     t0 = pid_s * tiles_per_split
     t1 = tl.minimum(t0 + tiles_per_split, n_tiles)
-    if ONE:
+    if ONE and HW:
+        acc2 = _runs_dot_hw(rowp, n_run, s16, x + pid_m.to(tl.int64) * stride_xm, N, K, QT, QK, TS, PDL)
+        t1 = t0                                                  # the loop below does nothing
+    elif ONE:
         m, w = _weight_runs(rowp, n_run, s16, i, N, K, QT, QK, TS)   # weights: before the wait
         pdl_enter(PDL)
         if NORM:
@@ -97,10 +117,13 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     elif not ONE:
         # elementwise partial products, reduced once after the loop (a reduction per
         # iteration costs warp shuffles every tile)
-        acc2 = tl.zeros([R, 16], dtype=tl.float32)
+        acc2 = tl.zeros([R, 8 if HW else 16], dtype=tl.float32)
     for t in range(t0, t1):
         k0 = t * BK + s16                                        # [R] first value of each run
-        m, w = _weight_runs(rowp, n_run, k0, i, N, K, QT, QK, TS)
+        if HW:
+            acc2 += _runs_dot_hw(rowp, n_run, k0, x + pid_m.to(tl.int64) * stride_xm, N, K, QT, QK, TS, 0)
+        else:
+            m, w = _weight_runs(rowp, n_run, k0, i, N, K, QT, QK, TS)
         if USE_DOT:
             kk = t * BK + tl.arange(0, BK)
             xt = tl.load(x + mrow[None, :].to(tl.int64) * stride_xm + kk[:, None],
@@ -110,7 +133,7 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
                 acc += tl.dot(w2, xt, input_precision="ieee")
             else:
                 acc += tl.dot(w2, xt)
-        else:
+        elif not HW:
             xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + k0[:, None] + i, mask=m, other=0.0)
             acc2 += w * xv.to(tl.float32)
     n = pid_n * BN + tl.arange(0, BN)
@@ -175,6 +198,11 @@ def raw_pdl(sw, x) -> int:
     return pdl_enabled(sw, x.device, "gemv_raw") if x.shape[0] == 1 and sw.gemv_raw_pdl else 0
 
 
+def raw_kw(sw, x) -> dict:
+    """gemv()'s launch options from the switches for x: one_pass, pdl (raw_pdl), halfwords."""
+    return {"one_pass": sw.gemv_one_pass, "pdl": raw_pdl(sw, x), "halfwords": sw.gemv_raw_halfwords}
+
+
 def pass_suffix(m: int, n: int, k: int, one_pass: bool) -> str:
     """The launch path's suffix: '.one_pass' where this shape runs in one pass, else ''."""
     return ".one_pass" if one_pass and one_pass_tile(m, n, k) is not None else ""
@@ -208,7 +236,7 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
          tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
-         pdl: int = 0, norm=None) -> torch.Tensor:
+         pdl: int = 0, norm=None, halfwords: bool = False) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
     one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
@@ -218,6 +246,8 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     s_out float32 (1, K)) -- x is then not read but written: the programs multiply h =
     rms_norm(nx + ny) * weight in x's dtype (norm_rope_act's add_rms_norm, one launch less), and
     program 0 stores h into x and nx + ny into s_out.
+    halfwords (Switches.gemv_raw_halfwords): a one-row launch without the norm prologue reads Q4_0 / Q5_0 /
+    Q8_0 blocks as halfwords (dequant.decode_hw; counted `gemv_raw.halfwords`), the same values.
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
@@ -235,6 +265,9 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
         raise ValueError(f"gemv: the norm prologue needs one row in one pass ({m} x {k} in {n_tiles} K tiles, "
                          f"{split} splits)")
     nx, ny, ng, eps, s_out = norm if norm is not None else (x, x, x, 0.0, x)
+    hw = bool(halfwords) and qtype in HALFWORD_TYPES and not use_dot and norm is None
+    if hw:
+        paths.count("gemv_raw.halfwords")
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else out
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)
@@ -243,7 +276,7 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
                        x.stride(0), out.stride(0), tiles_per_split, nx, ny, ng, s_out, float(eps),
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
-                       PDL=pdl, ONE=one, NORM=norm is not None,
+                       PDL=pdl, ONE=one, NORM=norm is not None, HW=hw,
                        num_warps=num_warps, **launch_kw(pdl))
     if split > 1:
         mn = m * n

@@ -298,8 +298,7 @@ def _linear(x, w, bias, sw, ws, out_dtype=None):
                 else:
                     paths.fallback(path + ".repacked", "the weight was not repacked at load (not built by an Engine)")
             paths.count(path + gemv.pass_suffix(m, n, k, sw.gemv_one_pass))
-            return gemv.gemv(x, w.raw, w.qtype, n, k, bias=bias, interpret=interpret(), one_pass=sw.gemv_one_pass,
-                             pdl=gemv.raw_pdl(sw, x))
+            return gemv.gemv(x, w.raw, w.qtype, n, k, bias=bias, interpret=interpret(), **gemv.raw_kw(sw, x))
         paths.switched_off(path, "MINFER_GEMV")
     direct = w.qtype in dequant.FLOAT_TYPES and _float_view(w).dtype == x.dtype
     if ws.runner_on(sw) and not direct:
@@ -408,7 +407,7 @@ def _raw_group(x, wts, biases, rg, sw, ws):
         x = x.contiguous()
     paths.count(path + gemv.pass_suffix(x.shape[0], n, k, sw.gemv_one_pass))
     out = gemv.gemv(x, cat, lead[0].qtype, n, k, bias=ws.group_bias(lead, biases[:len(lead)], torch.float32),
-                    interpret=interpret(), one_pass=sw.gemv_one_pass, pdl=gemv.raw_pdl(sw, x), norm=norm)
+                    interpret=interpret(), norm=norm, **gemv.raw_kw(sw, x))
     rest = [_linear(x, w, b, sw, ws) for w, b in zip(wts[len(lead):], biases[len(lead):])]
     return list(torch.split(out, [w.shape[0] for w in lead], dim=1)) + rest
 
