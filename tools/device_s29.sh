@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-06 twenty-ninth session's successor (perf-log AY3):
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s29.sh hw [prof]; true", carry=[".whl"])
+# hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
+#   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
+# prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
+# Other steps go to tools/device_s28.sh (glu15) and on (build, side, tests, ...).
+set -u
+STEPS=${*:-hw}
+source tools/device_setup.sh >/dev/null
+export MINFER_SETUP_DONE=1
+M5=/tmp/d05.gguf
+synth05() { [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1; }
+for step in $STEPS; do
+  t0=$(date +%s)
+  case $step in
+    hw)
+      ( synth05; touch /tmp/synth05.done ) &
+      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+      timeout ${HW_TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q $xd -p no:cacheprovider \
+        tests/gpu/test_gemv_raw_halfwords_gpu.py tests/gpu/test_gemv_raw_group_gpu.py >"$OUT/pytest-hw.log" 2>&1
+      echo "hw tests: $(tail -1 "$OUT/pytest-hw.log")"
+      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-hw.log" | head -10
+      while [ ! -f /tmp/synth05.done ]; do sleep 1; done
+      MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 \
+        --ab "MINFER_GEMV_RAW_HALFWORDS=0" "MINFER_GEMV_RAW_HALFWORDS=1" --pairs ${PAIRS:-8} --out "$OUT/hw-ab.json" \
+        --no-progress >"$OUT/hw-ab.log" 2>&1
+      echo "hw A/B: rc $?"
+      grep -E "^\| [0-9]+ \| tg|^\| tg128|halfwords|fell back|Traceback" "$OUT/hw-ab.log" | head -20;;
+    prof)
+      synth05
+      timeout ${PROF_TIMEOUT:-120} python3 tools/prof_decode.py $M5 16 >"$OUT/prof05.log" 2>&1
+      grep -v "^ *$" "$OUT/prof05.log" | grep -v Warn | tail -${PROF_LINES:-30};;
+    *) OUT=$OUT bash tools/device_s28.sh $step;;
+  esac
+  echo "[$step: $(( $(date +%s) - t0 )) s]"
+done
+exit 0
