@@ -93,3 +93,21 @@ def test_the_linear_path_takes_the_switch(K):
         outs[on] = K["qmatmul"].linear(x, w, None, Context(Switches(gemv_raw_halfwords=on), None))
         assert (paths.snapshot()["counts"].get("gemv_raw.halfwords", 0) == 1) == on
     assert rel_err(outs[True], ref) < 1e-5 and rel_err(outs[True], outs[False].double()) < 1e-6
+
+
+def test_an_unaligned_row_is_a_counted_fallback(K):
+    """A bf16 x row at an address that is no multiple of 4 (a view one element in) cannot be read as 32-bit
+    words: the byte path runs, counted as the halfword path's fallback, with the same numbers."""
+    from minfer.ops import paths
+
+    g = K["gemv"]
+    raw, x, ref = _case(T.Q5_0, 16, 896, 5, torch.bfloat16)
+    buf = torch.empty(1, 897, dtype=torch.bfloat16)
+    buf[:, 1:] = x
+    xv = buf[:, 1:]
+    assert xv.data_ptr() % 4 == 2
+    paths.reset()
+    out = g.gemv(xv, raw, int(T.Q5_0), 16, 896, interpret=True, one_pass=True, halfwords=True, out_dtype=torch.float32)
+    snap = paths.snapshot()
+    assert "gemv_raw.halfwords" not in snap["counts"] and any(k.startswith("gemv_raw.halfwords") for k in snap["fallbacks"])
+    assert rel_err(out, ref) < 1e-5

@@ -266,6 +266,9 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
                          f"{split} splits)")
     nx, ny, ng, eps, s_out = norm if norm is not None else (x, x, x, 0.0, x)
     hw = bool(halfwords) and qtype in HALFWORD_TYPES and not use_dot and norm is None
+    if hw and (raw.data_ptr() % 2 or raw.stride(0) % 2 or (x.dtype == torch.bfloat16 and x.data_ptr() % 4)):
+        hw = False                  # (a halfword or a bf16 pair read needs 2- / 4-byte aligned rows)
+        paths.fallback("gemv_raw.halfwords", "a weight row or the bf16 x row at an odd address")
     if hw:
         paths.count("gemv_raw.halfwords")
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
