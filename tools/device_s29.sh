@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-06 twenty-ninth session's successor (perf-log AY3):
-#   run(command="MINFER_COMMIT=<sha> bash tools/device_s29.sh hw [prof]; true", carry=[".whl"])
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s29.sh hw rawsweep [prof]; true", carry=[".whl"])
 # hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
+# rawsweep: minfer.bench.raw_gemv_sweep -- the raw GEMV per shape (the 0.5B's, SmolLM2's), bytes vs halfwords, per tile.
 # Other steps go to tools/device_s28.sh (glu15) and on (build, side, tests, ...).
 set -u
 STEPS=${*:-hw}
@@ -31,6 +32,9 @@ for step in $STEPS; do
       synth05
       timeout ${PROF_TIMEOUT:-120} python3 tools/prof_decode.py $M5 16 >"$OUT/prof05.log" 2>&1
       grep -v "^ *$" "$OUT/prof05.log" | grep -v Warn | tail -${PROF_LINES:-30};;
+    rawsweep)
+      timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.raw_gemv_sweep --json "$OUT/raw-sweep.json" >"$OUT/raw-sweep.log" 2>&1
+      echo "rawsweep: rc $?"; grep -E "^\|" "$OUT/raw-sweep.log" | head -40; grep -E "Error|Traceback" "$OUT/raw-sweep.log" | head -3;;
     *) OUT=$OUT bash tools/device_s28.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"
