@@ -4,6 +4,7 @@
 # hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
+# downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel).
 # rawsweep: minfer.bench.raw_gemv_sweep -- the raw GEMV per shape (the 0.5B's, SmolLM2's), bytes vs halfwords, per tile.
 # Other steps go to tools/device_s28.sh (glu15) and on (build, side, tests, ...).
 set -u
@@ -35,6 +36,10 @@ for step in $STEPS; do
     rawsweep)
       timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.raw_gemv_sweep --json "$OUT/raw-sweep.json" >"$OUT/raw-sweep.log" 2>&1
       echo "rawsweep: rc $?"; grep -E "^\|" "$OUT/raw-sweep.log" | head -40; grep -E "Error|Traceback" "$OUT/raw-sweep.log" | head -3;;
+    downsweep)   # the 0.5B's Triton q8 down (896 x 4864) over the wide config set
+      timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.gemv_q8_sweep --small --wide --budget-s 150 \
+        --json "$OUT/down05-sweep.json" >"$OUT/down05-sweep.log" 2>&1
+      echo "downsweep: rc $?"; tail -8 "$OUT/down05-sweep.log";;
     *) OUT=$OUT bash tools/device_s28.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"
