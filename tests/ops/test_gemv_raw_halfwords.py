@@ -2,8 +2,8 @@
 dequant.decode_hw, gemv._runs_dot_hw): every field of those blocks sits at an even offset, so a run's
 16 quant bytes are 8 two-byte loads and Q5_0's 16 fifth bits one, the values split into their even and
 odd positions against x's. Here, in Triton's interpreter on CPU tensors: the one-pass tile and the split
-config give the gguf package's dequantized product (float64) and the byte path's numbers, with float32
-and bfloat16 rows (the bf16 row read as 32-bit words); the launch is counted; batched rows, the norm
+config give the gguf package's dequantized product (float64) and the byte path's numbers, with float32,
+bfloat16 and float16 rows (the bf16 row read as 32-bit words); the launch is counted; batched rows, the norm
 prologue and the other types keep the byte path (not counted). The sm_90 build's loads:
 tests/ops/test_gemv_raw_build_cpu.py."""
 
@@ -43,7 +43,7 @@ SHAPES = [(576, True), (896, True), (1024, True), (896, False), (4864, False)]
 
 @pytest.mark.parametrize("qt", [T.Q4_0, T.Q5_0, T.Q8_0], ids=lambda v: QUANT_NAMES[int(v)])
 @pytest.mark.parametrize("k,one", SHAPES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["f32", "bf16", "f16"])
 def test_halfwords_against_float64_and_the_byte_path(K, qt, k, one, dtype):
     from minfer.ops import paths
 
