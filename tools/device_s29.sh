@@ -4,7 +4,8 @@
 # hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
-# downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel).
+# downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel), then
+#   --small --gluon --wide --pdl (the same shapes on the Gluon kernel, under the shape rule's 1,024-row floor).
 # rawsweep: minfer.bench.raw_gemv_sweep -- the raw GEMV per shape (the 0.5B's, SmolLM2's), bytes vs halfwords, per tile.
 # Other steps go to tools/device_s28.sh (glu15) and on (build, side, tests, ...).
 set -u
@@ -39,7 +40,10 @@ for step in $STEPS; do
     downsweep)   # the 0.5B's Triton q8 down (896 x 4864) over the wide config set
       timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.gemv_q8_sweep --small --wide --budget-s 150 \
         --json "$OUT/down05-sweep.json" >"$OUT/down05-sweep.log" 2>&1
-      echo "downsweep: rc $?"; tail -8 "$OUT/down05-sweep.log";;
+      echo "downsweep: rc $?"; tail -8 "$OUT/down05-sweep.log"
+      timeout ${SWEEP_TIMEOUT:-200} python3 -m minfer.bench.gemv_q8_sweep --small --gluon --wide --pdl --budget-s 120 \
+        --json "$OUT/down05-gluon.json" >"$OUT/down05-gluon.log" 2>&1
+      echo "downsweep gluon: rc $?"; grep -E "gluon best|^table|^\|" "$OUT/down05-gluon.log" | head -12;;
     *) OUT=$OUT bash tools/device_s28.sh $step;;
   esac
   echo "[$step: $(( $(date +%s) - t0 )) s]"

@@ -33,7 +33,7 @@ WIDE = [(32, 2, 4, True), (16, 2, 2, True), (16, 4, 2, True), (32, 4, 4, True), 
 WIDE_TARGETS = [264, 528, 1056, 2112]
 # --small: the Triton kernel's shapes in the small models' decode (Qwen2.5-0.5B's down: 896 rows, under the Gluon
 # rule's 1,024 floor; 5.1-6.6 us a layer on an H100 with its default config, perf-log AY3)
-SMALL = [("down05", 12, 896, 4864), ("down05", 14, 896, 4864)]
+SMALL = [("down05_q4k", 12, 896, 4864), ("down05_q6k", 14, 896, 4864)]
 
 
 def _copies(specs, k, gen) -> tuple:
@@ -58,7 +58,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calls", type=int, default=48)
     ap.add_argument("--shapes", default="", help="comma list of shape labels (default: all)")
     ap.add_argument("--wide", action="store_true", help="the wider candidate set")
-    ap.add_argument("--small", action="store_true", help="the small models' shapes (SMALL) instead of the 7B's")
+    ap.add_argument("--small", action="store_true",
+                    help="the small models' shapes (SMALL) instead of the 7B's (with --gluon too: the Gluon kernel "
+                         "on rows under the shape rule's floor)")
     ap.add_argument("--l2", action="store_true",
                     help="only each shape's table config, three ways: cold (rotating copies), warm (one copy, "
                          "in L2 when it fits) and chained with each call prefetching the next copy into L2 "
@@ -152,11 +154,12 @@ GLUON_WIDE = [(8, 16, 4, False), (16, 16, 8, False), (16, 8, 4, False), (32, 8, 
 GLUON_WIDE_TARGETS = [462, 924]
 
 
-def _gluon_shapes(want):
-    """(label, key, segment specs [(qtype, n)], k): the 7B shapes, plus q/k in Q4_K with a Q6_K v in
-    one launch (the layers whose attn_v is Q6_K; the same table key as the all-Q4_K q/k/v)."""
+def _gluon_shapes(want, small: bool = False):
+    """(label, key, segment specs [(qtype, n)], k): the 7B shapes (or with small the SMALL ones), plus q/k
+    in Q4_K with a Q6_K v in one launch (the layers whose attn_v is Q6_K; the same table key as the
+    all-Q4_K q/k/v)."""
     out = []
-    for label, qt, n, k in SHAPES:
+    for label, qt, n, k in SMALL if small else SHAPES:
         if not want or label in want:
             out.append((label, f"{NAME[qt]} {n}x{k}", [(qt, n)], k))
         if label == "qkv" and (not want or "qkv_mixed" in want):
@@ -173,7 +176,7 @@ def gluon_sweep(args) -> int:
     cands, targets = (GLUON_WIDE, GLUON_WIDE_TARGETS) if args.wide else (GLUON, GLUON_TARGETS)
     pdl = 1 if args.pdl else 0
     res = {"gpu": torch.cuda.get_device_name(), "mode": "gluon", "pdl": pdl, "rows": [], "best": {}}
-    for label, key, specs, k in _gluon_shapes(want):
+    for label, key, specs, k in _gluon_shapes(want, args.small):
         n = sum(nn for _, nn in specs)
         rws, rp_bytes, copies = _copies(specs, k, gen)
         segs0 = rws[0] if isinstance(rws[0], tuple) else (rws[0],)
