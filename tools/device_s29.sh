@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device calls of the 2026-12-06 twenty-ninth session's successor (perf-log AY3):
-#   run(command="MINFER_COMMIT=<sha> bash tools/device_s29.sh hw rawsweep [prof]; true", carry=[".whl"])
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s29.sh hw rn rawsweep downsweep [prof]; true", carry=[".whl"])
 # hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
+# rn: the 0.5B's A/B of MINFER_GEMV_RAW_RESNORM 0 -> 1 (the raw o GEMV's residual norm epilogue).
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
 # downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel), then
 #   --small --gluon --wide --pdl (the same shapes on the Gluon kernel, under the shape rule's 1,024-row floor).
@@ -21,7 +22,8 @@ for step in $STEPS; do
       ( synth05; touch /tmp/synth05.done ) &
       xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
       timeout ${HW_TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q $xd -p no:cacheprovider \
-        tests/gpu/test_gemv_raw_halfwords_gpu.py tests/gpu/test_gemv_raw_group_gpu.py >"$OUT/pytest-hw.log" 2>&1
+        tests/gpu/test_gemv_raw_halfwords_gpu.py tests/gpu/test_gemv_raw_resnorm_gpu.py tests/gpu/test_gemv_raw_group_gpu.py \
+        >"$OUT/pytest-hw.log" 2>&1
       echo "hw tests: $(tail -1 "$OUT/pytest-hw.log")"
       grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-hw.log" | head -10
       while [ ! -f /tmp/synth05.done ]; do sleep 1; done
@@ -30,6 +32,13 @@ for step in $STEPS; do
         --no-progress >"$OUT/hw-ab.log" 2>&1
       echo "hw A/B: rc $?"
       grep -E "^\| [0-9]+ \| tg|^\| tg128|halfwords|fell back|Traceback" "$OUT/hw-ab.log" | head -20;;
+    rn)   # the raw o GEMV's residual norm epilogue (Switches.gemv_raw_resnorm): the 0.5B's A/B 0 -> 1 (after hw)
+      synth05
+      MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 \
+        --ab "MINFER_GEMV_RAW_RESNORM=0" "MINFER_GEMV_RAW_RESNORM=1" --pairs ${PAIRS:-8} --out "$OUT/rn-ab.json" \
+        --no-progress >"$OUT/rn-ab.log" 2>&1
+      echo "rn A/B: rc $?"
+      grep -E "^\| [0-9]+ \| tg|^\| tg128|raw_resnorm|fell back|Traceback" "$OUT/rn-ab.log" | head -20;;
     prof)
       synth05
       timeout ${PROF_TIMEOUT:-120} python3 tools/prof_decode.py $M5 16 >"$OUT/prof05.log" 2>&1

@@ -25,8 +25,9 @@ from minfer.ops.cuda.dequant import LAYOUT
 
 T = GPUTarget("cuda", 90, 32)
 names = ["raw", "x", "out", "part", "bias", "M", "N", "K", "row_bytes", "stride_xm", "stride_om", "tiles_per_split",
-         "nx", "ny", "ng", "s_out", "eps"]
-types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32"]
+         "nx", "ny", "ng", "s_out", "eps", "h_rn", "cnt"]
+types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "*bf16",
+                                                                    "*i32"]
 out = {}
 for qt, qn in ((6, "Q5_0"), (8, "Q8_0"), (12, "Q4_K")):
     _, qk, ts = LAYOUT[qt]
@@ -68,6 +69,21 @@ for qt, qn in ((2, "Q4_0"), (6, "Q5_0"), (8, "Q8_0")):
                 out[f"{qn}_{'one' if one else 'split'}_{bn}_hw{int(hw)}_{pdl}"] = [
                     ptx.count("st.local"), "griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx,
                     len(re.findall(r"ld\.global(?:\.nc)?\.(?:v\d\.)?b8", ptx)), len(re.findall(r"ld\.global", ptx))]
+# the residual norm epilogue (Switches.gemv_raw_resnorm): the one-pass tiles, Q5_0 / Q8_0, bytes and halfwords
+for qt, qn in ((6, "Q5_0"), (8, "Q8_0")):
+    _, qk, ts = LAYOUT[qt]
+    for bn in (4, 8):
+        for pdl in (0, 1):
+            for hw in (False, True):
+                cex = dict(QT=qt, QK=qk, TS=ts, BN=bn, BK=1024, MP=1, SPLIT=1, HAS_BIAS=False, USE_DOT=False,
+                           IEEE=False, PDL=pdl, ONE=True, HW=hw, RN=True, BD=1024)
+                sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+                k = triton.compile(ASTSource(G._gemv_kernel, sig, cex), target=T, options={"num_warps": 4})
+                ptx = k.asm["ptx"]
+                out[f"{qn}_rn_{bn}_hw{int(hw)}_{pdl}"] = [
+                    ptx.count("st.local"), "griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx,
+                    len(re.findall(r"atom\.[\w.]*acq_rel[\w.]*\.add|atom\.acq_rel[\w.]*\.add", ptx)),
+                    ptx.count("sqrt")]
 print(json.dumps(out))
 """
 
@@ -78,7 +94,7 @@ def builds():
 
 
 def test_raw_gemv_builds_for_sm90(builds):
-    assert len(builds) == 18 + 8 + 36, builds
+    assert len(builds) == 18 + 8 + 36 + 16, builds
     for name, (spills, wait, signal, *_) in builds.items():
         assert spills == 0, (name, spills)
         pdl = name.endswith("_1")
@@ -98,9 +114,19 @@ def test_norm_prologue_builds_with_its_stores(builds):
 def test_halfword_builds_read_no_single_bytes(builds):
     """The halfword builds (Switches.gemv_raw_halfwords) issue no one-byte global load and fewer global
     loads than the byte builds of the same config, whose Q5_0 runs take 32 one-byte loads each."""
-    hw = [n for n in builds if "_hw1_" in n]
+    hw = [n for n in builds if "_hw1_" in n and "_rn_" not in n]
     assert len(hw) == 18
     for name in hw:
         spills, wait, signal, b8, loads = builds[name]
         _, _, _, b8_old, loads_old = builds[name.replace("_hw1_", "_hw0_")]
         assert b8 == 0 and b8_old > 0 and loads < loads_old, (name, builds[name], builds[name.replace("_hw1_", "_hw0_")])
+
+
+def test_resnorm_builds_hold_the_ticket(builds):
+    """The residual norm epilogue's builds (Switches.gemv_raw_resnorm): no spills, the PDL markers as the
+    plain builds, one acq_rel atomic add (the ticket) and a square root (the last program's norm)."""
+    rn = [n for n in builds if "_rn_" in n]
+    assert len(rn) == 16
+    for name in rn:
+        spills, wait, signal, atom, sqrt = builds[name]
+        assert spills == 0 and atom >= 1 and sqrt >= 1, (name, builds[name])

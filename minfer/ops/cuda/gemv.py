@@ -71,18 +71,21 @@ def _norm_runs(nx, ny, ng, s_out, h_out, eps, kk, first_row, K, store):
 
 @triton.jit
 def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
-                 nx, ny, ng, s_out, eps,
+                 nx, ny, ng, s_out, eps, h_rn, cnt,
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                  PDL: tl.constexpr = 0, ONE: tl.constexpr = False, NORM: tl.constexpr = False,
-                 HW: tl.constexpr = False):
+                 HW: tl.constexpr = False, RN: tl.constexpr = False, BD: tl.constexpr = 16):
     # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
     # program's rows, values s*16.. (s = q % S) of the current K tile.
     # PDL (pdl.py): ONE (one K tile, one row, no split) decodes its weights before the wait,
     # the other configs wait first.
     # NORM (ONE only; Switches.gemv_raw_norm): x is not read; the row is made from the residual nx
     # and the previous GEMV's output ny (_norm_runs), x receiving h and s_out s from program 0.
+    # RN (ONE only; Switches.gemv_raw_resnorm): after its rows are stored, the program that stores last (an
+    # atomic ticket on cnt) makes s_out = nx + out and h_rn = rms_norm(s_out) * ng in one BD-wide block,
+    # norm_rope_act._add_rms_norm_kernel's operations, and resets the ticket.
     S: tl.constexpr = BK // 16
     R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
@@ -153,6 +156,21 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
             if HAS_BIAS:
                 acc1 += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
             tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc1.to(out.dtype.element_ty), mask=nmask)
+            if RN:
+                # a CTA barrier, then one acq_rel ticket per program, orders every program's stores before
+                # the last one's loads (the split-K ticket of gemv_repack.py)
+                tl.debug_barrier()
+                ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+                if ticket == tl.num_programs(0) - 1:
+                    d = tl.arange(0, BD)
+                    dm = d < N
+                    v = tl.load(nx + d, mask=dm, other=0.0).to(tl.float32) \
+                        + tl.load(out + d, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
+                    tl.store(s_out + d, v, mask=dm)
+                    r = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / N + eps)
+                    g = tl.load(ng + d, mask=dm, other=0.0).to(tl.float32)
+                    tl.store(h_rn + d, (v * r * g).to(h_rn.dtype.element_ty), mask=dm)
+                    tl.atomic_xchg(cnt, 0)                        # ready for the next launch (graph replays)
         else:
             tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc1, mask=nmask)
 
@@ -236,7 +254,7 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
          tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
-         pdl: int = 0, norm=None, halfwords: bool = False) -> torch.Tensor:
+         pdl: int = 0, norm=None, halfwords: bool = False, resnorm=None) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
     one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
@@ -248,6 +266,9 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     program 0 stores h into x and nx + ny into s_out.
     halfwords (Switches.gemv_raw_halfwords): a one-row launch without the norm prologue reads Q4_0 / Q5_0 /
     Q8_0 blocks as halfwords (dequant.decode_hw; counted `gemv_raw.halfwords`), the same values.
+    resnorm: (resid float32 (1, N), weight (N,), eps, s float32 (1, N), h (1, N), cnt int32 (>= 1,), zero) -- one
+    row in one pass only (else ValueError): the residual add and RMSNorm after the GEMV, s = resid + out and
+    h = rms_norm(s) * weight, made by the program that stores last (gemv_resnorm; Switches.gemv_raw_resnorm).
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
@@ -264,7 +285,14 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     if norm is not None and not (one and m == 1 and x.is_contiguous()):
         raise ValueError(f"gemv: the norm prologue needs one row in one pass ({m} x {k} in {n_tiles} K tiles, "
                          f"{split} splits)")
+    if resnorm is not None and not (one and m == 1 and norm is None and bias is None):
+        raise ValueError(f"gemv: the residual norm epilogue needs one row in one pass without a bias or norm "
+                         f"prologue ({m} x {k} in {n_tiles} K tiles, {split} splits)")
     nx, ny, ng, eps, s_out = norm if norm is not None else (x, x, x, 0.0, x)
+    h_rn, cnt = x, x
+    if resnorm is not None:
+        nx, ng, eps, s_out, h_rn, cnt = resnorm
+        ny = nx
     hw = bool(halfwords) and qtype in HALFWORD_TYPES and not use_dot and norm is None
     if hw and (raw.data_ptr() % 2 or raw.stride(0) % 2 or (x.dtype == torch.bfloat16 and x.data_ptr() % 4)):
         hw = False                  # (a halfword or a bf16 pair read needs 2- / 4-byte aligned rows)
@@ -276,10 +304,11 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     grid = (triton.cdiv(n, bn), split, triton.cdiv(m, mp) if use_dot else m)
     pdl = pdl if m == 1 and not interpret else 0
     _gemv_kernel[grid](raw, x, out, part, bias if bias is not None else out, m, n, k, raw.stride(0),
-                       x.stride(0), out.stride(0), tiles_per_split, nx, ny, ng, s_out, float(eps),
+                       x.stride(0), out.stride(0), tiles_per_split, nx, ny, ng, s_out, float(eps), h_rn, cnt,
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
-                       PDL=pdl, ONE=one, NORM=norm is not None, HW=hw,
+                       PDL=pdl, ONE=one, NORM=norm is not None, HW=hw, RN=resnorm is not None,
+                       BD=triton.next_power_of_2(n) if resnorm is not None else 16,
                        num_warps=num_warps, **launch_kw(pdl))
     if split > 1:
         mn = m * n
@@ -287,6 +316,25 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
         _splitk_reduce_kernel[(triton.cdiv(mn, blk),)](part, bias if bias is not None else part, out, mn, n, split,
                                                        HAS_BIAS=bias is not None, BLOCK=blk, num_warps=4)
     return out
+
+
+def gemv_resnorm(a: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, resid: torch.Tensor, weight,
+                 eps: float, out_dtype, cnt: torch.Tensor, interpret: bool = False, pdl: int = 0,
+                 halfwords: bool = False) -> tuple | None:
+    """(s, h) of ops.linear_add_rms_norm for one decode row over a raw weight in one launch: y = a @ W^T in
+    a's dtype (as ops.linear gives it), s = resid + y (float32), h = rms_norm(s) * weight in out_dtype, the
+    last two made by the GEMV's last program (Switches.gemv_raw_resnorm; counted `gemv.raw_resnorm`). None
+    where the shape is no one-pass tile (K over ONE_PASS_MAX_K) or resid is not a contiguous float32 row:
+    the caller takes the GEMV and the add + norm kernel. cnt: a zeroed int32 ticket (the launch resets it)."""
+    if (a.shape[0] != 1 or one_pass_tile(1, n, k) is None or resid.dtype != torch.float32
+            or tuple(resid.shape) != (1, n) or not resid.is_contiguous() or not a.is_contiguous()):
+        return None
+    paths.count("gemv.raw_resnorm")
+    s = torch.empty((1, n), dtype=torch.float32, device=a.device)
+    h = torch.empty((1, n), dtype=out_dtype, device=a.device)
+    gemv(a, raw, qtype, n, k, interpret=interpret, one_pass=True, pdl=pdl, halfwords=halfwords,
+         resnorm=(resid, weight, float(eps), s, h, cnt))
+    return s, h
 
 
 def fuse_raw_group(ws: tuple) -> bool:

@@ -73,8 +73,33 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
             paths.fallback("qmatmul.residual_norm", "the layer's last GEMV is not the q8 Gluon kernel for this row ("
                            + (refused[0] if refused else "no repacked planes, no int8 row, a shape outside its table, "
                               "or the interpreter") + ")")
+    if sw.gemv_raw_resnorm and a.shape[0] == 1:
+        r = _raw_resnorm(a, w, x, weight, eps, out_dtype, sw, ws)
+        if r is not None:
+            return r
     y = QM._linear(a, w, None, sw, ws)
     # (modes 3 and 4, and the FFN norm (mode -1): the norm kernel; modes 1 and 2: mode 1's norm in the
     # q/k/v programs; 0: the norm kernel, the deferral counted as switched off)
     return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and mode in (0, 1, 2),
                                       role=role, raw_ok=into_linear)
+
+
+def _raw_resnorm(a, w, x, weight, eps, out_dtype, sw, ws):
+    """(s, h) from the raw one-pass GEMV with the residual norm epilogue (Switches.gemv_raw_resnorm;
+    gemv.gemv_resnorm), where this row's linear is that GEMV (qmatmul._linear's raw branch for one row: no
+    repacked planes, none of the batch engine's); None otherwise (a K past the one-pass tile included):
+    the caller runs the GEMV and the add + norm kernel, as with the switch off."""
+    from minfer.ops.cuda import gemv as G
+    from minfer.ops.cuda import qmatmul as QM
+
+    if (not sw.gemv or not sw.gemv_one_pass or sw.gemv_max_m < 1 or QM.gemv_repack.planes_of(w) is not None
+            or QM.gemv_repack.is_repacked_type(w.qtype) or sw.dense_gemv_max_m < 1 <= sw.qgemm_max_m
+            or QM._w4_rows(1, sw) or QM._dense_plane(a, w, getattr(w, "batch_dense", None), sw) is not None):
+        return None
+    QM._realized(a, "the raw GEMV with the residual norm epilogue")
+    n, k = w.shape
+    r = G.gemv_resnorm(a, w.raw, w.qtype, n, k, x, weight, eps, out_dtype, ws.gemv_counters().counters(1),
+                       interpret=QM.interpret(), pdl=G.raw_pdl(sw, a), halfwords=sw.gemv_raw_halfwords)
+    if r is not None:
+        paths.count(f"qmatmul.{QM.dequant.type_name(w.qtype)}.decode.one_pass")
+    return r
