@@ -13,7 +13,6 @@ swiglu launch, no fallback, perf-log AY1); the 7B's downs (a longer K range a pr
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -22,9 +21,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import rel_err  # noqa: E402
+from switch_engines import decode_snaps, switch_engines  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
-from minfer.switches import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -54,13 +53,8 @@ def test_glu_prologue_is_the_two_launches(qt, pdl):
 
 def test_small_model_decode_with_the_glu_prologue(tmp_path):
     from minfer.ops import paths
-    from minfer.runtime.engine import Engine
 
-    path = tmp_path / "s.gguf"
-    subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
-                    "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
-    engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False,
-                               switches=Switches(gemv_glu_prologue=on)) for on in (False, True)}
+    engines = switch_engines(tmp_path, "qwen2.5-0.5b", "gemv_glu_prologue", (False, True))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     la, lb = engines[True].prefill(prompt), engines[False].prefill(prompt)
     assert torch.equal(la, lb)                                # (prefill rows: no deferral)
@@ -146,26 +140,12 @@ def test_gluon_glu_prologue_is_the_two_launches(qt, n, k, pdl):
 
 @pytest.mark.parametrize("preset", ["qwen2.5-1.5b"])
 def test_gluon_models_decode_with_the_glu_prologue(tmp_path, preset):
-    from minfer.ops import paths
-    from minfer.runtime.engine import Engine
-
-    path = tmp_path / "m.gguf"
-    subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", preset, "--layers", "2",
-                    "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
-    engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False,
-                               switches=Switches(gemv_glu_prologue=on)) for on in (0, 1, 2)}
+    engines = switch_engines(tmp_path, preset, "gemv_glu_prologue", (0, 1, 2))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     engines[2].prefill(prompt)
     engines[1].prefill(prompt)
     t = int(engines[0].prefill(prompt).argmax())
-    snaps = {}
-    for on, eng in engines.items():
-        paths.reset()
-        tt = t
-        for step in range(12):
-            lg = eng.forward([tt], len(prompt) + step)[-1]
-            tt = int(lg.argmax())
-        snaps[on] = paths.snapshot()
+    snaps = decode_snaps(engines, len(prompt), t)
     for step in range(12):
         pos = len(prompt) + 12 + step
         la, lb = engines[2].forward([t], pos)[-1], engines[0].forward([t], pos)[-1]

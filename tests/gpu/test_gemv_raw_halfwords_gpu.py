@@ -7,7 +7,6 @@ tokens with the switch on as off, each raw launch of those types counted."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,9 +16,9 @@ from gguf import GGMLQuantizationType as T
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import rel_err  # noqa: E402
+from switch_engines import decode_snaps, switch_engines  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
-from minfer.switches import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -47,25 +46,11 @@ def test_halfword_gemv(qt, n, k, one, dtype, pdl):
 
 
 def test_small_model_greedy_same_with_halfwords(tmp_path):
-    from minfer.ops import paths
-    from minfer.runtime.engine import Engine
-
-    path = tmp_path / "s.gguf"
-    subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
-                    "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
-    engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False,
-                               switches=Switches(gemv_raw_halfwords=on)) for on in (False, True)}
+    engines = switch_engines(tmp_path, "qwen2.5-0.5b", "gemv_raw_halfwords", (False, True))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     t = int(engines[False].prefill(prompt).argmax())
     engines[True].prefill(prompt)
-    snaps = {}
-    for on, eng in engines.items():
-        paths.reset()
-        tt = t
-        for step in range(12):
-            lg = eng.forward([tt], len(prompt) + step)[-1]
-            tt = int(lg.argmax())
-        snaps[on] = paths.snapshot()
+    snaps = decode_snaps(engines, len(prompt), t)
     for step in range(12):
         pos = len(prompt) + 12 + step
         la, lb = engines[True].forward([t], pos)[-1], engines[False].forward([t], pos)[-1]

@@ -7,7 +7,6 @@ GEMV's own output bit for bit and h the add + norm kernel's of them (to its bf16
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -17,9 +16,9 @@ from gguf import GGMLQuantizationType as T
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import rel_err  # noqa: E402
+from switch_engines import switch_engines  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
-from minfer.switches import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 DEV = "cuda"
@@ -67,13 +66,8 @@ def test_resnorm_launches_and_graph_replays(qt, n, k, hw, pdl):
 
 def test_small_model_greedy_same_with_resnorm(tmp_path):
     from minfer.ops import paths
-    from minfer.runtime.engine import Engine
 
-    path = tmp_path / "s.gguf"
-    subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
-                    "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
-    engines = {on: Engine.load(str(path), device="cuda", ctx=256, progress=False,
-                               switches=Switches(gemv_raw_resnorm=on)) for on in (False, True)}
+    engines = switch_engines(tmp_path, "qwen2.5-0.5b", "gemv_raw_resnorm", (False, True))
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     t = int(engines[False].prefill(prompt).argmax())
     engines[True].prefill(prompt)
