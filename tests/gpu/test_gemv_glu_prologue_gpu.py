@@ -87,7 +87,7 @@ def test_the_7b_downs_are_refused_by_name():
 
     for qt in (12, 14):
         rw = T.SimpleNamespace(qtype=qt, n=3584, k=18944, planes=(torch.zeros(4),) * 4, tile_rows=32)
-        why = gemv_q8.glu_refused(rw, True, RULE, DEV)
+        why = gemv_q8.glu_route(rw, True, RULE, DEV)[1]
         assert why is not None and "q8 chunks of K" in why, why
 
 
@@ -107,7 +107,7 @@ def test_gluon_glu_prologue_is_the_two_launches(qt, n, k, pdl):
     t = tile_rows_for(qt, n, k, RULE)
     if t:
         rw = to_tiles(rw, t)                          # as the engine stores them (plane_layout)
-    assert GL.config_for(qt, n, k, RULE) is not None and gemv_q8.glu_refused(rw, True, RULE, DEV) is None
+    assert GL.config_for(qt, n, k, RULE) is not None and gemv_q8.glu_route(rw, True, RULE, DEV)[1] is None
     g = torch.Generator(device=DEV).manual_seed(n)
     gate = (torch.randn(1, k, device=DEV, generator=g) * 2).to(torch.bfloat16)
     up = torch.randn(1, k, device=DEV, generator=g).to(torch.bfloat16)

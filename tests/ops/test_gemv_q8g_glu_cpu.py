@@ -3,7 +3,7 @@ the down projection of the 7B and of every model the shape rule routes to the Gl
 silu(gate) * up's q8 form in its programs, so the SwiGLU launch before it goes. Here, without a GPU:
 the kernel's sm_90 builds (the 1.5B's Q4_K / Q6_K downs as the shape rule gives them, with the residual
 epilogue, and the plain epilogue) hold the dp4a and the exp and spill nothing in ptxas (the 7B's K range
-would: the prologue's 32-chunk limit); glu_refused refuses exactly the Gluon configs with no prologue
+would: the prologue's 32-chunk limit); glu_route refuses exactly the Gluon configs with no prologue
 path (warps along K, stream-K, a longer K range) and gemv_q8 refuses them before any launch;
 linear_add_rms_norm hands a deferred row to the residual GEMV as (gate, up) and counts it, and where
 that GEMV does not take the launch the row still reaches the down GEMV's prologue (the interpreter's
@@ -103,12 +103,12 @@ def test_glu_refused_only_where_the_gluon_config_has_no_prologue(monkeypatch):
                                         "Q4_K 768x1024": (32, 2, -132, 4),                          # stream-K
                                         "Q4_K 256x8192": (32, 2, 4, 4),     # 8 blocks a program: 64 chunks
                                         "Q4_K 512x8192": (32, 2, 8, 4)})    # 4 blocks: 32 chunks
-    assert gemv_q8.glu_refused(_rw(256, 1024), True, "", "cuda") is None
-    assert "warps along K" in gemv_q8.glu_refused(_rw(512, 1024), True, "", "cuda")
-    assert "stream-K" in gemv_q8.glu_refused(_rw(768, 1024), True, "", "cuda")
-    assert "64 q8 chunks" in gemv_q8.glu_refused(_rw(256, 8192), True, "", "cuda")
-    assert gemv_q8.glu_refused(_rw(512, 8192), True, "", "cuda") is None
-    assert gemv_q8.glu_refused(_rw(512, 1024), False, "", "cuda") is None      # the Triton kernel: no refusal
+    assert gemv_q8.glu_route(_rw(256, 1024), True, "", "cuda")[1] is None
+    assert "warps along K" in gemv_q8.glu_route(_rw(512, 1024), True, "", "cuda")[1]
+    assert "stream-K" in gemv_q8.glu_route(_rw(768, 1024), True, "", "cuda")[1]
+    assert "64 q8 chunks" in gemv_q8.glu_route(_rw(256, 8192), True, "", "cuda")[1]
+    assert gemv_q8.glu_route(_rw(512, 8192), True, "", "cuda")[1] is None
+    assert gemv_q8.glu_route(_rw(512, 1024), False, "", "cuda")[1] is None      # the Triton kernel: no refusal
     g = torch.zeros(1, 1024, dtype=torch.bfloat16)
     with pytest.raises(MinferError, match="GLU prologue cannot take 512x1024"):
         gemv_q8.gemv_q8(None, _rw(512, 1024), gluon=True, glu=(g, g))

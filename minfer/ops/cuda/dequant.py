@@ -150,9 +150,9 @@ def decode_hw(QT: tl.constexpr, bp, e0, m):
     lo = (h >> sh) & 15
     hi = (h >> (sh + 8)) & 15
     if QT == 6:  # Q5_0: qh (32 bits, little-endian) bit e is value e's fifth bit
-        qh = tl.load((bp + 2 + e0 // 8).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32)
-        lo = (lo | ((qh >> (2 * j)) << 4 & 16)) - 16
-        hi = (hi | ((qh >> (2 * j)) << 3 & 16)) - 16
+        qb = tl.load((bp + 2 + e0 // 8).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32) >> (2 * j)
+        lo = (lo | (qb << 4 & 16)) - 16                              # bit 2j (value 2j's), then bit 2j + 1
+        hi = (hi | (qb << 3 & 16)) - 16
     else:
         lo = lo - 8
         hi = hi - 8

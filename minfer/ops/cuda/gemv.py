@@ -292,7 +292,6 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     h_rn, cnt = x, x
     if resnorm is not None:
         nx, ng, eps, s_out, h_rn, cnt = resnorm
-        ny = nx
     hw = bool(halfwords) and qtype in HALFWORD_TYPES and not use_dot and norm is None
     if hw and (raw.data_ptr() % 2 or raw.stride(0) % 2 or (x.dtype == torch.bfloat16 and x.data_ptr() % 4)):
         hw = False                  # (a halfword or a bf16 pair read needs 2- / 4-byte aligned rows)

@@ -277,7 +277,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads). glu: (gate, up),
     one contiguous row of K each, instead of q8 (None): x_hat is the q8 form of silu(gate) * up, made by the
     kernel's programs as swiglu_q8 makes it (the GLU prologue, Switches.gemv_glu_prologue; one weight; either
-    kernel, but not a Gluon config with warps along K or stream-K: glu_refused says where)."""
+    kernel, but not a Gluon config with warps along K or stream-K: glu_route says where)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if glu is not None:
         q8 = glu
@@ -312,7 +312,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     glu_why = _glu_cfg_refused(cfg, k) if glu is not None and use_g else None
     if glu_why:
         raise MinferError(f"gemv_q8: the GLU prologue cannot take {n}x{k}: the Gluon config {tuple(cfg)} {glu_why} "
-                          "(glu_refused)")
+                          "(glu_route)")
     if rscale is not None:
         if use_g and cfg[2] >= 0:
             paths.count("gemv_q8.norm_scale")
@@ -416,11 +416,6 @@ def glu_route(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bo
     use_g, cfg, _ = _choose((rw,), rw.n, rw.k, None, gluon, interpret, gluon_table, device)
     why = _glu_cfg_refused(cfg, rw.k) if use_g else None
     return use_g, (f"the Gluon config {tuple(cfg)} for {rw.n}x{rw.k} {why}" if why else None)
-
-
-def glu_refused(rw: Repacked, gluon: bool, gluon_table: str, device, interpret: bool = False) -> str | None:
-    """glu_route's why alone."""
-    return glu_route(rw, gluon, gluon_table, device, interpret)[1]
 
 
 def glu_rows_ok(glu, k: int) -> bool:

@@ -367,12 +367,6 @@ def geglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _glu_on_gluon(x, w, sw) -> bool:
-    from minfer.ops.cuda import qmatmul
-
-    return qmatmul.glu_on_gluon(x, w, sw)
-
-
 def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, into_linear: bool = False,
            down=None) -> torch.Tensor:
     """silu(gate) * up, (T, F) in gate's dtype. One row (decode) also gets its int8 form
@@ -387,8 +381,10 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor, ctx: Context | None = None, int
         def pdl() -> int:        # (counted `pdl.swiglu` only where the swiglu kernel launches)
             return pdl_enabled(sw, gate.device, "swiglu", early_ok=True)
 
+        from minfer.ops.cuda.qmatmul import glu_on_gluon
+
         if into_linear and sw.gemv_glu_prologue and gate.is_contiguous() and up.is_contiguous() and (
-                down is None or sw.gemv_glu_prologue >= 2 or not _glu_on_gluon(gate, down, sw)):
+                down is None or sw.gemv_glu_prologue >= 2 or not glu_on_gluon(gate, down, sw)):
             paths.count("swiglu.into_gemv")
             h = torch.empty_like(gate)
             h.glu_row = q8_rows.GluRow(gate, up, h, _interp(), pdl)
