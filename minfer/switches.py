@@ -120,12 +120,13 @@ class Switches:
                                    "took 13.2 us a layer on an H100 (0.46 TB/s; sm_90 PTX: 32 byte loads a run, 254 "
                                    "registers, perf-log AY3); off (the default until measured): byte loads",
                                    kind="tuning")
-    gemv_raw_resnorm: bool = _sw(False, "MINFER_GEMV_RAW_RESNORM",
+    gemv_raw_resnorm: bool = _sw(True, "MINFER_GEMV_RAW_RESNORM",
                                  "one-row decode: a layer's o projection over raw blocks in one pass (Qwen2.5-0.5B's "
                                  "Q5_0 o) adds the residual and makes the FFN norm in its epilogue -- the program "
                                  "that stores last (an atomic ticket) norms the whole row (ops/cuda/gemv.py "
-                                 "gemv_resnorm) -- one launch fewer a layer (the add + norm kernel: 1.9 us a layer on "
-                                 "an H100, perf-log AY4); off (the default until measured): the GEMV, then that kernel",
+                                 "gemv_resnorm) -- one launch fewer a layer; on by default (the 0.5B's tg128 B/A "
+                                 "1.063 on an H200, every pair of 8 above 1, perf-log AZ1); off: the GEMV, then the "
+                                 "add + norm kernel",
                                  kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "

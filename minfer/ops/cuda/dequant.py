@@ -134,8 +134,8 @@ HALFWORD_TYPES = (2, 6, 8)
 def decode_hw(QT: tl.constexpr, bp, e0, m):
     """A Q4_0 / Q5_0 / Q8_0 run (HALFWORD_TYPES) as decode() gives it, split in its even and odd values
     ([R, 8] fp32 each: value 2j, value 2j + 1), its 16 quant bytes read as 8 halfwords (byte 2j is
-    halfword j's low byte, little-endian) and Q5_0's 16 fifth bits as one: a thread's run costs 8 or 9
-    two-byte loads, not 16 or 32 one-byte loads, and no shuffle of the values (the caller reads x's even
+    halfword j's low byte, little-endian) and Q5_0's 16 fifth bits as two bytes: a thread's run costs 8
+    two-byte loads (and Q5_0's 2 one-byte loads), not 16 or 32 one-byte loads, and no shuffle of the values (the caller reads x's even
     and odd values to match). bp, e0, m: [R, 1]."""
     j = tl.arange(0, 8)[None, :]
     d = _ldh(bp, m)
@@ -150,7 +150,10 @@ def decode_hw(QT: tl.constexpr, bp, e0, m):
     lo = (h >> sh) & 15
     hi = (h >> (sh + 8)) & 15
     if QT == 6:  # Q5_0: qh (32 bits, little-endian) bit e is value e's fifth bit
-        qb = tl.load((bp + 2 + e0 // 8).to(tl.pointer_type(tl.uint16)), mask=m, other=0).to(tl.int32) >> (2 * j)
+        # the two qh bytes as two byte loads: one uint16 load here, beside the caller's bf16 x read as 32-bit
+        # words, gave wrong sums at the one-pass BN 4 tile on an H100 and an H200 (Triton 3.6; float32 rows and
+        # BN 8 were right; perf-log AZ1, tools/hw_bisect.py)
+        qb = (_ld(bp + 2 + e0 // 8, m) | (_ld(bp + 3 + e0 // 8, m) << 8)) >> (2 * j)
         lo = (lo | (qb << 4 & 16)) - 16                              # bit 2j (value 2j's), then bit 2j + 1
         hi = (hi | (qb << 3 & 16)) - 16
     else:
