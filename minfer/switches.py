@@ -113,12 +113,12 @@ class Switches:
                              "launches during the kernel before it, the one-pass config decoding its weights "
                              "before its wait, and lets the kernel after it launch; off: a plain launch, which "
                              "breaks the decode chain's PDL at every raw GEMV")
-    gemv_raw_halfwords: bool = _sw(False, "MINFER_GEMV_RAW_HALFWORDS",
+    gemv_raw_halfwords: bool = _sw(True, "MINFER_GEMV_RAW_HALFWORDS",
                                    "raw-block GEMV over Q4_0 / Q5_0 / Q8_0 (every field of their blocks at an even "
                                    "offset): a run's 16 quant bytes read as 8 halfwords and Q5_0's 16 high bits as "
-                                   "one (ops/cuda/dequant.py decode_hw; the same values). The 0.5B's Q5_0 gate/up "
-                                   "took 13.2 us a layer on an H100 (0.46 TB/s; sm_90 PTX: 32 byte loads a run, 254 "
-                                   "registers, perf-log AY3); off (the default until measured): byte loads",
+                                   "two bytes (ops/cuda/dequant.py decode_hw; the same values). On by default: the "
+                                   "0.5B's Q5_0 gate/up 13.2 -> 6.7 us a layer, tg128 B/A 1.135 on an H100, every "
+                                   "pair of 8 above 1 (perf-log AZ2); off: byte loads (32 a Q5_0 run)",
                                    kind="tuning")
     gemv_raw_resnorm: bool = _sw(True, "MINFER_GEMV_RAW_RESNORM",
                                  "one-row decode: a layer's o projection over raw blocks in one pass (Qwen2.5-0.5B's "
