@@ -58,15 +58,16 @@ def test_qkv_group_one_launch(v_type):
     for o, r, b in zip(outs, refs, biases):
         assert rel_err(o.cpu(), x.double().cpu() @ r.double().T + b.double().cpu()) < 1e-2
     counts = paths.snapshot()["counts"]
-    launches = {p: c for p, c in counts.items() if not p.startswith("pdl.")}   # pdl.*: launch modes
+    launches = {p: c for p, c in counts.items()                                 # pdl.*, halfwords: launch modes
+                if not p.startswith("pdl.") and p != "gemv_raw.halfwords"}
     assert launches[f"qmatmul.group{lead}.decode.raw.one_pass"] == 1 and sum(launches.values()) == 1 + (3 - lead)
     assert counts["pdl.gemv_raw"] == 1 + (3 - lead)                         # each one-row raw launch with PDL
 
 
 def test_small_model_greedy_same_with_and_without(tmp_path):
     """A synthetic Qwen2.5-0.5B-geometry file (2 layers; Q5_0 / Q8_0 / Q4_K / Q6_K as the real
-    file's mix): greedy tokens on CUDA with the fused groups and one-pass GEMVs equal those with
-    both switches off, and the paths say which ran."""
+    file's mix): greedy tokens on CUDA with the fused groups and one-pass GEMVs (and the halfword reads and
+    residual norm epilogue of the defaults) equal those with all of them off, and the paths say which ran."""
     import subprocess
 
     from minfer.ops import paths
@@ -76,7 +77,8 @@ def test_small_model_greedy_same_with_and_without(tmp_path):
     subprocess.run([sys.executable, "-m", "minfer", "synth", str(path), "--preset", "qwen2.5-0.5b", "--layers", "2",
                     "--recipe", "q4_k_m", "--vocab", "4096", "--no-progress"], check=True, capture_output=True)
     toks = {}
-    off = Switches(gemv_raw_fuse=False, gemv_one_pass=False, gemv_raw_pdl=False)
+    off = Switches(gemv_raw_fuse=False, gemv_one_pass=False, gemv_raw_pdl=False, gemv_raw_halfwords=False,
+                   gemv_raw_resnorm=False)
     for name, sw in (("on", Switches()), ("off", off)):
         eng = Engine.load(str(path), device="cuda", ctx=256, progress=False, switches=sw)
         paths.reset()
