@@ -112,14 +112,16 @@ def test_norm_prologue_builds_with_its_stores(builds):
 
 
 def test_halfword_builds_read_no_single_bytes(builds):
-    """The halfword builds (Switches.gemv_raw_halfwords) issue no one-byte global load and fewer global
-    loads than the byte builds of the same config, whose Q5_0 runs take 32 one-byte loads each."""
+    """The halfword builds (Switches.gemv_raw_halfwords) issue fewer global loads than the byte builds of the
+    same config, and no one-byte load but Q5_0's two qh bytes a run (1/16 of the byte build's 32 a run: one
+    uint16 qh load miscompiled on the GPU, perf-log AZ1)."""
     hw = [n for n in builds if "_hw1_" in n and "_rn_" not in n]
     assert len(hw) == 18
     for name in hw:
         spills, wait, signal, b8, loads = builds[name]
         _, _, _, b8_old, loads_old = builds[name.replace("_hw1_", "_hw0_")]
-        assert b8 == 0 and b8_old > 0 and loads < loads_old, (name, builds[name], builds[name.replace("_hw1_", "_hw0_")])
+        ok = b8 * 16 == b8_old if name.startswith("Q5_0") else b8 == 0
+        assert ok and b8_old > 0 and loads < loads_old, (name, builds[name], builds[name.replace("_hw1_", "_hw0_")])
 
 
 def test_resnorm_builds_hold_the_ticket(builds):

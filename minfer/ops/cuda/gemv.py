@@ -25,6 +25,7 @@ from minfer.ops.cuda.dequant import HALFWORD_TYPES, LAYOUT, decode, decode_hw
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
+from minfer.ops.cuda.resnorm_tail import resnorm_tail
 
 
 @triton.jit
@@ -84,8 +85,7 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     # NORM (ONE only; Switches.gemv_raw_norm): x is not read; the row is made from the residual nx
     # and the previous GEMV's output ny (_norm_runs), x receiving h and s_out s from program 0.
     # RN (ONE only; Switches.gemv_raw_resnorm): after its rows are stored, the program that stores last (an
-    # atomic ticket on cnt) makes s_out = nx + out and h_rn = rms_norm(s_out) * ng in one BD-wide block,
-    # norm_rope_act._add_rms_norm_kernel's operations, and resets the ticket.
+    # atomic ticket on cnt) makes s_out = nx + out and h_rn = rms_norm(s_out) * ng (resnorm_tail.py).
     S: tl.constexpr = BK // 16
     R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
@@ -157,20 +157,7 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
                 acc1 += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
             tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc1.to(out.dtype.element_ty), mask=nmask)
             if RN:
-                # a CTA barrier, then one acq_rel ticket per program, orders every program's stores before
-                # the last one's loads (the split-K ticket of gemv_repack.py)
-                tl.debug_barrier()
-                ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-                if ticket == tl.num_programs(0) - 1:
-                    d = tl.arange(0, BD)
-                    dm = d < N
-                    v = tl.load(nx + d, mask=dm, other=0.0).to(tl.float32) \
-                        + tl.load(out + d, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
-                    tl.store(s_out + d, v, mask=dm)
-                    r = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / N + eps)
-                    g = tl.load(ng + d, mask=dm, other=0.0).to(tl.float32)
-                    tl.store(h_rn + d, (v * r * g).to(h_rn.dtype.element_ty), mask=dm)
-                    tl.atomic_xchg(cnt, 0)                        # ready for the next launch (graph replays)
+                resnorm_tail(nx, out, ng, s_out, h_rn, eps, N, cnt, tl.num_programs(0), BD)
         else:
             tl.store(part + (pid_s * M + pid_m).to(tl.int64) * N + n, acc1, mask=nmask)
 
