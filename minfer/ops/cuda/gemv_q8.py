@@ -32,6 +32,7 @@ from minfer.ops.cuda.l2_prefetch import prefetch_regions, region_args
 from minfer.ops.cuda.pdl import launch_kw
 from minfer.ops.cuda.q8_rows import (_glu_q8_words, _q8_chunks, add_rms_norm_q8, dequantize_q8, quantize,  # noqa: F401
                                      quantize_rows, swiglu_q8, swiglu_q8_rows)
+from minfer.ops.cuda.resnorm_tail import resnorm_tail
 
 # ---------------------------------------------------------------- the GEMV
 
@@ -133,10 +134,12 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
     res = tl.sum(acc, axis=1)[:, None]                                # [BN, 1]
     mcol = tl.arange(0, 1)
     mmask = mcol < 1
+    done = False            # (returned: whether this program stored its tile's final rows)
     if GLU == 1:
         _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN)
     elif not IS_SPLIT:
         _finish(res, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
+        done = True
     else:
         poff = (pid_s * NSTRIDE + rows[:, None]).to(tl.int64) + mcol[None, :]
         pm = rmask[:, None] & mmask[None, :]
@@ -144,13 +147,15 @@ def _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, 
         # the last split of this tile to finish sums the partials in split order (gemv_repack.py)
         tl.debug_barrier()
         ticket = tl.atomic_add(cnt + pid_n, 1, sem="acq_rel", scope="gpu")
-        if ticket == SPLIT - 1:
+        done = ticket == SPLIT - 1
+        if done:
             tot = tl.zeros(res.shape, dtype=tl.float32)
             for sp in range(SPLIT):
                 tot += tl.load(part + (sp * NSTRIDE + rows[:, None]).to(tl.int64) + mcol[None, :], mask=pm,
                                other=0.0, cache_modifier=".cg")
             _finish(tot, rows, rmask, mcol, mmask, bias, resid, out, stride_rm, N, HAS_BIAS, HAS_RESID)
             tl.atomic_xchg(cnt + pid_n, 0)
+    return done
 
 
 @triton.jit
@@ -182,15 +187,19 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: tl.constexpr):
 @triton.jit
 def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, part, cnt, gq, gf, TF,
                     N, NA, TA, NB, stride_rm, blocks_per_split, SPLIT,
-                    a0, n0, a1, n1, a2, n2, a3, n3, a4, n4, a5, n5, a6, n6, a7, n7, GLU: tl.constexpr,
+                    a0, n0, a1, n1, a2, n2, a3, n3, a4, n4, a5, n5, a6, n6, a7, n7, nx, ng, s_out, h_rn, rcnt, eps,
+                    GLU: tl.constexpr,
                     QT: tl.constexpr, QTB: tl.constexpr, MIXED: tl.constexpr, BN: tl.constexpr, BB: tl.constexpr,
                     IS_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RESID: tl.constexpr,
                     ASM: tl.constexpr, PREFETCH: tl.constexpr, PDL: tl.constexpr, PRE2: tl.constexpr,
-                    NPF: tl.constexpr = 0, NT: tl.constexpr = 128, TM: tl.constexpr = 0):
+                    NPF: tl.constexpr = 0, NT: tl.constexpr = 128, TM: tl.constexpr = 0, RN: tl.constexpr = False,
+                    BD: tl.constexpr = 16):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) are weight p (type QT, TA row tiles), rows [NA, N) weight r (type QTB) -- q/k in
     Q4_K and a Q6_K v in one launch. NPF: later weights' byte ranges (a_i, n_i) fetched into L2
-    first, each program its share (l2_prefetch.py; before the PDL wait: weights are never written)."""
+    first, each program its share (l2_prefetch.py; before the PDL wait: weights are never written). RN (one
+    weight, no bias or resid; Switches.gemv_q8_resnorm): the program storing the last row tile makes s_out =
+    nx + out and h_rn = rms_norm(s_out) * ng (resnorm_tail.py; its ticket rcnt)."""
     prefetch_regions(a0, n0, a1, n1, a2, n2, a3, n3, a4, n4, a5, n5, a6, n6, a7, n7, NPF, NT)
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -204,12 +213,16 @@ def _gemv_q8_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, pa
                      pid_s, N - NA, N, NB, stride_rm, blocks_per_split, SPLIT, gq, gf, TF, False, QTB, BN, BB,
                      IS_SPLIT, HAS_BIAS, HAS_RESID, ASM, PREFETCH, PDL, PRE2, TM)
     else:
-        _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
-                 blocks_per_split, SPLIT, gq, gf, TF, GLU, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
-                 PREFETCH, PDL, PRE2, TM)
+        done = _q8_tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB, stride_rm,
+                        blocks_per_split, SPLIT, gq, gf, TF, GLU, QT, BN, BB, IS_SPLIT, HAS_BIAS, HAS_RESID, ASM,
+                        PREFETCH, PDL, PRE2, TM)
+        if RN:
+            if done:
+                resnorm_tail(nx, out, ng, s_out, h_rn, eps, N, rcnt, tl.num_programs(0), BD)
 
 
 _TARGET_PROGRAMS = 132 * 4
+RN_MAX = 8192          # the residual norm tail's row (one program's BD-wide block)
 
 
 def default_config(qtype: int, n: int, k: int) -> tuple:
@@ -249,7 +262,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
             pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None,
-            rstd_late: bool = False, l2_heads: int = 0, glu=None) -> torch.Tensor:
+            rstd_late: bool = False, l2_heads: int = 0, glu=None, resnorm=None) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -277,7 +290,10 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     GEMV into L2 before its wait, where that GEMV is tile-major and 4x larger (_l2_heads). glu: (gate, up),
     one contiguous row of K each, instead of q8 (None): x_hat is the q8 form of silu(gate) * up, made by the
     kernel's programs as swiglu_q8 makes it (the GLU prologue, Switches.gemv_glu_prologue; one weight; either
-    kernel, but not a Gluon config with warps along K or stream-K: glu_route says where)."""
+    kernel, but not a Gluon config with warps along K or stream-K: glu_route says where). resnorm: (resid float32
+    (1, N), weight (N,), eps, s float32 (1, N), h (1, N)) -- where the Triton kernel takes a one-weight launch
+    without bias or resid (N <= RN_MAX), its last row tile's program makes s = resid + out and h = rms_norm(s) *
+    weight (Switches.gemv_q8_resnorm; counted `gemv_q8.resnorm`) and out.rn = (s, h); else out alone."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if glu is not None:
         q8 = glu
@@ -396,6 +412,13 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])
     pf, npf = region_args(_l2_regions(segs, ws, l2, interpret))
+    rn = dict(nx=out, ng=out, s_out=out, h_rn=out, rcnt=out, eps=0.0)
+    if resnorm is not None and len(segs) == 1 and bias is None and resid is None and n <= RN_MAX:
+        paths.count("gemv_q8.resnorm")
+        # the tail's ticket after the row tiles' (zeros between launches, also without a split)
+        rcnt = ws.counters(tiles + 1)[tiles:] if ws is not None else torch.zeros(1, dtype=torch.int32, device=out.device)
+        rn = dict(nx=resnorm[0], ng=resnorm[1], s_out=resnorm[3], h_rn=resnorm[4], rcnt=rcnt, eps=float(resnorm[2]))
+        out.rn = (resnorm[3], resnorm[4])
     _gemv_q8_kernel[grid](p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid if resid is not None else out,
                           bias if bias is not None else out, out, part, cnt, xq, xf, 1, n, na, ta, nb,
                           resid.stride(0) if resid is not None else 0, bps, split, *pf, NPF=npf, NT=32 * nwarps,
@@ -404,6 +427,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None, HAS_RESID=resid is not None,
                           ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
                           PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=common_tile_rows(segs),
+                          RN=hasattr(out, "rn"), BD=triton.next_power_of_2(n), **rn,
                           num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return _rope_after(out, rope, pdl)
 
@@ -567,6 +591,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
                                 QTB=rw.qtype, MIXED=False, BN=bn, BB=bb, IS_SPLIT=False, HAS_BIAS=False, HAS_RESID=False,
                                 ASM=(not interpret) if asm is None else asm, PREFETCH=bool(prefetch), PDL=min(int(pdl), 1),
                                 PRE2=bool(prefetch) and pdl_prefetch >= 2 and bn * bb <= 64, TM=rw.tile_rows,
+                                nx=h, ng=h, s_out=h, h_rn=h, rcnt=cnt, eps=0.0,
                                 num_warps=nwarps, num_stages=1, **launch_kw(pdl))
     return h, (gq, gf)
 

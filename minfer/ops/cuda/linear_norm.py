@@ -77,11 +77,53 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
         r = _raw_resnorm(a, w, x, weight, eps, out_dtype, sw, ws)
         if r is not None:
             return r
-    y = QM._linear(a, w, None, sw, ws)
+    y = None
+    if sw.gemv_q8_resnorm and not ffn and a.shape[0] == 1 and x.shape[1] % 256:
+        y = _q8_resnorm(a, w, x, weight, eps, out_dtype, sw, ws, glu)
+        if y is not None and hasattr(y, "rn"):
+            return y.rn
+    if y is None:
+        y = QM._linear(a, w, None, sw, ws)
     # (modes 3 and 4, and the FFN norm (mode -1): the norm kernel; modes 1 and 2: mode 1's norm in the
     # q/k/v programs; 0: the norm kernel, the deferral counted as switched off)
     return norm_rope_act.add_rms_norm(x, y, weight, eps, out_dtype, ctx, into_linear=into_linear and mode in (0, 1, 2),
                                       role=role, raw_ok=into_linear)
+
+
+def _one_row_plain(a, w, sw) -> bool:
+    """Whether qmatmul._linear takes this one-row decode by a GEMV over w's own planes or blocks: not the batch
+    engine's dense planes, its w4 or q8 GEMM paths."""
+    from minfer.ops.cuda import qmatmul as QM
+
+    return (sw.gemv and sw.gemv_max_m >= 1 and not sw.dense_gemv_max_m < 1 <= sw.qgemm_max_m
+            and not QM._w4_rows(1, sw) and QM._dense_plane(a, w, getattr(w, "batch_dense", None), sw) is None)
+
+
+def _q8_resnorm(a, w, x, weight, eps, out_dtype, sw, ws, glu):
+    """y = a @ w^T by the q8 GEMV (qmatmul._linear's two q8 branches: the GLU prologue's deferred row, or a's
+    int8 form) with the residual norm tail asked for (Switches.gemv_q8_resnorm): y.rn = (s, h) where the
+    Triton kernel took it; y alone where the launch went elsewhere (a counted fallback: the caller runs the add +
+    norm kernel on y); None where this row's linear is no q8 GEMV (qmatmul._linear runs as with the switch
+    off). The next norm's row has no int8 form here (its K is no multiple of 256), so h alone is whole."""
+    from minfer.ops.cuda import qmatmul as QM
+
+    rw = QM.gemv_repack.planes_of(w) if _one_row_plain(a, w, sw) else None
+    q8 = getattr(a, "q8", None)
+    if (rw is None or (glu is None and q8 is None) or x.dtype != torch.float32 or not x.is_contiguous()
+            or tuple(x.shape) != (1, w.shape[0])):
+        return None
+    tname = QM.dequant.type_name(w.qtype)
+    paths.count(f"qmatmul.{tname}.decode.q8glu" if glu else f"qmatmul.{tname}.decode.q8")
+    n = w.shape[0]
+    s = torch.empty((1, n), dtype=torch.float32, device=a.device)
+    h = torch.empty((1, n), dtype=out_dtype, device=a.device)
+    y = QM.gemv_q8.gemv_q8(None if glu else q8, rw, out_dtype=a.dtype, ws=ws.gemv_counters(), interpret=QM.interpret(),
+                           glu=(glu.gate, glu.up) if glu else None, resnorm=(x, weight, float(eps), s, h),
+                           **QM._q8_kw(sw, a))
+    if not hasattr(y, "rn"):
+        paths.fallback("gemv_q8.resnorm", f"{w.name}: the q8 GEMV of this row is not the one-weight Triton launch "
+                       "(the Gluon kernel's table or shape rule takes it): the add + norm kernel runs after it")
+    return y
 
 
 def _raw_resnorm(a, w, x, weight, eps, out_dtype, sw, ws):
@@ -92,9 +134,8 @@ def _raw_resnorm(a, w, x, weight, eps, out_dtype, sw, ws):
     from minfer.ops.cuda import gemv as G
     from minfer.ops.cuda import qmatmul as QM
 
-    if (not sw.gemv or not sw.gemv_one_pass or sw.gemv_max_m < 1 or QM.gemv_repack.planes_of(w) is not None
-            or QM.gemv_repack.is_repacked_type(w.qtype) or sw.dense_gemv_max_m < 1 <= sw.qgemm_max_m
-            or QM._w4_rows(1, sw) or QM._dense_plane(a, w, getattr(w, "batch_dense", None), sw) is not None):
+    if (not sw.gemv_one_pass or not _one_row_plain(a, w, sw) or QM.gemv_repack.planes_of(w) is not None
+            or QM.gemv_repack.is_repacked_type(w.qtype)):
         return None
     QM._realized(a, "the raw GEMV with the residual norm epilogue")
     n, k = w.shape
