@@ -128,14 +128,14 @@ class Switches:
                                  "1.063 on an H200, every pair of 8 above 1, perf-log AZ1); off: the GEMV, then the "
                                  "add + norm kernel",
                                  kind="tuning")
-    gemv_q8_resnorm: bool = _sw(False, "MINFER_GEMV_Q8_RESNORM",
+    gemv_q8_resnorm: bool = _sw(True, "MINFER_GEMV_Q8_RESNORM",
                                 "one-row decode of a model whose hidden size is no multiple of 256 (Qwen2.5-0.5B's "
                                 "896: the next norm's row has no int8 form): the down projection on the Triton q8 "
                                 "GEMV adds the residual and makes the next attention norm in its epilogue, the "
                                 "program storing the last row tile norming the whole row (ops/cuda/gemv_q8.py, "
-                                "resnorm_tail.py) -- one launch fewer a layer (the add + norm kernel, 1.9 us a "
-                                "layer on an H100, perf-log AZ7); off (the default until measured): the GEMV, then "
-                                "that kernel",
+                                "resnorm_tail.py) -- one launch fewer a layer; on by default (the 0.5B's tg128 B/A "
+                                "1.050 on an H100, every pair of 8 above 1, perf-log AZ7); off: the GEMV, then the "
+                                "add + norm kernel",
                                 kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "
