@@ -144,7 +144,9 @@ class Switches:
                               "(ops/cuda/gemv.py _norm_runs; program 0 stores the residual and the normed row), "
                               "one launch fewer before q/k/v and before gate/up; off (the default: the 0.5B's tg128 "
                               "0.926x on an H100, every program re-summing the row before its first product, "
-                              "perf-log AW0): the add + norm kernel, then the GEMV", kind="tuning")
+                              "perf-log AW0): the add + norm kernel, then the GEMV. Where the GEMV before makes "
+                              "the norm in its epilogue (MINFER_GEMV_RAW_RESNORM, MINFER_GEMV_Q8_RESNORM, on by "
+                              "default), that takes it first", kind="tuning")
     gemv_glu_prologue: int = _sw(1, "MINFER_GEMV_GLU_PROLOGUE",
                                  "one-row decode of a SwiGLU MLP whose gate/up GEMV has no SwiGLU epilogue: the down "
                                  "projection's programs make silu(gate) * up and its int8 form from the gate/up rows "
