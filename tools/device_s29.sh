@@ -4,6 +4,7 @@
 # hw: the raw GEMV's halfword reads (Switches.gemv_raw_halfwords) -- their GPU tests, then the 0.5B geometry's
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
 # rn: the 0.5B's A/B of MINFER_GEMV_RAW_RESNORM 0 -> 1 (the raw o GEMV's residual norm epilogue).
+# q8rn: as hw for the Triton q8 down's residual norm tail (Switches.gemv_q8_resnorm; tools/device_s30.sh forwards here).
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
 # downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel), then
 #   --small --gluon --wide --pdl (the same shapes on the Gluon kernel, under the shape rule's 1,024-row floor).
@@ -15,30 +16,32 @@ source tools/device_setup.sh >/dev/null
 export MINFER_SETUP_DONE=1
 M5=/tmp/d05.gguf
 synth05() { [ -f $M5 ] || python3 -m minfer synth $M5 --preset qwen2.5-0.5b --recipe q4_k_m --no-progress >/dev/null 2>&1; }
+tests_then_ab() {   # NAME SWITCH GREP TESTS...: the GPU tests (xdist), then the 0.5B's A/B SWITCH 0 -> 1, nothing else running
+  local name=$1 switch=$2 key=$3; shift 3
+  ( synth05; touch /tmp/synth05.done ) &
+  if [ $# -gt 0 ]; then   # (no test files: the A/B alone)
+    xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
+    timeout ${HW_TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q $xd -p no:cacheprovider "$@" >"$OUT/pytest-$name.log" 2>&1
+    echo "$name tests: $(tail -1 "$OUT/pytest-$name.log")"
+    grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-$name.log" | head -10
+  fi
+  while [ ! -f /tmp/synth05.done ]; do sleep 1; done
+  MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 \
+    --ab "$switch=0" "$switch=1" --pairs ${PAIRS:-8} --out "$OUT/$name-ab.json" --no-progress >"$OUT/$name-ab.log" 2>&1
+  echo "$name A/B: rc $?"
+  grep -E "^\| [0-9]+ \| tg|^\| tg128|$key|fell back|Traceback" "$OUT/$name-ab.log" | head -20
+}
 for step in $STEPS; do
   t0=$(date +%s)
   case $step in
     hw)
-      ( synth05; touch /tmp/synth05.done ) &
-      xd=""; python3 -c "import xdist" 2>/dev/null && xd="-n ${XDIST:-8}"
-      timeout ${HW_TESTS_TIMEOUT:-150} python3 -m pytest -m gpu -q $xd -p no:cacheprovider \
-        tests/gpu/test_gemv_raw_halfwords_gpu.py tests/gpu/test_gemv_raw_resnorm_gpu.py tests/gpu/test_gemv_raw_group_gpu.py \
-        >"$OUT/pytest-hw.log" 2>&1
-      echo "hw tests: $(tail -1 "$OUT/pytest-hw.log")"
-      grep -E "^(FAILED|ERROR)|^E  .*(Error|assert)" "$OUT/pytest-hw.log" | head -10
-      while [ ! -f /tmp/synth05.done ]; do sleep 1; done
-      MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 \
-        --ab "MINFER_GEMV_RAW_HALFWORDS=0" "MINFER_GEMV_RAW_HALFWORDS=1" --pairs ${PAIRS:-8} --out "$OUT/hw-ab.json" \
-        --no-progress >"$OUT/hw-ab.log" 2>&1
-      echo "hw A/B: rc $?"
-      grep -E "^\| [0-9]+ \| tg|^\| tg128|halfwords|fell back|Traceback" "$OUT/hw-ab.log" | head -20;;
+      tests_then_ab hw MINFER_GEMV_RAW_HALFWORDS "halfwords" tests/gpu/test_gemv_raw_halfwords_gpu.py \
+        tests/gpu/test_gemv_raw_resnorm_gpu.py tests/gpu/test_gemv_raw_group_gpu.py;;
+    q8rn)   # the Triton q8 down's residual norm tail (Switches.gemv_q8_resnorm, perf-log AZ7)
+      tests_then_ab q8rn MINFER_GEMV_Q8_RESNORM "resnorm" tests/gpu/test_gemv_q8_resnorm_gpu.py \
+        tests/gpu/test_gemv_raw_resnorm_gpu.py tests/gpu/test_gemv_glu_prologue_gpu.py;;
     rn)   # the raw o GEMV's residual norm epilogue (Switches.gemv_raw_resnorm): the 0.5B's A/B 0 -> 1 (after hw)
-      synth05
-      MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-150} python3 -m minfer bench -m $M5 -p 0 -n 128 -r 2 \
-        --ab "MINFER_GEMV_RAW_RESNORM=0" "MINFER_GEMV_RAW_RESNORM=1" --pairs ${PAIRS:-8} --out "$OUT/rn-ab.json" \
-        --no-progress >"$OUT/rn-ab.log" 2>&1
-      echo "rn A/B: rc $?"
-      grep -E "^\| [0-9]+ \| tg|^\| tg128|raw_resnorm|fell back|Traceback" "$OUT/rn-ab.log" | head -20;;
+      tests_then_ab rn MINFER_GEMV_RAW_RESNORM "raw_resnorm";;
     prof)
       synth05
       timeout ${PROF_TIMEOUT:-120} python3 tools/prof_decode.py $M5 16 >"$OUT/prof05.log" 2>&1

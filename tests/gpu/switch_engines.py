@@ -33,3 +33,29 @@ def decode_snaps(engines: dict, start: int, first: int, steps: int = 12) -> dict
             t = int(eng.forward([t], start + step)[-1].argmax())
         snaps[v] = paths.snapshot()
     return snaps
+
+
+def teacher_forced_greedy_same(engines: dict, steps: int = 16, gen_tokens: int = 24) -> dict:
+    """The two engines' ({False: .., True: ..}) greedy decode from the same prompt: at each of `steps` steps the
+    switch-on engine's logits within 2% of the switch-off one's with the same argmax (the off engine's token fed
+    to both), then their greedy generate() tokens equal; returns the paths snapshot of the stepped decode. Closes
+    the engines."""
+    from kernel_data import rel_err
+    from minfer.ops import paths
+
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    t = int(engines[False].prefill(prompt).argmax())
+    engines[True].prefill(prompt)
+    paths.reset()
+    for step in range(steps):
+        pos = len(prompt) + step
+        la, lb = engines[True].forward([t], pos)[-1], engines[False].forward([t], pos)[-1]
+        assert rel_err(la, lb.double()) < 2e-2 and int(la.argmax()) == int(lb.argmax()), step
+        t = int(lb.argmax())
+    snap = paths.snapshot()
+    toks = [[e.token_id for e in eng.generate(prompt, max_new_tokens=gen_tokens, temperature=0)]
+            for eng in (engines[True], engines[False])]
+    assert toks[0] == toks[1]
+    for eng in engines.values():
+        eng.close()
+    return snap

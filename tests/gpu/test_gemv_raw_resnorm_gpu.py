@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as T
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import rel_err  # noqa: E402
-from switch_engines import switch_engines  # noqa: E402
+from switch_engines import switch_engines, teacher_forced_greedy_same  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
 
@@ -65,22 +65,6 @@ def test_resnorm_launches_and_graph_replays(qt, n, k, hw, pdl):
 
 
 def test_small_model_greedy_same_with_resnorm(tmp_path):
-    from minfer.ops import paths
-
-    engines = switch_engines(tmp_path, "qwen2.5-0.5b", "gemv_raw_resnorm", (False, True))
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
-    t = int(engines[False].prefill(prompt).argmax())
-    engines[True].prefill(prompt)
-    paths.reset()
-    for step in range(16):
-        pos = len(prompt) + step
-        la, lb = engines[True].forward([t], pos)[-1], engines[False].forward([t], pos)[-1]
-        assert rel_err(la, lb.double()) < 2e-2 and int(la.argmax()) == int(lb.argmax()), step
-        t = int(lb.argmax())
-    snap = paths.snapshot()
+    snap = teacher_forced_greedy_same(switch_engines(tmp_path, "qwen2.5-0.5b", "gemv_raw_resnorm", (False, True)))
     assert snap["counts"].get("gemv.raw_resnorm", 0) > 0 and snap["counts"]["gemv.raw_resnorm"] % 2 == 0, snap["counts"]
     assert not [key for key in snap["fallbacks"] if "raw" in key], snap["fallbacks"]
-    toks = [[e.token_id for e in eng.generate(prompt, max_new_tokens=24, temperature=0)] for eng in engines.values()]
-    assert toks[0] == toks[1]
-    for eng in engines.values():
-        eng.close()
