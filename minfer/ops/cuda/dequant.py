@@ -135,8 +135,8 @@ def decode_hw(QT: tl.constexpr, bp, e0, m):
     """A Q4_0 / Q5_0 / Q8_0 run (HALFWORD_TYPES) as decode() gives it, split in its even and odd values
     ([R, 8] fp32 each: value 2j, value 2j + 1), its 16 quant bytes read as 8 halfwords (byte 2j is
     halfword j's low byte, little-endian) and Q5_0's 16 fifth bits as two bytes: a thread's run costs 8
-    two-byte loads (and Q5_0's 2 one-byte loads), not 16 or 32 one-byte loads, and no shuffle of the values (the caller reads x's even
-    and odd values to match). bp, e0, m: [R, 1]."""
+    two-byte loads (and Q5_0's 2 one-byte loads), not 16 or 32 one-byte loads, and no shuffle of the values
+    (the caller reads x's even and odd values to match). bp, e0, m: [R, 1]."""
     j = tl.arange(0, 8)[None, :]
     d = _ldh(bp, m)
     if QT == 8:  # Q8_0: int8 values

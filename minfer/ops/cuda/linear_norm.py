@@ -102,9 +102,10 @@ def _one_row_plain(a, w, sw) -> bool:
 def _q8_resnorm(a, w, x, weight, eps, out_dtype, sw, ws, glu):
     """y = a @ w^T by the q8 GEMV (qmatmul._linear's two q8 branches: the GLU prologue's deferred row, or a's
     int8 form) with the residual norm tail asked for (Switches.gemv_q8_resnorm): y.rn = (s, h) where the
-    Triton kernel took it; y alone where the launch went elsewhere (a counted fallback: the caller runs the add +
-    norm kernel on y); None where this row's linear is no q8 GEMV (qmatmul._linear runs as with the switch
-    off). The next norm's row has no int8 form here (its K is no multiple of 256), so h alone is whole."""
+    Triton kernel took it; y alone where it did not (a counted fallback: the caller runs the add + norm kernel on
+    y); None where this row's linear is no Triton q8 GEMV (the Gluon kernel's shapes included: qmatmul._linear
+    runs as with the switch off). The next norm's row has no int8 form here (its K is no multiple of 256), so h
+    alone is whole."""
     from minfer.ops.cuda import qmatmul as QM
 
     rw = QM.gemv_repack.planes_of(w) if _one_row_plain(a, w, sw) else None
@@ -112,17 +113,20 @@ def _q8_resnorm(a, w, x, weight, eps, out_dtype, sw, ws, glu):
     if (rw is None or (glu is None and q8 is None) or x.dtype != torch.float32 or not x.is_contiguous()
             or tuple(x.shape) != (1, w.shape[0])):
         return None
+    n = w.shape[0]
+    kw = QM._q8_kw(sw, a)
+    if QM.gemv_q8._choose((rw,), n, rw.k, None, kw["gluon"] and not kw["l2"], QM.interpret(), kw["gluon_table"],
+                          a.device)[0]:
+        return None             # (the Gluon kernel takes this shape: its own residual paths, or the two launches)
     tname = QM.dequant.type_name(w.qtype)
     paths.count(f"qmatmul.{tname}.decode.q8glu" if glu else f"qmatmul.{tname}.decode.q8")
-    n = w.shape[0]
     s = torch.empty((1, n), dtype=torch.float32, device=a.device)
     h = torch.empty((1, n), dtype=out_dtype, device=a.device)
     y = QM.gemv_q8.gemv_q8(None if glu else q8, rw, out_dtype=a.dtype, ws=ws.gemv_counters(), interpret=QM.interpret(),
-                           glu=(glu.gate, glu.up) if glu else None, resnorm=(x, weight, float(eps), s, h),
-                           **QM._q8_kw(sw, a))
+                           glu=(glu.gate, glu.up) if glu else None, resnorm=(x, weight, float(eps), s, h), **kw)
     if not hasattr(y, "rn"):
-        paths.fallback("gemv_q8.resnorm", f"{w.name}: the q8 GEMV of this row is not the one-weight Triton launch "
-                       "(the Gluon kernel's table or shape rule takes it): the add + norm kernel runs after it")
+        paths.fallback("gemv_q8.resnorm", f"{w.name}: the Triton q8 GEMV did not take the norm tail (a row over "
+                       f"{QM.gemv_q8.RN_MAX}): the add + norm kernel runs after it")
     return y
 
 
