@@ -55,8 +55,12 @@ def test_attn_norm_role_reaches_the_norm(sm90, monkeypatch):
     monkeypatch.setattr(qmatmul, "_linear", lambda a, w, b, sw, ws: a)
     monkeypatch.setattr(qmatmul, "_check", lambda a, w: None)
     monkeypatch.setattr(norm_rope_act, "add_rms_norm", lambda *a, role="", **k: seen.append(role))
+    from minfer.ops.context import Context
+
     x = torch.zeros(1, 64)
-    qmatmul.linear_add_rms_norm(x, None, x, torch.ones(64), 1e-6, torch.float32, None, into_linear=True)
+    # (no weight here: the residual norm tails, which look at it, off)
+    ctx = Context(Switches(gemv_raw_resnorm=False, gemv_q8_resnorm=False), None)
+    qmatmul.linear_add_rms_norm(x, None, x, torch.ones(64), 1e-6, torch.float32, ctx, into_linear=True)
     assert seen == ["attn_norm"]
 
 
