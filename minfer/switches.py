@@ -137,6 +137,14 @@ class Switches:
                                 "1.050 on an H100, every pair of 8 above 1, perf-log AZ7); off: the GEMV, then the "
                                 "add + norm kernel",
                                 kind="tuning")
+    gemv_raw_rope: bool = _sw(False, "MINFER_GEMV_RAW_ROPE",
+                              "one-row decode of a layer whose q/k/v weights are one stacked raw-block group "
+                              "(Qwen2.5-0.5B's Q5_0 q/k/v, gemv.fuse_raw_group): the one-pass raw GEMV stores q "
+                              "rotated and writes rope(k) and v into the KV cache in its epilogue "
+                              "(ops/cuda/gemv_raw_rope.py; counted gemv.raw_rope) -- no rope_kv launch (1.2-1.4 "
+                              "us a layer on an H100, perf-log AZ9); needs MINFER_QKV_ROPE on; off (the default "
+                              "until measured): the GEMV, then the rope_kv kernel",
+                              kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "
                               "one-pass GEMVs (hidden <= 1024 in Q5_0 / Q8_0 ...: Qwen2.5-0.5B, SmolLM2): the "

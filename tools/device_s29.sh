@@ -5,6 +5,7 @@
 #   in-process A/B MINFER_GEMV_RAW_HALFWORDS 0 -> 1 (tg128, PAIRS interleaved pairs, -r 2), nothing else running.
 # rn: the 0.5B's A/B of MINFER_GEMV_RAW_RESNORM 0 -> 1 (the raw o GEMV's residual norm epilogue).
 # q8rn: as hw for the Triton q8 down's residual norm tail (Switches.gemv_q8_resnorm; tools/device_s30.sh forwards here).
+# rope: as hw for the raw q/k/v GEMV's rope epilogue (Switches.gemv_raw_rope).
 # prof: tools/prof_decode.py on the same file (depth 16) with the switch as the environment sets it.
 # downsweep: minfer.bench.gemv_q8_sweep --small --wide (the 0.5B's Q4_K / Q6_K down on the Triton q8 kernel), then
 #   --small --gluon --wide --pdl (the same shapes on the Gluon kernel, under the shape rule's 1,024-row floor).
@@ -40,6 +41,9 @@ for step in $STEPS; do
     q8rn)   # the Triton q8 down's residual norm tail (Switches.gemv_q8_resnorm, perf-log AZ7)
       tests_then_ab q8rn MINFER_GEMV_Q8_RESNORM "resnorm" tests/gpu/test_gemv_q8_resnorm_gpu.py \
         tests/gpu/test_gemv_raw_resnorm_gpu.py tests/gpu/test_gemv_glu_prologue_gpu.py;;
+    rope)   # the raw q/k/v GEMV's rope epilogue (Switches.gemv_raw_rope, perf-log AZ9)
+      tests_then_ab rope MINFER_GEMV_RAW_ROPE "raw_rope" tests/gpu/test_gemv_raw_rope_gpu.py \
+        tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_qkv_rope_gpu.py;;
     rn)   # the raw o GEMV's residual norm epilogue (Switches.gemv_raw_resnorm): the 0.5B's A/B 0 -> 1 (after hw)
       tests_then_ab rn MINFER_GEMV_RAW_RESNORM "raw_resnorm";;
     prof)

@@ -25,9 +25,10 @@ from minfer.ops.cuda.dequant import LAYOUT
 
 T = GPUTarget("cuda", 90, 32)
 names = ["raw", "x", "out", "part", "bias", "M", "N", "K", "row_bytes", "stride_xm", "stride_om", "tiles_per_split",
-         "nx", "ny", "ng", "s_out", "eps", "h_rn", "cnt"]
+         "nx", "ny", "ng", "s_out", "eps", "h_rn", "cnt", "rp", "rt", "kc", "vc", "nq", "nk", "kvs"]
 types = ["*u8", "*bf16", "*bf16", "*fp32", "*fp32"] + ["i32"] * 7 + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "*bf16",
-                                                                    "*i32"]
+                                                                    "*i32", "*i64", "*fp64", "*bf16", "*bf16", "i32",
+                                                                    "i32", "i32"]
 out = {}
 for qt, qn in ((6, "Q5_0"), (8, "Q8_0"), (12, "Q4_K")):
     _, qk, ts = LAYOUT[qt]
@@ -84,6 +85,29 @@ for qt, qn in ((6, "Q5_0"), (8, "Q8_0")):
                     ptx.count("st.local"), "griddepcontrol.wait" in ptx, "griddepcontrol.launch_dependents" in ptx,
                     len(re.findall(r"atom\.[\w.]*acq_rel[\w.]*\.add|atom\.acq_rel[\w.]*\.add", ptx)),
                     ptx.count("sqrt")]
+# the rope epilogue (Switches.gemv_raw_rope): the one-pass tiles, Q5_0 / Q8_0, neox / normal pairs, halfwords
+for qt, qn in ((6, "Q5_0"), (8, "Q8_0")):
+    _, qk, ts = LAYOUT[qt]
+    for bn in (4, 8):
+        for rp in (1, 2):
+            for pdl in (0, 1):
+                cex = dict(QT=qt, QK=qk, TS=ts, BN=bn, BK=1024, MP=1, SPLIT=1, HAS_BIAS=True, USE_DOT=False,
+                           IEEE=False, PDL=pdl, ONE=True, HW=True, RP=rp, HD=64)
+                sig = dict(zip(names, types)) | {c: "constexpr" for c in cex}
+                k = triton.compile(ASTSource(G._gemv_kernel, sig, cex), target=T, options={"num_warps": 4})
+                ptx = k.asm["ptx"]
+                # (the cosine and sine are libdevice's, whose range reduction keeps a 32-byte local array: st.local
+                # here is no spill, so ptxas's own spill count is read)
+                import os, subprocess, tempfile
+                with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                    f.write(ptx)
+                ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+                r = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
+                os.unlink(f.name)
+                out[f"{qn}_rope{rp}_{bn}_{pdl}"] = [
+                    int((re.findall(r"(\d+) bytes spill stores", r.stderr) or ["-1"])[0]), "griddepcontrol.wait" in ptx,
+                    "griddepcontrol.launch_dependents" in ptx, len(re.findall(r"sin|cos", ptx)),
+                    len(re.findall(r"st\.global", ptx))]
 print(json.dumps(out))
 """
 
@@ -94,7 +118,7 @@ def builds():
 
 
 def test_raw_gemv_builds_for_sm90(builds):
-    assert len(builds) == 18 + 8 + 36 + 16, builds
+    assert len(builds) == 18 + 8 + 36 + 16 + 16, builds
     for name, (spills, wait, signal, *_) in builds.items():
         assert spills == 0, (name, spills)
         pdl = name.endswith("_1")
@@ -132,3 +156,13 @@ def test_resnorm_builds_hold_the_ticket(builds):
     for name in rn:
         spills, wait, signal, atom, sqrt = builds[name]
         assert spills == 0 and atom >= 1 and sqrt >= 1, (name, builds[name])
+
+
+def test_rope_builds_rotate_and_store(builds):
+    """The rope epilogue's builds (Switches.gemv_raw_rope): no spills (ptxas's count), the PDL markers as the plain
+    builds (test_raw_gemv_builds_for_sm90), the rotation's cosine and sine, and the two stores of a pair's values."""
+    rope = [n for n in builds if "_rope" in n]
+    assert len(rope) == 16
+    for name in rope:
+        spills, wait, signal, trig, stores = builds[name]
+        assert spills == 0 and trig >= 2 and stores >= 2, (name, builds[name])

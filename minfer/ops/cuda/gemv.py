@@ -22,6 +22,7 @@ import triton.language as tl
 
 from minfer.ops import paths
 from minfer.ops.cuda.dequant import HALFWORD_TYPES, LAYOUT, decode, decode_hw
+from minfer.ops.cuda.gemv_raw_rope import rope_row, rope_store
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
@@ -72,12 +73,13 @@ def _norm_runs(nx, ny, ng, s_out, h_out, eps, kk, first_row, K, store):
 
 @triton.jit
 def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_om, tiles_per_split,
-                 nx, ny, ng, s_out, eps, h_rn, cnt,
+                 nx, ny, ng, s_out, eps, h_rn, cnt, rp, rt, kc, vc, nq, nk, kvs,
                  QT: tl.constexpr, QK: tl.constexpr, TS: tl.constexpr,
                  BN: tl.constexpr, BK: tl.constexpr, MP: tl.constexpr,
                  SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_DOT: tl.constexpr, IEEE: tl.constexpr,
                  PDL: tl.constexpr = 0, ONE: tl.constexpr = False, NORM: tl.constexpr = False,
-                 HW: tl.constexpr = False, RN: tl.constexpr = False, BD: tl.constexpr = 16):
+                 HW: tl.constexpr = False, RN: tl.constexpr = False, BD: tl.constexpr = 16, RP: tl.constexpr = 0,
+                 HD: tl.constexpr = 2):
     # The weight tile is [BN * S runs, 16] (see dequant.decode): run q is row q // S of the
     # program's rows, values s*16.. (s = q % S) of the current K tile.
     # PDL (pdl.py): ONE (one K tile, one row, no split) decodes its weights before the wait,
@@ -86,13 +88,19 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
     # and the previous GEMV's output ny (_norm_runs), x receiving h and s_out s from program 0.
     # RN (ONE only; Switches.gemv_raw_resnorm): after its rows are stored, the program that stores last (an
     # atomic ticket on cnt) makes s_out = nx + out and h_rn = rms_norm(s_out) * ng (resnorm_tail.py).
+    # RP (ONE only; Switches.gemv_raw_rope): 1 neox / 2 normal rope pairs -- a program's rows are a permutation of
+    # its head's HD rows (gemv_raw_rope.rope_row), and q rotated goes to out, k rotated and v to the caches kc / vc
+    # at row *rp (gemv_raw_rope.rope_store); out's k / v rows are not written.
     S: tl.constexpr = BK // 16
     R: tl.constexpr = BN * S
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_m = tl.program_id(2)
     run = tl.arange(0, R)
-    n_run = pid_n * BN + run // S                                # [R] row of each run
+    if RP:
+        n_run = rope_row(pid_n, run // S, BN, HD, RP == 1)       # [R] row of each run
+    else:
+        n_run = pid_n * BN + run // S                            # [R] row of each run
     s16 = (run % S) * 16                                         # [R] offset of the run in the tile
     rowp = raw + n_run.to(tl.int64) * row_bytes
     i = tl.arange(0, 16)[None, :]
@@ -139,7 +147,10 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
         elif not HW:
             xv = tl.load(x + pid_m.to(tl.int64) * stride_xm + k0[:, None] + i, mask=m, other=0.0)
             acc2 += w * xv.to(tl.float32)
-    n = pid_n * BN + tl.arange(0, BN)
+    if RP:
+        n = rope_row(pid_n, tl.arange(0, BN), BN, HD, RP == 1)
+    else:
+        n = pid_n * BN + tl.arange(0, BN)
     nmask = n < N
     if USE_DOT:
         if SPLIT == 1:
@@ -155,7 +166,10 @@ def _gemv_kernel(raw, x, out, part, bias, M, N, K, row_bytes, stride_xm, stride_
         if SPLIT == 1:
             if HAS_BIAS:
                 acc1 += tl.load(bias + n, mask=nmask, other=0.0).to(tl.float32)
-            tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc1.to(out.dtype.element_ty), mask=nmask)
+            if RP:
+                rope_store(acc1, out, pid_n, rp, rt, kc, vc, nq, nk, kvs, BN, HD, RP == 1)
+            else:
+                tl.store(out + pid_m.to(tl.int64) * stride_om + n, acc1.to(out.dtype.element_ty), mask=nmask)
             if RN:
                 resnorm_tail(nx, out, ng, s_out, h_rn, eps, N, cnt, tl.num_programs(0), BD)
         else:
@@ -241,7 +255,7 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
          tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
-         pdl: int = 0, norm=None, halfwords: bool = False, resnorm=None) -> torch.Tensor:
+         pdl: int = 0, norm=None, halfwords: bool = False, resnorm=None, rope=None) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
     one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
@@ -256,6 +270,10 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     resnorm: (resid float32 (1, N), weight (N,), eps, s float32 (1, N), h (1, N), cnt int32 (>= 1,), zero) -- one
     row in one pass only (else ValueError): the residual add and RMSNorm after the GEMV, s = resid + out and
     h = rms_norm(s) * weight, made by the program that stores last (gemv_resnorm; Switches.gemv_raw_resnorm).
+    rope: (positions (1,) int64, turns (Dh/2,) float64, k_cache, v_cache (S, Hkv, Dh), nq, nk, Dh, neox) -- the
+    stacked q/k/v rows (nq, nk, nk) in one pass, one row, no norm prologue or residual norm (else ValueError): q
+    rotated into out's first nq values, k rotated and v into the caches' row positions[0] (gemv_raw_rope.py;
+    Switches.gemv_raw_rope); out's other values are not written.
     split / tile=(BN, BK) / num_warps override the chosen config (benchmark sweeps)."""
     m = x.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == k
@@ -275,6 +293,12 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     if resnorm is not None and not (one and m == 1 and norm is None and bias is None):
         raise ValueError(f"gemv: the residual norm epilogue needs one row in one pass without a bias or norm "
                          f"prologue ({m} x {k} in {n_tiles} K tiles, {split} splits)")
+    if rope is not None and not (one and m == 1 and norm is None and resnorm is None and bn % 2 == 0
+                                 and rope[6] % bn == 0 and n % rope[6] == 0):
+        raise ValueError(f"gemv: the rope epilogue needs one row in one pass without a norm, in {bn}-row tiles that "
+                         f"pair a head's rows ({m} x {k} in {n_tiles} K tiles, {split} splits, head dim "
+                         f"{rope[6]})")
+    rp, rt, kc, vc, nq, nk, hd, neox = rope if rope is not None else (x, x, x, x, 0, 0, 2, True)
     nx, ny, ng, eps, s_out = norm if norm is not None else (x, x, x, 0.0, x)
     h_rn, cnt = x, x
     if resnorm is not None:
@@ -291,10 +315,12 @@ def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=No
     pdl = pdl if m == 1 and not interpret else 0
     _gemv_kernel[grid](raw, x, out, part, bias if bias is not None else out, m, n, k, raw.stride(0),
                        x.stride(0), out.stride(0), tiles_per_split, nx, ny, ng, s_out, float(eps), h_rn, cnt,
+                       rp, rt, kc, vc, nq, nk, kc.stride(0) if rope is not None else 0,
                        QT=qtype, QK=qk, TS=ts, BN=bn, BK=bk, MP=mp, SPLIT=split,
                        HAS_BIAS=bias is not None, USE_DOT=use_dot, IEEE=x.dtype == torch.float32,
                        PDL=pdl, ONE=one, NORM=norm is not None, HW=hw, RN=resnorm is not None,
                        BD=triton.next_power_of_2(n) if resnorm is not None else 16,
+                       RP=(1 if neox else 2) if rope is not None else 0, HD=hd,
                        num_warps=num_warps, **launch_kw(pdl))
     if split > 1:
         mn = m * n

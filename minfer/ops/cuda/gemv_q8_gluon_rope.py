@@ -139,6 +139,11 @@ def linear_qkv_rope(x: torch.Tensor, wts, biases, positions: torch.Tensor, cfg, 
     hd = k_cache.shape[-1]
     if len(wts) != 3 or cfg.n_rot != hd or cfg.style not in ("neox", "normal") or x.dtype != k_cache.dtype:
         return None
+    from minfer.ops.cuda.gemv_raw_rope import raw_qkv_rope     # (a raw-block group: the raw GEMV's epilogue)
+
+    q = raw_qkv_rope(x, wts, biases, positions, cfg, k_cache, v_cache, sw, ws)
+    if q is not None:
+        return q
     found = QM.decode_group_planes(x, wts, sw)
     if found is None:
         return None
