@@ -59,3 +59,20 @@ def teacher_forced_greedy_same(engines: dict, steps: int = 16, gen_tokens: int =
     for eng in engines.values():
         eng.close()
     return snap
+
+
+def captured(fn) -> tuple:
+    """(graph, fn's result inside it): fn run once on a side stream (its kernels compiled, its memory pool warm),
+    then captured in a CUDA graph; replay the graph to run fn again on the same tensors."""
+    import torch
+
+    st = torch.cuda.Stream()
+    st.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(st):
+        fn()
+    torch.cuda.current_stream().wait_stream(st)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        res = fn()
+    return graph, res

@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
 from kernel_data import rel_err  # noqa: E402
-from switch_engines import switch_engines, teacher_forced_greedy_same  # noqa: E402
+from switch_engines import captured, switch_engines, teacher_forced_greedy_same  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
 
@@ -62,15 +62,7 @@ def test_tail_launches_and_graph_replays(qt, cfg, glu, pdl):
         assert int(ws.cnt.abs().sum()) == 0
         assert torch.equal(out, y) and torch.equal(s, resid + y.float())
         assert rel_err(h.cpu(), h2.double().cpu()) < 1e-2 and (h != h2).sum() <= n // 64
-    graph = torch.cuda.CUDAGraph()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        launch()
-    torch.cuda.current_stream().wait_stream(st)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        _, sg, hg = launch()
+    graph, (_, sg, hg) = captured(launch)
     for _ in range(3):
         sg.zero_()
         graph.replay()

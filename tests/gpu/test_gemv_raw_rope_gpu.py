@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType as T
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
 sys.path.insert(0, os.path.dirname(__file__))
-from switch_engines import switch_engines, teacher_forced_greedy_same  # noqa: E402
+from switch_engines import captured, switch_engines, teacher_forced_greedy_same  # noqa: E402
 from test_kernels_gpu import make_weight, poison  # noqa: E402
 
 from minfer.config import RopeConfig  # noqa: E402
@@ -62,15 +62,7 @@ def test_rope_epilogue_launches_and_graph_replays(qt, style, hd, hw, pdl):
         q2, kc2, vc2 = reference()
         torch.cuda.synchronize()
         assert torch.equal(q, q2) and torch.equal(kc, kc2) and torch.equal(vc, vc2), p
-    g = torch.cuda.CUDAGraph()
-    st = torch.cuda.Stream()
-    st.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(st):
-        fused()
-    torch.cuda.current_stream().wait_stream(st)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(g):
-        qg = fused()
+    g, qg = captured(fused)
     for p in (17, 200):
         pos.fill_(p)
         kc.zero_()
