@@ -111,7 +111,8 @@ def test_model_decode_with_the_norms_in_the_raw_groups(K, monkeypatch, tmp_path,
     assert ws.raw_prenorm == {"attn_norm", "ffn_norm"}
     decs, snaps = {}, {}
     for on in (False, True):
-        ctx = Context(Switches(gemv_raw_norm=on), ws)
+        # (the residual norm tails, on by default, make these norms in the GEMV before and take them first: off)
+        ctx = Context(Switches(gemv_raw_norm=on, gemv_raw_resnorm=False, gemv_q8_resnorm=False), ws)
         cache = KVCache.for_config(m.cfg, 32)
         m.forward(toks, Step.at(0, 8, "cpu"), cache, ctx)
         paths.reset()
@@ -150,7 +151,7 @@ def test_a_consumer_that_cannot_fold_runs_the_norm_first(K, monkeypatch, tmp_pat
     route_to_cuda(monkeypatch, C)
     ws = C.Workspace.for_model(m)
     ws.raw_prenorm = frozenset({"attn_norm", "ffn_norm"})
-    ctx = Context(Switches(gemv_raw_norm=True, gemv_raw_fuse=False), ws)
+    ctx = Context(Switches(gemv_raw_norm=True, gemv_raw_fuse=False, gemv_raw_resnorm=False, gemv_q8_resnorm=False), ws)
     cache = KVCache.for_config(m.cfg, 32)
     m.forward(toks, Step.at(0, 4, "cpu"), cache, ctx)
     paths.reset()
