@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from minfer.errors import MinferError
-from minfer.switches import RETIRED, Switches, markdown_table, retired_in_env
+from minfer.process_env import RETIRED, retired_in_env
+from minfer.switches import Switches, markdown_table
 
 
 def test_defaults_and_from_env():

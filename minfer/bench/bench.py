@@ -243,7 +243,7 @@ def measure(runner, test: Test, reps: int, rng, vocab: int, timer: Timer, warmup
 
 
 def minfer_env() -> dict:
-    from minfer.switches import environ_snapshot
+    from minfer.process_env import environ_snapshot
 
     return environ_snapshot()
 

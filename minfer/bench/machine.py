@@ -29,7 +29,7 @@ def git_commit() -> dict:
     MINFER_COMMIT, when set, wins: the device scripts are given it by the caller
     (`MINFER_COMMIT=$(git rev-parse HEAD)`), because the GPU machine's copy of the tree has no
     .git or, as seen on 2026-11-29, a stale one (it reported 32f0baa + dirty for 539d4e3)."""
-    from minfer.switches import process_setting
+    from minfer.process_env import process_setting
 
     env = process_setting("MINFER_COMMIT") or None
     if env:
@@ -102,7 +102,7 @@ def machine_info(device: str) -> dict:
     info["minfer"] = __version__
     info.update(git_commit())
     # the MINFER_* variables set (switches and process settings), for the record
-    from minfer.switches import environ_snapshot
+    from minfer.process_env import environ_snapshot
 
     info["env"] = environ_snapshot()
     if device == "cuda" and torch.cuda.is_available():

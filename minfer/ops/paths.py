@@ -69,7 +69,8 @@ def _default_off(env: str) -> bool:
     gates is off because nobody turned it on, not because someone turned it off."""
     from dataclasses import fields
 
-    from minfer.switches import Switches, environ_snapshot
+    from minfer.process_env import environ_snapshot
+    from minfer.switches import Switches
 
     if "=" in env or env in environ_snapshot():
         return False

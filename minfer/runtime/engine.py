@@ -112,7 +112,7 @@ class Engine:
         if switches is None:
             import sys
 
-            from minfer.switches import retired_in_env
+            from minfer.process_env import retired_in_env
 
             for r in retired_in_env():          # decided A/Bs: set, but no longer read
                 print(f"minfer: warning: {r}; it is not read any more", file=sys.stderr)
