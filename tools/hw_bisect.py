@@ -17,7 +17,7 @@ import triton.language as tl
 from minfer.ops.cuda.dequant import _ldh
 from minfer.ops.cuda.pdl import enter as pdl_enter
 
-VARIANTS = ["ctrl", "xpair", "qhbytes", "qsu16", "qhrow", "copy"]   # copy: this file's copy of the shipped code
+VARIANTS = ["ctrl", "xpair", "qhbytes", "qsu16", "qhrow", "copy"]   # ctrl: the shipped reads; copy: the first (uint16 qh) form
 
 
 VV = tl.constexpr(VARIANTS.index(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] in VARIANTS else 0)
