@@ -93,6 +93,8 @@ ENV_READ = re.compile(r"os\.environ|getenv")
 # The documented process-level reads besides minfer/switches.py (see its module docstring).
 ALLOWED_ENV = {
     "switches.py",                 # Switches.from_env: every MINFER_* behaviour variable
+    "process_env.py",              # moved out of switches.py: retired switches, the record's MINFER_* snapshot,
+                                   # process_setting (MINFER_COMMIT)
     "catalog.py",                  # MINFER_HOME, MINFER_PIP_ARGS (where models live, how pip runs)
     "ops/cuda/dequant.py",         # TRITON_INTERPRET (Triton's own switch)
     "commands/serve.py",           # MINFER_API_KEY, the server's default key
