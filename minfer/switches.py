@@ -137,13 +137,21 @@ class Switches:
                                 "1.050 on an H100, every pair of 8 above 1, perf-log AZ7); off: the GEMV, then the "
                                 "add + norm kernel",
                                 kind="tuning")
-    gemv_raw_rope: bool = _sw(False, "MINFER_GEMV_RAW_ROPE",
+    gemv_raw_tile4: bool = _sw(False, "MINFER_GEMV_RAW_TILE4",
+                               "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
+                               "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "
+                               "below 2,112 (ops/cuda/gemv.py one_pass_tile; the raw sweep on an H100: the 0.5B's "
+                               "gate+up 9.43 against 10.27 us, perf-log BA1); off (the default until its A/B): the "
+                               "rule's 8-row tiles",
+                               kind="tuning")
+    gemv_raw_rope: bool = _sw(True, "MINFER_GEMV_RAW_ROPE",
                               "one-row decode of a layer whose q/k/v weights are one stacked raw-block group "
                               "(Qwen2.5-0.5B's Q5_0 q/k/v, gemv.fuse_raw_group): the one-pass raw GEMV stores q "
                               "rotated and writes rope(k) and v into the KV cache in its epilogue "
                               "(ops/cuda/gemv_raw_rope.py; counted gemv.raw_rope) -- no rope_kv launch (1.2-1.4 "
-                              "us a layer on an H100, perf-log AZ9); needs MINFER_QKV_ROPE on; off (the default "
-                              "until measured): the GEMV, then the rope_kv kernel",
+                              "us a layer on an H100, perf-log AZ9); needs MINFER_QKV_ROPE on. On by default: the "
+                              "0.5B's tg128 B/A 1.004 on an H100, pairs 2-8 of 8 above 1 (1.005-1.011; perf-log "
+                              "BA1); off: the GEMV, then the rope_kv kernel",
                               kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "

@@ -44,6 +44,11 @@ for step in $STEPS; do
     rope)   # the raw q/k/v GEMV's rope epilogue (Switches.gemv_raw_rope, perf-log AZ9)
       tests_then_ab rope MINFER_GEMV_RAW_ROPE "raw_rope" tests/gpu/test_gemv_raw_rope_gpu.py \
         tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_qkv_rope_gpu.py;;
+    tile4)   # the raw one-pass GEMV's 4-row tiles past 2,112 rows (Switches.gemv_raw_tile4, perf-log BA1): tests, A/B
+      tests_then_ab tile4 MINFER_GEMV_RAW_TILE4 "one_pass" tests/gpu/test_gemv_raw_tile4_gpu.py \
+        tests/gpu/test_gemv_raw_rope_gpu.py tests/gpu/test_gemv_raw_group_gpu.py tests/gpu/test_gemv_raw_resnorm_gpu.py;;
+    tile4ab)   # its A/B alone
+      tests_then_ab tile4 MINFER_GEMV_RAW_TILE4 "one_pass";;
     rn)   # the raw o GEMV's residual norm epilogue (Switches.gemv_raw_resnorm): the 0.5B's A/B 0 -> 1 (after hw)
       tests_then_ab rn MINFER_GEMV_RAW_RESNORM "raw_resnorm";;
     prof)

@@ -66,6 +66,40 @@ def test_one_pass_tile_rule():
     assert gemv.gemv_config(T.Q5_0, 1, 896, 896, False)[4] == 4   # without it: 4 splits + a reduce
 
 
+def test_tile4_rule():
+    """Switches.gemv_raw_tile4: 4-row one-pass tiles up to 65,536 rows (gemv(one_pass=2), raw_kw), the
+    lm heads past it keep 8; off, the rule above; the raw rope route asks the same rule."""
+    from minfer.ops.cuda import gemv
+
+    assert gemv.one_pass_tile(1, 9728, 896, True) == (4, 1024)       # the 0.5B's gate+up
+    assert gemv.one_pass_tile(1, 3072, 576, True) == (4, 1024)       # SmolLM2-135M's
+    assert gemv.one_pass_tile(1, 65536, 896, True) == (4, 1024)
+    assert gemv.one_pass_tile(1, 151936, 896, True) == (8, 1024)     # the 0.5B's lm head
+    assert gemv.one_pass_tile(1, 9728, 4864, True) is None           # K past 1024: no one-pass tile either way
+    assert gemv.gemv_config(T.Q5_0, 1, 9728, 896, False, one_pass=2)[:2] == (4, 1024)
+    assert gemv.gemv_config(T.Q5_0, 1, 9728, 896, False, one_pass=1)[:2] == (8, 1024)
+    x = torch.zeros(1, 896)
+    assert gemv.raw_kw(Switches(gemv_raw_tile4=True), x)["one_pass"] == 2
+    assert gemv.raw_kw(Switches(gemv_raw_tile4=False), x)["one_pass"] == 1
+    assert gemv.raw_kw(Switches(gemv_raw_tile4=True, gemv_one_pass=False), x)["one_pass"] == 0
+
+
+@pytest.mark.parametrize("qt", [T.Q5_0, T.Q8_0, T.Q4_0])
+def test_tile4_gemv_bits(K, qt):
+    """A 2,200-row one-pass GEMV (8-row tiles by the rule) in 4-row tiles (one_pass=2) gives the same
+    values, both within float64 reach of the gguf package's dequantized weight; halfword reads too."""
+    g = K["gemv"]
+    n, k = 2200, 896
+    w, ref_w = _weight("w", int(qt), n, k, 7 + int(qt))
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(3))
+    ref = x.double() @ torch.from_numpy(ref_w).double().T
+    for hw in (False, True):
+        a = g.gemv(x, w.raw, int(qt), n, k, interpret=True, one_pass=1, halfwords=hw)
+        b = g.gemv(x, w.raw, int(qt), n, k, interpret=True, one_pass=2, halfwords=hw)
+        assert torch.equal(a, b), (hw, (a - b).abs().max())
+        assert rel_err(b.double(), ref) < 1e-5
+
+
 # (type, K): the 32-block and float types at the small models' row lengths, the k-quants (whole
 # 256-blocks) at the two that are multiples of 256
 ONE_PASS_CASES = [(qt, k) for qt in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16) for k in (576, 768, 896, 1024)] + \

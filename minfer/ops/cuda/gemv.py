@@ -199,16 +199,22 @@ _TARGET_PROGRAMS = 132 * 4
 ONE_PASS_MAX_K = 1024
 
 
-def one_pass_tile(m: int, n: int, k: int):
+# Switches.gemv_raw_tile4: BN 4 up to this many rows (the lm heads above it keep 8)
+TILE4_MAX_ROWS = 65536
+
+
+def one_pass_tile(m: int, n: int, k: int, tile4: bool = False):
     """(BN, BK) of the one-pass config, or None when the shape is not one (M > 1 or K past
     ONE_PASS_MAX_K). The small models' rows (hidden 576-1024: SmolLM2, Qwen2.5-0.5B, gemma-3-270m)
     took 4 K tiles of 256 in 4 splits and a reduce launch after each GEMV: a layer's seven GEMVs
     were eleven launches. BK: K rounded up to a power of two (the tail masked); BN 4 rows where
-    8 would leave fewer than two programs an SM (132 SMs), so the few rows still spread."""
+    8 would leave fewer than two programs an SM (132 SMs), so the few rows still spread; tile4
+    (Switches.gemv_raw_tile4): BN 4 up to TILE4_MAX_ROWS rows (the raw sweep with halfword reads,
+    H100: the 0.5B's Q5_0 gate+up 9.43 us at BN 4 against 10.27 at 8; its lm head 74.3 against 69.5)."""
     if m != 1 or k > ONE_PASS_MAX_K:
         return None
     bk = max(16, triton.next_power_of_2(k))
-    return (4 if triton.cdiv(n, 8) < 264 else 8), bk
+    return (4 if triton.cdiv(n, 8) < 264 or (tile4 and n <= TILE4_MAX_ROWS) else 8), bk
 
 
 def raw_pdl(sw, x) -> int:
@@ -218,8 +224,10 @@ def raw_pdl(sw, x) -> int:
 
 
 def raw_kw(sw, x) -> dict:
-    """gemv()'s launch options from the switches for x: one_pass, pdl (raw_pdl), halfwords."""
-    return {"one_pass": sw.gemv_one_pass, "pdl": raw_pdl(sw, x), "halfwords": sw.gemv_raw_halfwords}
+    """gemv()'s launch options from the switches for x: one_pass (2: with Switches.gemv_raw_tile4), pdl
+    (raw_pdl), halfwords."""
+    return {"one_pass": (2 if sw.gemv_raw_tile4 else 1) if sw.gemv_one_pass else 0, "pdl": raw_pdl(sw, x),
+            "halfwords": sw.gemv_raw_halfwords}
 
 
 def pass_suffix(m: int, n: int, k: int, one_pass: bool) -> str:
@@ -227,9 +235,9 @@ def pass_suffix(m: int, n: int, k: int, one_pass: bool) -> str:
     return ".one_pass" if one_pass and one_pass_tile(m, n, k) is not None else ""
 
 
-def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool, one_pass: bool = False):
-    """(BN, BK, MP, USE_DOT, SPLIT) for this shape."""
-    tile = one_pass_tile(m, n, k) if one_pass else None
+def gemv_config(qtype: int, m: int, n: int, k: int, interpret: bool, one_pass: int = 0):
+    """(BN, BK, MP, USE_DOT, SPLIT) for this shape; one_pass 2: the tile4 rule (one_pass_tile)."""
+    tile = one_pass_tile(m, n, k, one_pass == 2) if one_pass else None
     if tile is not None:
         return tile[0], tile[1], 1, False, 1
     if interpret:
@@ -254,11 +262,12 @@ def gemv_config_split(m, n, k, bn, bk, mp, use_dot) -> int:
 
 def gemv(x: torch.Tensor, raw: torch.Tensor, qtype: int, n: int, k: int, bias=None,
          out_dtype=None, interpret: bool = False, split: int | None = None,
-         tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: bool = False,
+         tile: tuple[int, int] | None = None, num_warps: int = 4, one_pass: int = 0,
          pdl: int = 0, norm=None, halfwords: bool = False, resnorm=None, rope=None) -> torch.Tensor:
     """x (M, K) float, last dim contiguous; raw uint8 (N, row_bytes) -> (M, N) in x's dtype.
 
-    one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch).
+    one_pass: a one-row shape with K <= ONE_PASS_MAX_K in one K tile, no split (one launch); 2: BN 4 up to
+    TILE4_MAX_ROWS rows (Switches.gemv_raw_tile4; one_pass_tile).
     pdl: launched with programmatic dependent launch (pdl.py; one row only), the one-pass
     config's weights decoded before its wait.
     norm (one pass only; Switches.gemv_raw_norm): (nx float32 (1, K), ny (1, K), weight (K,), eps,

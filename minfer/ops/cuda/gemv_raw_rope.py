@@ -86,7 +86,7 @@ def raw_qkv_rope(x: torch.Tensor, wts, biases, positions: torch.Tensor, cfg, k_c
     hd = k_cache.shape[-1]
     nq, nk, nv = (w.shape[0] for w in lead)
     n, k = nq + nk + nv, lead[0].shape[1]
-    tile = G.one_pass_tile(1, n, k)
+    tile = G.one_pass_tile(1, n, k, sw.gemv_raw_tile4)
     kc, vc = k_cache, v_cache
     if (tile is None or tile[0] % 2 or hd % tile[0] or nq % hd or nk % hd or nv != nk or cfg.n_rot != hd
             or cfg.style not in ("neox", "normal") or not (x.dtype == kc.dtype == vc.dtype)
