@@ -3,7 +3,8 @@
 last program's loads of the splits' partial sums (L: LDG.E.STRONG) and their additions (A: FADD), branches |.
 Each run of L before an A is one L2 round trip. (perf-log BA2: the runtime loop over the 8 splits issues them in 4
 rounds -- one peeled, 4 unrolled, 2, 1.)
-    python tools/split_tail_sass.py [maxnreg, default 72; 0: none]"""
+    python tools/split_tail_sass.py [maxnreg, default 72; 0: none] [gather]
+gather: the Switches.split_gather build (IS_SPLIT 8: gemv_q8g_loads._split_gather), one round expected."""
 import os
 import subprocess
 import sys
@@ -21,10 +22,13 @@ from minfer.ops.cuda import gemv_q8_gluon as GL  # noqa: E402
 
 def main():
     regs = int(sys.argv[1]) if len(sys.argv) > 1 else 72
+    gather = "gather" in sys.argv[2:]
+    q6 = "q6" in sys.argv[2:]          # the Q6_K down ([32, 2, 5, 4]: 5 splits, no register cap)
     kern = GL._gemv_q8g_kernel
     names = [p.name for p in kern.params if not p.is_constexpr]
-    types = ["*i32"] * 8 + GEMV_Q8G_TAIL
-    cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=True, HAS_BIAS=False, HAS_RESID=False, PDL=1,
+    planes = ["*i32", "*i16", "*i16", "*fp16"] if q6 else ["*i32"] * 4
+    types = planes + planes + GEMV_Q8G_TAIL
+    cex = dict(QT=14 if q6 else 12, QTB=14 if q6 else 12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=8 if gather else True, HAS_BIAS=False, HAS_RESID=False, PDL=1,
                PF=1, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=True, WK=False, SF=False, TM=32, XP=True, RQ=2)
     src = GluonASTSource(kern, dict(zip(names, types)) | {c: "constexpr" for c in cex}, cex,
                          {(i,): [["tt.divisibility", 16]] for i in range(10)})
@@ -43,6 +47,8 @@ def main():
         if on:
             seq += ["L"] if "LDG.E.STRONG" in line else ["A"] if " FADD " in line else ["|"] if " BRA " in line else []
     print("".join(seq))
+    if "sass" in sys.argv[2:]:
+        open("/tmp/split_tail.sass", "w").write(sass)
 
 
 if __name__ == "__main__":

@@ -262,7 +262,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False,
             pdl_late: bool = False, gluon_table: str = "", preload: bool = True, prenorm=None, rope=None,
-            rstd_late: bool = False, l2_heads: int = 0, glu=None, resnorm=None) -> torch.Tensor:
+            rstd_late: bool = False, l2_heads: int = 0, glu=None, resnorm=None, split_gather: bool = False):
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).
@@ -293,7 +293,8 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
     kernel, but not a Gluon config with warps along K or stream-K: glu_route says where). resnorm: (resid float32
     (1, N), weight (N,), eps, s float32 (1, N), h (1, N)) -- where the Triton kernel takes a one-weight launch
     without bias or resid (N <= RN_MAX), its last row tile's program makes s = resid + out and h = rms_norm(s) *
-    weight (Switches.gemv_q8_resnorm; counted `gemv_q8.resnorm`) and out.rn = (s, h); else out alone."""
+    weight (Switches.gemv_q8_resnorm; counted `gemv_q8.resnorm`) and out.rn = (s, h); else out alone. split_gather:
+    the Gluon kernel's split tiles sum their partials in one load round (Switches.split_gather)."""
     segs = tuple(rw) if isinstance(rw, (tuple, list)) else (rw,)
     if glu is not None:
         q8 = glu
@@ -407,7 +408,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
                   (prenorm.x, prenorm.y, prenorm.weight, prenorm.eps, prenorm.s),
                   norm_ss=None if prenorm is None or prenorm.ssp is None else
                   (prenorm.x, prenorm.ssp, prenorm.ssp.numel(), prenorm.weight, prenorm.eps), rscale=rscale,
-                  rstd_late=rstd_late, glu=glu)
+                  rstd_late=rstd_late, glu=glu, gather=split_gather)
         return _rope_after(out, rope, pdl)
     p0, p1, p2, p3 = _planes4(segs[0])
     r0, r1, r2, r3 = _planes4(segs[-1])

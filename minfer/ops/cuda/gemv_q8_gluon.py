@@ -50,7 +50,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_loads import _dp4a, _l2_heads, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words, _xloads
+from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _l2_heads, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words,
+                                            _split_gather, _xloads)
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd, _norm_tail,
                                            _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd, _ss_sum_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
@@ -277,9 +278,12 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         if ticket == SPLIT - 1:
             if RQ == 2:
                 gv = _rq_weight(ng, pid_n, BN, NW)                    # with the partials' loads
-            tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
-            for sp in range(SPLIT):
-                tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            if IS_SPLIT > 1:    # (Switches.split_gather: IS_SPLIT the split count's power of two) one load round
+                tot = _split_gather(part, pid_n, N, SPLIT, NSTRIDE, IS_SPLIT, BN, NW, gl.SliceLayout(1, L2))
+            else:
+                tot = gl.zeros([BN], gl.float32, layout=gl.SliceLayout(1, L2))
+                for sp in range(SPLIT):
+                    tot += gl.load(part + sp * NSTRIDE + rows, mask=rmask, other=0.0, cache_modifier=".cg")
             if RSS:
                 sv = _finish_rss(tot, rows, rmask, bias, bpre, xres, out, ssp + pid_n, ydt, HAS_BIAS, PRE)
                 if RQ == 2:
@@ -471,7 +475,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
            rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False,
-           l2_heads=None, glu=None):
+           l2_heads=None, glu=None, gather: bool = False):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -494,7 +498,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     shared memory reserved for it: _occupancy_pad). rstd_late (with rscale): the tile sums summed after
     the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem).
     glu: (gate (1, K), up (1, K)), one weight -- x_hat is the q8 form of silu(gate) * up, made by the
-    programs as swiglu_q8 makes it (_tile's NORM 1 with GX: the GLU prologue); xq / xf are not read."""
+    programs as swiglu_q8 makes it (_tile's NORM 1 with GX: the GLU prologue); xq / xf are not read. gather:
+    the split tile's partial sums in one load round (_split_gather, Switches.split_gather)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -540,7 +545,8 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            *(l2_heads[1] if l2_heads is not None else (0,) * 13),
                            HPF=l2_heads[0] if l2_heads is not None else 0,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
-                           IS_SPLIT=split > 1, HAS_BIAS=bias is not None,
+                           IS_SPLIT=(max(2, 1 << (split - 1).bit_length()) if gather else True) if split > 1 else False,
+                           HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,
                            NCHP=max(bb * 8, 1 << (bps * 8 - 1).bit_length()) if mode in (1, 2) else 1,

@@ -14,7 +14,8 @@ from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choos
 def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorkspace | None = None,
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
                      preload: bool = True, config=None, tail=None, rq=None, refused=None,
-                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0, glu=None) -> tuple | None:
+                     rq_smem: bool = False, late: int = 0, l2_heads: int = 0, glu=None,
+                     split_gather: bool = False) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:
@@ -85,7 +86,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
               x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
-              rq_smem=rq_smem, l2_heads=hp, glu=glu)
+              rq_smem=rq_smem, l2_heads=hp, glu=glu, gather=split_gather)
     if tail is not None:
         return s, ssp, h
     return (s, ssp, q8u) if rq is not None else (s, ssp)

@@ -132,3 +132,19 @@ def _l2_plane(tiles, base, run, head, NW: gl.constexpr):
         gl.inline_asm_elementwise(
             "{ .reg .pred p; setp.ne.s32 p, $1, 0; @p cp.async.bulk.prefetch.L2.global [$2], $3; mov.u32 $0, 0; }",
             "=r,r,l,r", [go, a, n], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _split_gather(part, pid_n, N, SPLIT, NSTRIDE, SP2: gl.constexpr, BN: gl.constexpr, NW: gl.constexpr,
+                  LR: gl.constexpr):
+    """The sum over the SPLIT partial rows of row tile pid_n (part[s * NSTRIDE + row]) in split order, in layout LR
+    (Switches.split_gather): one [SP2, BN] load whose layout gives each thread every split of one row (SP2: SPLIT
+    rounded up to a power of two, the rest masked to 0.0), so its loads are independent of the additions and go
+    out together -- the loop over the runtime count took 4 dependent L2 rounds for 8 splits (perf-log BA2). The
+    in-thread reduction adds the elements left to right: ((p0 + p1) + p2) ..., the loop's 0 + p0 + p1 ... (the
+    same value but for an all -0.0 row's sign), plus the masked +0.0s."""
+    LP: gl.constexpr = gl.BlockedLayout([SP2, 1], [1, 32], [1, NW], [0, 1])
+    sp = gl.expand_dims(gl.arange(0, SP2, layout=gl.SliceLayout(1, LP)), 1)             # [SP2, 1]
+    rows = gl.expand_dims(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, LP)), 0)  # [1, BN]
+    v = gl.load(part + sp * NSTRIDE + rows, mask=(sp < SPLIT) & (rows < N), other=0.0, cache_modifier=".cg")
+    return gl.convert_layout(gl.sum(v, axis=0), LR)

@@ -54,7 +54,8 @@ def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tenso
                                          preload=kw["preload"], tail=(weight, eps) if tail else None,
                                          rq=weight if mode == 4 else None, refused=refused,
                                          rq_smem=sw.rq_smem, late=sw.o_signal if ffn and mode == 4 else 0,
-                                         l2_heads=kw["l2_heads"], glu=(glu.gate, glu.up) if glu else None)
+                                         l2_heads=kw["l2_heads"], glu=(glu.gate, glu.up) if glu else None,
+                                         split_gather=kw["split_gather"])
         if r is not None:
             paths.count("qmatmul.residual_norm")
             if glu:

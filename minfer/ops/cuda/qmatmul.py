@@ -55,6 +55,7 @@ def _q8_kw(sw, x, late: bool = False, glu: bool = False) -> dict:
     if not glu:
         kw["preload"] = sw.pdl_preload
         kw["rstd_late"] = sw.norm_rstd_late
+        kw["split_gather"] = sw.split_gather
     return kw
 
 
