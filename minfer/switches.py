@@ -162,7 +162,7 @@ class Switches:
                               "(ops/cuda/gemv_raw_rope.py; counted gemv.raw_rope) -- no rope_kv launch (1.2-1.4 "
                               "us a layer on an H100, perf-log AZ9); needs MINFER_QKV_ROPE on. On by default: the "
                               "0.5B's tg128 B/A 1.004 on an H100, pairs 2-8 of 8 above 1 (1.005-1.011; perf-log "
-                              "BA1); off: the GEMV, then the rope_kv kernel",
+                              "BA0); off: the GEMV, then the rope_kv kernel",
                               kind="tuning")
     gemv_raw_norm: bool = _sw(False, "MINFER_GEMV_RAW_NORM",
                               "one-row decode on a model whose q/k/v and gate/up groups are all raw-block "
