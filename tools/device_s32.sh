@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-06 thirty-second session (perf-log BB0):
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s32.sh [steps]; true", carry=[".whl", ".lcpp.tar.xz"])
+# card (the default): on an H200 the llama.cpp side by side owed since the twenty-ninth session (build side: the
+#   0.5B, the 7B at d 0 / 3354, Llama-3.1-8B, REPS 2); on any other card the whole `pytest -m gpu` on the
+#   defaults of 9d77fd2 (raw rope, split gather on), then the 7B's bench (suite).
+# suite: the whole GPU suite (TESTS_TIMEOUT 330), then `minfer bench` of the 7B (d 0 / 3354, one process).
+# Other steps go to tools/device_s31.sh (gather, card2, ...; then s30, s29, s28, s26, s25, s4).
+set -u
+STEPS=${*:-card}
+for step in $STEPS; do
+  case $step in
+    card)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
+      case "$gpu" in
+        *H200*) touch /tmp/q7.gguf
+                SIDE_MODELS=${SIDE_MODELS:-"qwen2.5-0.5b qwen2.5-7b llama3.1-8b"} REPS=${REPS:-2} \
+                  bash tools/device_s30.sh build side;;
+        *) bash tools/device_s32.sh suite;;
+      esac;;
+    suite)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
+      TESTS_TIMEOUT=${TESTS_TIMEOUT:-330} BENCH_RUNS=${BENCH_RUNS:-1} REPS=${REPS:-2} bash tools/device_s4.sh tests bench;;
+    *) bash tools/device_s31.sh $step;;
+  esac
+done
+exit 0
