@@ -137,15 +137,16 @@ class Switches:
                                 "1.050 on an H100, every pair of 8 above 1, perf-log AZ7); off: the GEMV, then the "
                                 "add + norm kernel",
                                 kind="tuning")
-    split_gather: bool = _sw(True, "MINFER_SPLIT_GATHER",
-                             "one-row decode, the Gluon q8 GEMV with a K split (the 7B's downs: 8 and 5 splits): the "
-                             "program finishing a row tile loads every split's partial sums as one tensor, each "
-                             "thread all splits of one row, and adds them in split order (the same value) -- one L2 "
-                             "load round instead of the loop's 4 (ptxas unrolls it by 4 with a peel and remainders; "
-                             "tools/split_tail_sass.py, gemv_q8g_loads._split_gather, perf-log BA3). On by default: "
-                             "the 7B's tg128 B/A 1.007 on an H100, every pair of 6 above 1, its decode bit-equal "
-                             "(perf-log BA4); off: the loop",
-                             kind="tuning")
+    split_gather: int = _sw(1, "MINFER_SPLIT_GATHER",
+                            "one-row decode, the Gluon q8 GEMV with a K split (the 7B's downs: 8 and 5 splits): the "
+                            "program finishing a row tile loads every split's partial sums as one tensor, each "
+                            "thread all splits of one row, and adds them in split order (the same value) -- one L2 "
+                            "load round instead of the loop's 4 (ptxas unrolls it by 4 with a peel and remainders; "
+                            "tools/split_tail_sass.py, gemv_q8g_loads._split_gather, perf-log BA3). 1 (default): "
+                            "every split shape (the 7B's tg128 B/A 1.007 on an H100, every pair of 6 above 1, its "
+                            "decode bit-equal, perf-log BA4); 2: only builds without a register cap (the Q6_K down; "
+                            "the Q4_K down's 72-register build spills 32 bytes with it); 0: the loop",
+                            kind="tuning")
     gemv_raw_tile4: bool = _sw(False, "MINFER_GEMV_RAW_TILE4",
                                "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
                                "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "

@@ -21,6 +21,17 @@ for step in $STEPS; do
     suite)
       gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
       TESTS_TIMEOUT=${TESTS_TIMEOUT:-330} BENCH_RUNS=${BENCH_RUNS:-1} REPS=${REPS:-2} bash tools/device_s4.sh tests bench;;
+    gather2)   # perf-log BB1: the 7B's in-process A/B MINFER_SPLIT_GATHER 1 -> 2 (the gather on the uncapped Q6_K down
+               # only; the Q4_K down's capped build back to the loop), tg128, PAIRS pairs, -r 2, nothing else running
+      source tools/device_setup.sh >/dev/null
+      ( [ -s /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m --no-progress \
+          >/tmp/synth7.log 2>&1; touch /tmp/synth7.done ) &
+      while [ ! -f /tmp/synth7.done ]; do sleep 1; done
+      MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-240} python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 -r 2 \
+        --ab MINFER_SPLIT_GATHER=1 MINFER_SPLIT_GATHER=2 --pairs ${PAIRS:-6} --out "$OUT/gather2-ab.json" --no-progress \
+        >"$OUT/gather2-ab.log" 2>&1
+      echo "gather2 A/B: rc $?"
+      grep -E "^\| [0-9]+ \| tg|^\| tg128|gemv_q8|fell back|Traceback" "$OUT/gather2-ab.log" | head -20;;
     *) bash tools/device_s31.sh $step;;
   esac
 done

@@ -262,7 +262,7 @@ def gemv_q8(q8, rw, bias=None, resid=None, out_dtype=torch.bfloat16, config=None
             ws: GemvWorkspace | None = None, asm: bool | None = None, interpret: bool = False,
             pdl: int = 0, pdl_prefetch: int = 1, l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False,
             gluon_table: str = "", preload: bool = True, prenorm=None, rope=None, rstd_late: bool = False,
-            l2_heads: int = 0, glu=None, resnorm=None, split_gather: bool = False) -> torch.Tensor:
+            l2_heads: int = 0, glu=None, resnorm=None, split_gather: int = 0) -> torch.Tensor:
     """out (1, N) = W . x_hat [+ bias] [+ resid] for the repacked weight W and a q8 row (module
     doc). rw: a Repacked, or a pair of them of one K (their rows stacked: out's first rows are
     the first weight's; one launch, each program on one weight's rows, e.g. q/k + a Q6_K v).

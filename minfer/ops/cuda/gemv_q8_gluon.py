@@ -51,7 +51,7 @@ from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
 from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _l2_heads, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words,
-                                            _split_gather, _xloads)
+                                            _split_gather, _xloads, split_const)
 from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd, _norm_tail,
                                            _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd, _ss_sum_rstd)
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
@@ -475,7 +475,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
            rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False,
-           l2_heads=None, glu=None, gather: bool = False):
+           l2_heads=None, glu=None, gather: int = 0):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -545,7 +545,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            *(l2_heads[1] if l2_heads is not None else (0,) * 13),
                            HPF=l2_heads[0] if l2_heads is not None else 0,
                            QT=segs[0].qtype, QTB=segs[-1].qtype, MIXED=len(segs) == 2, BN=bn, BB=bb, NW=nwarps,
-                           IS_SPLIT=(1 << (split - 1).bit_length() if gather else True) if split > 1 else False,
+                           IS_SPLIT=split_const(split, int(gather), regs),
                            HAS_BIAS=bias is not None,
                            HAS_RESID=resid is not None and rss is None,
                            PDL=_pdl_mode(pdl, late), PF=_pf(prefetch), PRE=bool(preload), NORM=mode, KP2=kp2,

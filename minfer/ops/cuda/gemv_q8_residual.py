@@ -15,7 +15,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
                      interpret: bool = False, pdl: int = 0, gluon: bool = False, gluon_table: str = "",
                      preload: bool = True, config=None, tail=None, rq=None, refused=None,
                      rq_smem: bool = False, late: int = 0, l2_heads: int = 0, glu=None,
-                     split_gather: bool = False) -> tuple | None:
+                     split_gather: int = 0) -> tuple | None:
     """(s, ssp): s = x + (W . x_hat rounded to act_dtype), float32 (1, N) -- the residual add of a
     layer's last GEMV, done in the Gluon kernel's epilogue (RSS) -- and ssp (tiles,) float32, each
     row tile's sum of s^2, for the next q/k/v GEMV's norm (gemv_q8's prenorm with ssp:

@@ -148,3 +148,13 @@ def _split_gather(part, pid_n, N, SPLIT, NSTRIDE, SP2: gl.constexpr, BN: gl.cons
     rows = gl.expand_dims(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, LP)), 0)  # [1, BN]
     v = gl.load(part + sp * NSTRIDE + rows, mask=(sp < SPLIT) & (rows < N), other=0.0, cache_modifier=".cg")
     return gl.convert_layout(gl.sum(v, axis=0), LR)
+
+
+def split_const(split: int, gather: int, regs: int):
+    """The kernel's IS_SPLIT constexpr: False without a K split; with one, the split count's power of two when
+    _split_gather sums the partials (gather 1; gather 2 only in a build without a register cap, where the gather's
+    registers cannot spill: the 7B's Q4_K down spills 32 bytes at its 72-register cap, perf-log BA3), else True (the loop)."""
+    if split <= 1:
+        return False
+    return 1 << (split - 1).bit_length() if gather == 1 or (gather == 2 and not regs) else True
+
