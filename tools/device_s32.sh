@@ -4,6 +4,7 @@
 # card (the default): on an H200 the llama.cpp side by side owed since the twenty-ninth session (build side: the
 #   0.5B, the 7B at d 0 / 3354, Llama-3.1-8B, REPS 2); on any other card the whole `pytest -m gpu` on the
 #   defaults of 9d77fd2 (raw rope, split gather on), then the 7B's bench (suite).
+# card2: on an H200 the 7B's bench (two processes), else the 4-row raw tile's A/B again.
 # suite: the whole GPU suite (TESTS_TIMEOUT 330), then `minfer bench` of the 7B (d 0 / 3354, one process).
 # Other steps go to tools/device_s31.sh (gather, card2, ...; then s30, s29, s28, s26, s25, s4).
 set -u
@@ -32,6 +33,13 @@ for step in $STEPS; do
         >"$OUT/gather2-ab.log" 2>&1
       echo "gather2 A/B: rc $?"
       grep -E "^\| [0-9]+ \| tg|^\| tg128|gemv_q8|fell back|Traceback" "$OUT/gather2-ab.log" | head -20;;
+    card2)   # call 6 (perf-log BB3): on an H200 the 7B's bench with the defaults of 9d77fd2, two processes (REPS 3);
+             # on any other card the 4-row raw tile's 0.5B A/B again (PAIRS 8)
+      gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "card: $gpu"
+      case "$gpu" in
+        *H200*) BENCH_RUNS="1 2" REPS=${REPS:-3} bash tools/device_s4.sh bench;;
+        *) PAIRS=${PAIRS:-8} bash tools/device_s29.sh tile4ab;;
+      esac;;
     *) bash tools/device_s31.sh $step;;
   esac
 done
