@@ -151,10 +151,10 @@ class Switches:
                                "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
                                "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "
                                "below 2,112 (ops/cuda/gemv.py one_pass_tile; the raw sweep on an H100: the 0.5B's "
-                               "gate+up 9.43 against 10.27 us, perf-log BA1); off (the default): in the 0.5B's "
-                               "decode it measured B/A 1.004 +- 0.026 on an H100, two pairs of 6 below 1 (perf-log "
-                               "BA4), and Q5_0's byte reads of a float32 row sum in another order; the rule's "
-                               "8-row tiles",
+                               "gate+up 9.43 against 10.27 us, perf-log BA1); off (the default): the 0.5B's decode "
+                               "B/A 1.004 +- 0.026 on one H100 (two pairs of 6 below 1, perf-log BA4), 1.014 +- 0.010 "
+                               "on another (7 of 8 above 1, perf-log BB4), the whole GPU suite not yet run with it on, "
+                               "and Q5_0's byte reads of a float32 row sum in another order; the rule's 8-row tiles",
                                kind="tuning")
     gemv_raw_rope: bool = _sw(True, "MINFER_GEMV_RAW_ROPE",
                               "one-row decode of a layer whose q/k/v weights are one stacked raw-block group "
