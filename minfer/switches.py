@@ -565,8 +565,8 @@ def _parse(f, raw: str):
             v = int(raw)
         except ValueError:
             raise MinferError(f"{env}={raw!r}: expected an integer") from None
-        if v < 0:
-            raise MinferError(f"{env}={raw!r}: expected a non-negative integer")
+        if v < 0 or (f.name == "split_gather" and v > 2):
+            raise MinferError(f"{env}={raw!r}: expected " + ("0, 1 or 2" if f.name == "split_gather" else "a non-negative integer"))
         return v
     if f.name == "pdl_early_sites" and raw:
         bad = [x for x in raw.split(",") if x not in EARLY_SITES]

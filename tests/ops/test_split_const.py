@@ -1,5 +1,8 @@
 """The Gluon q8 GEMV's IS_SPLIT constexpr by Switches.split_gather (gemv_q8g_loads.split_const): which builds sum a
 split tile's partials in one gathered load and which keep the loop (perf-log BA3, BB1)."""
+import pytest
+
+from minfer.errors import MinferError
 from minfer.ops.cuda.gemv_q8g_loads import split_const
 from minfer.switches import Switches
 
@@ -30,3 +33,13 @@ def test_switch_parses_the_three_modes():
     assert Switches.from_env({}).split_gather == 1
     for v in (0, 1, 2):
         assert Switches.from_env({"MINFER_SPLIT_GATHER": str(v)}).split_gather == v
+
+
+def test_an_unknown_mode_is_an_error_naming_the_switch():
+    with pytest.raises(MinferError, match="MINFER_SPLIT_GATHER=3"):
+        split_const(8, 3, 72)
+
+
+def test_the_switch_refuses_an_unknown_mode_when_read():
+    with pytest.raises(MinferError, match="MINFER_SPLIT_GATHER='3': expected 0, 1 or 2"):
+        Switches.from_env({"MINFER_SPLIT_GATHER": "3"})

@@ -154,7 +154,11 @@ def split_const(split: int, gather: int, regs: int):
     """The kernel's IS_SPLIT constexpr: False without a K split; with one, the split count's power of two when
     _split_gather sums the partials (gather 1; gather 2 only in a build without a register cap, where the gather's
     registers cannot spill: the 7B's Q4_K down spills 32 bytes at its 72-register cap, perf-log BA3), else True (the loop)."""
+    if gather not in (0, 1, 2):
+        from minfer.errors import MinferError
+
+        raise MinferError(f"MINFER_SPLIT_GATHER={gather}: expected 0 (the loop), 1 (every split build) or 2 (builds "
+                          "without a register cap)")
     if split <= 1:
         return False
     return 1 << (split - 1).bit_length() if gather == 1 or (gather == 2 and not regs) else True
-
