@@ -28,10 +28,10 @@ from typing import Mapping
 from minfer.errors import MinferError
 
 
-def _sw(default, env: str, doc: str, kind: str = "switch", when: str = "call"):
+def _sw(default, env: str, doc: str, kind: str = "switch", when: str = "call", choices: tuple = ()):
     """A field: `kind` is 'switch' (a fast path, on by default, MINFER_X=0 turns it off) or
-    'tuning' (a value); `when` says whether it acts on each call or only at load."""
-    return field(default=default, metadata={"env": env, "doc": doc, "kind": kind, "when": when})
+    'tuning' (a value); `when` says whether it acts on each call or only at load; `choices`: an int's only values."""
+    return field(default=default, metadata={"env": env, "doc": doc, "kind": kind, "when": when, "choices": choices})
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class Switches:
                             "every split shape (the 7B's tg128 B/A 1.007 on an H100, every pair of 6 above 1, its "
                             "decode bit-equal, perf-log BA4); 2: only builds without a register cap (the Q6_K down; "
                             "the Q4_K down's 72-register build spills 32 bytes with it); 0: the loop",
-                            kind="tuning")
+                            kind="tuning", choices=(0, 1, 2))
     gemv_raw_tile4: bool = _sw(False, "MINFER_GEMV_RAW_TILE4",
                                "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
                                "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "
@@ -565,8 +565,9 @@ def _parse(f, raw: str):
             v = int(raw)
         except ValueError:
             raise MinferError(f"{env}={raw!r}: expected an integer") from None
-        if v < 0 or (f.name == "split_gather" and v > 2):
-            raise MinferError(f"{env}={raw!r}: expected " + ("0, 1 or 2" if f.name == "split_gather" else "a non-negative integer"))
+        if v < 0 or (f.metadata["choices"] and v not in f.metadata["choices"]):
+            *a, b = f.metadata["choices"] or ("a non-negative integer",)
+            raise MinferError(f"{env}={raw!r}: expected " + (f"{', '.join(map(str, a))} or {b}" if a else b))
         return v
     if f.name == "pdl_early_sites" and raw:
         bad = [x for x in raw.split(",") if x not in EARLY_SITES]

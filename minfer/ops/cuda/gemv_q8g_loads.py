@@ -6,6 +6,8 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from minfer.errors import MinferError
+
 
 @gluon.jit
 def _dp4a(a, b, c):
@@ -155,8 +157,6 @@ def split_const(split: int, gather: int, regs: int):
     _split_gather sums the partials (gather 1; gather 2 only in a build without a register cap, where the gather's
     registers cannot spill: the 7B's Q4_K down spills 32 bytes at its 72-register cap, perf-log BA3), else True (the loop)."""
     if gather not in (0, 1, 2):
-        from minfer.errors import MinferError
-
         raise MinferError(f"MINFER_SPLIT_GATHER={gather}: expected 0 (the loop), 1 (every split build) or 2 (builds "
                           "without a register cap)")
     if split <= 1:
