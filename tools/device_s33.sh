@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Device calls of the 2026-12-06 thirty-third session (perf-log CC0):
+#   run(command="MINFER_COMMIT=<sha> bash tools/device_s33.sh [steps]; true", carry=[".whl", ".lcpp.tar.xz"])
+# card (the default): on an H200 the llama.cpp side by side owed since the twenty-ninth session (build side: the
+#   0.5B, the 7B at d 0 / 3354, Llama-3.1-8B, REPS 2; tools/device_s31.sh card); on any other card `tile4`.
+# tile4: the whole `pytest -m gpu` (xdist -n 8, 330 s cap) with MINFER_GEMV_RAW_TILE4=1 -- the test owed before the
+#   4-row raw tile goes on by default (perf-log BB4).
+# Other steps go to tools/device_s32.sh (suite, gather2, card2; then s31, s30, s29, s28, s26, s25, s4).
+set -u
+card_name() { nvidia-smi --query-gpu=name --format=csv,noheader | head -1; }
+for step in ${*:-card}; do
+  case $step in
+    card)
+      echo "card: $(card_name)"
+      case "$(card_name)" in
+        *H200*) bash tools/device_s31.sh card;;
+        *) bash tools/device_s33.sh tile4;;
+      esac;;
+    tile4)
+      echo "card: $(card_name)"
+      MINFER_GEMV_RAW_TILE4=1 TESTS_TIMEOUT=${TESTS_TIMEOUT:-330} bash tools/device_s4.sh tests;;
+    *) bash tools/device_s32.sh $step;;
+  esac
+done
+exit 0
