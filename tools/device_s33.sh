@@ -19,6 +19,17 @@ for step in ${*:-card}; do
     tile4)
       echo "card: $(card_name)"
       MINFER_GEMV_RAW_TILE4=1 TESTS_TIMEOUT=${TESTS_TIMEOUT:-330} bash tools/device_s4.sh tests;;
+    ropediag)   # perf-log CC1: where the raw rope epilogue and GEMV + rope_kv disagree (seeded), then the test file
+                # itself 3 times each with MINFER_GEMV_RAW_TILE4 unset and 1 (xdist -n 8)
+      echo "card: $(card_name)"
+      source tools/device_setup.sh >/dev/null
+      timeout ${DIAG_TIMEOUT:-200} python3 tools/rope_epilogue_diag.py --seeds ${SEEDS:-40} >"$OUT/rope-diag.log" 2>&1
+      grep -v "seeds with a mismatch" "$OUT/rope-diag.log" | head -40; grep "seeds with a mismatch" "$OUT/rope-diag.log"
+      for t4 in 0 1 0 1 0 1; do
+        MINFER_GEMV_RAW_TILE4=$t4 timeout 120 python3 -m pytest -m gpu -q -n 8 -p no:cacheprovider \
+          tests/gpu/test_gemv_raw_rope_gpu.py >"$OUT/rope-test-$t4.log" 2>&1
+        echo "tile4=$t4: $(tail -1 "$OUT/rope-test-$t4.log")"; grep "^FAILED" "$OUT/rope-test-$t4.log"
+      done;;
     *) bash tools/device_s32.sh $step;;
   esac
 done
