@@ -13,7 +13,7 @@ from minfer.ops import paths
 from minfer.ops.context import DEFAULT, Context
 from minfer.ops.cuda.attention import _attn_tile, _fold_score, _key_tile, _kv_tile, _n_split
 from minfer.ops.cuda.decode_merge import merge, partials
-from minfer.ops.cuda.norm_rope_act import _turns, rope_angles
+from minfer.ops.cuda.norm_rope_act import _turns, rope_angles, rope_rotate
 from minfer.ops.cuda.pdl import enabled as pdl_enabled
 from minfer.ops.cuda.pdl import enter as pdl_enter
 from minfer.ops.cuda.pdl import launch_kw
@@ -71,10 +71,12 @@ def _decode_attn_rope_kernel(q, k, v, pos, turns, kc, vc, part_o, part_m, part_l
     ka = tl.load(k + kvh * stride_knh + ia).to(tl.float32)
     kb = tl.load(k + kvh * stride_knh + ib).to(tl.float32)
     vn = tl.load(v + kvh * stride_vnh + d).to(kc.dtype.element_ty)
-    ra = (qa * c[None, :] - qb * sn[None, :]).to(kc.dtype.element_ty)
-    rb = (qa * sn[None, :] + qb * c[None, :]).to(kc.dtype.element_ty)
-    kra = (ka * c - kb * sn).to(kc.dtype.element_ty)
-    krb = (ka * sn + kb * c).to(kc.dtype.element_ty)
+    ra, rb = rope_rotate(qa, qb, c[None, :], sn[None, :])
+    ra = ra.to(kc.dtype.element_ty)
+    rb = rb.to(kc.dtype.element_ty)
+    kra, krb = rope_rotate(ka, kb, c, sn)
+    kra = kra.to(kc.dtype.element_ty)
+    krb = krb.to(kc.dtype.element_ty)
     krow = kc + (L - 1).to(tl.int64) * stride_ks + kvh * stride_kh
     tl.store(krow + ia, kra, mask=(j < HALF) & owner)
     tl.store(krow + ib, krb, mask=(j < HALF) & owner)

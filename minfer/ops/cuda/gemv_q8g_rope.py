@@ -11,7 +11,8 @@ value and lanes BN/2 + m its second (_rope_rows). The planes stay row-major: a p
 per row as before, only which rows. The epilogue (_rope_finish) adds the bias, rounds to the output
 dtype (as the GEMV output the rope_kv kernel read), swaps the halves through shared memory, and does
 norm_rope_act._rope_kv_kernel's arithmetic: the angle in float64 turns (rope_angles), cos/sin in
-float32, a * c - b * s and a * s + b * c rounded to the cache dtype; v rows are stored unrotated.
+float32, a * c - b * s and a * s + b * c as norm_rope_act.rope_rotate rounds them, then the cache dtype; v rows
+are stored unrotated.
 """
 
 from __future__ import annotations
@@ -73,8 +74,8 @@ def _rope_finish(v, rows, rmask, bias, bpre, out, pid_n, row0, rp, rt, kc, vc, n
         ang = (t - gl.floor(t)).to(gl.float32) * 6.283185307179586
         c = gl.cos(ang)
         s = gl.sin(ang)
-        ra = (a * c - b * s).to(dt)
-        rb = (a * s + b * c).to(dt)
+        ra = gl.fma(a, c, -(b * s)).to(dt)        # norm_rope_act.rope_rotate's roundings (Gluon calls no
+        rb = gl.fma(a, s, b * c).to(dt)           # triton.jit helper): the same bits as the rope_kv kernel
         if g0 < nq:
             dst = out + head
         else:

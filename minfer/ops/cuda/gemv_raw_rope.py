@@ -9,7 +9,8 @@ consecutive rows does not hold together. So a program's BN rows are a permutatio
 BN/2 + l their second values. The raw rows stay where they are; only which rows a program reads changes. The
 epilogue (`rope_store`) rounds the sums (bias added) to the output dtype, as the GEMV's output was when the rope_kv
 kernel read it, and does that kernel's arithmetic (norm_rope_act.rope_angles: the angle in float64 turns, cos /
-sin in float32, a c - b s and a s + b c rounded to the cache dtype); v rows are stored as they are.
+sin in float32; norm_rope_act.rope_rotate: a c - b s and a s + b c with fixed roundings, then the cache dtype); v
+rows are stored as they are.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from minfer.ops import paths
-from minfer.ops.cuda.norm_rope_act import rope_angles
+from minfer.ops.cuda.norm_rope_act import rope_angles, rope_rotate
 
 
 @triton.jit
@@ -52,8 +53,9 @@ def rope_store(v, out, pid_n, rp, rt, kc, vc, nq, nk, kvs, BN: tl.constexpr, HD:
     p = tl.load(rp)
     c, s, ia, ib = rope_angles(p, rt, jj, jj < HD // 2, HD // 2, NEOX)
     if head < nq + nk:
-        ra = (a * c - b * s).to(dt)
-        rb = (a * s + b * c).to(dt)
+        ra, rb = rope_rotate(a, b, c, s)
+        ra = ra.to(dt)
+        rb = rb.to(dt)
         if head < nq:
             dst = out + head
         else:

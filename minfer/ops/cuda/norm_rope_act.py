@@ -229,6 +229,15 @@ def rope_angles(p, inv_freq, j, jm, HALF: tl.constexpr, NEOX: tl.constexpr):
 
 
 @triton.jit
+def rope_rotate(a, b, c, s):
+    """(a c - b s, a s + b c) in float32, each with its roundings fixed: the first product fused into an fma, the
+    second rounded before it. Written as `a * c - b * s`, the compiler chooses which product to fuse, and two
+    kernels chose differently (the raw rope epilogue and rope_kv for `a * s + b * c`: 1 ulp apart in float32, now
+    and then one bf16 ulp after the cast; perf-log CC1), so every rope kernel rotates through this."""
+    return tl.fma(a, c, -(b * s)), tl.fma(a, s, b * c)
+
+
+@triton.jit
 def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stride_oh,
                  HALF: tl.constexpr, NEOX: tl.constexpr, BH: tl.constexpr, BHALF: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
@@ -243,8 +252,9 @@ def _rope_kernel(x, pos, inv_freq, out, H, stride_xt, stride_xh, stride_ot, stri
     a = tl.load(xp + ia[None, :], mask=m, other=0.0).to(tl.float32)
     b = tl.load(xp + ib[None, :], mask=m, other=0.0).to(tl.float32)
     op = out + t * stride_ot + h[:, None] * stride_oh
-    tl.store(op + ia[None, :], (a * c - b * s).to(out.dtype.element_ty), mask=m)
-    tl.store(op + ib[None, :], (a * s + b * c).to(out.dtype.element_ty), mask=m)
+    ra, rb = rope_rotate(a, b, c, s)
+    tl.store(op + ia[None, :], ra.to(out.dtype.element_ty), mask=m)
+    tl.store(op + ib[None, :], rb.to(out.dtype.element_ty), mask=m)
 
 
 @functools.lru_cache(maxsize=32)
@@ -306,8 +316,9 @@ def _rope_kv_kernel(q, k, v, pos, rows, inv_freq, q_out, kc, vc, H, HKV, sqt, sq
     dst = tl.where(is_q, q_out + t * sot + hh * soh, tl.where(is_k, kc + r * skp + hk * skh2, vc + r * svp + hv * svh2))
     a = tl.load(src[:, None] + ia[None, :], mask=m, other=0.0).to(tl.float32)
     b = tl.load(src[:, None] + ib[None, :], mask=m, other=0.0).to(tl.float32)
-    tl.store(dst[:, None] + ia[None, :], (a * c - b * s).to(q_out.dtype.element_ty), mask=m)
-    tl.store(dst[:, None] + ib[None, :], (a * s + b * c).to(q_out.dtype.element_ty), mask=m)
+    ra, rb = rope_rotate(a, b, c, s)
+    tl.store(dst[:, None] + ia[None, :], ra.to(q_out.dtype.element_ty), mask=m)
+    tl.store(dst[:, None] + ib[None, :], rb.to(q_out.dtype.element_ty), mask=m)
 
 
 def rope_kv_write(q, k, v, positions, cfg, k_cache, v_cache, pdl: int = 0, rows=None, q_out=None):
