@@ -33,6 +33,12 @@ for step in ${*:-card}; do
           tests/gpu/test_gemv_raw_rope_gpu.py >"$OUT/rope-test-$t4.log" 2>&1
         echo "tile4=$t4: $(tail -1 "$OUT/rope-test-$t4.log")"; grep "^FAILED" "$OUT/rope-test-$t4.log"
       done;;
+    card3)   # call 3 (perf-log CC3): on an H200 the side by side without Llama-3.1-8B (the budget), else `fix`
+      echo "card: $(card_name)"
+      case "$(card_name)" in
+        *H200*) SIDE_MODELS=${SIDE_MODELS:-"qwen2.5-0.5b qwen2.5-7b"} bash tools/device_s31.sh card;;
+        *) bash tools/device_s33.sh fix;;
+      esac;;
     fix)
       SEEDS=${SEEDS:-20} bash tools/device_s33.sh ropediag tile4;;
     *) bash tools/device_s32.sh $step;;
