@@ -147,14 +147,14 @@ class Switches:
                             "decode bit-equal, perf-log BA4); 2: only builds without a register cap (the Q6_K down; "
                             "the Q4_K down's 72-register build spills 32 bytes with it); 0: the loop",
                             kind="tuning", choices=(0, 1, 2))
-    gemv_raw_tile4: bool = _sw(False, "MINFER_GEMV_RAW_TILE4",
+    gemv_raw_tile4: bool = _sw(True, "MINFER_GEMV_RAW_TILE4",
                                "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
                                "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "
                                "below 2,112 (ops/cuda/gemv.py one_pass_tile; the raw sweep on an H100: the 0.5B's "
-                               "gate+up 9.43 against 10.27 us, perf-log BA1); off (the default): the 0.5B's decode "
-                               "B/A 1.004 +- 0.026 on one H100 (two pairs of 6 below 1, perf-log BA4), 1.014 +- 0.010 "
-                               "on another (7 of 8 above 1, perf-log BB4), the whole GPU suite not yet run with it on, "
-                               "and Q5_0's byte reads of a float32 row sum in another order; the rule's 8-row tiles",
+                               "gate+up 9.43 against 10.27 us, perf-log BA1); on by default since the whole GPU suite "
+                               "passed with it (H200, perf-log CC4): the 0.5B's decode B/A 1.014 +- 0.010 on an H100 "
+                               "(7 of 8 pairs above 1, perf-log BB4; 1.004 +- 0.026 on another, BA4), 1,399 against "
+                               "1,366 tok/s on an H200 (one pair); off: the rule's 8-row tiles from 2,112 rows",
                                kind="tuning")
     gemv_raw_rope: bool = _sw(True, "MINFER_GEMV_RAW_ROPE",
                               "one-row decode of a layer whose q/k/v weights are one stacked raw-block group "
