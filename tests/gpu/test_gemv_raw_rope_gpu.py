@@ -55,7 +55,7 @@ def test_rope_epilogue_launches_and_graph_replays(qt, style, hd, hw, pdl):
 
     poison()
     # seeded activations, eight of them: a rounding that differs between the two paths shows in some values only
-    # (norm_rope_act.rope_rotate; perf-log CC1)
+    # (norm_rope_act.rope_rotate; perf-log CC2)
     for seed, p in enumerate((5, 6, 299, 0, 131, 77, 250, 18)):
         x.copy_(torch.randn(1, k, device=DEV, generator=torch.Generator(DEV).manual_seed(seed)).to(x.dtype))
         pos.fill_(p)

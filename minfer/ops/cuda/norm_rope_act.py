@@ -233,7 +233,7 @@ def rope_rotate(a, b, c, s):
     """(a c - b s, a s + b c) in float32, each with its roundings fixed: the first product fused into an fma, the
     second rounded before it. Written as `a * c - b * s`, the compiler chooses which product to fuse, and two
     kernels chose differently (the raw rope epilogue and rope_kv for `a * s + b * c`: 1 ulp apart in float32, now
-    and then one bf16 ulp after the cast; perf-log CC1), so every rope kernel rotates through this."""
+    and then one bf16 ulp after the cast; perf-log CC2), so every rope kernel rotates through this."""
     return tl.fma(a, c, -(b * s)), tl.fma(a, s, b * c)
 
 
