@@ -1,23 +1,20 @@
 """Switches: every fast-path off-switch and tuning value of the engine, in one frozen object.
 
-The Engine takes a Switches at load and owns it; the ops receive it through the context the
-engine passes (minfer.ops.Context). `Switches.from_env()` is the only place in minfer that reads
-MINFER_* behaviour variables; an A/B (`minfer bench --ab`) or a CUDA-graph capture passes a
-changed copy (`dataclasses.replace`) and never touches the process environment.
+The Engine takes a Switches at load and owns it; the ops receive it through the context the engine passes
+(minfer.ops.Context). `Switches.from_env()` is the only place in minfer that reads MINFER_* behaviour variables; an
+A/B (`minfer bench --ab`) or a CUDA-graph capture passes a changed copy (`dataclasses.replace`) and never touches the
+process environment.
 
-Each field's metadata holds its environment name and one line of documentation; the README's
-switch table (`minfer switches --markdown`, checked by tests/test_switches.py) and the launch-path
-report are generated from them.
+Each field's metadata holds its environment name and one line of documentation; the README's switch table
+(`minfer switches --markdown`, checked by tests/test_switches.py) and the launch-path report are generated from them.
 
-Fast paths are switched OFF by MINFER_X=0 (or false/off/no). Retired switches (their A/B was
-decided, docs/perf-log.md section 11) are not read any more; setting one prints a warning
-through `retired_in_env()` (minfer bench and the engine's load line mention it).
+Fast paths are switched OFF by MINFER_X=0 (or false/off/no). Retired switches (their A/B was decided, docs/perf-log.md
+section 11) are not read any more; setting one prints a warning through `retired_in_env()` (minfer bench and the
+engine's load line mention it).
 
-Process-level settings that are not engine behaviour are read elsewhere, each once and
-documented there: MINFER_HOME (catalog.minfer_home), TRITON_INTERPRET (Triton's own switch,
-minfer.ops.cuda.dequant.interpret), plus the server's MINFER_API_KEY default and the catalog's
-MINFER_PIP_ARGS. `environ_snapshot()` gives the MINFER_* variables for a benchmark record.
-"""
+Process-level settings that are not engine behaviour are read elsewhere, each once and documented there: MINFER_HOME
+(catalog.minfer_home), TRITON_INTERPRET (minfer.ops.cuda.dequant.interpret), the server's MINFER_API_KEY default and
+the catalog's MINFER_PIP_ARGS. `environ_snapshot()` gives the MINFER_* variables for a benchmark record."""
 
 from __future__ import annotations
 
@@ -29,13 +26,18 @@ from minfer.errors import MinferError
 
 
 def _sw(default, env: str, doc: str, kind: str = "switch", when: str = "call", choices: tuple = ()):
-    """A field: `kind` is 'switch' (a fast path, on by default, MINFER_X=0 turns it off) or
-    'tuning' (a value); `when` says whether it acts on each call or only at load; `choices`: an int's only values."""
+    """A field: `kind` 'switch' (a fast path, on by default, MINFER_X=0 turns it off) or 'tuning' (a value); `when`: acts
+    on each call or only at load; `choices`: an int's only values (checked by the parser and at construction)."""
     return field(default=default, metadata={"env": env, "doc": doc, "kind": kind, "when": when, "choices": choices})
 
 
 @dataclass(frozen=True)
 class Switches:
+    def __post_init__(self):     # Switches(x=...) and replace() meet the parser's check of an int's choices
+        for f in fields(self):
+            if f.metadata["choices"]:
+                _parse(f, str(getattr(self, f.name)))
+
     # ---- fast paths (MINFER_X=0 turns one off; the launch-path report says "switched off by") ----
     gemv: bool = _sw(True, "MINFER_GEMV",
                      "decode GEMV over the raw blocks for M <= gemv_max_m rows (off: dequantize + cuBLAS)")
@@ -581,9 +583,8 @@ def _parse(f, raw: str):
 
 
 def markdown_table() -> str:
-    """The README's switch table, generated from the field docs. 'each call': the engine's copy
-    can change between calls (Engine.set_switches, `minfer bench --ab`); 'at load': needs a new
-    engine; 'at exit': process-wide."""
+    """The README's switch table, generated from the field docs. 'each call': the engine's copy can change between
+    calls (Engine.set_switches, `minfer bench --ab`); 'at load': needs a new engine; 'at exit': process-wide."""
     rows = ["| variable | field | default | takes effect | what it does |", "|---|---|---|---|---|"]
     for f in fields(Switches):
         d = f.default
@@ -595,6 +596,5 @@ def markdown_table() -> str:
 
 
 if __name__ == "__main__":
-    # `python -m minfer.switches`: the README's switch table (tests/test_switches.py checks that the
-    # README holds exactly this between its switch-table markers)
+    # `python -m minfer.switches`: the README's switch table (tests/test_switches.py checks the README holds it)
     print(markdown_table())

@@ -1,5 +1,7 @@
 """The Gluon q8 GEMV's IS_SPLIT constexpr by Switches.split_gather (gemv_q8g_loads.split_const): which builds sum a
 split tile's partials in one gathered load and which keep the loop (perf-log BA3, BB1)."""
+from dataclasses import replace
+
 import pytest
 
 from minfer.errors import MinferError
@@ -36,8 +38,11 @@ def test_switch_parses_the_three_modes():
 
 
 def test_an_unknown_mode_is_an_error_naming_the_switch():
-    with pytest.raises(MinferError, match="MINFER_SPLIT_GATHER=3"):
-        split_const(8, 3, 72)
+    # from the environment and from direct construction alike (Switches.__post_init__), one message
+    for make in (lambda: Switches.from_env({"MINFER_SPLIT_GATHER": "3"}), lambda: Switches(split_gather=3),
+                 lambda: replace(Switches(), split_gather=7)):
+        with pytest.raises(MinferError, match=r"MINFER_SPLIT_GATHER='\d': expected 0, 1 or 2"):
+            make()
 
 
 def test_the_switch_refuses_an_unknown_mode_when_read():

@@ -6,8 +6,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from minfer.errors import MinferError
-
 
 @gluon.jit
 def _dp4a(a, b, c):
@@ -155,10 +153,8 @@ def _split_gather(part, pid_n, N, SPLIT, NSTRIDE, SP2: gl.constexpr, BN: gl.cons
 def split_const(split: int, gather: int, regs: int):
     """The kernel's IS_SPLIT constexpr: False without a K split; with one, the split count's power of two when
     _split_gather sums the partials (gather 1; gather 2 only in a build without a register cap, where the gather's
-    registers cannot spill: the 7B's Q4_K down spills 32 bytes at its 72-register cap, perf-log BA3), else True (the loop)."""
-    if gather not in (0, 1, 2):
-        raise MinferError(f"MINFER_SPLIT_GATHER={gather}: expected 0 (the loop), 1 (every split build) or 2 (builds "
-                          "without a register cap)")
+    registers cannot spill: the 7B's Q4_K down spills 32 bytes at its 72-register cap, perf-log BA3), else True (the loop).
+    `gather` is Switches.split_gather, whose values (0, 1, 2) the Switches checks when it is made."""
     if split <= 1:
         return False
     return 1 << (split - 1).bit_length() if gather == 1 or (gather == 2 and not regs) else True
