@@ -7,6 +7,7 @@
 #   A1 minfer 7B -d 0 alone; C minfer 7B -d 0,3354 in one process (as the side step does); L llama-bench 7B
 #   -d 0,3354; B minfer 7B -d 0 right after it; A2 minfer 7B -d 0 after a 30 s idle. Every minfer run with
 #   MINFER_DEBUG_PATHS=1, -r 3, the file the side step makes (/tmp/side-qwen2.5-7b.gguf, the qwen2 vocab copied in).
+# probe: tools/grid_barrier_probe.py (perf-log CD1).
 # side8: the side by side owed since CC5 for the 0.5B and Llama-3.1-8B (REPS 2), on the build `why635` left.
 # Other steps go to tools/device_s33.sh (card, card3, fix, ropediag, tile4; then s32 ... s4).
 set -u
@@ -52,6 +53,12 @@ for step in ${*:-why635}; do
         echo "$r: $(grep -E 'tg128' "$f" | sed 's/  */ /g' | tr '\n' ' ')"
       done
       grep -iE "fell back|fallback" "$OUT"/bench-*.log | head -3;;
+    probe)   # perf-log CD1: a grid barrier inside one persistent kernel against a graphed launch boundary
+      echo "card: $(card_name)"
+      source tools/device_setup.sh >/dev/null
+      export MINFER_SETUP_DONE=1
+      timeout ${PROBE_TIMEOUT:-150} python3 tools/grid_barrier_probe.py ${PROBE_ARGS:-} >"$OUT/grid-barrier.log" 2>&1
+      echo "probe rc $?"; cat "$OUT/grid-barrier.log" | tail -20;;
     side8)
       touch /tmp/q7.gguf
       SIDE_MODELS=${SIDE_MODELS:-"qwen2.5-0.5b llama3.1-8b"} REPS=${REPS:-2} bash tools/device_s30.sh build side;;
