@@ -121,6 +121,14 @@ class _Sampling(BaseModel):
             data["response_format"] = rf
         return data
 
+    @field_validator("stream", "n", "logprobs", "echo", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_default(cls, v: Any, info: Any) -> Any:
+        # OpenAI's reference types these "boolean or null" / "integer or null" (its SDK and
+        # clients that serialize every field send null for "not set"): a 400 "Input should be a
+        # valid boolean" refused a request OpenAI answers. null is the default, as for the others
+        return cls.model_fields[info.field_name].default if v is None else v
+
     @field_validator("stream_options")
     @classmethod
     def _stream_options_need_stream(cls, v: Any, info: Any) -> Any:
