@@ -351,6 +351,24 @@ _EXTENSIONS = {
 }
 
 
+# the other endpoint's fields, which this one does not read: sent here they were silently
+# ignored (max_completion_tokens on /v1/completions generated max_tokens or the whole context;
+# top_logprobs there gave no logprobs; echo on chat echoed nothing)
+_OTHER_ENDPOINT = {   # each: (its values that change nothing, why), as _EXTENSIONS
+    "ChatCompletionRequest": {
+        "prompt": ((), "the chat API reads `messages`; send a prompt to /v1/completions"),
+        "echo": ((), "echo is a /v1/completions field; the chat API does not echo the messages"),
+    },
+    "CompletionRequest": {
+        "messages": ((), "/v1/completions reads `prompt`; send messages to /v1/chat/completions"),
+        "max_completion_tokens": ((), "the chat API's name: send `max_tokens` to /v1/completions"),
+        "top_logprobs": ((0,), "the chat API's name: on /v1/completions `logprobs` is the number of "
+                               "alternatives"),
+        "parallel_tool_calls": ((), "tools need a chat template: send them to /v1/chat/completions"),
+    },
+}
+
+
 def _is_off(value: Any, offs: tuple) -> bool:
     # bool is an int: true is not the value 1 here; 1 and 1.0 are the same number
     return any(value == off and isinstance(value, bool) == isinstance(off, bool) for off in offs)
@@ -359,7 +377,13 @@ def _is_off(value: Any, offs: tuple) -> bool:
 def unsupported_fields(req: BaseModel) -> list[tuple[str, str]]:
     """[(field, why)] of the sent fields minfer would otherwise have to ignore silently."""
     out = []
+    other = _OTHER_ENDPOINT.get(type(req).__name__, {})
     for name, value in (req.model_extra or {}).items():
+        if name in other:
+            offs, why = other[name]
+            if not _is_off(value, (None, False, [], "") + offs):
+                out.append((name, why))
+            continue
         if name in _EXTENSIONS:
             offs, why = _EXTENSIONS[name]
             if not _is_off(value, (None, False, []) + offs):

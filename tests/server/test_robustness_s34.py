@@ -29,3 +29,29 @@ def test_null_is_the_default_for_nullable_openai_fields(server, path, body):
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["choices"][0]["logprobs"] is None and out["usage"]["completion_tokens"] == 2
+
+
+@pytest.mark.parametrize("path, body, field", [
+    (COMPLETIONS, {"prompt": "Say hi", "max_completion_tokens": 2}, "max_completion_tokens"),
+    (COMPLETIONS, {"prompt": "Say hi", "top_logprobs": 2}, "top_logprobs"),
+    (COMPLETIONS, {"prompt": "Say hi", "messages": MESSAGES}, "messages"),
+    (CHAT, {"messages": MESSAGES, "echo": True}, "echo"),
+    (CHAT, {"messages": MESSAGES, "prompt": "Say hello"}, "prompt"),
+])
+def test_the_other_endpoints_fields_are_not_silently_ignored(server, path, body, field):
+    # max_completion_tokens on /v1/completions generated max_tokens tokens (or the whole context),
+    # top_logprobs there gave no logprobs, echo on chat echoed nothing: each answered 200
+    r = httpx.post(server.url + path, json={"max_tokens": 3, **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["code"] == "unsupported_value"
+
+
+@pytest.mark.parametrize("path, body", [
+    (COMPLETIONS, {"prompt": "Say hi", "max_completion_tokens": None, "top_logprobs": 0, "messages": None}),
+    (CHAT, {"messages": MESSAGES, "echo": False, "prompt": None}),
+])
+def test_the_other_endpoints_fields_pass_with_values_that_change_nothing(server, path, body):
+    r = httpx.post(server.url + path, json={"max_tokens": 2, **body}, timeout=60)
+    assert r.status_code == 200, r.text
+
