@@ -385,9 +385,11 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
     def model_card() -> dict:
-        engine = state.engine
-        meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": state.slots,
-                                "scheduling": SCHEDULING_NOTE if state.slots == 1 else BATCH_NOTE}
+        engine, slots = state.engine, state.slots
+        if engine is None and state.parallel not in (None, 1):   # while loading: what -np asked for
+            slots = state.parallel or None      # (-np 0: from the memory left after the load)
+        meta: dict[str, Any] = {"loaded": engine is not None, "max_concurrent_requests": slots,
+                                "scheduling": SCHEDULING_NOTE if slots == 1 else BATCH_NOTE}
         if engine is not None:
             meta["n_ctx"] = int(engine.n_ctx)
             if state.step_budget is not None:

@@ -55,3 +55,25 @@ def test_the_other_endpoints_fields_pass_with_values_that_change_nothing(server,
     r = httpx.post(server.url + path, json={"max_tokens": 2, **body}, timeout=60)
     assert r.status_code == 200, r.text
 
+
+@pytest.mark.parametrize("parallel, slots", [(4, 4), (0, None)])
+def test_models_during_the_load_describe_the_batching_asked_for(make_server, parallel, slots):
+    # while the model loaded, a server started with --parallel 4 said max_concurrent_requests 1
+    # and "one request generates at a time" in GET /v1/models (a client sizing its concurrency
+    # from it sent one request at a time)
+    import threading
+
+    release = threading.Event()
+
+    def slow_factory():
+        release.wait(60)
+        raise RuntimeError("the test is over")
+
+    srv = make_server(slow_factory, parallel=parallel)
+    try:
+        meta = httpx.get(srv.url + "/v1/models", timeout=30).json()["data"][0]["meta"]
+        assert meta["loaded"] is False
+        assert meta["max_concurrent_requests"] == slots
+        assert meta["scheduling"].startswith("requests run together")
+    finally:
+        release.set()
