@@ -362,6 +362,10 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.__cause__ is not None:   # FastAPI: a body json.loads refused
+            why = exc.__cause__     # (not UTF-8 text): the JSON error's code and cause, as _invalid's
+            return APIError(400, f"invalid request: the body is not valid JSON ({type(why).__name__}: {why})",
+                            code="invalid_json").response()
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code in (404, 405):   # a client (or a browser) at the wrong door: the right ones

@@ -77,3 +77,14 @@ def test_models_during_the_load_describe_the_batching_asked_for(make_server, par
         assert meta["scheduling"].startswith("requests run together")
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("path", [CHAT, COMPLETIONS])
+def test_a_body_that_is_not_utf8_is_an_invalid_json_error(server, path):
+    # a byte that is not UTF-8 in the body answered FastAPI's "There was an error parsing the
+    # body" with code null, where any other unreadable body says invalid_json and why
+    r = httpx.post(server.url + path, content=b'{"messages": [{"role": "user", "content": "\xff"}]}', timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "invalid_json" and err["type"] == "invalid_request_error"
+    assert "not valid JSON" in err["message"] and "utf-8" in err["message"]
