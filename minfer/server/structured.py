@@ -175,6 +175,11 @@ class GrammarConstraint:
         self._words = (self.n_vocab + 31) // 32
         self._mask = torch.full((self._words,), -1, dtype=torch.int32)
         self._seen = 0
+        # the first mask now: a grammar that allows no first token (a schema that only refers to
+        # itself, {"$ref": "#"}) failed at the first step, a 500 carrying llguidance's state dump
+        self._matcher.unsafe_compute_mask_ptr(self._mask.data_ptr(), self._words * 4)
+        if self._matcher.is_error():
+            raise GrammarError(f"no output can match it ({_first_line(self._matcher.get_error())})")
 
     def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         m = self._matcher
@@ -184,7 +189,7 @@ class GrammarConstraint:
         self._seen = len(generated)
         m.unsafe_compute_mask_ptr(self._mask.data_ptr(), self._words * 4)
         if m.is_error():
-            raise MinferError(f"structured output: {m.get_error()}")
+            raise MinferError(f"structured output: {_first_line(m.get_error())}")
         x = logits.float().cpu()
         v = x.shape[-1]
         bias = bitmask_bias(self._mask, self.n_vocab)
@@ -195,6 +200,11 @@ class GrammarConstraint:
     @property
     def accepting(self) -> bool:
         return self._matcher.is_accepting()
+
+
+def _first_line(error: str) -> str:
+    # llguidance's error goes on with its parser state and the whole grammar (~40 lines)
+    return (error.strip().splitlines() or ["the grammar failed"])[0]
 
 
 class LogitBias:

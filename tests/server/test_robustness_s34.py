@@ -88,3 +88,21 @@ def test_a_body_that_is_not_utf8_is_an_invalid_json_error(server, path):
     err = r.json()["error"]
     assert err["code"] == "invalid_json" and err["type"] == "invalid_request_error"
     assert "not valid JSON" in err["message"] and "utf-8" in err["message"]
+
+
+@pytest.mark.parametrize("path, body", [
+    (CHAT, {"messages": MESSAGES}),
+    (COMPLETIONS, {"prompt": "Say hi"}),
+])
+def test_a_schema_no_output_can_match_is_a_400_naming_it(server, path, body):
+    # {"$ref": "#"} (a value that is only itself) compiled, then failed at the first step: a 500
+    # internal_error carrying llguidance's parser state and grammar (~40 lines)
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#"}}}
+    r = httpx.post(server.url + path, json={**body, "max_tokens": 4, "response_format": rf}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "response_format.json_schema.schema" and err["code"] == "invalid_value"
+    assert "\n" not in err["message"] and "no output can match" in err["message"]
+    # the server goes on serving
+    ok = httpx.post(server.url + path, json={**body, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200, ok.text
