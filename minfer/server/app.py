@@ -86,6 +86,7 @@ class ServerState:
         self.token_budget: int | None = None  # tokens per batch-engine step (None: the device's default)
         self.slots = 1
         self.step_budget: int | None = None   # the batch engine's tokens per step, once built
+        self.seq_limit: int | None = None     # positions one sequence holds, when the KV pool is smaller
 
     def start_loading(self) -> None:
         self._loader = threading.Thread(target=self._load, name="minfer-load", daemon=True)
@@ -128,6 +129,7 @@ class ServerState:
                  self.slots, info["kv_blocks_total"], info["kv_block_size"], self.step_budget)
         held = info["kv_blocks_total"] * info["kv_block_size"]
         if held < int(engine.n_ctx):
+            self.seq_limit = held
             # `minfer serve` refuses such a --kv-memory before the load; on CUDA the default pool is
             # sized from the memory left after it, which a long --ctx can outgrow
             log.warning("the KV cache holds %d positions, less than one full context (%d tokens): a "
@@ -210,9 +212,13 @@ def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[
     n_prompt = len(prompt_ids)
     if n_prompt == 0:
         raise APIError(400, "the prompt is empty (0 tokens)", code="empty_prompt", param="prompt")
+    # a batch KV pool under one context holds fewer positions (the batch engine refused such a
+    # prompt, which answered 500 "generation failed")
+    held = f" (the KV cache holds {state.seq_limit}: --kv-memory)" if state.seq_limit else ""
+    n_ctx = min(n_ctx, state.seq_limit or n_ctx)
     if n_prompt > n_ctx:
-        raise APIError(400, f"This model's maximum context length is {n_ctx} tokens, but the prompt has "
-                       f"{n_prompt} tokens. Shorten the prompt or start the server with a larger --ctx.",
+        raise APIError(400, f"This model's maximum context length is {n_ctx} tokens{held}, but the prompt "
+                       f"has {n_prompt} tokens. Shorten the prompt or start the server with a larger --ctx.",
                        code="context_length_exceeded",
                        param="messages" if isinstance(req, ChatCompletionRequest) else "prompt")
     # the engine stores prompt + answer but never feeds back the last new token (engine.py)

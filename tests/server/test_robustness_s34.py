@@ -106,3 +106,21 @@ def test_a_schema_no_output_can_match_is_a_400_naming_it(server, path, body):
     # the server goes on serving
     ok = httpx.post(server.url + path, json={**body, "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_prompt_past_a_small_kv_pool_is_a_400_context_length_exceeded(engine, make_server):
+    # a batch KV pool under one context (the CUDA default pool is sized after the load; the
+    # server warns) refused a prompt between its size and the context inside the worker: a 500
+    # "generation failed: MinferError" for what is the client's too-long prompt
+    cfg = engine.config
+    per_block = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4 * 16   # K and V, float32, 16 positions
+    srv = make_server(lambda: engine, parallel=2, kv_memory=17 * per_block)   # 256 positions of 512
+    srv.wait_ready()
+    r = httpx.post(srv.url + COMPLETIONS, json={"prompt": "word " * 300, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    assert "256" in err["message"] and "--kv-memory" in err["message"]
+    ok = httpx.post(srv.url + COMPLETIONS, json={"prompt": "word " * 200, "max_tokens": 2}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    srv.stop()
