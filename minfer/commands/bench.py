@@ -85,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", nargs="+", metavar="DIR_OR_JSON", default=None,
                    help="instead of benchmarking: plot recorded runs (tok/s by commit and test) "
                    "to --plot-out (needs matplotlib: pip install 'minfer[plot]')")
-    p.add_argument("--plot-out", metavar="FILE.png", default="bench/results/tps.png",
+    p.add_argument("--plot-out", metavar="FILE.png", default=None,
                    help="where --plot writes the PNG (default: bench/results/tps.png)")
     p.add_argument("--no-progress", action="store_true", help="no loading bar or per-test log")
     p.add_argument("--parallel", type=_ints, default=None, metavar="B[,B..]",
@@ -133,6 +133,17 @@ def main(args: argparse.Namespace) -> int:
     if not args.parallel and (args.kv_memory is not None or args.dense_planes != "auto"):
         flag = "--kv-memory" if args.kv_memory is not None else "--dense-planes"
         raise MinferError(f"{flag} applies to the batched table only: give --parallel B[,B..] too")
+    if args.plot_out is not None and not args.plot:   # was ignored without a word: no plot, no file
+        raise MinferError(f"--plot-out {args.plot_out} names the PNG that --plot writes: give --plot DIR_OR_JSON too")
+    if args.plot:   # --plot measures nothing: a measurement's flags were dropped without a word
+        for flag, given in (("-p/--n-prompt", args.n_prompt != [512]), ("-n/--n-gen", args.n_gen != [128]),
+                            ("-d/--depth", args.depth != [0]), ("-r/--repetitions", args.repetitions is not None),
+                            ("--out", args.out is not None), ("-o/--output", args.output != "table"),
+                            ("--ab", args.ab is not None), ("--peer", args.peer is not None),
+                            ("--parallel", args.parallel is not None)):
+            if given:
+                raise MinferError(f"{flag} applies to a measurement; --plot only plots recorded runs "
+                                  "(run the measurement and the plot separately)")
     check_out(args.out)
     if args.pairs is not None and args.ab is None:   # was ignored without a word
         raise MinferError(f"--pairs {args.pairs} sets how many A/B pairs --ab runs: give --ab ENV_A ENV_B too")
@@ -144,8 +155,9 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         from minfer.bench.plot import plot_runs
 
-        n = plot_runs(args.plot, args.plot_out)
-        print(f"wrote {args.plot_out} ({n} recorded runs)")
+        plot_out = args.plot_out or "bench/results/tps.png"
+        n = plot_runs(args.plot, plot_out)
+        print(f"wrote {plot_out} ({n} recorded runs)")
         return 0
 
     if args.parallel:

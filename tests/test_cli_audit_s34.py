@@ -1,0 +1,43 @@
+"""A demanding new user's first hour with the command line (audit of 2026-12-06): what was wrong,
+each pinned.
+
+- `minfer bench --plot-out FILE.png` without --plot was accepted and ignored: the benchmark ran
+  and no PNG was written. With --plot, the flags of a measurement (-p, -n, -d, -r, --out, -o,
+  --ab, --peer, --parallel) were dropped without a word (--plot only plots recorded runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers_cli import one_error_line, write_tiny_model
+
+
+def test_bench_plot_out_without_plot_is_an_error(capsys, tmp_path):
+    # ran the benchmark (rc 0) and wrote no PNG
+    tiny = write_tiny_model(tmp_path)
+    png = tmp_path / "p.png"
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "4", "-n", "0", "-r", "1",
+                                   "--no-progress", "--plot-out", str(png)])
+    assert line == (f"minfer: error: --plot-out {png} names the PNG that --plot writes: "
+                    "give --plot DIR_OR_JSON too"), line
+    assert not png.exists()
+
+
+@pytest.mark.parametrize("extra,flag", [
+    (["-p", "64"], "-p/--n-prompt"),
+    (["-n", "0"], "-n/--n-gen"),
+    (["-d", "8"], "-d/--depth"),
+    (["-r", "2"], "-r/--repetitions"),
+    (["--out", "run.json"], "--out"),
+    (["-o", "json"], "-o/--output"),
+    (["--ab", "X=1", "X=0"], "--ab"),
+    (["--peer", "torch-bf16"], "--peer"),
+    (["--parallel", "2"], "--parallel"),
+])
+def test_bench_plot_refuses_the_flags_of_a_measurement(capsys, tmp_path, extra, flag):
+    # each was dropped without a word: --plot plotted the recorded runs and measured nothing
+    line = one_error_line(capsys, ["bench", "--plot", str(tmp_path), "--plot-out", str(tmp_path / "p.png"),
+                                   *extra])
+    assert line.startswith(f"minfer: error: {flag} applies to a measurement; --plot only plots"), line
+
