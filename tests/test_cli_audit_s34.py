@@ -4,6 +4,8 @@ each pinned.
 - `minfer bench --plot-out FILE.png` without --plot was accepted and ignored: the benchmark ran
   and no PNG was written. With --plot, the flags of a measurement (-p, -n, -d, -r, --out, -o,
   --ab, --peer, --parallel) were dropped without a word (--plot only plots recorded runs).
+- `minfer run --stop ""` (an unset shell variable) was accepted and dropped: the answer never
+  stopped on it. The server's flags refuse an empty value the same way (--host "", --alias "").
 """
 
 from __future__ import annotations
@@ -41,3 +43,10 @@ def test_bench_plot_refuses_the_flags_of_a_measurement(capsys, tmp_path, extra, 
                                    *extra])
     assert line.startswith(f"minfer: error: {flag} applies to a measurement; --plot only plots"), line
 
+
+def test_run_empty_stop_string_is_an_error(capsys, tmp_path):
+    # was dropped: the run went on (rc 0) as if --stop had not been given
+    tiny = write_tiny_model(tmp_path)
+    line = one_error_line(capsys, ["run", "-m", tiny, "--device", "cpu", "--temp", "0", "-n", "1",
+                                   "--stop", "", "hi"])
+    assert line.startswith("minfer: error: --stop is empty"), line

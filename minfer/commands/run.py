@@ -227,6 +227,8 @@ def main(args) -> int:
     params = sampling_from_args(args)
     # "\n" typed on a shell arrives as backslash + n; non-ASCII text must survive the unescape
     stop = [unescape_flag(s, "--stop") for s in args.stop]
+    if "" in stop:   # (an unset shell variable) was dropped without a word: the answer never stopped on it
+        raise MinferError("--stop is empty: give the text that ends the answer, e.g. --stop '\\n\\n'")
     schema = read_json_schema(args.json_schema) if args.json_schema is not None else None
     eng = load_engine(args)
     tok = eng.tokenizer
