@@ -348,6 +348,14 @@ _EXTENSIONS = {
     "use_beam_search": ((), _NOT_HERE.format("beam search")),
     "stop_token_ids": ((), _NOT_HERE.format("stop_token_ids; send `stop` strings")),
     "bad_words": ((), _NOT_HERE.format("bad_words; `logit_bias` -100 bans a token")),
+    # vLLM's and llama-server's prompt and output switches (a Qwen3 client's
+    # {"enable_thinking": false} got the thinking answer without a word)
+    "chat_template_kwargs": (({},), _NOT_HERE.format("chat_template_kwargs") + "; the model's chat template "
+                             "renders with its own defaults"),
+    "chat_template": (("",), _NOT_HERE.format("a chat template per request")),
+    "continue_final_message": ((), _NOT_HERE.format("continue_final_message")),
+    "include_stop_str_in_output": ((), _NOT_HERE.format("include_stop_str_in_output")),
+    "prompt_logprobs": ((0,), _NOT_HERE.format("prompt_logprobs")),
 }
 
 

@@ -124,3 +124,19 @@ def test_a_prompt_past_a_small_kv_pool_is_a_400_context_length_exceeded(engine, 
     ok = httpx.post(srv.url + COMPLETIONS, json={"prompt": "word " * 200, "max_tokens": 2}, timeout=60)
     assert ok.status_code == 200, ok.text
     srv.stop()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template", "{{ messages }}"),
+    ("continue_final_message", True), ("include_stop_str_in_output", True), ("prompt_logprobs", 1),
+])
+def test_vllm_and_llama_server_prompt_switches_are_not_silently_ignored(server, field, value):
+    # each changes the prompt or the answer on vLLM / llama-server; here each was ignored and
+    # answered 200 (a Qwen3 client's enable_thinking false got the thinking answer)
+    r = httpx.post(server.url + CHAT, json={"messages": MESSAGES, "max_tokens": 2, field: value}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == field and err["code"] == "unsupported_value"
+    off = {"chat_template_kwargs": {}, "chat_template": None, "prompt_logprobs": 0}.get(field, False)
+    r = httpx.post(server.url + CHAT, json={"messages": MESSAGES, "max_tokens": 2, field: off}, timeout=60)
+    assert r.status_code == 200, r.text
