@@ -6,6 +6,9 @@ each pinned.
   --ab, --peer, --parallel) were dropped without a word (--plot only plots recorded runs).
 - `minfer run --stop ""` (an unset shell variable) was accepted and dropped: the answer never
   stopped on it. The server's flags refuse an empty value the same way (--host "", --alias "").
+- `minfer synth --tokenizer-from MODEL` with a tokenizer larger than the preset's vocabulary said
+  "tokenizer: its tokenizer has N tokens", naming neither the flag nor the model; it names both,
+  and the --vocab that would do.
 """
 
 from __future__ import annotations
@@ -50,3 +53,15 @@ def test_run_empty_stop_string_is_an_error(capsys, tmp_path):
     line = one_error_line(capsys, ["run", "-m", tiny, "--device", "cpu", "--temp", "0", "-n", "1",
                                    "--stop", "", "hi"])
     assert line.startswith("minfer: error: --stop is empty"), line
+
+
+def test_synth_tokenizer_larger_than_the_vocab_names_the_flag(capsys, tmp_path):
+    # was "minfer: error: tokenizer: its tokenizer has 512 tokens, ...", naming neither the flag
+    # nor the model, and no --vocab that would do
+    src = write_tiny_model(tmp_path)   # 512 rows, a byte-level tokenizer padded to them
+    out = tmp_path / "small.gguf"
+    line = one_error_line(capsys, ["synth", str(out), "--preset", "tiny", "--vocab", "300",
+                                   "--tokenizer-from", src, "--no-progress"])
+    assert line.startswith(f"minfer: error: --tokenizer-from {src}: its tokenizer has 512 tokens, more "
+                           "than the 300 vocabulary rows being written; give --vocab 512"), line
+    assert not out.exists()

@@ -74,6 +74,11 @@ def main(args: argparse.Namespace) -> int:
         from minfer.catalog import resolve_model
 
         tok = copied_tokenizer(resolve_model(args.tokenizer_from))
+        n = len(tok.get("tokenizer.ggml.tokens", ()))
+        if n > preset.vocab:   # was "tokenizer: its tokenizer has N tokens", naming neither flag nor model
+            raise MinferError(f"--tokenizer-from {args.tokenizer_from}: its tokenizer has {n} tokens, more than "
+                              f"the {preset.vocab} vocabulary rows being written; give --vocab {n} (or more), "
+                              "or a preset of the same family")
     t0 = time.perf_counter()
     try:
         res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
