@@ -9,6 +9,8 @@ each pinned.
 - `minfer synth --tokenizer-from MODEL` with a tokenizer larger than the preset's vocabulary said
   "tokenizer: its tokenizer has N tokens", naming neither the flag nor the model; it names both,
   and the --vocab that would do.
+- `minfer synth` of a file larger than its disk's free space wrote until the disk was full and
+  left the part written there; it is one line before writing.
 """
 
 from __future__ import annotations
@@ -64,4 +66,18 @@ def test_synth_tokenizer_larger_than_the_vocab_names_the_flag(capsys, tmp_path):
                                    "--tokenizer-from", src, "--no-progress"])
     assert line.startswith(f"minfer: error: --tokenizer-from {src}: its tokenizer has 512 tokens, more "
                            "than the 300 vocabulary rows being written; give --vocab 512"), line
+    assert not out.exists()
+
+
+def test_synth_larger_than_the_free_disk_is_an_error_before_writing(capsys, tmp_path, monkeypatch):
+    # was written until the disk was full, then left there part written
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(2**30, 2**30 - 2**20, 2**20))   # 1 MiB free
+    out = tmp_path / "new" / "tiny.gguf"
+    line = one_error_line(capsys, ["synth", str(out), "--preset", "tiny", "--no-progress"])
+    assert line.startswith(f"minfer: error: {out}: the model file needs 1.80 MiB of tensor data but "
+                           f"{tmp_path} has 1.00 MiB free"), line
     assert not out.exists()

@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
             raise MinferError(f"--tokenizer-from {args.tokenizer_from}: its tokenizer has {n} tokens, more than "
                               f"the {preset.vocab} vocabulary rows being written; give --vocab {n} (or more), "
                               "or a preset of the same family")
+    _check_disk(Path(args.out), preset, args.recipe)
     t0 = time.perf_counter()
     try:
         res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
@@ -91,6 +92,28 @@ def main(args: argparse.Namespace) -> int:
           f"{args.recipe}), {res.n_tensors} tensors ({types}), "
           f"{_human(res.n_bytes)} of tensor data in {dt:.1f} s")
     return 0
+
+
+def _check_disk(out, preset, recipe: str) -> None:
+    """A file larger than the free space of its disk: one line before writing. It was written
+    until the disk was full (`--layers 100000` of the tiny preset: 47 GB), then left there, part
+    written, with the disk still full."""
+    import shutil
+
+    from minfer.bench.synth import plan_tensors, tensor_nbytes
+    from minfer.errors import MinferError
+
+    need = sum(tensor_nbytes(t) for t in plan_tensors(preset, recipe))
+    where = out.absolute().parent
+    while not where.exists() and where != where.parent:   # (write_synth makes the missing folders)
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free + (out.stat().st_size if out.is_file() else 0)
+    except OSError:   # no answer: the write's own error stands
+        return
+    if need > free:
+        raise MinferError(f"{out}: the model file needs {_human(need)} of tensor data but {where} has "
+                          f"{_human(free)} free; use fewer --layers, a smaller --recipe or another place")
 
 
 def _human(n: int) -> str:
