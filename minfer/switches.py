@@ -35,7 +35,7 @@ def _sw(default, env: str, doc: str, kind: str = "switch", when: str = "call", c
 class Switches:
     def __post_init__(self):     # Switches(x=...) and replace() meet the parser's check of an int's choices
         for f in fields(self):
-            if f.metadata["choices"]:
+            if f.metadata["choices"] and getattr(self, f.name) not in f.metadata["choices"]:   # (False == 0)
                 _parse(f, str(getattr(self, f.name)))
 
     # ---- fast paths (MINFER_X=0 turns one off; the launch-path report says "switched off by") ----

@@ -48,3 +48,10 @@ def test_an_unknown_mode_is_an_error_naming_the_switch():
 def test_the_switch_refuses_an_unknown_mode_when_read():
     with pytest.raises(MinferError, match="MINFER_SPLIT_GATHER='3': expected 0, 1 or 2"):
         Switches.from_env({"MINFER_SPLIT_GATHER": "3"})
+
+
+def test_direct_construction_takes_the_modes_and_bools():
+    # tests/gpu/test_split_gather_gpu.py builds Switches(split_gather=False / True): 0 and 1 (an H200 run of
+    # 9bfccc5's first form, which checked str(value), failed there)
+    assert Switches(split_gather=True).split_gather == 1 and Switches(split_gather=False).split_gather == 0
+    assert Switches(split_gather=2).split_gather == 2
