@@ -90,7 +90,10 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in [
 
 
 def minfer_home() -> Path:
-    return Path(os.environ.get("MINFER_HOME", Path.home() / ".cache" / "minfer"))
+    """$MINFER_HOME, or ~/.cache/minfer when it is unset or empty (an empty one was the current folder, so
+    `minfer list` showed nothing pulled and a pull wrote into ./models; the switches read empty as unset too)."""
+    home = os.environ.get("MINFER_HOME", "").strip()
+    return Path(home) if home else Path.home() / ".cache" / "minfer"
 
 
 def model_path(name: str) -> Path:

