@@ -184,12 +184,13 @@ class GrammarConstraint:
     def __call__(self, generated: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         m = self._matcher
         new = list(generated[self._seen:])
-        if new and not m.consume_tokens(new):
-            raise MinferError(f"structured output: the grammar refused token {new[-1]}: {m.get_error()}")
-        self._seen = len(generated)
-        m.unsafe_compute_mask_ptr(self._mask.data_ptr(), self._words * 4)
-        if m.is_error():
-            raise MinferError(f"structured output: {_first_line(m.get_error())}")
+        if new:       # (no new token: the mask made last time, or by __init__ for the first step, still holds)
+            if not m.consume_tokens(new):
+                raise MinferError(f"structured output: the grammar refused token {new[-1]}: {m.get_error()}")
+            self._seen = len(generated)
+            m.unsafe_compute_mask_ptr(self._mask.data_ptr(), self._words * 4)
+            if m.is_error():
+                raise MinferError(f"structured output: {_first_line(m.get_error())}")
         x = logits.float().cpu()
         v = x.shape[-1]
         bias = bitmask_bias(self._mask, self.n_vocab)
