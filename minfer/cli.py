@@ -100,7 +100,9 @@ def _model_first(args, extra: list, argv: list) -> list:
             args.model = word
             setattr(args, field, None)
         return extra
-    pos = [e for e in extra if not e.startswith("-")]
+    # ("-" is a word: `minfer run MODEL -` / `minfer tokenize MODEL -` read stdin; it was refused
+    # as an unrecognized argument)
+    pos = [e for e in extra if e == "-" or not e.startswith("-")]
     if len(pos) != 1 or len(extra) != 1:
         return extra
     field = "prompt" if cmd.endswith(".run") else "text" if cmd.endswith(".tokenize") else None

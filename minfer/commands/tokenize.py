@@ -23,13 +23,15 @@ examples:
   minfer tokenize "Hello, world!"
   minfer tokenize -m smollm2-135m-instruct --ids "<|im_start|>user"
   minfer tokenize --file prompt.txt --ids
+  git diff | minfer tokenize -m smollm2-135m-instruct --ids -      # '-': standard input
 """
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)
     p.add_argument("text", nargs="?", metavar="TEXT",
-                   help="the text to tokenize (or use --file)")
+                   help="the text to tokenize (or use --file); a lone '-' reads standard input, as "
+                   "-f - does (to tokenize the text '-' itself, pipe it in: printf - | minfer tokenize -)")
     p.add_argument("-f", "--file", metavar="F",
                    help="read the text from file F (UTF-8, taken as is: a trailing newline "
                    "is part of the text); '-' reads standard input")
@@ -49,14 +51,19 @@ def _read_text(args) -> str:
 
     if args.file is not None and args.text is not None:
         raise MinferError("give the text either as TEXT or with --file, not both")
+    if args.text == "-" or args.file == "-":
+        # a lone '-' is standard input (the usual convention, as `minfer run -`): it was tokenized
+        # as the text "-"
+        if sys.stdin is not None and sys.stdin.isatty():   # else it waits in silence
+            print("minfer: reading the text from standard input; end it with Ctrl-D",
+                  file=sys.stderr, flush=True)
+        return read_stdin("the text")   # bytes as they are (no newline translation), UTF-8 checked
     if args.file is None:
         if args.text is None:
-            raise MinferError("no text: give TEXT or --file F")
+            raise MinferError("no text: give TEXT, --file F, or - to read standard input")
         # bytes of argv that are not UTF-8 arrive as lone surrogates, which the tokenizer rejects
         # with a TypeError: one line naming the place instead
         return check_text(args.text, "TEXT")
-    if args.file == "-":
-        return read_stdin("the text")   # bytes as they are (no newline translation), UTF-8 checked
     try:
         with open(args.file, encoding="utf-8", newline="") as f:
             return f.read()

@@ -1,0 +1,58 @@
+"""A demanding new user's first hour with the command line (audit of 2026-12-07): what was wrong,
+each pinned.
+
+- `minfer tokenize -m M -` tokenized the text "-"; a lone '-' is standard input (the usual
+  convention, and `minfer run -`'s), as `-f -` was. `minfer tokenize MODEL -` and
+  `minfer run MODEL -` (the model named first) were refused: "unrecognized arguments: -".
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from helpers_cli import one_error_line, write_tiny_model
+from minfer import cli
+
+
+class _Stdin:
+    """Standard input holding `data`, a terminal or a pipe."""
+
+    def __init__(self, data: bytes, tty: bool = False):
+        self.buffer, self._tty = io.BytesIO(data), tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_tiny_model(tmp_path_factory.mktemp("s35"))
+
+
+@pytest.mark.parametrize("form", ["-m", "first"])
+def test_tokenize_a_lone_dash_reads_stdin(capsys, monkeypatch, tiny, form):
+    # `-m M -` printed the one token of "-"; `M -` was "unrecognized arguments: -"
+    argv = ["tokenize", "-m", tiny, "--ids", "--no-bos", "-"] if form == "-m" else \
+        ["tokenize", tiny, "-", "--ids", "--no-bos"]
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hello"))
+    assert cli.main(argv) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert cli.main(["tokenize", "-m", tiny, "--ids", "--no-bos", "hello"]) == 0
+    assert got == json.loads(capsys.readouterr().out) and len(got) > 1, got
+
+
+def test_run_model_first_then_a_dash_reads_stdin(capsys, monkeypatch, tiny):
+    # `minfer run MODEL -` was "unrecognized arguments: -"
+    monkeypatch.setattr("sys.stdin", _Stdin(b"hi"))
+    assert cli.main(["run", tiny, "-", "--device", "cpu", "--temp", "0", "-n", "1"]) == 0
+    assert "prompt:" in capsys.readouterr().err
+
+
+def test_tokenize_help_says_a_dash_is_stdin(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["tokenize", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "a lone '-' reads standard input" in out, out
