@@ -56,3 +56,19 @@ def test_tokenize_help_says_a_dash_is_stdin(capsys):
         cli.main(["tokenize", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "a lone '-' reads standard input" in out, out
+
+
+@pytest.mark.parametrize("text,got", [("", "no text"), ("  \t", "only white space")])
+def test_chat_an_empty_first_message_is_an_error(capsys, monkeypatch, tiny, text, got):
+    # was dropped without a word (an unset shell variable: -p "$Q"): the chat began with no message
+    monkeypatch.setattr("sys.stdin", _Stdin(b""))
+    line = one_error_line(capsys, ["chat", "-m", tiny, "--device", "cpu", "-p", text])
+    assert line == (f"minfer: error: -p/--prompt is empty ({got}): give the first message, or leave -p "
+                    "out and type it at the prompt"), line
+
+
+def test_chat_help_says_an_empty_first_message_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["chat", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "an empty TEXT is an error" in out, out

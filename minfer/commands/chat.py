@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-sys", "--system-prompt", "--system", dest="system", default=None, metavar="S",
                    help="a system message opening the conversation")
     p.add_argument("-p", "--prompt", dest="first", default=None, metavar="TEXT",
-                   help="the first user message (then the chat goes on)")
+                   help="the first user message (then the chat goes on); an empty TEXT is an error, "
+                   "as an empty line typed at the prompt is skipped, not sent")
     from minfer.commands.common import set_default
 
     set_default(p, "max_tokens", 512, "stop a reply after N new tokens; -1 = until the context is full "
@@ -195,6 +196,11 @@ def main(args) -> int:
         raise MinferError(f"-n/--n-predict {args.max_tokens}: expected a number of tokens >= 1, or -1")
     if args.system is not None:   # invalid UTF-8 from argv: one line now, not a tokenizer TypeError
         check_text(args.system, "-sys/--system-prompt")
+    if args.first is not None:
+        check_text(args.first, "-p/--prompt")
+        if not args.first.strip():   # (an unset shell variable) was dropped without a word
+            raise MinferError(f"-p/--prompt is empty ({'no text' if not args.first else 'only white space'}): "
+                              "give the first message, or leave -p out and type it at the prompt")
     params = sampling_from_args(args)
     eng = load_engine(args)
     interactive = sys.stdin.isatty()
@@ -209,7 +215,7 @@ def main(args) -> int:
         _own_ctrl_c()
         print(f"minfer chat: {eng.path.name} on {eng.device} (context {eng.n_ctx} tokens). "
               f"{COMMANDS_HELP}.", file=sys.stderr)
-    pending = [args.first] if args.first else []
+    pending = [args.first] if args.first is not None else []
     while True:
         if pending:
             line = pending.pop(0)
