@@ -72,3 +72,19 @@ def test_chat_help_says_an_empty_first_message_is_an_error(capsys):
         cli.main(["chat", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert "an empty TEXT is an error" in out, out
+
+
+def test_synth_plans_its_tensors_once(capsys, monkeypatch, tmp_path):
+    # the free-space check planned the tensors, then write_synth planned them again
+    import minfer.bench.synth as synth
+
+    calls = []
+    real = synth.plan_tensors
+    monkeypatch.setattr(synth, "plan_tensors", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = tmp_path / "t.gguf"
+    assert cli.main(["synth", str(out), "--preset", "tiny", "--no-progress"]) == 0
+    assert len(calls) == 1, calls
+    assert capsys.readouterr().out.startswith(f"wrote {out}: tiny (qwen2, 4 layers, recipe q4_k_m), 51 tensors")
+    from minfer.gguf_file import GGUFFile
+
+    assert len(GGUFFile(str(out)).tensors) == 51

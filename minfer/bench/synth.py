@@ -392,12 +392,16 @@ class SynthResult:
 
 
 def write_synth(out: Path, p: Preset, recipe: str, seed: int = 0, tokenizer: dict | None = None,
-                std: float = WEIGHT_STD, progress: bool = True) -> SynthResult:
-    """Write the synthetic model to `out`, tensor by tensor (peak memory ~ the largest tensor)."""
+                std: float = WEIGHT_STD, progress: bool = True,
+                plans: list[TensorPlan] | None = None) -> SynthResult:
+    """Write the synthetic model to `out`, tensor by tensor (peak memory ~ the largest tensor).
+    `plans`: plan_tensors(p, recipe), when the caller has it already (`minfer synth` sized the
+    file with it); planned here otherwise."""
     import gguf
     from tqdm import tqdm
 
-    plans = plan_tensors(p, recipe)
+    if plans is None:
+        plans = plan_tensors(p, recipe)
     tok = pad_vocab(tokenizer if tokenizer is not None else minimal_tokenizer(p.arch, p.vocab),
                     p.vocab, "tokenizer")
     out = Path(out)

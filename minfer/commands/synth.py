@@ -57,7 +57,7 @@ def main(args: argparse.Namespace) -> int:
     import time
 
     from minfer.bench.presets import get_preset
-    from minfer.bench.synth import copied_tokenizer, write_synth
+    from minfer.bench.synth import copied_tokenizer, plan_tensors, write_synth
 
     from pathlib import Path
 
@@ -79,10 +79,12 @@ def main(args: argparse.Namespace) -> int:
             raise MinferError(f"--tokenizer-from {args.tokenizer_from}: its tokenizer has {n} tokens, more than "
                               f"the {preset.vocab} vocabulary rows being written; give --vocab {n} (or more), "
                               "or a preset of the same family")
-    _check_disk(Path(args.out), preset, args.recipe)
+    plans = plan_tensors(preset, args.recipe)   # once: the free-space check and the write take it
+    _check_disk(Path(args.out), plans)
     t0 = time.perf_counter()
     try:
-        res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress)
+        res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress,
+                          plans=plans)
     except OSError as e:   # a parent that is a file, no permission, a full disk
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(args.out) else ""
         raise MinferError(f"{args.out}: cannot write the model file: {e.strerror or e}{where}") from e
@@ -94,16 +96,17 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_disk(out, preset, recipe: str) -> None:
-    """A file larger than the free space of its disk: one line before writing. It was written
-    until the disk was full (`--layers 100000` of the tiny preset: 47 GB), then left there, part
-    written, with the disk still full."""
+def _check_disk(out, plans) -> None:
+    """A file larger than the free space of its disk (`plans`: its tensors, as plan_tensors gives
+    them and write_synth then writes them): one line before writing. It was written until the
+    disk was full (`--layers 100000` of the tiny preset: 47 GB), then left there, part written,
+    with the disk still full."""
     import shutil
 
-    from minfer.bench.synth import plan_tensors, tensor_nbytes
+    from minfer.bench.synth import tensor_nbytes
     from minfer.errors import MinferError
 
-    need = sum(tensor_nbytes(t) for t in plan_tensors(preset, recipe))
+    need = sum(tensor_nbytes(t) for t in plans)
     where = out.absolute().parent
     while not where.exists() and where != where.parent:   # (write_synth makes the missing folders)
         where = where.parent
