@@ -88,3 +88,61 @@ def test_synth_plans_its_tensors_once(capsys, monkeypatch, tmp_path):
     from minfer.gguf_file import GGUFFile
 
     assert len(GGUFFile(str(out)).tensors) == 51
+
+
+def test_synth_empty_out_is_named(capsys):
+    # was "minfer: error: : a directory; OUT.gguf is the file to write, e.g. model.gguf"
+    line = one_error_line(capsys, ["synth", "", "--preset", "tiny", "--no-progress"])
+    assert line == "minfer: error: OUT.gguf is empty: give the path of the file to write, e.g. /tmp/model.gguf"
+
+
+def test_synth_out_under_a_file_names_the_file(capsys, tmp_path):
+    # was "cannot write the model file: File exists (x.gguf)"
+    (tmp_path / "x.gguf").write_text("a file")
+    out = tmp_path / "x.gguf" / "sub" / "m.gguf"
+    line = one_error_line(capsys, ["synth", str(out), "--preset", "tiny", "--no-progress"])
+    assert line == f"minfer: error: {out}: cannot write the model file: {tmp_path / 'x.gguf'} is a file, not a folder"
+
+
+@pytest.mark.parametrize("fail", ["disk full", "ctrl-c"])
+def test_synth_failing_part_way_leaves_no_partial_file(capsys, monkeypatch, tmp_path, fail):
+    # the part written was left there (a file that looked like a model and failed to load), and the
+    # folders made for it
+    import errno
+
+    import minfer.bench.synth as synth
+
+    real, n = synth.BlockPool.fill, []
+
+    def fill(self, t):
+        n.append(t)
+        if len(n) == 5:
+            if fail == "ctrl-c":
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, t)
+
+    monkeypatch.setattr(synth.BlockPool, "fill", fill)
+    out = tmp_path / "new" / "deeper" / "m.gguf"
+    argv = ["synth", str(out), "--preset", "tiny", "--no-progress"]
+    if fail == "ctrl-c":
+        assert one_error_line(capsys, argv, rc=130) == "minfer: interrupted"
+    else:
+        line = one_error_line(capsys, argv)
+        assert line == f"minfer: error: {out}: cannot write the model file: No space left on device", line
+    assert len(n) == 5 and not out.exists() and not (tmp_path / "new").exists()
+
+
+def test_synth_failing_before_writing_keeps_the_file_there(capsys, monkeypatch, tmp_path):
+    # the file being overwritten goes only when the write has reached it
+    import minfer.bench.synth as synth
+
+    out = tmp_path / "m.gguf"
+    out.write_bytes(b"the old file")
+
+    def arch_metadata(p):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(synth, "arch_metadata", arch_metadata)
+    one_error_line(capsys, ["synth", str(out), "--preset", "tiny", "--no-progress"])
+    assert out.read_bytes() == b"the old file"

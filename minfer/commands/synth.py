@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from minfer.bench.presets import PRESETS
     from minfer.bench.synth import RECIPES
 
-    p.add_argument("out", metavar="OUT.gguf", help="the file to write (overwritten if present)")
+    p.add_argument("out", metavar="OUT.gguf", help="the file to write (overwritten if present; missing "
+                   "folders are made; a write that fails or is stopped leaves no part-written file)")
     p.add_argument("--preset", required=True, choices=list(PRESETS), help="the geometry to copy")
     p.add_argument("--arch", choices=["qwen2", "llama"], default=None,
                    help="architecture to write (default: the preset's; qwen2 adds q/k/v biases)")
@@ -65,6 +66,8 @@ def main(args: argparse.Namespace) -> int:
 
     if not 0 <= args.seed < 2**63:   # numpy's generator takes a non-negative seed
         raise MinferError(f"--seed {args.seed}: expected an integer in 0..2**63-1")
+    if not args.out:   # (an unset shell variable) was "a directory", Path('') being '.'
+        raise MinferError("OUT.gguf is empty: give the path of the file to write, e.g. /tmp/model.gguf")
     if Path(args.out).is_dir():
         raise MinferError(f"{args.out}: a directory; OUT.gguf is the file to write, "
                           f"e.g. {Path(args.out) / 'model.gguf'}")
@@ -79,13 +82,23 @@ def main(args: argparse.Namespace) -> int:
             raise MinferError(f"--tokenizer-from {args.tokenizer_from}: its tokenizer has {n} tokens, more than "
                               f"the {preset.vocab} vocabulary rows being written; give --vocab {n} (or more), "
                               "or a preset of the same family")
+    out = Path(args.out)
+    found, missing = _folders(out)
+    if not found.is_dir():   # was "cannot write the model file: File exists (x.gguf)"
+        raise MinferError(f"{args.out}: cannot write the model file: {found} is a file, not a folder")
     plans = plan_tensors(preset, args.recipe)   # once: the free-space check and the write take it
-    _check_disk(Path(args.out), plans)
+    _check_disk(out, plans)
+    before = _stamp(out)
     t0 = time.perf_counter()
     try:
         res = write_synth(args.out, preset, args.recipe, args.seed, tok, progress=not args.no_progress,
                           plans=plans)
-    except OSError as e:   # a parent that is a file, no permission, a full disk
+    except BaseException as e:
+        # a full disk, an error or Ctrl-C part way: the part written was left there, a file that
+        # looked like a model and failed to load (its tensors past the end)
+        _remove_partial(out, before, missing)
+        if not isinstance(e, OSError):
+            raise
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(args.out) else ""
         raise MinferError(f"{args.out}: cannot write the model file: {e.strerror or e}{where}") from e
     dt = time.perf_counter() - t0
@@ -94,6 +107,38 @@ def main(args: argparse.Namespace) -> int:
           f"{args.recipe}), {res.n_tensors} tensors ({types}), "
           f"{_human(res.n_bytes)} of tensor data in {dt:.1f} s")
     return 0
+
+
+def _folders(out):
+    """(the nearest ancestor of `out` that exists, the missing folders between, deepest first):
+    write_synth makes the missing ones."""
+    found, missing = out.absolute().parent, []
+    while not found.exists() and found != found.parent:
+        missing.append(found)
+        found = found.parent
+    return found, missing
+
+
+def _stamp(out):
+    """What identifies the file at `out` now (None when there is none), to tell whether a failed
+    write replaced it."""
+    try:
+        st = out.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _remove_partial(out, before, missing) -> None:
+    """After a failed write: the file it wrote (not one it never reached) and the folders it made."""
+    import contextlib
+
+    if _stamp(out) != before and out.is_file():
+        with contextlib.suppress(OSError):
+            out.unlink()
+    for folder in missing:   # deepest first; a folder something else wrote into stays
+        with contextlib.suppress(OSError):
+            folder.rmdir()
 
 
 def _check_disk(out, plans) -> None:
@@ -107,9 +152,7 @@ def _check_disk(out, plans) -> None:
     from minfer.errors import MinferError
 
     need = sum(tensor_nbytes(t) for t in plans)
-    where = out.absolute().parent
-    while not where.exists() and where != where.parent:   # (write_synth makes the missing folders)
-        where = where.parent
+    where, _ = _folders(out)   # (write_synth makes the missing folders)
     try:
         free = shutil.disk_usage(where).free + (out.stat().st_size if out.is_file() else 0)
     except OSError:   # no answer: the write's own error stands
