@@ -146,3 +146,52 @@ def test_synth_failing_before_writing_keeps_the_file_there(capsys, monkeypatch, 
     monkeypatch.setattr(synth, "arch_metadata", arch_metadata)
     one_error_line(capsys, ["synth", str(out), "--preset", "tiny", "--no-progress"])
     assert out.read_bytes() == b"the old file"
+
+
+@pytest.mark.parametrize("out,expect", [
+    ("", "--out is empty: give the JSON file to write, e.g. bench/results/run.json"),
+    ("{d}/run.md", "--out {d}/run.md: --out names the JSON file, and its .md summary is written beside it; "
+                   "give {d}/run.json"),
+    ("{d}/f.txt/run.json", "--out {d}/f.txt/run.json: cannot create its folder: {d}/f.txt is a file, not a folder"),
+])
+def test_bench_out_refused_before_measuring(capsys, tmp_path, tiny, out, expect):
+    # "" was ": a directory"; FILE.md got the JSON, then the summary over it; under a file it was
+    # "cannot create its folder: File exists"
+    (tmp_path / "f.txt").write_text("a file")
+    d = str(tmp_path)
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "4", "-n", "0", "-r", "1",
+                                   "--no-progress", "--out", out.replace("{d}", d)])
+    assert line == "minfer: error: " + expect.replace("{d}", d), line
+
+
+def test_bench_out_failing_part_way_leaves_no_partial_record(capsys, monkeypatch, tmp_path, tiny):
+    # a full disk while writing FILE.md left FILE.json and part of FILE.md
+    import builtins
+    import errno
+
+    real_open = builtins.open
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def write(self, text):
+            self.f.write(text[:10])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fake_open(path, mode="r", *a, **k):
+        f = real_open(path, mode, *a, **k)
+        return Full(f) if str(path).endswith(".md") and "w" in mode else f
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    out = tmp_path / "run.json"
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "4", "-n", "0", "-r", "1",
+                                   "--no-progress", "--out", str(out)])
+    assert "No space left on device" in line, line
+    assert not out.exists() and not out.with_suffix(".md").exists()

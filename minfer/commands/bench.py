@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", choices=["table", "json"], default="table",
                    help="print the markdown table (default) or the JSON record")
     p.add_argument("--out", metavar="FILE.json", default=None,
-                   help="also write the JSON record to FILE.json and the markdown summary to FILE.md")
+                   help="also write the JSON record to FILE.json and the markdown summary to FILE.md "
+                   "(missing folders are made; checked before measuring)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
     p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
                    help="interleaved A/B of two switch settings, e.g. 'MINFER_GEMV=1' "
@@ -109,16 +110,44 @@ def check_out(out: str | None) -> None:
 
     if out is None:
         return
+    if not out:   # (an unset shell variable) was ": a directory", Path('') being '.'
+        raise MinferError("--out is empty: give the JSON file to write, e.g. bench/results/run.json")
     p = Path(out)
     if p.is_dir():
         raise MinferError(f"--out {out}: a directory; --out names the JSON file to write, e.g. "
                           f"{p / 'run.json'}")
+    if p.suffix == ".md":   # the JSON went to FILE.md, then the summary overwrote it
+        raise MinferError(f"--out {out}: --out names the JSON file, and its .md summary is written beside "
+                          f"it; give {p.with_suffix('.json')}")
+    found = p.absolute().parent
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    if not found.is_dir():   # was "cannot create its folder: File exists"
+        raise MinferError(f"--out {out}: cannot create its folder: {found} is a file, not a folder")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise MinferError(f"--out {out}: cannot create its folder: {e.strerror or e}") from e
     if not os.access(p.parent, os.W_OK):
         raise MinferError(f"--out {out}: its folder {p.parent} is not writable")
+
+
+def _write_record(out, record: str, summary: str) -> None:
+    """FILE.json and FILE.md, whole or not at all: a write that failed (a full disk) left the part
+    written, a truncated JSON record that --plot then read."""
+    done = []
+    try:
+        for path, text in ((out, record), (out.with_suffix(".md"), summary)):
+            with open(path, "w") as f:   # (a file that could not be opened was not touched)
+                done.append(path)
+                f.write(text)
+    except BaseException:
+        for path in done:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        raise
 
 
 def main(args: argparse.Namespace) -> int:
@@ -195,8 +224,7 @@ def main(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(record, indent=1) + "\n")
-        out.with_suffix(".md").write_text(markdown_summary(record, record["table"]))
+        _write_record(out, json.dumps(record, indent=1) + "\n", markdown_summary(record, record["table"]))
         print(f"wrote {out} and {out.with_suffix('.md')}", file=sys.stderr)
     if args.output == "json":
         print(json.dumps(record, indent=1))
