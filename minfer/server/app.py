@@ -31,8 +31,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from minfer.errors import MinferError
 from minfer.limits import request_problem, request_texts
 from minfer.server.metrics import ServerMetrics
-from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, JSONBodyMiddleware, MetricsMiddleware,
-                                      error_payload)
+from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, BodyNotJSON, JSONBodyMiddleware,
+                                      MetricsMiddleware, error_payload, json_route_class)
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                    JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
@@ -357,6 +357,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
 
     app = FastAPI(title="minfer", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.minfer = state
+    app.router.route_class = json_route_class()   # POST bodies parsed first: BodyNotJSON
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -366,12 +367,12 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _validation_response(exc).response()
 
+    @app.exception_handler(BodyNotJSON)
+    async def _not_json(request: Request, exc: BodyNotJSON) -> JSONResponse:
+        return APIError(400, str(exc), code="invalid_json").response()
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if exc.status_code == 400 and exc.__cause__ is not None:   # FastAPI: a body json.loads refused
-            why = exc.__cause__     # (not UTF-8 text): the JSON error's code and cause, as _invalid's
-            return APIError(400, f"invalid request: the body is not valid JSON ({type(why).__name__}: {why})",
-                            code="invalid_json").response()
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         msg = f"{request.method} {request.url.path}: {exc.detail}"
         if exc.status_code in (404, 405):   # a client (or a browser) at the wrong door: the right ones
@@ -572,11 +573,6 @@ def _validation_response(exc: RequestValidationError) -> APIError:
         groups.setdefault(".".join(loc), []).append(e)
     parts, param, code = [], None, "invalid_value"
     for where, errs in list(groups.items())[:5]:
-        if any(e.get("type") == "json_invalid" for e in errs):
-            e = errs[0]
-            parts.append(f"the body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})")
-            code = "invalid_json"
-            continue
         if any(e.get("type") == "missing" for e in errs):
             code = "missing_required_parameter"
             if not where:   # no body at all: "body: Field required" read like a field named body

@@ -1,4 +1,5 @@
-"""Pure-ASGI middlewares of the server: metrics, bearer auth, request body limit.
+"""Pure-ASGI middlewares of the server: metrics, bearer auth, request body limit; and the
+API's route class, which parses a POST body first (json_route_class: BodyNotJSON).
 
 Pure ASGI rather than Starlette's BaseHTTPMiddleware: that one wraps streaming responses in
 its own task and hides client disconnects from the endpoint, which the server needs to see to
@@ -172,3 +173,44 @@ class JSONBodyMiddleware:
             headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-type"]
             scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
         await self.app(scope, receive, send)
+
+
+class BodyNotJSON(Exception):
+    """A POST body that is not JSON text: answered 400 `invalid_json` (app.py), naming why."""
+
+    def __init__(self, why: BaseException) -> None:
+        if isinstance(why, RecursionError):
+            reason = "its arrays or objects are nested too deeply"
+        elif isinstance(why, json.JSONDecodeError):
+            reason = f"{why.msg}: line {why.lineno} column {why.colno} (char {why.pos})"
+        else:
+            reason = f"{type(why).__name__}: {why}"
+        super().__init__(f"invalid request: the body is not valid JSON ({reason})")
+
+
+def json_route_class() -> type:
+    """FastAPI's route class for the API: a POST body is parsed here, before FastAPI reads it,
+    and a failure raises BodyNotJSON by the decoder's own exception types (json.JSONDecodeError,
+    UnicodeDecodeError for bytes that are not UTF-8/16/32 text, RecursionError for nesting) --
+    FastAPI would answer the last two with a bare HTTPException(400) chained to the error. The
+    parsed value is handed to FastAPI in Starlette's Request cache, so the body is parsed once
+    (with another Starlette, FastAPI would parse it again: the same value)."""
+    from fastapi.routing import APIRoute
+
+    class JSONRoute(APIRoute):
+        def get_route_handler(self) -> Any:
+            handler = super().get_route_handler()
+
+            async def parse_first(request: Any) -> Any:
+                if request.method == "POST":
+                    body = await request.body()
+                    if body:
+                        try:
+                            request._json = json.loads(body)
+                        except (ValueError, RecursionError) as e:   # JSONDecodeError, UnicodeDecodeError
+                            raise BodyNotJSON(e) from e
+                return await handler(request)
+
+            return parse_first
+
+    return JSONRoute
