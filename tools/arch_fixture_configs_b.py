@@ -438,4 +438,14 @@ ARCHS_B = {
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "original_max_position_embeddings": 16, "llama_4_scaling_beta": 0.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # GLM-4-9B-chat-hf / glm-edge style (chatglm; GlmForCausalLM): Llama's pre-norm block without GLM-4-0414's
+    # post-norms, q/k/v biases (attention_bias), no o bias, GQA 2:1 (the 9B: 32 q / 2 kv heads), NORM rope
+    # (interleaved pairs) on the first half of each head (partial_rotary_factor 0.5: 8 of 16 dims), the fused
+    # [gate; up] MLP (gate_up_proj), untied head. rope_theta 10000: llama.cpp's ChatGLMModel writes
+    # 10000 * rope_ratio and never reads rope_theta; head_dim = hidden / heads (the converter's rope dims assume it)
+    "chatglm": ("GlmConfig", "GlmForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, attention_bias=True, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
 }

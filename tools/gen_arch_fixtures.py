@@ -38,6 +38,7 @@ from arch_fixture_configs import ARCHS, VOCAB
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
 EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py Glm4Model.set_vocab looks them up
+                  "chatglm": ("<|endoftext|>", "<|user|>"),   # conversion/chatglm.py ChatGLMModel.set_vocab too
                   "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
 SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2", "nemotron", "nemotron-bias", "jamba"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 SPM |= {"minicpm3"}   # conversion/minicpm.py MiniCPM3Model.set_vocab: _set_vocab_sentencepiece

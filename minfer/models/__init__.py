@@ -83,6 +83,7 @@ from minfer.models.hy_v3 import HyV3Model
 from minfer.models.mellum import MellumModel
 from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
+from minfer.models.chatglm import ChatGLMModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -97,7 +98,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
-    Mistral4Model)}
+    Mistral4Model, ChatGLMModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 
