@@ -86,6 +86,10 @@ class _Sampling(BaseModel):
     n: Int = 1
     # token id (as a string key, OpenAI's form) -> bias added to its logit, -100..100
     logit_bias: dict[str, Annotated[Float, Field(ge=-100.0, le=100.0)]] | None = None
+    # vLLM's extension. minfer's answers keep control tokens' text (<|im_start|> ...; the
+    # end-of-generation token that ends an answer is never text), which is vLLM's false; true
+    # or null is the default and answers the same (render.py never removes text)
+    skip_special_tokens: Bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -268,6 +272,9 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: Bool | None = None
+    # vLLM's extension: false renders the messages without the assistant's generation prompt, so
+    # the model goes on from the last message as the template renders it (true or null: with it)
+    add_generation_prompt: Bool | None = None
 
     @field_validator("top_logprobs")
     @classmethod

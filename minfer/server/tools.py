@@ -277,6 +277,8 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     if not req.tools and choice not in (None, "none", "auto"):
         raise ToolError("tool_choice", "tool_choice requires tools: send the functions in `tools`")
     extra: dict[str, Any] = {}
+    if req.add_generation_prompt is False:   # vLLM's extension: the model goes on from the last message
+        extra["add_generation_prompt"] = False
     callable_tools: list[Any] = []
     must_call = False
     if req.tools and choice != "none":

@@ -73,6 +73,53 @@ def stream(srv, body, path=CHAT):
     return content, calls, finish
 
 
+# ---- 1. vLLM's add_generation_prompt and skip_special_tokens ------------------------------
+
+def test_add_generation_prompt_false_renders_without_the_assistant_prompt(server, engine, params_cls):
+    # it was accepted and ignored: the prompt always ended with the assistant's "<|im_start|>assistant\n"
+    messages = [{"role": "user", "content": "Write the word hello"}]
+    ids = chat_token_ids(engine.tokenizer, messages, add_generation_prompt=False)
+    with_prompt = chat_token_ids(engine.tokenizer, messages)
+    assert len(ids) < len(with_prompt) and with_prompt[:len(ids)] == ids
+    body = {"messages": messages, "max_tokens": 8, "temperature": 0, "add_generation_prompt": False}
+    out = post(server, body)
+    assert out["usage"]["prompt_tokens"] == len(ids)
+    ref, n, finish = run_direct(engine, params_cls, ids, 8, temperature=0.0)
+    assert out["choices"][0]["message"]["content"] == ref and out["usage"]["completion_tokens"] == n
+    assert stream(server, body)[0] == ref
+    # true (vLLM's default) and null are the default: with the generation prompt
+    for value in (True, None):
+        got = post(server, {**body, "add_generation_prompt": value})
+        assert got["usage"]["prompt_tokens"] == len(with_prompt)
+
+
+@pytest.mark.parametrize("value", ["false", 0])
+def test_add_generation_prompt_is_a_boolean(server, value):
+    # (any value was ignored before)
+    r = httpx.post(server.url + CHAT, json={"messages": ASK, "max_tokens": 2, "add_generation_prompt": value},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "add_generation_prompt", r.text
+
+
+@pytest.mark.parametrize("path, body", [
+    (CHAT, {"messages": [{"role": "user", "content": "Say hi"}]}),
+    (COMPLETIONS, {"prompt": "Say hi"}),
+])
+def test_skip_special_tokens_false_keeps_control_tokens_text(server, path, body):
+    # (passed before too: minfer's answers always kept control tokens' text, vLLM's false; the
+    # field is now read and documented, and this pins that false keeps them, streamed and not)
+    forced = {**body, "max_tokens": 3, "temperature": 0, "logit_bias": {"1": 100}, "skip_special_tokens": False}
+    out = post(server, forced, path)
+    choice = out["choices"][0]
+    text = choice["message"]["content"] if path == CHAT else choice["text"]
+    assert text == "<|im_start|>" * 3 and choice["finish_reason"] == "length"
+    if path == CHAT:
+        assert stream(server, forced)[0] == text
+    # true (the default) answers as before: the same text
+    same = post(server, {**forced, "skip_special_tokens": True}, path)["choices"][0]
+    assert (same["message"]["content"] if path == CHAT else same["text"]) == text
+
+
 # ---- 4. a body that is not JSON ------------------------------------------------------------
 
 def test_another_400_is_not_called_invalid_json(engine, make_server):
