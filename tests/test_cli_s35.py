@@ -195,3 +195,18 @@ def test_bench_out_failing_part_way_leaves_no_partial_record(capsys, monkeypatch
                                    "--no-progress", "--out", str(out)])
     assert "No space left on device" in line, line
     assert not out.exists() and not out.with_suffix(".md").exists()
+
+
+def test_every_option_is_explained_with_a_short_metavar():
+    # the usage lines read [--repeat-penalty REPEAT_PENALTY] [--frequency-penalty FREQUENCY_PENALTY]
+    # [-r REPETITIONS] [--api-key API_KEY] ...: the flag's name again, shouted
+    import argparse
+
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, p in sub.choices.items():
+        for a in p._actions:
+            assert a.help, (name, a.option_strings or a.dest)
+            shouted = a.option_strings and a.metavar is None and a.choices is None and a.nargs != 0 \
+                and "_" in a.dest
+            assert not shouted, (name, a.option_strings, a.dest.upper())

@@ -70,7 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens generated in the tg tests (default: 128; 0 = no tg test)")
     p.add_argument("-d", "--depth", type=_ints, default=[0], metavar="D[,D..]",
                    help="tokens already in the cache before each test (default: 0)")
-    p.add_argument("-r", "--repetitions", type=int, default=None, help="repetitions per test (default: 5)")
+    p.add_argument("-r", "--repetitions", type=int, default=None, metavar="N", help="repetitions per test (default: 5)")
     p.add_argument("-o", "--output", choices=["table", "json"], default="table",
                    help="print the markdown table (default) or the JSON record")
     p.add_argument("--out", metavar="FILE.json", default=None,
@@ -80,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ab", nargs=2, metavar=("ENV_A", "ENV_B"), default=None,
                    help="interleaved A/B of two switch settings, e.g. 'MINFER_GEMV=1' "
                    "'MINFER_GEMV=0' (several: 'X=1 Y=2'; a bare X unsets it)")
-    p.add_argument("--pairs", type=int, default=None, help="A/B pairs with --ab (at least 4; default 4)")
+    p.add_argument("--pairs", type=int, default=None, metavar="N", help="A/B pairs with --ab (at least 4; default 4)")
     p.add_argument("--peer", choices=["torch-bf16"], default=None,
                    help="also run a plain torch bf16 forward of the same weights (CUDA only)")
     p.add_argument("--plot", nargs="+", metavar="DIR_OR_JSON", default=None,

@@ -76,20 +76,20 @@ def generation_parent() -> argparse.ArgumentParser:
                         metavar="N", help="stop after N new tokens; -1 = until the context is full "
                         "(default 256)")
     g = parent.add_argument_group("sampling (llama.cpp's chain and defaults)")
-    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8,
+    g.add_argument("--temp", "--temperature", dest="temp", type=float, default=0.8, metavar="T",
                    help="temperature; 0 = greedy (default 0.8)")
-    g.add_argument("--top-k", type=int, default=40, help="keep the K most likely tokens; 0 = off (default 40)")
-    g.add_argument("--top-p", type=float, default=0.95,
+    g.add_argument("--top-k", type=int, default=40, metavar="K", help="keep the K most likely tokens; 0 = off (default 40)")
+    g.add_argument("--top-p", type=float, default=0.95, metavar="P",
                    help="keep the most likely tokens up to this total probability; 1 = off (default 0.95)")
-    g.add_argument("--min-p", type=float, default=0.05,
-                   help="drop tokens less likely than MIN_P times the top token; 0 = off (default 0.05)")
-    g.add_argument("--repeat-penalty", type=float, default=1.0,
+    g.add_argument("--min-p", type=float, default=0.05, metavar="P",
+                   help="drop tokens less likely than P times the top token; 0 = off (default 0.05)")
+    g.add_argument("--repeat-penalty", type=float, default=1.0, metavar="X",
                    help="divide the logits of recently seen tokens by this; 1 = off (default 1.0)")
-    g.add_argument("--repeat-last-n", type=int, default=64,
+    g.add_argument("--repeat-last-n", type=int, default=64, metavar="N",
                    help="how many recent tokens the penalties look at; -1 = all (default 64)")
-    g.add_argument("--presence-penalty", type=float, default=0.0,
+    g.add_argument("--presence-penalty", type=float, default=0.0, metavar="X",
                    help="subtract this from the logit of every recently seen token (default 0)")
-    g.add_argument("--frequency-penalty", type=float, default=0.0,
+    g.add_argument("--frequency-penalty", type=float, default=0.0, metavar="X",
                    help="subtract this times the token's recent count from its logit (default 0)")
     g.add_argument("-s", "--seed", type=int, default=None,
                    help="random seed: the same seed gives the same text (default, and -1 as in llama.cpp: "

@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # llama-perplexity's chunk size; -c sets it
     set_default(p, "ctx", 512, "tokens per scored chunk, as llama-perplexity's -c (default 512); checked "
                 "against the memory the KV cache needs")
-    p.add_argument("--chunks", type=int, default=-1,
+    p.add_argument("--chunks", type=int, default=-1, metavar="N",
                    help="score at most this many chunks (at least 1); -1 (or any negative count, as "
                    "llama-perplexity) = all (default)")
 

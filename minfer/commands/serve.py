@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; "
                    "0.0.0.0 exposes the server to the network -- set --api-key then)")
     p.add_argument("--port", type=int, default=8080, help="TCP port (default 8080)")
-    p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"),
+    p.add_argument("--api-key", default=os.environ.get("MINFER_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on every endpoint but /health "
                    "(default: $MINFER_API_KEY; no auth when unset)")
     p.add_argument("--max-body", type=int, default=None, metavar="BYTES",

@@ -39,13 +39,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", required=True, choices=list(PRESETS), help="the geometry to copy")
     p.add_argument("--arch", choices=["qwen2", "llama"], default=None,
                    help="architecture to write (default: the preset's; qwen2 adds q/k/v biases)")
-    p.add_argument("--layers", type=int, default=None,
+    p.add_argument("--layers", type=int, default=None, metavar="N",
                    help="number of layers (default: the preset's); fewer layers make a quick file "
                    "with the same per-layer shapes")
     p.add_argument("--recipe", choices=list(RECIPES), default="q4_k_m",
                    help="quantization types of the 2-D weights (default: q4_k_m)")
     p.add_argument("--seed", type=int, default=0, help="random seed; the same seed writes the same file (default 0)")
-    p.add_argument("--vocab", type=int, default=None, help="vocabulary rows (default: the preset's)")
+    p.add_argument("--vocab", type=int, default=None, metavar="N", help="vocabulary rows (default: the preset's)")
     p.add_argument("--tokenizer-from", metavar="MODEL", default=None,
                    help="copy the tokenizer (tokens padded to the vocab with '[PAD<i>]', merges, "
                    "pre-tokenizer, special ids, chat template) from this GGUF file or catalog "
