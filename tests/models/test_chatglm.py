@@ -148,3 +148,50 @@ def test_missing_tensor_is_named(tmp_path, tensor):
     p = rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=(tensor,))
     with pytest.raises(MinferError, match=tensor.replace(".", r"\.")):
         load(p)
+
+
+@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+def test_fused_qkv_cuda_backend_in_the_interpreter(tmp_path, monkeypatch):
+    """The fused attn_qkv form (the released glm-4-9b-chat GGUFs') through the CUDA backend's code in Triton's
+    interpreter: the eager prefill and the host-free decode step within 1e-5 of the reference forward (the
+    separate form is tests/ops/test_arch_forward_interpreted.py's "chatglm")."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "ops"))
+    from kernel_data import interpreted_modules, route_to_cuda
+
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import Step, load_model
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.runtime.kv_cache import KVCache
+    from minfer.switches import Switches
+
+    m = load_model(GGUFFile(fused_file(tmp_path, "fused")), progress=False)
+    assert m.blocks[0].attn_qkv is not None
+    toks = torch.arange(3, 13) * 7 % 300 + 3
+    T = len(toks)
+    ref_cache, cache = KVCache.for_config(m.cfg, 64), KVCache.for_config(m.cfg, 64)
+    ref = m.forward(toks, Step.at(0, T, "cpu"), ref_cache)
+    ref_dec = m.forward(torch.tensor([7]), Step.at(T, 1, "cpu"), ref_cache)
+    mods = interpreted_modules(["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
+                                "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding",
+                                "minfer.ops.cuda.attention", "minfer.ops.cuda"])
+    C = next(mods)["cuda"]
+    try:
+        route_to_cuda(monkeypatch, C)
+        ctx = Context(Switches(), C.Workspace.for_model(m))
+        paths.reset()
+        out = m.forward(toks, Step.at(0, T, "cpu"), cache, ctx)
+        dec = m.forward(torch.tensor([7]), Step(torch.tensor([T]), None, "all"), cache, ctx)
+        taken = set(paths.snapshot()["counts"])
+    finally:
+        monkeypatch.undo()
+        next(mods, None)          # the modules reloaded as they were
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    assert rel(out, ref) < 1e-5 and rel(dec, ref_dec) < 1e-5
+    assert {"rope.triton", "attention.decode.triton"} <= taken, taken
