@@ -102,6 +102,21 @@ def test_fused_qkv_equals_separate(tmp_path, bias):
     assert rel_err(got, r["logits"]) < TOL
 
 
+def test_fused_qkv_batch_engine_greedy(tmp_path):
+    """The fused form through the batch engine's paged cache (blocks of 4), next to a second sequence: transformers'
+    greedy continuation."""
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.engine import Engine
+    from minfer.runtime.sampling import SamplingParams
+
+    r = ref(NAME)
+    eng = Engine.load(fused_file(tmp_path, "fused"), ctx=64, progress=False, switches=reference_switches())
+    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
+    n = len(r["greedy"])
+    outs = be.generate_many([r["prompt"].tolist(), r["ids"][10:25].tolist()], SamplingParams(temperature=0), n)
+    assert [ev.token_id for ev in outs[0]] == r["greedy"].tolist()
+
+
 def test_fused_qkv_row_order_is_needed(tmp_path, monkeypatch):
     """The fused rows are q, then k, then v: with k's rows read as v's and v's as k's the logits miss."""
     from minfer.runtime.engine import Engine
@@ -122,6 +137,12 @@ def test_the_biases_are_optional(tmp_path):
     drop = tuple(f"blk.{i}.attn_{x}.bias" for i in range(2) for x in "qkv")
     m = load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=drop))
     assert m.blocks[1].attn_v_bias is None
+
+
+def test_tied_head_without_output(tmp_path):
+    """chatglm.cpp takes `output` as TENSOR_NOT_REQUIRED and falls back to token_embd (glm-edge style ties)."""
+    m = load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", drop_tensors=("output.weight",)))
+    assert m.cfg.tied_output and m.output is m.token_embd
 
 
 def test_q_width_other_than_d_is_refused(tmp_path):
