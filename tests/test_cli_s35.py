@@ -210,3 +210,20 @@ def test_every_option_is_explained_with_a_short_metavar():
             shouted = a.option_strings and a.metavar is None and a.choices is None and a.nargs != 0 \
                 and "_" in a.dest
             assert not shouted, (name, a.option_strings, a.dest.upper())
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["run", "--device", "cpu", "-f", ""], "-f/--file is empty: give the prompt's file, or - for standard input"),
+    (["run", "--device", "cpu", "-j", "", "hi"], "-j/--json-schema is empty: give a JSON schema file, or the "
+                                                 "schema itself ('{}': any JSON)"),
+    (["tokenize", "-f", ""], "-f/--file is empty: give the text's file, or - for standard input"),
+    (["perplexity", "--device", "cpu", "-f", ""], "-f/--file is empty: give the text file to score, or - for "
+                                                  "standard input"),
+    (["perplexity", "--device", "cpu", "-f", "x.txt", "-c", "0"], "-c/--ctx-size 0: expected at least 4 tokens "
+                                                                  "a chunk"),
+])
+def test_an_empty_file_flag_is_named(capsys, tiny, argv, expect):
+    # an unset shell variable: "-f ''" was ": cannot read the prompt file: No such file or directory",
+    # perplexity's ".: a directory, not a text file"; -c 0 was "-c must be at least 4, got 0"
+    line = one_error_line(capsys, [*argv, "-m", tiny])
+    assert line == "minfer: error: " + expect, line

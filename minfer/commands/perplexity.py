@@ -102,7 +102,9 @@ def main(args) -> int:
     path = Path(args.file)
     # every check that needs no model comes before the load (seconds to minutes)
     if args.ctx < 4:
-        raise MinferError(f"-c must be at least 4, got {args.ctx}")
+        raise MinferError(f"-c/--ctx-size {args.ctx}: expected at least 4 tokens a chunk")
+    if not args.file:   # (an unset shell variable) was ".: a directory, not a text file"
+        raise MinferError("-f/--file is empty: give the text file to score, or - for standard input")
     if args.chunks == 0:   # a negative count means all, as llama-perplexity's --chunks
         raise MinferError("--chunks 0: expected a number of chunks >= 1, or -1 (any negative count) for all")
     if args.file == "-":

@@ -154,6 +154,8 @@ def read_prompt(args) -> str:
     given = [x for x in (args.prompt, args.prompt_opt, args.file) if x is not None]
     if len(given) > 1:
         raise MinferError("give the prompt once: as PROMPT, with -p/--prompt, or with -f/--file")
+    if args.file == "":   # (an unset shell variable) was ": cannot read the prompt file"
+        raise MinferError("-f/--file is empty: give the prompt's file, or - for standard input")
     if args.file == "-":   # as tokenize's --file -: standard input
         from minfer.limits import read_stdin
 
@@ -185,6 +187,8 @@ def read_json_schema(arg: str) -> dict:
 
     where = "--json-schema"
     text = arg
+    if not arg.strip():   # was ": cannot read the JSON schema file"
+        raise MinferError("-j/--json-schema is empty: give a JSON schema file, or the schema itself ('{}': any JSON)")
     if not arg.lstrip().startswith("{"):
         try:
             with open(arg, encoding="utf-8") as f:

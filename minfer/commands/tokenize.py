@@ -51,6 +51,8 @@ def _read_text(args) -> str:
 
     if args.file is not None and args.text is not None:
         raise MinferError("give the text either as TEXT or with --file, not both")
+    if args.file == "":   # (an unset shell variable) was ": cannot read"
+        raise MinferError("-f/--file is empty: give the text's file, or - for standard input")
     if args.text == "-" or args.file == "-":
         # a lone '-' is standard input (the usual convention, as `minfer run -`): it was tokenized
         # as the text "-"
