@@ -13,7 +13,9 @@ arguments} with `arguments | tojson`, so arguments must reach the template as a 
 messages, which the template wraps in <tool_response></tool_response>.
 
 Only templates that write <tool_call> tags are understood; a template that renders tools in
-another format (or not at all) is refused with a 400, never answered with prose.
+another format (or not at all) is refused with a 400, never answered with prose -- but under
+tool_choice "none", where the tools are rendered (as OpenAI keeps them visible) and the answer
+is never parsed for calls (a one-token <tool_call> tag is banned: no_tool_calls).
 """
 
 from __future__ import annotations
@@ -281,7 +283,12 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
         extra["add_generation_prompt"] = False
     callable_tools: list[Any] = []
     must_call = False
-    if req.tools and choice != "none":
+    if req.tools and choice == "none":
+        # OpenAI: the tools stay in the prompt, but the model may not call them: the answer is
+        # plain content (never parsed), and a one-token <tool_call> tag is banned
+        extra["tools"] = template_tools(req.tools)
+        plan.processors.append(no_tool_calls(tok))
+    elif req.tools:
         if not supports:
             raise ToolError("tools", "tools: this model's chat template does not render tools in a "
                             "format minfer parses (Hermes/Qwen <tool_call> tags); call without tools",
@@ -325,7 +332,19 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
         raise ToolError(param, f"{param}: {msg}", code) from e
     if req.logit_bias:
         plan.processors.insert(0, logit_bias(tok, req.logit_bias))
+    plan.processors = [p for p in plan.processors if p is not None]
     return plan
+
+
+def no_tool_calls(tok: Any) -> Any:
+    """tool_choice "none": a logits processor banning the <tool_call> tag when the vocab has it
+    as one special token (Qwen's); None when it has not (then the tag is text like any other)."""
+    from minfer.server.structured import LogitBias
+
+    ids = tok.encode(OPEN, add_bos=False, parse_special=True)
+    if special_or_literal(tok, OPEN) == OPEN and len(ids) == 1:
+        return LogitBias({ids[0]: float("-inf")})
+    return None
 
 
 def logit_bias(tok: Any, bias: dict[str, float]) -> Any:

@@ -120,6 +120,41 @@ def test_skip_special_tokens_false_keeps_control_tokens_text(server, path, body)
     assert (same["message"]["content"] if path == CHAT else same["text"]) == text
 
 
+# ---- 2. tool_choice "none" -----------------------------------------------------------------
+
+def test_tool_choice_none_keeps_the_tools_in_the_prompt(qwen, qwen_engine, params_cls):
+    # the tools were dropped from the prompt (OpenAI: they stay visible, only calls are off)
+    tok = qwen_engine.tokenizer
+    tools_ids = chat_token_ids(tok, ASK, tools=[dict(t) for t in TOOLS])
+    plain_ids = chat_token_ids(tok, ASK)
+    assert len(tools_ids) > len(plain_ids)
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "none", "max_tokens": 12, "temperature": 0}
+    out = post(qwen, body)
+    assert out["usage"]["prompt_tokens"] == len(tools_ids)
+    msg = out["choices"][0]["message"]
+    assert "tool_calls" not in msg and out["choices"][0]["finish_reason"] in ("stop", "length")
+    ref, _, _ = run_direct(qwen_engine, params_cls, tools_ids, 12, temperature=0.0)
+    assert "<tool_call>" not in ref     # (else the ban below would change this answer)
+    assert msg["content"] == ref
+
+
+def test_tool_choice_none_never_calls(qwen):
+    # the model pushed hard towards the <tool_call> token (id 151657, one special token):
+    # under "none" it is banned, and no answer is parsed for calls
+    tag = 151657
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": "none", "max_tokens": 6, "temperature": 0,
+            "logit_bias": {str(tag): 100}}
+    out = post(qwen, body)
+    choice = out["choices"][0]
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] != "tool_calls"
+    assert "<tool_call>" not in choice["message"]["content"]
+    content, calls, finish = stream(qwen, body)
+    assert not calls and finish != "tool_calls" and "<tool_call>" not in content
+    # "auto" with the same push does call (or write the tag): the ban is "none"'s alone
+    auto = post(qwen, {**body, "tool_choice": "auto", "max_tokens": 40})["choices"][0]
+    assert auto["message"].get("tool_calls") or "<tool_call>" in (auto["message"]["content"] or "")
+
+
 # ---- 4. a body that is not JSON ------------------------------------------------------------
 
 def test_another_400_is_not_called_invalid_json(engine, make_server):
