@@ -140,6 +140,24 @@ def _unknown_command(word: str) -> str | None:
     return None
 
 
+def _flag_of_other_commands(parser, args, extra: list) -> str:
+    """Why a flag another command takes is unknown here: `minfer tokenize --device cpu hi` read
+    "unrecognized arguments: --device hi" (cpu taken as TEXT), as if --device were misspelt."""
+    import argparse
+
+    here = getattr(args, "command", None)
+    subs = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    for word in extra:
+        flag = word.split("=", 1)[0]
+        if not here or not flag.startswith("-") or flag == "-":
+            continue
+        takes = [name for name, p in subs.items() if name != here and flag in p._option_string_actions]
+        if takes:
+            why = ", which loads no model onto a device" if here in ("tokenize", "inspect") else ""
+            return f" ({flag} is a flag of `minfer {'`, `minfer '.join(takes)}`, not of `minfer {here}`{why})"
+    return ""
+
+
 # errors of writing the output (a full disk or quota, a failing or closed descriptor): one line
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EFBIG}
 
@@ -180,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     extra = _model_first(args, extra, sys.argv[1:] if argv is None else argv)
     if extra:
-        (getattr(args, "_parser", None) or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        (getattr(args, "_parser", None) or parser).error(
+            f"unrecognized arguments: {' '.join(extra)}{_flag_of_other_commands(parser, args, extra)}")
     if not getattr(args, "_main", None):
         parser.print_help()
         return 2

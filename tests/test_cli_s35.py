@@ -4,6 +4,18 @@ each pinned.
 - `minfer tokenize -m M -` tokenized the text "-"; a lone '-' is standard input (the usual
   convention, and `minfer run -`'s), as `-f -` was. `minfer tokenize MODEL -` and
   `minfer run MODEL -` (the model named first) were refused: "unrecognized arguments: -".
+- `minfer chat -p ""` (an unset shell variable) began the chat without a word; it is an error
+  naming the flag (an empty line typed at the prompt is skipped, not sent).
+- `minfer synth` planned its tensors twice (the free-space check, then the write); once now.
+- `minfer synth ""` said ": a directory"; OUT under a file said "File exists"; a write that
+  failed part way (a full disk, Ctrl-C) left the part written, and the folders made for it.
+- `minfer bench --out ""` said ": a directory"; `--out run.md` wrote the JSON there and then the
+  summary over it; --out under a file said "File exists"; a failed write left part of the record.
+- usage lines shouted the flags' names as metavars ([--repeat-penalty REPEAT_PENALTY], -r REPETITIONS).
+- an empty -f (run, tokenize, perplexity) or -j (run) named no flag: ": cannot read ...", ".: a
+  directory".
+- a flag of another command (`minfer tokenize --device cpu hi`) read "unrecognized arguments:
+  --device hi", as if misspelt; it says which commands take it.
 """
 
 from __future__ import annotations
@@ -227,3 +239,16 @@ def test_an_empty_file_flag_is_named(capsys, tiny, argv, expect):
     # perplexity's ".: a directory, not a text file"; -c 0 was "-c must be at least 4, got 0"
     line = one_error_line(capsys, [*argv, "-m", tiny])
     assert line == "minfer: error: " + expect, line
+
+
+@pytest.mark.parametrize("argv,expect", [
+    (["tokenize", "-m", "{tiny}", "--device", "cpu", "hi"],
+     "unrecognized arguments: --device hi (--device is a flag of `minfer run`, `minfer chat`, `minfer serve`, "
+     "`minfer bench`, `minfer perplexity`, not of `minfer tokenize`, which loads no model onto a device)"),
+    (["list", "--force"], "unrecognized arguments: --force (--force is a flag of `minfer pull`, not of `minfer list`)"),
+    (["run", "--bogus", "x"], "unrecognized arguments: --bogus"),
+])
+def test_a_flag_of_another_command_says_whose_it_is(capsys, tiny, argv, expect):
+    # `minfer tokenize --device cpu hi` read "unrecognized arguments: --device hi", as if misspelt
+    line = one_error_line(capsys, [a.replace("{tiny}", tiny) for a in argv], rc=2)
+    assert line == f"minfer {argv[0]}: error: {expect}", line
