@@ -16,6 +16,8 @@ each pinned.
   directory".
 - a flag of another command (`minfer tokenize --device cpu hi`) read "unrecognized arguments:
   --device hi", as if misspelt; it says which commands take it.
+- `minfer bench --seed -1` was a traceback (numpy's ValueError) after the load; --seed with --plot
+  was dropped without a word.
 """
 
 from __future__ import annotations
@@ -252,3 +254,17 @@ def test_a_flag_of_another_command_says_whose_it_is(capsys, tiny, argv, expect):
     # `minfer tokenize --device cpu hi` read "unrecognized arguments: --device hi", as if misspelt
     line = one_error_line(capsys, [a.replace("{tiny}", tiny) for a in argv], rc=2)
     assert line == f"minfer {argv[0]}: error: {expect}", line
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63)])
+def test_bench_seed_out_of_range_is_one_line(capsys, tiny, seed):
+    # was numpy's "ValueError: expected non-negative integer", a traceback after the model's load
+    line = one_error_line(capsys, ["bench", "-m", tiny, "--device", "cpu", "-p", "4", "-n", "0", "-r", "1",
+                                   "--no-progress", "--seed", seed])
+    assert line == f"minfer: error: --seed {seed}: expected an integer in 0..2**63-1", line
+
+
+def test_bench_plot_refuses_seed(capsys, tmp_path):
+    # --seed with --plot was dropped without a word, as the other measurement flags were (s34)
+    line = one_error_line(capsys, ["bench", "--plot", str(tmp_path), "--seed", "3"])
+    assert line.startswith("minfer: error: --seed applies to a measurement; --plot only plots"), line

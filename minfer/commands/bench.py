@@ -51,7 +51,7 @@ def _ints(s: str) -> list[int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"{s!r}: expected comma-separated integers, e.g. 512,3354")
     if any(v < 0 for v in vals):
-        raise argparse.ArgumentTypeError(f"{s!r}: token counts cannot be negative")
+        raise argparse.ArgumentTypeError(f"{s!r}: counts cannot be negative")
     return vals
 
 
@@ -169,11 +169,13 @@ def main(args: argparse.Namespace) -> int:
                             ("-d/--depth", args.depth != [0]), ("-r/--repetitions", args.repetitions is not None),
                             ("--out", args.out is not None), ("-o/--output", args.output != "table"),
                             ("--ab", args.ab is not None), ("--peer", args.peer is not None),
-                            ("--parallel", args.parallel is not None)):
+                            ("--parallel", args.parallel is not None), ("--seed", args.seed != 0)):
             if given:
                 raise MinferError(f"{flag} applies to a measurement; --plot only plots recorded runs "
                                   "(run the measurement and the plot separately)")
     check_out(args.out)
+    if not 0 <= args.seed < 2**63:   # numpy's generator takes a non-negative seed: was a traceback, after the load
+        raise MinferError(f"--seed {args.seed}: expected an integer in 0..2**63-1")
     if args.pairs is not None and args.ab is None:   # was ignored without a word
         raise MinferError(f"--pairs {args.pairs} sets how many A/B pairs --ab runs: give --ab ENV_A ENV_B too")
     for spec in args.ab or []:   # bench.parse_env splits them as shell words; shlex's ValueError
