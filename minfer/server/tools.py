@@ -16,6 +16,10 @@ Only templates that write <tool_call> tags are understood; a template that rende
 another format (or not at all) is refused with a 400, never answered with prose -- but under
 tool_choice "none", where the tools are rendered (as OpenAI keeps them visible) and the answer
 is never parsed for calls (a one-token <tool_call> tag is banned: no_tool_calls).
+
+An answer cut by max_tokens (finish_reason "length") has no tool_calls, streamed or not: its
+calls may be half-written or missing, so all of its text is the content (tool_message,
+tool_chunker); a block whose arguments are not a JSON object is not a call either (_as_call).
 """
 
 from __future__ import annotations
@@ -148,9 +152,13 @@ def _as_call(body: str) -> dict | None:
         return None
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string already
-        arguments = args
-    else:
-        arguments = json.dumps(args, ensure_ascii=False)
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return None   # never a tool_calls entry whose arguments are not JSON: the block stays text
+    if not isinstance(args, dict):
+        return None       # OpenAI's arguments are a JSON object
+    arguments = json.dumps(args, ensure_ascii=False)
     return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
 
 
@@ -364,43 +372,75 @@ def logit_bias(tok: Any, bias: dict[str, float]) -> Any:
 
 
 def tool_message(resp: dict, text: str) -> None:
-    """A non-streamed chat answer's <tool_call> blocks become message.tool_calls."""
+    """A non-streamed chat answer's <tool_call> blocks become message.tool_calls -- unless
+    max_tokens cut the answer (finish_reason "length"): then it has no tool_calls (its calls may
+    be missing or half-written) and all of its text, <tool_call> blocks included, is the content."""
+    choice = resp["choices"][0]
+    if choice["finish_reason"] == "length":
+        return
     content, calls = parse_tool_calls(text)
     if not calls:
         return
-    choice = resp["choices"][0]
     choice["message"] = {"role": "assistant", "content": content, "tool_calls": calls}
     if choice["finish_reason"] == "stop":
         choice["finish_reason"] = "tool_calls"
 
 
-def tool_chunker(plain_chunk: Callable[..., dict]) -> Callable[..., list[dict]]:
-    """Wraps a chat chunk builder so that streamed <tool_call> blocks leave as delta.tool_calls
-    (each call whole, in one chunk: id, type, function name and arguments), the text around
-    them as delta.content, and the finish reason is "tool_calls" when a call was made."""
-    parser = ToolStreamParser()
+def _cut_at_open(buf: str) -> tuple[str, str]:
+    """(the text before a <tool_call> that may start in `buf`, the rest): the rest is empty
+    unless `buf` holds the tag or ends with a start of it."""
+    a = buf.find(OPEN)
+    if a >= 0:
+        return buf[:a], buf[a:]
+    for n in range(min(len(OPEN) - 1, len(buf)), 0, -1):
+        if buf.endswith(OPEN[:n]):
+            return buf[:-n], buf[-n:]
+    return buf, ""
 
-    def tool_chunks(calls: list[dict]) -> list[dict]:
-        out = []
-        for call in calls:
+
+def tool_chunker(plain_chunk: Callable[..., dict]) -> Callable[..., list[dict]]:
+    """Wraps a chat chunk builder for an answer that may call tools, as tool_message does a
+    whole one. Text before the first <tool_call> streams as delta.content; from that tag on the
+    answer is held until it ends (its logprobs still stream, in chunks of empty content), and
+    then leaves as delta.tool_calls (each call whole, in one chunk: id, type, function name and
+    arguments) with the text around them as delta.content and finish reason "tool_calls" -- or,
+    when max_tokens cut it (finish reason "length"), all of it as delta.content and no call."""
+    state = {"head": "", "held": None}   # held: the text from the first <tool_call> on (None: none yet)
+
+    def finish(finish_reason: str) -> list[dict]:
+        out, held = [], state["held"]
+        if held is None or finish_reason == "length":
+            rest = state["head"] + (held or "")
+            if rest:
+                out.append(plain_chunk((rest, [])))
+            return out + [plain_chunk(None, finish_reason=finish_reason)]
+        parser = ToolStreamParser()
+        text, calls = parser.push(held)
+        text += parser.flush()
+        if text and (text.strip() or not calls):
+            out.append(plain_chunk((text, [])))
+        for i, call in enumerate(calls):
             c = plain_chunk(None)
-            c["choices"][0]["delta"] = {"tool_calls": [{"index": parser.n_calls - len(calls) + len(out), **call}]}
+            c["choices"][0]["delta"] = {"tool_calls": [{"index": i, **call}]}
             out.append(c)
-        return out
+        if calls and finish_reason == "stop":
+            finish_reason = "tool_calls"
+        return out + [plain_chunk(None, finish_reason=finish_reason)]
 
     def chunk(piece: Any, finish_reason: str | None = None) -> list[dict]:
-        out = []
         if finish_reason is not None:
-            rest = parser.flush()
-            if rest and (rest.strip() or not parser.n_calls):
-                out.append(plain_chunk((rest, [])))
-            if parser.n_calls and finish_reason == "stop":
-                finish_reason = "tool_calls"
-            out.append(plain_chunk(None, finish_reason=finish_reason))
-            return out
-        text, calls = parser.push(piece[0])
-        if text or piece[1]:
-            out.append(plain_chunk((text, piece[1])))
-        return out + tool_chunks(calls)
+            return finish(finish_reason)
+        text, entries = piece
+        if state["held"] is not None:
+            state["held"] += text
+            text = ""
+        else:
+            text, rest = _cut_at_open(state["head"] + text)
+            state["head"] = ""
+            if rest.startswith(OPEN):
+                state["held"] = rest
+            else:
+                state["head"] = rest     # a start of the tag, or nothing
+        return [plain_chunk((text, entries))] if text or entries else []
 
     return chunk

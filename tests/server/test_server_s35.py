@@ -155,6 +155,74 @@ def test_tool_choice_none_never_calls(qwen):
     assert auto["message"].get("tool_calls") or "<tool_call>" in (auto["message"]["content"] or "")
 
 
+# ---- 3. max_tokens inside a tool call ------------------------------------------------------
+
+def test_a_cut_tool_call_is_content_with_finish_length(qwen):
+    # a named tool_choice is one call, then the end: n tokens; n - 1 cuts right after
+    # "</tool_call>" (the call complete, the answer not), n // 2 inside the call. Before, the
+    # first answered tool_calls with finish_reason "length"
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": NAMED, "temperature": 0}
+    whole = post(qwen, {**body, "max_tokens": 80})
+    assert whole["choices"][0]["finish_reason"] == "tool_calls"
+    n = whole["usage"]["completion_tokens"]
+    for max_tokens in (n - 1, n // 2):
+        out = post(qwen, {**body, "max_tokens": max_tokens})
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "length", max_tokens
+        assert "tool_calls" not in choice["message"], choice
+        text = choice["message"]["content"]
+        assert text.startswith("<tool_call>")
+        assert text.rstrip().endswith("</tool_call>") == (max_tokens == n - 1)
+        content, calls, finish = stream(qwen, {**body, "max_tokens": max_tokens})
+        assert (content, calls, finish) == (text, [], "length")
+
+
+def test_tool_chunker_and_tool_message_agree_at_a_cut():
+    """Without a model: complete calls and a half-written one, cut by max_tokens: no call comes
+    back, the whole text is the content; at a stop the complete calls are calls."""
+    from minfer.server.tools import tool_chunker, tool_message
+
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    text = "Checking.\n" + call + "\n" + call + '\n<tool_call>\n{"name": "get_weather", "argu'
+
+    def plain(piece, finish_reason=None):
+        return {"choices": [{"delta": {"content": piece[0]} if piece else {}, "finish_reason": finish_reason}]}
+
+    for finish in ("length", "stop"):
+        for step in (1, 5, len(text)):
+            chunk = tool_chunker(plain)
+            out = [c for i in range(0, len(text), step) for c in chunk((text[i:i + step], []))]
+            out += chunk(None, finish_reason=finish)
+            deltas = [c["choices"][0]["delta"] for c in out]
+            calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+            content = "".join(d.get("content") or "" for d in deltas)
+            resp = {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": finish}]}
+            tool_message(resp, text)
+            if finish == "length":
+                assert content == text and not calls and out[-1]["choices"][0]["finish_reason"] == "length"
+                assert resp["choices"][0] == {"message": {"role": "assistant", "content": text},
+                                              "finish_reason": "length"}
+            else:
+                assert [c["index"] for c in calls] == [0, 1]
+                assert [c["function"]["name"] for c in calls] == ["get_weather"] * 2
+                assert out[-1]["choices"][0]["finish_reason"] == "tool_calls"
+                assert len(resp["choices"][0]["message"]["tool_calls"]) == 2
+
+
+def test_a_call_whose_arguments_are_not_json_is_not_a_tool_call():
+    # arguments written as a JSON string were passed on as they were: '{"city": "Par' became
+    # a tool_calls entry whose arguments no client can parse
+    from minfer.server.tools import parse_tool_calls
+
+    bad = '<tool_call>\n{"name": "f", "arguments": "{\\"city\\": \\"Par"}\n</tool_call>'
+    assert parse_tool_calls(bad) == (bad, [])
+    listed = '<tool_call>\n{"name": "f", "arguments": [1, 2]}\n</tool_call>'
+    assert parse_tool_calls(listed) == (listed, [])
+    good = '<tool_call>\n{"name": "f", "arguments": "{\\"city\\": \\"Paris\\"}"}\n</tool_call>'
+    content, (call,) = parse_tool_calls(good)
+    assert content is None and json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+
+
 # ---- 4. a body that is not JSON ------------------------------------------------------------
 
 def test_another_400_is_not_called_invalid_json(engine, make_server):
