@@ -448,4 +448,15 @@ ARCHS_B = {
         head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256, attention_bias=True, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Mixtral-8x7B / 8x22B style (llama, with llama.expert_count; MixtralForCausalLM): Llama attention (GQA 2:1, NORM
+    # rope after the converter's q/k permutation, rope_theta 1e6 as the released), every FFN a top-2 of 8 softmax MoE
+    # renormalized over the two (HF MixtralSparseMoeBlock; llama.cpp src/models/llama.cpp build_moe_ffn norm_w true),
+    # SwiGLU experts of intermediate_size 32 (the converter writes it as feed_forward_length), no sliding window
+    # (the 8x7B config's null), untied head
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        num_local_experts=8, num_experts_per_tok=2, router_jitter_noise=0.0, sliding_window=None, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }

@@ -46,6 +46,10 @@ class LlamaModel(Model):
         from tqdm import tqdm
 
         cfg = cfg or ModelConfig.from_gguf(gf)
+        if cls is LlamaModel and cfg.n_experts > 0:   # Mixtral: llama.cpp's llama loader with n_expert > 0
+            from minfer.models.llama_moe import LlamaMoeModel
+
+            return LlamaMoeModel.from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         if cls is LlamaModel:       # llama.cpp's llama loader takes bias tensors optionally (models/llama_bias.py)
             from minfer.models.llama_bias import LlamaBiasModel, has_biases
 

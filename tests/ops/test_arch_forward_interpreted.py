@@ -209,7 +209,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # kernel), the grouped softmax MoE on the fused gate_up experts with the shared expert
         "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
         # chatglm: q/k/v biases, NORM rope on half of each head through the rope kernel, the fused gate/up MLP
-        "chatglm": ["rope.triton", "attention.decode.triton"]}
+        "chatglm": ["rope.triton", "attention.decode.triton"],
+        # mixtral (llama with experts, models/llama_moe.py): NORM rope, GQA, the softmax top-2 renormalized MoE on
+        # the grouped (prefill) and gathered (decode) paths
+        "mixtral": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -238,7 +241,7 @@ def cuda_ops():
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
-                                  "mistral4", "chatglm"])
+                                  "mistral4", "chatglm", "mixtral"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
