@@ -42,7 +42,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
-         "mistral4", "chatglm"]
+         "mistral4", "chatglm", "mixtral"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -217,7 +217,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "mellum-yarn": ["attention.window", "attention.decode", "moe.gather"],
             # mistral4: the latent attention with q_lora and YaRN (torch prefill, the MLA decode kernel), the grouped
             # softmax MoE on the fused gate_up experts with the shared expert on both paths
-            "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"]}
+            "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],
+            # mixtral: a llama file with experts (models/llama_moe.py), the softmax top-2 renormalized MoE on both paths
+            "mixtral": ["attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
