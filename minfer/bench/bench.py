@@ -424,6 +424,10 @@ def run_bench(model: str, device: str, n_prompt: list[int], n_gen: list[int], de
 
         check_peer(peer, device)
     gf = GGUFFile(resolve_model(model))
+    if peer:
+        from minfer.bench.peers import check_peer_file
+
+        check_peer_file(gf)
     stats = ModelStats.from_gguf(gf)
     n_ctx = max(t.depth + t.n for t in tests) + 1
     log = log_err if progress else (lambda msg: None)

@@ -24,6 +24,33 @@ PEERS = ("torch-bf16",)
 PEER_ARCHS = ("llama", "qwen2")
 
 
+# The tensors the peer's forward reads (a block's by its name after "blk.N."; rope_freqs, llama 3's long-context
+# factors, changes no matmul or kernel the peer times and is left out of its rope). A file holding any other
+# tensor (Mixtral's experts, InternLM3's o / MLP biases) is a model this forward does not compute: refused before
+# anything loads, so no minfer run is measured and then thrown away by a failing peer.
+PEER_BLOCK_TENSORS = frozenset(
+    ["attn_norm.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight",
+     "ffn_down.weight"] + [f"attn_{x}.{y}" for x in "qkv" for y in ("weight", "bias")])
+PEER_OTHER_TENSORS = frozenset(["token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"])
+
+
+def check_peer_file(gf) -> None:
+    """A MinferError naming the file and the first tensor (or the architecture) the torch peer does not run."""
+    arch = gf.architecture
+    if arch not in PEER_ARCHS:
+        raise MinferError(f"{gf.path}: the torch peer runs {', '.join(PEER_ARCHS)}, not '{arch}'")
+    for name in gf.tensors:
+        if name.startswith("blk."):
+            parts = name.split(".", 2)
+            known = len(parts) == 3 and parts[1].isdigit() and parts[2] in PEER_BLOCK_TENSORS
+        else:
+            known = name in PEER_OTHER_TENSORS
+        if not known:
+            raise MinferError(f"{gf.path}: tensor '{name}' is not part of the torch peer's {arch} block (it runs "
+                              "the dense llama / qwen2 block with optional q/k/v biases): --peer torch-bf16 "
+                              "cannot run this model")
+
+
 class TorchPeer:
     """A whole model as plain tensors; forward(ids, start_pos) -> logits, like Engine.forward."""
 
@@ -31,9 +58,8 @@ class TorchPeer:
                  n_ctx: int = 4096):
         from minfer.models import ARCHITECTURES
 
+        check_peer_file(gf)
         arch = gf.architecture
-        if arch not in PEER_ARCHS:
-            raise MinferError(f"{gf.path}: the torch peer runs {', '.join(PEER_ARCHS)}, not '{arch}'")
         g = gf.arch_get
         self.arch, self.device, self.dtype, self.n_ctx = arch, torch.device(device), dtype, n_ctx
         self.n_layers = int(g("block_count"))
