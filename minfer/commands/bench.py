@@ -119,9 +119,9 @@ def check_out(out: str | None) -> None:
     if p.suffix == ".md":   # the JSON went to FILE.md, then the summary overwrote it
         raise MinferError(f"--out {out}: --out names the JSON file, and its .md summary is written beside "
                           f"it; give {p.with_suffix('.json')}")
-    found = p.absolute().parent
-    while not found.exists() and found != found.parent:
-        found = found.parent
+    from minfer.commands.common import missing_folders
+
+    found, _ = missing_folders(p)
     if not found.is_dir():   # was "cannot create its folder: File exists"
         raise MinferError(f"--out {out}: cannot create its folder: {found} is a file, not a folder")
     try:

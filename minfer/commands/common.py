@@ -181,3 +181,13 @@ def resolve_device(name: str | None) -> str:
 
 def warn(msg: str) -> None:
     print(f"minfer: warning: {msg}", file=sys.stderr)
+
+
+def missing_folders(out) -> tuple:
+    """(the nearest ancestor folder of the path `out` that exists, the missing folders between, deepest
+    first): what a write that makes its folders would make (synth's OUT.gguf, bench's --out)."""
+    found, missing = out.absolute().parent, []
+    while not found.exists() and found != found.parent:
+        missing.append(found)
+        found = found.parent
+    return found, missing

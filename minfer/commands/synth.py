@@ -59,6 +59,7 @@ def main(args: argparse.Namespace) -> int:
 
     from minfer.bench.presets import get_preset
     from minfer.bench.synth import copied_tokenizer, plan_tensors, write_synth
+    from minfer.commands.common import missing_folders
 
     from pathlib import Path
 
@@ -83,7 +84,7 @@ def main(args: argparse.Namespace) -> int:
                               f"the {preset.vocab} vocabulary rows being written; give --vocab {n} (or more), "
                               "or a preset of the same family")
     out = Path(args.out)
-    found, missing = _folders(out)
+    found, missing = missing_folders(out)
     if not found.is_dir():   # was "cannot write the model file: File exists (x.gguf)"
         raise MinferError(f"{args.out}: cannot write the model file: {found} is a file, not a folder")
     plans = plan_tensors(preset, args.recipe)   # once: the free-space check and the write take it
@@ -107,16 +108,6 @@ def main(args: argparse.Namespace) -> int:
           f"{args.recipe}), {res.n_tensors} tensors ({types}), "
           f"{_human(res.n_bytes)} of tensor data in {dt:.1f} s")
     return 0
-
-
-def _folders(out):
-    """(the nearest ancestor of `out` that exists, the missing folders between, deepest first):
-    write_synth makes the missing ones."""
-    found, missing = out.absolute().parent, []
-    while not found.exists() and found != found.parent:
-        missing.append(found)
-        found = found.parent
-    return found, missing
 
 
 def _stamp(out):
@@ -149,10 +140,11 @@ def _check_disk(out, plans) -> None:
     import shutil
 
     from minfer.bench.synth import tensor_nbytes
+    from minfer.commands.common import missing_folders
     from minfer.errors import MinferError
 
     need = sum(tensor_nbytes(t) for t in plans)
-    where, _ = _folders(out)   # (write_synth makes the missing folders)
+    where, _ = missing_folders(out)   # (write_synth makes the missing folders)
     try:
         free = shutil.disk_usage(where).free + (out.stat().st_size if out.is_file() else 0)
     except OSError:   # no answer: the write's own error stands
