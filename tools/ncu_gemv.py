@@ -22,13 +22,10 @@ import sys
 
 import torch
 
-SHAPES = {                                   # key: (label, [(qtype, rows)], K), gemv_table.py's shapes
-    "qkv": ("q/k/v", [(12, 4608)], 3584),
-    "o": ("o", [(12, 3584)], 3584),
-    "gu": ("gate+up", [(12, 37888)], 3584),
-    "down4": ("down Q4_K", [(12, 3584)], 18944),
-    "down6": ("down Q6_K", [(14, 3584)], 18944),
-}
+from gemv_table import SHAPES as TABLE_SHAPES, SHORT  # noqa: E402 -- tools/ is the script's directory
+
+# the kernel table's shapes (tools/gemv_table.py), by its keys: (label, [(qtype, rows)], K)
+SHAPES = {key: shape for key, shape in zip(SHORT, TABLE_SHAPES) if key in ("qkv", "o", "gu", "down4", "down6")}
 
 
 KEEP = [                                     # (ncu raw metric, short name), in the table's order
@@ -132,7 +129,7 @@ def main(argv=None) -> int:
         if snap["counts"].get("gemv_q8.gluon", 0) != 3 or snap["fallbacks"]:
             print(f"{label}: not the Gluon kernel: {snap}", file=sys.stderr)
             return 1
-        prepared.append((label, rws, copies, q8, ws, tr))
+        prepared.append((f"{label} {s}", rws, copies, q8, ws, tr))
     torch.cuda.profiler.start()
     for label, rws, copies, q8, ws, tr in prepared:
         print(f"profiled: {label} x {a.calls} (tile rows {tr})", file=sys.stderr, flush=True)
