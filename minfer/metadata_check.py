@@ -122,6 +122,7 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "rope.scaling.factor": _positive_float(),
     "rope.scale_linear": _positive_float(),
     "rope.scaling.type": _of(str, "a string"),
+    "hidden_activation": _of(str, "a string"),      # gguf-py Keys.LLM.HIDDEN_ACT (bitnet: silu / relu2)
     # mixture of experts (gguf-py Keys.LLM EXPERT_*, LEADING_DENSE_BLOCK_COUNT)
     "expert_count": _count(1, 1 << 16),
     "expert_used_count": _count(1, 1 << 16),

@@ -65,7 +65,7 @@ def _raw_tensor(info) -> torch.Tensor:
 
 
 def check_type(gf, name: str, info) -> None:
-    """A tensor of a ggml type minfer cannot decode (IQ2_XXS, TQ1_0, I32, ...) is a one-line
+    """A tensor of a ggml type minfer cannot decode (IQ2_XXS, IQ1_S, I32, ...) is a one-line
     error naming the file and the tensor (it named the type alone)."""
     from minfer.quants import is_supported, supported_types, type_name
 

@@ -595,3 +595,6 @@ ARCHS = {
 from arch_fixture_configs_b import ARCHS_B  # noqa: E402  (part two: each file under 600 lines)
 
 ARCHS.update(ARCHS_B)
+from arch_fixture_configs_c import ARCHS_C  # noqa: E402  (part three)
+
+ARCHS.update(ARCHS_C)

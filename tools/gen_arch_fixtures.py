@@ -34,6 +34,7 @@ import numpy as np
 
 # the configs, one per fixture (tools/ is on sys.path when this runs as a script)
 from arch_fixture_configs import ARCHS, VOCAB
+import bitnet_fixture  # the BitNet fixtures' steps (its docstring)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -42,6 +43,7 @@ EXTRA_SPECIALS = {"glm4": ("<|endoftext|>", "<|user|>"),   # conversion/glm.py G
                   "glm4moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}   # _set_vocab_glm
 SPM = {"ernie4_5", "ernie4_5-moe", "ernie4_5-moe-step2", "nemotron", "nemotron-bias", "jamba"}     # converters that take a SentencePiece model only (make_spm_tokenizer)
 SPM |= {"minicpm3"}   # conversion/minicpm.py MiniCPM3Model.set_vocab: _set_vocab_sentencepiece
+SPM |= set(bitnet_fixture.NAMES)   # conversion/bitnet.py BitnetModel.set_vocab: _set_vocab_sentencepiece
 # biases drawn around 0, not around 1 as the other 1-D parameters (norm weights): qwen2vl's q/k/v biases of
 # ~1 made one token win everywhere
 CENTERED_BIAS = {"qwen2vl", "starcoder2", "stablelm", "stablelm-12b", "nemotron-bias", "phi2"}
@@ -195,7 +197,8 @@ def randomize(model, seed: int, centered_bias: bool = False) -> None:
                 b.copy_((0.3 + 0.4 * torch.rand(b.shape, generator=g)).half().float())
 
 
-def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False, no_mtp: bool = False) -> None:
+def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False, no_mtp: bool = False,
+            extra: str = "") -> None:
     """llama.cpp's convert_hf_to_gguf.py with its own gguf-py, in a child process. raw_config: the
     converter reads config.json as written (what its load_hparams falls back to where transformers
     does not know the model type) instead of transformers' AutoConfig.to_dict()."""
@@ -224,6 +227,7 @@ def convert(model_dir: Path, out: Path, llamacpp: Path, raw_config: bool = False
         "    if r is not None:\n"
         "        yield from r\n"
         "stablelm.StableLMModel.modify_tensors = _slm_fixed\n"
+        + extra +   # a fixture's own converter patch (bitnet_fixture.CONVERT_CODE)
         "import convert_hf_to_gguf as c\n"
         f"sys.argv = ['convert_hf_to_gguf.py', {str(model_dir)!r}, '--outfile', {str(out)!r}, '--outtype', 'f16']" + (" + ['--no-mtp']" if no_mtp else "") + "\n"
         "c.main()\n")
@@ -341,8 +345,12 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             (d / "config.json").write_text(json.dumps(CONFIG_AS_RELEASED[name](c)))
         if name in EXPERTS_AS_RELEASED:
             experts_as_released(d)
+        if name in bitnet_fixture.NAMES:
+            bitnet_fixture.as_released(d, name)
         convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=name in CONFIG_AS_RELEASED,
-                no_mtp=name in NO_MTP)
+                no_mtp=name in NO_MTP, extra=bitnet_fixture.CONVERT_CODE.get(name, ""))
+    if name in bitnet_fixture.NAMES:     # the reference runs on the converter's ternary weights
+        bitnet_fixture.weights_as_converted(model, OUT / f"{name}.gguf", llamacpp)
 
     rng = np.random.default_rng(seed)
     seq_len = 24 if name.startswith(LONGROPE) else SEQ   # phi3: inside the original context (short factors)

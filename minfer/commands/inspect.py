@@ -82,7 +82,7 @@ def summarize(g: Any, with_tensors: bool = False) -> dict[str, Any]:
         row["share"] = row["bytes"] / total if total else 0.0
     from minfer.quants import is_supported
 
-    # the types minfer cannot decode (IQ2_XXS, TQ1_0, I32, ...): the load would stop at such a tensor
+    # the types minfer cannot decode (IQ2_XXS, IQ1_S, I32, ...): the load would stop at such a tensor
     unsupported = sorted({t.type_name for t in g.tensors.values() if not is_supported(t.qtype)})
     tokens = g.get("tokenizer.ggml.tokens")
     merges = g.get("tokenizer.ggml.merges")

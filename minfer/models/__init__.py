@@ -84,6 +84,7 @@ from minfer.models.mellum import MellumModel
 from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
+from minfer.models.bitnet import BitnetModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -98,7 +99,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
-    Mistral4Model, ChatGLMModel)}
+    Mistral4Model, ChatGLMModel, BitnetModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -1,12 +1,12 @@
 """ggml tensor formats in numpy: dequantize raw GGUF tensor bytes, quantize float32 to blocks.
 
 Supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
-IQ4_XS, MXFP4 (the last three: iquants.py).
+IQ4_XS, MXFP4 (these three: iquants.py), TQ1_0, TQ2_0 (BitNet's ternary types: tquants.py).
 Dequantization is bit-exact against `gguf.quants.dequantize` (tests/quants). Every supported type
 has a quantizer following llama.cpp's reference rounding (ggml-quants.c quantize_row_*_ref, the
 no-imatrix path): F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 are bit-exact against
 gguf.quants.quantize; the k-quants (Q2_K..Q6_K, see kquantize.py) are tested by error bounds;
-MXFP4 is bit-exact against gguf.quants.quantize, IQ4_NL / IQ4_XS (which gguf cannot quantize)
+MXFP4, TQ1_0 and TQ2_0 are bit-exact against gguf.quants.quantize, IQ4_NL / IQ4_XS (which gguf cannot quantize)
 follow ggml's C reference and are tested by error bounds and gguf round trips.
 Speeds on the dev box: bench/results/quants-cpu.md (python -m minfer.quants.bench_cpu).
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from minfer.errors import MinferError
 
-from . import floats, iquants, kquants, kquantize, legacy  # noqa: F401  (register the classes)
+from . import floats, iquants, kquants, kquantize, legacy, tquants  # noqa: F401  (register the classes)
 from .base import lookup, supported_types, type_name
 
 __all__ = [

@@ -42,6 +42,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
+         "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
@@ -218,6 +219,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # mistral4: the latent attention with q_lora and YaRN (torch prefill, the MLA decode kernel), the grouped
             # softmax MoE on the fused gate_up experts with the shared expert on both paths
             "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],
+            # bitnet: the sub-norms (rms_norm.triton), the squared-ReLU gate in torch (relu2.torch), NEOX rope and the
+            # decode kernel; bitnet-silu: the same with the SiLU gate (swiglu.triton: F 96 takes no int8 rows)
+            "bitnet": ["relu2.torch", "rms_norm.triton", "attention.decode"],
+            "bitnet-silu": ["swiglu.triton", "rms_norm.triton", "attention.decode"],
             # mixtral: a llama file with experts (models/llama_moe.py), the softmax top-2 renormalized MoE on both paths
             "mixtral": ["attention.decode", "moe.gather", "moe.grouped"]}
 

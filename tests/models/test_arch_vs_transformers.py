@@ -36,6 +36,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
+         "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
@@ -67,6 +68,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "mellum-yarn": "mellum",
                "mistral4": "mistral4", "chatglm": "chatglm",
                "mixtral": "llama"}   # conversion/__init__.py: "MixtralForCausalLM": "llama"
+EXPECT_ARCH |= {"bitnet": "bitnet", "bitnet-silu": "bitnet"}   # conversion/bitnet.py BitnetModel
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -165,6 +167,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
+                                  "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
@@ -215,6 +218,7 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
+                                  "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the

@@ -210,6 +210,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "mistral4": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
         # chatglm: q/k/v biases, NORM rope on half of each head through the rope kernel, the fused gate/up MLP
         "chatglm": ["rope.triton", "attention.decode.triton"],
+        # bitnet: the sub-norms through the norm kernel, NEOX rope, GQA, the squared-ReLU gate in torch; bitnet-silu:
+        # the SiLU gate through the swiglu kernel, MHA
+        "bitnet": ["rms_norm.triton", "rope.triton", "attention.decode.triton", "relu2.torch"],
+        "bitnet-silu": ["rms_norm.triton", "swiglu.triton", "rope.triton", "attention.decode.triton"],
         # mixtral (llama with experts, models/llama_moe.py): NORM rope, GQA, the softmax top-2 renormalized MoE on
         # the grouped (prefill) and gathered (decode) paths
         "mixtral": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
@@ -241,6 +245,7 @@ def cuda_ops():
                                   "olmo3-yarn",
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
+                                  "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile

@@ -33,10 +33,15 @@ dequantize_row_*; gguf-py quants.py is the executable reference the tests compar
                            value 32g + 16h + l: nibble h of qs[16g + l]; w = (d * (ls - 32)) * kvalues_iq4nl[q]
   MXFP4 (32, 17 B):        e e8m0 | qs[16] (nibbles as Q4_0);   w = 2^(e - 128) * kvalues_mxfp4[q]
                            (ggml-impl.h ggml_e8m0_to_fp32_half; the table is the e2m1 values doubled)
+  TQ2_0 (256, 66 B):       qs[64] | d f16; value 128j + 32l + m: bits 2l of qs[32j + m] = c; w = d * (c - 1)
+  TQ1_0 (256, 54 B):       qs[48] | qh[4] | d f16; five trits a byte: trit n of byte b is ((b * 3^n) & 255) * 3 >> 8
+                           = c, w = d * (c - 1); value 32n + m from qs[m] (n < 5), 160 + 16n + m from qs[32 + m],
+                           240 + 4n + j from qh[j] (n < 4); a run of 16 lies in one part, one trit (qh: trit i // 4)
   F32/F16/BF16:            handled as 'blocks' of 16 values (64 / 32 / 32 bytes)
 The codebooks (ggml-common.h kvalues_iq4nl, kvalues_mxfp4) are computed in registers: _iq4nl
 reads the byte of a 64-bit constant, _mxfp4 does the e2m1 arithmetic. The CPU twin of every
-branch is minfer/quants (iquants.py for the last three), which tests/ops compare bit for bit.
+branch is minfer/quants (iquants.py for IQ4_NL / IQ4_XS / MXFP4, tquants.py for TQ1_0 / TQ2_0), which tests/ops
+compare bit for bit.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ def interpret() -> bool:
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
 IQ4_NL, IQ4_XS, MXFP4 = 20, 23, 39
+TQ1_0, TQ2_0 = 34, 35
 
 
 
@@ -66,7 +72,8 @@ def _layout() -> dict:
     from minfer.quants import block_size, type_name, type_size
 
     out = {}
-    for q in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4):
+    for q in (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4,
+              TQ1_0, TQ2_0):
         bs, ts = block_size(q), type_size(q)
         out[q] = (type_name(q), 16, 16 * ts) if bs == 1 else (type_name(q), bs, ts)
     return out
@@ -265,6 +272,21 @@ def decode(QT: tl.constexpr, bp, e0, i, m):
         d = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)   # 2^(e - 128)
         q = (_ld(bp + 1 + i, m) >> ((e0 // 16) * 4)) & 15
         v = _mxfp4(q).to(tl.float32) * d
+    elif QT == 35:  # TQ2_0
+        j = e0 // 128
+        sh = 2 * ((e0 % 128) // 32)
+        c = (_ld(bp + 32 * j + e0 % 32 + i, m) >> sh) & 3
+        d = _ldh(bp + 64, m)
+        v = (c - 1).to(tl.float32) * d
+    elif QT == 34:  # TQ1_0
+        lo = e0 < 160                                  # qs[0:32], trit e0 // 32
+        mid = e0 < 240                                 # qs[32:48], trit (e0 - 160) // 16; else qh, trit i // 4
+        off = tl.where(lo, e0 % 32 + i, tl.where(mid, 32 + i, 48 + i % 4))
+        n = tl.where(lo, e0 // 32, tl.where(mid, (e0 - 160) // 16, i // 4))
+        p3 = tl.where(n == 0, 1, tl.where(n == 1, 3, tl.where(n == 2, 9, tl.where(n == 3, 27, 81))))
+        c = (((_ld(bp + off, m) * p3) & 255) * 3) >> 8
+        d = _ldh(bp + 52, m)
+        v = (c - 1).to(tl.float32) * d
     else:
         tl.static_assert(QT == 14, "dequant.decode: no branch for this ggml type")
         # 14: Q6_K
