@@ -214,9 +214,11 @@ class BatchEngine:
     # ---- requests ---------------------------------------------------------------------------
 
     def add(self, prompt_ids: Seq[int], params, max_new_tokens: int | None = None, stop: Iterable[str] = (),
-            top_logprobs: int = 0, logits_processors: Seq = (), ignore_eos: bool = False) -> Sequence:
+            top_logprobs: int = 0, logits_processors: Seq = (), ignore_eos: bool = False,
+            skip_special: bool = False) -> Sequence:
         """Queue a request; returns its Sequence (its seq_id names it in events and cancel()).
-        logits_processors change that row's logits before its sampling (not its logprobs)."""
+        logits_processors change that row's logits before its sampling (not its logprobs);
+        skip_special leaves control tokens' text out of the events' text (Engine.generate)."""
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise MinferError("the prompt is empty: at least one token is needed")
@@ -234,7 +236,8 @@ class BatchEngine:
         if stop and self.tokenizer is None:
             raise MinferError("stop strings need a tokenizer, and this engine has none")
         seq = Sequence(ids, params, n_new, stop, top_logprobs)
-        dec = self.tokenizer.stream_decoder() if self.tokenizer is not None else None
+        dec = None if self.tokenizer is None else \
+            self.tokenizer.stream_decoder(True) if skip_special else self.tokenizer.stream_decoder()
         seq.state = _Stream(dec, StopMatcher(stop), list(logits_processors), ignore_eos)
         if self.device.type == "cpu" and not params.greedy:
             # seeded as generate.generate seeds the single engine's, so the same seed draws the

@@ -434,7 +434,8 @@ class Engine:
 
     def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None,
                  max_new_tokens: int | None = None, stop: Iterable[str] | str | None = (),
-                 top_logprobs: int = 0, logits_processors: Sequence = (), **sampling) -> Iterator[GenEvent]:
+                 top_logprobs: int = 0, logits_processors: Sequence = (), skip_special: bool = False,
+                 **sampling) -> Iterator[GenEvent]:
         """Stream the continuation of `prompt_ids` (token ids: eng.tokenizer.encode(text), or
         minfer.tokenizer.chat_template.chat_token_ids for messages): an iterator of GenEvents, one per new
         token, each with .token_id, .text (the new text to show; '' while a possible stop string
@@ -446,7 +447,8 @@ class Engine:
         min_p 0.05; temperature=0 is greedy, seed=N repeats a draw), or its fields as keywords
         (generate(ids, temperature=0, seed=1), as complete() takes them). max_new_tokens: None = until
         the context is full. stop: a string or a list of strings that end the text (not included).
-        logits_processors: see runtime/generate.py (e.g. a grammar's token mask). The arguments
+        logits_processors: see runtime/generate.py (e.g. a grammar's token mask). skip_special: control
+        tokens' text (<|im_start|>) is left out of .text, and of what stop strings see. The arguments
         are checked here, at the call; the prompt is computed (and an empty or too long one
         refused) at the first next()."""
         self._live()
@@ -467,9 +469,11 @@ class Engine:
                                   f"logits, got {type(proc).__name__}")
         if stop and self.tokenizer is None:
             raise MinferError("stop strings need a tokenizer, and this engine has none")
-        return self._generate(prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors)
+        if not isinstance(skip_special, bool):
+            raise MinferError(f"skip_special: expected True or False, got {type(skip_special).__name__}")
+        return self._generate(prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors, skip_special)
 
-    def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors):
+    def _generate(self, prompt_ids, params, max_new_tokens, stop, top_logprobs, logits_processors, skip_special):
         t0, c0 = time.perf_counter(), compile_watch.seconds()
         # CUDA: the next token chosen on the GPU, only it read back (device_draw.py);
         # a logits processor (a grammar's mask) works on the host's copy of the logits
@@ -513,7 +517,7 @@ class Engine:
                 return self._graph_step(0, len(self.tokens), token_dev=tok_dev)
 
         tok = self.tokenizer
-        decoder = tok.stream_decoder() if tok is not None else None
+        decoder = None if tok is None else tok.stream_decoder(True) if skip_special else tok.stream_decoder()
         eog = set(tok.eog_ids) if tok is not None else set()
         draw = None
         if self.device.type == "cuda" and not logits_processors:

@@ -33,6 +33,7 @@ from minfer.limits import request_problem, request_texts
 from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, BodyNotJSON, JSONBodyMiddleware,
                                       MetricsMiddleware, error_payload, json_route_class)
+from minfer.server.prompting import completion_add_special, encode_prompt, skip_special
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                    JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
@@ -232,23 +233,13 @@ def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[
         raise APIError(400, f"invalid sampling parameters: {e}", code="invalid_value") from e
     n_top = req.n_top_logprobs()
     # the chosen token's own logprob comes with every event; alternatives only when asked for
-    return Job(GenRequest(prompt_ids, params, max_new, req.stop_list(), n_top or 0, list(processors or [])),
-               asyncio.get_running_loop())
+    return Job(GenRequest(prompt_ids, params, max_new, req.stop_list(), n_top or 0, list(processors or []),
+                          skip_special(req)), asyncio.get_running_loop())
 
 
 def _submit(state: ServerState, job: Job) -> None:
     state.metrics.queued.inc()
     state.worker.submit(job)
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    ids = list(tok.encode(text))
-    # a template that writes the BOS token itself plus a tokenizer that adds one gives two;
-    # llama.cpp's server warns about it, we drop the duplicate
-    bos = getattr(tok, "bos_id", None)
-    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
-        ids = ids[1:]
-    return ids
 
 
 async def _watch_disconnect(request: Request, job: Job) -> None:
@@ -442,7 +433,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         except MinferError as e:
             raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
         job = _make_job(state, engine, req, plan.prompt_ids, plan.processors)
-        acc = Accumulator(tok, req.n_top_logprobs(), chat=True)
+        acc = Accumulator(tok, req.n_top_logprobs(), chat=True, skip_special=skip_special(req))
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
         _submit(state, job)
         if not req.stream:
@@ -474,6 +465,10 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
             raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)",
                            code="unsupported_value", param="echo")
         prompt = req.prompt
+        try:
+            add_special = completion_add_special(req)
+        except ToolError as e:
+            raise APIError(400, str(e), code=e.code, param=e.param) from e
         if isinstance(prompt, list) and isinstance(prompt[0], int):
             n_vocab = int(getattr(tok, "n_vocab", 0) or 0)
             bad = [t for t in prompt if t < 0 or (n_vocab and t >= n_vocab)]
@@ -485,7 +480,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         else:
             text = prompt if isinstance(prompt, str) else prompt[0]
             try:
-                ids = await run_in_threadpool(_encode, tok, text)
+                ids = await run_in_threadpool(encode_prompt, tok, text, add_special)
             except MinferError as e:
                 raise APIError(400, f"prompt: {e}", code="invalid_value", param="prompt") from e
         try:
@@ -500,7 +495,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                            param="response_format.json_schema.schema") from e
         job = _make_job(state, engine, req, ids, processors)
         echo = text if req.echo else ""
-        acc = Accumulator(tok, req.n_top_logprobs(), chat=False, base_offset=len(echo))
+        acc = Accumulator(tok, req.n_top_logprobs(), chat=False, base_offset=len(echo), skip_special=skip_special(req))
         rid, created, model = f"cmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name
         _submit(state, job)
         if not req.stream:

@@ -35,10 +35,14 @@ class Accumulator:
     """Collects one request's generated text and logprobs; `add` returns what is new for a chunk.
 
     n_top: None when the client asked for no logprobs, else the number of alternatives wanted.
+    skip_special: the engine leaves control tokens' text out of the answer (skip_special_tokens),
+    so their logprob entries take no room in it (completions' text_offset).
     """
 
-    def __init__(self, tokenizer: Any, n_top: int | None, chat: bool, base_offset: int = 0) -> None:
+    def __init__(self, tokenizer: Any, n_top: int | None, chat: bool, base_offset: int = 0,
+                 skip_special: bool = False) -> None:
         self.tok = tokenizer
+        self.skip_special = skip_special
         self.base_offset = base_offset  # completions' text_offset counts an echoed prompt
         self.n_top = n_top
         self.chat = chat
@@ -61,6 +65,12 @@ class Accumulator:
 
     def token_str(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def shown_str(self, token_id: int) -> str:
+        """The token's text as the answer holds it ('' for a skipped control token)."""
+        if self.skip_special and hasattr(self.tok, "piece_bytes"):
+            return self.tok.piece_bytes(token_id, True).decode("utf-8", errors="replace")
+        return self.token_str(token_id)
 
     def completion_token(self, token_id: int) -> str:
         """Legacy completions' token string: a token that is not whole UTF-8 (a piece of a
@@ -102,7 +112,7 @@ class Accumulator:
         out, pos = [], 0
         for ev, tid in self._pending:
             out.append(self._entry(ev, tid, self.base_offset + self.n_chars + min(pos, n_text)))
-            pos += len(self.token_str(tid))
+            pos += len(self.shown_str(tid))
         return out
 
     def _entry(self, ev: Any, tid: int, offset: int) -> dict:

@@ -86,10 +86,15 @@ class _Sampling(BaseModel):
     n: Int = 1
     # token id (as a string key, OpenAI's form) -> bias added to its logit, -100..100
     logit_bias: dict[str, Annotated[Float, Field(ge=-100.0, le=100.0)]] | None = None
-    # vLLM's extension. minfer's answers keep control tokens' text (<|im_start|> ...; the
-    # end-of-generation token that ends an answer is never text), which is vLLM's false; true
-    # or null is the default and answers the same (render.py never removes text)
+    # vLLM's extensions (server/prompting.py says what each does). skip_special_tokens: true
+    # leaves control tokens' text (<|im_start|> ...) out of the answer; false or null (minfer's
+    # default) keeps it. The end-of-generation token that ends an answer is never text
     skip_special_tokens: Bool | None = None
+    # BOS/EOS added when tokenizing the prompt (null: as the vocab says, true; false: none)
+    add_special_tokens: Bool | None = None
+    # minfer never spaces special tokens' text apart (false); vLLM's true does the same for the
+    # fast tokenizers GGUF vocabs are, so both are read and answer alike
+    spaces_between_special_tokens: Bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -275,6 +280,9 @@ class ChatCompletionRequest(_Sampling):
     # vLLM's extension: false renders the messages without the assistant's generation prompt, so
     # the model goes on from the last message as the template renders it (true or null: with it)
     add_generation_prompt: Bool | None = None
+    # vLLM's extension: true leaves the last (assistant) message open, and the model continues it
+    # (server/prompting.py; a 400 with add_generation_prompt true or another last role)
+    continue_final_message: Bool | None = None
 
     @field_validator("top_logprobs")
     @classmethod
@@ -360,7 +368,6 @@ _EXTENSIONS = {
     "chat_template_kwargs": (({},), _NOT_HERE.format("chat_template_kwargs") + "; the model's chat template "
                              "renders with its own defaults"),
     "chat_template": (("",), _NOT_HERE.format("a chat template per request")),
-    "continue_final_message": ((), _NOT_HERE.format("continue_final_message")),
     "include_stop_str_in_output": ((), _NOT_HERE.format("include_stop_str_in_output")),
     "prompt_logprobs": ((0,), _NOT_HERE.format("prompt_logprobs")),
 }
@@ -380,6 +387,11 @@ _OTHER_ENDPOINT = {   # each: (its values that change nothing, why), as _EXTENSI
         "top_logprobs": ((0,), "the chat API's name: on /v1/completions `logprobs` is the number of "
                                "alternatives"),
         "parallel_tool_calls": ((), "tools need a chat template: send them to /v1/chat/completions"),
+        # (false is what /v1/completions does: the prompt is continued as sent)
+        "continue_final_message": ((), "a chat field: /v1/completions continues the prompt as sent; send "
+                                       "messages to /v1/chat/completions"),
+        "add_generation_prompt": ((), "a chat field: /v1/completions renders no chat template, so there is "
+                                      "no generation prompt to add; send messages to /v1/chat/completions"),
     },
 }
 

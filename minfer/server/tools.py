@@ -271,9 +271,13 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     """Render the messages (with tools when they are in play), build the grammar that
     response_format / tool_choice ask for, and the logit_bias. Raises ToolError (a 400 naming
     the field) or MinferError (a template failure)."""
+    from minfer.server.prompting import chat_prompt_options
     from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar, lark_grammar
+    from minfer.tokenizer.continuation import ContinuationError
 
     plan = ChatPlan()
+    # vLLM's add_generation_prompt, continue_final_message, add_special_tokens (prompting.py)
+    extra: dict[str, Any] = chat_prompt_options(req)
     messages = template_messages(req.messages)
     supports = template_supports_tools(tok.chat_template)
     if not supports:
@@ -286,9 +290,6 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     choice = req.tool_choice
     if not req.tools and choice not in (None, "none", "auto"):
         raise ToolError("tool_choice", "tool_choice requires tools: send the functions in `tools`")
-    extra: dict[str, Any] = {}
-    if req.add_generation_prompt is False:   # vLLM's extension: the model goes on from the last message
-        extra["add_generation_prompt"] = False
     callable_tools: list[Any] = []
     must_call = False
     if req.tools and choice == "none":
@@ -306,7 +307,10 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
         plan.parse_tools = True
     # encode(messages, template variables) renders and tokenizes (app.py: chat_token_ids, which
     # keeps control-token text in message content as text)
-    plan.prompt_ids = encode(messages, extra)
+    try:
+        plan.prompt_ids = encode(messages, extra)
+    except ContinuationError as e:
+        raise ToolError("continue_final_message", str(e)) from e
 
     schema = response_schema(req.response_format)
     # a named function is one call of it (as vLLM does); "required" may make several unless the

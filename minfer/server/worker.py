@@ -35,6 +35,7 @@ class GenRequest:
     stop: list[str]
     top_logprobs: int = 0  # alternatives per token the engine should report (0: none)
     logits_processors: list = field(default_factory=list)  # e.g. a grammar mask (server/structured.py)
+    skip_special: bool = False  # control tokens' text left out of the answer (skip_special_tokens)
 
 
 @dataclass
@@ -168,6 +169,8 @@ class Worker:
         extra = {"top_logprobs": req.top_logprobs} if req.top_logprobs else {}
         if req.logits_processors:
             extra["logits_processors"] = req.logits_processors
+        if req.skip_special:       # (only when asked: an engine without the keyword serves the rest)
+            extra["skip_special"] = True
         gen = self.engine.generate(req.prompt_ids, req.params, req.max_new_tokens, req.stop, **extra)
         try:
             for ev in gen:
@@ -294,9 +297,10 @@ class BatchWorker:
                 self._finish(job, Finished("stop", len(req.prompt_ids), 0, None, None, cancelled=True, skipped=True))
                 continue
             try:
+                skip = {"skip_special": True} if getattr(req, "skip_special", False) else {}
                 seq = self.batch.add(req.prompt_ids, req.params, req.max_new_tokens, req.stop,
                                      top_logprobs=req.top_logprobs,
-                                     logits_processors=getattr(req, "logits_processors", ()))
+                                     logits_processors=getattr(req, "logits_processors", ()), **skip)
             except Exception as e:
                 job.put(Failed(e))
                 continue

@@ -516,7 +516,8 @@ def _control_pattern(tok):
 
 
 def chat_token_ids(tok, messages: list[dict], special_in_content: bool = False,
-                   add_generation_prompt: bool = True, **extra) -> list[int]:
+                   add_generation_prompt: bool = True, continue_final_message: bool = False,
+                   add_special: bool | None = None, **extra) -> list[int]:
     """The prompt ids of a chat: the model's template rendered, then tokenized.
 
     The template's own markers (<|im_start|> ...) become control tokens. Text inside a
@@ -527,29 +528,41 @@ def chat_token_ids(tok, messages: list[dict], special_in_content: bool = False,
     with a unique placeholder in its place; the real output must equal the placeholder output
     with the content put back (as is, or stripped, which Llama-3-style templates do), else the
     request is refused rather than guessed at.
+
+    continue_final_message: the final (assistant) message is left open for the model to go on
+    with, and no generation prompt follows (continuation.py). add_special: as encode()'s add_bos
+    (None: BOS/EOS as the vocab's metadata says; False: only what the template writes).
     """
-    text = tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **extra)
+    def render(msgs: list[dict]) -> str:
+        if continue_final_message:
+            from minfer.tokenizer.continuation import open_final_message
+
+            return open_final_message(lambda m: tok.apply_chat_template(m, add_generation_prompt=False, **extra),
+                                      msgs)
+        return tok.apply_chat_template(msgs, add_generation_prompt=add_generation_prompt, **extra)
+
+    text = render(messages)
     pat = None if special_in_content else _control_pattern(tok)
     risky = [] if pat is None else [i for i, m in enumerate(messages)
                                     if isinstance(m.get("content"), str) and pat.search(m["content"])]
     if not risky:
-        ids = tok.encode(text, parse_special=True)
+        ids = tok.encode(text, add_bos=add_special, parse_special=True)
     else:
-        ids = tok.encode_segments(_segments(tok, messages, risky, text, add_generation_prompt, extra))
+        ids = tok.encode_segments(_segments(tok, messages, risky, text, render), add_bos=add_special)
     bos = tok.bos_id
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
     return ids
 
 
-def _segments(tok, messages, risky, text, add_generation_prompt, extra) -> list[tuple[str, bool]]:
+def _segments(tok, messages, risky, text, render) -> list[tuple[str, bool]]:
     import secrets
 
     nonce = secrets.token_hex(8)
     placeholder = {i: f"\ue000minfer-{nonce}-{i}\ue001" for i in risky}
     marks = {v: i for i, v in placeholder.items()}
     placeheld = [dict(m, content=placeholder[i]) if i in placeholder else m for i, m in enumerate(messages)]
-    shaped = tok.apply_chat_template(placeheld, add_generation_prompt=add_generation_prompt, **extra)
+    shaped = render(placeheld)
     parts = re.split("(" + "|".join(map(re.escape, marks)) + ")", shaped)
     for shape in (lambda s: s, str.strip):
         segs = [(p, p not in marks) if p not in marks else (shape(messages[marks[p]]["content"]), False)

@@ -128,8 +128,8 @@ def test_a_prompt_past_a_small_kv_pool_is_a_400_context_length_exceeded(engine, 
 
 @pytest.mark.parametrize("field, value", [
     ("chat_template_kwargs", {"enable_thinking": False}), ("chat_template", "{{ messages }}"),
-    ("continue_final_message", True), ("include_stop_str_in_output", True), ("prompt_logprobs", 1),
-])
+    ("include_stop_str_in_output", True), ("prompt_logprobs", 1),
+])   # (continue_final_message is read since: tests/server/test_server_vllm_fields.py)
 def test_vllm_and_llama_server_prompt_switches_are_not_silently_ignored(server, field, value):
     # each changes the prompt or the answer on vLLM / llama-server; here each was ignored and
     # answered 200 (a Qwen3 client's enable_thinking false got the thinking answer)

@@ -115,9 +115,12 @@ def test_skip_special_tokens_false_keeps_control_tokens_text(server, path, body)
     assert text == "<|im_start|>" * 3 and choice["finish_reason"] == "length"
     if path == CHAT:
         assert stream(server, forced)[0] == text
-    # true (the default) answers as before: the same text
-    same = post(server, {**forced, "skip_special_tokens": True}, path)["choices"][0]
+    # null (minfer's default) answers as false; true drops the control tokens' text
+    # (tests/server/test_server_vllm_fields.py)
+    same = post(server, {**forced, "skip_special_tokens": None}, path)["choices"][0]
     assert (same["message"]["content"] if path == CHAT else same["text"]) == text
+    dropped = post(server, {**forced, "skip_special_tokens": True}, path)["choices"][0]
+    assert (dropped["message"]["content"] if path == CHAT else dropped["text"]) == ""
 
 
 # ---- 2. tool_choice "none" -----------------------------------------------------------------
