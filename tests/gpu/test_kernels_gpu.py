@@ -23,7 +23,7 @@ from minfer.switches import Switches  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-QTYPES = [12, 14, 6, 8, 2, 3, 13, 7, 10, 11, 1, 30, 0, 20, 23, 39]
+QTYPES = [12, 14, 6, 8, 2, 3, 13, 7, 10, 11, 1, 30, 0, 20, 23, 39, 34, 35]   # 34/35: TQ1_0/TQ2_0 (bitnet)
 DEV = "cuda"
 
 

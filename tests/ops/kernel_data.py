@@ -24,10 +24,12 @@ BLOCKS = {
     20: (32, 18, (0,)),         # IQ4_NL: d
     23: (256, 136, (0,)),       # IQ4_XS: d (the 6-bit group scales may be anything)
     39: (32, 17, ()),           # MXFP4: its scale is the e8m0 byte 0, set below
+    34: (256, 54, (52,)),       # TQ1_0: qs[48], qh[4], d (ggml-common.h block_tq1_0); base-3 bytes may be anything
+    35: (256, 66, (64,)),       # TQ2_0: qs[64], d (block_tq2_0); the 2-bit code 3 decodes to 2, as ggml's
 }
 QUANT_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K",
                12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 0: "F32", 1: "F16", 30: "BF16",
-               20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4"}
+               20: "IQ4_NL", 23: "IQ4_XS", 39: "MXFP4", 34: "TQ1_0", 35: "TQ2_0"}
 
 
 def random_weight(qtype: int, n: int, k: int, rng: np.random.Generator, scale: float = 0.02) -> np.ndarray:
