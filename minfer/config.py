@@ -29,6 +29,7 @@ from minfer.errors import MinferError
 # architectures whose model class reads rope.scaling.type yarn and applies YaRN itself
 YARN_ARCHITECTURES = frozenset({"gpt-oss", "deepseek2", "mistral3", "arcee", "olmo2", "laguna", "mellum",
                                 "mistral4"})
+YARN_ARCHITECTURES |= {"glm4moe"}   # Solar Open (conversion/glm.py SolarOpenModel: HF's yarn rope_parameters)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,43 @@ tools/arch_fixture_configs.py, merges these into its ARCHS; split to keep each f
 name -> (config class, model class, config keywords)."""
 
 ARCHS_C = {
+    # GLM-4.7-Flash (zai-org/GLM-4.7-Flash; Glm4MoeLiteForCausalLM, which llama.cpp's converter, conversion/glm.py
+    # Glm4MoeLiteModel(DeepseekV2Model), writes as deepseek2): DeepSeek-V3's MLA with q_lora (48) and kv_lora (32) +
+    # 8 rope dims, qk_nope 24 (3x the rope dims, as the release's 192 / 64), v_head 32 != qk_nope (256 != 192),
+    # adjacent-pair rope (rope_interleave) with no scaling (theta 1e6, partial_rotary_factor 1: the release's);
+    # layer 0 dense (first_k_dense_replace 1: the converter reads it, HF its mlp_layer_types default), layers 1-2
+    # top-2 of 8 sigmoid experts chosen on score + e_score_correction_bias (randomized), renormalized, scaled by 1.8
+    # (the release's), one shared expert, n_group 1 (the release's); one NextN/MTP layer counted by the converter
+    # (num_nextn_predict_layers 1: block_count 4, nextn_predict_layers 1, no tensors: HF builds none), which minfer
+    # must not run. scoring_func: the release's config.json has none (llama.cpp picks sigmoid from its 47 layers and
+    # 154880 tokens, deepseek2.cpp load_arch_hparams); a tiny model has neither, so it names the sigmoid HF runs
+    # and the converter writes expert_gating_func (conversion/base.py)
+    "glm4moe-lite": ("Glm4MoeLiteConfig", "Glm4MoeLiteForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=24,
+        qk_rope_head_dim=8, v_head_dim=32, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=1.8, norm_topk_prob=True, first_k_dense_replace=1,
+        num_nextn_predict_layers=1, scoring_func="sigmoid", topk_method="noaux_tc", rope_interleave=True,
+        rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "partial_rotary_factor": 1.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Solar Open (upstage/Solar-Open-100B; SolarOpenForCausalLM, which the converter, conversion/glm.py
+    # SolarOpenModel(Glm4MoeModel), writes as glm4moe): every layer MoE (no first_k_dense_replace, no dense
+    # intermediate_size: the converter writes no feed_forward_length / leading_dense_block_count), Llama's attention
+    # (no q/k/v bias, no q/k norms) with head_dim 24 != 64 / 4 (the release's 128 with 64 heads of a 4096 model),
+    # GQA 2:1, FULL rotary NEOX (partial_rotary_factor 1, glm4moe's converter default being 0.5) with the release's
+    # YaRN (factor 2; the original context 64 here for the release's 65536, so the ramp covers pairs 0-3 of 12 at
+    # theta 1e6) and its cos/sin factor 1 + 0.1 ln 2; top-2 of 8 sigmoid experts on score + e_score_correction_bias
+    # (randomized), renormalized, routed_scaling_factor 1 and n_group 1 (the release's), one shared expert; no
+    # MTP layers
+    "solar-open": ("SolarOpenConfig", "SolarOpenForCausalLM", dict(
+        hidden_size=64, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=24, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True, rms_norm_eps=1e-5,
+        max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 2.0,
+                         "original_max_position_embeddings": 64, "partial_rotary_factor": 1.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
     # BitNet b1.58 2B-4T style (bitnet; BitNetForCausalLM): attention and MLP each with an RMSNorm inside the branch
     # (attn_sub_norm before o_proj, ffn_sub_norm before down_proj), a squared-ReLU gate (relu2: the release's
     # hidden_act; the converter patched to write bitnet.hidden_activation), GQA 2:1, NEOX rope at the release's

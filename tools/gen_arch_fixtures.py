@@ -89,6 +89,10 @@ NO_MTP = {"qwen35", "qwen35moe", "qwen3next"}
 # past the vocabulary unless it is there
 EXTRA_SPECIALS["qwen35moe"] = ("<|endoftext|>",)
 EXTRA_SPECIALS["qwen3next"] = ("<|endoftext|>",)
+# conversion/glm.py: Glm4MoeLiteModel.set_vocab is _set_vocab_glm (glm4moe's tokens); SolarOpenModel.set_vocab looks up
+# <|endoftext|>, <unk> and <|startoftext|>
+EXTRA_SPECIALS["glm4moe-lite"] = EXTRA_SPECIALS["glm4moe"]
+EXTRA_SPECIALS["solar-open"] = ("<|endoftext|>", "<unk>", "<|startoftext|>")
 
 def gptneox_as_released(c: dict) -> dict:
     """GPTNeoXConfig (transformers 5) saves the rotary fraction and base in rope_parameters; the released

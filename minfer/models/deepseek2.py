@@ -25,6 +25,11 @@ Dv = value_length_mla:
     o[h]     = Vb[h] o_lat[h]                           attn_v_b (H, Dv, R) (build_attn's v_mla)
     out      = W_o [o[0] .. o[H-1]]                     attn_output (D, H*Dv)
 Q[h].K = q_nope[h].(Kb[h]^T c) + q_pe[h].k_pe: HF's decompressed score (k_nope = Kb^T c), exactly.
+The latent norms (attn_q_a_norm, attn_kv_a_norm) take the file's layer_norm_rms_epsilon, as llama.cpp's
+build_norm(LLM_NORM_RMS) does; HF builds them with RMSNorm's default 1e-6 whatever rms_norm_eps
+(modeling_deepseek_v3.py / modeling_glm4_moe_lite.py q_a_layernorm, kv_a_layernorm), so the references differ
+where rms_norm_eps != 1e-6: GLM-4.7-Flash (1e-5; its fixture glm4moe-lite 3e-5 relative, all of it this eps:
+tests/models/test_glm4moe_lite_solar.py). This follows llama.cpp (the file carries no second epsilon).
 
 The cache holds what llama.cpp's MLA cache holds: per token and layer ONE row K = [c, k_pe] of
 R + Dr values (DeepSeek-V2, V2-Lite, V3/R1, Kimi-K2: 512 + 64 = 576), V being its first R

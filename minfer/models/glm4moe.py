@@ -1,4 +1,4 @@
-"""GLM-4.5 / GLM-4.5-Air / GLM-4.6 (HF Glm4MoeForCausalLM): the GGUF arch `glm4moe`.
+"""GLM-4.5 / GLM-4.5-Air / GLM-4.6 (HF Glm4MoeForCausalLM), Solar Open (SolarOpenForCausalLM): the GGUF arch `glm4moe`.
 
     x_0 = E[tokens]                                                     token_embd (V, D)
     for each layer l < n_layer (= block_count - nextn_predict_layers):
@@ -37,6 +37,15 @@ models/glm4_moe/modeling_glm4_moe.py):
       moe(h) = sum_k w_k W_down[e_k](silu(W_gate[e_k] h) * W_up[e_k] h)
   plus a shared expert, no gate, width expert_feed_forward_length * expert_shared_count
   (ffn_{gate,up,down}_shexp; none when the count is 0). The routing is ops.moe_ffn's (reference.route).
+- Solar Open (HF SolarOpenForCausalLM; conversion/glm.py SolarOpenModel(Glm4MoeModel) writes glm4moe): every layer
+  MoE and no dense width in its config, so the file has no feed_forward_length (nor leading_dense_block_count):
+  llama.cpp reads the key as optional (llama_model::load_hparams get_key_or_arr(..., false)) and needs it only for
+  the dense layers' ffn_{gate,up,down}; here too (ffn_key_optional; a dense layer without it is refused by name).
+  Its YaRN (HF rope_parameters yarn, factor 2 over 65536; the converter writes rope.scaling.{type, factor,
+  original_context_length}): mistral3.yarn_setup's frequencies with the truncated correction range (ggml
+  rope_yarn_corr_dims; HF truncate) and the cos/sin factor c = get_mscale(f, 1) (llama-context.cpp
+  yarn_attn_factor; HF yarn attention_factor) applied as q * c^2 after rope. Its full rotation comes from
+  rope.dimension_count = head_dim (partial_rotary_factor 1 in the config; the converter's default is 0.5).
 - NextN / MTP layers: the converter counts them in block_count and writes nextn_predict_layers;
   llama.cpp's trunk graph runs n_layer() = block_count - nextn_predict_layers layers and only its
   MTP graph uses the rest (blk.{n_layer}.nextn.*). minfer runs the trunk and never loads them.
@@ -54,7 +63,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, attention_branch, ffn_branch, load_head
+from minfer.models.layers import Block, attention_branch, ffn_branch, head_norm, load_head, merge_heads, rope_and_write
 from minfer.models.qwen3moe import MoeBlock, Qwen3MoeModel, load_experts
 from minfer.weights import load_qweight, load_vector
 
@@ -95,6 +104,18 @@ class Glm4MoeModel(Qwen3MoeModel):
     ffn_norm_tensor = "post_attention_norm.weight"   # the FFN's norm (LLM_TENSOR_ATTN_POST_NORM here)
     qk_norm_required = False                        # dots1: both per-head norms required
     select_bias_optional = False                    # dots1: exp_probs_b.bias TENSOR_NOT_REQUIRED
+    # feed_forward_length optional (ModelConfig: cfg.ffn 0 when absent; Solar Open has none), checked in from_gguf
+    # against the dense layers; and YaRN read from the file (config.YARN_ARCHITECTURES). glm4moe's own: a subclass
+    # (dots1, laguna, ...) keeps the required key and its own rope unless it declares them (__init_subclass__)
+    ffn_key_optional = True
+    reads_yarn = True
+    yarn_rope = None          # the YaRN rope of the attention (None: cfg.rope, the fused paths)
+    yarn_q_scale = 1.0        # c^2: q's factor after rope with YaRN
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        for name in ("ffn_key_optional", "reads_yarn"):
+            setattr(cls, name, cls.__dict__.get(name, False))
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,
@@ -108,6 +129,10 @@ class Glm4MoeModel(Qwen3MoeModel):
                 raise MinferError(f"{gf.path}: metadata key '{a}.{key}' is missing (needed to build the {a} model)")
         cfg, Fs = cls.check_moe(gf, cfg)
         V, D, Dh, E, Fe = cfg.vocab, cfg.d_model, cfg.head_dim, cfg.n_experts, cfg.expert_ffn
+        if cfg.ffn <= 0 and any(not cls.moe_layer(gf, cfg, i) for i in range(cfg.n_layers)):
+            raise MinferError(f"{gf.path}: metadata key '{a}.feed_forward_length' is missing (the width of the dense "
+                              f"layers' ffn_gate/ffn_up/ffn_down; {a}.leading_dense_block_count="
+                              f"{cfg.leading_dense_blocks})")
         q_out, kv_out = cfg.n_heads * Dh, cfg.n_kv_heads * Dh
         bar = tqdm(total=cfg.n_layers + 2, desc=f"loading {gf.path.name}", unit="layer",
                    disable=not progress, leave=False)
@@ -152,6 +177,10 @@ class Glm4MoeModel(Qwen3MoeModel):
         m = cls(cfg, token_embd, blocks, output_norm, output, act_dtype=act_dtype)
         m.moe = moe
         m.weights_norm = bool(cfg.expert_weights_norm)       # llama.cpp: false when the key is absent
+        if cls.reads_yarn and md.get(f"{a}.rope.scaling.type") == "yarn":      # Solar Open (module docstring)
+            from minfer.models.mistral3 import yarn_setup
+
+            m.yarn_rope, m.yarn_q_scale = yarn_setup(gf, a, cfg)
         return m
 
     @classmethod
@@ -189,7 +218,20 @@ class Glm4MoeModel(Qwen3MoeModel):
     def _attention(self, h: torch.Tensor, blk: Block, i: int, cache, step: Step, ctx) -> torch.Tensor:
         """Block i's attention branch (layers.attention_branch); laguna, mimo2 and exaone_moe replace it with
         their own and keep this forward."""
-        return attention_branch(h, blk, self.cfg, cache, i, step, ctx)
+        if self.yarn_rope is None:
+            return attention_branch(h, blk, self.cfg, cache, i, step, ctx)
+        # YaRN (Solar Open): layers.attention_heads' steps with the YaRN rope, then q * c^2 (mistral3's)
+        c = self.cfg
+        T, H, Hkv, Dh = h.shape[0], c.n_heads, c.n_kv_heads, c.head_dim
+        q, k, v = ops.linear_many(h, (blk.attn_q, blk.attn_k, blk.attn_v),
+                                  (blk.attn_q_bias, blk.attn_k_bias, blk.attn_v_bias), ctx)
+        q, k = q.view(T, H, Dh), k.view(T, Hkv, Dh)
+        if blk.attn_q_norm is not None:
+            q, k = head_norm(q, blk.attn_q_norm, c.rms_eps), head_norm(k, blk.attn_k_norm, c.rms_eps)
+        q = rope_and_write(cache, i, q, k, v.view(T, Hkv, Dh), step, self.yarn_rope, ctx)
+        if self.yarn_q_scale != 1.0:
+            q = q * self.yarn_q_scale
+        return ops.linear(merge_heads(cache.attend(i, q, step, ctx)), blk.attn_output, None, ctx)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""

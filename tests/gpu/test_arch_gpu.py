@@ -43,7 +43,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
          "bitnet", "bitnet-silu",
-         "mistral4", "chatglm", "mixtral"]
+         "mistral4", "chatglm", "mixtral",
+         "glm4moe-lite", "solar-open"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -224,7 +225,13 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "bitnet": ["relu2.torch", "rms_norm.triton", "attention.decode"],
             "bitnet-silu": ["swiglu.triton", "rms_norm.triton", "attention.decode"],
             # mixtral: a llama file with experts (models/llama_moe.py), the softmax top-2 renormalized MoE on both paths
-            "mixtral": ["attention.decode", "moe.gather", "moe.grouped"]}
+            "mixtral": ["attention.decode", "moe.gather", "moe.grouped"],
+            # glm4moe-lite (GLM-4.7-Flash as deepseek2): the latent attention with q_lora, unscaled rope (torch prefill,
+            # the MLA decode kernel), the sigmoid / biased MoE scaled by 1.8 with the shared expert on both paths
+            "glm4moe-lite": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],
+            # solar-open (glm4moe): YaRN's divisors on the full head and q * c^2 (rope_and_write, then the decode
+            # kernel), every layer the sigmoid / biased MoE with the shared expert on both paths
+            "solar-open": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

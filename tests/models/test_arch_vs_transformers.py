@@ -37,7 +37,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
          "bitnet", "bitnet-silu",
-         "mistral4", "chatglm", "mixtral"]
+         "mistral4", "chatglm", "mixtral",
+         "glm4moe-lite", "solar-open"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -69,6 +70,8 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
                "mistral4": "mistral4", "chatglm": "chatglm",
                "mixtral": "llama"}   # conversion/__init__.py: "MixtralForCausalLM": "llama"
 EXPECT_ARCH |= {"bitnet": "bitnet", "bitnet-silu": "bitnet"}   # conversion/bitnet.py BitnetModel
+# GLM-4.7-Flash: conversion/glm.py Glm4MoeLiteModel(DeepseekV2Model) writes deepseek2; Solar Open: SolarOpenModel(Glm4MoeModel)
+EXPECT_ARCH |= {"glm4moe-lite": "deepseek2", "solar-open": "glm4moe"}
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -168,7 +171,8 @@ def test_arch_greedy_matches_transformers(name):
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
-                                  "mistral4", "chatglm", "mixtral"])
+                                  "mistral4", "chatglm", "mixtral",
+                                  "glm4moe-lite", "solar-open"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -219,7 +223,8 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
-                                  "mistral4", "chatglm", "mixtral"])
+                                  "mistral4", "chatglm", "mixtral",
+                                  "glm4moe-lite", "solar-open"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position

@@ -45,6 +45,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         # path, the decode step by attention_mla.py's kernel
         "deepseek2": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
         "deepseek3": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
+        # glm4moe-lite (GLM-4.7-Flash as deepseek2): q_lora, unscaled rope, the sigmoid / biased MoE scaled by 1.8;
+        # solar-open (glm4moe): YaRN's divisors on the full head through the rope kernel and q * c^2, every layer MoE
+        "glm4moe-lite": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "rope.triton"],
+        "solar-open": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"],
         # exaone4: window layers with rope, a rope-less global layer, per-head q/k norms, post-norms
         "exaone4": ["attention.window.decode", "attention.decode.triton"],
         # mistral3: YaRN's divisors through the rope kernel (the temperature past position 16:
@@ -246,7 +250,8 @@ def cuda_ops():
                                   "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem",
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
-                                  "mistral4", "chatglm", "mixtral"])
+                                  "mistral4", "chatglm", "mixtral",
+                                  "glm4moe-lite", "solar-open"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
