@@ -16,7 +16,8 @@ tokenized, and whether control tokens' text is in the answer.
   tokens: <|im_start|>, <|endoftext|> ...) out of the answer, streamed and not, and out of
   what stop strings see; user-defined tokens (type 4: Qwen's <tool_call>, <think>) stay text,
   as vLLM's skip keeps added tokens that are not special. false or null (minfer's default,
-  unchanged): their text stays. The end-of-generation token is never text.
+  unchanged): their text stays. The end-of-generation token is never text. With tools to parse
+  and a vocab whose <tool_call> tag is a control token, true is a 400 (the calls would vanish).
 - spaces_between_special_tokens: minfer never puts spaces around special tokens' text, which is
   what false asks for; vLLM's default true answers the same for the fast tokenizers GGUF
   vocabs are (vLLM applies it in its slow-tokenizer detokenizer only), so both are accepted.
@@ -79,3 +80,21 @@ def encode_prompt(tok: Any, text: str, add_special: bool | None = None) -> list[
 def skip_special(req: Any) -> bool:
     """Whether the answer leaves control tokens' text out (skip_special_tokens true)."""
     return req.skip_special_tokens is True
+
+
+def check_tool_tags_kept(tok: Any, req: Any) -> None:
+    """An answer parsed for tool calls needs its <tool_call> tags' text: where the vocab has one
+    as a control token, skip_special_tokens true would leave the calls unseen (vLLM's Hermes
+    parser turns the switch off; here it is a 400 naming it). Qwen's tags are user-defined
+    tokens, text either way."""
+    from minfer.server.tools import CLOSE, OPEN
+    from minfer.tokenizer import vocab as V
+
+    if not skip_special(req) or not hasattr(tok, "token_attr"):
+        return
+    for tag in (OPEN, CLOSE):
+        ids = tok.encode(tag, add_bos=False, parse_special=True)
+        if len(ids) == 1 and tok.token_attr(ids[0]) & (V.ATTR_CONTROL | V.ATTR_UNKNOWN):
+            raise ToolError("skip_special_tokens", f"skip_special_tokens: this model's {tag} is a control "
+                            "token, whose text a true value drops, and tool calls are read from it; send "
+                            "false (or leave it out) with tools")

@@ -271,7 +271,7 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
     """Render the messages (with tools when they are in play), build the grammar that
     response_format / tool_choice ask for, and the logit_bias. Raises ToolError (a 400 naming
     the field) or MinferError (a template failure)."""
-    from minfer.server.prompting import chat_prompt_options
+    from minfer.server.prompting import chat_prompt_options, check_tool_tags_kept
     from minfer.server.structured import GrammarConstraint, GrammarError, json_schema_grammar, lark_grammar
     from minfer.tokenizer.continuation import ContinuationError
 
@@ -305,6 +305,7 @@ def plan_chat(tok: Any, req: Any, encode: Any) -> ChatPlan:
         callable_tools, must_call = choose_tools(req.tools, choice)
         extra["tools"] = template_tools(req.tools)
         plan.parse_tools = True
+        check_tool_tags_kept(tok, req)
     # encode(messages, template variables) renders and tokenizes (app.py: chat_token_ids, which
     # keeps control-token text in message content as text)
     try:

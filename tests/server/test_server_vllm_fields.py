@@ -6,7 +6,8 @@
    template that changes the content;
 2. skip_special_tokens: true drops control tokens' text from the answer (a control token
    generated between words, streamed and not, both endpoints, text_offset, stop strings, the
-   batch engine); false and null keep it;
+   batch engine, a 400 where tool calls would be read from a control token); false and null
+   keep it;
 3. add_special_tokens: false leaves the vocab's BOS out of the prompt, true and null add it;
    spaces_between_special_tokens: both values read, the same answer."""
 
@@ -295,6 +296,30 @@ def test_stop_strings_see_the_text_without_the_skipped_tokens(scripted):
     assert answer(post(scripted, body)) == "Hello"
     assert answer(post(scripted, {**body, "skip_special_tokens": True})) == "Hello there"
     assert answer(post(scripted, {**body, "stop": ["o t"], "skip_special_tokens": True})) == "Hell"
+
+
+def test_skip_special_tokens_true_with_tools_needs_the_tool_tags_as_text():
+    # the answer is parsed for <tool_call> tags: where the vocab has them as control tokens,
+    # true would drop them and the calls would silently become nothing (vLLM's Hermes parser
+    # turns the switch off); Qwen's tags are user-defined tokens, text either way
+    from minfer.server.schemas import ChatCompletionRequest
+    from minfer.server.tools import ToolError, plan_chat
+    from minfer.tokenizer import vocab as V
+
+    qwen = Tokenizer.from_gguf(GGUFFile(model_path("qwen2.5-coder-0.5b-instruct")))
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    req = ChatCompletionRequest(messages=[ASK], tools=tools, skip_special_tokens=True)
+    assert plan_chat(qwen, req, lambda m, extra: [1]).parse_tools
+    tag = qwen.encode("<tool_call>", add_bos=False)
+    assert len(tag) == 1 and qwen.token_attr(tag[0]) & V.ATTR_USER_DEFINED
+    control = copy.copy(qwen)
+    control._attrs = list(qwen._attrs)
+    control._attrs[tag[0]] = V.ATTR_CONTROL
+    with pytest.raises(ToolError, match="<tool_call> is a control token") as e:
+        plan_chat(control, req, lambda m, extra: [1])
+    assert e.value.param == "skip_special_tokens"
+    for value in (False, None):
+        plan_chat(control, req.model_copy(update={"skip_special_tokens": value}), lambda m, extra: [1])
 
 
 def test_skip_special_on_the_engine_and_the_batch_engine(engine, params_cls):
