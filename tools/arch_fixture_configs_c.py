@@ -58,4 +58,21 @@ ARCHS_C = {
         hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=True,
         attention_bias=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Kimi-Linear-48B-A3B style (kimi-linear; KimiLinearForCausalLM): KDA layers (Kimi Delta Attention: the gated
+    # delta rule with a per-channel decay, q/k/v short convs of 4, a sigmoid-gated output norm) on layers 0 and 2,
+    # MLA layers on 1 and 3 (no q_lora, kv_lora 32 + 8 "rope" dims that get NO rope, as the release: HF
+    # KimiLinearAttention, llama.cpp kimi-linear.cpp), qk_nope 16 != v_head 24, 4 KDA heads of 24 (96 != the 64 of
+    # the model; as many as the MLA heads: the converter writes no KDA head count, kimi-linear.cpp takes head_count); layer 0 dense, 1-3 top-2 of 8 sigmoid experts on score + e_score_correction_bias (randomized),
+    # renormalized, scaled by the release's 2.446, one shared expert. linear_attn_config, first_k_dense_replace and
+    # moe_router_activation_func as the release's config.json has them (the converter reads them: conversion/
+    # kimi_linear.py, base.py's expert_gating_func)
+    "kimi-linear": ("KimiLinearConfig", "KimiLinearForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
+        v_head_dim=24, num_local_experts=8, num_experts_per_tok=2, num_shared_experts=1, n_group=1, topk_group=1,
+        routed_scaling_factor=2.446, norm_topk_prob=True, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        linear_attn_config={"head_dim": 24, "num_heads": 4, "short_conv_kernel_size": 4,
+                            "full_attn_layers": [2, 4], "kda_layers": [1, 3]},
+        first_k_dense_replace=1, moe_router_activation_func="sigmoid", pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)),
 }

@@ -120,6 +120,24 @@ CONFIG_AS_RELEASED |= {"gptneox": gptneox_as_released, "gptneox-seq": gptneox_as
 EXPERTS_AS_RELEASED = {"qwen3vlmoe"}
 
 
+# transformers 5 saves KimiLinear's leading dense MLP under block_sparse_moe. (its conversion_mapping.py reverses the
+# MoE layers' mlp. -> block_sparse_moe. rename on every layer); the release names it mlp.{gate,up,down}_proj, which
+# llama.cpp's converter maps (gguf-py tensor_mapping: model.layers.{bid}.mlp.*)
+DENSE_MLP_AS_RELEASED = {"kimi-linear"}
+
+
+def dense_mlp_as_released(model_dir: Path) -> None:
+    """Rename block_sparse_moe.{gate,up,down}_proj (the dense layers') to mlp.* in the saved tensors (in place)."""
+    import re
+
+    from safetensors.torch import load_file, save_file
+
+    for f in model_dir.glob("*.safetensors"):
+        ts = load_file(f)
+        save_file({re.sub(r"\.block_sparse_moe\.((gate|up|down)_proj)\.", r".mlp.\1.", k): v for k, v in ts.items()},
+                  f, metadata={"format": "pt"})
+
+
 def experts_as_released(model_dir: Path) -> None:
     """Transpose the saved packed expert tensors to the released checkpoints' layout (in place)."""
     from safetensors.torch import load_file, save_file
@@ -349,6 +367,8 @@ def build(name: str, llamacpp: Path, seed: int) -> None:
             (d / "config.json").write_text(json.dumps(CONFIG_AS_RELEASED[name](c)))
         if name in EXPERTS_AS_RELEASED:
             experts_as_released(d)
+        if name in DENSE_MLP_AS_RELEASED:
+            dense_mlp_as_released(d)
         if name in bitnet_fixture.NAMES:
             bitnet_fixture.as_released(d, name)
         convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=name in CONFIG_AS_RELEASED,

@@ -85,6 +85,7 @@ from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
 from minfer.models.bitnet import BitnetModel
+from minfer.models.kimi_linear import KimiLinearModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -99,7 +100,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
-    Mistral4Model, ChatGLMModel, BitnetModel)}
+    Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -44,7 +44,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mellum-yarn",
          "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral",
-         "glm4moe-lite", "solar-open"]
+         "glm4moe-lite", "solar-open", "kimi-linear"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -226,6 +226,9 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             "bitnet-silu": ["swiglu.triton", "rms_norm.triton", "attention.decode"],
             # mixtral: a llama file with experts (models/llama_moe.py), the softmax top-2 renormalized MoE on both paths
             "mixtral": ["attention.decode", "moe.gather", "moe.grouped"],
+            # kimi-linear: the KDA layers' torch path (per-channel decay: no kernel; kda.py), the MLA layers' latent
+            # attention with V kept apart (attention.mla.torch at every T), the sigmoid / biased MoE on both paths
+            "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "moe.gather", "moe.grouped"],
             # glm4moe-lite (GLM-4.7-Flash as deepseek2): the latent attention with q_lora, unscaled rope (torch prefill,
             # the MLA decode kernel), the sigmoid / biased MoE scaled by 1.8 with the shared expert on both paths
             "glm4moe-lite": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],

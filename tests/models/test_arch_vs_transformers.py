@@ -38,7 +38,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mellum-yarn",
          "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral",
-         "glm4moe-lite", "solar-open"]
+         "glm4moe-lite", "solar-open", "kimi-linear"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -72,6 +72,7 @@ EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma":
 EXPECT_ARCH |= {"bitnet": "bitnet", "bitnet-silu": "bitnet"}   # conversion/bitnet.py BitnetModel
 # GLM-4.7-Flash: conversion/glm.py Glm4MoeLiteModel(DeepseekV2Model) writes deepseek2; Solar Open: SolarOpenModel(Glm4MoeModel)
 EXPECT_ARCH |= {"glm4moe-lite": "deepseek2", "solar-open": "glm4moe"}
+EXPECT_ARCH |= {"kimi-linear": "kimi-linear"}   # conversion/kimi_linear.py KimiLinearModel
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -101,7 +102,10 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "exaone-moe": [5, 1
         "granitehybrid": [1, 2, 4, 5, 14, 15, 23], "granitehybrid-dense": [1, 2, 4, 5, 14, 15, 23],
         "nemotron_h": [1, 2, 4, 5, 14, 15, 23], "falcon-h1": [1, 2, 4, 5, 14, 15, 23],
         "falcon-h1-nonorm": [1, 2, 4, 5, 14, 15, 23],
-        "nemotron_h_moe": [1, 2, 4, 5, 14, 15, 23], "nemotron_h_moe-latent": [1, 2, 4, 5, 14, 15, 23]}
+        "nemotron_h_moe": [1, 2, 4, 5, 14, 15, 23], "nemotron_h_moe-latent": [1, 2, 4, 5, 14, 15, 23],
+        # kimi-linear: pieces of 1-3 tokens inside the KDA convs' window (4 taps), the per-channel delta-rule state
+        # carried, the MLA layers' latent rows
+        "kimi-linear": [1, 2, 4, 5, 14, 15, 23]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -172,7 +176,7 @@ def test_arch_greedy_matches_transformers(name):
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral",
-                                  "glm4moe-lite", "solar-open"])
+                                  "glm4moe-lite", "solar-open", "kimi-linear"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;

@@ -220,7 +220,10 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "bitnet-silu": ["rms_norm.triton", "swiglu.triton", "rope.triton", "attention.decode.triton"],
         # mixtral (llama with experts, models/llama_moe.py): NORM rope, GQA, the softmax top-2 renormalized MoE on
         # the grouped (prefill) and gathered (decode) paths
-        "mixtral": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"]}
+        "mixtral": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"],
+        # kimi-linear: KDA layers (per-channel decay: conv ring and delta rule in torch ops at every T, kda.py), MLA
+        # layers without rope whose V rows are kept apart (attention.mla.torch), the sigmoid / biased MoE
+        "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "moe.gather", "moe.grouped"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -251,7 +254,7 @@ def cuda_ops():
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral",
-                                  "glm4moe-lite", "solar-open"])
+                                  "glm4moe-lite", "solar-open", "kimi-linear"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
