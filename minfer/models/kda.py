@@ -29,7 +29,10 @@ KimiLinearRMSNormGated (norm, times the weight, times sigmoid(gate)). The l2 nor
 
 The state a sequence keeps (the cache's recurrent_state(layer)), float32, deltanet.py's layout: a conv ring
 (K, 3*H*Dh) of the q|k|v rows (position p at slot p % K; mamba2.causal_conv) and a ring of two states
-(2, H, Dh, Dh), the state after position p at slot p % 2 (a repeated step reads what it read before).
+(2, H, Dh, Dh), the state after position p at slot p % 2 (a repeated step reads what it read before). The
+batch engine's state slots (runtime/paged_state.py BatchState: the same rings per slot, zeroed when a sequence
+takes one) are taken as deltanet.py takes them: the decode rows gathered by slot and stepped in one set of batched
+ops (_decode_rows), each prefill chunk by conv_scan on its slot's rings (kimi_linear.py: why its paged_kv is off).
 
 Every device runs the torch ops here: the prefill by the chunked form (scan_chunked, CHUNK positions at a time),
 a decode row by scan_sequential. On CUDA both are counted (`kda.conv.torch`, `kda.scan.torch`): deltanet.py's
@@ -140,10 +143,11 @@ def load_kda(gf, i: int, d: KdaDims, d_model: int, device, dtype) -> KdaWeights:
                       out=w("attn_output", (d_model, N)))
 
 
-def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, masked: bool = True) -> torch.Tensor:
     """The KDA recurrence one position at a time (HF recurrent_kimi_delta_attention): q, k, v, g (T, H, Dh)
-    (q, k normed, q scaled; g <= 0 per key channel), beta (T, H), float32 -> o (T, H, Dh); the ring updated."""
-    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    (q, k normed, q scaled; g <= 0 per key channel), beta (T, H), float32 -> o (T, H, Dh); the ring updated.
+    masked=False: the state before position 0 read from the ring as it is (the batch engine's zeroed slot)."""
+    s = _initial_state(ring, positions, masked)                                       # (H, Dk, Dv)
     out = []
     for t in range(q.shape[0]):
         s = s * torch.exp(g[t]).unsqueeze(-1)                                 # row c decays by exp(g[c])
@@ -155,7 +159,8 @@ def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tenso
     return torch.stack(out)
 
 
-def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK) -> torch.Tensor:
+def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK,
+                 masked: bool = True) -> torch.Tensor:
     """The same recurrence `chunk` positions at a time. With c_t = g_1 + ... + g_t (per key channel) inside a
     chunk, S_0 the carried state and E_ts = exp(c_t - c_s) (a vector over the key channels, s <= t), the values
     written u_s = beta_s (v_s - (decayed S before s)^T k_s) solve
@@ -164,8 +169,8 @@ def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, 
         o_t = (exp(c_t) * q_t) S_0 + sum_{s<=t} (sum_c q_t[c] k_s[c] E_ts[c]) u_s
         S_L = exp(c_L) * S_0 + sum_s (exp(c_L - c_s) * k_s) u_s^T
     (HF chunk_kimi_delta_attention's form: its decay_mask is E; exp of non-positive numbers only). Shapes as
-    scan_sequential's."""
-    s = _initial_state(ring, positions)                                       # (H, Dk, Dv)
+    masked as scan_sequential's."""
+    s = _initial_state(ring, positions, masked)                                       # (H, Dk, Dv)
     outs = []
     for c0 in range(0, q.shape[0], chunk):
         qc, kc, vc, gc = (t[c0:c0 + chunk].transpose(0, 1) for t in (q, k, v, g))   # (H, L, .)
@@ -190,30 +195,72 @@ def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, 
     return torch.cat(outs)
 
 
-def kda_mixer(h: torch.Tensor, w: KdaWeights, d: KdaDims, state: tuple, positions: torch.Tensor, eps: float,
+def kda_mixer(h: torch.Tensor, w: KdaWeights, d: KdaDims, state, positions: torch.Tensor, eps: float,
               ctx) -> torch.Tensor:
     """The KDA layer of the normed input h (T, D) at the consecutive `positions` -> (T, D) in h's dtype; state:
-    (conv ring, state ring) from the cache, updated in place."""
-    if not isinstance(state, tuple):
-        raise MinferError("kimi-linear: the KDA layers keep their state in a single-sequence KVCache only (the batch "
-                          "engine's state slots are not supported for this architecture)")
+    (conv ring, state ring) from the cache, updated in place, or the batch engine's slots of several sequences
+    (runtime/paged_state.py BatchState: the decode rows in batched ops, each prefill chunk on its slot's rings)."""
     T, H, Dh = h.shape[0], d.n_heads, d.head_dim
     if ops._backend(h) is not ops.reference:
         ops.paths.count("kda.conv.torch")
         ops.paths.count("kda.scan.torch")
     qkv = torch.cat([ops.linear(h, m, None, ctx).float() for m in (w.attn_q, w.attn_k, w.attn_v)], -1)
     f = ops.linear(ops.linear(h, w.f_a, None, ctx), w.f_b, None, ctx).float()
-    g = (F.softplus(f + w.dt_bias).view(T, H, Dh) * w.A.view(1, H, 1))        # (T, H, Dh) <= 0
+    g = F.softplus(f + w.dt_bias).view(T, H, Dh) * w.A.view(1, H, 1)          # (T, H, Dh) <= 0
     beta = torch.sigmoid(ops.linear(h, w.beta, None, ctx).float())             # (T, H)
     gate = ops.linear(ops.linear(h, w.g_a, None, ctx), w.g_b, None, ctx).float().view(T, H, Dh)
-    conv_ring, s_ring = state
-    x = causal_conv(qkv, w, conv_ring, positions)                              # (T, 3*H*Dh)
-    q, k, v = (t.reshape(T, H, Dh) for t in x.split(d.inner, dim=-1))
-    q, k = l2norm(q) * Dh ** -0.5, l2norm(k)
-    scan = scan_sequential if T == 1 else scan_chunked
-    o = scan(q, k, v, g, beta, s_ring, positions)                              # (T, H, Dh)
+    if isinstance(state, tuple):
+        o = conv_scan(qkv, g, beta, w, d, state, positions)
+    elif hasattr(state, "chunks") and hasattr(state, "decode_slots"):
+        nd, os = state.n_decode, []
+        if nd:
+            os.append(_decode_rows(qkv[:nd], g[:nd], beta[:nd], w, d, state.conv, state.ssm, state.decode_slots,
+                                   positions[:nd]))
+        for q0, n, slot in state.chunks:
+            os.append(conv_scan(qkv[q0:q0 + n], g[q0:q0 + n], beta[q0:q0 + n], w, d,
+                                (state.conv[slot], state.ssm[slot]), positions[q0:q0 + n], masked=False))
+        o = os[0] if len(os) == 1 else torch.cat(os)
+    else:
+        raise MinferError(f"kimi-linear: the KDA layers keep their state in a KVCache or the batch engine's state "
+                          f"slots (BatchState); got {type(state).__name__}")
     o = gated_norm(o, gate, w.norm, eps)
     return ops.linear(o.reshape(T, H * Dh).to(h.dtype), w.out, None, ctx)
+
+
+def _heads(x: torch.Tensor, d: KdaDims) -> tuple:
+    """The convs' output (T, 3*H*Dh) -> q (normed, scaled), k (normed), v, each (T, H, Dh)."""
+    T, H, Dh = x.shape[0], d.n_heads, d.head_dim
+    q, k, v = (t.reshape(T, H, Dh) for t in x.split(d.inner, dim=-1))
+    return l2norm(q) * Dh ** -0.5, l2norm(k), v
+
+
+def conv_scan(qkv, g, beta, w: KdaWeights, d: KdaDims, state: tuple, positions: torch.Tensor,
+              masked: bool = True) -> torch.Tensor:
+    """One sequence's convs and KDA recurrence at the consecutive `positions`: qkv (T, 3*H*Dh), g (T, H, Dh),
+    beta (T, H) float32, state its (conv ring, state ring), updated -> o (T, H, Dh)."""
+    conv_ring, s_ring = state
+    q, k, v = _heads(causal_conv(qkv, w, conv_ring, positions, masked=masked), d)
+    scan = scan_sequential if qkv.shape[0] == 1 else scan_chunked
+    return scan(q, k, v, g, beta, s_ring, positions, masked=masked)
+
+
+def _decode_rows(qkv, g, beta, w: KdaWeights, d: KdaDims, conv, ssm, slots, positions) -> torch.Tensor:
+    """One token per row b at positions[b] of the sequence in slots[b] (the batch engine's decode rows; deltanet.py
+    _decode_rows' layout with the per-channel decay): the convs read the slot's ring rows of positions p-K+1 ..
+    p-1 and write row p % K; the recurrence reads the state after p - 1 (ring slot (p - 1) % 2) and writes the
+    state after p at p % 2. Device indices only (a CUDA graph's decode step). -> o (B, H, Dh)."""
+    K = conv.shape[1]
+    prev_idx = (positions.unsqueeze(1) + torch.arange(1 - K, 0, device=positions.device)).remainder(K)
+    prev = conv[slots.unsqueeze(1), prev_idx]                                 # (B, K-1, W)
+    conv[slots, positions.remainder(K)] = qkv                                 # read before written
+    seq = torch.cat([prev, qkv.unsqueeze(1)], 1)                               # (B, K, W)
+    q, k, v = _heads(F.silu((seq * w.conv_w).sum(1)), d)                      # tap K-1 on the current row
+    R = ssm.shape[1]
+    s = ssm[slots, (positions - 1).remainder(R)] * torch.exp(g).unsqueeze(-1)   # (B, H, Dk, Dv), row c by g[c]
+    delta = (v - torch.einsum("bhkv,bhk->bhv", s, k)) * beta.unsqueeze(-1)    # beta (v - S^T k)
+    s = s + k.unsqueeze(-1) * delta.unsqueeze(2)                               # S += k delta^T
+    ssm[slots, positions.remainder(R)] = s
+    return torch.einsum("bhkv,bhk->bhv", s, q)                                 # S^T q
 
 
 def gated_norm(o: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -155,14 +155,39 @@ def test_refusals_by_name(tmp_path):
 
 
 def test_batch_engine_refused_by_name():
-    """paged_kv False: `minfer serve -np 2` refuses the architecture by name before loading; the KDA mixer refuses
-    a cache that is not a single sequence's."""
+    """paged_kv False: `minfer serve -np 2` refuses the architecture by name before loading, the batch engine when
+    built from the engine (BatchEngine.from_engine, what serve uses); the KDA mixer names what it got when the state is neither a KVCache's nor a BatchState."""
     from minfer.commands.serve import _one_at_a_time_if_unpaged
     from minfer.gguf_file import GGUFFile
     from minfer.models.kda import kda_mixer
+    from minfer.runtime.batch_engine import BatchEngine
 
-    with pytest.raises(MinferError, match="kimi-linear"):
+    with pytest.raises(MinferError, match="'kimi-linear'"):
         _one_at_a_time_if_unpaged(GGUFFile(DATA / f"{NAME}.gguf"), 2, 2, print)
-    m = engine(NAME).model
-    with pytest.raises(MinferError, match="kimi-linear"):
+    eng = engine(NAME)
+    with pytest.raises(MinferError, match="'kimi-linear'"):
+        BatchEngine.from_engine(eng, max_seqs=2)
+    m = eng.model
+    with pytest.raises(MinferError, match="kimi-linear.*object"):
         kda_mixer(torch.zeros(1, 64), m.kda[0], m.kda_dims, object(), torch.tensor([0]), 1e-5, None)
+
+
+def test_kda_state_slots_on_the_cpu_paged_reference(monkeypatch):
+    """What the batch engine lacks is on CUDA only (kimi_linear.py's doc): with paged_kv forced on, the CPU's paged
+    cache (blocks of 4) runs the MLA rows and the KDA state slots (decode rows batched by slot, prefill chunks on
+    their slots' rings) to transformers' greedy continuation, next to a second sequence that matches its own
+    single-sequence run."""
+    from minfer.models.kimi_linear import KimiLinearModel
+    from minfer.runtime.batch_engine import BatchEngine
+    from minfer.runtime.sampling import SamplingParams
+
+    monkeypatch.setattr(KimiLinearModel, "paged_kv", True)
+    r = ref(NAME)
+    eng = engine(NAME)
+    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
+    n = len(r["greedy"])
+    other = r["ids"][10:25].tolist()
+    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
+    assert [ev.token_id for ev in outs[0]] == r["greedy"].tolist()
+    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
+    assert [ev.token_id for ev in outs[1]] == single
