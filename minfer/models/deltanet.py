@@ -201,7 +201,8 @@ def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tenso
     s = _initial_state(ring, positions, masked)                               # (H, Dk, Dv)
     out = []
     for t in range(q.shape[0]):
-        s = s * torch.exp(g[t]).view(-1, 1, 1)
+        d = torch.exp(g[t])                   # (H,): a head's decay; (H, Dk): per key channel (KDA, models/kda.py)
+        s = s * (d.view(-1, 1, 1) if d.dim() == 1 else d.unsqueeze(-1))     # row c decays by exp(g[c])
         kv = torch.einsum("hkv,hk->hv", s, k[t])                              # S^T k
         delta = (v[t] - kv) * beta[t].unsqueeze(-1)
         s = s + k[t].unsqueeze(-1) * delta.unsqueeze(1)                       # S += k delta^T

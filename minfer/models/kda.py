@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from minfer import ops
 from minfer.errors import MinferError
+from minfer.models import deltanet
 from minfer.models.deltanet import l2norm
 from minfer.models.mamba2 import _initial_state, _store_state, causal_conv, read_ssm_keys
 from minfer.weights import QWeight, load_qweight, load_vector
@@ -146,17 +147,9 @@ def load_kda(gf, i: int, d: KdaDims, d_model: int, device, dtype) -> KdaWeights:
 def scan_sequential(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, masked: bool = True) -> torch.Tensor:
     """The KDA recurrence one position at a time (HF recurrent_kimi_delta_attention): q, k, v, g (T, H, Dh)
     (q, k normed, q scaled; g <= 0 per key channel), beta (T, H), float32 -> o (T, H, Dh); the ring updated.
-    masked=False: the state before position 0 read from the ring as it is (the batch engine's zeroed slot)."""
-    s = _initial_state(ring, positions, masked)                                       # (H, Dk, Dv)
-    out = []
-    for t in range(q.shape[0]):
-        s = s * torch.exp(g[t]).unsqueeze(-1)                                 # row c decays by exp(g[c])
-        kv = torch.einsum("hkv,hk->hv", s, k[t])                              # S^T k
-        delta = (v[t] - kv) * beta[t].unsqueeze(-1)
-        s = s + k[t].unsqueeze(-1) * delta.unsqueeze(1)                       # S += k delta^T
-        out.append(torch.einsum("hkv,hk->hv", s, q[t]))                       # S^T q
-    _store_state(ring, s, positions)
-    return torch.stack(out)
+    masked=False: the state before position 0 read from the ring as it is (the batch engine's zeroed slot).
+    deltanet.scan_sequential's steps, which take the decay per key channel (row c of S decays by exp(g[c]))."""
+    return deltanet.scan_sequential(q, k, v, g, beta, ring, positions, masked)
 
 
 def scan_chunked(q, k, v, g, beta, ring: torch.Tensor, positions: torch.Tensor, chunk: int = CHUNK,
