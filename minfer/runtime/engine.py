@@ -563,11 +563,12 @@ class Engine:
         return "".join(ev.text for ev in self.generate(ids, params, max_tokens, stop=stop))
 
     def chat(self, messages: list[dict], max_tokens: int | None = 256, stop: Iterable[str] | str | None = (),
-             **sampling) -> str:
+             continue_final_message: bool = False, **sampling) -> str:
         """The assistant's reply to `messages` ([{"role": "system"|"user"|"assistant", "content":
         str}, ...]), rendered with the model's own chat template (tokenizer.chat_template in the
         GGUF) and ended by the model's end of turn. Text in a content that spells a control token
         (<|im_end|>) stays plain text. max_tokens, stop and the sampling keywords as complete().
+        continue_final_message: the last message, an assistant one, is left open and the reply goes on with it.
         To stream a reply: eng.generate(chat_token_ids(eng.tokenizer, messages), params, n), with
         chat_token_ids from minfer.tokenizer.chat_template."""
         self._live()
@@ -584,7 +585,10 @@ class Engine:
 
         params = sampling_from_kwargs(sampling)
         max_tokens = check_count("max_tokens", max_tokens, allow_none=True)
-        ids = chat_token_ids(self.tokenizer, list(messages))
+        if not isinstance(continue_final_message, bool):
+            raise MinferError(f"continue_final_message: expected True or False, got {type(continue_final_message).__name__}")
+        ids = chat_token_ids(self.tokenizer, list(messages), continue_final_message=continue_final_message,
+                             add_generation_prompt=not continue_final_message)
         return "".join(ev.text for ev in self.generate(ids, params, max_tokens, stop=stop))
 
 

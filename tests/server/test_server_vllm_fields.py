@@ -419,3 +419,36 @@ def test_spaces_between_special_tokens_is_read_and_answers_alike(scripted, path)
     for value in (True, False, None):
         assert answer(post(scripted, {**body, "spaces_between_special_tokens": value}, path), path) == \
             "Hello<|im_start|> there"
+
+
+def test_engine_chat_continues_the_final_message(engine):
+    """Engine.chat(continue_final_message=True): the Python API's form of the field. The prompt it
+    generates from is chat_token_ids' open form (ending in the assistant's own words, no <|im_end|>),
+    and its reply is that prompt's greedy continuation; a non-assistant last message is refused."""
+    from minfer.errors import MinferError
+    from minfer.tokenizer.chat_template import chat_token_ids
+
+    tok = engine.tokenizer
+    msgs = [{"role": "user", "content": "Name three colours."}, {"role": "assistant", "content": "Red, green"}]
+    want_ids = chat_token_ids(tok, msgs, continue_final_message=True)
+    assert tok.decode(want_ids).endswith("Red, green")
+    seen = []
+    inner = engine.generate
+
+    def spy(ids, *a, **k):
+        seen.append(list(ids))
+        return inner(ids, *a, **k)
+
+    engine.generate = spy
+    try:
+        got = engine.chat(msgs, max_tokens=4, temperature=0, continue_final_message=True)
+        closed = engine.chat(msgs, max_tokens=4, temperature=0)
+    finally:
+        del engine.generate
+    assert seen[0] == want_ids and seen[1] == chat_token_ids(tok, msgs) and seen[0] != seen[1]
+    want = "".join(ev.text for ev in engine.generate(want_ids, max_new_tokens=4, temperature=0))
+    assert got == want and isinstance(closed, str)
+    with pytest.raises(MinferError, match="assistant message"):
+        engine.chat(msgs[:1], max_tokens=2, continue_final_message=True)
+    with pytest.raises(MinferError, match="continue_final_message"):
+        engine.chat(msgs, max_tokens=2, continue_final_message="yes")
