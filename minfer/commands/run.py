@@ -77,8 +77,10 @@ def load_engine(args):
 
 def encode_chat(tok, messages) -> list[int]:
     """Token ids of the chat rendered with the model's template, ready for the reply."""
+    from minfer.tokenizer.chat_spelling import encode_chat_text
+
     text = tok.apply_chat_template(messages, add_generation_prompt=True)
-    ids = tok.encode(text, parse_special=True)
+    ids = encode_chat_text(tok, messages, lambda: tok.encode(text, parse_special=True))
     if tok.bos_id is not None and len(ids) > 1 and ids[0] == ids[1] == tok.bos_id:
         ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
     return ids

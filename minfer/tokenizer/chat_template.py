@@ -545,10 +545,12 @@ def chat_token_ids(tok, messages: list[dict], special_in_content: bool = False,
     pat = None if special_in_content else _control_pattern(tok)
     risky = [] if pat is None else [i for i, m in enumerate(messages)
                                     if isinstance(m.get("content"), str) and pat.search(m["content"])]
-    if not risky:
-        ids = tok.encode(text, add_bos=add_special, parse_special=True)
-    else:
-        ids = tok.encode_segments(_segments(tok, messages, risky, text, render), add_bos=add_special)
+    from minfer.tokenizer.chat_spelling import encode_chat_text
+
+    ids = encode_chat_text(tok, messages, (lambda: tok.encode(text, add_bos=add_special, parse_special=True))
+                           if not risky else
+                           (lambda: tok.encode_segments(_segments(tok, messages, risky, text, render),
+                                                        add_bos=add_special)))
     bos = tok.bos_id
     if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
         ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another

@@ -23,6 +23,14 @@ import heapq
 from minfer.errors import MinferError
 
 
+class UnspellableText(MinferError):
+    """A character neither the vocab nor its byte tokens can spell; `char` is that character."""
+
+    def __init__(self, message: str, char: str):
+        super().__init__(message)
+        self.char = char
+
+
 class SPMModel:
     """Escaped text fragment -> ids for one SentencePiece vocab."""
 
@@ -90,9 +98,9 @@ class SPMModel:
                 for byte in s.encode("utf-8"):
                     bid = self._byte_ids[byte]
                     if bid is None:
-                        raise MinferError(f"{self.path}: the text holds a character the vocab "
-                                          f"lacks ({s!r}) and the vocab has no byte token "
-                                          f"<0x{byte:02X}> to spell it")
+                        raise UnspellableText(f"{self.path}: the text holds a character the vocab "
+                                              f"lacks ({s!r}) and the vocab has no byte token "
+                                              f"<0x{byte:02X}> to spell it", s)
                     out.append(bid)
             i = nxt[i]
         return out
