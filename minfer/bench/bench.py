@@ -67,14 +67,15 @@ class ModelStats:
     size_bytes: int      # all tensor data
     n_params: int
     n_layers: int
-    n_head: int
+    n_head: int          # the most query heads of a layer (0: no attention, e.g. Mamba)
     head_dim: int
+    attn_heads: int      # query heads summed over the layers (a per-layer head_count list summed)
     layer_params: int    # elements of the blk.* 2-D matrices
     head_params: int     # output head elements (vocab * hidden)
     tg_bytes: int        # tensor bytes read per decoded token
 
     def pp_flops(self, n: int, depth: int) -> float:
-        attn = 4 * self.n_layers * self.n_head * self.head_dim * (n * depth + n * (n + 1) / 2)
+        attn = 4 * self.attn_heads * self.head_dim * (n * depth + n * (n + 1) / 2)
         return 2.0 * n * self.layer_params + 2.0 * self.head_params + attn
 
     @classmethod
@@ -87,9 +88,13 @@ class ModelStats:
                                   "needs it for the model's FLOPs and bytes per token")
         if "token_embd.weight" not in t:
             raise MinferError(f"{gf.path}: tensor 'token_embd.weight' is missing")
-        n_head = int(g("attention.head_count"))
+        n_layers = int(g("block_count"))
+        hc = g("attention.head_count")   # a list (one count per layer) in some GGUFs: Laguna
+        heads = [int(h) for h in hc] if isinstance(hc, (list, tuple)) else [int(hc)] * n_layers
+        n_head = max(heads, default=0)
         hidden = int(g("embedding_length"))
-        head_dim = int(g("attention.key_length") or hidden // n_head)
+        # attention-free models (Mamba: head_count 0) have no attention FLOPs
+        head_dim = int(g("attention.key_length") or (hidden // n_head if n_head else 0))
         head = t.get("output.weight") or t["token_embd.weight"]
         emb = t["token_embd.weight"]
         layer = [x for n, x in t.items() if n.startswith("blk.")]
@@ -101,7 +106,7 @@ class ModelStats:
         desc = f"{gf.architecture} {n_params / 1e9:.1f}B {ftype or ''}".strip() if n_params >= 1e9 \
             else f"{gf.architecture} {n_params / 1e6:.0f}M {ftype or ''}".strip()
         return cls(str(gf.path), desc, gf.architecture, ftype, gf.tensor_bytes(), n_params,
-                   int(g("block_count")), n_head, head_dim, layer_params, head.n_elements, tg_bytes)
+                   n_layers, n_head, head_dim, sum(heads), layer_params, head.n_elements, tg_bytes)
 
 
 # ---------------------------------------------------------------- runners
