@@ -129,6 +129,12 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
         fits = max(free - state_bytes(cfg), 0) // kv_bytes_per_token(cfg, device)
         raise MinferError(f"-c/--ctx {n}: the KV cache would need {_gib(need)} of {device} memory but "
                           f"{_gib(free)} is available; use -c {min(fits, cfg.context_length)} or less")
+    if ctx is not None and ctx > cfg.context_length and "position_embd.weight" in gf.tensors:
+        # a learned position table (GPT-2, StarCoder) has no row past it: the load refuses such a
+        # --ctx, so say so now rather than warn "may degrade" and fail later (serve: in the background)
+        raise MinferError(f"{gf.path}: -c/--ctx {ctx} is past the model's learned position table "
+                          f"(position_embd.weight, {gf.architecture}.context_length {cfg.context_length}): "
+                          f"use --ctx {cfg.context_length} or less")
     if ctx is not None and ctx > cfg.context_length:
         warn(f"-c/--ctx {ctx} is past the {cfg.context_length} tokens {gf.path.name} was trained on; "
              "text beyond that length may degrade")
