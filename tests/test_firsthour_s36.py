@@ -88,3 +88,12 @@ def test_run_refuses_a_ctx_past_the_position_table_without_the_may_degrade_warni
                    "-n", "1", "--raw"])
     err = capsys.readouterr().err
     assert rc == 1 and "may degrade" not in err and "--ctx 128 or less" in err, err
+
+
+def test_perplexity_names_the_text_file_and_line_a_vocab_cannot_spell(capsys, tmp_path):
+    # the error named only the model ("bitnet.gguf: the text holds a character the vocab lacks
+    # ('j')"), not the -f file the character is in
+    f = tmp_path / "t.txt"
+    f.write_text("a b c " * 3 + "jump", encoding="utf-8")   # (this vocab has no newline either)
+    line = one_error_line(capsys, ["perplexity", "-m", BITNET, "-f", str(f), "--device", "cpu", "-c", "8"])
+    assert line.startswith(f"minfer: error: {f}, line 1: ") and "('j')" in line and BITNET in line, line

@@ -118,7 +118,14 @@ def main(args) -> int:
     eng = load_engine(args)
     where, name = ("standard input", "stdin") if args.file == "-" else (str(path), path.name)
     tok = eng.tokenizer
-    tokens = tok.encode(text)   # with BOS when the model adds one, as llama.cpp's common_tokenize(.., true)
+    from minfer.tokenizer.spm import UnspellableText
+
+    try:
+        tokens = tok.encode(text)   # with BOS when the model adds one, as llama.cpp's common_tokenize(.., true)
+    except UnspellableText as e:   # name the text and where the character is, not only the model
+        at = text.find(e.char)
+        line = f", line {text.count(chr(10), 0, at) + 1}" if at >= 0 else ""
+        raise MinferError(f"{where}{line}: the model's vocab cannot spell this text: {e}") from e
     n_ctx = args.ctx
     if len(tokens) < 2 * n_ctx:
         raise MinferError(f"{where}: {len(tokens)} tokens; perplexity with -c {n_ctx} needs at least "
