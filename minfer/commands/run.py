@@ -76,14 +76,11 @@ def load_engine(args):
 
 
 def encode_chat(tok, messages) -> list[int]:
-    """Token ids of the chat rendered with the model's template, ready for the reply."""
-    from minfer.tokenizer.chat_spelling import encode_chat_text
+    """Token ids of the chat rendered with the model's template, ready for the reply: chat_token_ids with the
+    content's control-token text read as tokens (llama.cpp's CLI does), its doubled-BOS drop and spelling errors."""
+    from minfer.tokenizer.chat_template import chat_token_ids
 
-    text = tok.apply_chat_template(messages, add_generation_prompt=True)
-    ids = encode_chat_text(tok, messages, lambda: tok.encode(text, parse_special=True))
-    if tok.bos_id is not None and len(ids) > 1 and ids[0] == ids[1] == tok.bos_id:
-        ids = ids[1:]  # the template wrote BOS itself and the tokenizer added another
-    return ids
+    return chat_token_ids(tok, messages, special_in_content=True)
 
 
 def finish_reason(finish: str | None, stats: dict, n_ctx: int, max_tokens: int | None) -> str:
