@@ -148,7 +148,7 @@ def table_with(changes: dict) -> str:
     for key, cfg in changes.items():
         vals = [int(v) for v in cfg.split(",")]
         if len(vals) >= 5:
-            vals[4] = 2 if vals[4] == 2 else bool(vals[4])
+            vals[4] = vals[4] if vals[4] >= 2 else bool(vals[4])
         t["configs"][key] = vals
     path = f"/tmp/oracle-table-{abs(hash(tuple(sorted(changes.items()))))}.json"
     with open(path, "w") as f:

@@ -33,7 +33,8 @@ registers).
 Configs (BN, BB, SPLIT, warps[, prefetch[, register cap[, late[, warps along K[, second first[,
 tiles[, x ahead]]]]]]]): a step is BB blocks of BN rows. SPLIT < 0: stream-K over -SPLIT programs
 (gemv_q8_gluon_sk.py). Prefetch: the next step's words load while this one is multiplied; 2: both
-steps of a two-step split before the PDL wait; off: one step's registers. A register cap (maxnreg)
+steps of a two-step split before the PDL wait; 3+: that many shared-memory stages of words in flight
+(gemv_q8g_stages.py); off: one step's registers. A register cap (maxnreg)
 lets more programs share an SM; late signals the next kernel when the programs end (PDL mode 3;
 perf-log X1, AB4). Warps along K: the warps split a step's chunks (WK). Second first: a two-weight
 launch's second weight takes the lowest program ids (SF). Tiles: the engine stores the shape's
@@ -50,10 +51,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from minfer.ops.cuda import timeline
-from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _l2_heads, _loads, _pdl, _pdl_signal, _pdl_wait, _q6_words,
-                                            _split_gather, _xloads, split_const)
-from minfer.ops.cuda.gemv_q8g_norm import (_finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd, _norm_tail,
-                                           _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd, _ss_sum_rstd)
+from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _l2_heads, _loads, _mixed_tile, _pdl, _pdl_signal, _pdl_wait,
+                                            _q6_words, _split_gather, _xloads, split_const)
+from minfer.ops.cuda.gemv_q8g_norm import (_finish, _finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd,
+                                           _norm_tail, _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd,
+                                           _ss_sum_rstd)
+from minfer.ops.cuda.gemv_q8g_stages import _issue, _ring, _scale_loads, _take
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
 from minfer.ops.cuda.timeline import stamp
@@ -155,8 +158,16 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         b_lo = pid_s * blocks_per_split
         b_hi = gl.minimum(b_lo + blocks_per_split, NB)
     acc = gl.zeros([BN, C], gl.float32, layout=L2)
-    nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1), gl.minimum(b_lo * 8 + c2, NB * 8 - 1),
-                 w3, NB, QT, TM)
+    if PF >= 3:
+        # (gemv_q8g_stages) the words of the first PF - 1 steps copied into the shared-memory ring, the scales
+        # of the first step into registers, before the wait
+        ws, hs = _ring(BN, C, PF, QT)
+        for s in gl.static_range(PF - 1):
+            _issue(ws, hs, p0, p1, r3, c3, w3, b_lo + s * BB, b_hi, s, NB, QT, TM)
+        nsc = _scale_loads(p1, p2, p3, r2, gl.minimum(b_lo * 8 + c2, NB * 8 - 1), NB, QT, TM)
+    else:
+        nxt = _loads(p0, p1, p2, p3, r3, r2, gl.minimum(b_lo * 8 + c3, NB * 8 - 1),
+                     gl.minimum(b_lo * 8 + c2, NB * 8 - 1), w3, NB, QT, TM)
     if PF == 2:
         # a split of at most two steps (launch checks): the second step's words in flight before
         # the wait too (clamped to this split's last chunk: a one-step split re-reads its own)
@@ -194,7 +205,14 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if XP:
         xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
     for blk in range(b_lo, b_hi, BB):
-        if PF == 2:
+        if PF >= 3:
+            st = (blk - b_lo) // BB
+            _issue(ws, hs, p0, p1, r3, c3, w3, blk + (PF - 1) * BB, b_hi, (st + PF - 1) % PF, NB, QT, TM)
+            wq, hq = _take(ws, hs, st % PF, PF, L3, QT)
+            sa, sb = nsc
+            nsc = _scale_loads(p1, p2, p3, r2, gl.minimum(gl.minimum(blk + BB, b_hi - 1) * 8 + c2, NB * 8 - 1), NB,
+                               QT, TM)
+        elif PF == 2:
             wq, hq, sa, sb = nxt                                      # both loaded before the wait
             nxt = nxt2
         elif PF:
@@ -310,37 +328,6 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
     if PDL == 3:
         _pdl_signal(ci)
-
-
-@gluon.jit
-def _finish(v, rows, rmask, bias, bpre, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
-            PRE: gl.constexpr):
-    """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row);
-    PRE: the bias rows were loaded before the PDL wait (bpre)."""
-    if HAS_BIAS:
-        if PRE:
-            v += bpre
-        else:
-            v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
-    if HAS_RESID:
-        v += gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)
-    gl.store(out + rows, v.to(out.dtype.element_ty), mask=rmask)
-
-
-@gluon.jit
-def _mixed_tile(pid_n, TA, SF: gl.constexpr):
-    """(whether program pid_n is on the first weight, its tile there, its tile in the second) of a
-    two-weight launch (TA first-weight tiles); SF: the second weight's tiles take the lowest ids."""
-    if SF:
-        tb = gl.num_programs(0) - TA            # the second weight's tiles, first
-        first = pid_n >= tb
-        ia = pid_n - tb
-        ib = pid_n
-    else:
-        first = pid_n < TA
-        ia = pid_n
-        ib = pid_n - TA
-    return first, ia, ib
 
 
 @gluon.jit
@@ -560,8 +547,9 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
 
 
 def _pf(prefetch) -> bool | int:
-    """The kernel's PF constexpr: 2 (both steps before the wait) or the on / off of before."""
-    return 2 if int(prefetch) == 2 else bool(prefetch)
+    """The kernel's PF constexpr: 2 (both steps before the wait), 3+ (that many shared-memory stages,
+    gemv_q8g_stages) or the on / off of before."""
+    return int(prefetch) if int(prefetch) >= 2 else bool(prefetch)
 
 
 def _prefetch2_error(n: int, nb: int, what: str):

@@ -158,3 +158,19 @@ def split_const(split: int, gather: int, regs: int):
     if split <= 1:
         return False
     return 1 << (split - 1).bit_length() if gather == 1 or (gather == 2 and not regs) else True
+
+
+@gluon.jit
+def _mixed_tile(pid_n, TA, SF: gl.constexpr):
+    """(whether program pid_n is on the first weight, its tile there, its tile in the second) of a
+    two-weight launch (TA first-weight tiles); SF: the second weight's tiles take the lowest ids."""
+    if SF:
+        tb = gl.num_programs(0) - TA            # the second weight's tiles, first
+        first = pid_n >= tb
+        ia = pid_n - tb
+        ib = pid_n
+    else:
+        first = pid_n < TA
+        ia = pid_n
+        ib = pid_n - TA
+    return first, ia, ib

@@ -310,3 +310,18 @@ def _glu_local(res, pid_n, part, h_out, gq, gf, BN: gl.constexpr, NW: gl.constex
     v = g / (1.0 + gl.exp(-g)) * u                                # swiglu_q8's formula
     gl.store(h_out + pid_n * (BN // 2) + loc, v.to(h_out.dtype.element_ty))
     _q8_store_lq(v, b3, cw, kw, pid_n * CB, 0, gq, gf, False)
+
+
+@gluon.jit
+def _finish(v, rows, rmask, bias, bpre, resid, out, HAS_BIAS: gl.constexpr, HAS_RESID: gl.constexpr,
+            PRE: gl.constexpr):
+    """out[rows] = v (+ bias[rows]) (+ resid[rows]), added in fp32 (gemv_repack._finish, one row);
+    PRE: the bias rows were loaded before the PDL wait (bpre)."""
+    if HAS_BIAS:
+        if PRE:
+            v += bpre
+        else:
+            v += gl.load(bias + rows, mask=rmask, other=0.0).to(gl.float32)
+    if HAS_RESID:
+        v += gl.load(resid + rows, mask=rmask, other=0.0).to(gl.float32)
+    gl.store(out + rows, v.to(out.dtype.element_ty), mask=rmask)
