@@ -13,7 +13,8 @@ On CUDA the device is synchronized before each clock read.
 Roofline columns (what the work needs, not what the implementation happens to do):
 - pp TFLOP/s: 2 * N * (parameters of the layers' matrices) + 2 * vocab * hidden (the output
   head, last token) + causal attention 4 * layers * heads * head_dim * (N * D + N (N + 1) / 2)
-  (QK^T and PV over the positions each query sees).
+  (QK^T and PV over the positions each query sees), over the layers that run softmax attention
+  (a hybrid's Mamba, DeltaNet, KDA or convolution layers add none: _softmax_attention_layers).
 - tg GB/s: tensor bytes read per token -- every layer tensor, the output head (token_embd when
   tied) and one embedding row -- times tokens / s. The KV cache reads are not counted.
 """
@@ -91,6 +92,9 @@ class ModelStats:
         n_layers = int(g("block_count"))
         hc = g("attention.head_count")   # a list (one count per layer) in some GGUFs: Laguna
         heads = [int(h) for h in hc] if isinstance(hc, (list, tuple)) else [int(hc)] * n_layers
+        quad = _softmax_attention_layers(t, n_layers)
+        if quad is not None:             # a hybrid whose head_count is one number: its attention layers only
+            heads = [h if i in quad else 0 for i, h in enumerate(heads)]
         n_head = max(heads, default=0)
         hidden = int(g("embedding_length"))
         # attention-free models (Mamba: head_count 0) have no attention FLOPs
@@ -107,6 +111,28 @@ class ModelStats:
             else f"{gf.architecture} {n_params / 1e6:.0f}M {ftype or ''}".strip()
         return cls(str(gf.path), desc, gf.architecture, ftype, gf.tensor_bytes(), n_params,
                    n_layers, n_head, head_dim, sum(heads), layer_params, head.n_elements, tg_bytes)
+
+
+def _softmax_attention_layers(tensors, n_layers: int) -> set | None:
+    """The layers that run softmax attention over the context (what the attention FLOPs count), by their
+    tensors: an attention output projection (`attn_output`) and either no state-space / linear-attention
+    tensors (`ssm_*`: Jamba's, Nemotron-H's and Granite-hybrid's Mamba layers, Qwen3-Next's and Qwen3.5's
+    DeltaNet layers, Kimi-Linear's KDA layers, which use attn_q/k/v as their projections) or a Mamba mixer
+    of its own beside the attention (`ssm_in`: Falcon-H1's parallel layers). Layers without attn_output
+    (LFM2's convolutions, Mamba's mixers) have none. None: every layer counts (each has attn_output and
+    none a state-space tensor, or no layer has attn_output and none a state-space tensor: names this rule
+    does not know)."""
+    names: dict[int, set] = {}
+    for name in tensors:
+        parts = name.split(".")
+        if parts[0] == "blk" and len(parts) > 2 and parts[1].isdigit():
+            names.setdefault(int(parts[1]), set()).add(parts[2])
+    ssm = any(n.startswith("ssm_") for ns in names.values() for n in ns)
+    quad = {i for i in range(n_layers) if "attn_output" in names.get(i, ())
+            and ("ssm_in" in names[i] or not any(n.startswith("ssm_") for n in names[i]))}
+    if not ssm and (len(quad) == n_layers or not quad):
+        return None
+    return quad
 
 
 # ---------------------------------------------------------------- runners
