@@ -80,7 +80,7 @@ class Switches:
                         "epilogue before down); 2 at the end for every one", kind="tuning")
     gemv_q8g_table: str = _sw("", "MINFER_GEMV_Q8G_TABLE",
                               "a JSON file of Gluon q8 GEMV configs ({\"configs\": {\"Q4_K NxK\": [BN, BB, SPLIT, "
-                              "warps, prefetch (0, 1, or 2: a two-step split's both steps before the PDL wait), register cap, late, "
+                              "warps, prefetch (0, 1, or 2: a two-step split's both steps before the PDL wait; 3 or 4: that many shared-memory stages of weight words, ops/cuda/gemv_q8g_stages.py), register cap, late, "
                               "warps along K, the second weight's tiles first (a q/k + v launch)]}}, the last five optional, as `python -m "
                               "minfer.bench.gemv_q8_sweep --gluon --table F` "
                               "writes it) used instead of the shipped table (ops/cuda/gemv_q8g_h200.json); empty: "
