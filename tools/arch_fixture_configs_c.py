@@ -75,4 +75,36 @@ ARCHS_C = {
                             "full_attn_layers": [2, 4], "kda_layers": [1, 3]},
         first_k_dense_replace=1, moe_router_activation_func="sigmoid", pad_token_id=0, bos_token_id=1,
         eos_token_id=2)),
+    # HRM-Text (hrm-text; HrmTextForCausalLM, DFM-Mimir 1B's architecture, llama.cpp arch hrm_text): two stacks (L, H)
+    # of 2 layers each (num_hidden_layers is the per-stack count; HF and the converter expand block_count to
+    # 2 * H_cycles 2 * (L_cycles 2 + 1) = 12 cache slots), so two L passes and one H pass per H cycle, twice: the
+    # cycling, the shared weights and every slot of the mapping are exercised (H_cycles and L_cycles > 1 each).
+    # head_dim 16 (HF's default 128 is the release's).
+    # embedding_scale 4 (HF's default 1 / initializer_range = 50 would bury z_L_init under the random embedding's
+    # ~0.19 entries; 4 puts both near 1, so each rule shows). prefix_lm True (the release's; the converter writes
+    # hrm.prefix_lm): transformers applies it only to token_type_ids the caller passes, so the reference is causal
+    # as llama.cpp's graph. z_L_init is randomized around 1 (gen_arch_fixtures.randomize's 1-D rule; HF inits zeros)
+    "hrm-text": ("HrmTextConfig", "HrmTextForCausalLM", dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, head_dim=16,
+        H_cycles=2, L_cycles=2, embedding_scale=4.0, prefix_lm=True, rms_norm_eps=1e-5,
+        max_position_embeddings=256, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+    # Muse Glimmer's language model (muse-glimmer; MuseGlimmerForConditionalGeneration, text only: the converter's
+    # MuseGlimmerModel, conversion/muse_glimmer.py; the vision tower, 1 layer of 32, goes to an mmproj only with
+    # --mmproj): a weight-less RMSNorm of the embeddings, centered (1 + w) pre/post norms, scaleless q/k norms with q
+    # times qk_scale_factor 2.5 (not the default 3.87, so the value must come from the file's attn_q_norm), the
+    # sigmoid attention gate, GQA 2:1, head_dim 16. 5 layers: HF counts its every-4th NoPE/global layer backward from
+    # the last (layers 0 and 4), llama.cpp's default pattern forward (layer 3), so the file's per-layer flags rule;
+    # window 8 (< the 40-token reference); logits * output_multiplier 0.6 then softcap 4.0 (the default 20 would
+    # barely bend the tiny model's logits)
+    "muse-glimmer": ("MuseGlimmerConfig", "MuseGlimmerForConditionalGeneration", dict(
+        text_config=dict(hidden_size=64, intermediate_size=96, num_hidden_layers=5, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, max_position_embeddings=256,
+                         sliding_window=8, final_logit_softcapping=4.0, output_multiplier=0.6, qk_scale_factor=2.5,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                         tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        vision_config=dict(patch_size=14, pos_emb_height=2, pos_emb_width=2, num_attention_heads=2,
+                           num_hidden_layers=1, hidden_size=32, intermediate_size=32),
+        out_hidden_size=32, projector_hidden_size=32, tie_word_embeddings=False)),
 }
