@@ -27,17 +27,14 @@ modeling_kimi_linear.py):
   (ffn_{gate,up,down}_shexp, width expert_feed_forward_length * expert_shared_count).
 - The norms take layer_norm_rms_epsilon (HF rms_norm_eps; the KDA output norm too).
 
-The cache: an MLA layer keeps per token ONE row K = [c, k_pe] (R + Dr) and its V row c (R) apart (the per-layer
-geometry (1, R+Dr, R) of runtime/kv_cache.py kv_layers, which has no V-in-K view: V's R values are stored a second
-time); a KDA layer keeps no rows, its per-sequence state only (kda.py), which cannot be rewound: recurrent = True
-(the engine reuses a cached prefix only whole).
-The batch engine: paged_kv = False (`minfer serve -np N` refuses the architecture by name). The KDA layers take
-its state slots (kda.py kda_mixer with a runtime/paged_state.py BatchState, as deltanet.py does) and the CPU's
-paged reference runs the whole model (tests/models/test_kimi_linear.py, with paged_kv forced on), but on CUDA its
-decode kernels do not take these MLA rows: ops/cuda/paged_attention.py views V with K's width (Dv = Dk only) and
-the paged MLA kernel wants V as a view of K (v_in_k), which per-layer geometry (kv_layers) does not allow in
-runtime/paged_kv.py or kv_cache.py. Allowing v_in_k with kv_layers there (V the first R dims of each MLA layer's
-K rows) would give both caches deepseek2's kernels and halve the MLA rows' memory.
+The cache: an MLA layer keeps per token ONE row K = [c, k_pe] (R + Dr), its V the view of the row's first R dims
+(deepseek2's latent cache, stored once: the per-layer geometry (1, R+Dr, R) of runtime/kv_cache.py kv_layers with
+cache_v_in_k = R, kv_cache.layer_views); a KDA layer keeps no rows, its per-sequence state only (kda.py), which
+cannot be rewound: recurrent = True (the engine reuses a cached prefix only whole). On CUDA one decode row takes
+deepseek2's MLA decode kernel (attention.mla.decode.triton; the rows carry no rope, which the kernel never applies).
+The batch engine: paged_kv = True (`minfer serve -np N`). The KDA layers take its state slots (kda.py kda_mixer with
+a runtime/paged_state.py BatchState, as deltanet.py does); the MLA layers' paged rows are V in K as above, so the
+decode rows take the paged MLA kernel (attention.paged_decode.mla.triton) on CUDA, paged_attention_ref on the CPU.
 Refused by name: a file without expert_gating_func, q_lora (attn_q_a: the release has none; kimi-linear.cpp
 allows it, not tested here), the older unsplit attn_kv_b, biases on the KDA convs, no MLA layer.
 """
@@ -76,7 +73,7 @@ def kda_layers(gf, cfg: ModelConfig) -> tuple:
 class KimiLinearModel(Deepseek2Model):
     arch = "kimi-linear"
     rope_style = "normal"     # no rope is applied (module doc); ModelConfig wants a style
-    paged_kv = False          # the batch engine's CUDA decode kernels do not take these MLA rows (module doc)
+    paged_kv = True           # V in K on the MLA layers' paged rows, the KDA state in slots (module doc)
     recurrent = True          # the engine's prefix rule (qwen35.py's)
     value_in_key = False      # V rows kept apart (kv_layers has no V-in-K view)
     per_layer_counts = True   # head_count_kv is an array (0: a KDA layer)
@@ -113,7 +110,8 @@ class KimiLinearModel(Deepseek2Model):
         rec, k = kda_layers(gf, cfg), cls.keys(gf, cfg)
         dims = read_dims(gf, cfg.arch, cfg.n_heads)
         kv = with_kv_layers(cfg, [None if r else (1, k["R"] + k["Dr"], k["R"]) for r in rec])
-        return HybridCacheConfig(**{f.name: getattr(kv, f.name) for f in fields(KVLayersConfig)},
+        return HybridCacheConfig(**{f.name: getattr(kv, f.name) for f in fields(KVLayersConfig)
+                                    if f.name != "cache_v_in_k"}, cache_v_in_k=k["R"],
                                  state_layers=tuple(dims.state_shapes() if r else None for r in rec))
 
     @classmethod

@@ -77,9 +77,33 @@ def kv_bytes_per_position(cfg, elem: int) -> int:
     """Bytes one position takes over all layers: what KVCache.for_config allocates per row and
     PagedKVCache per slot (the memory preflight's number, commands/preflight.py)."""
     layers = kv_layers(cfg)
+    v_in_k = getattr(cfg, "cache_v_in_k", 0)
     if layers is None:
-        return (1 if getattr(cfg, "cache_v_in_k", 0) else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
-    return sum(h * (dk + dv) for h, dk, dv in (g for g in layers if g is not None)) * elem
+        return (1 if v_in_k else 2) * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * elem
+    return sum(h * (dk + (0 if v_in_k else dv)) for h, dk, dv in (g for g in layers if g is not None)) * elem
+
+
+def layer_views(rows: int, layers: tuple, v_in_k: int, device, dtype, who: str) -> tuple:
+    """(k, v) LayerViews of per-layer geometry `layers` (kv_layers) with `rows` rows a layer. v_in_k > 0:
+    every layer with a cache keeps V as the first v_in_k dims of its K rows (its entry's Dv; kimi-linear's
+    MLA layers, (1, R + Dr, R)): v's views are views of k's, stored once."""
+    k = LayerViews.zeros(rows, [g and (g[0], g[1]) for g in layers], device, dtype)
+    if not v_in_k:
+        return k, LayerViews.zeros(rows, [g and (g[0], g[2]) for g in layers], device, dtype)
+    for i, g in enumerate(layers):
+        if g is not None and not (g[2] == v_in_k and 0 < v_in_k < g[1]):
+            raise MinferError(f"{who}: layer {i}'s geometry {tuple(g)} with V in K: V must be the first "
+                              f"{v_in_k} dims of its K rows (Dv == {v_in_k} < Dk)")
+    return k, LayerViews([None if kl is None else kl[..., :v_in_k] for kl in k.views])
+
+
+def views_share_k(k, v) -> bool:
+    """Whether v is a view of k's first dims (V in K): one tensor each, or per layer (LayerViews: every
+    layer whose V has elements; a LayerViews row slice has no buffer, so the buffers cannot say it)."""
+    if isinstance(k, LayerViews):
+        pairs = [(a, b) for a, b in zip(k.views, v.views) if a is not None and b is not None and b.numel()]
+        return bool(pairs) and all(a.data_ptr() == b.data_ptr() for a, b in pairs)
+    return v.data_ptr() == k.data_ptr()
 
 
 def state_layers(cfg) -> tuple | None:
@@ -151,7 +175,8 @@ class KVCache:
     the view k[..., :v_in_k] -- each position's V row is the first v_in_k dims of its K row, stored
     once, as llama.cpp's MLA cache does (a K-only cache, V a view of it: src/models/deepseek2.cpp);
     write() then stores K only (v must be those dims of k). attend() gives (T, H, v_in_k).
-    layers (per-layer geometry, kv_layers): k, v are LayerViews of each layer's own size."""
+    layers (per-layer geometry, kv_layers): k, v are LayerViews of each layer's own size; with v_in_k
+    too, v's are views of k's (layer_views: kimi-linear's MLA layers)."""
 
     def __init__(self, n_layers: int, n_ctx: int, n_kv_heads: int, head_dim: int,
                  device="cpu", dtype=torch.float32, context: int | None = None, v_in_k: int = 0,
@@ -161,11 +186,9 @@ class KVCache:
         self.states = None if states is None else [
             None if g is None else tuple(torch.zeros(s, device=device, dtype=torch.float32) for s in g) for g in states]
         if layers is not None:
-            if v_in_k or len(layers) != n_layers:
-                raise MinferError(f"KVCache: per-layer geometry of {len(layers)} layers for {n_layers}"
-                                  + (" with V in K" if v_in_k else ""))
-            self.k = LayerViews.zeros(n_ctx, [g and (g[0], g[1]) for g in layers], device, dtype)
-            self.v = LayerViews.zeros(n_ctx, [g and (g[0], g[2]) for g in layers], device, dtype)
+            if len(layers) != n_layers:
+                raise MinferError(f"KVCache: per-layer geometry of {len(layers)} layers for {n_layers}")
+            self.k, self.v = layer_views(n_ctx, layers, v_in_k, device, dtype, "KVCache")
             return
         self.k = torch.zeros(n_layers, n_ctx, n_kv_heads, head_dim, device=device, dtype=dtype)
         if v_in_k:
@@ -197,7 +220,7 @@ class KVCache:
 
     def v_is_view(self) -> bool:
         """V is the view of K's first dims (v_in_k): stored, and written, once."""
-        return self.v.data_ptr() == self.k.data_ptr()
+        return views_share_k(self.k, self.v)
 
     def nbytes(self) -> int:
         k = self.k.numel() * self.k.element_size()

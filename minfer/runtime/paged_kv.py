@@ -19,7 +19,9 @@ to its first slot only.
 
 Per-layer geometry (a config with kv_layers, runtime/kv_cache.py: gemma4): k, v are LayerViews,
 layer l's pool (n_blocks * block_size, Hkv_l, D_l), none for a layer that owns no cache; the same
-block tables and slots serve every layer. Other architectures: the one tensor above.
+block tables and slots serve every layer; with V in K too (kimi-linear's MLA layers), each layer's V
+is the view of its K rows' first v_in_k dims (kv_cache.layer_views). Other architectures: the one
+tensor above.
 
 V in K (v_in_k > 0, ModelConfig.cache_v_in_k: deepseek2's MLA latent, one KV head of R + Dr dims,
 V its first R): v is the view k[..., :R], stored and written once (KVCache's layout; the block
@@ -44,7 +46,7 @@ import torch
 from minfer import ops
 from minfer.ops import paths
 from minfer.errors import MinferError
-from minfer.runtime.kv_cache import LayerViews, kv_bytes_per_position, kv_layers, state_layers
+from minfer.runtime.kv_cache import kv_bytes_per_position, kv_layers, layer_views, state_layers
 
 
 @dataclass
@@ -139,12 +141,9 @@ class PagedKVCache:
         self.layers = layers
         self.v_in_k = int(v_in_k or 0)
         if layers is not None:
-            if self.v_in_k or len(layers) != n_layers:
-                raise MinferError(f"PagedKVCache: per-layer geometry of {len(layers)} layers for {n_layers}"
-                                  + (" with V in K" if self.v_in_k else ""))
-            rows = n_blocks * block_size
-            self.k = LayerViews.zeros(rows, [g and (g[0], g[1]) for g in layers], device, dtype)
-            self.v = LayerViews.zeros(rows, [g and (g[0], g[2]) for g in layers], device, dtype)
+            if len(layers) != n_layers:
+                raise MinferError(f"PagedKVCache: per-layer geometry of {len(layers)} layers for {n_layers}")
+            self.k, self.v = layer_views(n_blocks * block_size, layers, self.v_in_k, device, dtype, "PagedKVCache")
         else:
             shape = (n_layers, n_blocks * block_size, n_kv_heads, head_dim)
             self.k = torch.zeros(shape, device=device, dtype=dtype)

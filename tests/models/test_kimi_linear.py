@@ -36,8 +36,28 @@ def test_layout_read_from_the_file():
     assert m.gating == "sigmoid" and m.weights_norm and c.expert_weights_scale == pytest.approx(2.446)
     assert c.leading_dense_blocks == 1 and m.blocks[0].router is None and m.blocks[1].router is not None
     assert m.kq_scale == pytest.approx(1 / math.sqrt(24))
-    assert not type(m).paged_kv and type(m).recurrent
+    assert type(m).paged_kv and type(m).recurrent
     assert miss(engine(NAME)) < 2 * BASE_ERR
+
+
+def test_mla_rows_keep_v_in_k():
+    """The MLA layers' V is the view of their K rows' first R = 32 dims (one store, as deepseek2's latent cache):
+    the single-sequence cache and the paged one; a KDA layer keeps no rows; the preflight's bytes count K only."""
+    from minfer.runtime.kv_cache import KVCache, kv_bytes_per_position
+    from minfer.runtime.paged_kv import PagedKVCache
+
+    c = engine(NAME).model.cfg
+    assert c.cache_v_in_k == 32
+    assert kv_bytes_per_position(c, 2) == 2 * 2 * 40
+    for cache in (KVCache.for_config(c, 16), PagedKVCache.for_config(c, 4, 4)):
+        assert cache.v_is_view() and cache.k[0] is None and cache.v[0] is None
+        k3, v3 = cache.k[3], cache.v[3]
+        assert k3.shape[1:] == (1, 40) and v3.shape[1:] == (1, 32) and v3.data_ptr() == k3.data_ptr()
+        st = cache.states.nbytes() if isinstance(cache, PagedKVCache) else \
+            sum(t.numel() * 4 for g in cache.states if g is not None for t in g)
+        assert cache.nbytes() - st == k3.numel() * 2 * k3.element_size()     # layers 1 and 3, K only
+    short = KVCache.for_config(c, 16).rows_view(8)
+    assert short.v_is_view() and short.v[1].data_ptr() == short.k[1].data_ptr()
 
 
 def _with_rope(m, monkeypatch):
@@ -154,37 +174,30 @@ def test_refusals_by_name(tmp_path):
     _refused(tmp_path, r"attn_kv_b", add_tensors={"blk.0.attn_kv_b.weight": np.zeros((160, 32))})
 
 
-def test_batch_engine_refused_by_name():
-    """paged_kv False: `minfer serve -np 2` refuses the architecture by name before loading, the batch engine when
-    built from the engine (BatchEngine.from_engine, what serve uses); the KDA mixer names what it got when the state is neither a KVCache's nor a BatchState."""
-    from minfer.commands.serve import _one_at_a_time_if_unpaged
-    from minfer.gguf_file import GGUFFile
+def test_kda_mixer_names_a_wrong_state():
+    """The KDA mixer names what it got when the state is neither a KVCache's nor a BatchState."""
     from minfer.models.kda import kda_mixer
-    from minfer.runtime.batch_engine import BatchEngine
 
-    with pytest.raises(MinferError, match="'kimi-linear'"):
-        _one_at_a_time_if_unpaged(GGUFFile(DATA / f"{NAME}.gguf"), 2, 2, print)
-    eng = engine(NAME)
-    with pytest.raises(MinferError, match="'kimi-linear'"):
-        BatchEngine.from_engine(eng, max_seqs=2)
-    m = eng.model
+    m = engine(NAME).model
     with pytest.raises(MinferError, match="kimi-linear.*object"):
         kda_mixer(torch.zeros(1, 64), m.kda[0], m.kda_dims, object(), torch.tensor([0]), 1e-5, None)
 
 
-def test_kda_state_slots_on_the_cpu_paged_reference(monkeypatch):
-    """What the batch engine lacks is on CUDA only (kimi_linear.py's doc): with paged_kv forced on, the CPU's paged
-    cache (blocks of 4) runs the MLA rows and the KDA state slots (decode rows batched by slot, prefill chunks on
-    their slots' rings) to transformers' greedy continuation, next to a second sequence that matches its own
-    single-sequence run."""
-    from minfer.models.kimi_linear import KimiLinearModel
+def test_kda_state_slots_on_the_cpu_paged_reference():
+    """The batch engine (`minfer serve -np N`, BatchEngine.from_engine): the CPU's paged cache (blocks of 4) runs the
+    MLA rows (V in K) and the KDA state slots (decode rows batched by slot, prefill chunks on their slots' rings) to
+    transformers' greedy continuation, next to a second sequence that matches its own single-sequence run."""
+    from minfer.commands.serve import _one_at_a_time_if_unpaged
+    from minfer.gguf_file import GGUFFile
     from minfer.runtime.batch_engine import BatchEngine
     from minfer.runtime.sampling import SamplingParams
 
-    monkeypatch.setattr(KimiLinearModel, "paged_kv", True)
+    assert _one_at_a_time_if_unpaged(GGUFFile(DATA / f"{NAME}.gguf"), 2, 2, print) == 2    # -np 2 kept
     r = ref(NAME)
     eng = engine(NAME)
+    BatchEngine.from_engine(eng, max_seqs=2)                         # no longer refused
     be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
+    assert be.cache.v_is_view()
     n = len(r["greedy"])
     other = r["ids"][10:25].tolist()
     outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
