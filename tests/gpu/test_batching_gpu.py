@@ -265,9 +265,10 @@ def test_held_steps_equal_synchronous_steps_bitwise(model_path):
         assert len(la) == len(lb) and all(torch.equal(a, b) for a, b in zip(la, lb))
 
 
-@pytest.mark.parametrize("name", ["deepseek2", "deepseek3"])
+@pytest.mark.parametrize("name", ["deepseek2", "deepseek3", "kimi-linear"])
 def test_deepseek2_fixture_batched_equals_alone(name):
-    """deepseek2's latent cache in the paged pool (V a view of K, runtime/paged_kv.py v_in_k): the
+    """deepseek2's latent cache in the paged pool (V a view of K, runtime/paged_kv.py v_in_k; kimi-linear: its MLA
+    layers' rows the same way through per-layer geometry, kv_cache.layer_views, beside the KDA layers' state slots): the
     fixtures' greedy answers, float32, each prompt alone against among 11 others, decode rows by the
     paged MLA kernel (attention.paged_decode.mla.triton, its IEEE form) under the batch decode graphs,
     chunks by ops.attention's MLA paths; logits within 1e-3 up to the first differing token, which must
