@@ -259,6 +259,10 @@ def _check_blocks(gf, key: str, out: dict[str, str]) -> None:
         nextn = gf.metadata.get(key[:-len("block_count")] + "nextn_predict_layers")
         if isinstance(nextn, int) and not isinstance(nextn, bool) and 0 < nextn <= n and n - nextn == len(present):
             return
+        # hrm_text: block_count is the KV-cache slot count, the file holds the two stacks' 2 * hrm.layers_per_stack
+        # blocks (llama.cpp src/models/hrm-text.cpp): models/hrm_text.py checks both against the hrm.* keys by name
+        if key == "hrm_text.block_count":
+            return
         out[key] = f"expected {len(present)}: the file has tensors for blocks 0..{len(present) - 1}"
 
 

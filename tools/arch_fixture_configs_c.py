@@ -108,3 +108,27 @@ ARCHS_C = {
                            num_hidden_layers=1, hidden_size=32, intermediate_size=32),
         out_hidden_size=32, projector_hidden_size=32, tie_word_embeddings=False)),
 }
+
+# Chameleon (facebook/chameleon-7b style; ChameleonForConditionalGeneration, text in and out only: llama.cpp's
+# converter, conversion/chameleon.py, drops model.vqmodel): Llama with per-head q/k LayerNorms with weight and bias
+# (HF ChameleonLayerNorm over head_dim, fixed eps 1e-5) before rope; NORM rope (the converter permutes q/k). MHA
+# as the release (the converter's k-norm reorder takes head_dim = hidden / n_kv_heads: GQA does not convert),
+# untied head (the release's). The converter keeps only head 0's
+# q/k norm row and repeats it (ChameleonModel._reverse_hf_permute: the release's norms are one row repeated), so
+# gen_arch_fixtures.py's LLAMACPP_RULES (shared_head_norms) sets every head's row to one random row before the
+# reference. vocabulary_map without IMGIMG names: transformers then masks no image
+# tokens; llama.cpp's fixed range of ids 4..8195 is past this vocabulary (see minfer/models/chameleon.py). A tiny
+# VQ-VAE config only so the HF model builds small (its tensors are not converted).
+_CHAMELEON = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+    rms_norm_eps=1e-5, max_position_embeddings=256, tie_word_embeddings=False, attention_bias=False,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, vocabulary_map={},
+    vq_config=dict(embed_dim=8, num_embeddings=16, latent_channels=8, resolution=16, base_channels=32,
+                   channel_multiplier=[1, 1], num_res_blocks=1),   # GroupNorm of 32 groups: 32 channels
+    pad_token_id=0, bos_token_id=1, eos_token_id=2)
+ARCHS_C |= {
+    "chameleon": ("ChameleonConfig", "ChameleonForConditionalGeneration", dict(_CHAMELEON)),
+    # the 30B's swin_norm: the norms after attention and after the MLP, on the branch before its residual add
+    # (HF ChameleonSwinDecoderLayer; the converter writes chameleon.swin_norm)
+    "chameleon-swin": ("ChameleonConfig", "ChameleonForConditionalGeneration", dict(_CHAMELEON, swin_norm=True)),
+}

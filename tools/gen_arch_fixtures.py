@@ -279,8 +279,28 @@ def phimoe_llamacpp_rules(model) -> None:
             mod.forward = softmax_topk.__get__(mod)
 
 
+def shared_head_norms(model) -> None:
+    """Chameleon: HF's ChameleonLayerNorm holds a q/k norm weight and bias per head, (H, Dh), but llama.cpp's
+    converter (conversion/chameleon.py ChameleonModel.modify_tensors / _reverse_hf_permute) keeps row 0 only,
+    reorders it for NORM rope and repeats it for every head (the released checkpoints' norms are one row repeated:
+    transformers' convert_chameleon_weights_to_hf.py repeat_interleaves it). randomize() draws a different row per
+    head, which the converted file would not hold: every head's row is set to one random row (weight around 1,
+    bias around 0, float16-exact) before the reference is computed."""
+    import torch
+
+    gen = torch.Generator().manual_seed(4321)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                dh = norm.weight.shape[-1]
+                w = (1.0 + 0.3 * torch.randn(dh, generator=gen)).half().float()
+                b = (0.3 * torch.randn(dh, generator=gen)).half().float()
+                norm.weight.copy_(w.expand_as(norm.weight))
+                norm.bias.copy_(b.expand_as(norm.bias))
+
+
 # transformers' modules swapped for llama.cpp's rules before the reference is computed
-LLAMACPP_RULES = {"phimoe": phimoe_llamacpp_rules}
+LLAMACPP_RULES = {"phimoe": phimoe_llamacpp_rules, "chameleon": shared_head_norms, "chameleon-swin": shared_head_norms}
 # the released Phi-3.5-MoE names its class PhiMoEForCausalLM (llama.cpp's converter registers that spelling)
 CONFIG_AS_RELEASED |= {"mpt": lambda c: {**c, "architectures": ["MPTForCausalLM"]}}   # conversion/mpt.py
 CONFIG_AS_RELEASED |= {"phimoe": lambda c: {**c, "architectures": ["PhiMoEForCausalLM"]}}

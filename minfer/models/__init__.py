@@ -86,6 +86,9 @@ from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
 from minfer.models.bitnet import BitnetModel
 from minfer.models.kimi_linear import KimiLinearModel
+from minfer.models.muse_glimmer import MuseGlimmerModel
+from minfer.models.hrm_text import HrmTextModel
+from minfer.models.chameleon import ChameleonModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -100,7 +103,10 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
-    Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel)}
+    Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
+    MuseGlimmerModel,
+    HrmTextModel,
+    ChameleonModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

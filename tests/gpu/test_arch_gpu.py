@@ -44,7 +44,9 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mellum-yarn",
          "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral",
-         "glm4moe-lite", "solar-open", "kimi-linear"]
+         "glm4moe-lite", "solar-open", "kimi-linear",
+         "chameleon", "chameleon-swin",
+         "muse-glimmer", "hrm-text"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -227,14 +229,26 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
             # mixtral: a llama file with experts (models/llama_moe.py), the softmax top-2 renormalized MoE on both paths
             "mixtral": ["attention.decode", "moe.gather", "moe.grouped"],
             # kimi-linear: the KDA layers' torch path (per-channel decay: no kernel; kda.py), the MLA layers' latent
-            # attention with V kept apart (attention.mla.torch at every T), the sigmoid / biased MoE on both paths
-            "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "moe.gather", "moe.grouped"],
+            # attention with V in K (torch prefill, the MLA decode kernel), the sigmoid / biased MoE on both paths
+            "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "attention.mla.decode.triton",
+                            "moe.gather", "moe.grouped"],
             # glm4moe-lite (GLM-4.7-Flash as deepseek2): the latent attention with q_lora, unscaled rope (torch prefill,
             # the MLA decode kernel), the sigmoid / biased MoE scaled by 1.8 with the shared expert on both paths
             "glm4moe-lite": ["attention.mla.torch", "attention.mla.decode.triton", "moe.gather", "moe.grouped"],
             # solar-open (glm4moe): YaRN's divisors on the full head and q * c^2 (rope_and_write, then the decode
             # kernel), every layer the sigmoid / biased MoE with the shared expert on both paths
-            "solar-open": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}
+            "solar-open": ["rope", "attention.decode", "moe.gather", "moe.grouped"],
+            # muse-glimmer: the weight-less embedding norm and the post-norms (rms_norm.triton), NORM rope on the
+            # window layers only, rope-less global layers, the sigmoid-gated attention output
+            "muse-glimmer": ["rms_norm.triton", "attention.window", "attention.decode"],
+            # hrm-text: the weight-less norms (add_rms_norm, a ones weight), the SwiGLU MLP, the decode kernel over
+            # the 12 cache slots of 4 weight blocks
+            "hrm-text": ["add_rms_norm", "swiglu", "attention.decode"]}
+
+# chameleon: the per-head q/k LayerNorms with bias (layer_norm.triton), NORM rope, the decode kernel; chameleon-swin:
+# the branch outputs' RMSNorms (swin_norm) too
+MUST_RUN |= {"chameleon": ["layer_norm.triton", "rope", "attention.decode"],
+             "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope", "attention.decode"]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:

@@ -38,7 +38,9 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mellum-yarn",
          "bitnet", "bitnet-silu",
          "mistral4", "chatglm", "mixtral",
-         "glm4moe-lite", "solar-open", "kimi-linear"]
+         "glm4moe-lite", "solar-open", "kimi-linear",
+         "chameleon", "chameleon-swin",
+         "muse-glimmer", "hrm-text"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -73,6 +75,9 @@ EXPECT_ARCH |= {"bitnet": "bitnet", "bitnet-silu": "bitnet"}   # conversion/bitn
 # GLM-4.7-Flash: conversion/glm.py Glm4MoeLiteModel(DeepseekV2Model) writes deepseek2; Solar Open: SolarOpenModel(Glm4MoeModel)
 EXPECT_ARCH |= {"glm4moe-lite": "deepseek2", "solar-open": "glm4moe"}
 EXPECT_ARCH |= {"kimi-linear": "kimi-linear"}   # conversion/kimi_linear.py KimiLinearModel
+EXPECT_ARCH |= {"chameleon": "chameleon", "chameleon-swin": "chameleon"}   # conversion/chameleon.py ChameleonModel
+EXPECT_ARCH |= {"hrm-text": "hrm_text"}   # conversion/hrm_text.py HrmTextModel
+EXPECT_ARCH |= {"muse-glimmer": "muse-glimmer"}   # conversion/muse_glimmer.py MuseGlimmerModel
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -105,7 +110,10 @@ CUTS = {"mistral3": [5, 14, 17, 33], "exaone4": [5, 14, 23], "exaone-moe": [5, 1
         "nemotron_h_moe": [1, 2, 4, 5, 14, 15, 23], "nemotron_h_moe-latent": [1, 2, 4, 5, 14, 15, 23],
         # kimi-linear: pieces of 1-3 tokens inside the KDA convs' window (4 taps), the per-channel delta-rule state
         # carried, the MLA layers' latent rows
-        "kimi-linear": [1, 2, 4, 5, 14, 15, 23]}
+        "kimi-linear": [1, 2, 4, 5, 14, 15, 23],
+        "muse-glimmer": [5, 14, 23],   # pieces across the window of 8
+        # hrm-text: pieces of 1-3 tokens, every pass of the two stacks reading back its own cache slots
+        "hrm-text": [1, 2, 4, 5, 14, 15, 23]}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -176,7 +184,9 @@ def test_arch_greedy_matches_transformers(name):
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral",
-                                  "glm4moe-lite", "solar-open", "kimi-linear"])
+                                  "glm4moe-lite", "solar-open", "kimi-linear",
+                                  "chameleon", "chameleon-swin",
+                                  "muse-glimmer", "hrm-text"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -228,7 +238,9 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral",
-                                  "glm4moe-lite", "solar-open"])
+                                  "glm4moe-lite", "solar-open", "kimi-linear",
+                                  "chameleon", "chameleon-swin",
+                                  "muse-glimmer", "hrm-text"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position

@@ -223,7 +223,17 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "mixtral": ["moe.gather", "moe.grouped", "rope.triton", "attention.decode.triton"],
         # kimi-linear: KDA layers (per-channel decay: conv ring and delta rule in torch ops at every T, kda.py), MLA
         # layers without rope whose V rows are kept apart (attention.mla.torch), the sigmoid / biased MoE
-        "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "moe.gather", "moe.grouped"]}
+        "kimi-linear": ["kda.conv.torch", "kda.scan.torch", "attention.mla.torch", "moe.gather", "moe.grouped"],
+        # muse-glimmer: the weight-less embedding norm and the post-norms through the norm kernel, per-head q/k norms,
+        # NORM rope on the window layers only, rope-less global layers, the sigmoid-gated attention output
+        "muse-glimmer": ["rms_norm.triton", "rope.triton", "attention.window.decode", "attention.decode.triton"],
+        # hrm-text: the weight-less norms through the add-norm kernel (a ones weight), NEOX rope, the SwiGLU kernel,
+        # the decode attention over the 12 cache slots of 4 weight blocks
+        "hrm-text": ["add_rms_norm.triton", "rope.triton", "swiglu.triton", "attention.decode.triton"]}
+# chameleon: the per-head q/k LayerNorms (with bias) through the layer-norm kernel, NORM rope, the decode kernel;
+# chameleon-swin: the branch outputs' RMSNorms (swin_norm) through the norm kernel
+MUST |= {"chameleon": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+         "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -254,7 +264,9 @@ def cuda_ops():
                                   "laguna-yarn", "mellum-yarn",
                                   "bitnet", "bitnet-silu",
                                   "mistral4", "chatglm", "mixtral",
-                                  "glm4moe-lite", "solar-open", "kimi-linear"])
+                                  "glm4moe-lite", "solar-open", "kimi-linear",
+                                  "chameleon", "chameleon-swin",
+                                  "muse-glimmer", "hrm-text"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
