@@ -7,6 +7,8 @@
 # ring: tools/skip_oracle.py on the synthetic 7B at positions 100 / 3354 over RING_VARIANTS (the downs, gate+up and
 #   the lm head on a 3- or 4-stage ring), then tools/sweep_pick.py's winners (>= PICK_MIN us saved at 3354, no loss
 #   at 100) against the shipped table in `minfer bench -p 0 -n 128 -d 0,3354 --ab`, PAIRS pairs.
+# final: the whole GPU suite (tools/device_s4.sh tests), the new fixtures' bf16 lines, a tg128 bench, and the ring
+#   oracle on an H200.
 # Other steps go to tools/device_s36.sh (newarch; then s35 ncu, s34 ... s4).
 set -u
 RING_VARIANTS=${RING_VARIANTS:-"base cfg:Q4_K+3584x18944=32,2,9,4,3,72,0,0,0,1,1 cfg:Q4_K+3584x18944=32,2,9,4,4,72,0,0,0,1,1 \
@@ -38,9 +40,18 @@ for step in ${*:-stages ring}; do
           --ab "MINFER_GEMV_Q8G_TABLE" "$B" --pairs ${PAIRS:-4} --no-progress >"$OUT/ring-ab.log" 2>&1
         echo "ab rc $?"; grep -E "B/A|pair |tok/s" "$OUT/ring-ab.log" | tail -14
       fi;;
+    final)
+      # the whole GPU suite on the session's code, the new fixtures' bf16 ratios, one tg128 bench; the ring's oracle
+      # again where the card is an H200 (CG1 ran on an H100)
+      TESTS_TIMEOUT=${TESTS_TIMEOUT:-420} BENCH_RUNS=1 bash tools/device_s4.sh tests bench
+      timeout 200 python3 -m pytest -m gpu -q -rP -p no:cacheprovider tests/gpu/test_arch_gpu.py \
+        -k "chameleon or muse or hrm or kimi" >"$OUT/pytest-newarch.log" 2>&1
+      echo "newarch rc $?"; grep -E "^bf16 |^(FAILED|ERROR)" "$OUT/pytest-newarch.log" | head -20
+      tail -1 "$OUT/pytest-newarch.log"
+      if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then bash tools/device_s37.sh ring; fi;;
     *) rest="$rest $step";;
   esac
-  case $step in stages|ring) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in stages|ring|final) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=${OUT:-/tmp/minfer-out} bash tools/device_s36.sh $rest
 exit 0
