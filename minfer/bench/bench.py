@@ -14,7 +14,9 @@ Roofline columns (what the work needs, not what the implementation happens to do
 - pp TFLOP/s: 2 * N * (parameters of the layers' matrices) + 2 * vocab * hidden (the output
   head, last token) + causal attention 4 * layers * heads * head_dim * (N * D + N (N + 1) / 2)
   (QK^T and PV over the positions each query sees), over the layers that run softmax attention
-  (a hybrid's Mamba, DeltaNet, KDA or convolution layers add none: _softmax_attention_layers).
+  (a hybrid's Mamba, DeltaNet, KDA or convolution layers add none: _softmax_attention_layers); a block
+  that a forward runs several times (hrm_text's stacks: Model.block_passes) counts once a pass, in FLOPs
+  and in bytes read.
 - tg GB/s: tensor bytes read per token -- every layer tensor, the output head (token_embd when
   tied) and one embedding row -- times tokens / s. The KV cache reads are not counted.
 """
@@ -101,16 +103,33 @@ class ModelStats:
         head_dim = int(g("attention.key_length") or (hidden // n_head if n_head else 0))
         head = t.get("output.weight") or t["token_embd.weight"]
         emb = t["token_embd.weight"]
-        layer = [x for n, x in t.items() if n.startswith("blk.")]
-        layer_params = sum(x.n_elements for x in layer if len(x.shape) == 2)
+        passes = _block_passes(gf)         # {block: passes} where a forward runs a block more than once (hrm_text)
+        layer = [(_block_of(n, passes), x) for n, x in t.items() if n.startswith("blk.")]
+        layer_params = sum(x.n_elements * p for p, x in layer if len(x.shape) == 2)
         norms = sum(x.n_bytes for n, x in t.items() if not n.startswith("blk.") and len(x.shape) == 1)
-        tg_bytes = sum(x.n_bytes for x in layer) + head.n_bytes + norms + emb.n_bytes // emb.shape[0]
+        tg_bytes = sum(x.n_bytes * p for p, x in layer) + head.n_bytes + norms + emb.n_bytes // emb.shape[0]
+        if passes:
+            heads = [h * passes.get(i, 1) for i, h in enumerate(heads)]
         n_params = gf.n_params()
         ftype = gf.file_type_name()
         desc = f"{gf.architecture} {n_params / 1e9:.1f}B {ftype or ''}".strip() if n_params >= 1e9 \
             else f"{gf.architecture} {n_params / 1e6:.0f}M {ftype or ''}".strip()
         return cls(str(gf.path), desc, gf.architecture, ftype, gf.tensor_bytes(), n_params,
                    n_layers, n_head, head_dim, sum(heads), layer_params, head.n_elements, tg_bytes)
+
+
+def _block_passes(gf) -> dict:
+    """The architecture's Model.block_passes for this file ({} for every block once, or an unknown architecture)."""
+    from minfer.models import ARCHITECTURES
+
+    cls = ARCHITECTURES.get(gf.architecture)
+    return (cls.block_passes(gf) if cls is not None else None) or {}
+
+
+def _block_of(name: str, passes: dict) -> int:
+    """The passes of tensor `name`'s block (blk.N.*): passes[N], 1 where not given."""
+    part = name.split(".")[1]
+    return passes.get(int(part), 1) if passes and part.isdigit() else 1
 
 
 def _softmax_attention_layers(tensors, n_layers: int) -> set | None:

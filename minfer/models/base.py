@@ -108,6 +108,13 @@ class Model:
                   act_dtype: torch.dtype = torch.float32) -> "Model":
         raise NotImplementedError
 
+    @classmethod
+    def block_passes(cls, gf) -> dict[int, int] | None:
+        """How many times a token's forward runs each weight block blk.N of the file, where that is not
+        once: {N: passes} (hrm_text's stacks, run in cycles over shared weights); None: every block once.
+        The benchmark's roofline columns (bench.ModelStats) count a block's FLOPs and bytes per pass."""
+        return None
+
     @property
     def device(self) -> torch.device:
         raise NotImplementedError

@@ -115,6 +115,14 @@ class HrmTextModel(LlamaModel):
         return self.z_l_init.device
 
     @classmethod
+    def block_passes(cls, gf) -> dict[int, int]:
+        """The L stack's blocks run h_cycles * l_cycles times a forward, the H stack's h_cycles times (Model.block_passes;
+        the hrm.* keys as read_cycles reads them, unchecked here: the bench reads a file it may not load)."""
+        a = gf.architecture
+        lps, hc, lc = (int(gf.get(f"{a}.hrm.{k}", 1) or 1) for k in ("layers_per_stack", "h_cycles", "l_cycles"))
+        return {**{j: hc * lc for j in range(lps)}, **{lps + j: hc for j in range(lps)}}
+
+    @classmethod
     def read_cycles(cls, gf, cfg: ModelConfig) -> tuple[int, int, int]:
         """(lps, h_cycles, l_cycles), checked against block_count (the slot count)."""
         a = cfg.arch

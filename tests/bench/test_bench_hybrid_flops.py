@@ -47,3 +47,22 @@ def test_attention_heads_of_the_attention_layers(name):
     # the FLOPs at depth grow by the attention layers' share only
     a, b = st.pp_flops(1, 0), st.pp_flops(1, 1000)
     assert b - a == pytest.approx(4 * st.attn_heads * st.head_dim * 1000)
+
+
+def test_hrm_text_counts_each_pass_of_its_shared_blocks():
+    """hrm_text runs its L stack's blocks H_cycles * L_cycles times a forward and its H stack's H_cycles times, each
+    pass attending over its own cache slots (the fixture's HF config: 2 layers a stack, H_cycles 2, L_cycles 2): the
+    roofline counts every pass (Model.block_passes), not each weight block once."""
+    from minfer.bench.bench import ModelStats
+    from minfer.gguf_file import GGUFFile
+
+    c = json.loads((ARCH / "hrm-text.json").read_text())
+    c = c.get("config", c)
+    lps, hcy, lcy = c["num_layers_per_stack"], c["H_cycles"], c["L_cycles"]
+    gf = GGUFFile(str(ARCH / "hrm-text.gguf"))
+    st = ModelStats.from_gguf(gf)
+    hc = int(gf.arch_get("attention.head_count"))
+    assert st.attn_heads == hc * lps * hcy * (lcy + 1)                 # every pass's layers: the slot count
+    per_block = {i: sum(x.n_elements for n, x in gf.tensors.items()
+                        if n.startswith(f"blk.{i}.") and len(x.shape) == 2) for i in range(2 * lps)}
+    assert st.layer_params == sum(per_block[j] * hcy * lcy + per_block[lps + j] * hcy for j in range(lps))
