@@ -65,6 +65,7 @@ import torch
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
+from minfer.models.afmoe import AfmoeModel
 from minfer.models.base import Step
 from minfer.models.layers import Block, BlockTensors, attention_heads, ffn_branch
 from minfer.models.llama import LlamaModel
@@ -203,8 +204,7 @@ class HrmTextModel(LlamaModel):
         `slot`."""
         o = attention_heads(h, blk, self.cfg, cache, slot, step, ctx)                # (T, H*Dh)
         gate = ops.linear(h, blk.attn_gate, None, ctx)
-        o = o.float() * torch.sigmoid(gate.float())
-        return ops.linear(o.to(h.dtype), blk.attn_output, None, ctx)
+        return ops.linear(AfmoeModel.gated(o, gate).to(h.dtype), blk.attn_output, None, ctx)
 
     def stack(self, x: torch.Tensor, stack: int, pass_base: int, cache, step: Step, ctx,
               last: bool = False) -> torch.Tensor:

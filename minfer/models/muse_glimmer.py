@@ -57,6 +57,7 @@ import torch
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
+from minfer.models.afmoe import AfmoeModel
 from minfer.models.base import Step
 from minfer.models.gemma3 import swa_layers
 from minfer.models.layers import (Block, BlockTensors, ffn_branch, head_norm, merge_heads, require_output,
@@ -152,10 +153,8 @@ class MuseGlimmerModel(LlamaModel):
             o = cache.attend(i, q, step, ctx, window=window)                     # (T, H, Dh)
         return ops.linear(self.gated(merge_heads(o), gate).to(h.dtype), blk.attn_output, None, ctx)
 
-    @staticmethod
-    def gated(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """The attention's merged heads (T, H*Dh) times sigmoid of the gate projection, per element, float32."""
-        return o.float() * torch.sigmoid(gate.float())
+    # the attention's merged heads (T, H*Dh) times sigmoid of the gate projection, per element, float32: afmoe's
+    gated = staticmethod(AfmoeModel.gated)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) int64 at step.positions -> logits (R, V) float32 (R: step.logits' rows)."""
