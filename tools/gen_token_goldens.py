@@ -297,13 +297,21 @@ def lite_golden_for(path: Path) -> dict:
             "sweep": sweep}
 
 
+# texts for a pre type's own regexes that PRE_CASES and CASES do not reach: chameleon's sentinel and image-token
+# texts (llama-vocab.cpp LLAMA_VOCAB_PRE_TYPE_CHAMELEON's first two regexes) and its tab / space-run regex
+PRE_OWN_CASES = {"chameleon": ["<sentinel:3>x", "a<sentinel:12> b", "<sentinel:>", "<sentinel:7", "IMGIMGABZ",
+                               "xIMGIMGABCDZy", "IMGIMGABCDEZ", "IMGIMGZ", "IMGIMGJZ", "\t\tx", "a    b  c",
+                               "a   b", "  \n  x", "x1,2.3!?", "(a)[b]{c}", "IMGIMGAZ<sentinel:0>1"]}
+
+
 def piece_golden_for(pre: str, with_merges: bool = True, with_decode: bool = False) -> dict:
     """llama.cpp's split itself: PRE_CASES and the short CASES on a vocab where each pre-token
     is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials;
     with_decode: also each case's detokenized text and the pre's default add_bos."""
     from vocab_files import write_piece_vocab
 
-    texts = [t for t in dict.fromkeys(PRE_CASES + CASES) if 0 < len(t.encode("utf-8")) <= 48]
+    texts = [t for t in dict.fromkeys(PRE_CASES + CASES + PRE_OWN_CASES.get(pre, []))
+             if 0 < len(t.encode("utf-8")) <= 48]
     v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf",
                                      with_merges))
     cases = []

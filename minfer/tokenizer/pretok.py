@@ -265,5 +265,9 @@ PRE_TYPES.update({
     "poro-chat": PreRules((PORO_RE,), clean_spaces=False),
     "bloom": PreRules((PORO_RE,)), "gpt3-finnish": PreRules((PORO_RE,)),
     "viking": PreRules((PORO_RE, r"\p{N}"), clean_spaces=False),
+    # CHAMELEON (Chameleon 7B / 30B): the sentinel and image-token texts, tabs / newlines and 4- or 2-space runs,
+    # single digits and single punctuation apart, then GPT-2's regex; BOS on, clean_spaces off (load())
+    "chameleon": PreRules((r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", r"([\t\n]|    |  )",
+                           r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2_RE), clean_spaces=False, add_bos=True),
 })
 PRE_TYPES["bailingmoe2"] = PRE_TYPES["llada-moe"] = PRE_TYPES["bailingmoe"]

@@ -10,7 +10,8 @@ other vocabs) and its rules and flags are each shown needed here.
 
 Names of the chain that minfer still refuses (a clear error naming the file and the value):
 the embedding models' (jina-*, roberta-bpe, modern-bert, granite-embed-multi-97m, whitespace),
-chameleon, superbpe, afmoe, sarvam-moe, youtu and jais-2.
+superbpe, afmoe, sarvam-moe, youtu and jais-2 (chameleon joined the list above in 2026-12's thirty-seventh session,
+its golden with texts for its sentinel / image-token regexes: gen_token_goldens.PRE_OWN_CASES).
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "gigachat", "a.x-4.0", 
              "joyai-llm", "hy_v4", "codeshell", "exaone", "minerva-7b", "mellum2", "minimax-m2", "dbrx",
              "smaug-bpe", "trillion", "granite-docling", "tekken", "seed-coder", "bailingmoe", "bailingmoe2",
              "llada-moe", "exaone-moe", "minicpm5", "ufakzeka", "spark2_5", "laguna", "poro-chat", "bloom",
-             "gpt3-finnish", "viking")
+             "gpt3-finnish", "viking", "chameleon")
 PIECE_PRES.update({f"pieces-as-{p}": p for p in MORE_PRES})
 
 _COPIED_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
