@@ -34,6 +34,7 @@ from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, BodyNotJSON, JSONBodyMiddleware,
                                       MetricsMiddleware, error_payload, json_route_class)
 from minfer.server.prompting import completion_add_special, encode_prompt, skip_special
+from minfer.server.token_routes import add_token_routes
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
                                    JSONSchemaFormat, NamedToolChoice, OtherPart, ResponseFormat, StreamOptions,
@@ -514,6 +515,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         body = _stream(job, first, chunk, acc, include_usage, usage_chunk)
         return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
+    add_token_routes(app, state)    # POST /tokenize, /detokenize (vLLM's and llama.cpp's shapes)
     # outermost last: metrics see every answer, auth runs before the body is buffered
     app.add_middleware(BodyLimitMiddleware, max_body=max_body)
     if api_key:

@@ -20,7 +20,7 @@ _ENDPOINTS = {
     "/v1/chat/completions": "/v1/chat/completions", "/chat/completions": "/v1/chat/completions",
     "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
     "/v1/models": "/v1/models", "/models": "/v1/models",
-    "/health": "/health", "/metrics": "/metrics",
+    "/health": "/health", "/metrics": "/metrics", "/tokenize": "/tokenize", "/detokenize": "/detokenize",
 }
 GENERATION_ENDPOINTS = {"/v1/chat/completions", "/v1/completions"}
 
