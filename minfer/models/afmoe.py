@@ -119,12 +119,8 @@ class AfmoeModel(Glm4MoeModel):
         q, k, v = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), \
             head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps), v.view(T, Hkv, Dh)
         window = self.window if self.is_local[i] else 0
-        if self.use_rope[i]:
-            rope = self.rope_local if self.is_local[i] else c.rope
-            o = rope_write_attend(cache, i, q, k, v, step, rope, ctx, window=window)
-        else:
-            cache.write(i, k, v, step)
-            o = cache.attend(i, q, step, ctx, window=window)                    # (T, H, Dh)
+        rope = (self.rope_local if self.is_local[i] else c.rope) if self.use_rope[i] else None
+        o = rope_write_attend(cache, i, q, k, v, step, rope, ctx, window=window)      # (T, H, Dh)
         return ops.linear(self.gated(merge_heads(o), gate).to(h.dtype), blk.attn_output, None, ctx)
 
     @staticmethod

@@ -128,11 +128,8 @@ class CommandRModel(LlamaModel):
             q = ops.layer_norm(q.reshape(T * H, Dh), blk.attn_q_norm, c.rms_eps)
             k = ops.layer_norm(k.reshape(T * Hkv, Dh), blk.attn_k_norm, c.rms_eps)
         q, k, v = q.reshape(T, H, Dh), k.reshape(T, Hkv, Dh), v.reshape(T, Hkv, Dh)
-        if self.use_rope[i]:
-            o = rope_write_attend(cache, i, q, k, v, step, c.rope, ctx, window=window)
-        else:
-            cache.write(i, k, v, step)
-            o = cache.attend(i, q, step, ctx, window=window)                 # (T, H, Dh)
+        o = rope_write_attend(cache, i, q, k, v, step, c.rope if self.use_rope[i] else None, ctx,
+                              window=window)                                   # (T, H, Dh)
         return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:

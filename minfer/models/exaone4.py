@@ -85,11 +85,8 @@ def qk_norm_window_attention(self, h: torch.Tensor, blk: Block, i: int, cache, s
     q, k, v = head_norm(q.view(T, H, Dh), blk.attn_q_norm, c.rms_eps), \
         head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps), v.view(T, Hkv, Dh)
     window = self.window if self.is_local[i] else 0
-    if self.use_rope[i]:
-        o = rope_write_attend(cache, i, q, k, v, step, c.rope, ctx, window=window)
-    else:
-        cache.write(i, k, v, step)
-        o = cache.attend(i, q, step, ctx, window=window)                        # (T, H, Dh)
+    o = rope_write_attend(cache, i, q, k, v, step, c.rope if self.use_rope[i] else None, ctx,
+                          window=window)                                       # (T, H, Dh)
     return ops.linear(merge_heads(o), blk.attn_output, None, ctx)
 
 

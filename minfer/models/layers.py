@@ -185,7 +185,12 @@ def attention_heads(h: torch.Tensor, blk: Block, cfg, cache, layer: int, step, c
 def rope_write_attend(cache, layer: int, q, k, v, step, rope, ctx, window: int = 0):
     """Rotate q and k, store k and v in the cache, attend -> (T, H, Dh). A cache with the
     optional `attend_rotated` (runtime/kv_cache.py: one decode token on CUDA, all in the
-    attention kernel) does it all when it can; else rope_and_write, then cache.attend."""
+    attention kernel) does it all when it can; else rope_and_write, then cache.attend.
+    rope None: a layer without rope (NoPE: command-r's, exaone4's, afmoe's, muse-glimmer's global
+    layers): store k and v as they are, then attend."""
+    if rope is None:
+        cache.write(layer, k, v, step)
+        return cache.attend(layer, q, step, ctx, window=window)
     fused = getattr(cache, "attend_rotated", None)
     if fused is not None:
         o = fused(layer, q, k, v, step, rope, ctx, window=window)

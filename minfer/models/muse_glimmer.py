@@ -146,11 +146,8 @@ class MuseGlimmerModel(LlamaModel):
         k = head_norm(k.view(T, Hkv, Dh), blk.attn_k_norm, c.rms_eps)
         v = v.view(T, Hkv, Dh)
         window = self.window if self.is_local[i] else 0
-        if self.use_rope[i]:
-            o = rope_write_attend(cache, i, q, k, v, step, self.rope_local, ctx, window=window)
-        else:
-            cache.write(i, k, v, step)
-            o = cache.attend(i, q, step, ctx, window=window)                     # (T, H, Dh)
+        o = rope_write_attend(cache, i, q, k, v, step, self.rope_local if self.use_rope[i] else None, ctx,
+                              window=window)                                   # (T, H, Dh)
         return ops.linear(self.gated(merge_heads(o), gate).to(h.dtype), blk.attn_output, None, ctx)
 
     # the attention's merged heads (T, H*Dh) times sigmoid of the gate projection, per element, float32: afmoe's

@@ -208,6 +208,19 @@ def _check_common(state: ServerState, req: _Sampling) -> Any:
     return engine
 
 
+async def chat_plan(state: ServerState, tok: Any, req: ChatCompletionRequest) -> Any:
+    """The chat request's tools.ChatPlan (prompt ids, grammar, logit bias), its failures as 400s naming the field;
+    off the event loop: a long conversation takes a while to render and tokenize, and a grammar takes milliseconds
+    to compile (the vocab's adapter ~0.5 s, once). /v1/chat/completions and /tokenize's chat form."""
+    try:
+        return await run_in_threadpool(plan_chat, tok, req, lambda messages, extra: chat_token_ids(
+            tok, messages, special_in_content=state.special_in_content, **extra))
+    except ToolError as e:
+        raise APIError(400, str(e), code=e.code, param=e.param) from e
+    except MinferError as e:
+        raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
+
+
 def _make_job(state: ServerState, engine: Any, req: _Sampling, prompt_ids: list[int],
               processors: list | None = None) -> Job:
     n_ctx = int(engine.n_ctx)
@@ -424,15 +437,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     async def chat_completions(req: ChatCompletionRequest, request: Request) -> Any:
         engine = _check_common(state, req)
         tok = engine.tokenizer
-        try:
-            # off the event loop: a long conversation takes a while to render and tokenize, and
-            # a grammar takes milliseconds to compile (the vocab's adapter ~0.5 s, once)
-            plan = await run_in_threadpool(plan_chat, tok, req, lambda messages, extra: chat_token_ids(
-                tok, messages, special_in_content=state.special_in_content, **extra))
-        except ToolError as e:
-            raise APIError(400, str(e), code=e.code, param=e.param) from e
-        except MinferError as e:
-            raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
+        plan = await chat_plan(state, tok, req)
         job = _make_job(state, engine, req, plan.prompt_ids, plan.processors)
         acc = Accumulator(tok, req.n_top_logprobs(), chat=True, skip_special=skip_special(req))
         rid, created, model = f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), state.served_name

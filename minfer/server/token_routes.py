@@ -121,11 +121,8 @@ def add_token_routes(app: FastAPI, state: Any) -> None:
 
 async def _chat_ids(state: Any, tok: Any, body: dict) -> list[int]:
     """The prompt ids of /v1/chat/completions for the chat fields of `body`."""
-    from minfer.errors import MinferError
-    from minfer.server.app import APIError
+    from minfer.server.app import APIError, chat_plan
     from minfer.server.schemas import ChatCompletionRequest
-    from minfer.server.tools import ToolError, plan_chat
-    from minfer.tokenizer.chat_template import chat_token_ids
 
     chat = {k: v for k, v in body.items() if k not in ("with_pieces", "return_token_strs")}
     try:
@@ -134,11 +131,4 @@ async def _chat_ids(state: Any, tok: Any, body: dict) -> list[int]:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ())) or "messages"
         raise APIError(400, f"{where}: {err.get('msg', 'invalid')}", code="invalid_value", param=where) from e
-    try:
-        plan = await run_in_threadpool(plan_chat, tok, req, lambda messages, extra: chat_token_ids(
-            tok, messages, special_in_content=state.special_in_content, **extra))
-    except ToolError as e:
-        raise APIError(400, str(e), code=e.code, param=e.param) from e
-    except MinferError as e:
-        raise APIError(400, f"messages: {e}", code="invalid_messages", param="messages") from e
-    return list(plan.prompt_ids)
+    return list((await chat_plan(state, tok, req)).prompt_ids)

@@ -60,10 +60,9 @@ def _pdl_signal(x):
 
 
 @gluon.jit
-def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.constexpr = 0):
-    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C].
-    TM: the planes are tile-major in TM-row tiles (gemv_repack_layout.to_tiles): block b of row r
-    is entry ((r // TM) * NB + b) * TM + r % TM of each plane's per-block entries."""
+def _offsets(r3, r2, kc3, kc2, w3, NB, TM: gl.constexpr = 0):
+    """(words [BN, C, 4], scales [BN, C], d words [BN, C]) offsets of chunks kc3 / kc2 of rows r3 / r2 in the
+    planes, row-major or tile-major (_loads' doc); gemv_q8g_stages takes the parts it loads."""
     if TM:
         e3 = ((r3 // TM) * NB + kc3 // 8) * TM + r3 % TM
         e2 = ((r2 // TM) * NB + kc2 // 8) * TM + r2 % TM
@@ -74,6 +73,15 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.co
         woff = r3 * (NB * 32) + kc3 * 4 + w3
         soff = r2 * (NB * 8) + kc2
         doff = r2 * NB + kc2 // 8
+    return woff, soff, doff
+
+
+@gluon.jit
+def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.constexpr = 0):
+    """One step's words [BN, C, 4] (Q6_K: and high-bit halfwords), scales and d words [BN, C].
+    TM: the planes are tile-major in TM-row tiles (gemv_repack_layout.to_tiles): block b of row r
+    is entry ((r // TM) * NB + b) * TM + r % TM of each plane's per-block entries."""
+    woff, soff, doff = _offsets(r3, r2, kc3, kc2, w3, NB, TM)
     wq = gl.load(p0 + woff, eviction_policy="evict_first")
     if QT == 12:
         hq = wq

@@ -18,14 +18,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 
-
-@gluon.jit
-def _word_offsets(r3, kc3, w3, NB, TM: gl.constexpr):
-    """The words' offsets [BN, C, 4] of chunks kc3 of rows r3 (gemv_q8g_loads._loads' woff: row-major
-    planes, or tile-major in TM-row tiles)."""
-    if TM:
-        return (((r3 // TM) * NB + kc3 // 8) * TM + r3 % TM) * 32 + (kc3 % 8) * 4 + w3
-    return r3 * (NB * 32) + kc3 * 4 + w3
+from minfer.ops.cuda.gemv_q8g_loads import _offsets
 
 
 @gluon.jit
@@ -46,7 +39,7 @@ def _issue(ws, hs, p0, p1, r3, c3, w3, blk, b_hi, slot, NB, QT: gl.constexpr, TM
     b_hi, so each step is one group and wait_group counts steps)."""
     kc3 = blk * 8 + c3
     m = kc3 < b_hi * 8
-    woff = _word_offsets(r3, gl.minimum(kc3, NB * 8 - 1), w3, NB, TM)
+    woff, _, _ = _offsets(r3, r3, gl.minimum(kc3, NB * 8 - 1), kc3, w3, NB, TM)     # (the words' offsets only)
     async_copy.async_copy_global_to_shared(ws.index(slot), p0 + woff, mask=m, eviction_policy="evict_first")
     if QT != 12:
         async_copy.async_copy_global_to_shared(hs.index(slot), p1 + woff, mask=m, eviction_policy="evict_first")
@@ -69,13 +62,7 @@ def _take(ws, hs, slot, PF: gl.constexpr, L3: gl.constexpr, QT: gl.constexpr):
 @gluon.jit
 def _scale_loads(p1, p2, p3, r2, kc2, NB, QT: gl.constexpr, TM: gl.constexpr):
     """One step's scales and d words [BN, C] (gemv_q8g_loads._loads without the words)."""
-    if TM:
-        e2 = ((r2 // TM) * NB + kc2 // 8) * TM + r2 % TM
-        soff = e2 * 8 + kc2 % 8
-        doff = e2
-    else:
-        soff = r2 * (NB * 8) + kc2
-        doff = r2 * NB + kc2 // 8
+    _, soff, doff = _offsets(r2, r2, kc2, kc2, 0, NB, TM)                      # (the scales' offsets only)
     if QT == 12:
         sa = gl.load(p1 + soff, eviction_policy="evict_first")          # sc | m << 8
         sb = gl.load(p2 + doff)                                          # d | dmin << 16
