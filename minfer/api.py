@@ -27,8 +27,9 @@ def load(model: str = "qwen2.5-coder-0.5b-instruct", device: str | None = None, 
 
     Each call reads the file again and holds its own copy of the weights: keep the Engine and
     reuse it, and call eng.close() (or use `with minfer.load(...) as eng:`) to free it early.
-    Then: eng.complete(text, ...), eng.chat(messages, ...), eng.generate(ids, ...) (streaming);
-    see help(minfer.runtime.engine.Engine). Every bad argument or file is a minfer.MinferError.
+    Then: eng.complete(text, ...), eng.chat(messages, ...), eng.generate(ids, ...) (streaming),
+    eng.embed(texts, ...) (embedding vectors); see help(minfer.runtime.engine.Engine). Every bad
+    argument or file is a minfer.MinferError.
     """
     from minfer.errors import MinferError
 

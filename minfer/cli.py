@@ -30,6 +30,7 @@ COMMANDS = [
     ("serve", "serve"),
     ("bench", "bench"),
     ("perplexity", "perplexity"),
+    ("embed", "embed"),
     ("tokenize", "tokenize"),
     ("inspect", "inspect"),
     ("synth", "synth"),

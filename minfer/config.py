@@ -84,6 +84,7 @@ class ModelConfig:
     cache_v_in_k: int = 0                      # > 0: each cached V row is the first this-many dims of its K row,
                                                # stored once (deepseek2's MLA latent: attention.value_length;
                                                # runtime/kv_cache.py); 0: V apart, K's width
+    pooling_type: int = -1                     # pooling_type (llama.h llama_pooling_type; -1: absent) for embeddings
 
     @property
     def rope_theta(self) -> float:
@@ -145,6 +146,13 @@ class ModelConfig:
                                               opt("feed_forward_length", 0) if ffn_opt else req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
+        if opt("attention.causal", True) is False:
+            # an encoder / bidirectional embedding model's file (convert_hf_to_gguf writes the key for HF's
+            # is_causal = false: LFM2's bidirectional ColBERT, Dream, LLaDA); run causally it would give other
+            # numbers without an error
+            raise MinferError(f"{gf.path}: {arch}.attention.causal is false (bidirectional attention, an encoder or "
+                              "diffusion model's file): minfer runs causal attention only")
+        pooling = int(opt("pooling_type", -1))      # how an embeddings run pools (runtime/embed.py)
         if getattr(ARCHITECTURES[arch], "attention_free", False):
             # no attention and no MLP in any layer (mamba2: the converter writes head_count 0 and
             # feed_forward_length 0, which llama.cpp never reads): no heads, no rope
@@ -158,7 +166,7 @@ class ModelConfig:
                                   f"expected ({vocab}, {d_model})")
             return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=0, n_kv_heads=0, head_dim=0, ffn=ffn,
                        vocab=vocab, rms_eps=rms_eps, rope=RopeConfig(theta=10000.0, style="normal", n_rot=0),
-                       context_length=ctx, tied_output="output.weight" not in gf.tensors)
+                       context_length=ctx, tied_output="output.weight" not in gf.tensors, pooling_type=pooling)
         if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv:
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of "
                               f"head_count_kv={n_kv}")
@@ -197,7 +205,7 @@ class ModelConfig:
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,
                    head_dim=head_dim, ffn=ffn, vocab=vocab, rms_eps=rms_eps, rope=rope,
                    context_length=ctx, tied_output=tied, kv_heads_per_layer=kv_per_layer,
-                   ffn_per_layer=ffn_per_layer, heads_per_layer=heads_per_layer, **extras)
+                   ffn_per_layer=ffn_per_layer, heads_per_layer=heads_per_layer, pooling_type=pooling, **extras)
 
 
 def _count_or_counts(gf, arch, suffix, value, n_layers) -> tuple[int, tuple[int, ...] | None]:

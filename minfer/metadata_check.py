@@ -145,6 +145,10 @@ ARCH_KEYS: dict[str, Callable[[Any], str | None]] = {
     "nextn_predict_layers": _count(0, 4096),
     # mistral3's Llama-4 attention temperature (gguf-py Keys.Attention.TEMPERATURE_SCALE)
     "attention.temperature_scale": _nonnegative_float(),
+    # how an embeddings run pools the hidden rows (gguf-py Keys.LLM.POOLING_TYPE; llama.h enum
+    # llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank; runtime/embed.py)
+    "pooling_type": _count(0, 4),
+    "attention.causal": _of(bool, "a bool"),      # gguf-py Keys.Attention.CAUSAL
 }
 REQUIRED_ARCH_KEYS = ("block_count", "embedding_length", "attention.head_count",
                       "feed_forward_length", "attention.layer_norm_rms_epsilon", "context_length")

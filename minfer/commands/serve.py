@@ -12,6 +12,7 @@ Serve one model over HTTP with OpenAI's API, so OpenAI clients and tools can use
   POST /v1/chat/completions   chat (messages rendered by the model's own chat template)
   POST /v1/completions        plain text completion
   GET  /v1/models             the served model (its id is what clients send as `model`)
+  POST /v1/embeddings         embedding vectors of texts (pooled as the file says, or --pooling)
   GET  /health                503 while the model loads, then 200 {"status": "ok", "slots": N}
   GET  /metrics               Prometheus metrics (requests, tokens, tok/s, KV blocks, latencies)
 
@@ -83,6 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "its first token comes sooner (lower time to first token), but every step that carries a "
                    "chunk takes longer for the answers decoding beside it (higher inter-token latency p99); a "
                    "smaller one the reverse")
+    p.add_argument("--pooling", default=None, choices=["mean", "cls", "last"],
+                   help="how POST /v1/embeddings pools a text's hidden rows into one vector: mean (their "
+                   "average), cls (the first token's), last (the last token's: Qwen3-Embedding) (default: the "
+                   "file's pooling_type, which embedding models' files carry; a chat model's file has none, so "
+                   "/v1/embeddings answers 400 until this is given)")
     p.add_argument("--log-level", default="info", type=str.lower,
                    choices=["critical", "error", "warning", "info", "debug"],
                    help="server log verbosity (default info; any case)")
@@ -220,7 +226,7 @@ def main(args: argparse.Namespace) -> int:
                      max_body=args.max_body or DEFAULT_MAX_BODY, on_load_failed=on_load_failed,
                      special_in_content=args.special_in_content,
                      parallel=parallel,
-                     kv_memory=args.kv_memory, token_budget=args.token_budget)
+                     kv_memory=args.kv_memory, token_budget=args.token_budget, pooling=args.pooling)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     # uvicorn configures its own loggers only: without a handler, the server's "model ready" line
     # (the moment the startup message tells users to wait for) was dropped at INFO

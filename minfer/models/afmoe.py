@@ -139,4 +139,4 @@ class AfmoeModel(Glm4MoeModel):
             f = ffn_branch(h, blk, ctx) if e is None else self.ffn(h, e, ctx)  # (T, D)
             x = x + ops.rms_norm(f.float(), blk.ffn_post_norm, eps)
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)          # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)  # (R, V)
+        return self.head(h, ctx)  # (R, V)

@@ -101,4 +101,4 @@ class ArceeModel(Mistral3Model):
                                                into_linear=True)
         f = ops.linear(step.rows(a), blk.ffn_down, None, ctx)
         _, h = ops.add_rms_norm(step.rows(x), f.float(), self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
+        return self.head(h, ctx)      # (R, V)

@@ -2,6 +2,10 @@
 
     logits = model.forward(tokens, step, cache, ctx)
 
+- Every forward ends in `self.head(h, ctx)`: the lm head over the rows after the output norm.
+  An embeddings run (runtime/embed.py) sets `hidden_sink` to take those rows instead; the head
+  then hands them over and raises `HiddenTaken`, so no logits are computed.
+
 - `Step` says where the tokens sit and which rows' logits are wanted. It replaces the old
   start_pos / positions / last_only / last_index arguments: the eager run, the decode CUDA
   graph and the padded prefill graph all call the same forward with a different Step.
@@ -19,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from minfer import ops
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,10 @@ class Step:
         raise ValueError(f"Step.logits: expected 'all', 'last' or a tensor of rows, got {self.logits!r}")
 
 
+class HiddenTaken(Exception):
+    """Raised by Model.head when an embeddings run took the hidden rows (runtime/embed.py)."""
+
+
 class Model:
     """The base of every architecture. Subclasses set the class attributes and implement
     `from_gguf` and `forward`; the runtime uses nothing else.
@@ -102,6 +112,7 @@ class Model:
 
     cfg = None
     act_dtype: torch.dtype = torch.float32
+    hidden_sink = None      # a callable taking the head's input rows, set only during an embeddings run
 
     @classmethod
     def from_gguf(cls, gf, cfg, device="cpu", dtype=torch.float32, progress: bool = True,
@@ -124,6 +135,15 @@ class Model:
         names. Writes the tokens' keys/values through `cache`. Host-value free when step.start
         is None or step.logits is a tensor (CUDA graphs capture it once and replay it)."""
         raise NotImplementedError
+
+    def head(self, h: torch.Tensor, ctx, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """The lm head: h (R, D), the rows after the output norm (what llama.cpp calls result_norm
+        and pools for embeddings) -> logits (R, V) float32. Architectures scale or cap the logits
+        after this call; an embeddings run takes h before any of that (hidden_sink)."""
+        if self.hidden_sink is not None:
+            self.hidden_sink(h)
+            raise HiddenTaken
+        return ops.linear(h, self.output, bias, ctx, out_dtype=torch.float32)
 
     def qweights(self) -> list:
         """Every matrix (QWeight) of the model once (a tied lm head is the embedding)."""

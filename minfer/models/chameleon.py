@@ -162,4 +162,4 @@ class ChameleonModel(LlamaModel):
             else:
                 x = x + ffn_branch(ops.rms_norm_cast(x, blk.ffn_norm, eps, act, ctx), blk, ctx).float()
         h = ops.rms_norm_cast(x, self.output_norm, eps, act, ctx)                   # (R, D)
-        return self.suppress_image_tokens(ops.linear(h, self.output, None, ctx, out_dtype=torch.float32))
+        return self.suppress_image_tokens(self.head(h, ctx))

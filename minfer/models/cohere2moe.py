@@ -209,5 +209,5 @@ class Cohere2MoeModel(Cohere2Model):
                 x, h, a = step.rows(x), step.rows(h), step.rows(a)
             x = (self._ffn(h, blk, i, ctx).float() + x) + a.float()        # cohere2moe.cpp: (ffn + inpL) + attn
         h = self._norm(x, self.output_norm, act)                             # (R, D)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)       # (R, V)
+        logits = self.head(h, ctx)       # (R, V)
         return logits * self.logit_scale if self.logit_scale != 1.0 else logits

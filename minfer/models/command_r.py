@@ -143,5 +143,5 @@ class CommandRModel(LlamaModel):
                 x, h, a = step.rows(x), step.rows(h), step.rows(a)
             x = (ffn_branch(h, blk, ctx).float() + x) + a.float()           # command-r.cpp: (ffn + inpL) + attn
         h = ops.layer_norm(x, self.output_norm, eps, act)                   # (R, D)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)       # (R, V)
+        logits = self.head(h, ctx)       # (R, V)
         return logits * self.logit_scale if self.logit_scale != 1.0 else logits

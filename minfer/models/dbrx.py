@@ -137,4 +137,4 @@ class DbrxModel(Qwen3MoeModel):
             x = x + self.attention(ops.layer_norm(x, blk.attn_norm, eps, act), blk, i, cache, step, ctx).float()
             x = x + self.ffn(ops.layer_norm(x, blk.ffn_norm, eps, act), e, ctx).float()
         h = ops.layer_norm(step.rows(x), self.output_norm, eps, act)            # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)   # (R, V)
+        return self.head(h, ctx)   # (R, V)

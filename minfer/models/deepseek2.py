@@ -333,4 +333,4 @@ class Deepseek2Model(LlamaModel):
             x, h = ops.add_rms_norm(x, self.attention(h, b, i, cache, step, ctx).float(), b.ffn_norm, eps, act, ctx)
             x = x + self.ffn(h, b, ctx).float()
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)      # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+        return self.head(h, ctx)          # (R, V)

@@ -145,4 +145,4 @@ class FalconModel(LlamaModel):
                 x, m, a = step.rows(x), step.rows(m), step.rows(a)
             x = (self.mlp(m, blk, ctx).float() + a.float()) + x                       # falcon.cpp: (ffn + attn) + inpL
         h = layer_norm(x, self.output_norm, self.output_norm_b, eps, act)              # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+        return self.head(h, ctx)          # (R, V)

@@ -164,4 +164,4 @@ class FalconH1Model(LlamaModel):
                 x, h = ops.add_rms_norm(x, f, blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                                    # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)     # (R, V)
+        return self.head(h, ctx)     # (R, V)

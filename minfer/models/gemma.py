@@ -89,4 +89,4 @@ class GemmaModel(LlamaModel):
                 f = ops.linear(a, blk.ffn_down, None, ctx)
         x, f = step.rows(x), step.rows(f)                                      # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)  # (R, V)
+        return self.head(h, ctx)  # (R, V)

@@ -121,7 +121,7 @@ class Gemma3Model(LlamaModel):
             f = ops.linear(ops.geglu(gate, up), blk.ffn_down, None, ctx)
             x = x + ops.rms_norm(f.float(), self.post_ffw_norm[i], eps)
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                # (R, V)
+        logits = self.head(h, ctx)                # (R, V)
         cap = self.final_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)

@@ -240,7 +240,7 @@ class Gemma3nModel(Gemma4Model):
             X = torch.cat([X[:1], X[1:] + pl.unsqueeze(0)])
         z = self._merge(step.rows(X.transpose(0, 1)).transpose(0, 1))         # (R, D)
         h = ops.rms_norm(z, self.output_norm, eps).to(act)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)
+        logits = self.head(h, ctx)
         cap = self.final_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)

@@ -351,7 +351,7 @@ class Gemma4Model(Gemma3Model):
             if self.out_scale[i] is not None:
                 x = x * self.out_scale[i]
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)
+        logits = self.head(h, ctx)
         cap = self.final_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)

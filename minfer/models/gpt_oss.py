@@ -232,7 +232,7 @@ class GptOssModel(Qwen3MoeModel):
                                     ctx)
             x = x + self.ffn(h, e, ctx).float()
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)      # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+        return self.head(h, ctx)          # (R, V)
 
     def qweights(self) -> list[QWeight]:
         ws = [self.token_embd]

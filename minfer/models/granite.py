@@ -127,7 +127,7 @@ class GraniteScales:
                 x, h = ops.add_rms_norm(x, self._branch(f), blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                                    # (R, D)
         _, h = ops.add_rms_norm(x, self._branch(f), self.output_norm, eps, act, ctx)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)     # (R, V)
+        logits = self.head(h, ctx)     # (R, V)
         return logits * (1.0 / self.logit_scale)        # granite.cpp: ggml_scale(cur, 1.0f / f_logit_scale)
 
 

@@ -237,4 +237,4 @@ class HrmTextModel(LlamaModel):
                 zl = self.stack(zh + zl, 0, self.slot(hc, lc, 0), cache, step, ctx)
             last = hc + 1 == self.h_cycles
             zh = self.stack(zh + zl, 1, self.slot(hc, self.l_cycles, 0), cache, step, ctx, last=last)
-        return ops.linear(zh.to(self.act_dtype), self.output, None, ctx, out_dtype=torch.float32)   # (R, V)
+        return self.head(zh.to(self.act_dtype), ctx)   # (R, V)

@@ -127,7 +127,7 @@ class LlamaModel(Model):
         # the last residual add and the output norm only on the rows whose logits are wanted
         x, f = step.rows(x), step.rows(f)                          # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
+        return self.head(h, ctx)      # (R, V)
 
 
 def activation_dtype(device, name: str = "bfloat16") -> torch.dtype:

@@ -86,7 +86,7 @@ def mixer_lm_forward(m, tokens: torch.Tensor, step: Step, state, mixer, ctx) -> 
             x, h = ops.add_rms_norm(x, a, m.norms[i + 1], eps, act, ctx)
     x, a = step.rows(x), step.rows(a)                                    # (R, D)
     _, h = ops.add_rms_norm(x, a, m.output_norm, eps, act, ctx)
-    return ops.linear(h, m.output, None, ctx, out_dtype=torch.float32)     # (R, V)
+    return m.head(h, ctx)     # (R, V)
 
 
 class Mamba2Model(LlamaModel):

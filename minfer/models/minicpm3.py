@@ -168,4 +168,4 @@ class MiniCPM3Model(Deepseek2Model):
             x, h = ops.add_rms_norm(x, a.float() * s, b.ffn_norm, eps, act, ctx)
             x = x + self.ffn(h, b, ctx).float() * s
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)              # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32) * self.scale_head   # (R, V)
+        return self.head(h, ctx) * self.scale_head   # (R, V)

@@ -125,4 +125,4 @@ class MptModel(BloomModel):
             x = x + a.float()
             x = x + self.mlp(layer_norm(x, blk.ffn_norm, blk.ffn_norm_b, eps, act), blk, ctx).float()
         h = layer_norm(x, self.output_norm, self.output_norm_b, eps, act)              # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+        return self.head(h, ctx)          # (R, V)

@@ -163,7 +163,7 @@ class MuseGlimmerModel(LlamaModel):
             x, h = ops.add_rms_norm(x, a, blk.ffn_norm, eps, act, ctx)
             x = x + ops.rms_norm(ffn_branch(h, blk, ctx).float(), self.ffn_post_norm[i], peps)
         h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)               # (R, D)
-        logits = ops.linear(h, self.output, None, ctx, out_dtype=torch.float32) * self.logit_scale   # (R, V)
+        logits = self.head(h, ctx) * self.logit_scale   # (R, V)
         cap = self.final_softcap
         if cap:
             logits = cap * torch.tanh(logits / cap)

@@ -193,4 +193,4 @@ class NemotronHModel(LlamaModel):
                 x, h = ops.add_rms_norm(x, a, blocks[i + 1].attn_norm, eps, act, ctx)
         x, a = step.rows(x), step.rows(a)                                    # (R, D)
         _, h = ops.add_rms_norm(x, a, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)     # (R, V)
+        return self.head(h, ctx)     # (R, V)

@@ -125,4 +125,4 @@ class OlmoModel(LlamaModel):
                 x = step.rows(x)
             x = x + ffn_branch(ops.layer_norm(x, blk.ffn_norm, eps, act), blk, ctx).float()
         h = ops.layer_norm(x, self.output_norm, eps, act)                            # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)       # (R, V)
+        return self.head(h, ctx)       # (R, V)

@@ -84,7 +84,7 @@ def post_norm_forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -
         f = ffn_branch(x.to(act), blk, ctx)
         x = x + ops.rms_norm(f.float(), blk.ffn_norm, eps)              # post_ffw_norm
     h = ops.rms_norm(step.rows(x), self.output_norm, eps).to(act)        # (R, D)
-    return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)                 # (R, V)
+    return self.head(h, ctx)                 # (R, V)
 
 
 def whole_qk_norm_attention(x: torch.Tensor, blk: Block, c: ModelConfig, i: int, cache, step: Step, rope, ctx,

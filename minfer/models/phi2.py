@@ -133,4 +133,4 @@ class Phi2Model(Starcoder2Model):
             a = self.attention(h, blk, i, cache, step, ctx)
             x = x + a.float() + self.mlp(h, blk, ctx).float()
         h = layer_norm(step.rows(x), self.output_norm, self.output_norm_b, eps, act)    # (R, D)
-        return ops.linear(h, self.output, self.output_b, ctx, out_dtype=torch.float32)  # (R, V)
+        return self.head(h, ctx, self.output_b)  # (R, V)

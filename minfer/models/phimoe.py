@@ -117,4 +117,4 @@ class PhimoeModel(Qwen3MoeModel):
             x = x + self.attention(self.norm(x, blk.attn_norm, blk.attn_norm_b), blk, i, cache, step, ctx).float()
             x = x + self.ffn(self.norm(x, blk.ffn_norm, blk.ffn_norm_b), e, ctx).float()
         h = self.norm(step.rows(x), self.output_norm, self.output_norm_b)      # (R, D)
-        return ops.linear(h, self.output, self.output_b, ctx, out_dtype=torch.float32)      # (R, V)
+        return self.head(h, ctx, self.output_b)      # (R, V)

@@ -246,4 +246,4 @@ class Qwen35Model(Qwen2MoeModel):
                 x, h = ops.add_rms_norm(x, f, self.blocks[i + 1].attn_norm, eps, act, ctx)
         x, f = step.rows(x), step.rows(f)                          # (R, D)
         _, h = ops.add_rms_norm(x, f, self.output_norm, eps, act, ctx)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)      # (R, V)
+        return self.head(h, ctx)      # (R, V)

@@ -142,4 +142,4 @@ class StablelmModel(LlamaModel):
             else:               # the parallel residual: the MLP reads the attention's input norm
                 x = x + ffn_branch(h, blk, ctx).float()
         h = layer_norm(x, self.output_norm, self.output_norm_b, eps, act)              # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)         # (R, V)
+        return self.head(h, ctx)         # (R, V)

@@ -104,4 +104,4 @@ class Starcoder2Model(LlamaModel):
                                    ctx).float()
             x = x + self.mlp(layer_norm(x, blk.ffn_norm, blk.ffn_norm_b, eps, act), blk, ctx).float()
         h = layer_norm(step.rows(x), self.output_norm, self.output_norm_b, eps, act)    # (R, D)
-        return ops.linear(h, self.output, None, ctx, out_dtype=torch.float32)          # (R, V)
+        return self.head(h, ctx)          # (R, V)

@@ -39,6 +39,7 @@ from minfer.runtime.generate import (GenEvent, check_count, check_params, check_
 from minfer.runtime import compile_watch, cpu_calibration
 from minfer.runtime.cpu_calibration import CPU_CALIBRATION, CPU_INT4_KL_MAX, prepare_cpu_quant  # noqa: F401 (names kept here)
 from minfer.runtime.cuda_graphs import DecodeGraph, inference_scope
+from minfer.runtime.embed import Embeddings
 from minfer.runtime.kv_cache import KVCache, cache_rows
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
@@ -55,7 +56,7 @@ PREFILL_CHUNK = {"cpu": 512, "cuda": 4096}
 _OUTSIDE_GRAPHS = frozenset({"fused_draw"})
 
 
-class Engine:
+class Engine(Embeddings):
     """A model with its tokenizer, KV cache, switches and workspace.
 
     The engine owns everything that changes what or how it computes: `switches` (frozen,

@@ -34,6 +34,7 @@ from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, BodyNotJSON, JSONBodyMiddleware,
                                       MetricsMiddleware, error_payload, json_route_class)
 from minfer.server.prompting import completion_add_special, encode_prompt, skip_special
+from minfer.server.embed_routes import add_embed_routes
 from minfer.server.token_routes import add_token_routes
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
@@ -335,7 +336,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
                on_load_failed: Callable[[BaseException], None] | None = None,
                sampling_params_cls: Any = None, cors_origins: list[str] = (),
                parallel: int | None = None, kv_memory: int | None = None, token_budget: int | None = None,
-               special_in_content: bool = False) -> FastAPI:
+               special_in_content: bool = False, pooling: str | None = None) -> FastAPI:
     """The server app. `engine_factory()` returns a loaded Engine; it runs in a background thread
     when the app starts (lifespan), so it may take long. `served_name` is the model id clients
     send and GET /v1/models lists; `aliases` are other names accepted for it. `cors_origins`:
@@ -343,7 +344,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
     `sampling_params_cls` defaults to minfer.runtime.sampling.SamplingParams. `parallel` > 1
     serves that many requests at once (continuous batching over a paged KV cache of `kv_memory`
     bytes, default from free memory, `token_budget` tokens per engine step, default the device's
-    TOKEN_BUDGET), 0 as many as memory allows; None or 1: one at a time, first in first out."""
+    TOKEN_BUDGET), 0 as many as memory allows; None or 1: one at a time, first in first out. pooling: embed_routes."""
     if sampling_params_cls is None:
         from minfer.runtime.sampling import SamplingParams as sampling_params_cls
     state = ServerState(engine_factory, served_name, list(aliases), on_load_failed, sampling_params_cls)
@@ -521,6 +522,7 @@ def create_app(engine_factory: Callable[[], Any], *, served_name: str, aliases: 
         return StreamingResponse(body, media_type="text/event-stream", headers=_SSE_HEADERS)
 
     add_token_routes(app, state)    # POST /tokenize, /detokenize (vLLM's and llama.cpp's shapes)
+    add_embed_routes(app, state, pooling)    # POST /v1/embeddings (OpenAI's shape)
     # outermost last: metrics see every answer, auth runs before the body is buffered
     app.add_middleware(BodyLimitMiddleware, max_body=max_body)
     if api_key:

@@ -12,6 +12,9 @@ runs `engine.generate`, handing each GenEvent to the request's asyncio.Queue thr
 `loop.call_soon_threadsafe` -- the event loop never blocks on the model, and the model never
 waits on a slow client. Between tokens the thread looks at the job's cancel flag (set when
 the client goes away) and closes the generator, which frees the slot for the next job.
+
+An embeddings job (EmbedRequest, POST /v1/embeddings) runs on the same thread, in its turn in the
+queue (Worker) or between two steps of the batch (BatchWorker), through the single-user Engine.
 """
 
 from __future__ import annotations
@@ -36,6 +39,35 @@ class GenRequest:
     top_logprobs: int = 0  # alternatives per token the engine should report (0: none)
     logits_processors: list = field(default_factory=list)  # e.g. a grammar mask (server/structured.py)
     skip_special: bool = False  # control tokens' text left out of the answer (skip_special_tokens)
+
+
+@dataclass
+class EmbedRequest:
+    """An embeddings job (POST /v1/embeddings): each input's token ids, run by Engine.embed on the
+    worker's thread (the one that owns the engine), between the generation jobs or the batch's steps."""
+
+    inputs: list[list[int]]
+    pooling: str
+    normalize: int = 2
+    dimensions: int | None = None
+
+
+@dataclass
+class Embedded:
+    """An embeddings job's one item: the vectors, in the order of the inputs."""
+
+    vectors: list[list[float]]
+
+
+def run_embed(engine: Any, job: "Job") -> None:
+    """Serve an embeddings job on the calling (worker) thread: one Embedded item, or Failed."""
+    req = job.req
+    try:
+        job.put(Embedded(engine.embed(req.inputs, pooling=req.pooling, normalize=req.normalize,
+                                      dimensions=req.dimensions)))
+    except Exception as e:
+        log.exception("embeddings failed")
+        job.put(Failed(e))
 
 
 @dataclass
@@ -147,6 +179,9 @@ class Worker:
                 self._on_dequeue()
             self._current = job
             try:
+                if isinstance(job.req, EmbedRequest):
+                    run_embed(self.engine, job)
+                    continue
                 self._serve(job)
             except BaseException as e:  # never let one request kill the thread
                 log.exception("generation worker: unexpected error")
@@ -293,6 +328,9 @@ class BatchWorker:
             if self._on_dequeue:
                 self._on_dequeue()
             req = job.req
+            if isinstance(req, EmbedRequest):   # the single-user engine, between two steps of the batch
+                run_embed(self.engine, job)
+                continue
             if job.cancelled:
                 self._finish(job, Finished("stop", len(req.prompt_ids), 0, None, None, cancelled=True, skipped=True))
                 continue

@@ -1,0 +1,196 @@
+"""Embeddings: a text's hidden rows after the output norm, pooled and normalised.
+
+    eng = minfer.load("Qwen3-Embedding-0.6B-Q8_0.gguf")
+    vecs = eng.embed(["first text", "second text"])        # two lists of floats, unit length
+    v = eng.embed("one text", pooling="mean", normalize=-1)   # one list, not normalised
+
+What is computed, as llama.cpp computes it with embeddings on (src/llama-graph.cpp
+build_pooling, common/common.cpp common_embd_normalize), so the same file gives the same vectors:
+- the model's forward over the input's tokens from position 0, keeping each row's hidden state
+  after the output norm: the lm head's input (Model.head; llama.cpp's `result_norm`, t_embd). The
+  lm head itself is not run, and nothing an architecture does to its logits (scale, soft-cap)
+  touches the vector;
+- pooled as the file's `{arch}.pooling_type` says, or as the caller asks: "mean" (the rows'
+  average), "cls" (the first row), "last" (the last row: Qwen3-Embedding), "none" (every row, a
+  vector per token). "rank" (a reranker's classifier head) is not supported. A file without the
+  key (a chat model) needs the caller's choice: there is no right default;
+- cut to its first `dimensions` values where asked (Matryoshka models), then normalised (vLLM's
+  order): normalize 2 euclidean (unit length, what OpenAI's API returns; the default), -1 none,
+  0 scaled so the largest |value| is 32760 (an int16 range), 1 taxicab, p > 2 the p-norm
+  (llama.cpp's embd_normalize values).
+
+Texts are tokenized as llama.cpp's server does for /v1/embeddings: BOS / EOS as the file's
+tokenizer metadata says (Qwen3-Embedding appends its EOS) and special tokens written in the text
+parsed. Each input runs alone from position 0 in the engine's cache (the next generate() re-uses
+no prefix of it unless it matches), within the engine's context.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from minfer.errors import MinferError
+from minfer.models.base import HiddenTaken, Step
+
+# llama.h enum llama_pooling_type (UNSPECIFIED -1 is the caller's "the file's")
+POOLING = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}
+POOLING_NAMES = {v: k for k, v in POOLING.items()}
+
+
+def pooling_of(cfg, pooling: str | None, where: str = "", how: str = "pass pooling='mean' or 'last'") -> str:
+    """The pooling to use: the caller's name, else the file's `{arch}.pooling_type`; `how`: the fix
+    the error names when there is neither (the API's keyword, a CLI's flag)."""
+    if pooling is not None:
+        if not isinstance(pooling, str) or pooling not in POOLING:
+            raise MinferError(f"pooling: expected one of {', '.join(POOLING)} or None (the file's), "
+                              f"got {pooling!r}"[:200])
+        name = pooling
+    elif cfg.pooling_type >= 0:
+        name = POOLING_NAMES[cfg.pooling_type]
+    else:
+        raise MinferError(f"{where or 'this model'}: the file names no pooling ({cfg.arch}.pooling_type is absent: "
+                          f"not an embedding model's file), so say how to pool its hidden rows: {how}")
+    if name == "rank":
+        raise MinferError(f"{where or 'this model'}: pooling 'rank' (a reranker's classifier head) is not supported; "
+                          "use 'mean', 'cls', 'last' or 'none' for its hidden rows")
+    return name
+
+
+def check_normalize(normalize) -> int:
+    if isinstance(normalize, bool) or not isinstance(normalize, int) or normalize < -1:
+        raise MinferError(f"normalize: expected an integer >= -1 (2 euclidean, -1 none, 0 int16 range, 1 taxicab, "
+                          f"p > 2 p-norm), got {normalize!r}"[:200])
+    return normalize
+
+
+def normalise(v: torch.Tensor, mode: int) -> torch.Tensor:
+    """common_embd_normalize's rule on the last dimension (float64 sums, as its double)."""
+    a = v.double()
+    if mode == -1:
+        return v
+    if mode == 0:
+        s = a.abs().amax(-1, keepdim=True) / 32760.0
+    elif mode == 2:
+        s = a.pow(2).sum(-1, keepdim=True).sqrt()
+    else:
+        s = a.abs().pow(mode).sum(-1, keepdim=True).pow(1.0 / mode)
+    scale = torch.where(s > 0, 1.0 / s, torch.zeros_like(s))
+    return (v.float() * scale.float())
+
+
+def pool(rows: torch.Tensor, name: str) -> torch.Tensor:
+    """rows (T, D) float32 -> (D,) for mean / cls / last, (T, D) for none."""
+    if name == "mean":
+        return rows.double().mean(0).float()
+    if name == "cls":
+        return rows[0]
+    if name == "last":
+        return rows[-1]
+    return rows
+
+
+class Embeddings:
+    """Engine.embed (a mixin: the Engine's module stays one screenful shorter)."""
+
+    def embed(self, inputs, pooling: str | None = None, normalize: int = 2, dimensions: int | None = None):
+        """Embedding vectors of `inputs`: a str (-> one list of floats), a list of token ids (-> one
+        list), or a list of those (-> a list of lists). pooling: 'mean', 'cls', 'last', 'none' (a
+        vector per token) or None (the file's `pooling_type`). normalize: llama.cpp's embd_normalize
+        (2 euclidean, the default; -1 none). dimensions: keep the first n values (before the
+        normalisation). See minfer/runtime/embed.py."""
+        self._live()
+        name = pooling_of(self.config, pooling, str(self.path) if self.path else "")
+        normalize = check_normalize(normalize)
+        single, ids_list = self._embed_inputs(inputs)
+        D = self.config.d_model
+        if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
+                                       or not 1 <= dimensions <= D):
+            raise MinferError(f"dimensions: expected an integer in 1..{D} (the model's width), "
+                              f"got {dimensions!r}"[:160])
+        with self._busy():
+            out = [self._embed_one(ids, name, i if not single else None) for i, ids in enumerate(ids_list)]
+        vecs = []
+        for v in out:
+            if dimensions is not None:
+                v = v[..., :dimensions]
+            vecs.append(normalise(v, normalize).tolist())
+        return vecs[0] if single else vecs
+
+    def _embed_inputs(self, inputs) -> tuple[bool, list[list[int]]]:
+        from minfer.runtime.generate import check_prompt_ids
+
+        def encode(t, name):
+            if isinstance(t, str):
+                if self.tokenizer is None:
+                    raise MinferError("embed(text) needs a tokenizer, and this engine has none; pass token ids")
+                return self.tokenizer.encode(t, parse_special=True)
+            return check_prompt_ids(t, name)
+
+        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs
+                                       and not isinstance(inputs[0], (str, list, tuple, torch.Tensor))):
+            single, items = True, [inputs]
+        elif isinstance(inputs, (list, tuple)) and inputs:
+            single, items = False, list(inputs)
+        else:
+            raise MinferError(f"inputs: expected a str, a list of token ids, or a non-empty list of those, got "
+                              f"{type(inputs).__name__} {inputs!r}"[:160])
+        ids_list = []
+        for i, t in enumerate(items):
+            name = "inputs" if single else f"inputs[{i}]"
+            ids = encode(t, name)
+            if not ids:
+                raise MinferError(f"{name}: no tokens to embed (an empty text, and the model adds no BOS)")
+            if len(ids) > self.n_ctx:
+                raise MinferError(f"{name}: {len(ids)} tokens do not fit in the context of {self.n_ctx}; use a "
+                                  "larger context (minfer.load(ctx=N), --ctx N) or a shorter input")
+            bad = [x for x in ids if not 0 <= x < self.config.vocab]
+            if bad:
+                raise MinferError(f"{name}: token id {bad[0]} is outside the vocabulary of {self.config.vocab}")
+            ids_list.append(ids)
+        return single, ids_list
+
+    def _embed_one(self, ids: list[int], name: str, index: int | None) -> torch.Tensor:
+        """The pooled, un-normalised vector (D,) float32 on the CPU ((T, D) for 'none')."""
+        from minfer.runtime.cuda_graphs import inference_scope
+
+        self._epoch += 1
+        self.tokens = []
+        model = self.model
+        rows: list[torch.Tensor] = []
+        chunk_len = self.prefill_chunk()
+        want = "last" if name == "last" else "all"
+        model.hidden_sink = lambda h: rows.append(h.float())
+        try:
+            with inference_scope():
+                for i in range(0, len(ids), chunk_len):
+                    chunk = ids[i:i + chunk_len]
+                    t = torch.tensor(chunk, dtype=torch.long, device=self.device)
+                    try:
+                        model.forward(t, Step.at(i, len(chunk), self.device, want), self.cache, self.ctx)
+                    except HiddenTaken:
+                        pass
+                    else:   # a forward that ends without Model.head: its hidden rows were never seen
+                        raise MinferError(f"{self.config.arch}: the forward did not pass its hidden rows to the "
+                                          "head, so it cannot embed")
+                    if name == "cls":
+                        rows[1:] = []
+                    elif name == "last":
+                        rows[:-1] = []
+        finally:
+            model.hidden_sink = None
+        self.tokens = list(ids)
+        allrows = torch.cat(rows) if len(rows) > 1 else rows[0]
+        if not torch.isfinite(allrows).all():
+            where = "" if index is None else f" of inputs[{index}]"
+            raise MinferError(f"the hidden rows{where} are not finite (NaN or inf): the model's weights or the "
+                              "dtype overflowed; try --dtype float32")
+        return pool(allrows, name).cpu()
+
+
+def embedding_bytes(vec: Sequence[float]) -> bytes:
+    """A vector as little-endian float32 bytes (OpenAI's encoding_format 'base64')."""
+    import struct
+
+    return struct.pack(f"<{len(vec)}f", *vec)

@@ -1,0 +1,71 @@
+"""Engine.embed on CUDA (runtime/embed.py): the prefill forward's hidden rows, taken at Model.head.
+
+float32 on the GPU against llama.cpp's own vectors (tests/data/embed/goldens.json, as
+tests/runtime/test_embed.py on the CPU); bf16 against the CPU float32 engine; and a decode after an
+embedding (the graphed step, its head's GEMV) still gives the CPU engine's logits."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDENS = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
+TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3}     # ggml's float16 GELU table (test_embed.py)
+
+
+def path_of(name: str) -> Path:
+    return DATA / "embed" / "qwen3-embed.gguf" if name == "qwen3-embed" else DATA / "arch" / f"{name}.gguf"
+
+
+def engine(name: str, device: str, act_dtype: str | None = None):
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
+    if act_dtype:
+        sw = replace(sw, act_dtype=act_dtype)
+    return Engine.load(path_of(name), device=device, ctx=64, progress=False, switches=sw)
+
+
+def rel(got, ref) -> float:
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.parametrize("name", sorted(GOLDENS))
+def test_float32_on_the_gpu_matches_llamacpp(name):
+    eng = engine(name, "cuda", "float32")
+    for pooling, d in GOLDENS[name].items():
+        for inp in d["inputs"]:
+            got = eng.embed(inp["ids"], pooling=None if pooling == "file" else pooling, normalize=-1)
+            assert rel(got, inp["embedding"]) < TOL.get(name, 1e-4), (name, pooling, inp["text"])
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma2", "mamba"])
+def test_bf16_against_the_cpu_then_decode(name):
+    cpu = engine(name, "cpu")
+    gpu = engine(name, "cuda")
+    inp = GOLDENS[name]["mean"]["inputs"][1]
+    for pooling in ("mean", "last"):
+        ref = cpu.embed(inp["ids"], pooling=pooling)
+        got = gpu.embed(inp["ids"], pooling=pooling)
+        err = rel(got, ref)
+        print(f"embed bf16 {name} {pooling}: {err:.4f}")
+        assert err < 0.05, (name, pooling, err)
+    # the engine's own cache after the embedding: prefill a prefix, decode two graphed steps
+    ids = inp["ids"]
+    lg_cpu = cpu.logits(ids[:6]).numpy()
+    gpu.prefill(ids[:4])
+    steps = [gpu.forward([t], 4 + i).numpy()[0] for i, t in enumerate(ids[4:6])]
+    for i, s in enumerate(steps):
+        assert rel(s, lg_cpu[4 + i]) < 0.05, (name, i)
+    assert gpu.model.hidden_sink is None
