@@ -124,11 +124,13 @@ def test_none_gives_a_vector_per_token_each_normalised():
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last", "none"])
-def test_in_prefill_chunks(pooling):
-    """The input through the forward in chunks of 3 tokens (Switches.prefill_chunk): the same vectors."""
-    eng = engine("qwen3", MINFER_PREFILL_CHUNK=3)
+@pytest.mark.parametrize("name", ["qwen3", "mamba"])
+def test_in_prefill_chunks(name, pooling):
+    """The input through the forward in chunks of 3 tokens (Switches.prefill_chunk): the same vectors
+    (mamba: its recurrent state carried from chunk to chunk)."""
+    eng = engine(name, MINFER_PREFILL_CHUNK=3)
     assert eng.prefill_chunk() == 3
-    inp = GOLDENS["qwen3"][pooling]["inputs"][1]
+    inp = GOLDENS[name][pooling]["inputs"][1]
     assert len(inp["ids"]) > 9
     assert rel(eng.embed(inp["ids"], pooling=pooling, normalize=-1), inp["embedding"]) < 2e-5
 
