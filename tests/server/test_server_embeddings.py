@@ -135,3 +135,33 @@ def test_a_chat_models_file_needs_pooling(make_server):
     inp = GOLD["qwen3"]["mean"]["inputs"][0]
     out = post(srv2, {"input": inp["ids"]})
     assert rel(out["data"][0]["embedding"], unit(inp["embedding"])) < 2e-5
+
+
+def test_minfer_serve_pooling_flag():
+    """`minfer serve --pooling mean` on a chat model's file: /v1/embeddings answers, with the float32 reference
+    llama.cpp's mean-pooled unit vector (the flag reaches the route)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from server_helpers import wait_healthy
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "minfer", "serve", "-m", str(DATA / "arch" / "qwen3.gguf"),
+                             "--device", "cpu", "--port", str(port), "--ctx", "64", "--pooling", "mean"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "MINFER_CPU_QUANT": "0"})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, url)
+        inp = GOLD["qwen3"]["mean"]["inputs"][1]
+        r = httpx.post(url + "/v1/embeddings", json={"input": inp["text"]}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert rel(r.json()["data"][0]["embedding"], unit(inp["embedding"])) < 2e-5
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 0
