@@ -97,3 +97,15 @@ def test_human_count():
     assert human_count(494_032_768) == "494.0M"
     assert human_count(7_615_616_512) == "7.62B"
     assert human_count(999) == "999"
+
+
+def test_inspect_says_what_pooling_type_means():
+    """An embedding model's file: pooling_type 3 shown with what minfer makes of it (runtime/embed.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    f = Path(__file__).resolve().parent / "data" / "embed" / "qwen3-embed.gguf"
+    out = subprocess.run([sys.executable, "-m", "minfer", "inspect", str(f)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "pooling_type                      3  (last: minfer embed)" in out

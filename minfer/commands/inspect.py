@@ -31,6 +31,12 @@ examples:
 MAX_LIST = 16
 
 
+
+# what an embeddings run makes of pooling_type (llama.h llama_pooling_type; runtime/embed.py)
+_POOLING_NOTE = {("pooling_type", 0): "  (none: a vector per token)", ("pooling_type", 1): "  (mean: minfer embed)",
+                 ("pooling_type", 2): "  (cls: minfer embed)", ("pooling_type", 3): "  (last: minfer embed)",
+                 ("pooling_type", 4): "  (rank: a reranker's head, not supported)"}
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="FILE_OR_NAME", nargs="?", default=None,
                    help="path to a .gguf file, or a catalog name (`minfer list`; pulled if missing)")
@@ -171,7 +177,8 @@ def render_text(s: dict[str, Any]) -> str:
         "",
         f"hyper-parameters ({safe(arch, 60)}.*):",
     ]
-    hp_rows = [[safe(k, 60), _marked(f"{arch}.{k}", _fmt(v), bad)] for k, v in s["hparams"].items()]
+    hp_rows = [[safe(k, 60), _marked(f"{arch}.{k}", _fmt(v), bad) + _POOLING_NOTE.get((k, v), "")]
+               for k, v in s["hparams"].items()]
     lines += [f"  {line}" for line in format_table(hp_rows, set())] if hp_rows else ["  (none)"]
     lines += ["", "tokenizer:"]
     tok_rows = [[safe(k, 60), _marked(f"tokenizer.ggml.{k}", _fmt(v), bad)] for k, v in tok.items()
