@@ -96,7 +96,7 @@ def test_seed_minus_one_is_a_random_seed_as_in_llama_cpp_server(client):
 
 
 @pytest.mark.parametrize("method,path,status", [
-    ("GET", "/", 404), ("POST", "/v1/embeddings", 404), ("POST", "/v1/responses", 404),
+    ("GET", "/", 404), ("POST", "/v1/audio/speech", 404), ("POST", "/v1/responses", 404),
     ("GET", "/v1/chat/completions", 405),
 ])
 def test_a_wrong_endpoint_lists_the_right_ones(client, method, path, status):

@@ -21,6 +21,7 @@ _ENDPOINTS = {
     "/v1/completions": "/v1/completions", "/completions": "/v1/completions",
     "/v1/models": "/v1/models", "/models": "/v1/models",
     "/health": "/health", "/metrics": "/metrics", "/tokenize": "/tokenize", "/detokenize": "/detokenize",
+    "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings",
 }
 GENERATION_ENDPOINTS = {"/v1/chat/completions", "/v1/completions"}
 
