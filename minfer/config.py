@@ -146,12 +146,20 @@ class ModelConfig:
                                               opt("feed_forward_length", 0) if ffn_opt else req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
-        if opt("attention.causal", True) is False:
+        causal = opt("attention.causal", True)      # llama.cpp hparams.causal_attn: default true
+        if ARCHITECTURES[arch].causal and causal is False:
             # an encoder / bidirectional embedding model's file (convert_hf_to_gguf writes the key for HF's
             # is_causal = false: LFM2's bidirectional ColBERT, Dream, LLaDA); run causally it would give other
-            # numbers without an error
+            # numbers without an error. Only a model class that declares causal = False (an encoder: bert)
+            # runs such a file
             raise MinferError(f"{gf.path}: {arch}.attention.causal is false (bidirectional attention, an encoder or "
-                              "diffusion model's file): minfer runs causal attention only")
+                              f"diffusion model's file): minfer runs {arch} with causal attention only")
+        if not ARCHITECTURES[arch].causal and causal is not False:
+            # llama.cpp would mask such a file causally (causal_attn defaults to true); its converter always writes
+            # false for an encoder (conversion/bert.py BertModel.set_gguf_parameters: add_causal_attention(False))
+            said = repr(causal) if f"{arch}.attention.causal" in gf.metadata else "absent"
+            raise MinferError(f"{gf.path}: {arch}.attention.causal is {said}: {arch} is an encoder (bidirectional "
+                              "attention) whose files carry attention.causal = false")
         pooling = int(opt("pooling_type", -1))      # how an embeddings run pools (runtime/embed.py)
         if getattr(ARCHITECTURES[arch], "attention_free", False):
             # no attention and no MLP in any layer (mamba2: the converter writes head_count 0 and

@@ -33,6 +33,10 @@ OUT = ROOT / "tests" / "data" / "embed"
 # one with the embedding scaled (gemma), one recurrent (mamba), and the plain qwen3 / llama3. Not chameleon:
 # llama.cpp aborts on it with embeddings on (ggml.c:3517 GGML_ASSERT(ggml_nelements(a) >= ggml_nelements(b)))
 FIXTURES = ["qwen3", "llama3", "gemma", "gemma2", "command-r", "granite", "phi2", "mamba"]
+# the BERT encoders (tools/gen_bert_fixture.py): bidirectional attention, the hidden rows after the last
+# layer_output_norm; bert-mean carries bert.pooling_type 1 (mean), so also its golden with the file's pooling
+FIXTURES += ["bert", "bert-mean"]
+FILE_POOLING = {"bert-mean"}
 POOLINGS = {"mean": 1, "cls": 2, "last": 3, "none": 0}
 TEXTS = ["Hello world", "the cat sat on the mat, and then the dog came in and sat beside it"]
 
@@ -103,6 +107,8 @@ def main() -> int:
             for pname, p in POOLINGS.items():
                 per[pname] = embed(f32, p)
                 assert per[pname]["pooling_type"] == p, (name, pname)
+            if name in FILE_POOLING:
+                per["file"] = embed(f32, None)
             goldens["fixtures"][name] = per
             print(name, "ok", file=sys.stderr)
         f32 = Path(tmp) / "qwen3-embed.gguf"

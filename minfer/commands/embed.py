@@ -78,10 +78,11 @@ def main(args: argparse.Namespace) -> int:
     check_normalize(args.normalize)
     if args.dimensions is not None and args.dimensions < 1:
         raise MinferError(f"--dimensions {args.dimensions}: expected at least 1")
-    eng = load_engine(args)
+    eng = load_engine(args, generates=False)
     from minfer.runtime.embed import pooling_of
 
-    pooling_of(eng.config, args.pooling, str(eng.path), "give --pooling mean or last")   # the file's, or this error
+    hint = "give --pooling mean or last" if eng.model.causal else "give --pooling mean or cls"   # (an encoder: bert)
+    pooling_of(eng.config, args.pooling, str(eng.path), hint)   # the file's, or this error
     for v in eng.embed(texts, pooling=args.pooling, normalize=args.normalize, dimensions=args.dimensions):
         sys.stdout.write(json.dumps(v) + "\n")
     return 0

@@ -1,7 +1,8 @@
 """Checks made before any slow work: a download, a load, a KV cache allocation.
 
 - A catalog model whose architecture minfer cannot run is refused before it is downloaded
-  (the catalog knows the architecture; minfer.models.ARCHITECTURES knows what runs).
+  (the catalog knows the architecture; minfer.models.ARCHITECTURES knows what runs); an encoder's
+  file (bert) before its load by a command that generates.
 - A context whose KV cache cannot fit in the memory available is a one-line error, and one
   past the model's trained length is a warning.
 """
@@ -29,10 +30,21 @@ def check_runnable(model_arg: str) -> None:
                           f"{model_arg}` and `minfer inspect -m {model_arg}` still work")
 
 
+def check_generates(gf) -> None:
+    """Refuse, before the load, an encoder's file (Model.causal False: bert, which has no lm head) for a command
+    that needs logits (run, chat, perplexity, bench; serve's generation routes answer 400 instead)."""
+    from minfer.models import ARCHITECTURES
+
+    cls = ARCHITECTURES.get(gf.architecture)
+    if cls is not None and not cls.causal:
+        raise MinferError(f"{gf.path}: {gf.architecture} is an encoder (bidirectional attention, no lm head): it only "
+                          "embeds; use `minfer embed`, Engine.embed or the server's /v1/embeddings")
+
+
 def check_model(model_arg: str):
     """The open GGUFFile of a model minfer can run (catalog name or path), or a one-line
     MinferError: for commands that hand the model to code reading its hyper-parameters before
-    Engine.load would check them (bench's ModelStats)."""
+    Engine.load would check them (bench's ModelStats), which all generate (an encoder refused)."""
     from minfer.catalog import resolve_model
     from minfer.config import ModelConfig
     from minfer.gguf_file import GGUFFile
@@ -44,6 +56,7 @@ def check_model(model_arg: str):
         model_class(gf.architecture)
     except MinferError as e:
         raise MinferError(f"{gf.path}: {e}") from None
+    check_generates(gf)
     ModelConfig.from_gguf(gf)   # a missing or wrong hyper-parameter: one line naming the key
     return gf
 

@@ -52,13 +52,14 @@ def sampling_from_args(args):
                           penalty_last_n=args.repeat_last_n)
 
 
-def load_engine(args):
+def load_engine(args, generates: bool = True):
     """Engine.load after the cheap checks: the catalog model's architecture (before a download),
-    the device (minfer.device's rule: never a silent CPU fall back), the context against the
-    memory its KV cache needs and the trained length; then torch's threads (-t)."""
+    the device (minfer.device's rule: never a silent CPU fall back), an encoder's file where the
+    command generates (`generates`: all but embed), the context against the memory its KV cache
+    needs and the trained length; then torch's threads (-t)."""
     from minfer.catalog import resolve_model
     from minfer.commands.common import apply_threads, device_from_args, resolve_device, warn
-    from minfer.commands.preflight import check_ctx, check_runnable
+    from minfer.commands.preflight import check_ctx, check_generates, check_runnable
     from minfer.errors import MinferError
     from minfer.gguf_file import GGUFFile
     from minfer.runtime.engine import Engine
@@ -66,6 +67,8 @@ def load_engine(args):
     device = resolve_device(device_from_args(args))
     check_runnable(args.model)
     gf = GGUFFile(resolve_model(args.model))
+    if generates:
+        check_generates(gf)
     check_ctx(gf, args.ctx, device, warn)
     apply_threads(args)
     eng = Engine.load(gf, device=device, ctx=args.ctx, progress=sys.stderr.isatty())

@@ -158,13 +158,17 @@ def main(args: argparse.Namespace) -> int:
     from minfer.commands.common import apply_threads, device_from_args, warn
     from minfer.commands.preflight import check_batch, check_ctx, check_runnable
     from minfer.gguf_file import GGUFFile
+    from minfer.models import ARCHITECTURES
 
     device = resolve_device(device_from_args(args))
     check_runnable(args.model)        # before a download: the catalog knows the architecture
     path = resolve_model(args.model)  # pulls a catalog model first; fails fast on a bad path
     gf = GGUFFile(path)
     n_ctx = check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
-    if gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
+    if not getattr(ARCHITECTURES.get(gf.architecture), "causal", True):   # bert
+        warn(f"{path.name} is an encoder ({gf.architecture}): it only embeds; /v1/embeddings answers, the "
+             "generation routes answer 400")
+    elif gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
         warn(f"{path.name} has no chat template (a base model): /v1/chat/completions writes "
              "conversations in the turn format its vocabulary suggests (or ChatML), which a base model "
              "was not tuned to answer; /v1/completions continues a text")
@@ -289,9 +293,13 @@ def _one_at_a_time_if_unpaged(gf, asked, parallel: int, warn) -> int:
     cls = ARCHITECTURES.get(gf.architecture)
     if cls is None or cls.paged_kv or parallel == 1:
         return parallel
+    encoder = not cls.causal      # bert: nothing to batch
     if asked is not None:
-        raise MinferError(f"-np {asked}: architecture '{gf.architecture}' cannot run in the batch engine (its "
-                          "paged KV cache does not apply this model's attention); give -np 1")
-    warn(f"architecture '{gf.architecture}' runs one request at a time (-np 1): the batch engine's paged KV "
-         "cache does not apply its attention")
+        why = "it is an encoder: embeddings only, no KV cache" if encoder else \
+            "its paged KV cache does not apply this model's attention"
+        raise MinferError(f"-np {asked}: architecture '{gf.architecture}' cannot run in the batch engine ({why}); "
+                          "give -np 1")
+    warn(f"architecture '{gf.architecture}' runs one request at a time (-np 1): " +
+         ("it is an encoder (embeddings only, no KV cache)" if encoder else
+          "the batch engine's paged KV cache does not apply its attention"))
     return 1

@@ -89,6 +89,7 @@ from minfer.models.kimi_linear import KimiLinearModel
 from minfer.models.muse_glimmer import MuseGlimmerModel
 from minfer.models.hrm_text import HrmTextModel
 from minfer.models.chameleon import ChameleonModel
+from minfer.models.bert import BertModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -106,7 +107,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
     MuseGlimmerModel,
     HrmTextModel,
-    ChameleonModel)}
+    ChameleonModel,
+    BertModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

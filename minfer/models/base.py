@@ -93,6 +93,10 @@ class Model:
       recurrent   some layers carry state from position to position (granitehybrid's Mamba-2:
                   the cache's recurrent_state), which holds the whole cached sequence: the engine
                   re-uses a cached prefix only whole and never rewinds the cache (runtime/engine.py)
+      causal      its attention is causal (each token sees the ones before it); False: an encoder (bert) whose
+                  attention sees the whole input in one forward from position 0, for embeddings only (no lm head:
+                  its head refuses to make logits). config.py accepts `{arch}.attention.causal` false only for
+                  such a class, and requires it there; runtime/embed.py then runs the input as one chunk
       norm_eps_key  the `{arch}.` key of its norms' epsilon, required, read into cfg.rms_eps:
                   attention.layer_norm_rms_epsilon (RMSNorm), or attention.layer_norm_epsilon for a
                   LayerNorm graph (command-r, cohere2: llama.cpp LLM_KV_ATTENTION_LAYERNORM_EPS)
@@ -108,6 +112,7 @@ class Model:
     expert_gatings: tuple[str, ...] = ("softmax",)
     value_in_key: bool = False
     recurrent: bool = False
+    causal: bool = True
     norm_eps_key: str = "attention.layer_norm_rms_epsilon"
 
     cfg = None

@@ -191,6 +191,10 @@ class BatchEngine:
         context each (at most 256: longer ones are preempted when memory runs out), on the CPU
         DEFAULT_SLOTS."""
         model = engine.model
+        if not getattr(model, "causal", True):
+            raise MinferError(f"architecture '{model.arch}' cannot run in the batch engine: it is an encoder (embeddings "
+                              "only, no KV cache, nothing to generate); serve it one request at a time (minfer serve "
+                              "-np 1)")
         if not getattr(model, "paged_kv", True):
             raise MinferError(f"architecture '{model.arch}' cannot run in the batch engine: its paged KV cache "
                               "does not apply this model's attention (e.g. deepseek2's latent K/V); serve it one "

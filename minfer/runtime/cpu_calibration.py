@@ -46,13 +46,22 @@ def prepare_cpu_quant(model, tokenizer, path=None, progress: bool = False) -> di
     float32 model on CPU_CALIBRATION: above CPU_INT4_KL_MAX its int4 matrices become int8.
     path: the GGUF file the model was read from (None: no cache). progress: a tqdm bar, as the
     load's. Returns {"kl": mean KL of what is kept, "kl_int4": the split's, "refused": bool,
-    "cached": whether the outcome was read from the cache instead of measured}."""
+    "cached": whether the outcome was read from the cache instead of measured}; an encoder (Model.causal
+    False: no logits) takes int8 everywhere, unchecked: {"kl": None, "kl_int4": None, "refused": False,
+    "cached": False, "int8_only": True}."""
     from tqdm import tqdm
 
     from minfer.ops import cpu_quant
 
     name = Path(path).name if path is not None else "model"
     n = len(model.qweights())
+    if not getattr(model, "causal", True):
+        # an encoder (bert) has no next-token distribution to measure the int4 split by: int8 everywhere, the form
+        # the check falls back to (KL 0.002-0.005 where measured), with nothing to check or cache
+        with tqdm(total=n, desc=f"packing {name} in int8 (an encoder: no int4 check)", unit="matrix",
+                  disable=not progress, leave=False) as bar:
+            cpu_quant.prepare_model(model, int4=(), step=bar.update)
+        return {"kl": None, "kl_int4": None, "refused": False, "cached": False, "int8_only": True}
     entry = _cache_file(path, model) if path is not None else None
     hit = _read(entry)
     if hit is not None:       # the recorded forms, packed directly (same bytes, no forward pass)

@@ -22,7 +22,8 @@ build_pooling, common/common.cpp common_embd_normalize), so the same file gives 
 Texts are tokenized as llama.cpp's server does for /v1/embeddings: BOS / EOS as the file's
 tokenizer metadata says (Qwen3-Embedding appends its EOS) and special tokens written in the text
 parsed. Each input runs alone from position 0 in the engine's cache (the next generate() re-uses
-no prefix of it unless it matches), within the engine's context.
+no prefix of it unless it matches), within the engine's context: in prefill chunks, or in one forward
+for an encoder (Model.causal False, bert: its attention sees the whole input and it has no cache).
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class Embeddings:
         self.tokens = []
         model = self.model
         rows: list[torch.Tensor] = []
-        chunk_len = self.prefill_chunk()
+        # an encoder's attention (Model.causal False: bert) sees the whole input: one forward, never chunks
+        chunk_len = self.prefill_chunk() if getattr(model, "causal", True) else len(ids)
         want = "last" if name == "last" else "all"
         model.hidden_sink = lambda h: rows.append(h.float())
         try:

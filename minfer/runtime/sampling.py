@@ -182,11 +182,21 @@ def check_finite(logits: torch.Tensor) -> None:
 
 def check_model_logits(engine) -> None:
     """Refuse, at load, a model whose logits for a first pair of tokens are NaN or infinite (a
-    tensor whose type does not match its bytes loads "fine" and then fails every request).
+    tensor whose type does not match its bytes loads "fine" and then fails every request); an
+    encoder's (Model.causal False) hidden rows instead.
     Two tokens: the plain prefill path on every device, no graph capture. Costs one forward
     of two tokens; the engine's cache is left empty."""
     bos = getattr(engine.tokenizer, "bos_id", None)
     first = bos if bos is not None else 0
+    if not getattr(engine.model, "causal", True):
+        # an encoder (bert) has no logits: its hidden rows instead, which Engine.embed checks are finite
+        try:
+            engine.embed([first, first], pooling="none", normalize=-1)
+        except MinferError as e:
+            raise MinferError(f"{engine.path}: refused at load: {e}") from None
+        finally:
+            engine.reset()
+        return
     try:
         logits = engine.forward([first, first], 0)
     finally:

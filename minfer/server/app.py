@@ -4,11 +4,10 @@
       route: validate (schemas.py) -> render/tokenize -> Job --FIFO--> worker thread (worker.py)
       worker: engine.generate(...) --GenEvent--> Job's asyncio.Queue --> JSON or SSE chunks
 
-The model loads in a background thread started by the app's lifespan, so the socket answers
-at once: /health says 503 until the engine is ready. Every error leaves as OpenAI's error
-object {"error": {"message", "type", "param", "code"}} with a 4xx/5xx status; nothing a
-client sends can stop the server. Response formats follow OpenAI's API reference
-(chat.completion, chat.completion.chunk, text_completion objects).
+The model loads in a background thread started by the app's lifespan, so the socket answers at once: /health
+says 503 until the engine is ready. Every error leaves as OpenAI's error object {"error": {"message", "type",
+"param", "code"}} with a 4xx/5xx status; nothing a client sends can stop the server. Response formats follow
+OpenAI's API reference (chat.completion, chat.completion.chunk, text_completion objects).
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from minfer.server.metrics import ServerMetrics
 from minfer.server.middleware import (AuthMiddleware, BodyLimitMiddleware, BodyNotJSON, JSONBodyMiddleware,
                                       MetricsMiddleware, error_payload, json_route_class)
 from minfer.server.prompting import completion_add_special, encode_prompt, skip_special
-from minfer.server.embed_routes import add_embed_routes
+from minfer.server.embed_routes import add_embed_routes, refuse_generation
 from minfer.server.token_routes import add_token_routes
 from minfer.server.render import Accumulator, chat_chunk, chat_response, completion_chunk, completion_response
 from minfer.server.schemas import (MAX_STOP, ChatCompletionRequest, ChatMessage, CompletionRequest, FunctionDef,
@@ -197,6 +196,7 @@ def _sampling_params(req: _Sampling, SamplingParams: Any) -> Any:
 def _check_common(state: ServerState, req: _Sampling) -> Any:
     engine = state.require_engine()
     state.check_model(req.model)
+    refuse_generation(engine)     # an encoder (bert) generates nothing: a 400 (embed_routes.py)
     # sizes and valid Unicode before any rendering or tokenization (minfer/limits.py)
     problem = request_problem(request_texts(req), len(getattr(req, "messages", None) or ()))
     if problem is not None:

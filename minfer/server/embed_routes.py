@@ -28,6 +28,16 @@ MAX_INPUTS = 2048     # OpenAI's limit on the inputs of one request
 _FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "normalize", "embd_normalize"}
 
 
+def refuse_generation(engine: Any) -> None:
+    """A 400 for a generation request (/v1/completions, /v1/chat/completions) to an encoder (Model.causal False:
+    bert), which has no lm head and only embeds."""
+    from minfer.server.app import APIError
+
+    if not getattr(getattr(engine, "model", None), "causal", True):
+        raise APIError(400, f"this model ({engine.config.arch}) is an encoder: it only embeds and generates nothing; "
+                       "use POST /v1/embeddings", code="unsupported_value", param="model")
+
+
 def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
     """POST /v1/embeddings (and /embeddings) on `app`; `pooling` the server's --pooling (None: the file's)."""
     import asyncio

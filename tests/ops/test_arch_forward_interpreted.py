@@ -308,3 +308,50 @@ def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, nam
     taken = set(snap["counts"]) | {k.split(" (")[0] for k in snap["fallbacks"]}   # SDPA's masked
     for p in MUST.get(name, []):                                  # kernel falls back on the CPU
         assert p in taken, (p, snap)
+
+
+def test_bert_cuda_backend_prefill(cuda_ops, monkeypatch):
+    """bert (an encoder: one forward from position 0, no decode, no cache) through the CUDA backend's code: the
+    embedding kernel on the token and position tables, the LayerNorm kernel with its bias, the q/k/v group with
+    biases, the bidirectional attention's counted torch path; the hidden rows an embeddings run takes (Model.head's
+    hidden_sink), all and the last only, against the reference forward."""
+    from minfer.errors import MinferError
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import Step, load_model
+    from minfer.models.base import HiddenTaken
+    from minfer.ops import paths
+    from minfer.ops.context import Context
+    from minfer.switches import Switches
+
+    C = cuda_ops["cuda"]
+    m = load_model(GGUFFile(DATA / "bert.gguf"), progress=False)
+    toks = torch.arange(3, 13) * 7 % 300 + 3
+    T = len(toks)
+
+    def hidden(step, ctx=None):
+        rows = []
+        m.hidden_sink = rows.append
+        try:
+            with pytest.raises(HiddenTaken):
+                m.forward(toks, step, None, ctx)
+        finally:
+            m.hidden_sink = None
+        return rows[0]
+
+    ref = hidden(Step.at(0, T, "cpu"))
+    route_to_cuda(monkeypatch, C)
+    ctx = Context(Switches(), C.Workspace.for_model(m))
+    paths.reset()
+    out = hidden(Step.at(0, T, "cpu"), ctx)
+    last = hidden(Step.at(0, T, "cpu", "last"), ctx)
+
+    def rel(a, b):
+        return float((a - b).norm() / b.norm())
+
+    assert out.shape == (T, 64) and rel(out, ref) < 1e-5 and rel(last, ref[-1:]) < 1e-5
+    snap = paths.snapshot()
+    taken = set(snap["counts"]) | {k.split(" (")[0] for k in snap["fallbacks"]}
+    for p in ("layer_norm.triton", "attention.bidirectional.torch"):
+        assert p in taken, (p, snap)
+    with pytest.raises(MinferError, match="bert is an encoder"):
+        m.forward(toks, Step.at(0, T, "cpu"), None, ctx)

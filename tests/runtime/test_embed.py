@@ -1,7 +1,8 @@
 """Engine.embed (minfer/runtime/embed.py) against llama.cpp's own embeddings.
 
 tests/data/embed/goldens.json comes from tools/gen_embed_goldens.py: llama.cpp's pooled hidden
-rows (llama-cpp-python's Llama.embed, normalize=False) for nine tiny fixtures, four pooling types
+rows (llama-cpp-python's Llama.embed, normalize=False) for eleven tiny fixtures (two of them BERT
+encoders: bidirectional attention, the input in one forward), four pooling types
 and two texts, with llama.cpp's token ids; the F32 KV cache and F32 copies of the weights, so
 llama.cpp computes in float32 as minfer's reference does. Nothing in it comes from minfer.
 The normalisations are checked against their formulas (common_embd_normalize) written here.
@@ -22,6 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDENS = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
 # ggml's GELU reads a float16 table (GGML_GELU_FP16): the GELU models agree to ~5e-4, the rest to ~1e-5
 TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3}
+TOL |= {"bert": 2e-3, "bert-mean": 2e-3}     # the BERT encoders' ungated GELU MLP: measured <= 5e-4
 CASES = [(f, p) for f, per in GOLDENS.items() for p in per]
 _ENGINES: dict = {}
 

@@ -165,3 +165,27 @@ def test_minfer_serve_pooling_flag():
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)
     assert proc.returncode == 0
+
+
+def test_a_bert_encoder_is_served(make_server):
+    """bert-mean (an encoder: tools/gen_bert_fixture.py) one request at a time: /v1/embeddings answers with
+    llama.cpp's vectors of the file's mean pooling (its GELU reads a float16 table: within 2e-3); a completion or
+    a chat completion is a 400 naming what the model is; the batch engine refuses it by name."""
+    from minfer.errors import MinferError
+    from minfer.runtime.batch_engine import BatchEngine
+
+    eng = _engine(DATA / "arch" / "bert-mean.gguf")
+    srv = make_server(lambda: eng, served_name="bert-mean")
+    srv.wait_ready()
+    ins = GOLD["bert-mean"]["file"]["inputs"]
+    out = post(srv, {"input": [i["text"] for i in ins]})
+    for d, inp in zip(out["data"], ins):
+        assert rel(d["embedding"], unit(inp["embedding"])) < 2e-3
+    assert out["usage"]["prompt_tokens"] == sum(len(i["ids"]) for i in ins)
+    for route, body in (("completions", {"prompt": "hi", "max_tokens": 2}),
+                        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})):
+        r = httpx.post(srv.url + "/v1/" + route, json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["message"] == (
+            "this model (bert) is an encoder: it only embeds and generates nothing; use POST /v1/embeddings"), r.text
+    with pytest.raises(MinferError, match="architecture 'bert' cannot run in the batch engine: it is an encoder"):
+        BatchEngine.from_engine(eng)
