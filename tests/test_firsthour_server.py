@@ -105,6 +105,7 @@ def test_a_wrong_endpoint_lists_the_right_ones(client, method, path, status):
     assert r.status_code == status, r.text
     msg = r.json()["error"]["message"]
     assert msg.startswith(f"{method} {path}: ") and "POST /v1/chat/completions, POST /v1/completions" in msg, msg
+    assert "POST /v1/embeddings" in msg, msg
 
 
 

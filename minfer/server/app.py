@@ -547,7 +547,7 @@ _UNION_HINTS = {
 }
 
 
-ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, "
+ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, "
              "GET /metrics")
 
 
