@@ -58,6 +58,7 @@ from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Model, Step
 from minfer.models.layers import BlockTensors
+from minfer.models.starcoder import StarcoderModel
 from minfer.models.starcoder2 import layer_norm
 from minfer.weights import QWeight, load_dense, load_qweight, load_vector
 
@@ -195,15 +196,7 @@ class BertModel(Model):
         if step.start != 0:
             raise MinferError(f"{self.arch} is an encoder: its attention sees the whole input, which must go through "
                               f"one forward from position 0 (this step starts at {step.start})")
-        context = getattr(cache, "context", None)
-        if context is not None and context > self.n_pos:
-            raise MinferError(f"{self.arch}: a context of {context} positions is past the model's learned position "
-                              f"table (position_embd.weight, {self.arch}.context_length {self.n_pos}): use --ctx "
-                              f"{self.n_pos} or less")
-        pos = step.positions
-        if pos.device.type == "cpu" and pos.numel() and int(pos.max()) >= self.n_pos:
-            raise MinferError(f"{self.arch}: position {int(pos.max())} is past the model's learned position table "
-                              f"(position_embd.weight, {self.n_pos} rows)")
+        StarcoderModel.check_positions(self, step, cache)   # the learned position table's bounds, as starcoder's
 
     def input_rows(self, tokens: torch.Tensor, step: Step) -> torch.Tensor:
         """The summed input embeddings before the embedding norm: token + token type 0 + position, (T, D) float32."""
