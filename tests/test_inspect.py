@@ -109,3 +109,26 @@ def test_inspect_says_what_pooling_type_means():
     out = subprocess.run([sys.executable, "-m", "minfer", "inspect", str(f)], capture_output=True, text=True,
                          check=True).stdout
     assert "pooling_type                      3  (last: minfer embed)" in out
+
+
+def test_inspect_shows_array_and_string_hyperparameters(tmp_path):
+    """A hyper-parameter holding an array or a string (gemma4's per-layer counts; a malformed pooling_type) is
+    shown, not a crash: the pooling note looks at integer pooling_type values only (a list key was unhashable)."""
+    import subprocess
+    import sys
+
+    import gguf
+
+    p = tmp_path / "arr.gguf"
+    w = gguf.GGUFWriter(str(p), "qwen3")
+    w.add_block_count(2)
+    w.add_array("qwen3.attention.head_count_kv", [1, 2])
+    w.add_string("qwen3.pooling_type", "last")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    r = subprocess.run([sys.executable, "-m", "minfer", "inspect", str(p)], capture_output=True, text=True)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "head_count_kv" in r.stdout and "pooling_type" in r.stdout, r.stdout
+    assert "(last: minfer embed)" not in r.stdout

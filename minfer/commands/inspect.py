@@ -33,9 +33,16 @@ MAX_LIST = 16
 
 
 # what an embeddings run makes of pooling_type (llama.h llama_pooling_type; runtime/embed.py)
-_POOLING_NOTE = {("pooling_type", 0): "  (none: a vector per token)", ("pooling_type", 1): "  (mean: minfer embed)",
-                 ("pooling_type", 2): "  (cls: minfer embed)", ("pooling_type", 3): "  (last: minfer embed)",
-                 ("pooling_type", 4): "  (rank: a reranker's head, not supported)"}
+_POOLING_NOTE = {0: "  (none: a vector per token)", 1: "  (mean: minfer embed)", 2: "  (cls: minfer embed)",
+                 3: "  (last: minfer embed)", 4: "  (rank: a reranker's head, not supported)"}
+
+
+def _pooling_note(key: str, value) -> str:
+    """The note after pooling_type's value; nothing for another key or a value of another type (an array, a
+    string: any value a file may hold)."""
+    if key != "pooling_type" or type(value) is not int:
+        return ""
+    return _POOLING_NOTE.get(value, "")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="FILE_OR_NAME", nargs="?", default=None,
@@ -177,7 +184,7 @@ def render_text(s: dict[str, Any]) -> str:
         "",
         f"hyper-parameters ({safe(arch, 60)}.*):",
     ]
-    hp_rows = [[safe(k, 60), _marked(f"{arch}.{k}", _fmt(v), bad) + _POOLING_NOTE.get((k, v), "")]
+    hp_rows = [[safe(k, 60), _marked(f"{arch}.{k}", _fmt(v), bad) + _pooling_note(k, v)]
                for k, v in s["hparams"].items()]
     lines += [f"  {line}" for line in format_table(hp_rows, set())] if hp_rows else ["  (none)"]
     lines += ["", "tokenizer:"]
