@@ -68,9 +68,9 @@ def check_normalize(normalize) -> int:
 
 def normalise(v: torch.Tensor, mode: int) -> torch.Tensor:
     """common_embd_normalize's rule on the last dimension (float64 sums, as its double)."""
-    a = v.double()
     if mode == -1:
         return v
+    a = v.double()
     if mode == 0:
         s = a.abs().amax(-1, keepdim=True) / 32760.0
     elif mode == 2:
@@ -176,18 +176,20 @@ class Embeddings:
                     else:   # a forward that ends without Model.head: its hidden rows were never seen
                         raise MinferError(f"{self.config.arch}: the forward did not pass its hidden rows to the "
                                           "head, so it cannot embed")
-                    if name == "cls":
+                    if name == "cls":     # the first chunk holds the row: the rest would be computed for nothing
                         rows[1:] = []
-                    elif name == "last":
+                        ids = ids[:i + len(chunk)]
+                        break
+                    if name == "last":
                         rows[:-1] = []
         finally:
             model.hidden_sink = None
-        self.tokens = list(ids)
+        self.tokens = list(ids)       # what the cache holds now
         allrows = torch.cat(rows) if len(rows) > 1 else rows[0]
         if not torch.isfinite(allrows).all():
             where = "" if index is None else f" of inputs[{index}]"
             raise MinferError(f"the hidden rows{where} are not finite (NaN or inf): the model's weights or the "
-                              "dtype overflowed; try --dtype float32")
+                              "activations' dtype overflowed; try MINFER_ACT_DTYPE=float32")
         return pool(allrows, name).cpu()
 
 
