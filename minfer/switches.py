@@ -150,13 +150,10 @@ class Switches:
                             "the Q4_K down's 72-register build spills 32 bytes with it); 0: the loop",
                             kind="tuning", choices=(0, 1, 2))
     gemv_raw_tile4: bool = _sw(True, "MINFER_GEMV_RAW_TILE4",
-                               "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows "
-                               "(the 0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only "
-                               "below 2,112 (ops/cuda/gemv.py one_pass_tile; the raw sweep on an H100: the 0.5B's "
-                               "gate+up 9.43 against 10.27 us, perf-log BA1); on by default since the whole GPU suite "
-                               "passed with it (H200, perf-log CC4): the 0.5B's decode B/A 1.014 +- 0.010 on an H100 "
-                               "(7 of 8 pairs above 1, perf-log BB4; 1.004 +- 0.026 on another, BA4), 1,399 against "
-                               "1,366 tok/s on an H200 (one pair); off: the rule's 8-row tiles from 2,112 rows",
+                               "one-row raw-block GEMV in one pass (K <= 1024): 4-row tiles up to 65,536 rows (the "
+                               "0.5B's and SmolLM2's Q5_0 gate+up; the lm heads keep 8) instead of 4 rows only below "
+                               "2,112 (ops/cuda/gemv.py one_pass_tile; perf-log BA1, CC4): the 0.5B's decode B/A 1.014 "
+                               "+- 0.010 on an H100 (perf-log BB4); off: the rule's 8-row tiles from 2,112 rows",
                                kind="tuning")
     gemv_raw_rope: bool = _sw(True, "MINFER_GEMV_RAW_ROPE",
                               "one-row decode of a layer whose q/k/v weights are one stacked raw-block group "
@@ -203,8 +200,12 @@ class Switches:
                         "(signalled at its wait, gate+up's programs pile onto the SMs o leaves free: perf-log "
                         "AI2); 2: after its dot products, before its epilogue, so gate+up's programs are "
                         "placed while o's drain (ops/cuda/gemv_q8_gluon._pdl_mode 4; H200 7B: -7 / +10 us at depth "
-                        "100 / 3354, gate+up released earlier but no shorter: perf-log AM0)",
-                        kind="tuning")
+                        "100 / 3354, gate+up released earlier but no shorter: perf-log AM0)", kind="tuning")
+    flag_down: bool = _sw(False, "MINFER_FLAG_DOWN",
+                          "one-row decode, the Gluon SwiGLU GEMV then its down: each gate/up tile pair counts its "
+                          "chunks of h into a per-256-value block flag, and the down's programs wait for their split's "
+                          "blocks instead of the whole grid's end (the PDL wait); the same bits (ops/cuda/gemv_q8g_flags"
+                          ".py, perf-log CI1; off: the PDL wait)", kind="tuning")
     norm_rstd_late: bool = _sw(True, "MINFER_NORM_RSTD_LATE",
                                "one-row decode, norm_into_gemv 4 / 5: the GEMV that scales its row sums by rstd "
                                "sums the tile sums of squares after its K loop (their load issued after the PDL "
@@ -587,9 +588,7 @@ def markdown_table() -> str:
     calls (Engine.set_switches, `minfer bench --ab`); 'at load': needs a new engine; 'at exit': process-wide."""
     rows = ["| variable | field | default | takes effect | what it does |", "|---|---|---|---|---|"]
     for f in fields(Switches):
-        d = f.default
-        if isinstance(d, bool):
-            d = "on" if d else "off"
+        d = ("on" if f.default else "off") if isinstance(f.default, bool) else f.default
         when = {"call": "each call", "load": "at load", "process": "at exit"}[f.metadata["when"]]
         rows.append(f"| `{f.metadata['env']}` | `{f.name}` | {d} | {when} | {f.metadata['doc']} |")
     return "\n".join(rows)
