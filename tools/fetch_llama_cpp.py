@@ -7,8 +7,9 @@ per text) that llama.cpp's tests/test-tokenizer-0.cpp checks with
 common_tokenize(add_special=false, parse_special=false).
 
 `suite_dir()` downloads the archive once with `pip download` (PyPI is the only registry these
-machines reach), checks its sha256, and extracts only those files into
-$MINFER_HOME/llama.cpp-0.3.36/models (about 60 MB); later calls reuse them.
+machines reach), checks its sha256, and extracts only those files, plus the vocab files of
+EXTRA (no .inp/.out), into $MINFER_HOME/llama.cpp-0.3.36/models (about 67 MB); later calls
+reuse them.
 
     python tools/fetch_llama_cpp.py          # fetch (if needed) and print the folder
 """
@@ -32,6 +33,9 @@ MEMBER_DIR = "llama_cpp_python-0.3.36/vendor/llama.cpp/models/"
 SUITE = ("bert-bge", "command-r", "deepseek-coder", "deepseek-llm", "falcon", "gemma-4",
          "gpt-2", "llama-bpe", "llama-spm", "mpt", "phi-3", "qwen2", "qwen35", "refact",
          "starcoder")
+# vocab-only files without .inp/.out that tests read directly: nomic-bert-moe holds XLM-RoBERTa's
+# 250k SentencePiece Unigram vocab (tokenizer.ggml.model 't5'; tests/tokenizer/test_tok_ugm.py)
+EXTRA = ("nomic-bert-moe",)
 SEP = "\n__ggml_vocab_test__\n"
 
 
@@ -39,18 +43,24 @@ def _home() -> Path:
     return Path(os.environ.get("MINFER_HOME", Path.home() / ".cache" / "minfer"))
 
 
+def _complete(out: Path) -> bool:
+    return all((out / f"ggml-vocab-{n}.gguf.out").is_file() for n in SUITE) and \
+        all((out / f"ggml-vocab-{n}.gguf").is_file() for n in EXTRA)
+
+
 def suite_dir() -> Path:
-    """The folder holding ggml-vocab-<name>.gguf{,.inp,.out} for every name in SUITE."""
+    """The folder holding ggml-vocab-<name>.gguf{,.inp,.out} for every name in SUITE and
+    ggml-vocab-<name>.gguf for every name in EXTRA."""
     root = _home() / "llama.cpp-0.3.36"
     out = root / "models"
-    if all((out / f"ggml-vocab-{n}.gguf.out").is_file() for n in SUITE):
+    if _complete(out):
         return out
     root.mkdir(parents=True, exist_ok=True)
     import fcntl
 
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two test processes: one downloads, the other waits
-        if all((out / f"ggml-vocab-{n}.gguf.out").is_file() for n in SUITE):
+        if _complete(out):
             return out
         with tempfile.TemporaryDirectory(dir=root) as tmp:
             # MINFER_PIP_ARGS: extra pip options, as for `minfer pull` (e.g. a local mirror)
@@ -66,7 +76,7 @@ def suite_dir() -> Path:
             if digest != SHA256:
                 raise RuntimeError(f"{archive}: sha256 {digest}, expected {SHA256}")
             wanted = {MEMBER_DIR + f"ggml-vocab-{n}.gguf{ext}" for n in SUITE
-                      for ext in ("", ".inp", ".out")}
+                      for ext in ("", ".inp", ".out")} | {MEMBER_DIR + f"ggml-vocab-{n}.gguf" for n in EXTRA}
             staged = Path(tmp) / "models"
             staged.mkdir()
             with tarfile.open(archive, "r:gz") as tar:

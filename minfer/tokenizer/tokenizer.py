@@ -9,8 +9,9 @@ vendored in llama-cpp-python 0.3.36; each rule is cited where it is applied):
 | `gemma4` | raw-UTF-8 BPE     | bpe.BPEModel (pre 'gemma4': escaped spaces, newline runs) |
 | `llama`  | SentencePiece     | spm.SPMModel (score-ordered merges, byte fallback) |
 | `bert`   | WordPiece         | wpm.WPMModel         |
+| `t5`     | SentencePiece Unigram (UGM) | ugm.UGMModel (precompiled charsmap, Viterbi over scores) |
 
-Any other model (t5, rwkv, plamo2, ...) or an unknown pre is a MinferError.
+Any other model (rwkv, plamo2, ...) or an unknown pre is a MinferError.
 
 Around the model, as llama_vocab::impl::tokenize does for every type:
 1. special-token partition (tokenizer_st_partition): the text is cut at every occurrence of
@@ -19,10 +20,12 @@ Around the model, as llama_vocab::impl::tokenize does for every type:
    text, but user-defined tokens (type 4, e.g. Qwen's <tool_call>) are still matched. A
    token with the RSTRIP / LSTRIP attribute (Phi-3's) eats the whitespace after / before it;
 2. SentencePiece: each text fragment is prefixed with a space when add_space_prefix is set
-   and the fragment is first or follows a special token, then spaces become U+2581;
-3. BOS / EOS (add_special): SPM, BPE and gemma4 as tokenizer.ggml.add_bos_token /
-   add_eos_token say (defaults per type, and gemma4 always adds BOS); WordPiece always wraps
-   the text in BOS ([CLS]) and SEP.
+   and the fragment is first or follows a special token, then spaces become U+2581; Unigram
+   normalizes each fragment itself (ugm.py: the charsmap, then a U+2581 before its first word
+   with add_space_prefix, before every word with remove_extra_whitespaces);
+3. BOS / EOS (add_special): SPM, BPE, gemma4 and Unigram as tokenizer.ggml.add_bos_token /
+   add_eos_token say (defaults per type: Unigram EOS only; gemma4 always adds BOS); WordPiece
+   always wraps the text in BOS ([CLS]) and SEP.
 
 Decoding renders each token as token_to_piece does and, for detokenize, drops one leading
 space of the first token when add_space_prefix is set and cleans up spaces before
@@ -37,7 +40,7 @@ from minfer.errors import MinferError
 from minfer.tokenizer import vocab as V
 from minfer.tokenizer.pretok import PRE_TYPES, PreRules
 
-MODELS = ("gpt2", "gemma4", "llama", "bert")  # tokenizer.ggml.model values minfer implements
+MODELS = ("gpt2", "gemma4", "llama", "bert", "t5")  # tokenizer.ggml.model values minfer implements
 _WS = " \t\n\v\f\r"  # C isspace(), what tokenizer_st_partition strips for LSTRIP/RSTRIP
 
 
@@ -76,6 +79,20 @@ def clean_spaces(b: bytes) -> bytes:
     return bytes(out)
 
 
+def _charsmap_bytes(g) -> bytes | None:
+    """tokenizer.ggml.precompiled_charsmap as bytes (load(), t5: optional; an array of int8
+    or uint8, else "invalid gguf type"); ugm.CharsMap checks its layout."""
+    from minfer.tokenizer.ugm import CHARSMAP_KEY
+
+    raw = g.get(CHARSMAP_KEY)
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(type(x) is int and -128 <= x <= 255 for x in raw):
+        raise MinferError(f"{g.path}: {CHARSMAP_KEY} is not an array of bytes (int8 or uint8); "
+                          "expected SentencePiece's precompiled normalization map")
+    return bytes(x & 0xFF for x in raw)
+
+
 class StreamDecoder:
     """Token ids in, text out, never splitting a UTF-8 character.
 
@@ -105,12 +122,30 @@ class Tokenizer:
     def __init__(self, path: str, kind: str, tokens: list[str], token_types: list[int] | None,
                  meta: dict, chat_template: str | None, *, merges: list[str] | None = None,
                  pre_name: str | None = None, scores: list[float] | None = None,
-                 model_name: str = ""):
+                 model_name: str = "", arch: str = "", charsmap: bytes | None = None):
         self.path = path
-        self.kind = kind  # 'bpe' (gpt2), 'gemma4', 'spm' (llama) or 'wpm' (bert)
+        self.kind = kind  # 'bpe' (gpt2), 'gemma4', 'spm' (llama), 'wpm' (bert) or 'ugm' (t5)
         self.pre_name = pre_name
         self._texts = V.token_texts(tokens)
-        sp = V.derive_special(self._texts, token_types, meta, kind, model_name)
+        if kind == "ugm":
+            # load(), tokenizer_model "t5": default special ids eos 1, unk 2, pad 0 (no BOS);
+            # a key that is missing or out of the vocab keeps the default (vocab.DEFAULT_IDS
+            # has no UGM row: the defaults go in here, with no other defaults ("gemma4"'s))
+            sp_meta = dict(meta)
+            for key, d in (("eos_token_id", 1), ("unknown_token_id", 2), ("padding_token_id", 0)):
+                v = meta.get(key)
+                if v is None or not 0 <= int(v) < len(self._texts):
+                    sp_meta[key] = d
+            sp = V.derive_special(self._texts, token_types, sp_meta, "gemma4", model_name)
+        else:
+            sp = V.derive_special(self._texts, token_types, meta, kind, model_name)
+        # load(), "Handle per token attributes": <mask> eats the whitespace before it for the
+        # jina-v2-de/-es/-code pre-tokenizers and the nomic-bert-moe / jina-bert-v3
+        # architectures (substring matches of tokenizer.ggml.pre / general.architecture)
+        if "<mask>" in sp.by_text and (any(p in str(meta.get("pre") or "") for p in
+                                           ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
+                                       or any(a in arch for a in ("nomic-bert-moe", "jina-bert-v3"))):
+            sp.attrs[sp.by_text["<mask>"]] |= V.ATTR_LSTRIP
         self._attrs = sp.attrs
         self._ids = sp.ids
         self.eog_ids: set[int] = set(sp.eog)
@@ -122,17 +157,19 @@ class Tokenizer:
         if rules is not None and rules.no_default_bos and meta.get("bos_token_id") is None:
             self._ids["bos"] = None
         default_bos = {"spm": True, "wpm": True, "bpe": bool(rules and rules.add_bos),
-                       "gemma4": False}[kind]
+                       "gemma4": False, "ugm": False}[kind]
         add_bos, add_eos = meta.get("add_bos_token"), meta.get("add_eos_token")
         self.add_bos = default_bos if add_bos is None else bool(add_bos)
         if rules is PRE_TYPES["gemma4"]:
             self.add_bos = True  # "workaround for Gemma 4" (llama.cpp PR 21500)
-        self.add_eos = False if add_eos is None else bool(add_eos)
+        # load(): UGM's default is add_eos on (T5 ends its input with </s>), the others off
+        self.add_eos = (kind == "ugm") if add_eos is None else bool(add_eos)
         prefix = meta.get("add_space_prefix")
-        # SPM's default is on; BPE reads the key too (only decoding uses it)
+        # SPM's default is on (UGM's off); BPE reads the key too (only decoding uses it)
         self.add_space_prefix = (kind == "spm") if prefix is None else bool(prefix)
-        # clean_up_tokenization_spaces on decode: BPE per pre rules, WPM on, SPM off
-        self._clean = {"spm": False, "wpm": True}.get(kind, bool(rules and rules.clean_spaces))
+        # clean_up_tokenization_spaces on decode: BPE per pre rules, WPM on, SPM and UGM off
+        self._clean = {"spm": False, "wpm": True, "ugm": False}.get(
+            kind, bool(rules and rules.clean_spaces))
         self.chat_template = chat_template
         self._pieces: dict[tuple[int, bool], bytes] = {}
         if kind in ("bpe", "gemma4"):
@@ -144,6 +181,18 @@ class Tokenizer:
             from minfer.tokenizer.spm import SPMModel
 
             self._model = SPMModel(path, sp.by_text, scores or [0.0] * len(self._texts))
+        elif kind == "ugm":
+            from minfer.tokenizer.ugm import UGMModel
+
+            assert scores is not None
+            self._model = UGMModel(
+                path, self._texts, token_types, scores,
+                [bool(a & V.ATTR_USER_DEFINED) for a in sp.attrs], self._ids["unk"], charsmap,
+                add_space_prefix=self.add_space_prefix,
+                # load(): tokenizer.ggml.remove_extra_whitespaces, default off;
+                # escape_whitespaces (on) and treat_whitespace_as_suffix (off) are not read
+                # from the file for UGM
+                remove_extra_whitespaces=bool(meta.get("remove_extra_whitespaces", False)))
         else:
             from minfer.tokenizer.wpm import WPMModel
 
@@ -169,7 +218,13 @@ class Tokenizer:
             raise MinferError(
                 f"{g.path}: tokenizer.ggml.model is {quoted(model)} (tokenizer.ggml.pre {quoted(pre)}), a "
                 f"vocab type minfer does not implement (known: {', '.join(MODELS)}: byte-level "
-                "BPE, Gemma 4 BPE, SentencePiece, WordPiece)")
+                "BPE, Gemma 4 BPE, SentencePiece, WordPiece, SentencePiece Unigram)")
+        if model == "t5" and g.get("tokenizer.ggml.scores") is None:
+            # llama.cpp scores every token 0 then, which is not the model's tokenization
+            raise MinferError(
+                f"{g.path}: tokenizer.ggml.model is 't5' (tokenizer.ggml.pre {quoted(pre)}), a "
+                "SentencePiece Unigram vocab, but tokenizer.ggml.scores is missing: minfer does not "
+                "implement a Unigram vocab without its token scores (one float per token)")
         tokens = g.require("tokenizer.ggml.tokens")
         types = g.get("tokenizer.ggml.token_type")
         if types is not None and len(types) < len(tokens):
@@ -179,13 +234,14 @@ class Tokenizer:
                 if k.startswith("tokenizer.ggml.") and not isinstance(v, list)}
         for k, v in meta.items():  # the scalar keys read below, typed as llama.cpp reads them
             want = int if k.endswith("_token_id") else bool if k.startswith(("add_", "normalizer.")) \
-                else None
+                or k == "remove_extra_whitespaces" else None
             if want is not None and (type(v) is not want):
                 shown = quoted(v) if isinstance(v, str) else repr(v)
                 raise MinferError(f"{g.path}: tokenizer.ggml.{k} is {shown}; expected "
                                   f"{'an integer token id' if want is int else 'a bool'}")
         tmpl = g.get("tokenizer.chat_template")
-        kw: dict = {"model_name": str(g.get("general.name") or "")}
+        kw: dict = {"model_name": str(g.get("general.name") or ""),
+                    "arch": str(g.get("general.architecture") or "")}
         if model == "gpt2":
             if pre is None:
                 raise MinferError(f"{g.path}: metadata key 'tokenizer.ggml.pre' is missing; "
@@ -206,8 +262,8 @@ class Tokenizer:
             # load(): the gemma4 model sets its own pre, whatever the file says
             kind = "gemma4"
             kw.update(merges=list(g.require("tokenizer.ggml.merges")), pre_name="gemma4")
-        elif model == "llama":
-            kind = "spm"
+        elif model in ("llama", "t5"):
+            kind = "spm" if model == "llama" else "ugm"
             scores = g.get("tokenizer.ggml.scores")
             if scores is not None and len(scores) < len(tokens):
                 raise MinferError(f"{g.path}: tokenizer.ggml.scores has {len(scores)} entries, "
@@ -216,6 +272,8 @@ class Tokenizer:
                 raise MinferError(f"{g.path}: tokenizer.ggml.scores holds a non-number; expected "
                                   "one float per token")
             kw.update(scores=[float(s) for s in scores] if scores is not None else None)
+            if model == "t5":
+                kw.update(charsmap=_charsmap_bytes(g))
         else:
             kind = "wpm"
         return cls(str(g.path), kind, list(tokens), types, meta,
