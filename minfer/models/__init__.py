@@ -90,6 +90,8 @@ from minfer.models.muse_glimmer import MuseGlimmerModel
 from minfer.models.hrm_text import HrmTextModel
 from minfer.models.chameleon import ChameleonModel
 from minfer.models.bert import BertModel
+from minfer.models.nomic_bert import NomicBertModel
+from minfer.models.modern_bert import ModernBertModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -108,7 +110,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,
-    BertModel)}
+    BertModel, NomicBertModel, ModernBertModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

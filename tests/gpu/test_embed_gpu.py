@@ -18,7 +18,11 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDENS = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
-TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3}     # ggml's float16 GELU table (test_embed.py)
+# the nomic-bert and modern-bert encoders (tools/gen_bert2_fixture.py; CPU: tests/models/test_nomic_bert.py,
+# test_modern_bert.py)
+GOLDENS.update(json.loads((DATA / "embed" / "goldens-bert2.json").read_text(encoding="utf-8"))["fixtures"])
+# ggml's float16 GELU table (test_embed.py; modern-bert's GeGLU: test_modern_bert.py)
+TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3, "modern-bert": 2e-3}
 
 
 def path_of(name: str) -> Path:
@@ -88,3 +92,19 @@ def test_bf16_against_the_cpu_then_decode(name):
     for i, s in enumerate(steps):
         assert rel(s, lg_cpu[4 + i]) < 0.05, (name, i)
     assert gpu.model.hidden_sink is None
+
+
+@pytest.mark.parametrize("name", ["bert", "nomic-bert", "modern-bert"])
+def test_bf16_encoders_against_the_cpu(name):
+    """The encoders (no decode to follow: they have no lm head) in bf16 on the GPU against the CPU float32 engine,
+    within 2.5x the fixture's bf16 floor (at least 1e-2)."""
+    cpu = engine(name, "cpu")
+    gpu = engine(name, "cuda")
+    inp = GOLDENS[name]["mean"]["inputs"][1]
+    for pooling in ("mean", "cls"):
+        ref = cpu.embed(inp["ids"], pooling=pooling)
+        got = gpu.embed(inp["ids"], pooling=pooling)
+        err, floor = rel(got, ref), bf16_floor(name, inp["ids"], pooling)
+        tol = max(1e-2, 2.5 * floor)
+        print(f"embed bf16 {name} {pooling}: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
+        assert err < tol, (name, pooling, err, tol)
