@@ -31,6 +31,7 @@ COMMANDS = [
     ("bench", "bench"),
     ("perplexity", "perplexity"),
     ("embed", "embed"),
+    ("rerank", "rerank"),
     ("tokenize", "tokenize"),
     ("inspect", "inspect"),
     ("synth", "synth"),

@@ -246,8 +246,8 @@ def test_an_empty_file_flag_is_named(capsys, tiny, argv, expect):
 @pytest.mark.parametrize("argv,expect", [
     (["tokenize", "-m", "{tiny}", "--device", "cpu", "hi"],
      "unrecognized arguments: --device hi (--device is a flag of `minfer run`, `minfer chat`, `minfer serve`, "
-     "`minfer bench`, `minfer perplexity`, `minfer embed`, not of `minfer tokenize`, which loads no model onto a "
-     "device)"),
+     "`minfer bench`, `minfer perplexity`, `minfer embed`, `minfer rerank`, not of `minfer tokenize`, which loads no "
+     "model onto a device)"),
     (["list", "--force"], "unrecognized arguments: --force (--force is a flag of `minfer pull`, not of `minfer list`)"),
     (["run", "--bogus", "x"], "unrecognized arguments: --bogus"),
 ])

@@ -43,18 +43,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep the first N values of each vector (before normalising: Matryoshka models)")
 
 
-def _texts(args) -> list[str]:
+def _texts(args, arg: str = "TEXT", noun: str = "text", verb: str = "embed") -> list[str]:
+    """The texts of the TEXT arguments or of -f (one a line); `minfer rerank` reads its DOC arguments so."""
     from minfer.errors import MinferError
     from minfer.limits import check_text, read_stdin
 
     if args.file is not None and args.texts:
-        raise MinferError("give the texts either as TEXT arguments or with -f, not both")
+        raise MinferError(f"give the {noun}s either as {arg} arguments or with -f, not both")
     if args.file is None:
         if not args.texts:
-            raise MinferError("no text: give one or more TEXT arguments, or -f F (one text a line; - for standard input)")
-        return [check_text(t, f"TEXT {i + 1}") for i, t in enumerate(args.texts)]
+            raise MinferError(f"no {noun}: give one or more {arg} arguments, or -f F (one {noun} a line; - for "
+                              "standard input)")
+        return [check_text(t, f"{arg} {i + 1}") for i, t in enumerate(args.texts)]
     if args.file == "-":
-        data = read_stdin("the texts")
+        data = read_stdin(f"the {noun}s")
     else:
         try:
             with open(args.file, encoding="utf-8") as f:
@@ -65,7 +67,7 @@ def _texts(args) -> list[str]:
             raise MinferError(f"{args.file}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     texts = [line for line in data.splitlines() if line.strip()]
     if not texts:
-        raise MinferError(f"{args.file if args.file != '-' else 'standard input'}: no non-empty line to embed")
+        raise MinferError(f"{args.file if args.file != '-' else 'standard input'}: no non-empty line to {verb}")
     return texts
 
 

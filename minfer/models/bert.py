@@ -41,8 +41,27 @@ BertSelfOutput / BertIntermediate / BertOutput):
 - The last layer's adds, norms and MLP run on the rows the step wants only (bert.cpp inp_out_ids, after the
   last attention), and the hidden rows after the last layer_output_norm are the embeddings (res->t_embd;
   build_pooling pools them). There is no lm head: `head` hands the rows to an embeddings run and otherwise
-  refuses with a MinferError (generation, Engine.logits). The classifier tensors of a reranker (`cls`,
-  `cls_out`: pooling 'rank') are not read; runtime/embed.py refuses pooling 'rank'.
+  refuses with a MinferError (generation, Engine.logits).
+- A reranker (cross-encoder: HF BertForSequenceClassification, e.g. cross-encoder/ms-marco-MiniLM-L-6-v2)
+  carries a classifier head, read into `rank_head` (RankHead; None without one) and run by pooling 'rank'
+  (runtime/embed.py, Engine.rerank):
+  * tensors (src/models/bert.cpp llama_model_bert::load_arch_tensors, all TENSOR_NOT_REQUIRED): `cls.weight`
+    (D, D) + `cls.bias` (D,), and `cls.output.weight` (n_cls_out, D) + `cls.output.bias` (n_cls_out,), where
+    n_cls_out is the length of `bert.classifier.output_labels`, else 1 (llama-model.cpp load_hparams
+    LLM_KV_CLASSIFIER_OUTPUT_LABELS; llama-hparams.h n_cls_out = 1).
+  * what the converter writes (conversion/bert.py BertModel): for BertForSequenceClassification with labels
+    other than AutoConfig's two dummies, `classifier` is renamed classifier.out_proj, which gguf-py's
+    tensor_mapping names `cls.output` (CLS_OUT); the HF pooler (`bert.pooler.dense` + tanh) is dropped by
+    filter_tensors ("we are only using BERT for embeddings"), so such a file has `cls.output` only and
+    llama.cpp's score is classifier(h[CLS]), not transformers' classifier(tanh(pooler(h[CLS]))): a different
+    scale, same input. Token types are all 0 here too (bert.cpp), where HF gives the document type 1.
+  * the row (llama-graph.cpp build_pooling LLM_POOLING_TYPE_RANK, llm_graph_input_cls::set_input): the row at
+    the smallest position (the first token, [CLS]) for a non-causal model, or the rows' mean when
+    `bert.classifier.pooling_type` is 1 (MEAN: hparams.pooling_type_cls).
+  * the head (build_pooling RANK): with `cls`: tanh(cls x + cls_b) (gelu only for modern-bert); then with
+    `cls_out`: cls_out x + cls_out_b. No softmax (that is qwen3's reranker only). The result: n_cls_out raw
+    logits; llama-server's send_rerank reports element 0 as the relevance score. The head's matrices are
+    tiny: kept float32 on the CPU and applied to the pooled row there.
 - The batch engine's paged cache is not used: paged_kv False (`minfer serve` serves one request at a time).
 """
 
@@ -86,6 +105,66 @@ class BertBlock:
         return [self.attn_q, self.attn_k, self.attn_v, self.attn_output, self.ffn_up, self.ffn_down]
 
 
+@dataclass
+class RankHead:
+    """A reranker's classifier head (module doc): pooled row (D,) -> n_cls_out raw logits (llama-graph.cpp
+    build_pooling, LLM_POOLING_TYPE_RANK). Float32 tensors on the CPU."""
+    cls: torch.Tensor | None                 # (D, D): HF pooler-like dense, tanh after
+    cls_b: torch.Tensor | None
+    cls_out: torch.Tensor | None             # (n_cls_out, D)
+    cls_out_b: torch.Tensor | None
+    labels: list[str]                        # bert.classifier.output_labels ([] when absent)
+    mean: bool = False                       # bert.classifier.pooling_type MEAN: pool the mean, not the first row
+    pair_meta: dict | None = None            # tokenizer metadata the pair layout reads (runtime/embed.py pair_ids)
+
+    @property
+    def n_out(self) -> int:
+        return self.cls_out.shape[0] if self.cls_out is not None else self.cls.shape[0]
+
+    def __call__(self, row: torch.Tensor) -> torch.Tensor:
+        x = row.float().cpu()
+        if self.cls is not None:       # build_pooling: ggml_mul_mat(cls) + cls_b, then ggml_tanh (arch != modern-bert)
+            x = x @ self.cls.T
+            if self.cls_b is not None:
+                x = x + self.cls_b
+            x = torch.tanh(x)
+        if self.cls_out is not None:   # build_pooling: ggml_mul_mat(cls_out) + cls_out_b
+            x = x @ self.cls_out.T
+            if self.cls_out_b is not None:
+                x = x + self.cls_out_b
+        return x
+
+
+def load_rank_head(gf, D: int, arch: str = "bert") -> RankHead | None:
+    """The classifier tensors (module doc), None when the file has neither `cls.weight` nor `cls.output.weight`.
+    Shapes as llama_model_bert::load_arch_tensors creates them; a bias without its matrix is refused."""
+    labels = gf.metadata.get(f"{arch}.classifier.output_labels")
+    labels = [str(x) for x in labels] if isinstance(labels, list) else []
+    n_out = len(labels) or 1
+
+    def opt(name: str, shape: tuple) -> torch.Tensor | None:
+        if name not in gf.tensors:
+            return None
+        info = gf.tensor(name)
+        got = tuple(int(d) for d in info.shape)
+        if got != shape and not (len(shape) == 2 and shape[0] == 1 and got == shape[1:]):   # (1, D) may be 1-D
+            raise MinferError(f"{gf.path}: tensor '{name}' has shape {got}, expected {shape}"
+                              + (f" ({arch}.classifier.output_labels has {len(labels)})" if "output" in name else ""))
+        return load_dense(gf, name).reshape(shape).float()
+
+    cls_w, cls_b = opt("cls.weight", (D, D)), opt("cls.bias", (D,))
+    out_w, out_b = opt("cls.output.weight", (n_out, D)), opt("cls.output.bias", (n_out,))
+    for b, w, name in ((cls_b, cls_w, "cls"), (out_b, out_w, "cls.output")):
+        if b is not None and w is None:
+            raise MinferError(f"{gf.path}: tensor '{name}.bias' without '{name}.weight'")
+    if cls_w is None and out_w is None:
+        return None
+    mean = gf.metadata.get(f"{arch}.classifier.pooling_type") == 1   # llama_pooling_type MEAN
+    meta = {k: gf.metadata.get(k) for k in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+                                            "tokenizer.ggml.add_sep_token", "tokenizer.chat_template.rerank")}
+    return RankHead(cls_w, cls_b, out_w, out_b, labels, mean, meta)
+
+
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """softmax(scale q k^T) v over every key of the input (no mask): q (T, H, Dh), k / v (T, Hkv, Dh) ->
     (T, H * Dh) in q's dtype. Grouped kv heads are repeated (head h reads kv head h // (H / Hkv), ggml's
@@ -118,6 +197,7 @@ class BertModel(Model):
         self.type_row = type_row              # (D,) float32: token_types row 0, or None
         self.embd_norm, self.embd_norm_b = embd_norm, embd_norm_b
         self.blocks = blocks
+        self.rank_head: RankHead | None = None   # a reranker's classifier head (from_gguf), run by pooling 'rank'
 
     @property
     def device(self) -> torch.device:
@@ -152,7 +232,9 @@ class BertModel(Model):
         embd_norm = load_vector(gf, "token_embd_norm.weight", device, D)
         embd_norm_b = load_vector(gf, "token_embd_norm.bias", device, D)
         blocks = [cls.load_block(gf, cfg, i, device, dtype) for i in range(cfg.n_layers)]
-        return cls(cfg, token_embd, position_embd, type_row, embd_norm, embd_norm_b, blocks, act_dtype=act_dtype)
+        model = cls(cfg, token_embd, position_embd, type_row, embd_norm, embd_norm_b, blocks, act_dtype=act_dtype)
+        model.rank_head = load_rank_head(gf, D, cls.arch)
+        return model
 
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> BertBlock:

@@ -12,8 +12,9 @@ build_pooling, common/common.cpp common_embd_normalize), so the same file gives 
   touches the vector;
 - pooled as the file's `{arch}.pooling_type` says, or as the caller asks: "mean" (the rows'
   average), "cls" (the first row), "last" (the last row: Qwen3-Embedding), "none" (every row, a
-  vector per token). "rank" (a reranker's classifier head) is not supported. A file without the
-  key (a chat model) needs the caller's choice: there is no right default;
+  vector per token), "rank" (a reranker's classifier head, models/bert.py RankHead: the first row's
+  n_cls_out raw logits, not normalised unless asked). A file without the key (a chat model) needs
+  the caller's choice: there is no right default;
 - cut to its first `dimensions` values where asked (Matryoshka models), then normalised (vLLM's
   order): normalize 2 euclidean (unit length, what OpenAI's API returns; the default), -1 none,
   0 scaled so the largest |value| is 32760 (an int16 range), 1 taxicab, p > 2 the p-norm
@@ -24,10 +25,26 @@ tokenizer metadata says (Qwen3-Embedding appends its EOS) and special tokens wri
 parsed. Each input runs alone from position 0 in the engine's cache (the next generate() re-uses
 no prefix of it unless it matches), within the engine's context: in prefill chunks, or in one forward
 for an encoder (Model.causal False, bert: its attention sees the whole input and it has no cache).
+
+Reranking (Engine.rerank, POST /v1/rerank, `minfer rerank`), as llama-server serves a cross-encoder
+started with --reranking (pooling RANK):
+- each (query, document) pair is one input, laid out as tools/server/server-common.cpp
+  format_prompt_rerank does: with the file's `tokenizer.chat_template.rerank` ({query} and
+  {document} replaced), that text tokenized with control-token texts parsed and no BOS/EOS added;
+  else BOS if the vocab adds one, the query's tokens (no special tokens added, none parsed), EOS
+  (SEP when the vocab has no EOS) if it adds EOS, SEP if it adds SEP, the document's tokens, EOS if
+  it adds EOS. The add flags are llama_vocab_get_add_bos / _eos / _sep: the file's
+  tokenizer.ggml.add_bos_token / add_eos_token / add_sep_token, else the vocab type's default
+  (llama-vocab.cpp load: WordPiece adds SEP only; llama.cpp's converter writes add_bos and add_eos
+  true with EOS = [SEP] for BERT: [CLS] query [SEP] document [SEP]);
+- the score is the classifier head's first output on the pair's pooled row (send_rerank: embd[0]),
+  a raw logit (no sigmoid), llama-server's relevance_score; results sorted by it, highest first
+  (format_response_rerank), ties in input order.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -53,10 +70,57 @@ def pooling_of(cfg, pooling: str | None, where: str = "", how: str = "pass pooli
     else:
         raise MinferError(f"{where or 'this model'}: the file names no pooling ({cfg.arch}.pooling_type is absent: "
                           f"not an embedding model's file), so say how to pool its hidden rows: {how}")
-    if name == "rank":
-        raise MinferError(f"{where or 'this model'}: pooling 'rank' (a reranker's classifier head) is not supported; "
-                          "use 'mean', 'cls', 'last' or 'none' for its hidden rows")
     return name
+
+
+def rank_head_of(model, cfg, where: str = ""):
+    """The model's classifier head (models/bert.py RankHead), or a MinferError saying it is not a reranker."""
+    head = getattr(model, "rank_head", None)
+    if head is None:
+        pt = cfg.pooling_type
+        raise MinferError(f"{where or 'this model'}: pooling 'rank' is not supported: this model is not a reranker "
+                          f"(no classifier tensors cls / cls.output in the file, and {cfg.arch}.pooling_type is "
+                          f"{POOLING_NAMES.get(pt, pt) if pt >= 0 else 'absent'}); a cross-encoder's GGUF (e.g. "
+                          "ms-marco-MiniLM converted by llama.cpp) has them. For embeddings use 'mean', 'cls', 'last' "
+                          "or 'none'")
+    return head
+
+
+def pair_ids(tok, head, query: str, doc: str) -> list[int]:
+    """A (query, document) pair's tokens as llama-server's format_prompt_rerank lays them out (module doc)."""
+    meta = head.pair_meta or {}
+    template = meta.get("tokenizer.chat_template.rerank")
+    if isinstance(template, str):      # llama_model_chat_template(model, "rerank"): tokenize(prompt, false, true)
+        return tok.encode(template.replace("{query}", query).replace("{document}", doc), add_bos=False,
+                          parse_special=True)
+
+    def flag(key: str, default: bool) -> bool:
+        v = meta.get(f"tokenizer.ggml.{key}")
+        return default if v is None else bool(v)
+
+    wpm = tok.kind == "wpm"          # llama-vocab.cpp load: "bert" sets add_sep only; else as minfer's vocab says
+    add_bos = flag("add_bos_token", False if wpm else tok.add_bos)
+    add_eos = flag("add_eos_token", False if wpm else tok.add_eos)
+    add_sep = flag("add_sep_token", wpm)
+    eos = tok.eos_id if tok.eos_id is not None else tok.sep_id      # "use SEP token as fallback if EOS is not available"
+    need = [(add_bos, tok.bos_id, "BOS (tokenizer.ggml.bos_token_id)"), (add_eos, eos, "EOS or SEP"),
+            (add_sep, tok.sep_id, "SEP (tokenizer.ggml.seperator_token_id)")]
+    for on, tid, what in need:
+        if on and tid is None:
+            raise MinferError(f"{tok.path}: the rerank layout adds a {what} token, which the vocab does not have")
+    q = tok.encode(query, add_bos=False, parse_special=False)
+    d = tok.encode(doc, add_bos=False, parse_special=False)
+    return ([tok.bos_id] if add_bos else []) + q + ([eos] if add_eos else []) + ([tok.sep_id] if add_sep else []) \
+        + d + ([eos] if add_eos else [])
+
+
+@dataclass
+class Reranked:
+    """Engine.rerank's answer. scores[i]: document i's relevance score (the head's first raw logit);
+    ranking: (index, score) highest first, cut to top_n; n_tokens[i]: the tokens of pair i."""
+    scores: list[float]
+    ranking: list[tuple[int, float]]
+    n_tokens: list[int]
 
 
 def check_normalize(normalize) -> int:
@@ -102,22 +166,55 @@ class Embeddings:
         (2 euclidean, the default; -1 none). dimensions: keep the first n values (before the
         normalisation). See minfer/runtime/embed.py."""
         self._live()
-        name = pooling_of(self.config, pooling, str(self.path) if self.path else "")
+        where = str(self.path) if self.path else ""
+        name = pooling_of(self.config, pooling, where)
+        head = rank_head_of(self.model, self.config, where) if name == "rank" else None
         normalize = check_normalize(normalize)
         single, ids_list = self._embed_inputs(inputs)
-        D = self.config.d_model
+        D = self.config.d_model if head is None else head.n_out
         if dimensions is not None and (isinstance(dimensions, bool) or not isinstance(dimensions, int)
                                        or not 1 <= dimensions <= D):
             raise MinferError(f"dimensions: expected an integer in 1..{D} (the model's width), "
                               f"got {dimensions!r}"[:160])
         with self._busy():
-            out = [self._embed_one(ids, name, i if not single else None) for i, ids in enumerate(ids_list)]
+            out = [self._embed_one(ids, name, i if not single else None, head) for i, ids in enumerate(ids_list)]
         vecs = []
         for v in out:
             if dimensions is not None:
                 v = v[..., :dimensions]
             vecs.append(normalise(v, normalize).tolist())
         return vecs[0] if single else vecs
+
+    def rerank(self, query: str, documents, top_n: int | None = None) -> Reranked:
+        """Score each document's relevance to `query` with a cross-encoder (a reranker's GGUF: a classifier head,
+        pooling 'rank'), as llama-server's /v1/rerank does (module doc). Returns Reranked: scores in the
+        documents' order, ranking sorted highest first (cut to top_n), tokens per pair."""
+        self._live()
+        where = str(self.path) if self.path else ""
+        head = rank_head_of(self.model, self.config, where)
+        if self.tokenizer is None:
+            raise MinferError("rerank needs a tokenizer, and this engine has none")
+        if not isinstance(query, str):
+            raise MinferError(f"query: expected a string, got {type(query).__name__}")
+        if isinstance(documents, str) or not isinstance(documents, (list, tuple)) or not documents:
+            raise MinferError("documents: expected a non-empty list of strings")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+            raise MinferError(f"top_n: expected an integer >= 1 or None (all), got {top_n!r}"[:120])
+        ids_list = []
+        for i, d in enumerate(documents):
+            if not isinstance(d, str):
+                raise MinferError(f"documents[{i}]: expected a string, got {type(d).__name__}")
+            ids = pair_ids(self.tokenizer, head, query, d)
+            if not ids:
+                raise MinferError(f"documents[{i}]: the pair has no tokens (an empty query and document)")
+            if len(ids) > self.n_ctx:
+                raise MinferError(f"documents[{i}]: the query and document are {len(ids)} tokens, more than the "
+                                  f"context of {self.n_ctx}; use a larger context (minfer.load(ctx=N), --ctx N) or a "
+                                  "shorter document")
+            ids_list.append(ids)
+        with self._busy():
+            scores = [float(self._embed_one(ids, "rank", i, head)[0]) for i, ids in enumerate(ids_list)]
+        return ranked(scores, [len(x) for x in ids_list], top_n)
 
     def _embed_inputs(self, inputs) -> tuple[bool, list[list[int]]]:
         from minfer.runtime.generate import check_prompt_ids
@@ -152,8 +249,13 @@ class Embeddings:
             ids_list.append(ids)
         return single, ids_list
 
-    def _embed_one(self, ids: list[int], name: str, index: int | None) -> torch.Tensor:
-        """The pooled, un-normalised vector (D,) float32 on the CPU ((T, D) for 'none')."""
+    def _embed_one(self, ids: list[int], name: str, index: int | None, head=None) -> torch.Tensor:
+        """The pooled, un-normalised vector (D,) float32 on the CPU ((T, D) for 'none'; for 'rank' the head's
+        n_cls_out outputs on the first row, or on the rows' mean when the head says so)."""
+        if name == "rank":   # build_pooling RANK: the cls row (non-causal: the smallest position), or the mean
+            row = self._embed_one(ids, "mean" if head.mean else ("cls" if not getattr(self.model, "causal", True)
+                                                                  else "last"), index)
+            return head(row)
         from minfer.runtime.cuda_graphs import inference_scope
 
         self._epoch += 1
@@ -193,8 +295,49 @@ class Embeddings:
         return pool(allrows, name).cpu()
 
 
+class NoCache:
+    """An encoder's stand-in for the KV cache (Model.causal False: bert): its attention sees the whole input in
+    one forward and keeps nothing, as llama.cpp creates no memory for BERT-family encoders
+    (llama-model.cpp llama_model::create_memory: LLM_ARCH_BERT, NOMIC_BERT, MODERN_BERT, ... -> nullptr). Holds
+    no tensor; it carries the context (--ctx) a step's position checks read (StarcoderModel.check_positions)."""
+
+    states = None
+
+    def __init__(self, n_ctx: int):
+        self.n_ctx = self.context = n_ctx
+
+    def nbytes(self) -> int:
+        return 0
+
+
+def engine_cache(model, n_ctx: int, device):
+    """The Engine's cache: NoCache for an encoder (Model.causal False), else the KV cache of n_ctx positions."""
+    from minfer.runtime.kv_cache import KVCache, cache_rows
+
+    if not getattr(model, "causal", True):
+        return NoCache(n_ctx)
+    return KVCache.for_config(model.cfg, cache_rows(n_ctx, device), device, dtype=model.act_dtype, context=n_ctx)
+
+
+def cache_note(eng) -> str:
+    """The load report's words on the cache."""
+    c = eng.cache
+    if isinstance(c, NoCache):
+        return f"no KV cache (an encoder; {eng.n_ctx} positions)"
+    return (f"KV cache {c.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions"
+            f"{'' if c.n_ctx == eng.n_ctx else f' in {c.n_ctx} rows'}, {str(eng.model.act_dtype).removeprefix('torch.')})")
+
+
 def embedding_bytes(vec: Sequence[float]) -> bytes:
     """A vector as little-endian float32 bytes (OpenAI's encoding_format 'base64')."""
     import struct
 
     return struct.pack(f"<{len(vec)}f", *vec)
+
+
+def ranked(scores: list[float], n_tokens: list[int], top_n: int | None = None) -> Reranked:
+    """Reranked of scores: the ranking highest first (format_response_rerank's sort; ties in input order)."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+    if top_n is not None:
+        order = order[:top_n]
+    return Reranked(list(scores), [(i, scores[i]) for i in order], list(n_tokens))

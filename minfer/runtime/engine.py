@@ -39,8 +39,7 @@ from minfer.runtime.generate import (GenEvent, check_count, check_params, check_
 from minfer.runtime import compile_watch, cpu_calibration
 from minfer.runtime.cpu_calibration import CPU_CALIBRATION, CPU_INT4_KL_MAX, prepare_cpu_quant  # noqa: F401 (names kept here)
 from minfer.runtime.cuda_graphs import DecodeGraph, inference_scope
-from minfer.runtime.embed import Embeddings
-from minfer.runtime.kv_cache import KVCache, cache_rows
+from minfer.runtime.embed import Embeddings, cache_note, engine_cache
 from minfer.runtime.sampling import SamplingParams
 from minfer.switches import Switches
 
@@ -89,8 +88,7 @@ class Engine(Embeddings):
             fuse_raw_groups(model)   # groups left in raw blocks: one stacked tensor (row views), one GEMV
             workspace.raw_prenorm = raw_prenorm_roles(model)  # (Switches.gemv_raw_norm: the norms into them)
         self.ctx = Context(self.switches, workspace)
-        self.cache = KVCache.for_config(self.config, cache_rows(self.n_ctx, self.device), self.device,
-                                        dtype=model.act_dtype, context=self.n_ctx)
+        self.cache = engine_cache(model, self.n_ctx, self.device)   # none for an encoder (runtime/embed.py)
         self.tokens: list[int] = []   # the tokens whose keys/values the cache holds, in order
         self.stats: dict = {}
         self._graph = None            # DecodeGraph (CUDA), captured at the first decode step
@@ -173,9 +171,7 @@ class Engine(Embeddings):
             torch.cuda.synchronize()
             eng.stats["load_s"] = time.perf_counter() - t0
             eng.memory_report = (f"{cuda_backend().memory_report(m.qweights(), eng.ctx.workspace, sw, m.act_dtype)}, "
-                                 f"KV cache {eng.cache.nbytes() / 2**20:.0f} MiB ({eng.n_ctx} positions"
-                                 f"{'' if eng.cache.n_ctx == eng.n_ctx else f' in {eng.cache.n_ctx} rows'}, "
-                                 f"{str(m.act_dtype).removeprefix('torch.')})")
+                                 f"{cache_note(eng)}")
             if progress:
                 import sys
 

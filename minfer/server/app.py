@@ -547,8 +547,8 @@ _UNION_HINTS = {
 }
 
 
-ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /health, "
-             "GET /metrics")
+ENDPOINTS = ("POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /v1/rerank, GET /v1/models, "
+             "GET /health, GET /metrics")
 
 
 def _field_names() -> set[str]:

@@ -14,7 +14,18 @@ the vocab adds them: Qwen3-Embedding's EOS). The pooling is the server's --pooli
 --pooling, and 'none' (a vector per token) is refused here as llama.cpp's server refuses it: OpenAI's
 answer has one vector per input. The answer:
 `{"object": "list", "data": [{"object": "embedding", "index": i, "embedding": [...]}], "model", "usage":
-{"prompt_tokens", "total_tokens"}}`."""
+{"prompt_tokens", "total_tokens"}}`.
+
+POST /v1/rerank (and /rerank, /v1/reranking, /reranking: llama-server's aliases, tools/server/server.cpp) scores
+documents against a query with a cross-encoder (a file with a classifier head: runtime/embed.py Engine.rerank's
+rules), in Jina's / Cohere's shape as llama-server answers it (server-common.cpp format_response_rerank). The
+request: `query` (a string), `documents` (a non-empty list of strings, at most MAX_INPUTS), `top_n` (an integer
+>= 1; default all), `return_documents` (true: each result carries `document: {"text": ...}`, as Jina and Cohere
+return it; default false, as llama-server, which never returns them in this shape), `model`. Every other field
+is a 400 naming it. The answer: `{"model", "object": "list", "usage": {"prompt_tokens", "total_tokens"} (the
+tokens of all pairs), "results": [{"index", "relevance_score"}]}`, highest score first (ties in input order),
+cut to top_n; relevance_score is the head's raw logit (no sigmoid), as llama-server's. A model without a
+classifier head answers 400 (llama-server: "This server does not support reranking")."""
 
 from __future__ import annotations
 
@@ -26,6 +37,7 @@ from starlette.concurrency import run_in_threadpool
 
 MAX_INPUTS = 2048     # OpenAI's limit on the inputs of one request
 _FIELDS = {"model", "input", "encoding_format", "dimensions", "user", "normalize", "embd_normalize"}
+_RERANK_FIELDS = {"model", "query", "documents", "top_n", "return_documents"}
 
 
 def refuse_generation(engine: Any) -> None:
@@ -97,6 +109,10 @@ def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
             raise APIError(400, "this server pools with 'none' (a vector per token), which /v1/embeddings cannot "
                            "answer (one vector per input); start it with --pooling mean, cls or last",
                            code="pooling_unavailable", param="input")
+        if pool == "rank":
+            raise APIError(400, "this model's file pools with 'rank' (a reranker's classifier head): score documents "
+                           "with POST /v1/rerank, or start the server with --pooling mean, cls or last",
+                           code="pooling_unavailable", param="input")
         tok = engine.tokenizer
         n_ctx = int(engine.n_ctx)
         ids_list = []
@@ -120,7 +136,18 @@ def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
                                "tokens; shorten it or start the server with a larger --ctx",
                                code="context_length_exceeded", param="input")
             ids_list.append(ids)
-        job = Job(EmbedRequest(ids_list, pool, norm, dims), asyncio.get_running_loop())
+        item = await run_job(EmbedRequest(ids_list, pool, norm, dims), "input", "embeddings")
+        n = sum(len(x) for x in ids_list)
+        state.metrics.prompt_tokens.inc(n)
+        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, fmt)} for i, v in enumerate(item.vectors)]
+        return {"object": "list", "data": data, "model": state.served_name,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+    async def run_job(req: Any, param: str, what: str) -> Any:
+        """Queue `req` on the worker (the engine's thread, in its turn) and wait for its Embedded item."""
+        from minfer.errors import MinferError
+
+        job = Job(req, asyncio.get_running_loop())
         state.metrics.queued.inc()
         state.worker.submit(job)
         item = await job.get()
@@ -130,15 +157,81 @@ def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
 
                 raise APIError(503, SHUTDOWN_MESSAGE, "server_error", "server_shutting_down")
             if isinstance(item.error, MinferError):
-                raise APIError(400, str(item.error), code="invalid_value", param="input")
-            raise APIError(500, f"embeddings failed: {type(item.error).__name__}: {item.error}", "server_error",
+                raise APIError(400, str(item.error), code="invalid_value", param=param)
+            raise APIError(500, f"{what} failed: {type(item.error).__name__}: {item.error}", "server_error",
                            "internal_error") from item.error
         assert isinstance(item, Embedded)
-        n = sum(len(x) for x in ids_list)
+        return item
+
+    def check_rerank(body: Any) -> tuple[Any, Any, str, list[str], int | None, bool]:
+        from minfer.errors import MinferError
+        from minfer.runtime.embed import rank_head_of
+
+        if not isinstance(body, dict):
+            raise bad("the body must be a JSON object", "query")
+        engine = state.require_engine()
+        state.check_model(body.get("model"))
+        for name in body:
+            if name not in _RERANK_FIELDS:
+                raise bad(f"{name}: not a field of this request (it takes {', '.join(sorted(_RERANK_FIELDS))})", name,
+                          "unsupported_value")
+        try:
+            head = rank_head_of(engine.model, engine.config, f"model {state.served_name}")
+        except MinferError as e:
+            raise APIError(400, f"this server does not rerank: {e}", code="unsupported_value", param="model") from e
+        query = body.get("query")
+        if not isinstance(query, str):
+            raise bad("query: expected a string" + (" (it is required)" if query is None else ""), "query")
+        docs = body.get("documents")
+        if not isinstance(docs, list) or not docs:
+            raise bad("documents: expected a non-empty list of strings", "documents")
+        for i, d in enumerate(docs):
+            if not isinstance(d, str):
+                raise bad(f"documents[{i}]: expected a string, got {type(d).__name__}", "documents")
+        if len(docs) > MAX_INPUTS:
+            raise bad(f"documents: {len(docs)} documents, more than the {MAX_INPUTS} one request takes", "documents")
+        top_n = body.get("top_n")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+            raise bad("top_n: expected an integer >= 1", "top_n")
+        ret = body.get("return_documents", False)
+        if ret is None:
+            ret = False
+        if not isinstance(ret, bool):
+            raise bad("return_documents: expected true or false", "return_documents")
+        return engine, head, query, docs, top_n, ret
+
+    @app.post("/v1/rerank")
+    @app.post("/rerank", include_in_schema=False)
+    @app.post("/v1/reranking", include_in_schema=False)
+    @app.post("/reranking", include_in_schema=False)
+    async def rerank(body: dict) -> Any:
+        from minfer.errors import MinferError
+        from minfer.runtime.embed import pair_ids, ranked
+
+        engine, head, query, docs, top_n, ret = check_rerank(body)
+        n_ctx = int(engine.n_ctx)
+
+        def tokenize() -> list[list[int]]:
+            return [pair_ids(engine.tokenizer, head, query, d) for d in docs]
+
+        try:
+            ids_list = await run_in_threadpool(tokenize)
+        except MinferError as e:
+            raise bad(str(e), "documents") from e
+        for i, ids in enumerate(ids_list):
+            if len(ids) > n_ctx:
+                raise APIError(400, f"documents[{i}]: the query and this document are {len(ids)} tokens, more than "
+                               f"this model's context of {n_ctx} tokens; shorten them or start the server with a "
+                               "larger --ctx", code="context_length_exceeded", param="documents")
+        item = await run_job(EmbedRequest(ids_list, "rank", -1, None), "documents", "rerank")
+        n_tokens = [len(x) for x in ids_list]
+        result = ranked([float(v[0]) for v in item.vectors], n_tokens, top_n)
+        n = sum(n_tokens)
         state.metrics.prompt_tokens.inc(n)
-        data = [{"object": "embedding", "index": i, "embedding": _encoded(v, fmt)} for i, v in enumerate(item.vectors)]
-        return {"object": "list", "data": data, "model": state.served_name,
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
+        results = [{"index": i, "relevance_score": sc, **({"document": {"text": docs[i]}} if ret else {})}
+                   for i, sc in result.ranking]
+        return {"model": state.served_name, "object": "list", "usage": {"prompt_tokens": n, "total_tokens": n},
+                "results": results}
 
 
 def _inputs(x: Any, bad) -> list:

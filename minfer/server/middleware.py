@@ -22,6 +22,7 @@ _ENDPOINTS = {
     "/v1/models": "/v1/models", "/models": "/v1/models",
     "/health": "/health", "/metrics": "/metrics", "/tokenize": "/tokenize", "/detokenize": "/detokenize",
     "/v1/embeddings": "/v1/embeddings", "/embeddings": "/v1/embeddings",
+    "/v1/rerank": "/v1/rerank", "/rerank": "/v1/rerank", "/v1/reranking": "/v1/rerank", "/reranking": "/v1/rerank",
 }
 GENERATION_ENDPOINTS = {"/v1/chat/completions", "/v1/completions"}
 
