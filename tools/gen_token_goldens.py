@@ -339,6 +339,25 @@ def dump_golden(g: dict) -> str:
     return "{\n " + ",\n ".join(lines) + "\n}\n"
 
 
+# a golden this large is stored gzipped (deterministic: no name, mtime 0), as goldens/<stem>.json.gz: the repository
+# travels to the GPU machine whole, under a size limit; tests/tokenizer/conftest.load_golden reads either form
+GZIP_OVER = 300_000
+
+
+def write_golden(stem: str, text: str) -> Path:
+    import gzip
+
+    plain, packed = OUT_DIR / f"{stem}.json", OUT_DIR / f"{stem}.json.gz"
+    if len(text.encode("utf-8")) <= GZIP_OVER:
+        packed.unlink(missing_ok=True)
+        plain.write_text(text, encoding="utf-8")
+        return plain
+    plain.unlink(missing_ok=True)
+    with open(packed, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write(text.encode("utf-8"))
+    return packed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="*", help="GGUF paths or catalog names (default: both catalog models)")
@@ -403,8 +422,7 @@ def main() -> int:
             print(f"{out}: {len(g['cases'])} strings, {len(g['sweep'])} sweep texts")
             continue
         g = golden_for(path, extra.get(stem, ()))
-        out = OUT_DIR / f"{stem}.json"
-        out.write_text(dump_golden(g), encoding="utf-8")
+        out = write_golden(stem, dump_golden(g))
         print(f"{out}: {len(g['cases'])} strings, {len(g['eog'])} eog ids, "
               f"{len(g['pieces_hex'])} pieces")
     return 0

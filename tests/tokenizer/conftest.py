@@ -5,6 +5,7 @@ Goldens (goldens/<name>.json) come from llama.cpp itself (tools/gen_token_golden
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -31,6 +32,10 @@ _spec.loader.exec_module(fetch)
 
 
 def load_golden(name: str) -> dict:
+    """goldens/<name>.json, or <name>.json.gz where tools/gen_token_goldens.py stored a large one gzipped."""
+    packed = GOLDEN_DIR / f"{name}.json.gz"
+    if packed.exists():
+        return json.loads(gzip.decompress(packed.read_bytes()).decode("utf-8"))
     return json.loads((GOLDEN_DIR / f"{name}.json").read_text(encoding="utf-8"))
 
 
