@@ -131,14 +131,14 @@ def check_ctx(gf, ctx: int | None, device: str, warn) -> int:
     from minfer.models import model_class
 
     try:
-        model_class(gf.architecture)   # the models registry decides what runs
+        cls = model_class(gf.architecture)   # the models registry decides what runs
     except MinferError as e:
         raise MinferError(f"{gf.path}: {e}") from None
     cfg = cache_config(gf)
     n = ctx if ctx is not None else min(cfg.context_length, DEFAULT_CTX_CAP)
     need = n * kv_bytes_per_token(cfg, device) + state_bytes(cfg)
     free = available_bytes(device)
-    if free is not None and need > free:
+    if free is not None and need > free and getattr(cls, "causal", True):   # an encoder has no KV cache
         fits = max(free - state_bytes(cfg), 0) // kv_bytes_per_token(cfg, device)
         raise MinferError(f"-c/--ctx {n}: the KV cache would need {_gib(need)} of {device} memory but "
                           f"{_gib(free)} is available; use -c {min(fits, cfg.context_length)} or less")

@@ -13,6 +13,7 @@ Serve one model over HTTP with OpenAI's API, so OpenAI clients and tools can use
   POST /v1/completions        plain text completion
   GET  /v1/models             the served model (its id is what clients send as `model`)
   POST /v1/embeddings         embedding vectors of texts (pooled as the file says, or --pooling)
+  POST /v1/rerank             a reranker's relevance scores of documents for a query (also /rerank, /v1/reranking)
   GET  /health                503 while the model loads, then 200 {"status": "ok", "slots": N}
   GET  /metrics               Prometheus metrics (requests, tokens, tok/s, KV blocks, latencies)
 
@@ -166,8 +167,10 @@ def main(args: argparse.Namespace) -> int:
     gf = GGUFFile(path)
     n_ctx = check_ctx(gf, args.ctx, device, warn)   # a context that cannot fit: one line, now
     if not getattr(ARCHITECTURES.get(gf.architecture), "causal", True):   # bert
-        warn(f"{path.name} is an encoder ({gf.architecture}): it only embeds; /v1/embeddings answers, the "
-             "generation routes answer 400")
+        ranks = "cls.output.weight" in gf.tensors       # a cross-encoder's classifier head (models/bert.py)
+        warn(f"{path.name} is an encoder ({gf.architecture}): " + (
+            "a reranker; /v1/rerank answers" if ranks else "it only embeds; /v1/embeddings answers") +
+            ", the generation routes answer 400")
     elif gf.get("tokenizer.chat_template") is None:   # e.g. the catalog's gemma-3-270m
         warn(f"{path.name} has no chat template (a base model): /v1/chat/completions writes "
              "conversations in the turn format its vocabulary suggests (or ChatML), which a base model "
