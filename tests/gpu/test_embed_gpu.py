@@ -108,3 +108,35 @@ def test_bf16_encoders_against_the_cpu(name):
         tol = max(1e-2, 2.5 * floor)
         print(f"embed bf16 {name} {pooling}: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
         assert err < tol, (name, pooling, err, tol)
+
+
+def test_rerank_on_the_gpu_matches_llamacpp():
+    """A cross-encoder's scores (Engine.rerank, the classifier head on the [CLS] row) on CUDA in float32 against
+    llama.cpp's (tests/data/embed/goldens-rank.json; the CPU's test is tests/runtime/test_rerank.py: ggml's float16
+    GELU table puts llama.cpp <= 9.2e-4 away), and in bf16 against the CPU float32 engine within 2.5x the bf16
+    floor of the CPU reference model (at least 1e-2 of the largest score)."""
+    import torch
+
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import load_model
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+    from minfer.tokenizer.tokenizer import Tokenizer
+
+    gold = json.loads((DATA / "embed" / "goldens-rank.json").read_text(encoding="utf-8"))["pairs"]
+
+    def scores(eng):
+        return [eng.rerank(p["query"], [p["document"]]).scores[0] for p in gold]
+
+    want = [p["scores"][0] for p in gold]
+    worst = max(abs(a - b) for a, b in zip(scores(engine("bert-rank", "cuda", "float32")), want))
+    assert worst < 3e-3, worst
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
+    gf = GGUFFile(path_of("bert-rank"))
+    tok = Tokenizer.from_gguf(gf)
+    ref, ref16 = (scores(Engine(load_model(gf, device="cpu", progress=False, act_dtype=dt), tok, 64, switches=sw))
+                  for dt in (torch.float32, torch.bfloat16))
+    err, floor = rel(scores(engine("bert-rank", "cuda")), ref), rel(ref16, ref)
+    tol = max(1e-2, 2.5 * floor)
+    print(f"rerank bf16: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
+    assert err < tol, (err, tol)
