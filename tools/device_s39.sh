@@ -4,8 +4,9 @@
 # flag: the down's flag wait (Switches.flag_down, ops/cuda/gemv_q8g_flags.py, perf-log CI1): its GPU tests (the 7B's
 #   three layers bit-equal with the switch on and off at every graphed step, the flags zero after; the unconsumed
 #   flags' memset), the SwiGLU / split-gather tests beside it; then tools/skip_oracle.py on the synthetic 7B at
-#   depths 100 / 3354 (base, env:MINFER_FLAG_DOWN=1), then the in-process `minfer bench -p 0 -n 128 -d 0,3354 --ab
-#   MINFER_FLAG_DOWN=0 MINFER_FLAG_DOWN=1`, PAIRS pairs (default 4), whatever the oracle says (the A/B decides).
+#   depths 100 / 3354 (base, the SwiGLU epilogue (Switches.gemv_swiglu 1, whose tile pairs set the flags), and
+#   the epilogue with the flags), then the in-process `minfer bench -p 0 -n 128 -d 0,3354 --ab
+#   "MINFER_GEMV_SWIGLU=1" "MINFER_GEMV_SWIGLU=1 MINFER_FLAG_DOWN=1"` (AB_A, AB_B), PAIRS pairs (default 4), whatever the oracle says (the A/B decides).
 # timeline: tools/gemv_timeline.py at depth 100 with the flags (the down's release after gate+up's end).
 # Other steps go to tools/device_s38.sh (suite, embed; then s37 ... s4).
 set -u
@@ -24,11 +25,11 @@ for step in ${*:-flag}; do
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m --no-progress \
         >/tmp/synth.log 2>&1
       timeout ${ORACLE_TIMEOUT:-240} python3 tools/skip_oracle.py /tmp/q7.gguf 100 3354 -- base \
-        env:MINFER_FLAG_DOWN=1 >"$OUT/flag-oracle.log" 2>&1
+        env:MINFER_GEMV_SWIGLU=1 env:MINFER_GEMV_SWIGLU=1,MINFER_FLAG_DOWN=1 >"$OUT/flag-oracle.log" 2>&1
       echo "oracle rc $?"; grep -E "^\||^depth|Error|error" "$OUT/flag-oracle.log" | grep -v "^|---" | head -20
       MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-200} python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 \
-        -d 0,3354 -r ${REPS:-2} --ab MINFER_FLAG_DOWN=0 MINFER_FLAG_DOWN=1 --pairs ${PAIRS:-4} --no-progress >"$OUT/flag-ab.log" 2>&1
-      echo "ab rc $?"; grep -E "B/A|pair |tok/s|flag_down|fell back" "$OUT/flag-ab.log" | tail -16;;
+        -d 0,3354 -r ${REPS:-2} --ab "${AB_A:-MINFER_GEMV_SWIGLU=1}" "${AB_B:-MINFER_GEMV_SWIGLU=1 MINFER_FLAG_DOWN=1}" --pairs ${PAIRS:-4} --no-progress >"$OUT/flag-ab.log" 2>&1
+      echo "ab rc $?"; grep -E "^A/B|^\| (tg|[0-9])|flag_down|q8swiglu|fell back" "$OUT/flag-ab.log" | tail -24;;
     timeline)
       source tools/device_setup.sh >/dev/null
       [ -f /tmp/q7.gguf ] || python3 -m minfer synth /tmp/q7.gguf --preset qwen2.5-7b --recipe q4_k_m --no-progress \

@@ -23,7 +23,15 @@ pytestmark = pytest.mark.gpu
 def test_7b_layers_decode_the_same_bits_with_flag_down(tmp_path, layers):
     from minfer.ops import paths
 
-    engines = switch_engines(tmp_path, "qwen2.5-7b", "flag_down", (False, True), layers=layers)
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    # the flags come from the SwiGLU epilogue's tile pairs (Switches.gemv_swiglu 1; the default 0 runs a SwiGLU
+    # kernel after the GEMV, whose down waits on that launch): both engines run the epilogue
+    switch_engines(tmp_path, "qwen2.5-7b", "flag_down", (False,), layers=layers)[False].close()   # (the file)
+    path = str(tmp_path / "qwen2.5-7b.gguf")
+    engines = {v: Engine.load(path, device="cuda", ctx=256, progress=False,
+                              switches=Switches(gemv_swiglu=1, flag_down=v)) for v in (False, True)}
     prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     paths.reset()
     t = {v: int(e.prefill(prompt).argmax()) for v, e in engines.items()}
@@ -35,6 +43,7 @@ def test_7b_layers_decode_the_same_bits_with_flag_down(tmp_path, layers):
         tok = int(lb.argmax())
     snap = paths.snapshot()
     assert snap["counts"].get("gemv_q8.flag_down", 0) >= layers, snap["counts"]
+    assert snap["counts"].get("qmatmul.group2.decode.q8swiglu", 0) >= layers, snap["counts"]
     assert not [k for k in snap["fallbacks"] if "gemv_q8" in k or "residual" in k], snap["fallbacks"]
     torch.cuda.synchronize()
     ws = engines[True].ctx.workspace.gemv_counters()
