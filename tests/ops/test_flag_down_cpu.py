@@ -64,7 +64,7 @@ def test_swiglu_with_flags_then_the_down_waits_on_them(GL):
     paths.reset()
     h, hq = S.gemv_q8_swiglu(q8, _rw(4096, 1024), ws=ws, gluon=True, flags=True)
     (a, kw), = GL.rec_swiglu.calls
-    assert kw["flags"] is ws.flags and ws.flags.shape == (256,) and ws.flags_pending
+    assert kw["flags"] is ws.flags and ws.flags.shape == (256 * S.FG.STRIDE,) and ws.flags_pending
     assert hq.flags is ws.flags and hq.keep[0] is a[4] and hq.keep[1] is q8[0] and hq.keep[2] is q8[1]
     assert tuple(hq) == (a[6], a[7])              # (gq, gf): what the down reads
     r = R.gemv_q8_residual(hq, _rw(1024, 2048), torch.zeros(1, 1024), torch.bfloat16, ws=ws, gluon=True, pdl=1)
@@ -87,7 +87,7 @@ def test_flags_no_down_consumed_are_zeroed_before_the_next_swiglu(GL):
     ws = GemvWorkspace("cpu")
     paths.reset()
     h, hq = S.gemv_q8_swiglu(_q8(1024), _rw(4096, 1024), ws=ws, gluon=True, flags=True)
-    ws.flags[:8] = 8                                  # as the pairs left them
+    S.FG.counts(ws.flags)[:8] = 8                     # as the pairs left them
     # a down the flag wait cannot take (stream-K: no residual epilogue): None, the mark stays pending
     assert R.gemv_q8_residual(hq, _rw(1024, 1024), torch.zeros(1, 1024), torch.bfloat16, ws=ws, gluon=True) is None
     assert ws.flags_pending and not GL.rec_launch.calls
@@ -157,8 +157,8 @@ print(json.dumps(out))
 
 
 def test_sm90_builds_wait_on_the_flags_in_place_of_the_pdl_wait():
-    """The down's build with FL 2 has no griddepcontrol.wait, acquire atomics on the flags, .cg loads of the q8
-    row and still the PDL signal; the SwiGLU build with FL 1 one release atomic more than without."""
+    """The down's build with FL 2 has no griddepcontrol.wait, acquire loads of the flags with a sleep between
+    rounds, .cg loads of the q8 row and still the PDL signal; the SwiGLU build with FL 1 one release atomic more than without."""
     import json
 
     r = subprocess.run([sys.executable, "-c", BUILD, os.path.dirname(__file__)], capture_output=True, text=True,
@@ -168,6 +168,28 @@ def test_sm90_builds_wait_on_the_flags_in_place_of_the_pdl_wait():
     d0, d2, g0, g1 = ptx["down0"], ptx["down2"], ptx["glu0"], ptx["glu1"]
     assert d0.count("griddepcontrol.wait") == 1 and d2.count("griddepcontrol.wait") == 0
     assert d0.count("griddepcontrol.launch_dependents") == 1 and d2.count("griddepcontrol.launch_dependents") == 1
-    assert "atom.global.gpu.acquire.add" in d2 and "acquire.add" not in d0
+    assert "ld.acquire.gpu" in d2 and "nanosleep" in d2 and "ld.acquire" not in d0 and "acquire.add" not in d2
     assert d2.count("ld.global.cg") == d0.count("ld.global.cg") + 22       # the q8 row's 22 loads past L1
     assert g1.count("atom.global.gpu.release.add") == 1 and "release.add" not in g0
+
+
+def test_a_down_on_another_path_zeroes_the_flags_after_it(GL, monkeypatch):
+    """linear_add_rms_norm whose down does not wait on the flags (here: the residual GEMV declines, the plain path
+    runs): the flags are zeroed right after it (settle, counted), not left for a graph's next replay."""
+    from minfer.ops import paths
+    from minfer.ops.cuda import gemv_q8g_flags as FG
+    from minfer.ops.cuda.gemv_repack import GemvWorkspace
+
+    ws = GemvWorkspace("cpu")
+    fl = FG.flags_of(ws)
+    FG.counts(fl)[:4] = 8
+    ws.flags_pending = True
+    q8 = FG.FlagQ8(_q8(1024))
+    q8.flags, q8.keep = fl, ()
+    paths.reset()
+    FG.settle(ws, q8)
+    assert int(fl.abs().sum()) == 0 and not ws.flags_pending
+    assert [r for r in _fallbacks() if "did not wait" in r]
+    FG.counts(fl)[:4] = 8                            # consumed (not pending): left to the down's own reset
+    FG.settle(ws, q8)
+    assert int(fl.abs().sum()) == 32

@@ -7,14 +7,16 @@ and each of those is made by 256 / BN of gate+up's tile pairs. So the pair that 
 its block's flag, and a down program waits for its own blocks' flags instead of the whole grid.
 
 The protocol (the same bits as the PDL wait's: only when the down's programs may start changes):
-- Flags: an int32 buffer of the workspace, zero between launches. [0, 128): one counter per 256-value block of h;
-  [128, 256): one reader ticket per down split.
+- Flags: an int32 buffer of the workspace, zero between launches, one counter a 128-byte line (STRIDE ints apart,
+  so the arrivals and polls of different blocks meet in different L2 lines): lines [0, 128) count the 256-value
+  blocks of h, lines [128, 256) are the down splits' reader tickets.
 - Arrive (_flag_arrive, the pair's second program in gemv_q8g_norm._glu_pair, after h's q8 stores): a CTA barrier,
   then one release atomic adding the pair's chunks (BN / 32) to its block's counter. The barrier orders every
   thread's stores before the one thread's release (perf-log CD1: without it the PTX left 127 threads' stores
   unordered before thread 0's release).
-- Wait (_flag_wait, the down's program in place of griddepcontrol.wait): acquire atomics (add 0) on its blocks'
-  counters, one lane a block, until every one holds 8; the q8 row is then loaded past L1 (.cg). Then the PDL
+- Wait (_flag_wait, the down's program in place of griddepcontrol.wait): acquire loads (ld.acquire.gpu, not
+  read-modify-write atomics, which serialize on a line) of its blocks' counters, one lane a block, with a 128 ns
+  sleep between rounds, until every one holds 8; the q8 row is then loaded past L1 (.cg). Then the PDL
   signal, as the plain launch gives it after its wait. The down's other inputs (the residual, written by o) were
   complete before gate+up's programs passed their own wait, and the down launches only after every gate+up program
   has signalled, after that wait.
@@ -37,6 +39,7 @@ from triton.experimental.gluon import language as gl
 
 BLOCKS = 128          # h's 256-value blocks a buffer counts (F <= 32,768)
 TICKETS = 128         # down splits
+STRIDE = 32           # ints between two counters: one 128-byte L2 line each
 CNT_OFF = 8192        # the flag down's tile tickets start here in the workspace's counters (the pairs' below)
 
 
@@ -44,7 +47,7 @@ CNT_OFF = 8192        # the flag down's tile tickets start here in the workspace
 def _flag_arrive(fl, j, BN: gl.constexpr):
     """The pair j's BN values of h (and their q8 form) are stored: count its chunks into its block."""
     gl.thread_barrier()
-    gl.atomic_add(fl + (j * BN) // 256, BN // 32, sem="release", scope="gpu")
+    gl.atomic_add(fl + ((j * BN) // 256) * 32, BN // 32, sem="release", scope="gpu")
 
 
 @gluon.jit
@@ -53,13 +56,23 @@ def _flag_wait(fl, b_lo, b_hi, pid_s, NW: gl.constexpr):
     LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[NW], order=[0])
     i = gl.arange(0, 32 * NW, layout=LF)
     m = i < b_hi - b_lo
-    z = gl.zeros([32 * NW], gl.int32, layout=LF)
-    c = gl.atomic_add(fl + b_lo + i, z, mask=m, sem="acquire", scope="gpu")
-    lo = gl.min(gl.where(m, c, 8), axis=0)
+    ptr = fl + (b_lo + gl.where(m, i, 0)) * 32                       # (lanes past the split re-read block b_lo)
+    lo = gl.min(gl.where(m, _ld_acquire(ptr), 8), axis=0)
     while lo < 8:
-        c = gl.atomic_add(fl + b_lo + i, z, mask=m, sem="acquire", scope="gpu")
-        lo = gl.min(gl.where(m, c, 8), axis=0)
-    return gl.atomic_add(fl + 128 + pid_s, 1, sem="relaxed", scope="gpu")
+        _nanosleep(i)
+        lo = gl.min(gl.where(m, _ld_acquire(ptr), 8), axis=0)
+    return gl.atomic_add(fl + (128 + pid_s) * 32, 1, sem="relaxed", scope="gpu")
+
+
+@gluon.jit
+def _ld_acquire(p):
+    return gl.inline_asm_elementwise("ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", [p], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _nanosleep(x):
+    gl.inline_asm_elementwise("nanosleep.u32 128; // $0 $1", "=r,r", [x], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -68,16 +81,16 @@ def _flag_done(fl, tk, b_lo, b_hi, pid_s, NW: gl.constexpr):
     if tk == gl.num_programs(0) - 1:
         LF: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32], warps_per_cta=[NW], order=[0])
         i = gl.arange(0, 32 * NW, layout=LF)
-        gl.atomic_xchg(fl + b_lo + i, gl.zeros([32 * NW], gl.int32, layout=LF), mask=i < b_hi - b_lo, sem="relaxed",
-                       scope="gpu")
-        gl.atomic_xchg(fl + 128 + pid_s, 0, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(fl + (b_lo + i) * 32, gl.zeros([32 * NW], gl.int32, layout=LF), mask=i < b_hi - b_lo,
+                       sem="relaxed", scope="gpu")
+        gl.atomic_xchg(fl + (128 + pid_s) * 32, 0, sem="relaxed", scope="gpu")
 
 
 def flags_of(ws) -> torch.Tensor:
     """The workspace's flag buffer (made zeroed on first use, on the counters' device)."""
     fl = getattr(ws, "flags", None)
     if fl is None:
-        fl = ws.flags = torch.zeros(BLOCKS + TICKETS, dtype=torch.int32, device=ws.cnt.device)
+        fl = ws.flags = torch.zeros((BLOCKS + TICKETS) * STRIDE, dtype=torch.int32, device=ws.cnt.device)
         ws.flags_pending = False
     return fl
 
@@ -103,6 +116,23 @@ def arrive_flags(ws, f: int, bn: int, paired: bool):
         fl.zero_()
     ws.flags_pending = True
     return fl
+
+
+def counts(fl: torch.Tensor) -> torch.Tensor:
+    """The counters of a flag buffer (one a line), blocks then tickets."""
+    return fl.view(-1, STRIDE)[:, 0]
+
+
+def settle(ws, q8):
+    """After a down that did not wait on q8's flags (the layer's last GEMV on another path: the model's last layer,
+    whose norm is the output norm): zero them now, in stream order after it (a memset; counted), so a CUDA graph's
+    next replay finds them zero."""
+    from minfer.ops import paths
+
+    if getattr(q8, "flags", None) is not None and getattr(ws, "flags_pending", False):
+        paths.fallback("gemv_q8.flag_down", "the down did not wait on the flags (another path): zeroed after it")
+        q8.flags.zero_()
+        ws.flags_pending = False
 
 
 def wait_flags(ws, q8, split: int, cfg_ok: str | None):
