@@ -130,13 +130,6 @@ def modern_tokenizer(d: Path) -> None:
     tok.save_pretrained(d)
 
 
-def hidden(model, ids: list[int]) -> np.ndarray:
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).last_hidden_state[0].float().numpy()
-
-
 def build(name: str, seed: int, llamacpp: Path) -> None:
     import torch
     import transformers
@@ -146,6 +139,7 @@ def build(name: str, seed: int, llamacpp: Path) -> None:
     from gen_arch_fixtures import VOCAB, convert, randomize
     from gen_bert_fixture import make_tokenizer as make_wordpiece
     from gen_bert_fixture import VOCAB as WP_VOCAB
+    from gen_bert_fixture import hidden
 
     torch.manual_seed(seed)
     if name == "nomic-bert":

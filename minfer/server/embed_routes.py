@@ -60,15 +60,20 @@ def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
     def bad(msg: str, param: str, code: str = "invalid_value") -> APIError:
         return APIError(400, msg, code=code, param=param)
 
-    def check(body: Any) -> tuple[Any, list, int, int | None, str]:
+    def opened(body: Any, fields: set, first: str):
+        """The engine, after the checks every request here starts with: a JSON object of known fields, the model."""
         if not isinstance(body, dict):
-            raise bad("the body must be a JSON object", "input")
+            raise bad("the body must be a JSON object", first)
         engine = state.require_engine()
         state.check_model(body.get("model"))
         for name in body:
-            if name not in _FIELDS:
-                raise bad(f"{name}: not a field of this request (it takes {', '.join(sorted(_FIELDS))})", name,
+            if name not in fields:
+                raise bad(f"{name}: not a field of this request (it takes {', '.join(sorted(fields))})", name,
                           "unsupported_value")
+        return engine
+
+    def check(body: Any) -> tuple[Any, list, int, int | None, str]:
+        engine = opened(body, _FIELDS, "input")
         items = _inputs(body.get("input"), bad)
         fmt = body.get("encoding_format", "float")
         if fmt not in ("float", "base64"):
@@ -167,14 +172,7 @@ def add_embed_routes(app: FastAPI, state: Any, pooling: str | None) -> None:
         from minfer.errors import MinferError
         from minfer.runtime.embed import rank_head_of
 
-        if not isinstance(body, dict):
-            raise bad("the body must be a JSON object", "query")
-        engine = state.require_engine()
-        state.check_model(body.get("model"))
-        for name in body:
-            if name not in _RERANK_FIELDS:
-                raise bad(f"{name}: not a field of this request (it takes {', '.join(sorted(_RERANK_FIELDS))})", name,
-                          "unsupported_value")
+        engine = opened(body, _RERANK_FIELDS, "query")
         try:
             head = rank_head_of(engine.model, engine.config, f"model {state.served_name}")
         except MinferError as e:
