@@ -140,3 +140,18 @@ def test_rerank_on_the_gpu_matches_llamacpp():
     tol = max(1e-2, 2.5 * floor)
     print(f"rerank bf16: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
     assert err < tol, (err, tol)
+
+
+def test_xlmr_on_the_gpu_matches_llamacpp():
+    """An XLM-RoBERTa encoder (arch bert, a Unigram vocab: tools/gen_xlmr_fixture.py; CPU: tests/models/test_xlmr.py)
+    on CUDA in float32: its pooled vectors within 2e-3 of llama.cpp's (the float16 GELU table) and, with its
+    classifier head (xlmr-rank: the tanh `cls` layer, then `cls.output`), its rerank scores within 3e-3."""
+    gold = json.loads((DATA / "embed" / "goldens-xlmr.json").read_text(encoding="utf-8"))
+    eng = engine("xlmr", "cuda", "float32")
+    for pooling, items in gold["embed"].items():
+        for it in items:
+            got = eng.embed(it["ids"], pooling=pooling, normalize=-1)
+            assert rel(got, it["embedding"]) < 2e-3, (pooling, it["text"])
+    rank = engine("xlmr-rank", "cuda", "float32")
+    worst = max(abs(rank.rerank(p["query"], [p["document"]]).scores[0] - p["scores"][0]) for p in gold["pairs"])
+    assert worst < 3e-3, worst
