@@ -27,6 +27,7 @@ for step in ${*:-flag}; do
       timeout ${ORACLE_TIMEOUT:-240} python3 tools/skip_oracle.py /tmp/q7.gguf 100 3354 -- base \
         env:MINFER_GEMV_SWIGLU=1 env:MINFER_GEMV_SWIGLU=1,MINFER_FLAG_DOWN=1 >"$OUT/flag-oracle.log" 2>&1
       echo "oracle rc $?"; grep -E "^\||^depth|Error|error" "$OUT/flag-oracle.log" | grep -v "^|---" | head -20
+      [ "${AB:-1}" = 1 ] || continue     # (AB=0: the oracle only)
       MINFER_DEBUG_PATHS=1 timeout ${AB_TIMEOUT:-200} python3 -m minfer bench -m /tmp/q7.gguf -p 0 -n 128 \
         -d 0,3354 -r ${REPS:-2} --ab "${AB_A:-MINFER_GEMV_SWIGLU=1}" "${AB_B:-MINFER_GEMV_SWIGLU=1 MINFER_FLAG_DOWN=1}" --pairs ${PAIRS:-4} --no-progress >"$OUT/flag-ab.log" 2>&1
       echo "ab rc $?"; grep -E "^A/B|^\| (tg|[0-9])|flag_down|q8swiglu|fell back" "$OUT/flag-ab.log" | tail -24;;
