@@ -36,9 +36,10 @@ def engine(name: str, ctx: int, monkeypatch):
     import os
 
     from minfer.runtime import engine as engine_mod
+    from minfer.runtime import kv_cache
     from minfer.switches import Switches
 
-    monkeypatch.setattr(engine_mod, "cache_rows", cuda_rows)
+    monkeypatch.setattr(kv_cache, "cache_rows", cuda_rows)   # (read at the load: runtime/embed.py engine_cache)
     sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})   # the float32 reference
     eng = engine_mod.Engine.load(DATA / f"{name}.gguf", ctx=ctx, progress=False, switches=sw)
     assert eng.cache.n_ctx == 128 and eng.cache.context == ctx

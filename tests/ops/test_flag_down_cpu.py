@@ -131,7 +131,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 out = {}
 kern = GL._gemv_q8g_kernel
 names = [p.name for p in kern.params if not p.is_constexpr]
-types = ["*i32"] * 8 + GEMV_Q8G_TAIL + ["*i32"]
+types = ["*i32"] * 8 + GEMV_Q8G_TAIL
 for fl in (0, 2):
     cex = dict(QT=12, QTB=12, MIXED=False, BN=32, BB=2, NW=4, IS_SPLIT=8, HAS_BIAS=False, HAS_RESID=False, PDL=1,
                PF=1, PRE=True, NORM=0, KP2=1, NCHP=1, RSS=True, WK=False, SF=False, TM=32, XP=True, RQ=2, FL=fl)
