@@ -194,6 +194,7 @@ def goldens() -> None:
     import llama_cpp
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_bert_fixture import token_rows
     from gen_embed_goldens import POOLINGS, copy_with_keys, embed
 
     out = {"source": "llama.cpp (llama-cpp-python 0.3.36's vendor/llama.cpp, CPU): Llama.embed(normalize=False) on an "
@@ -210,14 +211,7 @@ def goldens() -> None:
                 assert per[pname]["pooling_type"] == p, (name, pname)
             out["fixtures"][name] = per
             llm = llama_cpp.Llama(str(OUT / f"{name}.gguf"), vocab_only=True, verbose=False)
-            rows = []
-            for t in TOKEN_TEXTS:
-                b = t.encode("utf-8")
-                rows.append({"text": t,
-                             "special": [int(x) for x in llm.tokenize(b, add_bos=True, special=False)],
-                             "special_parsed": [int(x) for x in llm.tokenize(b, add_bos=True, special=True)],
-                             "plain": [int(x) for x in llm.tokenize(b, add_bos=False, special=False)]})
-            out["tokens"][name] = rows
+            out["tokens"][name] = token_rows(llm, TOKEN_TEXTS)
             del llm
             print(name, "ok", file=sys.stderr)
     dst = ROOT / "tests" / "data" / "embed" / "goldens-bert2.json"

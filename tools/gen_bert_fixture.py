@@ -156,6 +156,19 @@ def build(name: str, seed: int, llamacpp: Path) -> None:
           f"erf vs tanh GELU hidden states apart by {d_tanh:.2e} (max abs / max |h|)")
 
 
+def token_rows(llm, texts) -> list[dict]:
+    """llama.cpp's ids of each text (a vocab-only llama_cpp.Llama): BOS added with special texts left as text
+    ("special") and parsed ("special_parsed"), and neither ("plain")."""
+    rows = []
+    for t in texts:
+        b = t.encode("utf-8")
+        rows.append({"text": t,
+                     "special": [int(x) for x in llm.tokenize(b, add_bos=True, special=False)],
+                     "special_parsed": [int(x) for x in llm.tokenize(b, add_bos=True, special=True)],
+                     "plain": [int(x) for x in llm.tokenize(b, add_bos=False, special=False)]})
+    return rows
+
+
 def tokens() -> None:
     import llama_cpp
 
@@ -164,14 +177,7 @@ def tokens() -> None:
                      "tools/gen_bert_fixture.py tokens", "fixtures": {}}
     for name in FIXTURES:
         llm = llama_cpp.Llama(str(OUT / f"{name}.gguf"), vocab_only=True, verbose=False)
-        rows = []
-        for t in TOKEN_TEXTS:
-            b = t.encode("utf-8")
-            rows.append({"text": t,
-                         "special": [int(x) for x in llm.tokenize(b, add_bos=True, special=False)],
-                         "special_parsed": [int(x) for x in llm.tokenize(b, add_bos=True, special=True)],
-                         "plain": [int(x) for x in llm.tokenize(b, add_bos=False, special=False)]})
-        out["fixtures"][name] = rows
+        out["fixtures"][name] = token_rows(llm, TOKEN_TEXTS)
         del llm
     lines = ["{", f' "source": {json.dumps(out["source"])},', ' "fixtures": {']
     for i, (name, rows) in enumerate(out["fixtures"].items()):     # one text a line
