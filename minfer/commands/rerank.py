@@ -8,16 +8,18 @@ import sys
 
 HELP = "score documents' relevance to a query with a reranker (a cross-encoder's GGUF), highest first"
 DESCRIPTION = """\
-Run a reranker (a cross-encoder such as cross-encoder/ms-marco-MiniLM-L-6-v2 or bge-reranker, converted
-by llama.cpp's convert_hf_to_gguf.py: a BERT-family file with a classifier head, tensors cls / cls.output)
-over each (query, document) pair and print the documents sorted by relevance, highest first, one a line:
+Run a reranker (a cross-encoder such as cross-encoder/ms-marco-MiniLM-L-6-v2 or bge-reranker, or
+Qwen3-Reranker, converted by llama.cpp's convert_hf_to_gguf.py: a file with a classifier head, tensors
+cls / cls.output) over each (query, document) pair and print the documents sorted by relevance, highest
+first, one a line:
 
   SCORE <TAB> INDEX <TAB> DOCUMENT
 
 SCORE is the classifier's raw logit for the pair (no sigmoid: compare scores with each other, not with a
-fixed threshold), what llama-server's /v1/rerank returns as relevance_score for the same file; INDEX is
-the document's position in the input, from 0. Each pair is tokenized as llama-server does it:
-[CLS] query [SEP] document [SEP] for a BERT vocab (the file's rerank template when it has one).
+fixed threshold; Qwen3-Reranker's is the probability of "yes", 0..1), what llama-server's /v1/rerank
+returns as relevance_score for the same file; INDEX is the document's position in the input, from 0.
+Each pair is tokenized as llama-server does it: [CLS] query [SEP] document [SEP] for a BERT vocab (the
+file's rerank template when it has one, as Qwen3-Reranker's has).
 A model without a classifier head (an embedding or chat model) is refused.
 
 examples:

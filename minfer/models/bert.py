@@ -62,6 +62,11 @@ BertSelfOutput / BertIntermediate / BertOutput):
     `cls_out`: cls_out x + cls_out_b. No softmax (that is qwen3's reranker only). The result: n_cls_out raw
     logits; llama-server's send_rerank reports element 0 as the relevance score. The head's matrices are
     tiny: kept float32 on the CPU and applied to the pooled row there.
+  * the decoders' rerankers (Qwen3-Reranker; models/qwen3.py) read theirs with load_rank_head too, by their arch:
+    `cls.output` only (src/models/qwen3.cpp / qwen3vl.cpp load_arch_tensors create no `cls`, so one is refused by
+    name), pooled at the LAST token (llm_graph_input_cls::set_input: RANK with causal attention), and a softmax
+    over the outputs (build_pooling RANK: "softmax for qwen3 reranker", arch QWEN3 / QWEN3VL): element 0 is then
+    the probability of the first label ("yes").
 - The batch engine's paged cache is not used: paged_kv False (`minfer serve` serves one request at a time).
 """
 
@@ -107,8 +112,9 @@ class BertBlock:
 
 @dataclass
 class RankHead:
-    """A reranker's classifier head (module doc): pooled row (D,) -> n_cls_out raw logits (llama-graph.cpp
-    build_pooling, LLM_POOLING_TYPE_RANK). Float32 tensors on the CPU."""
+    """A reranker's classifier head (module doc): pooled row (D,) -> n_cls_out raw logits, or their softmax for
+    the archs whose graph adds one (qwen3 / qwen3vl: SOFTMAX_ARCHS) (llama-graph.cpp build_pooling,
+    LLM_POOLING_TYPE_RANK). Float32 tensors on the CPU."""
     cls: torch.Tensor | None                 # (D, D): HF pooler-like dense, tanh after
     cls_b: torch.Tensor | None
     cls_out: torch.Tensor | None             # (n_cls_out, D)
@@ -116,6 +122,7 @@ class RankHead:
     labels: list[str]                        # bert.classifier.output_labels ([] when absent)
     mean: bool = False                       # bert.classifier.pooling_type MEAN: pool the mean, not the first row
     pair_meta: dict | None = None            # tokenizer metadata the pair layout reads (runtime/embed.py pair_ids)
+    softmax: bool = False                    # softmax over the n_cls_out outputs (SOFTMAX_ARCHS)
 
     @property
     def n_out(self) -> int:
@@ -132,12 +139,22 @@ class RankHead:
             x = x @ self.cls_out.T
             if self.cls_out_b is not None:
                 x = x + self.cls_out_b
+        if self.softmax:               # build_pooling: ggml_soft_max for LLM_ARCH_QWEN3 / LLM_ARCH_QWEN3VL
+            x = torch.softmax(x, dim=-1)
         return x
+
+
+# llama-graph.cpp build_pooling RANK: the archs whose head ends in a softmax over its outputs
+SOFTMAX_ARCHS = ("qwen3", "qwen3vl")
+# the archs whose loader creates the classifier's output layer only (src/models/qwen3.cpp, qwen3vl.cpp
+# load_arch_tensors: cls_out, no cls / cls_b): a dense `cls` layer in such a file is refused by name
+OUT_ONLY_ARCHS = ("qwen3", "qwen3vl")
 
 
 def load_rank_head(gf, D: int, arch: str = "bert") -> RankHead | None:
     """The classifier tensors (module doc), None when the file has neither `cls.weight` nor `cls.output.weight`.
-    Shapes as llama_model_bert::load_arch_tensors creates them; a bias without its matrix is refused."""
+    Shapes as llama_model_bert::load_arch_tensors creates them; a bias without its matrix is refused, and so is a
+    `cls` layer for an arch of OUT_ONLY_ARCHS. `arch`: the file's, which names the keys and the softmax rule."""
     labels = gf.metadata.get(f"{arch}.classifier.output_labels")
     labels = [str(x) for x in labels] if isinstance(labels, list) else []
     n_out = len(labels) or 1
@@ -152,6 +169,14 @@ def load_rank_head(gf, D: int, arch: str = "bert") -> RankHead | None:
                               + (f" ({arch}.classifier.output_labels has {len(labels)})" if "output" in name else ""))
         return load_dense(gf, name).reshape(shape).float()
 
+    # a `cls.output.bias` is still read and added (build_pooling adds cls_out_b when a model has one), although
+    # llama.cpp's qwen3 / qwen3vl loaders create none (their converter writes none; llama.cpp refuses such a file)
+    if arch in OUT_ONLY_ARCHS:
+        for name in ("cls.weight", "cls.bias"):
+            if name in gf.tensors:
+                raise MinferError(f"{gf.path}: tensor '{name}': {arch}'s reranker head is the output layer "
+                                  f"'cls.output.weight' only (llama.cpp src/models/{arch}.cpp load_arch_tensors "
+                                  "creates no `cls` layer, and refuses a file that has one)")
     cls_w, cls_b = opt("cls.weight", (D, D)), opt("cls.bias", (D,))
     out_w, out_b = opt("cls.output.weight", (n_out, D)), opt("cls.output.bias", (n_out,))
     for b, w, name in ((cls_b, cls_w, "cls"), (out_b, out_w, "cls.output")):
@@ -162,7 +187,7 @@ def load_rank_head(gf, D: int, arch: str = "bert") -> RankHead | None:
     mean = gf.metadata.get(f"{arch}.classifier.pooling_type") == 1   # llama_pooling_type MEAN
     meta = {k: gf.metadata.get(k) for k in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
                                             "tokenizer.ggml.add_sep_token", "tokenizer.chat_template.rerank")}
-    return RankHead(cls_w, cls_b, out_w, out_b, labels, mean, meta)
+    return RankHead(cls_w, cls_b, out_w, out_b, labels, mean, meta, softmax=arch in SOFTMAX_ARCHS)
 
 
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

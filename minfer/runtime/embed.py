@@ -12,9 +12,10 @@ build_pooling, common/common.cpp common_embd_normalize), so the same file gives 
   touches the vector;
 - pooled as the file's `{arch}.pooling_type` says, or as the caller asks: "mean" (the rows'
   average), "cls" (the first row), "last" (the last row: Qwen3-Embedding), "none" (every row, a
-  vector per token), "rank" (a reranker's classifier head, models/bert.py RankHead: the first row's
-  n_cls_out raw logits, not normalised unless asked). A file without the key (a chat model) needs
-  the caller's choice: there is no right default;
+  vector per token), "rank" (a reranker's classifier head, models/bert.py RankHead: on the first
+  row of an encoder, the last row of a decoder (Qwen3-Reranker), its n_cls_out raw logits, or
+  their softmax for qwen3 / qwen3vl; not normalised unless asked). A file without the key (a chat
+  model) needs the caller's choice: there is no right default;
 - cut to its first `dimensions` values where asked (Matryoshka models), then normalised (vLLM's
   order): normalize 2 euclidean (unit length, what OpenAI's API returns; the default), -1 none,
   0 scaled so the largest |value| is 32760 (an int16 range), 1 taxicab, p > 2 the p-norm
@@ -37,9 +38,13 @@ started with --reranking (pooling RANK):
   tokenizer.ggml.add_bos_token / add_eos_token / add_sep_token, else the vocab type's default
   (llama-vocab.cpp load: WordPiece adds SEP only; llama.cpp's converter writes add_bos and add_eos
   true with EOS = [SEP] for BERT: [CLS] query [SEP] document [SEP]);
+- the pooled row (llama-graph.cpp build_pooling RANK, llm_graph_input_cls::set_input): an
+  encoder's first token ([CLS]; or the rows' mean, classifier.pooling_type MEAN), a causal
+  decoder's LAST token (Qwen3-Reranker: models/qwen3.py);
 - the score is the classifier head's first output on the pair's pooled row (send_rerank: embd[0]),
-  a raw logit (no sigmoid), llama-server's relevance_score; results sorted by it, highest first
-  (format_response_rerank), ties in input order.
+  llama-server's relevance_score: a raw logit (no sigmoid) for a cross-encoder, the probability of
+  "yes" (the softmax over yes / no that build_pooling applies for qwen3 / qwen3vl) for
+  Qwen3-Reranker; results sorted by it, highest first (format_response_rerank), ties in input order.
 """
 
 from __future__ import annotations
@@ -80,9 +85,9 @@ def rank_head_of(model, cfg, where: str = ""):
         pt = cfg.pooling_type
         raise MinferError(f"{where or 'this model'}: pooling 'rank' is not supported: this model is not a reranker "
                           f"(no classifier tensors cls / cls.output in the file, and {cfg.arch}.pooling_type is "
-                          f"{POOLING_NAMES.get(pt, pt) if pt >= 0 else 'absent'}); a cross-encoder's GGUF (e.g. "
-                          "ms-marco-MiniLM converted by llama.cpp) has them. For embeddings use 'mean', 'cls', 'last' "
-                          "or 'none'")
+                          f"{POOLING_NAMES.get(pt, pt) if pt >= 0 else 'absent'}); a reranker's GGUF converted by "
+                          "llama.cpp (a cross-encoder such as ms-marco-MiniLM, or Qwen3-Reranker) has them. For "
+                          "embeddings use 'mean', 'cls', 'last' or 'none'")
     return head
 
 
@@ -116,7 +121,7 @@ def pair_ids(tok, head, query: str, doc: str) -> list[int]:
 
 @dataclass
 class Reranked:
-    """Engine.rerank's answer. scores[i]: document i's relevance score (the head's first raw logit);
+    """Engine.rerank's answer. scores[i]: document i's relevance score (the head's first output);
     ranking: (index, score) highest first, cut to top_n; n_tokens[i]: the tokens of pair i."""
     scores: list[float]
     ranking: list[tuple[int, float]]
@@ -186,9 +191,9 @@ class Embeddings:
         return vecs[0] if single else vecs
 
     def rerank(self, query: str, documents, top_n: int | None = None) -> Reranked:
-        """Score each document's relevance to `query` with a cross-encoder (a reranker's GGUF: a classifier head,
-        pooling 'rank'), as llama-server's /v1/rerank does (module doc). Returns Reranked: scores in the
-        documents' order, ranking sorted highest first (cut to top_n), tokens per pair."""
+        """Score each document's relevance to `query` with a reranker (a cross-encoder's or Qwen3-Reranker's
+        GGUF: a classifier head, pooling 'rank'), as llama-server's /v1/rerank does (module doc). Returns Reranked:
+        scores in the documents' order, ranking sorted highest first (cut to top_n), tokens per pair."""
         self._live()
         where = str(self.path) if self.path else ""
         head = rank_head_of(self.model, self.config, where)
@@ -251,8 +256,11 @@ class Embeddings:
 
     def _embed_one(self, ids: list[int], name: str, index: int | None, head=None) -> torch.Tensor:
         """The pooled, un-normalised vector (D,) float32 on the CPU ((T, D) for 'none'; for 'rank' the head's
-        n_cls_out outputs on the first row, or on the rows' mean when the head says so)."""
-        if name == "rank":   # build_pooling RANK: the cls row (non-causal: the smallest position), or the mean
+        n_cls_out outputs on the first row (an encoder), the last row (a causal decoder), or the rows' mean when
+        the head says so)."""
+        # build_pooling RANK: the cls row (llm_graph_input_cls::set_input: the smallest position for a non-causal
+        # model, the largest for a causal one: Qwen3-Reranker), or the mean (classifier.pooling_type MEAN)
+        if name == "rank":
             row = self._embed_one(ids, "mean" if head.mean else ("cls" if not getattr(self.model, "causal", True)
                                                                   else "last"), index)
             return head(row)
