@@ -91,7 +91,9 @@ from minfer.models.hrm_text import HrmTextModel
 from minfer.models.chameleon import ChameleonModel
 from minfer.models.bert import BertModel
 from minfer.models.nomic_bert import NomicBertModel
+from minfer.models.nomic_bert_moe import NomicBertMoeModel
 from minfer.models.modern_bert import ModernBertModel
+from minfer.models.jina_bert import JinaBertV2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -110,7 +112,9 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,
-    BertModel, NomicBertModel, ModernBertModel)}
+    JinaBertV2Model,
+    BertModel, NomicBertModel, ModernBertModel,
+    NomicBertMoeModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

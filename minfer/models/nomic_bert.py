@@ -36,7 +36,7 @@ build_ffn; conversion/bert.py NomicBertModel; HF modeling_nomic_bert):
 - The last layer's adds, norms and MLP on the output rows only (bert.cpp inp_out_ids); the rows after the last
   layer_output_norm are the embeddings (res->t_embd). No lm head (BertModel.head refuses generation).
 - The context may go past `context_length` (no position table bounds it; llama.cpp warns only).
-- The MoE variant (nomic-embed-text-v2-moe, arch `nomic-bert-moe`) is another architecture, not run here.
+- The MoE variant (nomic-embed-text-v2-moe, arch `nomic-bert-moe`) is another architecture: models/nomic_bert_moe.py.
 """
 
 from __future__ import annotations
@@ -83,6 +83,26 @@ def token_type_row(gf, D: int, device, arch: str) -> torch.Tensor | None:
     return load_dense(gf, "token_types.weight")[0].float().to(device)
 
 
+def qkv_tensors(t: BlockTensors) -> dict:
+    """Layer t's attention inputs as NomicBertBlock keyword arguments: the fused attn_qkv (3D, D) with its optional
+    bias (or separate q/k/v biases, concatenated: build_qkv), else attn_q / attn_k / attn_v with optional biases
+    (create_tensor_qkv takes either)."""
+    w, opt, D, kv_out = t.w, t.opt, t.D, t.kv_out
+    qkv = dict(attn_q=None, attn_k=None, attn_v=None, attn_q_b=None, attn_k_b=None, attn_v_b=None)
+    if t.has("attn_qkv.weight"):
+        n = D + 2 * kv_out
+        qkv.update(attn_qkv=w("attn_qkv", (n, D)), attn_qkv_b=opt("attn_qkv.bias", n))
+        if qkv["attn_qkv_b"] is None and all(t.has(f"attn_{x}.bias") for x in "qkv"):
+            # build_qkv: fused weights with separate q/k/v biases, concatenated
+            qkv["attn_qkv_b"] = torch.cat([opt("attn_q.bias", D), opt("attn_k.bias", kv_out),
+                                           opt("attn_v.bias", kv_out)])
+    else:
+        qkv.update(attn_q=w("attn_q", (D, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
+                   attn_q_b=opt("attn_q.bias", D), attn_k_b=opt("attn_k.bias", kv_out),
+                   attn_v_b=opt("attn_v.bias", kv_out))
+    return qkv
+
+
 class NomicBertModel(BertModel):
     arch = "nomic-bert"
     rope_style = "neox"       # llama_model_rope_type: LLM_ARCH_NOMIC_BERT -> NEOX (applied: bert.cpp's rope branch)
@@ -118,26 +138,14 @@ class NomicBertModel(BertModel):
     @classmethod
     def load_block(cls, gf, cfg: ModelConfig, i: int, device, dtype) -> NomicBertBlock:
         t = BlockTensors(gf, cfg, i, device, dtype)
-        w, v, opt, D, Fw, kv_out = t.w, t.v, t.opt, t.D, t.F, t.kv_out
+        w, v, opt, D, Fw = t.w, t.v, t.opt, t.D, t.F
         for name in ("ffn_up.bias", "ffn_down.bias", "ffn_gate.bias"):
             if t.has(name):
                 raise MinferError(f"{gf.path}: tensor 'blk.{i}.{name}': llama.cpp's {cls.arch} graph never adds an "
                                   "MLP bias (bert.cpp's SwiGLU build_ffn passes none) while HF's would; the converter "
                                   "writes none, so such a file is refused rather than run one way or the other")
-        qkv = dict(attn_q=None, attn_k=None, attn_v=None, attn_q_b=None, attn_k_b=None, attn_v_b=None)
-        if t.has("attn_qkv.weight"):
-            n = D + 2 * kv_out
-            qkv.update(attn_qkv=w("attn_qkv", (n, D)), attn_qkv_b=opt("attn_qkv.bias", n))
-            if qkv["attn_qkv_b"] is None and all(t.has(f"attn_{x}.bias") for x in "qkv"):
-                # build_qkv: fused weights with separate q/k/v biases, concatenated
-                qkv["attn_qkv_b"] = torch.cat([opt("attn_q.bias", D), opt("attn_k.bias", kv_out),
-                                               opt("attn_v.bias", kv_out)])
-        else:
-            qkv.update(attn_q=w("attn_q", (D, D)), attn_k=w("attn_k", (kv_out, D)), attn_v=w("attn_v", (kv_out, D)),
-                       attn_q_b=opt("attn_q.bias", D), attn_k_b=opt("attn_k.bias", kv_out),
-                       attn_v_b=opt("attn_v.bias", kv_out))
         return NomicBertBlock(
-            **qkv,
+            **qkv_tensors(t),
             attn_output=w("attn_output", (D, D)), attn_output_b=opt("attn_output.bias", D),
             attn_output_norm=v("attn_output_norm.weight", D), attn_output_norm_b=v("attn_output_norm.bias", D),
             ffn_up=w("ffn_up", (Fw, D)), ffn_up_b=None, ffn_gate=w("ffn_gate", (Fw, D)),
