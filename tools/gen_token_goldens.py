@@ -20,6 +20,8 @@ in tests/tokenizer/README.md (a venv at /tmp/llcpp), then:
     /tmp/llcpp/bin/python tools/gen_token_goldens.py $(python -c "import sys; sys.path.insert(0,
         'tests/tokenizer'); from vocab_files import MORE_PRES; print(*('pieces-as-' + p for p in MORE_PRES))")
     /tmp/llcpp/bin/python tools/gen_token_goldens.py llama-bpe-as-tekken
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py pieces-as-whitespace-lower
+    /tmp/llcpp/bin/python tools/gen_token_goldens.py --embed-pres  # goldens/embed-pres.json
 
 A pre variant (tests/tokenizer/vocab_files.py PRE_VARIANTS) is a suite vocab written under
 another tokenizer.ggml.pre; its golden adds PRE_CASES, llama.cpp's suite texts
@@ -214,6 +216,10 @@ class LlamaVocab:
         cap = 64 + 64 * len(ids)
         buf = ctypes.create_string_buffer(cap)
         n = self.L.llama_detokenize(self.vocab, arr, len(ids), buf, cap, False, unparse_special)
+        if n < 0:  # -n: the bytes needed (raw-UTF-8 vocabs render "[UNK_BYTE_0x..]" pieces, longer)
+            cap = -n
+            buf = ctypes.create_string_buffer(cap)
+            n = self.L.llama_detokenize(self.vocab, arr, len(ids), buf, cap, False, unparse_special)
         if n < 0:
             raise RuntimeError("detokenize buffer too small")
         return buf.raw[:n].decode("utf-8", errors="replace")
@@ -302,26 +308,116 @@ def lite_golden_for(path: Path) -> dict:
 PRE_OWN_CASES = {"chameleon": ["<sentinel:3>x", "a<sentinel:12> b", "<sentinel:>", "<sentinel:7", "IMGIMGABZ",
                                "xIMGIMGABCDZy", "IMGIMGABCDEZ", "IMGIMGZ", "IMGIMGJZ", "\t\tx", "a    b  c",
                                "a   b", "  \n  x", "x1,2.3!?", "(a)[b]{c}", "IMGIMGAZ<sentinel:0>1"]}
+# the embedding models' names (vocab_files.EMBED_PRES, whose piece vocabs have <s>, </s> and <mask> control
+# tokens): <mask> after spaces, tabs, newlines and non-C-isspace white space (LSTRIP strips what isspace()
+# says), at the start, twice, glued, and next to <s> / </s>
+MASK_CASES = ["a <mask>", "a  <mask> b", "a\t\n <mask>", " <mask>", "<mask>", "<mask> a", "a<mask>b",
+              "Paris is the <mask> of France.", "a <mask> <mask> b", "<s> a <mask></s>", "a\u3000<mask>",
+              "a\u00a0<mask>", "a\u0085<mask>", "a\x0b\x0c\r<mask>", "x <mask>'s", "  <mask>  ", "<mask>\n<mask>"]
+# pre 'whitespace' (a raw-UTF-8 piece vocab, vocab_files.raw_piece_vocab): White_Space and what C's / ECMAScript's
+# \s is not (U+001C-U+001F, U+200B, U+FEFF, U+180E), characters and a byte the vocab lacks (its RAW_MISSING,
+# RAW_NO_BYTE), case for the lowercase variant (U+0130, U+1E9E, title case, final sigma)
+WHITESPACE_CASES = ["a\u1680b\u2007c\u202fd\u205fe", "a\x1cb\x1dc\x1ed\x1ff", "a\u200bb\ufeffc\u180ed",
+                    "x\u2028y\u2029z", "\u0085a\u0085", "😀", "a😀b 😀", "€5 5€", "e\u0301 \u0301", "İstanbul ẞ",
+                    "ǅUNGLA ǈ", "ΟΔΟΣ Σ", "ABC def GHI", "  lead and trail  ", "\t\n\r\x0b\x0c",
+                    "中文 字\u3000ひら"]
+PRE_OWN_CASES.update({p: MASK_CASES for p in ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert",
+                                              "jina-v1-en", "jina-v2-code", "roberta-bpe")})
+PRE_OWN_CASES["whitespace"] = WHITESPACE_CASES
 
 
-def piece_golden_for(pre: str, with_merges: bool = True, with_decode: bool = False) -> dict:
+def piece_golden_for(pre: str, with_merges: bool = True, with_decode: bool = False, **options) -> dict:
     """llama.cpp's split itself: PRE_CASES and the short CASES on a vocab where each pre-token
     is one token (tests/tokenizer/vocab_files.py write_piece_vocab); ids without specials;
-    with_decode: also each case's detokenized text and the pre's default add_bos."""
-    from vocab_files import write_piece_vocab
+    with_decode: also each case's detokenized text and the pre's default add_bos. For the
+    embedding models' names and RAW_PRES (vocab_files.EMBED_PRES / RAW_PRES) also each case's ids with
+    special tokens parsed (no BOS / EOS), add_eos, add_sep and <mask>'s attribute bits; options:
+    write_piece_vocab's model / extra_kv (vocab_files.PIECE_OPTIONS)."""
+    from vocab_files import EMBED_PRES, RAW_PRES, write_piece_vocab
 
     texts = [t for t in dict.fromkeys(PRE_CASES + CASES + PRE_OWN_CASES.get(pre, []))
              if 0 < len(t.encode("utf-8")) <= 48]
     v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "pieces.gguf",
-                                     with_merges))
+                                     with_merges, **options))
+    embed = pre in EMBED_PRES or pre in RAW_PRES
     cases = []
     for t in texts:
         ids = v.tokenize(t, False, False)
         # decode (clean_spaces shows there) only where asked: the older piece goldens have none
-        cases.append({"text": t, "ids": ids, **({"decode": v.detokenize(ids, True)} if with_decode else {})})
+        cases.append({"text": t, "ids": ids, **({"decode": v.detokenize(ids, True)} if with_decode else {}),
+                      **({"ids_special": v.tokenize(t, False, True)} if embed else {})})
+    L, flags = v.L, {}
+    if embed:
+        flags = {"add_eos": bool(L.llama_vocab_get_add_eos(v.vocab)), "add_sep": bool(L.llama_vocab_get_add_sep(v.vocab))}
+        mask = L.llama_vocab_mask(v.vocab)
+        if mask >= 0:
+            flags.update(mask=int(mask), mask_attr=int(L.llama_vocab_get_attr(v.vocab, mask)))
     return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "pre": pre, "n_vocab": v.n,
-            **({"add_bos": bool(v.L.llama_vocab_get_add_bos(v.vocab))} if with_decode else {}),
+            **({"add_bos": bool(L.llama_vocab_get_add_bos(v.vocab))} if with_decode else {}), **flags,
             "cases": cases}
+
+
+# query / document pairs for the rerank layout, and the add_* keys each embedding name's vocab is written with
+RERANK_PAIRS = [("what is the capital of France?", "Paris is the capital of France."), ("a <mask> b", " x  y\n"),
+                ("", "empty query"), ("Grüße 😀", "")]
+RERANK_KEYS = [{}, {"add_sep_token": False}, {"add_sep_token": True}, {"add_bos_token": True, "add_eos_token": True},
+               {"add_bos_token": True, "add_eos_token": True, "add_sep_token": False}]
+
+
+# the per-token attribute chain (load(), "Handle per token attributes"): pre, general.name -> the specials' bits
+ATTR_RULES = [("gpt-2", "ModernBERT-base"), ("gpt-2", "modern-bert-base"), ("jina-v2-de", "phi-3-mini"),
+              ("gpt-2", "Phi-3-mini"), ("jina-v1-en", "modern-bert"), ("jina-v2-code", None), ("gpt-2", None)]
+ATTR_SPECIALS = ["<s>", "</s>", "<mask>", "[MASK]", "<|endoftext|>", "<unk>"]  # (Phi-3's rule needs all four it names)
+ATTR_TEXTS = ["a <mask> b [MASK] c</s> d", "x  [MASK]  <mask>  <s>  y", "<|endoftext|> z \n<mask>\t"]
+
+
+def attr_rules_golden() -> list[dict]:
+    """For each of ATTR_RULES: a vocab of GPT-2's 256 byte characters, "ab" and ATTR_SPECIALS (CONTROL) under
+    that pre and general.name: llama.cpp's attribute bits of the specials and the ids of ATTR_TEXTS with
+    special tokens parsed (LSTRIP / RSTRIP show as eaten white space)."""
+    from vocab_files import _byte_chars, write_pre_variant
+
+    toks = _byte_chars() + ["ab"] + ATTR_SPECIALS   # (one merge: llama.cpp needs the merges key)
+    meta = {"tokenizer.ggml.tokens": toks, "tokenizer.ggml.token_type": [1] * 257 + [3] * len(ATTR_SPECIALS),
+            "tokenizer.ggml.merges": ["a b"]}
+    out = []
+    for pre, name in ATTR_RULES:
+        v = LlamaVocab(write_pre_variant(meta, pre, Path(tempfile.mkdtemp()) / "attr.gguf", name=name))
+        out.append({"pre": pre, "name": name,
+                    "attrs": {t: int(v.L.llama_vocab_get_attr(v.vocab, toks.index(t))) for t in ATTR_SPECIALS},
+                    "cases": [{"text": t, "ids": v.tokenize(t, False, True)} for t in ATTR_TEXTS]})
+    return out
+
+
+def rerank_golden() -> dict:
+    """llama.cpp's add_bos / add_eos / add_sep (llama_vocab_get_add_*) of each embedding name's piece vocab
+    (vocab_files.write_piece_vocab of the RERANK_PAIRS texts) under each of RERANK_KEYS, and the pair
+    layout llama-server's format_prompt_rerank (tools/server/server-common.cpp, no rerank template) builds
+    from them: [BOS] query [EOS] [SEP] document [EOS], query / document by llama_tokenize(text, false,
+    false), EOS falling back to SEP. The layout is written here from llama.cpp's flags and ids (the
+    server is not in libllama); minfer's runtime/embed.py pair_ids must give the same ids."""
+    from vocab_files import EMBED_PRES, write_piece_vocab
+
+    texts = sorted({t for pair in RERANK_PAIRS for t in pair if t})
+    out = []
+    for pre in EMBED_PRES:
+        for keys in RERANK_KEYS:
+            v = LlamaVocab(write_piece_vocab(texts, pre, Path(tempfile.mkdtemp()) / "rank.gguf", extra_kv=keys))
+            L = v.L
+            add = {k: bool(f(v.vocab)) for k, f in (("add_bos", L.llama_vocab_get_add_bos),
+                                                    ("add_eos", L.llama_vocab_get_add_eos),
+                                                    ("add_sep", L.llama_vocab_get_add_sep))}
+            bos, eos, sep = L.llama_vocab_bos(v.vocab), L.llama_vocab_eos(v.vocab), L.llama_vocab_sep(v.vocab)
+            eos = eos if eos >= 0 else sep
+            pairs = []
+            for q, d in RERANK_PAIRS:
+                ids = ([bos] if add["add_bos"] else []) + v.tokenize(q, False, False) + \
+                    ([eos] if add["add_eos"] else []) + ([sep] if add["add_sep"] else []) + \
+                    v.tokenize(d, False, False) + ([eos] if add["add_eos"] else [])
+                pairs.append({"query": q, "document": d, "ids": ids})
+            out.append({"pre": pre, "keys": keys, **add, "pairs": pairs})
+    return {"llama_cpp": LLAMA_CPP_VERSION, "command": COMMAND, "texts": texts, "vocabs": out,
+            "attr_rules": attr_rules_golden()}
 
 
 def dump_golden(g: dict) -> str:
@@ -365,7 +461,16 @@ def main() -> int:
                     help="write goldens/<name>-ids.json (ids of the strings and the sweep only)")
     ap.add_argument("--chat-builtin", action="store_true",
                     help="write goldens/chat_builtin.json (llama.cpp's built-in chat formats) only")
+    ap.add_argument("--embed-pres", action="store_true",
+                    help="write goldens/embed-pres.json (the embedding pre names' add_* flags and rerank layout, "
+                         "the per-token attribute chain) only")
     args = ap.parse_args()
+    if args.embed_pres:
+        sys.path.insert(0, str(OUT_DIR.parent))
+        g = rerank_golden()
+        (OUT_DIR / "embed-pres.json").write_text(dump_golden(g), encoding="utf-8")
+        print(f"{OUT_DIR / 'embed-pres.json'}: {len(g['vocabs'])} vocabs, {len(g['attr_rules'])} attribute rules")
+        return 0
     if args.chat_builtin:
         out = OUT_DIR / "chat_builtin.json"
         g = builtin_chat_golden()
@@ -381,13 +486,13 @@ def main() -> int:
     import fetch_llama_cpp  # llama.cpp's suite vocabs: goldens/<name>.json for e.g. 'llama-spm'
 
     sys.path.insert(0, str(OUT_DIR.parent))
-    from vocab_files import MORE_PRES, PIECE_PRES, PRE_VARIANTS, write_pre_variant
+    from vocab_files import MORE_PRES, PIECE_OPTIONS, PIECE_PRES, PRE_VARIANTS, write_pre_variant
 
     extra: dict[str, list[str]] = {}
     for name in args.models or MODELS:
         if name in PIECE_PRES:  # the split of a pre type, on a vocab that spells it out
             g = piece_golden_for(PIECE_PRES[name], not name.endswith("-no-merges"),
-                                 with_decode=PIECE_PRES[name] in MORE_PRES)
+                                 with_decode=PIECE_PRES[name] in MORE_PRES, **PIECE_OPTIONS.get(name, ("", {}))[1])
             (OUT_DIR / f"{name}.json").write_text(dump_golden(g), encoding="utf-8")
             print(f"{OUT_DIR / name}.json: {len(g['cases'])} strings, vocab {g['n_vocab']}")
             continue

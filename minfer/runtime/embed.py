@@ -106,7 +106,7 @@ def pair_ids(tok, head, query: str, doc: str) -> list[int]:
     wpm = tok.kind == "wpm"          # llama-vocab.cpp load: "bert" sets add_sep only; else as minfer's vocab says
     add_bos = flag("add_bos_token", False if wpm else tok.add_bos)
     add_eos = flag("add_eos_token", False if wpm else tok.add_eos)
-    add_sep = flag("add_sep_token", wpm)
+    add_sep = flag("add_sep_token", tok.add_sep_default)   # load(): WordPiece; BPE jina-v1-en / -v2-code, roberta-bpe
     eos = tok.eos_id if tok.eos_id is not None else tok.sep_id      # "use SEP token as fallback if EOS is not available"
     need = [(add_bos, tok.bos_id, "BOS (tokenizer.ggml.bos_token_id)"), (add_eos, eos, "EOS or SEP"),
             (add_sep, tok.sep_id, "SEP (tokenizer.ggml.seperator_token_id)")]

@@ -13,7 +13,11 @@ around them:
 - gemma4: spaces escaped to U+2581, the text split only into runs of newlines and runs of
   other characters; a run of newlines that is itself a token is taken whole (llama.cpp PR
   21343); merges on the raw characters; a symbol the vocab lacks becomes its UTF-8 bytes as
-  <0xXX> tokens, each dropped if the vocab lacks it.
+  <0xXX> tokens, each dropped if the vocab lacks it. Pre 'whitespace' (byte_encode false too)
+  splits with its regex the same way, with no escaping and no whole newline runs;
+- tokenizer.ggml.model 'whitespace' (llm_tokenizer_whitespace_session): each text fragment is first
+  cut at White_Space code points, which are dropped (and each code point lowercased where
+  normalizer.lowercase says), and every remaining segment goes through the BPE above.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from __future__ import annotations
 import re
 
 from minfer.errors import MinferError
-from minfer.tokenizer.pretok import PreRules, with_llama_cpp_tables
+from minfer.tokenizer.pretok import NEWLINES_RE, PreRules, with_llama_cpp_tables
+from minfer.tokenizer.wpm import _WHITESPACE, _simple_lower
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -69,10 +74,12 @@ class BPEModel:
     """Text fragments (special tokens already cut out) -> ids, for one BPE vocab."""
 
     def __init__(self, path: str, texts: list[str], vocab: dict[str, int], merges: list[str],
-                 rules: PreRules):
-        """vocab: text -> id (the last id of a duplicated text, as llama.cpp's token_to_id)."""
+                 rules: PreRules, whitespace_session: bool = False, lowercase: bool = False):
+        """vocab: text -> id (the last id of a duplicated text, as llama.cpp's token_to_id);
+        whitespace_session: tokenizer.ggml.model 'whitespace' (module doc), lowercase its option."""
         self.path = path
         self.rules = rules
+        self._ws_session, self._lower = whitespace_session, lowercase
         self._vocab = vocab
         pairs = [tuple(m.split(" ")) for m in merges]
         for k in (k for k, p in enumerate(pairs) if len(p) != 2):
@@ -87,9 +94,25 @@ class BPEModel:
         self._hf = self._build_hf(vocab, pairs)
         if not rules.byte_encode:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
+            # gemma4's newline runs by Python's re (the same pieces); other regexes as below
+            from tokenizers import pre_tokenizers
+
+            self._raw_split = None if rules.regexes == (NEWLINES_RE,) else \
+                pre_tokenizers.Sequence(self._split_steps())
+
+    def _split_steps(self) -> list:
+        """The pre-tokenizer regexes as `tokenizers` Split steps, each in turn; 'isolated' keeps the
+        unmatched text as pieces of its own, as llama.cpp's unicode_regex_split does
+        ('merged_with_previous' for a glued one: the match joins the text before it)
+        (\\p{..} classes cut to llama.cpp's Unicode 15.1 table: pretok.with_llama_cpp_tables)."""
+        from tokenizers import Regex, pre_tokenizers
+
+        return [pre_tokenizers.Split(Regex(with_llama_cpp_tables(r)), behavior="merged_with_previous"
+                                     if k in self.rules.glued else "isolated")
+                for k, r in enumerate(self.rules.regexes)]
 
     def _build_hf(self, vocab: dict[str, int], pairs: list[tuple[str, str]]):
-        from tokenizers import Regex, Tokenizer as HFTokenizer, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer, models, pre_tokenizers
 
         try:
             bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=self.rules.ignore_merges,
@@ -98,20 +121,38 @@ class BPEModel:
             raise MinferError(f"{self.path}: the GGUF vocab/merges do not form a BPE model: {e}") from e
         hf = HFTokenizer(bpe)
         if self.rules.byte_encode:
-            # each regex in turn; 'isolated' keeps the unmatched text as pieces of its own,
-            # as llama.cpp's unicode_regex_split does
-            # ('merged_with_previous' for a glued one: the match joins the text before it)
-            # (\p{..} classes cut to llama.cpp's Unicode 15.1 table: pretok.with_llama_cpp_tables)
-            steps = [pre_tokenizers.Split(Regex(with_llama_cpp_tables(r)), behavior="merged_with_previous"
-                                          if k in self.rules.glued else "isolated")
-                     for k, r in enumerate(self.rules.regexes)]
+            steps = self._split_steps()
             steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
             hf.pre_tokenizer = pre_tokenizers.Sequence(steps)
-        # gemma4: no pre-tokenizer; encode() hands over one newline-free run at a time
+        # raw UTF-8 (gemma4, whitespace): no pre-tokenizer; _encode_raw hands over one piece at a time
         return hf
+
+    def _segments(self, text: str) -> list[str]:
+        """llm_tokenizer_whitespace_session::tokenize: the text cut at White_Space code points
+        (unicode_cpt_flags is_whitespace, dropped), each code point lowercased (unicode_tolower,
+        UnicodeData's simple mapping) where normalizer_opts.lowercase is on."""
+        segs: list[str] = []
+        cur: list[str] = []
+        for ch in text:
+            if ord(ch) in _WHITESPACE:
+                if cur:
+                    segs.append("".join(cur))
+                    cur = []
+            else:
+                cur.append(_simple_lower(ch) if self._lower else ch)
+        if cur:
+            segs.append("".join(cur))
+        return segs
 
     def encode_batch(self, frags: list[str]) -> list[list[int]]:
         """Ids of each text fragment (no BOS/EOS)."""
+        if self._ws_session:  # each segment through the BPE session, the ids joined per fragment
+            groups = [self._segments(f) for f in frags]
+            flat = iter(self._encode_pieces([s for g in groups for s in g]))
+            return [[i for _ in g for i in next(flat)] for g in groups]
+        return self._encode_pieces(frags)
+
+    def _encode_pieces(self, frags: list[str]) -> list[list[int]]:
         if not frags:
             return []
         if self.rules.byte_encode:
@@ -121,14 +162,15 @@ class BPEModel:
         return [self._encode_raw(f) for f in frags]
 
     def _encode_raw(self, text: str) -> list[int]:
-        """gemma4: SPM-style BPE on raw UTF-8 (byte_encode = false in llama.cpp)."""
+        """gemma4, whitespace: BPE on raw UTF-8 (byte_encode = false in llama.cpp)."""
         if self.rules.escape_whitespace:
             text = text.replace(" ", "\u2581")  # llama_escape_whitespace
-        runs = _NEWLINE_RUNS.findall(text)
+        runs = _NEWLINE_RUNS.findall(text) if self._raw_split is None else \
+            [p for p, _ in self._raw_split.pre_tokenize_str(text)]
         out: list[int] = []
         todo: list[tuple[int, str]] = []  # (position in out, run) for the BPE
         for run in runs:
-            whole = self._vocab.get(run) if run[0] == "\n" else None
+            whole = self._vocab.get(run) if self.rules.whole_newline_runs and run[0] == "\n" else None
             if whole is not None:
                 out.append(whole)
             else:

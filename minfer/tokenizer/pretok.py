@@ -190,6 +190,12 @@ class PreRules:
     # indices of regexes whose matches are glued to the unmatched text just before them
     # (tokenizers' Split behaviour "merged_with_previous") instead of standing alone
     glued: tuple[int, ...] = ()
+    # a piece of newlines only that is itself a token is taken whole, merges skipped
+    # (llm_tokenizer_bpe_session::tokenize: tok_pre == LLAMA_VOCAB_PRE_TYPE_GEMMA4, PR 21343)
+    whole_newline_runs: bool = False
+    # llama_vocab_get_add_sep's default before tokenizer.ggml.add_sep_token overrides it; read only by
+    # the rerank pair layout (llama-server's format_prompt_rerank: SEP between query and document)
+    add_sep: bool = False
 
 
 _LLAMA3 = PreRules((LLAMA3_RE,), ignore_merges=True, add_bos=True)
@@ -232,7 +238,7 @@ PRE_TYPES: dict[str, PreRules] = {
     "cohere2moe": PreRules((TINY_AYA_DIGITS_RE, TINY_AYA_RE), clean_spaces=False, glued=(0,)),
     # tokenizer.ggml.model 'gemma4' sets this pre itself (load(): tokenizer_pre = "gemma4");
     # a 'gpt2' vocab may name it too
-    "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True),
+    "gemma4": PreRules((NEWLINES_RE,), byte_encode=False, escape_whitespace=True, whole_newline_runs=True),
 }
 PRE_TYPES["granite-embed-multi-311m"] = PRE_TYPES["gemma4"]
 # The other names of llama_vocab::impl::load's chain whose rules are one of the above (the same
@@ -271,3 +277,23 @@ PRE_TYPES.update({
                            r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", GPT2_RE), clean_spaces=False, add_bos=True),
 })
 PRE_TYPES["bailingmoe2"] = PRE_TYPES["llada-moe"] = PRE_TYPES["bailingmoe"]
+
+# The embedding / reranker models' names (llama_vocab::impl::load's chain):
+# - "jina-es", "jina-de", "jina-v2-es", "jina-v2-de" and "modern-bert" sit in the list with "gpt-2"
+#   and "phi-2": LLAMA_VOCAB_PRE_TYPE_GPT2 and nothing else (clean_spaces stays on);
+# - "jina-v1-en", "jina-v2-code", "roberta-bpe": LLAMA_VOCAB_PRE_TYPE_GPT2 with `add_sep = true`, the
+#   default of llama_vocab_get_add_sep (the "Handle add_bos, add_eos and add_sep" block lets
+#   tokenizer.ggml.add_sep_token override it; the tokenizer itself never reads it);
+# - "whitespace" (jina-embeddings-v2-base-zh; the converter pins it with tokenizer.ggml.model
+#   'whitespace'): case LLAMA_VOCAB_PRE_TYPE_WHITESPACE, one regex "\S+" run with std::wregex (no
+#   \p{..} class; non-ASCII White_Space becomes \v first, so \s is White_Space as Oniguruma's) and
+#   byte_encode = false: the pieces stay raw UTF-8, a symbol the vocab lacks becomes <0xXX> byte
+#   tokens; normalizer_opts.lowercase = false (read by the 'whitespace' model's session only:
+#   tokenizer.py). Decoding stays the BPE one (llama_decode_text, clean_spaces on).
+# The `<mask>` LSTRIP rule of the jina-v2-de / -es / -code names is a token attribute: vocab.py.
+WHITESPACE_RE = r"\S+"
+for _n in ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert"):
+    PRE_TYPES[_n] = PRE_TYPES["gpt-2"]
+_GPT2_SEP = PreRules((GPT2_RE,), add_sep=True)
+PRE_TYPES.update({"jina-v1-en": _GPT2_SEP, "jina-v2-code": _GPT2_SEP, "roberta-bpe": _GPT2_SEP,
+                  "whitespace": PreRules((WHITESPACE_RE,), byte_encode=False)})

@@ -7,6 +7,7 @@ vendored in llama-cpp-python 0.3.36; each rule is cited where it is applied):
 |----------|-------------------|----------------------|
 | `gpt2`   | byte-level BPE    | bpe.BPEModel + the `tokenizer.ggml.pre` rules of pretok.py |
 | `gemma4` | raw-UTF-8 BPE     | bpe.BPEModel (pre 'gemma4': escaped spaces, newline runs) |
+| `whitespace` | BPE after a White_Space split | bpe.BPEModel, pre 'whitespace' only (jina-embeddings-v2-base-zh) |
 | `llama`  | SentencePiece     | spm.SPMModel (score-ordered merges, byte fallback) |
 | `bert`   | WordPiece         | wpm.WPMModel         |
 | `t5`     | SentencePiece Unigram (UGM) | ugm.UGMModel (precompiled charsmap, Viterbi over scores) |
@@ -40,7 +41,7 @@ from minfer.errors import MinferError
 from minfer.tokenizer import vocab as V
 from minfer.tokenizer.pretok import PRE_TYPES, PreRules
 
-MODELS = ("gpt2", "gemma4", "llama", "bert", "t5")  # tokenizer.ggml.model values minfer implements
+MODELS = ("gpt2", "gemma4", "llama", "bert", "t5", "whitespace")  # tokenizer.ggml.model values minfer implements
 _WS = " \t\n\v\f\r"  # C isspace(), what tokenizer_st_partition strips for LSTRIP/RSTRIP
 
 
@@ -122,9 +123,10 @@ class Tokenizer:
     def __init__(self, path: str, kind: str, tokens: list[str], token_types: list[int] | None,
                  meta: dict, chat_template: str | None, *, merges: list[str] | None = None,
                  pre_name: str | None = None, scores: list[float] | None = None,
-                 model_name: str = "", arch: str = "", charsmap: bytes | None = None):
+                 model_name: str = "", arch: str = "", charsmap: bytes | None = None,
+                 whitespace_session: bool = False):
         self.path = path
-        self.kind = kind  # 'bpe' (gpt2), 'gemma4', 'spm' (llama), 'wpm' (bert) or 'ugm' (t5)
+        self.kind = kind  # 'bpe' (gpt2, whitespace), 'gemma4', 'spm' (llama), 'wpm' (bert) or 'ugm' (t5)
         self.pre_name = pre_name
         self._texts = V.token_texts(tokens)
         if kind == "ugm":
@@ -136,16 +138,9 @@ class Tokenizer:
                 v = meta.get(key)
                 if v is None or not 0 <= int(v) < len(self._texts):
                     sp_meta[key] = d
-            sp = V.derive_special(self._texts, token_types, sp_meta, "gemma4", model_name)
-        else:
-            sp = V.derive_special(self._texts, token_types, meta, kind, model_name)
-        # load(), "Handle per token attributes": <mask> eats the whitespace before it for the
-        # jina-v2-de/-es/-code pre-tokenizers and the nomic-bert-moe / jina-bert-v3
-        # architectures (substring matches of tokenizer.ggml.pre / general.architecture)
-        if "<mask>" in sp.by_text and (any(p in str(meta.get("pre") or "") for p in
-                                           ("jina-v2-de", "jina-v2-es", "jina-v2-code"))
-                                       or any(a in arch for a in ("nomic-bert-moe", "jina-bert-v3"))):
-            sp.attrs[sp.by_text["<mask>"]] |= V.ATTR_LSTRIP
+            sp = V.derive_special(self._texts, token_types, sp_meta, "gemma4", model_name, arch)
+        else:  # (vocab.derive_special sets the per-name attributes too: <mask>'s LSTRIP, Phi-3's RSTRIP)
+            sp = V.derive_special(self._texts, token_types, meta, kind, model_name, arch)
         self._attrs = sp.attrs
         self._ids = sp.ids
         self.eog_ids: set[int] = set(sp.eog)
@@ -164,6 +159,13 @@ class Tokenizer:
             self.add_bos = True  # "workaround for Gemma 4" (llama.cpp PR 21500)
         # load(): UGM's default is add_eos on (T5 ends its input with </s>), the others off
         self.add_eos = (kind == "ugm") if add_eos is None else bool(add_eos)
+        # llama_vocab_get_add_sep: on for WordPiece and the BPE pres jina-v1-en / jina-v2-code /
+        # roberta-bpe (pretok.py), tokenizer.ggml.add_sep_token overriding it ("Handle add_bos,
+        # add_eos and add_sep"). Encoding never reads it: the rerank pair layout does
+        # (runtime/embed.py pair_ids, as llama-server's format_prompt_rerank: the key, else this default).
+        add_sep = meta.get("add_sep_token")
+        self.add_sep_default = kind == "wpm" or (kind == "bpe" and bool(rules and rules.add_sep))
+        self.add_sep = self.add_sep_default if add_sep is None else bool(add_sep)
         prefix = meta.get("add_space_prefix")
         # SPM's default is on (UGM's off); BPE reads the key too (only decoding uses it)
         self.add_space_prefix = (kind == "spm") if prefix is None else bool(prefix)
@@ -176,7 +178,11 @@ class Tokenizer:
             from minfer.tokenizer.bpe import BPEModel
 
             assert rules is not None and merges is not None
-            self._model = BPEModel(path, self._texts, sp.by_text, merges, rules)
+            # the 'whitespace' model's session lowercases as normalizer_opts.lowercase says: pre
+            # 'whitespace' sets it false, tokenizer.ggml.normalizer.lowercase overrides (load())
+            lower = meta.get("normalizer.lowercase")
+            self._model = BPEModel(path, self._texts, sp.by_text, merges, rules, whitespace_session,
+                                   bool(lower) if whitespace_session and lower is not None else False)
         elif kind == "spm":
             from minfer.tokenizer.spm import SPMModel
 
@@ -218,7 +224,7 @@ class Tokenizer:
             raise MinferError(
                 f"{g.path}: tokenizer.ggml.model is {quoted(model)} (tokenizer.ggml.pre {quoted(pre)}), a "
                 f"vocab type minfer does not implement (known: {', '.join(MODELS)}: byte-level "
-                "BPE, Gemma 4 BPE, SentencePiece, WordPiece, SentencePiece Unigram)")
+                "BPE, Gemma 4 BPE, SentencePiece, WordPiece, SentencePiece Unigram, whitespace-split BPE)")
         if model == "t5" and g.get("tokenizer.ggml.scores") is None:
             # llama.cpp scores every token 0 then, which is not the model's tokenization
             raise MinferError(
@@ -242,7 +248,18 @@ class Tokenizer:
         tmpl = g.get("tokenizer.chat_template")
         kw: dict = {"model_name": str(g.get("general.name") or ""),
                     "arch": str(g.get("general.architecture") or "")}
-        if model == "gpt2":
+        if (model == "whitespace") != (pre == "whitespace") and model in ("gpt2", "whitespace"):
+            # load(): a 'whitespace' model takes the pre chain as 'gpt2' does, its session cutting at
+            # White_Space first; minfer implements only the pair llama.cpp's converter writes
+            # (_set_vocab_whitespace pins both). Pre 'whitespace' under 'gpt2' hands white space runs to
+            # the raw-UTF-8 BPE, where llama.cpp aborts on a space next to another symbol (find_bpe_rank:
+            # GGML_ASSERT(token_left.find(' ') == npos))
+            raise MinferError(
+                f"{g.path}: tokenizer.ggml.model is {quoted(model)} with tokenizer.ggml.pre {quoted(pre)}; "
+                "minfer implements the 'whitespace' model and pre together only (what llama.cpp's converter "
+                "writes for jina-embeddings-v2-base-zh; llama.cpp itself aborts on pre 'whitespace' under "
+                "'gpt2' at a run of white space)")
+        if model in ("gpt2", "whitespace"):
             if pre is None:
                 raise MinferError(f"{g.path}: metadata key 'tokenizer.ggml.pre' is missing; "
                                   "minfer needs it to choose the pre-tokenizer rules")
@@ -257,7 +274,7 @@ class Tokenizer:
             # "Kimi-K2 tokenizer detected, skipping BPE merges")
             merges = g.get("tokenizer.ggml.merges") if pre == "kimi-k2" else \
                 g.require("tokenizer.ggml.merges")
-            kw.update(merges=list(merges or []), pre_name=str(pre))
+            kw.update(merges=list(merges or []), pre_name=str(pre), whitespace_session=model == "whitespace")
         elif model == "gemma4":
             # load(): the gemma4 model sets its own pre, whatever the file says
             kind = "gemma4"

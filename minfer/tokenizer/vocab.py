@@ -85,19 +85,24 @@ class SpecialIds:
 
 
 def token_texts(tokens: list[str]) -> list[str]:
-    """Vocab texts with llama.cpp's placeholder for empty entries (load(): "[EMPTY_<i>]")."""
+    """Vocab texts with llama.cpp's placeholder for empty entries (load(): "[EMPTY_<i>]"). load() reads
+    each text as a C string (gguf_get_arr_str: c_str()), so a text ends at its first NUL (a raw-UTF-8
+    vocab's "\\x00" token is empty there, and the text "\\x00" falls back to its byte token)."""
+    if "\x00" in "".join(tokens):
+        tokens = [t.split("\x00", 1)[0] for t in tokens]
     if all(tokens):
         return list(tokens)
     return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
 
 
 def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
-                   kind: str = "bpe", model_name: str = "") -> SpecialIds:
+                   kind: str = "bpe", model_name: str = "", arch: str = "") -> SpecialIds:
     """Attributes, special ids and the EOG set of a vocab, following llama_vocab::impl::load.
 
     `meta` maps a key suffix (e.g. 'eos_token_id') to its metadata value, where present;
     `kind` is the vocab type ('spm', 'bpe', 'wpm', 'gemma4') whose default ids apply;
-    `model_name` is general.name (llama.cpp sets per-token attributes by it).
+    `model_name` is general.name, `arch` general.architecture (llama.cpp sets per-token
+    attributes by them and by meta['pre']).
     """
     n = len(texts)
     if token_types is None:
@@ -172,14 +177,24 @@ def derive_special(texts: list[str], token_types: list[int] | None, meta: dict,
     order = [i for i, a in enumerate(attrs) if a & special]
     order.sort(key=lambda i: -len(texts[i].encode("utf-8")))
 
-    # per-token attributes set by model name, after the cache above ("Handle per token
-    # attributes"): Phi-3's special tokens swallow the whitespace after them
-    name = model_name.lower()
-    if "phi-3" in name or "phi3" in name:
+    # per-token attributes set by pre / architecture / model name, after the cache above (load(),
+    # "Handle per token attributes": one if / else-if chain of substring matches, _contains_any):
+    # 1. tokenizer.ggml.pre jina-v2-de / -es / -code or arch nomic-bert-moe / jina-bert-v3: <mask>
+    #    (token_to_id.at: the last id of that text; none: only a warning) eats the whitespace before it
+    # 2. else Phi-3's special tokens swallow the whitespace after them
+    # 3. else a model named "modern-bert": [MASK] eats the whitespace before it
+    name, pre = model_name.lower(), str(meta.get("pre") or "")
+    if any(p in pre for p in ("jina-v2-de", "jina-v2-es", "jina-v2-code")) or \
+            any(a in arch for a in ("nomic-bert-moe", "jina-bert-v3")):
+        if "<mask>" in by_text:
+            attrs[by_text["<mask>"]] |= ATTR_LSTRIP
+    elif "phi-3" in name or "phi3" in name:
         for i in order:
             attrs[i] |= ATTR_RSTRIP
         for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
             if t in by_text:
                 attrs[by_text[t]] = attrs[by_text[t]] | ATTR_RSTRIP if on else \
                     attrs[by_text[t]] & ~ATTR_RSTRIP
+    elif "modern-bert" in name and "[MASK]" in by_text:
+        attrs[by_text["[MASK]"]] |= ATTR_LSTRIP
     return SpecialIds(ids, attrs, eog, order, by_text, frozenset(markers))

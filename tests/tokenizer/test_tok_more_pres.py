@@ -8,10 +8,16 @@ architectures use most (Mistral NeMo, Mistral Small 3.x, Ministral 3, Devstral),
 real tiktoken-style vocab (goldens/llama-bpe-as-tekken.json, in test_tok_llama_cpp.py with the
 other vocabs) and its rules and flags are each shown needed here.
 
+The embedding / reranker models' names (jina-es, jina-de, jina-v2-es, jina-v2-de, modern-bert, jina-v1-en,
+jina-v2-code, roberta-bpe: vocab_files.EMBED_PRES; and whitespace, under tokenizer.ggml.model 'whitespace') are
+in MORE_PRES too; their goldens add <mask> texts (gen_token_goldens.MASK_CASES / WHITESPACE_CASES), the ids with
+special tokens parsed and add_sep / <mask>'s attribute, checked in test_tok_embed_pres.py.
+
 Names of the chain that minfer still refuses (a clear error naming the file and the value):
-the embedding models' (jina-*, roberta-bpe, modern-bert, granite-embed-multi-97m, whitespace),
-superbpe, afmoe, sarvam-moe, youtu and jais-2 (chameleon joined the list above in 2026-12's thirty-seventh session,
-its golden with texts for its sentinel / image-token regexes: gen_token_goldens.PRE_OWN_CASES).
+granite-embed-multi-97m, superbpe, afmoe, sarvam-moe, youtu and jais-2, and pre 'whitespace' under
+tokenizer.ggml.model 'gpt2' (llama.cpp aborts there on a run of white space; the model 'whitespace' with
+another pre is refused too) (chameleon joined the list above in 2026-12's thirty-seventh session, its golden
+with texts for its sentinel / image-token regexes: gen_token_goldens.PRE_OWN_CASES).
 """
 
 from __future__ import annotations

@@ -69,24 +69,47 @@ MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "gigachat", "a.x-4.0", 
              "smaug-bpe", "trillion", "granite-docling", "tekken", "seed-coder", "bailingmoe", "bailingmoe2",
              "llada-moe", "exaone-moe", "minicpm5", "ufakzeka", "spark2_5", "laguna", "poro-chat", "bloom",
              "gpt3-finnish", "viking", "chameleon")
+# the embedding / reranker models' names (pretok.py: GPT-2's rules; add_sep on for jina-v1-en, jina-v2-code,
+# roberta-bpe; <mask> LSTRIP for jina-v2-de / -es / -code): their piece vocabs end with EMBED_SPECIALS as
+# control tokens (BOS <s>, EOS and SEP </s>, <mask>: a RoBERTa-style vocab), so llama.cpp's partition
+# (<mask> eating the space before it or not) and rerank flags show in the goldens
+EMBED_PRES = ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "jina-v1-en", "jina-v2-code",
+              "roberta-bpe")
+EMBED_SPECIALS = ("<s>", "</s>", "<mask>")
+# pre names whose BPE runs on raw UTF-8 (byte_encode false): their piece vocab is raw (raw_piece_vocab),
+# under tokenizer.ggml.model 'whitespace', the pair llama.cpp's converter writes (jina-embeddings-v2-base-zh)
+RAW_PRES = ("whitespace",)
+MORE_PRES = MORE_PRES + EMBED_PRES + RAW_PRES
 PIECE_PRES.update({f"pieces-as-{p}": p for p in MORE_PRES})
+# piece goldens of a pre under other write_piece_vocab options: name -> (pre, options)
+PIECE_OPTIONS = {
+    # (pre 'whitespace' under tokenizer.ggml.model 'gpt2' has none: llama.cpp aborts on a run of white space
+    # with a space in it there, llama_vocab::find_bpe_rank's GGML_ASSERT; minfer refuses the pair)
+    # tokenizer.ggml.normalizer.lowercase true: the 'whitespace' session lowercases each code point
+    "pieces-as-whitespace-lower": ("whitespace", {"extra_kv": {"normalizer.lowercase": True}}),
+}
+PIECE_PRES.update({k: v[0] for k, v in PIECE_OPTIONS.items()})
 
 _COPIED_KEYS = ("bos_token_id", "eos_token_id", "padding_token_id", "add_bos_token", "add_eos_token")
 
 
-def write_pre_variant(base_metadata: dict, pre: str, out: Path) -> Path:
+def write_pre_variant(base_metadata: dict, pre: str, out: Path, model: str = "gpt2",
+                      extra_kv: dict | None = None, name: str | None = None) -> Path:
     """A vocab-only GGUF (arch llama, no tensors) with the base file's tokens, types, merges,
-    special ids and add_bos/add_eos flags, and `pre` as tokenizer.ggml.pre."""
+    special ids and add_bos/add_eos flags, and `pre` as tokenizer.ggml.pre; `model` as
+    tokenizer.ggml.model; extra_kv: more tokenizer.ggml.<key> values (bool or int); name: general.name."""
     import gguf
 
     w = gguf.GGUFWriter(str(out), "llama")
+    if name is not None:
+        w.add_name(name)
     w.add_context_length(2048)
     w.add_embedding_length(64)
     w.add_feed_forward_length(128)
     w.add_block_count(1)
     w.add_head_count(1)
     w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
     w.add_token_list(base_metadata["tokenizer.ggml.tokens"])
     w.add_token_types(base_metadata["tokenizer.ggml.token_type"])
@@ -97,6 +120,11 @@ def write_pre_variant(base_metadata: dict, pre: str, out: Path) -> Path:
         if isinstance(v, bool):
             w.add_bool(f"tokenizer.ggml.{k}", v)
         elif v is not None:
+            w.add_uint32(f"tokenizer.ggml.{k}", int(v))
+    for k, v in (extra_kv or {}).items():
+        if isinstance(v, bool):
+            w.add_bool(f"tokenizer.ggml.{k}", v)
+        else:
             w.add_uint32(f"tokenizer.ggml.{k}", int(v))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -137,11 +165,58 @@ def piece_vocab(texts: list[str]) -> tuple[list[str], list[str]]:
     return list(tokens), list(merges)
 
 
-def write_piece_vocab(texts: list[str], pre: str, out: Path, with_merges: bool = True) -> Path:
+# llama.cpp's unicode_set_whitespace (White_Space): the 'whitespace' session cuts there
+WHITE_SPACE = frozenset(map(chr, [*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                                  0x2028, 0x2029, 0x202F, 0x205F, 0x3000]))
+# characters no token of a raw piece vocab holds (spelled with <0xXX> byte tokens), and a byte with no
+# byte token (0x82, in the UTF-8 of U+20AC: dropped)
+RAW_MISSING, RAW_NO_BYTE = frozenset("\U0001F600\u20ac\u0301"), 0x82
+
+
+def raw_piece_vocab(texts: list[str]) -> tuple[list[str], list[str]]:
+    """piece_vocab for a raw-UTF-8 BPE (byte_encode false): every character of the texts and of their
+    lowercase forms, every substring of each White_Space-free run and of its lowercase form, a merge
+    for every cut of those
+    (so no merge holds a space), then <0xXX> byte tokens; RAW_MISSING stays out of every token."""
+    tokens: dict[str, None] = {}
+    merges: dict[str, None] = {}
+    for t in texts:
+        tokens.update((c, None) for c in t if c not in RAW_MISSING)
+        runs = "".join(" " if c in WHITE_SPACE else c for c in t).split(" ")
+        for run in runs + ["".join(c.lower()[:1] for c in r) for r in runs]:
+            tokens.update((c, None) for c in run if c not in RAW_MISSING)
+            for i in range(len(run)):
+                for j in range(i + 2, len(run) + 1):
+                    sub = run[i:j]
+                    if RAW_MISSING.isdisjoint(sub):
+                        tokens.setdefault(sub)
+                        for k in range(1, len(sub)):
+                            merges.setdefault(f"{sub[:k]} {sub[k:]}")
+    return list(tokens), list(merges)
+
+
+def write_piece_vocab(texts: list[str], pre: str, out: Path, with_merges: bool = True, model: str | None = None,
+                      extra_kv: dict | None = None) -> Path:
     """A vocab-only GGUF of piece_vocab(texts) under `pre` (all tokens NORMAL, no special ids;
-    with_merges=False: no tokenizer.ggml.merges key)."""
-    tokens, merges = piece_vocab(texts)
-    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [1] * len(tokens)}
+    with_merges=False: no tokenizer.ggml.merges key). A pre of EMBED_PRES gets EMBED_SPECIALS after
+    them (CONTROL, with bos / eos / seperator / mask ids); one of RAW_PRES the raw_piece_vocab and its
+    byte tokens (BYTE) under tokenizer.ggml.model 'whitespace'. model: another tokenizer.ggml.model;
+    extra_kv: more tokenizer.ggml.<key> values."""
+    tokens, merges = raw_piece_vocab(texts) if pre in RAW_PRES else piece_vocab(texts)
+    types = [1] * len(tokens)
+    kv = {}
+    if pre in RAW_PRES:
+        tokens += [f"<0x{b:02X}>" for b in range(256) if b != RAW_NO_BYTE]
+        types += [6] * 255
+    if pre in EMBED_PRES:  # (llama.cpp refuses a vocab with a text twice: the normal "<s>" etc. go)
+        tokens = [t for t in tokens if t not in EMBED_SPECIALS]
+        types = types[:len(tokens)]
+        n = len(tokens)
+        tokens += list(EMBED_SPECIALS)
+        types += [3] * len(EMBED_SPECIALS)
+        kv = {"bos_token_id": n, "eos_token_id": n + 1, "seperator_token_id": n + 1, "mask_token_id": n + 2}
+    meta = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
     if with_merges:
         meta["tokenizer.ggml.merges"] = merges
-    return write_pre_variant(meta, pre, out)
+    return write_pre_variant(meta, pre, out, model or ("whitespace" if pre in RAW_PRES else "gpt2"),
+                             {**kv, **(extra_kv or {})})
