@@ -132,3 +132,14 @@ ARCHS_C |= {
     # (HF ChameleonSwinDecoderLayer; the converter writes chameleon.swin_norm)
     "chameleon-swin": ("ChameleonConfig", "ChameleonForConditionalGeneration", dict(_CHAMELEON, swin_norm=True)),
 }
+
+# GPT-J (EleutherAI/gpt-j-6B, GPT4All-J, Pygmalion-6B; GPTJForCausalLM, GGUF arch gptj): one LayerNorm per layer feeding
+# attention and MLP in parallel, rotary on the first rotary_dim 8 of each head's 16 dims in adjacent pairs (HF
+# rotate_every_two; the 6B: 64 of 256), no q/k/v/out biases, fc_in / fc_out with biases, gelu_new, untied lm_head with
+# a bias. n_inner 96 (the release's is 4 D) keeps the file under 250 KB. Not in ARCHS: llama.cpp 0.3.36's converter
+# has no GPT-J class, so tools/gptj_fixture.py builds this one (it registers a small converter, see there)
+ARCHS_GPTJ = {
+    "gptj": ("GPTJConfig", "GPTJForCausalLM", dict(
+        n_embd=64, n_inner=96, n_layer=2, n_head=4, rotary_dim=8, n_positions=256, activation_function="gelu_new",
+        layer_norm_epsilon=1e-5, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2)),
+}

@@ -37,6 +37,7 @@ from minfer.models.gpt_oss import GptOssModel
 from minfer.models.olmo import OlmoModel
 from minfer.models.olmo2 import Olmo2Model
 from minfer.models.phi2 import Phi2Model
+from minfer.models.gptj import GptjModel
 from minfer.models.phi3 import Phi3Model
 from minfer.models.phimoe import PhimoeModel
 from minfer.models.dbrx import DbrxModel
@@ -114,6 +115,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     ChameleonModel,
     JinaBertV2Model,
     BertModel, NomicBertModel, ModernBertModel,
+    GptjModel,
     NomicBertMoeModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -46,7 +46,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mistral4", "chatglm", "mixtral",
          "glm4moe-lite", "solar-open", "kimi-linear",
          "chameleon", "chameleon-swin",
-         "muse-glimmer", "hrm-text"]
+         "muse-glimmer", "hrm-text", "gptj"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -247,6 +247,7 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
 
 # chameleon: the per-head q/k LayerNorms with bias (layer_norm.triton), NORM rope, the decode kernel; chameleon-swin:
 # the branch outputs' RMSNorms (swin_norm) too
+MUST_RUN |= {"gptj": ["layer_norm.triton", "rope", "attention.decode"]}   # parallel block, partial NORM rope
 MUST_RUN |= {"chameleon": ["layer_norm.triton", "rope", "attention.decode"],
              "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope", "attention.decode"]}
 

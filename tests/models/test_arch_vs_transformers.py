@@ -40,7 +40,8 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mistral4", "chatglm", "mixtral",
          "glm4moe-lite", "solar-open", "kimi-linear",
          "chameleon", "chameleon-swin",
-         "muse-glimmer", "hrm-text"]
+         "muse-glimmer", "hrm-text",
+         "gptj"]
 EXPECT_ARCH = {"qwen3": "qwen3", "llama3": "llama", "mistral": "llama", "gemma": "gemma", "gemma3": "gemma3", "phi2": "phi2", "phi3": "phi3", "phi3partial": "phi3",
                "qwen3moe": "qwen3moe", "qwen2moe": "qwen2moe", "gemma2": "gemma2", "granite": "granite", "granitemoe": "granitemoe", "granitemoeshared": "granitemoe", "smollm3": "smollm3", "ernie4_5": "ernie4_5", "glm4": "glm4", "glm4moe": "glm4moe", "olmo2": "olmo2",
                "olmo3": "olmo2", "gpt-oss": "gpt-oss",   # llama.cpp's converter writes OLMo 3 as olmo2 with a window pattern
@@ -78,6 +79,7 @@ EXPECT_ARCH |= {"kimi-linear": "kimi-linear"}   # conversion/kimi_linear.py Kimi
 EXPECT_ARCH |= {"chameleon": "chameleon", "chameleon-swin": "chameleon"}   # conversion/chameleon.py ChameleonModel
 EXPECT_ARCH |= {"hrm-text": "hrm_text"}   # conversion/hrm_text.py HrmTextModel
 EXPECT_ARCH |= {"muse-glimmer": "muse-glimmer"}   # conversion/muse_glimmer.py MuseGlimmerModel
+EXPECT_ARCH |= {"gptj": "gptj"}   # tools/gptj_fixture.py (llama.cpp's converter has no GPT-J class)
 # phi3's fixture: original context 32, so a context of 32 keeps the short rope factors
 # (what transformers used for its 24-token reference) and 64 switches to the long ones
 CTX = {"phi3": 32, "phi3partial": 32}
@@ -186,7 +188,8 @@ def test_arch_greedy_matches_transformers(name):
                                   "mistral4", "chatglm", "mixtral",
                                   "glm4moe-lite", "solar-open", "kimi-linear",
                                   "chameleon", "chameleon-swin",
-                                  "muse-glimmer", "hrm-text"])
+                                  "muse-glimmer", "hrm-text",
+                                  "gptj"])
 def test_arch_incremental_equals_whole(name):
     """The same sequence in pieces through the KV cache (gemma3 and the others with a window of 8:
     pieces that straddle it; mistral3: its original context of 16, the temperature's first step;
@@ -240,7 +243,8 @@ def test_gemma3_layer_pattern_and_local_rope():
                                   "mistral4", "chatglm", "mixtral",
                                   "glm4moe-lite", "solar-open", "kimi-linear",
                                   "chameleon", "chameleon-swin",
-                                  "muse-glimmer", "hrm-text"])
+                                  "muse-glimmer", "hrm-text",
+                                  "gptj"])
 def test_batch_engine_greedy_matches_transformers(name):
     """Through the batch engine's paged cache (blocks of 4, so the window of 8 spans blocks; the
     soft-cap and window by paged_kv's torch references; mistral3's YaRN rope and per-position
