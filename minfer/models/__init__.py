@@ -95,6 +95,7 @@ from minfer.models.nomic_bert import NomicBertModel
 from minfer.models.nomic_bert_moe import NomicBertMoeModel
 from minfer.models.modern_bert import ModernBertModel
 from minfer.models.jina_bert import JinaBertV2Model
+from minfer.models.eurobert import EuroBertModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -114,6 +115,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     HrmTextModel,
     ChameleonModel,
     JinaBertV2Model,
+    EuroBertModel,
     BertModel, NomicBertModel, ModernBertModel,
     GptjModel,
     NomicBertMoeModel)}
