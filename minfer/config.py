@@ -146,7 +146,9 @@ class ModelConfig:
                                               opt("feed_forward_length", 0) if ffn_opt else req("feed_forward_length"), n_layers)
         rms_eps = float(req(eps_key))
         ctx = int(req("context_length"))
-        causal = opt("attention.causal", True)      # llama.cpp hparams.causal_attn: default true
+        # llama.cpp hparams.causal_attn: default true, or the class's causal_key_default where its loader sets it
+        # (gemma-embedding: load_arch_hparams causal_attn = false; its converter writes no key)
+        causal = opt("attention.causal", getattr(ARCHITECTURES[arch], "causal_key_default", True))
         if ARCHITECTURES[arch].causal and causal is False:
             # an encoder / bidirectional embedding model's file (convert_hf_to_gguf writes the key for HF's
             # is_causal = false: LFM2's bidirectional ColBERT, Dream, LLaDA); run causally it would give other

@@ -95,6 +95,7 @@ from minfer.models.nomic_bert import NomicBertModel
 from minfer.models.nomic_bert_moe import NomicBertMoeModel
 from minfer.models.modern_bert import ModernBertModel
 from minfer.models.jina_bert import JinaBertV2Model
+from minfer.models.gemma_embedding import GemmaEmbeddingModel
 from minfer.models.eurobert import EuroBertModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
@@ -118,7 +119,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     EuroBertModel,
     BertModel, NomicBertModel, ModernBertModel,
     GptjModel,
-    NomicBertMoeModel)}
+    NomicBertMoeModel,
+    GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
 

@@ -300,7 +300,9 @@ class Embeddings:
             where = "" if index is None else f" of inputs[{index}]"
             raise MinferError(f"the hidden rows{where} are not finite (NaN or inf): the model's weights or the "
                               "activations' dtype overflowed; try MINFER_ACT_DTYPE=float32")
-        return pool(allrows, name).cpu()
+        out = pool(allrows, name)
+        post = getattr(model, "post_pool", None)   # layers after the pooling (gemma-embedding's Dense: build_dense_out)
+        return (out if post is None else post(out)).cpu()
 
 
 class NoCache:

@@ -1,0 +1,92 @@
+"""gemma-embedding (EmbeddingGemma: minfer/models/gemma_embedding.py) on CUDA: Engine.embed of the fixture
+tests/data/arch/gemma-embedding (tools/gen_gemma_embed_fixture.py; CPU: tests/models/test_gemma_embedding.py).
+
+As tests/gpu/test_embed_gpu.py does for the other encoders: float32 on the GPU against llama.cpp's own vectors
+(tests/data/embed/goldens-gemma-embed.json: mean, cls, last, none and the file's pooling, the Dense layers applied after
+the pooling), and bf16 against the CPU float32 engine within 2.5x the fixture's bf16 floor (at least 1e-2). The
+attention (global and symmetric-window layers) is torch's on both backends (the counted path
+attention.bidirectional.torch)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+NAME = "gemma-embedding"
+GOLDENS = json.loads((DATA / "embed" / "goldens-gemma-embed.json").read_text(encoding="utf-8"))["fixtures"]
+# ggml's float16 GELU table in llama.cpp's GeGLU (CPU: tests/models/test_gemma_embedding.py measures <= 9.0e-4; as
+# gemma's 2e-3 in test_embed_gpu.py)
+TOL = 2e-3
+
+
+def path_of(name: str) -> Path:
+    return DATA / "arch" / f"{name}.gguf"
+
+
+def engine(name: str, device: str, act_dtype: str | None = None):
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
+    if act_dtype:
+        sw = replace(sw, act_dtype=act_dtype)
+    return Engine.load(path_of(name), device=device, ctx=128, progress=False, switches=sw)
+
+
+def rel(got, ref) -> float:
+    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    assert got.shape == ref.shape
+    return float(np.abs(got - ref).max() / np.abs(ref).max())
+
+
+def test_float32_on_the_gpu_matches_llamacpp():
+    from minfer.ops import paths
+
+    eng = engine(NAME, "cuda", "float32")
+    paths.reset()
+    for pooling, d in GOLDENS[NAME].items():
+        for inp in d["inputs"]:
+            got = eng.embed(inp["ids"], pooling=None if pooling == "file" else pooling, normalize=-1)
+            assert rel(got, inp["embedding"]) < TOL, (NAME, pooling, inp["text"])
+    assert "attention.bidirectional.torch" in paths.snapshot()["counts"]
+
+
+def bf16_floor(name: str, ids: list[int], pooling: str) -> float:
+    """rel(the CPU reference with bf16 activations, the CPU reference in float32) of the vector: the fixture's
+    bf16 rounding floor (as tests/gpu/test_embed_gpu.py's)."""
+    import torch
+
+    from minfer.gguf_file import GGUFFile
+    from minfer.models import load_model
+    from minfer.runtime.engine import Engine
+    from minfer.switches import Switches
+
+    sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
+    gf = GGUFFile(path_of(name))
+    a, b = (Engine(load_model(gf, device="cpu", progress=False, act_dtype=dt), None, 128, switches=sw).embed(
+        ids, pooling=pooling) for dt in (torch.float32, torch.bfloat16))
+    return rel(b, a)
+
+
+def test_bf16_against_the_cpu():
+    """bf16 on the GPU against the CPU float32 engine, within 2.5x the fixture's bf16 floor (at least 1e-2), on the
+    longest golden input (past the window of 8)."""
+    cpu = engine(NAME, "cpu")
+    gpu = engine(NAME, "cuda")
+    inp = max(GOLDENS[NAME]["mean"]["inputs"], key=lambda x: len(x["ids"]))
+    for pooling in ("mean", "cls", "last"):
+        ref = cpu.embed(inp["ids"], pooling=pooling)
+        got = gpu.embed(inp["ids"], pooling=pooling)
+        err, floor = rel(got, ref), bf16_floor(NAME, inp["ids"], pooling)
+        tol = max(1e-2, 2.5 * floor)
+        print(f"embed bf16 {NAME} {pooling}: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
+        assert err < tol, (NAME, pooling, err, tol)
+    assert gpu.model.hidden_sink is None
