@@ -85,6 +85,7 @@ from minfer.models.mellum import MellumModel
 from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
+from minfer.models.internlm2 import InternLM2Model
 from minfer.models.bitnet import BitnetModel
 from minfer.models.kimi_linear import KimiLinearModel
 from minfer.models.muse_glimmer import MuseGlimmerModel
@@ -112,6 +113,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     GraniteSwaModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
     Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
+    InternLM2Model,
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,

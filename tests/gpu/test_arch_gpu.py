@@ -38,7 +38,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
          "cohere2moe", "cohere2moe-ln",
          "granite_swa", "granitemoe_swa",
-         "internlm3", "internlm3-bias",
+         "internlm3", "internlm3-bias", "internlm2",
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
@@ -247,6 +247,7 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
 
 # chameleon: the per-head q/k LayerNorms with bias (layer_norm.triton), NORM rope, the decode kernel; chameleon-swin:
 # the branch outputs' RMSNorms (swin_norm) too
+MUST_RUN |= {"internlm2": ["rope", "attention.decode"]}   # the llama graph on the converter's split wqkv, GQA 2:1
 MUST_RUN |= {"gptj": ["layer_norm.triton", "rope", "attention.decode"]}   # parallel block, partial NORM rope
 MUST_RUN |= {"chameleon": ["layer_norm.triton", "rope", "attention.decode"],
              "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope", "attention.decode"]}
