@@ -98,6 +98,7 @@ from minfer.models.modern_bert import ModernBertModel
 from minfer.models.jina_bert import JinaBertV2Model
 from minfer.models.gemma_embedding import GemmaEmbeddingModel
 from minfer.models.eurobert import EuroBertModel
+from minfer.models.llama_embed import LlamaEmbedModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -119,6 +120,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     ChameleonModel,
     JinaBertV2Model,
     EuroBertModel,
+    LlamaEmbedModel,
     BertModel, NomicBertModel, ModernBertModel,
     GptjModel,
     NomicBertMoeModel,
