@@ -205,8 +205,11 @@ class ModelConfig:
                                                                           False):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count_kv {list(kv_per_layer)} has a 0 (a layer "
                               f"without attention); every {arch} layer has attention")
-        if heads_per_layer is not None and any(h <= 0 or h % (kv_per_layer[i] if kv_per_layer else n_kv)
-                                               for i, h in enumerate(heads_per_layer)):
+        # a class with attention_free_layers: a layer of kv 0 may carry any head count >= 0 (deci: 0 no attention,
+        # H its "linear attention"; llama.cpp src/models/deci.cpp)
+        free = getattr(ARCHITECTURES[arch], "attention_free_layers", False)
+        if heads_per_layer is not None and any(h < 0 if free and kv == 0 else h <= 0 or h % kv for h, kv in
+                                               zip(heads_per_layer, kv_per_layer or (n_kv,) * n_layers)):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count {list(heads_per_layer)}: each layer's count must "
                               f"be a positive multiple of its head_count_kv")
         if kv_per_layer is not None and any(h and n_heads % h for h in kv_per_layer):
@@ -248,6 +251,9 @@ def _freq_scale(gf, arch) -> float:
         return 1.0 / float(factor)
     if kind == "yarn" and arch in YARN_ARCHITECTURES:
         return 1.0   # the model applies YaRN (per-frequency divisors, mscale), not a linear scale
+    from minfer.models import ARCHITECTURES
+    if kind == "longrope" and getattr(ARCHITECTURES[arch], "longrope_factors", False):
+        return 1.0   # the model picks rope_factors_short/long by context (_arch_extras; minicpm), no linear scale
     yarn = f"; yarn only for {', '.join(sorted(YARN_ARCHITECTURES))}" if kind == "yarn" else ""
     raise MinferError(f"{gf.path}: {arch}.rope.scaling.type '{kind}' is not supported "
                       f"(supported: none, linear, and llama3-style rope_freqs.weight{yarn})")

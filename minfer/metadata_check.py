@@ -207,7 +207,14 @@ PER_LAYER_HEADS = frozenset({"laguna"})
 _HEAD_COUNTS = _count_or_counts(1, 1 << 14)
 
 
+# deci (conversion/deci.py DeciModel): head_count per layer, 0 on its attention-free layers; feed_forward_length per
+# layer, 0 on its FFN-free ones (llama.cpp src/models/deci.cpp n_head(il) == 0, n_ff(il) == 0)
+ZERO_ITEMS_PER_LAYER = frozenset({"deci"})
+
+
 def _arch_check(arch: str, suffix: str, check: Callable[[Any], str | None]) -> Callable[[Any], str | None]:
+    if arch in ZERO_ITEMS_PER_LAYER and suffix in ("attention.head_count", "feed_forward_length"):
+        return _count_or_counts(1, 1 << 14, item_lo=0) if suffix == "attention.head_count" else _ZERO_FFN_ITEMS
     if arch in PER_LAYER_HEADS and suffix == "attention.head_count":
         return _HEAD_COUNTS
     if arch in ATTENTION_FREE and suffix in ("attention.head_count", "feed_forward_length"):
@@ -253,6 +260,12 @@ def _check_blocks(gf, key: str, out: dict[str, str]) -> None:
     present = blocks_present(gf)
     if not present:
         return  # a file without blk.* tensors (a vocab-only GGUF): nothing to compare
+    if key == "deci.block_count":
+        # a deci layer with neither attention nor FFN (head_count 0, feed_forward_length 0) has no tensors at all;
+        # models/deci.py loads each layer's tensors by name
+        if present[-1] >= n:
+            out[key] = f"expected more than {present[-1]}: the file has tensors for block {present[-1]}"
+        return
     if present != list(range(len(present))):
         missing = sorted(set(range(present[-1] + 1)) - set(present))
         out[key] = (f"the tensors' blocks are not numbered 0..{present[-1]} without gaps "

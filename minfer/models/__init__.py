@@ -53,6 +53,7 @@ from minfer.models.exaone import ExaoneModel
 from minfer.models.exaone4 import Exaone4Model
 from minfer.models.exaone_moe import ExaoneMoeModel
 from minfer.models.minicpm3 import MiniCPM3Model
+from minfer.models.minicpm import MiniCPMModel
 from minfer.models.mistral4 import Mistral4Model
 from minfer.models.afmoe import AfmoeModel
 from minfer.models.jais2 import Jais2Model
@@ -99,6 +100,7 @@ from minfer.models.jina_bert import JinaBertV2Model
 from minfer.models.gemma_embedding import GemmaEmbeddingModel
 from minfer.models.eurobert import EuroBertModel
 from minfer.models.llama_embed import LlamaEmbedModel
+from minfer.models.deci import DeciModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -112,6 +114,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     Qwen35Model, Qwen35MoeModel, Qwen3NextModel,
     MiniCPM3Model, AfmoeModel, Jais2Model, Cohere2MoeModel,
     GraniteSwaModel,
+    MiniCPMModel,
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
     Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
     InternLM2Model,
@@ -124,6 +127,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BertModel, NomicBertModel, ModernBertModel,
     GptjModel,
     NomicBertMoeModel,
+    DeciModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
