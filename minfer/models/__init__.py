@@ -101,6 +101,7 @@ from minfer.models.gemma_embedding import GemmaEmbeddingModel
 from minfer.models.eurobert import EuroBertModel
 from minfer.models.llama_embed import LlamaEmbedModel
 from minfer.models.deci import DeciModel
+from minfer.models.bailingmoe2 import BailingMoe2Model
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -128,6 +129,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     GptjModel,
     NomicBertMoeModel,
     DeciModel,
+    BailingMoe2Model,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
