@@ -1,4 +1,4 @@
-"""Write tests/data/embed/goldens.json: llama.cpp's embeddings of the tiny architecture fixtures.
+"""Write tests/data/embed/goldens.json.gz: llama.cpp's embeddings of the tiny architecture fixtures.
 
 The independent reference for minfer's embeddings (minfer/runtime/embed.py): llama.cpp's own
 pooled hidden rows (llama_get_embeddings_seq / llama_get_embeddings, via llama-cpp-python's
@@ -114,8 +114,13 @@ def main() -> int:
         f32 = Path(tmp) / "qwen3-embed.gguf"
         copy_with_keys(qe, f32, {}, f32=True)
         goldens["fixtures"]["qwen3-embed"] = {"file": embed(f32, None)}
-    (OUT / "goldens.json").write_text(json.dumps(goldens, indent=0) + "\n")
-    print("wrote", OUT / "goldens.json", file=sys.stderr)
+    # stored gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    import gzip
+
+    with open(OUT / "goldens.json.gz", "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
+                                                                 compresslevel=9) as z:
+        z.write((json.dumps(goldens, indent=0) + "\n").encode("utf-8"))
+    print("wrote", OUT / "goldens.json.gz", file=sys.stderr)
     return 0
 
 

@@ -6,6 +6,7 @@ embedding (the graphed step, its head's GEMV) still gives the CPU engine's logit
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -17,7 +18,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDENS = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens.json.gz").read_bytes()))["fixtures"]
 # the nomic-bert and modern-bert encoders (tools/gen_bert2_fixture.py; CPU: tests/models/test_nomic_bert.py,
 # test_modern_bert.py)
 GOLDENS.update(json.loads((DATA / "embed" / "goldens-bert2.json").read_text(encoding="utf-8"))["fixtures"])

@@ -10,6 +10,7 @@ The normalisations are checked against their formulas (common_embd_normalize) wr
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDENS = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens.json.gz").read_bytes()))["fixtures"]
 # ggml's GELU reads a float16 table (GGML_GELU_FP16): the GELU models agree to ~5e-4, the rest to ~1e-5
 TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3}
 TOL |= {"bert": 2e-3, "bert-mean": 2e-3}     # the BERT encoders' ungated GELU MLP: measured <= 5e-4

@@ -8,6 +8,7 @@ Both workers: one request at a time, and -np 2 (the embedding between the batch'
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import os
 import struct
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLD = json.loads((DATA / "embed" / "goldens.json").read_text())["fixtures"]
+GOLD = json.loads(gzip.decompress((DATA / "embed" / "goldens.json.gz").read_bytes()))["fixtures"]
 
 
 def _engine(path: Path):

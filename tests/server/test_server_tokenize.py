@@ -7,6 +7,7 @@ ids of tokenizer.chat_template's chat_token_ids)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -15,8 +16,10 @@ import pytest
 
 from minfer.tokenizer.chat_template import chat_token_ids
 
-GOLDEN = json.loads((Path(__file__).resolve().parents[1] / "tokenizer" / "goldens" /
-                     "smollm2-135m-instruct.json").read_text())
+_GOLD = Path(__file__).resolve().parents[1] / "tokenizer" / "goldens" / "smollm2-135m-instruct.json"
+# tools/gen_token_goldens.py stores a large golden gzipped (<name>.json.gz), as tests/tokenizer/conftest.load_golden reads it
+GOLDEN = json.loads(gzip.decompress(_GOLD.with_suffix(".json.gz").read_bytes()) if _GOLD.with_suffix(".json.gz").exists()
+                    else _GOLD.read_text())
 CASES = [c for c in GOLDEN["cases"] if c["text"]][:60] + [c for c in GOLDEN["cases"] if "<|im_start|>" in c["text"]][:5]
 
 
