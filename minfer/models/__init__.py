@@ -102,6 +102,7 @@ from minfer.models.eurobert import EuroBertModel
 from minfer.models.llama_embed import LlamaEmbedModel
 from minfer.models.deci import DeciModel
 from minfer.models.bailingmoe2 import BailingMoe2Model
+from minfer.models.smallthinker import SmallThinkerModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -130,6 +131,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     NomicBertMoeModel,
     DeciModel,
     BailingMoe2Model,
+    SmallThinkerModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

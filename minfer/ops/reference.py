@@ -342,7 +342,7 @@ def moe_ffn(h: torch.Tensor, router: torch.Tensor, gate_exps, up_exps, down_exps
 
 
 MOE_GATINGS = ("softmax", "topk_softmax", "sigmoid")
-MOE_ACTS = ("silu", "swiglu_oai", "geglu", "relu2")
+MOE_ACTS = ("silu", "swiglu_oai", "geglu", "relu2", "reglu")   # reglu: relu(g) * u (smallthinker)
 UNGATED_ACTS = ("relu2",)      # experts with up and down only (gate_exps None)
 
 
@@ -412,6 +412,8 @@ def moe_act(g: torch.Tensor, u: torch.Tensor, gate_bias, up_bias, e: int, act: s
         return F.silu(g) * u
     if act == "geglu":
         return geglu(g, u)
+    if act == "reglu":                    # build_moe_ffn LLM_FFN_RELU with a gate: ggml_reglu_split
+        return torch.relu(g) * u
     return swiglu_oai(g, u, alpha, limit)
 
 

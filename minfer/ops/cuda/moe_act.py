@@ -21,7 +21,7 @@ import triton.language as tl
 
 from minfer.ops import paths
 
-ACTS = {"silu": 0, "swiglu_oai": 1, "geglu": 2, "relu2": 3}
+ACTS = {"silu": 0, "swiglu_oai": 1, "geglu": 2, "relu2": 3, "reglu": 4}   # 4: relu(g) * u (smallthinker)
 
 
 @triton.jit
@@ -52,6 +52,8 @@ def _moe_act_kernel(g, u, rows_e, gb, ub, out, n, F, sg, su, alpha, limit,
     elif ACT == 3:
         b = tl.maximum(b, 0.0)
         y = b * b
+    elif ACT == 4:
+        y = tl.maximum(a, 0.0) * b
     else:
         y = a / (1.0 + tl.exp(-a)) * b
     tl.store(out + o, y.to(out.dtype.element_ty), mask=m)
