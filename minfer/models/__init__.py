@@ -101,6 +101,7 @@ from minfer.models.gemma_embedding import GemmaEmbeddingModel
 from minfer.models.eurobert import EuroBertModel
 from minfer.models.llama_embed import LlamaEmbedModel
 from minfer.models.deci import DeciModel
+from minfer.models.jina_bert_v3 import JinaBertV3Model
 from minfer.models.bailingmoe2 import BailingMoe2Model
 from minfer.models.smallthinker import SmallThinkerModel
 
@@ -130,6 +131,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     GptjModel,
     NomicBertMoeModel,
     DeciModel,
+    JinaBertV3Model,
     BailingMoe2Model,
     SmallThinkerModel,
     GemmaEmbeddingModel)}
