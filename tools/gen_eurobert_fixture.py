@@ -1,5 +1,5 @@
 """Make the eurobert encoder fixture tests/data/arch/eurobert.{gguf,npz,json} and its llama.cpp goldens
-tests/data/embed/goldens-eurobert.json: a tiny random transformers EuroBertModel (EuroBERT-210m / 610m / 2.1B's
+tests/data/embed/goldens-eurobert.json.gz: a tiny random transformers EuroBertModel (EuroBERT-210m / 610m / 2.1B's
 architecture: llama-like RMSNorm pre-norm layers, rope, SwiGLU, grouped kv heads, bidirectional attention),
 converted to GGUF by llama.cpp's own converter, with transformers' float32 hidden states as the reference.
 
@@ -32,7 +32,7 @@ Converter patches (passed to gen_arch_fixtures.convert as code run before it):
     (NotImplementedError: cls / mean only); that key is the classifier head's pooling (a rank head the embeddings
     path does not read), so the patch hides a "late" value from it and writes no classifier pooling key.
 
-`goldens` writes tests/data/embed/goldens-eurobert.json: llama.cpp's own pooled embeddings (Llama.embed on an F32
+`goldens` writes tests/data/embed/goldens-eurobert.json.gz: llama.cpp's own pooled embeddings (Llama.embed on an F32
 copy of the file, F32 KV, no flash attention: gen_embed_goldens.embed) for mean, cls, last, none and the file's
 pooling, not normalized (`embedding`) and normalized (`embedding_normalized`: Llama.embed(normalize=True), L2), and
 llama.cpp's token ids (Llama.tokenize) of TOKEN_TEXTS with add_special and parse_special on and off.
@@ -176,8 +176,12 @@ def goldens() -> None:
         llm = llama_cpp.Llama(str(OUT / f"{NAME}.gguf"), vocab_only=True, verbose=False)
         out["tokens"][NAME] = token_rows(llm, TOKEN_TEXTS)
         del llm
-    dst = ROOT / "tests" / "data" / "embed" / "goldens-eurobert.json"
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    dst = ROOT / "tests" / "data" / "embed" / "goldens-eurobert.json.gz"
+    # gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    import gzip
+
+    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write((json.dumps(out, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))
     print("wrote", dst, file=sys.stderr)
 
 

@@ -35,7 +35,7 @@ and 1000 (sliding: rope.freq_base_swa), Dense 32 -> 96 -> 32. The vocab: gen_arc
 gemma3 converter takes tokenizer.json when there is no tokenizer.model: Gemma3Model.set_vocab), pre-tokenizer hash
 patched to 'gpt-2' as gen_arch_fixtures does.
 
-`goldens` writes tests/data/embed/goldens-gemma-embed.json: llama.cpp's pooled embeddings (gen_embed_goldens.embed:
+`goldens` writes tests/data/embed/goldens-gemma-embed.json.gz: llama.cpp's pooled embeddings (gen_embed_goldens.embed:
 Llama.embed(normalize=False) on an F32 copy, F32 KV, no flash attention) for mean / cls / last / none and the file's
 own pooling ("file"), of EMBED_TEXTS, and llama.cpp's token ids (Llama.tokenize) of TOKEN_TEXTS.
 """
@@ -177,8 +177,12 @@ def goldens() -> None:
         llm = llama_cpp.Llama(str(OUT / f"{NAME}.gguf"), vocab_only=True, verbose=False)
         out["tokens"][NAME] = token_rows(llm, TOKEN_TEXTS)
         del llm
-    dst = ROOT / "tests" / "data" / "embed" / "goldens-gemma-embed.json"
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    dst = ROOT / "tests" / "data" / "embed" / "goldens-gemma-embed.json.gz"
+    # gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    import gzip
+
+    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write((json.dumps(out, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))
     print("wrote", dst, dst.stat().st_size, "bytes", file=sys.stderr)
 
 

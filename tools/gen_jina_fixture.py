@@ -1,4 +1,4 @@
-"""Make the jina-bert-v2 fixtures in tests/data/arch/ and their goldens tests/data/embed/goldens-jina.json: tiny random
+"""Make the jina-bert-v2 fixtures in tests/data/arch/ and their goldens tests/data/embed/goldens-jina.json.gz: tiny random
 checkpoints in the layout of jinaai's remote-code JinaBert models (transformers has no JinaBert class), converted to
 GGUF by llama.cpp's own converter (conversion/bert.py JinaBertV2Model), with an independent torch forward of the same
 weights as a second reference and llama.cpp's own pooled embeddings, rerank scores and token ids as the goldens.
@@ -43,7 +43,7 @@ vocab's pre name changes nothing in llama.cpp). The released -code model and the
 The torch forward (reference_hidden) is written from the architecture (BERT post-norm layers, ALiBi's -m_h |i - j| on
 the scaled scores with HF's _get_alibi_head_slopes, the GLU variants above), not from minfer.
 
-`goldens` writes tests/data/embed/goldens-jina.json: for each fixture llama.cpp's pooled embeddings
+`goldens` writes tests/data/embed/goldens-jina.json.gz: for each fixture llama.cpp's pooled embeddings
 (llama-cpp-python 0.3.36 over its vendor/llama.cpp, Llama.embed(normalize=False) on an F32 copy, F32 KV, no flash
 attention) of EMBED_TEXTS (two short, one of 188 tokens; the short two only for none) for mean / cls / last / none,
 and with the file's pooling for jina-bert-v2; llama.cpp's token ids (Llama.tokenize) of gen_bert_fixture's
@@ -405,8 +405,12 @@ def goldens() -> None:
                 out["tokens"][name] = token_rows(llm, TOKEN_TEXTS)
                 del llm
             print(name, "ok", file=sys.stderr)
-    dst = OUT / "goldens-jina.json"
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    dst = OUT / "goldens-jina.json.gz"
+    # gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    import gzip
+
+    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write((json.dumps(out, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))
     print("wrote", dst, file=sys.stderr)
 
 

@@ -1,5 +1,5 @@
 """Make the llama-embed fixture tests/data/arch/llama-embed.{gguf,npz,json} and its llama.cpp goldens
-tests/data/embed/goldens-llama-embed.json: a tiny random llama checkpoint saved as HF "LlamaBidirectionalModel"
+tests/data/embed/goldens-llama-embed.json.gz: a tiny random llama checkpoint saved as HF "LlamaBidirectionalModel"
 (nvidia/llama-embed-nemotron-8b's architecture: Llama with attention over the whole input, embeddings only), converted
 to GGUF by llama.cpp's own converter (conversion/llama.py LlamaEmbedNemotronModel, a LlamaModel: q/k rows permuted
 for NORM rope), with transformers' float32 hidden states as the reference.
@@ -29,7 +29,7 @@ gen_embed_goldens.py, gen_eurobert_fixture.py).
                     random ids of 40 and 100 tokens.
   llama-embed.json  the config, the seed, the transformers version, the texts.
 
-`goldens` writes tests/data/embed/goldens-llama-embed.json: llama.cpp's pooled embeddings (an F32 copy, F32 KV, no
+`goldens` writes tests/data/embed/goldens-llama-embed.json.gz: llama.cpp's pooled embeddings (an F32 copy, F32 KV, no
 flash attention: gen_embed_goldens.embed) for mean, cls, last, none and the file's (no pooling_type: NONE),
 normalized and not; `absent_causal_key`: llama.cpp's per-token rows (pooling none) of a copy without
 llama-embed.attention.causal (hparams.causal_attn then defaults to true); and Llama.tokenize's ids of TOKEN_TEXTS.
@@ -151,9 +151,13 @@ def goldens() -> None:
         llm = llama_cpp.Llama(str(OUT / f"{NAME}.gguf"), vocab_only=True, verbose=False)
         out["tokens"][NAME] = token_rows(llm, TOKEN_TEXTS)
         del llm
-    dst = ROOT / "tests" / "data" / "embed" / "goldens-llama-embed.json"
+    dst = ROOT / "tests" / "data" / "embed" / "goldens-llama-embed.json.gz"
     out = _rounded(out)     # 7 significant digits (a relative 5e-7 at most: the tests allow 1e-5), under 250 KB
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
+    # gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    import gzip
+
+    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write((json.dumps(out, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))
     print("wrote", dst, file=sys.stderr)
 
 

@@ -1,9 +1,10 @@
 """The eurobert encoder (minfer/models/eurobert.py; fixture: tools/gen_eurobert_fixture.py; CPU:
 tests/models/test_eurobert.py) on CUDA, as tests/gpu/test_embed_gpu.py runs the other encoders: float32 on the GPU
-against llama.cpp's own vectors (tests/data/embed/goldens-eurobert.json), bf16 against the CPU float32 engine."""
+against llama.cpp's own vectors (tests/data/embed/goldens-eurobert.json.gz), bf16 against the CPU float32 engine."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "eurobert"
-GOLDENS = json.loads((DATA / "embed" / "goldens-eurobert.json").read_text(encoding="utf-8"))["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-eurobert.json.gz").read_bytes()))["fixtures"]
 # no table-driven op (SiLU, RMSNorm, rope): llama.cpp's CPU vectors and minfer's CPU float32 ones are <= 2.4e-6 apart
 # (test_eurobert.py); on the GPU, TF32-free float32 matmuls in another order: test_embed_gpu.py's default 1e-4
 TOL = 1e-4

@@ -2,13 +2,14 @@
 tests/data/arch/gemma-embedding (tools/gen_gemma_embed_fixture.py; CPU: tests/models/test_gemma_embedding.py).
 
 As tests/gpu/test_embed_gpu.py does for the other encoders: float32 on the GPU against llama.cpp's own vectors
-(tests/data/embed/goldens-gemma-embed.json: mean, cls, last, none and the file's pooling, the Dense layers applied after
+(tests/data/embed/goldens-gemma-embed.json.gz: mean, cls, last, none and the file's pooling, the Dense layers applied after
 the pooling), and bf16 against the CPU float32 engine within 2.5x the fixture's bf16 floor (at least 1e-2). The
 attention (global and symmetric-window layers) is torch's on both backends (the counted path
 attention.bidirectional.torch)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "gemma-embedding"
-GOLDENS = json.loads((DATA / "embed" / "goldens-gemma-embed.json").read_text(encoding="utf-8"))["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-gemma-embed.json.gz").read_bytes()))["fixtures"]
 # ggml's float16 GELU table in llama.cpp's GeGLU (CPU: tests/models/test_gemma_embedding.py measures <= 9.0e-4; as
 # gemma's 2e-3 in test_embed_gpu.py)
 TOL = 2e-3

@@ -2,12 +2,13 @@
 tests/data/arch/jina-bert-v2{,-code,-rank} (tools/gen_jina_fixture.py; CPU: tests/models/test_jina_bert.py).
 
 As tests/gpu/test_embed_gpu.py does for the other encoders: float32 on the GPU against llama.cpp's own vectors and
-scores (tests/data/embed/goldens-jina.json, the 188-token text included), and bf16 against the CPU float32 engine
+scores (tests/data/embed/goldens-jina.json.gz, the 188-token text included), and bf16 against the CPU float32 engine
 within 2.5x the fixture's bf16 floor (at least 1e-2). The ALiBi attention runs in float32 on both backends (the
 counted torch path attention.alibi.torch)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -19,7 +20,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-JINA = json.loads((DATA / "embed" / "goldens-jina.json").read_text(encoding="utf-8"))
+JINA = json.loads(gzip.decompress((DATA / "embed" / "goldens-jina.json.gz").read_bytes()))
 GOLDENS = JINA["fixtures"]
 # ggml's float16 GELU table (CPU: tests/models/test_jina_bert.py measures <= 5.0e-4; as modern-bert's in
 # test_embed_gpu.py)

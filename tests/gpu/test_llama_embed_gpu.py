@@ -1,9 +1,10 @@
 """The llama-embed model (minfer/models/llama_embed.py; fixture: tools/gen_llama_embed_fixture.py; CPU:
 tests/models/test_llama_embed.py) on CUDA, as tests/gpu/test_embed_gpu.py runs the other encoders: float32 on the GPU
-against llama.cpp's own vectors (tests/data/embed/goldens-llama-embed.json), bf16 against the CPU float32 engine."""
+against llama.cpp's own vectors (tests/data/embed/goldens-llama-embed.json.gz), bf16 against the CPU float32 engine."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "llama-embed"
-GOLDENS = json.loads((DATA / "embed" / "goldens-llama-embed.json").read_text(encoding="utf-8"))["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-llama-embed.json.gz").read_bytes()))["fixtures"]
 # no table-driven op (SiLU, RMSNorm, rope): llama.cpp's CPU vectors and minfer's CPU float32 ones are <= 2.1e-6 apart
 # (test_llama_embed.py); on the GPU, TF32-free float32 matmuls in another order: test_embed_gpu.py's default 1e-4
 TOL = 1e-4

@@ -4,12 +4,13 @@ by llama.cpp's converter, its file pooling MEAN from a sentence-transformers Poo
 
 References, none of them minfer's: transformers' float32 last_hidden_state (eurobert.npz `hidden_<i>`: after the final
 norm, the row llama.cpp pools), llama.cpp's own pooled embeddings, normalized and not, and its token ids
-(tests/data/embed/goldens-eurobert.json). Here: the hidden rows against transformers, each rule shown needed, the
+(tests/data/embed/goldens-eurobert.json.gz). Here: the hidden rows against transformers, each rule shown needed, the
 vectors against llama.cpp for every pooling, the tokenizer against llama.cpp, generation refused, bad files refused by
 name."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -25,7 +26,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "eurobert"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-eurobert.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-eurobert.json.gz").read_bytes()))
 TOL = 1e-5            # against transformers: the same formulas in float32 (measured <= 2.7e-6)
 TOL_LLAMACPP = 1e-5   # against llama.cpp's vectors on an F32 copy: no table-driven op here (measured <= 2.4e-6)
 _ENGINES: dict = {}

@@ -5,12 +5,13 @@ llama.cpp's converter with --sentence-transformers-dense-modules).
 
 References, none of them minfer's: transformers' last_hidden_state (gemma-embedding.npz `hidden_<i>`), the
 sentence-transformers pipeline computed from it (`st_<i>` = dense_3(dense_2(mean)), float64), llama.cpp's own pooled
-embeddings and token ids (tests/data/embed/goldens-gemma-embed.json). Here: the hidden rows against transformers, the
+embeddings and token ids (tests/data/embed/goldens-gemma-embed.json.gz). Here: the hidden rows against transformers, the
 vectors against both, each rule shown needed (bidirectional, the symmetric window and its width, the two rope bases,
 the Dense layers and their place after the pooling), generation refused, bad files refused by name."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "gemma-embedding"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-gemma-embed.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-gemma-embed.json.gz").read_bytes()))
 # float32 against transformers: measured <= 9.5e-7 (hidden rows, max abs / max |h|), <= 5.9e-7 (pipeline vectors)
 TOL = 1e-5
 # against llama.cpp: its CPU GELU is a float16 table (GGML_GELU_FP16), measured <= 9.0e-4 (as gemma's 2e-3 in

@@ -4,12 +4,13 @@ tiny random checkpoints in jinaai's JinaBert layout, converted by llama.cpp's co
 
 References, none of them minfer's: the generator's own torch forward of the same weights (<name>.npz `hidden_ll_<i>`:
 the function llama.cpp's graph computes; `hidden_<i>`: the model as released, HF's erf GELU and -code's GLU halves),
-llama.cpp's pooled embeddings, rerank scores and token ids (tests/data/embed/goldens-jina.json). Here: the hidden
+llama.cpp's pooled embeddings, rerank scores and token ids (tests/data/embed/goldens-jina.json.gz). Here: the hidden
 rows against the torch forward, each rule shown needed (ALiBi's slopes above all, against llama.cpp's vectors too),
 the vectors and scores against llama.cpp, a long input, generation refused, bad files refused by name."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import types
@@ -23,7 +24,7 @@ from minfer.errors import MinferError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAMES = ["jina-bert-v2", "jina-bert-v2-code", "jina-bert-v2-rank"]
-GOLDENS = json.loads((DATA / "embed" / "goldens-jina.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-jina.json.gz").read_bytes()))
 TOL = 1e-5             # against the torch forward of llama.cpp's function, float32 both (measured <= 1.1e-6)
 TOL_ERF = 2e-3         # against the released model (HF's erf GELU), en and rank (measured <= 3.8e-4)
 # against llama.cpp's vectors: its CPU GELU reads a float16 table (ggml-cpu vec.h, GGML_GELU_FP16), as for modern-bert

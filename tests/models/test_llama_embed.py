@@ -5,10 +5,11 @@ llama.cpp's converter: attention.causal false, rope_freqs.weight, no pooling_typ
 
 References, none of them minfer's: transformers' float32 last_hidden_state with is_causal False (llama-embed.npz
 `hidden_<i>`; `causal_<i>` the same model run causally), llama.cpp's own pooled embeddings, normalized and not, its
-per-token rows of a copy without attention.causal, and its token ids (tests/data/embed/goldens-llama-embed.json)."""
+per-token rows of a copy without attention.causal, and its token ids (tests/data/embed/goldens-llama-embed.json.gz)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -24,7 +25,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "llama-embed"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-llama-embed.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-llama-embed.json.gz").read_bytes()))
 TOL = 1e-5            # against transformers: the same formulas in float32 (measured <= 1.6e-6)
 TOL_LLAMACPP = 1e-5   # against llama.cpp's vectors (F32 copy; goldens rounded to 7 digits; measured <= 2.1e-6)
 _ENGINES: dict = {}
