@@ -87,6 +87,8 @@ from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
 from minfer.models.internlm2 import InternLM2Model
+from minfer.models.nanbeige import NanbeigeModel
+from minfer.models.maincoder import MaincoderModel
 from minfer.models.bitnet import BitnetModel
 from minfer.models.kimi_linear import KimiLinearModel
 from minfer.models.muse_glimmer import MuseGlimmerModel
@@ -121,6 +123,8 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
     Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
     InternLM2Model,
+    NanbeigeModel,
+    MaincoderModel,
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,

@@ -1,0 +1,244 @@
+"""Make the nanbeige fixture: a tiny random Nanbeige (NanbeigeForCausalLM, Nanbeige4.2-3B's architecture, a
+remote-code model with no class in transformers 5.25) checkpoint in the Llama layout, converted to GGUF by llama.cpp's
+own converter (conversion/nanbeige.py NanbeigeModel, a LlamaModel), with two references: a torch forward of the HF
+checkpoint written here from the architecture (below), and llama.cpp's own logits (llama-cpp-python) on an F32 copy
+of the file. Nothing here imports minfer.
+
+Two steps, in two environments (torch + tokenizers for the first, llama-cpp-python for the second):
+
+    /work/tfvenv/bin/python tools/gen_nanbeige_fixture.py build --llamacpp /tmp/arch/llama_cpp_python-0.3.36/vendor/llama.cpp
+    PYTHONPATH=/tmp/llcpp-site /work/venv/bin/python tools/gen_nanbeige_fixture.py goldens
+
+`build` writes, under tests/data/arch/:
+  nanbeige.gguf  convert_hf_to_gguf.py --outtype f16 of the checkpoint below (weights drawn float16-exact).
+  nanbeige.npz   ids (T,), logits (T, V): the torch forward below (float64) at every position; prompt (P,),
+                 greedy (N,): its greedy continuation; logits_skip (T, V): the same forward with
+                 skip_loop_final_norm true (no output norm between the loops).
+  nanbeige.json  the config.json written, the seed.
+`goldens` adds: lc_logits (T, V), lc_greedy (N,): llama.cpp on an F32 copy (F32 KV cache, no flash attention);
+lc_logits_skip: llama.cpp on that copy with nanbeige.skip_loop_final_norm set true.
+
+The architecture (conversion/nanbeige.py; src/models/nanbeige.cpp), as the reference computes it on the HF tensors:
+Llama's layer (RMSNorm, q/k/v/o without bias, rotate_half rope base rope_theta on the HF rows, GQA with kv head
+i // (H / KV), softmax(q k / sqrt(Dh)), SwiGLU MLP), the NUM_LOOPS = 2 physical layers run num_loops times over
+shared weights (nanbeige.cpp: layers[i + j * n_phys] = layers[i]), the final norm model.norm applied to the
+residual between two loops (the graph's "loop_norm", unless skip_loop_final_norm) and once at the end, an untied
+lm_head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "arch"
+NAME = "nanbeige"
+SEED = 2026
+VOCAB, D, H, KV, DH, FFN, LAYERS, LOOPS = 320, 64, 4, 2, 16, 96, 2, 2
+THETA, EPS = 70e6 / 1000, 1e-5       # rope base: 70000 (the release's is 7e7; a small one turns in 40 positions)
+SEQ, PROMPT, NEW = 40, 8, 16
+
+
+def hf_config() -> dict:
+    return {"architectures": ["NanbeigeForCausalLM"], "model_type": "nanbeige", "vocab_size": VOCAB,
+            "hidden_size": D, "intermediate_size": FFN, "num_hidden_layers": LAYERS, "num_attention_heads": H,
+            "num_key_value_heads": KV, "head_dim": DH, "hidden_act": "silu", "max_position_embeddings": 256,
+            "rms_norm_eps": EPS, "rope_theta": THETA, "rope_scaling": None, "attention_bias": False,
+            "mlp_bias": False, "tie_word_embeddings": False, "num_loops": LOOPS, "skip_loop_final_norm": False,
+            "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float16"}
+
+
+def weights(seed: int) -> dict:
+    """The HF tensors, float16-exact float32: matrices ~ N(0, 1.5 / fan_in), norm weights around 1."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def mat(o, i):
+        return (torch.randn(o, i, generator=g) * (1.5 / i ** 0.5)).half().float()
+
+    def norm():
+        return (1.0 + 0.2 * torch.randn(D, generator=g)).half().float()
+
+    t = {"model.embed_tokens.weight": torch.randn(VOCAB, D, generator=g).half().float()}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = norm()
+        t[p + "self_attn.q_proj.weight"] = mat(H * DH, D)
+        t[p + "self_attn.k_proj.weight"] = mat(KV * DH, D)
+        t[p + "self_attn.v_proj.weight"] = mat(KV * DH, D)
+        t[p + "self_attn.o_proj.weight"] = mat(D, H * DH)
+        t[p + "post_attention_layernorm.weight"] = norm()
+        t[p + "mlp.gate_proj.weight"] = mat(FFN, D)
+        t[p + "mlp.up_proj.weight"] = mat(FFN, D)
+        t[p + "mlp.down_proj.weight"] = mat(D, FFN)
+    t["model.norm.weight"] = norm()
+    t["lm_head.weight"] = mat(VOCAB, D)
+    return t
+
+
+def reference(t: dict, ids: list[int], skip_loop_norm: bool = False) -> np.ndarray:
+    """Nanbeige's forward on the HF tensors, float64 -> (T, V) float32 logits."""
+    import torch
+
+    w = {k: v.double() for k, v in t.items()}
+    T = len(ids)
+
+    def rms(x, wt):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+
+    pos = torch.arange(T, dtype=torch.float64)
+    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
+    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)
+    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
+
+    def rope(x):                                  # rotate_half on the HF rows
+        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    x = w["model.embed_tokens.weight"][torch.tensor(ids)]
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    for loop in range(LOOPS):
+        for i in range(LAYERS):                   # the same weights every loop; each pass attends its own keys
+            p = f"model.layers.{i}."
+            h = rms(x, w[p + "input_layernorm.weight"])
+            q = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, DH))
+            k = rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, DH)).repeat_interleave(H // KV, 1)
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, DH).repeat_interleave(H // KV, 1)
+            s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
+            o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
+            x = x + o @ w[p + "self_attn.o_proj.weight"].T
+            h = rms(x, w[p + "post_attention_layernorm.weight"])
+            f = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+            x = x + f @ w[p + "mlp.down_proj.weight"].T
+        if loop + 1 < LOOPS and not skip_loop_norm:
+            x = rms(x, w["model.norm.weight"])    # the loop norm: the final norm's weight
+    x = rms(x, w["model.norm.weight"])
+    return (x @ w["lm_head.weight"].T).float().numpy()
+
+
+def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(reference(t, ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
+def build(llamacpp: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_arch_fixtures import convert, make_tokenizer
+
+    t = weights(SEED)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp) / NAME
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
+        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
+        make_tokenizer(d)          # byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'
+        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'nanbeige'
+    rng = np.random.default_rng(SEED)
+    ids = rng.integers(3, VOCAB, size=SEQ).tolist()
+    arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids),
+              "logits_skip": reference(t, ids, skip_loop_norm=True)}
+    prompt = ids[:PROMPT]
+    arrays["prompt"] = np.array(prompt, dtype=np.int64)
+    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
+    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
+    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config()},
+                                                 indent=1) + "\n")
+    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
+    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
+          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+
+
+def set_key(src: Path, dst: Path, key: str, value, vtype) -> None:
+    """A copy of a GGUF with one key set (gguf-py)."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture" or k == key:
+            continue
+        vt = f.types[0]
+        w.add_key_value(k, f.contents(), vt, sub_type=f.types[-1] if vt == GGUFValueType.ARRAY else None)
+    w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(s) for s in reversed(t.shape)),
+                     raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llamacpp_logits(path: Path, ids: list[int], prompt: list[int] | None = None, n: int = 0):
+    """llama.cpp's logits of ids and (prompt given) its greedy continuation of prompt."""
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(path), n_ctx=64, n_batch=64, logits_all=True, n_threads=2, flash_attn=False,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
+    llm.eval(ids)
+    logits = np.array(llm.scores[:len(ids)], dtype=np.float32)
+    out = []
+    if prompt is not None:
+        llm.reset()
+        llm.eval(prompt)
+        for _ in range(n):
+            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([out[-1]])
+    del llm
+    return logits, np.array(out, dtype=np.int64)
+
+
+def goldens() -> None:
+    import llama_cpp
+    from gguf import GGUFValueType
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_internlm2_fixture import f32_copy
+
+    path = OUT / f"{NAME}.npz"
+    arrays = dict(np.load(path))
+    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        f32, skip = Path(tmp) / f"{NAME}.gguf", Path(tmp) / f"{NAME}-skip.gguf"
+        f32_copy(OUT / f"{NAME}.gguf", f32)
+        arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
+        set_key(f32, skip, f"{NAME}.skip_loop_final_norm", True, GGUFValueType.BOOL)
+        arrays["lc_logits_skip"], _ = llamacpp_logits(skip, ids)
+    np.savez_compressed(path, **arrays)
+    meta = json.loads((OUT / f"{NAME}.json").read_text())
+    meta["llama_cpp"] = llama_cpp.__version__
+    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    for a, b in (("lc_logits", "logits"), ("lc_logits_skip", "logits_skip")):
+        err = float((np.abs(arrays[a] - arrays[b]).max(-1) / np.abs(arrays[b]).max(-1)).max())
+        print(f"llama.cpp vs the torch reference ({b}): max rel err {err:.2e}")
+    print(f"greedy {arrays['lc_greedy'].tolist()} (reference's {arrays['greedy'].tolist()})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="step", required=True)
+    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
+    b.add_argument("--llamacpp", required=True, type=Path,
+                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
+    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
+    a = ap.parse_args()
+    if a.step == "build":
+        build(a.llamacpp.resolve())
+    else:
+        goldens()
+
+
+if __name__ == "__main__":
+    main()
