@@ -17,8 +17,6 @@ norm_topk_prob; vocab 320, untied output, converted by llama.cpp's convert_hf_to
 from __future__ import annotations
 
 import json
-import os
-import sys
 from dataclasses import replace
 
 import gguf
@@ -260,54 +258,5 @@ def test_refusals(tmp_path, change, match):
         load(rewrite(DATA / f"{NAME}.gguf", tmp_path / "x.gguf", **change))
 
 
-# ---- the CUDA backend's code through Triton's interpreter (tests/ops/test_arch_forward_interpreted.py's pattern) ----
-
-_MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
-         "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda"]
-
-
-@pytest.fixture(scope="module")
-def cuda_ops():
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "ops"))
-    from kernel_data import interpreted_modules
-
-    yield from interpreted_modules(_MODS)
-
-
-@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
-def test_cuda_backend_forward_interpreted(cuda_ops, monkeypatch):
-    """Prefill (10 tokens x top-4 = 40 rows: the grouped MoE path) and the host-free decode step (4 rows: the expert
-    gather) through the CUDA backend's kernels (fp32 activations) equal the reference forward; the rope,
-    decode-attention and both MoE paths taken."""
-    from kernel_data import route_to_cuda
-
-    from minfer.gguf_file import GGUFFile
-    from minfer.models import Step, load_model
-    from minfer.ops import paths
-    from minfer.ops.context import Context
-    from minfer.runtime.kv_cache import KVCache
-    from minfer.switches import Switches
-
-    C = cuda_ops["cuda"]
-    m = load_model(GGUFFile(DATA / f"{NAME}.gguf"), progress=False)
-    toks = torch.tensor(ref(NAME)["ids"][:10].tolist())
-    T = len(toks)
-    ref_cache = KVCache.for_config(m.cfg, 64)
-    want = m.forward(toks, Step.at(0, T, "cpu"), ref_cache)
-    want_dec = m.forward(torch.tensor([7]), Step.at(T, 1, "cpu"), ref_cache)
-    cache = KVCache.for_config(m.cfg, 64)
-    route_to_cuda(monkeypatch, C)
-    ctx = Context(Switches(), C.Workspace.for_model(m))
-    paths.reset()
-    out = m.forward(toks, Step.at(0, T, "cpu"), cache, ctx)
-    dec = m.forward(torch.tensor([7]), Step(torch.tensor([T]), None, "all"), cache, ctx)
-
-    def rel(a, b):
-        return float((a - b).norm() / b.norm())
-
-    assert rel(out, want) < 1e-5 and rel(dec, want_dec) < 1e-5
-    snap = paths.snapshot()
-    taken = set(snap["counts"]) | {k.split(" (")[0] for k in snap["fallbacks"]}
-    for p in ("rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"):
-        assert any(t.startswith(p) for t in taken), (p, snap)
+# The CUDA backend's code on the CPU (Triton's interpreter, prefill and the host-free decode step against the
+# reference, the paths it must take): tests/ops/test_arch_forward_interpreted.py, which lists this fixture.

@@ -24,14 +24,10 @@ llama.cpp comparison of the late rows is looser.
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
-import torch
 
 from minfer.errors import MinferError
 from models.test_arch_vs_transformers import DATA, TOL, load, ref, rel_err, rewrite
@@ -232,55 +228,5 @@ def test_layer_kinds_without_a_window(tmp_path):
     assert loc == rope == tuple(i % 4 != 0 for i in range(9))
 
 
-# ---- the CUDA backend's code on the CPU (tests/models/test_gptj.py's pattern) ----
-
-_MODS = ["minfer.ops.cuda.dequant", "minfer.ops.cuda.gemv", "minfer.ops.cuda.qmatmul",
-         "minfer.ops.cuda.norm_rope_act", "minfer.ops.cuda.embedding", "minfer.ops.cuda.attention",
-         "minfer.ops.cuda.moe_act", "minfer.ops.cuda.moe", "minfer.ops.cuda"]
-
-
-@pytest.fixture(scope="module")
-def cuda_ops():
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ops"))
-    from kernel_data import interpreted_modules
-
-    yield from interpreted_modules(_MODS)
-
-
-@pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
-def test_cuda_backend_forward_prefill_and_decode(cuda_ops, monkeypatch):
-    """The router on the layer input and the ReGLU experts (moe_act's kernel), NEOX rope on layers 1-2 only, the
-    decode attention kernel: eager prefill and the host-free decode step against the reference forward (fp32
-    activations: the interpreter's bf16 dot is wrong)."""
-    from kernel_data import route_to_cuda
-
-    from minfer.gguf_file import GGUFFile
-    from minfer.models import Step, load_model
-    from minfer.ops import paths
-    from minfer.ops.context import Context
-    from minfer.runtime.kv_cache import KVCache
-    from minfer.switches import Switches
-
-    assert os.environ.get("TRITON_INTERPRET") == "1"
-    C = cuda_ops["cuda"]
-    m = load_model(GGUFFile(DATA / f"{NAME}.gguf"), progress=False)
-    toks = torch.tensor(ids_rows()[0][:10])
-    T = len(toks)
-    ref_cache = KVCache.for_config(m.cfg, 64)
-    want = m.forward(toks, Step.at(0, T, "cpu"), ref_cache)
-    want_dec = m.forward(torch.tensor([7]), Step.at(T, 1, "cpu"), ref_cache)
-    cache = KVCache.for_config(m.cfg, 64)
-    route_to_cuda(monkeypatch, C)
-    ctx = Context(Switches(), C.Workspace.for_model(m))
-    paths.reset()
-    out = m.forward(toks, Step.at(0, T, "cpu"), cache, ctx)
-    dec = m.forward(torch.tensor([7]), Step(torch.tensor([T]), None, "all"), cache, ctx)
-
-    def rel(a, b):
-        return float((a - b).norm() / b.norm())
-
-    assert rel(out, want) < 1e-5 and rel(dec, want_dec) < 1e-5
-    snap = paths.snapshot()
-    taken = set(snap["counts"]) | {k.split(" (")[0] for k in snap["fallbacks"]}
-    for p in ("rope.triton", "attention.decode.triton", "moe.act.triton"):
-        assert p in taken, (p, snap)
+# The CUDA backend's code on the CPU (Triton's interpreter, prefill and the host-free decode step against the
+# reference, the paths it must take): tests/ops/test_arch_forward_interpreted.py, which lists this fixture.

@@ -232,6 +232,16 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
         "hrm-text": ["add_rms_norm.triton", "rope.triton", "swiglu.triton", "attention.decode.triton"]}
 # chameleon: the per-head q/k LayerNorms (with bias) through the layer-norm kernel, NORM rope, the decode kernel;
 # chameleon-swin: the branch outputs' RMSNorms (swin_norm) through the norm kernel
+# 2026-12-07 (fortieth session): gptj's parallel block from one LayerNorm with partial NORM rope; internlm2, minicpm
+# (granite's scaled graph), nanbeige (looped layers, a KV slot a pass), maincoder (q/k norm after rope) on llama's;
+# deci's per-layer kv heads and attention-free / linear layers; bailingmoe2's sigmoid + biased grouped MoE with a
+# shared expert; smallthinker's MoE routed from the layer input with ReGLU experts (moe_act's kernel)
+MUST |= {"gptj": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
+         "internlm2": ["rope.triton", "attention.decode.triton"], "minicpm": ["rope.triton", "attention.decode.triton"],
+         "nanbeige": ["rope.triton", "attention.decode.triton"], "maincoder": ["rope.triton", "attention.decode.triton"],
+         "deci": ["attention.decode.triton"],
+         "bailingmoe2": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"],
+         "smallthinker": ["rope.triton", "attention.decode.triton", "moe.act.triton"]}
 MUST |= {"chameleon": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
          "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
@@ -266,7 +276,9 @@ def cuda_ops():
                                   "mistral4", "chatglm", "mixtral",
                                   "glm4moe-lite", "solar-open", "kimi-linear",
                                   "chameleon", "chameleon-swin",
-                                  "muse-glimmer", "hrm-text"])
+                                  "muse-glimmer", "hrm-text",
+                                  "gptj", "internlm2", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
+                                  "smallthinker"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
