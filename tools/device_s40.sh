@@ -15,7 +15,7 @@ for step in ${*:-enc}; do
       source tools/device_setup.sh >/dev/null
       files=""
       for f in tests/gpu/test_qwen3_rank_gpu.py tests/gpu/test_jina_bert_gpu.py tests/gpu/test_nomic_moe_gpu.py \
-               tests/gpu/test_gemma_embedding_gpu.py tests/gpu/test_eurobert_gpu.py tests/gpu/test_llama_embed_gpu.py tests/gpu/test_jina_bert_v3_gpu.py; do
+               tests/gpu/test_gemma_embedding_gpu.py tests/gpu/test_encoders_gpu.py; do
         [ -f "$f" ] && files="$files $f"
       done
       timeout ${ENC_TIMEOUT:-300} python3 -m pytest -m gpu -q -rP -p no:cacheprovider $files >"$OUT/pytest-enc.log" 2>&1
