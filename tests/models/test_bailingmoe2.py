@@ -12,7 +12,10 @@ and the MTP layers skipped; the CUDA backend's code (both MoE paths) through Tri
 Fixture: tests/data/arch/bailingmoe2.{gguf,npz,json} (tools/gen_bailingmoe2_fixture.py build + goldens): hidden 32, 2
 heads of 16 over 1 kv head, rope on 8 of 16 dims (NEOX, base 6e5), 3 layers (layer 0 dense, FFN 64), 8 experts of 32
 in 4 groups (3 eligible), top-4, one shared expert of 32, sigmoid router with expert bias, routed_scaling_factor 2.5,
-norm_topk_prob; vocab 320, untied output, converted by llama.cpp's convert_hf_to_gguf.py (BailingMoeV2Model)."""
+norm_topk_prob; vocab 320, untied output, converted by llama.cpp's convert_hf_to_gguf.py (BailingMoeV2Model).
+
+The checks every llama.cpp-checked decoder shares (logits against both references, greedy, the cache in pieces,
+the batch engine's paged cache) run in tests/models/test_llamacpp_decoders.py, which lists this fixture."""
 
 from __future__ import annotations
 
@@ -70,15 +73,6 @@ def test_the_two_references_agree():
     assert r["lc_greedy"].tolist() == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("key", ["logits", "lc_logits"])
-def test_logits_match_both_references(key):
-    r = ref(NAME)
-    got = engine(NAME).logits(r["ids"].tolist()).numpy()
-    assert got.shape == r[key].shape
-    assert rel_err(got, r[key]) < BASE_ERR
-    assert (got.argmax(-1) == r[key].argmax(-1)).all()
-
-
 def test_expert_choices_are_the_references():
     """The experts each MoE layer chose for each position: the reference's (the generator's `choices`)."""
     from minfer.ops import reference
@@ -100,43 +94,6 @@ def test_expert_choices_are_the_references():
     assert len(got) == 2
     for g, want in zip(got, r["choices"]):
         assert torch.equal(g, torch.from_numpy(np.sort(want.astype(np.int64), -1)))
-
-
-def test_greedy_matches_llamacpp():
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    n = len(r["lc_greedy"])
-    out = [ev.token_id for ev in engine(NAME).generate(r["prompt"].tolist(), SamplingParams(temperature=0),
-                                                       max_new_tokens=n)]
-    assert out == r["lc_greedy"].tolist()
-
-
-def test_cache_in_pieces_equals_one_pass():
-    r = ref(NAME)
-    ids = r["ids"].tolist()
-    whole = engine(NAME).logits(ids).numpy()
-    eng = engine(NAME)
-    cuts = [0, 1, 2, 5, 14, 15, 23, len(ids)]
-    got = np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
-    assert rel_err(got, whole) < 1e-5
-    assert rel_err(got, r["lc_logits"]) < BASE_ERR
-
-
-def test_batch_engine_greedy_matches_llamacpp():
-    """The batch engine's paged cache (blocks of 4), next to a second sequence."""
-    from minfer.runtime.batch_engine import BatchEngine
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    eng = engine(NAME)
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
-    n = len(r["lc_greedy"])
-    other = r["ids"][10:25].tolist()
-    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
-    assert [ev.token_id for ev in outs[0]] == r["lc_greedy"].tolist()
-    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
-    assert [ev.token_id for ev in outs[1]] == single
 
 
 def _route_variant(what: str):

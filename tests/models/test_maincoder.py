@@ -9,7 +9,10 @@ backend's code through Triton's interpreter.
 
 Fixture: tests/data/arch/maincoder.{gguf,npz,json} (tools/gen_maincoder_fixture.py build + goldens): hidden 64, 4
 heads of 24 (96 != 64) over 2 kv heads, FFN 96, 2 layers, vocab 320, rope base 1e4, tied lm head (no output.weight),
-converted by llama.cpp's convert_hf_to_gguf.py (conversion/maincoder.py MaincoderModel)."""
+converted by llama.cpp's convert_hf_to_gguf.py (conversion/maincoder.py MaincoderModel).
+
+The checks every llama.cpp-checked decoder shares (logits against both references, greedy, the cache in pieces,
+the batch engine's paged cache) run in tests/models/test_llamacpp_decoders.py, which lists this fixture."""
 
 from __future__ import annotations
 
@@ -50,52 +53,6 @@ def test_the_two_references_agree():
     assert rel_err(r["lc_logits"], r["logits"]) < BASE_ERR
     assert r["lc_greedy"].tolist() == r["greedy"].tolist()
     assert len(set(r["greedy"].tolist())) > 8          # not a degenerate continuation
-
-
-@pytest.mark.parametrize("key", ["logits", "lc_logits"])
-def test_logits_match_both_references(key):
-    r = ref(NAME)
-    got = engine(NAME).logits(r["ids"].tolist()).numpy()
-    assert got.shape == r[key].shape
-    assert rel_err(got, r[key]) < BASE_ERR
-    assert (got.argmax(-1) == r[key].argmax(-1)).all()
-
-
-def test_greedy_matches_llamacpp():
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    n = len(r["lc_greedy"])
-    out = [ev.token_id for ev in engine(NAME).generate(r["prompt"].tolist(), SamplingParams(temperature=0),
-                                                       max_new_tokens=n)]
-    assert out == r["lc_greedy"].tolist()
-
-
-def test_cache_in_pieces_equals_one_pass():
-    r = ref(NAME)
-    ids = r["ids"].tolist()
-    whole = engine(NAME).logits(ids).numpy()
-    eng = engine(NAME)
-    cuts = [0, 1, 2, 5, 14, 15, 23, len(ids)]
-    got = np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
-    assert rel_err(got, whole) < 1e-5
-    assert rel_err(got, r["lc_logits"]) < BASE_ERR
-
-
-def test_batch_engine_greedy_matches_llamacpp():
-    """The batch engine's paged cache (blocks of 4), next to a second sequence."""
-    from minfer.runtime.batch_engine import BatchEngine
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    eng = engine(NAME)
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
-    n = len(r["lc_greedy"])
-    other = r["ids"][10:25].tolist()
-    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
-    assert [ev.token_id for ev in outs[0]] == r["lc_greedy"].tolist()
-    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
-    assert [ev.token_id for ev in outs[1]] == single
 
 
 @pytest.mark.parametrize("what", ["norm_before_rope", "no_qk_norm", "neox", "base"])

@@ -9,7 +9,10 @@ than 10x the tolerance); the loader's refusals; and the CUDA backend's code thro
 
 Fixture: tests/data/arch/nanbeige.{gguf,npz,json} (tools/gen_nanbeige_fixture.py build + goldens): hidden 64, 4
 heads of 16 over 2 kv heads, FFN 96, 2 physical layers x num_loops 2 (4 cache slots), vocab 320, rope base 7e4,
-untied output, converted by llama.cpp's convert_hf_to_gguf.py (conversion/nanbeige.py NanbeigeModel)."""
+untied output, converted by llama.cpp's convert_hf_to_gguf.py (conversion/nanbeige.py NanbeigeModel).
+
+The checks every llama.cpp-checked decoder shares (logits against both references, greedy, the cache in pieces,
+the batch engine's paged cache) run in tests/models/test_llamacpp_decoders.py, which lists this fixture."""
 
 from __future__ import annotations
 
@@ -64,15 +67,6 @@ def test_the_two_references_agree():
     assert r["lc_greedy"].tolist() == r["greedy"].tolist()
 
 
-@pytest.mark.parametrize("key", ["logits", "lc_logits"])
-def test_logits_match_both_references(key):
-    r = ref(NAME)
-    got = engine(NAME).logits(r["ids"].tolist()).numpy()
-    assert got.shape == r[key].shape
-    assert rel_err(got, r[key]) < BASE_ERR
-    assert (got.argmax(-1) == r[key].argmax(-1)).all()
-
-
 def test_skip_loop_final_norm_key(tmp_path):
     """nanbeige.skip_loop_final_norm true: no output norm between the loops, as both references."""
     from minfer.runtime.engine import Engine
@@ -86,44 +80,9 @@ def test_skip_loop_final_norm_key(tmp_path):
     assert miss(eng, "logits_skip") < BASE_ERR and miss(eng, "lc_logits_skip") < BASE_ERR
 
 
-def test_greedy_matches_llamacpp():
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    n = len(r["lc_greedy"])
-    out = [ev.token_id for ev in engine(NAME).generate(r["prompt"].tolist(), SamplingParams(temperature=0),
-                                                       max_new_tokens=n)]
-    assert out == r["lc_greedy"].tolist()
-
-
 def pieces(eng, ids):
     cuts = [0, 1, 2, 5, 14, 15, 23, len(ids)]
     return np.concatenate([eng.forward(ids[a:b], a).numpy() for a, b in zip(cuts, cuts[1:])])
-
-
-def test_cache_in_pieces_equals_one_pass():
-    r = ref(NAME)
-    ids = r["ids"].tolist()
-    whole = engine(NAME).logits(ids).numpy()
-    got = pieces(engine(NAME), ids)
-    assert rel_err(got, whole) < 1e-5
-    assert rel_err(got, r["lc_logits"]) < BASE_ERR
-
-
-def test_batch_engine_greedy_matches_llamacpp():
-    """The batch engine's paged cache (blocks of 4, 4 slots a position), next to a second sequence."""
-    from minfer.runtime.batch_engine import BatchEngine
-    from minfer.runtime.sampling import SamplingParams
-
-    r = ref(NAME)
-    eng = engine(NAME)
-    be = BatchEngine(eng.model, eng.tokenizer, n_ctx=64, max_seqs=2, n_blocks=40, block_size=4)
-    n = len(r["lc_greedy"])
-    other = r["ids"][10:25].tolist()
-    outs = be.generate_many([r["prompt"].tolist(), other], SamplingParams(temperature=0), n)
-    assert [ev.token_id for ev in outs[0]] == r["lc_greedy"].tolist()
-    single = [ev.token_id for ev in eng.generate(other, SamplingParams(temperature=0), max_new_tokens=n)]
-    assert [ev.token_id for ev in outs[1]] == single
 
 
 @pytest.mark.parametrize("what", ["one_loop", "no_loop_norm", "neox", "base"])
