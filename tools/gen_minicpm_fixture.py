@@ -242,26 +242,8 @@ def check_longrope_file(llamacpp: Path) -> None:
     assert np.array_equal(np.asarray(tb["rope_factors_long.weight"].data), np.array(LR_LONG, np.float32))
 
 
-def f32_copy(src: Path, dst: Path) -> None:
-    """The file with every tensor as F32 (gguf-py), so llama.cpp's CPU matmuls keep F32 activations."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-    from gguf.quants import dequantize
-
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = f.types[0]
-        val = 0 if key == "general.file_type" else f.contents()
-        w.add_key_value(key, val, vtype, sub_type=f.types[1] if vtype == GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        x = dequantize(t.data, t.tensor_type).astype(np.float32)
-        w.add_tensor(t.name, x.reshape([int(s) for s in reversed(t.shape)]), raw_dtype=GGMLQuantizationType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+# the file with every tensor as F32, so llama.cpp's CPU matmuls keep F32 activations (as gen_nanbeige_fixture takes it)
+from gen_internlm2_fixture import f32_copy  # noqa: E402
 
 
 def goldens() -> None:
