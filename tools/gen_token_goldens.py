@@ -324,6 +324,26 @@ WHITESPACE_CASES = ["a\u1680b\u2007c\u202fd\u205fe", "a\x1cb\x1dc\x1ed\x1ff", "a
 PRE_OWN_CASES.update({p: MASK_CASES for p in ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert",
                                               "jina-v1-en", "jina-v2-code", "roberta-bpe")})
 PRE_OWN_CASES["whitespace"] = WHITESPACE_CASES
+# jais-2: white-space runs of 3 to 40 (the cascade 4 / 8 / 16 / 32 / 1-2 / 1), before a word and at the end
+# granite-embed-multi-97m: combining marks inside and at the start of words, case changes next to them;
+# youtu: Hangul / jamo, CJK punctuation, Bopomofo, Han / kana runs, digits one by one, "/" after punctuation
+PRE_OWN_CASES.update({
+    "jais-2": ["a   b", "a     b", "a         b", "a" + " " * 17 + "b", "a" + " " * 33 + "b", "x" + " " * 40,
+               "a\t\t\t\t\tb", " \n      x", "a \u3000\u3000 b", "a      ", "1 2  3   4    5"],
+    "granite-embed-multi-97m": ["re\u0301sume\u0301 Cafe\u0301", "\u0301abc A\u0301Bc", "नमस्ते दुनिया",
+                                "বাংলা ভাষা", "ภาษาไทย", "తెలుగు", "e\u0301E\u0301e HelloWorld"],
+    "youtu": ["안녕하세요 세계", "ㄱㄴㄷ abc", "你好，世界！…“引号”", "ㄅㄆㄇㄈ 注音", "日本語のテキスト",
+              "中文abc한국어", "a1234 ６７", "ok!/path//x\n", "‘quote’—dash：；", "︰﹏x", "AbC's DEF'LL"],
+    # afmoe: digit runs cut from the right and glued to the text before them, then its script blocks
+    "afmoe": ["1234567", "ab12345cd", "x1 22 333 4444", "١٢٣٤٥", "ภาษาไทย๑๒๓๔", "ພາສາລາວ", "ភាសាខ្មែរ",
+              "မြန်မာ", "한국어 테스트", "ｶﾀｶﾅ ⼀⼆", "豈更 中文abc", ".Hello,World", "\uac00\uf900x"],
+    # sarvam-moe: spaces (escaped) inside and at the ends of lines, newline runs, "\u2581" itself, a character
+    # and a byte the piece vocab lacks (byte fallback), and decode's unescaping with clean_spaces off
+    "sarvam-moe": ["a b\n\nc d", "  lead\n\n\ntrail  ", "\n\n", "x \u2581 y", "it ' s . net ,x",
+                   "a\tb\r\nc", "\u3000wide space", "e\u0301 😀", "€5\n 5€"],
+    # superbpe: digit runs cut into threes from the right (ASCII digits only), words and spaces together
+    "superbpe": ["1234567", "12 345 6789", "x1234y", "١٢٣٤٥٦", "1２345", "the quick brown fox", "a, b. c!"],
+})
 
 
 def piece_golden_for(pre: str, with_merges: bool = True, with_decode: bool = False, **options) -> dict:

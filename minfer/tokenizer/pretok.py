@@ -17,7 +17,7 @@ points: \\s is ASCII whitespace plus Unicode White_Space in both, and \\p{L}/\\p
 with_llama_cpp_tables, which takes the 5,185 code points new in 16.0 out of those classes.
 ECMAScript's `$` (end of input) is written `\\z`, because Oniguruma's `$` also matches before
 a newline. Pre types that llama.cpp splits with hand-written code (unicode_regex_split_custom_*)
-are written here as regexes that split the same way (kimi-k2, tiny_aya's digits).
+are written here as regexes that split the same way (kimi-k2, tiny_aya's and afmoe's digits).
 """
 
 from __future__ import annotations
@@ -297,3 +297,49 @@ for _n in ("jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert"):
 _GPT2_SEP = PreRules((GPT2_RE,), add_sep=True)
 PRE_TYPES.update({"jina-v1-en": _GPT2_SEP, "jina-v2-code": _GPT2_SEP, "roberta-bpe": _GPT2_SEP,
                   "whitespace": PreRules((WHITESPACE_RE,), byte_encode=False)})
+
+# case LLAMA_VOCAB_PRE_TYPE_JAIS2 (pre "jais-2"; load() sets nothing else: merges used, clean_spaces
+# on): llama3's regex whose whitespace tail cascades through runs of 512, 256, ..., 4, then 1-2, spaces
+JAIS2_RE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+            r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+            r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}")
+# case LLAMA_VOCAB_PRE_TYPE_GRANITE_EMB_MULTI (pre "granite-embed-multi-97m"; clean_spaces off,
+# ignore_merges on): GPT4O_RE with \p{M} in the lookahead classes, so a combining mark stays in its word
+GRANITE_EMB_MULTI_RE = GPT4O_RE.replace(r"(?=[\p{L}])", r"(?=[\p{L}\p{M}])")
+# case LLAMA_VOCAB_PRE_TYPE_YOUTU (pre "youtu"; clean_spaces off, ignore_merges on): first runs of Hangul,
+# of CJK punctuation, of Bopomofo, of Han / kana (no \p{..} class: std::wregex on the code points), then
+# o200k's word regex on the collapsed text, where \p{Lu}/\p{Lt}/\p{Lm}/\p{Lo}/\p{Ll} are all "a letter"
+# (as TINY_AYA_RE: "[Lu Lt Lm Lo M]*[Ll Lm Lo M]+" is a run of letters and marks), digits one by one
+YOUTU_RES = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+    "\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+" + _CONTRACTIONS + r"?|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+",
+)
+PRE_TYPES.update({
+    "jais-2": PreRules((JAIS2_RE,)),
+    "granite-embed-multi-97m": PreRules((GRANITE_EMB_MULTI_RE,), clean_spaces=False, ignore_merges=True),
+    "youtu": PreRules(YOUTU_RES, clean_spaces=False, ignore_merges=True),
+})
+# case LLAMA_VOCAB_PRE_TYPE_AFMOE (pre "afmoe"; clean_spaces off): "\p{AFMoE_digits}" is
+# unicode_regex_split_custom_afmoe, the digit splitter tiny_aya's first step uses (TINY_AYA_DIGITS_RE,
+# glued); then runs of CJK / kana / Thai / Lao / Khmer / Myanmar / Hangul blocks (no \p{..} class:
+# std::wregex on the code points; llama.cpp's literal third range starts at U+8C48, not U+F900, and so
+# takes in Hangul and everything up to U+FAFF); then deepseek-v3's word regex
+AFMOE_RES = (
+    TINY_AYA_DIGITS_RE,
+    "[\u4e00-\u9fff\u3400-\u4dbf\u8c48-\ufaff\u3040-\u309f\u30a0-\u30ff\uff65-\uff9f\u2f00-\u2fdf\u0e40-\u0e7f"
+    "\u0e80-\u0eff\u1780-\u17ff\u1000-\u109f\uaa60-\uaa7f\ua9e0-\ua9ff\uac00-\ud7af\u1100-\u11ff]+",
+    DEEPSEEK_V3_RES[2],
+)
+PRE_TYPES["afmoe"] = PreRules(AFMOE_RES, clean_spaces=False, glued=(0,))
+# case LLAMA_VOCAB_PRE_TYPE_SARVAM_MOE (pre "sarvam-moe"): gemma4's shape -- escape_whitespaces (spaces
+# -> U+2581, and back on decode), newline runs apart, raw-UTF-8 BPE (byte_encode = false) -- with
+# clean_spaces off, and without gemma4's whole-newline-run rule and BOS workaround (both keyed to
+# LLAMA_VOCAB_PRE_TYPE_GEMMA4)
+PRE_TYPES["sarvam-moe"] = PreRules((NEWLINES_RE,), clean_spaces=False, byte_encode=False, escape_whitespace=True)
+# case LLAMA_VOCAB_PRE_TYPE_SUPERBPE (pre "superbpe"; clean_spaces off): digit runs apart, then each cut
+# before every group of three ASCII digits that ends the run (a zero-width regex; no \p{..} class, so
+# std::wregex on the code points, where \d is [0-9]); nothing else splits: words and spaces stay together
+SUPERBPE_RES = (r"\p{N}+", r"(?=([0-9]{3})+(?![0-9]))")
+PRE_TYPES["superbpe"] = PreRules(SUPERBPE_RES, clean_spaces=False)

@@ -13,8 +13,13 @@ jina-v2-code, roberta-bpe: vocab_files.EMBED_PRES; and whitespace, under tokeniz
 in MORE_PRES too; their goldens add <mask> texts (gen_token_goldens.MASK_CASES / WHITESPACE_CASES), the ids with
 special tokens parsed and add_sep / <mask>'s attribute, checked in test_tok_embed_pres.py.
 
+jais-2, granite-embed-multi-97m, youtu, afmoe, superbpe and sarvam-moe (MORE_PRES too) have texts of their own
+in their goldens (gen_token_goldens.PRE_OWN_CASES) and each of their rules and flags that the golden can show is
+shown needed (test_each_later_rule_is_needed); sarvam-moe's piece vocab is raw UTF-8 with escaped spaces
+(vocab_files.SPM_BPE_PRES).
+
 Names of the chain that minfer still refuses (a clear error naming the file and the value):
-granite-embed-multi-97m, superbpe, afmoe, sarvam-moe, youtu and jais-2, and pre 'whitespace' under
+jina-v5-nano (llama3's rules and flags in llama.cpp; not yet added), any name not in pretok.PRE_TYPES, and pre 'whitespace' under
 tokenizer.ggml.model 'gpt2' (llama.cpp aborts there on a run of white space; the model 'whitespace' with
 another pre is refused too) (chameleon joined the list above in 2026-12's thirty-seventh session, its golden
 with texts for its sentinel / image-token regexes: gen_token_goldens.PRE_OWN_CASES).
@@ -104,6 +109,45 @@ def test_refused_names_say_so(tmp_path):
     from minfer.gguf_file import GGUFFile
     from minfer.tokenizer import Tokenizer
 
-    path = write_piece_vocab(["ab"], "superbpe", tmp_path / "superbpe.gguf")
-    with pytest.raises(MinferError, match=r"superbpe\.gguf.*tokenizer\.ggml\.pre.*superbpe"):
+    path = write_piece_vocab(["ab"], "no-such-pre", tmp_path / "nopre.gguf")
+    with pytest.raises(MinferError, match=r"nopre\.gguf.*tokenizer\.ggml\.pre.*no-such-pre"):
         Tokenizer.from_gguf(GGUFFile(path))
+
+
+# The later names' rules (pretok.py: JAIS2_RE, GRANITE_EMB_MULTI_RE, YOUTU_RES, AFMOE_RES, sarvam-moe,
+# SUPERBPE_RES), each shown
+# needed on its golden: the texts llama.cpp splits otherwise when that one rule is changed
+_R = PRE_TYPES
+
+
+@pytest.mark.parametrize("pre, changes, missed", [
+    # jais-2: the cascading white space (llama3's "\s+(?!\S)|\s+" takes a run whole)
+    ("jais-2", {"regexes": (LLAMA3_RE,)}, ["a    b", "x" + " " * 40, "1 2  3   4    5"]),
+    ("jais-2", {"clean_spaces": False}, ["it ' s", " .net"]),
+    # granite-embed-multi-97m: \p{M} in the lookaheads (gpt-4o's regex cuts a word at a combining mark)
+    ("granite-embed-multi-97m", {"regexes": (GPT4O_RE,)}, ["re\u0301sume\u0301 Cafe\u0301", "नमस्ते दुनिया"]),
+    ("granite-embed-multi-97m", {"clean_spaces": True}, ["it ' s", " .net"]),
+    # youtu: the Hangul / CJK punctuation / Bopomofo / Han runs first, and single digits
+    ("youtu", {"regexes": _R["youtu"].regexes[1:]}, ["你好，世界！…“引号”", "中文abc한국어"]),
+    ("youtu", {"regexes": (_R["youtu"].regexes[0], _R["youtu"].regexes[1].replace("|\\p{N}|", "|\\p{N}{1,3}|"))},
+     ["a1234 ６７"]),
+    ("youtu", {"clean_spaces": True}, ["it ' s", " .net"]),
+    # afmoe: digits in threes from the right glued to the text before them, then the script-block runs
+    ("afmoe", {"glued": ()}, ["x  1234", "abc  12345 def"]),
+    ("afmoe", {"regexes": _R["afmoe"].regexes[1:], "glued": ()}, ["1234567", "ab12345cd", "١٢٣٤٥"]),
+    ("afmoe", {"regexes": _R["afmoe"].regexes[::2], "glued": (0,)}, ["ภาษาไทย๑๒๓๔", "한국어 테스트", "\uac00\uf900x"]),
+    ("afmoe", {"clean_spaces": True}, ["it ' s", " .net"]),
+    # sarvam-moe: spaces escaped to U+2581 (else byte tokens), raw UTF-8 (not GPT-2's byte mapping), and
+    # no clean_spaces on decode
+    ("sarvam-moe", {"escape_whitespace": False}, ["a b\n\nc d", "x \u2581 y"]),
+    ("sarvam-moe", {"byte_encode": True}, ["e\u0301 😀", "x \u2581 y"]),
+    ("sarvam-moe", {"clean_spaces": True}, ["it ' s . net ,x"]),
+    # superbpe: the cut before each group of three ASCII digits ending a run, after the digit runs are apart
+    ("superbpe", {"regexes": _R["superbpe"].regexes[:1]}, ["1234567", "12 345 6789"]),
+    ("superbpe", {"regexes": _R["superbpe"].regexes[1:]}, ["x1234y"]),
+    ("superbpe", {"clean_spaces": True}, ["it ' s"]),
+])
+def test_each_later_rule_is_needed(piece_files, pre, changes, missed):
+    f, g = piece_files(pre)
+    bad = golden_misses(f, pre, g, **changes)
+    assert set(missed) <= set(bad), bad[:10]

@@ -68,7 +68,8 @@ MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "gigachat", "a.x-4.0", 
              "joyai-llm", "hy_v4", "codeshell", "exaone", "minerva-7b", "mellum2", "minimax-m2", "dbrx",
              "smaug-bpe", "trillion", "granite-docling", "tekken", "seed-coder", "bailingmoe", "bailingmoe2",
              "llada-moe", "exaone-moe", "minicpm5", "ufakzeka", "spark2_5", "laguna", "poro-chat", "bloom",
-             "gpt3-finnish", "viking", "chameleon")
+             "gpt3-finnish", "viking", "chameleon", "jais-2", "granite-embed-multi-97m", "youtu",
+             "afmoe", "superbpe")
 # the embedding / reranker models' names (pretok.py: GPT-2's rules; add_sep on for jina-v1-en, jina-v2-code,
 # roberta-bpe; <mask> LSTRIP for jina-v2-de / -es / -code): their piece vocabs end with EMBED_SPECIALS as
 # control tokens (BOS <s>, EOS and SEP </s>, <mask>: a RoBERTa-style vocab), so llama.cpp's partition
@@ -79,7 +80,10 @@ EMBED_SPECIALS = ("<s>", "</s>", "<mask>")
 # pre names whose BPE runs on raw UTF-8 (byte_encode false): their piece vocab is raw (raw_piece_vocab),
 # under tokenizer.ggml.model 'whitespace', the pair llama.cpp's converter writes (jina-embeddings-v2-base-zh)
 RAW_PRES = ("whitespace",)
-MORE_PRES = MORE_PRES + EMBED_PRES + RAW_PRES
+# SPM-style BPE pre names (escape_whitespace, byte_encode false: pretok.py "sarvam-moe"): the raw_piece_vocab of
+# the texts with their spaces escaped to U+2581, and its byte tokens, under tokenizer.ggml.model 'gpt2'
+SPM_BPE_PRES = ("sarvam-moe",)
+MORE_PRES = MORE_PRES + EMBED_PRES + RAW_PRES + SPM_BPE_PRES
 PIECE_PRES.update({f"pieces-as-{p}": p for p in MORE_PRES})
 # piece goldens of a pre under other write_piece_vocab options: name -> (pre, options)
 PIECE_OPTIONS = {
@@ -200,12 +204,15 @@ def write_piece_vocab(texts: list[str], pre: str, out: Path, with_merges: bool =
     """A vocab-only GGUF of piece_vocab(texts) under `pre` (all tokens NORMAL, no special ids;
     with_merges=False: no tokenizer.ggml.merges key). A pre of EMBED_PRES gets EMBED_SPECIALS after
     them (CONTROL, with bos / eos / seperator / mask ids); one of RAW_PRES the raw_piece_vocab and its
-    byte tokens (BYTE) under tokenizer.ggml.model 'whitespace'. model: another tokenizer.ggml.model;
+    byte tokens (BYTE) under tokenizer.ggml.model 'whitespace' (SPM_BPE_PRES: that of the escaped texts, under
+    'gpt2'). model: another tokenizer.ggml.model;
     extra_kv: more tokenizer.ggml.<key> values."""
-    tokens, merges = raw_piece_vocab(texts) if pre in RAW_PRES else piece_vocab(texts)
+    spm = pre in SPM_BPE_PRES
+    tokens, merges = (raw_piece_vocab([t.replace(" ", "\u2581") for t in texts]) if spm else
+                      raw_piece_vocab(texts) if pre in RAW_PRES else piece_vocab(texts))
     types = [1] * len(tokens)
     kv = {}
-    if pre in RAW_PRES:
+    if pre in RAW_PRES or spm:
         tokens += [f"<0x{b:02X}>" for b in range(256) if b != RAW_NO_BYTE]
         types += [6] * 255
     if pre in EMBED_PRES:  # (llama.cpp refuses a vocab with a text twice: the normal "<s>" etc. go)
