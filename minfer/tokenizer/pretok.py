@@ -244,7 +244,7 @@ PRE_TYPES["granite-embed-multi-311m"] = PRE_TYPES["gemma4"]
 # The other names of llama_vocab::impl::load's chain whose rules are one of the above (the same
 # regex list and flags); each has a llama.cpp golden (tests/tokenizer/test_tok_more_pres.py)
 for _names, _same in (
-        (("falcon-h1", "pixtral", "midm-2.0", "lfm2"), "llama3"),       # LLAMA3, ignore_merges, add_bos
+        (("falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"), "llama3"),       # LLAMA3, ignore_merges, add_bos
         (("gigachat", "a.x-4.0", "mellum", "exaone4", "olmo", "jais"), "gpt-2"),   # GPT2 / OLMO / JAIS
         (("kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"), "qwen2"),   # QWEN2 regex, clean off
         (("stablelm2",), "megrez"),                                        # QWEN2 regex, clean on

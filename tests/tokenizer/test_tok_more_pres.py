@@ -19,7 +19,7 @@ shown needed (test_each_later_rule_is_needed); sarvam-moe's piece vocab is raw U
 (vocab_files.SPM_BPE_PRES).
 
 Names of the chain that minfer still refuses (a clear error naming the file and the value):
-jina-v5-nano (llama3's rules and flags in llama.cpp; not yet added), any name not in pretok.PRE_TYPES, and pre 'whitespace' under
+any name not in pretok.PRE_TYPES, and pre 'whitespace' under
 tokenizer.ggml.model 'gpt2' (llama.cpp aborts there on a run of white space; the model 'whitespace' with
 another pre is refused too) (chameleon joined the list above in 2026-12's thirty-seventh session, its golden
 with texts for its sentinel / image-token regexes: gen_token_goldens.PRE_OWN_CASES).

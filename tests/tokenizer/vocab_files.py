@@ -63,7 +63,7 @@ PIECE_PRES = {"pieces-as-deepseek-v3": "deepseek-v3", "pieces-as-kimi-k2": "kimi
               "pieces-as-kimi-k2-no-merges": "kimi-k2"}
 # the pre names added after those (minfer/tokenizer/pretok.py: the other names of llama.cpp's
 # load() chain), each with a piece golden of its own (tests/tokenizer/test_tok_more_pres.py)
-MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "gigachat", "a.x-4.0", "mellum", "exaone4", "olmo",
+MORE_PRES = ("falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "gigachat", "a.x-4.0", "mellum", "exaone4", "olmo",
              "jais", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2", "stablelm2", "hunyuan-dense",
              "joyai-llm", "hy_v4", "codeshell", "exaone", "minerva-7b", "mellum2", "minimax-m2", "dbrx",
              "smaug-bpe", "trillion", "granite-docling", "tekken", "seed-coder", "bailingmoe", "bailingmoe2",
