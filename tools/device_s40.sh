@@ -24,7 +24,7 @@ for step in ${*:-enc}; do
     arch)   # this session's decoder architectures through tests/gpu/test_arch_gpu.py (float32 vs the references, bf16 floors)
       source tools/device_setup.sh >/dev/null
       timeout ${ARCH_TIMEOUT:-300} python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_arch_gpu.py \
-        -k "${ARCH_K:-gptj or internlm2 or minicpm or deci or bailingmoe2 or smallthinker or nanbeige or maincoder}" \
+        -k "${ARCH_K:-gptj or internlm2 or minicpm or deci or bailingmoe or smallthinker or nanbeige or maincoder or baichuan}" \
         >"$OUT/pytest-arch.log" 2>&1
       echo "arch rc $?"; grep -E "^(FAILED|ERROR)" "$OUT/pytest-arch.log" | head -20; tail -1 "$OUT/pytest-arch.log";;
     *) rest="$rest $step";;

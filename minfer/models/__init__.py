@@ -87,6 +87,7 @@ from minfer.models.mimo2 import Mimo2Model
 from minfer.models.laguna import LagunaModel
 from minfer.models.chatglm import ChatGLMModel
 from minfer.models.internlm2 import InternLM2Model
+from minfer.models.baichuan import BaichuanModel
 from minfer.models.nanbeige import NanbeigeModel
 from minfer.models.maincoder import MaincoderModel
 from minfer.models.bitnet import BitnetModel
@@ -105,6 +106,7 @@ from minfer.models.llama_embed import LlamaEmbedModel
 from minfer.models.deci import DeciModel
 from minfer.models.jina_bert_v3 import JinaBertV3Model
 from minfer.models.bailingmoe2 import BailingMoe2Model
+from minfer.models.bailingmoe import BailingMoeModel
 from minfer.models.smallthinker import SmallThinkerModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
@@ -123,6 +125,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     HyV3Model, MellumModel, Mimo2Model, LagunaModel,
     Mistral4Model, ChatGLMModel, BitnetModel, KimiLinearModel,
     InternLM2Model,
+    BaichuanModel,
     NanbeigeModel,
     MaincoderModel,
     MuseGlimmerModel,
@@ -137,6 +140,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     DeciModel,
     JinaBertV3Model,
     BailingMoe2Model,
+    BailingMoeModel,
     SmallThinkerModel,
     GemmaEmbeddingModel)}
 

@@ -38,7 +38,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "stablelm", "stablelm-12b", "nemotron", "nemotron-bias", "phimoe", "dbrx", "exaone-moe", "minicpm3", "afmoe", "jais2",
          "cohere2moe", "cohere2moe-ln",
          "granite_swa", "granitemoe_swa",
-         "internlm3", "internlm3-bias", "internlm2",
+         "internlm3", "internlm3-bias", "internlm2", "baichuan",
          "olmo3-yarn",
          "hy_v3", "mellum", "mimo_v2_flash", "laguna", "laguna-elem", "laguna-yarn",
          "mellum-yarn",
@@ -46,7 +46,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "mistral4", "chatglm", "mixtral",
          "glm4moe-lite", "solar-open", "kimi-linear",
          "chameleon", "chameleon-swin",
-         "muse-glimmer", "hrm-text", "gptj", "minicpm", "deci", "bailingmoe2", "smallthinker", "nanbeige", "maincoder"]
+         "muse-glimmer", "hrm-text", "gptj", "minicpm", "deci", "bailingmoe2", "smallthinker", "nanbeige", "maincoder", "bailingmoe"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -248,8 +248,10 @@ MUST_RUN = {"gemma": ["geglu.triton", "attention.decode"], "phi2": ["layer_norm.
 # chameleon: the per-head q/k LayerNorms with bias (layer_norm.triton), NORM rope, the decode kernel; chameleon-swin:
 # the branch outputs' RMSNorms (swin_norm) too
 MUST_RUN |= {"internlm2": ["rope", "attention.decode"]}   # the llama graph on the converter's split wqkv, GQA 2:1
+MUST_RUN |= {"baichuan": ["rope", "attention.decode"]}    # the llama graph on the converter's split W_pack, 32 layers
 MUST_RUN |= {"minicpm": ["rope", "attention.decode"]}   # granite's scaled graph, GQA 2:1, NORM rope
 MUST_RUN |= {"bailingmoe2": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}   # sigmoid + expert bias, groups, shared expert
+MUST_RUN |= {"bailingmoe": ["rope", "attention.decode", "moe.gather", "moe.grouped"]}    # softmax top-k + shared expert
 MUST_RUN |= {"smallthinker": ["rope", "attention.decode", "moe.gather", "moe.grouped", "moe.act.triton"]}   # router on the layer input, ReGLU experts
 MUST_RUN |= {"nanbeige": ["rope", "attention.decode"]}    # looped llama layers (4 slots on 2 blocks), loop norm
 MUST_RUN |= {"maincoder": ["rope", "attention.decode"]}   # NORM rope then per-head q/k RMSNorm, head_dim 24 != D/H

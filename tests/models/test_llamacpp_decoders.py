@@ -15,9 +15,11 @@ from models.test_arch_vs_transformers import engine, ref, rel_err
 
 # name -> the float32 tolerance against both references (each file's BASE_ERR: its measured misses in the comment)
 CASES = {"internlm2": 3e-6,       # 1.6e-6 (reference), 1.8e-6 (llama.cpp)
+         "baichuan": 1.5e-5,      # 3.4e-6, 7.9e-6 (32 layers)
          "maincoder": 5e-6,       # 1.4e-6, 2.4e-6
          "nanbeige": 1e-5,        # 6.3e-6, 5.5e-6
-         "bailingmoe2": 3e-6}     # 1.5e-6, 1.3e-6
+         "bailingmoe2": 3e-6,     # 1.5e-6, 1.3e-6
+         "bailingmoe": 5e-6}      # 1.5e-6, 2.5e-6
 NAMES = sorted(CASES)
 
 

@@ -237,11 +237,13 @@ MUST = {"gemma3": ["attention.window.decode", "geglu.triton"],
 # deci's per-layer kv heads and attention-free / linear layers; bailingmoe2's sigmoid + biased grouped MoE with a
 # shared expert; smallthinker's MoE routed from the layer input with ReGLU experts (moe_act's kernel)
 MUST |= {"gptj": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
-         "internlm2": ["rope.triton", "attention.decode.triton"], "minicpm": ["rope.triton", "attention.decode.triton"],
+         "internlm2": ["rope.triton", "attention.decode.triton"],
+         "baichuan": ["rope.triton", "attention.decode.triton"], "minicpm": ["rope.triton", "attention.decode.triton"],
          "nanbeige": ["rope.triton", "attention.decode.triton"], "maincoder": ["rope.triton", "attention.decode.triton"],
          "deci": ["attention.decode.triton"],
          "bailingmoe2": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"],
-         "smallthinker": ["rope.triton", "attention.decode.triton", "moe.act.triton"]}
+         "smallthinker": ["rope.triton", "attention.decode.triton", "moe.act.triton"],
+         "bailingmoe": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"]}   # softmax MoE + shared expert
 MUST |= {"chameleon": ["layer_norm.triton", "rope.triton", "attention.decode.triton"],
          "chameleon-swin": ["layer_norm.triton", "rms_norm.triton", "rope.triton", "attention.decode.triton"]}
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
@@ -277,8 +279,8 @@ def cuda_ops():
                                   "glm4moe-lite", "solar-open", "kimi-linear",
                                   "chameleon", "chameleon-swin",
                                   "muse-glimmer", "hrm-text",
-                                  "gptj", "internlm2", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
-                                  "smallthinker"])
+                                  "gptj", "internlm2", "baichuan", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
+                                  "smallthinker", "bailingmoe"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
