@@ -199,6 +199,7 @@ def goldens() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gen_internlm2_fixture import f32_copy
+    from gen_nanbeige_fixture import llamacpp_logits
 
     path = OUT / f"{NAME}.npz"
     arrays = dict(np.load(path))
@@ -206,18 +207,7 @@ def goldens() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         f32 = Path(tmp) / f"{NAME}.gguf"
         f32_copy(OUT / f"{NAME}.gguf", f32)
-        llm = llama_cpp.Llama(str(f32), n_ctx=64, n_batch=64, logits_all=True, n_threads=2, flash_attn=False,
-                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
-        llm.eval(ids)
-        arrays["lc_logits"] = np.array(llm.scores[:len(ids)], dtype=np.float32)
-        llm.reset()
-        llm.eval(prompt)
-        out = []
-        for _ in range(len(arrays["greedy"])):
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-            llm.eval([out[-1]])
-        arrays["lc_greedy"] = np.array(out, dtype=np.int64)
-        del llm
+        arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
     np.savez_compressed(path, **arrays)
     meta = json.loads((OUT / f"{NAME}.json").read_text())
     meta["llama_cpp"] = llama_cpp.__version__
