@@ -160,24 +160,12 @@ def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
+# the SentencePiece BPE with byte fallback of gen_internlm2_fixture, VOCAB pieces
+from gen_internlm2_fixture import make_spm_tokenizer as _spm  # noqa: E402
+
+
 def make_spm_tokenizer(path: Path) -> None:
-    """A SentencePiece BPE of VOCAB pieces with byte fallback (as the release's tokenizer.model: <0x00>..<0xFF>
-    pieces, so any text encodes; llama.cpp's SPM tokenizer needs them for a character outside the pieces, its
-    byte_to_token): unk 0, <s> 1, </s> 2, the 256 byte pieces, then characters and merges trained on the README
-    folded to lower-case letters, digits and spaces (few characters, so merges fit in VOCAB)."""
-    import io
-    import re
-
-    import sentencepiece as spm
-
-    text = re.sub(r"[^a-z0-9 ]+", " ", (ROOT / "README.md").read_text(encoding="utf-8").lower())
-    lines = [ln.strip() for ln in re.split(r" {2,}", text) if len(ln.strip()) > 3]
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=VOCAB,
-                                   model_type="bpe", byte_fallback=True, character_coverage=1.0,
-                                   unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
-    (path / "tokenizer.model").write_bytes(buf.getvalue())
-
+    _spm(path, VOCAB)
 
 
 def build(llamacpp: Path) -> None:

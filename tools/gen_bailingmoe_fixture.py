@@ -195,26 +195,10 @@ def build(llamacpp: Path) -> None:
 
 
 def goldens() -> None:
-    import llama_cpp
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_internlm2_fixture import f32_copy
-    from gen_nanbeige_fixture import llamacpp_logits
+    from gen_nanbeige_fixture import llamacpp_goldens
 
-    path = OUT / f"{NAME}.npz"
-    arrays = dict(np.load(path))
-    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
-    with tempfile.TemporaryDirectory() as tmp:
-        f32 = Path(tmp) / f"{NAME}.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
-    np.savez_compressed(path, **arrays)
-    meta = json.loads((OUT / f"{NAME}.json").read_text())
-    meta["llama_cpp"] = llama_cpp.__version__
-    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    err = float((np.abs(arrays["lc_logits"] - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
-    print(f"llama.cpp vs the torch reference: max rel err {err:.2e}; greedy {arrays['lc_greedy'].tolist()} "
-          f"(reference's {arrays['greedy'].tolist()})")
+    llamacpp_goldens(OUT, NAME)
 
 
 def main() -> None:

@@ -160,8 +160,8 @@ def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
     return ids[len(prompt):]
 
 
-def make_spm_tokenizer(path: Path) -> None:
-    """A SentencePiece BPE of VOCAB pieces with byte fallback (as the release's tokenizer.model: <0x00>..<0xFF>
+def make_spm_tokenizer(path: Path, vocab: int = VOCAB) -> None:
+    """A SentencePiece BPE of `vocab` pieces with byte fallback (as the release's tokenizer.model: <0x00>..<0xFF>
     pieces, so any text encodes; llama.cpp's SPM tokenizer needs them for a character outside the pieces, its
     byte_to_token): unk 0, <s> 1, </s> 2, the 256 byte pieces, then characters and merges trained on the README
     folded to lower-case letters, digits and spaces (few characters, so merges fit in VOCAB)."""
@@ -173,7 +173,7 @@ def make_spm_tokenizer(path: Path) -> None:
     text = re.sub(r"[^a-z0-9 ]+", " ", (ROOT / "README.md").read_text(encoding="utf-8").lower())
     lines = [ln.strip() for ln in re.split(r" {2,}", text) if len(ln.strip()) > 3]
     buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=VOCAB,
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buf, vocab_size=vocab,
                                    model_type="bpe", byte_fallback=True, character_coverage=1.0,
                                    unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2)
     (path / "tokenizer.model").write_bytes(buf.getvalue())

@@ -200,6 +200,30 @@ def llamacpp_logits(path: Path, ids: list[int], prompt: list[int] | None = None,
     return logits, np.array(out, dtype=np.int64)
 
 
+def llamacpp_goldens(out: Path, name: str) -> None:
+    """A llama.cpp-checked fixture's `goldens` step: llama.cpp's logits of `ids` and greedy continuation of `prompt`
+    (lc_logits, lc_greedy) on an F32 copy of out/name.gguf, added to out/name.npz; its version into out/name.json."""
+    import llama_cpp
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_internlm2_fixture import f32_copy
+
+    path = out / f"{name}.npz"
+    arrays = dict(np.load(path))
+    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
+    with tempfile.TemporaryDirectory() as tmp:
+        f32 = Path(tmp) / f"{name}.gguf"
+        f32_copy(out / f"{name}.gguf", f32)
+        arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
+    np.savez_compressed(path, **arrays)
+    meta = json.loads((out / f"{name}.json").read_text())
+    meta["llama_cpp"] = llama_cpp.__version__
+    (out / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    err = float((np.abs(arrays["lc_logits"] - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
+    print(f"llama.cpp vs the torch reference: max rel err {err:.2e}; greedy {arrays['lc_greedy'].tolist()} "
+          f"(reference's {arrays['greedy'].tolist()})")
+
+
 def goldens() -> None:
     import llama_cpp
     from gguf import GGUFValueType
