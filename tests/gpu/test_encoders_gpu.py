@@ -89,16 +89,20 @@ def bf16_floor(name: str, ids: list[int], pooling: str) -> float:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bf16_against_the_cpu(name):
-    """bf16 on the GPU against the CPU float32 engine, within 2.5x the fixture's bf16 floor (at least 1e-2); an
-    encoder: no decode to follow (no lm head)."""
+    """bf16 on the GPU against the CPU float32 engine, within 2.5x the fixture's bf16 floor for mean pooling, 3x for a
+    single row's (at least 1e-2), on the goldens' first two inputs; an encoder: no decode to follow (no lm head)."""
     cpu = engine(name, "cpu")
     gpu = engine(name, "cuda")
-    inp = goldens(name)["mean"]["inputs"][1]
-    for pooling in ("mean", "cls", "last"):
-        ref = cpu.embed(inp["ids"], pooling=pooling)
-        got = gpu.embed(inp["ids"], pooling=pooling)
-        err, floor = rel(got, ref), bf16_floor(name, inp["ids"], pooling)
-        tol = max(1e-2, 2.5 * floor)
-        print(f"embed bf16 {name} {pooling}: {err:.4f}, floor {floor:.4f}, tol {tol:.4f}")
-        assert err < tol, (name, pooling, err, tol)
+    for inp in goldens(name)["mean"]["inputs"][:2]:
+        for pooling in ("mean", "cls", "last"):
+            ref = cpu.embed(inp["ids"], pooling=pooling)
+            got = gpu.embed(inp["ids"], pooling=pooling)
+            err, floor = rel(got, ref), bf16_floor(name, inp["ids"], pooling)
+            # a single row's floor (cls, last) is one row's rounding, noisier than the mean's average over the rows:
+            # llama-embed's cls (the BOS row) measured 2.57x its floor on an H100 (2026-12-07, bench/results
+            # 2026-12-07-h100-s41-eb96407), the other rows 0.4-2.0x; a wrong kernel is off by far more than 3x
+            tol = max(1e-2, (2.5 if pooling == "mean" else 3.0) * floor)
+            print(f"embed bf16 {name} {pooling} ({len(inp['ids'])} ids): {err:.4f}, floor {floor:.4f}, "
+                  f"ratio {err / floor:.2f}, tol {tol:.4f}")
+            assert err < tol, (name, pooling, len(inp["ids"]), err, tol)
     assert gpu.model.hidden_sink is None

@@ -35,7 +35,7 @@ def engine(name: str, device: str, act_dtype: str | None = None):
     sw = Switches.from_env({**os.environ, "MINFER_CPU_QUANT": "0"})
     if act_dtype:
         sw = replace(sw, act_dtype=act_dtype)
-    return Engine.load(path_of(name), device=device, ctx=64, progress=False, switches=sw)
+    return Engine.load(path_of(name), device=device, ctx=128, progress=False, switches=sw)   # the 100-id input
 
 
 def rel(got, ref) -> float:

@@ -347,7 +347,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     chunk = max(0, int(chunk))
     # a chunked row reads at most chunk keys (its chunk's start to its position): the splits cover those
     n_split = _n_split(min(span, chunk) if chunk else span, bs, hkv, programs, n_split, tiles)
-    bd = triton.next_power_of_2(dh)
+    bd = max(16, triton.next_power_of_2(dh))   # tl.dot's K is at least 16 (a head of 8 is padded, masked)
     direct = n_split == 1 and direct
     if vsplit not in (1, 2, 4):
         raise MinferError(f"MINFER_DECODE_ATTN_VSPLIT={vsplit}: the one-split decode attention's V slices must be "

@@ -224,7 +224,7 @@ def paged_decode_attention(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torc
     if n_split is None:
         n_split = split_count(b, hkv, span, bs, target_programs)
     n_split = max(1, min(int(n_split), triton.cdiv(span, bs)))
-    bd = triton.next_power_of_2(dh)
+    bd = max(16, triton.next_power_of_2(dh))   # tl.dot's K is at least 16 (a head of 8 is padded, masked)
     direct = n_split == 1
     out = torch.empty((b, h, dh), dtype=q.dtype, device=q.device)
     if direct:
