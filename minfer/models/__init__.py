@@ -90,6 +90,7 @@ from minfer.models.internlm2 import InternLM2Model
 from minfer.models.baichuan import BaichuanModel
 from minfer.models.nanbeige import NanbeigeModel
 from minfer.models.maincoder import MaincoderModel
+from minfer.models.pangu_embed import PanguEmbedModel
 from minfer.models.bitnet import BitnetModel
 from minfer.models.kimi_linear import KimiLinearModel
 from minfer.models.muse_glimmer import MuseGlimmerModel
@@ -128,6 +129,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BaichuanModel,
     NanbeigeModel,
     MaincoderModel,
+    PanguEmbedModel,
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,
