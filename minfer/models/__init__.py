@@ -91,6 +91,7 @@ from minfer.models.baichuan import BaichuanModel
 from minfer.models.nanbeige import NanbeigeModel
 from minfer.models.maincoder import MaincoderModel
 from minfer.models.pangu_embed import PanguEmbedModel
+from minfer.models.deepseek import DeepseekModel
 from minfer.models.bitnet import BitnetModel
 from minfer.models.kimi_linear import KimiLinearModel
 from minfer.models.muse_glimmer import MuseGlimmerModel
@@ -130,6 +131,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     NanbeigeModel,
     MaincoderModel,
     PanguEmbedModel,
+    DeepseekModel,
     MuseGlimmerModel,
     HrmTextModel,
     ChameleonModel,

@@ -20,7 +20,8 @@ CASES = {"internlm2": 3e-6,       # 1.6e-6 (reference), 1.8e-6 (llama.cpp)
          "nanbeige": 1e-5,        # 6.3e-6, 5.5e-6
          "bailingmoe2": 3e-6,     # 1.5e-6, 1.3e-6
          "bailingmoe": 5e-6,      # 1.5e-6, 2.5e-6
-         "pangu-embedded": 3e-6}  # 1.2e-6, 1.8e-6
+         "pangu-embedded": 3e-6,  # 1.2e-6, 1.8e-6
+         "deepseek": 4e-6}        # 9.2e-7, 1.4e-6
 NAMES = sorted(CASES)
 
 
