@@ -34,7 +34,7 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 def _count(lo: int, hi: int) -> Callable[[Any], str | None]:
     def check(v):
         if not isinstance(v, int) or isinstance(v, bool):
-            return f"expected an integer in {lo}..{hi:,}, got a {_kind(v)}"
+            return f"expected an integer in {lo}..{hi:,}, got {_kind(v)}"
         if not lo <= v <= hi:
             return f"expected an integer in {lo}..{hi:,}"
         return None
@@ -63,7 +63,7 @@ def _count_or_counts(lo: int, hi: int, item_lo: int | None = None) -> Callable[[
 def _positive_float(hi: float = math.inf) -> Callable[[Any], str | None]:
     def check(v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"expected a number, got a {_kind(v)}"
+            return f"expected a number, got {_kind(v)}"
         if not math.isfinite(v) or v <= 0 or v >= hi:
             return "expected a finite number > 0" + (f" and < {hi:g}" if hi != math.inf else "")
         return None
@@ -73,7 +73,7 @@ def _positive_float(hi: float = math.inf) -> Callable[[Any], str | None]:
 def _nonnegative_float() -> Callable[[Any], str | None]:
     def check(v):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            return f"expected a number, got a {_kind(v)}"
+            return f"expected a number, got {_kind(v)}"
         if not math.isfinite(v) or v < 0:
             return "expected a finite number >= 0"
         return None
@@ -83,7 +83,7 @@ def _nonnegative_float() -> Callable[[Any], str | None]:
 def _of(typ: type, name: str) -> Callable[[Any], str | None]:
     def check(v):
         if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-            return f"expected {name}, got a {_kind(v)}"
+            return f"expected {name}, got {_kind(v)}"
         return None
     return check
 
@@ -91,16 +91,18 @@ def _of(typ: type, name: str) -> Callable[[Any], str | None]:
 def _list_of(typ: type, name: str) -> Callable[[Any], str | None]:
     def check(v):
         if not isinstance(v, list):
-            return f"expected an array of {name}, got a {_kind(v)}"
+            return f"expected an array of {name}, got {_kind(v)}"
         bad = next((i for i, x in enumerate(v) if not isinstance(x, typ)), None)
         if bad is not None:
-            return f"expected an array of {name}; item {bad} is a {_kind(v[bad])}"
+            return f"expected an array of {name}; item {bad} is {_kind(v[bad])}"
         return None
     return check
 
 
 def _kind(v: Any) -> str:
-    return {bool: "bool", int: "integer", float: "float", str: "string", list: "array"}.get(type(v), type(v).__name__)
+    """The value's kind after "got" ("a string", "an array")."""
+    kind = {bool: "bool", int: "integer", float: "float", str: "string", list: "array"}.get(type(v), type(v).__name__)
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
 # {arch}.<suffix> -> check. Counts are capped far above any real model (Llama-3.1-405B:

@@ -202,6 +202,9 @@ def test_tied_output_falls_back_to_the_embedding(tmp_path):
     (dict(set_keys={f"{NAME}.expert_group_count": (2, U32), f"{NAME}.expert_group_used_count": (1, U32)}),
      "expert_group_count=2"),
     (dict(set_keys={f"{NAME}.rope.dimension_count": (8, U32)}), "rope.dimension_count=8"),
+    # a per-layer width (an array; the converter writes one number): named by minfer/metadata_check.py
+    (dict(set_keys={f"{NAME}.expert_feed_forward_length": ([8, 8, 8], gguf.GGUFValueType.ARRAY)}),
+     rf"'{NAME}\.expert_feed_forward_length' = \[8, 8, 8\]: expected an integer .*, got an array"),
 ])
 def test_refusals(tmp_path, change, match):
     """What llama.cpp's loader requires (q/k/v, the shared experts, the dense layers' MLP and width, the expert keys)
