@@ -110,6 +110,7 @@ from minfer.models.jina_bert_v3 import JinaBertV3Model
 from minfer.models.bailingmoe2 import BailingMoe2Model
 from minfer.models.bailingmoe import BailingMoeModel
 from minfer.models.smallthinker import SmallThinkerModel
+from minfer.models.grovemoe import GroveMoeModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -146,6 +147,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BailingMoe2Model,
     BailingMoeModel,
     SmallThinkerModel,
+    GroveMoeModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

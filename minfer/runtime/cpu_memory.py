@@ -103,7 +103,8 @@ def _ordered(gf):
 
 
 def _experts(name: str, t) -> bool:
-    return len(t.shape) == 3 and "_exps." in name
+    # the routed experts and grovemoe's chunk ("adjugate") experts, both packed as experts by the loader
+    return len(t.shape) == 3 and ("_exps." in name or "_chexps." in name)
 
 
 def check_cpu_memory(gf, cpu_quant: bool, dtype=None, available: int | None = None) -> None:
