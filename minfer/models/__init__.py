@@ -107,6 +107,7 @@ from minfer.models.eurobert import EuroBertModel
 from minfer.models.llama_embed import LlamaEmbedModel
 from minfer.models.deci import DeciModel
 from minfer.models.jina_bert_v3 import JinaBertV3Model
+from minfer.models.t5encoder import T5EncoderModel
 from minfer.models.bailingmoe2 import BailingMoe2Model
 from minfer.models.bailingmoe import BailingMoeModel
 from minfer.models.smallthinker import SmallThinkerModel
@@ -144,6 +145,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     NomicBertMoeModel,
     DeciModel,
     JinaBertV3Model,
+    T5EncoderModel,
     BailingMoe2Model,
     BailingMoeModel,
     SmallThinkerModel,

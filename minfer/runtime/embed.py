@@ -73,8 +73,13 @@ def pooling_of(cfg, pooling: str | None, where: str = "", how: str = "pass pooli
     elif cfg.pooling_type >= 0:
         name = POOLING_NAMES[cfg.pooling_type]
     else:
-        raise MinferError(f"{where or 'this model'}: the file names no pooling ({cfg.arch}.pooling_type is absent: "
-                          f"not an embedding model's file), so say how to pool its hidden rows: {how}")
+        from minfer.models import ARCHITECTURES
+
+        # an encoder's converter may write no pooling (t5encoder's never does); a decoder's file is a generator's
+        encoder = not getattr(ARCHITECTURES.get(cfg.arch), "causal", True)
+        why = "" if encoder else ": not an embedding model's file"
+        raise MinferError(f"{where or 'this model'}: the file names no pooling ({cfg.arch}.pooling_type is absent"
+                          f"{why}), so say how to pool its hidden rows: {how}")
     return name
 
 

@@ -1,8 +1,9 @@
-"""This session's llama-like and XLM-R-like encoders on CUDA, as tests/gpu/test_embed_gpu.py runs the other encoders:
+"""The llama-like, XLM-R-like and T5 encoders on CUDA, as tests/gpu/test_embed_gpu.py runs the other encoders:
 float32 on the GPU against llama.cpp's own vectors, bf16 against the CPU float32 engine. One row per model:
 - eurobert (minfer/models/eurobert.py; fixture tools/gen_eurobert_fixture.py; CPU tests/models/test_eurobert.py);
 - jina-bert-v3 (minfer/models/jina_bert_v3.py; tools/gen_jina_v3_fixture.py; tests/models/test_jina_bert_v3.py);
-- llama-embed (minfer/models/llama_embed.py; tools/gen_llama_embed_fixture.py; tests/models/test_llama_embed.py)."""
+- llama-embed (minfer/models/llama_embed.py; tools/gen_llama_embed_fixture.py; tests/models/test_llama_embed.py);
+- t5encoder, t5encoder-relu (minfer/models/t5encoder.py; tools/gen_t5encoder_fixture.py; tests/models/test_t5encoder.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 #   causal run minfer refuses, so the four named poolings only.
 CASES = {"eurobert": ("goldens-eurobert.json.gz", 1e-4, None),
          "jina-bert-v3": ("goldens-jina-v3.json.gz", 2e-3, None),
-         "llama-embed": ("goldens-llama-embed.json.gz", 1e-4, ("mean", "cls", "last", "none"))}
+         "llama-embed": ("goldens-llama-embed.json.gz", 1e-4, ("mean", "cls", "last", "none")),
+         # t5encoder: the gated GELU is ggml's float16 table on llama.cpp's CPU (<= 4.5e-4); the ReLU one <= 5.2e-7;
+         # the goldens' other entries are diagnostics (llama.cpp's default causal decode, llama_encode's rows)
+         "t5encoder": ("goldens-t5encoder.json.gz", 2e-3, ("mean", "cls", "last", "none")),
+         "t5encoder-relu": ("goldens-t5encoder.json.gz", 1e-4, ("mean", "cls", "last", "none"))}
 
 
 def goldens(name: str) -> dict:
