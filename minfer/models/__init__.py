@@ -112,6 +112,7 @@ from minfer.models.bailingmoe2 import BailingMoe2Model
 from minfer.models.bailingmoe import BailingMoeModel
 from minfer.models.smallthinker import SmallThinkerModel
 from minfer.models.grovemoe import GroveMoeModel
+from minfer.models.xverse import XverseModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -150,6 +151,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BailingMoeModel,
     SmallThinkerModel,
     GroveMoeModel,
+    XverseModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -249,6 +249,7 @@ MUST |= {"chameleon": ["layer_norm.triton", "rope.triton", "attention.decode.tri
 MUST |= {"pangu-embedded": ["rope.triton", "attention.decode.triton"]}   # llama_bias: q/k/v/o biases, NEOX rope, head 12
 MUST |= {"deepseek": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"]}   # dense lead, softmax MoE + shared
 MUST |= {"grovemoe": ["rope.triton", "attention.decode.triton", "moe.gather", "moe.grouped"]}   # routed + chunk experts: 2 moe_ffn
+MUST |= {"xverse": ["rope.triton", "attention.decode.triton"]}   # llama on the converter's permuted q/k, GQA 4/2
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -284,7 +285,7 @@ def cuda_ops():
                                   "muse-glimmer", "hrm-text",
                                   "gptj", "internlm2", "baichuan", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
                                   "smallthinker", "bailingmoe", "pangu-embedded",
-                                  "deepseek", "grovemoe"])
+                                  "deepseek", "grovemoe", "xverse"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
