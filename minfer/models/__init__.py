@@ -113,6 +113,7 @@ from minfer.models.bailingmoe import BailingMoeModel
 from minfer.models.smallthinker import SmallThinkerModel
 from minfer.models.grovemoe import GroveMoeModel
 from minfer.models.xverse import XverseModel
+from minfer.models.orion import OrionModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -152,6 +153,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     SmallThinkerModel,
     GroveMoeModel,
     XverseModel,
+    OrionModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
