@@ -114,6 +114,7 @@ from minfer.models.smallthinker import SmallThinkerModel
 from minfer.models.grovemoe import GroveMoeModel
 from minfer.models.xverse import XverseModel
 from minfer.models.orion import OrionModel
+from minfer.models.codeshell import CodeshellModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -154,6 +155,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     GroveMoeModel,
     XverseModel,
     OrionModel,
+    CodeshellModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
