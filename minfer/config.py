@@ -212,7 +212,8 @@ class ModelConfig:
                                                zip(heads_per_layer, kv_per_layer or (n_kv,) * n_layers)):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count {list(heads_per_layer)}: each layer's count must "
                               f"be a positive multiple of its head_count_kv")
-        if kv_per_layer is not None and any(h and n_heads % h for h in kv_per_layer):
+        # (per-layer head counts: each layer's own ratio is checked just above; OpenELM-270M's max 20 over some 3s)
+        if kv_per_layer is not None and heads_per_layer is None and any(h and n_heads % h for h in kv_per_layer):
             raise MinferError(f"{gf.path}: {arch}.attention.head_count={n_heads} is not a multiple of each "
                               f"head_count_kv {list(kv_per_layer)}")
         return cls(arch=arch, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv,

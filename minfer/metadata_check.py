@@ -205,7 +205,7 @@ _ZERO_COUNT = _count(0, 1 << 22)
 
 # Architectures whose converter writes head_count as one count per layer (conversion/laguna.py LagunaModel: HF
 # num_attention_heads_per_layer, the sliding-window layers with more query heads; llama.cpp hparams.n_head(il))
-PER_LAYER_HEADS = frozenset({"laguna"})
+PER_LAYER_HEADS = frozenset({"laguna", "openelm"})   # openelm: conversion/openelm.py writes num_query_heads per layer
 _HEAD_COUNTS = _count_or_counts(1, 1 << 14)
 
 

@@ -115,6 +115,7 @@ from minfer.models.grovemoe import GroveMoeModel
 from minfer.models.xverse import XverseModel
 from minfer.models.orion import OrionModel
 from minfer.models.codeshell import CodeshellModel
+from minfer.models.openelm import OpenElmModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -156,6 +157,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     XverseModel,
     OrionModel,
     CodeshellModel,
+    OpenElmModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
