@@ -116,6 +116,7 @@ from minfer.models.xverse import XverseModel
 from minfer.models.orion import OrionModel
 from minfer.models.codeshell import CodeshellModel
 from minfer.models.openelm import OpenElmModel
+from minfer.models.refact import RefactModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -158,6 +159,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     OrionModel,
     CodeshellModel,
     OpenElmModel,
+    RefactModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
