@@ -17,6 +17,7 @@ RETIRED = {
     "MINFER_CUDNN_BUCKET": "the cuDNN length is always rounded up to 128 (section 10, run K)",
     "MINFER_PREFILL_ATTN": "cuDNN is the default; MINFER_CUDNN_ATTENTION=0 selects flash (section 10)",
     "MINFER_CUDNN_GQA": "GQA goes to cuDNN unexpanded (section 10, runs H-I)",
+    "MINFER_FLAG_DOWN": "the down waits on the PDL wait; block flags of h measured slower twice (perf-log CI1, CK1)",
 }
 
 

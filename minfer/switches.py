@@ -201,11 +201,6 @@ class Switches:
                         "AI2); 2: after its dot products, before its epilogue, so gate+up's programs are "
                         "placed while o's drain (ops/cuda/gemv_q8_gluon._pdl_mode 4; H200 7B: -7 / +10 us at depth "
                         "100 / 3354, gate+up released earlier but no shorter: perf-log AM0)", kind="tuning")
-    flag_down: bool = _sw(False, "MINFER_FLAG_DOWN",
-                          "one-row decode, the Gluon SwiGLU GEMV then its down: each gate/up tile pair counts its "
-                          "chunks of h into a per-256-value block flag, and the down's programs wait for their split's "
-                          "blocks instead of the whole grid's end (the PDL wait); the same bits (ops/cuda/gemv_q8g_flags"
-                          ".py, perf-log CI1; off: the PDL wait)", kind="tuning")
     norm_rstd_late: bool = _sw(True, "MINFER_NORM_RSTD_LATE",
                                "one-row decode, norm_into_gemv 4 / 5: the GEMV that scales its row sums by rstd "
                                "sums the tile sums of squares after its K loop (their load issued after the PDL "

@@ -141,8 +141,7 @@ def interpreted_modules(names: list[str]):
 # test_gemv_q8g_rule_build_cpu.py and test_l2_heads_cpu.py (each passes it to its build script)
 GEMV_Q8G_TAIL = (["*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*i32"] + ["i32"] * 6
                  + ["*fp32", "*bf16", "*fp32", "*fp32", "fp32", "i32", "*bf16", "*fp32", "*i64", "*bf16", "*i32",
-                    "*fp32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32",
-                    "*i32"])                                           # (fl: gemv_q8g_flags' block flags)
+                    "*fp32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32", "i64", "i32", "i32"])
 
 
 # ops/cuda/attention.py _decode_attn_kernel's runtime arguments as Triton's compile signature

@@ -122,9 +122,9 @@ class _Recorder:
         self.calls = []
 
     def __call__(self, rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch=True, late=False, regs=0,
-                 paired=False, flags=None):
+                 paired=False):
         self.calls.append(dict(rw=rw, xq=xq, xf=xf, h=h, part=part, cnt=cnt, gq=gq, gf=gf, bn=bn, bb=bb,
-                               nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late, regs=regs, flags=flags))
+                               nwarps=nwarps, pdl=pdl, prefetch=prefetch, late=late, regs=regs))
 
 
 @pytest.fixture()

@@ -57,7 +57,6 @@ from minfer.ops.cuda.gemv_q8g_loads import (_dp4a, _l2_heads, _loads, _mixed_til
 from minfer.ops.cuda.gemv_q8g_norm import (_finish, _finish_rss, _glu_local, _glu_pair, _norm_q8_smem, _norm_rstd,
                                            _norm_tail, _rq_weight, _rss_q8, _rss_q8_regs, _ss_load, _ss_rstd,
                                            _ss_sum_rstd)
-from minfer.ops.cuda.gemv_q8g_flags import _flag_done, _flag_wait
 from minfer.ops.cuda.gemv_q8g_stages import _issue, _ring, _scale_loads, _take
 from minfer.ops.cuda.gemv_q8g_rope import _rope_finish, _rope_rows
 from minfer.ops.cuda.gemv_q8g_pad import _occupancy_pad, _pad_kept, _pads, per_sm  # noqa: F401 (per_sm: gemv_q8)
@@ -77,7 +76,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
           sk_n=1, WK: gl.constexpr = False, TM: gl.constexpr = 0, XP: gl.constexpr = False,
           RQ: gl.constexpr = 0, RP: gl.constexpr = 0, HD: gl.constexpr = 128, row0=0, rp=0, rt=0, kc=0, vc=0,
           nq=0, nk=0, kvs=0, GP: gl.constexpr = False, RL: gl.constexpr = False, hpf=0, HPF: gl.constexpr = 0,
-          GX: gl.constexpr = False, fl=0, FL: gl.constexpr = 0):
+          GX: gl.constexpr = False):
     """Row tile pid_n, K split pid_s: out[rows] = W_deq . x_hat [+ bias] [+ resid]; GLU (no split,
     no bias/resid): the SwiGLU pair epilogue instead (_glu_pair; out is h, TF tiles per half).
     PRE: the bias rows (no kernel writes them) are loaded before the PDL wait with the first
@@ -129,8 +128,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
 
     RP (1 neox, 2 normal; Switches.qkv_rope): the q/k/v rope epilogue of gemv_q8g_rope (the tile's
     rows are rotation pairs of one head of HD rows; row0: the segment's first row in the stacked
-    q/k/v; q rotated to out, k rotated and v to the caches kc / vc at row *rp, kvs apart). FL (gemv_q8g_flags): 1
-    (GLU) count h's chunks into the block flags fl; 2 wait on the split's flags, not the PDL wait, and read x past L1."""
+    q/k/v; q rotated to out, k rotated and v to the caches kc / vc at row *rp, kvs apart)."""
     C: gl.constexpr = BB * 8
     TC: gl.constexpr = 16 if C >= 16 else C
     L3: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 1, 4], threads_per_warp=[32 // TC, TC, 1],
@@ -185,11 +183,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if HPF:
         if HPF < 8:
             _l2_heads(hpf, HPF, NW)  # the next GEMV's head blocks into L2, behind this step's own loads
-    if FL == 2:
-        tk = _flag_wait(fl, b_lo, b_hi, pid_s, NW)                    # in place of the PDL wait
-        if PDL == 1:
-            _pdl_signal(ci)
-    elif PDL >= 3:
+    if PDL >= 3:
         _pdl_wait(ci)           # late: the next kernel launches when this one's programs end (below; 4: its dots)
     elif PDL:
         _pdl(ci)
@@ -210,7 +204,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
         if NORM == 2:
             wl_s, wh_s, d_s, s0_s, s1_s = _norm_q8_smem(nx, ny, ng, rstd, b_lo * 8, b_hi * 8, C, NCHP, NW, False)
     if XP:
-        xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci, FL == 2)         # written by the kernel before: after the wait
+        xn = _xloads(xq, xf, b_lo, b_hi, xc, xw, ci)                   # written by the kernel before: after the wait
     for blk in range(b_lo, b_hi, BB):
         if PF >= 3:
             st = (blk - b_lo) // BB
@@ -247,9 +241,9 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
             xs1 = gl.expand_dims(s1_s.index(st).load(gl.SliceLayout(0, L2)), 0)
         elif XP:
             xlo, xhi, xd, xs0, xs1 = xn
-            xn = _xloads(xq, xf, blk + BB, b_hi, xc, xw, ci, FL == 2)   # (past the split: all masked)
+            xn = _xloads(xq, xf, blk + BB, b_hi, xc, xw, ci)             # (past the split: all masked)
         else:
-            xlo, xhi, xd, xs0, xs1 = _xloads(xq, xf, blk, b_hi, xc, xw, ci, FL == 2)
+            xlo, xhi, xd, xs0, xs1 = _xloads(xq, xf, blk, b_hi, xc, xw, ci)
         if QT == 12:
             lo = wq & 0x0F0F0F0F                                      # nibbles 0,2,4,6: values w, w+8, ...
             hi = (wq >> 4) & 0x0F0F0F0F                               # nibbles 1,3,5,7: w+4, w+12, ...
@@ -283,7 +277,7 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
     if GLU and GP:
         _glu_local(res, pid_n, part, out, gq, gf, BN, NW)
     elif GLU:
-        _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW, fl, FL)
+        _glu_pair(res, rows, pid_n, TF, part, cnt, out, gq, gf, BN, NW)
     elif SK:
         rl = gl.arange(0, BN, layout=gl.SliceLayout(1, L2))
         gl.store(part + sk_slot * BN + rl, res)
@@ -333,8 +327,6 @@ def _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, 
                      HD, RP == 1, NW)
     else:
         _finish(res, rows, rmask, bias, bpre, resid, out, HAS_BIAS, HAS_RESID, PRE)
-    if FL == 2:
-        _flag_done(fl, tk, b_lo, b_hi, pid_s, NW)
     if PDL == 3:
         _pdl_signal(ci)
 
@@ -351,7 +343,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
                      WK: gl.constexpr = False, SF: gl.constexpr = False, TM: gl.constexpr = 0,
                      XP: gl.constexpr = False, RQ: gl.constexpr = 0, PAD0: gl.constexpr = 0,
                      PAD1: gl.constexpr = 0, PAD2: gl.constexpr = 0, RL: gl.constexpr = False,
-                     HPF: gl.constexpr = 0, GX: gl.constexpr = False, fl=0, FL: gl.constexpr = 0):
+                     HPF: gl.constexpr = 0, GX: gl.constexpr = False):
     """out (1, N) = W_deq . x_hat [+ bias] [+ resid]; program = (row tile, K split). MIXED: rows
     [0, NA) weight p (type QT, TA tiles), rows [NA, N) weight r (type QTB), as gemv_q8's kernel.
     NORM: x_hat made from the residual row nx + ny, its RMSNorm by ng, in the programs (_tile); with GX
@@ -386,7 +378,7 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
         _tile(p0, p1, p2, p3, xq, xf, resid, bias, out, part, cnt, pid_n, pid_s, N, N, NB,
               blocks_per_split, SPLIT, tq, tf, 1, nx, ny, ng, s_out, eps, nss, ydt, ssp, QT, BN, BB, NW, IS_SPLIT,
               HAS_BIAS, HAS_RESID, PDL, PF, False, PRE, NORM, KP2, NCHP, RSS, tlb, TL, th, TAIL, WK=WK, TM=TM, XP=XP,
-              RQ=RQ, RL=RL, hpf=hp, HPF=HPF, GX=GX, fl=fl, FL=FL)
+              RQ=RQ, RL=RL, hpf=hp, HPF=HPF, GX=GX)
     if PAD0:
         _pad_kept(pads, out, pid_n, NW)
     if TL:
@@ -394,10 +386,10 @@ def _gemv_q8g_kernel(p0, p1, p2, p3, r0, r1, r2, r3, xq, xf, resid, bias, out, p
 
 
 @gluon.jit
-def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks, tlb, fl,
+def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB, blocks, tlb,
                          QT: gl.constexpr, BN: gl.constexpr, BB: gl.constexpr, NW: gl.constexpr,
                          PDL: gl.constexpr, PF: gl.constexpr = True, TM: gl.constexpr = 0, TL: gl.constexpr = False,
-                         GP: gl.constexpr = False, FL: gl.constexpr = 0):
+                         GP: gl.constexpr = False):
     """(h (1, N/2), its q8 form gq / gf) = SwiGLU of the stacked [gate; up] rows W_deq . x_hat
     (N rows, 2 * TF tiles of BN, gemv_q8.gemv_q8_swiglu's kernel): one program per row tile,
     the whole K (`blocks` blocks), the pair epilogue _glu_pair; GP: tiles of both halves, _glu_local.
@@ -406,7 +398,7 @@ def _gemv_q8g_glu_kernel(p0, p1, p2, p3, xq, xf, h, part, cnt, gq, gf, TF, N, NB
         stamp(tlb, 0, NW)
     _tile(p0, p1, p2, p3, xq, xf, h, h, h, part, cnt, gl.program_id(0), 0, N, N, NB, blocks, 1, gq, gf, TF,
           xf, xf, xf, xf, 0.0, 0, xf, xf, QT, BN, BB, NW, False, False, False, PDL, PF, True, TM=TM, tlb=tlb, TL=TL,
-          GP=GP, fl=fl, FL=FL)
+          GP=GP)
     if TL:
         stamp(tlb, 1, NW)
 
@@ -471,7 +463,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
            prefetch: bool = True, late: bool = False, preload: bool = True, norm=None, norm_ss=None, rss=None,
            regs: int = 0, tail=None, kwarps: bool = False, second_first: bool = False, x_ahead: bool = False,
            rscale=None, rss_q8=None, per_sm: int = 0, rstd_late: bool = False, rq_smem: bool = False,
-           l2_heads=None, glu=None, gather: int = 0, flags=None):
+           l2_heads=None, glu=None, gather: int = 0):
     """norm: (x float32 (1, K), y (1, K), weight (K,), eps, s_out float32 (1, K)) -- x_hat is then
     the q8 form of rms_norm(x + y) * weight, made by the programs (_tile's NORM 1), and s_out
     receives x + y; norm_ss: (s float32 (1, K), ssp float32 (nss,), nss, weight, eps) -- the same
@@ -495,10 +487,7 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
     the K loop (_tile's RL, Switches.norm_rstd_late); rq_smem (with rss_q8): RQ 2 (Switches.rq_smem).
     glu: (gate (1, K), up (1, K)), one weight -- x_hat is the q8 form of silu(gate) * up, made by the
     programs as swiglu_q8 makes it (_tile's NORM 1 with GX: the GLU prologue); xq / xf are not read. gather:
-    the split tile's partial sums in one load round (_split_gather, Switches.split_gather). flags (one weight, the
-    q8 row given): the SwiGLU's block flags, waited on instead of the PDL wait (gemv_q8g_flags)."""
-    if flags is not None and (len(segs) != 1 or glu is not None or norm is not None or norm_ss is not None):
-        raise ValueError("the block flags' wait takes one weight reading its q8 row (no norm or GLU prologue)")
+    the split tile's partial sums in one load round (_split_gather, Switches.split_gather)."""
     p = kernel_planes(segs[0])
     r = kernel_planes(segs[-1])
     if int(prefetch) == 2 and bps > 2 * bb:
@@ -553,21 +542,19 @@ def launch(segs, xq, xf, resid, bias, out, part, cnt, n, na, ta, nb, bps, split,
                            RL=bool(rstd_late) and mode == 4,
                            TL=rec is not None, TAIL=tail is not None, WK=bool(kwarps),
                            SF=bool(second_first) and len(segs) == 2, TM=common_tile_rows(segs),
-                           XP=bool(x_ahead) and mode in (0, 4), GX=glu is not None,
-                           fl=flags if flags is not None else out, FL=2 if flags is not None else 0, **dict(zip(("PAD0", "PAD1", "PAD2"),
+                           XP=bool(x_ahead) and mode in (0, 4), GX=glu is not None, **dict(zip(("PAD0", "PAD1", "PAD2"),
                                                                            _pads(per_sm, f"{n}x{nb * 256}"))),
                            num_warps=nwarps, **_opts(pdl, regs))
 
 
 def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch: bool = True,
-                  late: bool = False, regs: int = 0, paired: bool = False, flags=None):
+                  late: bool = False, regs: int = 0, paired: bool = False):
     """The [gate; up] GEMV with the SwiGLU epilogue (_gemv_q8g_glu_kernel) over rw's 2F stacked
     rows in BN-row tiles: h (1, F), its q8 words gq (F/4,) int32 and (d, s0, s1, 0) gf (F/8,)
     float32; part (2F,) float32 scratch; cnt (F/BN,) int32 zeros, left zero. The caller checks
     the pairing (gemv_q8.gemv_q8_swiglu: F % BN == 0, BN % 32 == 0) and `supported`. paired
     (Switches.gemv_swiglu 2): F / BN programs, each of BN gate and BN up rows at twice the warps
-    (the same rows a thread), the epilogue in the program (_glu_local: no ticket, cnt unused). flags (not paired):
-    each pair counts its chunks into these block flags (gemv_q8g_flags)."""
+    (the same rows a thread), the epilogue in the program (_glu_local: no ticket, cnt unused)."""
     n = rw.n
     nb = rw.k // 256
     if paired:
@@ -579,8 +566,6 @@ def launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetc
     rec = timeline.RECORDER
     tlb = rec.buffer(f"{n}x{nb * 256}", (tiles, 1), h.device) if rec is not None else h
     _gemv_q8g_glu_kernel[(tiles,)](p[0], p[1], p[2], p[3], xq, xf, h, part, cnt, gq, gf, tiles // 2, n, nb,
-                                   -(-nb // bb) * bb, tlb, flags if flags is not None else h, QT=rw.qtype, BN=bn, BB=bb,
-                                   NW=nwarps, TL=rec is not None,
+                                   -(-nb // bb) * bb, tlb, QT=rw.qtype, BN=bn, BB=bb, NW=nwarps, TL=rec is not None,
                                    PDL=_pdl_mode(pdl, late), GP=bool(paired),
-                                   PF=_pf(prefetch), TM=rw.tile_rows, FL=int(flags is not None and not paired),
-                                   num_warps=nwarps, **_opts(pdl, regs))
+                                   PF=_pf(prefetch), TM=rw.tile_rows, num_warps=nwarps, **_opts(pdl, regs))

@@ -7,7 +7,6 @@ import torch
 import triton
 
 from minfer.ops import paths
-from minfer.ops.cuda import gemv_q8g_flags as FG
 from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choose, _glu_cfg_refused, _l2_heads,
                                       _split_scratch, extras, glu_rows_ok, kwarps, x_ahead)
 
@@ -34,8 +33,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     after their dot products, before the epilogue (Switches.o_signal). l2_heads: as gemv_q8's (the 7B's o
     before gate+up).
     refused (a list): receives why, where the Gluon kernel has the shape but cannot take it. glu: (gate,
-    up) rows (1, K) instead of q8 (None): x_hat made from them in the programs (gemv_q8's GLU prologue). A q8 with
-    block flags (gemv_q8g_flags.FlagQ8, Switches.flag_down) is waited on by them instead of the PDL wait."""
+    up) rows (1, K) instead of q8 (None): x_hat made from them in the programs (gemv_q8's GLU prologue)."""
     xq, xf = q8 if glu is None else glu
     n, k = rw.n, rw.k
     if rw.qtype not in (Q4_K, Q6_K) or tuple(x.shape) != (1, n) or x.dtype != torch.float32 or (
@@ -70,9 +68,6 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     s = torch.empty((1, n), dtype=torch.float32, device=xq.device)
     ssp = torch.empty(tiles, dtype=torch.float32, device=xq.device)
     bps, split, part, cnt = _split_scratch(nb, split, bb, n, tiles, ws, s)
-    fl = None if glu is not None else FG.wait_flags(ws, q8, split, "with the norm tail" if tail is not None else None)
-    if fl is not None and split > 1:       # tickets apart from the SwiGLU pairs', whose programs may still run
-        cnt = ws.counters(FG.CNT_OFF + tiles)[FG.CNT_OFF:]
     ydt = torch.empty(1, dtype=act_dtype, device=xq.device)
     tl_args = h = q8u = None
     if tail is not None:
@@ -91,7 +86,7 @@ def gemv_q8_residual(q8, rw: Repacked, x: torch.Tensor, act_dtype, ws: GemvWorks
     GL.launch((rw,), xq, xf, x, None, s, part, cnt, n, n, tiles, nb, bps, split, bn, bb, nwarps, pdl, (tiles, split),
               prefetch, preload=preload, rss=(ssp, ydt), regs=regs, late=late, tail=tl_args, kwarps=kwarps(cfg),
               x_ahead=x_ahead(cfg), rss_q8=(rq, *q8u) if q8u is not None else None, per_sm=GL.per_sm(cfg),
-              rq_smem=rq_smem, l2_heads=hp, glu=glu, gather=split_gather, flags=fl)
+              rq_smem=rq_smem, l2_heads=hp, glu=glu, gather=split_gather)
     if tail is not None:
         return s, ssp, h
     return (s, ssp, q8u) if rq is not None else (s, ssp)

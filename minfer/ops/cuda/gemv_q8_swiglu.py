@@ -8,7 +8,6 @@ import triton
 
 from minfer.errors import MinferError
 from minfer.ops import paths
-from minfer.ops.cuda import gemv_q8g_flags as FG
 from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choose, _l2_heads, _l2_regions, _planes4,
                                       extras, kwarps, region_args)
 
@@ -16,7 +15,7 @@ from minfer.ops.cuda.gemv_q8 import (Q4_K, Q6_K, GemvWorkspace, Repacked, _choos
 def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: GemvWorkspace | None = None,
                    asm: bool | None = None, interpret: bool = False, pdl: int = 0, pdl_prefetch: int = 1,
                    l2: tuple | None = None, gluon: bool = False, pdl_late: bool = False, gluon_table: str = "",
-                   paired: bool = False, l2_heads: int = 0, flags: bool = False):
+                   paired: bool = False, l2_heads: int = 0):
     """(h (1, F), q8 of h): h = silu(W_gate x_hat) * (W_up x_hat) for the stacked [gate; up]
     planes rw (2F rows), in ONE launch (_glu_pair: the GEMV's epilogue does what swiglu_q8 did
     after it, bit for bit). No K split (each row tile pairs with one other: a config's SPLIT is
@@ -28,9 +27,7 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     0, BN % 32 == 0) and it runs on this GPU; not on the interpreter, not with l2 ranges (as
     gemv_q8). A config the GPU or the pairing refuses is counted as a `gemv_q8.gluon` fallback; the
     Triton kernel then runs with `config` if one was given, else its own table's. Each launch is
-    counted as `gemv_q8.gluon` or `gemv_q8.triton`. paired: Switches.gemv_swiglu 2 (launch_swiglu).
-    flags (Switches.flag_down, the Gluon kernel): each tile pair counts its chunks into ws's block flags, and the
-    q8 result is a gemv_q8g_flags.FlagQ8 carrying them, for the down projection's flag wait."""
+    counted as `gemv_q8.gluon` or `gemv_q8.triton`. paired: Switches.gemv_swiglu 2 (launch_swiglu)."""
     xq, xf = q8
     n, k = rw.n, rw.k
     f = n // 2
@@ -72,16 +69,9 @@ def gemv_q8_swiglu(q8, rw: Repacked, out_dtype=torch.bfloat16, config=None, ws: 
     if use_g:
         from minfer.ops.cuda import gemv_q8_gluon as GL
 
-        fl = FG.arrive_flags(ws, f, bn, paired) if flags else None
         GL.launch_swiglu(rw, xq, xf, h, part, cnt, gq, gf, bn, bb, nwarps, pdl, prefetch, late=pdl_late,
-                         regs=regs, paired=paired, flags=fl)
-        if fl is None:
-            return h, (gq, gf)
-        hq = FG.FlagQ8((gq, gf))
-        hq.flags, hq.keep = fl, (part, xq, xf)
-        return h, hq
-    if flags:
-        paths.fallback("gemv_q8.flag_down", why or f"no Gluon config for {n}x{k}: the Triton SwiGLU has no flags")
+                         regs=regs, paired=paired)
+        return h, (gq, gf)
     from minfer.ops.cuda import gemv_q8 as Q      # (its kernel at call time: tests reload it interpreted)
 
     p0, p1, p2, p3 = _planes4(rw)

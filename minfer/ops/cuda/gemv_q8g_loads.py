@@ -95,20 +95,18 @@ def _loads(p0, p1, p2, p3, r3, r2, kc3, kc2, w3, NB, QT: gl.constexpr, TM: gl.co
 
 
 @gluon.jit
-def _xloads(xq, xf, blk, b_hi, xc, xw, ci, CG: gl.constexpr = False):
+def _xloads(xq, xf, blk, b_hi, xc, xw, ci):
     """The q8 row's words [1, C, 4] (values 0-3 and 4-7 of each byte quad) and chunk scales [1, C]
-    (d, the half sums) of step blk; chunks past b_hi (an odd tail, a step past the split) count zero.
-    CG: past L1 (a row another program of a running kernel stored: gemv_q8g_flags)."""
-    cm: gl.constexpr = ".cg" if CG else ""
+    (d, the half sums) of step blk; chunks past b_hi (an odd tail, a step past the split) count zero."""
     kx = blk * 8 + xc
     xm = kx < b_hi * 8
-    xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0, cache_modifier=cm), 0)
-    xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0, cache_modifier=cm), 0)
+    xlo = gl.expand_dims(gl.load(xq + kx * 8 + xw, mask=xm, other=0), 0)
+    xhi = gl.expand_dims(gl.load(xq + kx * 8 + 4 + xw, mask=xm, other=0), 0)
     kc = blk * 8 + ci
     km = kc < b_hi * 8
-    xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0, cache_modifier=cm), 0)
-    xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0, cache_modifier=cm), 0)
-    xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0, cache_modifier=cm), 0)
+    xd = gl.expand_dims(gl.load(xf + kc * 4, mask=km, other=0.0), 0)
+    xs0 = gl.expand_dims(gl.load(xf + kc * 4 + 1, mask=km, other=0.0), 0)
+    xs1 = gl.expand_dims(gl.load(xf + kc * 4 + 2, mask=km, other=0.0), 0)
     return xlo, xhi, xd, xs0, xs1
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from minfer.ops.cuda.gemv_q8g_flags import _flag_arrive
-
 
 @gluon.jit
 def _norm_rstd(nx, ny, s_out, eps, K, store, KP2: gl.constexpr, NW: gl.constexpr):
@@ -229,8 +227,7 @@ def _q8_store_lq(v, b3, cw, kw, c0, nch, gq, gf, MASKED: gl.constexpr):
 
 
 @gluon.jit
-def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr, fl=0,
-              FL: gl.constexpr = 0):
+def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, NW: gl.constexpr):
     """SwiGLU in the epilogue of the stacked [gate; up] GEMV (2 * TF tiles of BN rows, no split):
     gemv_q8._glu_pair + _q8_chunks, operation for operation. Gate tile j and up tile TF + j each
     park their fp32 rows in `part`; the second to take the ticket on cnt[j] computes h =
@@ -242,8 +239,7 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
     word's 4 bytes in one thread, its 8 words on 8 lanes. The words are then a sum over a
     thread's own axis, the chunk's max and half sums a reduction over 8 lanes, and nothing
     is reshaped or converted; the tile's own row sums are read back from `part` like the
-    other tile's (the same fp32 bits as `res`). Runs once per tile pair. FL: the pair then counts its chunks into
-    h's block flag `fl` (gemv_q8g_flags, Switches.flag_down)."""
+    other tile's (the same fp32 bits as `res`). Runs once per tile pair."""
     gl.store(part + rows, res)
     gl.thread_barrier()
     j = pid_n % TF
@@ -259,8 +255,6 @@ def _glu_pair(res, rows, pid_n, TF, part, cnt, h_out, gq, gf, BN: gl.constexpr, 
         gl.store(h_out + idx, v.to(h_out.dtype.element_ty))
         _q8_store_lq(v, b3, cw, kw, j * CB, 0, gq, gf, False)
         gl.atomic_xchg(cnt + j, 0)
-        if FL:
-            _flag_arrive(fl, j, BN)
 
 
 @gluon.jit

@@ -12,20 +12,6 @@ from minfer.ops.context import Context
 
 def linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
                         ctx: Context | None = None, into_linear: bool = False, role: str = "attn_norm") -> tuple:
-    """_linear_add_rms_norm; then, where a's q8 row carries block flags (Switches.flag_down) that this down did not
-    wait on (another path: the model's last layer), they are zeroed in stream order after it (gemv_q8g_flags.settle),
-    so a CUDA graph's next replay finds them zero."""
-    r = _linear_add_rms_norm(a, w, x, weight, eps, out_dtype, ctx, into_linear, role)
-    if getattr(getattr(a, "q8", None), "flags", None) is not None:
-        from minfer.ops.cuda import gemv_q8g_flags
-        from minfer.ops.cuda import qmatmul as QM
-
-        gemv_q8g_flags.settle(QM._ctx(ctx, a.device)[1].gemv_counters(), a.q8)
-    return r
-
-
-def _linear_add_rms_norm(a: torch.Tensor, w, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype,
-                         ctx: Context | None = None, into_linear: bool = False, role: str = "attn_norm") -> tuple:
     """(s, h) = (x + a @ w^T, rms_norm(s) * weight) (ops.linear_add_rms_norm). role: "attn_norm"
     (the down projection, then the next layer's attention norm) or "ffn_norm" (the o projection,
     then the layer's FFN norm: only mode 4 below takes it; otherwise linear, then add_rms_norm).

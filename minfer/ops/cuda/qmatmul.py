@@ -459,8 +459,7 @@ def linear_swiglu(x: torch.Tensor, wts, ctx: Context | None = None):
         return None
     paths.count(path)
     h, hq = gemv_q8.gemv_q8_swiglu(q8, rw, out_dtype=x.dtype, ws=ws.gemv_counters(), interpret=interpret(),
-                                   paired=int(sw.gemv_swiglu) == 2, flags=sw.flag_down,
-                                   **_q8_kw(sw, x, late=True, glu=True))
+                                   paired=int(sw.gemv_swiglu) == 2, **_q8_kw(sw, x, late=True, glu=True))
     h.q8 = hq
     return h
 
