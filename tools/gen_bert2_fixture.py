@@ -31,7 +31,7 @@ post-processor wrapping each text in them as ModernBERT's tokenizer does; the co
 conversion/bert.py ModernBertModel.set_vocab). 4 layers, local_attention 8 (a symmetric window of 4 each side on
 layers 1 and 2; layers 0 and 3 global: global_attn_every_n_layers 3), global / local rope bases 160000 / 10000.
 
-`goldens` writes tests/data/embed/goldens-bert2.json: llama.cpp's own pooled embeddings of each fixture (mean, cls,
+`goldens` writes tests/data/embed/goldens-bert2.json.gz: llama.cpp's own pooled embeddings of each fixture (mean, cls,
 last, none; as tools/gen_embed_goldens.py makes goldens.json) and llama.cpp's token ids (Llama.tokenize) of
 TOKEN_TEXTS, with add_special and parse_special on and off.
 
@@ -188,14 +188,14 @@ def build(name: str, seed: int, llamacpp: Path) -> None:
 
 
 def goldens() -> None:
-    """tests/data/embed/goldens-bert2.json: llama.cpp's pooled embeddings (gen_embed_goldens.embed: Llama.embed
+    """tests/data/embed/goldens-bert2.json.gz: llama.cpp's pooled embeddings (gen_embed_goldens.embed: Llama.embed
     normalize=False on an F32 copy, F32 KV, no flash attention) of each fixture for each pooling, and its token ids
     of TOKEN_TEXTS (Llama.tokenize on the file: add_special on with parse_special on and off, and neither)."""
     import llama_cpp
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gen_bert_fixture import token_rows
-    from gen_embed_goldens import POOLINGS, copy_with_keys, embed
+    from gen_embed_goldens import POOLINGS, copy_with_keys, embed, write_json_gz
 
     out = {"source": "llama.cpp (llama-cpp-python 0.3.36's vendor/llama.cpp, CPU): Llama.embed(normalize=False) on an "
                      "F32 copy of each fixture, Llama.tokenize(text, add_bos, special); command: "
@@ -214,9 +214,7 @@ def goldens() -> None:
             out["tokens"][name] = token_rows(llm, TOKEN_TEXTS)
             del llm
             print(name, "ok", file=sys.stderr)
-    dst = ROOT / "tests" / "data" / "embed" / "goldens-bert2.json"
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
-    print("wrote", dst, file=sys.stderr)
+    write_json_gz(ROOT / "tests" / "data" / "embed" / "goldens-bert2.json.gz", out)
 
 
 def main() -> None:

@@ -114,14 +114,18 @@ def main() -> int:
         f32 = Path(tmp) / "qwen3-embed.gguf"
         copy_with_keys(qe, f32, {}, f32=True)
         goldens["fixtures"]["qwen3-embed"] = {"file": embed(f32, None)}
-    # stored gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
+    write_json_gz(OUT / "goldens.json.gz", goldens, ascii_only=True)
+    return 0
+
+
+def write_json_gz(dst: Path, obj, ascii_only: bool = False) -> None:
+    """obj as indent-0 JSON, gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under
+    a size limit, so golden files over ~20 KB are stored this way (readers: gzip.decompress)."""
     import gzip
 
-    with open(OUT / "goldens.json.gz", "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0,
-                                                                 compresslevel=9) as z:
-        z.write((json.dumps(goldens, indent=0) + "\n").encode("utf-8"))
-    print("wrote", OUT / "goldens.json.gz", file=sys.stderr)
-    return 0
+    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
+        z.write((json.dumps(obj, indent=0, ensure_ascii=ascii_only) + "\n").encode("utf-8"))
+    print("wrote", dst, file=sys.stderr)
 
 
 if __name__ == "__main__":

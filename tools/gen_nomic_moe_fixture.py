@@ -1,5 +1,5 @@
 """Make the nomic-bert-moe fixture tests/data/arch/nomic-bert-moe.{gguf,npz,json} and its llama.cpp goldens
-tests/data/embed/goldens-nomic-moe.json: a tiny random checkpoint in the released nomic-embed-text-v2-moe format
+tests/data/embed/goldens-nomic-moe.json.gz: a tiny random checkpoint in the released nomic-embed-text-v2-moe format
 (HF NomicBertModel remote code, `moe_every_n_layers` > 0), written here tensor by tensor (transformers has no such
 class), with the tiny SentencePiece Unigram vocabulary of tools/gen_xlmr_fixture.py, converted to GGUF by llama.cpp's
 own converter (conversion/bert.py NomicBertModel: GGUF arch `nomic-bert-moe`, tokenizer.ggml.model `t5`). Nothing
@@ -41,7 +41,7 @@ Two steps, in two environments (torch + transformers + sentencepiece for the fir
                    TEXTS as the HF tokenizer encodes them (<s> ... </s>) and random ids of 40 and 100 tokens.
   nomic-bert-moe.json  the config, seed, DIMS, routing statistics, commands.
 
-`goldens` writes tests/data/embed/goldens-nomic-moe.json: llama.cpp's pooled embeddings of an F32 copy of the fixture
+`goldens` writes tests/data/embed/goldens-nomic-moe.json.gz: llama.cpp's pooled embeddings of an F32 copy of the fixture
 (gen_embed_goldens.embed: Llama.embed(normalize=False), F32 KV, no flash attention) for pooling mean / cls / last /
 none and the file's own (mean), of TEXTS; its token ids of TOKEN_TEXTS (gen_bert_fixture.token_rows: add_special with
 parse_special off and on, and neither); and how far llama.cpp's per-token rows are from the npz's two references.
@@ -278,7 +278,7 @@ def goldens() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gen_bert_fixture import token_rows
-    from gen_embed_goldens import POOLINGS, copy_with_keys, embed
+    from gen_embed_goldens import POOLINGS, copy_with_keys, embed, write_json_gz
     from gen_xlmr_fixture import TOKEN_TEXTS
 
     import gen_embed_goldens
@@ -311,9 +311,7 @@ def goldens() -> None:
     print(f"llama.cpp's rows vs the reference: tanh GELU {miss['tanh']:.2e}, ggml's f16 table {miss['table']:.2e}",
           file=sys.stderr)
     OUT.mkdir(parents=True, exist_ok=True)
-    dst = OUT / "goldens-nomic-moe.json"
-    dst.write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
-    print("wrote", dst, file=sys.stderr)
+    write_json_gz(OUT / "goldens-nomic-moe.json.gz", out)
 
 
 def main() -> None:

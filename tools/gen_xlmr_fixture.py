@@ -1,5 +1,5 @@
 """Make the XLM-RoBERTa fixtures tests/data/arch/xlmr.{gguf,npz,json} and xlmr-rank.{gguf,npz,json} and their
-llama.cpp goldens tests/data/embed/goldens-xlmr.json: tiny random Hugging Face XLMRobertaModel (as bge-m3,
+llama.cpp goldens tests/data/embed/goldens-xlmr.json.gz: tiny random Hugging Face XLMRobertaModel (as bge-m3,
 multilingual-e5) and XLMRobertaForSequenceClassification (1 label, as bge-reranker-v2-m3) with a SentencePiece
 Unigram vocabulary trained here, converted to GGUF by llama.cpp's own converter (conversion/bert.py
 XLMRobertaModel: GGUF arch `bert`, tokenizer.ggml.model `t5`). Nothing here imports minfer.
@@ -33,7 +33,7 @@ Two steps, in two environments (transformers + sentencepiece for the first, llam
                   XLMRobertaClassificationHead on <s>'s row. npz: hf_ids_<i> (HF's pair encoding), hf_logit_<i> (as
                   released), tanh_logit_<i> (GELU's tanh form).
 
-`goldens` writes tests/data/embed/goldens-xlmr.json: llama.cpp's pooled embeddings of xlmr.gguf (an F32 copy;
+`goldens` writes tests/data/embed/goldens-xlmr.json.gz: llama.cpp's pooled embeddings of xlmr.gguf (an F32 copy;
 Llama.embed(normalize=False), pooling mean / cls / last / none, F32 KV, no flash attention) of TEXTS, its token ids
 of TOKEN_TEXTS (Llama.tokenize, add_special / parse_special on and off), the vocab's add_bos / add_eos / add_sep,
 and xlmr-rank.gguf's rerank scores (pooling RANK, each pair laid out as llama-server's format_prompt_rerank from
@@ -188,7 +188,7 @@ def goldens() -> None:
     from llama_cpp import llama_cpp as C
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_embed_goldens import POOLINGS, copy_with_keys
+    from gen_embed_goldens import POOLINGS, copy_with_keys, write_json_gz
 
     out: dict = {"source": "llama.cpp (llama-cpp-python 0.3.36's vendor/llama.cpp, CPU) on F32 copies of xlmr.gguf and "
                            "xlmr-rank.gguf: Llama.embed(normalize=False) per pooling, Llama.tokenize(text, add_bos, "
@@ -240,8 +240,8 @@ def goldens() -> None:
             out["pairs"].append({"query": q, "document": doc, "ids": ids, "scores": [float(ptr[j]) for j in range(n_cls)]})
         del llm
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "goldens-xlmr.json").write_text(json.dumps(out, indent=0, ensure_ascii=False) + "\n", encoding="utf-8")
-    print("wrote", OUT / "goldens-xlmr.json", file=sys.stderr)
+    write_json_gz(OUT / "goldens-xlmr.json.gz", out)
+    print("wrote", OUT / "goldens-xlmr.json.gz", file=sys.stderr)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens.json.gz").read_bytes()))["fixtures"]
 # the nomic-bert and modern-bert encoders (tools/gen_bert2_fixture.py; CPU: tests/models/test_nomic_bert.py,
 # test_modern_bert.py)
-GOLDENS.update(json.loads((DATA / "embed" / "goldens-bert2.json").read_text(encoding="utf-8"))["fixtures"])
+GOLDENS.update(json.loads(gzip.decompress((DATA / "embed" / "goldens-bert2.json.gz").read_bytes()))["fixtures"])
 # ggml's float16 GELU table (test_embed.py; modern-bert's GeGLU: test_modern_bert.py)
 TOL = {"gemma": 2e-3, "gemma2": 2e-3, "phi2": 2e-3, "modern-bert": 2e-3, "bert": 2e-3, "bert-mean": 2e-3}
 
@@ -147,7 +147,7 @@ def test_xlmr_on_the_gpu_matches_llamacpp():
     """An XLM-RoBERTa encoder (arch bert, a Unigram vocab: tools/gen_xlmr_fixture.py; CPU: tests/models/test_xlmr.py)
     on CUDA in float32: its pooled vectors within 2e-3 of llama.cpp's (the float16 GELU table) and, with its
     classifier head (xlmr-rank: the tanh `cls` layer, then `cls.output`), its rerank scores within 3e-3."""
-    gold = json.loads((DATA / "embed" / "goldens-xlmr.json").read_text(encoding="utf-8"))
+    gold = json.loads(gzip.decompress((DATA / "embed" / "goldens-xlmr.json.gz").read_bytes()))
     eng = engine("xlmr", "cuda", "float32")
     for pooling, items in gold["embed"].items():
         for it in items:

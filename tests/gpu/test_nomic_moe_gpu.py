@@ -1,11 +1,12 @@
 """nomic-bert-moe (minfer/models/nomic_bert_moe.py) embeddings on CUDA, as tests/gpu/test_embed_gpu.py does the other
-encoders: float32 on the GPU against llama.cpp's own vectors (tests/data/embed/goldens-nomic-moe.json; the CPU's test:
+encoders: float32 on the GPU against llama.cpp's own vectors (tests/data/embed/goldens-nomic-moe.json.gz; the CPU's test:
 tests/models/test_nomic_bert_moe.py) and against the generator's numpy reference rows; bf16 against the CPU float32
 engine within 2.5x the fixture's bf16 floor (at least 1e-2). The fixture's experts are (64, 32) / (32, 64) matrices,
 each an ordinary QWeight to ops.linear (no MoE kernel's width rule applies); the router runs in float32."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from dataclasses import replace
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "nomic-bert-moe"
-GOLDENS = json.loads((DATA / "embed" / "goldens-nomic-moe.json").read_text(encoding="utf-8"))["fixtures"]
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-nomic-moe.json.gz").read_bytes()))["fixtures"]
 META = json.loads((DATA / "arch" / f"{NAME}.json").read_text(encoding="utf-8"))
 # ggml's float16 GELU table (test_nomic_bert_moe.py: the CPU engine measured <= 1.9e-3 from llama.cpp)
 TOL = {NAME: 3e-3}

@@ -4,12 +4,13 @@ layers 1 and 2 (local_attention 8), converted by llama.cpp's converter).
 
 References, none of them minfer's: transformers' last_hidden_state (modern-bert.npz: `hidden_<i>` the model as released,
 HF's exact erf GELU in the GeGLU; `hidden_ll_<i>` the same weights with GELU's tanh form, which llama.cpp's ggml_geglu
-computes), llama.cpp's own pooled embeddings and token ids (tests/data/embed/goldens-bert2.json). Here: the hidden rows
+computes), llama.cpp's own pooled embeddings and token ids (tests/data/embed/goldens-bert2.json.gz). Here: the hidden rows
 against transformers, each rule shown needed, the vectors against llama.cpp (and what the remaining gap is), generation
 refused, bad files and hyper-parameters refused by name, the tokenizer against llama.cpp."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import types
@@ -25,7 +26,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "modern-bert"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-bert2.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-bert2.json.gz").read_bytes()))
 TOL = 1e-5        # against transformers with the tanh GELU: the same formulas (measured <= 4.0e-6)
 TOL_ERF = 2e-3    # against transformers as released (erf GELU): the formulas differ (measured <= 6.0e-4)
 # against llama.cpp's vectors: its CPU GeGLU reads GELU from a float16 table (ggml-cpu vec.h ggml_vec_geglu_f32 under
@@ -141,7 +142,7 @@ def test_each_rule_is_needed(monkeypatch, what):
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last", "none"])
 def test_pooled_vectors_match_llamacpp(monkeypatch, pooling):
-    """Engine.embed against llama.cpp's own vectors (goldens-bert2.json, an F32 copy of the file) within 2e-3 (measured
+    """Engine.embed against llama.cpp's own vectors (goldens-bert2.json.gz, an F32 copy of the file) within 2e-3 (measured
     <= 7.7e-4); with ggml-cpu's float16 GELU table emulated, within 4e-4 (measured <= 1.7e-4): the gap is that table,
     not a rule. The goldens' ids are what minfer's tokenizer gives the texts."""
     import minfer.models.modern_bert as mb

@@ -4,11 +4,12 @@ are and converted by llama.cpp's converter).
 
 References, none of them minfer's: transformers' last_hidden_state (nomic-bert.npz `hidden_<i>`; SiLU is the same
 formula in llama.cpp and HF, so `hidden_ll_<i>` is the same array), llama.cpp's own pooled embeddings and token ids
-(tests/data/embed/goldens-bert2.json). Here: the hidden rows against transformers, each rule shown needed, the vectors
+(tests/data/embed/goldens-bert2.json.gz). Here: the hidden rows against transformers, each rule shown needed, the vectors
 against llama.cpp, generation refused, bad files refused by name, the tokenizer against llama.cpp."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import types
@@ -23,7 +24,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "nomic-bert"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-bert2.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-bert2.json.gz").read_bytes()))
 # float32 against float32: transformers measured <= 1.8e-6 (max abs / max |h|), llama.cpp's vectors <= 1.3e-6
 TOL = 1e-5
 _ENGINES: dict = {}
@@ -146,7 +147,7 @@ def test_fused_and_separate_qkv_agree(tmp_path):
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last", "none"])
 def test_pooled_vectors_match_llamacpp(pooling):
-    """Engine.embed against llama.cpp's own vectors (goldens-bert2.json, F32 copy of the file) within 1e-5 (measured
+    """Engine.embed against llama.cpp's own vectors (goldens-bert2.json.gz, F32 copy of the file) within 1e-5 (measured
     <= 1.3e-6); the goldens' ids are what minfer's tokenizer gives the texts."""
     eng = engine()
     d = GOLDENS["fixtures"][NAME][pooling]

@@ -4,12 +4,13 @@ layers of which 1 and 3 are MoE (4 experts, top-2), an XLM-R Unigram vocab, conv
 
 References, none of them minfer's: the generator's independent float64 numpy forward (nomic-bert-moe.npz `hidden_<i>`,
 GELU's tanh form; `hidden_tab_<i>` with ggml-cpu's float16 GELU table; `experts_<i>_<layer>` its top-2 choices) and
-llama.cpp's own pooled vectors and token ids (tests/data/embed/goldens-nomic-moe.json). Here: the hidden rows and the
+llama.cpp's own pooled vectors and token ids (tests/data/embed/goldens-nomic-moe.json.gz). Here: the hidden rows and the
 routing against the numpy reference, each MoE rule shown needed (a broken gating fails, the restored one passes), the
 vectors against llama.cpp, the tokenizer against llama.cpp, generation refused, bad files refused by name."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from minfer.errors import MinferError
 DATA = Path(__file__).resolve().parents[1] / "data"
 NAME = "nomic-bert-moe"
 PATH = DATA / "arch" / f"{NAME}.gguf"
-GOLDENS = json.loads((DATA / "embed" / "goldens-nomic-moe.json").read_text(encoding="utf-8"))
+GOLDENS = json.loads(gzip.decompress((DATA / "embed" / "goldens-nomic-moe.json.gz").read_bytes()))
 META = json.loads((DATA / "arch" / f"{NAME}.json").read_text(encoding="utf-8"))
 TOL = 1e-5       # rel, float32 against the float64 numpy reference (measured <= 1.7e-6)
 TOL_LL = 3e-3    # rel, against llama.cpp's vectors: ggml-cpu's float16 GELU table (measured <= 1.9e-3)
@@ -210,7 +211,7 @@ def test_each_other_rule_is_needed(monkeypatch, what):
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "last", "none", "file"])
 def test_pooled_vectors_match_llamacpp(pooling):
-    """Engine.embed against llama.cpp's own vectors (goldens-nomic-moe.json, an F32 copy of the file) within 3e-3
+    """Engine.embed against llama.cpp's own vectors (goldens-nomic-moe.json.gz, an F32 copy of the file) within 3e-3
     (measured <= 1.9e-3: the GELU table, next test),
     raw and normalized (euclidean, the default); 'file': no pooling asked, the file's mean. The goldens' ids are what
     minfer's tokenizer gives the texts."""

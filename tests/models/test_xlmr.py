@@ -6,7 +6,7 @@ conversion/bert.py XLMRobertaModel).
 
 References, none of them minfer's: transformers' last_hidden_state and logits (xlmr.npz, xlmr-rank.npz; `*_tanh_*`
 with GELU's tanh form, which llama.cpp's graph computes), llama.cpp's pooled vectors, token ids, add flags and rerank
-scores (tests/data/embed/goldens-xlmr.json, llama-cpp-python 0.3.36).
+scores (tests/data/embed/goldens-xlmr.json.gz, llama-cpp-python 0.3.36).
 
 No rule had to be added to minfer for these files: the converter turns XLM-R's quirks into what bert's graph already
 reads (the position table cut by pad_token_id + 1 rows, one token type row, <s> / </s> / </s></s> as add_bos /
@@ -15,6 +15,7 @@ add_eos / add_sep true). test_each_rule_is_needed shows which of minfer's existi
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,7 @@ import pytest
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ARCH = DATA / "arch"
-GOLD = json.loads((DATA / "embed" / "goldens-xlmr.json").read_text(encoding="utf-8"))
+GOLD = json.loads(gzip.decompress((DATA / "embed" / "goldens-xlmr.json.gz").read_bytes()))
 TOL_TANH = 1e-5      # rel, vs transformers with the tanh GELU (measured <= 5.2e-7)
 TOL_ERF = 1e-3       # rel, vs transformers as released (erf GELU; measured <= 3.7e-4)
 TOL_LL = 2e-3        # rel, vs llama.cpp's pooled vectors (ggml's float16 GELU table; measured <= 5.3e-4)
