@@ -17,9 +17,26 @@ for step in ${*:-final}; do
       source tools/device_setup.sh >/dev/null
       grep -E "^(embed |rerank )?bf16 " "$OUT/pytest-gpu.log" | grep -iE "deci|nomic-bert-moe|llama-embed|pangu|deepseek|grove|t5|xverse|orion|codeshell|openelm|refact" | head -24
       gzip -9 "$OUT/pytest-gpu.log";;
+    abtree)
+      # the decode of two trees interleaved, one process a run: A = .old.tgz (untracked: `git archive <sha> minfer |
+      # gzip > .old.tgz`), B = this checkout; tg128 only, ABRUNS pairs
+      source tools/device_setup.sh >/dev/null
+      mkdir -p /tmp/old && tar xzf .old.tgz -C /tmp/old
+      Q7=/tmp/q7.gguf
+      [ -f $Q7 ] || python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/dev/null 2>&1
+      for i in $(seq ${ABRUNS:-3}); do
+        for side in A B; do
+          if [ $side = A ]; then pp=/tmp/site:/tmp/old; else pp=/tmp/site:$PWD; fi
+          (cd /tmp && PYTHONPATH=$pp timeout 120 python3 -m minfer bench -m $Q7 -p 0 -n 128 -r 3 --no-progress \
+            --out "/tmp/ab-$side-$i.json" >"/tmp/ab-$side-$i.log" 2>&1)
+          echo "$side $i $(PYTHONPATH=$pp python3 -c 'import minfer, os; print(os.path.dirname(minfer.__file__))') \
+            $(grep -E '^\|.*tg128' /tmp/ab-$side-$i.log | awk -F'|' '{print $7}')" | tee -a "$OUT/abtree.log"
+        done
+      done
+      cat /tmp/ab-A-1.log /tmp/ab-B-1.log >>"$OUT/abtree.log";;
     *) rest="$rest $step";;
   esac
-  case $step in final) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
+  case $step in final|abtree) echo "[$step: $(( $(date +%s) - t0 )) s]";; esac
 done
 [ -n "$rest" ] && OUT=${OUT:-/tmp/minfer-out} bash tools/device_s40.sh $rest
 exit 0
