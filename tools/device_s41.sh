@@ -22,6 +22,8 @@ for step in ${*:-final}; do
       # gzip > .old.tgz`), B = this checkout; tg128 only, ABRUNS pairs
       source tools/device_setup.sh >/dev/null
       mkdir -p /tmp/old && tar xzf .old.tgz -C /tmp/old
+      # the editable install's finder claims `minfer` before PYTHONPATH (call 3 ran this checkout on both sides): off
+      python3 -m pip uninstall -y -q minfer >/dev/null 2>&1
       Q7=/tmp/q7.gguf
       [ -f $Q7 ] || python3 -m minfer synth $Q7 --preset qwen2.5-7b --recipe q4_k_m >/dev/null 2>&1
       for i in $(seq ${ABRUNS:-3}); do
