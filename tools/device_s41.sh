@@ -31,7 +31,7 @@ for step in ${*:-final}; do
           if [ $side = A ]; then pp=/tmp/site:/tmp/old; else pp=/tmp/site:$PWD; fi
           (cd /tmp && PYTHONPATH=$pp timeout 120 python3 -m minfer bench -m $Q7 -p 0 -n 128 -r 3 --no-progress \
             --out "/tmp/ab-$side-$i.json" >"/tmp/ab-$side-$i.log" 2>&1)
-          echo "$side $i $(PYTHONPATH=$pp python3 -c 'import minfer, os; print(os.path.dirname(minfer.__file__))') \
+          echo "$side $i $(cd /tmp && PYTHONPATH=$pp python3 -c 'import minfer, os; print(os.path.dirname(minfer.__file__))') \
             $(grep -E '^\|.*tg128' /tmp/ab-$side-$i.log | awk -F'|' '{print $7}')" | tee -a "$OUT/abtree.log"
         done
       done
