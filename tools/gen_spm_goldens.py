@@ -97,7 +97,7 @@ def main() -> int:
     sys.path.insert(0, str(HERE))
     sys.path.insert(0, str(HERE.parent))
     import fetch_llama_cpp
-    from gen_token_goldens import CASES, fuzz_cases, sweep_cases
+    from gen_token_goldens import CASES, fuzz_cases, sweep_cases, write_golden
 
     if args.check:
         d = fetch_llama_cpp.suite_dir()
@@ -116,12 +116,10 @@ def main() -> int:
                           "(BPE ModelProto rebuilt from the GGUF vocab)",
              "file": path.name, "n_vocab": len(toks),
              "cases": [{"text": s, "ids_no_special": reference_ids(sp, toks, types, s)} for s in strings]}
-        out = OUT_DIR / f"{name}-sentencepiece.json"
-        out.write_text("{\n" + ",\n".join(
+        out = write_golden(f"{name}-sentencepiece", "{\n" + ",\n".join(
             f" {json.dumps(k)}: " + (
                 "[\n  " + ",\n  ".join(json.dumps(c, ensure_ascii=False) for c in v) + "\n ]"
-                if k == "cases" else json.dumps(v, ensure_ascii=False)) for k, v in g.items()) + "\n}\n",
-            encoding="utf-8")
+                if k == "cases" else json.dumps(v, ensure_ascii=False)) for k, v in g.items()) + "\n}\n")
         print(f"{out}: {len(g['cases'])} strings")
     return 0
 

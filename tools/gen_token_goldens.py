@@ -457,7 +457,7 @@ def dump_golden(g: dict) -> str:
 
 # a golden this large is stored gzipped (deterministic: no name, mtime 0), as goldens/<stem>.json.gz: the repository
 # travels to the GPU machine whole, under a size limit; tests/tokenizer/conftest.load_golden reads either form
-GZIP_OVER = 20_000
+GZIP_OVER = 8_000
 
 
 def write_golden(stem: str, text: str) -> Path:

@@ -1,21 +1,18 @@
 """gemma-3-270m's SentencePiece vocab (262,144 tokens, no space prefix, byte fallback).
 
-Reference: goldens/gemma-3-270m-sentencepiece.json, Google's `sentencepiece` on the same
+Reference: goldens/gemma-3-270m-sentencepiece.json.gz, Google's `sentencepiece` on the same
 vocab (tools/gen_spm_goldens.py; that construction reproduces llama.cpp's ids on its
 llama-spm suite file), with user-defined tokens cut out first as llama.cpp does.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from conftest import load_golden
 
 from minfer.tokenizer import vocab as V
 
 NAME = "gemma-3-270m"
-GOLDEN = Path(__file__).parent / "goldens" / f"{NAME}-sentencepiece.json"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +22,7 @@ def tok(tokenizers):
 
 @pytest.fixture(scope="module")
 def golden():
-    return json.loads(GOLDEN.read_text(encoding="utf-8"))
+    return load_golden(f"{NAME}-sentencepiece")
 
 
 def test_ids_match_sentencepiece(tok, golden):
