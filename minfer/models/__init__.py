@@ -117,6 +117,7 @@ from minfer.models.orion import OrionModel
 from minfer.models.codeshell import CodeshellModel
 from minfer.models.openelm import OpenElmModel
 from minfer.models.refact import RefactModel
+from minfer.models.plamo import PlamoModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -160,6 +161,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     CodeshellModel,
     OpenElmModel,
     RefactModel,
+    PlamoModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -254,6 +254,7 @@ MUST |= {"orion": ["layer_norm.triton", "rope.triton", "attention.decode.triton"
 MUST |= {"codeshell": ["layer_norm.triton", "rope.triton", "attention.decode.triton"]}   # fused q/k/v + bias, GQA, NEOX, LayerNorms with bias
 MUST |= {"openelm": ["rms_norm.triton", "rope.triton", "attention.decode.triton"]}   # per-layer heads, fused qkv, q/k norm then NEOX
 MUST |= {"refact": ["add_rms_norm.triton", "swiglu.triton", "attention.alibi.torch"]}   # ALiBi, no rope, MQA
+MUST |= {"plamo": ["add_rms_norm.triton", "swiglu.triton", "rope.triton", "attention.decode.triton"]}   # parallel block
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -289,7 +290,8 @@ def cuda_ops():
                                   "muse-glimmer", "hrm-text",
                                   "gptj", "internlm2", "baichuan", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
                                   "smallthinker", "bailingmoe", "pangu-embedded",
-                                  "deepseek", "grovemoe", "xverse", "orion", "codeshell", "openelm", "refact"])
+                                  "deepseek", "grovemoe", "xverse", "orion", "codeshell", "openelm", "refact",
+                                  "plamo"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
