@@ -118,6 +118,7 @@ from minfer.models.codeshell import CodeshellModel
 from minfer.models.openelm import OpenElmModel
 from minfer.models.refact import RefactModel
 from minfer.models.plamo import PlamoModel
+from minfer.models.arctic import ArcticModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -162,6 +163,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     OpenElmModel,
     RefactModel,
     PlamoModel,
+    ArcticModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
