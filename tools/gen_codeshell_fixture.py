@@ -38,13 +38,11 @@ c_proj(gelu_tanh(c_fc(h))) with biases; residual; ln_f; lm_head without bias.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -124,26 +122,13 @@ def reference(t: dict, ids: list[int], qkv_bias: bool = True, f16_gelu: bool = F
         y = x @ w[name + ".weight"].T
         return y + w[name + ".bias"] if use_bias else y
 
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = pos[:, None] * inv[None]                        # (T, Dh/2): dims i and i + Dh/2 turn by pos * inv[i]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]     # (T, 1, Dh/2)
-
-    def rope(x):                                          # rotate_half: the halves (x[i], x[i + Dh/2])
-        a, b = x[..., :DH // 2], x[..., DH // 2:]
-        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
-
+    rope = neox_rope(T, DH, THETA)                        # rotate_half: the halves (x[i], x[i + Dh/2])
     x = w["transformer.wte.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"transformer.h.{i}."
         h = ln(x, p + "ln_1")
         q, k, v = lin(h, p + "attn.c_attn", qkv_bias).split((D, KV * DH, KV * DH), -1)
-        q = rope(q.reshape(T, H, DH))
-        k = rope(k.reshape(T, KV, DH)).repeat_interleave(H // KV, 1)
-        v = v.reshape(T, KV, DH).repeat_interleave(H // KV, 1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, D)
+        o = causal_attention(rope(q.reshape(T, H, DH)), rope(k.reshape(T, KV, DH)), v.reshape(T, KV, DH))
         x = x + lin(o, p + "attn.c_proj")
         h = ln(x, p + "ln_2")
         u = lin(h, p + "mlp.c_fc")
@@ -153,77 +138,34 @@ def reference(t: dict, ids: list[int], qkv_bias: bool = True, f16_gelu: bool = F
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)          # byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'codeshell'
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids),
               "logits_noqkvb": reference(t, ids[:NB], qkv_bias=False),
               "logits_f16gelu": reference(t, ids[:NB], f16_gelu=True)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config()},
-                                                 indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config()},
+           lambda x: reference(t, x), PROMPT, NEW)
 
 
 def goldens() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_internlm2_fixture import f32_copy
-    from gen_nanbeige_fixture import llamacpp_goldens, llamacpp_logits
-    from gen_pangu_embed_fixture import drop_tensors
+    from gen_nanbeige_fixture import gguf_copy, llamacpp_goldens, llamacpp_variant
 
     llamacpp_goldens(OUT, NAME)
-    path = OUT / f"{NAME}.npz"
-    arrays = dict(np.load(path))
-    with tempfile.TemporaryDirectory() as tmp:
-        f32, nob = Path(tmp) / "f32.gguf", Path(tmp) / "noqkvb.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        drop_tensors(f32, nob, {f"blk.{i}.attn_qkv.bias" for i in range(LAYERS)})
-        arrays["lc_logits_noqkvb"], _ = llamacpp_logits(nob, arrays["ids"][:NB].tolist())
-    np.savez_compressed(path, **arrays)
-    for a, b in (("lc_logits_noqkvb", "logits_noqkvb"), ("lc_logits", "logits_f16gelu")):
-        x, y = arrays[a][:len(arrays[b])], arrays[b]
-        print(f"{a} vs {b}: max rel err {float((np.abs(x - y).max(-1) / np.abs(y).max(-1)).max()):.2e}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
+    qkv_b = {f"blk.{i}.attn_qkv.bias" for i in range(LAYERS)}
+    arrays = llamacpp_variant(OUT, NAME, "lc_logits_noqkvb", "logits_noqkvb",
+                              lambda src, dst: gguf_copy(src, dst, drop=qkv_b), NB)
+    print(f"lc_logits vs logits_f16gelu: max rel err "
+          f"{rel_err(arrays['lc_logits'][:NB], arrays['logits_f16gelu']):.2e}")
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

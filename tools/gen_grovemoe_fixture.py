@@ -51,13 +51,11 @@ above, which llama.cpp (and so minfer) runs.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rel_err, rms_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -150,35 +148,21 @@ def reference(t: dict, ids: list[int], variant: str = "llamacpp", record: list |
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
-    def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
-
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)                 # (T, DH): cat(freqs, freqs)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-
-    def rope(x):                                                         # rotate_half over the whole head
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
+    rope = neox_rope(T, DH, THETA)                                       # rotate_half over the whole head
 
     def mlp(h, p):
         return F.silu(h @ w[p + "gate_proj.weight"].T) * (h @ w[p + "up_proj.weight"].T) @ w[p + "down_proj.weight"].T
 
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        h = rms(x, w[p + "input_layernorm.weight"])
-        q = rms((h @ w[p + "self_attn.q_proj.weight"].T).view(T, H, DH), w[p + "self_attn.q_norm.weight"])
-        k = rms((h @ w[p + "self_attn.k_proj.weight"].T).view(T, KV, DH), w[p + "self_attn.k_norm.weight"])
-        v = (h @ w[p + "self_attn.v_proj.weight"].T).view(T, KV, DH)
-        q, k = rope(q), rope(k)
-        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[p + "self_attn.o_proj.weight"].T
-        h = rms(x, w[p + "post_attention_layernorm.weight"])
+        a = p + "self_attn."
+        h = rms_norm(x, w[p + "input_layernorm.weight"], EPS)
+        q = rms_norm((h @ w[a + "q_proj.weight"].T).view(T, H, DH), w[a + "q_norm.weight"], EPS)
+        k = rms_norm((h @ w[a + "k_proj.weight"].T).view(T, KV, DH), w[a + "k_norm.weight"], EPS)
+        v = (h @ w[a + "v_proj.weight"].T).view(T, KV, DH)
+        x = x + causal_attention(rope(q), rope(k), v) @ w[a + "o_proj.weight"].T
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], EPS)
         logits = h @ w[p + "mlp.gate.weight"].T
         if record is not None:
             record.append(logits)
@@ -197,38 +181,19 @@ def reference(t: dict, ids: list[int], variant: str = "llamacpp", record: list |
                 if rows.any():
                     adj[rows] += a[rows, j, None] * mlp(src[rows], p + f"mlp.chunk_experts.{c}.")
         x = x + m + SCALE * adj
-    x = rms(x, w["model.norm.weight"])
+    x = rms_norm(x, w["model.norm.weight"], EPS)
     return (x @ w["model.embed_tokens.weight"].T).float().numpy()
-
-
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
-def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
-    return float((np.abs(got - ref).max(-1) / np.abs(ref).max(-1)).max())
 
 
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() if v.ndim == 2 and not k.endswith("mlp.gate.weight") else v.contiguous()
-                   for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)
-        # raw_config: transformers has no grove_moe config class; the converter reads config.json as written
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer,
+                       keep_f32=lambda k, v: v.ndim != 2 or k.endswith("mlp.gate.weight"))
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     rec: list = []
@@ -236,10 +201,6 @@ def build(llamacpp: Path) -> None:
     routes = [route(lg) for lg in rec]
     arrays["choices"] = np.stack([r[1].numpy() for r in routes]).astype(np.int8)
     arrays["chunks"] = np.stack([r[3].numpy() for r in routes]).astype(np.int8)
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
     # the routing is not degenerate: tokens whose K slots share a chunk (two experts of one group chosen), and the
     # chunk weights p[c] differ from the routed weights w
     shared = [int(sum(len(set(row)) < K for row in r[3].tolist())) for r in routes]
@@ -254,11 +215,9 @@ def build(llamacpp: Path) -> None:
                           "expert_chunk_feed_forward_length": FCH},
             "tokens_with_a_shared_chunk": shared, "experts_used_per_layer": used,
             "hf_rule_rel_err": variants.pop("hf"), "variant_rel_err": variants}
-    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}, shared chunks {shared}, "
-          f"experts used {used}, HF rule {meta['hf_rule_rel_err']:.3g}, variants {variants}")
+    finish(OUT, NAME, arrays, meta, lambda x: reference(t, x), PROMPT, NEW,
+           note=f", shared chunks {shared}, experts used {used}, HF rule {meta['hf_rule_rel_err']:.3g}, "
+                f"variants {variants}")
 
 
 def goldens() -> None:
@@ -268,19 +227,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

@@ -28,13 +28,13 @@ lm_head.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rel_err, rms_norm, swiglu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -89,96 +89,71 @@ def reference(t: dict, ids: list[int], skip_loop_norm: bool = False) -> np.ndarr
 
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
-
-    def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
-
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-
-    def rope(x):                                  # rotate_half on the HF rows
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
+    rope = neox_rope(T, DH, THETA)                # rotate_half on the HF rows
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for loop in range(LOOPS):
         for i in range(LAYERS):                   # the same weights every loop; each pass attends its own keys
             p = f"model.layers.{i}."
-            h = rms(x, w[p + "input_layernorm.weight"])
+            h = rms_norm(x, w[p + "input_layernorm.weight"], EPS)
             q = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, DH))
-            k = rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, DH)).repeat_interleave(H // KV, 1)
-            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, DH).repeat_interleave(H // KV, 1)
-            s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-            o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-            x = x + o @ w[p + "self_attn.o_proj.weight"].T
-            h = rms(x, w[p + "post_attention_layernorm.weight"])
-            f = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-            x = x + f @ w[p + "mlp.down_proj.weight"].T
+            k = rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, DH))
+            v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, DH)
+            x = x + causal_attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], EPS)
+            m = p + "mlp."
+            x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
         if loop + 1 < LOOPS and not skip_loop_norm:
-            x = rms(x, w["model.norm.weight"])    # the loop norm: the final norm's weight
-    x = rms(x, w["model.norm.weight"])
+            x = rms_norm(x, w["model.norm.weight"], EPS)    # the loop norm: the final norm's weight
+    x = rms_norm(x, w["model.norm.weight"], EPS)
     return (x @ w["lm_head.weight"].T).float().numpy()
-
-
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)          # byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'nanbeige'
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids),
               "logits_skip": reference(t, ids, skip_loop_norm=True)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config()},
-                                                 indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config()},
+           lambda x: reference(t, x), PROMPT, NEW)
 
 
-def set_key(src: Path, dst: Path, key: str, value, vtype) -> None:
-    """A copy of a GGUF with one key set (gguf-py)."""
+def gguf_copy(src: Path, dst: Path, keys: dict | None = None, drop=(), add: dict | None = None) -> None:
+    """A copy of a GGUF (gguf-py) with keys {key: (value, GGUFValueType)} set (after the others), the tensors named
+    in drop left out and add's {name: array} appended as float32 tensors."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+    keys, add = keys or {}, add or {}
     r = GGUFReader(str(src))
     w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
     for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture" or k == key:
+        if k.startswith("GGUF.") or k == "general.architecture" or k in keys:
             continue
         vt = f.types[0]
         w.add_key_value(k, f.contents(), vt, sub_type=f.types[-1] if vt == GGUFValueType.ARRAY else None)
-    w.add_key_value(key, value, vtype)
+    for k, (value, vtype) in keys.items():
+        w.add_key_value(k, value, vtype)
     for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(s) for s in reversed(t.shape)),
-                     raw_dtype=t.tensor_type)
+        if t.name not in drop:
+            w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(s) for s in reversed(t.shape)),
+                         raw_dtype=t.tensor_type)
+    for name, arr in add.items():
+        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def set_key(src: Path, dst: Path, key: str, value, vtype) -> None:
+    """A copy of a GGUF with one key set (gguf-py)."""
+    gguf_copy(src, dst, keys={key: (value, vtype)})
 
 
 def llamacpp_logits(path: Path, ids: list[int], prompt: list[int] | None = None, n: int = 0):
@@ -200,9 +175,11 @@ def llamacpp_logits(path: Path, ids: list[int], prompt: list[int] | None = None,
     return logits, np.array(out, dtype=np.int64)
 
 
-def llamacpp_goldens(out: Path, name: str) -> None:
+def llamacpp_goldens(out: Path, name: str, texts: list[str] | None = None) -> None:
     """A llama.cpp-checked fixture's `goldens` step: llama.cpp's logits of `ids` and greedy continuation of `prompt`
-    (lc_logits, lc_greedy) on an F32 copy of out/name.gguf, added to out/name.npz; its version into out/name.json."""
+    (lc_logits, lc_greedy) on an F32 copy of out/name.gguf, added to out/name.npz; its version into out/name.json.
+    texts: also tok_<i>, llama.cpp's token ids of texts[i] (Llama.tokenize(add_bos=True, special=True)), and the
+    texts into the json."""
     import llama_cpp
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -215,54 +192,47 @@ def llamacpp_goldens(out: Path, name: str) -> None:
         f32 = Path(tmp) / f"{name}.gguf"
         f32_copy(out / f"{name}.gguf", f32)
         arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
+        if texts:
+            llm = llama_cpp.Llama(str(f32), vocab_only=True, verbose=False)
+            for i, text in enumerate(texts):
+                arrays[f"tok_{i}"] = np.array(llm.tokenize(text.encode(), add_bos=True, special=True), dtype=np.int64)
+            del llm
     np.savez_compressed(path, **arrays)
     meta = json.loads((out / f"{name}.json").read_text())
+    if texts:
+        meta["texts"] = texts
     meta["llama_cpp"] = llama_cpp.__version__
     (out / f"{name}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    err = float((np.abs(arrays["lc_logits"] - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
-    print(f"llama.cpp vs the torch reference: max rel err {err:.2e}; greedy {arrays['lc_greedy'].tolist()} "
-          f"(reference's {arrays['greedy'].tolist()})")
+    print(f"llama.cpp vs the torch reference: max rel err {rel_err(arrays['lc_logits'], arrays['logits']):.2e}; "
+          f"greedy {arrays['lc_greedy'].tolist()} (reference's {arrays['greedy'].tolist()})")
 
 
-def goldens() -> None:
-    import llama_cpp
-    from gguf import GGUFValueType
-
+def llamacpp_variant(out: Path, name: str, key: str, ref: str, edit, n: int | None = None) -> dict:
+    """A goldens variant: llama.cpp's logits of ids[:n] on an F32 copy of out/name.gguf edited by edit(src, dst)
+    (say gguf_copy with a key set or tensors added or dropped), added to out/name.npz as `key`; its max rel err
+    against the torch reference's `ref` printed. Returns the arrays."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gen_internlm2_fixture import f32_copy
 
-    path = OUT / f"{NAME}.npz"
+    path = out / f"{name}.npz"
     arrays = dict(np.load(path))
-    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
     with tempfile.TemporaryDirectory() as tmp:
-        f32, skip = Path(tmp) / f"{NAME}.gguf", Path(tmp) / f"{NAME}-skip.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        arrays["lc_logits"], arrays["lc_greedy"] = llamacpp_logits(f32, ids, prompt, len(arrays["greedy"]))
-        set_key(f32, skip, f"{NAME}.skip_loop_final_norm", True, GGUFValueType.BOOL)
-        arrays["lc_logits_skip"], _ = llamacpp_logits(skip, ids)
+        f32, edited = Path(tmp) / f"{name}.gguf", Path(tmp) / f"{name}-edited.gguf"
+        f32_copy(out / f"{name}.gguf", f32)
+        edit(f32, edited)
+        arrays[key], _ = llamacpp_logits(edited, arrays["ids"][:n].tolist())
     np.savez_compressed(path, **arrays)
-    meta = json.loads((OUT / f"{NAME}.json").read_text())
-    meta["llama_cpp"] = llama_cpp.__version__
-    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    for a, b in (("lc_logits", "logits"), ("lc_logits_skip", "logits_skip")):
-        err = float((np.abs(arrays[a] - arrays[b]).max(-1) / np.abs(arrays[b]).max(-1)).max())
-        print(f"llama.cpp vs the torch reference ({b}): max rel err {err:.2e}")
-    print(f"greedy {arrays['lc_greedy'].tolist()} (reference's {arrays['greedy'].tolist()})")
+    print(f"{key} vs {ref}: max rel err {rel_err(arrays[key][:len(arrays[ref])], arrays[ref]):.2e}")
+    return arrays
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
+def goldens() -> None:
+    from gguf import GGUFValueType
+
+    llamacpp_goldens(OUT, NAME)
+    llamacpp_variant(OUT, NAME, "lc_logits_skip", "logits_skip",
+                     lambda src, dst: set_key(src, dst, f"{NAME}.skip_loop_final_norm", True, GGUFValueType.BOOL))
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

@@ -42,13 +42,11 @@ and src/models/openelm.cpp read it):
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rms_norm
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -118,73 +116,36 @@ def reference(t: dict, ids: list[int]) -> np.ndarray:
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
-    def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
-
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)     # (T, Dh): emb = cat(freqs, freqs)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]       # (T, 1, Dh)
-
-    def rope(x):                                            # rotate_half: the two halves
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
+    rope = neox_rope(T, DH, THETA)                          # rotate_half: the two halves
     x = w["transformer.token_embeddings.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p, H, KV, F = f"transformer.layers.{i}.", Q_HEADS[i], KV_HEADS[i], FFN[i]
-        h = rms(x, w[p + "attn_norm.weight"])
+        h = rms_norm(x, w[p + "attn_norm.weight"], EPS)
         qkv = (h @ w[p + "attn.qkv_proj.weight"].T).reshape(T, H + 2 * KV, DH)
         q, k, v = qkv.split([H, KV, KV], dim=1)
-        q, k = rms(q, w[p + "attn.q_norm.weight"]), rms(k, w[p + "attn.k_norm.weight"])   # before rope
-        q, k = rope(q), rope(k)
-        k, v = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[p + "attn.out_proj.weight"].T
-        h = rms(x, w[p + "ffn_norm.weight"])
+        q = rms_norm(q, w[p + "attn.q_norm.weight"], EPS)       # the per-head q / k norms, before rope
+        k = rms_norm(k, w[p + "attn.k_norm.weight"], EPS)
+        x = x + causal_attention(rope(q), rope(k), v) @ w[p + "attn.out_proj.weight"].T
+        h = rms_norm(x, w[p + "ffn_norm.weight"], EPS)
         y = h @ w[p + "ffn.proj_1.weight"].T
         x = x + (torch.nn.functional.silu(y[:, :F]) * y[:, F:]) @ w[p + "ffn.proj_2.weight"].T
-    x = rms(x, w["transformer.norm.weight"])
+    x = rms_norm(x, w["transformer.norm.weight"], EPS)
     return (x @ w["transformer.token_embeddings.weight"].T).float().numpy()      # tied lm head
-
-
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert
     from gen_internlm2_fixture import make_spm_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_spm_tokenizer(d, VOCAB)
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'openelm'
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, lambda d: make_spm_tokenizer(d, VOCAB))
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "ffn_widths": FFN,
-                                                  "config": hf_config()}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, FFN widths {FFN}, greedy "
-          f"{arrays['greedy'].tolist()}, smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "ffn_widths": FFN, "config": hf_config()},
+           lambda x: reference(t, x), PROMPT, NEW, note=f", FFN widths {FFN}")
 
 
 def goldens() -> None:
@@ -194,19 +155,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece")

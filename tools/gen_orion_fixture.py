@@ -37,13 +37,11 @@ i // (H / KV); softmax(q k / sqrt(Dh)); o = W_o attn (no bias); SwiGLU MLP witho
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, swiglu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -129,17 +127,8 @@ def reference(t: dict, ids: list[int], qkv_b: np.ndarray | None = None) -> np.nd
         var = (x - mu).pow(2).mean(-1, keepdim=True)
         return (x - mu) * torch.rsqrt(var + EPS) * w[name + ".weight"] + w[name + ".bias"]
 
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = pos[:, None] * inv[None]                        # (T, Dh/2): dims i and i + Dh/2 turn by pos * inv[i]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]     # (T, 1, Dh/2)
-
-    def rope(x):                                          # rotate_half: the halves (x[i], x[i + Dh/2])
-        a, b = x[..., :DH // 2], x[..., DH // 2:]
-        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
-
+    rope = neox_rope(T, DH, THETA)                        # rotate_half: the halves (x[i], x[i + Dh/2])
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         a = p + "self_attn."
@@ -148,118 +137,44 @@ def reference(t: dict, ids: list[int], qkv_b: np.ndarray | None = None) -> np.nd
         if qkv_b is not None:
             bq, bk, bv = (torch.from_numpy(b).double() for b in split_qkv(qkv_b[i]))
             q, k, v = q + bq, k + bk, v + bv
-        q = rope(q.reshape(T, H, DH))
-        k = rope(k.reshape(T, KV, DH)).repeat_interleave(H // KV, 1)
-        v = v.reshape(T, KV, DH).repeat_interleave(H // KV, 1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[a + "o_proj.weight"].T
+        q, k = rope(q.reshape(T, H, DH)), rope(k.reshape(T, KV, DH))
+        x = x + causal_attention(q, k, v.reshape(T, KV, DH)) @ w[a + "o_proj.weight"].T
         m = p + "mlp."
         h = ln(x, p + "post_attention_layernorm")
-        f = torch.nn.functional.silu(h @ w[m + "gate_proj.weight"].T) * (h @ w[m + "up_proj.weight"].T)
-        x = x + f @ w[m + "down_proj.weight"].T
+        x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
     x = ln(x, "model.norm")
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert
     from gen_internlm2_fixture import make_spm_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_spm_tokenizer(d, VOCAB)
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'orion' (remote code)
+    files = {"config.json": hf_config(), "tokenizer_config.json": tokenizer_config()}
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, files, lambda d: make_spm_tokenizer(d, VOCAB))
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     qb = qkv_biases(SEED)
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids), "qkv_bias": qb,
               "logits_qkvb": reference(t, ids[:NB], qb)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "tokenizer_config": tokenizer_config()}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
-
-
-def add_tensors(src: Path, dst: Path, extra: dict) -> None:
-    """A copy of a GGUF with extra float32 tensors (gguf-py)."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
-
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for k, f in r.fields.items():
-        if k.startswith("GGUF.") or k == "general.architecture":
-            continue
-        vt = f.types[0]
-        w.add_key_value(k, f.contents(), vt, sub_type=f.types[-1] if vt == GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, np.asarray(t.data), raw_shape=tuple(int(s) for s in reversed(t.shape)),
-                     raw_dtype=t.tensor_type)
-    for name, arr in extra.items():
-        w.add_tensor(name, np.asarray(arr, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "tokenizer_config": tokenizer_config()}, lambda x: reference(t, x), PROMPT, NEW)
 
 
 def goldens() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_internlm2_fixture import f32_copy
-    from gen_nanbeige_fixture import llamacpp_goldens, llamacpp_logits
+    from gen_nanbeige_fixture import gguf_copy, llamacpp_goldens, llamacpp_variant
 
     llamacpp_goldens(OUT, NAME)
-    path = OUT / f"{NAME}.npz"
-    arrays = dict(np.load(path))
     extra = {}
-    for i, row in enumerate(arrays["qkv_bias"]):
+    for i, row in enumerate(np.load(OUT / f"{NAME}.npz")["qkv_bias"]):
         for n, b in zip("qkv", split_qkv(row)):
             extra[f"blk.{i}.attn_{n}.bias"] = b
-    with tempfile.TemporaryDirectory() as tmp:
-        f32, withb = Path(tmp) / "f32.gguf", Path(tmp) / "qkvb.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        add_tensors(f32, withb, extra)
-        arrays["lc_logits_qkvb"], _ = llamacpp_logits(withb, arrays["ids"][:NB].tolist())
-    np.savez_compressed(path, **arrays)
-    a, b = arrays["lc_logits_qkvb"], arrays["logits_qkvb"]
-    print(f"with q/k/v biases: llama.cpp vs the torch reference max rel err "
-          f"{float((np.abs(a - b).max(-1) / np.abs(b).max(-1)).max()):.2e}")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
+    llamacpp_variant(OUT, NAME, "lc_logits_qkvb", "logits_qkvb", lambda src, dst: gguf_copy(src, dst, add=extra), NB)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece")

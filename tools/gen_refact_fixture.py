@@ -38,14 +38,12 @@ get_alibi_biases; conversion/refact.py; src/models/refact.cpp), as the reference
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import checkpoint_to_gguf, cli, finish, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -138,44 +136,21 @@ def reference(t: dict, ids: list[int], norm: str = "rms") -> np.ndarray:
     return (x @ w["transformer.wte.weight"].T).float().numpy()      # tied lm head
 
 
-def greedy(t: dict, prompt: list[int], k: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(k):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)          # byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)   # AutoConfig knows no 'gpt_refact'
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    hf = reference(t, ids, norm="layer")
-    ln_err = float((np.abs(hf - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "ffn": FFN, "hf_layernorm_rel_err": round(ln_err, 4)},
-                                                 indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}; HF's LayerNorm forward is "
-          f"{ln_err:.3g} (max rel) from llama.cpp's RMSNorm rule")
+    ln_err = rel_err(reference(t, ids, norm="layer"), arrays["logits"])
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(), "ffn": FFN,
+                               "hf_layernorm_rel_err": round(ln_err, 4)}, lambda x: reference(t, x), PROMPT, NEW,
+           note=f"; HF's LayerNorm forward is {ln_err:.3g} (max rel) from llama.cpp's RMSNorm rule")
 
 
 def goldens() -> None:
@@ -185,19 +160,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

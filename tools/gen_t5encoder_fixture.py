@@ -53,7 +53,6 @@ gen_embed_goldens.py).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 import tempfile
@@ -209,26 +208,6 @@ def encode_rows(path: Path, text: str) -> dict:
     return {"text": text, "ids": ids, "embedding": rows}
 
 
-def with_tensor(src: Path, dst: Path, name: str, arr: np.ndarray) -> None:
-    """src (F32) with one more F32 tensor, by gguf-py."""
-    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
-
-    r = GGUFReader(str(src))
-    w = GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for key, f in r.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = f.types[0]
-        w.add_key_value(key, f.contents(), vtype, sub_type=f.types[1] if vtype == GGUFValueType.ARRAY else None)
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=[int(x) for x in reversed(t.shape)], raw_dtype=t.tensor_type)
-    w.add_tensor(name, arr.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def shortest(x):
     """Every float as the shortest decimal that reads back as the same float32 (llama.cpp's values are float32s):
     the same numbers in half the text."""
@@ -246,7 +225,8 @@ def goldens() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from gen_bert_fixture import token_rows
-    from gen_embed_goldens import POOLINGS, copy_with_keys
+    from gen_embed_goldens import POOLINGS, copy_with_keys, write_json_gz
+    from gen_nanbeige_fixture import gguf_copy
 
     out = {"source": "llama.cpp (llama-cpp-python 0.3.36's vendor/llama.cpp, CPU): Llama.embed(normalize=False and "
                      "True) on an F32 copy of each fixture, Llama.tokenize(text, add_bos, special); command: "
@@ -270,14 +250,10 @@ def goldens() -> None:
             del llm
         rel_b = np.load(OUT / "t5encoder.npz")["rel_b_1"]
         per_layer = Path(tmp) / "t5encoder-rel-b-1.gguf"
-        with_tensor(Path(tmp) / "t5encoder.gguf", per_layer, "enc.blk.1.attn_rel_b.weight", rel_b)
+        gguf_copy(Path(tmp) / "t5encoder.gguf", per_layer, add={"enc.blk.1.attn_rel_b.weight": rel_b})
         out["fixtures"]["t5encoder-rel-b-1"] = {"none": embed_both(per_layer, POOLINGS["none"], short=True)}
-    out = shortest(out)
-    dst = ROOT / "tests" / "data" / "embed" / "goldens-t5encoder.json.gz"
     # gzipped (no name, mtime 0: deterministic): the repository travels to the GPU machine under a size limit
-    with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0, compresslevel=9) as z:
-        z.write((json.dumps(out, indent=0, ensure_ascii=False) + "\n").encode("utf-8"))
-    print("wrote", dst, dst.stat().st_size, "bytes", file=sys.stderr)
+    write_json_gz(ROOT / "tests" / "data" / "embed" / "goldens-t5encoder.json.gz", shortest(out))
 
 
 def main() -> None:
