@@ -30,6 +30,7 @@ from minfer.errors import MinferError
 YARN_ARCHITECTURES = frozenset({"gpt-oss", "deepseek2", "mistral3", "arcee", "olmo2", "laguna", "mellum",
                                 "mistral4"})
 YARN_ARCHITECTURES |= {"glm4moe"}   # Solar Open (conversion/glm.py SolarOpenModel: HF's yarn rope_parameters)
+YARN_ARCHITECTURES |= {"grok"}      # Grok-2 (conversion/grok.py writes rope_type "original" as yarn; models/grok.py)
 
 
 @dataclass(frozen=True)

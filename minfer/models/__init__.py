@@ -119,6 +119,7 @@ from minfer.models.openelm import OpenElmModel
 from minfer.models.refact import RefactModel
 from minfer.models.plamo import PlamoModel
 from minfer.models.arctic import ArcticModel
+from minfer.models.grok import GrokModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -164,6 +165,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     RefactModel,
     PlamoModel,
     ArcticModel,
+    GrokModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]
