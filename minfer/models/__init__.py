@@ -120,6 +120,7 @@ from minfer.models.refact import RefactModel
 from minfer.models.plamo import PlamoModel
 from minfer.models.arctic import ArcticModel
 from minfer.models.grok import GrokModel
+from minfer.models.jais import JaisModel
 
 ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     BloomModel, MptModel,
@@ -166,6 +167,7 @@ ARCHITECTURES: dict[str, type[Model]] = {cls.arch: cls for cls in (
     PlamoModel,
     ArcticModel,
     GrokModel,
+    JaisModel,
     GemmaEmbeddingModel)}
 
 __all__ = ["ARCHITECTURES", "Model", "Step", "model_class", "load_model"]

@@ -48,7 +48,7 @@ ARCHS = ["qwen3", "llama3", "mistral", "gemma", "gemma3", "phi2", "phi3", "phi3p
          "chameleon", "chameleon-swin",
          "muse-glimmer", "hrm-text", "gptj", "minicpm", "deci", "bailingmoe2", "smallthinker", "nanbeige", "maincoder", "bailingmoe",
          "pangu-embedded", "deepseek", "grovemoe", "xverse", "orion", "codeshell", "openelm", "refact",
-         "plamo", "arctic", "grok", "grok2"]
+         "plamo", "arctic", "grok", "grok2", "jais"]
 CTX = {"phi3": 32, "phi3partial": 32}
 CTX |= {"minicpm3": 32}   # LongRoPE: inside the original context, as transformers' reference
 # the Mamba-2 mixer's paths: the prefill's conv and chunked scan in torch ops, the decode step (in the graph
@@ -267,6 +267,7 @@ MUST_RUN |= {"arctic": ["rope", "attention.decode", "moe.gather", "moe.grouped"]
 MUST_RUN |= {"grok": ["rope", "attention.softcap.torch", "attention.softcap.decode", "moe.gather", "moe.grouped"],
              "grok2": ["rope", "attention.softcap.torch", "attention.softcap.decode", "moe.gather", "moe.grouped",
                        "geglu.triton"]}   # soft-capped scores (no 1/sqrt(d)), GELU experts; grok2: dense GELU MLP
+MUST_RUN |= {"jais": ["layer_norm.triton", "swiglu", "attention.alibi.torch"]}   # ALiBi with the 1/Dh scale
 MUST_RUN |= {"smallthinker": ["rope", "attention.decode", "moe.gather", "moe.grouped", "moe.act.triton"]}   # router on the layer input, ReGLU experts
 MUST_RUN |= {"nanbeige": ["rope", "attention.decode"]}    # looped llama layers (4 slots on 2 blocks), loop norm
 MUST_RUN |= {"maincoder": ["rope", "attention.decode"]}   # NORM rope then per-head q/k RMSNorm, head_dim 24 != D/H

@@ -260,6 +260,7 @@ MUST |= {"grok": ["rope.triton", "attention.softcap.torch", "attention.softcap.d
                   "moe.act.triton"],
          "grok2": ["rope.triton", "attention.softcap.torch", "attention.softcap.decode", "moe.gather", "moe.grouped",
                    "moe.act.triton", "geglu.triton"]}   # soft-capped scores, GELU experts; grok2: YaRN, dense GELU MLP
+MUST |= {"jais": ["layer_norm.triton", "swiglu.triton", "attention.alibi.torch"]}   # ALiBi (1/Dh), biased SwiGLU
 # model attributes set after loading: llama4's chunk and temperature floor at the fixture's size (10 tokens)
 SMALL = {"llama4": {"chunk": 8, "temp_floor": 4}}
 DECODE_ONLY = {"gemma3", "qwen3moe", "granitemoeshared"}   # interpreted prefills of these cost ~50-80 s each
@@ -296,7 +297,7 @@ def cuda_ops():
                                   "gptj", "internlm2", "baichuan", "minicpm", "nanbeige", "maincoder", "deci", "bailingmoe2",
                                   "smallthinker", "bailingmoe", "pangu-embedded",
                                   "deepseek", "grovemoe", "xverse", "orion", "codeshell", "openelm", "refact",
-                                  "plamo", "arctic", "grok", "grok2"])
+                                  "plamo", "arctic", "grok", "grok2", "jais"])
 def test_arch_cuda_backend_forward_in_every_step_mode(cuda_ops, monkeypatch, name):
     from minfer.gguf_file import GGUFFile
     from minfer.models import Step, load_model
