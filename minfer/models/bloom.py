@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 
 from minfer.config import ModelConfig
+from minfer.errors import MinferError
 from minfer.models.base import Step
 from minfer.models.layers import merge_heads
 from minfer.models.starcoder import StarcoderBlock, StarcoderModel
@@ -55,6 +56,18 @@ from minfer.ops.reference import alibi_slopes
 from minfer.weights import QWeight, load_vector
 
 BLOOM_MAX_ALIBI_BIAS = 8.0     # llama.cpp llama_model_bloom::load_arch_hparams: f_max_alibi_bias = 8.0f
+
+
+def file_max_alibi_bias(gf, arch: str, who: str, note: str = "") -> float:
+    """The file's `<arch>.attention.max_alibi_bias` where the architecture reads it (mpt, jais), else a MinferError:
+    without it llama.cpp's use_alibi is off and such a model has no position information. who: the model as the
+    message names it; note: appended inside the message's parentheses."""
+    key = f"{arch}.attention.max_alibi_bias"
+    v = gf.get(key, None)
+    if v is None or not float(v) > 0:
+        raise MinferError(f"{gf.path}: {key} is {v}: {who} without ALiBi has no position information "
+                          f"(llama.cpp's use_alibi needs max_alibi_bias > 0{note}); not supported")
+    return float(v)
 
 
 class BloomModel(StarcoderModel):

@@ -50,7 +50,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import BlockTensors, require_output
+from minfer.models.layers import BlockTensors, refuse_per_layer_shapes, require_output
 from minfer.models.phi2 import Phi2Block, Phi2Model
 from minfer.models.starcoder2 import Starcoder2Model, layer_norm
 from minfer.weights import load_vector
@@ -74,8 +74,7 @@ class CodeshellModel(Phi2Model):
     def check_file(cls, gf, cfg: ModelConfig) -> None:
         """MinferError for what llama.cpp's codeshell loader or graph would not run (module docstring)."""
         path, a = gf.path, cls.arch
-        if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-            raise MinferError(f"{path}: per-layer head counts or FFN widths are not supported for {a}")
+        refuse_per_layer_shapes(gf, cfg)
         if cfg.head_dim * cfg.n_heads != cfg.d_model:
             raise MinferError(f"{path}: {a} needs head_count * head size == embedding_length (llama.cpp's q and "
                               f"output projections are (D, D)); got {cfg.n_heads} x {cfg.head_dim} != {cfg.d_model}")

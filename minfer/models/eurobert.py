@@ -171,7 +171,8 @@ class EuroBertModel(NomicBertModel):
     def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
         """tokens (T,) at positions 0..T-1 -> the hidden rows step.logits names (after output_norm), handed to an
         embeddings run (Model.head); the cache is not used. x: the float32 residual stream; h: its RMSNorm in the
-        matmuls' dtype (each residual add with the norm after it: ops.add_rms_norm, as llama's forward)."""
+        matmuls' dtype (each residual add with the norm after it: ops.add_rms_norm, as llama's forward). Also
+        models/t5encoder.py's forward, with its own attention and mlp."""
         self.check_step(step, cache)
         act, eps, blocks = self.act_dtype, self.cfg.rms_eps, self.blocks
         x = ops.embedding(tokens, self.token_embd).float()                 # (T, D)

@@ -37,7 +37,7 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.layers import require_output
+from minfer.models.layers import refuse_layer_tensors, require_output
 from minfer.models.llama import LlamaModel
 
 # tensors llama.cpp's internlm2 loader could take but the converter never writes, which the llama graph here does
@@ -59,9 +59,6 @@ class InternLM2Model(LlamaModel):
         if cfg.rope.n_rot != cfg.head_dim:
             raise MinferError(f"{gf.path}: {cls.arch}.rope.dimension_count {cfg.rope.n_rot} != head_dim "
                               f"{cfg.head_dim} (llama.cpp's internlm2 graph rotates whole heads only)")
-        for i in range(cfg.n_layers):
-            for suffix in _REFUSED_TENSORS:
-                if f"blk.{i}.{suffix}" in gf.tensors:
-                    raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cls.arch} "
-                                      "(llama.cpp's converter splits wqkv into attn_q/attn_k/attn_v without biases)")
+        refuse_layer_tensors(gf, cfg, _REFUSED_TENSORS, "llama.cpp's converter splits wqkv into "
+                                                        "attn_q/attn_k/attn_v without biases")
         return super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)

@@ -55,7 +55,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.bloom import BloomModel
+from minfer.models.bloom import BloomModel, file_max_alibi_bias
 from minfer.models.layers import Block, BlockTensors, merge_heads
 from minfer.models.starcoder import StarcoderBlock
 from minfer.models.starcoder2 import layer_norm
@@ -83,13 +83,7 @@ class JaisModel(BloomModel):
     @classmethod
     def max_alibi_bias(cls, gf) -> float:
         """The file's `jais.attention.max_alibi_bias` (> 0: llama.cpp's use_alibi), else a MinferError."""
-        key = f"{cls.arch}.attention.max_alibi_bias"
-        v = gf.get(key, None)
-        if v is None or not float(v) > 0:
-            raise MinferError(f"{gf.path}: {key} is {v}: a Jais file without ALiBi has no position information "
-                              "(llama.cpp's use_alibi needs max_alibi_bias > 0; conversion/jais.py always writes "
-                              "it); not supported")
-        return float(v)
+        return file_max_alibi_bias(gf, cls.arch, "a Jais file", "; conversion/jais.py always writes it")
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,

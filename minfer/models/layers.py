@@ -140,6 +140,23 @@ def require_output(gf, cfg, arch: str) -> None:
                           "llama.cpp's loader requires it)")
 
 
+def refuse_layer_tensors(gf, cfg, suffixes, why: str) -> None:
+    """Refuse the first `blk.N.<suffix>` tensor the file has (layer by layer), for tensors an architecture's llama.cpp
+    loader does not create or its graph does not read; `why` goes in the message's parentheses."""
+    for i in range(cfg.n_layers):
+        for suffix in suffixes:
+            if f"blk.{i}.{suffix}" in gf.tensors:
+                raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cfg.arch} ({why})")
+
+
+def refuse_per_layer_shapes(gf, cfg, why: str = "") -> None:
+    """Refuse per-layer head counts or FFN widths (arrays in the file) where the architecture sizes every layer
+    alike; `why`, when given, follows in parentheses."""
+    if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
+        raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {cfg.arch}"
+                          + (f" ({why})" if why else ""))
+
+
 def head_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim of x (T, H, Dh), per head, in x's dtype."""
     T, H, Dh = x.shape

@@ -32,7 +32,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, head_norm, merge_heads, rope_write_attend
+from minfer.models.layers import Block, head_norm, merge_heads, refuse_layer_tensors, rope_write_attend
 from minfer.models.llama import LlamaModel
 
 _REFUSED_TENSORS = ("attn_qkv.weight", "attn_qkv.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias",
@@ -53,11 +53,8 @@ class MaincoderModel(LlamaModel):
         if cfg.rope.n_rot != cfg.head_dim:
             raise MinferError(f"{gf.path}: {cls.arch}.rope.dimension_count {cfg.rope.n_rot} != head_dim "
                               f"{cfg.head_dim} (llama.cpp's maincoder graph rotates whole heads only)")
-        for i in range(cfg.n_layers):
-            for suffix in _REFUSED_TENSORS:
-                if f"blk.{i}.{suffix}" in gf.tensors:
-                    raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cls.arch} "
-                                      "(the converter writes attn_q/attn_k/attn_v without biases)")
+        refuse_layer_tensors(gf, cfg, _REFUSED_TENSORS, "the converter writes attn_q/attn_k/attn_v without "
+                                                        "biases")
         return super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
 
     def attention_heads(self, h: torch.Tensor, blk: Block, layer: int, cache, step: Step, ctx) -> torch.Tensor:

@@ -41,7 +41,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.bloom import BloomModel
+from minfer.models.bloom import BloomModel, file_max_alibi_bias
 from minfer.models.layers import Block, BlockTensors, merge_heads, optional_vector
 from minfer.models.starcoder import StarcoderBlock
 from minfer.models.starcoder2 import layer_norm
@@ -58,16 +58,12 @@ class MptModel(BloomModel):
 
     @classmethod
     def max_alibi_bias(cls, gf) -> float:
-        key = f"{cls.arch}.attention.max_alibi_bias"
-        v = gf.get(key, None)
-        if v is None or not float(v) > 0:
-            raise MinferError(f"{gf.path}: {key} is {v}: an MPT without ALiBi has no position information "
-                              f"(llama.cpp's use_alibi needs max_alibi_bias > 0); not supported")
+        v = file_max_alibi_bias(gf, cls.arch, "an MPT")
         for name in UNSUPPORTED:
             if name in gf.tensors:
                 raise MinferError(f"{gf.path}: tensor '{name}': not supported for {cls.arch} (HF's MPT has no "
                                   f"learned positions, q/k norms or AWQ activation scales)")
-        return float(v)
+        return v
 
     @classmethod
     def from_gguf(cls, gf, cfg: ModelConfig | None = None, device="cpu", dtype=torch.float32,

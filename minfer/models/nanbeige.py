@@ -37,7 +37,7 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import ffn_branch, ffn_residual_norm
+from minfer.models.layers import ffn_branch, ffn_residual_norm, refuse_layer_tensors, refuse_per_layer_shapes
 from minfer.models.llama import LlamaModel
 from minfer.weights import QWeight
 
@@ -82,13 +82,9 @@ class NanbeigeModel(LlamaModel):
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "NanbeigeModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
         n_loops, skip = read_loops(gf, cfg.arch)
-        if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-            raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {cls.arch}")
-        for i in range(cfg.n_layers):
-            for suffix in _REFUSED_TENSORS:
-                if f"blk.{i}.{suffix}" in gf.tensors:
-                    raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cls.arch} "
-                                      "(the converter writes attn_q/attn_k/attn_v without biases)")
+        refuse_per_layer_shapes(gf, cfg)
+        refuse_layer_tensors(gf, cfg, _REFUSED_TENSORS, "the converter writes attn_q/attn_k/attn_v without "
+                                                        "biases")
         m = super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
         m.n_phys, m.n_loops, m.loop_norm = cfg.n_layers, n_loops, not skip
         m.blocks = m.blocks * n_loops                       # slot i + j * n_phys: the same Block as slot i

@@ -34,7 +34,7 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.layers import require_output
+from minfer.models.layers import refuse_per_layer_shapes, require_output
 from minfer.models.stablelm import StablelmModel
 
 # tensors llama.cpp's orion loader (orion.cpp load_arch_tensors) never creates for a layer, or that the converter
@@ -51,8 +51,7 @@ def check_layout(gf, cfg: ModelConfig, arch: str = "orion") -> None:
     if cfg.rope.n_rot != cfg.head_dim:      # orion.cpp: GGML_ASSERT(n_embd_head == n_rot)
         raise MinferError(f"{gf.path}: {arch}.rope.dimension_count {cfg.rope.n_rot} != head_dim "
                           f"{cfg.head_dim} (llama.cpp's orion graph rotates whole heads only)")
-    if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-        raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {arch}")
+    refuse_per_layer_shapes(gf, cfg)
     if "rope_freqs.weight" in gf.tensors:   # orion.cpp: ggml_rope_ext(..., nullptr, ...); no create_tensor for it
         raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' is not supported for {arch} "
                           "(llama.cpp's orion loader creates no such tensor)")

@@ -31,6 +31,7 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
+from minfer.models.layers import refuse_per_layer_shapes
 from minfer.models.llama_bias import LlamaBiasModel
 
 _REFUSED_TENSORS = ("attn_qkv.weight", "attn_qkv.bias", "ffn_gate.bias", "ffn_up.bias", "ffn_down.bias")
@@ -49,8 +50,7 @@ class PanguEmbedModel(LlamaBiasModel):
         if cfg.rope.n_rot != cfg.head_dim:      # pangu-embed.cpp: GGML_ASSERT(n_embd_head == n_rot)
             raise MinferError(f"{gf.path}: {cls.arch}.rope.dimension_count {cfg.rope.n_rot} != head_dim "
                               f"{cfg.head_dim} (llama.cpp's pangu-embedded graph rotates whole heads only)")
-        if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-            raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {cls.arch}")
+        refuse_per_layer_shapes(gf, cfg)
         for i in range(cfg.n_layers):
             for suffix in _REFUSED_TENSORS:
                 if f"blk.{i}.{suffix}" in gf.tensors:

@@ -34,7 +34,8 @@ from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
 from minfer.models.base import Step
-from minfer.models.layers import Block, BlockTensors, attention_branch, ffn_branch, ffn_hidden, require_output
+from minfer.models.layers import (Block, BlockTensors, attention_branch, ffn_branch, ffn_hidden, refuse_layer_tensors,
+                                  refuse_per_layer_shapes, require_output)
 from minfer.models.llama import LlamaModel
 
 _REFUSED_TENSORS = ("attn_qkv.weight", "attn_qkv.bias", "attn_q.bias", "attn_k.bias", "attn_v.bias",
@@ -54,18 +55,14 @@ class PlamoModel(LlamaModel):
         if cfg.rope.n_rot != cfg.head_dim:        # plamo.cpp: GGML_ASSERT(n_embd_head == n_rot)
             raise MinferError(f"{gf.path}: {cls.arch}.rope.dimension_count {cfg.rope.n_rot} != head_dim "
                               f"{cfg.head_dim} (llama.cpp's plamo graph rotates whole heads only)")
-        if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-            raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {cls.arch}")
+        refuse_per_layer_shapes(gf, cfg)
         if cfg.rope.freq_factors is not None:     # plamo.cpp passes no rope factors to ggml_rope_ext
             raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' is not supported for {cls.arch} "
                               "(llama.cpp's plamo loader creates no such tensor)")
         require_output(gf, cfg, cls.arch)         # load_arch_tensors: output with flag 0
-        for i in range(cfg.n_layers):
-            for suffix in _REFUSED_TENSORS:
-                if f"blk.{i}.{suffix}" in gf.tensors:
-                    raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cls.arch} "
-                                      "(conversion/plamo.py writes separate attn_q/k/v without biases and no "
-                                      "ffn_norm: one norm feeds both branches)")
+        refuse_layer_tensors(gf, cfg, _REFUSED_TENSORS, "conversion/plamo.py writes separate attn_q/k/v "
+                                                        "without biases and no ffn_norm: one norm feeds both "
+                                                        "branches")
         return super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
 
     @classmethod

@@ -83,7 +83,7 @@ import torch.nn.functional as F
 from minfer import ops
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.base import Step
+from minfer.models.eurobert import EuroBertModel
 from minfer.models.layers import BlockTensors
 from minfer.models.nomic_bert import NomicBertModel
 from minfer.weights import QWeight, load_dense, load_qweight, load_vector
@@ -261,21 +261,6 @@ class T5EncoderModel(NomicBertModel):
             return ops.linear(ops.geglu(gate, up), blk.ffn_down, None, ctx)
         return ops.linear(F.relu(ops.linear(h, blk.ffn_up, None, ctx)), blk.ffn_down, None, ctx)
 
-    def forward(self, tokens: torch.Tensor, step: Step, cache, ctx=None) -> torch.Tensor:
-        """tokens (T,) at positions 0..T-1 -> the hidden rows step.logits names (after output_norm), handed to an
-        embeddings run (Model.head); the cache is not used. x: the float32 residual stream; h: its RMSNorm in the
-        matmuls' dtype (each residual add with the norm after it: ops.add_rms_norm)."""
-        self.check_step(step, cache)
-        act, eps, blocks = self.act_dtype, self.cfg.rms_eps, self.blocks
-        x = ops.embedding(tokens, self.token_embd).float()                 # (T, D)
-        h = ops.rms_norm_cast(x, blocks[0].attn_norm, eps, act, ctx)
-        last = len(blocks) - 1
-        for i, blk in enumerate(blocks):
-            a = self.attention(h, blk, ctx, step.positions)
-            if i == last:     # t5.cpp: the last layer's add and FFN on the output rows only (inp_out_ids)
-                x, a = step.rows(x), step.rows(a)
-            x, h = ops.add_rms_norm(x, a, blk.ffn_norm, eps, act, ctx)
-            f = self.mlp(h, blk, ctx)
-            nxt = blocks[i + 1].attn_norm if i < last else self.output_norm
-            x, h = ops.add_rms_norm(x, f, nxt, eps, act, ctx)
-        return self.head(h, ctx)
+    # the pre-norm encoder loop is EuroBERT's (t5.cpp's encoder runs the same adds and norms, the last layer's add
+    # and FFN on the output rows only); attention (the relative bias) and mlp are this class's
+    forward = EuroBertModel.forward

@@ -37,7 +37,7 @@ import torch
 
 from minfer.config import ModelConfig
 from minfer.errors import MinferError
-from minfer.models.layers import require_output
+from minfer.models.layers import refuse_layer_tensors, refuse_per_layer_shapes, require_output
 from minfer.models.llama import LlamaModel
 
 # per layer: tensors llama.cpp's xverse loader would not create or the converter would write wrongly (see above)
@@ -56,9 +56,7 @@ class XverseModel(LlamaModel):
                   progress: bool = True, act_dtype: torch.dtype = torch.float32) -> "XverseModel":
         cfg = cfg or ModelConfig.from_gguf(gf)
         require_output(gf, cfg, cls.arch)
-        if any(v is not None for v in (cfg.heads_per_layer, cfg.kv_heads_per_layer, cfg.ffn_per_layer)):
-            raise MinferError(f"{gf.path}: per-layer head counts or FFN widths are not supported for {cls.arch} "
-                              "(llama.cpp's xverse loader sizes every layer alike)")
+        refuse_per_layer_shapes(gf, cfg, "llama.cpp's xverse loader sizes every layer alike")
         if cfg.n_heads * cfg.head_dim != cfg.d_model:
             raise MinferError(f"{gf.path}: {cls.arch}.attention.key_length {cfg.head_dim} x head_count {cfg.n_heads} "
                               f"!= embedding_length {cfg.d_model} (llama.cpp's xverse loader makes attn_q and "
@@ -69,10 +67,7 @@ class XverseModel(LlamaModel):
         if "rope_freqs.weight" in gf.tensors:
             raise MinferError(f"{gf.path}: tensor 'rope_freqs.weight' is not supported for {cls.arch} "
                               "(llama.cpp's xverse loader does not create it)")
-        for i in range(cfg.n_layers):
-            for suffix in _REFUSED_TENSORS:
-                if f"blk.{i}.{suffix}" in gf.tensors:
-                    raise MinferError(f"{gf.path}: tensor 'blk.{i}.{suffix}' is not supported for {cls.arch} "
-                                      "(the converter writes attn_q/attn_k/attn_v/attn_output weights; it permutes "
-                                      "no q/k bias and xverse's loader creates no attn_output.bias)")
+        refuse_layer_tensors(gf, cfg, _REFUSED_TENSORS, "the converter writes attn_q/attn_k/attn_v/attn_output "
+                                                        "weights; it permutes no q/k bias and xverse's loader "
+                                                        "creates no attn_output.bias")
         return super().from_gguf(gf, cfg, device=device, dtype=dtype, progress=progress, act_dtype=act_dtype)
