@@ -56,6 +56,18 @@ def swiglu(h, gate, up, down):
     return (torch.nn.functional.silu(h @ gate.T) * (h @ up.T)) @ down.T
 
 
+def routed_experts(out, h, wt, sel, n_expert: int, expert):
+    """The routed experts' sum added into out (T, D) in place and returned: out[t] += sum_j wt[t, j] *
+    expert(e, h[t]) over the chosen e = sel[t, j] (wt, sel: (T, K)); each expert runs once per slot j on the rows
+    that chose it (HF Mixtral's loop)."""
+    for j in range(sel.shape[1]):
+        for e in range(n_expert):
+            rows = sel[:, j] == e
+            if rows.any():
+                out[rows] += wt[rows, j, None] * expert(e, h[rows])
+    return out
+
+
 def greedy(forward, prompt: list[int], n: int) -> list[int]:
     """n greedy ids after prompt; forward(ids) -> (T, V) logits."""
     ids = list(prompt)
@@ -85,11 +97,12 @@ def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
 
 
 def checkpoint_to_gguf(out: Path, name: str, llamacpp: Path, tensors: dict, files: dict, tokenizer,
-                       keep_f32=lambda key, value: False) -> None:
+                       keep_f32=lambda key, value: False, extra: str = "") -> None:
     """A Hugging Face checkpoint directory `name` (tokenizer(dir) first, then files' {file name: JSON object},
     then model.safetensors: every tensor float16 but where keep_f32(key, tensor)) converted to out/name.gguf by
     llama.cpp's convert_hf_to_gguf.py reading config.json as written (gen_arch_fixtures.convert raw_config: the
-    remote-code model types AutoConfig does not know)."""
+    remote-code model types AutoConfig does not know); extra: code the converter's process runs first
+    (gen_arch_fixtures.convert's `extra`)."""
     import sys
     import tempfile
 
@@ -106,7 +119,7 @@ def checkpoint_to_gguf(out: Path, name: str, llamacpp: Path, tensors: dict, file
             (d / fname).write_text(json.dumps(obj, indent=1))
         save_file({k: v.contiguous() if keep_f32(k, v) else v.half().contiguous() for k, v in tensors.items()},
                   d / "model.safetensors", metadata={"format": "pt"})
-        convert(d, out / f"{name}.gguf", llamacpp, raw_config=True)
+        convert(d, out / f"{name}.gguf", llamacpp, raw_config=True, extra=extra)
 
 
 def cli(doc: str, build, goldens, build_needs: str, goldens_gives: str = "logits and greedy ids") -> None:

@@ -47,13 +47,14 @@ rotate_half rope on the whole head (cos/sin of cat(freqs, freqs)), GQA (repeat_k
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import (causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rms_norm,
+                         routed_experts, swiglu)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -126,41 +127,30 @@ def weights(seed: int) -> dict:
 def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray:
     """Arctic's forward on the HF tensors, float64 -> (T, V) float32 logits. record: gets each layer's expert ids."""
     import torch
-    import torch.nn.functional as F
 
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)                 # (T, DH): cat(freqs, freqs)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-
-    def rope(x):                                                         # rotate_half on the whole head
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
+    rope = neox_rope(T, DH, THETA)                                       # rotate_half on the whole head
 
     def lin(x, p):
         return x @ w[p + ".weight"].T
 
     def mlp(h, p):
-        return lin(F.silu(lin(h, p + "w1")) * lin(h, p + "w3"), p + "w2")
+        return swiglu(h, w[p + "w1.weight"], w[p + "w3.weight"], w[p + "w2.weight"])
 
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         r = x
         h = rms(r, w[p + "input_layernorm.weight"])
         q = rope(lin(h, p + "self_attn.q_proj").view(T, H, DH))
-        k = rope(lin(h, p + "self_attn.k_proj").view(T, KV, DH)).repeat_interleave(H // KV, dim=1)
-        v = lin(h, p + "self_attn.v_proj").view(T, KV, DH).repeat_interleave(H // KV, dim=1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = r + lin(o, p + "self_attn.o_proj")
+        k = rope(lin(h, p + "self_attn.k_proj").view(T, KV, DH))
+        v = lin(h, p + "self_attn.v_proj").view(T, KV, DH)
+        x = r + lin(causal_attention(q, k, v), p + "self_attn.o_proj")
         res = x + mlp(rms(x, w[p + "residual_layernorm.weight"]), p + "residual_mlp.")
         hm = rms(r, w[p + "post_attention_layernorm.weight"])             # the layer input's norm
         prob = (hm @ w[p + "block_sparse_moe.gate.weight"].T).softmax(-1)
@@ -169,59 +159,33 @@ def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray
             wt = wt / wt.sum(-1, keepdim=True)
         if record is not None:
             record.append(sel.numpy())
-        out = torch.zeros_like(hm)
-        for j in range(K):
-            for e in range(E):
-                rows = sel[:, j] == e
-                if rows.any():
-                    out[rows] += wt[rows, j, None] * mlp(hm[rows], p + f"block_sparse_moe.experts.{e}.")
+        out = routed_experts(torch.zeros_like(hm), hm, wt, sel, E,
+                             lambda e, he: mlp(he, p + f"block_sparse_moe.experts.{e}."))
         x = res + out
     x = rms(x, w["model.norm.weight"])
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert
     from gen_internlm2_fixture import make_spm_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1))
-        save_file({k: v.half().contiguous() if v.ndim == 2 and ".gate.weight" not in k else v.contiguous()
-                   for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_spm_tokenizer(d, VOCAB)
-        # raw_config: transformers has no arctic config class; the converter reads config.json as written
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)
+    # raw_config: transformers has no arctic config class; the converter reads config.json as written
+    files = {"config.json": hf_config(), "tokenizer_config.json": tokenizer_config()}
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, files, lambda d: make_spm_tokenizer(d, VOCAB),
+                       keep_f32=lambda k, v: v.ndim != 2 or ".gate.weight" in k)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB - 2, size=SEQ).tolist()
     rec: list = []
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids, rec)}
     arrays["choices"] = np.stack(rec).astype(np.int8)
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
     used = [len(np.unique(c)) for c in arrays["choices"]]
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "tokenizer_config": tokenizer_config(),
-                                                  "experts_used_per_layer": used}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}, experts used {used}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "tokenizer_config": tokenizer_config(), "experts_used_per_layer": used},
+           lambda x: reference(t, x), PROMPT, NEW, f", experts used {used}")
 
 
 def goldens() -> None:
@@ -251,19 +215,5 @@ def goldens() -> None:
     print(f"llama.cpp's logits with a key it does not read set, max |diff|: {ignores}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece")

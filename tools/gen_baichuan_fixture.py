@@ -44,13 +44,11 @@ sqrt(Dh)), o_proj, down(silu(gate x) * up x), final norm, lm_head.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rms_norm, swiglu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -125,129 +123,46 @@ def reference(t: dict, ids: list[int]) -> np.ndarray:
     T = len(ids)
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)          # (T, Dh): HF's emb = cat(freqs, freqs)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]            # (T, 1, Dh)
-
-    def rope(x):                                                  # rotate_half: the two halves of each head
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
+    rope = neox_rope(T, DH, THETA)                                # rotate_half: the two halves of each head
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"])
         qkv = (h @ w[p + "self_attn.W_pack.weight"].T).reshape(T, 3, H, DH)   # W_pack: q, k, v thirds
         q, k, v = rope(qkv[:, 0]), rope(qkv[:, 1]), qkv[:, 2]
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[p + "self_attn.o_proj.weight"].T
+        x = x + causal_attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
-        f = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-        x = x + f @ w[p + "mlp.down_proj.weight"].T
+        m = p + "mlp."
+        x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
     x = rms(x, w["model.norm.weight"])
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
-# the SentencePiece BPE with byte fallback of gen_internlm2_fixture, VOCAB pieces
-from gen_internlm2_fixture import make_spm_tokenizer as _spm  # noqa: E402
-
-
-def make_spm_tokenizer(path: Path) -> None:
-    _spm(path, VOCAB)
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert
+    from gen_internlm2_fixture import make_spm_tokenizer     # the SentencePiece BPE with byte fallback, VOCAB pieces
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        (d / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_spm_tokenizer(d)
-        # raw_config: the converter reads config.json as written (AutoConfig knows no baichuan without remote code)
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True, extra=CONVERT_CODE)
+    # raw_config: the converter reads config.json as written (AutoConfig knows no baichuan without remote code)
+    files = {"config.json": hf_config(), "tokenizer_config.json": tokenizer_config()}
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, files, lambda d: make_spm_tokenizer(d, VOCAB), extra=CONVERT_CODE)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "tokenizer_config": tokenizer_config()}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "tokenizer_config": tokenizer_config()}, lambda x: reference(t, x), PROMPT, NEW)
 
 
 def goldens() -> None:
-    import llama_cpp
-
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_internlm2_fixture import f32_copy
+    from gen_nanbeige_fixture import llamacpp_goldens
 
-    path = OUT / f"{NAME}.npz"
-    arrays = dict(np.load(path))
-    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
-    with tempfile.TemporaryDirectory() as tmp:
-        f32 = Path(tmp) / f"{NAME}.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        llm = llama_cpp.Llama(str(f32), n_ctx=64, n_batch=64, logits_all=True, n_threads=2, flash_attn=False,
-                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
-        llm.eval(ids)
-        arrays["lc_logits"] = np.array(llm.scores[:len(ids)], dtype=np.float32)
-        llm.reset()
-        llm.eval(prompt)
-        out = []
-        for _ in range(len(arrays["greedy"])):
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-            llm.eval([out[-1]])
-        arrays["lc_greedy"] = np.array(out, dtype=np.int64)
-        for i, text in enumerate(TEXTS):
-            arrays[f"tok_{i}"] = np.array(llm.tokenize(text.encode(), add_bos=True, special=True), dtype=np.int64)
-        del llm
-    np.savez_compressed(path, **arrays)
-    meta = json.loads((OUT / f"{NAME}.json").read_text())
-    meta["texts"] = TEXTS
-    meta["llama_cpp"] = llama_cpp.__version__
-    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    err = float((np.abs(arrays["lc_logits"] - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
-    print(f"llama.cpp vs the torch reference: max rel err {err:.2e}; greedy {arrays['lc_greedy'].tolist()} "
-          f"(reference's {arrays['greedy'].tolist()})")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits, greedy ids and token ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
+    llamacpp_goldens(OUT, NAME, TEXTS)
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece", "logits, greedy ids and token ids")

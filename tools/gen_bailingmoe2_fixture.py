@@ -42,13 +42,12 @@ their sum (norm_topk_prob), times routed_scaling_factor; sum_k w_k expert_k(h) +
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import (causal_attention, checkpoint_to_gguf, cli, finish, rms_norm,
+                         routed_experts, swiglu)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -136,13 +135,12 @@ def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray
     """Ling 2.0's forward on the HF tensors, float64 -> (T, V) float32 logits. record: a list that gets each MoE
     layer's normed input h and its (router, bias)."""
     import torch
-    import torch.nn.functional as F
 
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
     pos = torch.arange(T, dtype=torch.float64)
     inv = THETA ** (-torch.arange(0, ROT, 2, dtype=torch.float64) / ROT)
@@ -155,10 +153,9 @@ def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray
         return torch.cat([xr * cos + torch.cat([-x2, x1], -1) * sin, xp], -1)
 
     def mlp(h, p):
-        return F.silu(h @ w[p + "gate_proj.weight"].T) * (h @ w[p + "up_proj.weight"].T) @ w[p + "down_proj.weight"].T
+        return swiglu(h, w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"])
 
     x = w["model.word_embeddings.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"])
@@ -167,11 +164,7 @@ def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray
         q = rms(q.view(T, H, DH), w[p + "attention.query_layernorm.weight"])
         k = rms(k.view(T, KV, DH), w[p + "attention.key_layernorm.weight"])
         q, k = rope(q), rope(k)
-        k = k.repeat_interleave(H // KV, dim=1)
-        v = v.view(T, KV, DH).repeat_interleave(H // KV, dim=1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[p + "attention.dense.weight"].T
+        x = x + causal_attention(q, k, v.view(T, KV, DH)) @ w[p + "attention.dense.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
         if i < DENSE:
             x = x + mlp(h, p + "mlp.")
@@ -181,40 +174,22 @@ def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray
             record.append((h, router, bias))
         wt, sel = route(h, router, bias)
         out = mlp(h, p + "mlp.shared_experts.")
-        for j in range(K):
-            for e in range(E):
-                rows = sel[:, j] == e
-                if rows.any():
-                    out[rows] += wt[rows, j, None] * mlp(h[rows], p + f"mlp.experts.{e}.")
+        routed_experts(out, h, wt, sel, E, lambda e, he: mlp(he, p + f"mlp.experts.{e}."))
         x = x + out
     x = rms(x, w["model.norm.weight"])
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() if v.ndim == 2 and ".gate.weight" not in k else v.contiguous()
-                   for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)
-        # raw_config: transformers has no bailing_moe config class; the converter reads config.json as written
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)
+    # raw_config: transformers has no bailing_moe config class; the converter reads config.json as written
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer,
+                       keep_f32=lambda k, v: v.ndim != 2 or ".gate.weight" in k)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     rec: list = []
@@ -224,18 +199,10 @@ def build(llamacpp: Path) -> None:
     for name, kw in (("no_group_limit", dict(group_limit=False)), ("no_bias", dict(use_bias=False))):
         changed[name] = [int((route(h, r, b, **kw)[1].sort(-1).values != route(h, r, b)[1].sort(-1).values)
                              .any(-1).sum()) for h, r, b in rec]
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
     used = [len(np.unique(c)) for c in arrays["choices"]]
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "tokens_whose_choice_changes": changed,
-                                                  "experts_used_per_layer": used}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}, choices changed {changed}, "
-          f"experts used {used}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "tokens_whose_choice_changes": changed, "experts_used_per_layer": used},
+           lambda x: reference(t, x), PROMPT, NEW, f", choices changed {changed}, experts used {used}")
 
 
 def goldens() -> None:
@@ -245,19 +212,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

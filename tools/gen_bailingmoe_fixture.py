@@ -35,13 +35,12 @@ sum_k w_k expert_k(h) + shared_experts(h).
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import (causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rms_norm,
+                         routed_experts, swiglu)
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -106,92 +105,55 @@ def route(h, router):
 def reference(t: dict, ids: list[int], record: list | None = None) -> np.ndarray:
     """Ling v1's forward on the HF tensors, float64 -> (T, V) float32 logits. record: gets each layer's expert ids."""
     import torch
-    import torch.nn.functional as F
 
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = torch.cat([pos[:, None] * inv[None]] * 2, -1)                 # (T, DH): cat(freqs, freqs)
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]
-
-    def rope(x):                                                         # rotate_half on the whole head
-        x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
-        return x * cos + torch.cat([-x2, x1], -1) * sin
+    rope = neox_rope(T, DH, THETA)                                       # rotate_half on the whole head
 
     def mlp(h, p):
-        return F.silu(h @ w[p + "gate_proj.weight"].T) * (h @ w[p + "up_proj.weight"].T) @ w[p + "down_proj.weight"].T
+        return swiglu(h, w[p + "gate_proj.weight"], w[p + "up_proj.weight"], w[p + "down_proj.weight"])
 
     x = w["model.word_embeddings.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"])
         q, k, v = (h @ w[p + "attention.query_key_value.weight"].T).split([H * DH, KV * DH, KV * DH], -1)
         q, k = rope(q.view(T, H, DH)), rope(k.view(T, KV, DH))
-        k = k.repeat_interleave(H // KV, dim=1)
-        v = v.view(T, KV, DH).repeat_interleave(H // KV, dim=1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
-        x = x + o @ w[p + "attention.dense.weight"].T
+        x = x + causal_attention(q, k, v.view(T, KV, DH)) @ w[p + "attention.dense.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
         wt, sel = route(h, w[p + "mlp.gate.weight"])
         if record is not None:
             record.append(sel.numpy())
         out = mlp(h, p + "mlp.shared_experts.")
-        for j in range(K):
-            for e in range(E):
-                rows = sel[:, j] == e
-                if rows.any():
-                    out[rows] += wt[rows, j, None] * mlp(h[rows], p + f"mlp.experts.{e}.")
+        routed_experts(out, h, wt, sel, E, lambda e, he: mlp(he, p + f"mlp.experts.{e}."))
         x = x + out
     x = rms(x, w["model.norm.weight"])
     return (x @ w["lm_head.weight"].T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() if v.ndim == 2 and ".gate.weight" not in k else v.contiguous()
-                   for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)
-        # raw_config: transformers has no bailing_moe config class; the converter reads config.json as written
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True)
+    # raw_config: transformers has no bailing_moe config class; the converter reads config.json as written
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer,
+                       keep_f32=lambda k, v: v.ndim != 2 or ".gate.weight" in k)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     rec: list = []
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids, rec)}
     arrays["choices"] = np.stack(rec).astype(np.int8)
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
     used = [len(np.unique(c)) for c in arrays["choices"]]
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "experts_used_per_layer": used}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}, experts used {used}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "experts_used_per_layer": used}, lambda x: reference(t, x), PROMPT, NEW,
+           f", experts used {used}")
 
 
 def goldens() -> None:
@@ -201,19 +163,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

@@ -52,13 +52,12 @@ attn_temperature_len positions) this follows llama.cpp, whose files minfer runs.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import checkpoint_to_gguf, finish, rms_norm, routed_experts
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -187,7 +186,7 @@ def reference(name: str, t: dict, ids: list[int], record: list | None = None) ->
     cos, sin = rope_tables(name, T)
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
     def rope(x):
         x1, x2 = x[..., :DH // 2], x[..., DH // 2:]
@@ -216,13 +215,8 @@ def reference(name: str, t: dict, ids: list[int], record: list | None = None) ->
         wt = wt / wt.sum(-1, keepdim=True)
         if record is not None:
             record.append(sel.numpy())
-        f = torch.zeros_like(h)
-        for j in range(K):
-            for e in range(E):
-                rows = sel[:, j] == e
-                if rows.any():
-                    he = h[rows]
-                    f[rows] += wt[rows, j, None] * ((gelu(he @ W("w1", e).T) * (he @ W("w3", e).T)) @ W("w2", e).T)
+        f = routed_experts(torch.zeros_like(h), h, wt, sel, E,
+                           lambda e, he: (gelu(he @ W("w1", e).T) * (he @ W("w3", e).T)) @ W("w2", e).T)
         if "mlp_gate" in n:
             dense = (gelu(h @ W("mlp_gate").T) * (h @ W("mlp_up").T)) @ W("mlp_down").T
             f = (f + dense) / math.sqrt(2.0)
@@ -234,50 +228,32 @@ def reference(name: str, t: dict, ids: list[int], record: list | None = None) ->
     return logits.float().numpy()
 
 
-def greedy(name: str, t: dict, prompt: list[int], k: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(k):
-        ids.append(int(reference(name, t, ids)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def build(name: str, llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_spm_tokenizer, make_tokenizer
+    from gen_arch_fixtures import make_spm_tokenizer, make_tokenizer
 
-    t = weights(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / name
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(name), indent=1))
-        save_file({k: v.half().contiguous() if v.ndim == 2 and "router" not in k and ".gate.weight" not in k
-                   else v.contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
+    def tokenizer(d: Path) -> None:
         if name == "grok":
             make_spm_tokenizer(d)
         else:
             make_tokenizer(d)
             (d / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-        # raw_config: transformers has no grok config class; the converter reads config.json as written
-        convert(d, OUT / f"{name}.gguf", llamacpp, raw_config=True)
+
+    t = weights(name)
+    # raw_config: transformers has no grok config class; the converter reads config.json as written
+    checkpoint_to_gguf(OUT, name, llamacpp, t, {"config.json": hf_config(name)}, tokenizer,
+                       keep_f32=lambda k, v: v.ndim != 2 or "router" in k or ".gate.weight" in k)
     rng = np.random.default_rng(SEED[name])
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     rec: list = []
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(name, t, ids, rec)}
     arrays["choices"] = np.stack(rec).astype(np.int8)
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(name, t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{name}.npz", **arrays)
     used = [len(np.unique(c)) for c in arrays["choices"]]
-    (OUT / f"{name}.json").write_text(json.dumps({"seed": SEED[name], "torch": torch.__version__,
-                                                  "config": hf_config(name), "experts_used_per_layer": used},
-                                                 indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{name}: {(OUT / f'{name}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}, experts used {used}")
+    finish(OUT, name, arrays, {"seed": SEED[name], "torch": torch.__version__, "config": hf_config(name),
+                               "experts_used_per_layer": used}, lambda x: reference(name, t, x), PROMPT, NEW,
+           f", experts used {used}")
 
 
 def goldens(name: str) -> None:

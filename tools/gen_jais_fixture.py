@@ -40,14 +40,12 @@ on the HF tensors (GPT-2's Conv1D layout: weights (in, out), x @ W + b):
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import checkpoint_to_gguf, cli, finish, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -151,13 +149,6 @@ def reference(t: dict, ids: list[int], emb: np.ndarray, head: np.ndarray, qk_pow
     return (x @ torch.from_numpy(head).double().T).float().numpy()
 
 
-def greedy(t: dict, prompt: list[int], k: int, emb, head) -> list[int]:
-    ids = list(prompt)
-    for _ in range(k):
-        ids.append(int(reference(t, ids, emb, head)[-1].argmax()))
-    return ids[len(prompt):]
-
-
 def scaled_from_file(path: Path, t: dict, llamacpp: Path) -> tuple[np.ndarray, np.ndarray, float]:
     """token_embd and output as the converter wrote them (checked to be the HF tensors times the scales within
     f16 rounding), and the file's max_alibi_bias (read with llama.cpp's own gguf-py)."""
@@ -176,41 +167,26 @@ def scaled_from_file(path: Path, t: dict, llamacpp: Path) -> tuple[np.ndarray, n
 
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert, make_tokenizer
+    from gen_arch_fixtures import make_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: (v if k.endswith("slopes") else v.half()).contiguous() for k, v in t.items()},
-                  d / "model.safetensors", metadata={"format": "pt"})
-        make_tokenizer(d)          # byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'
-        # AutoConfig knows no 'jais' (raw_config); --no-lazy: JaisModel.modify_tensors reads relative_pe.slopes[0]
-        # with .item(), which the converter's default lazy (meta) tensors refuse ("Tensor.item() cannot be called
-        # on meta tensors"), so a Jais checkpoint converts only eagerly
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True, extra=NO_LAZY)
+    # make_tokenizer: byte-level BPE; convert() patches the pre-tokenizer hash to 'gpt-2'.
+    # AutoConfig knows no 'jais' (raw_config); --no-lazy: JaisModel.modify_tensors reads relative_pe.slopes[0]
+    # with .item(), which the converter's default lazy (meta) tensors refuse ("Tensor.item() cannot be called
+    # on meta tensors"), so a Jais checkpoint converts only eagerly
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, make_tokenizer,
+                       keep_f32=lambda k, v: k.endswith("slopes"), extra=NO_LAZY)
     emb, head, max_bias = scaled_from_file(OUT / f"{NAME}.gguf", t, llamacpp)
     assert max_bias == 8.0, max_bias
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids, emb, head)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW, emb, head), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    sq = reference(t, ids, emb, head, qk_power=0.5)
-    sq_err = float((np.abs(sq - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config(),
-                                                  "max_alibi_bias": max_bias,
-                                                  "hf_sqrt_scale_rel_err": round(sq_err, 4)}, indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}; 1/sqrt(Dh) would be "
-          f"{sq_err:.3g} (max rel) off")
+    sq_err = rel_err(reference(t, ids, emb, head, qk_power=0.5), arrays["logits"])
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config(),
+                               "max_alibi_bias": max_bias, "hf_sqrt_scale_rel_err": round(sq_err, 4)},
+           lambda x: reference(t, x, emb, head), PROMPT, NEW, f"; 1/sqrt(Dh) would be {sq_err:.3g} (max rel) off")
 
 
 def goldens() -> None:
@@ -220,19 +196,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, tokenizers)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, tokenizers")

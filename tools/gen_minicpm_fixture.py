@@ -45,13 +45,13 @@ The reference forward (reference() below), as modeling_minicpm.py computes it:
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, cli, greedy, rel_err, rms_norm, swiglu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -126,7 +126,7 @@ def reference(t: dict, ids: list[int], tied: bool = False, factors: list | None 
     res = SCALE_DEPTH / LAYERS ** 0.5
 
     def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
+        return rms_norm(x, wt, EPS)
 
     pos = torch.arange(T, dtype=torch.float64)
     inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
@@ -141,30 +141,19 @@ def reference(t: dict, ids: list[int], tied: bool = False, factors: list | None 
 
     emb = w["model.embed_tokens.weight"]
     x = emb[torch.tensor(ids)] * SCALE_EMB
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         h = rms(x, w[p + "input_layernorm.weight"])
         q = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, DH))
         k = rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, DH))
         v = (h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, DH)
-        k = k.repeat_interleave(H // KV, dim=1)                  # HF repeat_kv: kv head g -> heads 2g, 2g+1
-        v = v.repeat_interleave(H // KV, dim=1)
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        o = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH)
+        o = causal_attention(q, k, v)                             # HF repeat_kv: kv head g -> heads 2g, 2g+1
         x = x + (o @ w[p + "self_attn.o_proj.weight"].T) * res
         h = rms(x, w[p + "post_attention_layernorm.weight"])
-        f = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-        x = x + (f @ w[p + "mlp.down_proj.weight"].T) * res
+        m = p + "mlp."
+        x = x + swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"]) * res
     x = rms(x, w["model.norm.weight"]) / (D / DIM_BASE)
     return (x @ (emb if tied else w["lm_head.weight"]).T).float().numpy()
-
-
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def make_spm_tokenizer(path: Path) -> None:
@@ -210,7 +199,7 @@ def build(llamacpp: Path) -> None:
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids)}
     prompt = ids[:PROMPT]
     arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
+    arrays["greedy"] = np.array(greedy(lambda x: reference(t, x), prompt, NEW), dtype=np.int64)
     short = ids[:SHORT_SEQ]
     arrays["logits_tied"] = reference(t, short, tied=True)
     arrays["lr_short"], arrays["lr_long"] = np.array(LR_SHORT, np.float32), np.array(LR_LONG, np.float32)
@@ -242,32 +231,20 @@ def check_longrope_file(llamacpp: Path) -> None:
     assert np.array_equal(np.asarray(tb["rope_factors_long.weight"].data), np.array(LR_LONG, np.float32))
 
 
-# the file with every tensor as F32, so llama.cpp's CPU matmuls keep F32 activations (as gen_nanbeige_fixture takes it)
-from gen_internlm2_fixture import f32_copy  # noqa: E402
-
-
 def goldens() -> None:
     import llama_cpp
 
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gen_internlm2_fixture import f32_copy
+    from gen_nanbeige_fixture import llamacpp_goldens
+
+    llamacpp_goldens(OUT, NAME)
     path = OUT / f"{NAME}.npz"
     arrays = dict(np.load(path))
-    ids, prompt = arrays["ids"].tolist(), arrays["prompt"].tolist()
+    ids = arrays["ids"].tolist()
     with tempfile.TemporaryDirectory() as tmp:
-        f32 = Path(tmp) / f"{NAME}.gguf"
-        f32_copy(OUT / f"{NAME}.gguf", f32)
-        llm = llama_cpp.Llama(str(f32), n_ctx=64, n_batch=64, logits_all=True, n_threads=2, flash_attn=False,
-                              type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, verbose=False)
-        llm.eval(ids)
-        arrays["lc_logits"] = np.array(llm.scores[:len(ids)], dtype=np.float32)
-        llm.reset()
-        llm.eval(prompt)
-        out = []
-        for _ in range(len(arrays["greedy"])):
-            out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
-            llm.eval([out[-1]])
-        arrays["lc_greedy"] = np.array(out, dtype=np.int64)
-        del llm
         # LongRoPE: a context within the trained 256 takes the short factors, one past it the long ones
+        f32 = Path(tmp) / f"{NAME}.gguf"
         f32_copy(LR_GGUF, f32)
         for key, n_ctx in (("lc_logits_lr", 64), ("lc_logits_lr_long", 512)):
             llm = llama_cpp.Llama(str(f32), n_ctx=n_ctx, n_batch=64, logits_all=True, n_threads=2,
@@ -278,31 +255,10 @@ def goldens() -> None:
             arrays[key] = np.array(llm.scores[:n], dtype=np.float32)
             del llm
     np.savez_compressed(path, **arrays)
-    meta = json.loads((OUT / f"{NAME}.json").read_text())
-    meta["llama_cpp"] = llama_cpp.__version__
-    (OUT / f"{NAME}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    err = float((np.abs(arrays["lc_logits"] - arrays["logits"]).max(-1) / np.abs(arrays["logits"]).max(-1)).max())
     for k in ("lr", "lr_long"):
-        e = float((np.abs(arrays[f"lc_logits_{k}"] - arrays[f"logits_{k}"]).max(-1)
-                   / np.abs(arrays[f"logits_{k}"]).max(-1)).max())
+        e = rel_err(arrays[f"lc_logits_{k}"], arrays[f"logits_{k}"])
         print(f"LongRoPE {k}: llama.cpp vs the reference {e:.2e}")
-    print(f"llama.cpp vs the torch reference: max rel err {err:.2e}; greedy {arrays['lc_greedy'].tolist()} "
-          f"(reference's {arrays['greedy'].tolist()})")
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
 
 
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece")

@@ -39,13 +39,11 @@ permutations on (n_shared_head, ceil(H / n_shared_head)) and writes that kv head
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+from fixture_ref import causal_attention, checkpoint_to_gguf, cli, finish, neox_rope, rms_norm, swiglu
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "tests" / "data" / "arch"
@@ -127,73 +125,40 @@ def reference(t: dict, ids: list[int]) -> np.ndarray:
     w = {k: v.double() for k, v in t.items()}
     T = len(ids)
 
-    def rms(x, wt):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * wt
-
-    pos = torch.arange(T, dtype=torch.float64)
-    inv = THETA ** (-torch.arange(0, DH, 2, dtype=torch.float64) / DH)
-    ang = pos[:, None] * inv[None]                        # (T, Dh/2): dims i and i + Dh/2 turn by pos * inv[i]
-    cos, sin = ang.cos()[:, None], ang.sin()[:, None]     # (T, 1, Dh/2)
-
-    def rope(x):                                          # rotate_half: the halves (x[i], x[i + Dh/2])
-        a, b = x[..., :DH // 2], x[..., DH // 2:]
-        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+    rope = neox_rope(T, DH, THETA)                        # rotate_half: the halves (x[i], x[i + Dh/2])
 
     def expand(kv):                                       # (T, KV, Dh) -> (T, H, Dh): head j reads kv j % KV
         return kv.repeat(1, SHARED, 1)[:, :H]
 
     x = w["model.embed_tokens.weight"][torch.tensor(ids)]
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     for i in range(LAYERS):
         p = f"model.layers.layers.{i}."
-        h = rms(x, w[p + "norm.weight"])
+        h = rms_norm(x, w[p + "norm.weight"], EPS)
         q = rope((h @ w[p + "self_attn.q_proj.weight"].T).reshape(T, H, DH))
         k = expand(rope((h @ w[p + "self_attn.k_proj.weight"].T).reshape(T, KV, DH)))
         v = expand((h @ w[p + "self_attn.v_proj.weight"].T).reshape(T, KV, DH))
-        s = torch.einsum("thd,shd->hts", q, k) / DH ** 0.5 + mask
-        a = torch.einsum("hts,shd->thd", s.softmax(-1), v).reshape(T, H * DH) @ w[p + "self_attn.o_proj.weight"].T
-        f = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-        x = x + a + f @ w[p + "mlp.down_proj.weight"].T   # both branches read h; one residual add
-    x = rms(x, w["model.norm.weight"])
+        a = causal_attention(q, k, v) @ w[p + "self_attn.o_proj.weight"].T     # k, v already H heads
+        m = p + "mlp."
+        f = swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
+        x = x + a + f                                     # both branches read h; one residual add
+    x = rms_norm(x, w["model.norm.weight"], EPS)
     return (x @ w["lm_head.weight"].T).float().numpy()
-
-
-def greedy(t: dict, prompt: list[int], n: int) -> list[int]:
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(reference(t, ids)[-1].argmax()))
-    return ids[len(prompt):]
 
 
 def build(llamacpp: Path) -> None:
     import torch
-    from safetensors.torch import save_file
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gen_arch_fixtures import convert
     from gen_internlm2_fixture import make_spm_tokenizer
 
     t = weights(SEED)
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp) / NAME
-        d.mkdir()
-        (d / "config.json").write_text(json.dumps(hf_config(), indent=1))
-        save_file({k: v.half().contiguous() for k, v in t.items()}, d / "model.safetensors", metadata={"format": "pt"})
-        make_spm_tokenizer(d, VOCAB)
-        # raw_config: AutoConfig knows no 'plamo' (remote code)
-        convert(d, OUT / f"{NAME}.gguf", llamacpp, raw_config=True, extra=CONVERT_CODE)
+    checkpoint_to_gguf(OUT, NAME, llamacpp, t, {"config.json": hf_config()}, lambda d: make_spm_tokenizer(d, VOCAB),
+                       extra=CONVERT_CODE)
     rng = np.random.default_rng(SEED)
     ids = rng.integers(3, VOCAB, size=SEQ).tolist()
     arrays = {"ids": np.array(ids, dtype=np.int64), "logits": reference(t, ids)}
-    prompt = ids[:PROMPT]
-    arrays["prompt"] = np.array(prompt, dtype=np.int64)
-    arrays["greedy"] = np.array(greedy(t, prompt, NEW), dtype=np.int64)
-    np.savez_compressed(OUT / f"{NAME}.npz", **arrays)
-    (OUT / f"{NAME}.json").write_text(json.dumps({"seed": SEED, "torch": torch.__version__, "config": hf_config()},
-                                                 indent=1) + "\n")
-    top2 = np.sort(arrays["logits"], axis=-1)[:, -2:]
-    print(f"{NAME}: {(OUT / f'{NAME}.gguf').stat().st_size} bytes, greedy {arrays['greedy'].tolist()}, "
-          f"smallest top-1/top-2 gap {float((top2[:, 1] - top2[:, 0]).min()):.3g}")
+    finish(OUT, NAME, arrays, {"seed": SEED, "torch": torch.__version__, "config": hf_config()},
+           lambda x: reference(t, x), PROMPT, NEW)
 
 
 def goldens() -> None:
@@ -203,19 +168,5 @@ def goldens() -> None:
     llamacpp_goldens(OUT, NAME)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="step", required=True)
-    b = sub.add_parser("build", help="the GGUF file and the torch reference (needs torch, sentencepiece)")
-    b.add_argument("--llamacpp", required=True, type=Path,
-                   help="vendor/llama.cpp of the llama-cpp-python 0.3.36 source archive")
-    sub.add_parser("goldens", help="llama.cpp's logits and greedy ids (needs llama-cpp-python)")
-    a = ap.parse_args()
-    if a.step == "build":
-        build(a.llamacpp.resolve())
-    else:
-        goldens()
-
-
 if __name__ == "__main__":
-    main()
+    cli(__doc__, build, goldens, "torch, sentencepiece")
